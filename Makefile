@@ -1,0 +1,15 @@
+.PHONY: run test bench lint
+
+## Start the whole platform (model server, worker, web) on http://127.0.0.1:8000/
+run:
+	scripts/run.sh
+
+## Run the whole test suite (sets everything up first)
+test:
+	scripts/test.sh
+
+## Print the benchmark figures (see bench/README.md)
+bench:
+	scripts/bootstrap.sh
+	.venv/bin/python bench/turn_overhead.py
+	.venv/bin/python bench/concurrent_runs.py

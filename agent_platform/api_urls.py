@@ -1,0 +1,9 @@
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("tenants.api.urls")),
+    path("", include("agents.api.urls")),
+    path("", include("llm.api.urls")),
+    path("", include("capabilities.api.urls")),
+    path("", include("sessions.api.urls")),
+]

@@ -1,0 +1,81 @@
+"""Agents: the list end users pick from, and tenant-admin CRUD for agents and bindings."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.generics import ListAPIView
+from rest_framework.request import Request
+
+from agents.models import AgentInstance, CapabilityBinding
+from agents.selectors import agent_list_active
+from agents.services import agent_save, binding_save
+from capabilities.models import McpServer
+from llm.models import ModelRoute
+from tenants.api.mixins import TenantContextMixin, TenantPrimaryKeyRelatedField, TenantScopedViewSet
+
+
+class AgentOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AgentInstance
+        fields = ["id", "name", "description"]
+
+
+class AgentListApi(TenantContextMixin, ListAPIView):
+    """Active agents of the caller's tenant."""
+
+    serializer_class = AgentOutputSerializer
+
+    def get_queryset(self):
+        return agent_list_active()
+
+    @extend_schema(responses=AgentOutputSerializer(many=True))
+    def get(self, request: Request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+
+class AgentAdminSerializer(serializers.ModelSerializer):
+    route = TenantPrimaryKeyRelatedField(ModelRoute)
+
+    class Meta:
+        model = AgentInstance
+        fields = [
+            "id", "name", "description", "system_prompt", "route", "max_loop_count", "tool_max_parallel",
+            "tool_timeout_seconds", "is_active", "created_at", "updated_at",
+        ]
+
+
+class AgentViewSet(TenantScopedViewSet):
+    model = AgentInstance
+    serializer_class = AgentAdminSerializer
+
+    def perform_create(self, serializer):
+        serializer.instance = agent_save(tenant=self.request.tenant, **serializer.validated_data)
+
+    def perform_update(self, serializer):
+        serializer.instance = agent_save(tenant=self.request.tenant, agent=serializer.instance, **serializer.validated_data)
+
+
+class BindingSerializer(serializers.ModelSerializer):
+    agent = TenantPrimaryKeyRelatedField(AgentInstance)
+    mcp_server = TenantPrimaryKeyRelatedField(McpServer, required=False, allow_null=True)
+    allowed_tools = serializers.ListField(child=serializers.CharField(), required=False)
+
+    class Meta:
+        model = CapabilityBinding
+        fields = ["id", "agent", "kind", "mcp_server", "builtin_name", "allowed_tools", "enabled", "created_at"]
+
+
+class BindingViewSet(TenantScopedViewSet):
+    """Capability bindings: which MCP servers and built-in tools an agent may use."""
+
+    model = CapabilityBinding
+    serializer_class = BindingSerializer
+
+    def perform_create(self, serializer):
+        serializer.instance = binding_save(tenant=self.request.tenant, **serializer.validated_data)
+
+    def perform_update(self, serializer):
+        serializer.instance = binding_save(
+            tenant=self.request.tenant, binding=serializer.instance, **serializer.validated_data
+        )

@@ -1,0 +1,55 @@
+import json
+
+from django import forms
+from django.contrib import admin
+
+from capabilities.models import McpServer
+from tenants.admin_scoping import TenantScopedModelAdmin
+from tenants.crypto import secret_encrypt_json
+from tenants.models import Tenant
+
+
+class _JsonSecretField(forms.CharField):
+    def __init__(self, **kwargs):
+        super().__init__(
+            required=False, widget=forms.Textarea(attrs={"rows": 3}),
+            help_text='Write-only JSON object, e.g. {"NAME": "value"}. Blank keeps the stored value; {} clears it.',
+            **kwargs,
+        )
+
+    def clean(self, value):
+        value = super().clean(value)
+        if not value.strip():
+            return None
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise forms.ValidationError(f"Not JSON: {exc}") from exc
+        if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
+            raise forms.ValidationError("A JSON object of strings.")
+        return parsed
+
+
+class McpServerForm(forms.ModelForm):
+    env = _JsonSecretField(label="Environment (stdio)")
+    headers = _JsonSecretField(label="Headers (HTTP)")
+
+    class Meta:
+        model = McpServer
+        fields = "__all__"
+
+
+@admin.register(McpServer)
+class McpServerAdmin(TenantScopedModelAdmin):
+    form = McpServerForm
+    list_display = ["name", "alias", "transport", "enabled", "tenant"]
+
+    def save_model(self, request, obj, form, change):
+        if not obj.tenant_id:
+            super().save_model(request, obj, form, change)
+        tenant = Tenant.objects.get(pk=obj.tenant_id)
+        for field in ("env", "headers"):
+            value = form.cleaned_data.get(field)
+            if value is not None:
+                setattr(obj, f"{field}_encrypted", secret_encrypt_json(tenant=tenant, value=value))
+        super().save_model(request, obj, form, change)

@@ -1,0 +1,149 @@
+"""Fixtures shared by every app's tests.
+
+- ``tenant`` / ``other_tenant`` with an admin, a member and API tokens each: every
+  tenant-owned endpoint is tested from both sides.
+- ``fake_llm``: a scripted OpenAI-compatible server on 127.0.0.1 (llm.testing).
+- ``celery_worker``: a real Celery worker (in-process thread) on the real Redis broker.
+- ``live_server_url``: the real ASGI application (HTTP + WebSocket) served by uvicorn.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from tenants.models import Membership, Role, Tenant
+from tenants.services import api_token_create, membership_create, tenant_create
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_test_redis_keys() -> None:
+    """Test databases restart their ids; stale replay streams of old runs must not leak in."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(f"{settings.REDIS_KEY_PREFIX}:*", count=1000):
+        client.delete(key)
+
+
+@dataclass
+class TenantWorld:
+    tenant: Tenant
+    admin: object
+    member: object
+    admin_membership: Membership
+    member_membership: Membership
+    admin_token: str
+    member_token: str
+
+    def client(self, *, admin: bool = False) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.admin_token if admin else self.member_token}")
+        return client
+
+
+def _world(slug: str) -> TenantWorld:
+    tenant = tenant_create(name=slug.title(), slug=slug)
+    User = get_user_model()
+    admin = User.objects.create_user(username=f"{slug}-admin", password="pw-admin-123", is_staff=True)
+    member = User.objects.create_user(username=f"{slug}-user", password="pw-user-123")
+    am = membership_create(tenant=tenant, user=admin, role=Role.ADMIN)
+    mm = membership_create(tenant=tenant, user=member, role=Role.MEMBER)
+    return TenantWorld(
+        tenant=tenant, admin=admin, member=member, admin_membership=am, member_membership=mm,
+        admin_token=api_token_create(membership=am).raw, member_token=api_token_create(membership=mm).raw,
+    )
+
+
+@pytest.fixture
+def world(db) -> TenantWorld:
+    return _world("acme")
+
+
+@pytest.fixture
+def other_world(db) -> TenantWorld:
+    return _world("globex")
+
+
+@pytest.fixture
+def tenant(world: TenantWorld) -> Tenant:
+    return world.tenant
+
+
+@pytest.fixture
+def other_tenant(other_world: TenantWorld) -> Tenant:
+    return other_world.tenant
+
+
+@pytest.fixture
+def fake_llm():
+    from llm.testing import FakeLLMServer
+
+    with FakeLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+def second_fake_llm():
+    from llm.testing import FakeLLMServer
+
+    with FakeLLMServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def celery_worker_session():
+    """A real Celery worker thread consuming the test queue on the real Redis broker."""
+    from celery.contrib.testing.worker import start_worker
+
+    from agent_platform.celery import app
+
+    app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=10,
+                      queues=[settings.CELERY_TASK_DEFAULT_QUEUE]) as worker:
+        yield worker
+
+
+@pytest.fixture
+def celery_worker(celery_worker_session, transactional_db):
+    return celery_worker_session
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def _asgi_server() -> Iterator[str]:
+    import uvicorn
+
+    from agent_platform.asgi import application
+
+    port = free_port()
+    config = uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="test-asgi", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test ASGI server did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def live_server_url(_asgi_server: str, transactional_db) -> str:
+    """The platform (HTTP + WebSocket) on a real socket; tests using it see committed data."""
+    return _asgi_server

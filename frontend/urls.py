@@ -1,0 +1,5 @@
+from django.urls import path
+
+from frontend.views import index
+
+urlpatterns = [path("", index, name="spa")]

@@ -1,0 +1,76 @@
+"""Tenant-admin CRUD for model providers and routes."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from llm.models import ModelProvider, ModelRoute, ModelRouteEntry
+from llm.services import provider_save, route_save
+from tenants.api.mixins import TenantPrimaryKeyRelatedField, TenantScopedViewSet
+
+
+class ProviderSerializer(serializers.ModelSerializer):
+    api_key = serializers.CharField(write_only=True, required=False, allow_blank=True, style={"input_type": "password"})
+    has_api_key = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = ModelProvider
+        fields = ["id", "name", "base_url", "api_key", "has_api_key", "created_at"]
+
+
+class ProviderViewSet(TenantScopedViewSet):
+    """Model providers (OpenAI-compatible endpoints). The API key is write-only."""
+
+    model = ModelProvider
+    serializer_class = ProviderSerializer
+
+    def perform_create(self, serializer: ProviderSerializer) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = provider_save(tenant=self.request.tenant, api_key=data.pop("api_key", None), **data)
+
+    def perform_update(self, serializer: ProviderSerializer) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = provider_save(
+            tenant=self.request.tenant, provider=serializer.instance, api_key=data.pop("api_key", None), **data
+        )
+
+
+class RouteEntrySerializer(serializers.ModelSerializer):
+    provider = TenantPrimaryKeyRelatedField(ModelProvider)
+
+    class Meta:
+        model = ModelRouteEntry
+        fields = [
+            "id", "position", "provider", "model", "max_input_tokens", "max_output_tokens",
+            "connect_timeout_seconds", "read_timeout_seconds", "tool_calls",
+        ]
+        read_only_fields = ["id", "position"]
+
+
+class RouteSerializer(serializers.ModelSerializer):
+    entries = RouteEntrySerializer(many=True, required=False)
+
+    class Meta:
+        model = ModelRoute
+        fields = ["id", "name", "description", "entries", "created_at"]
+
+
+class RouteViewSet(TenantScopedViewSet):
+    """Model routes: ordered entries; the first that answers wins. PUT/PATCH with
+    ``entries`` replaces them all, in the order given."""
+
+    model = ModelRoute
+    serializer_class = RouteSerializer
+
+    def get_queryset(self):
+        return ModelRoute.objects.prefetch_related("entries")
+
+    def perform_create(self, serializer: RouteSerializer) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = route_save(tenant=self.request.tenant, entries=data.pop("entries", []), **data)
+
+    def perform_update(self, serializer: RouteSerializer) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = route_save(
+            tenant=self.request.tenant, route=serializer.instance, entries=data.pop("entries", None), **data
+        )

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Idempotent set-up shared by `make run` and `make test`:
+#   the virtualenv and pinned dependencies, PostgreSQL and Redis (started if local and down),
+#   the database, migrations.
+# Honours DATABASE_URL and REDIS_URL (defaults: the local services on 127.0.0.1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
+
+# 1. Virtualenv with the pinned dependencies (re-installed when pyproject/constraints change).
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  log "installing dependencies (the first time, llama-cpp-python compiles for ~5 minutes)"
+  .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,llm]'
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi
+
+# 2. PostgreSQL and Redis: use DATABASE_URL / REDIS_URL, starting the local ones if they are down.
+if [ -z "${DATABASE_URL:-}" ]; then
+  if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    log "starting the local PostgreSQL cluster"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
+  fi
+fi
+if [ -z "${REDIS_URL:-}" ]; then
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    log "starting a local Redis"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+    for _ in $(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.2; done
+  fi
+fi
+
+# 3. The database itself, and migrations.
+.venv/bin/python scripts/ensure_database.py
+.venv/bin/python manage.py migrate --noinput -v 0
+.venv/bin/python manage.py collectstatic --noinput -v 0

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# `make run`: set everything up, then start the model server, a Celery worker and the ASGI
+# server; print the URLs; stop them all on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+PY=.venv/bin/python
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-8000}
+LLM_PORT=${LLM_PORT:-8081}
+export LLM_BASE_URL=${LLM_BASE_URL:-http://127.0.0.1:${LLM_PORT}/v1}
+mkdir -p var/log
+
+$PY manage.py seed_demo
+
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  echo; echo "[run] stopping…" >&2
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup INT TERM EXIT
+
+if curl -fsS "http://127.0.0.1:${LLM_PORT}/v1/models" >/dev/null 2>&1; then
+  echo "[run] a model server already answers on :${LLM_PORT}; using it" >&2
+else
+  $PY scripts/setup_model.py
+  LLM_PORT=$LLM_PORT $PY scripts/llm_server.py >var/log/llm.log 2>&1 &
+  pids+=($!)
+fi
+.venv/bin/celery -A agent_platform worker -l info --pool threads --concurrency 32 >var/log/worker.log 2>&1 &
+pids+=($!)
+.venv/bin/uvicorn agent_platform.asgi:application --host "$HOST" --port "$PORT" --log-level warning >var/log/web.log 2>&1 &
+pids+=($!)
+
+$PY scripts/llm_server.py --wait "$LLM_BASE_URL" --timeout 300 || { echo "[run] the model server did not start: see var/log/llm.log" >&2; exit 1; }
+for _ in $(seq 1 60); do curl -fsS "http://$HOST:$PORT/api/schema/" >/dev/null 2>&1 && break; sleep 0.5; done
+
+cat <<MSG
+
+  Agent Platform is up.
+    Chat app     http://$HOST:$PORT/            (demo-user / demo-user-pass)
+    Console      http://$HOST:$PORT/admin/      (demo-admin / demo-admin-pass)
+    API docs     http://$HOST:$PORT/api/docs/
+    Model        $LLM_BASE_URL
+  Logs in var/log/. Ctrl-C stops everything.
+
+MSG
+wait -n "${pids[@]}"
+echo "[run] a process exited; see var/log/" >&2

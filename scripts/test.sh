@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# `make test`: set everything up (venv, services, database, the embedded model, Chromium),
+# then run the whole suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+scripts/ensure_chromium.sh
+.venv/bin/python scripts/setup_model.py >/dev/null
+exec .venv/bin/pytest "$@"

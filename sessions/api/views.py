@@ -1,0 +1,165 @@
+"""End-user endpoints: sessions, messages, runs and their activities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from agent_platform.api_errors import NotFound
+from agents.api.views import AgentOutputSerializer
+from agents.selectors import agent_get_active
+from sessions.models import ChatSession, LLMCall, Run, ToolCall
+from sessions.selectors import chat_session_get_for_user, chat_session_list, run_activities, run_get_for_user
+from sessions.services import chat_session_create, message_post
+from tenants.api.mixins import TenantScopedApiView
+
+
+class ToolCallSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ToolCall
+        fields = [
+            "id", "turn", "call_id", "name", "arguments", "status", "result", "result_data", "error",
+            "started_at", "finished_at", "duration_ms",
+        ]
+
+
+class LLMCallSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = LLMCall
+        fields = [
+            "id", "turn", "attempt", "entry_index", "provider_name", "model", "status", "error_class", "error",
+            "latency_ms", "first_token_ms", "prompt_tokens", "completion_tokens", "usage_estimated", "created_at",
+        ]
+
+
+class RunSerializer(serializers.ModelSerializer):
+    session = serializers.IntegerField(source="session_id", read_only=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id", "session", "status", "input", "reply", "error", "reason", "loop_count", "attempt",
+            "created_at", "started_at", "finished_at",
+        ]
+
+
+class RunWithToolCallsSerializer(RunSerializer):
+    tool_calls = ToolCallSerializer(many=True, read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "tool_calls"]
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    agent = AgentOutputSerializer(read_only=True)
+
+    class Meta:
+        model = ChatSession
+        fields = ["id", "agent", "title", "created_at", "updated_at"]
+
+
+class SessionDetailSerializer(SessionSerializer):
+    runs = RunWithToolCallsSerializer(many=True, read_only=True)
+
+    class Meta(SessionSerializer.Meta):
+        fields = [*SessionSerializer.Meta.fields, "runs"]
+
+
+def _session_or_404(request: Request, session_id: int) -> ChatSession:
+    session = chat_session_get_for_user(session_id=session_id, user_id=request.user.pk)
+    if session is None:
+        raise NotFound("Session not found.")
+    return session
+
+
+class SessionListCreateApi(TenantScopedApiView):
+    """The caller's chat sessions; POST ``{agent}`` opens one."""
+
+    class InputSerializer(serializers.Serializer):
+        agent = serializers.IntegerField()
+        title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+    @extend_schema(responses=SessionSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(chat_session_list(user_id=request.user.pk), request, view=self)
+        return paginator.get_paginated_response(SessionSerializer(page, many=True).data)
+
+    @extend_schema(request=InputSerializer, responses={201: SessionSerializer})
+    def post(self, request: Request) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        agent = agent_get_active(agent_id=data.validated_data["agent"])
+        if agent is None:
+            raise NotFound("Agent not found.")
+        session = chat_session_create(user=request.user, agent=agent, title=data.validated_data["title"])
+        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
+
+
+class SessionDetailApi(TenantScopedApiView):
+    """A session with its runs and their tool calls, oldest run first."""
+
+    @extend_schema(responses=SessionDetailSerializer)
+    def get(self, request: Request, session_id: int) -> Response:
+        session = _session_or_404(request, session_id)
+        runs = Run.objects.filter(session=session).order_by("created_at", "id").prefetch_related(
+            Prefetch("tool_calls", queryset=ToolCall.objects.order_by("turn", "id"))
+        )
+        data = SessionSerializer(session).data
+        data["runs"] = RunWithToolCallsSerializer(runs, many=True).data
+        return Response(data)
+
+
+class MessagePostApi(TenantScopedApiView):
+    """Post a message to a session: creates a queued run. Answer: ``{run: {id, status}}``."""
+
+    class InputSerializer(serializers.Serializer):
+        content = serializers.CharField(allow_blank=False, trim_whitespace=True)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: inline_serializer("MessagePostOutput", {"run": RunSerializer()})},
+    )
+    def post(self, request: Request, session_id: int) -> Response:
+        session = _session_or_404(request, session_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        run = message_post(session=session, user=request.user, content=data.validated_data["content"])
+        return Response({"run": RunSerializer(run).data}, status=status.HTTP_201_CREATED)
+
+
+class RunDetailApi(TenantScopedApiView):
+    @extend_schema(responses=RunWithToolCallsSerializer)
+    def get(self, request: Request, run_id: int) -> Response:
+        run = run_get_for_user(run_id=run_id, user_id=request.user.pk)
+        if run is None:
+            raise NotFound("Run not found.")
+        return Response(RunWithToolCallsSerializer(run).data)
+
+
+class RunActivitiesApi(TenantScopedApiView):
+    """LLM calls and tool calls of a run in the order they started, paginated.
+
+    Each item: ``{"kind": "llm_call" | "tool_call", "at": datetime, ...fields of the call}``.
+    """
+
+    @extend_schema(responses=inline_serializer("Activity", {"kind": serializers.CharField(), "at": serializers.DateTimeField()}, many=True))
+    def get(self, request: Request, run_id: int) -> Response:
+        run = run_get_for_user(run_id=run_id, user_id=request.user.pk)
+        if run is None:
+            raise NotFound("Run not found.")
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(run_activities(run=run), request, view=self)
+        return paginator.get_paginated_response([_activity(item) for item in page])
+
+
+def _activity(item: dict[str, Any]) -> dict[str, Any]:
+    serializer = LLMCallSerializer if item["kind"] == "llm_call" else ToolCallSerializer
+    return {"kind": item["kind"], "at": serializers.DateTimeField().to_representation(item["at"]),
+            **serializer(item["object"]).data}

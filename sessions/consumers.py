@@ -1,0 +1,77 @@
+"""WebSocket ``/ws/sessions/<id>/?after_seq=N``: a session's events, replayed then live.
+
+On connect the consumer joins the session's group *first*, then replays from the Redis
+stream every frame after ``after_seq``; live frames with a ``seq`` it already sent are
+dropped. Since Channels hands a consumer its messages one at a time, nothing published after
+the join can be missed and nothing is sent twice.
+
+Close codes: 4401 not authenticated or no membership; 4404 no such session for this caller
+(also another tenant's or another user's: the same code for both).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from sessions.events import events_since, group_name
+from tenants.scoping import tenant_scope
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NOT_FOUND = 4404
+
+
+class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
+    session_id: int
+    last_seq: int = 0
+    joined: bool = False
+
+    async def connect(self) -> None:
+        await self.accept()
+        tenant_id = self.scope.get("tenant_id")
+        user = self.scope.get("user")
+        if tenant_id is None or user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.session_id = int(self.scope["url_route"]["kwargs"]["session_id"])
+        if not await _session_visible(tenant_id=tenant_id, user_id=user.pk, session_id=self.session_id):
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        try:
+            self.last_seq = max(0, int((query.get("after_seq") or ["0"])[0]))
+        except ValueError:
+            self.last_seq = 0
+        await self.channel_layer.group_add(group_name(self.session_id), self.channel_name)
+        self.joined = True
+        for frame in await events_since(session_id=self.session_id, after_seq=self.last_seq):
+            await self._send_frame(frame)
+
+    async def disconnect(self, code: int) -> None:
+        if self.joined:
+            await self.channel_layer.group_discard(group_name(self.session_id), self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        # Clients only listen; a ping keeps intermediaries from closing an idle socket.
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+    async def session_event(self, message: dict[str, Any]) -> None:
+        await self._send_frame(message["frame"])
+
+    async def _send_frame(self, frame: dict[str, Any]) -> None:
+        if frame["seq"] <= self.last_seq:
+            return
+        self.last_seq = frame["seq"]
+        await self.send_json(frame)
+
+
+@database_sync_to_async
+def _session_visible(*, tenant_id: int, user_id: int, session_id: int) -> bool:
+    from sessions.selectors import chat_session_get_for_user
+
+    with tenant_scope(tenant_id):
+        return chat_session_get_for_user(session_id=session_id, user_id=user_id) is not None

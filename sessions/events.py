@@ -1,0 +1,151 @@
+"""Session events: numbered, kept for replay, fanned out live.
+
+Every event is a JSON frame ``{seq, type, session_id, run_id, data, ts}``. ``seq`` increases
+by one per session. Publishing does two things:
+
+1. one atomic Redis script increments the session's counter and appends the event to the
+   session's Redis stream (bounded to :data:`STREAM_MAXLEN` entries, stream id ``<seq>-0``),
+   so a client that reconnects with the last ``seq`` it saw can replay what it missed;
+2. ``group_send`` to the Channels group ``session.<id>`` for live delivery.
+
+The channel layer is lossy fan-out, not storage: durable facts (messages, tool calls, run
+status) are PostgreSQL rows written *before* their event is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import weakref
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+
+STREAM_MAXLEN = 2000
+"""Events kept per session for replay (approximate trim)."""
+KEY_TTL_SECONDS = 30 * 24 * 3600
+"""Idle sessions' counters and streams expire after 30 days."""
+
+EVENT_TYPES = frozenset(
+    {
+        "run_queued",
+        "run_running",
+        "run_completed",
+        "run_failed",
+        "run_cancelled",
+        "content_token",
+        "reasoning_token",
+        "tool_call_started",
+        "tool_call_succeeded",
+        "tool_call_failed",
+        "todo_updated",
+    }
+)
+"""Event names are API: never rename one that shipped."""
+
+_PUBLISH_LUA = """
+local seq = redis.call('INCR', KEYS[1])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], tostring(seq) .. '-0', 'e', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return seq
+"""
+
+
+def group_name(session_id: int) -> str:
+    """The Channels group of a session (ASCII, < 100 characters, as Channels requires)."""
+    return f"session.{session_id}"
+
+
+def _keys(session_id: int) -> list[str]:
+    prefix = settings.REDIS_KEY_PREFIX
+    return [f"{prefix}:session:{session_id}:seq", f"{prefix}:session:{session_id}:events"]
+
+
+def _body(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> dict[str, Any]:
+    if type not in EVENT_TYPES:
+        raise ValueError(f"unknown event type {type!r}")
+    return {"type": type, "session_id": session_id, "run_id": run_id, "data": data, "ts": time.time()}
+
+
+def _frame(seq: int, body: dict[str, Any]) -> dict[str, Any]:
+    return {"seq": seq, **body}
+
+
+# --- sync side (API views, services) ---------------------------------------------------------
+
+_sync_client: redis.Redis | None = None
+
+
+def _sync_redis() -> redis.Redis:
+    global _sync_client
+    if _sync_client is None:
+        _sync_client = redis.Redis.from_url(settings.REDIS_URL)
+    return _sync_client
+
+
+def event_publish_sync(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Publish now, from synchronous code. Returns the frame (with its ``seq``)."""
+    body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
+    payload = json.dumps(body)  # fails here, at the source, if ``data`` is not JSON-serialisable
+    seq = int(_sync_redis().eval(_PUBLISH_LUA, 2, *_keys(session_id), payload, STREAM_MAXLEN, KEY_TTL_SECONDS))
+    frame = _frame(seq, body)
+    async_to_sync(get_channel_layer().group_send)(group_name(session_id), {"type": "session.event", "frame": frame})
+    return frame
+
+
+def event_publish_on_commit(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> None:
+    """Publish once the current transaction commits (nothing if it rolls back)."""
+    _body(session_id=session_id, run_id=run_id, type=type, data=data)  # validate now
+    json.dumps(data)
+    transaction.on_commit(
+        lambda: event_publish_sync(session_id=session_id, run_id=run_id, type=type, data=data)
+    )
+
+
+def events_since_sync(*, session_id: int, after_seq: int, limit: int = STREAM_MAXLEN) -> list[dict[str, Any]]:
+    """Frames with ``seq > after_seq`` still in the replay stream, oldest first."""
+    rows = _sync_redis().xrange(_keys(session_id)[1], min=f"({after_seq}-0", max="+", count=limit)
+    return [_decode(entry_id, fields) for entry_id, fields in rows]
+
+
+# --- async side (the runner, consumers) ------------------------------------------------------
+
+_async_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis]" = weakref.WeakKeyDictionary()
+
+
+def _async_redis() -> aioredis.Redis:
+    loop = asyncio.get_running_loop()
+    client = _async_clients.get(loop)
+    if client is None:
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        _async_clients[loop] = client
+    return client
+
+
+async def event_publish(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Publish now, from async code. Returns the frame (with its ``seq``)."""
+    body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
+    payload = json.dumps(body)
+    seq = int(await _async_redis().eval(_PUBLISH_LUA, 2, *_keys(session_id), payload, STREAM_MAXLEN, KEY_TTL_SECONDS))
+    frame = _frame(seq, body)
+    await get_channel_layer().group_send(group_name(session_id), {"type": "session.event", "frame": frame})
+    return frame
+
+
+async def events_since(*, session_id: int, after_seq: int, limit: int = STREAM_MAXLEN) -> list[dict[str, Any]]:
+    """Async :func:`events_since_sync`."""
+    rows = await _async_redis().xrange(_keys(session_id)[1], min=f"({after_seq}-0", max="+", count=limit)
+    return [_decode(entry_id, fields) for entry_id, fields in rows]
+
+
+def _decode(entry_id: bytes | str, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    raw_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    seq = int(raw_id.split("-", 1)[0])
+    return _frame(seq, json.loads(fields[b"e"]))

@@ -1,0 +1,281 @@
+"""The runner's database work: synchronous functions, called through ``database_sync_to_async``.
+
+Every function here expects the caller to have set the tenant scope (the runner does, from
+the run row it claimed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents.models import AgentInstance, CapabilityKind
+from capabilities.mcp.client import McpServerConfig
+from capabilities.models import McpServer
+from llm.models import ModelRouteEntry
+from llm.router import AttemptRecord, RouteEntryConfig
+from llm.types import ChatMessage, ToolCallRequest
+from sessions.models import (
+    ChatSession,
+    LLMCall,
+    Message,
+    MessageRole,
+    Run,
+    RunStatus,
+    ToolCall,
+    ToolCallStatus,
+)
+from sessions.runner.spec import McpBindingSpec, RunSpec
+from tenants.crypto import secret_decrypt, secret_decrypt_json
+from tenants.models import Tenant
+
+
+class RunNotClaimable(Exception):
+    """The run is finished, unknown, or must wait for an earlier run of its session."""
+
+
+def run_tenant_id(run_id: int) -> int | None:
+    # tenant-bypass: the run row decides the tenant the rest of the run is scoped to.
+    return Run.all_tenants.filter(pk=run_id).values_list("tenant_id", flat=True).first()
+
+
+@transaction.atomic
+def run_claim(run_id: int) -> RunSpec:
+    """Mark the run running (attempt + 1) and load everything it needs.
+
+    A ``running`` run is claimed again: that is a redelivery after its worker died, and the
+    run resumes from what it persisted.
+
+    Raises:
+        RunNotClaimable: finished, missing, or an earlier run of the session is active.
+        ValueError: the agent's configuration is unusable (no route entries…).
+    """
+    from sessions.services import session_has_earlier_active_run
+
+    run = Run.objects.select_related("session").filter(pk=run_id).first()
+    if run is None:
+        raise RunNotClaimable(f"run {run_id} not found")
+    ChatSession.objects.select_for_update().get(pk=run.session_id)  # serialises runs of a session
+    run.refresh_from_db()
+    if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+        raise RunNotClaimable(f"run {run_id} is {run.status}")
+    if session_has_earlier_active_run(run=run):
+        raise RunNotClaimable(f"run {run_id} waits for an earlier run of its session")
+    run.status = RunStatus.RUNNING
+    run.attempt += 1
+    run.started_at = run.started_at or timezone.now()
+    run.save(update_fields=["status", "attempt", "started_at"])
+    return _spec(run)
+
+
+def _spec(run: Run) -> RunSpec:
+    agent = AgentInstance.objects.select_related("route").get(pk=run.session.agent_id)
+    tenant = Tenant.objects.get(pk=run.tenant_id)
+    entries = list(ModelRouteEntry.objects.filter(route_id=agent.route_id).select_related("provider").order_by("position", "id"))
+    if not entries:
+        raise ValueError(f"the route {agent.route.name!r} of agent {agent.name!r} has no entries")
+    configs = tuple(
+        RouteEntryConfig(
+            index=i,
+            provider_name=e.provider.name,
+            base_url=e.provider.base_url,
+            api_key=secret_decrypt(tenant=tenant, ciphertext=e.provider.api_key_encrypted) or "none",
+            model=e.model,
+            max_input_tokens=e.max_input_tokens,
+            max_output_tokens=e.max_output_tokens,
+            connect_timeout_seconds=e.connect_timeout_seconds,
+            read_timeout_seconds=e.read_timeout_seconds,
+            tool_calls=e.tool_calls,
+        )
+        for i, e in enumerate(entries)
+    )
+    mcp_bindings: list[McpBindingSpec] = []
+    builtins: list[str] = []
+    for binding in agent.bindings.filter(enabled=True).order_by("id"):
+        if binding.kind == CapabilityKind.MCP_SERVER:
+            server = McpServer.objects.get(pk=binding.mcp_server_id)
+            if not server.enabled:
+                continue
+            mcp_bindings.append(
+                McpBindingSpec(
+                    server=McpServerConfig(
+                        alias=server.alias,
+                        transport=server.transport,
+                        command=server.command,
+                        args=tuple(server.args),
+                        env=secret_decrypt_json(tenant=tenant, ciphertext=server.env_encrypted),
+                        url=server.url,
+                        headers=secret_decrypt_json(tenant=tenant, ciphertext=server.headers_encrypted),
+                        connect_timeout_seconds=server.connect_timeout_seconds,
+                    ),
+                    allowed_tools=frozenset(binding.allowed_tools),
+                )
+            )
+        elif binding.kind == CapabilityKind.BUILTIN:
+            builtins.append(binding.builtin_name)
+    return RunSpec(
+        run_id=run.pk,
+        tenant_id=run.tenant_id,
+        session_id=run.session_id,
+        user_id=run.user_id,
+        agent_name=agent.name,
+        system_prompt=agent.system_prompt,
+        max_loop_count=agent.max_loop_count,
+        tool_max_parallel=agent.tool_max_parallel,
+        tool_timeout_seconds=agent.tool_timeout_seconds,
+        entries=configs,
+        entry_ids=tuple(e.pk for e in entries),
+        mcp_bindings=tuple(mcp_bindings),
+        builtin_names=tuple(dict.fromkeys(builtins)),
+        attempt=run.attempt,
+        loop_count=run.loop_count,
+    )
+
+
+def history_load(run_id: int) -> list[ChatMessage]:
+    """The session's messages up to and including this run's, in canonical form.
+
+    Earlier runs' unanswered tool calls (a run that failed between a call and its result)
+    are dropped so that tool call/result pairs are never split; the current run's are kept,
+    because the runner resumes by executing them.
+    """
+    run = Run.objects.get(pk=run_id)
+    rows = list(
+        Message.objects.filter(session_id=run.session_id, run_id__lte=run_id).order_by("position")
+    )
+    answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
+    out: list[ChatMessage] = []
+    for m in rows:
+        if m.role == MessageRole.ASSISTANT:
+            calls = tuple(ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in m.tool_calls)
+            if m.run_id != run_id:
+                calls = tuple(c for c in calls if c.id in answered)
+            if not calls and not m.content:
+                continue
+            out.append(ChatMessage(role="assistant", content=m.content, tool_calls=calls))
+        elif m.role == MessageRole.TOOL:
+            out.append(ChatMessage(role="tool", content=m.content, tool_call_id=m.tool_call_id, name=m.name))
+        else:
+            out.append(ChatMessage(role="user", content=m.content))
+    return out
+
+
+def _next_position(session_id: int) -> int:
+    session = ChatSession.objects.select_for_update().get(pk=session_id)
+    position = session.next_position
+    session.next_position += 1
+    session.save(update_fields=["next_position", "updated_at"])
+    return position
+
+
+@transaction.atomic
+def assistant_message_save(*, spec: RunSpec, turn: int, message: ChatMessage) -> list[dict[str, Any]]:
+    """Persist an assistant message and its tool calls (pending); counts the turn.
+
+    Returns:
+        ``[{pk, call_id, name, arguments_raw}]`` for the tool calls, in the model's order.
+    """
+    Message.objects.create(
+        tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
+        position=_next_position(spec.session_id), role=MessageRole.ASSISTANT, content=message.content,
+        tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
+    )
+    Run.objects.filter(pk=spec.run_id).update(loop_count=turn + 1)
+    calls = []
+    for c in message.tool_calls:
+        try:
+            parsed: Any = c.parsed_arguments()
+        except ValueError:
+            parsed = {}
+        row = ToolCall.objects.create(
+            tenant_id=spec.tenant_id, run_id=spec.run_id, turn=turn, call_id=c.id, name=c.name,
+            arguments=parsed, arguments_raw=c.arguments,
+        )
+        calls.append({"pk": row.pk, "call_id": c.id, "name": c.name, "arguments_raw": c.arguments})
+    return calls
+
+
+def pending_tool_calls(*, run_id: int, call_ids: list[str]) -> list[dict[str, Any]]:
+    """Of ``call_ids``, the ToolCall rows of this run that have no result yet."""
+    rows = ToolCall.objects.filter(run_id=run_id, call_id__in=call_ids).exclude(
+        status__in=[ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.TIMED_OUT, ToolCallStatus.CANCELLED]
+    )
+    by_id = {r.call_id: r for r in rows}
+    return [
+        {"pk": by_id[c].pk, "call_id": c, "name": by_id[c].name, "arguments_raw": by_id[c].arguments_raw}
+        for c in call_ids
+        if c in by_id
+    ]
+
+
+def tool_call_start(*, pk: int) -> None:
+    ToolCall.objects.filter(pk=pk).update(status=ToolCallStatus.RUNNING, started_at=timezone.now())
+
+
+@transaction.atomic
+def tool_call_finish(
+    *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int
+) -> bool:
+    """Record a tool call's outcome and its tool message. Idempotent: False if already recorded."""
+    call = ToolCall.objects.select_for_update().get(pk=pk)
+    if call.finished_at is not None:
+        return False
+    call.status = status
+    call.result = content if status == ToolCallStatus.SUCCEEDED else ""
+    call.result_data = _jsonable(data)
+    call.error = error
+    call.finished_at = timezone.now()
+    call.duration_ms = duration_ms
+    call.save(update_fields=["status", "result", "result_data", "error", "finished_at", "duration_ms"])
+    Message.objects.create(
+        tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
+        position=_next_position(spec.session_id), role=MessageRole.TOOL,
+        content=content if status == ToolCallStatus.SUCCEEDED else f"Error: {error}",
+        tool_call_id=call.call_id, name=call.name,
+    )
+    return True
+
+
+def _jsonable(data: Any) -> Any:
+    if data is None:
+        return None
+    try:
+        json.dumps(data)
+        return data
+    except (TypeError, ValueError):
+        return {"repr": repr(data)[:10_000]}
+
+
+def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+    entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
+    LLMCall.objects.create(
+        tenant_id=spec.tenant_id, run_id=spec.run_id, turn=turn, attempt=record.attempt,
+        route_entry_id=entry_id, entry_index=record.entry_index, provider_name=record.provider_name,
+        model=record.model, status=record.status, error_class=record.error_class or "",
+        error=record.error[:5000], latency_ms=max(0, record.latency_ms),
+        first_token_ms=record.first_token_ms, prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens, usage_estimated=record.usage_estimated,
+    )
+
+
+@transaction.atomic
+def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> int | None:
+    """Record the run's end. Returns the id of the session's next queued run, if any."""
+    from sessions.services import next_queued_run_id
+
+    run = Run.objects.select_for_update().get(pk=run_id)
+    ChatSession.objects.select_for_update().get(pk=run.session_id)
+    run.status = status
+    run.reply = reply
+    run.error = error[:5000]
+    run.reason = reason
+    run.finished_at = timezone.now()
+    run.save(update_fields=["status", "reply", "error", "reason", "finished_at"])
+    # Calls left without a result (the run failed mid-turn) are recorded as cancelled.
+    ToolCall.objects.filter(run_id=run_id, finished_at__isnull=True).update(
+        status=ToolCallStatus.CANCELLED, finished_at=timezone.now()
+    )
+    return next_queued_run_id(session_id=run.session_id)

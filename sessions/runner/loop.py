@@ -1,0 +1,222 @@
+"""The ReAct loop: reason (a model turn), act (tool calls), observe (results), repeat.
+
+Durable by construction: every step is persisted before the next, and each iteration
+rebuilds its context from the database. A run redelivered after a worker died therefore
+resumes where it stopped: tool calls of the last assistant message that have no result are
+executed (those that have one never run again), then the loop goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+
+from capabilities.builtin.registry import builtin_create
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.tool import McpTool
+from capabilities.naming import assign_exposed_names
+from capabilities.tools import Tool, ToolError
+from llm.errors import AllEntriesFailed, ModelCallError, StreamInterrupted
+from llm.router import AttemptRecord, Router
+from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolSpec
+from sessions.events import event_publish
+from sessions.models import RunFailureReason, RunStatus
+from sessions.runner import _db
+from sessions.runner.spec import RunSpec
+from sessions.runner.tool_execution import execute_tool_calls
+from tenants.scoping import tenant_scope
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+FINAL_TURN_NOTE = (
+    "You cannot call any more tools for this request. Answer the user now, in plain text, "
+    "with what you have found so far."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str
+    reply: str = ""
+    error: str = ""
+    reason: str = ""
+
+
+class CapabilityUnavailable(Exception):
+    """A bound capability could not be reached when the run started."""
+
+
+async def execute_run(run_id: int) -> None:
+    """Execute or resume run ``run_id`` to its end. Never raises for a run's own failure.
+
+    Ends with the run ``completed`` or ``failed`` (with ``reason``), and its event published.
+    """
+    tenant_id = await database_sync_to_async(_db.run_tenant_id)(run_id)
+    if tenant_id is None:
+        logger.warning("run %s does not exist", run_id)
+        return
+    with tenant_scope(tenant_id):
+        try:
+            spec = await database_sync_to_async(_db.run_claim)(run_id)
+        except _db.RunNotClaimable as exc:
+            logger.info("not starting: %s", exc)
+            return
+        except ValueError as exc:
+            await _finish(run_id, None, Outcome(RunStatus.FAILED, error=str(exc), reason=RunFailureReason.CONFIGURATION))
+            return
+
+        async def publish(event_type: str, data: dict[str, Any]) -> None:
+            await event_publish(session_id=spec.session_id, run_id=run_id, type=event_type, data=data)
+
+        await publish("run_running", {"attempt": spec.attempt})
+        try:
+            outcome = await _run_loop(spec, publish)
+        except CapabilityUnavailable as exc:
+            outcome = Outcome(RunStatus.FAILED, error=str(exc), reason=RunFailureReason.CAPABILITY_UNAVAILABLE)
+        except Exception as exc:  # the run must end failed with a reason, never stay running
+            logger.exception("run %s crashed", run_id)
+            outcome = Outcome(RunStatus.FAILED, error=f"Internal error: {type(exc).__name__}: {exc}",
+                              reason=RunFailureReason.INTERNAL)
+        await _finish(run_id, spec, outcome, publish=publish)
+
+
+async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publish: Any = None) -> None:
+    next_run_id = await database_sync_to_async(_db.run_finish)(
+        run_id=run_id, status=outcome.status, reply=outcome.reply, error=outcome.error, reason=outcome.reason
+    )
+    if publish is None:
+        from sessions.runner._db import Run  # local: only for the session id of a run that never started
+
+        session_id = await database_sync_to_async(lambda: Run.objects.get(pk=run_id).session_id)()
+
+        async def publish(event_type: str, data: dict[str, Any]) -> None:
+            await event_publish(session_id=session_id, run_id=run_id, type=event_type, data=data)
+
+    if outcome.status == RunStatus.COMPLETED:
+        await publish("run_completed", {"reply": outcome.reply})
+    else:
+        await publish("run_failed", {"error": outcome.error, "reason": outcome.reason})
+    if next_run_id is not None:
+        from sessions.tasks import run_execute
+
+        await sync_to_async(run_execute.delay)(next_run_id)
+
+
+async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
+    async with contextlib.AsyncExitStack() as stack:
+        tools, tool_specs = await _open_tools(spec, stack)
+        turn = spec.loop_count
+
+        async def record(attempt: AttemptRecord) -> None:
+            await database_sync_to_async(_db.llm_call_record)(spec=spec, turn=turn, record=attempt)
+
+        router = Router(spec.entries, record=record)
+        while True:
+            history = await database_sync_to_async(_db.history_load)(spec.run_id)
+            last = history[-1] if history else None
+            if last is not None and last.role == "assistant":
+                if not last.tool_calls:  # answered before a worker died: nothing left to do
+                    return Outcome(RunStatus.COMPLETED, reply=last.content)
+                pending = await database_sync_to_async(_db.pending_tool_calls)(
+                    run_id=spec.run_id, call_ids=[c.id for c in last.tool_calls]
+                )
+                await execute_tool_calls(spec=spec, calls=pending, tools=tools, publish=publish)
+                continue
+            if turn >= spec.max_loop_count:
+                return Outcome(
+                    RunStatus.FAILED,
+                    error=f"The agent reached its limit of {spec.max_loop_count} model turns without answering.",
+                    reason=RunFailureReason.MAX_LOOP_COUNT,
+                )
+            final_turn = turn == spec.max_loop_count - 1
+            messages = [ChatMessage(role="system", content=spec.system_prompt or DEFAULT_SYSTEM_PROMPT), *history]
+            if final_turn and tool_specs:
+                messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
+            try:
+                completion = await _model_turn(router, messages, [] if final_turn else tool_specs, publish)
+            except AllEntriesFailed as exc:
+                return Outcome(RunStatus.FAILED, error=f"No model could answer: {exc}", reason=RunFailureReason.MODEL_UNAVAILABLE)
+            except StreamInterrupted as exc:
+                return Outcome(RunStatus.FAILED, error=f"The model's answer broke off: {exc}",
+                               reason=RunFailureReason.STREAM_INTERRUPTED)
+            except ModelCallError as exc:
+                return Outcome(RunStatus.FAILED, error=f"The model request failed: {exc}", reason=RunFailureReason.MODEL_ERROR)
+            message = completion.message
+            if final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
+                message = dataclasses.replace(message, tool_calls=())
+            calls = await database_sync_to_async(_db.assistant_message_save)(spec=spec, turn=turn, message=message)
+            turn += 1
+            if not message.tool_calls:
+                if not message.content.strip():
+                    if final_turn:
+                        return Outcome(
+                            RunStatus.FAILED,
+                            error=f"The agent reached its limit of {spec.max_loop_count} model turns without answering.",
+                            reason=RunFailureReason.MAX_LOOP_COUNT,
+                        )
+                    return Outcome(RunStatus.FAILED, error="The model returned an empty answer.",
+                                   reason=RunFailureReason.MODEL_ERROR)
+                return Outcome(RunStatus.COMPLETED, reply=message.content)
+            await execute_tool_calls(spec=spec, calls=calls, tools=tools, publish=publish)
+
+
+async def _model_turn(router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any) -> Completion:
+    completion: Completion | None = None
+    async for event in router.stream(messages, tool_specs):
+        if isinstance(event, TextDelta):
+            await publish("content_token", {"text": event.text})
+        elif isinstance(event, ReasoningDelta):
+            await publish("reasoning_token", {"text": event.text})
+        elif isinstance(event, Completion):
+            completion = event
+    if completion is None:
+        raise StreamInterrupted("the stream ended without a completion")
+    return completion
+
+
+async def _open_tools(spec: RunSpec, stack: contextlib.AsyncExitStack) -> tuple[dict[str, Tool], list[ToolSpec]]:
+    """Connect the bound MCP servers (in this task: it also closes them) and build the tools.
+
+    Returns:
+        ``{exposed name: Tool}`` and the ToolSpecs offered to the model (exposed names).
+
+    Raises:
+        CapabilityUnavailable: a bound MCP server could not be connected or listed.
+    """
+    sources: list[tuple[str, str, Any]] = []  # (alias, original name, factory(exposed) -> Tool)
+    for binding in spec.mcp_bindings:
+        try:
+            connection = await stack.enter_async_context(McpConnection(binding.server))
+            infos = await connection.list_tools()
+        except ToolError as exc:
+            raise CapabilityUnavailable(f"MCP server {binding.server.alias!r} is unavailable: {exc.message}") from exc
+        for info in infos:
+            if binding.allowed_tools and info.name not in binding.allowed_tools:
+                continue
+            sources.append(
+                (binding.server.alias, info.name,
+                 lambda exposed, c=connection, i=info: McpTool(
+                     connection=c, info=i, exposed_name=exposed, call_timeout_seconds=spec.tool_timeout_seconds))
+            )
+    for name in spec.builtin_names:
+        sources.append(("builtin", name, lambda exposed, n=name: _renamed(builtin_create(n), exposed)))
+
+    names = assign_exposed_names([(alias, name) for alias, name, _ in sources])
+    tools: dict[str, Tool] = {}
+    for alias, name, factory in sources:
+        exposed = names[(alias, name)]
+        tools[exposed] = factory(exposed)
+    return tools, [t.spec for t in tools.values()]
+
+
+def _renamed(tool: Tool, exposed: str) -> Tool:
+    if tool.spec.name != exposed:
+        tool.spec = dataclasses.replace(tool.spec, name=exposed)
+    return tool

@@ -1,0 +1,37 @@
+"""What a run needs, loaded once from the database at the start of (each attempt of) a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from capabilities.mcp.client import McpServerConfig
+from llm.router import RouteEntryConfig
+
+
+@dataclass(frozen=True, slots=True)
+class McpBindingSpec:
+    server: McpServerConfig
+    allowed_tools: frozenset[str]
+    """Empty: every tool the server lists."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    run_id: int
+    tenant_id: int
+    session_id: int
+    user_id: int
+    agent_name: str
+    system_prompt: str
+    max_loop_count: int
+    tool_max_parallel: int
+    tool_timeout_seconds: float
+    entries: tuple[RouteEntryConfig, ...]
+    entry_ids: tuple[int, ...]
+    """ModelRouteEntry primary keys, parallel to ``entries``."""
+    mcp_bindings: tuple[McpBindingSpec, ...] = ()
+    builtin_names: tuple[str, ...] = ()
+    attempt: int = 1
+    loop_count: int = 0
+    """Model turns already taken (non-zero when resuming)."""
+    extra: dict = field(default_factory=dict)

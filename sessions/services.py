@@ -1,0 +1,78 @@
+"""Writes for sessions and runs."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from agent_platform.api_errors import ApplicationError
+from agents.models import AgentInstance
+from sessions.events import event_publish_on_commit
+from sessions.models import ACTIVE_RUN_STATUSES, ChatSession, Message, MessageRole, Run, RunStatus
+
+MAX_MESSAGE_CHARS = 100_000
+
+
+@transaction.atomic
+def chat_session_create(*, user: AbstractBaseUser, agent: AgentInstance, title: str = "") -> ChatSession:
+    """Open a session with ``agent`` for ``user`` in the agent's tenant."""
+    if not agent.is_active:
+        raise ApplicationError("This agent is not active.")
+    session = ChatSession(tenant_id=agent.tenant_id, agent=agent, user=user, title=title[:200])
+    session.full_clean()
+    session.save()
+    return session
+
+
+def run_enqueue_on_commit(*, run_id: int) -> None:
+    """Hand the run to a worker once the transaction commits."""
+    from sessions.tasks import run_execute
+
+    transaction.on_commit(lambda: run_execute.delay(run_id))
+
+
+@transaction.atomic
+def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) -> Run:
+    """Post a user message: records it, creates a queued Run, and queues the run.
+
+    Messages posted while another run of the session is active queue behind it and run next,
+    in order (the worker that finishes a run starts the next queued one).
+
+    Raises:
+        ApplicationError: empty or over-long content.
+
+    Emits ``run_queued`` on commit.
+    """
+    content = content.strip()
+    if not content:
+        raise ApplicationError("The message is empty.")
+    if len(content) > MAX_MESSAGE_CHARS:
+        raise ApplicationError(f"The message is longer than {MAX_MESSAGE_CHARS} characters.")
+    session = ChatSession.objects.select_for_update().get(pk=session.pk)
+    run = Run.objects.create(tenant_id=session.tenant_id, session=session, user=user, input=content)
+    Message.objects.create(
+        tenant_id=session.tenant_id, session=session, run=run, role=MessageRole.USER,
+        content=content, position=session.next_position,
+    )
+    session.next_position += 1
+    if not session.title:
+        session.title = content[:80]
+    session.save(update_fields=["next_position", "title", "updated_at"])
+    event_publish_on_commit(session_id=session.pk, run_id=run.pk, type="run_queued", data={"input": content})
+    run_enqueue_on_commit(run_id=run.pk)
+    return run
+
+
+def session_has_earlier_active_run(*, run: Run) -> bool:
+    """Whether a run of the same session, created before ``run``, is still queued or running."""
+    return (
+        Run.objects.filter(session_id=run.session_id, status__in=ACTIVE_RUN_STATUSES, pk__lt=run.pk)
+        .exists()
+    )
+
+
+def next_queued_run_id(*, session_id: int) -> int | None:
+    return (
+        Run.objects.filter(session_id=session_id, status=RunStatus.QUEUED)
+        .order_by("pk").values_list("pk", flat=True).first()
+    )

@@ -1,0 +1,130 @@
+"""The console (Django admin) seen by tenant admins: only their tenants' rows.
+
+A superuser sees everything. A staff user who is owner/admin of one or more tenants sees and
+edits only those tenants' rows, may only pick foreign keys within them, and needs no Django
+model permissions (the membership role is the permission). Everyone else sees nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db import models
+from django.http import HttpRequest
+
+from tenants.models import Tenant
+from tenants.selectors import admin_tenant_ids
+
+
+def _admin_tenants(request: HttpRequest) -> list[int]:
+    cached = getattr(request, "_admin_tenant_ids", None)
+    if cached is None:
+        cached = admin_tenant_ids(user=request.user) if request.user.is_authenticated else []
+        request._admin_tenant_ids = cached  # type: ignore[attr-defined]
+    return cached
+
+
+class TenantScopedModelAdmin(admin.ModelAdmin):
+    """Base ModelAdmin for tenant-owned models."""
+
+    read_only_model = False
+
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        qs = self.model.all_tenants.all()  # tenant-bypass: filtered just below
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(tenant_id__in=_admin_tenants(request))
+
+    def _allowed(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff and (
+            request.user.is_superuser or bool(_admin_tenants(request))
+        )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self._allowed(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request) and (obj is None or self._owns(request, obj))
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return not self.read_only_model and self._allowed(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not self.read_only_model and self.has_view_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if self.read_only_model and not request.user.is_superuser:
+            return False
+        return self.has_view_permission(request, obj)
+
+    def _owns(self, request: HttpRequest, obj: Any) -> bool:
+        return request.user.is_superuser or obj.tenant_id in _admin_tenants(request)
+
+    def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
+        exclude = list(super().get_exclude(request, obj) or [])
+        if not request.user.is_superuser and len(_admin_tenants(request)) == 1:
+            exclude.append("tenant")
+        return exclude
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        related = db_field.related_model
+        if not request.user.is_superuser:
+            if related is Tenant:
+                kwargs["queryset"] = Tenant.objects.filter(pk__in=_admin_tenants(request))
+            elif hasattr(related, "all_tenants"):
+                kwargs["queryset"] = related.all_tenants.filter(tenant_id__in=_admin_tenants(request))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if not getattr(obj, "tenant_id", None):
+            obj.tenant_id = _admin_tenants(request)[0]
+        super().save_model(request, obj, form, change)
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        instances = formset.save(commit=False)
+        for instance in instances:
+            if hasattr(instance, "tenant_id") and not instance.tenant_id:
+                instance.tenant_id = form.instance.tenant_id
+            instance.save()
+        for obj in formset.deleted_objects:
+            obj.delete()
+        formset.save_m2m()
+
+
+class TenantScopedInline(admin.TabularInline):
+    """Inline for tenant-owned children: tenant copied from the parent, FKs limited."""
+
+    extra = 0
+    exclude = ["tenant"]
+
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        qs = self.model.all_tenants.all()  # tenant-bypass: the parent admin already scoped
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(tenant_id__in=_admin_tenants(request))
+
+    def _allowed(self, request: HttpRequest) -> bool:
+        return request.user.is_staff and (request.user.is_superuser or bool(_admin_tenants(request)))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request)
+
+    has_add_permission = has_change_permission = has_delete_permission = has_view_permission  # type: ignore[assignment]
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        related = db_field.related_model
+        if not request.user.is_superuser and hasattr(related, "all_tenants"):
+            kwargs["queryset"] = related.all_tenants.filter(tenant_id__in=_admin_tenants(request))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+class SecretField(forms.CharField):
+    """A write-only form field: blank keeps the stored secret."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("widget", forms.PasswordInput(render_value=False))
+        kwargs.setdefault("help_text", "Write-only. Leave blank to keep the stored value.")
+        super().__init__(**kwargs)

@@ -1,0 +1,79 @@
+"""Per-tenant secret encryption (envelope encryption).
+
+Each tenant has its own random data key (a Fernet key). The data key is stored only wrapped
+(encrypted) by the master key from ``settings.ENCRYPTION_KEY``; secrets (provider API keys,
+MCP headers and env vars) are encrypted with the tenant's data key. Rotating the master key
+means re-wrapping the data keys only. ``ENCRYPTION_KEY`` may list several comma-separated
+keys: the first encrypts, all decrypt (``cryptography``'s MultiFernet).
+
+Fernet is AES-128-CBC + HMAC-SHA256 with a timestamp (the cryptography project's spec:
+https://github.com/fernet/spec). Plaintexts are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import TYPE_CHECKING, Any
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
+
+if TYPE_CHECKING:
+    from tenants.models import Tenant
+
+
+class SecretDecryptError(Exception):
+    """A ciphertext could not be decrypted (wrong key, or tampered)."""
+
+
+def _master() -> MultiFernet:
+    keys = [k.strip() for k in settings.ENCRYPTION_KEY.split(",") if k.strip()]
+    fernets = []
+    for key in keys:
+        raw = key.encode()
+        # Accept 32 raw bytes in urlsafe base64 (a Fernet key) only.
+        if len(base64.urlsafe_b64decode(raw)) != 32:
+            raise ValueError("ENCRYPTION_KEY must be urlsafe base64 of 32 bytes (a Fernet key)")
+        fernets.append(Fernet(raw))
+    return MultiFernet(fernets)
+
+
+def data_key_new_wrapped() -> str:
+    """A fresh data key, wrapped by the master key (text to store on the Tenant row)."""
+    return _master().encrypt(Fernet.generate_key()).decode()
+
+
+def _tenant_fernet(tenant: "Tenant") -> Fernet:
+    try:
+        data_key = _master().decrypt(tenant.wrapped_data_key.encode())
+    except InvalidToken as exc:
+        raise SecretDecryptError(f"cannot unwrap the data key of tenant {tenant.pk}") from exc
+    return Fernet(data_key)
+
+
+def secret_encrypt(*, tenant: "Tenant", plaintext: str) -> str:
+    """Encrypt ``plaintext`` with the tenant's data key. Returns "" for "" (no secret)."""
+    if plaintext == "":
+        return ""
+    return _tenant_fernet(tenant).encrypt(plaintext.encode()).decode()
+
+
+def secret_decrypt(*, tenant: "Tenant", ciphertext: str) -> str:
+    """Decrypt what :func:`secret_encrypt` returned. Raises SecretDecryptError."""
+    if ciphertext == "":
+        return ""
+    try:
+        return _tenant_fernet(tenant).decrypt(ciphertext.encode()).decode()
+    except InvalidToken as exc:
+        raise SecretDecryptError(f"cannot decrypt a secret of tenant {tenant.pk}") from exc
+
+
+def secret_encrypt_json(*, tenant: "Tenant", value: dict[str, Any]) -> str:
+    """Encrypt a JSON object (e.g. MCP headers or env vars). ``{}`` encrypts to ""."""
+    return secret_encrypt(tenant=tenant, plaintext=json.dumps(value) if value else "")
+
+
+def secret_decrypt_json(*, tenant: "Tenant", ciphertext: str) -> dict[str, Any]:
+    text = secret_decrypt(tenant=tenant, ciphertext=ciphertext)
+    return json.loads(text) if text else {}

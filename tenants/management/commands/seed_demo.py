@@ -1,0 +1,106 @@
+"""``python manage.py seed_demo [--print-token [--admin]]``: the demo tenant, idempotently.
+
+Creates (or brings back to the documented state) tenant "demo" with:
+- ``demo-admin`` / ``demo-admin-pass``: tenant admin (staff, not superuser) for /admin/;
+- ``demo-user`` / ``demo-user-pass``: end user for the chat app;
+- provider "local" → the embedded model (settings.LLM_BASE_URL), route "local";
+- MCP server "time" (``mcp-server-time`` over stdio);
+- agent "Assistant" on route "local", bound to "time".
+
+With ``--print-token`` the last line printed is a new API token for demo-user (with
+``--admin``, for demo-admin).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
+from capabilities.models import McpServer, McpTransport
+from llm.models import ModelProvider, ModelRoute, ModelRouteEntry, ToolCallMode
+from tenants.models import Membership, Role, Tenant
+from tenants.services import api_token_create, tenant_create
+
+DEMO_TENANT_SLUG = "demo"
+DEMO_ADMIN = ("demo-admin", "demo-admin-pass")
+DEMO_USER = ("demo-user", "demo-user-pass")
+ASSISTANT_PROMPT = (
+    "You are Assistant, a concise and helpful agent. When a question needs live information, "
+    "such as the current time somewhere, call the matching tool instead of guessing, then "
+    "answer in one or two sentences using the tool's result."
+)
+
+
+class Command(BaseCommand):
+    help = "Create or refresh the demo tenant, users, model route, MCP server and agent."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--print-token", action="store_true", help="Print a new API token as the last line.")
+        parser.add_argument("--admin", action="store_true", help="With --print-token: for the demo tenant admin.")
+
+    def handle(self, *args, print_token: bool = False, admin: bool = False, **options):
+        with transaction.atomic():
+            memberships = self._seed()
+        self.stderr.write(
+            f"demo tenant ready: admin {DEMO_ADMIN[0]}/{DEMO_ADMIN[1]}, user {DEMO_USER[0]}/{DEMO_USER[1]}"
+        )
+        if print_token:
+            issued = api_token_create(membership=memberships["admin" if admin else "user"], name="seed_demo")
+            self.stdout.write(issued.raw)
+
+    def _seed(self) -> dict[str, Membership]:
+        tenant = Tenant.objects.filter(slug=DEMO_TENANT_SLUG).first() or tenant_create(name="Demo", slug=DEMO_TENANT_SLUG)
+        User = get_user_model()
+        memberships = {}
+        for key, (username, password), role, staff in (
+            ("admin", DEMO_ADMIN, Role.ADMIN, True),
+            ("user", DEMO_USER, Role.MEMBER, False),
+        ):
+            user, _ = User.objects.get_or_create(username=username)
+            user.is_staff, user.is_superuser, user.is_active = staff, False, True
+            user.set_password(password)
+            user.save()
+            membership, _ = Membership.all_tenants.update_or_create(tenant=tenant, user=user, defaults={"role": role})
+            memberships[key] = membership
+
+        provider, _ = ModelProvider.all_tenants.update_or_create(
+            tenant=tenant, name="local", defaults={"base_url": settings.LLM_BASE_URL}
+        )
+        route, _ = ModelRoute.all_tenants.update_or_create(
+            tenant=tenant, name="local",
+            defaults={"description": "The embedded Qwen2.5-Coder-0.5B-Instruct model (llama.cpp)."},
+        )
+        ModelRouteEntry.all_tenants.update_or_create(
+            tenant=tenant, route=route, position=0,
+            defaults={
+                "provider": provider, "model": settings.LLM_MODEL_NAME, "max_input_tokens": 8192,
+                "max_output_tokens": 512, "connect_timeout_seconds": 5.0, "read_timeout_seconds": 120.0,
+                "tool_calls": ToolCallMode.TEXT,
+            },
+        )
+        time_server, _ = McpServer.all_tenants.update_or_create(
+            tenant=tenant, alias="time",
+            defaults={
+                "name": "Time (mcp-server-time)", "transport": McpTransport.STDIO,
+                "command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+                "enabled": True,
+            },
+        )
+        agent, _ = AgentInstance.all_tenants.update_or_create(
+            tenant=tenant, name="Assistant",
+            defaults={
+                "description": "A general assistant that can tell the time anywhere (mcp-server-time).",
+                "system_prompt": ASSISTANT_PROMPT, "route": route, "max_loop_count": 6,
+                "tool_max_parallel": 3, "tool_timeout_seconds": 60.0, "is_active": True,
+            },
+        )
+        CapabilityBinding.all_tenants.update_or_create(
+            tenant=tenant, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=time_server,
+            defaults={"allowed_tools": [], "enabled": True},
+        )
+        return memberships

@@ -1,0 +1,38 @@
+import pytest
+
+from agents.models import AgentInstance
+from agents.tests.factories import AgentFactory
+from tenants.scoping import TenantScopeError, current_tenant_id, tenant_scope
+
+
+@pytest.mark.django_db
+def test_scoped_manager_fails_closed_without_a_tenant(tenant):
+    AgentFactory(tenant=tenant)
+    with pytest.raises(TenantScopeError):
+        list(AgentInstance.objects.all())
+
+
+@pytest.mark.django_db
+def test_scoped_manager_returns_only_the_current_tenants_rows(tenant, other_tenant):
+    mine = AgentFactory(tenant=tenant)
+    AgentFactory(tenant=other_tenant)
+    with tenant_scope(tenant.pk):
+        assert list(AgentInstance.objects.all()) == [mine]
+        assert AgentInstance.objects.filter(pk=mine.pk).exists()
+    with tenant_scope(other_tenant.pk):
+        assert not AgentInstance.objects.filter(pk=mine.pk).exists()
+
+
+def test_tenant_scope_nests_and_restores():
+    assert current_tenant_id() is None
+    with tenant_scope(1):
+        with tenant_scope(2):
+            assert current_tenant_id() == 2
+        assert current_tenant_id() == 1
+    assert current_tenant_id() is None
+
+
+def test_tenant_scope_rejects_non_int():
+    with pytest.raises(TypeError):
+        with tenant_scope("1"):  # type: ignore[arg-type]
+            pass
