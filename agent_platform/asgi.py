@@ -8,14 +8,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agent_platform.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from agent_platform.ws_auth import TenantWebsocketAuthMiddleware  # noqa: E402
+from agent_platform.ws_auth import BrowserOriginValidator, TenantWebsocketAuthMiddleware  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(TenantWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))),
+        "websocket": BrowserOriginValidator(TenantWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))),
     }
 )

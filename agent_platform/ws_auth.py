@@ -46,3 +46,28 @@ class _TenantScopeMiddleware:
 def TenantWebsocketAuthMiddleware(inner: Any) -> Any:  # noqa: N802 (named like Channels' stacks)
     """Session auth (cookie), then API-token auth and membership resolution."""
     return AuthMiddlewareStack(_TenantScopeMiddleware(inner))
+
+
+class BrowserOriginValidator:
+    """Origin check for WebSockets (cross-site WebSocket hijacking protection).
+
+    Browsers always send ``Origin``; such a handshake must come from one of
+    ``settings.ALLOWED_HOSTS`` (or an explicitly allowed extension origin). A handshake
+    without ``Origin`` is not a browser, so it carries no ambient cookie risk: it is let
+    through and must authenticate with ``?token=``.
+    """
+
+    def __init__(self, application: Any) -> None:
+        from channels.security.websocket import AllowedHostsOriginValidator
+
+        self._checked = AllowedHostsOriginValidator(application)
+        self._application = application
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        has_origin = any(name == b"origin" for name, _ in scope.get("headers", []))
+        if not has_origin:
+            # Never cookie-authenticate a non-browser: drop its Cookie header.
+            headers = [(n, v) for n, v in scope.get("headers", []) if n != b"cookie"]
+            scope = dict(scope, headers=headers)
+            return await self._application(scope, receive, send)
+        return await self._checked(scope, receive, send)

@@ -135,19 +135,26 @@ def _spec(run: Run) -> RunSpec:
     )
 
 
-def history_load(run_id: int) -> list[ChatMessage]:
-    """The session's messages up to and including this run's, in canonical form.
+def history_load(run_id: int) -> tuple[list[ChatMessage], ChatMessage | None]:
+    """The session's conversation up to and including this run, in canonical form.
 
+    Messages are ordered by run, then position: a message queued while an earlier run was
+    still working has a lower position than that run's answer, but belongs after it.
     Earlier runs' unanswered tool calls (a run that failed between a call and its result)
     are dropped so that tool call/result pairs are never split; the current run's are kept,
     because the runner resumes by executing them.
+
+    Returns:
+        ``(messages, tail)``: ``tail`` is this run's last message if it is the assistant's
+        (a resumed run continues from it), else None.
     """
     run = Run.objects.get(pk=run_id)
     rows = list(
-        Message.objects.filter(session_id=run.session_id, run_id__lte=run_id).order_by("position")
+        Message.objects.filter(session_id=run.session_id, run_id__lte=run_id).order_by("run_id", "position")
     )
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
+    tail: ChatMessage | None = None
     for m in rows:
         if m.role == MessageRole.ASSISTANT:
             calls = tuple(ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in m.tool_calls)
@@ -160,7 +167,9 @@ def history_load(run_id: int) -> list[ChatMessage]:
             out.append(ChatMessage(role="tool", content=m.content, tool_call_id=m.tool_call_id, name=m.name))
         else:
             out.append(ChatMessage(role="user", content=m.content))
-    return out
+    if rows and rows[-1].run_id == run_id and out and out[-1].role == "assistant":
+        tail = out[-1]
+    return out, tail
 
 
 def _next_position(session_id: int) -> int:

@@ -119,9 +119,8 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
 
         router = Router(spec.entries, record=record)
         while True:
-            history = await database_sync_to_async(_db.history_load)(spec.run_id)
-            last = history[-1] if history else None
-            if last is not None and last.role == "assistant":
+            history, last = await database_sync_to_async(_db.history_load)(spec.run_id)
+            if last is not None:
                 if not last.tool_calls:  # answered before a worker died: nothing left to do
                     return Outcome(RunStatus.COMPLETED, reply=last.content)
                 pending = await database_sync_to_async(_db.pending_tool_calls)(
