@@ -1,0 +1,631 @@
+"""MCP capability client: one connection to one MCP server, over stdio or Streamable HTTP.
+
+Built on the ``mcp`` SDK 2.x :class:`mcp.Client`. Usage::
+
+    async with McpConnection(config) as conn:           # connect + handshake, bounded
+        infos = await conn.list_tools()                 # every page, bounded
+        result = await conn.call_tool("get_current_time", {"timezone": "UTC"}, timeout_seconds=30)
+
+Ownership (house style: "each MCP session has one owner task"): ``__aenter__`` starts a
+dedicated *owner task* that opens the SDK client, waits until it is told to stop, and closes
+it, so the session is always opened and closed in the same task and event loop. The
+connection object itself must also be entered and exited in one task (checked). Tool calls
+may come from any task of that loop, concurrently: the SDK correlates requests by id. Keeping
+the SDK's task groups inside the owner task also means a transport failure (server died, HTTP
+error) ends only that task; in-flight and later calls then fail with ``ToolError`` instead of
+the failure cancelling the caller's task.
+
+No Django imports: the runner, the pool and tests use this directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import collections
+import json
+import logging
+import math
+import os
+import re
+import threading
+import urllib.parse
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import IO, Any, Literal
+
+import anyio
+import httpx2
+import mcp_types
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from pydantic import ValidationError
+
+from capabilities.tools import ToolError, ToolResult
+
+logger = logging.getLogger(__name__)
+
+_ALIAS_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
+
+_SAFE_EXTRA_ENV_VARS = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+"""Inherited by stdio servers on top of the SDK's own minimal set (HOME, LOGNAME, PATH, SHELL,
+TERM, USER). Nothing else of the worker's environment (secrets!) reaches a server unless the
+config's ``env`` names it."""
+
+_MAX_LIST_PAGES = 1_000
+"""Upper bound on ``tools/list`` pages, against a server whose cursors never end."""
+
+_CLOSE_TIMEOUT_SECONDS = 10.0
+"""How long ``__aexit__`` waits for the owner task to close the session before cancelling it.
+The SDK's stdio shutdown is itself bounded (about 6.5 s worst case: stdin close, SIGTERM,
+SIGKILL), and it is shielded, so the cancel cannot leak the server process."""
+
+_HTTP_READ_TIMEOUT_SECONDS = 300.0
+"""httpx read timeout (the SDK's default): a response stream that stays silent longer fails.
+A tool call longer than this on a server that answers with plain JSON (no SSE keep-alive)
+would fail the whole connection, so call timeouts should stay below it."""
+
+_STDERR_TAIL_LINES = 20
+"""Lines of a stdio server's stderr kept for connect-error messages."""
+
+_CLIENT_INFO = mcp_types.Implementation(name="agent-platform", version="0.1.0")
+
+
+class McpConnectError(ToolError):
+    """Connecting to an MCP server (spawn, transport, handshake) failed or timed out.
+
+    Raised by ``McpConnection.__aenter__``. The message names the server alias and, for stdio
+    servers, ends with the last lines the server wrote to stderr.
+    """
+
+    def __init__(self, message: str, *, alias: str) -> None:
+        super().__init__(message, code="mcp_connect_error")
+        self.alias = alias
+        """The ``McpServerConfig.alias`` of the server that could not be reached."""
+
+
+def check_timeout_seconds(value: float, *, what: str) -> None:
+    """Validate a timeout (house rule: positive finite seconds).
+
+    Args:
+        value: The timeout, in seconds.
+        what: Its name, for the message.
+
+    Raises:
+        ValueError: ``value`` is not a positive finite int/float (bools rejected).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a positive finite number of seconds, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class McpServerConfig:
+    """How to reach one MCP server. Validated on construction (``ValueError``)."""
+
+    alias: str
+    """Short name used in exposed tool names and messages: ``[a-z0-9_-]``, 1-64 chars."""
+    transport: Literal["stdio", "streamable_http"]
+    command: str = ""
+    """stdio: the executable to spawn (absolute path or looked up on the child's PATH)."""
+    args: tuple[str, ...] = ()
+    """stdio: its arguments."""
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """stdio: extra environment, merged over a minimal safe environment (PATH, HOME, LANG,
+    TZ...). Not shown in ``repr`` (it may hold credentials)."""
+    url: str = ""
+    """streamable_http: the MCP endpoint, ``http://`` or ``https://``."""
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """streamable_http: sent with every request (e.g. ``Authorization``). Not shown in ``repr``."""
+    connect_timeout_seconds: float = 30.0
+    """Bound on spawn/TCP connect plus the MCP handshake; also the HTTP connect timeout."""
+    list_timeout_seconds: float = 30.0
+    """Bound on one whole ``list_tools`` (all pages together)."""
+
+    def __post_init__(self) -> None:
+        if not _ALIAS_RE.match(self.alias):
+            raise ValueError(f"alias must match [a-z0-9_-]{{1,64}}, got {self.alias!r}")
+        if self.transport == "stdio":
+            if not self.command:
+                raise ValueError(f"MCP server {self.alias!r}: a stdio server needs a command")
+        elif self.transport == "streamable_http":
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"MCP server {self.alias!r}: url must start with http:// or https://, got {self.url!r}"
+                )
+        else:
+            raise ValueError(f"MCP server {self.alias!r}: unknown transport {self.transport!r}")
+        check_timeout_seconds(self.connect_timeout_seconds, what="connect_timeout_seconds")
+        check_timeout_seconds(self.list_timeout_seconds, what="list_timeout_seconds")
+        # Read-only copies, so a caller mutating its dict cannot change a live config.
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.alias,
+                self.transport,
+                self.command,
+                self.args,
+                tuple(sorted(self.env.items())),
+                self.url,
+                tuple(sorted(self.headers.items())),
+                self.connect_timeout_seconds,
+                self.list_timeout_seconds,
+            )
+        )
+
+    @property
+    def endpoint(self) -> str:
+        """Where the server is, for messages that may reach the model or logs.
+
+        The URL without credentials, query or fragment (they may carry tokens), or the stdio
+        command without its arguments (same reason). Never env or headers.
+        """
+        if self.transport == "streamable_http":
+            parts = urllib.parse.urlsplit(self.url)
+            host = parts.hostname or ""
+            if ":" in host:
+                host = f"[{host}]"
+            port = f":{parts.port}" if parts.port is not None else ""
+            return f"{parts.scheme}://{host}{port}{parts.path}"
+        return self.command
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolInfo:
+    """One tool as an MCP server lists it."""
+
+    name: str
+    """The server's own tool name (pass it to ``call_tool``; not the exposed name)."""
+    description: str
+    """The server's description ('' when it gave none)."""
+    input_schema: dict[str, Any]
+    """JSON Schema of the arguments, as the server sent it (see ``tool.normalize_input_schema``)."""
+
+
+class _StderrTail:
+    """Drains a stdio server's stderr in a daemon thread, keeping the last lines.
+
+    A pipe nobody reads would block a chatty server once the pipe buffer fills; the SDK's
+    default (our own stderr) mixes server noise into worker logs. Lines are logged at DEBUG
+    under this module's logger and the last ``_STDERR_TAIL_LINES`` are kept for error messages.
+    """
+
+    def __init__(self, alias: str) -> None:
+        read_fd, write_fd = os.pipe()
+        self.writer: IO[str] = os.fdopen(write_fd, "w")
+        self._lines: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._alias = alias
+        self._thread = threading.Thread(
+            target=self._drain, args=(os.fdopen(read_fd, "rb"),), name=f"mcp-stderr:{alias}", daemon=True
+        )
+        self._thread.start()
+
+    def _drain(self, reader: IO[bytes]) -> None:
+        with reader:
+            for raw in reader:
+                line = raw.decode("utf-8", errors="replace").rstrip()
+                if line:
+                    self._lines.append(line)
+                    logger.debug("MCP server %r stderr: %s", self._alias, line)
+
+    def close_writer(self) -> None:
+        """Close our copy of the pipe's write end (the child keeps its own)."""
+        self.writer.close()
+
+    async def tail(self, *, wait_seconds: float = 1.0) -> str:
+        """The last stderr lines, joined; waits up to ``wait_seconds`` for the pipe to reach EOF."""
+        self.close_writer()
+        await asyncio.to_thread(self._thread.join, wait_seconds)
+        return "\n".join(self._lines)
+
+
+def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    """The non-group exceptions inside ``exc`` (itself when it is not a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaf_exceptions(inner)]
+    return [exc]
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming the first real cause inside ``exc`` (unwrapping exception groups)."""
+    leaves = [e for e in _leaf_exceptions(exc) if not isinstance(e, asyncio.CancelledError)] or [exc]
+    leaf = leaves[0]
+    text = str(leaf) or repr(leaf)
+    return f"{type(leaf).__name__}: {text}"
+
+
+def _base64_size(data: str) -> int:
+    """Decoded size in bytes of base64 ``data`` (estimated from its length if it is invalid)."""
+    try:
+        return len(base64.b64decode(data, validate=False))
+    except (binascii.Error, ValueError):
+        return len(data) * 3 // 4
+
+
+def _render_block(block: Any) -> tuple[str, bool]:
+    """Render one content block as text for the model.
+
+    Returns:
+        ``(text, is_text_block)``: text blocks verbatim; images, audio, resource links and
+        blob resources as one-line summaries like ``[image image/png, 1234 bytes]``; embedded
+        text resources as a summary line followed by their text.
+    """
+    if isinstance(block, mcp_types.TextContent):
+        return block.text, True
+    if isinstance(block, mcp_types.ImageContent):
+        return f"[image {block.mime_type}, {_base64_size(block.data)} bytes]", False
+    if isinstance(block, mcp_types.AudioContent):
+        return f"[audio {block.mime_type}, {_base64_size(block.data)} bytes]", False
+    if isinstance(block, mcp_types.ResourceLink):
+        mime = f" {block.mime_type}" if block.mime_type else ""
+        return f"[resource link {block.uri}{mime}]", False
+    if isinstance(block, mcp_types.EmbeddedResource):
+        resource = block.resource
+        mime = f" {resource.mime_type}" if resource.mime_type else ""
+        if isinstance(resource, mcp_types.TextResourceContents):
+            return f"[resource {resource.uri}{mime}]\n{resource.text}", False
+        return f"[resource {resource.uri}{mime}, {_base64_size(resource.blob)} bytes]", False
+    return f"[{getattr(block, 'type', type(block).__name__)} content]", False
+
+
+def _to_tool_result(result: mcp_types.CallToolResult) -> ToolResult:
+    """Map a successful ``CallToolResult`` to a ``ToolResult`` (see ``McpConnection.call_tool``)."""
+    parts: list[str] = []
+    has_text = False
+    for block in result.content:
+        text, is_text = _render_block(block)
+        has_text = has_text or is_text
+        parts.append(text)
+    data = result.structured_content
+    if data is not None and not has_text:
+        parts.insert(0, json.dumps(data, ensure_ascii=False, default=str))
+    return ToolResult(content="\n".join(parts), data=data)
+
+
+def _error_text(result: mcp_types.CallToolResult, name: str) -> str:
+    """The text of an ``isError`` result, for the model."""
+    text = "\n".join(_render_block(block)[0] for block in result.content).strip()
+    if not text and result.structured_content is not None:
+        text = json.dumps(result.structured_content, ensure_ascii=False, default=str)
+    return text or f"MCP tool {name!r} reported an error without a message"
+
+
+class McpConnection:
+    """One open MCP session, usable as ``async with McpConnection(config) as conn:``.
+
+    Single use: enter it once. Enter and exit it in the same task (``RuntimeError``
+    otherwise); call ``list_tools``/``call_tool`` from any task of the same event loop,
+    concurrently if you like.
+    """
+
+    def __init__(self, config: McpServerConfig) -> None:
+        """Prepare a connection; nothing is spawned or dialled until ``__aenter__``.
+
+        Args:
+            config: The server to connect to.
+        """
+        self.config = config
+        self._client: Client | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._owner_task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stderr: _StderrTail | None = None
+        self._list_attempted = False
+        self._list_lock = asyncio.Lock()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> McpConnection:
+        """Spawn or dial the server and complete the MCP handshake.
+
+        Returns:
+            ``self``, connected.
+
+        Raises:
+            McpConnectError: Spawning, connecting or the handshake failed, or took longer than
+                ``config.connect_timeout_seconds``. Nothing is left running.
+            RuntimeError: The connection was already entered once.
+        """
+        if self._worker is not None:
+            raise RuntimeError(f"McpConnection {self.config.alias!r} is single-use and was already entered")
+        self._owner_task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = self._loop.create_future()
+        worker = asyncio.create_task(self._own_session(ready), name=f"mcp-session:{self.config.alias}")
+        self._worker = worker
+        try:
+            await asyncio.wait(
+                {ready, worker}, timeout=self.config.connect_timeout_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:  # cancelled while connecting: leave nothing behind, then re-raise
+            await self._stop_worker(cancel=True)
+            raise
+        if ready.done() and not worker.done():
+            worker.add_done_callback(self._on_worker_done)
+            return self
+
+        ready.cancel()
+        timed_out = not worker.done()
+        await self._stop_worker(cancel=True)
+        failure = None if worker.cancelled() else worker.exception()
+        cfg = self.config
+        if timed_out or failure is None:
+            message = (
+                f"Could not connect to MCP server {cfg.alias!r} ({cfg.transport} {cfg.endpoint}): "
+                f"timed out after {cfg.connect_timeout_seconds:g} s"
+            )
+        else:
+            message = (
+                f"Could not connect to MCP server {cfg.alias!r} ({cfg.transport} {cfg.endpoint}): "
+                f"{_describe(failure)}"
+            )
+        if self._stderr is not None:
+            tail = await self._stderr.tail()
+            if tail:
+                message += f"\nServer stderr (last lines):\n{tail}"
+        raise McpConnectError(message, alias=cfg.alias) from failure
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the session; a stdio server process is terminated (SIGTERM, then SIGKILL).
+
+        Runs its shutdown shielded from anyio cancellation, so it also completes when the body
+        raised or was cancelled. It waits up to ``_CLOSE_TIMEOUT_SECONDS`` before cancelling
+        the owner task. Never raises the body's exception itself.
+
+        Raises:
+            RuntimeError: Exited in a different task than the one that entered it (the session
+                is still closed first).
+        """
+        await self._stop_worker(cancel=False)
+        if self._stderr is not None:
+            self._stderr.close_writer()
+        if asyncio.current_task() is not self._owner_task:
+            raise RuntimeError(
+                f"McpConnection {self.config.alias!r} was exited in a different task than it was entered in"
+            )
+
+    async def _own_session(self, ready: asyncio.Future[None]) -> None:
+        """Owner task body: open the SDK client, publish it, wait for stop, close it."""
+        async with AsyncExitStack() as stack:
+            client = await stack.enter_async_context(self._make_client(stack))
+            if self._stderr is not None:
+                self._stderr.close_writer()  # the child holds its own copy now
+            self._client = client
+            if not ready.done():
+                ready.set_result(None)
+            try:
+                await self._stop.wait()
+            finally:
+                self._client = None
+
+    def _make_client(self, stack: AsyncExitStack) -> Client:
+        """Build the (unentered) SDK client for ``self.config``; HTTP clients go on ``stack``."""
+        cfg = self.config
+        if cfg.transport == "stdio":
+            env = {key: os.environ[key] for key in _SAFE_EXTRA_ENV_VARS if key in os.environ}
+            env.update(cfg.env)
+            params = StdioServerParameters(command=cfg.command, args=list(cfg.args), env=env)
+            self._stderr = _StderrTail(cfg.alias)
+            stack.callback(self._stderr.close_writer)
+            transport = stdio_client(params, errlog=self._stderr.writer)  # type: ignore[arg-type]
+        else:
+            # What the SDK's own default client is, plus our headers and connect timeout.
+            # Redirects stay off: the SDK follows same-origin ones itself.
+            http_client = httpx2.AsyncClient(
+                headers=dict(cfg.headers),
+                timeout=httpx2.Timeout(cfg.connect_timeout_seconds, read=_HTTP_READ_TIMEOUT_SECONDS),
+            )
+            stack.push_async_callback(http_client.aclose)
+            transport = streamable_http_client(cfg.url, http_client=http_client)
+        # cache=None: every list_tools reaches the server (we want the live list).
+        return Client(transport, cache=None, client_info=_CLIENT_INFO)
+
+    async def _stop_worker(self, *, cancel: bool) -> None:
+        """Tell the owner task to close the session and wait for it (shielded, bounded)."""
+        worker = self._worker
+        if worker is None:
+            return
+        self._stop.set()
+        if cancel:
+            worker.cancel()
+        with anyio.CancelScope(shield=True):
+            done, _ = await asyncio.wait({worker}, timeout=_CLOSE_TIMEOUT_SECONDS)
+            if not done:
+                logger.warning(
+                    "MCP server %r: session did not close within %g s; cancelling its owner task",
+                    self.config.alias,
+                    _CLOSE_TIMEOUT_SECONDS,
+                )
+                worker.cancel()
+                await asyncio.wait({worker}, timeout=_CLOSE_TIMEOUT_SECONDS)
+
+    def _on_worker_done(self, worker: asyncio.Task[None]) -> None:
+        """Log a session that died on its own (transport failure), marking the error retrieved."""
+        if worker.cancelled():
+            return
+        failure = worker.exception()
+        if failure is not None:
+            logger.warning(
+                "MCP server %r: session ended with an error: %s",
+                self.config.alias,
+                _describe(failure),
+                exc_info=failure,
+            )
+
+    def _require_client(self) -> Client:
+        """The live SDK client.
+
+        Raises:
+            RuntimeError: Not entered yet, or used from another event loop.
+            ToolError: ``mcp_error``: the session is closed or its transport failed.
+        """
+        if self._worker is None:
+            raise RuntimeError(f"McpConnection {self.config.alias!r} is not open; use `async with`")
+        if asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError(f"McpConnection {self.config.alias!r} used from a different event loop")
+        client = self._client
+        if client is None or self._worker.done():
+            raise ToolError(
+                f"The connection to MCP server {self.config.alias!r} is closed; its tools are unavailable.",
+                code="mcp_error",
+            )
+        return client
+
+    # --- operations -------------------------------------------------------------------------
+
+    async def list_tools(self) -> list[McpToolInfo]:
+        """List every tool of the server, following ``nextCursor`` across all pages.
+
+        Bounded as a whole by ``config.list_timeout_seconds`` and by 1,000 pages. A name the
+        server lists twice is kept once (the first listing).
+
+        Returns:
+            The tools in server order.
+
+        Raises:
+            ToolError: ``timeout`` when the listing took too long; ``mcp_error`` for a protocol
+                or transport error, a repeated cursor or too many pages.
+            RuntimeError: Not open, or used from another event loop.
+        """
+        client = self._require_client()
+        alias, timeout = self.config.alias, self.config.list_timeout_seconds
+        tools: list[McpToolInfo] = []
+        seen_names: set[str] = set()
+        seen_cursors: set[str] = set()
+        cursor: str | None = None
+        try:
+            with anyio.fail_after(timeout):
+                for _ in range(_MAX_LIST_PAGES):
+                    page = await client.list_tools(cursor=cursor)
+                    for tool in page.tools:
+                        if tool.name in seen_names:
+                            logger.warning("MCP server %r lists tool %r twice; keeping the first", alias, tool.name)
+                            continue
+                        seen_names.add(tool.name)
+                        tools.append(
+                            McpToolInfo(
+                                name=tool.name,
+                                description=tool.description or "",
+                                input_schema=dict(tool.input_schema),
+                            )
+                        )
+                    cursor = page.next_cursor
+                    if not cursor:
+                        self._list_attempted = True
+                        return tools
+                    if cursor in seen_cursors:
+                        raise ToolError(
+                            f"MCP server {alias!r} repeated the tools/list cursor {cursor!r}", code="mcp_error"
+                        )
+                    seen_cursors.add(cursor)
+        except TimeoutError:
+            raise ToolError(
+                f"Listing the tools of MCP server {alias!r} timed out after {timeout:g} s", code="timeout"
+            ) from None
+        except MCPError as exc:
+            raise ToolError(f"MCP server {alias!r} failed to list its tools: {exc.message}", code="mcp_error") from exc
+        except (ValidationError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            # RuntimeError: the SDK's "used outside its context" when the session just closed.
+            raise ToolError(
+                f"MCP server {alias!r} failed to list its tools: {_describe(exc)}", code="mcp_error"
+            ) from exc
+        raise ToolError(f"MCP server {alias!r} returned more than {_MAX_LIST_PAGES} pages of tools", code="mcp_error")
+
+    async def _ensure_listed(self) -> None:
+        """List the tools once before the first call on this connection.
+
+        The SDK validates a successful result against the tool's output schema, which it
+        learns from ``tools/list``; for a tool it has not seen listed it re-fetches the
+        *first* page on every call (an extra round trip and a warning per call for tools on
+        later pages). One full listing up front avoids that. Bounded by
+        ``list_timeout_seconds``, not by the call's timeout; attempted once; a failure is
+        logged and the call proceeds.
+        """
+        if self._list_attempted:
+            return
+        async with self._list_lock:
+            if self._list_attempted:
+                return
+            try:
+                await self.list_tools()
+            except ToolError as exc:
+                logger.warning(
+                    "MCP server %r: listing tools before the first call failed: %s", self.config.alias, exc.message
+                )
+            finally:
+                self._list_attempted = True
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_seconds: float) -> ToolResult:
+        """Call one tool and map its result for the model.
+
+        Mapping: text blocks are joined (newline) into ``content``; image, audio and resource
+        blocks appear as summaries such as ``[image image/png, 1234 bytes]``;
+        ``structuredContent`` becomes ``data`` and, when there is no text block, also leads
+        ``content`` as JSON.
+
+        The first call on a connection that has not listed its tools yet lists them first
+        (see ``_ensure_listed``), bounded by ``list_timeout_seconds`` on top of
+        ``timeout_seconds``.
+
+        Args:
+            name: The server's tool name (``McpToolInfo.name``, not the exposed name).
+            arguments: JSON-serialisable arguments object.
+            timeout_seconds: Bound on the whole call, positive and finite. On expiry the SDK
+                sends the server a cancellation notification.
+
+        Returns:
+            ``ToolResult(content: str, data: JSON value | None)``.
+
+        Raises:
+            ToolError: ``mcp_tool_error`` when the server returned ``isError`` (message: the
+                tool's error text); ``timeout`` after ``timeout_seconds``; ``mcp_error`` for a
+                protocol or transport error (unknown tool, bad result, connection closed).
+            ValueError: ``timeout_seconds`` is not a positive finite number.
+            RuntimeError: Not open, or used from another event loop.
+        """
+        check_timeout_seconds(timeout_seconds, what="timeout_seconds")
+        self._require_client()
+        await self._ensure_listed()
+        client = self._require_client()
+        alias = self.config.alias
+        timeout_message = f"MCP tool {name!r} timed out after {timeout_seconds:g} s"
+        try:
+            # Two bounds: the SDK's own read timeout (sends the courtesy cancel) and an outer
+            # one covering what the SDK does not time (writing the request, output validation).
+            with anyio.fail_after(timeout_seconds):
+                result = await client.call_tool(name, arguments, read_timeout_seconds=timeout_seconds)
+        except TimeoutError:
+            raise ToolError(timeout_message, code="timeout") from None
+        except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                raise ToolError(timeout_message, code="timeout") from None
+            if exc.code == CONNECTION_CLOSED:
+                raise ToolError(
+                    f"The connection to MCP server {alias!r} closed during tool {name!r}: {exc.message}",
+                    code="mcp_error",
+                ) from exc
+            raise ToolError(f"MCP server {alias!r} rejected tool {name!r}: {exc.message}", code="mcp_error") from exc
+        except (ValidationError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            # RuntimeError covers the SDK's output-schema check, unexpected input_required or
+            # claimed results, and "used outside its context" when the session just closed.
+            raise ToolError(
+                f"MCP server {alias!r}: tool {name!r} failed: {_describe(exc)}", code="mcp_error"
+            ) from exc
+        if result.is_error:
+            raise ToolError(_error_text(result, name), code="mcp_tool_error")
+        return _to_tool_result(result)

@@ -1,0 +1,106 @@
+"""The chat SPA in Debian's Chromium (Playwright), against the real ASGI app, a real Celery
+worker and the FakeLLMServer behind the agent's route."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+
+from agents.tests.factories import agent_with_route, bind_builtin
+from llm.testing import Reply, ToolCalls
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/lib/chromium/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
+LAUNCH_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]
+
+
+@contextlib.contextmanager
+def open_page():
+    """A Chromium page. Start it after the test's database work: Playwright's sync API runs
+    an event loop in this thread, and Django refuses ORM calls while one runs."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        try:
+            yield browser.new_page(viewport={"width": 1280, "height": 800})
+        finally:
+            browser.close()
+
+
+@pytest.fixture(autouse=True)
+def _needs_chromium():
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (scripts/ensure_chromium.sh installs it)")
+
+
+def test_log_in_chat_and_see_streamed_answer_and_tool_card(world, fake_llm, celery_worker, live_server_url):
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    bind_builtin(agent, "test_echo")
+    fake_llm.script(
+        ToolCalls([("test_echo", {"text": "hello browser"})]),
+        Reply("The echo tool answered: hello browser. Anything else?", chunk_size=4),
+    )
+    from playwright.sync_api import expect
+
+    with open_page() as page:
+        _chat_flow(page, expect, live_server_url, world.member.username)
+
+
+def _chat_flow(page, expect, live_server_url, username):
+    page.goto(live_server_url + "/")
+    page.get_by_test_id("login-username").fill(username)
+    page.get_by_test_id("login-password").fill("wrong password")
+    page.get_by_test_id("login-submit").click()
+    expect(page.get_by_test_id("login-error")).to_contain_text("Wrong username or password")
+
+    page.get_by_test_id("login-password").fill("pw-user-123")
+    page.get_by_test_id("login-submit").click()
+    page.locator('[data-testid="agent-option"][data-agent-name="Helper"]').click()
+    page.get_by_test_id("composer-input").fill("Please echo hello browser")
+    page.get_by_test_id("composer-send").click()
+
+    card = page.get_by_test_id("tool-call-card")
+    expect(card).to_have_attribute("data-tool-name", "test_echo", timeout=20_000)
+    expect(card).to_have_attribute("data-status", "succeeded", timeout=20_000)
+    expect(card).to_contain_text("hello browser")
+    reply = page.get_by_test_id("assistant-reply").last
+    expect(reply).to_have_text("The echo tool answered: hello browser. Anything else?", timeout=20_000)
+    expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "completed", timeout=20_000)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "spa-chat.png"))
+
+    # The session is listed, and reloading shows the same transcript from the API.
+    page.reload()
+    expect(page.get_by_test_id("session-item")).to_have_count(1)
+    expect(page.get_by_test_id("assistant-reply").last).to_have_text(
+        "The echo tool answered: hello browser. Anything else?", timeout=10_000
+    )
+
+
+def test_a_failed_run_shows_its_error(world, fake_llm, celery_worker, live_server_url):
+    from llm.testing import Fail
+    from playwright.sync_api import expect
+
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Broken")
+    fake_llm.script(Fail(500, body={"error": {"message": "boom"}}))
+    with open_page() as page:
+        page.goto(live_server_url + "/")
+        page.get_by_test_id("login-username").fill(world.member.username)
+        page.get_by_test_id("login-password").fill("pw-user-123")
+        page.get_by_test_id("login-submit").click()
+        page.locator('[data-testid="agent-option"][data-agent-name="Broken"]').click()
+        page.get_by_test_id("composer-input").fill("hello?")
+        page.get_by_test_id("composer-send").click()
+        expect(page.get_by_test_id("run-error")).to_contain_text("No model could answer", timeout=20_000)
+        expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "failed")
