@@ -106,6 +106,8 @@ def celery_worker_session():
     from agent_platform.celery import app
 
     app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    with app.connection_for_write() as conn:  # tasks left over from an interrupted earlier session
+        conn.default_channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=10,
                       queues=[settings.CELERY_TASK_DEFAULT_QUEUE]) as worker:
         yield worker
