@@ -1,0 +1,69 @@
+"""Shared set-up for benchmarks: Django on the development database, a throwaway tenant,
+runs created through the real services and executed by the real runner."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agent_platform.settings")
+os.environ.setdefault("REDIS_KEY_PREFIX", "apbench")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.contrib.auth import get_user_model  # noqa: E402
+
+import sessions.tests.tools_for_tests  # noqa: E402,F401  (registers test_echo)
+import sessions.tasks  # noqa: E402
+from agents.tests.factories import agent_with_route, bind_builtin  # noqa: E402
+from sessions.services import chat_session_create, message_post  # noqa: E402
+from tenants.models import Tenant  # noqa: E402
+from tenants.scoping import tenant_scope  # noqa: E402
+from tenants.services import tenant_create  # noqa: E402
+
+sessions.tasks.run_execute.delay = lambda run_id: None  # the benchmark executes runs itself
+
+
+class BenchTenant:
+    """A tenant with one agent on ``base_url`` (bound to test_echo); deleted on exit."""
+
+    def __init__(self, base_url: str, **agent_fields):
+        slug = f"bench-{uuid.uuid4().hex[:8]}"
+        self.tenant = tenant_create(name=slug, slug=slug)
+        self.user = get_user_model().objects.create_user(username=slug)
+        self.agent = agent_with_route(tenant=self.tenant, base_urls=[base_url], **agent_fields)
+        bind_builtin(self.agent, "test_echo")
+
+    def new_run(self, content: str = "go"):
+        with tenant_scope(self.tenant.pk):
+            session = chat_session_create(user=self.user, agent=self.agent)
+            return message_post(session=session, user=self.user, content=content)
+
+    def __enter__(self) -> "BenchTenant":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        Tenant.objects.filter(pk=self.tenant.pk).delete()
+        self.user.delete()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary(values_ms: list[float]) -> str:
+    return (f"n={len(values_ms)} p50={percentile(values_ms, 0.5):.1f} ms p95={percentile(values_ms, 0.95):.1f} ms "
+            f"mean={statistics.fmean(values_ms):.1f} ms")

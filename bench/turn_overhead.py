@@ -1,0 +1,60 @@
+"""Platform overhead per turn.
+
+A FakeLLMServer answers instantly with one tool call per turn (test_echo) for 19 turns, then
+a final answer: 20-turn runs, executed one after another by the real runner against the
+real PostgreSQL and Redis. A turn's time is the gap between consecutive assistant messages
+of a run: model request and stream, persistence (messages, tool calls, LLM calls), tool
+execution and every event published. The fake model's own time is near zero, so this is
+the platform's overhead.
+
+Run: ``.venv/bin/python bench/turn_overhead.py [--runs 10]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import time
+
+from _harness import BenchTenant, summary
+
+from llm.testing import FakeLLMServer, Reply, ToolCalls
+from sessions.models import Message
+from sessions.runner.loop import execute_run
+
+TURNS = 20
+
+
+def responder(body):
+    turns_done = sum(1 for m in body["messages"] if m["role"] == "assistant")
+    if turns_done < TURNS - 1:
+        return ToolCalls([("test_echo", {"text": f"turn {turns_done}"})])
+    return Reply("All twenty turns done.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    with FakeLLMServer() as server, BenchTenant(server.base_url, max_loop_count=TURNS + 1) as bench:
+        server.respond(responder)
+        gaps_ms: list[float] = []
+        started = time.perf_counter()
+        for _ in range(args.runs):
+            run = bench.new_run()
+            asyncio.run(execute_run(run.pk))
+            stamps = list(
+                Message.all_tenants.filter(run_id=run.pk, role="assistant").order_by("position")
+                .values_list("created_at", flat=True)
+            )
+            assert len(stamps) == TURNS, f"run {run.pk} took {len(stamps)} turns"
+            gaps_ms += [(b - a).total_seconds() * 1000 for a, b in zip(stamps, stamps[1:])]
+        wall = time.perf_counter() - started
+    print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
+    print(f"{args.runs} runs x {TURNS} turns (1 tool call per turn) in {wall:.1f} s")
+    print(f"per-turn overhead: {summary(gaps_ms)}")
+
+
+if __name__ == "__main__":
+    main()
