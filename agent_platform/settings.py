@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "tenants",
     "llm",
@@ -148,6 +149,13 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Multi-tenant AI agent platform: agents, sessions, runs, activities, admin.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "sessions.models.RunStatus",
+        "ToolCallStatusEnum": "sessions.models.ToolCallStatus",
+    },
 }
 
 # Celery: every run is a task; redelivered if a worker dies mid-run.

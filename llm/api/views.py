@@ -63,7 +63,7 @@ class RouteViewSet(TenantScopedViewSet):
     serializer_class = RouteSerializer
 
     def get_queryset(self):
-        return ModelRoute.objects.prefetch_related("entries")
+        return super().get_queryset().prefetch_related("entries")
 
     def perform_create(self, serializer: RouteSerializer) -> None:
         data = dict(serializer.validated_data)

@@ -82,6 +82,9 @@ class SessionListCreateApi(TenantScopedApiView):
     """The caller's chat sessions; POST ``{agent}`` opens one."""
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "SessionCreateInput"
+
         agent = serializers.IntegerField()
         title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
@@ -120,6 +123,9 @@ class MessagePostApi(TenantScopedApiView):
     """Post a message to a session: creates a queued run. Answer: ``{run: {id, status}}``."""
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "MessagePostInput"
+
         content = serializers.CharField(allow_blank=False, trim_whitespace=True)
 
     @extend_schema(

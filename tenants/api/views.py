@@ -36,6 +36,9 @@ class AuthLoginApi(APIView):
     permission_classes = [permissions.AllowAny]
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "LoginInput"
+
         username = serializers.CharField()
         password = serializers.CharField(style={"input_type": "password"})
 
@@ -81,6 +84,9 @@ class ApiTokenListCreateApi(TenantScopedApiView):
     """The caller's own API tokens; POST issues one (the raw token is in the response, once)."""
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TokenCreateInput"
+
         name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
 
     @extend_schema(responses=ApiTokenOutputSerializer(many=True))
