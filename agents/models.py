@@ -29,6 +29,13 @@ class AgentInstance(TenantOwnedModel):
         default=60.0, validators=[MinValueValidator(0.1), MaxValueValidator(3600)],
         help_text="Longest a single tool call may take.",
     )
+    max_tokens_per_run = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Budget: prompt + completion tokens per run; blank: no limit.",
+    )
+    max_cost_per_run_usd = models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True, validators=[MinValueValidator(0)],
+        help_text="Budget: USD per run; blank: no limit.",
+    )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-from django.core.validators import MinValueValidator
+from decimal import Decimal
+
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from tenants.scoping import TenantOwnedModel
 
 
+class ProviderApi(models.TextChoices):
+    OPENAI = "openai", "OpenAI-compatible chat completions"
+    ANTHROPIC = "anthropic", "Anthropic Messages"
+
+
 class ModelProvider(TenantOwnedModel):
-    """An OpenAI-compatible endpoint and its API key (encrypted with the tenant's data key)."""
+    """An endpoint (OpenAI-compatible or Anthropic) and its API key (encrypted with the
+    tenant's data key)."""
 
     name = models.CharField(max_length=100)
-    base_url = models.URLField(max_length=500, help_text="OpenAI-compatible base URL, e.g. https://api.openai.com/v1")
+    api = models.CharField(max_length=16, choices=ProviderApi.choices, default=ProviderApi.OPENAI)
+    base_url = models.URLField(
+        max_length=500,
+        help_text="OpenAI-compatible: the /v1 base, e.g. https://api.openai.com/v1. Anthropic: https://api.anthropic.com",
+    )
     api_key_encrypted = models.TextField(blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -61,9 +73,30 @@ class ModelRouteEntry(TenantOwnedModel):
     read_timeout_seconds = models.FloatField(
         default=60.0,
         validators=[MinValueValidator(0.1)],
-        help_text="Longest wait for the first chunk and between chunks.",
+        help_text="Longest wait between two chunks (and for the first one, unless set below).",
+    )
+    first_token_timeout_seconds = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.1)],
+        help_text="Longest wait for the first chunk; blank: the read timeout.",
+    )
+    stream_timeout_seconds = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.1)],
+        help_text="Longest a whole answer may stream; blank: no limit.",
+    )
+    max_retries = models.PositiveIntegerField(
+        default=2, validators=[MaxValueValidator(10)],
+        help_text="Retries on this entry (rate limit, overload, server error, timeout) before falling back.",
     )
     tool_calls = models.CharField(max_length=8, choices=ToolCallMode.choices, default=ToolCallMode.NATIVE)
+    supports_tools = models.BooleanField(default=True, help_text="Whether the model can take tools (native mode).")
+    input_price_per_mtok = models.DecimalField(
+        max_digits=12, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))],
+        help_text="USD per million prompt tokens.",
+    )
+    output_price_per_mtok = models.DecimalField(
+        max_digits=12, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))],
+        help_text="USD per million completion tokens.",
+    )
 
     class Meta(TenantOwnedModel.Meta):
         ordering = ["route", "position", "id"]

@@ -1,6 +1,7 @@
 """Sessions, runs and their records: read-only in the console."""
 
 from django.contrib import admin
+from django.db.models import Sum
 
 from sessions.models import ChatSession, LLMCall, Message, Run, ToolCall
 from tenants.admin_scoping import TenantScopedModelAdmin
@@ -13,15 +14,31 @@ class ReadOnlyAdmin(TenantScopedModelAdmin):
         return [f.name for f in self.model._meta.fields]
 
 
+def _usd(micros) -> str:
+    return f"${(micros or 0) / 1_000_000:.6f}"
+
+
 @admin.register(ChatSession)
 class ChatSessionAdmin(ReadOnlyAdmin):
-    list_display = ["id", "title", "agent", "user", "updated_at", "tenant"]
+    list_display = ["id", "title", "agent", "user", "updated_at", "cost", "tenant"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(cost_usd_micros=Sum("runs__cost_usd_micros"))
+
+    @admin.display(description="cost (USD)", ordering="cost_usd_micros")
+    def cost(self, obj):
+        return _usd(obj.cost_usd_micros)
 
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "session", "status", "reason", "loop_count", "created_at", "finished_at", "tenant"]
-    list_filter = ["status"]
+    list_display = ["id", "session", "status", "reason", "loop_count", "prompt_tokens", "completion_tokens", "cost",
+                    "created_at", "finished_at", "tenant"]
+    list_filter = ["status", "reason"]
+
+    @admin.display(description="cost (USD)", ordering="cost_usd_micros")
+    def cost(self, obj):
+        return _usd(obj.cost_usd_micros)
 
 
 @admin.register(Message)
@@ -38,5 +55,10 @@ class ToolCallAdmin(ReadOnlyAdmin):
 @admin.register(LLMCall)
 class LLMCallAdmin(ReadOnlyAdmin):
     list_display = ["id", "run", "turn", "attempt", "provider_name", "model", "status", "error_class", "latency_ms",
-                    "prompt_tokens", "completion_tokens"]
-    list_filter = ["status", "error_class"]
+                    "prompt_tokens", "completion_tokens", "cost", "created_at"]
+    list_filter = ["status", "error_class", "provider_name"]
+    date_hierarchy = "created_at"
+
+    @admin.display(description="cost (USD)", ordering="cost_usd_micros")
+    def cost(self, obj):
+        return _usd(obj.cost_usd_micros)

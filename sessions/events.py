@@ -45,6 +45,8 @@ EVENT_TYPES = frozenset(
         "tool_call_succeeded",
         "tool_call_failed",
         "todo_updated",
+        "model_retry",
+        "model_fallback",
     }
 )
 """Event names are API: never rename one that shipped."""

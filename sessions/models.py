@@ -50,6 +50,8 @@ class RunFailureReason(models.TextChoices):
     MODEL_ERROR = "model_error", "The model request was rejected"
     STREAM_INTERRUPTED = "stream_interrupted", "The model's stream broke after it started"
     MAX_LOOP_COUNT = "max_loop_count", "The loop limit was reached without an answer"
+    BUDGET_EXCEEDED = "budget_exceeded", "A token or cost budget would be exceeded"
+    CONTEXT_WINDOW = "context_window", "The conversation does not fit any route entry"
     CONFIGURATION = "configuration", "The agent's configuration is unusable"
     CAPABILITY_UNAVAILABLE = "capability_unavailable", "A bound capability could not be reached"
     INTERNAL = "internal_error", "Internal error"
@@ -66,6 +68,9 @@ class Run(TenantOwnedModel):
     error = models.TextField(blank=True, help_text="Human-readable reason a run failed.")
     reason = models.CharField(max_length=40, blank=True, choices=RunFailureReason.choices)
     loop_count = models.PositiveIntegerField(default=0, help_text="Model turns taken.")
+    prompt_tokens = models.PositiveIntegerField(default=0, help_text="Sum over the run's LLM calls.")
+    completion_tokens = models.PositiveIntegerField(default=0, help_text="Sum over the run's LLM calls.")
+    cost_usd_micros = models.BigIntegerField(default=0, help_text="Sum over the run's LLM calls, micro-USD.")
     attempt = models.PositiveIntegerField(default=0, help_text="Times a worker started this run.")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -157,11 +162,14 @@ class LLMCall(TenantOwnedModel):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     usage_estimated = models.BooleanField(default=False)
+    cost_usd_micros = models.BigIntegerField(default=0, help_text="Tokens × the entry's prices, micro-USD.")
+    retry_wait_ms = models.PositiveIntegerField(default=0, help_text="Backoff waited before this attempt.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta(TenantOwnedModel.Meta):
         ordering = ["run", "created_at", "id"]
         verbose_name = "LLM call"
+        indexes = [models.Index(fields=["tenant", "created_at"])]
 
 
 class TodoStatus(models.TextChoices):

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from itertools import chain
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from sessions.models import ChatSession, LLMCall, Run, ToolCall
+
+
+def month_start(now: datetime | None = None) -> datetime:
+    """The start of the current calendar month, UTC (the period of tenant budgets)."""
+    now = now or timezone.now()
+    return now.astimezone(dt_timezone.utc).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
 def chat_session_list(*, user_id: int) -> QuerySet[ChatSession]:
@@ -37,3 +47,36 @@ def run_activities(*, run: Run) -> list[dict[str, Any]]:
         ({"kind": "tool_call", "at": c.started_at or c.created_at, "object": c} for c in tool_calls),
     )
     return sorted(items, key=lambda item: item["at"])
+
+
+def month_bounds(month: str | None) -> tuple[datetime, datetime]:
+    """``"YYYY-MM"`` (None: this month) → [start, end) in UTC. Raises ValueError."""
+    if month:
+        try:
+            start = datetime.strptime(month, "%Y-%m").replace(tzinfo=dt_timezone.utc)
+        except ValueError as exc:
+            raise ValueError(f"month must be YYYY-MM, got {month!r}") from exc
+    else:
+        start = month_start()
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start, end
+
+
+def tenant_usage(*, start: datetime, end: datetime) -> dict[str, Any]:
+    """LLM usage of the current tenant in [start, end): ``{"total": {...}, "by_agent": [...]}``.
+
+    Each of total / by_agent rows has llm_calls, prompt_tokens, completion_tokens,
+    cost_usd_micros; by_agent rows also ``run__session__agent_id`` and ``…agent__name``.
+    """
+    calls = LLMCall.objects.filter(created_at__gte=start, created_at__lt=end)
+    sums = {
+        "llm_calls": Count("id"),
+        "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
+        "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
+        "cost_usd_micros": Coalesce(Sum("cost_usd_micros"), 0),
+    }
+    by_agent = (
+        calls.values("run__session__agent_id", "run__session__agent__name").annotate(**sums)
+        .order_by("-cost_usd_micros", "run__session__agent__name")
+    )
+    return {"total": calls.aggregate(**sums), "by_agent": list(by_agent)}

@@ -14,6 +14,10 @@ class Tenant(models.Model):
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
     wrapped_data_key = models.TextField(editable=False, help_text="Data key wrapped by the master key.")
+    monthly_budget_usd = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True,
+        help_text="Budget: USD of model usage per calendar month (UTC); blank: no limit.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

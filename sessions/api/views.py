@@ -5,19 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agent_platform.api_errors import NotFound
+from agent_platform.api_errors import ApplicationError, NotFound
 from agents.api.views import AgentOutputSerializer
 from agents.selectors import agent_get_active
 from sessions.models import ChatSession, LLMCall, Run, ToolCall
-from sessions.selectors import chat_session_get_for_user, chat_session_list, run_activities, run_get_for_user
+from sessions.selectors import (
+    chat_session_get_for_user,
+    chat_session_list,
+    month_bounds,
+    run_activities,
+    run_get_for_user,
+    tenant_usage,
+)
 from sessions.services import chat_session_create, message_post
-from tenants.api.mixins import TenantScopedApiView
+from tenants.api.mixins import IsTenantAdmin, TenantScopedApiView
 
 
 class ToolCallSerializer(serializers.ModelSerializer):
@@ -29,24 +36,39 @@ class ToolCallSerializer(serializers.ModelSerializer):
         ]
 
 
+def usd(micros: int | None) -> str:
+    """Micro-USD as a decimal string of dollars (``1234567`` → ``"1.234567"``)."""
+    return f"{(micros or 0) / 1_000_000:.6f}"
+
+
 class LLMCallSerializer(serializers.ModelSerializer):
+    cost_usd = serializers.SerializerMethodField()
+
     class Meta:
         model = LLMCall
         fields = [
             "id", "turn", "attempt", "entry_index", "provider_name", "model", "status", "error_class", "error",
-            "latency_ms", "first_token_ms", "prompt_tokens", "completion_tokens", "usage_estimated", "created_at",
+            "latency_ms", "first_token_ms", "retry_wait_ms", "prompt_tokens", "completion_tokens", "usage_estimated",
+            "cost_usd", "created_at",
         ]
+
+    def get_cost_usd(self, obj: LLMCall) -> str:
+        return usd(obj.cost_usd_micros)
 
 
 class RunSerializer(serializers.ModelSerializer):
     session = serializers.IntegerField(source="session_id", read_only=True)
+    cost_usd = serializers.SerializerMethodField()
 
     class Meta:
         model = Run
         fields = [
             "id", "session", "status", "input", "reply", "error", "reason", "loop_count", "attempt",
-            "created_at", "started_at", "finished_at",
+            "prompt_tokens", "completion_tokens", "cost_usd", "created_at", "started_at", "finished_at",
         ]
+
+    def get_cost_usd(self, obj: Run) -> str:
+        return usd(obj.cost_usd_micros)
 
 
 class RunWithToolCallsSerializer(RunSerializer):
@@ -66,9 +88,14 @@ class SessionSerializer(serializers.ModelSerializer):
 
 class SessionDetailSerializer(SessionSerializer):
     runs = RunWithToolCallsSerializer(many=True, read_only=True)
+    usage = inline_serializer(
+        "SessionUsage",
+        {"prompt_tokens": serializers.IntegerField(), "completion_tokens": serializers.IntegerField(),
+         "cost_usd": serializers.CharField()},
+    )
 
     class Meta(SessionSerializer.Meta):
-        fields = [*SessionSerializer.Meta.fields, "runs"]
+        fields = [*SessionSerializer.Meta.fields, "runs", "usage"]
 
 
 def _session_or_404(request: Request, session_id: int) -> ChatSession:
@@ -116,6 +143,11 @@ class SessionDetailApi(TenantScopedApiView):
         )
         data = SessionSerializer(session).data
         data["runs"] = RunWithToolCallsSerializer(runs, many=True).data
+        data["usage"] = {
+            "prompt_tokens": sum(r["prompt_tokens"] for r in data["runs"]),
+            "completion_tokens": sum(r["completion_tokens"] for r in data["runs"]),
+            "cost_usd": usd(sum(r.cost_usd_micros for r in runs)),
+        }
         return Response(data)
 
 
@@ -138,6 +170,41 @@ class MessagePostApi(TenantScopedApiView):
         data.is_valid(raise_exception=True)
         run = message_post(session=session, user=request.user, content=data.validated_data["content"])
         return Response({"run": RunSerializer(run).data}, status=status.HTTP_201_CREATED)
+
+
+class UsageApi(TenantScopedApiView):
+    """The tenant's model usage for a calendar month (UTC): totals and per agent.
+
+    ``?month=YYYY-MM`` (default: the current month). Owners and admins only.
+    """
+
+    permission_classes = [IsTenantAdmin]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("month", str, description="YYYY-MM, default: this month")],
+        responses=inline_serializer("TenantUsage", {
+            "month": serializers.CharField(), "llm_calls": serializers.IntegerField(),
+            "prompt_tokens": serializers.IntegerField(), "completion_tokens": serializers.IntegerField(),
+            "cost_usd": serializers.CharField(), "by_agent": serializers.ListField(child=serializers.DictField()),
+        }),
+    )
+    def get(self, request: Request) -> Response:
+        try:
+            start, end = month_bounds(request.query_params.get("month"))
+        except ValueError as exc:
+            raise ApplicationError(str(exc)) from exc
+        usage = tenant_usage(start=start, end=end)
+        return Response({
+            "month": start.strftime("%Y-%m"),
+            **{k: usage["total"][k] for k in ("llm_calls", "prompt_tokens", "completion_tokens")},
+            "cost_usd": usd(usage["total"]["cost_usd_micros"]),
+            "by_agent": [
+                {"agent_id": row["run__session__agent_id"], "agent": row["run__session__agent__name"],
+                 "llm_calls": row["llm_calls"], "prompt_tokens": row["prompt_tokens"],
+                 "completion_tokens": row["completion_tokens"], "cost_usd": usd(row["cost_usd_micros"])}
+                for row in usage["by_agent"]
+            ],
+        })
 
 
 class RunDetailApi(TenantScopedApiView):

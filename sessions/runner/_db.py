@@ -7,9 +7,11 @@ the run row it claimed).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityKind
@@ -89,6 +91,14 @@ def _spec(run: Run) -> RunSpec:
             connect_timeout_seconds=e.connect_timeout_seconds,
             read_timeout_seconds=e.read_timeout_seconds,
             tool_calls=e.tool_calls,
+            api=e.provider.api,
+            first_token_timeout_seconds=e.first_token_timeout_seconds,
+            stream_timeout_seconds=e.stream_timeout_seconds,
+            max_retries=e.max_retries,
+            input_price_per_mtok=float(e.input_price_per_mtok),
+            output_price_per_mtok=float(e.output_price_per_mtok),
+            supports_tools=e.supports_tools,
+            entry_key=f"entry:{e.pk}",
         )
         for i, e in enumerate(entries)
     )
@@ -126,6 +136,13 @@ def _spec(run: Run) -> RunSpec:
         max_loop_count=agent.max_loop_count,
         tool_max_parallel=agent.tool_max_parallel,
         tool_timeout_seconds=agent.tool_timeout_seconds,
+        max_tokens_per_run=agent.max_tokens_per_run,
+        max_cost_per_run_usd_micros=(
+            int(agent.max_cost_per_run_usd * 1_000_000) if agent.max_cost_per_run_usd is not None else None
+        ),
+        tenant_monthly_budget_usd_micros=(
+            int(tenant.monthly_budget_usd * 1_000_000) if tenant.monthly_budget_usd is not None else None
+        ),
         entries=configs,
         entry_ids=tuple(e.pk for e in entries),
         mcp_bindings=tuple(mcp_bindings),
@@ -258,8 +275,15 @@ def _jsonable(data: Any) -> Any:
         return {"repr": repr(data)[:10_000]}
 
 
+@transaction.atomic
 def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+    """Write the LLMCall row and add its tokens and cost to the run's totals."""
     entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
+    Run.objects.filter(pk=spec.run_id).update(
+        prompt_tokens=F("prompt_tokens") + record.prompt_tokens,
+        completion_tokens=F("completion_tokens") + record.completion_tokens,
+        cost_usd_micros=F("cost_usd_micros") + record.cost_usd_micros,
+    )
     LLMCall.objects.create(
         tenant_id=spec.tenant_id, run_id=spec.run_id, turn=turn, attempt=record.attempt,
         route_entry_id=entry_id, entry_index=record.entry_index, provider_name=record.provider_name,
@@ -267,7 +291,27 @@ def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
         error=record.error[:5000], latency_ms=max(0, record.latency_ms),
         first_token_ms=record.first_token_ms, prompt_tokens=record.prompt_tokens,
         completion_tokens=record.completion_tokens, usage_estimated=record.usage_estimated,
+        cost_usd_micros=record.cost_usd_micros, retry_wait_ms=record.retry_wait_ms,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    tokens: int
+    cost_usd_micros: int
+
+
+def run_usage(run_id: int) -> Usage:
+    run = Run.objects.values("prompt_tokens", "completion_tokens", "cost_usd_micros").get(pk=run_id)
+    return Usage(tokens=run["prompt_tokens"] + run["completion_tokens"], cost_usd_micros=run["cost_usd_micros"])
+
+
+def tenant_month_cost_usd_micros(tenant_id: int) -> int:
+    """Micro-USD of the tenant's LLM calls since the start of this calendar month (UTC)."""
+    from sessions.selectors import month_start
+
+    total = LLMCall.objects.filter(created_at__gte=month_start()).aggregate(total=Sum("cost_usd_micros"))["total"]
+    return int(total or 0)
 
 
 @transaction.atomic

@@ -24,6 +24,7 @@ from capabilities.naming import assign_exposed_names
 from capabilities.tools import Tool, ToolError
 from llm.errors import AllEntriesFailed, ModelCallError, StreamInterrupted
 from llm.router import AttemptRecord, Router
+from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolSpec
 from sessions.events import event_publish
 from sessions.models import RunFailureReason, RunStatus
@@ -138,8 +139,12 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
             messages = [ChatMessage(role="system", content=spec.system_prompt or DEFAULT_SYSTEM_PROMPT), *history]
             if final_turn and tool_specs:
                 messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
+            offered = [] if final_turn else tool_specs
+            over_budget = await _budget_exceeded(spec, messages, offered)
+            if over_budget:
+                return Outcome(RunStatus.FAILED, error=over_budget, reason=RunFailureReason.BUDGET_EXCEEDED)
             try:
-                completion = await _model_turn(router, messages, [] if final_turn else tool_specs, publish)
+                completion = await _model_turn(router, messages, offered, publish)
             except AllEntriesFailed as exc:
                 return Outcome(RunStatus.FAILED, error=f"No model could answer: {exc}", reason=RunFailureReason.MODEL_UNAVAILABLE)
             except StreamInterrupted as exc:
@@ -164,6 +169,34 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                                    reason=RunFailureReason.MODEL_ERROR)
                 return Outcome(RunStatus.COMPLETED, reply=message.content)
             await execute_tool_calls(spec=spec, calls=calls, tools=tools, publish=publish)
+
+
+async def _budget_exceeded(spec: RunSpec, messages: list[ChatMessage], tools: list[ToolSpec]) -> str:
+    """Why the next model turn would exceed a budget, or "" if it would not.
+
+    "Would": what the run has used so far plus the next prompt (estimated with
+    ``llm.tokens``, priced at the first entry's input price) against the agent's per-run
+    limits and the tenant's monthly budget.
+    """
+    if spec.max_tokens_per_run is None and spec.max_cost_per_run_usd_micros is None and (
+        spec.tenant_monthly_budget_usd_micros is None
+    ):
+        return ""
+    next_prompt_tokens = estimate_tokens(messages, tools)
+    next_cost = round(next_prompt_tokens * spec.entries[0].input_price_per_mtok)
+    used = await database_sync_to_async(_db.run_usage)(spec.run_id)
+    if spec.max_tokens_per_run is not None and used.tokens + next_prompt_tokens > spec.max_tokens_per_run:
+        return (f"The run has used {used.tokens} tokens; the next model turn (~{next_prompt_tokens} prompt tokens) "
+                f"would exceed the agent's budget of {spec.max_tokens_per_run} tokens per run.")
+    if spec.max_cost_per_run_usd_micros is not None and used.cost_usd_micros + next_cost > spec.max_cost_per_run_usd_micros:
+        return (f"The run has cost ${used.cost_usd_micros / 1e6:.6f}; the next model turn would exceed the agent's "
+                f"budget of ${spec.max_cost_per_run_usd_micros / 1e6:.6f} per run.")
+    if spec.tenant_monthly_budget_usd_micros is not None:
+        month = await database_sync_to_async(_db.tenant_month_cost_usd_micros)(spec.tenant_id)
+        if month + next_cost > spec.tenant_monthly_budget_usd_micros:
+            return (f"The tenant has used ${month / 1e6:.2f} of its ${spec.tenant_monthly_budget_usd_micros / 1e6:.2f} "
+                    "monthly model budget.")
+    return ""
 
 
 async def _model_turn(router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any) -> Completion:

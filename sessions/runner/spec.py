@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from capabilities.mcp.client import McpServerConfig
 from llm.router import RouteEntryConfig
@@ -26,6 +26,12 @@ class RunSpec:
     max_loop_count: int
     tool_max_parallel: int
     tool_timeout_seconds: float
+    max_tokens_per_run: int | None
+    """Budget: prompt + completion tokens of the whole run; None: no limit."""
+    max_cost_per_run_usd_micros: int | None
+    """Budget: micro-USD of the whole run; None: no limit."""
+    tenant_monthly_budget_usd_micros: int | None
+    """Budget: micro-USD of the tenant's LLM calls this calendar month (UTC); None: no limit."""
     entries: tuple[RouteEntryConfig, ...]
     entry_ids: tuple[int, ...]
     """ModelRouteEntry primary keys, parallel to ``entries``."""
@@ -34,4 +40,3 @@ class RunSpec:
     attempt: int = 1
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""
-    extra: dict = field(default_factory=dict)
