@@ -100,6 +100,16 @@ def render_tool_response(content: str) -> str:
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
+TOOL_RESULTS_FOLLOW_UP = "Now answer my question in plain text using these results, unless you need another tool."
+"""Appended after the ``<tool_response>`` blocks of a text-mode history.
+
+Measured on Qwen2.5-Coder-0.5B-Instruct (shared/LOCAL-MODEL.md machine): given only the
+``<tool_response>`` the model never answered in text (it repeated the call or echoed the
+result); with an explicit "answer now in plain text" sentence after it, it answered 16 of 16
+times.
+"""
+
+
 def messages_for_text_mode(messages: Iterable[ChatMessage], tools: Sequence[ToolSpec]) -> list[ChatMessage]:
     """The canonical history rewritten for a model that writes tool calls as text.
 
@@ -109,7 +119,8 @@ def messages_for_text_mode(messages: Iterable[ChatMessage], tools: Sequence[Tool
     * Assistant messages with ``tool_calls`` become plain assistant text: the content, then one
       ``<tool_call>`` block per call.
     * Tool results become user messages of ``<tool_response>`` blocks; consecutive results are
-      merged into one user message, as the Qwen chat template does.
+      merged into one user message, as the Qwen chat template does, followed by
+      :data:`TOOL_RESULTS_FOLLOW_UP`.
 
     Args:
         messages: Canonical history (not modified).
@@ -123,7 +134,7 @@ def messages_for_text_mode(messages: Iterable[ChatMessage], tools: Sequence[Tool
 
     def flush_results() -> None:
         if pending_results:
-            out.append(ChatMessage(role="user", content="\n".join(pending_results)))
+            out.append(ChatMessage(role="user", content="\n".join([*pending_results, TOOL_RESULTS_FOLLOW_UP])))
             pending_results.clear()
 
     for message in messages:

@@ -61,8 +61,7 @@ class ChatMessage:
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in self.tool_calls
             ]
-            if not self.content:
-                out["content"] = None
+            # "" rather than None: llama.cpp's server (and others) answer 500 to a null content.
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         return out

@@ -10,6 +10,7 @@ import pytest
 
 from llm.toolcall_parsing import (
     ToolCallHoldback,
+    TOOL_RESULTS_FOLLOW_UP,
     messages_for_text_mode,
     mint_call_id,
     parse_tool_calls,
@@ -209,7 +210,10 @@ def test_messages_for_text_mode_rewrites_calls_and_results() -> None:
         '<tool_call>\n{"name": "get_current_time", "arguments": {"timezone": "UTC"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "broken", "arguments": "{not json"}\n</tool_call>'
     )
-    assert out[3].content == "<tool_response>\n10:00\n</tool_response>\n<tool_response>\nerror\n</tool_response>"
+    assert out[3].content == (
+        "<tool_response>\n10:00\n</tool_response>\n<tool_response>\nerror\n</tool_response>\n"
+        + TOOL_RESULTS_FOLLOW_UP
+    )
     assert all(not m.tool_calls and m.tool_call_id is None for m in out)
     # Round trip: the rendered call parses back.
     assert _simplify(parse_tool_calls(out[2].content)[1][:1]) == [("get_current_time", {"timezone": "UTC"})]

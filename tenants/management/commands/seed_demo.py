@@ -5,7 +5,7 @@ Creates (or brings back to the documented state) tenant "demo" with:
 - ``demo-user`` / ``demo-user-pass``: end user for the chat app;
 - provider "local" → the embedded model (settings.LLM_BASE_URL), route "local";
 - MCP server "time" (``mcp-server-time`` over stdio);
-- agent "Assistant" on route "local", bound to "time".
+- agent "Assistant" on route "local", bound to "time" (allow-list: ``get_current_time``).
 
 With ``--print-token`` the last line printed is a new API token for demo-user (with
 ``--admin``, for demo-admin).
@@ -101,6 +101,7 @@ class Command(BaseCommand):
         )
         CapabilityBinding.all_tenants.update_or_create(
             tenant=tenant, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=time_server,
-            defaults={"allowed_tools": [], "enabled": True},
+            # The 0.5B demo model stays on task with one tool; drop the allow-list for a capable model.
+            defaults={"allowed_tools": ["get_current_time"], "enabled": True},
         )
         return memberships

@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1
+# One image for every Agent Platform service (web, worker, llm); see docker-compose.yml.
+#
+#   docker build -t agent-platform .
+#
+# llama-cpp-python (the `llm` extra) compiles llama.cpp from source: ~5 minutes on 2 cores
+# the first time. The pip cache mount keeps the built wheel across rebuilds.
+# By default llama.cpp is built for the build machine's CPU (fastest; the image then runs
+# where it is built, which is what `docker compose up --build` does). For an image that
+# runs on other x86-64 machines, build with e.g.
+#   --build-arg LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+FROM python:3.11-slim
+
+ARG LLAMA_CMAKE_ARGS=""
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+
+# build-essential + cmake: to compile llama.cpp (gcc also brings libgomp, needed at run time).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential cmake \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+
+# Dependencies first (a layer that survives source changes): the project's direct
+# dependencies and the `llm` extra, pinned by constraints.txt.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['llm']))" > /tmp/requirements.txt
+RUN --mount=type=cache,target=/root/.cache/pip \
+    CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install -c constraints.txt -r /tmp/requirements.txt
+
+# The project itself (editable, so manage.py, scripts/ and the packages share one tree).
+COPY . .
+RUN --mount=type=cache,target=/root/.cache/pip \
+    CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install -c constraints.txt -e '.[llm]'
+
+# Static files are served by WhiteNoise from STATIC_ROOT (var/staticfiles). The dev keys
+# of DEBUG=1 only let settings import here; no secret ends up in the image.
+RUN DEBUG=1 python manage.py collectstatic --noinput -v 0
+
+# Run unprivileged. /app/var holds the model (llm service: a named volume) and static files.
+RUN useradd --create-home --uid 10001 app \
+    && mkdir -p /app/var/models /app/var/cache/model-wheels \
+    && chown -R app:app /app/var
+USER app
+
+EXPOSE 8000 8081
+CMD ["uvicorn", "agent_platform.asgi:application", "--host", "0.0.0.0", "--port", "8000"]
