@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError, RestrictedError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -39,6 +40,12 @@ class NotFound(ApplicationError):
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ApplicationError):
         return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+    if isinstance(exc, (ProtectedError, RestrictedError)):
+        users = sorted({f"{obj._meta.verbose_name} {obj.pk}" for obj in exc.args[1]})[:20]
+        return Response(
+            {"message": "This object is in use and cannot be deleted.", "extra": {"used_by": users}},
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(as_serializer_error(exc))
     if isinstance(exc, Http404):

@@ -96,8 +96,16 @@ DATABASES = {
     "default": dj_database_url.config(
         env="DATABASE_URL",
         default="postgres://postgres@127.0.0.1:5432/agent_platform",
-        conn_max_age=0,
+        conn_max_age=0,  # the pool below replaces persistent connections (Django's advice under ASGI)
     )
+}
+# psycopg 3's connection pool (Django ≥ 5.1): connections are reused across requests and across
+# the runner's database calls instead of being opened for each. DB_POOL_MAX_SIZE bounds the
+# connections one process holds, whatever the number of runs it hosts.
+DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+    "min_size": int(os.environ.get("DB_POOL_MIN_SIZE", "1")),
+    "max_size": int(os.environ.get("DB_POOL_MAX_SIZE", "10")),
+    "timeout": 30,
 }
 DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get(
     "TEST_DATABASE_NAME", "test_agent_platform"

@@ -15,7 +15,7 @@ class AgentInstance(TenantOwnedModel):
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
     system_prompt = models.TextField(blank=True)
-    route = models.ForeignKey("llm.ModelRoute", on_delete=models.PROTECT, related_name="agents")
+    route = models.ForeignKey("llm.ModelRoute", on_delete=models.RESTRICT, related_name="agents")
     max_loop_count = models.PositiveIntegerField(
         default=16,
         validators=[MinValueValidator(1), MaxValueValidator(200)],

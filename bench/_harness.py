@@ -51,8 +51,8 @@ class BenchTenant:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.user.delete()  # its sessions and runs go with it
         Tenant.objects.filter(pk=self.tenant.pk).delete()
-        self.user.delete()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -18,7 +18,7 @@ class ProviderForm(forms.ModelForm):
 @admin.register(ModelProvider)
 class ModelProviderAdmin(TenantScopedModelAdmin):
     form = ProviderForm
-    list_display = ["name", "base_url", "has_api_key", "tenant"]
+    list_display = ["name", "api", "base_url", "has_api_key", "tenant"]
 
     def save_model(self, request, obj, form, change):
         if not obj.tenant_id:
@@ -31,8 +31,9 @@ class ModelProviderAdmin(TenantScopedModelAdmin):
 
 class RouteEntryInline(TenantScopedInline):
     model = ModelRouteEntry
-    fields = ["position", "provider", "model", "max_input_tokens", "max_output_tokens",
-              "connect_timeout_seconds", "read_timeout_seconds", "tool_calls"]
+    fields = ["position", "provider", "model", "max_input_tokens", "max_output_tokens", "tool_calls",
+              "supports_tools", "max_retries", "connect_timeout_seconds", "first_token_timeout_seconds",
+              "read_timeout_seconds", "stream_timeout_seconds", "input_price_per_mtok", "output_price_per_mtok"]
 
 
 @admin.register(ModelRoute)

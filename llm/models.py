@@ -65,7 +65,7 @@ class ModelRouteEntry(TenantOwnedModel):
 
     route = models.ForeignKey(ModelRoute, on_delete=models.CASCADE, related_name="entries")
     position = models.PositiveIntegerField(default=0, help_text="Lower first.")
-    provider = models.ForeignKey(ModelProvider, on_delete=models.PROTECT, related_name="entries")
+    provider = models.ForeignKey(ModelProvider, on_delete=models.RESTRICT, related_name="entries")
     model = models.CharField(max_length=200, help_text="The provider's model name.")
     max_input_tokens = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(256)])
     max_output_tokens = models.PositiveIntegerField(default=1024, validators=[MinValueValidator(16)])

@@ -16,7 +16,7 @@ from tenants.scoping import TenantOwnedModel
 class ChatSession(TenantOwnedModel):
     """A conversation between one user and one agent."""
 
-    agent = models.ForeignKey("agents.AgentInstance", on_delete=models.PROTECT, related_name="sessions")
+    agent = models.ForeignKey("agents.AgentInstance", on_delete=models.RESTRICT, related_name="sessions")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
     title = models.CharField(max_length=200, blank=True)
     next_position = models.PositiveIntegerField(default=0, help_text="Position of the next message.")

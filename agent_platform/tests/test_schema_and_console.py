@@ -72,7 +72,7 @@ def test_provider_api_key_is_encrypted_from_the_console(client, world):
 
     client.force_login(world.admin)
     resp = client.post("/admin/llm/modelprovider/add/", {
-        "name": "openai", "base_url": "https://api.example.com/v1", "api_key": "sk-console-secret",
+        "name": "openai", "api": "openai", "base_url": "https://api.example.com/v1", "api_key": "sk-console-secret",
     })
     assert resp.status_code == 302, resp.content.decode()[:1500]
     provider = ModelProvider.all_tenants.get(name="openai")

@@ -128,3 +128,10 @@ def test_route_with_entries_round_trips(world):
     assert resp.status_code == 201, resp.content
     got = client.get(f"/api/v1/admin/routes/{resp.json()['id']}/").json()
     assert [(e["model"], e["position"]) for e in got["entries"]] == [("big", 0), ("small", 1)]
+
+
+def test_deleting_a_route_in_use_is_a_409_with_a_message(world):
+    agent = AgentFactory(tenant=world.tenant)
+    resp = world.client(admin=True).delete(f"/api/v1/admin/routes/{agent.route_id}/")
+    assert resp.status_code == 409
+    assert resp.json() == {"message": "This object is in use and cannot be deleted.", "extra": {"used_by": [f"agent {agent.pk}"]}}

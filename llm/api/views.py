@@ -15,7 +15,7 @@ class ProviderSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ModelProvider
-        fields = ["id", "name", "base_url", "api_key", "has_api_key", "created_at"]
+        fields = ["id", "name", "api", "base_url", "api_key", "has_api_key", "created_at"]
 
 
 class ProviderViewSet(TenantScopedViewSet):
@@ -41,8 +41,9 @@ class RouteEntrySerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelRouteEntry
         fields = [
-            "id", "position", "provider", "model", "max_input_tokens", "max_output_tokens",
-            "connect_timeout_seconds", "read_timeout_seconds", "tool_calls",
+            "id", "position", "provider", "model", "max_input_tokens", "max_output_tokens", "tool_calls",
+            "supports_tools", "max_retries", "connect_timeout_seconds", "first_token_timeout_seconds",
+            "read_timeout_seconds", "stream_timeout_seconds", "input_price_per_mtok", "output_price_per_mtok",
         ]
         read_only_fields = ["id", "position"]
 

@@ -36,3 +36,29 @@ def test_tenant_scope_rejects_non_int():
     with pytest.raises(TypeError):
         with tenant_scope("1"):  # type: ignore[arg-type]
             pass
+
+
+@pytest.mark.django_db
+def test_deleting_a_tenant_deletes_everything_it_owns(world, other_world):
+    from agents.tests.factories import RouteEntryFactory
+    from llm.models import ModelRoute
+    from sessions.models import ChatSession, Run
+
+    entry = RouteEntryFactory(tenant=world.tenant)
+    agent = AgentFactory(tenant=world.tenant, route=entry.route)
+    session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
+    Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="x")
+    kept = AgentFactory(tenant=other_world.tenant)
+    world.tenant.delete()
+    assert not AgentInstance.all_tenants.filter(tenant_id=entry.tenant_id).exists()
+    assert not ModelRoute.all_tenants.filter(pk=entry.route_id).exists()
+    assert AgentInstance.all_tenants.filter(pk=kept.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_route_in_use_by_an_agent_cannot_be_deleted(tenant):
+    from django.db.models import RestrictedError
+
+    agent = AgentFactory(tenant=tenant)
+    with pytest.raises(RestrictedError):
+        agent.route.delete()
