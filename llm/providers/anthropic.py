@@ -1,0 +1,791 @@
+"""Adapter for the Anthropic Messages API (``POST /v1/messages``, streamed).
+
+One streaming call per :func:`stream_chat`, over a pooled ``anthropic.AsyncAnthropic`` client
+with SDK retries off (the router is the only retry loop). It offers the same contract as
+:func:`llm.providers.openai_compat.stream_chat`, so a route may mix both and a fallback may
+cross providers in the middle of a conversation: the canonical (OpenAI chat shaped) history
+is translated on every call, never stored in Anthropic's format.
+
+Translation of the canonical history (:func:`build_request`):
+
+* ``system`` messages (wherever they are) → the top-level ``system`` string, joined by a
+  blank line, in order.
+* ``user`` text → ``text`` blocks; assistant text → ``text`` blocks; assistant tool calls →
+  ``tool_use`` blocks (``input`` is the parsed JSON arguments; text that is not a JSON object
+  → ``{"_raw": "<text>"}``).
+* ``tool`` results → ``tool_result`` blocks (``tool_use_id``, ``content`` text) in a ``user``
+  message. Consecutive messages that end up with the same role are merged into one (so
+  parallel tool results, and a user message right after them, form ONE user message, tool
+  results first, as the API requires). Empty text is dropped (the API rejects empty text
+  blocks) and so are messages left without blocks.
+* Tool-call ids that do not match Anthropic's ``^[a-zA-Z0-9_-]+$`` are rewritten by
+  :func:`tool_use_id_for` (deterministic, so a ``tool_use`` and its ``tool_result`` agree).
+* ``tools`` → ``{name, description, input_schema}``. When no tools are offered but the history
+  contains tool calls or results (the API rejects that: "Requests which include tool_use or
+  tool_result blocks must define tools"), the names used in the history are declared as stub
+  tools and ``tool_choice`` is ``{"type": "none"}``.
+* The entry's ``tool_calls`` mode is ignored: the Messages API always has native tool use.
+
+Stream events → :class:`~llm.types.TextDelta` (``text_delta``),
+:class:`~llm.types.ReasoningDelta` (``thinking_delta``; never fed back as answer text: the
+canonical history has no place for it), ``tool_use`` blocks reassembled from
+``input_json_delta`` fragments, ``message_delta.stop_reason`` → ``finish_reason`` (see
+:data:`FINISH_REASONS`), usage from ``message_start``/``message_delta``.
+
+Errors: every failure leaves as :class:`llm.errors.ModelCallError`, classified by
+:func:`classify_anthropic_error` (HTTP errors, ``error`` events inside an open stream,
+timeouts, transport failures); ``asyncio.CancelledError`` propagates untouched and the HTTP
+response is closed on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import anthropic
+import httpx
+import httpx2
+
+from llm.errors import ErrorClass, ModelCallError, parse_retry_after
+from llm.tokens import estimate_completion_tokens, estimate_tokens
+from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
+
+if TYPE_CHECKING:
+    from llm.router import RouteEntryConfig
+
+MAX_CLIENTS_PER_LOOP: Final[int] = 64
+"""Clients kept per event loop; the least recently used one is dropped beyond that."""
+
+NO_API_KEY: Final[str] = "no-key"
+"""Sent when an entry has no API key (local gateways), so the SDK never falls back to the
+``ANTHROPIC_API_KEY`` environment variable or a credentials profile and leaks it to another
+base URL."""
+
+DEFAULT_MAX_OUTPUT_TOKENS: Final[int] = 4096
+"""``max_tokens`` sent when neither the entry nor the caller caps the output (the Messages
+API requires the parameter)."""
+
+FINISH_REASONS: Final[Mapping[str, str]] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+"""Anthropic ``stop_reason`` → canonical (OpenAI) ``finish_reason``; others pass through
+unchanged (e.g. ``pause_turn``)."""
+
+_TOOL_ID_RE: Final[re.Pattern[str]] = re.compile(r"^[a-zA-Z0-9_-]+$")
+_TOOL_ID_BAD_CHARS: Final[re.Pattern[str]] = re.compile(r"[^a-zA-Z0-9_-]+")
+_MAX_MESSAGE_CHARS: Final[int] = 500
+
+_QUOTA_CODES: Final[frozenset[str]] = frozenset(
+    {
+        "enforced_spend_limit_reached",
+        "contract_spend_limit_reached",
+        "linked_organization_spend_limit_reached",
+        "linked_organization_billing_unavailable",
+    }
+)
+"""``error.details.error_code`` values that mean "no more spending", whatever the status."""
+
+_QUOTA_MARKERS: Final[tuple[str, ...]] = (
+    "credit balance is too low",
+    "api usage limits",
+    "spend limit",
+    "billing",
+)
+_CONTEXT_WINDOW_MARKERS: Final[tuple[str, ...]] = (
+    "prompt is too long",
+    "context window",
+    "context length",
+    "context limit",
+    "input is too long",
+    "too many input tokens",
+)
+_CONTENT_POLICY_MARKERS: Final[tuple[str, ...]] = (
+    "content filtering policy",
+    "content policy",
+    "usage policy",
+    "usage policies",
+)
+_ERROR_TYPES: Final[Mapping[str, ErrorClass]] = {
+    "rate_limit_error": "rate_limit",
+    "overloaded_error": "overloaded",
+    "api_error": "server",
+    "timeout_error": "timeout",
+    "authentication_error": "auth",
+    "permission_error": "auth",
+    "not_found_error": "not_found",
+    "request_too_large": "context_window",
+    "billing_error": "quota_exhausted",
+    "invalid_request_error": "bad_request",
+}
+"""Anthropic ``error.type`` → error class, after the quota/context/policy markers."""
+
+_WORDING_STATUSES: Final[frozenset[int | None]] = frozenset({None, 400, 403, 422, 429})
+"""Statuses whose error message is matched against the quota/context/policy wording (None:
+an ``error`` event inside a stream)."""
+
+_RETRY_AFTER_CLASSES: Final[frozenset[str]] = frozenset({"rate_limit", "overloaded", "server", "quota_exhausted"})
+
+
+# --- Clients (one pool per event loop) -------------------------------------------------------
+
+_ClientKey = tuple[str, str, float, float]
+
+
+@dataclass(slots=True)
+class _LoopClients:
+    loop: asyncio.AbstractEventLoop
+    clients: OrderedDict[_ClientKey, anthropic.AsyncAnthropic] = field(default_factory=OrderedDict)
+    closer: AsyncGenerator[None, None] | None = None
+    """Suspended async generator whose ``finally`` closes the clients when the loop shuts
+    down its async generators (``asyncio.run``, pytest-asyncio), so pooled connections never
+    outlive their loop."""
+    abandoned: bool = False
+    """The loop closed without shutting down its async generators: nothing can be awaited."""
+
+
+_clients_by_loop: dict[int, _LoopClients] = {}
+
+
+async def _close_at_loop_shutdown(slot: _LoopClients) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        if _clients_by_loop.get(id(slot.loop)) is slot:
+            del _clients_by_loop[id(slot.loop)]
+        clients = list(slot.clients.values())
+        slot.clients.clear()
+        if not slot.abandoned:
+            for client in clients:
+                await client.close()
+
+
+def _abandon(slot: _LoopClients) -> None:
+    """Forget the clients of a loop that was closed without ``shutdown_asyncgens()``; their
+    sockets close when they are garbage-collected (``DefaultAsyncHttpxClient`` has no
+    finaliser that would try to use another loop)."""
+    slot.abandoned = True
+    slot.clients.clear()
+    if slot.closer is not None:
+        try:
+            slot.closer.aclose().send(None)
+        except StopIteration:
+            pass
+        slot.closer = None
+
+
+def _loop_slot(loop: asyncio.AbstractEventLoop) -> _LoopClients:
+    slot = _clients_by_loop.get(id(loop))
+    if slot is not None and slot.loop is loop:
+        return slot
+    for key in [k for k, v in _clients_by_loop.items() if v.loop.is_closed()]:
+        _abandon(_clients_by_loop.pop(key))
+    slot = _clients_by_loop[id(loop)] = _LoopClients(loop)
+    # Run the closer up to its ``yield`` now: the loop's async-generator hooks register it and
+    # ``loop.shutdown_asyncgens()`` will run its ``finally``.
+    closer = _close_at_loop_shutdown(slot)
+    try:
+        closer.asend(None).send(None)
+    except StopIteration:
+        slot.closer = closer
+    return slot
+
+
+def api_root_url(base_url: str) -> str:
+    """The provider root the SDK expects as ``base_url``.
+
+    The SDK appends ``/v1/messages`` to its ``base_url``, so an entry's ``base_url`` is the
+    provider root (``https://api.anthropic.com``, ``http://127.0.0.1:PORT``). A trailing
+    ``/v1`` (the OpenAI habit) and trailing slashes are stripped, so ``…/v1`` works too.
+    """
+    url = base_url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+def _client_for(entry: RouteEntryConfig) -> anthropic.AsyncAnthropic:
+    """The pooled client for ``entry``'s (base_url, api_key, timeouts) in the running loop."""
+    slot = _loop_slot(asyncio.get_running_loop())
+    key: _ClientKey = (
+        api_root_url(entry.base_url),
+        entry.api_key,
+        float(entry.connect_timeout_seconds),
+        float(entry.read_timeout_seconds),
+    )
+    client = slot.clients.get(key)
+    if client is not None:
+        slot.clients.move_to_end(key)
+        return client
+    client = anthropic.AsyncAnthropic(
+        # An explicit credential: the SDK then reads no credential environment variable or
+        # profile (its documented resolution order).
+        api_key=entry.api_key or NO_API_KEY,
+        base_url=key[0],
+        max_retries=0,
+        # The 2.x SDK runs on httpx2 and rejects ``httpx`` objects: this is ``httpx2.Timeout``.
+        timeout=httpx2.Timeout(entry.read_timeout_seconds, connect=entry.connect_timeout_seconds),
+        # The SDK's defaults (limits, redirects, keep-alive) without the finaliser of its
+        # internal wrapper, which would close the pool on whatever loop runs at collection.
+        http_client=anthropic.DefaultAsyncHttpxClient(),
+    )
+    slot.clients[key] = client
+    while len(slot.clients) > MAX_CLIENTS_PER_LOOP:
+        # Dropped, not closed: a stream may still be using it.
+        slot.clients.popitem(last=False)
+    return client
+
+
+async def aclose_clients() -> None:
+    """Close every pooled Anthropic client of the running event loop (worker shutdown, test
+    teardown). Streams still open on them fail with a network error."""
+    loop = asyncio.get_running_loop()
+    slot = _clients_by_loop.get(id(loop))
+    if slot is None or slot.loop is not loop:
+        return
+    if slot.closer is not None:
+        await slot.closer.aclose()  # runs _close_at_loop_shutdown's finally
+    else:  # pragma: no cover - the closer always starts
+        del _clients_by_loop[id(loop)]
+        for client in slot.clients.values():
+            await client.close()
+
+
+# --- Request translation -------------------------------------------------------------------
+
+
+def tool_use_id_for(call_id: str) -> str:
+    """The Anthropic ``tool_use`` id for a canonical tool-call id.
+
+    Ids matching ``^[a-zA-Z0-9_-]+$`` (OpenAI ``call_…``, Anthropic ``toolu_…``, our minted
+    ``call_<hex>``) are kept. Others (``functions.get_time:0``, ids with spaces, ``""``) become
+    ``<id with invalid runs replaced by "_", at most 40 chars>_<10 hex of sha256(id)>``: pure
+    and deterministic, so the ``tool_use`` and its ``tool_result`` always agree, and distinct
+    ids stay distinct.
+    """
+    if _TOOL_ID_RE.match(call_id):
+        return call_id
+    stem = _TOOL_ID_BAD_CHARS.sub("_", call_id).strip("_")[:40] or "call"
+    return f"{stem}_{hashlib.sha256(call_id.encode()).hexdigest()[:10]}"
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    """``tool_use.input`` from the JSON argument text: a JSON object as is, ``{}`` for blank
+    text, ``{"_raw": text}`` for anything else (invalid JSON, arrays, scalars)."""
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"_raw": arguments}
+
+
+def _blocks_of(message: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
+    """``(anthropic_role, content_blocks)`` of one non-system canonical message."""
+    if message.role == "tool":
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id_for(message.tool_call_id or "")}
+        if message.content:
+            block["content"] = message.content
+        return "user", [block]
+    blocks: list[dict[str, Any]] = []
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    if message.role == "assistant":
+        for call in message.tool_calls:
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": tool_use_id_for(call.id),
+                    "name": call.name,
+                    "input": _tool_input(call.arguments),
+                }
+            )
+        return "assistant", blocks
+    return "user", blocks
+
+
+def translate_messages(messages: Sequence[ChatMessage]) -> tuple[str, list[dict[str, Any]]]:
+    """The canonical history as Messages API ``(system, messages)``.
+
+    Args:
+        messages: Canonical (OpenAI chat shaped) history.
+
+    Returns:
+        ``(system, messages)``: the system prompts joined by ``"\\n\\n"`` (``""`` when none),
+        and the ``[{"role": "user"|"assistant", "content": [block, …]}, …]`` list with
+        consecutive same-role messages merged (``tool_result`` blocks first in a user
+        message). Pure; see the module docstring for the rules.
+    """
+    system_parts: list[str] = []
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            if message.content:
+                system_parts.append(message.content)
+            continue
+        role, blocks = _blocks_of(message)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    for message in out:
+        if message["role"] == "user":
+            # Tool results must open the user message that answers a tool_use (stable order).
+            message["content"].sort(key=lambda b: b["type"] != "tool_result")
+    return "\n\n".join(system_parts), out
+
+
+def _tool_param(tool: ToolSpec) -> dict[str, Any]:
+    schema = dict(tool.parameters)
+    schema.setdefault("type", "object")
+    return {"name": tool.name, "description": tool.description, "input_schema": schema}
+
+
+def _stub_tools(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Declarations for the tool names used in the history, for requests offering no tools."""
+    names: dict[str, None] = {}
+    has_results = False
+    for message in messages:
+        for block in message["content"]:
+            if block["type"] == "tool_use":
+                names.setdefault(block["name"], None)
+            elif block["type"] == "tool_result":
+                has_results = True
+    if not names and not has_results:
+        return []
+    return [
+        {
+            "name": name,
+            "description": "Used earlier in this conversation; not available now.",
+            "input_schema": {"type": "object"},
+        }
+        for name in names
+    ] or [
+        {
+            "name": "unavailable_tool",
+            "description": "Not available in this conversation.",
+            "input_schema": {"type": "object"},
+        }
+    ]
+
+
+def output_limit(entry: RouteEntryConfig, max_output_tokens: int | None) -> int:
+    """``max_tokens`` to send: the smaller of the entry's and the caller's positive caps,
+    else :data:`DEFAULT_MAX_OUTPUT_TOKENS` (the API requires the parameter)."""
+    caps = [c for c in (entry.max_output_tokens, max_output_tokens) if c is not None and c > 0]
+    return min(caps) if caps else DEFAULT_MAX_OUTPUT_TOKENS
+
+
+def build_request(
+    entry: RouteEntryConfig,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec],
+    *,
+    max_output_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The ``messages.create`` keyword arguments (= the JSON body) for one streaming call.
+
+    Args:
+        entry: The route entry (model, output limit).
+        messages: Canonical history.
+        tools: Offered tools; sent as ``tools`` when non-empty.
+        max_output_tokens: Caller's cap; the entry's ``max_output_tokens`` still applies.
+
+    Returns:
+        ``{"model", "max_tokens", "messages", "stream": True}`` plus ``system`` (when there
+        are system prompts) and ``tools`` (and ``tool_choice``, for stub tools).
+    """
+    system, translated = translate_messages(messages)
+    params: dict[str, Any] = {
+        "model": entry.model,
+        "max_tokens": output_limit(entry, max_output_tokens),
+        "messages": translated,
+        "stream": True,
+    }
+    if system:
+        params["system"] = system
+    if tools:
+        params["tools"] = [_tool_param(t) for t in tools]
+    else:
+        stubs = _stub_tools(translated)
+        if stubs:
+            params["tools"] = stubs
+            params["tool_choice"] = {"type": "none"}
+    return params
+
+
+# --- Error classification ------------------------------------------------------------------
+
+
+def _truncate(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 1] + "…"
+
+
+def _error_fields(body: object) -> tuple[str, str, str]:
+    """``(error.type, error.message, error.details.error_code)`` of an Anthropic error body
+    (``{"type": "error", "error": {...}}``), ``""`` for what is missing."""
+    if not isinstance(body, Mapping):
+        return "", body if isinstance(body, str) else "", ""
+    error = body.get("error")
+    if not isinstance(error, Mapping):
+        message = body.get("message")
+        return "", message if isinstance(message, str) else "", ""
+    kind = error.get("type")
+    message = error.get("message")
+    details = error.get("details")
+    code = details.get("error_code") if isinstance(details, Mapping) else None
+    return (
+        kind if isinstance(kind, str) else "",
+        message if isinstance(message, str) else "",
+        code if isinstance(code, str) else "",
+    )
+
+
+def _class_of(status: int | None, kind: str, message: str, code: str) -> ErrorClass:
+    # Wording is only trusted on the statuses that carry it (and inside a stream), never on
+    # e.g. a gateway's 404/5xx HTML page.
+    lowered = message.lower() if status in _WORDING_STATUSES else ""
+    if status == 402 or kind == "billing_error" or code in _QUOTA_CODES:
+        return "quota_exhausted"
+    if kind in ("", "invalid_request_error", "rate_limit_error", "permission_error") and any(
+        marker in lowered for marker in _QUOTA_MARKERS
+    ):
+        return "quota_exhausted"
+    if status == 413 or (
+        kind in ("", "invalid_request_error") and any(marker in lowered for marker in _CONTEXT_WINDOW_MARKERS)
+    ):
+        return "context_window"
+    if kind in ("", "invalid_request_error", "permission_error") and any(
+        marker in lowered for marker in _CONTENT_POLICY_MARKERS
+    ):
+        return "content_policy"
+    if kind in _ERROR_TYPES:
+        return _ERROR_TYPES[kind]
+    if status is None:
+        return "other"
+    if status == 429:
+        return "rate_limit"
+    if status == 529:
+        return "overloaded"
+    if status in (408, 504):
+        return "timeout"
+    if status >= 500:
+        return "server"
+    if status in (401, 403):
+        return "auth"
+    if status == 404:
+        return "not_found"
+    if status in (400, 422):
+        return "bad_request"
+    return "other"
+
+
+def classify_anthropic_error(exc: BaseException) -> ModelCallError:
+    """Map an exception raised while calling the Messages API to a :class:`ModelCallError`.
+
+    Pure: looks only at the exception's type, ``status_code``, response headers and body
+    (``{"type": "error", "error": {"type", "message", "details": {"error_code"}}}``).
+
+    Rules, first match wins:
+
+    * ``APITimeoutError``, ``TimeoutError``, httpx/httpx2 timeouts → ``timeout``;
+      ``APIConnectionError`` and transport errors → ``network``.
+    * HTTP 402, ``billing_error``, spend-limit ``error_code``\\ s, "credit balance is too
+      low" / "API usage limits" / "spend limit" → ``quota_exhausted``.
+    * HTTP 413 or "prompt is too long" (and other context-window wording) → ``context_window``.
+    * "content filtering policy" / "usage policy" → ``content_policy``.
+    * ``error.type``: ``rate_limit_error`` → ``rate_limit``, ``overloaded_error`` →
+      ``overloaded``, ``api_error`` → ``server``, ``timeout_error`` → ``timeout``,
+      ``authentication_error``/``permission_error`` → ``auth``, ``not_found_error`` →
+      ``not_found``, ``invalid_request_error`` → ``bad_request``.
+    * Status: 429 → ``rate_limit``, 529 → ``overloaded``, 408/504 → ``timeout``, other 5xx →
+      ``server``, 401/403 → ``auth``, 404 → ``not_found``, 400/422 → ``bad_request``.
+    * Anything else → ``other``.
+
+    An ``error`` event inside an open stream reaches us as an ``APIStatusError`` carrying the
+    stream's own 2xx status (the SDK raises it that way); it is classified by its body alone
+    and gets ``status_code=None``.
+
+    Args:
+        exc: An ``anthropic.APIError`` subclass, an ``httpx2``/``httpx`` transport exception,
+            ``ConnectionError``, ``TimeoutError`` or ``ValueError`` (undecodable event data,
+            → ``other``). A ``ModelCallError`` is returned as is.
+
+    Returns:
+        The classified error (a new object; raise it ``from exc``). ``retry_after_seconds``
+        is set from ``retry-after-ms``/``Retry-After`` for rate-limit, overload, server and
+        quota errors when the response had one.
+    """
+    if isinstance(exc, ModelCallError):
+        return exc
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ModelCallError("timeout", _truncate(exc.message or "request timed out"))
+    if isinstance(exc, anthropic.APIConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None and str(cause) else ""
+        return ModelCallError("network", _truncate(f"{exc.message or 'connection error'}{detail}"))
+    if isinstance(exc, anthropic.APIStatusError):
+        kind, message, code = _error_fields(exc.body)
+        in_stream = exc.status_code < 400
+        status = None if in_stream else exc.status_code
+        error_class = _class_of(status, kind, message, code)
+        text = _truncate(message or exc.message or f"HTTP {exc.status_code}")
+        if in_stream:
+            text = _truncate(f"error event in the stream ({kind or 'unknown'}): {text}")
+        retry_after = (
+            parse_retry_after(exc.response.headers)
+            if status is not None and error_class in _RETRY_AFTER_CLASSES
+            else None
+        )
+        return ModelCallError(error_class, text, status_code=status, retry_after_seconds=retry_after)
+    if isinstance(exc, anthropic.APIResponseValidationError):  # pragma: no cover - strict validation is off
+        return ModelCallError("other", _truncate(f"invalid response: {exc.message}"), status_code=exc.status_code)
+    if isinstance(exc, anthropic.APIError):
+        kind, message, code = _error_fields(exc.body)
+        return ModelCallError(_class_of(None, kind, message, code), _truncate(message or exc.message))
+    described = _truncate(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, TimeoutError):
+        return ModelCallError("timeout", _truncate(str(exc) or "no data from the provider within the read timeout"))
+    # Raw transport errors escape the SDK while the body is read (a dropped connection mid-
+    # stream is an ``httpx2.RemoteProtocolError``); ``StreamError``: the response was closed
+    # under us (e.g. ``aclose_clients()`` during a stream).
+    if isinstance(exc, (httpx2.TimeoutException, httpx.TimeoutException)):
+        return ModelCallError("timeout", described)
+    if isinstance(exc, (httpx2.TransportError, httpx2.StreamError, httpx.TransportError, ConnectionError)):
+        return ModelCallError("network", described)
+    return ModelCallError("other", described)
+
+
+# --- Streaming -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _ToolBlock:
+    id: str
+    name: str
+    initial_input: Any
+    fragments: list[str] = field(default_factory=list)
+
+    def request(self) -> ToolCallRequest:
+        arguments = "".join(self.fragments)
+        if not arguments.strip():
+            initial = self.initial_input if isinstance(self.initial_input, dict) else {}
+            arguments = json.dumps(initial, ensure_ascii=False)
+        return ToolCallRequest(id=self.id, name=self.name, arguments=arguments)
+
+
+async def _next_event(stream: anthropic.AsyncStream[Any], timeout_seconds: float) -> Any | None:
+    """The next stream event, or None at the end of the stream.
+
+    Raises:
+        ModelCallError: ``timeout`` when no event arrives within ``timeout_seconds`` (``ping``
+            events do not count: the SDK skips them); any other failure classified.
+    """
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            return await anext(stream)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError as exc:
+        raise ModelCallError(
+            "timeout", f"no event from the provider within {timeout_seconds:g} s"
+        ) from exc
+    except (anthropic.AnthropicError, httpx2.HTTPError, httpx2.StreamError, ConnectionError, ValueError) as exc:
+        raise classify_anthropic_error(exc) from exc
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(slots=True)
+class _UsageState:
+    input_tokens: int | None = None
+    cache_tokens: int = 0
+    output_tokens: int | None = None
+
+    def update(self, usage: Any) -> None:
+        """Take the counters an event's ``usage`` reports (``message_delta`` values are
+        cumulative, so a later value replaces an earlier one)."""
+        if usage is None:
+            return
+        value = _int_or_none(getattr(usage, "input_tokens", None))
+        if value is not None:
+            self.input_tokens = value
+        cache = sum(
+            _int_or_none(getattr(usage, name, None)) or 0
+            for name in ("cache_creation_input_tokens", "cache_read_input_tokens")
+        )
+        if cache:
+            self.cache_tokens = cache
+        value = _int_or_none(getattr(usage, "output_tokens", None))
+        if value is not None:
+            self.output_tokens = value
+
+    def result(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], message: ChatMessage, reasoning: str
+    ) -> Usage:
+        """Prompt tokens = ``input_tokens`` + cache creation + cache read (Anthropic's total
+        input); estimates (``estimated=True``) replace what the provider did not report."""
+        prompt = None if self.input_tokens is None else self.input_tokens + self.cache_tokens
+        completion = self.output_tokens
+        if prompt is not None and completion is not None:
+            return Usage(prompt_tokens=prompt, completion_tokens=completion)
+        return Usage(
+            prompt_tokens=prompt if prompt is not None else estimate_tokens(messages, tools),
+            completion_tokens=completion
+            if completion is not None
+            else estimate_completion_tokens(message, reasoning=reasoning),
+            estimated=True,
+        )
+
+
+async def stream_chat(
+    entry: RouteEntryConfig,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec],
+    *,
+    max_output_tokens: int | None = None,
+    on_first_token: Callable[[], None] | None = None,
+) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
+    """Stream one answer from an Anthropic Messages API endpoint.
+
+    Same contract as :func:`llm.providers.openai_compat.stream_chat`. ``entry.base_url`` is
+    the provider root (``https://api.anthropic.com``; see :func:`api_root_url`).
+    ``read_timeout_seconds`` bounds the wait for the response headers (httpx2), for the first
+    event and between events (our timer, so a provider trickling bytes or pings cannot stall
+    us); ``connect_timeout_seconds`` bounds TCP/TLS connect.
+
+    Args:
+        entry: The route entry to call (``api == "anthropic"``).
+        messages: Canonical history (translated by :func:`build_request`).
+        tools: Offered tools (may be empty).
+        max_output_tokens: Optional cap below the entry's own ``max_output_tokens``.
+        on_first_token: Called once, synchronously, when the first text, thinking or
+            ``tool_use`` fragment arrives (before anything is yielded for it). The router uses
+            it to stop falling back.
+
+    Yields:
+        ``TextDelta`` and ``ReasoningDelta`` fragments, then exactly one ``Completion`` (the
+        whole assistant message with its tool calls, arguments as JSON text; usage from the
+        provider, else estimated with ``Usage.estimated=True``; ``finish_reason`` mapped by
+        :data:`FINISH_REASONS`; ``entry_index``/``model`` from ``entry``).
+
+    Raises:
+        ModelCallError: connection, HTTP status, timeout, ``error`` event, undecodable event
+            data, or a stream that ended before ``message_stop`` (``network``).
+    """
+    params = build_request(entry, messages, tools, max_output_tokens=max_output_tokens)
+    client = _client_for(entry)
+    try:
+        stream = await client.messages.create(**params)
+    except anthropic.AnthropicError as exc:
+        raise classify_anthropic_error(exc) from exc
+
+    text_parts: list[str] = []
+    reasoning_parts: list[str] = []
+    tool_blocks: dict[int, _ToolBlock] = {}
+    usage = _UsageState()
+    stop_reason: str | None = None
+    stopped = False
+    started = False
+
+    def first_fragment() -> None:
+        nonlocal started
+        if not started:
+            started = True
+            if on_first_token is not None:
+                on_first_token()
+
+    async with stream:
+        while True:
+            event = await _next_event(stream, entry.read_timeout_seconds)
+            if event is None:
+                break
+            kind = getattr(event, "type", None)
+            if kind == "content_block_delta":
+                delta = event.delta
+                delta_kind = getattr(delta, "type", None)
+                if delta_kind == "text_delta" and delta.text:
+                    first_fragment()
+                    text_parts.append(delta.text)
+                    yield TextDelta(delta.text)
+                elif delta_kind == "thinking_delta" and delta.thinking:
+                    first_fragment()
+                    reasoning_parts.append(delta.thinking)
+                    yield ReasoningDelta(delta.thinking)
+                elif delta_kind == "input_json_delta":
+                    block = tool_blocks.get(event.index)
+                    if block is not None and delta.partial_json:
+                        block.fragments.append(delta.partial_json)
+                # signature_delta, citations_delta: nothing to surface.
+            elif kind == "content_block_start":
+                content = event.content_block
+                block_kind = getattr(content, "type", None)
+                if block_kind == "tool_use":
+                    first_fragment()
+                    tool_blocks[event.index] = _ToolBlock(
+                        id=content.id, name=content.name, initial_input=getattr(content, "input", None)
+                    )
+                elif block_kind == "text" and getattr(content, "text", ""):
+                    first_fragment()
+                    text_parts.append(content.text)
+                    yield TextDelta(content.text)
+                elif block_kind == "thinking" and getattr(content, "thinking", ""):
+                    first_fragment()
+                    reasoning_parts.append(content.thinking)
+                    yield ReasoningDelta(content.thinking)
+                # redacted_thinking and server-tool blocks: not part of the canonical message.
+            elif kind == "message_start":
+                usage.update(getattr(event.message, "usage", None))
+            elif kind == "message_delta":
+                reason = getattr(event.delta, "stop_reason", None)
+                if reason:
+                    stop_reason = reason
+                usage.update(getattr(event, "usage", None))
+            elif kind == "message_stop":
+                stopped = True
+                break
+            # content_block_stop and unknown event types: nothing to do.
+
+    if not stopped:
+        raise ModelCallError("network", "the provider stream ended before message_stop")
+    calls = tuple(tool_blocks[index].request() for index in sorted(tool_blocks))
+    message = ChatMessage(role="assistant", content="".join(text_parts), tool_calls=calls)
+    reasoning = "".join(reasoning_parts)
+    yield Completion(
+        message=message,
+        usage=usage.result(messages, tools, message, reasoning),
+        finish_reason=FINISH_REASONS.get(stop_reason, stop_reason) if stop_reason else None,
+        entry_index=entry.index,
+        model=entry.model,
+    )
+
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT_TOKENS",
+    "FINISH_REASONS",
+    "aclose_clients",
+    "api_root_url",
+    "build_request",
+    "classify_anthropic_error",
+    "output_limit",
+    "stream_chat",
+    "tool_use_id_for",
+    "translate_messages",
+]
