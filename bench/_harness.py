@@ -3,8 +3,10 @@ runs created through the real services and executed by the real runner."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -53,6 +55,20 @@ class BenchTenant:
     def __exit__(self, *exc) -> None:
         self.user.delete()  # its sessions and runs go with it
         Tenant.objects.filter(pk=self.tenant.pk).delete()
+
+
+@contextlib.contextmanager
+def fake_model(responder: str):
+    """A FakeLLMServer in a child process (see _fake_model.py); yields its base URL."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("_fake_model.py")), responder],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
 
 
 def percentile(values: list[float], q: float) -> float:

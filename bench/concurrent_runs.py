@@ -1,6 +1,6 @@
 """Concurrent runs on one worker process.
 
-N runs start at once on one event loop (as the worker's RunHost hosts them). The fake model
+N runs start at once on one event loop (as the worker's RunHost hosts them). The fake model (its own process)
 takes 1 s before every answer (3 turns: two tool calls, then a 50-token answer), so a run
 needs ~3 s of model time; if runs overlap fully, N runs finish in ~3 s whatever N is.
 
@@ -13,20 +13,12 @@ import argparse
 import asyncio
 import time
 
-from _harness import BenchTenant, percentile
+from _harness import BenchTenant, fake_model, percentile
 
-from llm.testing import Delay, FakeLLMServer, Reply, ToolCalls
 from sessions.models import Run
 from sessions.runner.loop import execute_run
 
-ANSWER = " ".join(["token"] * 50)
 
-
-def responder(body):
-    turns_done = sum(1 for m in body["messages"] if m["role"] == "assistant")
-    if turns_done < 2:
-        return Delay(1.0, ToolCalls([("test_echo", {"text": str(turns_done)})]))
-    return Delay(1.0, Reply(ANSWER, chunk_size=6))
 
 
 async def run_all(run_ids: list[int]) -> list[float]:
@@ -42,8 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[50, 100, 200])
     args = parser.parse_args()
-    with FakeLLMServer() as server, BenchTenant(server.base_url, read_timeout_seconds=60.0) as bench:
-        server.respond(responder)
+    with fake_model("slow3") as base_url, BenchTenant(base_url, read_timeout_seconds=60.0) as bench:
         for n in args.n:
             runs = [bench.new_run() for _ in range(n)]
             started = time.perf_counter()

@@ -1,6 +1,6 @@
 """Platform overhead per turn.
 
-A FakeLLMServer answers instantly with one tool call per turn (test_echo) for 19 turns, then
+A FakeLLMServer (in its own process) answers instantly with one tool call per turn (test_echo) for 19 turns, then
 a final answer: 20-turn runs, executed one after another by the real runner against the
 real PostgreSQL and Redis. A turn's time is the gap between consecutive assistant messages
 of a run: model request and stream, persistence (messages, tool calls, LLM calls), tool
@@ -17,28 +17,20 @@ import asyncio
 import platform
 import time
 
-from _harness import BenchTenant, summary
+from _harness import BenchTenant, fake_model, summary
 
-from llm.testing import FakeLLMServer, Reply, ToolCalls
 from sessions.models import Message
 from sessions.runner.loop import execute_run
 
 TURNS = 20
 
 
-def responder(body):
-    turns_done = sum(1 for m in body["messages"] if m["role"] == "assistant")
-    if turns_done < TURNS - 1:
-        return ToolCalls([("test_echo", {"text": f"turn {turns_done}"})])
-    return Reply("All twenty turns done.")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
-    with FakeLLMServer() as server, BenchTenant(server.base_url, max_loop_count=TURNS + 1) as bench:
-        server.respond(responder)
+    with fake_model("turns20") as base_url, BenchTenant(base_url, max_loop_count=TURNS + 1) as bench:
         gaps_ms: list[float] = []
         started = time.perf_counter()
         for _ in range(args.runs):

@@ -5,6 +5,11 @@ stream every frame after ``after_seq``; live frames with a ``seq`` it already se
 dropped. Since Channels hands a consumer its messages one at a time, nothing published after
 the join can be missed and nothing is sent twice.
 
+Live frames can arrive out of order: two publishers (parallel tool calls) take seq 3 and 4
+from Redis, and 4's ``group_send`` may finish first. A frame past ``last_seq + 1`` therefore
+makes the consumer read the missing frames from the stream (where the publish script put
+seq 3 before seq 4 could exist) and send them in order; the late seq 3 is then dropped.
+
 Close codes: 4401 not authenticated or no membership; 4404 no such session for this caller
 (also another tenant's or another user's: the same code for both).
 """
@@ -60,7 +65,11 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "pong"})
 
     async def session_event(self, message: dict[str, Any]) -> None:
-        await self._send_frame(message["frame"])
+        frame = message["frame"]
+        if frame["seq"] > self.last_seq + 1:  # a gap: fill it from the stream, in order
+            for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
+                await self._send_frame(missed)
+        await self._send_frame(frame)
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
         if frame["seq"] <= self.last_seq:

@@ -122,11 +122,19 @@ def events_since_sync(*, session_id: int, after_seq: int, limit: int = STREAM_MA
 _async_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis]" = weakref.WeakKeyDictionary()
 
 
-def _async_redis() -> aioredis.Redis:
+ASYNC_POOL_MAX_CONNECTIONS = 64
+"""Redis connections one event loop holds; past that, publishers wait (up to 10 s) for one."""
+
+
+def async_redis() -> aioredis.Redis:
+    """This event loop's shared Redis client (a blocking pool: many runs, few connections)."""
     loop = asyncio.get_running_loop()
     client = _async_clients.get(loop)
     if client is None:
-        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, max_connections=ASYNC_POOL_MAX_CONNECTIONS, timeout=10
+        )
+        client = aioredis.Redis(connection_pool=pool)
         _async_clients[loop] = client
     return client
 
@@ -135,7 +143,7 @@ async def event_publish(*, session_id: int, run_id: int | None, type: str, data:
     """Publish now, from async code. Returns the frame (with its ``seq``)."""
     body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
     payload = json.dumps(body)
-    seq = int(await _async_redis().eval(_PUBLISH_LUA, 2, *_keys(session_id), payload, STREAM_MAXLEN, KEY_TTL_SECONDS))
+    seq = int(await async_redis().eval(_PUBLISH_LUA, 2, *_keys(session_id), payload, STREAM_MAXLEN, KEY_TTL_SECONDS))
     frame = _frame(seq, body)
     await get_channel_layer().group_send(group_name(session_id), {"type": "session.event", "frame": frame})
     return frame
@@ -143,7 +151,7 @@ async def event_publish(*, session_id: int, run_id: int | None, type: str, data:
 
 async def events_since(*, session_id: int, after_seq: int, limit: int = STREAM_MAXLEN) -> list[dict[str, Any]]:
     """Async :func:`events_since_sync`."""
-    rows = await _async_redis().xrange(_keys(session_id)[1], min=f"({after_seq}-0", max="+", count=limit)
+    rows = await async_redis().xrange(_keys(session_id)[1], min=f"({after_seq}-0", max="+", count=limit)
     return [_decode(entry_id, fields) for entry_id, fields in rows]
 
 

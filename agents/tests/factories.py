@@ -67,13 +67,17 @@ class BuiltinBindingFactory(TenantOwnedFactory):
 
 
 def agent_with_route(*, tenant, base_urls: list[str], tool_calls: str = "native", read_timeout_seconds: float = 5.0,
-                     **agent_fields) -> AgentInstance:
-    """An agent whose route has one entry per base URL, in order (provider names p0, p1, …)."""
+                     max_retries: int = 0, **agent_fields) -> AgentInstance:
+    """An agent whose route has one entry per base URL, in order (provider names p0, p1, …).
+
+    Entries do not retry by default (``max_retries=0``), so a scripted failure moves straight
+    to the next entry; pass ``max_retries`` to test retries.
+    """
     route = RouteFactory(tenant=tenant)
     for i, url in enumerate(base_urls):
         provider = ProviderFactory(tenant=tenant, name=f"p{i}-{route.pk}", base_url=url)
         RouteEntryFactory(tenant=tenant, route=route, provider=provider, position=i, model=f"model-{i}",
-                          tool_calls=tool_calls, read_timeout_seconds=read_timeout_seconds)
+                          tool_calls=tool_calls, read_timeout_seconds=read_timeout_seconds, max_retries=max_retries)
     return AgentFactory(tenant=tenant, route=route, **agent_fields)
 
 

@@ -6,8 +6,14 @@ wire format stays in this module: request building, chunk parsing, tool-call rea
 text-mode tool calls, usage.
 
 Errors: every failure leaves as :class:`llm.errors.ModelCallError` (classified by
-:func:`llm.errors.classify_error`); ``asyncio.CancelledError`` propagates untouched and the
-HTTP response is closed on the way out.
+:func:`llm.errors.classify_error`; a stream that finishes with ``finish_reason:
+"content_filter"`` is a ``content_policy`` failure); ``asyncio.CancelledError`` propagates
+untouched and the HTTP response is closed on the way out.
+
+Timeouts: connect (httpx, ``connect_timeout_seconds``) and idle (``read_timeout_seconds``:
+httpx's read timeout for the headers, and this module's asyncio timer between chunks) are
+enforced here; the first-token and whole-stream timers are the router's, so they apply to
+every adapter alike.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 import httpx
 import openai
 
-from llm.errors import ModelCallError, classify_error
+from llm.errors import ModelCallError, classify_error, classify_finish_reason
 from llm.tokens import estimate_completion_tokens, estimate_tokens
 from llm.toolcall_parsing import ToolCallHoldback, messages_for_text_mode, mint_call_id
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
@@ -222,6 +228,10 @@ def _reasoning_text(delta: Any) -> str:
 async def _next_chunk(stream: openai.AsyncStream[Any], timeout_seconds: float) -> Any | None:
     """The next chunk, or None at the end of the stream.
 
+    Args:
+        stream: The SDK's chunk stream.
+        timeout_seconds: Idle timeout, seconds (``read_timeout_seconds``).
+
     Raises:
         ModelCallError: ``timeout`` when no chunk arrives within ``timeout_seconds``; any
             other failure classified.
@@ -233,7 +243,7 @@ async def _next_chunk(stream: openai.AsyncStream[Any], timeout_seconds: float) -
         return None
     except TimeoutError as exc:
         raise ModelCallError(
-            "timeout", f"no chunk from the provider within {timeout_seconds:g} s"
+            "timeout", f"no chunk from the provider within {timeout_seconds:g} s (idle timeout)"
         ) from exc
     except (openai.OpenAIError, ValueError) as exc:
         raise classify_error(exc) from exc
@@ -293,8 +303,10 @@ async def stream_chat(
     results are rewritten as text, and calls are parsed out of the reply while a
     :class:`~llm.toolcall_parsing.ToolCallHoldback` keeps them out of the streamed text.
 
-    ``read_timeout_seconds`` bounds the wait for the response headers (httpx), for the first
-    chunk and between chunks (our timer, so a provider trickling bytes cannot stall us).
+    ``read_timeout_seconds`` bounds the wait for the response headers (httpx) and for every
+    chunk (our asyncio timer, so a provider that keeps the connection open but sends nothing
+    cannot stall us). The router adds the first-token and whole-stream timers around this
+    generator.
 
     Args:
         entry: The route entry to call.
@@ -311,7 +323,9 @@ async def stream_chat(
         ``Usage.estimated=True``; ``entry_index``/``model`` from ``entry``).
 
     Raises:
-        ModelCallError: connection, HTTP status, timeout or stream-decoding failure.
+        ModelCallError: connection, HTTP status, idle timeout or stream-decoding failure;
+            ``content_policy`` when the stream finishes with ``finish_reason:
+            "content_filter"`` (raised instead of the ``Completion``).
     """
     params, sent = build_request(entry, messages, tools, max_output_tokens=max_output_tokens)
     text_mode = entry.tool_calls == "text"
@@ -365,6 +379,9 @@ async def stream_chat(
                     for fragment in tool_fragments:
                         assembler.add(fragment)
 
+    policy_failure = classify_finish_reason(finish_reason)
+    if policy_failure is not None:
+        raise policy_failure
     calls = assembler.result()
     if holdback is not None:
         tail, text_calls = holdback.finish()

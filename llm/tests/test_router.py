@@ -1,23 +1,42 @@
-"""Router + OpenAI-compatible adapter against real FakeLLMServer instances (no Django, no DB)."""
+"""Router + OpenAI-compatible adapter against real FakeLLMServer instances (no Django, no DB).
+
+Retries wait on a FakeClock (``clock.sleeps`` holds the exact waits); tests about a single
+fallback set ``max_retries=0`` on the failing entry.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
+import sys
+import types
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
 import pytest
 
-from llm.errors import AllEntriesFailed, ModelCallError, StreamInterrupted
+from llm.clock import FakeClock
+from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted
+from llm.health import HealthStateUnavailable, MemoryEntryHealth
 from llm.providers import openai_compat
 from llm.providers.openai_compat import aclose_clients
-from llm.router import AttemptRecord, RouteEntryConfig, Router
+from llm.router import DEFAULT_BACKOFF, AttemptRecord, BackoffPolicy, RouteEntryConfig, Router, unsuitable_reason
 from llm.testing import CutAfter, Delay, Fail, FakeLLMServer, Hang, Reply, Stall, ToolCalls
 from llm.tokens import estimate_tokens
-from llm.types import ChatMessage, Completion, ReasoningDelta, StreamEvent, TextDelta, ToolCallRequest, ToolSpec
+from llm.toolcall_parsing import TOOL_RESULTS_FOLLOW_UP
+from llm.types import (
+    ChatMessage,
+    Completion,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCallRequest,
+    ToolSpec,
+    Usage,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,6 +98,19 @@ def entry(index: int, base_url: str, **overrides: Any) -> RouteEntryConfig:
     }
     values.update(overrides)
     return RouteEntryConfig(**values)
+
+
+class EventLog:
+    """An ``on_event`` callback that keeps ``(name, data)`` pairs."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    async def __call__(self, name: str, data: dict[str, Any]) -> None:
+        self.events.append((name, data))
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.events]
 
 
 class Recorder:
@@ -178,7 +210,7 @@ async def test_tool_history_is_sent_in_openai_shape(server_a: FakeLLMServer) -> 
     await collect(Router([entry(0, server_a.base_url)]), history, [TIME_TOOL])
 
     sent = server_a.requests[0]["messages"]
-    assert sent[2]["tool_calls"][0]["id"] == "call_abc" and sent[2]["content"] is None
+    assert sent[2]["tool_calls"][0]["id"] == "call_abc" and sent[2]["content"] == ""
     assert sent[3] == {"role": "tool", "content": "10:00", "tool_call_id": "call_abc"}
 
 
@@ -224,7 +256,7 @@ async def test_text_mode_rewrites_tool_history(server_a: FakeLLMServer) -> None:
     sent = server_a.requests[0]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert "tool_calls" not in sent[2] and sent[2]["content"].startswith("<tool_call>\n")
-    assert sent[3]["content"] == "<tool_response>\n10:00\n</tool_response>"
+    assert sent[3]["content"] == "<tool_response>\n10:00\n</tool_response>\n" + TOOL_RESULTS_FOLLOW_UP
 
 
 async def test_usage_is_estimated_when_the_provider_sends_none(server_a: FakeLLMServer) -> None:
@@ -266,12 +298,13 @@ async def test_complete_returns_the_completion(server_a: FakeLLMServer) -> None:
     ("failure", "error_class"),
     [
         (Fail(500), "server"),
-        (Fail(503, headers={"Retry-After": "1"}), "server"),
+        (Fail(503, headers={"Retry-After": "1"}), "overloaded"),
         (Fail(429, headers={"Retry-After": "3"}), "rate_limit"),
         (Fail(401), "auth"),
         (Fail(404), "not_found"),
+        (Fail(402, body={"error": {"message": "Insufficient Balance"}}), "quota_exhausted"),
     ],
-    ids=["500", "503", "429", "401", "404"],
+    ids=["500", "503", "429", "401", "404", "402"],
 )
 async def test_falls_back_to_the_next_entry(
     server_a: FakeLLMServer, server_b: FakeLLMServer, failure: Fail, error_class: str
@@ -279,13 +312,25 @@ async def test_falls_back_to_the_next_entry(
     server_a.script(failure)
     server_b.script(Reply("from b"))
     recorder = Recorder()
-    router = Router([entry(0, server_a.base_url), entry(1, server_b.base_url)], record=recorder)
+    events_seen = EventLog()
+    router = Router(
+        [entry(0, server_a.base_url, max_retries=0), entry(1, server_b.base_url)],
+        record=recorder,
+        on_event=events_seen,
+    )
 
     events = await collect(router)
 
     assert text_of(events) == "from b"
     assert (events[-1].entry_index, events[-1].model) == (1, "model-1")  # type: ignore[union-attr]
     assert recorder.summary() == [(1, 0, "failed", error_class), (2, 1, "succeeded", None)]
+    assert events_seen.events == [
+        (
+            "model_fallback",
+            {"from_entry_index": 0, "from_model": "model-0", "to_entry_index": 1, "to_model": "model-1",
+             "error_class": error_class},
+        )
+    ]
     failed = recorder.records[0]
     assert failed.error.startswith(f"HTTP {failure.status}: ")
     assert failed.first_token_ms is None
@@ -298,7 +343,8 @@ async def test_falls_back_when_the_first_entry_hangs(server_a: FakeLLMServer, se
     server_b.script(Reply("from b"))
     recorder = Recorder()
     router = Router(
-        [entry(0, server_a.base_url, read_timeout_seconds=0.5), entry(1, server_b.base_url)], record=recorder
+        [entry(0, server_a.base_url, read_timeout_seconds=0.5, max_retries=0), entry(1, server_b.base_url)],
+        record=recorder,
     )
 
     events = await collect(router)
@@ -314,7 +360,8 @@ async def test_falls_back_when_no_token_follows_the_headers(server_a: FakeLLMSer
     server_b.script(Reply("from b"))
     recorder = Recorder()
     router = Router(
-        [entry(0, server_a.base_url, read_timeout_seconds=0.5), entry(1, server_b.base_url)], record=recorder
+        [entry(0, server_a.base_url, read_timeout_seconds=0.5, max_retries=0), entry(1, server_b.base_url)],
+        record=recorder,
     )
 
     events = await collect(router)
@@ -326,7 +373,7 @@ async def test_falls_back_when_no_token_follows_the_headers(server_a: FakeLLMSer
 async def test_falls_back_on_connection_refused(closed_port_url: str, server_b: FakeLLMServer) -> None:
     server_b.script(Reply("from b"))
     recorder = Recorder()
-    router = Router([entry(0, closed_port_url), entry(1, server_b.base_url)], record=recorder)
+    router = Router([entry(0, closed_port_url, max_retries=0), entry(1, server_b.base_url)], record=recorder)
 
     events = await collect(router)
 
@@ -339,7 +386,7 @@ async def test_falls_back_after_a_delayed_failure(server_a: FakeLLMServer, serve
     server_b.script(Reply("from b"))
     recorder = Recorder()
 
-    await collect(Router([entry(0, server_a.base_url), entry(1, server_b.base_url)], record=recorder))
+    await collect(Router([entry(0, server_a.base_url, max_retries=0), entry(1, server_b.base_url)], record=recorder))
 
     assert recorder.summary() == [(1, 0, "failed", "server"), (2, 1, "succeeded", None)]
     assert recorder.records[0].latency_ms >= 50
@@ -352,7 +399,12 @@ async def test_all_entries_failed(
     server_b.script(Fail(429, headers={"Retry-After": "5"}))
     recorder = Recorder()
     router = Router(
-        [entry(0, server_a.base_url), entry(1, server_b.base_url), entry(2, closed_port_url)], record=recorder
+        [
+            entry(0, server_a.base_url, max_retries=0),
+            entry(1, server_b.base_url, max_retries=0),
+            entry(2, closed_port_url, max_retries=0),
+        ],
+        record=recorder,
     )
 
     with pytest.raises(AllEntriesFailed) as caught:
@@ -528,7 +580,7 @@ async def test_no_scripted_step_left_is_a_loud_failure(server_a: FakeLLMServer) 
     recorder = Recorder()
 
     with pytest.raises(AllEntriesFailed) as caught:
-        await collect(Router([entry(0, server_a.base_url)], record=recorder))
+        await collect(Router([entry(0, server_a.base_url, max_retries=0)], record=recorder))
 
     assert caught.value.attempts[0].error_class == "server"
     assert "no scripted step left" in caught.value.attempts[0].error
@@ -566,3 +618,537 @@ def test_clients_are_pooled_per_loop_and_closed_with_it(server_a: FakeLLMServer)
     assert server_a.connections_accepted == 2  # one pooled connection per event loop
     assert clients[0] is not clients[1]
     assert all(c.is_closed() for c in clients)  # closed when asyncio.run shut the loop down
+
+
+# --- retries, cooldowns, capability-aware selection (FakeClock, MemoryEntryHealth) -----------
+
+SEED = 7
+
+
+class Harness:
+    """A router wired to a FakeClock, a seeded RNG, a recorder and an event log."""
+
+    def __init__(self, entries: Sequence[RouteEntryConfig], *, health: Any = None, clock: FakeClock | None = None) -> None:
+        self.clock = clock or FakeClock()
+        self.recorder = Recorder()
+        self.events = EventLog()
+        self.router = Router(
+            entries,
+            record=self.recorder,
+            on_event=self.events,
+            health=health,
+            clock=self.clock,
+            rng=random.Random(SEED),
+        )
+
+
+def expected_waits(count: int) -> list[float]:
+    """The full-jitter waits a Router seeded with SEED draws for its first ``count`` retries."""
+    rng = random.Random(SEED)
+    return [DEFAULT_BACKOFF.delay(retry_number=n, rng=rng) for n in range(count)]
+
+
+def test_backoff_is_full_jitter_capped_at_8_seconds() -> None:
+    policy = BackoffPolicy()
+
+    assert [policy.ceiling(n) for n in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    rng = random.Random(1)
+    draws = [policy.delay(retry_number=3, rng=rng) for _ in range(500)]
+    assert all(0.0 <= d <= 4.0 for d in draws)
+    assert min(draws) < 0.5 and max(draws) > 3.5  # uniform over the whole [0, ceiling] range
+    with pytest.raises(ValueError):
+        BackoffPolicy(base_seconds=-1)
+
+
+async def test_retries_the_same_entry_with_backoff_then_succeeds(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    server_a.script(Fail(500), Fail(502), Reply("third time lucky"))
+    h = Harness([entry(0, server_a.base_url), entry(1, server_b.base_url)])
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "third time lucky"
+    assert h.recorder.summary() == [(1, 0, "failed", "server"), (2, 0, "failed", "server"), (3, 0, "succeeded", None)]
+    waits = expected_waits(2)
+    assert h.clock.sleeps == waits
+    assert 0 <= waits[0] <= 0.5 and 0 <= waits[1] <= 1.0
+    assert [r.retry_wait_ms for r in h.recorder.records] == [0, round(waits[0] * 1000), round(waits[1] * 1000)]
+    assert h.events.events == [
+        ("model_retry", {"entry_index": 0, "provider_name": "provider0", "model": "model-0", "error_class": "server",
+                         "attempt": 2, "wait_seconds": waits[0]}),
+        ("model_retry", {"entry_index": 0, "provider_name": "provider0", "model": "model-0", "error_class": "server",
+                         "attempt": 3, "wait_seconds": waits[1]}),
+    ]
+    assert server_b.requests == []
+
+
+async def test_retry_after_is_honoured(server_a: FakeLLMServer) -> None:
+    server_a.script(
+        Fail(429, headers={"Retry-After": "7"}),
+        Fail(503, headers={"retry-after-ms": "1500"}),
+        Reply("ok"),
+    )
+    h = Harness([entry(0, server_a.base_url)])
+
+    await collect(h.router)
+
+    assert h.clock.sleeps == [7.0, 1.5]
+    assert [r.retry_wait_ms for r in h.recorder.records] == [0, 7000, 1500]
+    assert [d["error_class"] for _, d in h.events.events] == ["rate_limit", "overloaded"]
+
+
+async def test_a_long_retry_after_cools_the_entry_down_instead(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    server_a.script(Fail(429, headers={"Retry-After": "45"}))
+    server_b.script(Reply("from b"), Reply("b again"))
+    a, b = entry(0, server_a.base_url), entry(1, server_b.base_url)
+    h = Harness([a, b], health=health, clock=clock)
+
+    await collect(h.router)
+
+    assert h.clock.sleeps == []  # 45 s > 30 s: not waited for
+    assert h.recorder.summary() == [(1, 0, "failed", "rate_limit"), (2, 1, "succeeded", None)]
+    snap = await health.snapshot(a.health_key)
+    assert (snap.state, snap.cooldown_until) == ("open", clock.time() + 45)
+
+    second = await collect(h.router)  # the next call skips the cooling entry
+
+    assert text_of(second) == "b again"
+    assert len(server_a.requests) == 1
+    assert h.events.events[-1] == (
+        "model_fallback",
+        {"from_entry_index": 0, "from_model": "model-0", "to_entry_index": 1, "to_model": "model-1",
+         "error_class": "cooldown"},
+    )
+
+
+async def test_retries_exhausted_then_falls_back(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    server_a.respond(lambda body: Fail(500))
+    server_b.script(Reply("from b"))
+    h = Harness([entry(0, server_a.base_url), entry(1, server_b.base_url)])
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "from b"
+    assert h.recorder.summary() == [
+        (1, 0, "failed", "server"), (2, 0, "failed", "server"), (3, 0, "failed", "server"), (4, 1, "succeeded", None)
+    ]
+    assert h.events.names() == ["model_retry", "model_retry", "model_fallback"]
+    assert h.events.events[-1][1]["error_class"] == "server"
+    assert len(h.recorder.records) <= h.router.max_attempts
+
+
+async def test_attempts_never_exceed_one_per_entry_plus_their_retries(
+    server_a: FakeLLMServer, server_b: FakeLLMServer, server_c: FakeLLMServer
+) -> None:
+    for server in (server_a, server_b, server_c):
+        server.respond(lambda body: Fail(503))
+    route = [
+        entry(0, server_a.base_url, max_retries=2),
+        entry(1, server_b.base_url, max_retries=0),
+        entry(2, server_c.base_url, max_retries=1),
+    ]
+    h = Harness(route)
+
+    with pytest.raises(AllEntriesFailed) as caught:
+        await collect(h.router)
+
+    assert h.router.max_attempts == 3 + (2 + 0 + 1)
+    assert len(caught.value.attempts) == len(h.recorder.records) == h.router.max_attempts
+    assert [len(s.requests) for s in (server_a, server_b, server_c)] == [3, 1, 2]
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_attempt_bound_holds_for_random_failure_mixes(
+    seed: int, server_a: FakeLLMServer, server_b: FakeLLMServer, server_c: FakeLLMServer
+) -> None:
+    rng = random.Random(seed)
+    steps = [Fail(500), Fail(429, headers={"Retry-After": "0"}), Fail(401), Fail(503), Reply("ok")]
+    for server in (server_a, server_b, server_c):
+        server.respond(lambda body: rng.choice(steps))
+    route = [entry(i, s.base_url, max_retries=rng.randint(0, 3)) for i, s in enumerate((server_a, server_b, server_c))]
+    h = Harness(route)
+
+    try:
+        await collect(h.router)
+    except AllEntriesFailed:
+        pass
+
+    assert 1 <= len(h.recorder.records) <= h.router.max_attempts
+    assert sum(len(s.requests) for s in (server_a, server_b, server_c)) == len(h.recorder.records)
+
+
+@pytest.mark.parametrize(
+    ("failure", "error_class", "cooldown"),
+    [
+        (Fail(429, body={"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
+                                   "code": "insufficient_quota"}}), "quota_exhausted", 3600.0),
+        (Fail(401), "auth", 600.0),
+        (Fail(404, body={"error": {"message": "The model `x` does not exist", "code": "model_not_found"}}),
+         "not_found", 600.0),
+    ],
+    ids=["quota", "auth", "not_found"],
+)
+async def test_non_retryable_statuses_fall_back_at_once_with_a_long_cooldown(
+    server_a: FakeLLMServer, server_b: FakeLLMServer, failure: Fail, error_class: str, cooldown: float
+) -> None:
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    server_a.script(failure)
+    server_b.script(Reply("from b"))
+    a = entry(0, server_a.base_url)
+    h = Harness([a, entry(1, server_b.base_url)], health=health, clock=clock)
+
+    await collect(h.router)
+
+    assert h.recorder.summary() == [(1, 0, "failed", error_class), (2, 1, "succeeded", None)]
+    assert h.clock.sleeps == [] and "model_retry" not in h.events.names()
+    snap = await health.snapshot(a.health_key)
+    assert (snap.state, snap.cooldown_until, snap.last_error_class) == ("open", clock.time() + cooldown, error_class)
+
+
+async def test_content_policy_falls_back_without_retry_or_breaker(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    server_a.script(
+        Fail(400, body={"error": {"code": "content_policy_violation", "type": "invalid_request_error",
+                                  "message": "Your request was rejected as a result of our safety system."}})
+    )
+    server_b.script(Reply("from b"))
+    a = entry(0, server_a.base_url)
+    h = Harness([a, entry(1, server_b.base_url)], health=health, clock=clock)
+
+    await collect(h.router)
+
+    assert h.recorder.summary() == [(1, 0, "failed", "content_policy"), (2, 1, "succeeded", None)]
+    snap = await health.snapshot(a.health_key)
+    assert (snap.state, snap.failures_last_minute, snap.calls_last_minute) == ("closed", 0, 1)
+
+
+async def test_a_content_filter_finish_before_any_token_falls_back(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    server_a.script(Reply("", finish_reason="content_filter"))
+    server_b.script(Reply("from b"))
+    h = Harness([entry(0, server_a.base_url), entry(1, server_b.base_url)])
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "from b"
+    assert h.recorder.summary() == [(1, 0, "failed", "content_policy"), (2, 1, "succeeded", None)]
+
+
+async def test_a_content_filter_finish_after_tokens_interrupts(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    server_a.script(Reply("Here is how to", finish_reason="content_filter"))
+    h = Harness([entry(0, server_a.base_url), entry(1, server_b.base_url)])
+
+    with pytest.raises(StreamInterrupted) as caught:
+        await collect(h.router)
+
+    assert caught.value.error_class == "content_policy"
+    assert server_b.requests == []
+
+
+async def test_context_window_falls_back_only_to_a_larger_window(
+    server_a: FakeLLMServer, server_b: FakeLLMServer, server_c: FakeLLMServer
+) -> None:
+    server_a.script(
+        Fail(400, body={"error": {"message": "This model's maximum context length is 8192 tokens.",
+                                  "code": "context_length_exceeded"}})
+    )
+    server_c.script(Reply("from the big one"))
+    route = [
+        entry(0, server_a.base_url, max_input_tokens=8192),
+        entry(1, server_b.base_url, max_input_tokens=4096),
+        entry(2, server_c.base_url, max_input_tokens=32768),
+    ]
+    h = Harness(route)
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "from the big one"
+    assert h.recorder.summary() == [(1, 0, "failed", "context_window"), (2, 2, "succeeded", None)]
+    assert server_b.requests == []
+    assert [(d["from_entry_index"], d["to_entry_index"], d["error_class"]) for _, d in h.events.events] == [
+        (0, 1, "context_window"),
+        (1, 2, "context_window"),
+    ]
+
+
+async def test_context_window_with_no_larger_entry_asks_for_compaction(
+    server_a: FakeLLMServer, server_b: FakeLLMServer
+) -> None:
+    server_a.script(Fail(400, body={"error": {"message": "prompt is too long: 9000 tokens > 8192 maximum"}}))
+    route = [entry(0, server_a.base_url, max_input_tokens=8192), entry(1, server_b.base_url, max_input_tokens=8192)]
+    h = Harness(route)
+
+    with pytest.raises(ContextWindowExceeded) as caught:
+        await collect(h.router)
+
+    assert isinstance(caught.value, AllEntriesFailed)
+    assert caught.value.largest_window_tokens == 8192
+    assert [a.error_class for a in caught.value.attempts] == ["context_window"]
+    assert server_b.requests == []
+
+
+def long_history(tokens: int) -> list[ChatMessage]:
+    """A history whose estimate is exactly ``tokens``."""
+    base = estimate_tokens([ChatMessage(role="user", content="")], [])
+    return [ChatMessage(role="user", content="x" * (4 * (tokens - base)))]
+
+
+def test_unsuitable_reason_counts_the_prompt_and_the_output_cap() -> None:
+    e = entry(0, "http://127.0.0.1:1/v1", max_input_tokens=8192, max_output_tokens=1024)
+    history = long_history(7500)
+
+    assert estimate_tokens(history, []) == 7500
+    assert unsuitable_reason(e, prompt_tokens=7500, tools=[]) == "context_window"  # 7500 + 1024 > 8192
+    assert unsuitable_reason(e, prompt_tokens=7500, tools=[], max_output_tokens=500) is None  # 8000 <= 8192
+    assert unsuitable_reason(entry(0, "http://x/v1", max_input_tokens=0), prompt_tokens=10**9, tools=[]) is None
+    native = entry(0, "http://x/v1", supports_tools=False)
+    text = entry(0, "http://x/v1", supports_tools=False, tool_calls="text")
+    assert unsuitable_reason(native, prompt_tokens=10, tools=[TIME_TOOL]) == "no_tool_support"
+    assert unsuitable_reason(native, prompt_tokens=10, tools=[]) is None
+    assert unsuitable_reason(text, prompt_tokens=10, tools=[TIME_TOOL]) is None
+
+
+async def test_entries_too_small_for_the_request_are_skipped(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    server_b.script(Reply("from the big one"))
+    route = [entry(0, server_a.base_url, max_input_tokens=8192), entry(1, server_b.base_url, max_input_tokens=32768)]
+    h = Harness(route)
+
+    events = await collect(h.router, long_history(10_000))
+
+    assert text_of(events) == "from the big one"
+    assert server_a.requests == []
+    assert h.recorder.summary() == [(1, 1, "succeeded", None)]
+    assert h.events.events == [
+        ("model_fallback", {"from_entry_index": 0, "from_model": "model-0", "to_entry_index": 1,
+                            "to_model": "model-1", "error_class": "context_window"}),
+    ]
+
+
+async def test_a_request_too_large_for_every_entry_is_not_sent(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    route = [entry(0, server_a.base_url, max_input_tokens=8192), entry(1, server_b.base_url, max_input_tokens=16384)]
+    h = Harness(route)
+
+    with pytest.raises(ContextWindowExceeded) as caught:
+        await collect(h.router, long_history(20_000))
+
+    assert caught.value.attempts == [] and caught.value.estimated_prompt_tokens == 20_000
+    assert caught.value.skipped == [(0, "context_window"), (1, "context_window")]
+    assert server_a.requests == server_b.requests == []
+
+
+async def test_entries_without_native_tools_are_skipped_when_tools_are_offered(
+    server_a: FakeLLMServer, server_b: FakeLLMServer
+) -> None:
+    server_a.script(Reply("a, no tools needed"))
+    server_b.script(Reply("b, with tools"))
+    h = Harness([entry(0, server_a.base_url, supports_tools=False), entry(1, server_b.base_url)])
+
+    with_tools = await collect(h.router, tools=[TIME_TOOL])
+    without = await collect(h.router)
+
+    assert text_of(with_tools) == "b, with tools"
+    assert text_of(without) == "a, no tools needed"
+    assert h.events.events[0][1]["error_class"] == "no_tool_support"
+
+
+async def test_no_entry_taking_tools_is_a_bad_request(server_a: FakeLLMServer) -> None:
+    h = Harness([entry(0, server_a.base_url, supports_tools=False)])
+
+    with pytest.raises(ModelCallError) as caught:
+        await collect(h.router, tools=[TIME_TOOL])
+
+    assert caught.value.error_class == "bad_request"
+    assert server_a.requests == []
+
+
+async def test_an_open_entry_is_skipped_and_the_chain_of_events_says_why(
+    server_a: FakeLLMServer, server_b: FakeLLMServer, server_c: FakeLLMServer
+) -> None:
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    a, b, c = entry(0, server_a.base_url), entry(1, server_b.base_url), entry(2, server_c.base_url)
+    await health.record_failure(a.health_key, "auth")
+    server_b.script(Fail(401))
+    server_c.script(Reply("from c"))
+    h = Harness([a, b, c], health=health, clock=clock)
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "from c"
+    assert server_a.requests == []
+    assert [(d["from_entry_index"], d["to_entry_index"], d["error_class"]) for _, d in h.events.events] == [
+        (0, 1, "cooldown"),
+        (1, 2, "auth"),
+    ]
+
+
+async def test_when_every_entry_is_open_the_one_recovering_first_is_tried(
+    server_a: FakeLLMServer, server_b: FakeLLMServer
+) -> None:
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    a, b = entry(0, server_a.base_url), entry(1, server_b.base_url)
+    await health.record_failure(a.health_key, "auth")  # 600 s
+    await health.record_failure(b.health_key, "rate_limit", retry_after_seconds=20)  # 20 s
+    server_b.script(Reply("b, despite its cooldown"))
+    h = Harness([a, b], health=health, clock=clock)
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "b, despite its cooldown"
+    assert server_a.requests == []
+    assert h.recorder.summary() == [(1, 1, "succeeded", None)]
+
+
+async def test_every_entry_open_and_failing_reports_the_skips(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    a, b = entry(0, server_a.base_url, max_retries=0), entry(1, server_b.base_url, max_retries=0)
+    await health.record_failure(a.health_key, "auth")
+    await health.record_failure(b.health_key, "auth")
+    server_a.script(Fail(401))
+    h = Harness([a, b], health=health, clock=clock)
+
+    with pytest.raises(AllEntriesFailed) as caught:
+        await collect(h.router)
+
+    assert caught.value.skipped == [(0, "cooldown"), (1, "cooldown")]
+    assert [r.entry_index for r in caught.value.attempts] == [0]  # ties: route order
+    assert "skipped #0 (cooldown), #1 (cooldown)" in str(caught.value)
+
+
+async def test_after_the_cooldown_one_probe_closes_the_breaker(server_a: FakeLLMServer) -> None:
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    a = entry(0, server_a.base_url)
+    await health.record_failure(a.health_key, "rate_limit", retry_after_seconds=10)
+    clock.advance(11)
+    server_a.script(Reply("probe answered"))
+    h = Harness([a], health=health, clock=clock)
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "probe answered"
+    assert (await health.snapshot(a.health_key)).state == "closed"
+
+
+class UnreachableHealth:
+    """An EntryHealth whose store is down."""
+
+    async def available(self, key: str) -> bool:
+        raise HealthStateUnavailable("redis is down")
+
+    async def record_success(self, key: str) -> None:
+        raise HealthStateUnavailable("redis is down")
+
+    async def record_failure(self, key: str, error_class: str, **kwargs: Any) -> None:
+        raise HealthStateUnavailable("redis is down")
+
+    async def snapshot(self, key: str) -> Any:
+        raise HealthStateUnavailable("redis is down")
+
+
+async def test_a_health_store_that_is_down_never_fails_a_call(server_a: FakeLLMServer) -> None:
+    server_a.script(Fail(500), Reply("answered anyway"))
+    h = Harness([entry(0, server_a.base_url)], health=UnreachableHealth())
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "answered anyway"
+
+
+async def test_cancellation_during_a_backoff_wait(server_a: FakeLLMServer) -> None:
+    class BlockingClock(FakeClock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waiting = asyncio.Event()
+
+        async def sleep(self, seconds: float) -> None:
+            self.waiting.set()
+            await asyncio.Event().wait()
+
+    clock = BlockingClock()
+    server_a.script(Fail(500))
+    recorder = Recorder()
+    router = Router([entry(0, server_a.base_url)], record=recorder, clock=clock)
+    task = asyncio.create_task(collect(router))
+    await asyncio.wait_for(clock.waiting.wait(), timeout=5)
+
+    task.cancel()
+
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert recorder.summary() == [(1, 0, "failed", "server")]  # no attempt was in flight
+
+
+async def test_cost_is_recorded_in_micro_usd(server_a: FakeLLMServer) -> None:
+    server_a.script(Reply("hi", usage=(1000, 500)))
+    h = Harness([entry(0, server_a.base_url, input_price_per_mtok=2.5, output_price_per_mtok=10.0)])
+
+    await collect(h.router)
+
+    (record,) = h.recorder.records
+    assert record.cost_usd_micros == 1000 * 2.5 + 500 * 10.0 == 7500  # $0.0075
+
+
+def test_entry_config_validation_and_health_key() -> None:
+    e = entry(0, "http://127.0.0.1:1/v1/", model="m")
+    assert e.health_key == "http://127.0.0.1:1/v1|m"
+    assert entry(0, "http://x/v1", entry_key="entry:42").health_key == "entry:42"
+    assert e.effective_first_token_timeout_seconds == e.read_timeout_seconds
+    assert entry(0, "http://x/v1", first_token_timeout_seconds=3).effective_first_token_timeout_seconds == 3
+    for bad in (
+        {"api": "gemini"},
+        {"first_token_timeout_seconds": 0},
+        {"stream_timeout_seconds": -1},
+        {"max_retries": -1},
+        {"max_retries": True},
+        {"input_price_per_mtok": -0.1},
+        {"output_price_per_mtok": float("nan")},
+        {"supports_tools": "yes"},
+    ):
+        with pytest.raises(ValueError):
+            entry(0, "http://x/v1", **bad)
+
+
+async def test_anthropic_entries_use_the_anthropic_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llm.providers
+
+    calls: list[str] = []
+
+    async def fake_stream_chat(entry_: RouteEntryConfig, messages: Any, tools: Any, **kwargs: Any) -> Any:
+        calls.append(entry_.model)
+        kwargs["on_first_token"]()
+        yield TextDelta("from claude")
+        yield Completion(
+            message=ChatMessage(role="assistant", content="from claude"), usage=Usage(10, 3), finish_reason="end_turn",
+            entry_index=entry_.index, model=entry_.model,
+        )
+
+    fake = types.ModuleType("llm.providers.anthropic")
+    fake.stream_chat = fake_stream_chat  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "llm.providers.anthropic", fake)
+    monkeypatch.setattr(llm.providers, "anthropic", fake, raising=False)
+
+    events = await collect(Router([entry(0, "https://api.anthropic.com", api="anthropic", model="claude-x")]))
+
+    assert text_of(events) == "from claude" and calls == ["claude-x"]
+
+
+async def test_an_anthropic_entry_without_its_adapter_falls_back(
+    monkeypatch: pytest.MonkeyPatch, server_b: FakeLLMServer
+) -> None:
+    import llm.providers
+
+    monkeypatch.setitem(sys.modules, "llm.providers.anthropic", None)  # import fails
+    monkeypatch.delattr(llm.providers, "anthropic", raising=False)
+    server_b.script(Reply("from b"))
+    h = Harness([entry(0, "https://api.anthropic.com", api="anthropic"), entry(1, server_b.base_url)])
+
+    events = await collect(h.router)
+
+    assert text_of(events) == "from b"
+    assert h.recorder.summary() == [(1, 0, "failed", "other"), (2, 1, "succeeded", None)]
+    assert "anthropic adapter" in h.recorder.records[0].error

@@ -1,14 +1,17 @@
-"""The runner's database work: synchronous functions, called through ``database_sync_to_async``.
+"""The runner's database work: synchronous functions, called through :func:`db`.
 
 Every function here expects the caller to have set the tenant scope (the runner does, from
-the run row it claimed).
+the run row it claimed). Each is self-contained (its own transaction), so they may run on
+any thread of the pool.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
+
+from channels.db import database_sync_to_async
 
 from django.db import transaction
 from django.db.models import F, Sum
@@ -33,6 +36,18 @@ from sessions.models import (
 from sessions.runner.spec import McpBindingSpec, RunSpec
 from tenants.crypto import secret_decrypt, secret_decrypt_json
 from tenants.models import Tenant
+
+
+T = TypeVar("T")
+
+
+def db(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """``fn`` as a coroutine function run on a worker thread with a pooled connection.
+
+    Not thread-sensitive: the runs a worker hosts would otherwise queue behind one thread
+    for every ORM call. The tenant ContextVar is copied into the thread.
+    """
+    return database_sync_to_async(fn, thread_sensitive=False)
 
 
 class RunNotClaimable(Exception):
@@ -184,9 +199,28 @@ def history_load(run_id: int) -> tuple[list[ChatMessage], ChatMessage | None]:
             out.append(ChatMessage(role="tool", content=m.content, tool_call_id=m.tool_call_id, name=m.name))
         else:
             out.append(ChatMessage(role="user", content=m.content))
+    out = _results_in_call_order(out)
     if rows and rows[-1].run_id == run_id and out and out[-1].role == "assistant":
         tail = out[-1]
     return out, tail
+
+
+def _results_in_call_order(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Tool results are stored as they finish; present them in the order of the calls."""
+    out: list[ChatMessage] = []
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        out.append(message)
+        i += 1
+        if message.role == "assistant" and message.tool_calls:
+            order = {c.id: n for n, c in enumerate(message.tool_calls)}
+            j = i
+            while j < len(messages) and messages[j].role == "tool":
+                j += 1
+            out.extend(sorted(messages[i:j], key=lambda m: order.get(m.tool_call_id or "", len(order))))
+            i = j
+    return out
 
 
 def _next_position(session_id: int) -> int:

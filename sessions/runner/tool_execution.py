@@ -9,7 +9,6 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
-from channels.db import database_sync_to_async
 
 from capabilities.tools import Tool, ToolContext, ToolError
 from sessions.models import ToolCallStatus
@@ -44,7 +43,7 @@ async def execute_tool_calls(
 
 async def _execute_one(*, spec: RunSpec, call: dict[str, Any], tools: dict[str, Tool], publish: Publish) -> None:
     name = call["name"]
-    await database_sync_to_async(_db.tool_call_start)(pk=call["pk"])
+    await _db.db(_db.tool_call_start)(pk=call["pk"])
     try:
         arguments_for_event: Any = json.loads(call["arguments_raw"] or "{}")
     except ValueError:
@@ -76,7 +75,7 @@ async def _execute_one(*, spec: RunSpec, call: dict[str, Any], tools: dict[str, 
         status, error = ToolCallStatus.FAILED, f"The tool {name!r} failed: {type(exc).__name__}: {exc}"
     duration_ms = int((time.monotonic() - started) * 1000)
 
-    recorded = await database_sync_to_async(_db.tool_call_finish)(
+    recorded = await _db.db(_db.tool_call_finish)(
         spec=spec, pk=call["pk"], status=status, content=content, data=data, error=error, duration_ms=duration_ms
     )
     if not recorded:
