@@ -13,3 +13,7 @@ bench:
 	scripts/bootstrap.sh
 	.venv/bin/python bench/turn_overhead.py
 	.venv/bin/python bench/concurrent_runs.py
+
+## Static checks (pyflakes rules and syntax errors)
+lint:
+	.venv/bin/ruff check --select F,E9 .

@@ -83,6 +83,16 @@ def other_tenant(other_world: TenantWorld) -> Tenant:
 
 
 @pytest.fixture
+def no_enqueue(monkeypatch):
+    """Runs are executed by the test itself, not handed to Celery."""
+    import sessions.tests.tools_for_tests  # noqa: F401  (registers test_echo / test_sleep)
+
+    calls = []
+    monkeypatch.setattr("sessions.tasks.run_execute.delay", lambda run_id: calls.append(run_id))
+    return calls
+
+
+@pytest.fixture
 def fake_llm():
     from llm.testing import FakeLLMServer
 

@@ -136,7 +136,14 @@ REDIS_KEY_PREFIX = os.environ.get("REDIS_KEY_PREFIX", "ap")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}:asgi", "capacity": 1000, "expiry": 60},
+        "CONFIG": {
+            # redis-py 8 refuses a 101st pooled connection (MaxConnectionsError); a worker process
+            # hosting hundreds of runs publishes from all of them at once.
+            "hosts": [{"address": REDIS_URL, "max_connections": int(os.environ.get("REDIS_LAYER_MAX_CONNECTIONS", "512"))}],
+            "prefix": f"{REDIS_KEY_PREFIX}:asgi",
+            "capacity": 1000,
+            "expiry": 60,
+        },
     }
 }
 

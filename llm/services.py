@@ -1,10 +1,23 @@
-"""Writes for providers and routes."""
+"""Writes for providers and routes, and the route test."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any
 
+import redis.asyncio as aioredis
+from django.conf import settings
 from django.db import transaction
+
+from llm.errors import LLMError, ModelCallError
+from llm.health import RedisEntryHealth
+from llm.router import RouteEntryConfig, Router
+from llm.selectors import entry_health_key, route_entries, route_entry_config
+from llm.types import ChatMessage
 
 from llm.models import ModelProvider, ModelRoute, ModelRouteEntry
 from tenants.crypto import secret_encrypt
@@ -43,3 +56,82 @@ def route_save(
             row.full_clean()
             row.save()
     return route
+
+
+ROUTE_TEST_PROMPT = "Reply with the single word: OK"
+ROUTE_TEST_MAX_OUTPUT_TOKENS = 8
+
+
+async def _probe_entry(config: RouteEntryConfig) -> dict[str, Any]:
+    router = Router([dataclasses.replace(config, index=0, max_retries=0)])
+    started = time.monotonic()
+    try:
+        completion = await router.complete(
+            [ChatMessage(role="user", content=ROUTE_TEST_PROMPT)], [], max_output_tokens=ROUTE_TEST_MAX_OUTPUT_TOKENS
+        )
+    except LLMError as exc:
+        last = getattr(exc, "last_error", None) or (exc if isinstance(exc, ModelCallError) else None)
+        return {
+            "ok": False, "latency_ms": int((time.monotonic() - started) * 1000),
+            "error_class": getattr(last, "error_class", "other"), "error": str(last or exc)[:500], "reply": "",
+        }
+    return {
+        "ok": True, "latency_ms": int((time.monotonic() - started) * 1000), "error_class": None, "error": "",
+        "reply": completion.message.content[:200],
+    }
+
+
+def route_test(*, route: ModelRoute) -> list[dict[str, Any]]:
+    """Send a tiny request through each entry of ``route`` on its own (no retries, no
+    fallback, nothing recorded) and report what happened.
+
+    Returns:
+        One dict per entry, in route order: ``{entry_id, position, provider, model, ok,
+        latency_ms, error_class, error, reply}``. Entries are probed in parallel; each is
+        bounded by its own timeouts.
+
+    Requires tenant scope.
+    """
+    entries = route_entries(route_id=route.pk)
+    tenant = Tenant.objects.get(pk=route.tenant_id)
+    configs = [route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries)]
+
+    async def probe_all() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(_probe_entry(c) for c in configs))
+
+    results = asyncio.run(probe_all())
+    return [
+        {"entry_id": e.pk, "position": e.position, "provider": e.provider.name, "model": e.model, **result}
+        for e, result in zip(entries, results)
+    ]
+
+
+def route_health(*, route: ModelRoute) -> list[dict[str, Any]]:
+    """Each entry's shared health (cooldown state, last minute's calls and failures).
+
+    Returns:
+        ``[{entry_id, position, provider, model, state, cooldown_until, calls_last_minute,
+        failures_last_minute, last_error_class}]``; ``cooldown_until`` is an ISO 8601 UTC
+        time or None. Requires tenant scope.
+    """
+    entries = route_entries(route_id=route.pk)
+
+    async def snapshots() -> list[Any]:
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        try:
+            health = RedisEntryHealth(client, prefix=f"{settings.REDIS_KEY_PREFIX}:health")
+            return [await health.snapshot(entry_health_key(e.pk)) for e in entries]
+        finally:
+            await client.aclose()
+
+    out = []
+    for entry, snap in zip(entries, asyncio.run(snapshots())):
+        until = snap.cooldown_until
+        out.append({
+            "entry_id": entry.pk, "position": entry.position, "provider": entry.provider.name, "model": entry.model,
+            "state": snap.state,
+            "cooldown_until": datetime.fromtimestamp(until, tz=dt_timezone.utc).isoformat() if until else None,
+            "calls_last_minute": snap.calls_last_minute, "failures_last_minute": snap.failures_last_minute,
+            "last_error_class": snap.last_error_class,
+        })
+    return out

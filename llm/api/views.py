@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from llm.models import ModelProvider, ModelRoute, ModelRouteEntry
-from llm.services import provider_save, route_save
+from llm.services import provider_save, route_health, route_save, route_test
 from tenants.api.mixins import TenantPrimaryKeyRelatedField, TenantScopedViewSet
 
 
@@ -56,6 +60,20 @@ class RouteSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "description", "entries", "created_at"]
 
 
+_PROBE = inline_serializer("RouteEntryProbe", many=True, fields={
+    "entry_id": serializers.IntegerField(), "position": serializers.IntegerField(),
+    "provider": serializers.CharField(), "model": serializers.CharField(), "ok": serializers.BooleanField(),
+    "latency_ms": serializers.IntegerField(), "error_class": serializers.CharField(allow_null=True),
+    "error": serializers.CharField(), "reply": serializers.CharField(),
+})
+_HEALTH = inline_serializer("RouteEntryHealth", many=True, fields={
+    "entry_id": serializers.IntegerField(), "position": serializers.IntegerField(),
+    "provider": serializers.CharField(), "model": serializers.CharField(), "state": serializers.CharField(),
+    "cooldown_until": serializers.DateTimeField(allow_null=True), "calls_last_minute": serializers.IntegerField(),
+    "failures_last_minute": serializers.IntegerField(), "last_error_class": serializers.CharField(allow_null=True),
+})
+
+
 class RouteViewSet(TenantScopedViewSet):
     """Model routes: ordered entries; the first that answers wins. PUT/PATCH with
     ``entries`` replaces them all, in the order given."""
@@ -75,3 +93,15 @@ class RouteViewSet(TenantScopedViewSet):
         serializer.instance = route_save(
             tenant=self.request.tenant, route=serializer.instance, entries=data.pop("entries", None), **data
         )
+
+    @extend_schema(request=None, responses={200: _PROBE})
+    @action(detail=True, methods=["post"])
+    def test(self, request: Request, pk: str | None = None) -> Response:
+        """Send a tiny request through each entry on its own; report latency or the error class."""
+        return Response(route_test(route=self.get_object()))
+
+    @extend_schema(responses={200: _HEALTH})
+    @action(detail=True, methods=["get"])
+    def health(self, request: Request, pk: str | None = None) -> Response:
+        """Each entry's cooldown state and last minute's error rate, shared by all workers."""
+        return Response(route_health(route=self.get_object()))

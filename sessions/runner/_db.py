@@ -20,8 +20,8 @@ from django.utils import timezone
 from agents.models import AgentInstance, CapabilityKind
 from capabilities.mcp.client import McpServerConfig
 from capabilities.models import McpServer
-from llm.models import ModelRouteEntry
-from llm.router import AttemptRecord, RouteEntryConfig
+from llm.selectors import route_entries, route_entry_config
+from llm.router import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import (
     ChatSession,
@@ -34,7 +34,7 @@ from sessions.models import (
     ToolCallStatus,
 )
 from sessions.runner.spec import McpBindingSpec, RunSpec
-from tenants.crypto import secret_decrypt, secret_decrypt_json
+from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 
 
@@ -91,32 +91,10 @@ def run_claim(run_id: int) -> RunSpec:
 def _spec(run: Run) -> RunSpec:
     agent = AgentInstance.objects.select_related("route").get(pk=run.session.agent_id)
     tenant = Tenant.objects.get(pk=run.tenant_id)
-    entries = list(ModelRouteEntry.objects.filter(route_id=agent.route_id).select_related("provider").order_by("position", "id"))
+    entries = route_entries(route_id=agent.route_id)
     if not entries:
         raise ValueError(f"the route {agent.route.name!r} of agent {agent.name!r} has no entries")
-    configs = tuple(
-        RouteEntryConfig(
-            index=i,
-            provider_name=e.provider.name,
-            base_url=e.provider.base_url,
-            api_key=secret_decrypt(tenant=tenant, ciphertext=e.provider.api_key_encrypted) or "none",
-            model=e.model,
-            max_input_tokens=e.max_input_tokens,
-            max_output_tokens=e.max_output_tokens,
-            connect_timeout_seconds=e.connect_timeout_seconds,
-            read_timeout_seconds=e.read_timeout_seconds,
-            tool_calls=e.tool_calls,
-            api=e.provider.api,
-            first_token_timeout_seconds=e.first_token_timeout_seconds,
-            stream_timeout_seconds=e.stream_timeout_seconds,
-            max_retries=e.max_retries,
-            input_price_per_mtok=float(e.input_price_per_mtok),
-            output_price_per_mtok=float(e.output_price_per_mtok),
-            supports_tools=e.supports_tools,
-            entry_key=f"entry:{e.pk}",
-        )
-        for i, e in enumerate(entries)
-    )
+    configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
     mcp_bindings: list[McpBindingSpec] = []
     builtins: list[str] = []
     for binding in agent.bindings.filter(enabled=True).order_by("id"):

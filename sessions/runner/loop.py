@@ -22,11 +22,12 @@ from capabilities.mcp.client import McpConnection
 from capabilities.mcp.tool import McpTool
 from capabilities.naming import assign_exposed_names
 from capabilities.tools import Tool, ToolError
-from llm.errors import AllEntriesFailed, ModelCallError, StreamInterrupted
+from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted
+from llm.health import RedisEntryHealth
 from llm.router import AttemptRecord, Router
 from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolSpec
-from sessions.events import event_publish
+from sessions.events import async_redis, event_publish
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
 from sessions.runner.spec import RunSpec
@@ -118,7 +119,11 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
         async def record(attempt: AttemptRecord) -> None:
             await _db.db(_db.llm_call_record)(spec=spec, turn=turn, record=attempt)
 
-        router = Router(spec.entries, record=record)
+        async def on_router_event(event_type: str, data: dict[str, Any]) -> None:
+            await publish(event_type, data)
+
+        router = Router(spec.entries, record=record, health=entry_health(), on_event=on_router_event)
+        interrupted_turns: set[int] = set()
         while True:
             history, last = await _db.db(_db.history_load)(spec.run_id)
             if last is not None:
@@ -145,11 +150,21 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                 return Outcome(RunStatus.FAILED, error=over_budget, reason=RunFailureReason.BUDGET_EXCEEDED)
             try:
                 completion = await _model_turn(router, messages, offered, publish)
+            except ContextWindowExceeded as exc:
+                return Outcome(RunStatus.FAILED, error=f"The conversation does not fit any model of the route: {exc}",
+                               reason=RunFailureReason.CONTEXT_WINDOW)
             except AllEntriesFailed as exc:
                 return Outcome(RunStatus.FAILED, error=f"No model could answer: {exc}", reason=RunFailureReason.MODEL_UNAVAILABLE)
             except StreamInterrupted as exc:
-                return Outcome(RunStatus.FAILED, error=f"The model's answer broke off: {exc}",
-                               reason=RunFailureReason.STREAM_INTERRUPTED)
+                if turn in interrupted_turns:
+                    return Outcome(RunStatus.FAILED, error=f"The model's answer broke off twice: {exc}",
+                                   reason=RunFailureReason.STREAM_INTERRUPTED)
+                # Nothing of the broken answer was persisted: retry the turn once from the
+                # stored history; clients drop the text streamed so far.
+                interrupted_turns.add(turn)
+                await publish("model_retry", {"turn": turn, "error_class": getattr(exc, "error_class", "") or "",
+                                              "turn_restarted": True})
+                continue
             except ModelCallError as exc:
                 return Outcome(RunStatus.FAILED, error=f"The model request failed: {exc}", reason=RunFailureReason.MODEL_ERROR)
             message = completion.message
@@ -169,6 +184,13 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                                    reason=RunFailureReason.MODEL_ERROR)
                 return Outcome(RunStatus.COMPLETED, reply=message.content)
             await execute_tool_calls(spec=spec, calls=calls, tools=tools, publish=publish)
+
+
+def entry_health() -> RedisEntryHealth:
+    """Route-entry health shared by every worker (cooldowns, circuit breaker) in Redis."""
+    from django.conf import settings
+
+    return RedisEntryHealth(async_redis(), prefix=f"{settings.REDIS_KEY_PREFIX}:health")
 
 
 async def _budget_exceeded(spec: RunSpec, messages: list[ChatMessage], tools: list[ToolSpec]) -> str:

@@ -1,18 +1,9 @@
-import pytest
 from channels.db import database_sync_to_async as sync_to_async
 
 import sessions.tests.tools_for_tests  # noqa: F401  (registers test_echo / test_sleep)
 from sessions.models import Run
 from sessions.services import chat_session_create, message_post
 from tenants.scoping import tenant_scope
-
-
-@pytest.fixture
-def no_enqueue(monkeypatch):
-    """Runs are executed by the test itself, not handed to Celery."""
-    calls = []
-    monkeypatch.setattr("sessions.tasks.run_execute.delay", lambda run_id: calls.append(run_id))
-    return calls
 
 
 def post_message_sync(*, agent, user, content: str, session=None) -> Run:

@@ -9,7 +9,6 @@ from channels.testing.websocket import WebsocketCommunicator
 from agent_platform.asgi import application
 from agents.tests.factories import agent_with_route, bind_builtin
 from llm.testing import Reply, ToolCalls
-from sessions.models import ChatSession
 from sessions.runner.loop import execute_run
 from sessions.services import chat_session_create
 from sessions.tests.conftest import post_message

@@ -179,12 +179,14 @@ async def test_fallback_when_the_first_provider_refuses_connections(world, secon
 
 async def test_no_fallback_after_the_first_token(world, fake_llm, second_fake_llm):
     agent = await make_agent(world, [fake_llm.base_url, second_fake_llm.base_url])
-    fake_llm.script(CutAfter("This answer will break off somewhere in the middle", 3))
+    broken = CutAfter("This answer will break off somewhere in the middle", 3)
+    fake_llm.script(broken, broken)  # the turn is retried once, on the same entry
     second_fake_llm.script(Reply("must not be used"))
     run = await post_message(agent=agent, user=world.member, content="hi")
     await execute_run(run.pk)
     run = await reload_run(run.pk)
     assert (run.status, run.reason) == ("failed", "stream_interrupted")
+    assert len(fake_llm.requests) == 2
     assert second_fake_llm.requests == []
     assert await roles(run.pk) == ["user"], "nothing half-streamed is written to the transcript"
 
@@ -231,3 +233,27 @@ async def test_second_message_sees_the_first_runs_history(world, fake_llm):
     await execute_run(run2.pk)
     sent = [(m["role"], m["content"]) for m in fake_llm.requests[1]["messages"][1:]]
     assert sent == [("user", "first question"), ("assistant", "first answer"), ("user", "second question")]
+
+
+async def test_a_broken_stream_is_retried_once_from_the_persisted_state(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url])
+    fake_llm.script(CutAfter("This answer will break off somewhere", 3), Reply("A complete answer."))
+    run = await post_message(agent=agent, user=world.member, content="hi")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert (run.status, run.reply) == ("completed", "A complete answer.")
+    assert await roles(run.pk) == ["user", "assistant"], "the broken answer is not in the transcript"
+    assert fake_llm.requests[0]["messages"] == fake_llm.requests[1]["messages"]
+
+
+async def test_a_shared_cooldown_skips_a_failing_entry_on_the_next_run(world, fake_llm, second_fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url, second_fake_llm.base_url])
+    fake_llm.script(Fail(401, body={"error": {"message": "bad key"}}))  # auth: opens the breaker at once
+    second_fake_llm.script(Reply("fallback one"), Reply("fallback two"))
+    first = await post_message(agent=agent, user=world.member, content="one")
+    await execute_run(first.pk)
+    second = await post_message(agent=agent, user=world.member, content="two")
+    await execute_run(second.pk)
+    assert (await reload_run(second.pk)).reply == "fallback two"
+    assert len(fake_llm.requests) == 1, "the entry in cooldown was not called again"
+    assert [c[:2] for c in await llm_calls(second.pk)] == [(1, "succeeded")]
