@@ -13,6 +13,8 @@ bench:
 	scripts/bootstrap.sh
 	.venv/bin/python bench/turn_overhead.py
 	.venv/bin/python bench/concurrent_runs.py
+	.venv/bin/python bench/router_overhead.py
+	.venv/bin/python bench/router_chaos.py
 
 ## Static checks (pyflakes rules and syntax errors)
 lint:

@@ -1,9 +1,19 @@
-"""Test settings: the real PostgreSQL and Redis, with keys and queues of their own."""
+"""Test settings: the real PostgreSQL and Redis, with a database, keys and a queue of their own.
+
+``TEST_ISOLATION=<name>`` gives a suite its own test database, Redis key prefix and Celery
+queue, so two suites can run on one machine at once.
+"""
+
+import os
 
 from agent_platform.settings import *  # noqa: F403
-from agent_platform.settings import CHANNEL_LAYERS
+from agent_platform.settings import CHANNEL_LAYERS, DATABASES
 
-REDIS_KEY_PREFIX = "aptest"
-CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "aptest:asgi"
-CELERY_TASK_DEFAULT_QUEUE = "agent_platform_test"
+_suffix = os.environ.get("TEST_ISOLATION", "")
+_tag = f"_{_suffix}" if _suffix else ""
+
+DATABASES["default"]["TEST"]["NAME"] = f"test_agent_platform{_tag}"
+REDIS_KEY_PREFIX = f"aptest{_tag}"
+CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:asgi"
+CELERY_TASK_DEFAULT_QUEUE = f"agent_platform_test{_tag}"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

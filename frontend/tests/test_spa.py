@@ -104,3 +104,24 @@ def test_a_failed_run_shows_its_error(world, fake_llm, celery_worker, live_serve
         page.get_by_test_id("composer-send").click()
         expect(page.get_by_test_id("run-error")).to_contain_text("No model could answer", timeout=20_000)
         expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "failed")
+
+
+def test_a_fallback_is_shown_to_the_user(world, fake_llm, second_fake_llm, celery_worker, live_server_url):
+    from llm.testing import Fail
+    from playwright.sync_api import expect
+
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url, second_fake_llm.base_url], name="Routed")
+    fake_llm.script(Fail(500, body={"error": {"message": "down"}}))
+    second_fake_llm.script(Reply("Answered by the fallback."))
+    with open_page() as page:
+        page.goto(live_server_url + "/")
+        page.get_by_test_id("login-username").fill(world.member.username)
+        page.get_by_test_id("login-password").fill("pw-user-123")
+        page.get_by_test_id("login-submit").click()
+        page.locator('[data-testid="agent-option"][data-agent-name="Routed"]').click()
+        page.get_by_test_id("composer-input").fill("hello?")
+        page.get_by_test_id("composer-send").click()
+        expect(page.get_by_test_id("assistant-reply").last).to_have_text("Answered by the fallback.", timeout=20_000)
+        expect(page.get_by_test_id("model-notice")).to_have_text(
+            "Switched from model-0 to model-1 after a server error."
+        )

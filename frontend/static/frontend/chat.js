@@ -112,7 +112,27 @@ function newRun(id) {
     reason: '',
     createdAt: null,
     tools: new Map(), // tool call id -> tool object, in arrival order
+    notices: [], // model_fallback / model_retry messages, in arrival order
   };
+}
+
+const ERROR_LABELS = {
+  rate_limit: 'a rate limit',
+  quota_exhausted: 'an exhausted quota',
+  overloaded: 'an overload',
+  server: 'a server error',
+  timeout: 'a timeout',
+  network: 'a network error',
+  context_window: 'a too-long conversation',
+  content_policy: 'a content filter',
+  auth: 'an authentication error',
+  not_found: 'a missing model',
+  cooldown: 'a cooldown',
+  no_tool_support: 'missing tool support',
+};
+
+function errorLabel(errorClass) {
+  return ERROR_LABELS[errorClass] || (errorClass ? errorClass.replace(/_/g, ' ') : 'an error');
 }
 
 function normalizeTool(raw) {
@@ -312,6 +332,8 @@ class RunView {
     // so their test ids never match empty, hidden elements.
     this.toolViews = new Map();
     this.renderedReply = null;
+    this.notices = h('div', { class: 'model-notices', role: 'status' });
+    this.renderedNotices = 0;
   }
 
   update(run) {
@@ -335,6 +357,16 @@ class RunView {
       }
       view.update(tool);
     }
+
+    // Routing notices (fallbacks, retries), above the reply.
+    if (run.notices.length !== this.renderedNotices) {
+      this.renderedNotices = run.notices.length;
+      replaceChildren(
+        this.notices,
+        run.notices.map((text) => h('div', { class: 'model-notice', testid: 'model-notice', text })),
+      );
+    }
+    attach(this.el, this.notices, run.notices.length > 0, this.pending);
 
     // Reply: the final text once known, the streamed text meanwhile.
     const shown = (run.reply !== null ? run.reply : run.stream) || '';
@@ -742,6 +774,21 @@ export class ChatView {
       },
       run_running: (run) => {
         if (rank(run.status) < 1) run.status = 'running';
+      },
+      model_fallback: (run) => {
+        run.notices.push(
+          `Switched from ${data.from_model || 'the first model'} to ${data.to_model || 'the next model'} ` +
+            `after ${errorLabel(data.error_class)}.`,
+        );
+      },
+      model_retry: (run) => {
+        if (data.turn_restarted) {
+          run.stream = ''; // the broken answer is discarded; the turn starts again
+          run.notices.push('The answer broke off; asking the model again.');
+        } else {
+          const wait = Number(data.wait_seconds) > 0 ? ` in ${Number(data.wait_seconds).toFixed(1)} s` : '';
+          run.notices.push(`Retrying ${data.model || 'the model'}${wait} after ${errorLabel(data.error_class)}.`);
+        }
       },
       content_token: (run) => {
         if (isActive(run.status) && typeof data.text === 'string') {
