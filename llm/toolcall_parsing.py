@@ -321,7 +321,10 @@ class ToolCallHoldback:
     # -- internals --
 
     def _emit(self, out: list[str], text: str) -> None:
-        if not text:
+        if not text or self._calls:
+            # Text after the first tool call is dropped: the model wrote it before seeing any
+            # result (typically an invented answer). vLLM's Hermes tool parser does the same:
+            # content is the text before the first call.
             return
         body = text.rstrip()
         if body:

@@ -33,8 +33,15 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict]]]] = [
     ("tool_call_tags_tight", f"<tool_call>{TOKYO}</tool_call>", "", [TOKYO_CALL]),
     ("tool_call_tag_unclosed_at_end", f"<tool_call>\n{TOKYO}\n", "", [TOKYO_CALL]),
     ("text_before_bare", f"I will check the time.\n{TOKYO}", "I will check the time.", [TOKYO_CALL]),
-    ("text_before_and_after_fence", f"Checking.\n```json\n{TOKYO}\n```\nOne moment.", "Checking.\n\nOne moment.", [TOKYO_CALL]),
-    ("text_around_tags", f"Sure! <tool_call>{TOKYO}</tool_call> Done.", "Sure!  Done.", [TOKYO_CALL]),
+    # Text after the first call is dropped (written before any result: see ToolCallHoldback).
+    ("text_before_and_after_fence", f"Checking.\n```json\n{TOKYO}\n```\nOne moment.", "Checking.", [TOKYO_CALL]),
+    ("text_around_tags", f"Sure! <tool_call>{TOKYO}</tool_call> Done.", "Sure!", [TOKYO_CALL]),
+    (
+        "invented_answer_after_the_call",  # seen from Qwen2.5-Coder-0.5B on this machine
+        f"```json\n{TOKYO}\n```\n\nThe current time in Tokyo is 2023-10-25T07:45:30+09:00.",
+        "",
+        [TOKYO_CALL],
+    ),
     (
         "several_tags",
         '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
