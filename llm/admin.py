@@ -35,7 +35,7 @@ class ModelProviderAdmin(TenantScopedModelAdmin):
 class RouteEntryInline(TenantScopedInline):
     model = ModelRouteEntry
     fields = ["position", "provider", "model", "max_input_tokens", "max_output_tokens", "tool_calls",
-              "supports_tools", "max_retries", "connect_timeout_seconds", "first_token_timeout_seconds",
+              "temperature", "supports_tools", "max_retries", "connect_timeout_seconds", "first_token_timeout_seconds",
               "read_timeout_seconds", "stream_timeout_seconds", "input_price_per_mtok", "output_price_per_mtok"]
 
 

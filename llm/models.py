@@ -88,6 +88,10 @@ class ModelRouteEntry(TenantOwnedModel):
         help_text="Retries on this entry (rate limit, overload, server error, timeout) before falling back.",
     )
     tool_calls = models.CharField(max_length=8, choices=ToolCallMode.choices, default=ToolCallMode.NATIVE)
+    temperature = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)],
+        help_text="Sampling temperature (0–2; Anthropic caps at 1); blank: the provider's default.",
+    )
     supports_tools = models.BooleanField(default=True, help_text="Whether the model can take tools (native mode).")
     input_price_per_mtok = models.DecimalField(
         max_digits=12, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))],

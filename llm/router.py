@@ -118,6 +118,8 @@ class RouteEntryConfig:
     entry_key: str = ""
     """Stable identity for shared health state (e.g. ``"entry:42"``); ``""`` → derived from
     ``base_url`` and ``model`` (see :attr:`health_key`)."""
+    temperature: float | None = None
+    """Sampling temperature sent with every request (0–2); None leaves the provider's default."""
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -146,6 +148,10 @@ class RouteEntryConfig:
                 raise ValueError(f"{name} must be finite USD >= 0, got {value!r}")
         if not isinstance(self.supports_tools, bool):
             raise ValueError(f"supports_tools must be a bool, got {self.supports_tools!r}")
+        if self.temperature is not None and not (
+            isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2
+        ):
+            raise ValueError(f"temperature must be None or within [0, 2], got {self.temperature!r}")
         if not isinstance(self.entry_key, str):
             raise ValueError(f"entry_key must be a str, got {self.entry_key!r}")
 

@@ -418,6 +418,8 @@ def build_request(
     }
     if system:
         params["system"] = system
+    if entry.temperature is not None:
+        params["temperature"] = min(entry.temperature, 1.0)  # the Messages API takes 0–1
     if tools:
         params["tools"] = [_tool_param(t) for t in tools]
     else:

@@ -282,6 +282,8 @@ def build_request(
         limit = min(limit, max_output_tokens) if limit > 0 else max_output_tokens
     if limit > 0:
         params["max_tokens"] = limit
+    if entry.temperature is not None:
+        params["temperature"] = entry.temperature
     if tools and not text_mode:
         params["tools"] = [t.to_openai() for t in tools]
     return params, sent

@@ -1152,3 +1152,16 @@ async def test_an_anthropic_entry_without_its_adapter_falls_back(
     assert text_of(events) == "from b"
     assert h.recorder.summary() == [(1, 0, "failed", "other"), (2, 1, "succeeded", None)]
     assert "anthropic adapter" in h.recorder.records[0].error
+
+
+async def test_the_entry_temperature_is_sent_only_when_set():
+    with FakeLLMServer() as server:
+        server.script(Reply("a"), Reply("b"))
+        base = dict(index=0, provider_name="p", base_url=server.base_url, api_key="k", model="m",
+                    max_input_tokens=4096, max_output_tokens=64, connect_timeout_seconds=2, read_timeout_seconds=2,
+                    max_retries=0)
+        await Router([RouteEntryConfig(**base, temperature=0.0)]).complete([ChatMessage(role="user", content="hi")], [])
+        await Router([RouteEntryConfig(**base)]).complete([ChatMessage(role="user", content="hi")], [])
+        assert server.requests[0]["temperature"] == 0.0
+        assert "temperature" not in server.requests[1]
+    await aclose_clients()

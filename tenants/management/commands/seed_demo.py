@@ -81,6 +81,9 @@ class Command(BaseCommand):
                 "provider": provider, "model": settings.LLM_MODEL_NAME, "max_input_tokens": 8192,
                 "max_output_tokens": 512, "connect_timeout_seconds": 5.0, "read_timeout_seconds": 120.0,
                 "tool_calls": ToolCallMode.TEXT,
+                # Measured: at temperature 0 the 0.5B model calls the tool for "What time is it in
+                # Tokyo?" 8 times in 8; at the server default, 6 in 8.
+                "temperature": 0.0,
             },
         )
         time_server, _ = McpServer.all_tenants.update_or_create(
