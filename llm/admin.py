@@ -34,9 +34,14 @@ class ModelProviderAdmin(TenantScopedModelAdmin):
 
 class RouteEntryInline(TenantScopedInline):
     model = ModelRouteEntry
-    fields = ["position", "provider", "model", "max_input_tokens", "max_output_tokens", "tool_calls",
-              "temperature", "supports_tools", "max_retries", "connect_timeout_seconds", "first_token_timeout_seconds",
-              "read_timeout_seconds", "stream_timeout_seconds", "input_price_per_mtok", "output_price_per_mtok"]
+    template = "admin/edit_inline/stacked.html"  # too many fields for a table row
+    fieldsets = [
+        (None, {"fields": [("position", "provider", "model"), ("tool_calls", "supports_tools", "temperature")]}),
+        ("Limits and retries", {"fields": [("max_input_tokens", "max_output_tokens", "max_retries")]}),
+        ("Timeouts (seconds)", {"fields": [("connect_timeout_seconds", "first_token_timeout_seconds"),
+                                           ("read_timeout_seconds", "stream_timeout_seconds")]}),
+        ("Prices (USD per million tokens)", {"fields": [("input_price_per_mtok", "output_price_per_mtok")]}),
+    ]
 
 
 @admin.register(ModelRoute)

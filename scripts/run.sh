@@ -19,8 +19,10 @@ cleanup() {
   echo; echo "[run] stopping…" >&2
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  echo "[run] stopped" >&2
 }
-trap cleanup INT TERM EXIT
+trap 'cleanup; exit 0' INT TERM
+trap cleanup EXIT
 
 if curl -fsS "http://127.0.0.1:${LLM_PORT}/v1/models" >/dev/null 2>&1; then
   echo "[run] a model server already answers on :${LLM_PORT}; using it" >&2
