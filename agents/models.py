@@ -29,6 +29,10 @@ class AgentInstance(TenantOwnedModel):
         default=60.0, validators=[MinValueValidator(0.1), MaxValueValidator(3600)],
         help_text="Longest a single tool call may take.",
     )
+    turn_timeout_seconds = models.FloatField(
+        default=300.0, validators=[MinValueValidator(1.0), MaxValueValidator(3600)],
+        help_text="Longest one model turn may take, retries and fallbacks included.",
+    )
     max_tokens_per_run = models.PositiveIntegerField(
         null=True, blank=True, help_text="Budget: prompt + completion tokens per run; blank: no limit.",
     )

@@ -52,6 +52,7 @@ class RunFailureReason(models.TextChoices):
     MAX_LOOP_COUNT = "max_loop_count", "The loop limit was reached without an answer"
     BUDGET_EXCEEDED = "budget_exceeded", "A token or cost budget would be exceeded"
     CONTEXT_WINDOW = "context_window", "The conversation does not fit any route entry"
+    TURN_TIMEOUT = "turn_timeout", "A model turn took longer than the agent's turn timeout"
     CONFIGURATION = "configuration", "The agent's configuration is unusable"
     CAPABILITY_UNAVAILABLE = "capability_unavailable", "A bound capability could not be reached"
     INTERNAL = "internal_error", "Internal error"
@@ -98,6 +99,7 @@ class Message(TenantOwnedModel):
     position = models.PositiveIntegerField(help_text="Order within the session.")
     role = models.CharField(max_length=16, choices=MessageRole.choices)
     content = models.TextField(blank=True)
+    reasoning = models.TextField(blank=True, help_text="Assistant messages: reasoning output, never sent back.")
     tool_calls = models.JSONField(
         default=list, blank=True, help_text="Assistant messages: [{id, name, arguments (JSON text)}]."
     )

@@ -43,7 +43,8 @@ def test_tenant_admin_creates_an_agent_in_their_tenant_only(client, world, other
     assert f'value="{my_route.pk}"' in form and f'value="{their_route.pk}"' not in form
     data = {
         "name": "Console agent", "description": "", "system_prompt": "hi", "route": my_route.pk,
-        "max_loop_count": 16, "tool_max_parallel": 3, "tool_timeout_seconds": 60, "is_active": "on",
+        "max_loop_count": 16, "tool_max_parallel": 3, "tool_timeout_seconds": 60, "turn_timeout_seconds": 300,
+        "is_active": "on",
         "bindings-TOTAL_FORMS": 0, "bindings-INITIAL_FORMS": 0, "bindings-MIN_NUM_FORMS": 0, "bindings-MAX_NUM_FORMS": 1000,
     }
     resp = client.post("/admin/agents/agentinstance/add/", data)

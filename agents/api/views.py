@@ -41,7 +41,7 @@ class AgentAdminSerializer(serializers.ModelSerializer):
         model = AgentInstance
         fields = [
             "id", "name", "description", "system_prompt", "route", "max_loop_count", "tool_max_parallel",
-            "tool_timeout_seconds", "max_tokens_per_run", "max_cost_per_run_usd", "is_active", "created_at", "updated_at",
+            "tool_timeout_seconds", "turn_timeout_seconds", "max_tokens_per_run", "max_cost_per_run_usd", "is_active", "created_at", "updated_at",
         ]
 
 

@@ -129,6 +129,7 @@ def _spec(run: Run) -> RunSpec:
         max_loop_count=agent.max_loop_count,
         tool_max_parallel=agent.tool_max_parallel,
         tool_timeout_seconds=agent.tool_timeout_seconds,
+        turn_timeout_seconds=agent.turn_timeout_seconds,
         max_tokens_per_run=agent.max_tokens_per_run,
         max_cost_per_run_usd_micros=(
             int(agent.max_cost_per_run_usd * 1_000_000) if agent.max_cost_per_run_usd is not None else None
@@ -210,7 +211,9 @@ def _next_position(session_id: int) -> int:
 
 
 @transaction.atomic
-def assistant_message_save(*, spec: RunSpec, turn: int, message: ChatMessage) -> list[dict[str, Any]]:
+def assistant_message_save(
+    *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = ""
+) -> list[dict[str, Any]]:
     """Persist an assistant message and its tool calls (pending); counts the turn.
 
     Returns:
@@ -219,7 +222,7 @@ def assistant_message_save(*, spec: RunSpec, turn: int, message: ChatMessage) ->
     Message.objects.create(
         tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
         position=_next_position(spec.session_id), role=MessageRole.ASSISTANT, content=message.content,
-        tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
+        reasoning=reasoning, tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
     )
     Run.objects.filter(pk=spec.run_id).update(loop_count=turn + 1)
     calls = []

@@ -8,6 +8,7 @@ executed (those that have one never run again), then the loop goes on.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -149,7 +150,14 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
             if over_budget:
                 return Outcome(RunStatus.FAILED, error=over_budget, reason=RunFailureReason.BUDGET_EXCEEDED)
             try:
-                completion = await _model_turn(router, messages, offered, publish)
+                async with asyncio.timeout(spec.turn_timeout_seconds):
+                    completion, reasoning = await _model_turn(router, messages, offered, publish)
+            except TimeoutError:
+                return Outcome(
+                    RunStatus.FAILED,
+                    error=f"A model turn took longer than the agent's turn timeout of {spec.turn_timeout_seconds:g} s.",
+                    reason=RunFailureReason.TURN_TIMEOUT,
+                )
             except ContextWindowExceeded as exc:
                 return Outcome(RunStatus.FAILED, error=f"The conversation does not fit any model of the route: {exc}",
                                reason=RunFailureReason.CONTEXT_WINDOW)
@@ -170,7 +178,7 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
             message = completion.message
             if final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
                 message = dataclasses.replace(message, tool_calls=())
-            calls = await _db.db(_db.assistant_message_save)(spec=spec, turn=turn, message=message)
+            calls = await _db.db(_db.assistant_message_save)(spec=spec, turn=turn, message=message, reasoning=reasoning)
             turn += 1
             if not message.tool_calls:
                 if not message.content.strip():
@@ -228,8 +236,16 @@ one per token)."""
 TOKEN_FLUSH_CHARS = 512
 
 
-async def _model_turn(router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any) -> Completion:
+async def _model_turn(
+    router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any
+) -> tuple[Completion, str]:
+    """Stream one model turn, publishing text and reasoning in batches.
+
+    Returns:
+        The completion, and the reasoning text streamed with it (recorded, never fed back).
+    """
     completion: Completion | None = None
+    reasoning: list[str] = []
     buffered: list[str] = []
     buffered_type = ""
     first_at = 0.0
@@ -250,6 +266,8 @@ async def _model_turn(router: Router, messages: list[ChatMessage], tool_specs: l
                 buffered_type, first_at = event_type, time.monotonic()
             buffered.append(event.text)
             size += len(event.text)
+            if event_type == "reasoning_token":
+                reasoning.append(event.text)
             if size >= TOKEN_FLUSH_CHARS or time.monotonic() - first_at >= TOKEN_FLUSH_SECONDS:
                 await flush()
         elif isinstance(event, Completion):
@@ -257,7 +275,7 @@ async def _model_turn(router: Router, messages: list[ChatMessage], tool_specs: l
     await flush()
     if completion is None:
         raise StreamInterrupted("the stream ended without a completion")
-    return completion
+    return completion, "".join(reasoning)
 
 
 async def _open_tools(spec: RunSpec, stack: contextlib.AsyncExitStack) -> tuple[dict[str, Tool], list[ToolSpec]]:

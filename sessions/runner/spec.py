@@ -26,6 +26,8 @@ class RunSpec:
     max_loop_count: int
     tool_max_parallel: int
     tool_timeout_seconds: float
+    turn_timeout_seconds: float
+    """Longest one model turn (retries and fallbacks included) may take."""
     max_tokens_per_run: int | None
     """Budget: prompt + completion tokens of the whole run; None: no limit."""
     max_cost_per_run_usd_micros: int | None
