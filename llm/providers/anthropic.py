@@ -44,8 +44,7 @@ import asyncio
 import hashlib
 import json
 import re
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -53,6 +52,7 @@ import anthropic
 import httpx
 import httpx2
 
+from llm.providers._clients import LoopClientCache
 from llm.errors import ErrorClass, ModelCallError, parse_retry_after
 from llm.tokens import estimate_completion_tokens, estimate_tokens
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
@@ -140,68 +140,6 @@ _RETRY_AFTER_CLASSES: Final[frozenset[str]] = frozenset({"rate_limit", "overload
 
 # --- Clients (one pool per event loop) -------------------------------------------------------
 
-_ClientKey = tuple[str, str, float, float]
-
-
-@dataclass(slots=True)
-class _LoopClients:
-    loop: asyncio.AbstractEventLoop
-    clients: OrderedDict[_ClientKey, anthropic.AsyncAnthropic] = field(default_factory=OrderedDict)
-    closer: AsyncGenerator[None, None] | None = None
-    """Suspended async generator whose ``finally`` closes the clients when the loop shuts
-    down its async generators (``asyncio.run``, pytest-asyncio), so pooled connections never
-    outlive their loop."""
-    abandoned: bool = False
-    """The loop closed without shutting down its async generators: nothing can be awaited."""
-
-
-_clients_by_loop: dict[int, _LoopClients] = {}
-
-
-async def _close_at_loop_shutdown(slot: _LoopClients) -> AsyncGenerator[None, None]:
-    try:
-        yield
-    finally:
-        if _clients_by_loop.get(id(slot.loop)) is slot:
-            del _clients_by_loop[id(slot.loop)]
-        clients = list(slot.clients.values())
-        slot.clients.clear()
-        if not slot.abandoned:
-            for client in clients:
-                await client.close()
-
-
-def _abandon(slot: _LoopClients) -> None:
-    """Forget the clients of a loop that was closed without ``shutdown_asyncgens()``; their
-    sockets close when they are garbage-collected (``DefaultAsyncHttpxClient`` has no
-    finaliser that would try to use another loop)."""
-    slot.abandoned = True
-    slot.clients.clear()
-    if slot.closer is not None:
-        try:
-            slot.closer.aclose().send(None)
-        except StopIteration:
-            pass
-        slot.closer = None
-
-
-def _loop_slot(loop: asyncio.AbstractEventLoop) -> _LoopClients:
-    slot = _clients_by_loop.get(id(loop))
-    if slot is not None and slot.loop is loop:
-        return slot
-    for key in [k for k, v in _clients_by_loop.items() if v.loop.is_closed()]:
-        _abandon(_clients_by_loop.pop(key))
-    slot = _clients_by_loop[id(loop)] = _LoopClients(loop)
-    # Run the closer up to its ``yield`` now: the loop's async-generator hooks register it and
-    # ``loop.shutdown_asyncgens()`` will run its ``finally``.
-    closer = _close_at_loop_shutdown(slot)
-    try:
-        closer.asend(None).send(None)
-    except StopIteration:
-        slot.closer = closer
-    return slot
-
-
 def api_root_url(base_url: str) -> str:
     """The provider root the SDK expects as ``base_url``.
 
@@ -215,51 +153,37 @@ def api_root_url(base_url: str) -> str:
     return url
 
 
-def _client_for(entry: RouteEntryConfig) -> anthropic.AsyncAnthropic:
-    """The pooled client for ``entry``'s (base_url, api_key, timeouts) in the running loop."""
-    slot = _loop_slot(asyncio.get_running_loop())
-    key: _ClientKey = (
-        api_root_url(entry.base_url),
-        entry.api_key,
-        float(entry.connect_timeout_seconds),
-        float(entry.read_timeout_seconds),
-    )
-    client = slot.clients.get(key)
-    if client is not None:
-        slot.clients.move_to_end(key)
-        return client
-    client = anthropic.AsyncAnthropic(
+def _new_client(key: tuple[str, str, float, float]) -> anthropic.AsyncAnthropic:
+    base_url, api_key, connect_timeout, read_timeout = key
+    return anthropic.AsyncAnthropic(
         # An explicit credential: the SDK then reads no credential environment variable or
         # profile (its documented resolution order).
-        api_key=entry.api_key or NO_API_KEY,
-        base_url=key[0],
+        api_key=api_key or NO_API_KEY,
+        base_url=base_url,
         max_retries=0,
         # The 2.x SDK runs on httpx2 and rejects ``httpx`` objects: this is ``httpx2.Timeout``.
-        timeout=httpx2.Timeout(entry.read_timeout_seconds, connect=entry.connect_timeout_seconds),
+        timeout=httpx2.Timeout(read_timeout, connect=connect_timeout),
         # The SDK's defaults (limits, redirects, keep-alive) without the finaliser of its
         # internal wrapper, which would close the pool on whatever loop runs at collection.
         http_client=anthropic.DefaultAsyncHttpxClient(),
     )
-    slot.clients[key] = client
-    while len(slot.clients) > MAX_CLIENTS_PER_LOOP:
-        # Dropped, not closed: a stream may still be using it.
-        slot.clients.popitem(last=False)
-    return client
+
+
+_clients: LoopClientCache[anthropic.AsyncAnthropic] = LoopClientCache(_new_client, max_per_loop=MAX_CLIENTS_PER_LOOP)
+
+
+def _client_for(entry: RouteEntryConfig) -> anthropic.AsyncAnthropic:
+    """The pooled client for ``entry``'s (root URL, api_key, timeouts) in the running loop."""
+    return _clients.get((
+        api_root_url(entry.base_url), entry.api_key,
+        float(entry.connect_timeout_seconds), float(entry.read_timeout_seconds),
+    ))
 
 
 async def aclose_clients() -> None:
     """Close every pooled Anthropic client of the running event loop (worker shutdown, test
     teardown). Streams still open on them fail with a network error."""
-    loop = asyncio.get_running_loop()
-    slot = _clients_by_loop.get(id(loop))
-    if slot is None or slot.loop is not loop:
-        return
-    if slot.closer is not None:
-        await slot.closer.aclose()  # runs _close_at_loop_shutdown's finally
-    else:  # pragma: no cover - the closer always starts
-        del _clients_by_loop[id(loop)]
-        for client in slot.clients.values():
-            await client.close()
+    await _clients.aclose()
 
 
 # --- Request translation -------------------------------------------------------------------

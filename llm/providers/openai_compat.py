@@ -19,8 +19,7 @@ every adapter alike.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,6 +27,7 @@ import httpx
 import openai
 
 from llm.errors import ModelCallError, classify_error, classify_finish_reason
+from llm.providers._clients import LoopClientCache
 from llm.tokens import estimate_completion_tokens, estimate_tokens
 from llm.toolcall_parsing import ToolCallHoldback, messages_for_text_mode, mint_call_id
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
@@ -42,119 +42,33 @@ NO_API_KEY: Final[str] = "no-key"
 """Sent when an entry has no API key (local servers), so the SDK never falls back to the
 ``OPENAI_API_KEY`` environment variable and leaks it to another base URL."""
 
-_ClientKey = tuple[str, str, float, float]
-
-
-@dataclass(slots=True)
-class _LoopClients:
-    loop: asyncio.AbstractEventLoop
-    clients: OrderedDict[_ClientKey, openai.AsyncOpenAI] = field(default_factory=OrderedDict)
-    closer: AsyncGenerator[None, None] | None = None
-    """Suspended async generator whose ``finally`` closes the clients when the loop shuts
-    down its async generators (``asyncio.run``, pytest-asyncio, Celery tasks using
-    ``asyncio.run``), so pooled connections never outlive their loop."""
-    abandoned: bool = False
-    """The loop closed without shutting down its async generators: nothing can be awaited."""
-
-
-_clients_by_loop: dict[int, _LoopClients] = {}
-
-
-async def _close_at_loop_shutdown(slot: _LoopClients) -> AsyncGenerator[None, None]:
-    try:
-        yield
-    finally:
-        if _clients_by_loop.get(id(slot.loop)) is slot:
-            del _clients_by_loop[id(slot.loop)]
-        clients = list(slot.clients.values())
-        slot.clients.clear()
-        if not slot.abandoned:
-            for client in clients:
-                await client.close()
-
-
-def _abandon(slot: _LoopClients) -> None:
-    """Forget the clients of a loop that was closed without ``shutdown_asyncgens()``.
-
-    Their sockets are closed when the clients are garbage-collected (plain ``httpx2`` clients
-    have no finaliser that would try to use another loop); the closer is finished
-    synchronously so the dead loop's finaliser hook is never called.
-    """
-    slot.abandoned = True
-    slot.clients.clear()
-    if slot.closer is not None:
-        try:
-            slot.closer.aclose().send(None)
-        except StopIteration:
-            pass
-        slot.closer = None
-
-
-def _loop_slot(loop: asyncio.AbstractEventLoop) -> _LoopClients:
-    slot = _clients_by_loop.get(id(loop))
-    if slot is not None and slot.loop is loop:
-        return slot
-    for key in [k for k, v in _clients_by_loop.items() if v.loop.is_closed()]:
-        _abandon(_clients_by_loop.pop(key))
-    slot = _clients_by_loop[id(loop)] = _LoopClients(loop)
-    # Start the closer now, synchronously, up to its ``yield``: the loop's async-generator
-    # hooks register it, and ``loop.shutdown_asyncgens()`` will run its ``finally``.
-    closer = _close_at_loop_shutdown(slot)
-    try:
-        closer.asend(None).send(None)
-    except StopIteration:
-        slot.closer = closer
-    return slot
-
-
-def _client_for(entry: RouteEntryConfig) -> openai.AsyncOpenAI:
-    """The pooled client for ``entry``'s (base_url, api_key, timeouts) in the running loop.
-
-    Clients are bound to the event loop that created them (their connection pool is), so the
-    cache is per loop. They are closed by :func:`aclose_clients` or when the loop shuts down
-    its async generators; caches of loops closed otherwise are dropped.
-    """
-    slot = _loop_slot(asyncio.get_running_loop())
-    key: _ClientKey = (
-        entry.base_url,
-        entry.api_key,
-        float(entry.connect_timeout_seconds),
-        float(entry.read_timeout_seconds),
-    )
-    client = slot.clients.get(key)
-    if client is not None:
-        slot.clients.move_to_end(key)
-        return client
-    client = openai.AsyncOpenAI(
-        base_url=entry.base_url,
-        api_key=entry.api_key or NO_API_KEY,
+def _new_client(key: tuple[str, str, float, float]) -> openai.AsyncOpenAI:
+    base_url, api_key, connect_timeout, read_timeout = key
+    return openai.AsyncOpenAI(
+        base_url=base_url,
+        api_key=api_key or NO_API_KEY,
         max_retries=0,
-        timeout=httpx.Timeout(entry.read_timeout_seconds, connect=entry.connect_timeout_seconds),
+        timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
         # The SDK's defaults (limits, redirects) without its finaliser, which would try to
         # close the pool on whatever loop runs when it is collected.
         http_client=openai.DefaultAsyncHttpxClient(),
     )
-    slot.clients[key] = client
-    while len(slot.clients) > MAX_CLIENTS_PER_LOOP:
-        # Dropped, not closed: a stream may still be using it; its sockets close when it is
-        # garbage-collected.
-        slot.clients.popitem(last=False)
-    return client
+
+
+_clients: LoopClientCache[openai.AsyncOpenAI] = LoopClientCache(_new_client, max_per_loop=MAX_CLIENTS_PER_LOOP)
+
+
+def _client_for(entry: RouteEntryConfig) -> openai.AsyncOpenAI:
+    """The pooled client for ``entry``'s (base_url, api_key, timeouts) in the running loop."""
+    return _clients.get(
+        (entry.base_url, entry.api_key, float(entry.connect_timeout_seconds), float(entry.read_timeout_seconds))
+    )
 
 
 async def aclose_clients() -> None:
     """Close every pooled client of the running event loop (e.g. at worker shutdown or in
     test teardown). Streams still open on them fail with a network error."""
-    loop = asyncio.get_running_loop()
-    slot = _clients_by_loop.get(id(loop))
-    if slot is None or slot.loop is not loop:
-        return
-    if slot.closer is not None:
-        await slot.closer.aclose()  # runs _close_at_loop_shutdown's finally
-    else:  # pragma: no cover - the closer always starts
-        del _clients_by_loop[id(loop)]
-        for client in slot.clients.values():
-            await client.close()
+    await _clients.aclose()
 
 
 # --- Streaming -----------------------------------------------------------------------------
