@@ -12,7 +12,7 @@ import random
 import socket
 import sys
 import types
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -49,30 +49,6 @@ TIME_TOOL = ToolSpec(
 
 
 # --- fixtures and helpers -------------------------------------------------------------------
-
-
-@pytest.fixture
-def server_a() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as server:
-        yield server
-
-
-@pytest.fixture
-def server_b() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as server:
-        yield server
-
-
-@pytest.fixture
-def server_c() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-async def _close_pooled_clients() -> AsyncIterator[None]:
-    yield
-    await aclose_clients()
 
 
 @pytest.fixture

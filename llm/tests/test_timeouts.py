@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from llm.clock import FakeClock
 from llm.errors import StreamInterrupted
-from llm.providers.openai_compat import aclose_clients
 from llm.router import AttemptRecord, RouteEntryConfig, Router
 from llm.testing import FakeLLMServer, Hang, Reply, Stall, ToolCalls
 from llm.types import ChatMessage, Completion, StreamEvent, TextDelta, ToolSpec
@@ -27,24 +26,6 @@ USER = [ChatMessage(role="user", content="What time is it?")]
 TOOL = ToolSpec(name="get_current_time", description="Current time.", parameters={"type": "object", "properties": {}})
 SLOW = 5.0
 """A timeout that must not fire in the test, seconds."""
-
-
-@pytest.fixture
-def server_a() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as server:
-        yield server
-
-
-@pytest.fixture
-def server_b() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-async def _close_pooled_clients() -> AsyncIterator[None]:
-    yield
-    await aclose_clients()
 
 
 @pytest.fixture
