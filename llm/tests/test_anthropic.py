@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import aclosing
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +22,6 @@ import pytest
 
 from llm.errors import ModelCallError, StreamInterrupted
 from llm.providers import anthropic as adapter
-from llm.providers import openai_compat
 from llm.router import AttemptRecord, RouteEntryConfig, Router
 from llm.testing import CutAfter, Fail, FakeLLMServer, Hang, Reply, Stall, ToolCalls
 from llm.testing_anthropic import ErrorEvent, FakeAnthropicServer, error_body
@@ -128,13 +127,6 @@ def claude() -> Iterator[FakeAnthropicServer]:
 def openai_server() -> Iterator[FakeLLMServer]:
     with FakeLLMServer() as server:
         yield server
-
-
-@pytest.fixture(autouse=True)
-async def _close_pooled_clients() -> AsyncIterator[None]:
-    yield
-    await adapter.aclose_clients()
-    await openai_compat.aclose_clients()
 
 
 @pytest.fixture
