@@ -1,7 +1,7 @@
 """Sessions, runs and their records: read-only in the console."""
 
-from django.contrib import admin
-from django.db.models import Sum
+from django.contrib import admin, messages
+from django.db.models import Count, Sum
 
 from sessions.models import ChatSession, LLMCall, Message, Run, ToolCall
 from tenants.admin_scoping import TenantScopedModelAdmin
@@ -58,6 +58,22 @@ class LLMCallAdmin(ReadOnlyAdmin):
                     "prompt_tokens", "completion_tokens", "cost", "created_at"]
     list_filter = ["status", "error_class", "provider_name"]
     date_hierarchy = "created_at"
+
+    def changelist_view(self, request, extra_context=None):
+        """Shows the total of the calls listed (pick a month in the date bar for a month's cost)."""
+        response = super().changelist_view(request, extra_context)
+        changelist = getattr(response, "context_data", {}).get("cl")
+        if changelist is not None:
+            totals = changelist.queryset.aggregate(
+                calls=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"),
+                cost=Sum("cost_usd_micros"),
+            )
+            messages.info(
+                request,
+                f"Total of the {totals['calls']} calls listed: {totals['prompt'] or 0} prompt + "
+                f"{totals['completion'] or 0} completion tokens, cost {_usd(totals['cost'])}.",
+            )
+        return response
 
     @admin.display(description="cost (USD)", ordering="cost_usd_micros")
     def cost(self, obj):

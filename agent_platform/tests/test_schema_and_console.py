@@ -81,3 +81,18 @@ def test_provider_api_key_is_encrypted_from_the_console(client, world):
     assert provider.api_key_encrypted and "sk-console-secret" not in provider.api_key_encrypted
     page = client.get(f"/admin/llm/modelprovider/{provider.pk}/change/").content.decode()
     assert "sk-console-secret" not in page and provider.api_key_encrypted not in page
+
+
+def test_console_totals_the_llm_calls_listed_for_the_admins_tenant_only(client, world, other_world):
+    from sessions.models import LLMCall
+
+    for w, micros in ((world, 1_250_000), (other_world, 9_000_000)):
+        agent = AgentFactory(tenant=w.tenant)
+        session = ChatSession.all_tenants.create(tenant=w.tenant, agent=agent, user=w.member)
+        run = Run.all_tenants.create(tenant=w.tenant, session=session, user=w.member, input="x")
+        LLMCall.all_tenants.create(tenant=w.tenant, run=run, turn=0, attempt=1, entry_index=0, provider_name="p",
+                                   model="m", status="succeeded", prompt_tokens=10, completion_tokens=5,
+                                   cost_usd_micros=micros)
+    client.force_login(world.admin)
+    page = client.get("/admin/agent_sessions/llmcall/").content.decode()
+    assert "Total of the 1 calls listed: 10 prompt + 5 completion tokens, cost $1.250000." in page
