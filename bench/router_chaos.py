@@ -31,8 +31,6 @@ sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -43,6 +41,8 @@ from collections import Counter  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
+
+from _stats import machine, percentile  # noqa: E402
 
 from llm.errors import LLMError  # noqa: E402
 from llm.health import RedisEntryHealth  # noqa: E402
@@ -97,25 +97,8 @@ def server_process(role: str, seed: int) -> Any:
         proc.wait(timeout=10)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
 @dataclass

@@ -26,8 +26,6 @@ sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -37,6 +35,7 @@ from contextlib import contextmanager  # noqa: E402
 from typing import Any  # noqa: E402
 
 import llm.router as router_module  # noqa: E402
+from _stats import machine, percentile  # noqa: E402
 from llm.health import MemoryEntryHealth, RedisEntryHealth  # noqa: E402
 from llm.providers import openai_compat  # noqa: E402
 from llm.router import RouteEntryConfig, Router  # noqa: E402
@@ -67,29 +66,16 @@ def fake_server_process() -> Any:
         proc.wait(timeout=10)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+def machine_and_loop() -> str:
     try:
         import uvloop  # noqa: F401
 
         loop = "asyncio (uvloop installed, not used)"
     except ImportError:
         loop = "asyncio"
-    return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}, {loop}"
+    return f"{machine()}, {loop}"
 
 
 def entry_for(base_url: str) -> RouteEntryConfig:
@@ -220,7 +206,7 @@ def main() -> None:
     if args.serve:
         serve()
         return
-    print(f"machine: {machine()}")
+    print(f"machine: {machine_and_loop()}")
     print(f"call: 2 messages, no tools; answer {len(ANSWER)} chars in 5 content chunks (+ role, finish, usage chunks)")
     with fake_server_process() as base_url:
         http = asyncio.run(over_http(base_url, args.iterations))

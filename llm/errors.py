@@ -26,7 +26,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, get_args
 
 import httpx
 import openai
@@ -54,22 +54,7 @@ ErrorClass = Literal[
     "other",
 ]
 
-ERROR_CLASSES: Final[frozenset[str]] = frozenset(
-    {
-        "rate_limit",
-        "quota_exhausted",
-        "overloaded",
-        "server",
-        "timeout",
-        "network",
-        "bad_request",
-        "auth",
-        "not_found",
-        "context_window",
-        "content_policy",
-        "other",
-    }
-)
+ERROR_CLASSES: Final[frozenset[str]] = frozenset(get_args(ErrorClass))
 
 NO_FALLBACK_CLASSES: Final[frozenset[str]] = frozenset({"bad_request"})
 """Error classes the router surfaces instead of trying the next route entry.

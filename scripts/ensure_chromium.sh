@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian's Chromium for the browser tests (Playwright drives it via executable_path; we never
-# run `playwright install`, which downloads a browser and fails offline).
+# use Playwright's own browser download, which fails offline).
 set -euo pipefail
 if [ -x /usr/lib/chromium/chromium ] || [ -n "${CHROMIUM_PATH:-}" ]; then exit 0; fi
 if [ "$(id -u)" = "0" ]; then
