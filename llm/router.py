@@ -571,6 +571,7 @@ class Router:
         tools: Sequence[ToolSpec],
         *,
         max_output_tokens: int | None = None,
+        compact_first: bool = False,
     ) -> AsyncIterator[StreamEvent]:
         """Stream one model call with retries and fallback before the first token.
 
@@ -578,6 +579,9 @@ class Router:
             messages: Canonical history (OpenAI chat shape).
             tools: Tools offered to the model (may be empty).
             max_output_tokens: Optional cap; each entry's own ``max_output_tokens`` still applies.
+            compact_first: On a ``context_window`` rejection raise
+                :class:`~llm.errors.ContextWindowExceeded` at once instead of falling back to
+                a larger entry, so the caller can compact the conversation first.
 
         Yields:
             ``TextDelta``/``ReasoningDelta`` fragments of one entry's answer, then one
@@ -711,6 +715,12 @@ class Router:
             if failure.error_class == "context_window":
                 call.size_limited = True
                 call.window_floor = max(call.window_floor, entry.max_input_tokens)
+                if compact_first:
+                    raise ContextWindowExceeded(
+                        estimated_prompt_tokens=prompt_tokens,
+                        largest_window_tokens=max(e.max_input_tokens for e in self._entries),
+                        attempts=call.failures, last_error=failure, skipped=call.skipped,
+                    )
             else:
                 call.failed_otherwise = True
 

@@ -16,6 +16,7 @@ Close codes: 4401 not authenticated or no membership; 4404 no such session for t
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -27,12 +28,15 @@ from tenants.scoping import tenant_scope
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
+PING_SECONDS = 15.0
+"""A ``{"type": "ping"}`` frame (no ``seq``) this often keeps idle connections and proxies alive."""
 
 
 class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
     session_id: int
     last_seq: int = 0
     joined: bool = False
+    pinger: asyncio.Task | None = None
 
     async def connect(self) -> None:
         await self.accept()
@@ -54,8 +58,16 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         self.joined = True
         for frame in await events_since(session_id=self.session_id, after_seq=self.last_seq):
             await self._send_frame(frame)
+        self.pinger = asyncio.create_task(self._ping_forever())
+
+    async def _ping_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PING_SECONDS)
+            await self.send_json({"type": "ping"})
 
     async def disconnect(self, code: int) -> None:
+        if self.pinger is not None:
+            self.pinger.cancel()
         if self.joined:
             await self.channel_layer.group_discard(group_name(self.session_id), self.channel_name)
 

@@ -47,6 +47,8 @@ EVENT_TYPES = frozenset(
         "todo_updated",
         "model_retry",
         "model_fallback",
+        "compaction_running",
+        "compaction_completed",
     }
 )
 """Event names are API: never rename one that shipped."""
@@ -159,3 +161,24 @@ def _decode(entry_id: bytes | str, fields: dict[bytes, bytes]) -> dict[str, Any]
     raw_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     seq = int(raw_id.split("-", 1)[0])
     return _frame(seq, json.loads(fields[b"e"]))
+
+
+async def events_follow(*, session_id: int, after_seq: int, block_seconds: float):
+    """Frames with ``seq > after_seq`` from the replay stream, then live ones, in order.
+
+    Reads the Redis stream itself (``XREAD BLOCK``), so order and completeness come from one
+    place; yields None when nothing arrived within ``block_seconds`` (the caller sends a
+    keepalive). Ends when the caller stops iterating.
+    """
+    client = async_redis()
+    key = _keys(session_id)[1]
+    last_id = f"{after_seq}-0"
+    while True:
+        rows = await client.xread({key: last_id}, count=500, block=int(block_seconds * 1000))
+        if not rows:
+            yield None
+            continue
+        for entry_id, fields in rows[0][1]:
+            frame = _decode(entry_id, fields)
+            last_id = f"{frame['seq']}-0"
+            yield frame

@@ -53,6 +53,7 @@ class RunFailureReason(models.TextChoices):
     BUDGET_EXCEEDED = "budget_exceeded", "A token or cost budget would be exceeded"
     CONTEXT_WINDOW = "context_window", "The conversation does not fit any route entry"
     TURN_TIMEOUT = "turn_timeout", "A model turn took longer than the agent's turn timeout"
+    COMPACTION_FAILED = "compaction_failed", "The conversation could not be compacted to fit"
     CONFIGURATION = "configuration", "The agent's configuration is unusable"
     CAPABILITY_UNAVAILABLE = "capability_unavailable", "A bound capability could not be reached"
     INTERNAL = "internal_error", "Internal error"
@@ -197,3 +198,32 @@ class Todo(TenantOwnedModel):
 
     class Meta(TenantOwnedModel.Meta):
         ordering = ["session", "position"]
+
+
+class Compaction(TenantOwnedModel):
+    """A summary that replaces the session's history up to a cursor.
+
+    History sent to the model = the latest succeeded compaction's summary + the messages
+    after its cursor (in (run, position) order). The cursor always follows a complete
+    group (a user message, an answer, or an assistant message with all its tool results),
+    so tool call/result pairs are never split.
+    """
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="compactions")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="compactions")
+    attempt = models.PositiveIntegerField(help_text="1-based within the model turn that needed it.")
+    status = models.CharField(max_length=16)
+    """succeeded | failed"""
+    summary = models.TextField(blank=True)
+    cursor_message = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        help_text="The last message the summary covers.",
+    )
+    messages_summarized = models.PositiveIntegerField(default=0)
+    tokens_before = models.PositiveIntegerField(default=0, help_text="Estimated prompt tokens before.")
+    tokens_after = models.PositiveIntegerField(default=0, help_text="Estimated prompt tokens after.")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta(TenantOwnedModel.Meta):
+        ordering = ["session", "id"]

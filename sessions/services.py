@@ -76,3 +76,50 @@ def next_queued_run_id(*, session_id: int) -> int | None:
         Run.objects.filter(session_id=session_id, status=RunStatus.QUEUED)
         .order_by("pk").values_list("pk", flat=True).first()
     )
+
+
+@transaction.atomic
+def run_cancel(*, run: Run) -> Run:
+    """Cancel ``run``: at once if it is queued, through its worker if it is running.
+
+    - ``queued``: marked ``cancelled`` here (error "Cancelled by the user.", ``reason`` "")
+      under ``select_for_update`` of the run; ``run_claim`` then refuses it. If no run of the
+      session is running, the session's next queued run is handed to a worker (nobody else
+      would start it).
+    - ``running``: only the Redis cancel signal is set; the worker stops the run within
+      about a second and records ``cancelled`` itself (the returned run is still ``running``).
+
+    The signal is set in both cases (on commit): a queued run claimed at the same moment is
+    then stopped by its worker.
+
+    Returns:
+        The run as stored after the call (``cancelled``, or still ``running``).
+
+    Raises:
+        ApplicationError: (409) the run has already finished.
+
+    Requires tenant scope. Emits ``run_cancelled`` ``{reason}`` on commit for a queued run
+    (the worker emits it for a running one).
+    """
+    from django.utils import timezone
+
+    from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, request_cancel_sync
+
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.status not in ACTIVE_RUN_STATUSES:
+        raise ApplicationError("The run has already finished.", status_code=409)
+    if run.status == RunStatus.QUEUED:
+        run.status = RunStatus.CANCELLED
+        run.error = CANCEL_ERROR
+        run.reason = ""
+        run.finished_at = timezone.now()
+        run.save(update_fields=["status", "error", "reason", "finished_at"])
+        event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="run_cancelled",
+                                data={"reason": CANCEL_REASON})
+        if not Run.objects.filter(session_id=run.session_id, status=RunStatus.RUNNING).exists():
+            next_run_id = next_queued_run_id(session_id=run.session_id)
+            if next_run_id is not None:
+                run_enqueue_on_commit(run_id=next_run_id)
+    run_id = run.pk
+    transaction.on_commit(lambda: request_cancel_sync(run_id))
+    return run

@@ -1141,3 +1141,29 @@ async def test_the_entry_temperature_is_sent_only_when_set():
         assert server.requests[0]["temperature"] == 0.0
         assert "temperature" not in server.requests[1]
     await aclose_clients()
+
+
+async def test_compact_first_raises_on_a_context_window_rejection_instead_of_falling_back(server_a, server_b):
+    from llm.errors import ContextWindowExceeded
+
+    base = dict(provider_name="p", api_key="k", model="m", max_output_tokens=64, connect_timeout_seconds=2,
+                read_timeout_seconds=2, max_retries=0)
+    entries = [
+        RouteEntryConfig(index=0, base_url=server_a.base_url, max_input_tokens=4096, **base),
+        RouteEntryConfig(index=1, base_url=server_b.base_url, max_input_tokens=32768, **base),
+    ]
+    too_long = Fail(400, body={"error": {"message": "This model's maximum context length is 4096 tokens",
+                                         "code": "context_length_exceeded"}})
+    server_a.script(too_long, too_long)
+    server_b.script(Reply("from the larger entry"))
+    with pytest.raises(ContextWindowExceeded):
+        await _drain(
+            Router(entries).stream([ChatMessage(role="user", content="hi")], [], compact_first=True))
+    assert server_b.requests == []
+    completion = await Router(entries).complete([ChatMessage(role="user", content="hi")], [])
+    assert (completion.entry_index, completion.message.content) == (1, "from the larger entry")
+
+
+async def _drain(stream):
+    async for _ in stream:
+        pass

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from agent_platform.api_errors import ApplicationError, NotFound
 from agents.api.views import AgentOutputSerializer
 from agents.selectors import agent_get_active
-from sessions.models import ChatSession, LLMCall, Run, ToolCall
+from sessions.models import ChatSession, LLMCall, Run, RunStatus, ToolCall
 from sessions.selectors import (
     chat_session_get_for_user,
     chat_session_list,
@@ -23,7 +23,7 @@ from sessions.selectors import (
     run_get_for_user,
     tenant_usage,
 )
-from sessions.services import chat_session_create, message_post
+from sessions.services import chat_session_create, message_post, run_cancel
 from tenants.api.mixins import IsTenantAdmin, TenantScopedApiView
 
 
@@ -236,3 +236,22 @@ def _activity(item: dict[str, Any]) -> dict[str, Any]:
     serializer = LLMCallSerializer if item["kind"] == "llm_call" else ToolCallSerializer
     return {"kind": item["kind"], "at": serializers.DateTimeField().to_representation(item["at"]),
             **serializer(item["object"]).data}
+
+
+class RunCancelApi(TenantScopedApiView):
+    """Cancel a run of the caller's.
+
+    Answers the run: 200 when it was queued and is now ``cancelled``; 202 when it is running
+    and its worker was asked to stop (it ends ``cancelled`` within about a second, announced
+    by ``run_cancelled``); 404 "Run not found." (missing or not yours); 409 when it has
+    already finished.
+    """
+
+    @extend_schema(request=None, responses={200: RunSerializer, 202: RunSerializer})
+    def post(self, request: Request, run_id: int) -> Response:
+        run = run_get_for_user(run_id=run_id, user_id=request.user.pk)
+        if run is None:
+            raise NotFound("Run not found.")
+        run = run_cancel(run=run)
+        code = status.HTTP_200_OK if run.status == RunStatus.CANCELLED else status.HTTP_202_ACCEPTED
+        return Response(RunSerializer(run).data, status=code)

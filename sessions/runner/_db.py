@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from channels.db import database_sync_to_async
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityKind
@@ -25,6 +25,7 @@ from llm.router import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import (
     ChatSession,
+    Compaction,
     LLMCall,
     Message,
     MessageRole,
@@ -76,7 +77,7 @@ def run_claim(run_id: int) -> RunSpec:
     if run is None:
         raise RunNotClaimable(f"run {run_id} not found")
     ChatSession.objects.select_for_update().get(pk=run.session_id)  # serialises runs of a session
-    run.refresh_from_db()
+    run = Run.objects.select_for_update().get(pk=run_id)  # a concurrent cancel of a queued run wins
     if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
         raise RunNotClaimable(f"run {run_id} is {run.status}")
     if session_has_earlier_active_run(run=run):
@@ -146,26 +147,53 @@ def _spec(run: Run) -> RunSpec:
     )
 
 
-def history_load(run_id: int) -> tuple[list[ChatMessage], ChatMessage | None]:
-    """The session's conversation up to and including this run, in canonical form.
+@dataclass(frozen=True, slots=True)
+class History:
+    """What a model turn is built from."""
+
+    messages: list[ChatMessage]
+    """The conversation after the latest compaction's cursor, in canonical form."""
+    tail: ChatMessage | None
+    """This run's last message if it is the assistant's (a resumed run continues from it)."""
+    summary: str
+    """The latest compaction's summary of everything before the cursor ("" if none)."""
+    rows: list[Message]
+    """The message rows behind ``messages`` (what a compaction may summarize)."""
+
+
+def _after_cursor(compaction: Compaction | None) -> Q:
+    if compaction is None or compaction.cursor_message_id is None:
+        return Q()
+    c = compaction.cursor_message
+    return Q(run_id__gt=c.run_id) | Q(run_id=c.run_id, position__gt=c.position)
+
+
+def latest_compaction(session_id: int) -> Compaction | None:
+    return (
+        Compaction.objects.select_related("cursor_message")
+        .filter(session_id=session_id, status="succeeded").order_by("-id").first()
+    )
+
+
+def history_load(run_id: int) -> History:
+    """The session's conversation up to and including this run: the latest compaction
+    summary, then the messages after its cursor.
 
     Messages are ordered by run, then position: a message queued while an earlier run was
     still working has a lower position than that run's answer, but belongs after it.
     Earlier runs' unanswered tool calls (a run that failed between a call and its result)
     are dropped so that tool call/result pairs are never split; the current run's are kept,
     because the runner resumes by executing them.
-
-    Returns:
-        ``(messages, tail)``: ``tail`` is this run's last message if it is the assistant's
-        (a resumed run continues from it), else None.
     """
     run = Run.objects.get(pk=run_id)
+    compaction = latest_compaction(run.session_id)
     rows = list(
-        Message.objects.filter(session_id=run.session_id, run_id__lte=run_id).order_by("run_id", "position")
+        Message.objects.filter(_after_cursor(compaction), session_id=run.session_id, run_id__lte=run_id)
+        .order_by("run_id", "position")
     )
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
-    tail: ChatMessage | None = None
+    kept: list[Message] = []
     for m in rows:
         if m.role == MessageRole.ASSISTANT:
             calls = tuple(ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in m.tool_calls)
@@ -178,10 +206,26 @@ def history_load(run_id: int) -> tuple[list[ChatMessage], ChatMessage | None]:
             out.append(ChatMessage(role="tool", content=m.content, tool_call_id=m.tool_call_id, name=m.name))
         else:
             out.append(ChatMessage(role="user", content=m.content))
+        kept.append(m)
     out = _results_in_call_order(out)
+    tail = None
     if rows and rows[-1].run_id == run_id and out and out[-1].role == "assistant":
         tail = out[-1]
-    return out, tail
+    return History(messages=out, tail=tail, summary=compaction.summary if compaction else "", rows=kept)
+
+
+@transaction.atomic
+def compaction_save(
+    *, spec: RunSpec, attempt: int, status: str, summary: str = "", cursor_message_id: int | None = None,
+    messages_summarized: int = 0, tokens_before: int = 0, tokens_after: int = 0, error: str = "",
+) -> int:
+    """Record a compaction attempt; a succeeded one moves the session's cursor. Returns its id."""
+    row = Compaction.objects.create(
+        tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id, attempt=attempt, status=status,
+        summary=summary, cursor_message_id=cursor_message_id, messages_summarized=messages_summarized,
+        tokens_before=tokens_before, tokens_after=tokens_after, error=error[:5000],
+    )
+    return row.pk
 
 
 def _results_in_call_order(messages: list[ChatMessage]) -> list[ChatMessage]:

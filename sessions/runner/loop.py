@@ -31,6 +31,8 @@ from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolSp
 from sessions.events import async_redis, event_publish
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
+from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_cancelling, watch_for_cancel
+from sessions.runner.compaction import BUDGET_RATIO, MAX_ATTEMPTS_PER_TURN, compact, system_prompt_with_summary
 from sessions.runner.spec import RunSpec
 from sessions.runner.tool_execution import execute_tool_calls
 from tenants.scoping import tenant_scope
@@ -59,7 +61,8 @@ class CapabilityUnavailable(Exception):
 async def execute_run(run_id: int) -> None:
     """Execute or resume run ``run_id`` to its end. Never raises for a run's own failure.
 
-    Ends with the run ``completed`` or ``failed`` (with ``reason``), and its event published.
+    Ends with the run ``completed``, ``failed`` (with ``reason``) or ``cancelled`` (a cancel
+    was requested through :mod:`sessions.runner.cancellation`), and its event published.
     """
     tenant_id = await _db.db(_db.run_tenant_id)(run_id)
     if tenant_id is None:
@@ -77,10 +80,11 @@ async def execute_run(run_id: int) -> None:
 
         async def publish(event_type: str, data: dict[str, Any]) -> None:
             await event_publish(session_id=spec.session_id, run_id=run_id, type=event_type, data=data)
+            raise_if_cancelling()  # redis-py may swallow a cancel of the run's loop task
 
         await publish("run_running", {"attempt": spec.attempt})
         try:
-            outcome = await _run_loop(spec, publish)
+            outcome = await _run_loop_cancellable(spec, publish)
         except CapabilityUnavailable as exc:
             outcome = Outcome(RunStatus.FAILED, error=str(exc), reason=RunFailureReason.CAPABILITY_UNAVAILABLE)
         except Exception as exc:  # the run must end failed with a reason, never stay running
@@ -104,12 +108,58 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
 
     if outcome.status == RunStatus.COMPLETED:
         await publish("run_completed", {"reply": outcome.reply})
+    elif outcome.status == RunStatus.CANCELLED:
+        await publish("run_cancelled", {"reason": CANCEL_REASON})
     else:
         await publish("run_failed", {"error": outcome.error, "reason": outcome.reason})
     if next_run_id is not None:
         from sessions.tasks import run_execute
 
         await sync_to_async(run_execute.delay)(next_run_id)
+
+
+CANCELLED_OUTCOME = Outcome(RunStatus.CANCELLED, error=CANCEL_ERROR)
+
+
+async def _run_loop_cancellable(spec: RunSpec, publish: Any) -> Outcome:
+    """:func:`_run_loop`, cancelled as soon as a cancel of the run is requested.
+
+    The loop runs as a task next to :func:`watch_for_cancel`. When the watcher returns
+    first, the loop task is cancelled: the CancelledError goes into whatever it awaits (the
+    router's HTTP stream is closed, the ``asyncio.gather`` of tool calls cancels every
+    tool, the AsyncExitStack closes the MCP connections) and this waits for it to unwind.
+    Tool calls left without a result are recorded ``cancelled`` by ``run_finish``.
+
+    Returns:
+        The loop's own outcome if it ended first (a finished run is never turned into a
+        cancelled one), else :data:`CANCELLED_OUTCOME`.
+
+    Raises:
+        Whatever ``_run_loop`` raises. If the watcher itself fails (Redis down), the run goes
+        on without cancellation rather than failing.
+    """
+    loop_task = asyncio.create_task(_run_loop(spec, publish), name=f"run-{spec.run_id}-loop")
+    watcher = asyncio.create_task(watch_for_cancel(spec.run_id), name=f"run-{spec.run_id}-cancel-watch")
+    try:
+        await asyncio.wait({loop_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not loop_task.done() and watcher.exception() is not None:
+            logger.error("run %s: cannot watch for cancel requests: %r", spec.run_id, watcher.exception())
+            await asyncio.wait({loop_task})
+        if loop_task.done():
+            return loop_task.result()
+        logger.info("run %s: cancelled by request", spec.run_id)
+        loop_task.cancel()
+        await asyncio.wait({loop_task})
+        if not loop_task.cancelled() and loop_task.exception() is not None:
+            logger.warning("run %s: error while unwinding after cancel: %r", spec.run_id, loop_task.exception())
+        return CANCELLED_OUTCOME
+    finally:
+        for task in (loop_task, watcher):
+            task.cancel()
+        await asyncio.wait({loop_task})  # the loop must unwind (its MCP connections close)
+        await asyncio.wait({watcher}, timeout=1.0)  # the watcher holds nothing the run needs
+        if not watcher.done():
+            logger.warning("run %s: the cancel watcher did not stop", spec.run_id)
 
 
 async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
@@ -125,8 +175,13 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
 
         router = Router(spec.entries, record=record, health=entry_health(), on_event=on_router_event)
         interrupted_turns: set[int] = set()
+        current_entry = 0  # the entry that answered last: its window decides when to compact
+        compaction_attempts = 0  # in this model turn (never more than MAX_ATTEMPTS_PER_TURN)
+        compaction_exhausted = False  # this turn: nothing more to compact, or attempts used up
+        force_compaction = False  # a model rejected the prompt as too long
         while True:
-            history, last = await _db.db(_db.history_load)(spec.run_id)
+            history = await _db.db(_db.history_load)(spec.run_id)
+            last = history.tail
             if last is not None:
                 if not last.tool_calls:  # answered before a worker died: nothing left to do
                     return Outcome(RunStatus.COMPLETED, reply=last.content)
@@ -142,16 +197,35 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                     reason=RunFailureReason.MAX_LOOP_COUNT,
                 )
             final_turn = turn == spec.max_loop_count - 1
-            messages = [ChatMessage(role="system", content=spec.system_prompt or DEFAULT_SYSTEM_PROMPT), *history]
+            system = system_prompt_with_summary(spec.system_prompt or DEFAULT_SYSTEM_PROMPT, history.summary)
+            messages = [ChatMessage(role="system", content=system), *history.messages]
             if final_turn and tool_specs:
                 messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
             offered = [] if final_turn else tool_specs
+            prompt_tokens = estimate_tokens(messages, offered)
+            budget = spec.entries[current_entry].max_input_tokens * BUDGET_RATIO
+            if (force_compaction or prompt_tokens > budget) and not compaction_exhausted:
+                compaction_attempts += 1
+                result = await compact(spec=spec, history=history, router=router, publish=publish,
+                                       attempt=compaction_attempts, tokens_before=prompt_tokens)
+                force_compaction = False
+                if result.nothing_to_compact or compaction_attempts >= MAX_ATTEMPTS_PER_TURN:
+                    compaction_exhausted = True
+                if not result.ok and not result.nothing_to_compact and compaction_attempts >= MAX_ATTEMPTS_PER_TURN:
+                    return Outcome(
+                        RunStatus.FAILED,
+                        error=f"The conversation could not be compacted ({compaction_attempts} attempts): {result.error}",
+                        reason=RunFailureReason.COMPACTION_FAILED,
+                    )
+                continue
             over_budget = await _budget_exceeded(spec, messages, offered)
             if over_budget:
                 return Outcome(RunStatus.FAILED, error=over_budget, reason=RunFailureReason.BUDGET_EXCEEDED)
             try:
                 async with asyncio.timeout(spec.turn_timeout_seconds):
-                    completion, reasoning = await _model_turn(router, messages, offered, publish)
+                    completion, reasoning = await _model_turn(
+                        router, messages, offered, publish, compact_first=not compaction_exhausted
+                    )
             except TimeoutError:
                 return Outcome(
                     RunStatus.FAILED,
@@ -159,6 +233,9 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                     reason=RunFailureReason.TURN_TIMEOUT,
                 )
             except ContextWindowExceeded as exc:
+                if not compaction_exhausted:  # compact first; larger entries only after that
+                    force_compaction = True
+                    continue
                 return Outcome(RunStatus.FAILED, error=f"The conversation does not fit any model of the route: {exc}",
                                reason=RunFailureReason.CONTEXT_WINDOW)
             except AllEntriesFailed as exc:
@@ -180,6 +257,8 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                 message = dataclasses.replace(message, tool_calls=())
             calls = await _db.db(_db.assistant_message_save)(spec=spec, turn=turn, message=message, reasoning=reasoning)
             turn += 1
+            current_entry = completion.entry_index
+            compaction_attempts, compaction_exhausted = 0, False
             if not message.tool_calls:
                 if not message.content.strip():
                     if final_turn:
@@ -237,7 +316,7 @@ TOKEN_FLUSH_CHARS = 512
 
 
 async def _model_turn(
-    router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any
+    router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any, *, compact_first: bool = False
 ) -> tuple[Completion, str]:
     """Stream one model turn, publishing text and reasoning in batches.
 
@@ -257,7 +336,7 @@ async def _model_turn(
             await publish(buffered_type, {"text": "".join(buffered)})
             buffered, size = [], 0
 
-    async for event in router.stream(messages, tool_specs):
+    async for event in router.stream(messages, tool_specs, compact_first=compact_first):
         if isinstance(event, (TextDelta, ReasoningDelta)):
             event_type = "content_token" if isinstance(event, TextDelta) else "reasoning_token"
             if buffered and event_type != buffered_type:

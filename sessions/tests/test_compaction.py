@@ -1,0 +1,115 @@
+"""Compaction: crossing the budget, the summary replacing history, bounded attempts, the
+entry actually called, and compacting before falling back on a context-window rejection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+
+from agents.tests.factories import agent_with_route, bind_builtin
+from llm.models import ModelRouteEntry
+from llm.testing import Fail, Reply, ToolCalls
+from sessions.models import Compaction
+from sessions.runner.compaction import SUMMARIZER_PROMPT, SUMMARY_HEADER
+from sessions.runner.loop import execute_run
+from sessions.tests.conftest import post_message, reload_run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+
+
+@database_sync_to_async
+def make_agent(world, urls, windows, **fields):
+    agent = agent_with_route(tenant=world.tenant, base_urls=urls, **fields)
+    bind_builtin(agent, "test_echo")
+    for position, window in enumerate(windows):
+        ModelRouteEntry.all_tenants.filter(route=agent.route, position=position).update(max_input_tokens=window)
+    return agent
+
+
+@database_sync_to_async
+def compactions(run_id):
+    return list(Compaction.all_tenants.filter(run_id=run_id).order_by("id"))
+
+
+def system_of(request):
+    return request["messages"][0]["content"]
+
+
+async def test_crossing_the_budget_compacts_and_later_turns_send_summary_and_recent_messages(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url], [2000])  # budget: 0.7 × 2000 = 1400 tokens
+    first, second = "a" * 1600, "b" * 1600
+    fake_llm.script(
+        ToolCalls([("test_echo", {"text": first})]),
+        ToolCalls([("test_echo", {"text": second})]),
+        Reply("## Goal\n- echo two long texts\n## Progress\n- S1"),
+        Reply("## Goal\n- echo two long texts\n## Progress\n- first echoed; S2"),
+        Reply("Both echoed."),
+    )
+    run = await post_message(agent=agent, user=world.member, content="echo two long texts")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert (run.status, run.reply) == ("completed", "Both echoed.")
+    assert [system_of(r) == SUMMARIZER_PROMPT for r in fake_llm.requests] == [False, False, True, True, False]
+    assert "EARLIER SUMMARY:\n## Goal" in fake_llm.requests[3]["messages"][1]["content"]
+    [c1, c2] = await compactions(run.pk)
+    assert (c1.status, c2.status) == ("succeeded", "succeeded")
+    assert c2.tokens_before > 1400 and c2.tokens_after < c2.tokens_before
+    last = fake_llm.requests[4]
+    assert SUMMARY_HEADER + "## Goal\n- echo two long texts\n## Progress\n- first echoed; S2" in system_of(last)
+    sent = json.dumps(last["messages"])
+    assert first not in sent, "summarized messages are no longer sent"
+    assert second in sent, "the latest call and its result are kept verbatim"
+    roles = [m["role"] for m in last["messages"][1:]]
+    assert roles == ["assistant", "tool"], "a tool call and its result are never split"
+
+
+async def test_a_summarizer_that_fails_three_times_fails_the_run_without_looping(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url], [2000])
+    down = Fail(500, body={"error": {"message": "summarizer down"}})
+    fake_llm.script(
+        ToolCalls([("test_echo", {"text": "a" * 1600})]),
+        ToolCalls([("test_echo", {"text": "b" * 1600})]),
+        down, down, down,
+    )
+    run = await post_message(agent=agent, user=world.member, content="go")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert (run.status, run.reason) == ("failed", "compaction_failed")
+    assert "3 attempts" in run.error
+    assert [c.status for c in await compactions(run.pk)] == ["failed"] * 3
+    assert len(fake_llm.requests) == 5, "two turns, three summarizer attempts, nothing more"
+
+
+async def test_the_trigger_uses_the_entry_actually_called_after_a_fallback(world, fake_llm, second_fake_llm):
+    # Entry 0 has a huge window but fails the first turn; entry 1 (2,000 tokens) answers, so the
+    # next prompt is measured against 2,000, not 100,000.
+    agent = await make_agent(world, [fake_llm.base_url, second_fake_llm.base_url], [100_000, 2000])
+    fake_llm.script(Fail(500, body={"error": {"message": "down"}}), Reply("## Goal\n- S"), Reply("done"))
+    second_fake_llm.script(ToolCalls([("test_echo", {"text": "c" * 3000})]))
+    run = await post_message(agent=agent, user=world.member, content="go")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).status == "completed"
+    assert len(await compactions(run.pk)) == 1
+    assert system_of(fake_llm.requests[1]) == SUMMARIZER_PROMPT
+
+
+async def test_a_context_window_rejection_compacts_before_falling_back_to_a_larger_entry(
+    world, fake_llm, second_fake_llm
+):
+    agent = await make_agent(world, [fake_llm.base_url, second_fake_llm.base_url], [100_000, 200_000])
+    too_long = Fail(400, body={"error": {"message": "This model's maximum context length is 8192 tokens",
+                                         "code": "context_length_exceeded"}})
+    fake_llm.script(
+        ToolCalls([("test_echo", {"text": "x"})]),
+        too_long,
+        Reply("## Goal\n- S"),
+        Reply("Answered after compaction."),
+    )
+    run = await post_message(agent=agent, user=world.member, content="go")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert (run.status, run.reply) == ("completed", "Answered after compaction.")
+    assert second_fake_llm.requests == [], "the larger entry is only for when compaction cannot help"
+    assert len(await compactions(run.pk)) == 1
