@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
-from llm.types import ChatMessage, ToolSpec
+from llm.types import ChatMessage, ToolSpec, Usage
 
 CHARS_PER_TOKEN: Final[float] = 4.0
 """Average characters per token assumed by every estimate here."""
@@ -93,3 +93,34 @@ __all__ = [
     "estimate_tokens",
     "estimate_tool_tokens",
 ]
+
+
+def usage_or_estimate(
+    *,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec],
+    message: ChatMessage,
+    reasoning: str = "",
+) -> Usage:
+    """Usage from what the provider reported; what it did not report is estimated.
+
+    Args:
+        prompt_tokens, completion_tokens: The provider's counts, None where absent.
+        messages, tools: What was sent (to estimate the prompt).
+        message, reasoning: What came back (to estimate the completion).
+
+    Returns:
+        ``Usage``; ``estimated=True`` as soon as either count is an estimate.
+    """
+    if prompt_tokens is not None and completion_tokens is not None:
+        return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+    return Usage(
+        prompt_tokens=prompt_tokens if prompt_tokens is not None else estimate_tokens(messages, tools),
+        completion_tokens=(
+            completion_tokens if completion_tokens is not None
+            else estimate_completion_tokens(message, reasoning=reasoning)
+        ),
+        estimated=True,
+    )

@@ -54,7 +54,7 @@ import httpx2
 
 from llm.providers._clients import LoopClientCache
 from llm.errors import ErrorClass, ModelCallError, parse_retry_after
-from llm.tokens import estimate_completion_tokens, estimate_tokens
+from llm.tokens import usage_or_estimate
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
 
 if TYPE_CHECKING:
@@ -568,16 +568,10 @@ class _UsageState:
     ) -> Usage:
         """Prompt tokens = ``input_tokens`` + cache creation + cache read (Anthropic's total
         input); estimates (``estimated=True``) replace what the provider did not report."""
-        prompt = None if self.input_tokens is None else self.input_tokens + self.cache_tokens
-        completion = self.output_tokens
-        if prompt is not None and completion is not None:
-            return Usage(prompt_tokens=prompt, completion_tokens=completion)
-        return Usage(
-            prompt_tokens=prompt if prompt is not None else estimate_tokens(messages, tools),
-            completion_tokens=completion
-            if completion is not None
-            else estimate_completion_tokens(message, reasoning=reasoning),
-            estimated=True,
+        return usage_or_estimate(
+            prompt_tokens=None if self.input_tokens is None else self.input_tokens + self.cache_tokens,
+            completion_tokens=self.output_tokens,
+            messages=messages, tools=tools, message=message, reasoning=reasoning,
         )
 
 

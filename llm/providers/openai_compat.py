@@ -28,7 +28,7 @@ import openai
 
 from llm.errors import ModelCallError, classify_error, classify_finish_reason
 from llm.providers._clients import LoopClientCache
-from llm.tokens import estimate_completion_tokens, estimate_tokens
+from llm.tokens import usage_or_estimate
 from llm.toolcall_parsing import ToolCallHoldback, messages_for_text_mode, mint_call_id
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
 
@@ -320,16 +320,13 @@ async def stream_chat(
 def _usage(
     reported: Any, sent: Sequence[ChatMessage], tools: Sequence[ToolSpec], message: ChatMessage, reasoning: str
 ) -> Usage:
-    prompt = getattr(reported, "prompt_tokens", None) if reported is not None else None
-    completion = getattr(reported, "completion_tokens", None) if reported is not None else None
-    if isinstance(prompt, int) and isinstance(completion, int):
-        return Usage(prompt_tokens=prompt, completion_tokens=completion)
-    return Usage(
-        prompt_tokens=prompt if isinstance(prompt, int) else estimate_tokens(sent, tools),
-        completion_tokens=completion
-        if isinstance(completion, int)
-        else estimate_completion_tokens(message, reasoning=reasoning),
-        estimated=True,
+    def count(name: str) -> int | None:
+        value = getattr(reported, name, None) if reported is not None else None
+        return value if isinstance(value, int) else None
+
+    return usage_or_estimate(
+        prompt_tokens=count("prompt_tokens"), completion_tokens=count("completion_tokens"),
+        messages=sent, tools=tools, message=message, reasoning=reasoning,
     )
 
 
