@@ -36,6 +36,17 @@ def open_page():
             browser.close()
 
 
+def log_in_and_ask(page, live_server_url, *, username, agent, question):
+    """Log in as ``username``, start a chat with ``agent`` and send ``question``."""
+    page.goto(live_server_url + "/")
+    page.get_by_test_id("login-username").fill(username)
+    page.get_by_test_id("login-password").fill("pw-user-123")
+    page.get_by_test_id("login-submit").click()
+    page.locator(f'[data-testid="agent-option"][data-agent-name="{agent}"]').click()
+    page.get_by_test_id("composer-input").fill(question)
+    page.get_by_test_id("composer-send").click()
+
+
 @pytest.fixture(autouse=True)
 def _needs_chromium():
     if not Path(CHROMIUM).exists():
@@ -95,13 +106,7 @@ def test_a_failed_run_shows_its_error(world, fake_llm, celery_worker, live_serve
     agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Broken")
     fake_llm.script(Fail(500, body={"error": {"message": "boom"}}))
     with open_page() as page:
-        page.goto(live_server_url + "/")
-        page.get_by_test_id("login-username").fill(world.member.username)
-        page.get_by_test_id("login-password").fill("pw-user-123")
-        page.get_by_test_id("login-submit").click()
-        page.locator('[data-testid="agent-option"][data-agent-name="Broken"]').click()
-        page.get_by_test_id("composer-input").fill("hello?")
-        page.get_by_test_id("composer-send").click()
+        log_in_and_ask(page, live_server_url, username=world.member.username, agent="Broken", question="hello?")
         expect(page.get_by_test_id("run-error")).to_contain_text("No model could answer", timeout=20_000)
         expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "failed")
 
@@ -114,13 +119,7 @@ def test_a_fallback_is_shown_to_the_user(world, fake_llm, second_fake_llm, celer
     fake_llm.script(Fail(500, body={"error": {"message": "down"}}))
     second_fake_llm.script(Reply("Answered by the fallback."))
     with open_page() as page:
-        page.goto(live_server_url + "/")
-        page.get_by_test_id("login-username").fill(world.member.username)
-        page.get_by_test_id("login-password").fill("pw-user-123")
-        page.get_by_test_id("login-submit").click()
-        page.locator('[data-testid="agent-option"][data-agent-name="Routed"]').click()
-        page.get_by_test_id("composer-input").fill("hello?")
-        page.get_by_test_id("composer-send").click()
+        log_in_and_ask(page, live_server_url, username=world.member.username, agent="Routed", question="hello?")
         expect(page.get_by_test_id("assistant-reply").last).to_have_text("Answered by the fallback.", timeout=20_000)
         expect(page.get_by_test_id("model-notice")).to_have_text(
             "Switched from model-0 to model-1 after a server error."

@@ -29,6 +29,14 @@ def server_c() -> Iterator[FakeLLMServer]:
         yield server
 
 
+@pytest.fixture
+def closed_port_root() -> str:
+    """``http://127.0.0.1:<port>`` with nobody listening on the port (connection refused)."""
+    from conftest import free_port
+
+    return f"http://127.0.0.1:{free_port()}"
+
+
 @pytest.fixture(autouse=True)
 async def _close_pooled_clients() -> AsyncIterator[None]:
     """Each test's pooled SDK clients are closed on its own event loop."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import socket
 from collections.abc import Iterator, Sequence
 from contextlib import aclosing
 from types import SimpleNamespace
@@ -130,12 +129,9 @@ def openai_server() -> Iterator[FakeLLMServer]:
 
 
 @pytest.fixture
-def closed_port_url() -> str:
+def closed_port_url(closed_port_root: str) -> str:
     """A base URL nobody listens on (connection refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return closed_port_root + ""
 
 
 def entry(index: int, base_url: str, **overrides: Any) -> RouteEntryConfig:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import sys
 import types
 from collections.abc import Sequence
@@ -52,12 +51,9 @@ TIME_TOOL = ToolSpec(
 
 
 @pytest.fixture
-def closed_port_url() -> str:
+def closed_port_url(closed_port_root: str) -> str:
     """A base URL nobody listens on (connection refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
+    return closed_port_root + "/v1"
 
 
 def entry(index: int, base_url: str, **overrides: Any) -> RouteEntryConfig:

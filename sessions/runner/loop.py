@@ -170,10 +170,7 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
         async def record(attempt: AttemptRecord) -> None:
             await _db.db(_db.llm_call_record)(spec=spec, turn=turn, record=attempt)
 
-        async def on_router_event(event_type: str, data: dict[str, Any]) -> None:
-            await publish(event_type, data)
-
-        router = Router(spec.entries, record=record, health=entry_health(), on_event=on_router_event)
+        router = Router(spec.entries, record=record, health=entry_health(), on_event=publish)
         interrupted_turns: set[int] = set()
         current_entry = 0  # the entry that answered last: its window decides when to compact
         compaction_attempts = 0  # in this model turn (never more than MAX_ATTEMPTS_PER_TURN)
@@ -191,11 +188,7 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                 await execute_tool_calls(spec=spec, calls=pending, tools=tools, publish=publish)
                 continue
             if turn >= spec.max_loop_count:
-                return Outcome(
-                    RunStatus.FAILED,
-                    error=f"The agent reached its limit of {spec.max_loop_count} model turns without answering.",
-                    reason=RunFailureReason.MAX_LOOP_COUNT,
-                )
+                return _loop_limit_reached(spec)
             final_turn = turn == spec.max_loop_count - 1
             system = system_prompt_with_summary(spec.system_prompt or DEFAULT_SYSTEM_PROMPT, history.summary)
             messages = [ChatMessage(role="system", content=system), *history.messages]
@@ -218,7 +211,7 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                         reason=RunFailureReason.COMPACTION_FAILED,
                     )
                 continue
-            over_budget = await _budget_exceeded(spec, messages, offered)
+            over_budget = await _budget_exceeded(spec, prompt_tokens=prompt_tokens, entry_index=current_entry)
             if over_budget:
                 return Outcome(RunStatus.FAILED, error=over_budget, reason=RunFailureReason.BUDGET_EXCEEDED)
             try:
@@ -262,11 +255,7 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
             if not message.tool_calls:
                 if not message.content.strip():
                     if final_turn:
-                        return Outcome(
-                            RunStatus.FAILED,
-                            error=f"The agent reached its limit of {spec.max_loop_count} model turns without answering.",
-                            reason=RunFailureReason.MAX_LOOP_COUNT,
-                        )
+                        return _loop_limit_reached(spec)
                     return Outcome(RunStatus.FAILED, error="The model returned an empty answer.",
                                    reason=RunFailureReason.MODEL_ERROR)
                 return Outcome(RunStatus.COMPLETED, reply=message.content)
@@ -280,19 +269,27 @@ def entry_health() -> RedisEntryHealth:
     return RedisEntryHealth(async_redis(), prefix=f"{settings.REDIS_KEY_PREFIX}:health")
 
 
-async def _budget_exceeded(spec: RunSpec, messages: list[ChatMessage], tools: list[ToolSpec]) -> str:
+def _loop_limit_reached(spec: RunSpec) -> Outcome:
+    return Outcome(
+        RunStatus.FAILED,
+        error=f"The agent reached its limit of {spec.max_loop_count} model turns without answering.",
+        reason=RunFailureReason.MAX_LOOP_COUNT,
+    )
+
+
+async def _budget_exceeded(spec: RunSpec, *, prompt_tokens: int, entry_index: int) -> str:
     """Why the next model turn would exceed a budget, or "" if it would not.
 
-    "Would": what the run has used so far plus the next prompt (estimated with
-    ``llm.tokens``, priced at the first entry's input price) against the agent's per-run
-    limits and the tenant's monthly budget.
+    "Would": what the run has used so far plus the next prompt (``prompt_tokens``, the
+    ``llm.tokens`` estimate, priced at the input price of the entry that answered last)
+    against the agent's per-run limits and the tenant's monthly budget.
     """
     if spec.max_tokens_per_run is None and spec.max_cost_per_run_usd_micros is None and (
         spec.tenant_monthly_budget_usd_micros is None
     ):
         return ""
-    next_prompt_tokens = estimate_tokens(messages, tools)
-    next_cost = round(next_prompt_tokens * spec.entries[0].input_price_per_mtok)
+    next_prompt_tokens = prompt_tokens
+    next_cost = round(next_prompt_tokens * spec.entries[entry_index].input_price_per_mtok)
     used = await _db.db(_db.run_usage)(spec.run_id)
     if spec.max_tokens_per_run is not None and used.tokens + next_prompt_tokens > spec.max_tokens_per_run:
         return (f"The run has used {used.tokens} tokens; the next model turn (~{next_prompt_tokens} prompt tokens) "

@@ -45,10 +45,14 @@ async def _execute_one(*, spec: RunSpec, call: dict[str, Any], tools: dict[str, 
     name = call["name"]
     await _db.db(_db.tool_call_start)(pk=call["pk"])
     try:
-        arguments_for_event: Any = json.loads(call["arguments_raw"] or "{}")
-    except ValueError:
-        arguments_for_event = call["arguments_raw"]
-    await publish("tool_call_started", {"tool_call_id": call["pk"], "name": name, "arguments": arguments_for_event})
+        arguments: dict[str, Any] | None = _parse_arguments(call["arguments_raw"])
+        invalid_arguments: ToolError | None = None
+    except ToolError as exc:  # reported as the call's failure below, after the started event
+        arguments, invalid_arguments = None, exc
+    await publish("tool_call_started", {
+        "tool_call_id": call["pk"], "name": name,
+        "arguments": arguments if arguments is not None else call["arguments_raw"],
+    })
 
     started = time.monotonic()
     status, content, data, error = ToolCallStatus.SUCCEEDED, "", None, ""
@@ -59,12 +63,13 @@ async def _execute_one(*, spec: RunSpec, call: dict[str, Any], tools: dict[str, 
                 f"Unknown tool {name!r}. Available tools: {', '.join(sorted(tools)) or 'none'}.",
                 code="unknown_tool",
             )
-        arguments = _parse_arguments(call["arguments_raw"])
+        if invalid_arguments is not None:
+            raise invalid_arguments
         context = ToolContext(
             tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
             tool_call_id=call["pk"], publish=publish,
         )
-        result = await asyncio.wait_for(tool.execute(arguments, context), timeout=spec.tool_timeout_seconds)
+        result = await asyncio.wait_for(tool.execute(arguments or {}, context), timeout=spec.tool_timeout_seconds)
         content, data = _cap(result.content), result.data
     except ToolError as exc:
         status, error = ToolCallStatus.FAILED, exc.message
