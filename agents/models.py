@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -33,6 +35,17 @@ class AgentInstance(TenantOwnedModel):
         default=300.0, validators=[MinValueValidator(1.0), MaxValueValidator(3600)],
         help_text="Longest one model turn may take, retries and fallbacks included.",
     )
+    run_timeout_seconds = models.FloatField(
+        default=1800.0, validators=[MinValueValidator(1.0), MaxValueValidator(24 * 3600)],
+        help_text="Longest a run may work, wall clock from its start; time spent waiting for approvals does not count.",
+    )
+    message_mode = models.CharField(
+        max_length=8, choices=[("queue", "Queue"), ("steer", "Steer")], default="queue",
+        help_text=(
+            "A message sent while a run is busy: queue = answered by its own run afterwards; "
+            "steer = handed to the running loop at its next model turn."
+        ),
+    )
     max_tokens_per_run = models.PositiveIntegerField(
         null=True, blank=True, help_text="Budget: prompt + completion tokens per run; blank: no limit.",
     )
@@ -60,6 +73,17 @@ class AgentInstance(TenantOwnedModel):
 class CapabilityKind(models.TextChoices):
     MCP_SERVER = "mcp_server", "MCP server"
     BUILTIN = "builtin", "Built-in tool"
+    CLI = "cli", "CLI command"
+    BROWSER = "browser", "Browser"
+    SKILL = "skill", "Skill"
+
+
+class ApprovalAction(models.TextChoices):
+    """What a binding's approval policy says about a tool call."""
+
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
 
 
 class CapabilityBinding(TenantOwnedModel):
@@ -74,6 +98,17 @@ class CapabilityBinding(TenantOwnedModel):
     allowed_tools = models.JSONField(
         default=list, blank=True,
         help_text="Tool names (as the capability names them) to expose; empty means all.",
+    )
+    approval_policy = models.JSONField(
+        default=list, blank=True,
+        help_text=(
+            'Rules checked in order, first match wins: [{"pattern": "delete_*", "action": "ask"}, ...]. '
+            "Patterns are shell-style (fnmatch) and match the tool's name as the capability names it or "
+            "its exposed name. Actions: allow, ask (a human approves each call), deny. No match: allow."
+        ),
+    )
+    config = models.JSONField(
+        default=dict, blank=True, help_text="Settings of this kind of capability (see the README for each kind).",
     )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -100,3 +135,35 @@ class CapabilityBinding(TenantOwnedModel):
             raise ValidationError({"agent": "Agent not found."})
         if not isinstance(self.allowed_tools, list) or not all(isinstance(t, str) for t in self.allowed_tools):
             raise ValidationError({"allowed_tools": "A JSON list of tool names."})
+        policy_errors = approval_policy_errors(self.approval_policy)
+        if policy_errors:
+            raise ValidationError({"approval_policy": policy_errors})
+        if not isinstance(self.config, dict):
+            raise ValidationError({"config": "A JSON object."})
+
+
+def approval_policy_errors(policy: object) -> list[str]:
+    """What is wrong with an approval policy (``[]`` when it is valid).
+
+    Valid: a list of ``{"pattern": str, "action": "allow" | "ask" | "deny"}``.
+    """
+    if not isinstance(policy, list):
+        return ['A JSON list of {"pattern": ..., "action": "allow" | "ask" | "deny"} rules.']
+    errors = []
+    for i, rule in enumerate(policy):
+        if not isinstance(rule, dict) or not isinstance(rule.get("pattern"), str) or not rule["pattern"]:
+            errors.append(f"Rule {i + 1}: needs a non-empty string 'pattern'.")
+        elif rule.get("action") not in ApprovalAction.values:
+            errors.append(f"Rule {i + 1}: 'action' must be one of {', '.join(ApprovalAction.values)}.")
+    return errors
+
+
+def approval_action(policy: list[dict[str, str]], *names: str) -> str:
+    """The action of the first rule whose pattern matches any of ``names``; ``allow`` if none.
+
+    Patterns are :func:`fnmatch.fnmatchcase` patterns (``*``, ``?``, ``[...]``).
+    """
+    for rule in policy:
+        if any(fnmatch.fnmatchcase(name, rule["pattern"]) for name in names):
+            return rule["action"]
+    return ApprovalAction.ALLOW

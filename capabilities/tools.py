@@ -15,6 +15,21 @@ from typing import Any, Awaitable, Callable
 from llm.types import ToolSpec
 
 
+class ApprovalRequired(Exception):
+    """Raised by a tool that found, while executing, that this call needs a human's approval.
+
+    Example: ``browser_type`` into a password field. The runner turns the call into an
+    approval request (the run pauses ``awaiting_approval``, the worker is freed); once
+    approved, the call is executed again with ``ToolContext.approved`` set. A tool must raise
+    this before it has any side effect.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        """Shown to the approver: why this call needs approval."""
+
+
 class ToolError(Exception):
     """A tool failed in a way the model should hear about.
 
@@ -54,6 +69,47 @@ class ToolContext:
     """Primary key of the ToolCall row."""
     publish: Callable[[str, dict[str, Any]], Awaitable[None]] = field(default=None)  # type: ignore[assignment]
     """``await publish(event_type, data)`` puts an event on the session stream."""
+    user_id: int | None = None
+    """The user whose message started the run (browser commands go to this user's devices)."""
+    approved: bool = False
+    """True when a human approved this very call (after the tool raised ApprovalRequired, or
+    the binding's policy said ``ask``)."""
+    depth: int = 0
+    """Sub-run depth: 0 for a user's run, 1 for a skill called from it, and so on."""
+
+    async def progress(self, message: str, *, progress: float | None = None, total: float | None = None) -> None:
+        """Publish a ``tool_call_progress`` event for this call.
+
+        Args:
+            message: Human-readable status ("42 lines of output", "connecting…").
+            progress: Units done so far, if known. total: Units in all, if known.
+        """
+        if self.publish is None:
+            return
+        await self.publish("tool_call_progress", {
+            "tool_call_id": self.tool_call_id, "message": message, "progress": progress, "total": total,
+        })
+
+    async def artifact_save(self, *, name: str, mime_type: str, data: bytes) -> int:
+        """Store ``data`` as an artifact of this session and call; publish ``artifact_updated``.
+
+        Returns:
+            The artifact id (the model reads it back with ``read_artifact``).
+        """
+        from channels.db import database_sync_to_async
+
+        from sessions.services import artifact_create
+
+        artifact = await database_sync_to_async(artifact_create, thread_sensitive=False)(
+            tenant_id=self.tenant_id, session_id=self.session_id, run_id=self.run_id,
+            tool_call_id=self.tool_call_id, name=name, mime_type=mime_type, data=data,
+        )
+        if self.publish is not None:
+            await self.publish("artifact_updated", {
+                "artifact_id": artifact.pk, "name": artifact.name, "mime_type": artifact.mime_type,
+                "size_bytes": artifact.size_bytes, "tool_call_id": self.tool_call_id,
+            })
+        return artifact.pk
 
 
 class Tool(abc.ABC):
@@ -61,6 +117,11 @@ class Tool(abc.ABC):
 
     spec: ToolSpec
     """Exposed name, description and argument schema."""
+
+    untrusted: bool = False
+    """True when results come from outside the platform (web pages, MCP servers, CLI output):
+    the runner then frames them as data with a per-call nonce before the model sees them
+    (:func:`sessions.runner.tool_execution.frame_untrusted`)."""
 
     @abc.abstractmethod
     async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
@@ -75,4 +136,6 @@ class Tool(abc.ABC):
 
         Raises:
             ToolError: A failure the model should be told about (recorded as a failed call).
+            ApprovalRequired: This call needs a human's approval first (raised before any
+                side effect; the call is executed again once approved).
         """

@@ -49,6 +49,11 @@ EVENT_TYPES = frozenset(
         "model_fallback",
         "compaction_running",
         "compaction_completed",
+        "run_awaiting_approval",
+        "approval_resolved",
+        "tool_call_progress",
+        "artifact_updated",
+        "browser_operation",
     }
 )
 """Event names are API: never rename one that shipped."""

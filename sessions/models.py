@@ -34,12 +34,13 @@ class ChatSession(TenantOwnedModel):
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
     RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
-ACTIVE_RUN_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
+ACTIVE_RUN_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL)
 TERMINAL_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
@@ -56,6 +57,9 @@ class RunFailureReason(models.TextChoices):
     COMPACTION_FAILED = "compaction_failed", "The conversation could not be compacted to fit"
     CONFIGURATION = "configuration", "The agent's configuration is unusable"
     CAPABILITY_UNAVAILABLE = "capability_unavailable", "A bound capability could not be reached"
+    RUN_TIMEOUT = "run_timeout", "The run took longer than the agent's run timeout"
+    WORKER_LOST = "worker_lost", "The worker running it died too many times"
+    APPROVAL_EXPIRED = "approval_expired", "An approval was not given in time"
     INTERNAL = "internal_error", "Internal error"
 
 
@@ -74,6 +78,16 @@ class Run(TenantOwnedModel):
     completion_tokens = models.PositiveIntegerField(default=0, help_text="Sum over the run's LLM calls.")
     cost_usd_micros = models.BigIntegerField(default=0, help_text="Sum over the run's LLM calls, micro-USD.")
     attempt = models.PositiveIntegerField(default=0, help_text="Times a worker started this run.")
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="Last sign of life of the worker running it (every few seconds)."
+    )
+    steer = models.BooleanField(default=False, help_text="Posted to an agent in steer mode while a run was busy.")
+    steered_into = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="steered_runs",
+        help_text="The running run this message was handed to; this run ends as that one does.",
+    )
+    paused_at = models.DateTimeField(null=True, blank=True, help_text="When it began waiting for an approval.")
+    paused_seconds = models.FloatField(default=0.0, help_text="Time spent waiting for approvals (not counted by the run timeout).")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -115,6 +129,7 @@ class Message(TenantOwnedModel):
 
 class ToolCallStatus(models.TextChoices):
     PENDING = "pending"
+    AWAITING_APPROVAL = "awaiting_approval"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -131,7 +146,7 @@ class ToolCall(TenantOwnedModel):
     name = models.CharField(max_length=100, help_text="Exposed name, as the model called it.")
     arguments = models.JSONField(default=dict, blank=True)
     arguments_raw = models.TextField(blank=True, help_text="Arguments as the model wrote them.")
-    status = models.CharField(max_length=16, choices=ToolCallStatus.choices, default=ToolCallStatus.PENDING)
+    status = models.CharField(max_length=20, choices=ToolCallStatus.choices, default=ToolCallStatus.PENDING)
     result = models.TextField(blank=True)
     result_data = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -227,3 +242,84 @@ class Compaction(TenantOwnedModel):
 
     class Meta(TenantOwnedModel.Meta):
         ordering = ["session", "id"]
+
+
+class Artifact(TenantOwnedModel):
+    """A file a run produced: a large tool output, an image from an MCP server, a screenshot.
+
+    The bytes live in PostgreSQL (``content``); tools hand the model a handle
+    (``artifact:<id>``) that ``read_artifact`` reads back in slices. Owned by the session's
+    tenant and readable by the session's user through ``/api/v1/artifacts/<id>/``.
+    """
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="artifacts")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="artifacts")
+    tool_call = models.ForeignKey(
+        ToolCall, null=True, blank=True, on_delete=models.SET_NULL, related_name="artifacts"
+    )
+    name = models.CharField(max_length=200, help_text="A file name, e.g. 'screenshot.png'.")
+    mime_type = models.CharField(max_length=100, default="application/octet-stream")
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    content = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta(TenantOwnedModel.Meta):
+        ordering = ["session", "id"]
+
+    def __str__(self) -> str:
+        return f"artifact:{self.pk} {self.name}"
+
+    @property
+    def is_text(self) -> bool:
+        return self.mime_type.startswith("text/") or self.mime_type in TEXT_MIME_TYPES
+
+
+TEXT_MIME_TYPES = frozenset({"application/json", "application/xml", "application/yaml", "application/x-ndjson"})
+
+
+class ApprovalKind(models.TextChoices):
+    TOOL_CALL = "tool_call", "Approve a tool call"
+    QUESTION = "question", "Answer the agent's question (ask_user)"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    ANSWERED = "answered"
+    EXPIRED = "expired"
+
+
+class Approval(TenantOwnedModel):
+    """A human decision a run waits for: approve/deny a tool call, or answer a question.
+
+    Created by the runner when a binding's policy says ``ask`` (or a tool raised
+    ApprovalRequired, or the model called ``ask_user``); the run then pauses
+    (``awaiting_approval``) and no worker holds it. ``POST /api/v1/approvals/<id>/`` records
+    the decision; when the run has no pending approval left it is queued again and resumes on
+    any worker. Pending approvals past ``expires_at`` expire and fail the run
+    (``approval_expired``).
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="approval")
+    kind = models.CharField(max_length=16, choices=ApprovalKind.choices, default=ApprovalKind.TOOL_CALL)
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    tool_name = models.CharField(max_length=100)
+    arguments = models.JSONField(default=dict, blank=True)
+    reason = models.TextField(blank=True, help_text="Why approval is needed (the policy rule or the tool's reason).")
+    question = models.TextField(blank=True, help_text="ask_user: the question for the user.")
+    answer = models.TextField(blank=True, help_text="Denial reason, or the user's answer to a question.")
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta(TenantOwnedModel.Meta):
+        ordering = ["run", "id"]
+        indexes = [models.Index(fields=["status", "expires_at"])]
+
+    def __str__(self) -> str:
+        return f"Approval {self.pk} ({self.kind} {self.tool_name}: {self.status})"

@@ -11,7 +11,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from sessions.models import ChatSession, LLMCall, Run, ToolCall
+from sessions.models import Artifact, ChatSession, LLMCall, Run, ToolCall
 
 
 def month_start(now: datetime | None = None) -> datetime:
@@ -80,3 +80,12 @@ def tenant_usage(*, start: datetime, end: datetime) -> dict[str, Any]:
         .order_by("-cost_usd_micros", "run__session__agent__name")
     )
     return {"total": calls.aggregate(**sums), "by_agent": list(by_agent)}
+
+
+def artifact_get_for_user(*, artifact_id: int, user_id: int) -> Artifact | None:
+    """The artifact if it is in the current tenant and its session belongs to the user, else None."""
+    return Artifact.objects.filter(pk=artifact_id, session__user_id=user_id).defer("content").first()
+
+
+def artifact_list_for_session(*, session_id: int) -> QuerySet:
+    return Artifact.objects.filter(session_id=session_id).defer("content").order_by("id")

@@ -8,7 +8,7 @@ from django.db import transaction
 from agent_platform.api_errors import ApplicationError
 from agents.models import AgentInstance
 from sessions.events import event_publish_on_commit
-from sessions.models import ACTIVE_RUN_STATUSES, ChatSession, Message, MessageRole, Run, RunStatus
+from sessions.models import ACTIVE_RUN_STATUSES, Artifact, ChatSession, Message, MessageRole, Run, RunStatus
 
 MAX_MESSAGE_CHARS = 100_000
 
@@ -123,3 +123,24 @@ def run_cancel(*, run: Run) -> Run:
     run_id = run.pk
     transaction.on_commit(lambda: request_cancel_sync(run_id))
     return run
+
+
+MAX_ARTIFACT_BYTES = 20 * 1024 * 1024
+"""Largest artifact stored (20 MiB); bigger outputs are cut to this."""
+
+
+def artifact_create(
+    *, tenant_id: int, session_id: int, name: str, mime_type: str, data: bytes,
+    run_id: int | None = None, tool_call_id: int | None = None,
+) -> Artifact:
+    """Store ``data`` (≤ :data:`MAX_ARTIFACT_BYTES`, cut beyond) as an artifact of the session.
+
+    Returns the saved Artifact. The caller publishes ``artifact_updated`` if a client should
+    hear of it (:meth:`capabilities.tools.ToolContext.artifact_save` does).
+    """
+    data = bytes(data[:MAX_ARTIFACT_BYTES])
+    return Artifact.objects.create(
+        tenant_id=tenant_id, session_id=session_id, run_id=run_id, tool_call_id=tool_call_id,
+        name=(name or "artifact")[:200], mime_type=(mime_type or "application/octet-stream")[:100],
+        size_bytes=len(data), content=data,
+    )

@@ -18,6 +18,10 @@ class Tenant(models.Model):
         max_digits=12, decimal_places=2, null=True, blank=True,
         help_text="Budget: USD of model usage per calendar month (UTC); blank: no limit.",
     )
+    max_concurrent_runs = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Runs of this tenant working at once; more wait queued. Blank: the RUNS_PER_TENANT_DEFAULT setting.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

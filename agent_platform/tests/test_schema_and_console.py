@@ -44,6 +44,7 @@ def test_tenant_admin_creates_an_agent_in_their_tenant_only(client, world, other
     data = {
         "name": "Console agent", "description": "", "system_prompt": "hi", "route": my_route.pk,
         "max_loop_count": 16, "tool_max_parallel": 3, "tool_timeout_seconds": 60, "turn_timeout_seconds": 300,
+        "run_timeout_seconds": 1800, "message_mode": "queue",
         "is_active": "on",
         "bindings-TOTAL_FORMS": 0, "bindings-INITIAL_FORMS": 0, "bindings-MIN_NUM_FORMS": 0, "bindings-MAX_NUM_FORMS": 1000,
     }

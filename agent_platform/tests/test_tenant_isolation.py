@@ -8,7 +8,7 @@ import pytest
 from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory, ProviderFactory, RouteEntryFactory
 from capabilities.models import McpServer
-from sessions.models import ChatSession, Message, Run
+from sessions.models import Artifact, ChatSession, Message, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -24,9 +24,11 @@ def theirs(other_world):
     session = ChatSession.all_tenants.create(tenant=t, agent=agent, user=other_world.member, title="secret title")
     run = Run.all_tenants.create(tenant=t, session=session, user=other_world.member, input="secret input")
     Message.all_tenants.create(tenant=t, session=session, run=run, role="user", content="secret input", position=0)
+    artifact = Artifact.all_tenants.create(tenant=t, session=session, run=run, name="secret.txt",
+                                           mime_type="text/plain", size_bytes=6, content=b"secret")
     return {
         "provider": entry.provider, "route": entry.route, "agent": agent, "server": server,
-        "binding": binding, "session": session, "run": run,
+        "binding": binding, "session": session, "run": run, "artifact": artifact,
     }
 
 
@@ -43,6 +45,9 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     _assert_404(client.post(f"/api/v1/sessions/{theirs['session'].pk}/messages/", {"content": "hi"}, format="json"))
     _assert_404(client.get(f"/api/v1/runs/{theirs['run'].pk}/"))
     _assert_404(client.get(f"/api/v1/runs/{theirs['run'].pk}/activities/"))
+    _assert_404(client.get(f"/api/v1/sessions/{theirs['session'].pk}/artifacts/"))
+    _assert_404(client.get(f"/api/v1/artifacts/{theirs['artifact'].pk}/"))
+    _assert_404(client.get(f"/api/v1/artifacts/{theirs['artifact'].pk}/content"))
     _assert_404(client.post("/api/v1/sessions/", {"agent": theirs["agent"].pk}, format="json"))
     listed = client.get("/api/v1/agents/").json()["results"]
     assert theirs["agent"].pk not in [a["id"] for a in listed]

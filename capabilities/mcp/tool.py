@@ -59,6 +59,8 @@ class McpTool(Tool):
     The connection must stay open (its ``async with`` block) for as long as the tool is used.
     """
 
+    untrusted = True  # results come from an outside server
+
     def __init__(
         self,
         *,

@@ -11,5 +11,8 @@ urlpatterns = [
     path("runs/<int:run_id>/", views.RunDetailApi.as_view(), name="run-detail"),
     path("runs/<int:run_id>/cancel/", views.RunCancelApi.as_view(), name="run-cancel"),
     path("admin/usage/", views.UsageApi.as_view(), name="admin-usage"),
+    path("sessions/<int:session_id>/artifacts/", views.SessionArtifactListApi.as_view(), name="session-artifacts"),
+    path("artifacts/<int:artifact_id>/", views.ArtifactDetailApi.as_view(), name="artifact-detail"),
+    path("artifacts/<int:artifact_id>/content", views.ArtifactContentApi.as_view(), name="artifact-content"),
     path("runs/<int:run_id>/activities/", views.RunActivitiesApi.as_view(), name="run-activities"),
 ]

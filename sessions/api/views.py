@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.pagination import PageNumberPagination
@@ -14,8 +15,10 @@ from rest_framework.response import Response
 from agent_platform.api_errors import ApplicationError, NotFound
 from agents.api.views import AgentOutputSerializer
 from agents.selectors import agent_get_active
-from sessions.models import ChatSession, LLMCall, Run, RunStatus, ToolCall
+from sessions.models import Artifact, ChatSession, LLMCall, Run, RunStatus, ToolCall
 from sessions.selectors import (
+    artifact_get_for_user,
+    artifact_list_for_session,
     chat_session_get_for_user,
     chat_session_list,
     month_bounds,
@@ -255,3 +258,48 @@ class RunCancelApi(TenantScopedApiView):
         run = run_cancel(run=run)
         code = status.HTTP_200_OK if run.status == RunStatus.CANCELLED else status.HTTP_202_ACCEPTED
         return Response(RunSerializer(run).data, status=code)
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Artifact
+        fields = ["id", "session", "run", "tool_call", "name", "mime_type", "size_bytes", "created_at"]
+
+
+class SessionArtifactListApi(TenantScopedApiView):
+    """Artifacts of one of the caller's sessions (metadata; bytes at ``/artifacts/<id>/content``)."""
+
+    @extend_schema(responses=ArtifactSerializer(many=True))
+    def get(self, request: Request, session_id: int) -> Response:
+        session = _session_or_404(request, session_id)
+        return Response(ArtifactSerializer(artifact_list_for_session(session_id=session.pk), many=True).data)
+
+
+class ArtifactDetailApi(TenantScopedApiView):
+    @extend_schema(responses=ArtifactSerializer)
+    def get(self, request: Request, artifact_id: int) -> Response:
+        artifact = artifact_get_for_user(artifact_id=artifact_id, user_id=request.user.pk)
+        if artifact is None:
+            raise NotFound("Artifact not found.")
+        return Response(ArtifactSerializer(artifact).data)
+
+
+class ArtifactContentApi(TenantScopedApiView):
+    """The artifact's bytes, with its MIME type (served as an attachment unless an image)."""
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    def get(self, request: Request, artifact_id: int) -> HttpResponse:
+        artifact = artifact_get_for_user(artifact_id=artifact_id, user_id=request.user.pk)
+        if artifact is None:
+            raise NotFound("Artifact not found.")
+        data = Artifact.objects.values_list("content", flat=True).get(pk=artifact.pk)
+        response = HttpResponse(bytes(data), content_type=artifact.mime_type)
+        disposition = "inline" if artifact.mime_type.startswith("image/") else "attachment"
+        response["Content-Disposition"] = f'{disposition}; filename="{_safe_filename(artifact.name)}"'
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+        return response
+
+
+def _safe_filename(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:100] or "artifact"

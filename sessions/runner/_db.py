@@ -34,7 +34,7 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.runner.spec import McpBindingSpec, RunSpec
+from sessions.runner.spec import BuiltinBindingSpec, McpBindingSpec, RunSpec
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 
@@ -97,7 +97,7 @@ def _spec(run: Run) -> RunSpec:
         raise ValueError(f"the route {agent.route.name!r} of agent {agent.name!r} has no entries")
     configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
     mcp_bindings: list[McpBindingSpec] = []
-    builtins: list[str] = []
+    builtins: dict[str, BuiltinBindingSpec] = {}
     for binding in agent.bindings.filter(enabled=True).order_by("id"):
         if binding.kind == CapabilityKind.MCP_SERVER:
             server = McpServer.objects.get(pk=binding.mcp_server_id)
@@ -116,10 +116,15 @@ def _spec(run: Run) -> RunSpec:
                         connect_timeout_seconds=server.connect_timeout_seconds,
                     ),
                     allowed_tools=frozenset(binding.allowed_tools),
+                    binding_id=binding.pk,
+                    approval_policy=tuple(binding.approval_policy),
                 )
             )
         elif binding.kind == CapabilityKind.BUILTIN:
-            builtins.append(binding.builtin_name)
+            builtins.setdefault(binding.builtin_name, BuiltinBindingSpec(
+                name=binding.builtin_name, binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+                config=dict(binding.config),
+            ))
     return RunSpec(
         run_id=run.pk,
         tenant_id=run.tenant_id,
@@ -141,7 +146,7 @@ def _spec(run: Run) -> RunSpec:
         entries=configs,
         entry_ids=tuple(e.pk for e in entries),
         mcp_bindings=tuple(mcp_bindings),
-        builtin_names=tuple(dict.fromkeys(builtins)),
+        builtin_bindings=tuple(builtins.values()),
         attempt=run.attempt,
         loop_count=run.loop_count,
     )
@@ -302,9 +307,15 @@ def tool_call_start(*, pk: int) -> None:
 
 @transaction.atomic
 def tool_call_finish(
-    *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int
+    *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int,
+    model_content: str | None = None,
 ) -> bool:
-    """Record a tool call's outcome and its tool message. Idempotent: False if already recorded."""
+    """Record a tool call's outcome and its tool message. Idempotent: False if already recorded.
+
+    ``content`` is the result as the tool returned it (ToolCall.result, shown in the UI);
+    ``model_content``, when given, is what the model reads instead (the tool message), e.g.
+    the result framed as untrusted data.
+    """
     call = ToolCall.objects.select_for_update().get(pk=pk)
     if call.finished_at is not None:
         return False
@@ -318,7 +329,8 @@ def tool_call_finish(
     Message.objects.create(
         tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
         position=_next_position(spec.session_id), role=MessageRole.TOOL,
-        content=content if status == ToolCallStatus.SUCCEEDED else f"Error: {error}",
+        content=(model_content if model_content is not None else content) if status == ToolCallStatus.SUCCEEDED
+        else f"Error: {error}",
         tool_call_id=call.call_id, name=call.name,
     )
     return True

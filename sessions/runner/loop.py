@@ -18,11 +18,6 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from capabilities.builtin.registry import builtin_create
-from capabilities.mcp.client import McpConnection
-from capabilities.mcp.tool import McpTool
-from capabilities.naming import assign_exposed_names
-from capabilities.tools import Tool, ToolError
 from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted
 from llm.health import RedisEntryHealth
 from llm.router import AttemptRecord, Router
@@ -34,7 +29,8 @@ from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_cancelling, watch_for_cancel
 from sessions.runner.compaction import BUDGET_RATIO, MAX_ATTEMPTS_PER_TURN, compact, system_prompt_with_summary
 from sessions.runner.spec import RunSpec
-from sessions.runner.tool_execution import execute_tool_calls
+from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
+from sessions.runner.toolset import CapabilityUnavailable, toolset_open
 from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)
@@ -52,10 +48,6 @@ class Outcome:
     reply: str = ""
     error: str = ""
     reason: str = ""
-
-
-class CapabilityUnavailable(Exception):
-    """A bound capability could not be reached when the run started."""
 
 
 async def execute_run(run_id: int) -> None:
@@ -164,7 +156,8 @@ async def _run_loop_cancellable(spec: RunSpec, publish: Any) -> Outcome:
 
 async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
     async with contextlib.AsyncExitStack() as stack:
-        tools, tool_specs = await _open_tools(spec, stack)
+        toolset = await toolset_open(spec, stack)
+        tools, tool_specs = toolset.tools, toolset.specs
         turn = spec.loop_count
 
         async def record(attempt: AttemptRecord) -> None:
@@ -191,6 +184,8 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                 return _loop_limit_reached(spec)
             final_turn = turn == spec.max_loop_count - 1
             system = system_prompt_with_summary(spec.system_prompt or DEFAULT_SYSTEM_PROMPT, history.summary)
+            if any(t.untrusted for t in tools.values()):
+                system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"
             messages = [ChatMessage(role="system", content=system), *history.messages]
             if final_turn and tool_specs:
                 messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
@@ -352,44 +347,3 @@ async def _model_turn(
     if completion is None:
         raise StreamInterrupted("the stream ended without a completion")
     return completion, "".join(reasoning)
-
-
-async def _open_tools(spec: RunSpec, stack: contextlib.AsyncExitStack) -> tuple[dict[str, Tool], list[ToolSpec]]:
-    """Connect the bound MCP servers (in this task: it also closes them) and build the tools.
-
-    Returns:
-        ``{exposed name: Tool}`` and the ToolSpecs offered to the model (exposed names).
-
-    Raises:
-        CapabilityUnavailable: a bound MCP server could not be connected or listed.
-    """
-    sources: list[tuple[str, str, Any]] = []  # (alias, original name, factory(exposed) -> Tool)
-    for binding in spec.mcp_bindings:
-        try:
-            connection = await stack.enter_async_context(McpConnection(binding.server))
-            infos = await connection.list_tools()
-        except ToolError as exc:
-            raise CapabilityUnavailable(f"MCP server {binding.server.alias!r} is unavailable: {exc.message}") from exc
-        for info in infos:
-            if binding.allowed_tools and info.name not in binding.allowed_tools:
-                continue
-            sources.append(
-                (binding.server.alias, info.name,
-                 lambda exposed, c=connection, i=info: McpTool(
-                     connection=c, info=i, exposed_name=exposed, call_timeout_seconds=spec.tool_timeout_seconds))
-            )
-    for name in spec.builtin_names:
-        sources.append(("builtin", name, lambda exposed, n=name: _renamed(builtin_create(n), exposed)))
-
-    names = assign_exposed_names([(alias, name) for alias, name, _ in sources])
-    tools: dict[str, Tool] = {}
-    for alias, name, factory in sources:
-        exposed = names[(alias, name)]
-        tools[exposed] = factory(exposed)
-    return tools, [t.spec for t in tools.values()]
-
-
-def _renamed(tool: Tool, exposed: str) -> Tool:
-    if tool.spec.name != exposed:
-        tool.spec = dataclasses.replace(tool.spec, name=exposed)
-    return tool

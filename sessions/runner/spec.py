@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from capabilities.mcp.client import McpServerConfig
 from llm.router import RouteEntryConfig
@@ -13,6 +13,18 @@ class McpBindingSpec:
     server: McpServerConfig
     allowed_tools: frozenset[str]
     """Empty: every tool the server lists."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+    """``[{pattern, action}]`` rules (agents.models.approval_action)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinBindingSpec:
+    name: str
+    """The registered built-in tool name."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+    config: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +50,7 @@ class RunSpec:
     entry_ids: tuple[int, ...]
     """ModelRouteEntry primary keys, parallel to ``entries``."""
     mcp_bindings: tuple[McpBindingSpec, ...] = ()
-    builtin_names: tuple[str, ...] = ()
+    builtin_bindings: tuple[BuiltinBindingSpec, ...] = ()
     attempt: int = 1
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""
