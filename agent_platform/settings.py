@@ -187,6 +187,12 @@ CELERY_TASK_ALWAYS_EAGER = False
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")
 LLM_MODEL_NAME = os.environ.get("LLM_MODEL_NAME", "qwen2.5-coder-0.5b-instruct")
 
+# web_fetch / web_read (capabilities/netsafe.py): networks allowed although not public. Empty in
+# production; tests add 127.0.0.1/32 to reach their own servers. Metadata addresses stay blocked.
+WEB_FETCH_ALLOWED_CIDRS: list[str] = [c for c in os.environ.get("WEB_FETCH_ALLOWED_CIDRS", "").split(",") if c.strip()]
+WEB_FETCH_CONNECT_TIMEOUT_SECONDS = 5.0
+WEB_FETCH_TOTAL_TIMEOUT_SECONDS = 20.0
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
