@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "agents",
     "capabilities",
     "sessions.apps.AgentSessionsConfig",
+    "documents",
     "frontend",
 ]
 
