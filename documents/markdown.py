@@ -105,6 +105,9 @@ def replace_section(text: str, section: str, body: str) -> str:
     """``text`` with the body of ``section`` (the lines under its heading, subsections
     included) replaced by ``body``. The heading line stays; a blank line separates the new
     body from the next section."""
+    trailing_newline = text.endswith("\n")
+    if trailing_newline:
+        text = text[:-1]
     start, end, _ = find_section(text, section)
     lines = text.split("\n")
     new_body = body.strip("\n").split("\n") if body.strip() else []
@@ -112,7 +115,7 @@ def replace_section(text: str, section: str, body: str) -> str:
     replacement = [""] + new_body if new_body else []
     if after:
         replacement.append("")
-    return "\n".join(lines[:start + 1] + replacement + after)
+    return "\n".join(lines[:start + 1] + replacement + after) + ("\n" if trailing_newline else "")
 
 
 def replace_text(text: str, old: str, new: str) -> str:

@@ -8,6 +8,7 @@ import pytest
 from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory, ProviderFactory, RouteEntryFactory
 from capabilities.models import McpServer
+from documents.models import Document
 from sessions.models import Artifact, ChatSession, Message, Run
 
 pytestmark = pytest.mark.django_db
@@ -26,9 +27,11 @@ def theirs(other_world):
     Message.all_tenants.create(tenant=t, session=session, run=run, role="user", content="secret input", position=0)
     artifact = Artifact.all_tenants.create(tenant=t, session=session, run=run, name="secret.txt",
                                            mime_type="text/plain", size_bytes=6, content=b"secret")
+    document = Document.all_tenants.create(tenant=t, session=session, created_by_run=run, title="secret doc",
+                                           content="secret content")
     return {
         "provider": entry.provider, "route": entry.route, "agent": agent, "server": server,
-        "binding": binding, "session": session, "run": run, "artifact": artifact,
+        "binding": binding, "session": session, "run": run, "artifact": artifact, "document": document,
     }
 
 
@@ -48,6 +51,9 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     _assert_404(client.get(f"/api/v1/sessions/{theirs['session'].pk}/artifacts/"))
     _assert_404(client.get(f"/api/v1/artifacts/{theirs['artifact'].pk}/"))
     _assert_404(client.get(f"/api/v1/artifacts/{theirs['artifact'].pk}/content"))
+    _assert_404(client.get(f"/api/v1/documents/{theirs['document'].pk}/"))
+    assert client.get("/api/v1/documents/").json()["results"] == []
+    assert client.get(f"/api/v1/documents/?session={theirs['session'].pk}").json()["results"] == []
     _assert_404(client.post("/api/v1/sessions/", {"agent": theirs["agent"].pk}, format="json"))
     listed = client.get("/api/v1/agents/").json()["results"]
     assert theirs["agent"].pk not in [a["id"] for a in listed]

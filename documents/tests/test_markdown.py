@@ -56,7 +56,8 @@ def test_replace_section_keeps_the_heading_and_the_next_section():
 
 def test_replace_the_last_section():
     out = replace_section(DOC, "## Results", "None yet.")
-    assert out.endswith("## Results\n\nNone yet.")
+    assert out.endswith("## Results\n\nNone yet.\n")
+    assert replace_section("# A\n\nold", "A", "new") == "# A\n\nnew"
 
 
 def test_the_heading_level_disambiguates():
