@@ -85,8 +85,8 @@ _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 
 class FetchError(Exception):
-    """A fetch failed; ``code`` is one of ``invalid_url``, ``blocked_address``, ``timeout``,
-    ``http_error``. The message is written for the model."""
+    """A fetch failed; ``code`` is one of ``invalid_url``, ``invalid_arguments``, ``blocked_address``,
+    ``timeout``, ``http_error``. The message is written for the model."""
 
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message)
@@ -362,7 +362,7 @@ async def safe_fetch(url: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
             ``http_error`` (DNS, connection, TLS, protocol failure, too many redirects).
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= HARD_MAX_BYTES:
-        raise FetchError(f"`max_bytes` must be an integer from 1 to {HARD_MAX_BYTES}.", code="invalid_url")
+        raise FetchError(f"`max_bytes` must be an integer from 1 to {HARD_MAX_BYTES}.", code="invalid_arguments")
     connect_timeout = connect_timeout_seconds or getattr(settings, "WEB_FETCH_CONNECT_TIMEOUT_SECONDS",
                                                          CONNECT_TIMEOUT_SECONDS)
     total_timeout = total_timeout_seconds or getattr(settings, "WEB_FETCH_TOTAL_TIMEOUT_SECONDS", TOTAL_TIMEOUT_SECONDS)
