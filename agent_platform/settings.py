@@ -14,6 +14,7 @@ Environment variables (all optional on a developer machine):
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -190,7 +191,11 @@ LLM_MODEL_NAME = os.environ.get("LLM_MODEL_NAME", "qwen2.5-coder-0.5b-instruct")
 
 # web_fetch / web_read (capabilities/netsafe.py): networks allowed although not public. Empty in
 # production; tests add 127.0.0.1/32 to reach their own servers. Metadata addresses stay blocked.
-WEB_FETCH_ALLOWED_CIDRS: list[str] = [c for c in os.environ.get("WEB_FETCH_ALLOWED_CIDRS", "").split(",") if c.strip()]
+# An invalid network fails at startup (ValueError), not at the first fetch.
+WEB_FETCH_ALLOWED_CIDRS: list[str] = [
+    str(ipaddress.ip_network(c.strip(), strict=False))
+    for c in os.environ.get("WEB_FETCH_ALLOWED_CIDRS", "").split(",") if c.strip()
+]
 WEB_FETCH_CONNECT_TIMEOUT_SECONDS = 5.0
 WEB_FETCH_TOTAL_TIMEOUT_SECONDS = 20.0
 

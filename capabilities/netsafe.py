@@ -358,8 +358,9 @@ async def safe_fetch(url: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
         A :class:`FetchResult` for the final response, whatever its status.
 
     Raises:
-        FetchError: ``invalid_url``, ``blocked_address`` (any hop), ``timeout``, or
-            ``http_error`` (DNS, connection, TLS, protocol failure, too many redirects).
+        FetchError: ``invalid_url``, ``invalid_arguments`` (``max_bytes``), ``blocked_address``
+            (any hop), ``timeout``, or ``http_error`` (DNS, connection, TLS, protocol failure,
+            too many redirects, an unsupported or corrupt Content-Encoding).
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= HARD_MAX_BYTES:
         raise FetchError(f"`max_bytes` must be an integer from 1 to {HARD_MAX_BYTES}.", code="invalid_arguments")

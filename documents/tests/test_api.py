@@ -64,3 +64,18 @@ def test_the_endpoints_are_in_the_openapi_schema(client):
     text = client.get("/api/schema/").content.decode()
     assert "/api/v1/documents/:" in text and "/api/v1/documents/{document_id}/:" in text
     assert "DocumentDetail" in text
+
+
+def test_the_console_lists_the_tenants_documents_read_only(client, world, other_world):
+    mine = _doc(world, world.member, "Our report")
+    theirs = _doc(other_world, other_world.member, "Their report")
+    client.force_login(world.admin)
+    listing = client.get("/admin/documents/document/")
+    assert listing.status_code == 200
+    body = listing.content.decode()
+    assert "Our report" in body and "Their report" not in body
+    page = client.get(f"/admin/documents/document/{mine.pk}/change/")
+    assert page.status_code == 200 and 'name="title"' not in page.content.decode()  # shown, not editable
+    assert client.get("/admin/documents/document/add/").status_code == 403
+    foreign = client.get(f"/admin/documents/document/{theirs.pk}/change/", follow=True)
+    assert "Their report" not in foreign.content.decode()
