@@ -130,3 +130,15 @@ async def test_documents_are_shared_across_a_users_sessions_but_not_with_others(
             assert error.code == "not_found" and "secret" not in error.message
         assert (await outsider.call(op="list")).data == []
     assert (await stored(doc_id)).content == "secret"
+
+
+async def test_concurrent_writes_are_serialised(world):
+    import asyncio
+
+    me = await caller(world.tenant, world.member)
+    doc_id = (await me.call(op="create", title="Log", content="start")).data["document_id"]
+    results = await asyncio.gather(*(me.call(op="append", id=doc_id, content=f"line {i}") for i in range(8)))
+    row = await stored(doc_id)
+    assert sorted(r.data["version"] for r in results) == list(range(2, 10))
+    assert row.version == 9
+    assert sorted(row.content.split("\n")) == sorted(["start"] + [f"line {i}" for i in range(8)])
