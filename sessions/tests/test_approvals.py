@@ -104,7 +104,8 @@ def test_two_parallel_calls_each_get_their_own_approval(world, fake_llm, no_enqu
     fake_llm.script(ToolCalls([("test_echo", {"text": "a"}), ("test_echo", {"text": "b"})]), Reply("both done"))
     run = post_message_sync(agent=agent, user=world.member, content="two")
     run_now(run.pk)
-    first, second = _approvals(run.pk)
+    by_text = {a.arguments["text"]: a for a in _approvals(run.pk)}  # created in parallel: any id order
+    first, second = by_text["a"], by_text["b"]
     client = world.client()
     assert client.post(f"/api/v1/approvals/{first.pk}/", {"decision": "approve"}, format="json").status_code == 200
     assert _run(run.pk).status == "awaiting_approval"  # one is still pending
