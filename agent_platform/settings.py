@@ -184,6 +184,23 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "agent_platform")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_ALWAYS_EAGER = False
+CELERY_BEAT_SCHEDULE = {
+    "runs-sweep": {"task": "sessions.runs_sweep", "schedule": float(os.environ.get("RUN_SWEEP_INTERVAL_SECONDS", "15"))},
+}
+
+# Durable runs (sessions/runner): a running run's worker writes Run.heartbeat_at every
+# RUN_HEARTBEAT_SECONDS; the sweeper (Celery beat, every RUN_SWEEP_INTERVAL_SECONDS) resumes a
+# run whose heartbeat is older than RUN_STALE_SECONDS, or fails it (worker_lost) after
+# RUN_MAX_ATTEMPTS starts.
+RUN_HEARTBEAT_SECONDS = float(os.environ.get("RUN_HEARTBEAT_SECONDS", "5"))
+RUN_STALE_SECONDS = float(os.environ.get("RUN_STALE_SECONDS", "30"))
+RUN_MAX_ATTEMPTS = int(os.environ.get("RUN_MAX_ATTEMPTS", "3"))
+RUNS_QUEUE = os.environ.get("RUNS_QUEUE", "")
+"""Celery queue for run_execute ("" = CELERY_TASK_DEFAULT_QUEUE)."""
+RUNS_PER_TENANT_DEFAULT = int(os.environ.get("RUNS_PER_TENANT_DEFAULT", "50"))
+"""Runs of one tenant working at once when the tenant sets no limit; more wait queued."""
+APPROVAL_TTL_SECONDS = float(os.environ.get("APPROVAL_TTL_SECONDS", str(24 * 3600)))
+"""A pending approval or question expires after this; the run then fails (approval_expired)."""
 
 # The embedded local model (scripts/llm_server.py) that the demo route points at.
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")

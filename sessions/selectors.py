@@ -11,7 +11,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from sessions.models import Artifact, ChatSession, LLMCall, Run, ToolCall
+from sessions.models import Approval, ApprovalStatus, Artifact, ChatSession, LLMCall, Run, ToolCall
 
 
 def month_start(now: datetime | None = None) -> datetime:
@@ -89,3 +89,13 @@ def artifact_get_for_user(*, artifact_id: int, user_id: int) -> Artifact | None:
 
 def artifact_list_for_session(*, session_id: int) -> QuerySet:
     return Artifact.objects.filter(session_id=session_id).defer("content").order_by("id")
+
+
+def approval_get_for_user(*, approval_id: int, user_id: int) -> Approval | None:
+    """The approval if it is in the current tenant and belongs to a run of the user's, else None."""
+    return Approval.objects.filter(pk=approval_id, run__session__user_id=user_id).first()
+
+
+def approval_list_pending(*, user_id: int) -> QuerySet[Approval]:
+    """The user's pending approvals and questions in the current tenant, oldest first."""
+    return Approval.objects.filter(run__session__user_id=user_id, status=ApprovalStatus.PENDING).order_by("id")

@@ -41,7 +41,8 @@ class AgentAdminSerializer(serializers.ModelSerializer):
         model = AgentInstance
         fields = [
             "id", "name", "description", "system_prompt", "route", "max_loop_count", "tool_max_parallel",
-            "tool_timeout_seconds", "turn_timeout_seconds", "max_tokens_per_run", "max_cost_per_run_usd", "is_active", "created_at", "updated_at",
+            "tool_timeout_seconds", "turn_timeout_seconds", "run_timeout_seconds", "message_mode", "max_tokens_per_run",
+            "max_cost_per_run_usd", "is_active", "created_at", "updated_at",
         ]
 
 
@@ -63,7 +64,10 @@ class BindingSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = CapabilityBinding
-        fields = ["id", "agent", "kind", "mcp_server", "builtin_name", "allowed_tools", "enabled", "created_at"]
+        fields = [
+            "id", "agent", "kind", "mcp_server", "builtin_name", "allowed_tools", "approval_policy", "config",
+            "enabled", "created_at",
+        ]
 
 
 class BindingViewSet(TenantScopedViewSet):

@@ -14,7 +14,8 @@ from typing import Any, Awaitable, Callable, TypeVar
 from channels.db import database_sync_to_async
 
 from django.db import transaction
-from django.db.models import F, Q, Sum
+from django.db.models import Exists, F, OuterRef, Q, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityKind
@@ -24,6 +25,9 @@ from llm.selectors import route_entries, route_entry_config
 from llm.router import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import (
+    ACTIVE_RUN_STATUSES,
+    Approval,
+    ApprovalStatus,
     ChatSession,
     Compaction,
     LLMCall,
@@ -62,13 +66,20 @@ def run_tenant_id(run_id: int) -> int | None:
 
 @transaction.atomic
 def run_claim(run_id: int) -> RunSpec:
-    """Mark the run running (attempt + 1) and load everything it needs.
+    """Mark the run running (attempt + 1, heartbeat now) and load everything it needs.
 
-    A ``running`` run is claimed again: that is a redelivery after its worker died, and the
-    run resumes from what it persisted.
+    A ``running`` run whose heartbeat is stale (older than ``RUN_STALE_SECONDS``) is claimed
+    again: its worker died (a redelivery or the sweeper), and the run resumes from what it
+    persisted. A ``running`` run with a fresh heartbeat belongs to a live worker and is
+    refused, so a duplicate delivery never runs a run twice at once.
+
+    A ``queued`` run starts only while its tenant has fewer runs working than its limit
+    (``Tenant.max_concurrent_runs``, else ``RUNS_PER_TENANT_DEFAULT``); otherwise it stays
+    queued and :func:`run_finish` of one of the tenant's runs hands it to a worker later.
 
     Raises:
-        RunNotClaimable: finished, missing, or an earlier run of the session is active.
+        RunNotClaimable: finished, missing, awaiting approval, held by a live worker, an
+            earlier run of the session is active, or the tenant is at its limit.
         ValueError: the agent's configuration is unusable (no route entries…).
     """
     from sessions.services import session_has_earlier_active_run
@@ -80,13 +91,52 @@ def run_claim(run_id: int) -> RunSpec:
     run = Run.objects.select_for_update().get(pk=run_id)  # a concurrent cancel of a queued run wins
     if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
         raise RunNotClaimable(f"run {run_id} is {run.status}")
+    if run.status == RunStatus.RUNNING and run.heartbeat_at is not None and run.heartbeat_at > stale_before():
+        raise RunNotClaimable(f"run {run_id} is held by a live worker (heartbeat {run.heartbeat_at.isoformat()})")
+    if run.steered_into_id is not None:
+        raise RunNotClaimable(f"run {run_id} was handed to run {run.steered_into_id}")
     if session_has_earlier_active_run(run=run):
         raise RunNotClaimable(f"run {run_id} waits for an earlier run of its session")
+    if run.status == RunStatus.QUEUED:
+        tenant = Tenant.objects.select_for_update().get(pk=run.tenant_id)  # serialises the tenant's claims
+        limit = tenant_run_limit(tenant)
+        working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
+        if working >= limit:
+            raise RunNotClaimable(f"run {run_id} waits: tenant {tenant.slug} has {working} of {limit} runs working")
+    now = timezone.now()
     run.status = RunStatus.RUNNING
     run.attempt += 1
-    run.started_at = run.started_at or timezone.now()
-    run.save(update_fields=["status", "attempt", "started_at"])
+    run.started_at = run.started_at or now
+    run.heartbeat_at = now
+    run.save(update_fields=["status", "attempt", "started_at", "heartbeat_at"])
     return _spec(run)
+
+
+def stale_before() -> Any:
+    """Heartbeats older than this are a dead worker's (now − ``RUN_STALE_SECONDS``)."""
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    return timezone.now() - timedelta(seconds=settings.RUN_STALE_SECONDS)
+
+
+def tenant_run_limit(tenant: Tenant) -> int:
+    from django.conf import settings
+
+    return tenant.max_concurrent_runs if tenant.max_concurrent_runs is not None else settings.RUNS_PER_TENANT_DEFAULT
+
+
+def run_heartbeat(run_id: int, attempt: int) -> bool:
+    """Write the run's heartbeat for the worker holding ``attempt``.
+
+    Returns:
+        False if the run is no longer ``running`` under this attempt (it ended, paused, or
+        another worker took it over after this one's heartbeat went stale).
+    """
+    return bool(
+        Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempt=attempt).update(heartbeat_at=timezone.now())
+    )
 
 
 def _spec(run: Run) -> RunSpec:
@@ -149,6 +199,9 @@ def _spec(run: Run) -> RunSpec:
         builtin_bindings=tuple(builtins.values()),
         attempt=run.attempt,
         loop_count=run.loop_count,
+        run_timeout_seconds=agent.run_timeout_seconds,
+        run_started_at=run.started_at.timestamp(),
+        run_paused_seconds=run.paused_seconds,
     )
 
 
@@ -166,16 +219,22 @@ class History:
     """The message rows behind ``messages`` (what a compaction may summarize)."""
 
 
+def _effective_run(message: Message) -> int:
+    """The run a message belongs to in the conversation: a steered message joins the run it was handed to."""
+    return message.run.steered_into_id or message.run_id
+
+
 def _after_cursor(compaction: Compaction | None) -> Q:
     if compaction is None or compaction.cursor_message_id is None:
         return Q()
     c = compaction.cursor_message
-    return Q(run_id__gt=c.run_id) | Q(run_id=c.run_id, position__gt=c.position)
+    cursor_run = c.run.steered_into_id or c.run_id
+    return Q(effective_run__gt=cursor_run) | Q(effective_run=cursor_run, position__gt=c.position)
 
 
 def latest_compaction(session_id: int) -> Compaction | None:
     return (
-        Compaction.objects.select_related("cursor_message")
+        Compaction.objects.select_related("cursor_message", "cursor_message__run")
         .filter(session_id=session_id, status="succeeded").order_by("-id").first()
     )
 
@@ -185,16 +244,19 @@ def history_load(run_id: int) -> History:
     summary, then the messages after its cursor.
 
     Messages are ordered by run, then position: a message queued while an earlier run was
-    still working has a lower position than that run's answer, but belongs after it.
-    Earlier runs' unanswered tool calls (a run that failed between a call and its result)
-    are dropped so that tool call/result pairs are never split; the current run's are kept,
-    because the runner resumes by executing them.
+    still working has a lower position than that run's answer, but belongs after it. A
+    message *steered* into a running run (agent ``message_mode`` steer) counts as that run's,
+    at its position. Earlier runs' unanswered tool calls (a run that failed between a call
+    and its result) are dropped so that tool call/result pairs are never split; the current
+    run's are kept, because the runner resumes by executing them.
     """
     run = Run.objects.get(pk=run_id)
     compaction = latest_compaction(run.session_id)
     rows = list(
-        Message.objects.filter(_after_cursor(compaction), session_id=run.session_id, run_id__lte=run_id)
-        .order_by("run_id", "position")
+        Message.objects.select_related("run")
+        .annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
+        .filter(_after_cursor(compaction), session_id=run.session_id, effective_run__lte=run_id)
+        .order_by("effective_run", "position")
     )
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
@@ -202,7 +264,7 @@ def history_load(run_id: int) -> History:
     for m in rows:
         if m.role == MessageRole.ASSISTANT:
             calls = tuple(ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in m.tool_calls)
-            if m.run_id != run_id:
+            if _effective_run(m) != run_id:
                 calls = tuple(c for c in calls if c.id in answered)
             if not calls and not m.content:
                 continue
@@ -214,7 +276,7 @@ def history_load(run_id: int) -> History:
         kept.append(m)
     out = _results_in_call_order(out)
     tail = None
-    if rows and rows[-1].run_id == run_id and out and out[-1].role == "assistant":
+    if rows and _effective_run(rows[-1]) == run_id and out and out[-1].role == "assistant":
         tail = out[-1]
     return History(messages=out, tail=tail, summary=compaction.summary if compaction else "", rows=kept)
 
@@ -386,20 +448,173 @@ def tenant_month_cost_usd_micros(tenant_id: int) -> int:
 
 
 @transaction.atomic
-def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> int | None:
-    """Record the run's end. Returns the id of the session's next queued run, if any."""
+def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> list[int]:
+    """Record the run's end (and of the runs steered into it).
+
+    Returns:
+        Run ids to hand to workers now: the session's next queued run, and queued runs of
+        the tenant that were waiting for a free slot (heads of their sessions, oldest first,
+        at most the number of free slots).
+    """
     from sessions.services import next_queued_run_id
 
     run = Run.objects.select_for_update().get(pk=run_id)
     ChatSession.objects.select_for_update().get(pk=run.session_id)
+    now = timezone.now()
     run.status = status
     run.reply = reply
     run.error = error[:5000]
     run.reason = reason
-    run.finished_at = timezone.now()
-    run.save(update_fields=["status", "reply", "error", "reason", "finished_at"])
+    run.finished_at = now
+    run.heartbeat_at = None
+    run.save(update_fields=["status", "reply", "error", "reason", "finished_at", "heartbeat_at"])
+    Run.objects.filter(steered_into_id=run_id).update(
+        status=status, reply=reply, error=error[:5000], reason=reason, finished_at=now,
+    )
     # Calls left without a result (the run failed mid-turn) are recorded as cancelled.
     ToolCall.objects.filter(run_id=run_id, finished_at__isnull=True).update(
-        status=ToolCallStatus.CANCELLED, finished_at=timezone.now()
+        status=ToolCallStatus.CANCELLED, finished_at=now
     )
-    return next_queued_run_id(session_id=run.session_id)
+    Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(status=ApprovalStatus.EXPIRED)
+    out = []
+    next_id = next_queued_run_id(session_id=run.session_id)
+    if next_id is not None:
+        out.append(next_id)
+    out += [i for i in tenant_waiting_run_ids(run.tenant_id) if i not in out]
+    return out
+
+
+def tenant_waiting_run_ids(tenant_id: int) -> list[int]:
+    """Queued runs of the tenant that could start now: first in their session, oldest first,
+    at most as many as the tenant has free slots."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
+    free = tenant_run_limit(tenant) - working
+    if free <= 0:
+        return []
+    earlier_active = Run.objects.filter(
+        session_id=OuterRef("session_id"), pk__lt=OuterRef("pk"), status__in=ACTIVE_RUN_STATUSES
+    )
+    return list(
+        Run.objects.filter(status=RunStatus.QUEUED, steered_into__isnull=True)
+        .exclude(Exists(earlier_active)).order_by("pk").values_list("pk", flat=True)[:free]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalState:
+    approval_id: int
+    kind: str
+    status: str
+    answer: str
+
+
+def approvals_for_calls(*, run_id: int, call_pks: list[int]) -> dict[int, ApprovalState]:
+    """``{tool call pk: ApprovalState}`` for the calls that have an approval (any status)."""
+    return {
+        a.tool_call_id: ApprovalState(approval_id=a.pk, kind=a.kind, status=a.status, answer=a.answer)
+        for a in Approval.objects.filter(run_id=run_id, tool_call_id__in=call_pks)
+    }
+
+
+@transaction.atomic
+def approval_request(
+    *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "", question: str = "",
+) -> int:
+    """Record that tool call ``call_pk`` waits for a human (approval or answer). Idempotent.
+
+    Returns the Approval id. The call is marked ``awaiting_approval``.
+    """
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    approval, _ = Approval.objects.get_or_create(
+        tool_call_id=call_pk,
+        defaults={
+            "tenant_id": spec.tenant_id, "run_id": spec.run_id, "kind": kind, "tool_name": tool_name,
+            "arguments": _jsonable(arguments) or {}, "reason": reason[:5000], "question": question,
+            "expires_at": timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
+        },
+    )
+    ToolCall.objects.filter(pk=call_pk).update(status=ToolCallStatus.AWAITING_APPROVAL)
+    return approval.pk
+
+
+@transaction.atomic
+def run_pause(run_id: int) -> tuple[list[dict[str, Any]], list[int]]:
+    """The run waits for approvals: status ``awaiting_approval``, no worker holds it.
+
+    If every approval was already decided meanwhile (a fast approver), the run is queued
+    again instead and its id is returned to be handed to a worker.
+
+    Returns:
+        (the pending approvals as event payloads, run ids to hand to workers now: the run
+        itself if nothing is pending, plus tenant runs waiting for the slot it frees).
+    """
+    run = Run.objects.select_for_update().get(pk=run_id)
+    pending = list(Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).order_by("id"))
+    now = timezone.now()
+    if not pending:
+        run.status = RunStatus.QUEUED
+        run.heartbeat_at = None
+        run.save(update_fields=["status", "heartbeat_at"])
+        return [], [run_id]
+    run.status = RunStatus.AWAITING_APPROVAL
+    run.paused_at = now
+    run.heartbeat_at = None
+    run.save(update_fields=["status", "paused_at", "heartbeat_at"])
+    Run.objects.filter(steered_into_id=run_id).update(status=RunStatus.AWAITING_APPROVAL)
+    return [approval_payload(a) for a in pending], tenant_waiting_run_ids(run.tenant_id)
+
+
+def approval_payload(a: Approval) -> dict[str, Any]:
+    """An approval as it appears in events and the API."""
+    return {
+        "approval_id": a.pk, "tool_call_id": a.tool_call_id, "kind": a.kind, "status": a.status,
+        "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
+        "expires_at": a.expires_at.isoformat(),
+    }
+
+
+@transaction.atomic
+def steer_absorb(run_id: int) -> list[int]:
+    """Hand the session's queued steer messages to running run ``run_id``.
+
+    Runs posted in steer mode after ``run_id`` that are still queued become part of it
+    (``steered_into``; status running): their user messages move to the end of the history
+    (new positions: they were written while this run's tool calls were still being answered,
+    and a call/result pair must not be split) and they end as this run ends. Called only
+    between model turns, when every tool call of the run has its result.
+
+    Returns:
+        The ids of the runs absorbed now.
+    """
+    run = Run.objects.get(pk=run_id)
+    session = ChatSession.objects.select_for_update().get(pk=run.session_id)
+    ids = list(
+        Run.objects.select_for_update()
+        .filter(session_id=run.session_id, status=RunStatus.QUEUED, steer=True, pk__gt=run_id, steered_into__isnull=True)
+        .order_by("pk").values_list("pk", flat=True)
+    )
+    if ids:
+        Run.objects.filter(pk__in=ids).update(
+            steered_into_id=run_id, status=RunStatus.RUNNING, started_at=timezone.now()
+        )
+        for message in Message.objects.filter(run_id__in=ids).order_by("position"):
+            message.position = session.next_position
+            session.next_position += 1
+            message.save(update_fields=["position"])
+        session.save(update_fields=["next_position", "updated_at"])
+    return ids
+
+
+def steered_run_ids(run_id: int) -> list[int]:
+    """Runs whose messages were steered into run ``run_id``."""
+    return list(Run.objects.filter(steered_into_id=run_id).order_by("pk").values_list("pk", flat=True))
+
+
+def session_has_artifacts(session_id: int) -> bool:
+    from sessions.models import Artifact
+
+    return Artifact.objects.filter(session_id=session_id).exists()

@@ -54,3 +54,12 @@ class RunSpec:
     attempt: int = 1
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""
+    run_timeout_seconds: float = 1800.0
+    run_started_at: float = 0.0
+    """Unix time the run first started."""
+    run_paused_seconds: float = 0.0
+    """Time spent waiting for approvals so far (not counted by the run timeout)."""
+
+    def run_seconds_left(self, now: float) -> float:
+        """Seconds the run may still work (≤ 0: its run timeout has passed). ``now``: Unix time."""
+        return self.run_started_at + self.run_paused_seconds + self.run_timeout_seconds - now

@@ -57,6 +57,12 @@ class Toolset:
         """The ToolSpecs offered to the model (exposed names)."""
         return [t.spec for t in self.tools.values()]
 
+    def add_builtin(self, name: str) -> None:
+        """Offer the built-in tool ``name`` from now on (no-op if it is already offered)."""
+        if name not in self.tools:
+            self.tools[name] = builtin_create(name)
+            self.origins[name] = ToolOrigin(source="builtin", name=name)
+
 
 async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Toolset:
     """Connect the run's bound capabilities (in this task: it also closes them) and build its tools.
