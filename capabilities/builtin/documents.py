@@ -15,8 +15,9 @@ from capabilities.builtin.registry import register_builtin
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 
-MAX_GET_CHARS = 40_000
-"""``get`` returns at most this many characters; ask for a line range or a section for more."""
+MAX_GET_CHARS = 15_000
+"""``get`` returns at most this many characters (below the runner's 16,000-character artifact
+threshold, so the text stays inline); ask for a line range or a section for more."""
 
 DESCRIPTION = """Create, read and edit Markdown documents that the user can open later (reports, plans, notes).
 

@@ -21,13 +21,11 @@ from capabilities.builtin.registry import register_builtin
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 
-INLINE_CHARS = 40_000
-"""Text beyond this many characters is not put in the tool result; the whole text is saved as
-an artifact instead (the runner caps any result at 50,000 characters anyway)."""
-
 READ_MAX_BYTES = 2_000_000
 """``web_read`` reads at most 2 MB of HTML."""
-READ_DEFAULT_CHARS = 20_000
+READ_DEFAULT_CHARS = 15_000
+"""Below the runner's 16,000-character artifact threshold (``sessions.runner.compression``), so
+a default read reaches the model whole; longer results are stored as artifacts by the runner."""
 READ_MAX_CHARS = 40_000
 
 
@@ -60,7 +58,8 @@ documentation page as clean Markdown, use `web_read` instead. Only public intern
 can be fetched (internal, private and metadata addresses are refused). Redirects are followed
 (at most {netsafe.MAX_REDIRECTS}). The body is cut at `max_bytes` (default {netsafe.DEFAULT_MAX_BYTES:,},
 at most {netsafe.HARD_MAX_BYTES:,}) with a marker. Binary bodies (images, PDFs…) are saved as an
-artifact and reported by id. HTTP errors (4xx/5xx) fail the call with the status."""
+artifact and reported by id. HTTP errors (4xx/5xx) fail the call with the status. Long text
+results are stored by the platform; read the rest with `read_artifact`."""
 
 
 @register_builtin("web_fetch")
@@ -71,8 +70,9 @@ class WebFetchTool(Tool):
     Result data: ``{status, url, content_type, bytes, truncated, redirects, artifact_id}``.
     Errors (``ToolError.code``): ``invalid_url``, ``invalid_arguments``, ``blocked_address``,
     ``timeout``, ``http_error`` (DNS/connection/TLS failure, too many redirects, status ≥ 400).
-    A body longer than ``max_bytes`` is cut with a marker (not an error). Side effect: may
-    create an Artifact (binary bodies; texts longer than 40,000 characters).
+    A body longer than ``max_bytes`` is cut with a marker (not an error). Side effect: a
+    binary body is stored as an Artifact (``artifact_updated``). Long text is returned whole:
+    the runner stores results over 16,000 characters as artifacts and shows the model a preview.
     """
 
     untrusted = True
@@ -130,14 +130,6 @@ class WebFetchTool(Tool):
                         f"saved as artifact:{artifact_id}]",
                 data=data,
             )
-        if len(text) > INLINE_CHARS:
-            artifact_id = await context.artifact_save(
-                name=_artifact_name(result.url, result.mime_type, "page") + ".txt",
-                mime_type="text/plain", data=text.encode("utf-8"),
-            )
-            data["artifact_id"] = artifact_id
-            text = (text[:INLINE_CHARS] + f"\n[… {len(text) - INLINE_CHARS:,} more characters: the whole text is "
-                    f"artifact:{artifact_id}; read it with read_artifact(id={artifact_id}, offset={INLINE_CHARS})]")
         return ToolResult(content=f"{header}\n\n{text}{cut_note}", data=data)
 
 
@@ -172,7 +164,7 @@ _DROP_ROLES = ("navigation", "banner", "contentinfo", "complementary", "search",
 class WebReadTool(Tool):
     """A public web page as readable Markdown (see :data:`READ_DESCRIPTION`).
 
-    Arguments: ``url``, ``max_chars`` (1,000 … 40,000; default 20,000).
+    Arguments: ``url``, ``max_chars`` (1,000 … 40,000; default 15,000).
     Result data: ``{url, title, status, chars, truncated}``.
     Errors: those of ``web_fetch`` plus ``unsupported_content`` (not HTML or text).
     """
