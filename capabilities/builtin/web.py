@@ -45,7 +45,7 @@ def _short(url: str, limit: int = 300) -> str:
     return url if len(url) <= limit else url[:limit] + "…"
 
 
-def _artifact_name(url: str, mime_type: str, default: str) -> str:
+def _artifact_name(url: str, default: str) -> str:
     name = urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:100]
     return name or default
@@ -121,7 +121,7 @@ class WebFetchTool(Tool):
                         "not saved; raise max_bytes to get all of it]" if result.body else "[empty body]")
                 return ToolResult(content=f"{header}\n\n{note}", data=data)
             artifact_id = await context.artifact_save(
-                name=_artifact_name(result.url, result.mime_type, "download"),
+                name=_artifact_name(result.url, "download"),
                 mime_type=result.mime_type or "application/octet-stream", data=result.body,
             )
             data["artifact_id"] = artifact_id
