@@ -18,7 +18,9 @@ The sandbox (bubblewrap 0.8, Debian 12's ``bubblewrap`` package; flags from bwra
   users/groups, name service, TLS roots, time zone): no host secrets under ``/etc``.
 - ``--proc /proc`` (the sandbox's own PIDs), ``--dev /dev`` (null, zero, random, tty...),
   ``--tmpfs /tmp``, and a fresh empty host directory bound writable at ``/work`` (the cwd
-  and ``$HOME``), deleted after the run. Everything else is absent or read-only.
+  and ``$HOME``), deleted after the run. ``--remount-ro /`` then makes the sandbox's own
+  root (a tmpfs holding the mount points, e.g. ``/etc``) read-only: only ``/work`` and
+  ``/tmp`` can be written.
 - The environment is exactly ``PATH``, ``HOME``, ``LANG`` plus the command's own variables.
   They are handed to ``bwrap`` as its process environment (which bwrap passes on), not as
   ``--setenv`` arguments, so secrets never appear in a process listing (``/proc/*/cmdline``).
@@ -74,6 +76,9 @@ PROGRESS_INTERVAL_SECONDS = 0.25
 """Shortest time between two ``on_output`` batches."""
 
 READ_CHUNK_BYTES = 64 * 1024
+
+DRAIN_SECONDS = 1.0
+"""After the process ended or was killed, how long to wait for its pipes to close."""
 
 OnOutput = Callable[[str, str], Awaitable[None]]
 """``await on_output(stream, text)``: ``stream`` is ``"stdout"`` or ``"stderr"``; ``text`` whole lines."""
@@ -155,7 +160,7 @@ def bwrap_argv(*, bwrap: str, workdir: str, allow_network: bool) -> list[str]:
         argv += ["--ro-bind-try", path, path]
     argv += [
         "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-        "--bind", workdir, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
+        "--bind", workdir, SANDBOX_WORKDIR, "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR,
         "--",
     ]
     return argv
@@ -249,12 +254,13 @@ async def _run(
 
     async def pump(name: str, reader: asyncio.StreamReader) -> None:
         stream = streams[name]
+        # Reads to EOF even past the kill limit (counting, not keeping): a transport that stops
+        # being read never sees its pipe close, and the process would never be reaped.
         while chunk := await reader.read(READ_CHUNK_BYTES):
             stream.feed(chunk)
             new_output.set()
             if len(stream.kept) + stream.dropped > kill_at:
                 over_limit.set()
-                return
 
     async def publish(final: bool) -> None:
         if on_output is None:
@@ -290,17 +296,25 @@ async def _run(
             timed_out = True
             _kill_group(proc)
             await proc.wait()
+        # What was written before the kill is still in the pipes: take it (they close with the sandbox).
+        await asyncio.wait({pumps}, timeout=DRAIN_SECONDS)
+        publisher_task.cancel()  # the final batch is published below, after the pumps are done
     finally:
-        _kill_group(proc)  # no-op once it exited; on cancellation, the whole group goes
+        # Also on cancellation (the run was cancelled, or the agent's tool timeout hit): the
+        # whole group goes, the process is reaped and its pipes read to EOF, so that nothing
+        # outlives the call (not even an asyncio transport).
+        _kill_group(proc)  # no-op once it exited
         limit_task.cancel()
         publisher_task.cancel()
-        pumps.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.gather(limit_task, publisher_task, pumps, return_exceptions=True)
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await asyncio.shield(proc.wait())
+        if not pumps.done():
+            await asyncio.wait({pumps}, timeout=DRAIN_SECONDS)
+        pumps.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.gather(limit_task, publisher_task, pumps, return_exceptions=True)
     await publish(final=True)
     return CommandResult(
         exit_code=proc.returncode,
