@@ -64,8 +64,8 @@ class CliCommand(TenantOwnedModel):
     unsandboxed = models.BooleanField(
         default=False,
         help_text=(
-            "DANGER: run directly on the worker when bubblewrap is missing or unusable (no network, file "
-            "system or user isolation). Only for trusted commands."
+            "DANGER: always run directly on the worker, without the bubblewrap sandbox (no network, file "
+            "system or user isolation). Only for trusted commands on workers without bubblewrap."
         ),
     )
     enabled = models.BooleanField(default=True)

@@ -27,7 +27,7 @@ class Migration(migrations.Migration):
                 ('max_output_bytes', models.PositiveIntegerField(default=65536, help_text='Kept of stdout and of stderr, each; the rest is cut with a marker.', validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(16777216)])),
                 ('allow_network', models.BooleanField(default=False, help_text='Let the sandbox use the network.')),
                 ('env_encrypted', models.TextField(blank=True, editable=False)),
-                ('unsandboxed', models.BooleanField(default=False, help_text='DANGER: run directly on the worker when bubblewrap is missing or unusable (no network, file system or user isolation). Only for trusted commands.')),
+                ('unsandboxed', models.BooleanField(default=False, help_text='DANGER: always run directly on the worker, without the bubblewrap sandbox (no network, file system or user isolation). Only for trusted commands on workers without bubblewrap.')),
                 ('enabled', models.BooleanField(default=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.tenant')),
