@@ -32,9 +32,10 @@ handed to ``on_output`` in batches, at most every ``PROGRESS_INTERVAL_SECONDS``.
 
 Timeout and cancellation: the whole process group of ``bwrap`` gets SIGKILL; inside the
 sandbox, bwrap's PID 1 then dies (``--die-with-parent``) and the kernel kills every process
-of the PID namespace, so children (even ``setsid`` ones) go too. Unsandboxed commands run in
-a new session whose process group is killed; a child that starts its own session escapes
-that (one reason to keep the sandbox).
+of the PID namespace, so children (even ``setsid`` ones) go too; the same happens when the
+command exits normally. Unsandboxed commands run in a new session whose process group is
+killed at the end of every call (also after a normal exit); a child that starts its own
+session escapes that (one reason to keep the sandbox).
 """
 
 from __future__ import annotations
@@ -303,7 +304,7 @@ async def _run(
         # Also on cancellation (the run was cancelled, or the agent's tool timeout hit): the
         # whole group goes, the process is reaped and its pipes read to EOF, so that nothing
         # outlives the call (not even an asyncio transport).
-        _kill_group(proc)  # no-op once it exited
+        _kill_group(proc)  # whatever is left of the group
         limit_task.cancel()
         publisher_task.cancel()
         if proc.returncode is None:
@@ -330,8 +331,12 @@ async def _run(
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the process group led by ``proc`` (it was started in a new session)."""
-    if proc.returncode is not None:
-        return
+    """SIGKILL the process group led by ``proc`` (it was started in a new session).
+
+    Also after ``proc`` itself exited: a background child left in its group (unsandboxed
+    ``sh -c "daemon &"``) must not outlive the call. The group id stays reserved by the
+    kernel while any member lives, so this cannot hit an unrelated group then; once the
+    group is empty the call fails with ESRCH (ignored).
+    """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

@@ -373,6 +373,17 @@ async def test_the_timeout_kills_the_command_and_its_children(unsandboxed: bool)
     assert await _gone(marker), "the background children were killed too"
 
 
+@pytest.mark.parametrize("unsandboxed", [False, True], ids=["sandboxed", "unsandboxed"])
+async def test_background_children_do_not_outlive_a_command_that_exited(unsandboxed: bool) -> None:
+    marker = f"33.{int(unsandboxed)}{os.getpid() % 1000:03d}"
+    cli = tool(["sh", "-c", f"sleep {marker} >/dev/null 2>&1 & echo detached"], unsandboxed=unsandboxed)
+    started = time.monotonic()
+    result = await cli.execute({}, context())
+    assert result.data["stdout"] == "detached\n" and result.data["exit_code"] == 0
+    assert result.data["timed_out"] is False and time.monotonic() - started < 10
+    assert await _gone(marker)
+
+
 async def test_cancelling_the_call_kills_the_sandbox() -> None:
     marker = f"32.{os.getpid() % 1000:03d}"
     events = Events()
