@@ -9,7 +9,8 @@ The sandbox (bubblewrap 0.8, Debian 12's ``bubblewrap`` package; flags from bwra
   network namespace has only a down loopback, so nothing can be reached, not even
   127.0.0.1 of the host; ``--share-net`` (``allow_network``) keeps the host's network.
 - ``--unshare-user --uid 65534 --gid 65534``: the command runs as ``nobody`` inside its
-  user namespace, with no capabilities.
+  user namespace, with no capabilities; ``--disable-userns``: it cannot create further user
+  namespaces (less kernel attack surface).
 - ``--die-with-parent``: the sandbox is killed when the worker dies; ``--new-session``: the
   command cannot inject keystrokes into a controlling terminal (TIOCSTI, CVE-2017-5226).
 - Read-only binds of ``/usr`` and of the merged-/usr symlinks (``/bin``, ``/lib``, ...; real
@@ -17,7 +18,7 @@ The sandbox (bubblewrap 0.8, Debian 12's ``bubblewrap`` package; flags from bwra
   minimal list of ``/etc`` files (:data:`ETC_FILES`: the dynamic loader cache, alternatives,
   users/groups, name service, TLS roots, time zone): no host secrets under ``/etc``.
 - ``--proc /proc`` (the sandbox's own PIDs), ``--dev /dev`` (null, zero, random, tty...),
-  ``--tmpfs /tmp``, and a fresh empty host directory bound writable at ``/work`` (the cwd
+  ``--tmpfs /tmp`` of :data:`TMPFS_BYTES`, and a fresh empty host directory bound writable at ``/work`` (the cwd
   and ``$HOME``), deleted after the run. ``--remount-ro /`` then makes the sandbox's own
   root (a tmpfs holding the mount points, e.g. ``/etc``) read-only: only ``/work`` and
   ``/tmp`` can be written.
@@ -69,6 +70,9 @@ ETC_FILES = (
 
 ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 """Top-level entries recreated as symlinks (merged /usr) or bound read-only."""
+
+TMPFS_BYTES = 64 * 1024 * 1024
+"""Size of the sandbox's ``/tmp`` (memory-backed): 64 MiB."""
 
 KILL_FACTOR = 16
 """A stream more than this many times over ``max_output_bytes`` gets the process killed."""
@@ -148,7 +152,7 @@ def bwrap_argv(*, bwrap: str, workdir: str, allow_network: bool) -> list[str]:
     if allow_network:
         argv.append("--share-net")
     argv += [
-        "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+        "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns",
         "--die-with-parent", "--new-session", "--hostname", "sandbox",
         "--ro-bind", "/usr", "/usr",
     ]
@@ -160,7 +164,7 @@ def bwrap_argv(*, bwrap: str, workdir: str, allow_network: bool) -> list[str]:
     for path in ETC_FILES:
         argv += ["--ro-bind-try", path, path]
     argv += [
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+        "--proc", "/proc", "--dev", "/dev", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp",
         "--bind", workdir, SANDBOX_WORKDIR, "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR,
         "--",
     ]

@@ -325,6 +325,23 @@ async def test_the_sandbox_is_read_only_outside_a_fresh_work_directory() -> None
     assert json.loads(again.data["stdout"])["work_before"] == [], "every run gets a fresh work directory"
 
 
+async def test_tmp_is_bounded_and_no_nested_user_namespaces() -> None:
+    script = (
+        "import os, subprocess\n"
+        "try:\n"
+        "    with open('/tmp/big', 'wb') as f:\n"
+        "        for _ in range(100): f.write(b'x' * (1 << 20))\n"
+        "    print('wrote 100 MiB')\n"
+        "except OSError as exc:\n"
+        "    print('tmp full after', os.path.getsize('/tmp/big') >> 20, 'MiB:', exc.strerror)\n"
+        "print('unshare', subprocess.run(['unshare', '--user', 'true'], capture_output=True).returncode)\n"
+    )
+    result = await tool(["python3", "-c", script]).execute({}, context())
+    lines = result.data["stdout"].splitlines()
+    assert lines[0] == "tmp full after 64 MiB: No space left on device", result.content
+    assert lines[1] != "unshare 0", "a user namespace inside the sandbox was refused"
+
+
 async def test_the_host_file_system_is_not_visible() -> None:
     script = "import os, sys; print([os.path.exists(p) for p in sys.argv[1:]])"
     probe = [str(REPO_ROOT / "manage.py"), "/root", "/var/lib/postgresql", "/home", "/usr/bin/python3"]
