@@ -35,7 +35,8 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 if command -v bwrap >/dev/null 2>&1 \
-  && ! bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/bin /bin \
+  && ! bwrap --unshare-all --unshare-user --uid 65534 --gid 65534 --disable-userns --die-with-parent \
+       --new-session --ro-bind /usr /usr --symlink usr/bin /bin \
        --symlink usr/lib /lib --symlink usr/lib64 /lib64 --proc /proc --dev /dev --tmpfs /tmp true 2>/dev/null; then
   log "WARNING: bwrap is installed but cannot create a sandbox here (user namespaces restricted?); CLI commands will fail"
 fi
