@@ -8,6 +8,7 @@ import json
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
+from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory
@@ -108,7 +109,8 @@ def test_the_run_spec_carries_the_command_with_its_env_decrypted(world) -> None:
         CapabilityBinding.all_tenants.create(tenant=world.tenant, agent=agent, kind=CapabilityKind.CLI, cli_command=cmd,
                                              approval_policy=[{"pattern": "*", "action": "ask"}])
     session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
-    run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="x")
+    run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="x",
+                                 started_at=timezone.now())
     with tenant_scope(world.tenant.pk):
         spec = _spec(Run.objects.select_related("session").get(pk=run.pk))
     [cli] = spec.cli_bindings
