@@ -159,7 +159,10 @@ def render_value(value: Any, prop: dict[str, Any] | None = None) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        return str(value)
+        try:
+            return str(value)
+        except ValueError as exc:  # over Python's int-to-str digit limit (4300 digits)
+            raise ArgumentsInvalid("The integer is too large to pass as an argument.") from exc
     if isinstance(value, float):
         if value.is_integer() and (prop or {}).get("type") == "integer":
             return str(int(value))

@@ -238,6 +238,9 @@ async def test_nul_bytes_and_unencodable_text_are_refused() -> None:
         assert caught.value.code == "invalid_arguments"
     with pytest.raises(ArgumentsInvalid):
         render_argv(["echo", "{s}"], ALL_TYPES_SCHEMA, {**VALID, "s": "x" * (200 * 1024)})
+    with pytest.raises(ToolError) as caught:
+        await printer().execute({**VALID, "i": 10**5000}, context())
+    assert caught.value.code == "invalid_arguments" and "too large" in caught.value.message
 
 
 # --- the sandbox ----------------------------------------------------------------------------
