@@ -224,3 +224,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"httpx": {"level": "WARNING"}, "mcp": {"level": "WARNING"}},
 }
+
+# CLI capabilities: the bubblewrap executable (a name on PATH or a path). Missing: sandboxed
+# CLI commands refuse to run (README, "CLI commands").
+CLI_BWRAP_PATH = os.environ.get("CLI_BWRAP_PATH", "bwrap")

@@ -1,4 +1,4 @@
-"""Capability definitions owned by a tenant (MCP servers now; CLI, skills, browser later)."""
+"""Capability definitions owned by a tenant (MCP servers, CLI commands; skills, browser later)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,6 @@ class McpServer(TenantOwnedModel):
             raise ValidationError({"url": "A Streamable HTTP server needs a URL."})
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             raise ValidationError({"args": "A JSON list of strings."})
+
+
+from capabilities.cli.models import CliCommand  # noqa: E402,F401  (registers the model in this app)

@@ -19,8 +19,9 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityKind
+from capabilities.cli.tool import CliCommandConfig
 from capabilities.mcp.client import McpServerConfig
-from capabilities.models import McpServer
+from capabilities.models import CliCommand, McpServer
 from llm.selectors import route_entries, route_entry_config
 from llm.router import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
@@ -38,7 +39,7 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.runner.spec import BuiltinBindingSpec, McpBindingSpec, RunSpec
+from sessions.runner.spec import BuiltinBindingSpec, CliBindingSpec, McpBindingSpec, RunSpec
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 
@@ -148,6 +149,7 @@ def _spec(run: Run) -> RunSpec:
     configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
     mcp_bindings: list[McpBindingSpec] = []
     builtins: dict[str, BuiltinBindingSpec] = {}
+    cli_bindings: dict[int, CliBindingSpec] = {}
     for binding in agent.bindings.filter(enabled=True).order_by("id"):
         if binding.kind == CapabilityKind.MCP_SERVER:
             server = McpServer.objects.get(pk=binding.mcp_server_id)
@@ -169,6 +171,22 @@ def _spec(run: Run) -> RunSpec:
                     binding_id=binding.pk,
                     approval_policy=tuple(binding.approval_policy),
                 )
+            )
+        elif binding.kind == CapabilityKind.CLI:
+            if binding.cli_command_id in cli_bindings:
+                continue
+            command = CliCommand.objects.filter(pk=binding.cli_command_id, enabled=True).first()
+            if command is None:
+                continue
+            cli_bindings[command.pk] = CliBindingSpec(
+                command=CliCommandConfig(
+                    name=command.name, description=command.description,
+                    argv_template=tuple(command.argv_template), parameters_schema=dict(command.parameters_schema),
+                    timeout_seconds=command.timeout_seconds, max_output_bytes=command.max_output_bytes,
+                    allow_network=command.allow_network, unsandboxed=command.unsandboxed,
+                    env=secret_decrypt_json(tenant=tenant, ciphertext=command.env_encrypted),
+                ),
+                binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
             )
         elif binding.kind == CapabilityKind.BUILTIN:
             builtins.setdefault(binding.builtin_name, BuiltinBindingSpec(
@@ -197,6 +215,7 @@ def _spec(run: Run) -> RunSpec:
         entry_ids=tuple(e.pk for e in entries),
         mcp_bindings=tuple(mcp_bindings),
         builtin_bindings=tuple(builtins.values()),
+        cli_bindings=tuple(cli_bindings.values()),
         attempt=run.attempt,
         loop_count=run.loop_count,
         run_timeout_seconds=agent.run_timeout_seconds,

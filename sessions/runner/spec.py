@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from capabilities.cli.tool import CliCommandConfig
 from capabilities.mcp.client import McpServerConfig
 from llm.router import RouteEntryConfig
 
@@ -25,6 +26,15 @@ class BuiltinBindingSpec:
     binding_id: int | None = None
     approval_policy: tuple[dict[str, str], ...] = ()
     config: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CliBindingSpec:
+    command: CliCommandConfig
+    """The command: template, schema, limits, sandbox flags and its decrypted env."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+    """``[{pattern, action}]`` rules (agents.models.approval_action)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +61,7 @@ class RunSpec:
     """ModelRouteEntry primary keys, parallel to ``entries``."""
     mcp_bindings: tuple[McpBindingSpec, ...] = ()
     builtin_bindings: tuple[BuiltinBindingSpec, ...] = ()
+    cli_bindings: tuple[CliBindingSpec, ...] = ()
     attempt: int = 1
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""

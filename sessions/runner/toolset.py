@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from capabilities.builtin.registry import builtin_create
+from capabilities.cli.tool import CliTool
 from capabilities.mcp.client import McpConnection
 from capabilities.mcp.tool import McpTool
 from capabilities.naming import assign_exposed_names
@@ -73,6 +74,7 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Tools
     sources: list[ToolSource] = []
     sources += await _mcp_sources(spec, stack)
     sources += _builtin_sources(spec)
+    sources += _cli_sources(spec)
 
     names = assign_exposed_names([(s.origin.source, s.origin.name) for s in sources])
     toolset = Toolset()
@@ -110,6 +112,18 @@ def _builtin_sources(spec: RunSpec) -> list[ToolSource]:
             factory=lambda exposed, n=b.name: renamed(builtin_create(n), exposed),
         )
         for b in spec.builtin_bindings
+    ]
+
+
+def _cli_sources(spec: RunSpec) -> list[ToolSource]:
+    """One tool per bound CLI command: source ``cli``, named as the command (no process starts here)."""
+    return [
+        ToolSource(
+            origin=ToolOrigin(source="cli", name=b.command.name, binding_id=b.binding_id,
+                              approval_policy=b.approval_policy),
+            factory=lambda exposed, c=b.command: CliTool(c, exposed_name=exposed),
+        )
+        for b in spec.cli_bindings
     ]
 
 
