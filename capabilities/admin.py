@@ -3,7 +3,7 @@ import json
 from django import forms
 from django.contrib import admin
 
-from capabilities.models import McpServer
+from capabilities.models import McpServer, Skill
 from tenants.admin_scoping import TenantScopedModelAdmin
 from tenants.crypto import secret_encrypt_json
 from tenants.models import Tenant
@@ -53,3 +53,73 @@ class McpServerAdmin(TenantScopedModelAdmin):
             if value is not None:
                 setattr(obj, f"{field}_encrypted", secret_encrypt_json(tenant=tenant, value=value))
         super().save_model(request, obj, form, change)
+
+
+class SkillForm(forms.ModelForm):
+    """Edit a skill field by field, or paste a whole SKILL.md (it then overrides the fields)."""
+
+    skill_md = forms.CharField(
+        label="Paste a SKILL.md", required=False, widget=forms.Textarea(attrs={"rows": 12, "cols": 100}),
+        help_text="Optional: front matter (name, description, allowed_tools, model_route, max_loop_count) "
+                  "and instructions. When given, it replaces the fields below.",
+    )
+
+    class Meta:
+        model = Skill
+        fields = ["skill_md", "tenant", "name", "description", "instructions", "allowed_tools", "model_route",
+                  "max_loop_count"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("name", "description", "instructions"):
+            if name in self.fields:
+                self.fields[name].required = False  # a pasted SKILL.md may supply them
+
+    def clean(self):
+        from capabilities.skills.parsing import SkillParseError, skill_parse
+
+        data = super().clean()
+        text = (data.get("skill_md") or "").strip()
+        if text:
+            try:
+                parsed = skill_parse(text)
+            except SkillParseError as exc:
+                raise forms.ValidationError({"skill_md": str(exc)}) from exc
+            data.update(name=parsed.name, description=parsed.description, instructions=parsed.instructions,
+                        allowed_tools=parsed.allowed_tools, max_loop_count=parsed.max_loop_count or 8)
+            self.parsed = parsed
+        else:
+            self.parsed = None
+            for name in ("name", "description", "instructions"):
+                if not data.get(name):
+                    self.add_error(name, "This field is required (or paste a SKILL.md).")
+        return data
+
+
+@admin.register(Skill)
+class SkillAdmin(TenantScopedModelAdmin):
+    form = SkillForm
+    list_display = ["name", "description", "model_route", "max_loop_count", "tenant", "updated_at"]
+    search_fields = ["name", "description"]
+
+    def save_model(self, request, obj, form, change):
+        from capabilities.skills.parsing import SkillParseError
+        from capabilities.skills.services import skill_save_parsed
+        from tenants.scoping import tenant_scope
+
+        parsed = getattr(form, "parsed", None)
+        if parsed is None:
+            obj.source = ""
+            super().save_model(request, obj, form, change)
+            return
+        if not obj.tenant_id:
+            from tenants.admin_scoping import _admin_tenants
+
+            obj.tenant_id = _admin_tenants(request)[0]
+        with tenant_scope(obj.tenant_id):
+            try:
+                skill_save_parsed(tenant_id=obj.tenant_id, parsed=parsed, skill=obj if obj.pk else None)
+            except SkillParseError as exc:
+                from django.contrib import messages
+
+                messages.error(request, f"SKILL.md not saved: {exc}")

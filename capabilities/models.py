@@ -56,3 +56,4 @@ class McpServer(TenantOwnedModel):
             raise ValidationError({"url": "A Streamable HTTP server needs a URL."})
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             raise ValidationError({"args": "A JSON list of strings."})
+from capabilities.skills.models import Skill  # noqa: E402,F401
