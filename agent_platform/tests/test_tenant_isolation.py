@@ -7,7 +7,7 @@ import pytest
 
 from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory, ProviderFactory, RouteEntryFactory
-from capabilities.models import McpServer
+from capabilities.models import McpServer, Skill
 from sessions.models import Artifact, ChatSession, Message, Run
 
 pytestmark = pytest.mark.django_db
@@ -86,6 +86,12 @@ def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
     )
     assert resp.status_code == 400
     assert "mcp_server" in resp.json()["extra"]["fields"]
+    their_skill = Skill.all_tenants.create(tenant=theirs["agent"].tenant, name="secret-skill", description="d",
+                                           instructions="secret")
+    resp = client.post("/api/v1/admin/bindings/", {"agent": mine.pk, "kind": "skill", "skill": their_skill.pk},
+                       format="json")
+    assert resp.status_code == 400
+    assert "skill" in resp.json()["extra"]["fields"] and "secret" not in resp.content.decode()
 
 
 @pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings"])

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from agents.models import AgentInstance, CapabilityBinding
 from agents.selectors import agent_list_active
 from agents.services import agent_save, binding_save
-from capabilities.models import McpServer
+from capabilities.models import McpServer, Skill
 from llm.models import ModelRoute
 from tenants.api.mixins import TenantContextMixin, TenantPrimaryKeyRelatedField, TenantScopedViewSet
 
@@ -60,18 +60,19 @@ class AgentViewSet(TenantScopedViewSet):
 class BindingSerializer(serializers.ModelSerializer):
     agent = TenantPrimaryKeyRelatedField(AgentInstance)
     mcp_server = TenantPrimaryKeyRelatedField(McpServer, required=False, allow_null=True)
+    skill = TenantPrimaryKeyRelatedField(Skill, required=False, allow_null=True)
     allowed_tools = serializers.ListField(child=serializers.CharField(), required=False)
 
     class Meta:
         model = CapabilityBinding
         fields = [
-            "id", "agent", "kind", "mcp_server", "builtin_name", "allowed_tools", "approval_policy", "config",
+            "id", "agent", "kind", "mcp_server", "builtin_name", "skill", "allowed_tools", "approval_policy", "config",
             "enabled", "created_at",
         ]
 
 
 class BindingViewSet(TenantScopedViewSet):
-    """Capability bindings: which MCP servers and built-in tools an agent may use."""
+    """Capability bindings: which MCP servers, built-in tools and skills an agent may use."""
 
     model = CapabilityBinding
     serializer_class = BindingSerializer

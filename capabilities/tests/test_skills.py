@@ -160,3 +160,35 @@ def test_skill_name_is_unique_per_tenant_and_follows_the_tool_name_rule(world, o
         Skill(tenant=world.tenant, name="same", description="d", instructions="i").full_clean()
     with pytest.raises(ValidationError):
         Skill(tenant=world.tenant, name="bad name!", description="d", instructions="i").full_clean()
+
+
+@pytest.mark.django_db
+def test_admin_api_binds_a_skill_of_the_tenant(world):
+    agent = AgentFactory(tenant=world.tenant)
+    skill = Skill.all_tenants.create(tenant=world.tenant, name="mine", description="d", instructions="i")
+    client = world.client(admin=True)
+    resp = client.post("/api/v1/admin/bindings/", {"agent": agent.pk, "kind": "skill", "skill": skill.pk}, format="json")
+    assert resp.status_code == 201, resp.content
+    assert resp.json()["skill"] == skill.pk
+    resp = client.post("/api/v1/admin/bindings/", {"agent": agent.pk, "kind": "skill"}, format="json")
+    assert resp.status_code == 400 and "skill" in resp.json()["extra"]["fields"]
+
+
+@pytest.mark.django_db
+def test_console_pastes_a_whole_skill_md(client, world, other_world):
+    RouteFactory(tenant=world.tenant, name="cheap")
+    RouteFactory(tenant=other_world.tenant, name="cheap")
+    client.force_login(world.admin)
+    assert client.get("/admin/capabilities/skill/add/").status_code == 200
+    resp = client.post("/admin/capabilities/skill/add/", {"skill_md": GOOD, "allowed_tools": "[]", "max_loop_count": 8})
+    assert resp.status_code == 302, resp.content.decode()[:3000]
+    skill = Skill.all_tenants.get(name="summarize-page")
+    assert skill.tenant_id == world.tenant.pk and skill.model_route.tenant_id == world.tenant.pk
+    assert (skill.allowed_tools, skill.max_loop_count, skill.source) == (["web_read", "todo_*"], 5, GOOD.strip())
+    bad = client.post("/admin/capabilities/skill/add/", {"skill_md": "---\nname: x\n---\nbody", "allowed_tools": "[]",
+                                                         "max_loop_count": 8})
+    assert bad.status_code == 200 and "description" in bad.content.decode() and "is required" in bad.content.decode()
+    theirs = Skill.all_tenants.create(tenant=other_world.tenant, name="theirs", description="d", instructions="i")
+    listing = client.get("/admin/capabilities/skill/").content.decode()
+    assert "summarize-page" in listing and "theirs" not in listing
+    assert client.get(f"/admin/capabilities/skill/{theirs.pk}/change/").status_code == 302
