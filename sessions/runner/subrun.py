@@ -85,6 +85,16 @@ class SkillTool(Tool):
         self.parent_toolset = parent_toolset
         self.spec = ToolSpec(name=exposed_name, description=skill.description, parameters=TASK_PARAMETERS)
 
+    @property
+    def untrusted(self) -> bool:  # type: ignore[override]
+        """True when the sub-run may read outside content (one of its tools is untrusted): its
+        answer may carry text from there, so the parent frames it as data too."""
+        allowed = self.skill.allowed_tools
+        return any(
+            not isinstance(tool, SkillTool) and tool.untrusted and _matches(name, self.parent_toolset, allowed)
+            for name, tool in self.parent_toolset.tools.items()
+        )
+
     def bound_to(self, parent: RunSpec, parent_toolset: Toolset) -> "SkillTool":
         """This skill as offered inside the run ``parent`` (a sub-run) with its tools."""
         return SkillTool(skill=self.skill, exposed_name=self.spec.name, parent=parent, parent_toolset=parent_toolset)
@@ -178,10 +188,9 @@ def subrun_toolset(*, parent_toolset: Toolset, allowed: list[str], spec: RunSpec
     """
     toolset = Toolset()
     for exposed, tool in parent_toolset.tools.items():
-        origin = parent_toolset.origins.get(exposed)
-        names = (exposed, origin.name) if origin is not None else (exposed,)
-        if not any(fnmatch.fnmatchcase(n, p) for n in names for p in allowed):
+        if not _matches(exposed, parent_toolset, allowed):
             continue
+        origin = parent_toolset.origins.get(exposed)
         if isinstance(tool, SkillTool):
             tool = tool.bound_to(spec, toolset)
             if spec.depth >= SKILL_MAX_DEPTH:
@@ -190,3 +199,10 @@ def subrun_toolset(*, parent_toolset: Toolset, allowed: list[str], spec: RunSpec
         if origin is not None:
             toolset.origins[exposed] = origin
     return toolset
+
+
+def _matches(exposed: str, toolset: Toolset, patterns: Any) -> bool:
+    """Whether tool ``exposed`` of ``toolset`` matches a pattern by exposed name or its name in its source."""
+    origin = toolset.origins.get(exposed)
+    names = (exposed, origin.name) if origin is not None else (exposed,)
+    return any(fnmatch.fnmatchcase(n, p) for n in names for p in patterns)
