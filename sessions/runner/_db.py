@@ -734,15 +734,22 @@ def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
 
 
 @transaction.atomic
-def subrun_finish(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> None:
+def subrun_finish(
+    *, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "", attempt: int | None = None,
+) -> bool:
     """Record a sub-run's end and add its tokens and cost to its parent run (once).
 
     The parent's totals then include everything done on its behalf (the session's usage
-    counts only user runs; LLMCall rows keep the per-call truth).
+    counts only user runs; LLMCall rows keep the per-call truth). ``attempt``: the attempt
+    the caller holds; if the sub-run was resumed since (its parent was taken over by another
+    worker), nothing is recorded.
+
+    Returns:
+        False if nothing was recorded (already ended, or a later attempt holds it).
     """
     run = Run.objects.select_for_update().get(pk=run_id)
-    if run.status not in ACTIVE_RUN_STATUSES:
-        return
+    if run.status not in ACTIVE_RUN_STATUSES or (attempt is not None and run.attempt != attempt):
+        return False
     run_finish(run_id=run_id, status=status, reply=reply, error=error, reason=reason)
     parent_run_id = ToolCall.objects.values_list("run_id", flat=True).get(pk=run.parent_tool_call_id)
     Run.objects.filter(pk=parent_run_id).update(
@@ -750,3 +757,4 @@ def subrun_finish(*, run_id: int, status: str, reply: str = "", error: str = "",
         completion_tokens=F("completion_tokens") + run.completion_tokens,
         cost_usd_micros=F("cost_usd_micros") + run.cost_usd_micros,
     )
+    return True

@@ -148,7 +148,7 @@ class SkillTool(Tool):
         try:
             outcome = await _run_loop_cancellable(spec, publish, toolset=toolset)
         except asyncio.CancelledError:  # the parent was cancelled (or timed out): so is this sub-run
-            await asyncio.shield(self._record_cancelled(run_id, publish_now))
+            await asyncio.shield(self._record_cancelled(run_id, spec.attempt, publish_now))
             raise
         except CapabilityUnavailable as exc:
             outcome = Outcome(RunStatus.FAILED, error=str(exc), reason=RunFailureReason.CAPABILITY_UNAVAILABLE)
@@ -159,8 +159,10 @@ class SkillTool(Tool):
         if outcome.status == RunStatus.AWAITING_APPROVAL:  # cannot happen: sub-runs never wait for humans
             outcome = Outcome(RunStatus.FAILED, error="A tool call waited for approval inside a skill.",
                               reason=RunFailureReason.INTERNAL)
-        await _db.db(_db.subrun_finish)(run_id=run_id, status=outcome.status, reply=outcome.reply,
-                                        error=outcome.error, reason=outcome.reason)
+        recorded = await _db.db(_db.subrun_finish)(run_id=run_id, status=outcome.status, reply=outcome.reply,
+                                                   error=outcome.error, reason=outcome.reason, attempt=spec.attempt)
+        if not recorded:  # another worker resumed this sub-run meanwhile: it reports the outcome
+            raise asyncio.CancelledError()
         if outcome.status == RunStatus.COMPLETED:
             await publish("run_completed", {"reply": outcome.reply})
         elif outcome.status == RunStatus.CANCELLED:
@@ -170,10 +172,11 @@ class SkillTool(Tool):
         return outcome
 
     @staticmethod
-    async def _record_cancelled(run_id: int, publish_now: Any) -> None:
+    async def _record_cancelled(run_id: int, attempt: int, publish_now: Any) -> None:
         try:
-            await _db.db(_db.subrun_finish)(run_id=run_id, status=RunStatus.CANCELLED, error=CANCEL_ERROR)
-            await publish_now("run_cancelled", {"reason": CANCEL_REASON})
+            if await _db.db(_db.subrun_finish)(run_id=run_id, status=RunStatus.CANCELLED, error=CANCEL_ERROR,
+                                               attempt=attempt):
+                await publish_now("run_cancelled", {"reason": CANCEL_REASON})
         except Exception:  # noqa: BLE001 - run_finish of the parent ends it anyway
             logger.warning("sub-run %s: could not record its cancellation", run_id, exc_info=True)
 
