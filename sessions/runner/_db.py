@@ -451,8 +451,21 @@ class Usage:
 
 
 def run_usage(run_id: int) -> Usage:
-    run = Run.objects.values("prompt_tokens", "completion_tokens", "cost_usd_micros").get(pk=run_id)
-    return Usage(tokens=run["prompt_tokens"] + run["completion_tokens"], cost_usd_micros=run["cost_usd_micros"])
+    """Tokens and cost the run has used so far, for its per-run budgets.
+
+    For a sub-run: its own plus its ancestors' (a run's totals include its sub-runs only once
+    they ended), so a skill spends from the budget of the user's run that called it.
+    """
+    tokens = cost = 0
+    next_id: int | None = run_id
+    while next_id is not None:
+        run = Run.objects.values(
+            "prompt_tokens", "completion_tokens", "cost_usd_micros", "parent_tool_call__run_id"
+        ).get(pk=next_id)
+        tokens += run["prompt_tokens"] + run["completion_tokens"]
+        cost += run["cost_usd_micros"]
+        next_id = run["parent_tool_call__run_id"]
+    return Usage(tokens=tokens, cost_usd_micros=cost)
 
 
 def tenant_month_cost_usd_micros(tenant_id: int) -> int:

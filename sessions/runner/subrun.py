@@ -11,7 +11,8 @@ with its own context:
   in that subset run their own sub-runs one level deeper; at :data:`SKILL_MAX_DEPTH` they
   are no longer offered, and a call still made fails with a clear error;
 - the skill's loop limit and route (else the calling run's route entries); the parent's
-  tool timeout, parallelism, per-run budgets (for the sub-run's own usage) and run deadline.
+  tool timeout, parallelism and run deadline; per-run budgets count the sub-run's usage plus
+  its ancestors' (:func:`sessions.runner._db.run_usage`).
 
 Its LLMCall / ToolCall / Message rows are its own (its messages never enter the session's
 history), its events go on the session stream with its own ``run_id`` and
