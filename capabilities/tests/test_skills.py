@@ -192,3 +192,11 @@ def test_console_pastes_a_whole_skill_md(client, world, other_world):
     listing = client.get("/admin/capabilities/skill/").content.decode()
     assert "summarize-page" in listing and "theirs" not in listing
     assert client.get(f"/admin/capabilities/skill/{theirs.pk}/change/").status_code == 302
+
+
+@pytest.mark.django_db
+def test_the_example_skills_in_docs_import(world):
+    folder = Path(__file__).resolve().parents[2] / "docs" / "skills"
+    call_command("skills_import", world.tenant.slug, str(folder))
+    names = sorted(Skill.all_tenants.filter(tenant=world.tenant).values_list("name", flat=True))
+    assert names == ["plan-and-track", "summarize-page"]
