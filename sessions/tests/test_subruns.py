@@ -358,3 +358,26 @@ async def test_a_sub_run_spends_from_its_parents_budget(world, fake_llm):
     [call] = await calls_of(run.pk)
     assert call.status == "failed" and "budget" in call.error
     assert (await reload_run(run.pk)).reason == "budget_exceeded"
+
+
+@pytest.mark.usefixtures("no_enqueue")
+async def test_re_executing_a_finished_skill_call_returns_the_recorded_outcome_without_running_again(world, fake_llm):
+    from capabilities.tools import ToolContext, ToolError
+    from sessions.runner import _db
+    from sessions.runner.subrun import SkillTool
+    from sessions.runner.toolset import Toolset
+
+    agent = await make_agent(world, fake_llm.base_url, skills=[("helper", [], {})])
+    fake_llm.script(ToolCalls([("helper", {"task": "t"})]), Reply("helped"), Reply("done"))
+    run = await post_message(agent=agent, user=world.member, content="go")
+    await execute_run(run.pk)
+    [call] = await calls_of(run.pk)
+    with tenant_scope(world.tenant.pk):
+        spec = await _db.db(lambda: _db._spec(Run.objects.select_related("session").get(pk=run.pk)))()
+        tool = SkillTool(skill=spec.skill_bindings[0], exposed_name="helper", parent=spec, parent_toolset=Toolset())
+        context = ToolContext(tenant_id=world.tenant.pk, session_id=run.session_id, run_id=run.pk, tool_call_id=call.pk)
+        result = await tool.execute({"task": "t"}, context)  # what a resumed parent does for a call without result
+    assert result.content == "helped"
+    assert len(fake_llm.requests) == 3 and len(await sub_runs_of(run.pk)) == 1
+    with pytest.raises(ToolError, match="`task` is required"):
+        await tool.execute({"task": "  "}, context)
