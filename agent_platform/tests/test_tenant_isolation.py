@@ -21,6 +21,7 @@ def theirs(other_world):
     agent = AgentFactory(tenant=t, route=entry.route)
     server = McpServer.all_tenants.create(tenant=t, name="srv", alias="srv", transport="stdio", command="true")
     binding = CapabilityBinding.all_tenants.create(tenant=t, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=server)
+    skill = Skill.all_tenants.create(tenant=t, name="their-skill", description="secret", instructions="secret")
     session = ChatSession.all_tenants.create(tenant=t, agent=agent, user=other_world.member, title="secret title")
     run = Run.all_tenants.create(tenant=t, session=session, user=other_world.member, input="secret input")
     Message.all_tenants.create(tenant=t, session=session, run=run, role="user", content="secret input", position=0)
@@ -28,7 +29,7 @@ def theirs(other_world):
                                            mime_type="text/plain", size_bytes=6, content=b"secret")
     return {
         "provider": entry.provider, "route": entry.route, "agent": agent, "server": server,
-        "binding": binding, "session": session, "run": run, "artifact": artifact,
+        "binding": binding, "session": session, "run": run, "artifact": artifact, "skill": skill,
     }
 
 
@@ -61,10 +62,10 @@ def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
     assert foreign == missing == {"message": "Run not found.", "extra": {}}
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills"])
 def test_admin_endpoints_hide_other_tenants_objects(world, theirs, kind):
     key = {"providers": "provider", "routes": "route", "agents": "agent", "mcp-servers": "server",
-           "bindings": "binding"}[kind]
+           "bindings": "binding", "skills": "skill"}[kind]
     client = world.client(admin=True)
     url = f"/api/v1/admin/{kind}/{theirs[key].pk}/"
     _assert_404(client.get(url))
@@ -86,15 +87,17 @@ def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
     )
     assert resp.status_code == 400
     assert "mcp_server" in resp.json()["extra"]["fields"]
-    their_skill = Skill.all_tenants.create(tenant=theirs["agent"].tenant, name="secret-skill", description="d",
-                                           instructions="secret")
-    resp = client.post("/api/v1/admin/bindings/", {"agent": mine.pk, "kind": "skill", "skill": their_skill.pk},
+    resp = client.post("/api/v1/admin/bindings/", {"agent": mine.pk, "kind": "skill", "skill": theirs["skill"].pk},
                        format="json")
     assert resp.status_code == 400
     assert "skill" in resp.json()["extra"]["fields"] and "secret" not in resp.content.decode()
+    resp = client.post("/api/v1/admin/skills/", {"name": "s", "description": "d", "instructions": "i",
+                                                 "model_route": theirs["route"].pk}, format="json")
+    assert resp.status_code == 400
+    assert "model_route" in resp.json()["extra"]["fields"]
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills"])
 def test_members_get_403_on_admin_endpoints(world, kind):
     resp = world.client().get(f"/api/v1/admin/{kind}/")
     assert resp.status_code == 403

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -11,11 +12,13 @@ from django.db import transaction
 from capabilities.skills.models import Skill
 from capabilities.skills.parsing import ParsedSkill, SkillParseError, skill_parse
 from llm.models import ModelRoute
+from tenants.models import Tenant
 
 
 @transaction.atomic
 def skill_save_parsed(*, tenant_id: int, parsed: ParsedSkill, skill: Skill | None = None) -> tuple[Skill, bool]:
-    """Create or update the tenant's skill named ``parsed.name`` (or ``skill``) from a parsed SKILL.md.
+    """Update ``skill`` (saved or new) from a parsed SKILL.md; without ``skill``, the tenant's
+    skill named ``parsed.name`` (created if there is none).
 
     Requires tenant scope (``tenant_id``'s). Fields absent from the file get their defaults
     (``max_loop_count`` 8, no route), so the file is the whole truth about the skill.
@@ -24,18 +27,17 @@ def skill_save_parsed(*, tenant_id: int, parsed: ParsedSkill, skill: Skill | Non
         (the skill, True if it was created).
 
     Raises:
-        SkillParseError: ``model_route`` names no route of the tenant, or the fields are invalid.
+        SkillParseError: ``model_route`` names no route of the tenant, or the fields are invalid
+            (a name another skill of the tenant has, too).
     """
     route = None
     if parsed.model_route:
         route = ModelRoute.objects.filter(name=parsed.model_route).first()
         if route is None:
             raise SkillParseError(f"'model_route': the tenant has no model route named {parsed.model_route!r}.")
-    created = False
     if skill is None:
-        skill = Skill.objects.filter(name=parsed.name).first()
-    if skill is None:
-        skill, created = Skill(tenant_id=tenant_id), True
+        skill = Skill.objects.filter(name=parsed.name).first() or Skill(tenant_id=tenant_id)
+    created = skill.pk is None
     skill.name = parsed.name
     skill.description = parsed.description
     skill.instructions = parsed.instructions
@@ -44,7 +46,7 @@ def skill_save_parsed(*, tenant_id: int, parsed: ParsedSkill, skill: Skill | Non
     skill.max_loop_count = parsed.max_loop_count or 8
     skill.source = parsed.source
     try:
-        skill.full_clean(exclude=["tenant"])
+        skill.full_clean()
     except ValidationError as exc:
         raise SkillParseError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from exc
     skill.save()
@@ -81,3 +83,29 @@ def skills_import_folder(*, tenant_id: int, folder: Path) -> list[ImportResult]:
             continue
         results.append(ImportResult(path=path, name=skill.name, created=created))
     return results
+
+
+@transaction.atomic
+def skill_save(*, tenant: Tenant, skill: Skill | None = None, skill_md: str | None = None, **fields: Any) -> Skill:
+    """Create or update a skill from ``skill_md`` (a whole SKILL.md, which wins) or from ``fields``.
+
+    Requires the tenant's scope. Editing fields clears ``source`` (it no longer matches).
+
+    Raises:
+        ValidationError: a bad SKILL.md (on ``skill_md``, with the parser's reason) or invalid
+            fields (a duplicate name, a foreign route...).
+    """
+    skill = skill or Skill(tenant=tenant)
+    if skill_md:
+        try:
+            saved, _ = skill_save_parsed(tenant_id=tenant.pk, parsed=skill_parse(skill_md), skill=skill)
+        except SkillParseError as exc:
+            raise ValidationError({"skill_md": str(exc)}) from exc
+        return saved
+    for name, value in fields.items():
+        setattr(skill, name, value)
+    if fields:
+        skill.source = ""
+    skill.full_clean()
+    skill.save()
+    return skill

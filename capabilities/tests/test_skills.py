@@ -188,6 +188,12 @@ def test_console_pastes_a_whole_skill_md(client, world, other_world):
     bad = client.post("/admin/capabilities/skill/add/", {"skill_md": "---\nname: x\n---\nbody", "allowed_tools": "[]",
                                                          "max_loop_count": 8})
     assert bad.status_code == 200 and "description" in bad.content.decode() and "is required" in bad.content.decode()
+    again = client.post("/admin/capabilities/skill/add/", {"skill_md": GOOD, "allowed_tools": "[]", "max_loop_count": 8})
+    assert again.status_code == 200 and "already has a skill named" in again.content.decode().replace("&#x27;", "'")
+    no_route = client.post("/admin/capabilities/skill/add/", {
+        "skill_md": GOOD.replace("summarize-page", "other").replace("cheap", "missing"), "allowed_tools": "[]",
+        "max_loop_count": 8})
+    assert no_route.status_code == 200 and "no model route named" in no_route.content.decode()
     theirs = Skill.all_tenants.create(tenant=other_world.tenant, name="theirs", description="d", instructions="i")
     listing = client.get("/admin/capabilities/skill/").content.decode()
     assert "summarize-page" in listing and "theirs" not in listing
@@ -200,3 +206,35 @@ def test_the_example_skills_in_docs_import(world):
     call_command("skills_import", world.tenant.slug, str(folder))
     names = sorted(Skill.all_tenants.filter(tenant=world.tenant).values_list("name", flat=True))
     assert names == ["plan-and-track", "summarize-page"]
+
+
+@pytest.mark.django_db
+def test_admin_api_creates_skills_from_fields_or_a_skill_md_with_clear_errors(world):
+    route = RouteFactory(tenant=world.tenant, name="cheap")
+    client = world.client(admin=True)
+    resp = client.post("/api/v1/admin/skills/", {"skill_md": GOOD}, format="json")
+    assert resp.status_code == 201, resp.content
+    body = resp.json()
+    assert (body["name"], body["model_route"], body["allowed_tools"], body["max_loop_count"]) == (
+        "summarize-page", route.pk, ["web_read", "todo_*"], 5)
+    assert body["source"] == GOOD and "skill_md" not in body
+
+    resp = client.post("/api/v1/admin/skills/", {"skill_md": GOOD}, format="json")  # same name again
+    assert resp.status_code == 400 and "skill_md" in resp.json()["extra"]["fields"]
+    resp = client.post("/api/v1/admin/skills/", {"skill_md": "---\nname: x\n---\nbody"}, format="json")
+    assert resp.status_code == 400
+    assert "'description' is required" in str(resp.json()["extra"]["fields"]["skill_md"])
+
+    resp = client.post("/api/v1/admin/skills/", {"name": "plain", "description": "d", "instructions": "Do it.",
+                                                 "allowed_tools": ["test_echo"]}, format="json")
+    assert resp.status_code == 201 and resp.json()["max_loop_count"] == 8 and resp.json()["source"] == ""
+    resp = client.post("/api/v1/admin/skills/", {"name": "bad name", "description": "d", "instructions": "i"},
+                       format="json")
+    assert resp.status_code == 400 and "name" in resp.json()["extra"]["fields"]
+    resp = client.post("/api/v1/admin/skills/", {"name": "nodesc"}, format="json")
+    assert resp.status_code == 400 and {"description", "instructions"} <= set(resp.json()["extra"]["fields"])
+
+    skill_id = body["id"]
+    resp = client.patch(f"/api/v1/admin/skills/{skill_id}/", {"max_loop_count": 3}, format="json")
+    assert resp.status_code == 200 and resp.json()["max_loop_count"] == 3 and resp.json()["source"] == ""
+    assert world.client().get("/api/v1/admin/skills/").status_code == 403
