@@ -117,22 +117,24 @@ class SkillTool(Tool):
             return ToolResult(content=state.reply, data={"sub_run_id": state.run_id})
         if state.status in (RunStatus.FAILED, RunStatus.CANCELLED):
             raise ToolError(f"The skill {self.spec.name!r} did not finish: {state.error}", code="sub_run_failed")
-        outcome = await self._run(state.run_id, task=task.strip(), tool_call_id=context.tool_call_id)
+        outcome = await self._run(state.run_id, task=task.strip(), context=context)
         if outcome.status == RunStatus.COMPLETED:
             return ToolResult(content=outcome.reply, data={"sub_run_id": state.run_id})
         raise ToolError(f"The skill {self.spec.name!r} did not finish: {outcome.error}", code="sub_run_failed")
 
-    async def _run(self, run_id: int, *, task: str, tool_call_id: int) -> Any:
+    async def _run(self, run_id: int, *, task: str, context: ToolContext) -> Any:
         from sessions.runner.loop import Outcome, _run_loop_cancellable
 
         parent = self.parent
-        extra = {"parent_run_id": parent.run_id, "parent_tool_call_id": tool_call_id}
+        extra = {"parent_run_id": parent.run_id, "parent_tool_call_id": context.tool_call_id}
 
         async def publish_now(event_type: str, data: dict[str, Any]) -> None:
             await event_publish(session_id=parent.session_id, run_id=run_id, type=event_type, data={**data, **extra})
 
         async def publish(event_type: str, data: dict[str, Any]) -> None:
             await publish_now(event_type, data)
+            if event_type == "tool_call_started":  # the parent's call shows what its skill is doing
+                await context.progress(f"{self.skill.name}: {data.get('name')}")
             raise_if_cancelling()
 
         try:

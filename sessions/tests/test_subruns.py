@@ -119,6 +119,9 @@ async def test_a_skill_runs_a_sub_run_with_its_own_context_and_only_its_allowed_
     first = sub_frames[0]["data"]
     assert (first["skill"], first["depth"], first["task"]) == ("researcher", 1, "Find out about X")
     assert {"tool_call_started", "tool_call_failed", "tool_call_succeeded"} <= {f["type"] for f in sub_frames}
+    progress = [f["data"]["message"] for f in frames if f["type"] == "tool_call_progress"
+                and f["data"]["tool_call_id"] == skill_call.pk]
+    assert sorted(progress) == ["researcher: test_echo", "researcher: test_sleep"]
     parent_types = [f["type"] for f in frames if f["run_id"] == run.pk]
     assert parent_types[-1] == "run_completed" and "tool_call_succeeded" in parent_types
 
