@@ -98,6 +98,10 @@ class CapabilityBinding(TenantOwnedModel):
     cli_command = models.ForeignKey(
         "capabilities.CliCommand", null=True, blank=True, on_delete=models.CASCADE, related_name="bindings"
     )
+    skill = models.ForeignKey(
+        "capabilities.Skill", null=True, blank=True, on_delete=models.CASCADE, related_name="bindings",
+        help_text="kind skill: the skill offered as a tool.",
+    )
     allowed_tools = models.JSONField(
         default=list, blank=True,
         help_text="Tool names (as the capability names them) to expose; empty means all.",
@@ -122,7 +126,8 @@ class CapabilityBinding(TenantOwnedModel):
     def __str__(self) -> str:
         target = (
             self.mcp_server.name if self.mcp_server_id
-            else self.cli_command.name if self.cli_command_id else self.builtin_name
+            else self.cli_command.name if self.cli_command_id
+            else self.skill.name if self.skill_id else self.builtin_name
         )
         return f"{self.agent.name} → {target}"
 
@@ -142,6 +147,13 @@ class CapabilityBinding(TenantOwnedModel):
         elif self.kind == CapabilityKind.BUILTIN:
             if self.builtin_name not in builtin_names():
                 raise ValidationError({"builtin_name": f"Unknown built-in tool; choose one of {sorted(builtin_names())}."})
+        elif self.kind == CapabilityKind.SKILL:
+            if not self.skill_id:
+                raise ValidationError({"skill": "Choose a skill."})
+            if self.tenant_id and self.skill.tenant_id != self.tenant_id:
+                raise ValidationError({"skill": "Skill not found."})
+        if self.kind != CapabilityKind.SKILL and self.skill_id:
+            raise ValidationError({"skill": "Only bindings of kind skill name a skill."})
         if self.agent_id and self.tenant_id and self.agent.tenant_id != self.tenant_id:
             raise ValidationError({"agent": "Agent not found."})
         if not isinstance(self.allowed_tools, list) or not all(isinstance(t, str) for t in self.allowed_tools):

@@ -59,3 +59,4 @@ class McpServer(TenantOwnedModel):
 
 
 from capabilities.cli.models import CliCommand  # noqa: E402,F401  (registers the model in this app)
+from capabilities.skills.models import Skill  # noqa: E402,F401

@@ -36,15 +36,19 @@ def run_get_for_user(*, run_id: int, user_id: int) -> Run | None:
 
 
 def run_activities(*, run: Run) -> list[dict[str, Any]]:
-    """LLM calls and tool calls of a run, in the order they started.
+    """LLM calls, tool calls and sub-runs (skills) of a run, in the order they started.
 
-    Returns dicts ``{"kind": "llm_call" | "tool_call", "at": datetime, "object": row}``.
+    Returns dicts ``{"kind": "llm_call" | "tool_call" | "sub_run", "at": datetime, "object": row}``
+    (``sub_run`` items also ``"skill"``: the skill's name).
     """
     llm_calls = LLMCall.objects.filter(run=run).order_by("created_at", "id")
     tool_calls = ToolCall.objects.filter(run=run).order_by("created_at", "id")
+    sub_runs = Run.objects.filter(parent_tool_call__run=run).select_related("skill", "parent_tool_call")
     items = chain(
         ({"kind": "llm_call", "at": c.created_at, "object": c} for c in llm_calls),
         ({"kind": "tool_call", "at": c.started_at or c.created_at, "object": c} for c in tool_calls),
+        ({"kind": "sub_run", "at": r.created_at, "object": r,
+          "skill": r.skill.name if r.skill is not None else r.parent_tool_call.name} for r in sub_runs),
     )
     return sorted(items, key=lambda item: item["at"])
 

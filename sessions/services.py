@@ -325,7 +325,9 @@ def runs_sweep() -> dict[str, int]:
     counts = {"resumed": 0, "worker_lost": 0, "approvals_expired": 0, "resent": 0}
     stale = stale_before()
     # tenant-bypass: the sweeper looks at every tenant's runs, then works inside each run's tenant.
-    orphans = Run.all_tenants.filter(status=RunStatus.RUNNING, steered_into__isnull=True).filter(
+    # Sub-runs are left out: they live inside their parent's tool call, which resumes them.
+    orphans = Run.all_tenants.filter(status=RunStatus.RUNNING, steered_into__isnull=True,
+                                     parent_tool_call__isnull=True).filter(
         models.Q(heartbeat_at__lt=stale) | models.Q(heartbeat_at__isnull=True, started_at__lt=stale)
     ).values_list("pk", "tenant_id", "attempt")
     for run_id, tenant_id, attempt in orphans:

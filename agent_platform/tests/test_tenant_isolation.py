@@ -7,7 +7,7 @@ import pytest
 
 from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory, ProviderFactory, RouteEntryFactory
-from capabilities.models import McpServer
+from capabilities.models import McpServer, Skill
 from documents.models import Document
 from sessions.models import Artifact, ChatSession, Message, Run
 
@@ -22,6 +22,7 @@ def theirs(other_world):
     agent = AgentFactory(tenant=t, route=entry.route)
     server = McpServer.all_tenants.create(tenant=t, name="srv", alias="srv", transport="stdio", command="true")
     binding = CapabilityBinding.all_tenants.create(tenant=t, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=server)
+    skill = Skill.all_tenants.create(tenant=t, name="their-skill", description="secret", instructions="secret")
     session = ChatSession.all_tenants.create(tenant=t, agent=agent, user=other_world.member, title="secret title")
     run = Run.all_tenants.create(tenant=t, session=session, user=other_world.member, input="secret input")
     Message.all_tenants.create(tenant=t, session=session, run=run, role="user", content="secret input", position=0)
@@ -32,6 +33,7 @@ def theirs(other_world):
     return {
         "provider": entry.provider, "route": entry.route, "agent": agent, "server": server,
         "binding": binding, "session": session, "run": run, "artifact": artifact, "document": document,
+        "skill": skill,
     }
 
 
@@ -67,10 +69,10 @@ def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
     assert foreign == missing == {"message": "Run not found.", "extra": {}}
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills"])
 def test_admin_endpoints_hide_other_tenants_objects(world, theirs, kind):
     key = {"providers": "provider", "routes": "route", "agents": "agent", "mcp-servers": "server",
-           "bindings": "binding"}[kind]
+           "bindings": "binding", "skills": "skill"}[kind]
     client = world.client(admin=True)
     url = f"/api/v1/admin/{kind}/{theirs[key].pk}/"
     _assert_404(client.get(url))
@@ -92,9 +94,17 @@ def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
     )
     assert resp.status_code == 400
     assert "mcp_server" in resp.json()["extra"]["fields"]
+    resp = client.post("/api/v1/admin/bindings/", {"agent": mine.pk, "kind": "skill", "skill": theirs["skill"].pk},
+                       format="json")
+    assert resp.status_code == 400
+    assert "skill" in resp.json()["extra"]["fields"] and "secret" not in resp.content.decode()
+    resp = client.post("/api/v1/admin/skills/", {"name": "s", "description": "d", "instructions": "i",
+                                                 "model_route": theirs["route"].pk}, format="json")
+    assert resp.status_code == 400
+    assert "model_route" in resp.json()["extra"]["fields"]
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills"])
 def test_members_get_403_on_admin_endpoints(world, kind):
     resp = world.client().get(f"/api/v1/admin/{kind}/")
     assert resp.status_code == 403

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from agents.models import AgentInstance, CapabilityBinding
 from agents.selectors import agent_list_active
 from agents.services import agent_save, binding_save
-from capabilities.models import CliCommand, McpServer
+from capabilities.models import CliCommand, McpServer, Skill
 from llm.models import ModelRoute
 from tenants.api.mixins import TenantContextMixin, TenantPrimaryKeyRelatedField, TenantScopedViewSet
 
@@ -61,18 +61,19 @@ class BindingSerializer(serializers.ModelSerializer):
     agent = TenantPrimaryKeyRelatedField(AgentInstance)
     mcp_server = TenantPrimaryKeyRelatedField(McpServer, required=False, allow_null=True)
     cli_command = TenantPrimaryKeyRelatedField(CliCommand, required=False, allow_null=True)
+    skill = TenantPrimaryKeyRelatedField(Skill, required=False, allow_null=True)
     allowed_tools = serializers.ListField(child=serializers.CharField(), required=False)
 
     class Meta:
         model = CapabilityBinding
         fields = [
-            "id", "agent", "kind", "mcp_server", "builtin_name", "cli_command", "allowed_tools", "approval_policy",
-            "config", "enabled", "created_at",
+            "id", "agent", "kind", "mcp_server", "builtin_name", "cli_command", "skill", "allowed_tools",
+            "approval_policy", "config", "enabled", "created_at",
         ]
 
 
 class BindingViewSet(TenantScopedViewSet):
-    """Capability bindings: which MCP servers, built-in tools and CLI commands an agent may use."""
+    """Capability bindings: which MCP servers, built-in tools, CLI commands and skills an agent may use."""
 
     model = CapabilityBinding
     serializer_class = BindingSerializer

@@ -154,7 +154,9 @@ class SessionDetailApi(TenantScopedApiView):
     @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: int) -> Response:
         session = _session_or_404(request, session_id)
-        runs = Run.objects.filter(session=session).order_by("created_at", "id").prefetch_related(
+        # Sub-runs (skills) are not runs of the conversation: they appear in their parent's
+        # activities and at /runs/<id>/; their usage is included in their parent's.
+        runs = Run.objects.filter(session=session, parent_tool_call__isnull=True).order_by("created_at", "id").prefetch_related(
             Prefetch("tool_calls", queryset=ToolCall.objects.order_by("turn", "id")),
             Prefetch("approvals", queryset=Approval.objects.order_by("id")),
         )
@@ -236,7 +238,10 @@ class RunDetailApi(TenantScopedApiView):
 class RunActivitiesApi(TenantScopedApiView):
     """LLM calls and tool calls of a run in the order they started, paginated.
 
-    Each item: ``{"kind": "llm_call" | "tool_call", "at": datetime, ...fields of the call}``.
+    Each item: ``{"kind": "llm_call" | "tool_call", "at": datetime, ...fields of the call}``, or
+    for a skill's sub-run (started by one of the run's tool calls) ``{"kind": "sub_run", "at",
+    "run_id", "tool_call_id", "skill", "depth", "status", "input", "reply", "error", ...}``
+    (its own activities: ``/runs/<run_id>/activities/``).
     """
 
     @extend_schema(responses=inline_serializer("Activity", {"kind": serializers.CharField(), "at": serializers.DateTimeField()}, many=True))
@@ -250,6 +255,15 @@ class RunActivitiesApi(TenantScopedApiView):
 
 
 def _activity(item: dict[str, Any]) -> dict[str, Any]:
+    if item["kind"] == "sub_run":
+        sub = item["object"]
+        return {"kind": "sub_run", "at": serializers.DateTimeField().to_representation(item["at"]),
+                "run_id": sub.pk, "tool_call_id": sub.parent_tool_call_id, "skill": item["skill"],
+                "depth": sub.depth, "status": sub.status, "input": sub.input, "reply": sub.reply,
+                "error": sub.error, "reason": sub.reason, "loop_count": sub.loop_count,
+                "prompt_tokens": sub.prompt_tokens, "completion_tokens": sub.completion_tokens,
+                "cost_usd": usd(sub.cost_usd_micros), "started_at": serializers.DateTimeField().to_representation(sub.started_at) if sub.started_at else None,
+                "finished_at": serializers.DateTimeField().to_representation(sub.finished_at) if sub.finished_at else None}
     serializer = LLMCallSerializer if item["kind"] == "llm_call" else ToolCallSerializer
     return {"kind": item["kind"], "at": serializers.DateTimeField().to_representation(item["at"]),
             **serializer(item["object"]).data}

@@ -39,7 +39,7 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.runner.spec import BuiltinBindingSpec, CliBindingSpec, McpBindingSpec, RunSpec
+from sessions.runner.spec import BuiltinBindingSpec, CliBindingSpec, McpBindingSpec, RunSpec, SkillBindingSpec
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 
@@ -150,7 +150,8 @@ def _spec(run: Run) -> RunSpec:
     mcp_bindings: list[McpBindingSpec] = []
     builtins: dict[str, BuiltinBindingSpec] = {}
     cli_bindings: dict[int, CliBindingSpec] = {}
-    for binding in agent.bindings.filter(enabled=True).order_by("id"):
+    skills: dict[int, SkillBindingSpec] = {}
+    for binding in agent.bindings.filter(enabled=True).select_related("skill").order_by("id"):
         if binding.kind == CapabilityKind.MCP_SERVER:
             server = McpServer.objects.get(pk=binding.mcp_server_id)
             if not server.enabled:
@@ -193,6 +194,11 @@ def _spec(run: Run) -> RunSpec:
                 name=binding.builtin_name, binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
                 config=dict(binding.config),
             ))
+        elif binding.kind == CapabilityKind.SKILL and binding.skill_id is not None:
+            skills.setdefault(binding.skill_id, SkillBindingSpec(
+                skill_id=binding.skill_id, name=binding.skill.name, description=binding.skill.description,
+                allowed_tools=tuple(binding.skill.allowed_tools), binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+            ))
     return RunSpec(
         run_id=run.pk,
         tenant_id=run.tenant_id,
@@ -216,6 +222,7 @@ def _spec(run: Run) -> RunSpec:
         mcp_bindings=tuple(mcp_bindings),
         builtin_bindings=tuple(builtins.values()),
         cli_bindings=tuple(cli_bindings.values()),
+        skill_bindings=tuple(skills.values()),
         attempt=run.attempt,
         loop_count=run.loop_count,
         run_timeout_seconds=agent.run_timeout_seconds,
@@ -265,18 +272,27 @@ def history_load(run_id: int) -> History:
     Messages are ordered by run, then position: a message queued while an earlier run was
     still working has a lower position than that run's answer, but belongs after it. A
     message *steered* into a running run (agent ``message_mode`` steer) counts as that run's,
-    at its position. Earlier runs' unanswered tool calls (a run that failed between a call
+    at its position. Messages of sub-runs (skills) are left out: the parent sees only the
+    skill tool's result; a sub-run's history is its own messages (task first). Earlier runs' unanswered tool calls (a run that failed between a call
     and its result) are dropped so that tool call/result pairs are never split; the current
     run's are kept, because the runner resumes by executing them.
     """
     run = Run.objects.get(pk=run_id)
-    compaction = latest_compaction(run.session_id)
-    rows = list(
-        Message.objects.select_related("run")
-        .annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
-        .filter(_after_cursor(compaction), session_id=run.session_id, effective_run__lte=run_id)
-        .order_by("effective_run", "position")
-    )
+    if run.parent_tool_call_id is not None:  # a sub-run: its own messages only, never compacted
+        compaction = None
+        rows = list(
+            Message.objects.select_related("run").annotate(effective_run=F("run_id"))
+            .filter(run_id=run_id).order_by("position")
+        )
+    else:  # a user's run: sub-runs' messages are not part of the session's conversation
+        compaction = latest_compaction(run.session_id)
+        rows = list(
+            Message.objects.select_related("run")
+            .annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
+            .filter(_after_cursor(compaction), session_id=run.session_id, effective_run__lte=run_id,
+                    run__parent_tool_call__isnull=True)
+            .order_by("effective_run", "position")
+        )
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
     kept: list[Message] = []
@@ -454,8 +470,21 @@ class Usage:
 
 
 def run_usage(run_id: int) -> Usage:
-    run = Run.objects.values("prompt_tokens", "completion_tokens", "cost_usd_micros").get(pk=run_id)
-    return Usage(tokens=run["prompt_tokens"] + run["completion_tokens"], cost_usd_micros=run["cost_usd_micros"])
+    """Tokens and cost the run has used so far, for its per-run budgets.
+
+    For a sub-run: its own plus its ancestors' (a run's totals include its sub-runs only once
+    they ended), so a skill spends from the budget of the user's run that called it.
+    """
+    tokens = cost = 0
+    next_id: int | None = run_id
+    while next_id is not None:
+        run = Run.objects.values(
+            "prompt_tokens", "completion_tokens", "cost_usd_micros", "parent_tool_call__run_id"
+        ).get(pk=next_id)
+        tokens += run["prompt_tokens"] + run["completion_tokens"]
+        cost += run["cost_usd_micros"]
+        next_id = run["parent_tool_call__run_id"]
+    return Usage(tokens=tokens, cost_usd_micros=cost)
 
 
 def tenant_month_cost_usd_micros(tenant_id: int) -> int:
@@ -495,6 +524,9 @@ def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", re
         status=ToolCallStatus.CANCELLED, finished_at=now
     )
     Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(status=ApprovalStatus.EXPIRED)
+    subruns_end_with_parent(run_id=run_id, now=now)
+    if run.parent_tool_call_id is not None:  # a sub-run starts nothing: its parent still holds the session
+        return []
     out = []
     next_id = next_queued_run_id(session_id=run.session_id)
     if next_id is not None:
@@ -637,3 +669,124 @@ def session_has_artifacts(session_id: int) -> bool:
     from sessions.models import Artifact
 
     return Artifact.objects.filter(session_id=session_id).exists()
+
+
+# --- sub-runs (skills) -------------------------------------------------------------------------
+
+
+def subruns_end_with_parent(*, run_id: int, now: Any) -> int:
+    """End the still-active sub-runs below run ``run_id`` (any depth) as ``cancelled``.
+
+    A sub-run lives inside its parent's tool call; when the parent ends first (cancelled,
+    timed out, failed) nothing else would ever end it. Returns how many were ended.
+    """
+    ended = 0
+    parents = [run_id]
+    while parents:
+        children = list(Run.objects.filter(parent_tool_call__run_id__in=parents).values_list("pk", "status"))
+        active = [pk for pk, status in children if status in ACTIVE_RUN_STATUSES]
+        if active:
+            Run.objects.filter(pk__in=active).update(
+                status=RunStatus.CANCELLED, error="Its parent run ended first.", finished_at=now, heartbeat_at=None,
+            )
+            ToolCall.objects.filter(run_id__in=active, finished_at__isnull=True).update(
+                status=ToolCallStatus.CANCELLED, finished_at=now
+            )
+            ended += len(active)
+        parents = [pk for pk, _ in children]
+    return ended
+
+
+@dataclass(frozen=True, slots=True)
+class SubRunState:
+    run_id: int
+    status: str
+    reply: str
+    error: str
+    created: bool
+
+
+@transaction.atomic
+def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> SubRunState:
+    """The sub-run answering tool call ``call_pk`` of run ``parent``: created now (status
+    ``running``, the task as its user message), or the existing one (a parent resumed after its
+    worker died re-executes the call: the same sub-run resumes, attempt + 1).
+
+    Sub-runs have no heartbeat of their own (the parent's covers them) and are never
+    touched by the sweeper or the tenant's run limit.
+    """
+    existing = Run.objects.select_for_update().filter(parent_tool_call_id=call_pk).first()
+    if existing is not None:
+        if existing.status in ACTIVE_RUN_STATUSES:
+            existing.status = RunStatus.RUNNING
+            existing.attempt += 1
+            existing.save(update_fields=["status", "attempt"])
+        return SubRunState(run_id=existing.pk, status=existing.status, reply=existing.reply, error=existing.error,
+                           created=False)
+    now = timezone.now()
+    run = Run.objects.create(
+        tenant_id=parent.tenant_id, session_id=parent.session_id, user_id=parent.user_id, input=task,
+        status=RunStatus.RUNNING, attempt=1, started_at=now, parent_tool_call_id=call_pk, depth=parent.depth + 1,
+        skill_id=skill_id,
+    )
+    Message.objects.create(
+        tenant_id=parent.tenant_id, session_id=parent.session_id, run=run, position=_next_position(parent.session_id),
+        role=MessageRole.USER, content=task,
+    )
+    return SubRunState(run_id=run.pk, status=run.status, reply="", error="", created=True)
+
+
+def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
+    """The RunSpec of a sub-run: the skill's instructions, loop limit and route (else the
+    parent's entries); the parent's timeouts, parallelism, budgets and run deadline.
+
+    Raises:
+        ValueError: the skill was deleted, or its route has no entries.
+    """
+    run = Run.objects.select_related("skill").get(pk=subrun_id)
+    skill = run.skill
+    if skill is None:
+        raise ValueError("The skill of this sub-run no longer exists.")
+    if skill.model_route_id is not None:
+        tenant = Tenant.objects.get(pk=run.tenant_id)
+        entries = route_entries(route_id=skill.model_route_id)
+        if not entries:
+            raise ValueError(f"The model route of skill {skill.name!r} has no entries.")
+        configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
+        entry_ids = tuple(e.pk for e in entries)
+    else:
+        configs, entry_ids = parent.entries, parent.entry_ids
+    import dataclasses
+
+    return dataclasses.replace(
+        parent, run_id=run.pk, system_prompt=skill.instructions, max_loop_count=skill.max_loop_count,
+        entries=configs, entry_ids=entry_ids, mcp_bindings=(), builtin_bindings=(), skill_bindings=(),
+        depth=run.depth, parent_run_id=parent.run_id, attempt=run.attempt, loop_count=run.loop_count,
+    )
+
+
+@transaction.atomic
+def subrun_finish(
+    *, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "", attempt: int | None = None,
+) -> bool:
+    """Record a sub-run's end and add its tokens and cost to its parent run (once).
+
+    The parent's totals then include everything done on its behalf (the session's usage
+    counts only user runs; LLMCall rows keep the per-call truth). ``attempt``: the attempt
+    the caller holds; if the sub-run was resumed since (its parent was taken over by another
+    worker), nothing is recorded.
+
+    Returns:
+        False if nothing was recorded (already ended, or a later attempt holds it).
+    """
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.status not in ACTIVE_RUN_STATUSES or (attempt is not None and run.attempt != attempt):
+        return False
+    run_finish(run_id=run_id, status=status, reply=reply, error=error, reason=reason)
+    parent_run_id = ToolCall.objects.values_list("run_id", flat=True).get(pk=run.parent_tool_call_id)
+    Run.objects.filter(pk=parent_run_id).update(
+        prompt_tokens=F("prompt_tokens") + run.prompt_tokens,
+        completion_tokens=F("completion_tokens") + run.completion_tokens,
+        cost_usd_micros=F("cost_usd_micros") + run.cost_usd_micros,
+    )
+    return True

@@ -30,7 +30,7 @@ from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_c
 from sessions.runner.compaction import BUDGET_RATIO, MAX_ATTEMPTS_PER_TURN, compact, system_prompt_with_summary
 from sessions.runner.spec import RunSpec
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
-from sessions.runner.toolset import CapabilityUnavailable, toolset_open
+from sessions.runner.toolset import CapabilityUnavailable, Toolset, toolset_open
 from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ AWAITING_APPROVAL_OUTCOME = Outcome(RunStatus.AWAITING_APPROVAL)
 """The run paused: some tool call waits for a human; no worker holds it meanwhile."""
 
 
-async def _run_loop_cancellable(spec: RunSpec, publish: Any) -> Outcome:
+async def _run_loop_cancellable(spec: RunSpec, publish: Any, *, toolset: Toolset | None = None) -> Outcome:
     """:func:`_run_loop`, cancelled as soon as a cancel of the run is requested.
 
     The loop runs as a task next to :func:`watch_for_cancel`. When the watcher returns
@@ -186,7 +186,7 @@ async def _run_loop_cancellable(spec: RunSpec, publish: Any) -> Outcome:
         Whatever ``_run_loop`` raises. If the watcher itself fails (Redis down), the run goes
         on without cancellation rather than failing.
     """
-    loop_task = asyncio.create_task(_run_loop(spec, publish), name=f"run-{spec.run_id}-loop")
+    loop_task = asyncio.create_task(_run_loop(spec, publish, toolset=toolset), name=f"run-{spec.run_id}-loop")
     watcher = asyncio.create_task(watch_for_cancel(spec.run_id), name=f"run-{spec.run_id}-cancel-watch")
     timeout = max(0.0, spec.run_seconds_left(time.time()))
     try:
@@ -217,9 +217,12 @@ async def _run_loop_cancellable(spec: RunSpec, publish: Any) -> Outcome:
             logger.warning("run %s: the cancel watcher did not stop", spec.run_id)
 
 
-async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
+async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = None) -> Outcome:
+    """The loop of run ``spec``; ``toolset``: given for a sub-run (a subset of its parent's
+    tools, already connected), else opened here from the run's bindings."""
     async with contextlib.AsyncExitStack() as stack:
-        toolset = await toolset_open(spec, stack)
+        if toolset is None:
+            toolset = await toolset_open(spec, stack)
         if await _db.db(_db.session_has_artifacts)(spec.session_id):
             toolset.add_builtin("read_artifact")
         turn = spec.loop_count
@@ -231,7 +234,10 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
         interrupted_turns: set[int] = set()
         current_entry = 0  # the entry that answered last: its window decides when to compact
         compaction_attempts = 0  # in this model turn (never more than MAX_ATTEMPTS_PER_TURN)
-        compaction_exhausted = False  # this turn: nothing more to compact, or attempts used up
+        # Sub-runs are never compacted (their history is short-lived and compactions move the
+        # session's cursor); one whose context overflows fails with reason context_window.
+        no_compaction = spec.depth > 0
+        compaction_exhausted = no_compaction  # this turn: nothing more to compact, or attempts used up
         force_compaction = False  # a model rejected the prompt as too long
         while True:
             history = await _db.db(_db.history_load)(spec.run_id)
@@ -245,7 +251,7 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                 if await execute_tool_calls(spec=spec, calls=pending, toolset=toolset, publish=publish):
                     return AWAITING_APPROVAL_OUTCOME
                 continue
-            steered = await _db.db(_db.steer_absorb)(spec.run_id)
+            steered = await _db.db(_db.steer_absorb)(spec.run_id) if spec.depth == 0 else []
             if steered:  # messages sent meanwhile join this run's history from this turn on
                 for steered_run_id in steered:
                     await event_publish(session_id=spec.session_id, run_id=steered_run_id, type="run_running",
@@ -318,7 +324,7 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
             calls = await _db.db(_db.assistant_message_save)(spec=spec, turn=turn, message=message, reasoning=reasoning)
             turn += 1
             current_entry = completion.entry_index
-            compaction_attempts, compaction_exhausted = 0, False
+            compaction_attempts, compaction_exhausted = 0, no_compaction
             if not message.tool_calls:
                 if not message.content.strip():
                     if final_turn:

@@ -38,6 +38,18 @@ class CliBindingSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SkillBindingSpec:
+    skill_id: int
+    name: str
+    """The skill's name: the tool name asked for (before collision renaming)."""
+    description: str
+    allowed_tools: tuple[str, ...] = ()
+    """Patterns (fnmatch) over the calling run's exposed tool names; empty: no tools."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RunSpec:
     run_id: int
     tenant_id: int
@@ -62,6 +74,11 @@ class RunSpec:
     mcp_bindings: tuple[McpBindingSpec, ...] = ()
     builtin_bindings: tuple[BuiltinBindingSpec, ...] = ()
     cli_bindings: tuple[CliBindingSpec, ...] = ()
+    skill_bindings: tuple[SkillBindingSpec, ...] = ()
+    depth: int = 0
+    """0 for a user's run; a sub-run's is its parent's + 1 (``sessions.runner.subrun``)."""
+    parent_run_id: int | None = None
+    """Sub-runs: the run whose tool call this one answers."""
     attempt: int = 1
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""

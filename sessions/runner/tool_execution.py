@@ -51,6 +51,16 @@ def frame_untrusted(content: str, *, nonce: str | None = None) -> str:
     return f'<untrusted-data nonce="{nonce}">\n{content}\n</untrusted-data nonce="{nonce}">'
 
 
+NO_APPROVALS_IN_SUB_RUNS = (
+    "The tool {name!r} needs a human's approval, and approvals are not supported inside skills yet. "
+    "Finish without it and say in your answer that this step needs the user's approval."
+)
+"""A sub-run (depth > 0) cannot pause for a human: such calls fail with this error."""
+NO_QUESTIONS_IN_SUB_RUNS = (
+    "Questions to the user are not supported inside skills yet. Finish with what you have and say in "
+    "your answer what you would have asked."
+)
+
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
@@ -112,7 +122,9 @@ async def _execute_one(
     decided = _decided_without_running(approval)
     if decided is None and approval is None and tool is not None and origin is not None and invalid_arguments is None:
         action = approval_action(list(origin.approval_policy), origin.name, name)
-        if action == ApprovalAction.ASK:
+        if action == ApprovalAction.ASK and spec.depth > 0:
+            decided = _Result(status=ToolCallStatus.FAILED, error=NO_APPROVALS_IN_SUB_RUNS.format(name=name))
+        elif action == ApprovalAction.ASK:
             return await wait_for_human(ApprovalKind.TOOL_CALL, reason=f"The agent's policy asks before {origin.name} runs.")
         if action == ApprovalAction.DENY:
             decided = _Result(status=ToolCallStatus.FAILED,
@@ -129,9 +141,13 @@ async def _execute_one(
                                      invalid_arguments=invalid_arguments, publish=publish,
                                      approved=approval is not None and approval.status == ApprovalStatus.APPROVED)
         except ApprovalRequired as exc:
-            return await wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason)
+            if spec.depth == 0:
+                return await wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason)
+            result = _Result(status=ToolCallStatus.FAILED, error=NO_APPROVALS_IN_SUB_RUNS.format(name=name))
         except QuestionForUser as exc:
-            return await wait_for_human(ApprovalKind.QUESTION, question=exc.question)
+            if spec.depth == 0:
+                return await wait_for_human(ApprovalKind.QUESTION, question=exc.question)
+            result = _Result(status=ToolCallStatus.FAILED, error=NO_QUESTIONS_IN_SUB_RUNS)
         if result.status == ToolCallStatus.SUCCEEDED:
             result.model_content = await _for_model(spec=spec, pk=pk, name=name, tool=tool, toolset=toolset,
                                                     content=result.content, publish=publish)
@@ -183,9 +199,11 @@ async def _run_tool(
             raise invalid_arguments
         context = ToolContext(
             tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
-            tool_call_id=call["pk"], publish=publish, user_id=spec.user_id, approved=approved,
+            tool_call_id=call["pk"], publish=publish, user_id=spec.user_id, approved=approved, depth=spec.depth,
         )
-        result = await asyncio.wait_for(tool.execute(arguments or {}, context), timeout=spec.tool_timeout_seconds)
+        # A skill's sub-run is bounded by its own loop limit, turn timeouts and the run's deadline.
+        timeout = None if getattr(tool, "manages_own_timeout", False) else spec.tool_timeout_seconds
+        result = await asyncio.wait_for(tool.execute(arguments or {}, context), timeout=timeout)
         return _Result(content=result.content, data=result.data)
     except (ApprovalRequired, QuestionForUser):
         if approved:  # approved once already: a tool asking again is a tool bug, not a new question

@@ -52,11 +52,14 @@ class Toolset:
     """``{exposed name: Tool}``."""
     origins: dict[str, ToolOrigin] = field(default_factory=dict)
     """``{exposed name: ToolOrigin}``."""
+    hidden: set[str] = field(default_factory=set)
+    """Exposed names callable but not offered (skill tools past the depth limit: a call
+    gets a clear error instead of "unknown tool")."""
 
     @property
     def specs(self) -> list[ToolSpec]:
         """The ToolSpecs offered to the model (exposed names)."""
-        return [t.spec for t in self.tools.values()]
+        return [t.spec for name, t in self.tools.items() if name not in self.hidden]
 
     def add_builtin(self, name: str) -> None:
         """Offer the built-in tool ``name`` from now on (no-op if it is already offered)."""
@@ -71,13 +74,14 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Tools
     Raises:
         CapabilityUnavailable: a bound capability could not be connected or listed.
     """
+    toolset = Toolset()
     sources: list[ToolSource] = []
     sources += await _mcp_sources(spec, stack)
     sources += _builtin_sources(spec)
     sources += _cli_sources(spec)
+    sources += _skill_sources(spec, toolset)
 
     names = assign_exposed_names([(s.origin.source, s.origin.name) for s in sources])
-    toolset = Toolset()
     for source in sources:
         exposed = names[(source.origin.source, source.origin.name)]
         toolset.tools[exposed] = source.factory(exposed)
@@ -124,6 +128,20 @@ def _cli_sources(spec: RunSpec) -> list[ToolSource]:
             factory=lambda exposed, c=b.command: CliTool(c, exposed_name=exposed),
         )
         for b in spec.cli_bindings
+    ]
+
+
+def _skill_sources(spec: RunSpec, toolset: Toolset) -> list[ToolSource]:
+    """Bound skills, each a :class:`sessions.runner.subrun.SkillTool` (source alias ``skill``,
+    tool name = the skill's name) that runs a sub-run with a subset of ``toolset``."""
+    from sessions.runner.subrun import SkillTool
+
+    return [
+        ToolSource(
+            origin=ToolOrigin(source="skill", name=b.name, binding_id=b.binding_id, approval_policy=b.approval_policy),
+            factory=lambda exposed, b=b: SkillTool(skill=b, exposed_name=exposed, parent=spec, parent_toolset=toolset),
+        )
+        for b in spec.skill_bindings
     ]
 
 

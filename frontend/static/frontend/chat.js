@@ -886,6 +886,8 @@ export class ChatView {
       return;
     }
     if (frame.run_id === null || frame.run_id === undefined) return;
+    // A skill's sub-run: shown as its parent's tool call, not as a run of the conversation.
+    if (data.parent_run_id !== undefined && data.parent_run_id !== null) return;
     const known = this.runs.has(String(frame.run_id));
     const handlers = {
       run_queued: (run) => {
