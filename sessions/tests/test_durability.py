@@ -130,7 +130,7 @@ def test_a_run_survives_sigkill_of_its_worker_and_no_tool_call_runs_twice(world,
     assert len(fake_llm.requests) == 4  # no model turn was repeated
 
 
-def test_a_stale_run_that_keeps_losing_its_worker_fails_worker_lost(world, fake_llm, settings):
+def test_a_stale_run_that_keeps_losing_its_worker_fails_worker_lost(world, fake_llm, settings, no_enqueue):
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     settings.RUN_STALE_SECONDS = 1
@@ -141,7 +141,7 @@ def test_a_stale_run_that_keeps_losing_its_worker_fails_worker_lost(world, fake_
     assert (run.status, run.reason) == ("failed", "worker_lost")
 
 
-def test_a_run_with_a_fresh_heartbeat_is_not_claimed_twice(world, fake_llm):
+def test_a_run_with_a_fresh_heartbeat_is_not_claimed_twice(world, fake_llm, no_enqueue):
     from sessions.runner._db import RunNotClaimable, run_claim
     from tenants.scoping import tenant_scope
 
