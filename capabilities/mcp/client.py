@@ -149,6 +149,9 @@ class McpServerConfig:
     """Bound on one whole ``list_tools`` (all pages together)."""
     call_timeout_seconds: float = 60.0
     """Bound on one tool call (the run's per-tool timeout may be shorter and then wins)."""
+    protocol_mode: Literal["auto", "legacy"] = "auto"
+    """``auto``: probe ``server/discover`` (2026-07-28) and fall back to the ``initialize``
+    handshake; ``legacy``: the handshake only (for servers that mishandle the probe)."""
 
     def __post_init__(self) -> None:
         if not _ALIAS_RE.match(self.alias):
@@ -163,6 +166,8 @@ class McpServerConfig:
                 )
         else:
             raise ValueError(f"MCP server {self.alias!r}: unknown transport {self.transport!r}")
+        if self.protocol_mode not in ("auto", "legacy"):
+            raise ValueError(f"MCP server {self.alias!r}: protocol_mode must be 'auto' or 'legacy'")
         check_timeout_seconds(self.connect_timeout_seconds, what="connect_timeout_seconds")
         check_timeout_seconds(self.list_timeout_seconds, what="list_timeout_seconds")
         check_timeout_seconds(self.call_timeout_seconds, what="call_timeout_seconds")
@@ -183,6 +188,7 @@ class McpServerConfig:
             self.connect_timeout_seconds,
             self.list_timeout_seconds,
             self.call_timeout_seconds,
+            self.protocol_mode,
         )
 
     def __hash__(self) -> int:
@@ -379,7 +385,9 @@ def make_client(
         stack.push_async_callback(http_client.aclose)
         transport = streamable_http_client(config.url, http_client=http_client)
     # cache=None: every list_tools reaches the server (we keep our own catalogue).
-    client = Client(transport, cache=None, client_info=_CLIENT_INFO, message_handler=message_handler)
+    client = Client(
+        transport, cache=None, client_info=_CLIENT_INFO, message_handler=message_handler, mode=config.protocol_mode
+    )
     return client, stderr
 
 

@@ -440,14 +440,25 @@ class PooledSession:
             logger.debug("MCP server %r: transport reported %s", self.config.alias, _describe(message))
 
     async def _listen_for_changes(self, client: Client, scope: anyio.CancelScope) -> None:
-        """2026-07-28 connections: ``tools/list_changed`` arrives on a ``subscriptions/listen`` stream."""
+        """2026-07-28 connections: ``tools/list_changed`` arrives on a ``subscriptions/listen`` stream.
+
+        A stream that was established and then lost (the server restarted or dropped it)
+        marks the catalogue stale and retires the session: the next use reconnects and
+        subscribes again. A server that refuses the subscription leaves the TTL in charge.
+        """
+        established = False
         try:
             with scope:
                 async with client.listen(tools_list_changed=True) as subscription:
+                    established = True
                     async for _event in subscription:
                         self._mark_tools_changed()
-        except Exception as exc:  # noqa: BLE001 - the TTL still refreshes the catalogue
-            logger.info("MCP server %r: no tool-change subscription: %s", self.config.alias, _describe(exc))
+        except Exception as exc:  # noqa: BLE001 - reported below; the TTL still refreshes the catalogue
+            if not established:
+                logger.info("MCP server %r: no tool-change subscription: %s", self.config.alias, _describe(exc))
+                return
+            self._mark_tools_changed()
+            self._retire(f"the tool-change subscription was lost: {_describe(exc)}")
 
     def _mark_tools_changed(self) -> None:
         self._changes += 1
