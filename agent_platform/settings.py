@@ -187,11 +187,17 @@ CELERY_TASK_ALWAYS_EAGER = False
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")
 LLM_MODEL_NAME = os.environ.get("LLM_MODEL_NAME", "qwen2.5-coder-0.5b-instruct")
 
+# MCP client pool (capabilities/mcp/pool.py): one per worker process, on the run-host loop.
+MCP_POOL_IDLE_TIMEOUT_SECONDS = float(os.environ.get("MCP_POOL_IDLE_TIMEOUT_SECONDS", "300"))
+MCP_POOL_CATALOGUE_TTL_SECONDS = float(os.environ.get("MCP_POOL_CATALOGUE_TTL_SECONDS", "300"))
+MCP_POOL_BREAKER_FAILURE_THRESHOLD = int(os.environ.get("MCP_POOL_BREAKER_FAILURE_THRESHOLD", "3"))
+MCP_POOL_BREAKER_COOLDOWN_SECONDS = float(os.environ.get("MCP_POOL_BREAKER_COOLDOWN_SECONDS", "30"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "mcp": {"level": "WARNING"}},
+    "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"}, "mcp": {"level": "WARNING"}},
 }
