@@ -130,22 +130,24 @@ async def test_cancel_leaves_the_pooled_mcp_session_to_other_runs(world, fake_ll
     from capabilities.mcp.pool import mcp_pool
     from sessions.tests.test_runner_mcp import agent_with_time_server
 
+    # Other tests' runs on the worker's run-host loop may have pooled servers of their own.
+    elsewhere = set(mcp_time_server_pids())
     agent = await agent_with_time_server(world, fake_llm.base_url)
     fake_llm.script(Hang(60))
     run = await post_message(agent=agent, user=world.member, content="time?")
     task = asyncio.create_task(execute_run(run.pk))
     assert await fake_llm.await_requests(1, timeout_seconds=30)
-    pids = mcp_time_server_pids()
+    pids = set(mcp_time_server_pids()) - elsewhere
     assert pids, "the MCP server is running while the model is asked"
 
     latency = await cancel_and_measure(task, run.pk)
     LATENCIES["mcp"] = latency
 
     assert (await reload_run(run.pk)).status == "cancelled"
-    assert mcp_time_server_pids() == pids, "the pooled stdio server outlives the cancelled run"
+    assert pids <= set(mcp_time_server_pids()), "the pooled stdio server outlives the cancelled run"
     assert latency < CANCEL_LATENCY_LIMIT_SECONDS, f"cancel took {latency:.3f} s"
     await mcp_pool().aclose()
-    assert mcp_time_server_pids() == [], "closing the pool terminates the stdio server"
+    assert not pids & set(mcp_time_server_pids()), "closing the pool terminates the stdio server"
 
 
 @pytest.mark.usefixtures("no_enqueue")
