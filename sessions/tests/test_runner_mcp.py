@@ -7,6 +7,7 @@ progress events and image artifacts.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -202,3 +203,42 @@ async def test_progress_events_and_image_artifacts_through_the_runner(world, fak
     assert audio.mime_type == "audio/wav"
     assert f"[image: artifact:{image.pk}, image/png, 100 bytes]" in media_call.result
     assert any(e["type"] == "artifact_updated" and e["data"]["artifact_id"] == image.pk for e in events)
+
+
+async def test_cancelling_a_run_cancels_only_its_own_call_on_a_shared_session(world, fake_llm):
+    from sessions.tests.test_cancellation import cancel
+
+    agent = await database_sync_to_async(agent_with_route)(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    with serve_mcp_http() as server:
+        await bind_servers(world, agent, [("web", {"transport": "streamable_http", "url": server.url}, None)])
+        fake_llm.script(
+            ToolCalls([("web__hang", {})]),  # run A
+            ToolCalls([("web__sleep_echo", {"text": "mine", "seconds": 0.5})]),  # run B
+            Reply("B is done."),  # run B, after its tool
+        )
+        run_a = await post_message(agent=agent, user=world.member, content="hang")
+        task_a = asyncio.create_task(execute_run(run_a.pk))
+        await until(lambda: server.state.hang_started == 1)
+        run_b = await post_message(agent=agent, user=world.member, content="echo")
+        task_b = asyncio.create_task(execute_run(run_b.pk))
+        await until(lambda: server.state.calls == 2)  # B's call is in flight on the same session
+        await cancel(run_a.pk)
+        await asyncio.wait_for(task_a, 10)
+        await asyncio.wait_for(task_b, 20)
+        assert await asyncio.to_thread(server.state.hang_cancelled.wait, 10), "the server was told to stop A's call"
+
+    run_a, run_b = await reload_run(run_a.pk), await reload_run(run_b.pk)
+    assert (run_a.status, run_b.status) == ("cancelled", "completed")
+    [hang_call] = await tool_calls(run_a.pk)
+    [echo_call] = await tool_calls(run_b.pk)
+    assert hang_call.status == "cancelled"
+    assert echo_call.status == "succeeded" and "mine" in echo_call.result
+    [session] = mcp_pool().sessions
+    assert session.connects == 1, "one session served both runs and survived the cancel"
+
+
+async def until(predicate, *, timeout_seconds: float = 15.0) -> None:
+    """Wait for an observable state (polled every 20 ms)."""
+    async with asyncio.timeout(timeout_seconds):
+        while not predicate():
+            await asyncio.sleep(0.02)
