@@ -222,6 +222,7 @@ class PooledSession:
         """Set (and replaced by a fresh event) on every ``tools/list_changed`` from the server."""
         self._owner: asyncio.Task[None] | None = None
         self._jobs: asyncio.Queue[_Job | None] | None = None
+        self._owned_jobs: set[_Job] = set()
         self._ready: asyncio.Future[None] | None = None
         self._client: Client | None = None
         self._accepting = False
@@ -309,10 +310,11 @@ class PooledSession:
         ready.add_done_callback(self._on_connect_done)
         jobs: asyncio.Queue[_Job | None] = asyncio.Queue()
         self._ready, self._jobs = ready, jobs
+        self._owned_jobs = owned = set()
         self._connect_timed_out = False
         # A fresh context: the owner outlives the run that happened to connect it.
         owner = loop.create_task(
-            self._own(ready, jobs), name=f"mcp-pool:{self.config.alias}", context=contextvars.Context()
+            self._own(ready, jobs, owned), name=f"mcp-pool:{self.config.alias}", context=contextvars.Context()
         )
         self._owner = owner
         timer = loop.call_later(self.config.connect_timeout_seconds, self._on_connect_timeout, ready, owner)
@@ -334,7 +336,7 @@ class PooledSession:
         else:
             self.breaker.record_failure()
 
-    async def _own(self, ready: asyncio.Future[None], jobs: asyncio.Queue[_Job | None]) -> None:
+    async def _own(self, ready: asyncio.Future[None], jobs: asyncio.Queue[_Job | None], owned: set[_Job]) -> None:
         """Owner task: open the client, run jobs in its task group until told to stop, close it."""
         cfg = self.config
         stderr = None
@@ -375,11 +377,14 @@ class PooledSession:
                 ready.set_exception(await self._connect_error(failure, stderr))
             elif failure is not None and not isinstance(failure, asyncio.CancelledError):
                 logger.warning("MCP server %r: pooled session ended with an error: %s", cfg.alias, _describe(failure))
+            # Every job handed to this owner gets an answer, also one whose task never started.
             lost = McpConnectionLost(f"The connection to MCP server {cfg.alias!r} closed; the call was not made.")
             while not jobs.empty():
-                job = jobs.get_nowait()
-                if job is not None and not job.future.done():
+                jobs.get_nowait()
+            for job in owned:
+                if not job.future.done():
                     job.future.set_exception(lost)
+            owned.clear()
 
     async def _connect_error(self, failure: BaseException | None, stderr: Any) -> McpConnectError:
         cfg = self.config
@@ -474,9 +479,14 @@ class PooledSession:
         """
         self.breaker.before_attempt(self.config.alias)
         await self.connect(_breaker_checked=True)
-        jobs = self._jobs
-        assert jobs is not None
+        jobs, owner = self._jobs, self._owner
+        if jobs is None or owner is None or owner.done() or not self._accepting:
+            # The session died between its handshake and this call.
+            raise McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed; the call was not made.")
         job = _Job(fn=fn, future=asyncio.get_running_loop().create_future())
+        owned = self._owned_jobs
+        owned.add(job)
+        job.future.add_done_callback(lambda _f: owned.discard(job))
         job.future.add_done_callback(lambda f: job.scope.cancel() if f.cancelled() and job.scope else None)
         self._in_flight += 1
         self._cancel_idle_timer()
