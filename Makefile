@@ -16,6 +16,8 @@ bench:
 	.venv/bin/python bench/router_overhead.py
 	.venv/bin/python bench/router_chaos.py
 	.venv/bin/python bench/mcp_overhead.py
+	.venv/bin/python bench/web_fetch_overhead.py
+	.venv/bin/python bench/cli_overhead.py
 
 ## Static checks (pyflakes rules and syntax errors)
 lint:

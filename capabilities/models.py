@@ -1,4 +1,4 @@
-"""Capability definitions owned by a tenant (MCP servers now; CLI, skills, browser later)."""
+"""Capability definitions owned by a tenant (MCP servers, CLI commands; skills, browser later)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ class McpTransport(models.TextChoices):
     STDIO = "stdio", "stdio (a local process)"
     STREAMABLE_HTTP = "streamable_http", "Streamable HTTP"
     SSE = "sse", "HTTP+SSE (legacy, 2024-11-05)"
+
+
+RESERVED_MCP_ALIASES = frozenset({"builtin", "cli", "skill", "browser"})
+"""Tool sources of the platform itself (sessions/runner/toolset.py): an MCP server may not use
+one as its alias, or its tools would be named like the platform's."""
 
 
 class McpServer(TenantOwnedModel):
@@ -76,3 +81,9 @@ class McpServer(TenantOwnedModel):
             raise ValidationError({"url": "An HTTP server needs a URL."})
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             raise ValidationError({"args": "A JSON list of strings."})
+        if self.alias in RESERVED_MCP_ALIASES:
+            raise ValidationError({"alias": f"{self.alias!r} names the platform's own tools; choose another alias."})
+
+
+from capabilities.cli.models import CliCommand  # noqa: E402,F401  (registers the model in this app)
+from capabilities.skills.models import Skill  # noqa: E402,F401

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('capabilities', '0001_initial'),
+        ('capabilities', '0003_merge_0002_cli_command_0002_skill'),
     ]
 
     operations = [

@@ -78,3 +78,12 @@ def test_a_member_cannot_use_it(world):
     client.force_login(world.member)
     resp = client.post(f"/admin/capabilities/mcpserver/{server.pk}/test-connection/")
     assert resp.status_code == 302 and "/login/" in resp["Location"]
+
+
+def test_an_mcp_alias_may_not_be_a_platform_tool_source(world):
+    from django.core.exceptions import ValidationError
+
+    server = McpServer(tenant=world.tenant, name="x", alias="builtin", transport="stdio", command="x")
+    with pytest.raises(ValidationError) as info:
+        server.full_clean()
+    assert "alias" in info.value.message_dict

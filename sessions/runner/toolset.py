@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from capabilities.builtin.registry import builtin_create
+from capabilities.cli.tool import CliTool
 from capabilities.mcp.pool import Catalogue, PooledSession, mcp_pool
 from capabilities.mcp.tool import McpTool
 from capabilities.naming import assign_exposed_names
@@ -54,11 +55,20 @@ class Toolset:
     """``{exposed name: Tool}``."""
     origins: dict[str, ToolOrigin] = field(default_factory=dict)
     """``{exposed name: ToolOrigin}``."""
+    hidden: set[str] = field(default_factory=set)
+    """Exposed names callable but not offered (skill tools past the depth limit: a call
+    gets a clear error instead of "unknown tool")."""
 
     @property
     def specs(self) -> list[ToolSpec]:
         """The ToolSpecs offered to the model (exposed names)."""
-        return [t.spec for t in self.tools.values()]
+        return [t.spec for name, t in self.tools.items() if name not in self.hidden]
+
+    def add_builtin(self, name: str) -> None:
+        """Offer the built-in tool ``name`` from now on (no-op if it is already offered)."""
+        if name not in self.tools:
+            self.tools[name] = builtin_create(name)
+            self.origins[name] = ToolOrigin(source="builtin", name=name)
 
 
 async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Toolset:
@@ -67,15 +77,17 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Tools
     Raises:
         CapabilityUnavailable: a bound capability could not be connected or listed.
     """
+    toolset = Toolset()
     sources: list[ToolSource] = []
     sources += await _mcp_sources(spec, stack)
     sources += _builtin_sources(spec)
+    sources += _cli_sources(spec)
+    sources += _skill_sources(spec, toolset)
 
     names = assign_exposed_names(
         [(s.origin.source, s.origin.name) for s in sources],
         qualified_sources={b.server.alias for b in spec.mcp_bindings},
     )
-    toolset = Toolset()
     for source in sources:
         exposed = names[(source.origin.source, source.origin.name)]
         toolset.tools[exposed] = source.factory(exposed)
@@ -150,6 +162,32 @@ def _builtin_sources(spec: RunSpec) -> list[ToolSource]:
             factory=lambda exposed, n=b.name: renamed(builtin_create(n), exposed),
         )
         for b in spec.builtin_bindings
+    ]
+
+
+def _cli_sources(spec: RunSpec) -> list[ToolSource]:
+    """One tool per bound CLI command: source ``cli``, named as the command (no process starts here)."""
+    return [
+        ToolSource(
+            origin=ToolOrigin(source="cli", name=b.command.name, binding_id=b.binding_id,
+                              approval_policy=b.approval_policy),
+            factory=lambda exposed, c=b.command: CliTool(c, exposed_name=exposed),
+        )
+        for b in spec.cli_bindings
+    ]
+
+
+def _skill_sources(spec: RunSpec, toolset: Toolset) -> list[ToolSource]:
+    """Bound skills, each a :class:`sessions.runner.subrun.SkillTool` (source alias ``skill``,
+    tool name = the skill's name) that runs a sub-run with a subset of ``toolset``."""
+    from sessions.runner.subrun import SkillTool
+
+    return [
+        ToolSource(
+            origin=ToolOrigin(source="skill", name=b.name, binding_id=b.binding_id, approval_policy=b.approval_policy),
+            factory=lambda exposed, b=b: SkillTool(skill=b, exposed_name=exposed, parent=spec, parent_toolset=toolset),
+        )
+        for b in spec.skill_bindings
     ]
 
 
