@@ -15,6 +15,7 @@ bench:
 	.venv/bin/python bench/concurrent_runs.py
 	.venv/bin/python bench/router_overhead.py
 	.venv/bin/python bench/router_chaos.py
+	.venv/bin/python bench/mcp_overhead.py
 	.venv/bin/python bench/web_fetch_overhead.py
 	.venv/bin/python bench/cli_overhead.py
 

@@ -216,13 +216,19 @@ WEB_FETCH_ALLOWED_CIDRS: list[str] = [
 WEB_FETCH_CONNECT_TIMEOUT_SECONDS = 5.0
 WEB_FETCH_TOTAL_TIMEOUT_SECONDS = 20.0
 
+# MCP client pool (capabilities/mcp/pool.py): one per worker process, on the run-host loop.
+MCP_POOL_IDLE_TIMEOUT_SECONDS = float(os.environ.get("MCP_POOL_IDLE_TIMEOUT_SECONDS", "300"))
+MCP_POOL_CATALOGUE_TTL_SECONDS = float(os.environ.get("MCP_POOL_CATALOGUE_TTL_SECONDS", "300"))
+MCP_POOL_BREAKER_FAILURE_THRESHOLD = int(os.environ.get("MCP_POOL_BREAKER_FAILURE_THRESHOLD", "3"))
+MCP_POOL_BREAKER_COOLDOWN_SECONDS = float(os.environ.get("MCP_POOL_BREAKER_COOLDOWN_SECONDS", "30"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "mcp": {"level": "WARNING"}},
+    "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"}, "mcp": {"level": "WARNING"}},
 }
 
 # CLI capabilities: the bubblewrap executable (a name on PATH or a path). Missing: sandboxed

@@ -20,8 +20,10 @@ class McpServerSerializer(serializers.ModelSerializer):
         model = McpServer
         fields = [
             "id", "name", "alias", "transport", "command", "args", "env", "url", "headers",
-            "connect_timeout_seconds", "enabled", "created_at",
+            "connect_timeout_seconds", "list_timeout_seconds", "call_timeout_seconds", "enabled", "created_at",
+            "tools_snapshot", "tools_snapshot_at", "last_error",
         ]
+        read_only_fields = ["tools_snapshot", "tools_snapshot_at", "last_error"]
 
 
 class McpServerViewSet(TenantScopedViewSet):

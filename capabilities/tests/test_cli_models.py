@@ -163,7 +163,7 @@ def test_seed_demo_binds_a_sandboxed_factor_command_to_a_second_agent() -> None:
     researcher = AgentInstance.all_tenants.get(tenant=tenant, name="Researcher")
     assistant = AgentInstance.all_tenants.get(tenant=tenant, name="Assistant")
     assert researcher.route_id == assistant.route_id
-    [binding] = CapabilityBinding.all_tenants.filter(agent=researcher)
+    [binding] = CapabilityBinding.all_tenants.filter(agent=researcher, kind=CapabilityKind.CLI)
     assert binding.kind == CapabilityKind.CLI and binding.cli_command.name == "factor"
     factor = binding.cli_command
     assert not factor.unsandboxed and not factor.allow_network

@@ -17,6 +17,8 @@ class McpBindingSpec:
     binding_id: int | None = None
     approval_policy: tuple[dict[str, str], ...] = ()
     """``[{pattern, action}]`` rules (agents.models.approval_action)."""
+    server_id: int = 0
+    """``McpServer`` primary key: with the tenant and ``server.fingerprint``, the MCP pool key."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,9 @@ Creates (or brings back to the documented state) tenant "demo" with:
 - MCP server "time" (``mcp-server-time`` over stdio);
 - agent "Assistant" on route "local", bound to "time" (allow-list: ``get_current_time``);
 - CLI command "factor" (``["factor", "--", "{n}"]``, GNU coreutils, in the bubblewrap
-  sandbox, no network) and agent "Researcher" on the same route, bound to it.
+  sandbox, no network) and agent "Researcher" on the same route, bound to it and to
+- MCP server "fetch" (``mcp-server-fetch`` over stdio: its ``fetch`` tool, exposed as
+  ``fetch__fetch``; private and loopback addresses refused, robots.txt honoured).
 
 With ``--print-token`` the last line printed is a new API token for demo-user (with
 ``--admin``, for demo-admin).
@@ -148,4 +150,16 @@ class Command(BaseCommand):
         CapabilityBinding.all_tenants.update_or_create(
             tenant=tenant, agent=agent, kind=CapabilityKind.CLI, cli_command=factor,
             defaults={"enabled": True},
+        )
+        fetch_server, _ = McpServer.all_tenants.update_or_create(
+            tenant=tenant, alias="fetch",
+            defaults={
+                "name": "Fetch (mcp-server-fetch)", "transport": McpTransport.STDIO,
+                "command": sys.executable, "args": ["-m", "mcp_server_fetch"],
+                "call_timeout_seconds": 30.0, "enabled": True,
+            },
+        )
+        CapabilityBinding.all_tenants.update_or_create(
+            tenant=tenant, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=fetch_server,
+            defaults={"allowed_tools": ["fetch"], "enabled": True},
         )
