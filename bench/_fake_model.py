@@ -3,12 +3,16 @@ platform's process in production, and a fake one would compete for the same GIL)
 
 ``python bench/_fake_model.py <responder>``: prints the base URL on stdout, serves until
 stdin closes. Responders: ``turns20`` (19 tool-call turns, then an answer, no delay) and
-``slow3`` (1 s before each of 2 tool-call turns and a 50-token answer).
+``slow3`` (1 s before each of 2 tool-call turns and a 50-token answer, sent at once) and
+``timed3`` (the same 3 turns, but every chunk is streamed 10 ms after the previous one, and
+the answer's 50 tokens are one chunk each whose text is the wall-clock time it was sent,
+``%.6f`` seconds since the epoch, so a client can measure token → client latency).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,9 +38,36 @@ def slow3(body: dict):
     return Delay(1.0, Reply(ANSWER, chunk_size=6))
 
 
+TIME_MARK = "@T@"
+"""Replaced, in every SSE payload, by the time the payload is written to the socket."""
+TIMED_TOKENS = 50
+TIMED_INTERVAL_SECONDS = 0.010
+TIMED_TEXT = "".join(f"{TIME_MARK} " for _ in range(TIMED_TOKENS))
+
+
+def timed3(body: dict):
+    n = _turns_done(body)
+    if n < 2:
+        return Delay(1.0, ToolCalls([("test_echo", {"text": str(n)})], chunk_interval_seconds=TIMED_INTERVAL_SECONDS))
+    return Delay(1.0, Reply(TIMED_TEXT, chunk_size=len(TIME_MARK) + 1, chunk_interval_seconds=TIMED_INTERVAL_SECONDS))
+
+
+class TimestampingServer(FakeLLMServer):
+    """Writes the send time into every payload that carries :data:`TIME_MARK`."""
+
+    @staticmethod
+    async def _stream(payloads, interval, reader, writer):
+        class _Stamped(list):
+            def __iter__(self):
+                for payload in list.__iter__(self):
+                    yield payload.replace(TIME_MARK, f"{time.time():.6f}") if TIME_MARK in payload else payload
+
+        await FakeLLMServer._stream(_Stamped(payloads), interval, reader, writer)
+
+
 def main() -> None:
-    responder = {"turns20": turns20, "slow3": slow3}[sys.argv[1]]
-    with FakeLLMServer() as server:
+    responder = {"turns20": turns20, "slow3": slow3, "timed3": timed3}[sys.argv[1]]
+    with (TimestampingServer() if sys.argv[1] == "timed3" else FakeLLMServer()) as server:
         server.respond(responder)
         print(server.base_url, flush=True)
         sys.stdin.read()
