@@ -27,6 +27,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,9 +57,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (Linux /proc), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_seconds(pid: int, task: int | None = None) -> float:
+    """utime + stime of a process, or of one of its threads (Linux /proc), seconds."""
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -107,6 +109,7 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
         raise RuntimeError("the WebSocket clients did not connect")
     web_cpu = _cpu_seconds(web.proc.pid)
     cpu = time.process_time()
+    loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id())  # asyncio.run runs the loop on this thread
     started = time.perf_counter()
     if profile:
         import cProfile
@@ -121,6 +124,7 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
         durations = asyncio.run(run_all([r.pk for r in runs]))
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu
+    loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
     result = json.loads(clients.stdout.readline())
     clients.wait(timeout=30)
     web_cpu = _cpu_seconds(web.proc.pid) - web_cpu
@@ -140,7 +144,8 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
         f"        token→client p50 {percentile(lat, 0.5):.1f} ms p95 {percentile(lat, 0.95):.1f} ms "
         f"max {max(lat, default=float('nan')):.1f} ms ({len(lat)} tokens); "
         f"lost events {lost}, duplicates {dup}, answer tokens lost {tokens_lost}; "
-        f"CPU per run: worker {cpu / n * 1000:.1f} ms, web {web_cpu / n * 1000:.1f} ms"
+        f"CPU per run: worker {cpu / n * 1000:.1f} ms (event loop {loop_cpu / n * 1000:.1f}, "
+        f"ORM threads {(cpu - loop_cpu) / n * 1000:.1f}), web {web_cpu / n * 1000:.1f} ms"
         + (f"; client errors {len(result['errors'])}: {result['errors'][:3]}" if result["errors"] else ""),
         flush=True,
     )
