@@ -65,8 +65,37 @@ class TimestampingServer(FakeLLMServer):
         await FakeLLMServer._stream(_Stamped(payloads), interval, reader, writer)
 
 
+SUMMARIZER_PREFIX = "You compress the history"
+TOOL_TURNS = 99
+SUMMARY = (
+    "## Goal\n- Review the 99 modules of the code base one by one and report on them.\n"
+    "## Progress\n- Modules read so far, with their notable functions and constants, are listed in the key context.\n"
+    "## Decisions\n- Read every module in order; large ones in full.\n"
+    "## Next steps\n- Continue with the next module.\n"
+    "## Key context\n- Functions follow the f_<hash>(x) pattern; nothing unusual found so far.\n"
+)
+
+
+def tool100():
+    """99 tool-call turns (``bench_read_file``: 4 turns in 5 read a 4,000-character file, the
+    fifth a 200-character one), then an answer; summarizer requests get :data:`SUMMARY`."""
+    turns = iter(range(10**6))
+
+    def respond(body: dict):
+        if str(body["messages"][0].get("content", "")).startswith(SUMMARIZER_PREFIX):
+            return Reply(SUMMARY)
+        n = next(turns)
+        if n < TOOL_TURNS:
+            size = 200 if n % 5 == 4 else 4000
+            return ToolCalls([("bench_read_file", {"path": f"src/module_{n:02d}.py", "size": size})],
+                             text=f"Reading module {n}.")
+        return Reply("All 99 modules reviewed: nothing unusual found.")
+
+    return respond
+
+
 def main() -> None:
-    responder = {"turns20": turns20, "slow3": slow3, "timed3": timed3}[sys.argv[1]]
+    responder = {"turns20": turns20, "slow3": slow3, "timed3": timed3}.get(sys.argv[1]) or {"tool100": tool100}[sys.argv[1]]()
     with (TimestampingServer() if sys.argv[1] == "timed3" else FakeLLMServer()) as server:
         server.respond(responder)
         print(server.base_url, flush=True)
