@@ -76,26 +76,31 @@ SUMMARY = (
 )
 
 
-def tool100():
-    """99 tool-call turns (``bench_read_file``: 4 turns in 5 read a 4,000-character file, the
-    fifth a 200-character one), then an answer; summarizer requests get :data:`SUMMARY`."""
+def tool100(total_turns: int = TOOL_TURNS + 1):
+    """``total_turns - 1`` (default 99) tool-call turns (``bench_read_file``: 4 turns in 5 read a
+    4,000-character file, the fifth a 200-character one), then an answer; summarizer requests
+    get :data:`SUMMARY`. ``tools:<n>`` on the command line: ``n`` turns."""
     turns = iter(range(10**6))
 
     def respond(body: dict):
         if str(body["messages"][0].get("content", "")).startswith(SUMMARIZER_PREFIX):
             return Reply(SUMMARY)
         n = next(turns)
-        if n < TOOL_TURNS:
+        if n < total_turns - 1:
             size = 200 if n % 5 == 4 else 4000
             return ToolCalls([("bench_read_file", {"path": f"src/module_{n:02d}.py", "size": size})],
                              text=f"Reading module {n}.")
-        return Reply("All 99 modules reviewed: nothing unusual found.")
+        return Reply(f"All {total_turns - 1} modules reviewed: nothing unusual found.")
 
     return respond
 
 
 def main() -> None:
-    responder = {"turns20": turns20, "slow3": slow3, "timed3": timed3}.get(sys.argv[1]) or {"tool100": tool100}[sys.argv[1]]()
+    name = sys.argv[1]
+    if name.startswith("tools:"):
+        responder = tool100(int(name.split(":", 1)[1]))
+    else:
+        responder = {"turns20": turns20, "slow3": slow3, "timed3": timed3}.get(name) or {"tool100": tool100}[name]()
     with (TimestampingServer() if sys.argv[1] == "timed3" else FakeLLMServer()) as server:
         server.respond(responder)
         print(server.base_url, flush=True)

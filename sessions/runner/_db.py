@@ -162,7 +162,7 @@ class History:
     """This run's last message if it is the assistant's (a resumed run continues from it)."""
     summary: str
     """The latest compaction's summary of everything before the cursor ("" if none)."""
-    rows: list[Message]
+    rows: list[HistoryRow]
     """The message rows behind ``messages`` (what a compaction may summarize)."""
 
 
@@ -180,6 +180,31 @@ def latest_compaction(session_id: int) -> Compaction | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """The columns of a Message row that a history needs (read-only; attribute names as on
+    :class:`~sessions.models.Message`). Plain tuples from the database instead of model
+    instances: at 500 turns (1,000 rows) model construction was most of ``history_load``'s
+    CPU (bench/storage.py)."""
+
+    pk: int
+    run_id: int
+    position: int
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]]
+    tool_call_id: str
+    name: str
+
+    @property
+    def id(self) -> int:
+        return self.pk
+
+
+HISTORY_FIELDS = ("id", "run_id", "position", "role", "content", "tool_calls", "tool_call_id", "name")
+"""The Message columns of a :class:`HistoryRow`, in its field order."""
+
+
 def history_load(run_id: int) -> History:
     """The session's conversation up to and including this run: the latest compaction
     summary, then the messages after its cursor.
@@ -195,10 +220,12 @@ def history_load(run_id: int) -> History:
     rows = list(
         Message.objects.filter(_after_cursor(compaction), session_id=run.session_id, run_id__lte=run_id)
         .order_by("run_id", "position")
+        .values_list(*HISTORY_FIELDS)
     )
+    rows = [HistoryRow(*values) for values in rows]
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
-    kept: list[Message] = []
+    kept: list[HistoryRow] = []
     for m in rows:
         if m.role == MessageRole.ASSISTANT:
             calls = tuple(ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in m.tool_calls)
