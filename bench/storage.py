@@ -11,8 +11,9 @@ Printed per size:
   TOAST-compressed values as stored; indexes not included) in messages, tool calls, LLM
   calls and the run, divided by the turns;
 - ``history_load`` (sessions/runner/_db.py) time: what every turn of a run pays before it
-  calls the model. ``--repeat`` calls (default 30) after one warm-up, p50/p95/max, and the
-  number of SQL queries of one call.
+  calls the model. ``--repeat`` calls (default 30) after one warm-up: wall time p50/p95/max,
+  this process's CPU time p50 (steadier than wall time on a shared machine; PostgreSQL's own
+  work is not in it), and the number of SQL queries of one call.
 
 Targets (issue 4): linear growth, load ≤ 25 ms at 500 turns.
 
@@ -75,11 +76,12 @@ def measure(turns: int, repeat: int, explain: bool) -> None:
             history = _db.history_load(run.pk)  # warm-up (connection, caches)
             with CaptureQueriesContext(connection) as queries:
                 _db.history_load(run.pk)
-            times = []
+            times, cpu = [], []
             for _ in range(repeat):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 _db.history_load(run.pk)
                 times.append((time.perf_counter() - t0) * 1000)
+                cpu.append((time.thread_time() - c0) * 1000)
             if explain:
                 with connection.cursor() as cursor:
                     cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + queries.captured_queries[-1]["sql"])
@@ -88,7 +90,8 @@ def measure(turns: int, repeat: int, explain: bool) -> None:
             f"{turns:4d} turns: {len(history.messages)} messages, {total / turns:,.0f} bytes/turn "
             f"({', '.join(f'{k} {v / turns:,.0f}' for k, v in sizes.items())}); "
             f"history_load p50 {percentile(times, 0.5):.1f} ms p95 {percentile(times, 0.95):.1f} ms "
-            f"max {max(times):.1f} ms, {len(queries.captured_queries)} queries; built in {build_seconds:.0f} s",
+            f"max {max(times):.1f} ms (this process's CPU p50 {percentile(cpu, 0.5):.1f} ms), "
+            f"{len(queries.captured_queries)} queries; built in {build_seconds:.0f} s",
             flush=True,
         )
         if explain:
