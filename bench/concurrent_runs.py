@@ -155,7 +155,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[50, 100, 200])
     parser.add_argument("--profile", help="cProfile the worker's event loop into this file (last N only)")
+    parser.add_argument("--switch-interval-ms", type=float,
+                        help="sys.setswitchinterval for this (worker) process; Python's default is 5 ms")
     args = parser.parse_args()
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     print(f"channel layer prefix {settings.CHANNEL_LAYERS['default']['CONFIG'].get('prefix')}", file=sys.stderr)
     with fake_model("timed3") as base_url, BenchTenant(base_url, read_timeout_seconds=60.0) as bench:
         membership = membership_create(tenant=bench.tenant, user=bench.user)

@@ -12,7 +12,6 @@ import json
 import time
 import uuid
 
-import pytest
 from channels.layers import get_channel_layer
 
 from sessions.events import (
