@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +65,7 @@ def _new_client(key: tuple[str, str, float, float]) -> openai.AsyncOpenAI:
         timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
         # The SDK's defaults (limits, redirects) without its finaliser, which would try to
         # close the pool on whatever loop runs when it is collected.
-        http_client=openai.DefaultAsyncHttpxClient(),
+        http_client=openai.DefaultAsyncHttpxClient(verify=_ssl_context()),
     )
 
 
@@ -89,13 +90,26 @@ probes every idle one's socket (``has_expired``), so with 200 runs on one pool a
 keep that walk short. Calls one after another all go to the first pool (one connection)."""
 
 
+_shared_ssl_context: ssl.SSLContext | None = None
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """One TLS context for every pool of this process: what httpx builds by default
+    (``httpx2.create_ssl_context()``: certifi's CAs, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured),
+    built once, as building it costs ~25 ms of CPU (the CA bundle is parsed each time)."""
+    global _shared_ssl_context
+    if _shared_ssl_context is None:
+        _shared_ssl_context = httpx2.create_ssl_context()
+    return _shared_ssl_context
+
+
 class _HttpShard:
     """One ``httpx2.AsyncClient`` pool and the number of streams open on it."""
 
     __slots__ = ("http", "open_streams")
 
     def __init__(self, key: Any) -> None:
-        self.http = openai.DefaultAsyncHttpxClient()
+        self.http = openai.DefaultAsyncHttpxClient(verify=_ssl_context())
         self.open_streams = 0
 
     async def close(self) -> None:
