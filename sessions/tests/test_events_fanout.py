@@ -2,7 +2,8 @@
 
 The script writes channel-layer messages itself (one Redis round trip per event). These
 tests pin it to what ``RedisChannelLayer.group_send`` does, through the real layer and
-Redis, so an upgrade of channels_redis that changes its storage format fails here.
+Redis, so an upgrade of channels_redis that changes its storage format fails here. Also:
+an idle consumer survives the layer's blocking read (the channel layer's socket timeout).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import json
 import time
 import uuid
+
+import pytest
 
 from channels.layers import get_channel_layer
 
@@ -102,3 +105,33 @@ def test_the_sync_publisher_delivers_the_same_message() -> None:
 
     message = asyncio.run(receive())
     assert json.loads(frame_text(message["seq"], message["body"])) == frame
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_idle_websocket_outlives_the_channel_layers_blocking_read(world) -> None:
+    # channels_redis waits for messages with a 5 s BZPOPMIN; with redis-py 8's default 5 s
+    # socket timeout the read timed out first and the consumer died (channels_redis#422).
+    from channels.db import database_sync_to_async
+    from channels.testing.websocket import WebsocketCommunicator
+
+    from agent_platform.asgi import application
+    from agents.tests.factories import agent_with_route
+    from sessions.services import chat_session_create
+    from tenants.scoping import tenant_scope
+
+    @database_sync_to_async
+    def make_session():
+        agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
+        with tenant_scope(world.tenant.pk):
+            return chat_session_create(user=world.member, agent=agent)
+
+    session = await make_session()
+    comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={world.member_token}")
+    connected, _ = await comm.connect()
+    assert connected
+    try:
+        await asyncio.sleep(7)  # idle past the 5 s blocking read
+        frame = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": []})
+        assert await comm.receive_json_from(timeout=5) == frame
+    finally:
+        await comm.disconnect()
