@@ -141,7 +141,11 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             # redis-py 8 refuses a 101st pooled connection (MaxConnectionsError); a worker process
             # hosting hundreds of runs publishes from all of them at once.
-            "hosts": [{"address": REDIS_URL, "max_connections": int(os.environ.get("REDIS_LAYER_MAX_CONNECTIONS", "512"))}],
+            # socket_timeout: redis-py 8 defaults it to 5 s, the length of channels_redis's
+            # blocking BZPOPMIN, so every idle consumer died with TimeoutError after 5 s
+            # (channels_redis#422); 30 s still notices a dead connection.
+            "hosts": [{"address": REDIS_URL, "max_connections": int(os.environ.get("REDIS_LAYER_MAX_CONNECTIONS", "512")),
+                       "socket_timeout": 30}],
             "prefix": f"{REDIS_KEY_PREFIX}:asgi",
             "capacity": 1000,
             "expiry": 60,
