@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityKind
 from capabilities.cli.tool import CliCommandConfig
-from capabilities.mcp.client import McpServerConfig
+from capabilities.services import mcp_server_config
 from capabilities.models import CliCommand, McpServer
 from llm.selectors import route_entries, route_entry_config
 from llm.router import AttemptRecord
@@ -158,18 +158,7 @@ def _spec(run: Run) -> RunSpec:
                 continue
             mcp_bindings.append(
                 McpBindingSpec(
-                    server=McpServerConfig(
-                        alias=server.alias,
-                        transport=server.transport,
-                        command=server.command,
-                        args=tuple(server.args),
-                        env=secret_decrypt_json(tenant=tenant, ciphertext=server.env_encrypted),
-                        url=server.url,
-                        headers=secret_decrypt_json(tenant=tenant, ciphertext=server.headers_encrypted),
-                        connect_timeout_seconds=server.connect_timeout_seconds,
-                        list_timeout_seconds=server.list_timeout_seconds,
-                        call_timeout_seconds=server.call_timeout_seconds,
-                    ),
+                    server=mcp_server_config(server=server),
                     server_id=server.pk,
                     allowed_tools=frozenset(binding.allowed_tools),
                     binding_id=binding.pk,
