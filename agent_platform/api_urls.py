@@ -6,4 +6,5 @@ urlpatterns = [
     path("", include("llm.api.urls")),
     path("", include("capabilities.api.urls")),
     path("", include("sessions.api.urls")),
+    path("", include("browser.api.urls")),
 ]

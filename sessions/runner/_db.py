@@ -34,7 +34,7 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.runner.spec import BuiltinBindingSpec, McpBindingSpec, RunSpec
+from sessions.runner.spec import BrowserBindingSpec, BuiltinBindingSpec, McpBindingSpec, RunSpec
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 
@@ -98,6 +98,7 @@ def _spec(run: Run) -> RunSpec:
     configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
     mcp_bindings: list[McpBindingSpec] = []
     builtins: dict[str, BuiltinBindingSpec] = {}
+    browsers: list[BrowserBindingSpec] = []
     for binding in agent.bindings.filter(enabled=True).order_by("id"):
         if binding.kind == CapabilityKind.MCP_SERVER:
             server = McpServer.objects.get(pk=binding.mcp_server_id)
@@ -125,6 +126,10 @@ def _spec(run: Run) -> RunSpec:
                 name=binding.builtin_name, binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
                 config=dict(binding.config),
             ))
+        elif binding.kind == CapabilityKind.BROWSER and not browsers:  # one browser per agent: the first binding
+            browsers.append(BrowserBindingSpec(
+                config=dict(binding.config), binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+            ))
     return RunSpec(
         run_id=run.pk,
         tenant_id=run.tenant_id,
@@ -147,6 +152,7 @@ def _spec(run: Run) -> RunSpec:
         entry_ids=tuple(e.pk for e in entries),
         mcp_bindings=tuple(mcp_bindings),
         builtin_bindings=tuple(builtins.values()),
+        browser_bindings=tuple(browsers),
         attempt=run.attempt,
         loop_count=run.loop_count,
     )

@@ -28,6 +28,16 @@ class BuiltinBindingSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class BrowserBindingSpec:
+    """A ``browser`` binding: the browser tools, on the extension or the server backend."""
+
+    config: dict = field(default_factory=dict)
+    """``{backend, fallback_to_server, allowed_origins, blocked_origins}`` (browser.tools.BrowserConfig)."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RunSpec:
     run_id: int
     tenant_id: int
@@ -51,6 +61,7 @@ class RunSpec:
     """ModelRouteEntry primary keys, parallel to ``entries``."""
     mcp_bindings: tuple[McpBindingSpec, ...] = ()
     builtin_bindings: tuple[BuiltinBindingSpec, ...] = ()
+    browser_bindings: tuple[BrowserBindingSpec, ...] = ()
     attempt: int = 1
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""
