@@ -140,7 +140,10 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             # redis-py 8 refuses a 101st pooled connection (MaxConnectionsError); a worker process
             # hosting hundreds of runs publishes from all of them at once.
-            "hosts": [{"address": REDIS_URL, "max_connections": int(os.environ.get("REDIS_LAYER_MAX_CONNECTIONS", "512"))}],
+            # socket_timeout: redis-py 8 defaults to 5 s, which channels_redis' 5-s BZPOPMIN in
+            # receive() hits (TimeoutError kills idle consumers); leave room above it.
+            "hosts": [{"address": REDIS_URL, "max_connections": int(os.environ.get("REDIS_LAYER_MAX_CONNECTIONS", "512")),
+                       "socket_timeout": 15}],
             "prefix": f"{REDIS_KEY_PREFIX}:asgi",
             "capacity": 1000,
             "expiry": 60,

@@ -34,6 +34,7 @@ from sessions.events import _sync_redis, async_redis
 PRESENCE_STALE_SECONDS = 75.0
 """A socket unseen this long (no ping: 3 missed 20-s pings plus slack) counts as gone."""
 REPLY_TTL_SECONDS = 120
+BLPOP_SLICE_SECONDS = 2.0
 
 
 class BrowserError(Exception):
@@ -130,9 +131,10 @@ async def bridge_execute(
             remaining = deadline - time.time()
             if remaining <= 0:
                 break
-            popped = await redis.blpop([key], timeout=max(0.01, remaining))
+            # Short BLPOPs: redis-py 8 gives every read a 5-s socket timeout.
+            popped = await redis.blpop([key], timeout=min(max(0.01, remaining), BLPOP_SLICE_SECONDS))
             if popped is None:
-                break
+                continue
             message = json.loads(popped[1])
             if message.get("kind") == "disconnected":
                 disconnected = True

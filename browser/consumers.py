@@ -122,11 +122,12 @@ class BrowserConsumer(AsyncWebsocketConsumer):
 
             await database_sync_to_async(browser_device_seen)(device_id=device["id"],
                                                                extension_version=hello.extension_version)
+        # Reachable before the extension hears "welcome" (it reports itself connected then).
+        await self.channel_layer.group_add(device_group(device["id"]), self.channel_name)
+        await self._touch_presence()
         welcome = protocol.Welcome(server_version=SERVER_VERSION, device={"id": device["id"], "name": device["name"]},
                                    user=device["user"], tenant=device["tenant"])
         await self.send(text_data=welcome.model_dump_json())
-        await self.channel_layer.group_add(device_group(device["id"]), self.channel_name)
-        await self._touch_presence()
         await self._resend_pending()
 
     async def _touch_presence(self) -> None:

@@ -64,6 +64,7 @@ const show = () => { document.getElementById('count').textContent = 'Count: ' + 
 document.getElementById('add').onclick = () => { window.count += 1; show(); };
 document.getElementById('slow').onclick = () => {
   window.count += 1; show();
+  const x = new XMLHttpRequest(); x.open('GET', '/hit', false); x.send();  // tells the test we are busy
   const end = Date.now() + 3000; while (Date.now() < end) {}  // a slow handler: 3 s busy
 };
 </script>""",
@@ -96,6 +97,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
+        if parts.path == "/hit":
+            self.server.hits += 1
+            self.server.hit_event.set()
         if parts.path == "/redirect":
             self.send_response(302)
             self.send_header("Location", query.get("to", ["/"])[0])
@@ -121,6 +125,8 @@ class TestSite:
 
     def __init__(self) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server.hits = 0  # type: ignore[attr-defined]
+        self.server.hit_event = threading.Event()  # type: ignore[attr-defined]
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from browser.bridge import BrowserError, bridge_execute
-from browser.tests.conftest import extension_browser, off_thread, pair_device_sync, run_async, wait_until
+from browser.tests.conftest import extension_browser, off_thread, pair_device_sync, run_async, wait_until  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.usefixtures("needs_chromium")]
 
@@ -60,3 +60,112 @@ def test_navigate_snapshot_type_click_and_read_results(world, site, connected):
     page = connected.page_with_url("/search")
     assert page.locator("#results li").count() == 3
     assert page.locator("#q").input_value() == "kiwi"
+
+
+def test_a_stale_ref_fails_with_a_hint_after_the_list_re_renders(world, site, connected):
+    command(world, "navigate", {"url": site.url("/list")}, key="s1", deadline_ms=30_000)
+    snap = command(world, "snapshot", {"max_chars": 8000}, key="s2")
+    done = ref_of(snap["text"], r'button "Done: Buy milk"')
+    shuffle = ref_of(snap["text"], r'button "Shuffle"')
+    clicked = command(world, "click", {"ref": shuffle}, key="s3")
+    assert clicked["diff"]["removed_count"] >= 3 and clicked["diff"]["added_count"] >= 3
+    with pytest.raises(BrowserError) as info:
+        command(world, "click", {"ref": done}, key="s4")
+    assert info.value.code == "stale_ref" and "take a new browser_snapshot" in info.value.message.lower()
+    page = connected.page_with_url("/list")
+    assert page.locator("#items li").count() == 3  # the stale click did nothing
+    fresh = command(world, "snapshot", {"max_chars": 8000}, key="s5")
+    new_done = ref_of(fresh["text"], r'button "Done: Buy milk"')
+    assert new_done != done
+    command(world, "click", {"ref": new_done}, key="s6")
+    assert page.locator("#items li").count() == 2
+
+
+def test_refs_of_a_previous_page_are_stale_on_the_next(world, site, connected):
+    command(world, "navigate", {"url": site.url("/counter")}, key="p1", deadline_ms=30_000)
+    add = ref_of(command(world, "snapshot", {}, key="p2")["text"], r'button "Add one"')
+    command(world, "navigate", {"url": site.url("/list")}, key="p3", deadline_ms=30_000)
+    command(world, "snapshot", {}, key="p4")  # the new document hands out refs of its own
+    with pytest.raises(BrowserError) as info:
+        command(world, "click", {"ref": add}, key="p5")
+    assert info.value.code == "stale_ref"
+
+
+def test_blocked_origins_are_refused_also_after_a_redirect(world, site, connected):
+    policy = {"allowed_origins": [site.origin], "blocked_origins": []}
+    with pytest.raises(BrowserError) as info:
+        command(world, "navigate", {"url": site.other_url("/search")}, key="o1", deadline_ms=30_000, policy=policy)
+    assert info.value.code == "origin_blocked"
+    # An allowed URL that redirects to a blocked origin: refused once the tab's URL is committed.
+    with pytest.raises(BrowserError) as info:
+        command(world, "navigate", {"url": site.url("/redirect?to=" + site.other_url("/search"))}, key="o2",
+                deadline_ms=30_000, policy=policy)
+    assert info.value.code == "origin_blocked" and "redirected" in info.value.message
+    assert not any("localhost" in p.url for p in connected.context.pages if not p.url.startswith("chrome"))
+    # Acting on a tab that is on a blocked origin is refused at action time too.
+    command(world, "navigate", {"url": site.url("/counter")}, key="o3", deadline_ms=30_000)
+    blocked_now = {"allowed_origins": [], "blocked_origins": [site.origin]}
+    with pytest.raises(BrowserError) as info:
+        command(world, "snapshot", {}, key="o4", policy=blocked_now)
+    assert info.value.code == "origin_blocked"
+
+
+def test_password_fields_need_approval(world, site, connected):
+    command(world, "navigate", {"url": site.url("/login")}, key="w1", deadline_ms=30_000)
+    snap = command(world, "snapshot", {}, key="w2")
+    password = ref_of(snap["text"], r'textbox "Password" type=password')
+    with pytest.raises(BrowserError) as info:
+        command(world, "type", {"ref": password, "text": "hunter2"}, key="w3")
+    assert info.value.code == "approval_required" and "password field on " + site.origin in info.value.message
+    page = connected.page_with_url("/login")
+    assert page.locator("input[name=pw]").input_value() == ""
+    command(world, "type", {"ref": password, "text": "hunter2", "approved": True}, key="w4")
+    assert page.locator("input[name=pw]").input_value() == "hunter2"
+    # Submitting the form that now holds a password needs approval as well.
+    sign_in = ref_of(snap["text"], r'button "Sign in"')
+    with pytest.raises(BrowserError) as info:
+        command(world, "click", {"ref": sign_in}, key="w5")
+    assert info.value.code == "approval_required"
+    navigated = command(world, "click", {"ref": sign_in, "approved": True}, key="w6")
+    assert navigated["navigated"] is True and "/welcome" in navigated["url"]
+
+
+def test_a_replayed_command_returns_the_stored_result(world, site, connected):
+    command(world, "navigate", {"url": site.url("/counter")}, key="r1", deadline_ms=30_000)
+    add = ref_of(command(world, "snapshot", {}, key="r2")["text"], r'button "Add one"')
+    first = command(world, "click", {"ref": add}, key="r3-same")
+    again = command(world, "click", {"ref": add}, key="r3-same")
+    assert again == first
+    page = connected.page_with_url("/counter")
+    assert page.evaluate("window.count") == 1
+
+
+def test_service_worker_killed_mid_command_reconnects_and_does_not_act_twice(world, site, connected):
+    command(world, "navigate", {"url": site.url("/counter")}, key="k1", deadline_ms=30_000)
+    snap = command(world, "snapshot", {}, key="k2")
+    slow = ref_of(snap["text"], r'button "Slow add"')
+    page = connected.page_with_url("/counter")
+    cdp = page.context.new_cdp_session(page)
+
+    def slow_click():
+        return command(world, "click", {"ref": slow}, key="k3-slow", deadline_ms=10_000)
+
+    from browser.tests.conftest import _pool
+
+    pending = _pool.submit(slow_click)
+    assert site.server.hit_event.wait(10), "the slow click did not start"
+    cdp.send("ServiceWorker.enable")
+    cdp.send("ServiceWorker.stopAllWorkers")
+    # Something wakes the worker (here: the popup asks for its state; otherwise the 30-s alarm).
+    popup = connected.open_extension_page("popup.html")
+    with pytest.raises(BrowserError) as info:
+        pending.result(timeout=30)
+    # The server resent the command with the same key; the restarted worker found it started
+    # and never finished, and said so instead of clicking again.
+    assert info.value.code == "interrupted", info.value.message
+    connected.wait_connected()
+    assert page.evaluate("window.count") == 1
+    add = ref_of(command(world, "snapshot", {}, key="k4")["text"], r'button "Add one"')
+    command(world, "click", {"ref": add}, key="k5")
+    assert page.evaluate("window.count") == 2
+    popup.close()
