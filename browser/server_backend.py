@@ -36,6 +36,8 @@ LAUNCH_ARGS = [
     "--disable-sync", "--no-first-run", "--disable-quic",
 ]
 _RUN = "([op, params]) => globalThis.__apBrowser.run(op, params)"
+READ_ONLY_OPS = frozenset({"snapshot", "get_text", "wait_for"})
+"""Ops that may be run again when a navigation interrupts them (they change nothing)."""
 RESULT_CACHE_SIZE = 200
 """Recent results kept per session, by idempotency key (a replayed call is not acted twice)."""
 
@@ -234,7 +236,10 @@ class ServerBrowserPool:
         if op == "snapshot":
             session.next_ref = max(session.next_ref, int(result.get("next_ref", session.next_ref)))
         if result.get("navigating"):
-            await self._wait_navigation(page, deadline_ms)
+            if result.get("committed"):
+                await page.wait_for_load_state("load", timeout=deadline_ms)
+            else:
+                await self._wait_navigation(page, deadline_ms)
             self._check_origin_after(page, policy)
             result = {"url": page.url, "title": await page.title(), "navigated": True}
         return result
@@ -253,9 +258,15 @@ class ServerBrowserPool:
                 if not has:
                     await page.evaluate(SNAPSHOT_JS)
                 return await page.evaluate(_RUN, [op, params])
-            except Exception as exc:  # the document changed under us (navigation): retry once
-                if attempt or "context was destroyed" not in str(exc).lower():
+            except Exception as exc:
+                if "context was destroyed" not in str(exc).lower():
                     raise BrowserError("page_error", f"The page could not run {op!r}: {str(exc).splitlines()[0]}") from exc
+                if op not in READ_ONLY_OPS:
+                    # The action ran and navigated the page before its answer came back: never run
+                    # it again; report the navigation.
+                    return {"ok": True, "result": {"navigating": True, "committed": True}}
+                if attempt:
+                    raise BrowserError("page_error", f"The page kept navigating while running {op!r}.") from exc
                 await page.wait_for_load_state("load")
         raise AssertionError("unreachable")
 

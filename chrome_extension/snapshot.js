@@ -84,6 +84,19 @@
     return '';
   }
 
+  /** A label's own text: without the text of controls inside it (a select's options...). */
+  function labelText(label) {
+    let out = '';
+    const walk = (node) => {
+      for (const child of node.childNodes) {
+        if (child.nodeType === Node.TEXT_NODE) out += child.textContent;
+        else if (child.nodeType === Node.ELEMENT_NODE && !['SELECT', 'TEXTAREA', 'INPUT', 'BUTTON'].includes(child.tagName)) walk(child);
+      }
+    };
+    walk(label);
+    return out;
+  }
+
   function nameOf(el, role) {
     const aria = el.getAttribute('aria-label');
     if (aria && aria.trim()) return clip(aria, 80);
@@ -93,7 +106,7 @@
       if (text.trim()) return clip(text, 80);
     }
     if (el.labels && el.labels.length) {
-      const text = Array.from(el.labels).map((l) => l.innerText || l.textContent).join(' ');
+      const text = Array.from(el.labels).map(labelText).join(' ');
       if (text.trim()) return clip(text, 80);
     }
     if (el.tagName === 'INPUT' && ['button', 'submit', 'reset'].includes((el.type || '').toLowerCase())) {
