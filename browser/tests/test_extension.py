@@ -169,3 +169,44 @@ def test_service_worker_killed_mid_command_reconnects_and_does_not_act_twice(wor
     command(world, "click", {"ref": add}, key="k5")
     assert page.evaluate("window.count") == 2
     popup.close()
+
+
+def test_pairing_end_to_end_through_the_options_page_then_revocation(world, live_server_url, site, tmp_path):
+    from pathlib import Path
+
+    from playwright.sync_api import expect
+
+    with extension_browser(tmp_path) as browser:
+        options = browser.open_extension_page("options.html")
+        options.get_by_test_id("platform-url").fill(live_server_url)
+        options.get_by_test_id("device-name").fill("Work laptop")
+        options.get_by_test_id("pair").click()
+        code = options.get_by_test_id("pairing-code")
+        expect(code).to_have_text(re.compile(r"^[A-Z2-9]{4}-[A-Z2-9]{4}$"))
+        shown = code.inner_text()
+        resp = off_thread(lambda: world.client().post("/api/v1/browser/pairings/approve/", {"code": shown},
+                                                      format="json"))
+        assert resp.status_code == 200, resp.content
+        expect(options.get_by_test_id("status")).to_have_text("connected", timeout=15_000)
+        expect(options.get_by_test_id("account")).to_contain_text(f"as {world.member.username} in acme (Work laptop)")
+
+        command(world, "navigate", {"url": site.url("/counter")}, key="e1", deadline_ms=30_000)
+        add = ref_of(command(world, "snapshot", {}, key="e1b")["text"], r'button "Add one"')
+        command(world, "click", {"ref": add}, key="e1c")
+        popup = browser.open_extension_page("popup.html")
+        popup.set_viewport_size({"width": 360, "height": 420})
+        expect(popup.get_by_test_id("status")).to_have_text("Connected")
+        expect(popup.get_by_test_id("account")).to_contain_text(world.member.username)
+        expect(popup.get_by_test_id("log-entry").last).to_contain_text("navigate — ok")
+        expect(popup.get_by_test_id("log-entry").first).to_contain_text("click — ok")
+        docs = Path(__file__).resolve().parents[2] / "docs"
+        popup.screenshot(path=str(docs / "extension-popup.png"))
+
+        listed = off_thread(lambda: world.client().get("/api/v1/browser/devices/").json()["results"])
+        assert [(d["name"], d["connected"]) for d in listed] == [("Work laptop", True)]
+        off_thread(lambda: world.client().delete(f"/api/v1/browser/devices/{listed[0]['id']}/"))
+        expect(popup.get_by_test_id("status")).to_have_text("Not paired", timeout=10_000)
+        expect(popup.get_by_test_id("error")).to_contain_text("unpaired")
+        with pytest.raises(BrowserError) as info:
+            command(world, "snapshot", {}, key="e2")
+        assert info.value.code == "browser_not_connected"
