@@ -408,6 +408,9 @@ class BrowserWaitFor(BrowserTool):
         self.deadline_ms = params["timeout_ms"] + 5_000
         return params
 
+    def summary(self, params: dict[str, Any]) -> dict[str, Any]:
+        return dict(params)  # the awaited text is not a secret
+
 
 class BrowserGetText(BrowserTool):
     op = "get_text"
