@@ -68,7 +68,28 @@ function logOp(entry) {
 
 // -------------------------------------------------------------- connection --
 
-async function connect() {
+let connecting = null;
+let connectAgain = false;
+
+/**
+ * Open the socket unless one is open or opening. Calls during an attempt share it and ask for
+ * one more pass afterwards (the configuration may have changed meanwhile, e.g. just paired).
+ */
+function connect() {
+  if (connecting) {
+    connectAgain = true;
+    return connecting;
+  }
+  connecting = (async () => {
+    do {
+      connectAgain = false;
+      await openSocket();
+    } while (connectAgain);
+  })().finally(() => { connecting = null; });
+  return connecting;
+}
+
+async function openSocket() {
   if (state.ws && (state.ws.readyState === WebSocket.OPEN || state.ws.readyState === WebSocket.CONNECTING)) return;
   clearTimeout(state.reconnectTimer);
   const { platformUrl, deviceToken } = await config();
@@ -269,8 +290,11 @@ async function openTab(sessionId, url) {
   s.tabs.push(tab.id);
   s.current = tab.id;
   try {
-    const groupId = await chrome.tabs.group(s.groupId !== null ? { tabIds: [tab.id], groupId: s.groupId } : { tabIds: [tab.id] });
-    if (s.groupId === null) await chrome.tabGroups.update(groupId, { title: `Agent · chat ${sessionId}`, color: 'blue' });
+    const groupId = await withDeadline(
+      chrome.tabs.group(s.groupId !== null ? { tabIds: [tab.id], groupId: s.groupId } : { tabIds: [tab.id] }), 2000);
+    if (s.groupId === null) {
+      await withDeadline(chrome.tabGroups.update(groupId, { title: `Agent · chat ${sessionId}`, color: 'blue' }), 2000);
+    }
     s.groupId = groupId;
   } catch {
     s.groupId = null; // the group was closed, or tab groups are unavailable: tabs still work
@@ -297,24 +321,43 @@ function checkOrigin(url, policy, redirected = false) {
   }
 }
 
-/** Resolves when `tabId` finished a load that started after this call. */
-function loadWatcher(tabId, timeoutMs) {
+/**
+ * Resolves (true) when `tabId` finished a load that started after this call, false after
+ * `timeoutMs`. Events drive it; a 100-ms poll of the tab backs them up (an onUpdated
+ * "loading" can be coalesced away). With `target`, the load must also have left
+ * about:blank (a fresh tab's own about:blank load must not count).
+ */
+function loadWatcher(tabId, timeoutMs, { target = '', before = '' } = {}) {
   let sawLoading = false;
   let listener;
   let timer;
+  let poll;
+  const finished = (tab) => tab.status === 'complete' && !tab.pendingUrl
+    && (!target || target === 'about:blank' || (tab.url && tab.url !== 'about:blank'));
   const done = new Promise((resolve) => {
-    listener = (id, info) => {
+    listener = (id, info, tab) => {
       if (id !== tabId) return;
       if (info.status === 'loading') sawLoading = true;
-      if (info.status === 'complete' && sawLoading) resolve(true);
+      if (info.status === 'complete' && (sawLoading || (target && tab.url !== before)) && finished(tab)) resolve(true);
     };
     chrome.tabs.onUpdated.addListener(listener);
     timer = setTimeout(() => resolve(false), timeoutMs);
+    poll = setInterval(async () => {
+      try {
+        const tab = await chrome.tabs.get(tabId);
+        if (tab.status === 'loading') sawLoading = true;
+        else if ((sawLoading || (target && tab.url !== before)) && finished(tab)) resolve(true);
+      } catch {
+        resolve(false); // the tab was closed
+      }
+    }, 100);
   });
-  return {
-    wait: () => done.finally(() => { chrome.tabs.onUpdated.removeListener(listener); clearTimeout(timer); }),
-    cancel: () => { chrome.tabs.onUpdated.removeListener(listener); clearTimeout(timer); },
+  const stop = () => {
+    chrome.tabs.onUpdated.removeListener(listener);
+    clearTimeout(timer);
+    clearInterval(poll);
   };
+  return { wait: () => done.finally(stop), cancel: stop };
 }
 
 async function runInPage(tabId, op, params) {
@@ -340,9 +383,22 @@ async function execute(op, params) {
   if (op === 'tabs') return tabsOp(sessionId, params, policy);
   if (op === 'navigate') {
     checkOrigin(params.url, policy);
-    const tab = await currentTab(sessionId, { create: true });
-    const watcher = loadWatcher(tab.id, 30_000);
-    await chrome.tabs.update(tab.id, { url: params.url });
+    let tab;
+    try {
+      tab = await currentTab(sessionId);
+    } catch (err) {
+      if (err.code !== 'no_tab') throw err;
+      tab = null;
+    }
+    let watcher;
+    if (tab) {
+      watcher = loadWatcher(tab.id, 30_000, { target: params.url, before: tab.url });
+      await chrome.tabs.update(tab.id, { url: params.url });
+    } else {
+      // A new tab opens straight at the URL (no about:blank step to race with).
+      tab = await openTab(sessionId, params.url);
+      watcher = loadWatcher(tab.id, 30_000, { target: params.url });
+    }
     await watcher.wait();
     const loaded = await chrome.tabs.get(tab.id);
     if (!originAllowed(loaded.url, policy)) {
@@ -393,12 +449,8 @@ async function tabsOp(sessionId, params, policy) {
   const action = params.action || 'list';
   if (action === 'new') {
     checkOrigin(params.url || 'about:blank', policy);
-    const tab = await openTab(sessionId, 'about:blank');
-    if (params.url && params.url !== 'about:blank') {
-      const watcher = loadWatcher(tab.id, 30_000);
-      await chrome.tabs.update(tab.id, { url: params.url });
-      await watcher.wait();
-    }
+    const tab = await openTab(sessionId, params.url || 'about:blank');
+    if (params.url && params.url !== 'about:blank') await loadWatcher(tab.id, 30_000, { target: params.url }).wait();
   } else if (action === 'select' || action === 'close') {
     const { all, s } = await sessionState(sessionId);
     if (!s.tabs.includes(params.tab_id)) {

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -26,11 +27,29 @@ LAUNCH_ARGS = [
 ]
 
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="browser-test")
+_pumps: list[tuple[int, Callable[[], None]]] = []
+"""While a test waits, Playwright's sync API must keep processing its protocol messages: it
+holds every new tab the extension opens paused (waiting for the debugger) until it has set the
+tab up. :func:`pump` gives it that time; the fixtures register a pump while Chromium is open."""
+
+
+def pump() -> None:
+    """Let Playwright process events for ~20 ms (or sleep that long when no browser is open)."""
+    if _pumps and _pumps[-1][0] == threading.get_ident():
+        _pumps[-1][1]()
+    else:
+        time.sleep(0.02)
 
 
 def off_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on another thread (no event loop there); its result."""
-    return _pool.submit(fn, *args, **kwargs).result(timeout=120)
+    future = _pool.submit(fn, *args, **kwargs)
+    deadline = time.monotonic() + 120
+    while not future.done():
+        if time.monotonic() > deadline:
+            raise TimeoutError("off_thread call took longer than 120 s")
+        pump()
+    return future.result()
 
 
 def run_async(coro_fn: Callable[[], Any]) -> Any:
@@ -47,7 +66,7 @@ def wait_until(predicate: Callable[[], Any], *, timeout_seconds: float = 20.0, w
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        pump()
 
 
 @pytest.fixture
@@ -138,9 +157,12 @@ def extension_browser(tmp_path: Path) -> Iterator[ExtensionBrowser]:
             args=[*LAUNCH_ARGS, f"--disable-extensions-except={EXTENSION_DIR}", f"--load-extension={EXTENSION_DIR}"],
             viewport={"width": 1280, "height": 800},
         )
+        idle_page = context.pages[0] if context.pages else context.new_page()
+        _pumps.append((threading.get_ident(), lambda: idle_page.wait_for_timeout(20)))
         try:
             browser = ExtensionBrowser(context, settings.BROWSER_EXTENSION_IDS[0])
             assert browser.worker.evaluate("chrome.runtime.id") == browser.extension_id
             yield browser
         finally:
+            _pumps.pop()
             context.close()

@@ -153,13 +153,14 @@ def test_service_worker_killed_mid_command_reconnects_and_does_not_act_twice(wor
     from browser.tests.conftest import _pool
 
     pending = _pool.submit(slow_click)
-    assert site.server.hit_event.wait(10), "the slow click did not start"
+    wait_until(site.server.hit_event.is_set, timeout_seconds=10, what="the slow click")
     cdp.send("ServiceWorker.enable")
     cdp.send("ServiceWorker.stopAllWorkers")
     # Something wakes the worker (here: the popup asks for its state; otherwise the 30-s alarm).
     popup = connected.open_extension_page("popup.html")
+    wait_until(pending.done, timeout_seconds=30, what="the interrupted click's answer")
     with pytest.raises(BrowserError) as info:
-        pending.result(timeout=30)
+        pending.result()
     # The server resent the command with the same key; the restarted worker found it started
     # and never finished, and said so instead of clicking again.
     assert info.value.code == "interrupted", info.value.message
