@@ -15,6 +15,7 @@ bench:
 	.venv/bin/python bench/concurrent_runs.py
 	.venv/bin/python bench/router_overhead.py
 	.venv/bin/python bench/router_chaos.py
+	.venv/bin/python bench/browser_roundtrip.py
 
 ## Static checks (pyflakes rules and syntax errors)
 lint:
