@@ -212,3 +212,22 @@ def test_pairing_end_to_end_through_the_options_page_then_revocation(world, live
         with pytest.raises(BrowserError) as info:
             command(world, "snapshot", {}, key="e2")
         assert info.value.code == "browser_not_connected"
+
+
+def test_stop_in_the_popup_cancels_a_pending_command(world, site, connected):
+    from playwright.sync_api import expect
+
+    from browser.tests.conftest import _pool
+
+    command(world, "navigate", {"url": site.url("/counter")}, key="x1", deadline_ms=30_000)
+    popup = connected.open_extension_page("popup.html")
+    pending = _pool.submit(command, world, "wait_for", {"seconds": 8, "timeout_ms": 8000}, key="x2", deadline_ms=9_000)
+    stop = popup.get_by_test_id("stop")
+    expect(stop).to_be_enabled(timeout=5_000)  # enabled while a command is pending
+    stop.click()
+    wait_until(pending.done, timeout_seconds=5, what="the cancelled command's answer")
+    with pytest.raises(BrowserError) as info:
+        pending.result()
+    assert info.value.code == "cancelled_by_user"
+    expect(popup.get_by_test_id("log-entry").first).to_contain_text("wait_for — cancelled")
+    expect(stop).to_be_disabled()
