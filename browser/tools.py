@@ -179,6 +179,10 @@ class BrowserTool(Tool):
         """The command's params from the model's arguments (raise ToolError for bad input)."""
         return {}
 
+    def deadline_for(self, params: dict[str, Any]) -> int:
+        """Milliseconds the backend has for this call (actions 10 s, navigation 30 s)."""
+        return self.deadline_ms
+
     def render(self, result: dict[str, Any]) -> str:
         """The text the model reads."""
         parts = [f"URL: {result.get('url', '')}", f"Title: {result.get('title', '')}"]
@@ -196,7 +200,8 @@ class BrowserTool(Tool):
         shown = self.summary(params)
         await self._publish(context, params=shown, status="started", url="")
         try:
-            backend, result = await self.run.execute(self.op, params, context=context, deadline_ms=self.deadline_ms)
+            backend, result = await self.run.execute(self.op, params, context=context,
+                                                     deadline_ms=self.deadline_for(params))
         except BrowserError as exc:
             if exc.code == "approval_required" and not context.approved:
                 await self._publish(context, params=shown, status="awaiting_approval", url="", error_code=exc.code)
@@ -405,8 +410,10 @@ class BrowserWaitFor(BrowserTool):
             params["text_gone"] = str(gone)
         if seconds is not None:
             params["seconds"] = seconds
-        self.deadline_ms = params["timeout_ms"] + 5_000
         return params
+
+    def deadline_for(self, params: dict[str, Any]) -> int:
+        return params["timeout_ms"] + 5_000
 
     def summary(self, params: dict[str, Any]) -> dict[str, Any]:
         return dict(params)  # the awaited text is not a secret
