@@ -30,7 +30,7 @@ from django.contrib.auth import get_user_model
 
 from browser.bridge import bridge_execute
 from browser.tests.conftest import extension_browser, pair_device_sync
-from browser.tests.site import TestSite
+from browser.tests.site import LocalSite
 from browser.tools import BrowserConfig, BrowserRun, BrowserSnapshot, BrowserNavigate, BrowserClick
 from capabilities.tools import ToolContext
 from llm.tokens import estimate_text_tokens
@@ -80,7 +80,7 @@ def _in_thread(fn):
     return box["value"]
 
 
-def extension_figures(*, tenant_id: int, user_id: int, site: TestSite, clicks: int) -> tuple[list[float], dict[str, int]]:
+def extension_figures(*, tenant_id: int, user_id: int, site: LocalSite, clicks: int) -> tuple[list[float], dict[str, int]]:
     policy = {"allowed_origins": [], "blocked_origins": []}
 
     async def cmd(op, params, key, deadline_ms=10_000):
@@ -109,7 +109,7 @@ def extension_figures(*, tenant_id: int, user_id: int, site: TestSite, clicks: i
     return _in_thread(lambda: asyncio.run(main()))
 
 
-def server_figures(*, site: TestSite, clicks: int) -> list[float]:
+def server_figures(*, site: LocalSite, clicks: int) -> list[float]:
     from browser.server_backend import server_browser_pool
 
     async def main():
@@ -147,7 +147,7 @@ def main() -> None:
     _, token = pair_device_sync(tenant=tenant, user=user, name="bench")
     base_url, server = _serve_asgi()
     try:
-        with TestSite() as site, tempfile.TemporaryDirectory() as tmp:
+        with LocalSite() as site, tempfile.TemporaryDirectory() as tmp:
             from pathlib import Path
 
             with extension_browser(Path(tmp)) as browser:

@@ -63,9 +63,7 @@ class BrowserConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         offered = list(self.scope.get("subprotocols") or [])
-        if protocol.SUBPROTOCOL not in offered:
-            await self.close()  # not our client: refuse the handshake
-            return
+        assert protocol.SUBPROTOCOL in offered  # browser.routing refuses other clients before us
         raw = next((p[len(protocol.TOKEN_SUBPROTOCOL_PREFIX):] for p in offered
                     if p.startswith(protocol.TOKEN_SUBPROTOCOL_PREFIX)), "")
         await self.accept(subprotocol=protocol.SUBPROTOCOL)

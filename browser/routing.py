@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.urls import path
 
 from browser.consumers import BrowserConsumer
+from browser.protocol import SUBPROTOCOL
+
+
+async def _deny(receive: Any, send: Any) -> None:
+    """Refuse the handshake (HTTP 403) in plain ASGI: no consumer, so nothing stays subscribed
+    to the channel layer waiting for a disconnect that a refused handshake never sends."""
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
 
 
 class ExtensionOriginValidator:
@@ -26,7 +34,9 @@ class ExtensionOriginValidator:
         if origins:
             allowed = {f"chrome-extension://{i}" for i in settings.BROWSER_EXTENSION_IDS}
             if origins[0] not in allowed:
-                return await WebsocketDenier()(scope, receive, send)
+                return await _deny(receive, send)
+        if SUBPROTOCOL not in (scope.get("subprotocols") or []):
+            return await _deny(receive, send)  # not our client
         # Never cookie-authenticate this socket.
         scope = dict(scope, headers=[(n, v) for n, v in scope.get("headers", []) if n != b"cookie"])
         return await self.application(scope, receive, send)

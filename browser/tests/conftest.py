@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from browser.tests.site import TestSite
+from browser.tests.site import LocalSite
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 EXTENSION_DIR = Path(__file__).resolve().parents[2] / "chrome_extension"
@@ -70,8 +70,8 @@ def wait_until(predicate: Callable[[], Any], *, timeout_seconds: float = 20.0, w
 
 
 @pytest.fixture
-def site() -> Iterator[TestSite]:
-    with TestSite() as s:
+def site() -> Iterator[LocalSite]:
+    with LocalSite() as s:
         yield s
 
 

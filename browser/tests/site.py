@@ -119,7 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-class TestSite:
+class LocalSite:
     """The pages on a free port. ``url(path)`` uses 127.0.0.1; ``other_url(path)`` uses
     ``localhost`` (same server, another origin: for origin rules)."""
 
@@ -130,7 +130,7 @@ class TestSite:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "TestSite":
+    def __enter__(self) -> "LocalSite":
         self.thread.start()
         return self
 

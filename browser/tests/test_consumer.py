@@ -211,3 +211,12 @@ def test_a_disconnect_without_reconnect_fails_with_a_clear_code(world, live_serv
 
     error = run_async(go)
     assert error.code == "browser_disconnected" and "browser_snapshot" in error.message
+
+
+def test_a_client_without_our_subprotocol_is_refused(live_server_url):
+    async def go():
+        with pytest.raises(websockets.InvalidStatus) as info:
+            await websockets.connect(ws_url(live_server_url), origin=EXTENSION_ORIGIN)
+        return info.value.response.status_code
+
+    assert run_async(go) == 403

@@ -101,8 +101,11 @@ def test_blocked_origins_are_refused_also_after_a_redirect(world, site, connecte
         command(world, "navigate", {"url": site.url("/redirect?to=" + site.other_url("/search"))}, key="o2",
                 deadline_ms=30_000, policy=policy)
     assert info.value.code == "origin_blocked" and "redirected" in info.value.message
-    tab_urls = connected.worker.evaluate("async () => (await chrome.tabs.query({})).map((t) => t.url)")
-    assert not any("localhost" in url for url in tab_urls), tab_urls  # the tab left the blocked page
+    def left_blocked_page():
+        urls = connected.worker.evaluate("async () => (await chrome.tabs.query({})).map((t) => t.url)")
+        return not any("localhost" in url for url in urls)
+
+    wait_until(left_blocked_page, timeout_seconds=5, what="the tab to leave the blocked page")
     # Acting on a tab that is on a blocked origin is refused at action time too.
     command(world, "navigate", {"url": site.url("/counter")}, key="o3", deadline_ms=30_000)
     blocked_now = {"allowed_origins": [], "blocked_origins": [site.origin]}

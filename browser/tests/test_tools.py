@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory
 from browser.server_backend import ServerBrowserPool
-from browser.tests.site import TestSite
+from browser.tests.site import LocalSite
 from browser.tools import (
     BrowserClick, BrowserConfig, BrowserGetText, BrowserNavigate, BrowserRun, BrowserSnapshot, BrowserType,
     ServerBackend,
@@ -67,7 +67,7 @@ def ref(text: str, pattern: str) -> str:
 
 
 def test_typing_a_password_needs_approval_and_acts_once_approved():
-    with TestSite() as site:
+    with LocalSite() as site:
         async def body(run, ctx, events, pool):
             await BrowserNavigate(run).execute({"url": site.url("/login")}, ctx())
             snap = (await BrowserSnapshot(run).execute({}, ctx())).content
@@ -91,7 +91,7 @@ def test_typing_a_password_needs_approval_and_acts_once_approved():
 
 
 def test_server_backend_refuses_blocked_origins_and_redirects():
-    with TestSite() as site:
+    with LocalSite() as site:
         async def body(run, ctx, events, pool):
             with pytest.raises(ToolError) as info:
                 await BrowserNavigate(run).execute({"url": site.other_url("/search")}, ctx())
@@ -104,7 +104,7 @@ def test_server_backend_refuses_blocked_origins_and_redirects():
 
 
 def test_snapshot_respects_its_token_budget_and_lists_visible_elements_first():
-    with TestSite() as site:
+    with LocalSite() as site:
         async def body(run, ctx, events, pool):
             await BrowserNavigate(run).execute({"url": site.url("/form")}, ctx())
             full = await BrowserSnapshot(run).execute({}, ctx())
@@ -130,7 +130,7 @@ def test_bad_arguments_are_tool_errors_the_model_can_fix():
 
 
 def test_idle_session_contexts_are_closed():
-    with TestSite() as site:
+    with LocalSite() as site:
         async def body(run, ctx, events, pool):
             await BrowserNavigate(run).execute({"url": site.url("/counter")}, ctx())
             assert pool.session_keys() == ["t1.s1"]
