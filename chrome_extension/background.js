@@ -26,6 +26,7 @@ const state = {
   status: 'unpaired', // unpaired | connecting | connected | disconnected
   lastError: '',
   account: null, // {user, tenant, device}
+  lastSessionId: null, // the chat that used the browser last (hand-over target)
   backoffMs: BACKOFF_MIN_MS,
   reconnectTimer: null,
   pingTimer: null,
@@ -269,9 +270,16 @@ async function saveSessions(all) {
   await chrome.storage.session.set({ agentSessions: all });
 }
 
+const NEXT_SESSION = '__next__'; // tabs handed over before any chat used the browser
+
 async function sessionState(sessionId) {
   const all = await sessions();
-  const s = all[sessionId] || { tabs: [], current: null, groupId: null, nextRef: {} };
+  let s = all[sessionId];
+  if (!s && all[NEXT_SESSION]) {
+    s = all[NEXT_SESSION]; // the first chat adopts the tabs the user handed over
+    delete all[NEXT_SESSION];
+  }
+  s = s || { tabs: [], current: null, groupId: null, nextRef: {} };
   const live = [];
   for (const id of s.tabs) {
     try {
@@ -376,9 +384,29 @@ async function runInPage(tabId, op, params) {
   return result.result;
 }
 
+/**
+ * The user hands a tab to the agent: the most recently used web tab (not an extension page)
+ * joins the tabs of the chat that used the browser last (or of the next one) and becomes
+ * the tab its commands act in.
+ */
+async function handTab() {
+  const tabs = (await chrome.tabs.query({})).filter((t) => /^https?:/.test(t.url || ''));
+  if (!tabs.length) return { ok: false, message: 'Open the web page you want to hand over first.' };
+  const tab = tabs.sort((a, b) => (b.lastAccessed || 0) - (a.lastAccessed || 0))[0];
+  const sessionId = state.lastSessionId || NEXT_SESSION;
+  const { all, s } = await sessionState(sessionId);
+  if (!s.tabs.includes(tab.id)) s.tabs.push(tab.id);
+  s.current = tab.id;
+  all[sessionId] = s;
+  await saveSessions(all);
+  logOp({ op: 'handover', status: 'ok', url: tab.url });
+  return { ok: true, message: `Handed over: ${tab.title || tab.url}` };
+}
+
 async function execute(op, params) {
   if (!OPS.includes(op)) throw new OpError('unknown_op', `Unknown op ${op}`);
   const sessionId = String(params.session_id ?? 'default');
+  state.lastSessionId = sessionId;
   const policy = params.policy || {};
   if (op === 'tabs') return tabsOp(sessionId, params, policy);
   if (op === 'navigate') {
@@ -495,6 +523,8 @@ chrome.runtime.onMessage.addListener((message, _sender, sendResponse) => {
       case 'stop':
         cancelPending();
         return publicState();
+      case 'handTab':
+        return { ...publicState(), handover: await handTab() };
       case 'reconnect':
         if (state.ws) state.ws.close();
         state.backoffMs = BACKOFF_MIN_MS;

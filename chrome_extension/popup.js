@@ -27,5 +27,10 @@ chrome.runtime.onMessage.addListener((m) => {
 });
 $('stop').addEventListener('click', async () => render(await chrome.runtime.sendMessage({ type: 'stop' })));
 $('reconnect').addEventListener('click', async () => render(await chrome.runtime.sendMessage({ type: 'reconnect' })));
+$('hand').addEventListener('click', async () => {
+  const state = await chrome.runtime.sendMessage({ type: 'handTab' });
+  $('hand-message').textContent = state?.handover?.message || '';
+  render(state);
+});
 $('options').addEventListener('click', () => chrome.runtime.openOptionsPage());
 chrome.runtime.sendMessage({ type: 'getState' }).then(render);

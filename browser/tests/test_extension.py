@@ -234,3 +234,22 @@ def test_stop_in_the_popup_cancels_a_pending_command(world, site, connected):
     assert info.value.code == "cancelled_by_user"
     expect(popup.get_by_test_id("log-entry").first).to_contain_text("wait_for — cancelled")
     expect(stop).to_be_disabled()
+
+
+def test_the_user_hands_a_tab_to_the_agent(world, site, connected):
+    from playwright.sync_api import expect
+
+    mine = connected.context.new_page()
+    mine.goto(site.url("/counter"))
+    mine.bring_to_front()
+    popup = connected.open_extension_page("popup.html")
+    popup.get_by_test_id("hand-tab").click()
+    expect(popup.get_by_test_id("hand-message")).to_contain_text("Handed over: Counter")
+    snap = command(world, "snapshot", {}, key="h1", session_id=77)  # the first chat adopts it
+    add = ref_of(snap["text"], r'button "Add one"')
+    command(world, "click", {"ref": add}, key="h2", session_id=77)
+    assert mine.evaluate("window.count") == 1
+    # Tabs the agent did not open and was not handed stay out of reach.
+    with pytest.raises(BrowserError) as info:
+        command(world, "snapshot", {}, key="h3", session_id=78)
+    assert info.value.code == "no_tab"
