@@ -19,8 +19,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_ROOT_USER_ACTION=ignore
 
 # build-essential + cmake: to compile llama.cpp (gcc also brings libgomp, needed at run time).
+# bubblewrap: the sandbox of CLI commands (README, "CLI commands").
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends build-essential cmake \
+    && apt-get install -y --no-install-recommends build-essential cmake bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

@@ -15,6 +15,9 @@ bench:
 	.venv/bin/python bench/concurrent_runs.py
 	.venv/bin/python bench/router_overhead.py
 	.venv/bin/python bench/router_chaos.py
+	.venv/bin/python bench/mcp_overhead.py
+	.venv/bin/python bench/web_fetch_overhead.py
+	.venv/bin/python bench/cli_overhead.py
 	.venv/bin/python bench/browser_roundtrip.py
 
 ## Static checks (pyflakes rules and syntax errors)

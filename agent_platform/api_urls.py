@@ -6,5 +6,6 @@ urlpatterns = [
     path("", include("llm.api.urls")),
     path("", include("capabilities.api.urls")),
     path("", include("sessions.api.urls")),
+    path("", include("documents.api.urls")),
     path("", include("browser.api.urls")),
 ]

@@ -14,6 +14,7 @@ Environment variables (all optional on a developer machine):
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -60,6 +61,7 @@ INSTALLED_APPS = [
     "agents",
     "capabilities",
     "sessions.apps.AgentSessionsConfig",
+    "documents",
     "frontend",
     "browser",
 ]
@@ -186,10 +188,43 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "agent_platform")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_ALWAYS_EAGER = False
+CELERY_BEAT_SCHEDULE = {
+    "runs-sweep": {"task": "sessions.runs_sweep", "schedule": float(os.environ.get("RUN_SWEEP_INTERVAL_SECONDS", "15"))},
+}
+
+# Durable runs (sessions/runner): a running run's worker writes Run.heartbeat_at every
+# RUN_HEARTBEAT_SECONDS; the sweeper (Celery beat, every RUN_SWEEP_INTERVAL_SECONDS) resumes a
+# run whose heartbeat is older than RUN_STALE_SECONDS, or fails it (worker_lost) after
+# RUN_MAX_ATTEMPTS starts.
+RUN_HEARTBEAT_SECONDS = float(os.environ.get("RUN_HEARTBEAT_SECONDS", "5"))
+RUN_STALE_SECONDS = float(os.environ.get("RUN_STALE_SECONDS", "30"))
+RUN_MAX_ATTEMPTS = int(os.environ.get("RUN_MAX_ATTEMPTS", "3"))
+RUNS_QUEUE = os.environ.get("RUNS_QUEUE", "")
+"""Celery queue for run_execute ("" = CELERY_TASK_DEFAULT_QUEUE)."""
+RUNS_PER_TENANT_DEFAULT = int(os.environ.get("RUNS_PER_TENANT_DEFAULT", "50"))
+"""Runs of one tenant working at once when the tenant sets no limit; more wait queued."""
+APPROVAL_TTL_SECONDS = float(os.environ.get("APPROVAL_TTL_SECONDS", str(24 * 3600)))
+"""A pending approval or question expires after this; the run then fails (approval_expired)."""
 
 # The embedded local model (scripts/llm_server.py) that the demo route points at.
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")
 LLM_MODEL_NAME = os.environ.get("LLM_MODEL_NAME", "qwen2.5-coder-0.5b-instruct")
+
+# web_fetch / web_read (capabilities/netsafe.py): networks allowed although not public. Empty in
+# production; tests add 127.0.0.1/32 to reach their own servers. Metadata addresses stay blocked.
+# An invalid network fails at startup (ValueError), not at the first fetch.
+WEB_FETCH_ALLOWED_CIDRS: list[str] = [
+    str(ipaddress.ip_network(c.strip(), strict=False))
+    for c in os.environ.get("WEB_FETCH_ALLOWED_CIDRS", "").split(",") if c.strip()
+]
+WEB_FETCH_CONNECT_TIMEOUT_SECONDS = 5.0
+WEB_FETCH_TOTAL_TIMEOUT_SECONDS = 20.0
+
+# MCP client pool (capabilities/mcp/pool.py): one per worker process, on the run-host loop.
+MCP_POOL_IDLE_TIMEOUT_SECONDS = float(os.environ.get("MCP_POOL_IDLE_TIMEOUT_SECONDS", "300"))
+MCP_POOL_CATALOGUE_TTL_SECONDS = float(os.environ.get("MCP_POOL_CATALOGUE_TTL_SECONDS", "300"))
+MCP_POOL_BREAKER_FAILURE_THRESHOLD = int(os.environ.get("MCP_POOL_BREAKER_FAILURE_THRESHOLD", "3"))
+MCP_POOL_BREAKER_COOLDOWN_SECONDS = float(os.environ.get("MCP_POOL_BREAKER_COOLDOWN_SECONDS", "30"))
 
 LOGGING = {
     "version": 1,
@@ -197,8 +232,12 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "mcp": {"level": "WARNING"}},
+    "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"}, "mcp": {"level": "WARNING"}},
 }
+
+# CLI capabilities: the bubblewrap executable (a name on PATH or a path). Missing: sandboxed
+# CLI commands refuse to run (README, "CLI commands").
+CLI_BWRAP_PATH = os.environ.get("CLI_BWRAP_PATH", "bwrap")
 
 # --- Browser capability (browser/) -------------------------------------------------------------
 # Chrome extension ids allowed to open /ws/browser/ (Origin chrome-extension://<id>). The default

@@ -6,7 +6,7 @@ from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
 
 class BindingInline(TenantScopedInline):
     model = CapabilityBinding
-    fields = ["kind", "mcp_server", "builtin_name", "allowed_tools", "enabled"]
+    fields = ["kind", "mcp_server", "builtin_name", "cli_command", "allowed_tools", "enabled"]
 
 
 @admin.register(AgentInstance)
@@ -17,4 +17,4 @@ class AgentInstanceAdmin(TenantScopedModelAdmin):
 
 @admin.register(CapabilityBinding)
 class CapabilityBindingAdmin(TenantScopedModelAdmin):
-    list_display = ["agent", "kind", "mcp_server", "builtin_name", "enabled", "tenant"]
+    list_display = ["agent", "kind", "mcp_server", "builtin_name", "cli_command", "enabled", "tenant"]

@@ -95,6 +95,13 @@ class CapabilityBinding(TenantOwnedModel):
         "capabilities.McpServer", null=True, blank=True, on_delete=models.CASCADE, related_name="bindings"
     )
     builtin_name = models.CharField(max_length=64, blank=True, help_text="Built-in tool name, e.g. todo_write.")
+    cli_command = models.ForeignKey(
+        "capabilities.CliCommand", null=True, blank=True, on_delete=models.CASCADE, related_name="bindings"
+    )
+    skill = models.ForeignKey(
+        "capabilities.Skill", null=True, blank=True, on_delete=models.CASCADE, related_name="bindings",
+        help_text="kind skill: the skill offered as a tool.",
+    )
     allowed_tools = models.JSONField(
         default=list, blank=True,
         help_text="Tool names (as the capability names them) to expose; empty means all.",
@@ -117,7 +124,11 @@ class CapabilityBinding(TenantOwnedModel):
         ordering = ["agent", "id"]
 
     def __str__(self) -> str:
-        target = self.mcp_server.name if self.mcp_server_id else self.builtin_name
+        target = (
+            self.mcp_server.name if self.mcp_server_id
+            else self.cli_command.name if self.cli_command_id
+            else self.skill.name if self.skill_id else self.builtin_name
+        )
         return f"{self.agent.name} → {target}"
 
     def clean(self) -> None:
@@ -128,9 +139,21 @@ class CapabilityBinding(TenantOwnedModel):
                 raise ValidationError({"mcp_server": "Choose an MCP server."})
             if self.tenant_id and self.mcp_server.tenant_id != self.tenant_id:
                 raise ValidationError({"mcp_server": "MCP server not found."})
+        elif self.kind == CapabilityKind.CLI:
+            if not self.cli_command_id:
+                raise ValidationError({"cli_command": "Choose a CLI command."})
+            if self.tenant_id and self.cli_command.tenant_id != self.tenant_id:
+                raise ValidationError({"cli_command": "CLI command not found."})
         elif self.kind == CapabilityKind.BUILTIN:
             if self.builtin_name not in builtin_names():
                 raise ValidationError({"builtin_name": f"Unknown built-in tool; choose one of {sorted(builtin_names())}."})
+        elif self.kind == CapabilityKind.SKILL:
+            if not self.skill_id:
+                raise ValidationError({"skill": "Choose a skill."})
+            if self.tenant_id and self.skill.tenant_id != self.tenant_id:
+                raise ValidationError({"skill": "Skill not found."})
+        if self.kind != CapabilityKind.SKILL and self.skill_id:
+            raise ValidationError({"skill": "Only bindings of kind skill name a skill."})
         if self.agent_id and self.tenant_id and self.agent.tenant_id != self.tenant_id:
             raise ValidationError({"agent": "Agent not found."})
         if not isinstance(self.allowed_tools, list) or not all(isinstance(t, str) for t in self.allowed_tools):

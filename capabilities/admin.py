@@ -1,9 +1,18 @@
+"""Console for capabilities. MCP servers: secrets write-only, the tool snapshot, and "Test connection"."""
+
 import json
+import re
 
 from django import forms
 from django.contrib import admin
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
 
-from capabilities.models import McpServer
+from capabilities.models import CliCommand, McpServer, Skill
+from capabilities.services import mcp_server_test_connection
 from tenants.admin_scoping import TenantScopedModelAdmin
 from tenants.crypto import secret_encrypt_json
 from tenants.models import Tenant
@@ -39,10 +48,68 @@ class McpServerForm(forms.ModelForm):
         fields = "__all__"
 
 
+def _tools_table(tools: list[dict]) -> str:
+    """An HTML table of ``[{name, description}]`` (escaped)."""
+    if not tools:
+        return format_html("<em>{}</em>", "No tools listed yet.")
+    rows = format_html_join(
+        "", "<tr><td><code>{}</code></td><td>{}</td></tr>", ((t.get("name", ""), t.get("description", "")) for t in tools)
+    )
+    return format_html('<table class="mcp-tools"><thead><tr><th>Tool</th><th>Description</th></tr></thead>'
+                       "<tbody>{}</tbody></table>", rows)
+
+
 @admin.register(McpServer)
 class McpServerAdmin(TenantScopedModelAdmin):
+    """MCP servers of the admin's tenants; the change page shows the last tool snapshot and a
+    "Test connection" button (connect with the server's timeouts, list, store the snapshot)."""
+
     form = McpServerForm
-    list_display = ["name", "alias", "transport", "enabled", "tenant"]
+    list_display = ["name", "alias", "transport", "enabled", "tool_count", "tools_snapshot_at", "tenant"]
+    readonly_fields = ["tools_snapshot_table", "tools_snapshot_at", "last_error"]
+    change_form_template = "admin/capabilities/mcpserver/change_form.html"
+
+    @admin.display(description="Tools")
+    def tool_count(self, obj: McpServer) -> int:
+        return len(obj.tools_snapshot or [])
+
+    @admin.display(description="Tools (last snapshot)")
+    def tools_snapshot_table(self, obj: McpServer) -> str:
+        return _tools_table(obj.tools_snapshot or [])
+
+    def get_urls(self):
+        info = self.model._meta.app_label, self.model._meta.model_name
+        return [
+            path("<path:object_id>/test-connection/", self.admin_site.admin_view(self.test_connection_view),
+                 name="%s_%s_test_connection" % info),
+        ] + super().get_urls()
+
+    def test_connection_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: the stored snapshot and a button; POST: test now and show the tools or the error.
+
+        Another tenant's server is a 404 (the queryset is scoped to the admin's tenants).
+        """
+        server = self.get_object(request, object_id)
+        if server is None or not self.has_change_permission(request, server):
+            raise Http404("MCP server not found.")
+        result = None
+        if request.method == "POST":
+            result = mcp_server_test_connection(server=server)
+            server.refresh_from_db()
+        elif request.method != "GET":
+            return redirect(reverse("admin:capabilities_mcpserver_test_connection", args=[server.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "original": server,
+            "title": f"Test connection: {server.name}",
+            "result": result,
+            "tools_table": _tools_table(
+                [{"name": t.name, "description": t.description} for t in result.tools]
+                if result is not None and result.ok else server.tools_snapshot or []
+            ),
+        }
+        return TemplateResponse(request, "admin/capabilities/mcpserver/test_connection.html", context)
 
     def save_model(self, request, obj, form, change):
         if not obj.tenant_id:
@@ -52,4 +119,132 @@ class McpServerAdmin(TenantScopedModelAdmin):
             value = form.cleaned_data.get(field)
             if value is not None:
                 setattr(obj, f"{field}_encrypted", secret_encrypt_json(tenant=tenant, value=value))
+        super().save_model(request, obj, form, change)
+
+
+class CliCommandForm(forms.ModelForm):
+    env = _JsonSecretField(label="Environment variables")
+
+    def clean_env(self):
+        value = self.cleaned_data.get("env")
+        bad = [k for k in (value or {}) if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise forms.ValidationError(f"Not valid variable names: {', '.join(sorted(bad))}.")
+        if any("\0" in v for v in (value or {}).values()):
+            raise forms.ValidationError("Values may not contain NUL characters.")
+        return value
+
+    class Meta:
+        model = CliCommand
+        fields = "__all__"
+
+
+@admin.register(CliCommand)
+class CliCommandAdmin(TenantScopedModelAdmin):
+    """CLI commands; the env is write-only and stored encrypted (like an MCP server's)."""
+
+    form = CliCommandForm
+    list_display = ["name", "program", "allow_network", "unsandboxed", "enabled", "tenant"]
+    list_filter = ["enabled", "allow_network", "unsandboxed"]
+    readonly_fields = ["env_is_set"]
+
+    @admin.display(description="Program")
+    def program(self, obj: CliCommand) -> str:
+        return obj.argv_template[0] if obj.argv_template else ""
+
+    @admin.display(description="Environment stored", boolean=True)
+    def env_is_set(self, obj: CliCommand) -> bool:
+        return bool(obj.env_encrypted)
+
+    def save_model(self, request, obj, form, change):
+        value = form.cleaned_data.get("env")
+        if value is not None:
+            if not obj.tenant_id:
+                super().save_model(request, obj, form, change)  # assigns the tenant
+            obj.env_encrypted = secret_encrypt_json(tenant=Tenant.objects.get(pk=obj.tenant_id), value=value)
+        super().save_model(request, obj, form, change)
+
+
+class SkillForm(forms.ModelForm):
+    """Edit a skill field by field, or paste a whole SKILL.md (it then overrides the fields).
+
+    ``tenant_id`` (set by :class:`SkillAdmin` for admins of one tenant) lets the form check
+    the name's uniqueness and resolve ``model_route`` by name before saving.
+    """
+
+    tenant_id: int | None = None
+
+    skill_md = forms.CharField(
+        label="Paste a SKILL.md", required=False, widget=forms.Textarea(attrs={"rows": 12, "cols": 100}),
+        help_text="Optional: front matter (name, description, allowed_tools, model_route, max_loop_count) "
+                  "and instructions. When given, it replaces the fields below.",
+    )
+
+    class Meta:
+        model = Skill
+        fields = ["skill_md", "tenant", "name", "description", "instructions", "allowed_tools", "model_route",
+                  "max_loop_count"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("name", "description", "instructions"):
+            if name in self.fields:
+                self.fields[name].required = False  # a pasted SKILL.md may supply them
+
+    def clean(self):
+        from capabilities.skills.parsing import SkillParseError, skill_parse
+        from llm.models import ModelRoute
+
+        data = super().clean()
+        tenant = data.get("tenant")
+        tenant_id = tenant.pk if tenant is not None else (self.instance.tenant_id or self.tenant_id)
+        text = (data.get("skill_md") or "").strip()
+        self.parsed = None
+        if text:
+            try:
+                parsed = skill_parse(text)
+            except SkillParseError as exc:
+                raise forms.ValidationError({"skill_md": str(exc)}) from exc
+            route = None
+            if parsed.model_route:
+                # tenant-bypass: resolved within the skill's tenant only.
+                route = ModelRoute.all_tenants.filter(tenant_id=tenant_id, name=parsed.model_route).first()
+                if route is None:
+                    raise forms.ValidationError(
+                        {"skill_md": f"'model_route': the tenant has no model route named {parsed.model_route!r}."})
+            data.update(name=parsed.name, description=parsed.description, instructions=parsed.instructions,
+                        allowed_tools=parsed.allowed_tools, max_loop_count=parsed.max_loop_count or 8,
+                        model_route=route)
+            self.parsed = parsed
+        else:
+            for name in ("name", "description", "instructions"):
+                if not data.get(name):
+                    self.add_error(name, "This field is required (or paste a SKILL.md).")
+        name = data.get("name")
+        # tenant-bypass: uniqueness within the skill's tenant (the constraint names the tenant,
+        # which the form may not show).
+        if name and tenant_id and Skill.all_tenants.filter(tenant_id=tenant_id, name=name).exclude(
+            pk=self.instance.pk
+        ).exists():
+            self.add_error("skill_md" if text else "name", f"The tenant already has a skill named {name!r}.")
+        return data
+
+
+@admin.register(Skill)
+class SkillAdmin(TenantScopedModelAdmin):
+    form = SkillForm
+    list_display = ["name", "description", "model_route", "max_loop_count", "tenant", "updated_at"]
+    search_fields = ["name", "description"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        from tenants.admin_scoping import _admin_tenants
+
+        form = super().get_form(request, obj, change=change, **kwargs)
+        tenants = _admin_tenants(request)
+        form.tenant_id = tenants[0] if not request.user.is_superuser and len(tenants) == 1 else None
+        return form
+
+    def save_model(self, request, obj, form, change):
+        parsed = getattr(form, "parsed", None)
+        obj.source = parsed.source if parsed is not None else ""
         super().save_model(request, obj, form, change)

@@ -30,6 +30,19 @@ class ApprovalRequired(Exception):
         """Shown to the approver: why this call needs approval."""
 
 
+class QuestionForUser(Exception):
+    """Raised by a tool (``ask_user``) to pause the run until the user answers ``question``.
+
+    The runner records a pending question (an Approval of kind ``question``) and pauses the
+    run like an approval; the user's answer becomes the call's result. The tool is not called
+    again.
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__(question)
+        self.question = question
+
+
 class ToolError(Exception):
     """A tool failed in a way the model should hear about.
 

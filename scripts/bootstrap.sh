@@ -22,6 +22,25 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
+# 1b. bubblewrap (the sandbox of CLI capabilities): installed when missing and we are root.
+#     Without it, CLI commands refuse to run unless marked `unsandboxed` (README, "CLI commands").
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing bubblewrap (the CLI sandbox)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null \
+      || (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null) \
+      || log "WARNING: could not install bubblewrap; sandboxed CLI commands will refuse to run"
+  else
+    log "WARNING: bwrap not found and not root: install the 'bubblewrap' package, or sandboxed CLI commands refuse to run"
+  fi
+fi
+if command -v bwrap >/dev/null 2>&1 \
+  && ! bwrap --unshare-all --unshare-user --uid 65534 --gid 65534 --disable-userns --die-with-parent \
+       --new-session --ro-bind /usr /usr --symlink usr/bin /bin \
+       --symlink usr/lib /lib --symlink usr/lib64 /lib64 --proc /proc --dev /dev --tmpfs /tmp true 2>/dev/null; then
+  log "WARNING: bwrap is installed but cannot create a sandbox here (user namespaces restricted?); CLI commands will fail"
+fi
+
 # 2. PostgreSQL and Redis: use DATABASE_URL / REDIS_URL, starting the local ones if they are down.
 if [ -z "${DATABASE_URL:-}" ]; then
   if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then

@@ -33,6 +33,9 @@ else
 fi
 .venv/bin/celery -A agent_platform worker -l info --pool threads --concurrency 32 >var/log/worker.log 2>&1 &
 pids+=($!)
+# Celery beat: the run sweeper (orphaned runs resume or fail, approvals expire).
+.venv/bin/celery -A agent_platform beat -l info --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
+pids+=($!)
 .venv/bin/uvicorn agent_platform.asgi:application --host "$HOST" --port "$PORT" --log-level warning >var/log/web.log 2>&1 &
 pids+=($!)
 

@@ -64,7 +64,12 @@ class RunFailureReason(models.TextChoices):
 
 
 class Run(TenantOwnedModel):
-    """One user message and the agent's work answering it."""
+    """One user message and the agent's work answering it.
+
+    A *sub-run* (``parent_tool_call`` set) is a skill's work answering one tool call of
+    another run: same session and user, its own messages (excluded from the session's
+    history), executed inside the parent's tool call.
+    """
 
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="runs")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
@@ -85,6 +90,17 @@ class Run(TenantOwnedModel):
     steered_into = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="steered_runs",
         help_text="The running run this message was handed to; this run ends as that one does.",
+    )
+    parent_tool_call = models.OneToOneField(
+        "ToolCall", null=True, blank=True, on_delete=models.CASCADE, related_name="sub_run",
+        help_text="Sub-runs (skills): the parent run's tool call this run answers; null for a user's run.",
+    )
+    depth = models.PositiveSmallIntegerField(
+        default=0, help_text="0 for a user's run; a sub-run's is its parent's + 1 (at most SKILL_MAX_DEPTH).",
+    )
+    skill = models.ForeignKey(
+        "capabilities.Skill", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs",
+        help_text="Sub-runs: the skill they run.",
     )
     paused_at = models.DateTimeField(null=True, blank=True, help_text="When it began waiting for an approval.")
     paused_seconds = models.FloatField(default=0.0, help_text="Time spent waiting for approvals (not counted by the run timeout).")

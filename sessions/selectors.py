@@ -11,7 +11,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from sessions.models import Artifact, ChatSession, LLMCall, Run, ToolCall
+from sessions.models import Approval, ApprovalStatus, Artifact, ChatSession, LLMCall, Run, ToolCall
 
 
 def month_start(now: datetime | None = None) -> datetime:
@@ -36,15 +36,19 @@ def run_get_for_user(*, run_id: int, user_id: int) -> Run | None:
 
 
 def run_activities(*, run: Run) -> list[dict[str, Any]]:
-    """LLM calls and tool calls of a run, in the order they started.
+    """LLM calls, tool calls and sub-runs (skills) of a run, in the order they started.
 
-    Returns dicts ``{"kind": "llm_call" | "tool_call", "at": datetime, "object": row}``.
+    Returns dicts ``{"kind": "llm_call" | "tool_call" | "sub_run", "at": datetime, "object": row}``
+    (``sub_run`` items also ``"skill"``: the skill's name).
     """
     llm_calls = LLMCall.objects.filter(run=run).order_by("created_at", "id")
     tool_calls = ToolCall.objects.filter(run=run).order_by("created_at", "id")
+    sub_runs = Run.objects.filter(parent_tool_call__run=run).select_related("skill", "parent_tool_call")
     items = chain(
         ({"kind": "llm_call", "at": c.created_at, "object": c} for c in llm_calls),
         ({"kind": "tool_call", "at": c.started_at or c.created_at, "object": c} for c in tool_calls),
+        ({"kind": "sub_run", "at": r.created_at, "object": r,
+          "skill": r.skill.name if r.skill is not None else r.parent_tool_call.name} for r in sub_runs),
     )
     return sorted(items, key=lambda item: item["at"])
 
@@ -89,3 +93,13 @@ def artifact_get_for_user(*, artifact_id: int, user_id: int) -> Artifact | None:
 
 def artifact_list_for_session(*, session_id: int) -> QuerySet:
     return Artifact.objects.filter(session_id=session_id).defer("content").order_by("id")
+
+
+def approval_get_for_user(*, approval_id: int, user_id: int) -> Approval | None:
+    """The approval if it is in the current tenant and belongs to a run of the user's, else None."""
+    return Approval.objects.filter(pk=approval_id, run__session__user_id=user_id).first()
+
+
+def approval_list_pending(*, user_id: int) -> QuerySet[Approval]:
+    """The user's pending approvals and questions in the current tenant, oldest first."""
+    return Approval.objects.filter(run__session__user_id=user_id, status=ApprovalStatus.PENDING).order_by("id")

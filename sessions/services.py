@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import models, transaction
 
 from agent_platform.api_errors import ApplicationError
 from agents.models import AgentInstance
 from sessions.events import event_publish_on_commit
-from sessions.models import ACTIVE_RUN_STATUSES, Artifact, ChatSession, Message, MessageRole, Run, RunStatus
+from sessions.models import (
+    ACTIVE_RUN_STATUSES,
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Artifact,
+    ChatSession,
+    Message,
+    MessageRole,
+    Run,
+    RunFailureReason,
+    RunStatus,
+)
 
 MAX_MESSAGE_CHARS = 100_000
 
@@ -26,9 +38,9 @@ def chat_session_create(*, user: AbstractBaseUser, agent: AgentInstance, title: 
 
 def run_enqueue_on_commit(*, run_id: int) -> None:
     """Hand the run to a worker once the transaction commits."""
-    from sessions.tasks import run_execute
+    from sessions.tasks import run_enqueue
 
-    transaction.on_commit(lambda: run_execute.delay(run_id))
+    transaction.on_commit(lambda: run_enqueue(run_id))
 
 
 @transaction.atomic
@@ -36,7 +48,10 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) 
     """Post a user message: records it, creates a queued Run, and queues the run.
 
     Messages posted while another run of the session is active queue behind it and run next,
-    in order (the worker that finishes a run starts the next queued one).
+    in order (the worker that finishes a run starts the next queued one). If the agent's
+    ``message_mode`` is ``steer``, such a run is marked ``steer``: the running run takes its
+    message in at its next model turn (``steered_into``) and it ends as that run ends; if
+    the running run ends first, it runs on its own like a queued one.
 
     Raises:
         ApplicationError: empty or over-long content.
@@ -49,7 +64,10 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) 
     if len(content) > MAX_MESSAGE_CHARS:
         raise ApplicationError(f"The message is longer than {MAX_MESSAGE_CHARS} characters.")
     session = ChatSession.objects.select_for_update().get(pk=session.pk)
-    run = Run.objects.create(tenant_id=session.tenant_id, session=session, user=user, input=content)
+    steer = session.agent.message_mode == "steer" and Run.objects.filter(
+        session=session, status__in=ACTIVE_RUN_STATUSES
+    ).exists()
+    run = Run.objects.create(tenant_id=session.tenant_id, session=session, user=user, input=content, steer=steer)
     Message.objects.create(
         tenant_id=session.tenant_id, session=session, run=run, role=MessageRole.USER,
         content=content, position=session.next_position,
@@ -61,6 +79,21 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) 
     event_publish_on_commit(session_id=session.pk, run_id=run.pk, type="run_queued", data={"input": content})
     run_enqueue_on_commit(run_id=run.pk)
     return run
+
+
+def run_end_unheld(*, run: Run, status: str, error: str, reason: str = "", event_data: dict) -> None:
+    """End a run no worker holds (awaiting approval): record it, publish its end (and that of
+    runs steered into it) on commit, and hand the runs that may now start to workers."""
+    from sessions.runner._db import run_finish
+
+    event_type = {RunStatus.CANCELLED: "run_cancelled", RunStatus.FAILED: "run_failed"}[status]
+    to_start = run_finish(run_id=run.pk, status=status, error=error, reason=reason)
+    for steered_id in Run.objects.filter(steered_into_id=run.pk).values_list("pk", flat=True):
+        event_publish_on_commit(session_id=run.session_id, run_id=steered_id, type=event_type,
+                                data={**event_data, "steered_into": run.pk})
+    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type=event_type, data=event_data)
+    for run_id in to_start:
+        run_enqueue_on_commit(run_id=run_id)
 
 
 def session_has_earlier_active_run(*, run: Run) -> bool:
@@ -86,8 +119,11 @@ def run_cancel(*, run: Run) -> Run:
       under ``select_for_update`` of the run; ``run_claim`` then refuses it. If no run of the
       session is running, the session's next queued run is handed to a worker (nobody else
       would start it).
+    - ``awaiting_approval``: no worker holds it; ended ``cancelled`` here, its pending
+      approvals expire.
     - ``running``: only the Redis cancel signal is set; the worker stops the run within
       about a second and records ``cancelled`` itself (the returned run is still ``running``).
+    - a run whose message was steered into a running run: that run is cancelled.
 
     The signal is set in both cases (on commit): a queued run claimed at the same moment is
     then stopped by its worker.
@@ -108,6 +144,12 @@ def run_cancel(*, run: Run) -> Run:
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status not in ACTIVE_RUN_STATUSES:
         raise ApplicationError("The run has already finished.", status_code=409)
+    if run.steered_into_id is not None:  # its message was handed to a running run: cancel that one
+        return run_cancel(run=Run.objects.get(pk=run.steered_into_id))
+    if run.status == RunStatus.AWAITING_APPROVAL:  # no worker holds it: end it here
+        run_end_unheld(run=run, status=RunStatus.CANCELLED, error=CANCEL_ERROR, event_data={"reason": CANCEL_REASON})
+        run.refresh_from_db()
+        return run
     if run.status == RunStatus.QUEUED:
         run.status = RunStatus.CANCELLED
         run.error = CANCEL_ERROR
@@ -144,3 +186,180 @@ def artifact_create(
         name=(name or "artifact")[:200], mime_type=(mime_type or "application/octet-stream")[:100],
         size_bytes=len(data), content=data,
     )
+
+
+def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str = "", reason: str = "",
+                    answer: str = "") -> Approval:
+    """Record a human's decision on a pending approval; resume the run once none is pending.
+
+    Args:
+        approval: A tool-call approval or an ``ask_user`` question of the caller's run.
+        decision: ``approve`` or ``deny`` (tool-call approvals).
+        reason: Optional, for a denial: fed back to the model with the failed call.
+        answer: The answer to a question (required, ≤ 10,000 characters).
+
+    Returns:
+        The approval as stored. When the run has no pending approval left it is queued again
+        (``paused_seconds`` grows by the wait) and handed to any worker on commit.
+
+    Raises:
+        ApplicationError: 400 for a missing/invalid decision or answer; 409 when the approval
+            was already decided, has expired (the run then fails ``approval_expired``) or its
+            run is no longer waiting.
+
+    Emits ``approval_resolved`` ``{approval_id, tool_call_id, status}`` on commit.
+    """
+    from django.utils import timezone
+
+    with transaction.atomic():  # committed before the caller gets its 409
+        expired = approvals_expire(run_ids=[approval.run_id], approval_ids=[approval.pk])
+    if expired:
+        raise ApplicationError("This approval has expired; the run has failed.", status_code=409)
+    return _approval_decide(approval=approval, user=user, decision=decision, reason=reason, answer=answer,
+                            now=timezone.now())
+
+
+@transaction.atomic
+def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str, reason: str, answer: str,
+                     now) -> Approval:
+    run = Run.objects.select_for_update().get(pk=approval.run_id)
+    approval = Approval.objects.select_for_update().get(pk=approval.pk)
+    if approval.kind == ApprovalKind.QUESTION:
+        answer = (answer or "").strip()
+        if not answer:
+            raise ApplicationError("Send the answer to the question in `answer`.")
+        if len(answer) > 10_000:
+            raise ApplicationError("The answer is longer than 10000 characters.")
+    elif decision not in ("approve", "deny"):
+        raise ApplicationError("`decision` must be 'approve' or 'deny'.")
+    if approval.status != ApprovalStatus.PENDING:
+        raise ApplicationError(f"This approval is already {approval.status}.", status_code=409)
+    if run.status not in ACTIVE_RUN_STATUSES:  # running/queued: the worker is about to pause it
+        raise ApplicationError(f"The run is {run.status}; it no longer waits for this approval.", status_code=409)
+    if approval.expires_at <= now:
+        raise ApplicationError("This approval has expired.", status_code=409)
+    if approval.kind == ApprovalKind.QUESTION:
+        approval.status, approval.answer = ApprovalStatus.ANSWERED, answer
+    else:
+        approval.status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.DENIED
+        approval.answer = (reason or "").strip()[:2000]
+    approval.decided_by = user
+    approval.decided_at = now
+    approval.save(update_fields=["status", "answer", "decided_by", "decided_at"])
+    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
+        "approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,
+    })
+    if run.status == RunStatus.AWAITING_APPROVAL and not Approval.objects.filter(
+        run=run, status=ApprovalStatus.PENDING
+    ).exists():
+        run.status = RunStatus.QUEUED
+        if run.paused_at is not None:
+            run.paused_seconds += (now - run.paused_at).total_seconds()
+        run.paused_at = None
+        run.save(update_fields=["status", "paused_seconds", "paused_at"])
+        Run.objects.filter(steered_into=run).update(status=RunStatus.RUNNING)
+        event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="run_queued", data={"resumed": True})
+        run_enqueue_on_commit(run_id=run.pk)
+    return approval
+
+
+def approvals_expire(*, now=None, run_ids: list[int] | None = None, approval_ids: list[int] | None = None) -> int:
+    """Expire pending approvals past ``expires_at``; their runs fail with ``approval_expired``.
+
+    Args:
+        now: The time to compare with (default: now).
+        run_ids: Only these runs (default: every run in the current tenant scope).
+        approval_ids: Only these approvals.
+
+    Returns:
+        The number of runs failed.
+    """
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    qs = Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
+    if run_ids is not None:
+        qs = qs.filter(run_id__in=run_ids)
+    if approval_ids is not None:
+        qs = qs.filter(pk__in=approval_ids)
+    failed = 0
+    for run_id in sorted(set(qs.values_list("run_id", flat=True))):
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.status != RunStatus.AWAITING_APPROVAL:
+            continue
+        error = "Nobody answered the approval request in time."
+        run_end_unheld(run=run, status=RunStatus.FAILED, error=error, reason=RunFailureReason.APPROVAL_EXPIRED,
+                       event_data={"error": error, "reason": RunFailureReason.APPROVAL_EXPIRED})
+        failed += 1
+    return failed
+
+
+QUEUED_RESEND_SECONDS = 300.0
+"""A run first in its session's queue for this long is handed to a worker again (its task may
+have been lost with a broker that forgot it); duplicates are harmless, the claim decides."""
+
+
+def runs_sweep() -> dict[str, int]:
+    """Find runs nobody is working on and act (Celery beat, every RUN_SWEEP_INTERVAL_SECONDS).
+
+    - ``running`` runs whose heartbeat is older than ``RUN_STALE_SECONDS`` (their worker
+      died): handed to a worker again to resume from what they persisted, or, after
+      ``RUN_MAX_ATTEMPTS`` starts, failed with reason ``worker_lost``;
+    - pending approvals past their expiry: their runs fail with ``approval_expired``;
+    - queued runs first in their session for over :data:`QUEUED_RESEND_SECONDS`: handed to a
+      worker again.
+
+    Works across tenants (each run handled in its own tenant scope).
+
+    Returns:
+        Counts: ``{"resumed", "worker_lost", "approvals_expired", "resent"}``.
+    """
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from sessions.runner._db import stale_before
+    from tenants.scoping import tenant_scope
+
+    counts = {"resumed": 0, "worker_lost": 0, "approvals_expired": 0, "resent": 0}
+    stale = stale_before()
+    # tenant-bypass: the sweeper looks at every tenant's runs, then works inside each run's tenant.
+    # Sub-runs are left out: they live inside their parent's tool call, which resumes them.
+    orphans = Run.all_tenants.filter(status=RunStatus.RUNNING, steered_into__isnull=True,
+                                     parent_tool_call__isnull=True).filter(
+        models.Q(heartbeat_at__lt=stale) | models.Q(heartbeat_at__isnull=True, started_at__lt=stale)
+    ).values_list("pk", "tenant_id", "attempt")
+    for run_id, tenant_id, attempt in orphans:
+        with tenant_scope(tenant_id), transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=run_id)
+            if run.status != RunStatus.RUNNING or (run.heartbeat_at is not None and run.heartbeat_at >= stale):
+                continue
+            if attempt >= settings.RUN_MAX_ATTEMPTS:
+                error = f"The worker running this run stopped {attempt} times; giving up."
+                run_end_unheld(run=run, status=RunStatus.FAILED, error=error, reason=RunFailureReason.WORKER_LOST,
+                               event_data={"error": error, "reason": RunFailureReason.WORKER_LOST})
+                counts["worker_lost"] += 1
+            else:
+                run_enqueue_on_commit(run_id=run.pk)
+                counts["resumed"] += 1
+    # tenant-bypass: as above, for expired approvals.
+    expired = Approval.all_tenants.filter(status=ApprovalStatus.PENDING, expires_at__lte=timezone.now())
+    for tenant_id in set(expired.values_list("tenant_id", flat=True)):
+        with tenant_scope(tenant_id), transaction.atomic():
+            counts["approvals_expired"] += approvals_expire()
+    old = timezone.now() - timedelta(seconds=QUEUED_RESEND_SECONDS)
+    earlier_active = Run.all_tenants.filter(  # tenant-bypass: same session, hence same tenant
+        session_id=models.OuterRef("session_id"), pk__lt=models.OuterRef("pk"), status__in=ACTIVE_RUN_STATUSES
+    )
+    # tenant-bypass: queued runs of every tenant, re-sent by id only.
+    waiting = (
+        Run.all_tenants.filter(status=RunStatus.QUEUED, steered_into__isnull=True, created_at__lt=old)
+        .exclude(models.Exists(earlier_active)).order_by("pk").values_list("pk", flat=True)[:100]
+    )
+    for run_id in waiting:
+        from sessions.tasks import run_enqueue
+
+        run_enqueue(run_id)
+        counts["resent"] += 1
+    return counts

@@ -12,3 +12,19 @@ def run_execute(run_id: int) -> None:
     from sessions.runner.loop import execute_run
 
     run_host().run(execute_run(run_id))
+
+
+def run_enqueue(run_id: int) -> None:
+    """Hand run ``run_id`` to a worker: ``run_execute`` on the queue ``RUNS_QUEUE`` (default:
+    the Celery default queue). Sending twice is harmless: the claim decides who runs it."""
+    from django.conf import settings
+
+    run_execute.apply_async((run_id,), queue=settings.RUNS_QUEUE or settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+@shared_task(name="sessions.runs_sweep", ignore_result=True)
+def runs_sweep() -> dict[str, int]:
+    """Resume or fail orphaned runs, expire approvals (see :func:`sessions.services.runs_sweep`)."""
+    from sessions.services import runs_sweep as sweep
+
+    return sweep()

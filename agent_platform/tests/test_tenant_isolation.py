@@ -7,7 +7,8 @@ import pytest
 
 from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory, ProviderFactory, RouteEntryFactory
-from capabilities.models import McpServer
+from capabilities.models import McpServer, Skill
+from documents.models import Document
 from sessions.models import Artifact, ChatSession, Message, Run
 
 pytestmark = pytest.mark.django_db
@@ -21,14 +22,18 @@ def theirs(other_world):
     agent = AgentFactory(tenant=t, route=entry.route)
     server = McpServer.all_tenants.create(tenant=t, name="srv", alias="srv", transport="stdio", command="true")
     binding = CapabilityBinding.all_tenants.create(tenant=t, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=server)
+    skill = Skill.all_tenants.create(tenant=t, name="their-skill", description="secret", instructions="secret")
     session = ChatSession.all_tenants.create(tenant=t, agent=agent, user=other_world.member, title="secret title")
     run = Run.all_tenants.create(tenant=t, session=session, user=other_world.member, input="secret input")
     Message.all_tenants.create(tenant=t, session=session, run=run, role="user", content="secret input", position=0)
     artifact = Artifact.all_tenants.create(tenant=t, session=session, run=run, name="secret.txt",
                                            mime_type="text/plain", size_bytes=6, content=b"secret")
+    document = Document.all_tenants.create(tenant=t, session=session, created_by_run=run, title="secret doc",
+                                           content="secret content")
     return {
         "provider": entry.provider, "route": entry.route, "agent": agent, "server": server,
-        "binding": binding, "session": session, "run": run, "artifact": artifact,
+        "binding": binding, "session": session, "run": run, "artifact": artifact, "document": document,
+        "skill": skill,
     }
 
 
@@ -48,6 +53,9 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     _assert_404(client.get(f"/api/v1/sessions/{theirs['session'].pk}/artifacts/"))
     _assert_404(client.get(f"/api/v1/artifacts/{theirs['artifact'].pk}/"))
     _assert_404(client.get(f"/api/v1/artifacts/{theirs['artifact'].pk}/content"))
+    _assert_404(client.get(f"/api/v1/documents/{theirs['document'].pk}/"))
+    assert client.get("/api/v1/documents/").json()["results"] == []
+    assert client.get(f"/api/v1/documents/?session={theirs['session'].pk}").json()["results"] == []
     _assert_404(client.post("/api/v1/sessions/", {"agent": theirs["agent"].pk}, format="json"))
     listed = client.get("/api/v1/agents/").json()["results"]
     assert theirs["agent"].pk not in [a["id"] for a in listed]
@@ -74,10 +82,10 @@ def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
     assert foreign == missing == {"message": "Run not found.", "extra": {}}
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills"])
 def test_admin_endpoints_hide_other_tenants_objects(world, theirs, kind):
     key = {"providers": "provider", "routes": "route", "agents": "agent", "mcp-servers": "server",
-           "bindings": "binding"}[kind]
+           "bindings": "binding", "skills": "skill"}[kind]
     client = world.client(admin=True)
     url = f"/api/v1/admin/{kind}/{theirs[key].pk}/"
     _assert_404(client.get(url))
@@ -99,9 +107,17 @@ def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
     )
     assert resp.status_code == 400
     assert "mcp_server" in resp.json()["extra"]["fields"]
+    resp = client.post("/api/v1/admin/bindings/", {"agent": mine.pk, "kind": "skill", "skill": theirs["skill"].pk},
+                       format="json")
+    assert resp.status_code == 400
+    assert "skill" in resp.json()["extra"]["fields"] and "secret" not in resp.content.decode()
+    resp = client.post("/api/v1/admin/skills/", {"name": "s", "description": "d", "instructions": "i",
+                                                 "model_route": theirs["route"].pk}, format="json")
+    assert resp.status_code == 400
+    assert "model_route" in resp.json()["extra"]["fields"]
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills"])
 def test_members_get_403_on_admin_endpoints(world, kind):
     resp = world.client().get(f"/api/v1/admin/{kind}/")
     assert resp.status_code == 403

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from agents.models import AgentInstance, CapabilityBinding
 from agents.selectors import agent_list_active
 from agents.services import agent_save, binding_save
-from capabilities.models import McpServer
+from capabilities.models import CliCommand, McpServer, Skill
 from llm.models import ModelRoute
 from tenants.api.mixins import TenantContextMixin, TenantPrimaryKeyRelatedField, TenantScopedViewSet
 
@@ -41,7 +41,8 @@ class AgentAdminSerializer(serializers.ModelSerializer):
         model = AgentInstance
         fields = [
             "id", "name", "description", "system_prompt", "route", "max_loop_count", "tool_max_parallel",
-            "tool_timeout_seconds", "turn_timeout_seconds", "max_tokens_per_run", "max_cost_per_run_usd", "is_active", "created_at", "updated_at",
+            "tool_timeout_seconds", "turn_timeout_seconds", "run_timeout_seconds", "message_mode", "max_tokens_per_run",
+            "max_cost_per_run_usd", "is_active", "created_at", "updated_at",
         ]
 
 
@@ -59,15 +60,20 @@ class AgentViewSet(TenantScopedViewSet):
 class BindingSerializer(serializers.ModelSerializer):
     agent = TenantPrimaryKeyRelatedField(AgentInstance)
     mcp_server = TenantPrimaryKeyRelatedField(McpServer, required=False, allow_null=True)
+    cli_command = TenantPrimaryKeyRelatedField(CliCommand, required=False, allow_null=True)
+    skill = TenantPrimaryKeyRelatedField(Skill, required=False, allow_null=True)
     allowed_tools = serializers.ListField(child=serializers.CharField(), required=False)
 
     class Meta:
         model = CapabilityBinding
-        fields = ["id", "agent", "kind", "mcp_server", "builtin_name", "allowed_tools", "enabled", "created_at"]
+        fields = [
+            "id", "agent", "kind", "mcp_server", "builtin_name", "cli_command", "skill", "allowed_tools",
+            "approval_policy", "config", "enabled", "created_at",
+        ]
 
 
 class BindingViewSet(TenantScopedViewSet):
-    """Capability bindings: which MCP servers and built-in tools an agent may use."""
+    """Capability bindings: which MCP servers, built-in tools, CLI commands and skills an agent may use."""
 
     model = CapabilityBinding
     serializer_class = BindingSerializer

@@ -1,7 +1,8 @@
 from rest_framework.routers import SimpleRouter
 
-from capabilities.api.views import McpServerViewSet
+from capabilities.api.views import McpServerViewSet, SkillViewSet
 
 router = SimpleRouter()
 router.register("admin/mcp-servers", McpServerViewSet, basename="admin-mcp-server")
+router.register("admin/skills", SkillViewSet, basename="admin-skill")
 urlpatterns = router.urls

@@ -30,7 +30,7 @@ def register_builtin(name: str) -> Callable[[T], T]:
 
 def _load() -> None:
     # Importing the modules registers their tools.
-    from capabilities.builtin import artifacts, todo  # noqa: F401
+    from capabilities.builtin import artifacts, ask_user, documents, todo, web  # noqa: F401
 
 
 def builtin_names() -> frozenset[str]:

@@ -24,6 +24,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import hashlib
 import json
 import logging
 import math
@@ -35,12 +36,13 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import IO, Any, Literal
+from typing import IO, Any, Awaitable, Callable, Literal
 
 import anyio
 import httpx2
 import mcp_types
 from mcp import Client, StdioServerParameters
+from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -90,6 +92,21 @@ class McpConnectError(ToolError):
         """The ``McpServerConfig.alias`` of the server that could not be reached."""
 
 
+class McpConnectionLost(ToolError):
+    """The session's transport failed (server process exited, connection dropped, session closed).
+
+    ``code`` is ``mcp_error``. The pool treats it as "this session is dead": it closes the
+    session and reconnects on next use.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="mcp_error")
+
+
+ProgressCallback = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+"""``await progress(progress, total, message)``: a server progress notification for one call."""
+
+
 def check_timeout_seconds(value: float, *, what: str) -> None:
     """Validate a timeout (house rule: positive finite seconds).
 
@@ -110,7 +127,10 @@ class McpServerConfig:
 
     alias: str
     """Short name used in exposed tool names and messages: ``[a-z0-9_-]``, 1-64 chars."""
-    transport: Literal["stdio", "streamable_http"]
+    transport: Literal["stdio", "sse", "streamable_http"]
+    """``stdio`` (spawn a local process), ``sse`` (legacy HTTP+SSE, protocol 2024-11-05) or
+    ``streamable_http``. Both protocol eras (the ``initialize`` handshake and 2026-07-28
+    ``server/discover``) are negotiated automatically (the SDK's ``mode="auto"``)."""
     command: str = ""
     """stdio: the executable to spawn (absolute path or looked up on the child's PATH)."""
     args: tuple[str, ...] = ()
@@ -119,13 +139,19 @@ class McpServerConfig:
     """stdio: extra environment, merged over a minimal safe environment (PATH, HOME, LANG,
     TZ...). Not shown in ``repr`` (it may hold credentials)."""
     url: str = ""
-    """streamable_http: the MCP endpoint, ``http://`` or ``https://``."""
+    """sse / streamable_http: the MCP endpoint (the SSE stream URL for ``sse``), ``http://`` or
+    ``https://``."""
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """streamable_http: sent with every request (e.g. ``Authorization``). Not shown in ``repr``."""
+    """sse / streamable_http: sent with every request (e.g. ``Authorization``). Not shown in ``repr``."""
     connect_timeout_seconds: float = 30.0
     """Bound on spawn/TCP connect plus the MCP handshake; also the HTTP connect timeout."""
     list_timeout_seconds: float = 30.0
     """Bound on one whole ``list_tools`` (all pages together)."""
+    call_timeout_seconds: float = 60.0
+    """Bound on one tool call (the run's per-tool timeout may be shorter and then wins)."""
+    protocol_mode: Literal["auto", "legacy"] = "auto"
+    """``auto``: probe ``server/discover`` (2026-07-28) and fall back to the ``initialize``
+    handshake; ``legacy``: the handshake only (for servers that mishandle the probe)."""
 
     def __post_init__(self) -> None:
         if not _ALIAS_RE.match(self.alias):
@@ -133,34 +159,49 @@ class McpServerConfig:
         if self.transport == "stdio":
             if not self.command:
                 raise ValueError(f"MCP server {self.alias!r}: a stdio server needs a command")
-        elif self.transport == "streamable_http":
+        elif self.transport in ("sse", "streamable_http"):
             if not self.url.startswith(("http://", "https://")):
                 raise ValueError(
                     f"MCP server {self.alias!r}: url must start with http:// or https://, got {self.url!r}"
                 )
         else:
             raise ValueError(f"MCP server {self.alias!r}: unknown transport {self.transport!r}")
+        if self.protocol_mode not in ("auto", "legacy"):
+            raise ValueError(f"MCP server {self.alias!r}: protocol_mode must be 'auto' or 'legacy'")
         check_timeout_seconds(self.connect_timeout_seconds, what="connect_timeout_seconds")
         check_timeout_seconds(self.list_timeout_seconds, what="list_timeout_seconds")
+        check_timeout_seconds(self.call_timeout_seconds, what="call_timeout_seconds")
         # Read-only copies, so a caller mutating its dict cannot change a live config.
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
 
-    def __hash__(self) -> int:
-        return hash(
-            (
-                self.alias,
-                self.transport,
-                self.command,
-                self.args,
-                tuple(sorted(self.env.items())),
-                self.url,
-                tuple(sorted(self.headers.items())),
-                self.connect_timeout_seconds,
-                self.list_timeout_seconds,
-            )
+    def _identity(self) -> tuple[Any, ...]:
+        return (
+            self.alias,
+            self.transport,
+            self.command,
+            self.args,
+            tuple(sorted(self.env.items())),
+            self.url,
+            tuple(sorted(self.headers.items())),
+            self.connect_timeout_seconds,
+            self.list_timeout_seconds,
+            self.call_timeout_seconds,
+            self.protocol_mode,
         )
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 hex of every field (secrets included, but only as a hash).
+
+        The pool keys sessions on it, so an edited server (new command, URL, env, headers or
+        timeouts) gets a new session instead of reusing the old one.
+        """
+        return hashlib.sha256(json.dumps(self._identity(), default=list).encode()).hexdigest()
 
     @property
     def endpoint(self) -> str:
@@ -169,7 +210,7 @@ class McpServerConfig:
         The URL without credentials, query or fragment (they may carry tokens), or the stdio
         command without its arguments (same reason). Never env or headers.
         """
-        if self.transport == "streamable_http":
+        if self.transport != "stdio":
             parts = urllib.parse.urlsplit(self.url)
             host = parts.hostname or ""
             if ":" in host:
@@ -299,6 +340,183 @@ def _error_text(result: mcp_types.CallToolResult, name: str) -> str:
     return text or f"MCP tool {name!r} reported an error without a message"
 
 
+def make_client(
+    config: McpServerConfig,
+    stack: AsyncExitStack,
+    *,
+    message_handler: Callable[[Any], Awaitable[None]] | None = None,
+) -> tuple[Client, _StderrTail | None]:
+    """Build the (unentered) SDK client for ``config``; HTTP clients and pipes go on ``stack``.
+
+    Enter the returned client on the same ``stack``, in the task that will also exit it.
+
+    Args:
+        config: The server.
+        stack: Owns the HTTP client (sse / streamable_http) and the stderr pipe (stdio).
+        message_handler: The SDK's ``message_handler``: receives server notifications (e.g.
+            ``ToolListChangedNotification`` on handshake-era connections) and transport
+            exceptions.
+
+    Returns:
+        ``(client, stderr_tail)``; ``stderr_tail`` is None except for stdio servers.
+    """
+    stderr: _StderrTail | None = None
+    if config.transport == "stdio":
+        env = {key: os.environ[key] for key in _SAFE_EXTRA_ENV_VARS if key in os.environ}
+        env.update(config.env)
+        params = StdioServerParameters(command=config.command, args=list(config.args), env=env)
+        stderr = _StderrTail(config.alias)
+        stack.callback(stderr.close_writer)
+        transport: Any = stdio_client(params, errlog=stderr.writer)  # type: ignore[arg-type]
+    elif config.transport == "sse":
+        transport = sse_client(
+            config.url,
+            headers=dict(config.headers),
+            timeout=config.connect_timeout_seconds,
+            sse_read_timeout=_HTTP_READ_TIMEOUT_SECONDS,
+        )
+    else:
+        # What the SDK's own default client is, plus our headers and connect timeout.
+        # Redirects stay off: the SDK follows same-origin ones itself.
+        http_client = httpx2.AsyncClient(
+            headers=dict(config.headers),
+            timeout=httpx2.Timeout(config.connect_timeout_seconds, read=_HTTP_READ_TIMEOUT_SECONDS),
+        )
+        stack.push_async_callback(http_client.aclose)
+        transport = streamable_http_client(config.url, http_client=http_client)
+    # cache=None: every list_tools reaches the server (we keep our own catalogue).
+    client = Client(
+        transport, cache=None, client_info=_CLIENT_INFO, message_handler=message_handler, mode=config.protocol_mode
+    )
+    return client, stderr
+
+
+async def list_all_tools(client: Client, config: McpServerConfig) -> list[McpToolInfo]:
+    """List every tool of the server, following ``nextCursor`` across all pages.
+
+    Bounded as a whole by ``config.list_timeout_seconds`` and by 1,000 pages. A name the
+    server lists twice is kept once (the first listing).
+
+    Returns:
+        The tools in server order.
+
+    Raises:
+        ToolError: ``timeout`` when the listing took too long; ``mcp_error`` for a protocol
+            error, a repeated cursor or too many pages.
+        McpConnectionLost: The transport failed or the session is closed.
+    """
+    alias, timeout = config.alias, config.list_timeout_seconds
+    tools: list[McpToolInfo] = []
+    seen_names: set[str] = set()
+    seen_cursors: set[str] = set()
+    cursor: str | None = None
+    try:
+        with anyio.fail_after(timeout):
+            for _ in range(_MAX_LIST_PAGES):
+                page = await client.list_tools(cursor=cursor)
+                for tool in page.tools:
+                    if tool.name in seen_names:
+                        logger.warning("MCP server %r lists tool %r twice; keeping the first", alias, tool.name)
+                        continue
+                    seen_names.add(tool.name)
+                    tools.append(
+                        McpToolInfo(
+                            name=tool.name,
+                            description=tool.description or "",
+                            input_schema=dict(tool.input_schema),
+                        )
+                    )
+                cursor = page.next_cursor
+                if not cursor:
+                    return tools
+                if cursor in seen_cursors:
+                    raise ToolError(
+                        f"MCP server {alias!r} repeated the tools/list cursor {cursor!r}", code="mcp_error"
+                    )
+                seen_cursors.add(cursor)
+    except TimeoutError:
+        raise ToolError(
+            f"Listing the tools of MCP server {alias!r} timed out after {timeout:g} s", code="timeout"
+        ) from None
+    except MCPError as exc:
+        if exc.code == CONNECTION_CLOSED:
+            raise McpConnectionLost(
+                f"The connection to MCP server {alias!r} closed while listing its tools: {exc.message}"
+            ) from exc
+        raise ToolError(f"MCP server {alias!r} failed to list its tools: {exc.message}", code="mcp_error") from exc
+    except (RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+        # RuntimeError: the SDK's "used outside its context" when the session just closed.
+        raise McpConnectionLost(f"MCP server {alias!r} failed to list its tools: {_describe(exc)}") from exc
+    except ValidationError as exc:
+        raise ToolError(
+            f"MCP server {alias!r} failed to list its tools: {_describe(exc)}", code="mcp_error"
+        ) from exc
+    raise ToolError(f"MCP server {alias!r} returned more than {_MAX_LIST_PAGES} pages of tools", code="mcp_error")
+
+
+async def call_tool_raw(
+    client: Client,
+    config: McpServerConfig,
+    name: str,
+    arguments: dict[str, Any],
+    *,
+    timeout_seconds: float,
+    progress: ProgressCallback | None = None,
+) -> mcp_types.CallToolResult:
+    """Call one tool; return its successful result unmapped.
+
+    Args:
+        client: An entered SDK client (call from a task of its event loop).
+        config: The server (alias for messages).
+        name: The server's tool name.
+        arguments: JSON-serialisable arguments object.
+        timeout_seconds: Bound on the whole call, positive and finite. On expiry the SDK
+            sends the server a cancellation notification.
+        progress: Awaited for each progress notification the server sends for this call.
+
+    Returns:
+        The ``CallToolResult`` (never one with ``isError``).
+
+    Raises:
+        ToolError: ``mcp_tool_error`` when the server returned ``isError`` (message: the
+            tool's error text); ``timeout`` after ``timeout_seconds``; ``mcp_error`` for a
+            protocol error (unknown tool, bad result).
+        McpConnectionLost: The transport failed or the session closed during the call.
+    """
+    alias = config.alias
+    timeout_message = f"MCP tool {name!r} timed out after {timeout_seconds:g} s"
+    try:
+        # Two bounds: the SDK's own read timeout (sends the courtesy cancel) and an outer
+        # one covering what the SDK does not time (writing the request, output validation).
+        with anyio.fail_after(timeout_seconds):
+            result = await client.call_tool(
+                name, arguments, read_timeout_seconds=timeout_seconds, progress_callback=progress
+            )
+    except TimeoutError:
+        raise ToolError(timeout_message, code="timeout") from None
+    except MCPError as exc:
+        if exc.code == REQUEST_TIMEOUT:
+            raise ToolError(timeout_message, code="timeout") from None
+        if exc.code == CONNECTION_CLOSED:
+            raise McpConnectionLost(
+                f"The connection to MCP server {alias!r} closed during tool {name!r}: {exc.message}"
+            ) from exc
+        raise ToolError(f"MCP server {alias!r} rejected tool {name!r}: {exc.message}", code="mcp_error") from exc
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+        raise McpConnectionLost(f"The connection to MCP server {alias!r} closed during tool {name!r}") from exc
+    except (ValidationError, RuntimeError) as exc:
+        # RuntimeError covers the SDK's output-schema check, unexpected input_required or
+        # claimed results, and "used outside its context" when the session just closed.
+        if isinstance(exc, RuntimeError) and "context" in str(exc):
+            raise McpConnectionLost(
+                f"The connection to MCP server {alias!r} is closed; tool {name!r} was not called"
+            ) from exc
+        raise ToolError(f"MCP server {alias!r}: tool {name!r} failed: {_describe(exc)}", code="mcp_error") from exc
+    if result.is_error:
+        raise ToolError(_error_text(result, name), code="mcp_tool_error")
+    return result
+
+
 class McpConnection:
     """One open MCP session, usable as ``async with McpConnection(config) as conn:``.
 
@@ -402,7 +620,8 @@ class McpConnection:
     async def _own_session(self, ready: asyncio.Future[None]) -> None:
         """Owner task body: open the SDK client, publish it, wait for stop, close it."""
         async with AsyncExitStack() as stack:
-            client = await stack.enter_async_context(self._make_client(stack))
+            client, self._stderr = make_client(self.config, stack)
+            client = await stack.enter_async_context(client)
             if self._stderr is not None:
                 self._stderr.close_writer()  # the child holds its own copy now
             self._client = client
@@ -412,28 +631,6 @@ class McpConnection:
                 await self._stop.wait()
             finally:
                 self._client = None
-
-    def _make_client(self, stack: AsyncExitStack) -> Client:
-        """Build the (unentered) SDK client for ``self.config``; HTTP clients go on ``stack``."""
-        cfg = self.config
-        if cfg.transport == "stdio":
-            env = {key: os.environ[key] for key in _SAFE_EXTRA_ENV_VARS if key in os.environ}
-            env.update(cfg.env)
-            params = StdioServerParameters(command=cfg.command, args=list(cfg.args), env=env)
-            self._stderr = _StderrTail(cfg.alias)
-            stack.callback(self._stderr.close_writer)
-            transport = stdio_client(params, errlog=self._stderr.writer)  # type: ignore[arg-type]
-        else:
-            # What the SDK's own default client is, plus our headers and connect timeout.
-            # Redirects stay off: the SDK follows same-origin ones itself.
-            http_client = httpx2.AsyncClient(
-                headers=dict(cfg.headers),
-                timeout=httpx2.Timeout(cfg.connect_timeout_seconds, read=_HTTP_READ_TIMEOUT_SECONDS),
-            )
-            stack.push_async_callback(http_client.aclose)
-            transport = streamable_http_client(cfg.url, http_client=http_client)
-        # cache=None: every list_tools reaches the server (we want the live list).
-        return Client(transport, cache=None, client_info=_CLIENT_INFO)
 
     async def _stop_worker(self, *, cancel: bool) -> None:
         """Tell the owner task to close the session and wait for it (shielded, bounded)."""
@@ -489,62 +686,15 @@ class McpConnection:
     # --- operations -------------------------------------------------------------------------
 
     async def list_tools(self) -> list[McpToolInfo]:
-        """List every tool of the server, following ``nextCursor`` across all pages.
-
-        Bounded as a whole by ``config.list_timeout_seconds`` and by 1,000 pages. A name the
-        server lists twice is kept once (the first listing).
-
-        Returns:
-            The tools in server order.
+        """List every tool of the server (see :func:`list_all_tools`).
 
         Raises:
-            ToolError: ``timeout`` when the listing took too long; ``mcp_error`` for a protocol
-                or transport error, a repeated cursor or too many pages.
+            ToolError: ``timeout``, or ``mcp_error`` for a protocol or transport error.
             RuntimeError: Not open, or used from another event loop.
         """
-        client = self._require_client()
-        alias, timeout = self.config.alias, self.config.list_timeout_seconds
-        tools: list[McpToolInfo] = []
-        seen_names: set[str] = set()
-        seen_cursors: set[str] = set()
-        cursor: str | None = None
-        try:
-            with anyio.fail_after(timeout):
-                for _ in range(_MAX_LIST_PAGES):
-                    page = await client.list_tools(cursor=cursor)
-                    for tool in page.tools:
-                        if tool.name in seen_names:
-                            logger.warning("MCP server %r lists tool %r twice; keeping the first", alias, tool.name)
-                            continue
-                        seen_names.add(tool.name)
-                        tools.append(
-                            McpToolInfo(
-                                name=tool.name,
-                                description=tool.description or "",
-                                input_schema=dict(tool.input_schema),
-                            )
-                        )
-                    cursor = page.next_cursor
-                    if not cursor:
-                        self._list_attempted = True
-                        return tools
-                    if cursor in seen_cursors:
-                        raise ToolError(
-                            f"MCP server {alias!r} repeated the tools/list cursor {cursor!r}", code="mcp_error"
-                        )
-                    seen_cursors.add(cursor)
-        except TimeoutError:
-            raise ToolError(
-                f"Listing the tools of MCP server {alias!r} timed out after {timeout:g} s", code="timeout"
-            ) from None
-        except MCPError as exc:
-            raise ToolError(f"MCP server {alias!r} failed to list its tools: {exc.message}", code="mcp_error") from exc
-        except (ValidationError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
-            # RuntimeError: the SDK's "used outside its context" when the session just closed.
-            raise ToolError(
-                f"MCP server {alias!r} failed to list its tools: {_describe(exc)}", code="mcp_error"
-            ) from exc
-        raise ToolError(f"MCP server {alias!r} returned more than {_MAX_LIST_PAGES} pages of tools", code="mcp_error")
+        tools = await list_all_tools(self._require_client(), self.config)
+        self._list_attempted = True
+        return tools
 
     async def _ensure_listed(self) -> None:
         """List the tools once before the first call on this connection.
@@ -569,6 +719,26 @@ class McpConnection:
                 )
             finally:
                 self._list_attempted = True
+
+    async def call_tool_raw(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        timeout_seconds: float,
+        progress: ProgressCallback | None = None,
+    ) -> mcp_types.CallToolResult:
+        """Like :meth:`call_tool` but returns the SDK's successful ``CallToolResult`` unmapped.
+
+        ``progress`` is awaited for each progress notification of this call. Same errors as
+        :meth:`call_tool`.
+        """
+        check_timeout_seconds(timeout_seconds, what="timeout_seconds")
+        self._require_client()
+        await self._ensure_listed()
+        return await call_tool_raw(
+            self._require_client(), self.config, name, arguments, timeout_seconds=timeout_seconds, progress=progress
+        )
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_seconds: float) -> ToolResult:
         """Call one tool and map its result for the model.
@@ -601,31 +771,7 @@ class McpConnection:
         check_timeout_seconds(timeout_seconds, what="timeout_seconds")
         self._require_client()
         await self._ensure_listed()
-        client = self._require_client()
-        alias = self.config.alias
-        timeout_message = f"MCP tool {name!r} timed out after {timeout_seconds:g} s"
-        try:
-            # Two bounds: the SDK's own read timeout (sends the courtesy cancel) and an outer
-            # one covering what the SDK does not time (writing the request, output validation).
-            with anyio.fail_after(timeout_seconds):
-                result = await client.call_tool(name, arguments, read_timeout_seconds=timeout_seconds)
-        except TimeoutError:
-            raise ToolError(timeout_message, code="timeout") from None
-        except MCPError as exc:
-            if exc.code == REQUEST_TIMEOUT:
-                raise ToolError(timeout_message, code="timeout") from None
-            if exc.code == CONNECTION_CLOSED:
-                raise ToolError(
-                    f"The connection to MCP server {alias!r} closed during tool {name!r}: {exc.message}",
-                    code="mcp_error",
-                ) from exc
-            raise ToolError(f"MCP server {alias!r} rejected tool {name!r}: {exc.message}", code="mcp_error") from exc
-        except (ValidationError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
-            # RuntimeError covers the SDK's output-schema check, unexpected input_required or
-            # claimed results, and "used outside its context" when the session just closed.
-            raise ToolError(
-                f"MCP server {alias!r}: tool {name!r} failed: {_describe(exc)}", code="mcp_error"
-            ) from exc
-        if result.is_error:
-            raise ToolError(_error_text(result, name), code="mcp_tool_error")
+        result = await call_tool_raw(
+            self._require_client(), self.config, name, arguments, timeout_seconds=timeout_seconds
+        )
         return _to_tool_result(result)

@@ -1,16 +1,27 @@
 """MCP tools as :class:`capabilities.tools.Tool`: one listed MCP tool behind its exposed name.
 
-No Django imports. The registry builds these from ``McpConnection.list_tools()`` and
+No Django imports. The runner builds these from a pooled session's catalogue and
 ``capabilities.naming.assign_exposed_names``; the runner only sees ``Tool``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
+import json
 import logging
-from typing import Any
+from typing import Any, Protocol
 
-from capabilities.mcp.client import McpConnection, McpToolInfo, check_timeout_seconds
+import mcp_types
+
+from capabilities.mcp.client import (
+    McpServerConfig,
+    McpToolInfo,
+    ProgressCallback,
+    _render_block,
+    check_timeout_seconds,
+)
 from capabilities.naming import EXPOSED_NAME_RE
 from capabilities.tools import Tool, ToolContext, ToolResult
 from llm.types import ToolSpec
@@ -53,10 +64,78 @@ def normalize_input_schema(schema: Any) -> dict[str, Any]:
     return out
 
 
-class McpTool(Tool):
-    """One tool of an open :class:`McpConnection`, offered to the model under ``exposed_name``.
+class McpCaller(Protocol):
+    """What an McpTool calls through: a :class:`PooledSession` or an open :class:`McpConnection`."""
 
-    The connection must stay open (its ``async with`` block) for as long as the tool is used.
+    config: McpServerConfig
+
+    async def call_tool_raw(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        timeout_seconds: float,
+        progress: ProgressCallback | None = None,
+    ) -> mcp_types.CallToolResult: ...
+
+
+_BINARY_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
+                      "audio/wav": "wav", "audio/mpeg": "mp3", "audio/ogg": "ogg"}
+
+
+def _decode_base64(data: str) -> bytes | None:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+async def result_for_model(
+    result: mcp_types.CallToolResult, *, alias: str, tool_name: str, context: ToolContext
+) -> ToolResult:
+    """Map a successful MCP result to what the model sees, storing binary content as artifacts.
+
+    - text blocks: verbatim, joined with newlines;
+    - ``structuredContent``: ``ToolResult.data``; when there is no text block it also leads the
+      text as JSON (servers usually repeat it as text themselves);
+    - images and audio: stored with ``context.artifact_save`` (an ``Artifact`` row, an
+      ``artifact_updated`` event); the model reads ``[image: artifact:<id>, image/png, N bytes]``
+      (invalid base64: ``[image image/png: invalid base64 data, not stored]``);
+    - resource links and embedded resources: one-line summaries (text resources followed by
+      their text).
+
+    Raises:
+        Whatever ``context.artifact_save`` raises (database errors).
+    """
+    parts: list[str] = []
+    has_text = False
+    for index, block in enumerate(result.content):
+        if isinstance(block, (mcp_types.ImageContent, mcp_types.AudioContent)):
+            kind = "image" if isinstance(block, mcp_types.ImageContent) else "audio"
+            data = _decode_base64(block.data)
+            if data is None:
+                parts.append(f"[{kind} {block.mime_type}: invalid base64 data, not stored]")
+                continue
+            extension = _BINARY_EXTENSIONS.get(block.mime_type, "bin")
+            artifact_id = await context.artifact_save(
+                name=f"{alias}-{tool_name}-{index + 1}.{extension}", mime_type=block.mime_type, data=data
+            )
+            parts.append(f"[{kind}: artifact:{artifact_id}, {block.mime_type}, {len(data)} bytes]")
+            continue
+        text, is_text = _render_block(block)
+        has_text = has_text or is_text
+        parts.append(text)
+    data = result.structured_content
+    if data is not None and not has_text:
+        parts.insert(0, json.dumps(data, ensure_ascii=False, default=str))
+    return ToolResult(content="\n".join(parts), data=data)
+
+
+class McpTool(Tool):
+    """One tool of an MCP server, offered to the model under ``exposed_name``.
+
+    Calls go through ``connection`` (in the runner: the server's :class:`PooledSession`, which
+    reconnects on its own; in tests also an open :class:`McpConnection`).
     """
 
     untrusted = True  # results come from an outside server
@@ -64,7 +143,7 @@ class McpTool(Tool):
     def __init__(
         self,
         *,
-        connection: McpConnection,
+        connection: McpCaller,
         info: McpToolInfo,
         exposed_name: str,
         call_timeout_seconds: float,
@@ -72,11 +151,12 @@ class McpTool(Tool):
         """Wrap a listed tool.
 
         Args:
-            connection: The open connection that listed ``info``.
+            connection: A pooled session or open connection of the server that listed ``info``.
             info: The tool as the server listed it.
             exposed_name: The name the model sees (from ``assign_exposed_names``);
                 must match ``^[a-zA-Z0-9_-]{1,64}$``.
-            call_timeout_seconds: Bound on each call, positive and finite.
+            call_timeout_seconds: Bound on each call, positive and finite (a pooled session
+                also applies the server's own ``call_timeout_seconds``; the shorter wins).
 
         Raises:
             ValueError: ``exposed_name`` or ``call_timeout_seconds`` is invalid.
@@ -99,17 +179,30 @@ class McpTool(Tool):
     async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         """Call the MCP tool (by its server name) with the model's arguments.
 
+        Server progress notifications become ``tool_call_progress`` events
+        (``context.progress``); images and audio become artifacts (see
+        :func:`result_for_model`). The server gets no tenant/session ids.
+
         Args:
             arguments: The model's arguments; the MCP server validates them.
-            context: Unused: MCP servers get no tenant/session ids.
+            context: The call's context (progress events, artifacts).
 
         Returns:
-            ``ToolResult(content, data)`` as mapped by ``McpConnection.call_tool``.
+            ``ToolResult(content, data)`` as mapped by :func:`result_for_model`.
 
         Raises:
-            ToolError: ``mcp_tool_error`` (the tool reported an error), ``timeout`` (after
-                ``call_timeout_seconds``) or ``mcp_error`` (protocol/transport failure).
+            ToolError: ``mcp_tool_error`` (the tool reported an error: its text), ``timeout``
+                (after ``call_timeout_seconds``), ``mcp_error`` (protocol/transport failure),
+                ``mcp_connect_error`` or ``mcp_unavailable`` (circuit breaker open).
         """
-        return await self.connection.call_tool(
-            self.info.name, arguments, timeout_seconds=self.call_timeout_seconds
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            await context.progress(message or f"{self.info.name}: {done:g}" + (f"/{total:g}" if total else ""),
+                                   progress=done, total=total)
+
+        result = await self.connection.call_tool_raw(
+            self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress
+        )
+        return await result_for_model(
+            result, alias=self.connection.config.alias, tool_name=self.info.name, context=context
         )

@@ -13,6 +13,18 @@ Served by uvicorn in a background thread on 127.0.0.1 (a free port), or over std
 - ``whoami()``: echoes the request's ``X-Test-Token`` header.
 - ``getenv(name)``: the server process's environment variable (``<unset>`` if missing).
 - ``filler_NN``: 25 do-nothing tools, so ``tools/list`` has 3 pages of 10.
+- ``progress(steps)``: sends ``steps`` progress notifications (``step i of n``), returns ``done``.
+- ``add_tool(name)``: adds a tool ``name`` to the list and notifies the client
+  (``notifications/tools/list_changed``: a plain notification on handshake-era connections, a
+  ``subscriptions/listen`` event on 2026-07-28 ones).
+- ``crash()``: the server process exits at once (stdio; over HTTP it only drops the server's
+  half of this call; tests crash the HTTP server with ``RunningServer.crash()``).
+- ``pid()``: the server process id.
+- ``sleep_echo(text, seconds)``: returns ``text`` after ``seconds``.
+
+Env ``MCP_TEST_START_BARRIER=<dir>:<n>`` (stdio): on start, the server creates a file in
+``<dir>`` and waits (up to 15 s) until ``n`` files exist: ``n`` servers connected one after the
+other would never all start, so a connect that succeeds proves they were started concurrently.
 """
 
 from __future__ import annotations
@@ -20,7 +32,9 @@ from __future__ import annotations
 import base64
 import os
 import socket
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +44,10 @@ import anyio
 import mcp_types as types
 import uvicorn
 from mcp.server import Server, ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.sse import SseServerTransport
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 
 PAGE_SIZE = 10
@@ -56,6 +73,11 @@ TOOLS: list[types.Tool] = [
     _tool("whoami", "Echo the X-Test-Token request header."),
     _tool("getenv", "Read an environment variable of the server.", {"name": {"type": "string"}}),
     *[_tool(f"filler_{i:02d}", f"Filler tool number {i}.") for i in range(25)],
+    _tool("progress", "Report progress steps.", {"steps": {"type": "integer"}}),
+    _tool("add_tool", "Add a tool to the list.", {"name": {"type": "string"}}),
+    _tool("crash", "Exit the server process."),
+    _tool("pid", "The server process id."),
+    _tool("sleep_echo", "Echo text after a pause.", {"text": {"type": "string"}, "seconds": {"type": "number"}}),
 ]
 
 
@@ -67,6 +89,11 @@ class ServerState:
     hang_cancelled: threading.Event = field(default_factory=threading.Event)
     """Set when a ``hang`` call was cancelled (the client's courtesy cancel reached us)."""
     list_cursors: list[str | None] = field(default_factory=list)
+    extra_tools: list[types.Tool] = field(default_factory=list)
+    """Tools added at runtime with ``add_tool`` (listed after ``TOOLS``)."""
+    bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)
+    calls: int = 0
+    """Tool calls received (any tool)."""
     _barrier_in_flight: int = 0
     _barrier_event: anyio.Event | None = None
 
@@ -91,14 +118,35 @@ def build_server(state: ServerState) -> Server[Any]:
         cursor = params.cursor if params is not None else None
         state.list_cursors.append(cursor)
         start = int(cursor) if cursor else 0
-        page = TOOLS[start : start + PAGE_SIZE]
+        tools = TOOLS + state.extra_tools
+        page = tools[start : start + PAGE_SIZE]
         next_start = start + PAGE_SIZE
         return types.ListToolsResult(
-            tools=page, next_cursor=str(next_start) if next_start < len(TOOLS) else None
+            tools=page, next_cursor=str(next_start) if next_start < len(tools) else None
         )
 
     async def on_call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         args = params.arguments or {}
+        state.calls += 1
+        if params.name == "progress":
+            steps = int(args.get("steps", 3))
+            for i in range(1, steps + 1):
+                await ctx.session.report_progress(i, steps, f"step {i} of {steps}")
+            return types.CallToolResult(content=[types.TextContent(text="done")])
+        if params.name == "add_tool":
+            state.extra_tools.append(_tool(str(args["name"]), "Added at runtime."))
+            await ctx.session.send_tool_list_changed()  # handshake era (dropped on modern connections)
+            await state.bus.publish(ToolsListChanged())  # 2026-07-28 era: subscriptions/listen streams
+            return types.CallToolResult(content=[types.TextContent(text="added")])
+        if params.name == "crash":
+            os._exit(3)
+        if params.name == "sleep_echo":
+            await anyio.sleep(float(args.get("seconds", 0)))
+            return types.CallToolResult(content=[types.TextContent(text=str(args.get("text", "")))])
+        if params.name == "pid":
+            return types.CallToolResult(content=[types.TextContent(text=str(os.getpid()))])
+        if any(t.name == params.name for t in state.extra_tools):
+            return types.CallToolResult(content=[types.TextContent(text=f"{params.name} ok")])
         if params.name == "echo":
             return types.CallToolResult(content=[types.TextContent(text=str(args.get("text", "")))])
         if params.name == "structured":
@@ -139,7 +187,13 @@ def build_server(state: ServerState) -> Server[Any]:
             return types.CallToolResult(content=[types.TextContent(text="ok")])
         raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
 
-    return Server("capabilities-test-server", version="1.0", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+    return Server(
+        "capabilities-test-server",
+        version="1.0",
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+        on_subscriptions_listen=ListenHandler(state.bus),
+    )
 
 
 @dataclass
@@ -154,22 +208,51 @@ class RunningServer:
         self._server.should_exit = True
         self._thread.join(timeout=10)
 
+    def crash(self) -> None:
+        """Kill the server abruptly: open connections are dropped, the port stops listening."""
+        self._server.should_exit = True
+        self._server.force_exit = True
+        self._thread.join(timeout=10)
+
+
+def _sse_app(server: Server[Any]) -> Any:
+    """The legacy HTTP+SSE app (GET /sse stream, POST /messages/), handshake era only."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Mount, Route
+
+    sse = SseServerTransport("/messages/")
+
+    async def handle_sse(request: Any) -> Response:
+        async with sse.connect_sse(request.scope, request.receive, request._send) as streams:
+            await server.run(
+                streams[0], streams[1], server.create_initialization_options(NotificationOptions(tools_changed=True))
+            )
+        return Response()
+
+    return Starlette(routes=[Route("/sse", endpoint=handle_sse, methods=["GET"]), Mount("/messages/", app=sse.handle_post_message)])
+
 
 @contextmanager
-def serve_mcp_http() -> Iterator[RunningServer]:
+def serve_mcp_http(port: int = 0, *, transport: str = "streamable_http") -> Iterator[RunningServer]:
     """Run the test server on 127.0.0.1:<free port> in a background thread.
 
     The listening socket is bound and listening before the thread starts, so clients can
     connect immediately (the kernel queues them until uvicorn accepts): no polling needed.
 
+    Args:
+        port: 0 for a free port; a given port to restart a crashed server where it was.
+        transport: ``streamable_http`` (``/mcp``) or ``sse`` (legacy: ``/sse`` + ``/messages/``).
+
     Yields:
         RunningServer(url="http://127.0.0.1:<port>/mcp", state).
     """
     state = ServerState()
-    app = build_server(state).streamable_http_app()
+    server_app = build_server(state)
+    app = _sse_app(server_app) if transport == "sse" else server_app.streamable_http_app()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     sock.listen(128)
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
@@ -177,7 +260,8 @@ def serve_mcp_http() -> Iterator[RunningServer]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="mcp-test-server", daemon=True)
     thread.start()
     try:
-        yield RunningServer(url=f"http://127.0.0.1:{port}/mcp", state=state, _server=server, _thread=thread)
+        path = "/sse" if transport == "sse" else "/mcp"
+        yield RunningServer(url=f"http://127.0.0.1:{port}{path}", state=state, _server=server, _thread=thread)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -200,8 +284,22 @@ def silent_listener() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
+def _start_barrier(spec: str) -> None:
+    """``<dir>:<n>``: announce this process, then wait until ``n`` processes have (see module doc)."""
+    directory, _, count = spec.rpartition(":")
+    open(os.path.join(directory, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 15
+    while len(os.listdir(directory)) < int(count):
+        if time.monotonic() > deadline:
+            print("start barrier: the other servers never started", file=sys.stderr)
+            sys.exit(2)
+        time.sleep(0.02)
+
+
 def main_stdio() -> None:
     """Serve the same tools over stdio (one connection, until stdin closes)."""
+    if barrier := os.environ.get("MCP_TEST_START_BARRIER"):
+        _start_barrier(barrier)
     server = build_server(ServerState())
 
     async def run() -> None:

@@ -49,7 +49,7 @@ async def test_lists_every_page(mcp_server: RunningServer) -> None:
     async with McpConnection(http_config(mcp_server)) as conn:
         tools = await conn.list_tools()
     assert [tool.name for tool in tools] == [tool.name for tool in TOOLS]
-    assert len(tools) == 33
+    assert len(tools) == len(TOOLS) > 30  # 4 pages of 10
     assert mcp_server.state.list_cursors == [None, "10", "20", "30"]
     echo = tools[0]
     assert echo == McpToolInfo(

@@ -160,3 +160,57 @@ def test_uniqueness_under_many_random_inputs() -> None:
         ]
         names = assign_exposed_names(tools)
         _check_invariants(tools, names)
+
+
+# --- MCP servers: qualified sources are always exposed as <alias>__<tool> -------------------
+
+
+def test_mcp_tools_are_always_qualified_and_builtins_stay_bare() -> None:
+    tools = [("time", "get_current_time"), ("time", "convert_time"), ("builtin", "web_fetch")]
+    names = assign_exposed_names(tools, qualified_sources={"time"})
+    assert names == {
+        ("time", "get_current_time"): "time__get_current_time",
+        ("time", "convert_time"): "time__convert_time",
+        ("builtin", "web_fetch"): "web_fetch",
+    }
+
+
+def test_mcp_names_do_not_change_when_another_server_is_bound() -> None:
+    alone = assign_exposed_names([("github", "search")], qualified_sources={"github"})
+    together = assign_exposed_names([("github", "search"), ("gitlab", "search")], qualified_sources={"github", "gitlab"})
+    assert alone[("github", "search")] == together[("github", "search")] == "github__search"
+    assert together[("gitlab", "search")] == "gitlab__search"
+
+
+def test_builtin_colliding_with_a_qualified_mcp_name_both_move() -> None:
+    # A built-in literally named "time__now" and the MCP tool (time, now): both first choices
+    # are "time__now"; the built-in qualifies to "builtin__time__now", the MCP one is hashed.
+    tools = [("builtin", "time__now"), ("time", "now")]
+    names = assign_exposed_names(tools, qualified_sources={"time"})
+    assert names[("builtin", "time__now")] == "builtin__time__now"
+    assert names[("time", "now")] == f"time__now_{_hash8('time', 'now')}"
+    _check_invariants(tools, names)
+
+
+def test_long_mcp_name_is_truncated_with_hash() -> None:
+    name = "t" * 70
+    names = assign_exposed_names([("srv", name)], qualified_sources={"srv"})
+    assert names[("srv", name)] == ("srv__" + name)[:55] + "_" + _hash8("srv", name)
+
+
+def test_mcp_aliases_that_sanitise_alike_are_hashed() -> None:
+    tools = [("a.b", "run"), ("a_b", "run")]
+    names = assign_exposed_names(tools, qualified_sources={"a.b", "a_b"})
+    assert names[("a.b", "run")] == f"a_b__run_{_hash8('a.b', 'run')}"
+    assert names[("a_b", "run")] == f"a_b__run_{_hash8('a_b', 'run')}"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_qualified_result_does_not_depend_on_input_order(seed: int) -> None:
+    tools = _messy_tools()
+    qualified = {alias for alias, _ in tools if alias != "builtin"}
+    expected = assign_exposed_names(tools, qualified_sources=qualified)
+    shuffled = tools[:]
+    random.Random(seed).shuffle(shuffled)
+    assert assign_exposed_names(shuffled, qualified_sources=qualified) == expected
+    _check_invariants(tools, expected)

@@ -124,3 +124,39 @@ def test_a_fallback_is_shown_to_the_user(world, fake_llm, second_fake_llm, celer
         expect(page.get_by_test_id("model-notice")).to_have_text(
             "Switched from model-0 to model-1 after a server error."
         )
+
+
+def test_approve_a_tool_call_and_answer_a_question_in_the_chat(world, fake_llm, celery_worker, live_server_url):
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
+    from playwright.sync_api import expect
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Careful")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_echo", "action": "ask"}])
+    bind_builtin(agent, "ask_user")
+    fake_llm.script(
+        ToolCalls([("test_echo", {"text": "launch"})]),
+        ToolCalls([("ask_user", {"question": "Which city should I use?"})]),
+        Reply("Echoed launch, and the city is Tokyo."),
+    )
+    with open_page() as page:
+        log_in_and_ask(page, live_server_url, username=world.member.username, agent="Careful", question="go")
+        card = page.get_by_test_id("approval-card").first
+        expect(card).to_contain_text("Allow test_echo?", timeout=20_000)
+        expect(card).to_contain_text('"text": "launch"')
+        expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "awaiting_approval")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "spa-approval.png"))
+        card.get_by_test_id("approval-approve").click()
+        expect(card.get_by_test_id("approval-outcome")).to_have_text("Approved")
+
+        question = page.get_by_test_id("approval-card").nth(1)
+        expect(question).to_contain_text("Which city should I use?", timeout=20_000)
+        question.get_by_test_id("approval-answer-send").click()
+        expect(question).to_contain_text("Type an answer first.")
+        question.get_by_test_id("approval-answer-input").fill("Tokyo")
+        question.get_by_test_id("approval-answer-send").click()
+        expect(page.get_by_test_id("assistant-reply").last).to_have_text(
+            "Echoed launch, and the city is Tokyo.", timeout=20_000
+        )
+        expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "completed")
+    assert fake_llm.requests[2]["messages"][-1]["content"] == "The user answered: Tokyo"

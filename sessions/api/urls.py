@@ -14,5 +14,7 @@ urlpatterns = [
     path("sessions/<int:session_id>/artifacts/", views.SessionArtifactListApi.as_view(), name="session-artifacts"),
     path("artifacts/<int:artifact_id>/", views.ArtifactDetailApi.as_view(), name="artifact-detail"),
     path("artifacts/<int:artifact_id>/content", views.ArtifactContentApi.as_view(), name="artifact-content"),
+    path("approvals/", views.ApprovalListApi.as_view(), name="approval-list"),
+    path("approvals/<int:approval_id>/", views.ApprovalDecideApi.as_view(), name="approval-decide"),
     path("runs/<int:run_id>/activities/", views.RunActivitiesApi.as_view(), name="run-activities"),
 ]

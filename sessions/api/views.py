@@ -15,8 +15,10 @@ from rest_framework.response import Response
 from agent_platform.api_errors import ApplicationError, NotFound
 from agents.api.views import AgentOutputSerializer
 from agents.selectors import agent_get_active
-from sessions.models import Artifact, ChatSession, LLMCall, Run, RunStatus, ToolCall
+from sessions.models import Approval, Artifact, ChatSession, LLMCall, Run, RunStatus, ToolCall
 from sessions.selectors import (
+    approval_get_for_user,
+    approval_list_pending,
     artifact_get_for_user,
     artifact_list_for_session,
     chat_session_get_for_user,
@@ -26,7 +28,7 @@ from sessions.selectors import (
     run_get_for_user,
     tenant_usage,
 )
-from sessions.services import chat_session_create, message_post, run_cancel
+from sessions.services import approval_decide, chat_session_create, message_post, run_cancel
 from tenants.api.mixins import IsTenantAdmin, TenantScopedApiView
 
 
@@ -59,14 +61,24 @@ class LLMCallSerializer(serializers.ModelSerializer):
         return usd(obj.cost_usd_micros)
 
 
+class ApprovalSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Approval
+        fields = [
+            "id", "run", "tool_call", "kind", "status", "tool_name", "arguments", "reason", "question", "answer",
+            "decided_by", "decided_at", "expires_at", "created_at",
+        ]
+
+
 class RunSerializer(serializers.ModelSerializer):
     session = serializers.IntegerField(source="session_id", read_only=True)
+    steered_into = serializers.IntegerField(source="steered_into_id", read_only=True, allow_null=True)
     cost_usd = serializers.SerializerMethodField()
 
     class Meta:
         model = Run
         fields = [
-            "id", "session", "status", "input", "reply", "error", "reason", "loop_count", "attempt",
+            "id", "session", "status", "input", "reply", "error", "reason", "loop_count", "attempt", "steered_into",
             "prompt_tokens", "completion_tokens", "cost_usd", "created_at", "started_at", "finished_at",
         ]
 
@@ -76,9 +88,10 @@ class RunSerializer(serializers.ModelSerializer):
 
 class RunWithToolCallsSerializer(RunSerializer):
     tool_calls = ToolCallSerializer(many=True, read_only=True)
+    approvals = ApprovalSerializer(many=True, read_only=True)
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "tool_calls"]
+        fields = [*RunSerializer.Meta.fields, "tool_calls", "approvals"]
 
 
 class SessionSerializer(serializers.ModelSerializer):
@@ -141,8 +154,11 @@ class SessionDetailApi(TenantScopedApiView):
     @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: int) -> Response:
         session = _session_or_404(request, session_id)
-        runs = Run.objects.filter(session=session).order_by("created_at", "id").prefetch_related(
-            Prefetch("tool_calls", queryset=ToolCall.objects.order_by("turn", "id"))
+        # Sub-runs (skills) are not runs of the conversation: they appear in their parent's
+        # activities and at /runs/<id>/; their usage is included in their parent's.
+        runs = Run.objects.filter(session=session, parent_tool_call__isnull=True).order_by("created_at", "id").prefetch_related(
+            Prefetch("tool_calls", queryset=ToolCall.objects.order_by("turn", "id")),
+            Prefetch("approvals", queryset=Approval.objects.order_by("id")),
         )
         data = SessionSerializer(session).data
         data["runs"] = RunWithToolCallsSerializer(runs, many=True).data
@@ -222,7 +238,10 @@ class RunDetailApi(TenantScopedApiView):
 class RunActivitiesApi(TenantScopedApiView):
     """LLM calls and tool calls of a run in the order they started, paginated.
 
-    Each item: ``{"kind": "llm_call" | "tool_call", "at": datetime, ...fields of the call}``.
+    Each item: ``{"kind": "llm_call" | "tool_call", "at": datetime, ...fields of the call}``, or
+    for a skill's sub-run (started by one of the run's tool calls) ``{"kind": "sub_run", "at",
+    "run_id", "tool_call_id", "skill", "depth", "status", "input", "reply", "error", ...}``
+    (its own activities: ``/runs/<run_id>/activities/``).
     """
 
     @extend_schema(responses=inline_serializer("Activity", {"kind": serializers.CharField(), "at": serializers.DateTimeField()}, many=True))
@@ -236,6 +255,15 @@ class RunActivitiesApi(TenantScopedApiView):
 
 
 def _activity(item: dict[str, Any]) -> dict[str, Any]:
+    if item["kind"] == "sub_run":
+        sub = item["object"]
+        return {"kind": "sub_run", "at": serializers.DateTimeField().to_representation(item["at"]),
+                "run_id": sub.pk, "tool_call_id": sub.parent_tool_call_id, "skill": item["skill"],
+                "depth": sub.depth, "status": sub.status, "input": sub.input, "reply": sub.reply,
+                "error": sub.error, "reason": sub.reason, "loop_count": sub.loop_count,
+                "prompt_tokens": sub.prompt_tokens, "completion_tokens": sub.completion_tokens,
+                "cost_usd": usd(sub.cost_usd_micros), "started_at": serializers.DateTimeField().to_representation(sub.started_at) if sub.started_at else None,
+                "finished_at": serializers.DateTimeField().to_representation(sub.finished_at) if sub.finished_at else None}
     serializer = LLMCallSerializer if item["kind"] == "llm_call" else ToolCallSerializer
     return {"kind": item["kind"], "at": serializers.DateTimeField().to_representation(item["at"]),
             **serializer(item["object"]).data}
@@ -303,3 +331,47 @@ class ArtifactContentApi(TenantScopedApiView):
 
 def _safe_filename(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:100] or "artifact"
+
+
+class ApprovalListApi(TenantScopedApiView):
+    """The caller's pending approvals and questions (of their own runs), oldest first."""
+
+    @extend_schema(responses=ApprovalSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(ApprovalSerializer(approval_list_pending(user_id=request.user.pk), many=True).data)
+
+
+class ApprovalDecideApi(TenantScopedApiView):
+    """Decide a pending approval of one of the caller's runs.
+
+    Tool-call approvals: ``{"decision": "approve" | "deny", "reason": "..."}`` (a denial's
+    reason goes back to the model). Questions from ``ask_user``: ``{"answer": "..."}``.
+    Once the run has no pending approval left it resumes on any worker. 400 for a bad body,
+    404 when the approval is not the caller's, 409 when already decided, expired, or the run
+    has ended.
+    """
+
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ApprovalDecideInput"
+
+        decision = serializers.ChoiceField(choices=["approve", "deny"], required=False)
+        reason = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+        answer = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+
+    @extend_schema(request=InputSerializer, responses=ApprovalSerializer)
+    def get(self, request: Request, approval_id: int) -> Response:
+        approval = approval_get_for_user(approval_id=approval_id, user_id=request.user.pk)
+        if approval is None:
+            raise NotFound("Approval not found.")
+        return Response(ApprovalSerializer(approval).data)
+
+    @extend_schema(request=InputSerializer, responses=ApprovalSerializer)
+    def post(self, request: Request, approval_id: int) -> Response:
+        approval = approval_get_for_user(approval_id=approval_id, user_id=request.user.pk)
+        if approval is None:
+            raise NotFound("Approval not found.")
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        approval = approval_decide(approval=approval, user=request.user, **data.validated_data)
+        return Response(ApprovalSerializer(approval).data)

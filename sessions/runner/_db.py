@@ -14,16 +14,21 @@ from typing import Any, Awaitable, Callable, TypeVar
 from channels.db import database_sync_to_async
 
 from django.db import transaction
-from django.db.models import F, Q, Sum
+from django.db.models import Exists, F, OuterRef, Q, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityKind
+from capabilities.cli.tool import CliCommandConfig
 from capabilities.mcp.client import McpServerConfig
-from capabilities.models import McpServer
+from capabilities.models import CliCommand, McpServer
 from llm.selectors import route_entries, route_entry_config
 from llm.router import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import (
+    ACTIVE_RUN_STATUSES,
+    Approval,
+    ApprovalStatus,
     ChatSession,
     Compaction,
     LLMCall,
@@ -34,7 +39,14 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.runner.spec import BrowserBindingSpec, BuiltinBindingSpec, McpBindingSpec, RunSpec
+from sessions.runner.spec import (
+    BrowserBindingSpec,
+    BuiltinBindingSpec,
+    CliBindingSpec,
+    McpBindingSpec,
+    RunSpec,
+    SkillBindingSpec,
+)
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 
@@ -62,13 +74,20 @@ def run_tenant_id(run_id: int) -> int | None:
 
 @transaction.atomic
 def run_claim(run_id: int) -> RunSpec:
-    """Mark the run running (attempt + 1) and load everything it needs.
+    """Mark the run running (attempt + 1, heartbeat now) and load everything it needs.
 
-    A ``running`` run is claimed again: that is a redelivery after its worker died, and the
-    run resumes from what it persisted.
+    A ``running`` run whose heartbeat is stale (older than ``RUN_STALE_SECONDS``) is claimed
+    again: its worker died (a redelivery or the sweeper), and the run resumes from what it
+    persisted. A ``running`` run with a fresh heartbeat belongs to a live worker and is
+    refused, so a duplicate delivery never runs a run twice at once.
+
+    A ``queued`` run starts only while its tenant has fewer runs working than its limit
+    (``Tenant.max_concurrent_runs``, else ``RUNS_PER_TENANT_DEFAULT``); otherwise it stays
+    queued and :func:`run_finish` of one of the tenant's runs hands it to a worker later.
 
     Raises:
-        RunNotClaimable: finished, missing, or an earlier run of the session is active.
+        RunNotClaimable: finished, missing, awaiting approval, held by a live worker, an
+            earlier run of the session is active, or the tenant is at its limit.
         ValueError: the agent's configuration is unusable (no route entries…).
     """
     from sessions.services import session_has_earlier_active_run
@@ -80,13 +99,52 @@ def run_claim(run_id: int) -> RunSpec:
     run = Run.objects.select_for_update().get(pk=run_id)  # a concurrent cancel of a queued run wins
     if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
         raise RunNotClaimable(f"run {run_id} is {run.status}")
+    if run.status == RunStatus.RUNNING and run.heartbeat_at is not None and run.heartbeat_at > stale_before():
+        raise RunNotClaimable(f"run {run_id} is held by a live worker (heartbeat {run.heartbeat_at.isoformat()})")
+    if run.steered_into_id is not None:
+        raise RunNotClaimable(f"run {run_id} was handed to run {run.steered_into_id}")
     if session_has_earlier_active_run(run=run):
         raise RunNotClaimable(f"run {run_id} waits for an earlier run of its session")
+    if run.status == RunStatus.QUEUED:
+        tenant = Tenant.objects.select_for_update().get(pk=run.tenant_id)  # serialises the tenant's claims
+        limit = tenant_run_limit(tenant)
+        working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
+        if working >= limit:
+            raise RunNotClaimable(f"run {run_id} waits: tenant {tenant.slug} has {working} of {limit} runs working")
+    now = timezone.now()
     run.status = RunStatus.RUNNING
     run.attempt += 1
-    run.started_at = run.started_at or timezone.now()
-    run.save(update_fields=["status", "attempt", "started_at"])
+    run.started_at = run.started_at or now
+    run.heartbeat_at = now
+    run.save(update_fields=["status", "attempt", "started_at", "heartbeat_at"])
     return _spec(run)
+
+
+def stale_before() -> Any:
+    """Heartbeats older than this are a dead worker's (now − ``RUN_STALE_SECONDS``)."""
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    return timezone.now() - timedelta(seconds=settings.RUN_STALE_SECONDS)
+
+
+def tenant_run_limit(tenant: Tenant) -> int:
+    from django.conf import settings
+
+    return tenant.max_concurrent_runs if tenant.max_concurrent_runs is not None else settings.RUNS_PER_TENANT_DEFAULT
+
+
+def run_heartbeat(run_id: int, attempt: int) -> bool:
+    """Write the run's heartbeat for the worker holding ``attempt``.
+
+    Returns:
+        False if the run is no longer ``running`` under this attempt (it ended, paused, or
+        another worker took it over after this one's heartbeat went stale).
+    """
+    return bool(
+        Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempt=attempt).update(heartbeat_at=timezone.now())
+    )
 
 
 def _spec(run: Run) -> RunSpec:
@@ -99,7 +157,9 @@ def _spec(run: Run) -> RunSpec:
     mcp_bindings: list[McpBindingSpec] = []
     builtins: dict[str, BuiltinBindingSpec] = {}
     browsers: list[BrowserBindingSpec] = []
-    for binding in agent.bindings.filter(enabled=True).order_by("id"):
+    cli_bindings: dict[int, CliBindingSpec] = {}
+    skills: dict[int, SkillBindingSpec] = {}
+    for binding in agent.bindings.filter(enabled=True).select_related("skill").order_by("id"):
         if binding.kind == CapabilityKind.MCP_SERVER:
             server = McpServer.objects.get(pk=binding.mcp_server_id)
             if not server.enabled:
@@ -115,11 +175,30 @@ def _spec(run: Run) -> RunSpec:
                         url=server.url,
                         headers=secret_decrypt_json(tenant=tenant, ciphertext=server.headers_encrypted),
                         connect_timeout_seconds=server.connect_timeout_seconds,
+                        list_timeout_seconds=server.list_timeout_seconds,
+                        call_timeout_seconds=server.call_timeout_seconds,
                     ),
+                    server_id=server.pk,
                     allowed_tools=frozenset(binding.allowed_tools),
                     binding_id=binding.pk,
                     approval_policy=tuple(binding.approval_policy),
                 )
+            )
+        elif binding.kind == CapabilityKind.CLI:
+            if binding.cli_command_id in cli_bindings:
+                continue
+            command = CliCommand.objects.filter(pk=binding.cli_command_id, enabled=True).first()
+            if command is None:
+                continue
+            cli_bindings[command.pk] = CliBindingSpec(
+                command=CliCommandConfig(
+                    name=command.name, description=command.description,
+                    argv_template=tuple(command.argv_template), parameters_schema=dict(command.parameters_schema),
+                    timeout_seconds=command.timeout_seconds, max_output_bytes=command.max_output_bytes,
+                    allow_network=command.allow_network, unsandboxed=command.unsandboxed,
+                    env=secret_decrypt_json(tenant=tenant, ciphertext=command.env_encrypted),
+                ),
+                binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
             )
         elif binding.kind == CapabilityKind.BUILTIN:
             builtins.setdefault(binding.builtin_name, BuiltinBindingSpec(
@@ -129,6 +208,11 @@ def _spec(run: Run) -> RunSpec:
         elif binding.kind == CapabilityKind.BROWSER and not browsers:  # one browser per agent: the first binding
             browsers.append(BrowserBindingSpec(
                 config=dict(binding.config), binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+            ))
+        elif binding.kind == CapabilityKind.SKILL and binding.skill_id is not None:
+            skills.setdefault(binding.skill_id, SkillBindingSpec(
+                skill_id=binding.skill_id, name=binding.skill.name, description=binding.skill.description,
+                allowed_tools=tuple(binding.skill.allowed_tools), binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
             ))
     return RunSpec(
         run_id=run.pk,
@@ -153,8 +237,13 @@ def _spec(run: Run) -> RunSpec:
         mcp_bindings=tuple(mcp_bindings),
         builtin_bindings=tuple(builtins.values()),
         browser_bindings=tuple(browsers),
+        cli_bindings=tuple(cli_bindings.values()),
+        skill_bindings=tuple(skills.values()),
         attempt=run.attempt,
         loop_count=run.loop_count,
+        run_timeout_seconds=agent.run_timeout_seconds,
+        run_started_at=run.started_at.timestamp(),
+        run_paused_seconds=run.paused_seconds,
     )
 
 
@@ -172,16 +261,22 @@ class History:
     """The message rows behind ``messages`` (what a compaction may summarize)."""
 
 
+def _effective_run(message: Message) -> int:
+    """The run a message belongs to in the conversation: a steered message joins the run it was handed to."""
+    return message.run.steered_into_id or message.run_id
+
+
 def _after_cursor(compaction: Compaction | None) -> Q:
     if compaction is None or compaction.cursor_message_id is None:
         return Q()
     c = compaction.cursor_message
-    return Q(run_id__gt=c.run_id) | Q(run_id=c.run_id, position__gt=c.position)
+    cursor_run = c.run.steered_into_id or c.run_id
+    return Q(effective_run__gt=cursor_run) | Q(effective_run=cursor_run, position__gt=c.position)
 
 
 def latest_compaction(session_id: int) -> Compaction | None:
     return (
-        Compaction.objects.select_related("cursor_message")
+        Compaction.objects.select_related("cursor_message", "cursor_message__run")
         .filter(session_id=session_id, status="succeeded").order_by("-id").first()
     )
 
@@ -191,24 +286,36 @@ def history_load(run_id: int) -> History:
     summary, then the messages after its cursor.
 
     Messages are ordered by run, then position: a message queued while an earlier run was
-    still working has a lower position than that run's answer, but belongs after it.
-    Earlier runs' unanswered tool calls (a run that failed between a call and its result)
-    are dropped so that tool call/result pairs are never split; the current run's are kept,
-    because the runner resumes by executing them.
+    still working has a lower position than that run's answer, but belongs after it. A
+    message *steered* into a running run (agent ``message_mode`` steer) counts as that run's,
+    at its position. Messages of sub-runs (skills) are left out: the parent sees only the
+    skill tool's result; a sub-run's history is its own messages (task first). Earlier runs' unanswered tool calls (a run that failed between a call
+    and its result) are dropped so that tool call/result pairs are never split; the current
+    run's are kept, because the runner resumes by executing them.
     """
     run = Run.objects.get(pk=run_id)
-    compaction = latest_compaction(run.session_id)
-    rows = list(
-        Message.objects.filter(_after_cursor(compaction), session_id=run.session_id, run_id__lte=run_id)
-        .order_by("run_id", "position")
-    )
+    if run.parent_tool_call_id is not None:  # a sub-run: its own messages only, never compacted
+        compaction = None
+        rows = list(
+            Message.objects.select_related("run").annotate(effective_run=F("run_id"))
+            .filter(run_id=run_id).order_by("position")
+        )
+    else:  # a user's run: sub-runs' messages are not part of the session's conversation
+        compaction = latest_compaction(run.session_id)
+        rows = list(
+            Message.objects.select_related("run")
+            .annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
+            .filter(_after_cursor(compaction), session_id=run.session_id, effective_run__lte=run_id,
+                    run__parent_tool_call__isnull=True)
+            .order_by("effective_run", "position")
+        )
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
     kept: list[Message] = []
     for m in rows:
         if m.role == MessageRole.ASSISTANT:
             calls = tuple(ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in m.tool_calls)
-            if m.run_id != run_id:
+            if _effective_run(m) != run_id:
                 calls = tuple(c for c in calls if c.id in answered)
             if not calls and not m.content:
                 continue
@@ -220,7 +327,7 @@ def history_load(run_id: int) -> History:
         kept.append(m)
     out = _results_in_call_order(out)
     tail = None
-    if rows and rows[-1].run_id == run_id and out and out[-1].role == "assistant":
+    if rows and _effective_run(rows[-1]) == run_id and out and out[-1].role == "assistant":
         tail = out[-1]
     return History(messages=out, tail=tail, summary=compaction.summary if compaction else "", rows=kept)
 
@@ -379,8 +486,21 @@ class Usage:
 
 
 def run_usage(run_id: int) -> Usage:
-    run = Run.objects.values("prompt_tokens", "completion_tokens", "cost_usd_micros").get(pk=run_id)
-    return Usage(tokens=run["prompt_tokens"] + run["completion_tokens"], cost_usd_micros=run["cost_usd_micros"])
+    """Tokens and cost the run has used so far, for its per-run budgets.
+
+    For a sub-run: its own plus its ancestors' (a run's totals include its sub-runs only once
+    they ended), so a skill spends from the budget of the user's run that called it.
+    """
+    tokens = cost = 0
+    next_id: int | None = run_id
+    while next_id is not None:
+        run = Run.objects.values(
+            "prompt_tokens", "completion_tokens", "cost_usd_micros", "parent_tool_call__run_id"
+        ).get(pk=next_id)
+        tokens += run["prompt_tokens"] + run["completion_tokens"]
+        cost += run["cost_usd_micros"]
+        next_id = run["parent_tool_call__run_id"]
+    return Usage(tokens=tokens, cost_usd_micros=cost)
 
 
 def tenant_month_cost_usd_micros(tenant_id: int) -> int:
@@ -392,20 +512,297 @@ def tenant_month_cost_usd_micros(tenant_id: int) -> int:
 
 
 @transaction.atomic
-def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> int | None:
-    """Record the run's end. Returns the id of the session's next queued run, if any."""
+def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> list[int]:
+    """Record the run's end (and of the runs steered into it).
+
+    Returns:
+        Run ids to hand to workers now: the session's next queued run, and queued runs of
+        the tenant that were waiting for a free slot (heads of their sessions, oldest first,
+        at most the number of free slots).
+    """
     from sessions.services import next_queued_run_id
 
     run = Run.objects.select_for_update().get(pk=run_id)
     ChatSession.objects.select_for_update().get(pk=run.session_id)
+    now = timezone.now()
     run.status = status
     run.reply = reply
     run.error = error[:5000]
     run.reason = reason
-    run.finished_at = timezone.now()
-    run.save(update_fields=["status", "reply", "error", "reason", "finished_at"])
+    run.finished_at = now
+    run.heartbeat_at = None
+    run.save(update_fields=["status", "reply", "error", "reason", "finished_at", "heartbeat_at"])
+    Run.objects.filter(steered_into_id=run_id).update(
+        status=status, reply=reply, error=error[:5000], reason=reason, finished_at=now,
+    )
     # Calls left without a result (the run failed mid-turn) are recorded as cancelled.
     ToolCall.objects.filter(run_id=run_id, finished_at__isnull=True).update(
-        status=ToolCallStatus.CANCELLED, finished_at=timezone.now()
+        status=ToolCallStatus.CANCELLED, finished_at=now
     )
-    return next_queued_run_id(session_id=run.session_id)
+    Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(status=ApprovalStatus.EXPIRED)
+    subruns_end_with_parent(run_id=run_id, now=now)
+    if run.parent_tool_call_id is not None:  # a sub-run starts nothing: its parent still holds the session
+        return []
+    out = []
+    next_id = next_queued_run_id(session_id=run.session_id)
+    if next_id is not None:
+        out.append(next_id)
+    out += [i for i in tenant_waiting_run_ids(run.tenant_id) if i not in out]
+    return out
+
+
+def tenant_waiting_run_ids(tenant_id: int) -> list[int]:
+    """Queued runs of the tenant that could start now: first in their session, oldest first,
+    at most as many as the tenant has free slots."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
+    free = tenant_run_limit(tenant) - working
+    if free <= 0:
+        return []
+    earlier_active = Run.objects.filter(
+        session_id=OuterRef("session_id"), pk__lt=OuterRef("pk"), status__in=ACTIVE_RUN_STATUSES
+    )
+    return list(
+        Run.objects.filter(status=RunStatus.QUEUED, steered_into__isnull=True)
+        .exclude(Exists(earlier_active)).order_by("pk").values_list("pk", flat=True)[:free]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalState:
+    approval_id: int
+    kind: str
+    status: str
+    answer: str
+
+
+def approvals_for_calls(*, run_id: int, call_pks: list[int]) -> dict[int, ApprovalState]:
+    """``{tool call pk: ApprovalState}`` for the calls that have an approval (any status)."""
+    return {
+        a.tool_call_id: ApprovalState(approval_id=a.pk, kind=a.kind, status=a.status, answer=a.answer)
+        for a in Approval.objects.filter(run_id=run_id, tool_call_id__in=call_pks)
+    }
+
+
+@transaction.atomic
+def approval_request(
+    *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "", question: str = "",
+) -> int:
+    """Record that tool call ``call_pk`` waits for a human (approval or answer). Idempotent.
+
+    Returns the Approval id. The call is marked ``awaiting_approval``.
+    """
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    approval, _ = Approval.objects.get_or_create(
+        tool_call_id=call_pk,
+        defaults={
+            "tenant_id": spec.tenant_id, "run_id": spec.run_id, "kind": kind, "tool_name": tool_name,
+            "arguments": _jsonable(arguments) or {}, "reason": reason[:5000], "question": question,
+            "expires_at": timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
+        },
+    )
+    ToolCall.objects.filter(pk=call_pk).update(status=ToolCallStatus.AWAITING_APPROVAL)
+    return approval.pk
+
+
+@transaction.atomic
+def run_pause(run_id: int) -> tuple[list[dict[str, Any]], list[int]]:
+    """The run waits for approvals: status ``awaiting_approval``, no worker holds it.
+
+    If every approval was already decided meanwhile (a fast approver), the run is queued
+    again instead and its id is returned to be handed to a worker.
+
+    Returns:
+        (the pending approvals as event payloads, run ids to hand to workers now: the run
+        itself if nothing is pending, plus tenant runs waiting for the slot it frees).
+    """
+    run = Run.objects.select_for_update().get(pk=run_id)
+    pending = list(Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).order_by("id"))
+    now = timezone.now()
+    if not pending:
+        run.status = RunStatus.QUEUED
+        run.heartbeat_at = None
+        run.save(update_fields=["status", "heartbeat_at"])
+        return [], [run_id]
+    run.status = RunStatus.AWAITING_APPROVAL
+    run.paused_at = now
+    run.heartbeat_at = None
+    run.save(update_fields=["status", "paused_at", "heartbeat_at"])
+    Run.objects.filter(steered_into_id=run_id).update(status=RunStatus.AWAITING_APPROVAL)
+    return [approval_payload(a) for a in pending], tenant_waiting_run_ids(run.tenant_id)
+
+
+def approval_payload(a: Approval) -> dict[str, Any]:
+    """An approval as it appears in events and the API."""
+    return {
+        "approval_id": a.pk, "tool_call_id": a.tool_call_id, "kind": a.kind, "status": a.status,
+        "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
+        "expires_at": a.expires_at.isoformat(),
+    }
+
+
+@transaction.atomic
+def steer_absorb(run_id: int) -> list[int]:
+    """Hand the session's queued steer messages to running run ``run_id``.
+
+    Runs posted in steer mode after ``run_id`` that are still queued become part of it
+    (``steered_into``; status running): their user messages move to the end of the history
+    (new positions: they were written while this run's tool calls were still being answered,
+    and a call/result pair must not be split) and they end as this run ends. Called only
+    between model turns, when every tool call of the run has its result.
+
+    Returns:
+        The ids of the runs absorbed now.
+    """
+    run = Run.objects.get(pk=run_id)
+    session = ChatSession.objects.select_for_update().get(pk=run.session_id)
+    ids = list(
+        Run.objects.select_for_update()
+        .filter(session_id=run.session_id, status=RunStatus.QUEUED, steer=True, pk__gt=run_id, steered_into__isnull=True)
+        .order_by("pk").values_list("pk", flat=True)
+    )
+    if ids:
+        Run.objects.filter(pk__in=ids).update(
+            steered_into_id=run_id, status=RunStatus.RUNNING, started_at=timezone.now()
+        )
+        for message in Message.objects.filter(run_id__in=ids).order_by("position"):
+            message.position = session.next_position
+            session.next_position += 1
+            message.save(update_fields=["position"])
+        session.save(update_fields=["next_position", "updated_at"])
+    return ids
+
+
+def steered_run_ids(run_id: int) -> list[int]:
+    """Runs whose messages were steered into run ``run_id``."""
+    return list(Run.objects.filter(steered_into_id=run_id).order_by("pk").values_list("pk", flat=True))
+
+
+def session_has_artifacts(session_id: int) -> bool:
+    from sessions.models import Artifact
+
+    return Artifact.objects.filter(session_id=session_id).exists()
+
+
+# --- sub-runs (skills) -------------------------------------------------------------------------
+
+
+def subruns_end_with_parent(*, run_id: int, now: Any) -> int:
+    """End the still-active sub-runs below run ``run_id`` (any depth) as ``cancelled``.
+
+    A sub-run lives inside its parent's tool call; when the parent ends first (cancelled,
+    timed out, failed) nothing else would ever end it. Returns how many were ended.
+    """
+    ended = 0
+    parents = [run_id]
+    while parents:
+        children = list(Run.objects.filter(parent_tool_call__run_id__in=parents).values_list("pk", "status"))
+        active = [pk for pk, status in children if status in ACTIVE_RUN_STATUSES]
+        if active:
+            Run.objects.filter(pk__in=active).update(
+                status=RunStatus.CANCELLED, error="Its parent run ended first.", finished_at=now, heartbeat_at=None,
+            )
+            ToolCall.objects.filter(run_id__in=active, finished_at__isnull=True).update(
+                status=ToolCallStatus.CANCELLED, finished_at=now
+            )
+            ended += len(active)
+        parents = [pk for pk, _ in children]
+    return ended
+
+
+@dataclass(frozen=True, slots=True)
+class SubRunState:
+    run_id: int
+    status: str
+    reply: str
+    error: str
+    created: bool
+
+
+@transaction.atomic
+def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> SubRunState:
+    """The sub-run answering tool call ``call_pk`` of run ``parent``: created now (status
+    ``running``, the task as its user message), or the existing one (a parent resumed after its
+    worker died re-executes the call: the same sub-run resumes, attempt + 1).
+
+    Sub-runs have no heartbeat of their own (the parent's covers them) and are never
+    touched by the sweeper or the tenant's run limit.
+    """
+    existing = Run.objects.select_for_update().filter(parent_tool_call_id=call_pk).first()
+    if existing is not None:
+        if existing.status in ACTIVE_RUN_STATUSES:
+            existing.status = RunStatus.RUNNING
+            existing.attempt += 1
+            existing.save(update_fields=["status", "attempt"])
+        return SubRunState(run_id=existing.pk, status=existing.status, reply=existing.reply, error=existing.error,
+                           created=False)
+    now = timezone.now()
+    run = Run.objects.create(
+        tenant_id=parent.tenant_id, session_id=parent.session_id, user_id=parent.user_id, input=task,
+        status=RunStatus.RUNNING, attempt=1, started_at=now, parent_tool_call_id=call_pk, depth=parent.depth + 1,
+        skill_id=skill_id,
+    )
+    Message.objects.create(
+        tenant_id=parent.tenant_id, session_id=parent.session_id, run=run, position=_next_position(parent.session_id),
+        role=MessageRole.USER, content=task,
+    )
+    return SubRunState(run_id=run.pk, status=run.status, reply="", error="", created=True)
+
+
+def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
+    """The RunSpec of a sub-run: the skill's instructions, loop limit and route (else the
+    parent's entries); the parent's timeouts, parallelism, budgets and run deadline.
+
+    Raises:
+        ValueError: the skill was deleted, or its route has no entries.
+    """
+    run = Run.objects.select_related("skill").get(pk=subrun_id)
+    skill = run.skill
+    if skill is None:
+        raise ValueError("The skill of this sub-run no longer exists.")
+    if skill.model_route_id is not None:
+        tenant = Tenant.objects.get(pk=run.tenant_id)
+        entries = route_entries(route_id=skill.model_route_id)
+        if not entries:
+            raise ValueError(f"The model route of skill {skill.name!r} has no entries.")
+        configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
+        entry_ids = tuple(e.pk for e in entries)
+    else:
+        configs, entry_ids = parent.entries, parent.entry_ids
+    import dataclasses
+
+    return dataclasses.replace(
+        parent, run_id=run.pk, system_prompt=skill.instructions, max_loop_count=skill.max_loop_count,
+        entries=configs, entry_ids=entry_ids, mcp_bindings=(), builtin_bindings=(), skill_bindings=(),
+        depth=run.depth, parent_run_id=parent.run_id, attempt=run.attempt, loop_count=run.loop_count,
+    )
+
+
+@transaction.atomic
+def subrun_finish(
+    *, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "", attempt: int | None = None,
+) -> bool:
+    """Record a sub-run's end and add its tokens and cost to its parent run (once).
+
+    The parent's totals then include everything done on its behalf (the session's usage
+    counts only user runs; LLMCall rows keep the per-call truth). ``attempt``: the attempt
+    the caller holds; if the sub-run was resumed since (its parent was taken over by another
+    worker), nothing is recorded.
+
+    Returns:
+        False if nothing was recorded (already ended, or a later attempt holds it).
+    """
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.status not in ACTIVE_RUN_STATUSES or (attempt is not None and run.attempt != attempt):
+        return False
+    run_finish(run_id=run_id, status=status, reply=reply, error=error, reason=reason)
+    parent_run_id = ToolCall.objects.values_list("run_id", flat=True).get(pk=run.parent_tool_call_id)
+    Run.objects.filter(pk=parent_run_id).update(
+        prompt_tokens=F("prompt_tokens") + run.prompt_tokens,
+        completion_tokens=F("completion_tokens") + run.completion_tokens,
+        cost_usd_micros=F("cost_usd_micros") + run.cost_usd_micros,
+    )
+    return True

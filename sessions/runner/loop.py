@@ -30,7 +30,7 @@ from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_c
 from sessions.runner.compaction import BUDGET_RATIO, MAX_ATTEMPTS_PER_TURN, compact, system_prompt_with_summary
 from sessions.runner.spec import RunSpec
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
-from sessions.runner.toolset import CapabilityUnavailable, toolset_open
+from sessions.runner.toolset import CapabilityUnavailable, Toolset, toolset_open
 from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ async def execute_run(run_id: int) -> None:
             raise_if_cancelling()  # redis-py may swallow a cancel of the run's loop task
 
         await publish("run_running", {"attempt": spec.attempt})
+        heartbeat = asyncio.create_task(_heartbeat(run_id, spec.attempt, asyncio.current_task()),
+                                        name=f"run-{run_id}-heartbeat")
         try:
             outcome = await _run_loop_cancellable(spec, publish)
         except CapabilityUnavailable as exc:
@@ -83,13 +85,37 @@ async def execute_run(run_id: int) -> None:
             logger.exception("run %s crashed", run_id)
             outcome = Outcome(RunStatus.FAILED, error=f"Internal error: {type(exc).__name__}: {exc}",
                               reason=RunFailureReason.INTERNAL)
+        finally:
+            heartbeat.cancel()
         await _finish(run_id, spec, outcome, publish=publish)
 
 
+async def _heartbeat(run_id: int, attempt: int, owner: asyncio.Task | None) -> None:
+    """Write the run's heartbeat every ``RUN_HEARTBEAT_SECONDS`` while it works.
+
+    The sweeper (:func:`sessions.services.runs_sweep`) treats a run whose heartbeat is older
+    than ``RUN_STALE_SECONDS`` as orphaned by a dead worker and hands it to another. If that
+    happened to a worker that was only stalled, this worker finds its attempt superseded at
+    its next beat and cancels ``owner`` (the run's task here) so two workers never go on
+    with one run. A failed write is logged and retried (a database blip must not kill the run).
+    """
+    from django.conf import settings
+
+    while True:
+        await asyncio.sleep(settings.RUN_HEARTBEAT_SECONDS)
+        try:
+            alive = await _db.db(_db.run_heartbeat)(run_id, attempt)
+        except Exception:  # noqa: BLE001 - keep beating
+            logger.warning("run %s: heartbeat write failed", run_id, exc_info=True)
+            continue
+        if not alive:
+            logger.warning("run %s: attempt %s was taken over by another worker; stopping here", run_id, attempt)
+            if owner is not None:
+                owner.cancel()
+            return
+
+
 async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publish: Any = None) -> None:
-    next_run_id = await _db.db(_db.run_finish)(
-        run_id=run_id, status=outcome.status, reply=outcome.reply, error=outcome.error, reason=outcome.reason
-    )
     if publish is None:
         from sessions.runner._db import Run  # local: only for the session id of a run that never started
 
@@ -98,22 +124,48 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
         async def publish(event_type: str, data: dict[str, Any]) -> None:
             await event_publish(session_id=session_id, run_id=run_id, type=event_type, data=data)
 
-    if outcome.status == RunStatus.COMPLETED:
-        await publish("run_completed", {"reply": outcome.reply})
-    elif outcome.status == RunStatus.CANCELLED:
-        await publish("run_cancelled", {"reason": CANCEL_REASON})
-    else:
-        await publish("run_failed", {"error": outcome.error, "reason": outcome.reason})
-    if next_run_id is not None:
-        from sessions.tasks import run_execute
+    if outcome.status == RunStatus.AWAITING_APPROVAL:
+        approvals, to_start = await _db.db(_db.run_pause)(run_id)
+        if approvals:
+            await publish("run_awaiting_approval", {"approvals": approvals})
+        await _start_runs(to_start)
+        return
+    to_start = await _db.db(_db.run_finish)(
+        run_id=run_id, status=outcome.status, reply=outcome.reply, error=outcome.error, reason=outcome.reason
+    )
+    steered = await _db.db(_db.steered_run_ids)(run_id)
+    for target in (run_id, *steered):
+        if outcome.status == RunStatus.COMPLETED:
+            data: dict[str, Any] = {"reply": outcome.reply}
+            event_type = "run_completed"
+        elif outcome.status == RunStatus.CANCELLED:
+            data, event_type = {"reason": CANCEL_REASON}, "run_cancelled"
+        else:
+            data, event_type = {"error": outcome.error, "reason": outcome.reason}, "run_failed"
+        if target == run_id:
+            await publish(event_type, data)
+        elif spec is not None:  # a run steered into this one ends with it
+            await event_publish(session_id=spec.session_id, run_id=target, type=event_type,
+                                data={**data, "steered_into": run_id})
+    await _start_runs(to_start)
 
-        await sync_to_async(run_execute.delay)(next_run_id)
+
+async def _start_runs(run_ids: list[int]) -> None:
+    """Hand runs to workers (each claim re-checks that it may start)."""
+    if not run_ids:
+        return
+    from sessions.tasks import run_enqueue
+
+    for next_run_id in run_ids:
+        await sync_to_async(run_enqueue)(next_run_id)
 
 
 CANCELLED_OUTCOME = Outcome(RunStatus.CANCELLED, error=CANCEL_ERROR)
+AWAITING_APPROVAL_OUTCOME = Outcome(RunStatus.AWAITING_APPROVAL)
+"""The run paused: some tool call waits for a human; no worker holds it meanwhile."""
 
 
-async def _run_loop_cancellable(spec: RunSpec, publish: Any) -> Outcome:
+async def _run_loop_cancellable(spec: RunSpec, publish: Any, *, toolset: Toolset | None = None) -> Outcome:
     """:func:`_run_loop`, cancelled as soon as a cancel of the run is requested.
 
     The loop runs as a task next to :func:`watch_for_cancel`. When the watcher returns
@@ -122,28 +174,39 @@ async def _run_loop_cancellable(spec: RunSpec, publish: Any) -> Outcome:
     tool, the AsyncExitStack closes the MCP connections) and this waits for it to unwind.
     Tool calls left without a result are recorded ``cancelled`` by ``run_finish``.
 
+    The run's wall-clock limit (the agent's ``run_timeout_seconds`` from the run's first
+    start, time spent awaiting approvals excluded) cancels the loop the same way and ends the
+    run ``failed`` with reason ``run_timeout``.
+
     Returns:
         The loop's own outcome if it ended first (a finished run is never turned into a
-        cancelled one), else :data:`CANCELLED_OUTCOME`.
+        cancelled one), else :data:`CANCELLED_OUTCOME` or the run-timeout outcome.
 
     Raises:
         Whatever ``_run_loop`` raises. If the watcher itself fails (Redis down), the run goes
         on without cancellation rather than failing.
     """
-    loop_task = asyncio.create_task(_run_loop(spec, publish), name=f"run-{spec.run_id}-loop")
+    loop_task = asyncio.create_task(_run_loop(spec, publish, toolset=toolset), name=f"run-{spec.run_id}-loop")
     watcher = asyncio.create_task(watch_for_cancel(spec.run_id), name=f"run-{spec.run_id}-cancel-watch")
+    timeout = max(0.0, spec.run_seconds_left(time.time()))
     try:
-        await asyncio.wait({loop_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not loop_task.done() and watcher.exception() is not None:
+        await asyncio.wait({loop_task, watcher}, return_when=asyncio.FIRST_COMPLETED, timeout=timeout)
+        if not loop_task.done() and watcher.done() and watcher.exception() is not None:
             logger.error("run %s: cannot watch for cancel requests: %r", spec.run_id, watcher.exception())
-            await asyncio.wait({loop_task})
+            await asyncio.wait({loop_task}, timeout=max(0.0, spec.run_seconds_left(time.time())))
         if loop_task.done():
             return loop_task.result()
-        logger.info("run %s: cancelled by request", spec.run_id)
+        timed_out = not watcher.done() or watcher.exception() is not None
+        logger.info("run %s: %s", spec.run_id, "run timeout" if timed_out else "cancelled by request")
         loop_task.cancel()
         await asyncio.wait({loop_task})
         if not loop_task.cancelled() and loop_task.exception() is not None:
             logger.warning("run %s: error while unwinding after cancel: %r", spec.run_id, loop_task.exception())
+        if timed_out:
+            return Outcome(
+                RunStatus.FAILED, reason=RunFailureReason.RUN_TIMEOUT,
+                error=f"The run took longer than the agent's run timeout of {spec.run_timeout_seconds:g} s.",
+            )
         return CANCELLED_OUTCOME
     finally:
         for task in (loop_task, watcher):
@@ -154,10 +217,14 @@ async def _run_loop_cancellable(spec: RunSpec, publish: Any) -> Outcome:
             logger.warning("run %s: the cancel watcher did not stop", spec.run_id)
 
 
-async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
+async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = None) -> Outcome:
+    """The loop of run ``spec``; ``toolset``: given for a sub-run (a subset of its parent's
+    tools, already connected), else opened here from the run's bindings."""
     async with contextlib.AsyncExitStack() as stack:
-        toolset = await toolset_open(spec, stack)
-        tools, tool_specs = toolset.tools, toolset.specs
+        if toolset is None:
+            toolset = await toolset_open(spec, stack)
+        if await _db.db(_db.session_has_artifacts)(spec.session_id):
+            toolset.add_builtin("read_artifact")
         turn = spec.loop_count
 
         async def record(attempt: AttemptRecord) -> None:
@@ -167,7 +234,10 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
         interrupted_turns: set[int] = set()
         current_entry = 0  # the entry that answered last: its window decides when to compact
         compaction_attempts = 0  # in this model turn (never more than MAX_ATTEMPTS_PER_TURN)
-        compaction_exhausted = False  # this turn: nothing more to compact, or attempts used up
+        # Sub-runs are never compacted (their history is short-lived and compactions move the
+        # session's cursor); one whose context overflows fails with reason context_window.
+        no_compaction = spec.depth > 0
+        compaction_exhausted = no_compaction  # this turn: nothing more to compact, or attempts used up
         force_compaction = False  # a model rejected the prompt as too long
         while True:
             history = await _db.db(_db.history_load)(spec.run_id)
@@ -178,13 +248,21 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                 pending = await _db.db(_db.pending_tool_calls)(
                     run_id=spec.run_id, call_ids=[c.id for c in last.tool_calls]
                 )
-                await execute_tool_calls(spec=spec, calls=pending, tools=tools, publish=publish)
+                if await execute_tool_calls(spec=spec, calls=pending, toolset=toolset, publish=publish):
+                    return AWAITING_APPROVAL_OUTCOME
+                continue
+            steered = await _db.db(_db.steer_absorb)(spec.run_id) if spec.depth == 0 else []
+            if steered:  # messages sent meanwhile join this run's history from this turn on
+                for steered_run_id in steered:
+                    await event_publish(session_id=spec.session_id, run_id=steered_run_id, type="run_running",
+                                        data={"steered_into": spec.run_id})
                 continue
             if turn >= spec.max_loop_count:
                 return _loop_limit_reached(spec)
             final_turn = turn == spec.max_loop_count - 1
             system = system_prompt_with_summary(spec.system_prompt or DEFAULT_SYSTEM_PROMPT, history.summary)
-            if any(t.untrusted for t in tools.values()):
+            tool_specs = toolset.specs
+            if any(t.untrusted for t in toolset.tools.values()):
                 system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"
             messages = [ChatMessage(role="system", content=system), *history.messages]
             if final_turn and tool_specs:
@@ -246,7 +324,7 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
             calls = await _db.db(_db.assistant_message_save)(spec=spec, turn=turn, message=message, reasoning=reasoning)
             turn += 1
             current_entry = completion.entry_index
-            compaction_attempts, compaction_exhausted = 0, False
+            compaction_attempts, compaction_exhausted = 0, no_compaction
             if not message.tool_calls:
                 if not message.content.strip():
                     if final_turn:
@@ -254,7 +332,8 @@ async def _run_loop(spec: RunSpec, publish: Any) -> Outcome:
                     return Outcome(RunStatus.FAILED, error="The model returned an empty answer.",
                                    reason=RunFailureReason.MODEL_ERROR)
                 return Outcome(RunStatus.COMPLETED, reply=message.content)
-            await execute_tool_calls(spec=spec, calls=calls, tools=tools, publish=publish)
+            if await execute_tool_calls(spec=spec, calls=calls, toolset=toolset, publish=publish):
+                return AWAITING_APPROVAL_OUTCOME
 
 
 def entry_health() -> RedisEntryHealth:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from capabilities.cli.tool import CliCommandConfig
 from capabilities.mcp.client import McpServerConfig
 from llm.router import RouteEntryConfig
 
@@ -16,6 +17,8 @@ class McpBindingSpec:
     binding_id: int | None = None
     approval_policy: tuple[dict[str, str], ...] = ()
     """``[{pattern, action}]`` rules (agents.models.approval_action)."""
+    server_id: int = 0
+    """``McpServer`` primary key: with the tenant and ``server.fingerprint``, the MCP pool key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,27 @@ class BrowserBindingSpec:
 
     config: dict = field(default_factory=dict)
     """``{backend, fallback_to_server, allowed_origins, blocked_origins}`` (browser.tools.BrowserConfig)."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CliBindingSpec:
+    command: CliCommandConfig
+    """The command: template, schema, limits, sandbox flags and its decrypted env."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+    """``[{pattern, action}]`` rules (agents.models.approval_action)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SkillBindingSpec:
+    skill_id: int
+    name: str
+    """The skill's name: the tool name asked for (before collision renaming)."""
+    description: str
+    allowed_tools: tuple[str, ...] = ()
+    """Patterns (fnmatch) over the calling run's exposed tool names; empty: no tools."""
     binding_id: int | None = None
     approval_policy: tuple[dict[str, str], ...] = ()
 
@@ -62,6 +86,21 @@ class RunSpec:
     mcp_bindings: tuple[McpBindingSpec, ...] = ()
     builtin_bindings: tuple[BuiltinBindingSpec, ...] = ()
     browser_bindings: tuple[BrowserBindingSpec, ...] = ()
+    cli_bindings: tuple[CliBindingSpec, ...] = ()
+    skill_bindings: tuple[SkillBindingSpec, ...] = ()
+    depth: int = 0
+    """0 for a user's run; a sub-run's is its parent's + 1 (``sessions.runner.subrun``)."""
+    parent_run_id: int | None = None
+    """Sub-runs: the run whose tool call this one answers."""
     attempt: int = 1
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""
+    run_timeout_seconds: float = 1800.0
+    run_started_at: float = 0.0
+    """Unix time the run first started."""
+    run_paused_seconds: float = 0.0
+    """Time spent waiting for approvals so far (not counted by the run timeout)."""
+
+    def run_seconds_left(self, now: float) -> float:
+        """Seconds the run may still work (≤ 0: its run timeout has passed). ``now``: Unix time."""
+        return self.run_started_at + self.run_paused_seconds + self.run_timeout_seconds - now

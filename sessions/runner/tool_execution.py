@@ -1,5 +1,12 @@
 """Executing one turn's tool calls: in parallel up to the agent's limit, each with a timeout,
-each persisted before and after, each announced on the session stream."""
+each persisted before and after, each announced on the session stream.
+
+Before a call runs, its binding's approval policy decides: ``allow`` runs it, ``deny`` fails
+it with the reason, ``ask`` records an Approval and leaves the call waiting. A tool may also
+ask for approval itself (:class:`capabilities.tools.ApprovalRequired`) or for the user's
+answer (:class:`capabilities.tools.QuestionForUser`). Calls waiting for a human are returned
+to the loop, which pauses the run once the turn's other calls are done.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +15,21 @@ import json
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-
-from capabilities.tools import Tool, ToolContext, ToolError
-from sessions.models import ToolCallStatus
+from agents.models import ApprovalAction, approval_action
+from capabilities.tools import ApprovalRequired, QuestionForUser, Tool, ToolContext, ToolError
+from sessions.models import ApprovalKind, ApprovalStatus, ToolCallStatus
 from sessions.runner import _db
+from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
 from sessions.runner.spec import RunSpec
+from sessions.runner.toolset import Toolset
 
 logger = logging.getLogger(__name__)
 
-MAX_RESULT_CHARS = 50_000
-"""Tool output beyond this is cut (with a marker) before it reaches the model."""
+MAX_RECORDED_CHARS = 1_000_000
+"""ToolCall.result keeps at most this much of a result (the artifact keeps all of it)."""
 
 UNTRUSTED_SYSTEM_NOTE = (
     "Some tool results come from outside this platform (web pages, MCP servers, command output). "
@@ -40,44 +50,145 @@ def frame_untrusted(content: str, *, nonce: str | None = None) -> str:
     nonce = nonce or secrets.token_hex(8)
     return f'<untrusted-data nonce="{nonce}">\n{content}\n</untrusted-data nonce="{nonce}">'
 
+
+NO_APPROVALS_IN_SUB_RUNS = (
+    "The tool {name!r} needs a human's approval, and approvals are not supported inside skills yet. "
+    "Finish without it and say in your answer that this step needs the user's approval."
+)
+"""A sub-run (depth > 0) cannot pause for a human: such calls fail with this error."""
+NO_QUESTIONS_IN_SUB_RUNS = (
+    "Questions to the user are not supported inside skills yet. Finish with what you have and say in "
+    "your answer what you would have asked."
+)
+
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
 async def execute_tool_calls(
-    *, spec: RunSpec, calls: list[dict[str, Any]], tools: dict[str, Tool], publish: Publish
-) -> None:
+    *, spec: RunSpec, calls: list[dict[str, Any]], toolset: Toolset, publish: Publish
+) -> list[int]:
     """Execute ``calls`` (``[{pk, call_id, name, arguments_raw}]``) and record each outcome.
 
     Never raises for a tool's failure: an unknown tool, invalid arguments, a ToolError, a
     timeout or a bug in a tool all become a failed tool call whose reason the model reads.
     Cancellation propagates.
+
+    Returns:
+        Primary keys of the calls now waiting for a human (approval or answer); empty when
+        every call has a result.
     """
     semaphore = asyncio.Semaphore(spec.tool_max_parallel)
+    approvals = await _db.db(_db.approvals_for_calls)(run_id=spec.run_id, call_pks=[c["pk"] for c in calls])
 
-    async def one(call: dict[str, Any]) -> None:
+    async def one(call: dict[str, Any]) -> bool:
         async with semaphore:
-            await _execute_one(spec=spec, call=call, tools=tools, publish=publish)
+            return await _execute_one(spec=spec, call=call, toolset=toolset, publish=publish,
+                                      approval=approvals.get(call["pk"]))
 
-    await asyncio.gather(*(one(c) for c in calls))
+    waiting = await asyncio.gather(*(one(c) for c in calls))
+    return [c["pk"] for c, w in zip(calls, waiting) if w]
 
 
-async def _execute_one(*, spec: RunSpec, call: dict[str, Any], tools: dict[str, Tool], publish: Publish) -> None:
-    name = call["name"]
-    await _db.db(_db.tool_call_start)(pk=call["pk"])
+@dataclass(slots=True)
+class _Result:
+    status: str = ToolCallStatus.SUCCEEDED
+    content: str = ""
+    data: Any = None
+    error: str = ""
+    model_content: str | None = None
+
+
+async def _execute_one(
+    *, spec: RunSpec, call: dict[str, Any], toolset: Toolset, publish: Publish, approval: _db.ApprovalState | None
+) -> bool:
+    """Run (or decide) one call. Returns True if it now waits for a human."""
+    name, pk = call["name"], call["pk"]
+    tool = toolset.tools.get(name)
+    origin = toolset.origins.get(name)
     try:
         arguments: dict[str, Any] | None = _parse_arguments(call["arguments_raw"])
         invalid_arguments: ToolError | None = None
     except ToolError as exc:  # reported as the call's failure below, after the started event
         arguments, invalid_arguments = None, exc
-    await publish("tool_call_started", {
-        "tool_call_id": call["pk"], "name": name,
-        "arguments": arguments if arguments is not None else call["arguments_raw"],
-    })
+    shown_arguments = arguments if arguments is not None else call["arguments_raw"]
 
+    async def wait_for_human(kind: str, *, reason: str = "", question: str = "") -> bool:
+        await _db.db(_db.approval_request)(spec=spec, call_pk=pk, kind=kind, tool_name=name,
+                                           arguments=shown_arguments, reason=reason, question=question)
+        return True
+
+    if approval is not None and approval.status == ApprovalStatus.PENDING:
+        return True
+    decided = _decided_without_running(approval)
+    if decided is None and approval is None and tool is not None and origin is not None and invalid_arguments is None:
+        action = approval_action(list(origin.approval_policy), origin.name, name)
+        if action == ApprovalAction.ASK and spec.depth > 0:
+            decided = _Result(status=ToolCallStatus.FAILED, error=NO_APPROVALS_IN_SUB_RUNS.format(name=name))
+        elif action == ApprovalAction.ASK:
+            return await wait_for_human(ApprovalKind.TOOL_CALL, reason=f"The agent's policy asks before {origin.name} runs.")
+        if action == ApprovalAction.DENY:
+            decided = _Result(status=ToolCallStatus.FAILED,
+                              error=f"The agent's policy does not allow the tool {name!r}. Do not call it again.")
+
+    await _db.db(_db.tool_call_start)(pk=pk)
+    await publish("tool_call_started", {"tool_call_id": pk, "name": name, "arguments": shown_arguments})
     started = time.monotonic()
-    status, content, data, error = ToolCallStatus.SUCCEEDED, "", None, ""
-    model_content: str | None = None  # what the model reads, when it differs from ``content``
-    tool = tools.get(name)
+    if decided is not None:
+        result = decided
+    else:
+        try:
+            result = await _run_tool(spec=spec, call=call, tool=tool, tools=toolset.tools, arguments=arguments,
+                                     invalid_arguments=invalid_arguments, publish=publish,
+                                     approved=approval is not None and approval.status == ApprovalStatus.APPROVED)
+        except ApprovalRequired as exc:
+            if spec.depth == 0:
+                return await wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason)
+            result = _Result(status=ToolCallStatus.FAILED, error=NO_APPROVALS_IN_SUB_RUNS.format(name=name))
+        except QuestionForUser as exc:
+            if spec.depth == 0:
+                return await wait_for_human(ApprovalKind.QUESTION, question=exc.question)
+            result = _Result(status=ToolCallStatus.FAILED, error=NO_QUESTIONS_IN_SUB_RUNS)
+        if result.status == ToolCallStatus.SUCCEEDED:
+            result.model_content = await _for_model(spec=spec, pk=pk, name=name, tool=tool, toolset=toolset,
+                                                    content=result.content, publish=publish)
+    duration_ms = int((time.monotonic() - started) * 1000)
+
+    recorded = await _db.db(_db.tool_call_finish)(
+        spec=spec, pk=pk, status=result.status, content=result.content[:MAX_RECORDED_CHARS], data=result.data,
+        error=result.error, duration_ms=duration_ms, model_content=result.model_content,
+    )
+    if not recorded:
+        return False
+    if result.status == ToolCallStatus.SUCCEEDED:
+        await publish("tool_call_succeeded",
+                      {"tool_call_id": pk, "name": name, "result": result.content[:MAX_RECORDED_CHARS],
+                       "duration_ms": duration_ms})
+    else:
+        await publish("tool_call_failed", {"tool_call_id": pk, "name": name, "error": result.error,
+                                           "status": result.status, "duration_ms": duration_ms})
+    return False
+
+
+def _decided_without_running(approval: _db.ApprovalState | None) -> _Result | None:
+    """The result of a call a human already settled: denied, expired, or a question answered."""
+    if approval is None:
+        return None
+    if approval.kind == ApprovalKind.QUESTION and approval.status == ApprovalStatus.ANSWERED:
+        return _Result(content=f"The user answered: {approval.answer}")
+    if approval.status == ApprovalStatus.DENIED:
+        why = f" Their reason: {approval.answer}" if approval.answer else ""
+        return _Result(status=ToolCallStatus.FAILED,
+                       error=f"The user denied this tool call.{why} Do not retry it unchanged.")
+    if approval.status == ApprovalStatus.EXPIRED:
+        return _Result(status=ToolCallStatus.FAILED, error="Nobody approved this tool call in time.")
+    return None
+
+
+async def _run_tool(
+    *, spec: RunSpec, call: dict[str, Any], tool: Tool | None, tools: dict[str, Tool], arguments: dict[str, Any] | None,
+    invalid_arguments: ToolError | None, publish: Publish, approved: bool,
+) -> _Result:
+    name = call["name"]
     try:
         if tool is None:
             raise ToolError(
@@ -88,37 +199,48 @@ async def _execute_one(*, spec: RunSpec, call: dict[str, Any], tools: dict[str, 
             raise invalid_arguments
         context = ToolContext(
             tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
-            tool_call_id=call["pk"], publish=publish, user_id=spec.user_id,
+            tool_call_id=call["pk"], publish=publish, user_id=spec.user_id, approved=approved, depth=spec.depth,
         )
-        result = await asyncio.wait_for(tool.execute(arguments or {}, context), timeout=spec.tool_timeout_seconds)
-        content, data = _cap(result.content), result.data
-        if tool.untrusted:
-            model_content = frame_untrusted(content)
+        # A skill's sub-run is bounded by its own loop limit, turn timeouts and the run's deadline.
+        timeout = None if getattr(tool, "manages_own_timeout", False) else spec.tool_timeout_seconds
+        result = await asyncio.wait_for(tool.execute(arguments or {}, context), timeout=timeout)
+        return _Result(content=result.content, data=result.data)
+    except (ApprovalRequired, QuestionForUser):
+        if approved:  # approved once already: a tool asking again is a tool bug, not a new question
+            return _Result(status=ToolCallStatus.FAILED, error=f"The tool {name!r} asked for approval again.")
+        raise
     except ToolError as exc:
-        status, error = ToolCallStatus.FAILED, exc.message
+        return _Result(status=ToolCallStatus.FAILED, error=exc.message)
     except TimeoutError:
-        status, error = ToolCallStatus.TIMED_OUT, f"The tool {name!r} timed out after {spec.tool_timeout_seconds:g} s."
+        return _Result(status=ToolCallStatus.TIMED_OUT,
+                       error=f"The tool {name!r} timed out after {spec.tool_timeout_seconds:g} s.")
     except Exception as exc:  # a tool's own bug must fail the call, not the run
         logger.exception("tool %r raised", name)
-        status, error = ToolCallStatus.FAILED, f"The tool {name!r} failed: {type(exc).__name__}: {exc}"
-    duration_ms = int((time.monotonic() - started) * 1000)
+        return _Result(status=ToolCallStatus.FAILED, error=f"The tool {name!r} failed: {type(exc).__name__}: {exc}")
 
-    recorded = await _db.db(_db.tool_call_finish)(
-        spec=spec, pk=call["pk"], status=status, content=content, data=data, error=error, duration_ms=duration_ms,
-        model_content=model_content,
-    )
-    if not recorded:
-        return
-    if status == ToolCallStatus.SUCCEEDED:
-        await publish(
-            "tool_call_succeeded",
-            {"tool_call_id": call["pk"], "name": name, "result": content, "duration_ms": duration_ms},
+
+async def _for_model(
+    *, spec: RunSpec, pk: int, name: str, tool: Tool | None, toolset: Toolset, content: str, publish: Publish,
+) -> str | None:
+    """What the model reads of a successful result (None: ``content`` itself).
+
+    Compressed (:mod:`sessions.runner.compression`), stored as an artifact when still large
+    (``read_artifact`` is then offered for the rest of the run), framed when untrusted.
+    """
+    text = compress_result(content)
+    if len(text) > ARTIFACT_MIN_CHARS:
+        context = ToolContext(tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
+                              tool_call_id=pk, publish=publish, user_id=spec.user_id)
+        is_json = content.lstrip()[:1] in ("{", "[")
+        artifact_id = await context.artifact_save(
+            name=f"{name}-{pk}.{'json' if is_json else 'txt'}",
+            mime_type="application/json" if is_json else "text/plain", data=content.encode("utf-8"),
         )
-    else:
-        await publish(
-            "tool_call_failed",
-            {"tool_call_id": call["pk"], "name": name, "error": error, "status": status, "duration_ms": duration_ms},
-        )
+        text = artifact_preview(text, artifact_id=artifact_id, total_chars=len(content))
+        toolset.add_builtin("read_artifact")
+    if tool is not None and tool.untrusted:
+        text = frame_untrusted(text)
+    return None if text == content else text
 
 
 def _parse_arguments(raw: str) -> dict[str, Any]:
@@ -131,9 +253,3 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ToolError("The arguments must be a JSON object.", code="invalid_arguments")
     return value
-
-
-def _cap(text: str) -> str:
-    if len(text) <= MAX_RESULT_CHARS:
-        return text
-    return text[:MAX_RESULT_CHARS] + f"\n[… truncated: {len(text) - MAX_RESULT_CHARS} more characters]"

@@ -3,22 +3,26 @@
 Each capability kind contributes :class:`ToolSource` entries; :func:`toolset_open` names them
 (:func:`capabilities.naming.assign_exposed_names`) and builds the :class:`Toolset` the loop
 offers to the model. Connections a kind opens (MCP sessions...) are entered on the run's
-AsyncExitStack so they close with the run.
+AsyncExitStack so they close with the run; MCP sessions come from the process's pool and
+are only leased by the run (they outlive it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
 from capabilities.builtin.registry import builtin_create
-from capabilities.mcp.client import McpConnection
+from capabilities.cli.tool import CliTool
+from capabilities.mcp.pool import Catalogue, PooledSession, mcp_pool
 from capabilities.mcp.tool import McpTool
 from capabilities.naming import assign_exposed_names
 from capabilities.tools import Tool, ToolError
 from llm.types import ToolSpec
+from sessions.runner._db import db
 from sessions.runner.spec import RunSpec
 
 
@@ -51,11 +55,20 @@ class Toolset:
     """``{exposed name: Tool}``."""
     origins: dict[str, ToolOrigin] = field(default_factory=dict)
     """``{exposed name: ToolOrigin}``."""
+    hidden: set[str] = field(default_factory=set)
+    """Exposed names callable but not offered (skill tools past the depth limit: a call
+    gets a clear error instead of "unknown tool")."""
 
     @property
     def specs(self) -> list[ToolSpec]:
         """The ToolSpecs offered to the model (exposed names)."""
-        return [t.spec for t in self.tools.values()]
+        return [t.spec for name, t in self.tools.items() if name not in self.hidden]
+
+    def add_builtin(self, name: str) -> None:
+        """Offer the built-in tool ``name`` from now on (no-op if it is already offered)."""
+        if name not in self.tools:
+            self.tools[name] = builtin_create(name)
+            self.origins[name] = ToolOrigin(source="builtin", name=name)
 
 
 async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Toolset:
@@ -64,13 +77,18 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Tools
     Raises:
         CapabilityUnavailable: a bound capability could not be connected or listed.
     """
+    toolset = Toolset()
     sources: list[ToolSource] = []
     sources += await _mcp_sources(spec, stack)
     sources += _builtin_sources(spec)
+    sources += _cli_sources(spec)
     sources += _browser_sources(spec)
+    sources += _skill_sources(spec, toolset)
 
-    names = assign_exposed_names([(s.origin.source, s.origin.name) for s in sources])
-    toolset = Toolset()
+    names = assign_exposed_names(
+        [(s.origin.source, s.origin.name) for s in sources],
+        qualified_sources={b.server.alias for b in spec.mcp_bindings},
+    )
     for source in sources:
         exposed = names[(source.origin.source, source.origin.name)]
         toolset.tools[exposed] = source.factory(exposed)
@@ -79,23 +97,63 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Tools
 
 
 async def _mcp_sources(spec: RunSpec, stack: contextlib.AsyncExitStack) -> list[ToolSource]:
+    """The tools of the run's MCP servers, from the process's MCP pool.
+
+    Every server's pooled session is connected (if it is not already) and its catalogue
+    fetched concurrently. The run holds a lease on each session until its exit stack closes
+    (no idle eviction mid-run) but never closes one: sessions are shared with other runs.
+    A changed catalogue is stored on the McpServer row (the console's snapshot).
+
+    Raises:
+        CapabilityUnavailable: a server could not be connected or listed (or its breaker is open).
+    """
+    if not spec.mcp_bindings:
+        return []
+    pool = mcp_pool()
+    sessions = [
+        pool.session(tenant_id=spec.tenant_id, server_id=b.server_id, config=b.server) for b in spec.mcp_bindings
+    ]
+    for session in sessions:
+        stack.callback(session.lease())
+    catalogues = await asyncio.gather(
+        *(_mcp_catalogue(spec.tenant_id, session) for session in sessions), return_exceptions=True
+    )
     sources = []
-    for binding in spec.mcp_bindings:
-        try:
-            connection = await stack.enter_async_context(McpConnection(binding.server))
-            infos = await connection.list_tools()
-        except ToolError as exc:
-            raise CapabilityUnavailable(f"MCP server {binding.server.alias!r} is unavailable: {exc.message}") from exc
-        for info in infos:
+    for binding, session, catalogue in zip(spec.mcp_bindings, sessions, catalogues):
+        if isinstance(catalogue, ToolError):
+            raise CapabilityUnavailable(
+                f"MCP server {binding.server.alias!r} is unavailable: {catalogue.message}"
+            ) from catalogue
+        if isinstance(catalogue, BaseException):
+            raise catalogue
+        for info in catalogue.tools:
             if binding.allowed_tools and info.name not in binding.allowed_tools:
                 continue
             sources.append(ToolSource(
                 origin=ToolOrigin(source=binding.server.alias, name=info.name, binding_id=binding.binding_id,
                                   approval_policy=binding.approval_policy),
-                factory=lambda exposed, c=connection, i=info: McpTool(
+                factory=lambda exposed, c=session, i=info: McpTool(
                     connection=c, info=i, exposed_name=exposed, call_timeout_seconds=spec.tool_timeout_seconds),
             ))
     return sources
+
+
+async def _mcp_catalogue(tenant_id: int, session: PooledSession) -> Catalogue:
+    """``session.catalogue()``, storing a new snapshot (or the failure) on the McpServer row."""
+    from capabilities.services import mcp_server_tools_snapshot_save
+
+    save = db(mcp_server_tools_snapshot_save)
+    server_id = session.key.server_id
+    try:
+        catalogue = await session.catalogue()
+    except ToolError as exc:
+        if server_id:
+            await save(tenant_id=tenant_id, server_id=server_id, tools=None, error=exc.message)
+        raise
+    if server_id and catalogue.version != session.snapshot_version:
+        await save(tenant_id=tenant_id, server_id=server_id, tools=catalogue.tools)
+        session.snapshot_version = catalogue.version
+    return catalogue
 
 
 def _builtin_sources(spec: RunSpec) -> list[ToolSource]:
@@ -105,6 +163,32 @@ def _builtin_sources(spec: RunSpec) -> list[ToolSource]:
             factory=lambda exposed, n=b.name: renamed(builtin_create(n), exposed),
         )
         for b in spec.builtin_bindings
+    ]
+
+
+def _cli_sources(spec: RunSpec) -> list[ToolSource]:
+    """One tool per bound CLI command: source ``cli``, named as the command (no process starts here)."""
+    return [
+        ToolSource(
+            origin=ToolOrigin(source="cli", name=b.command.name, binding_id=b.binding_id,
+                              approval_policy=b.approval_policy),
+            factory=lambda exposed, c=b.command: CliTool(c, exposed_name=exposed),
+        )
+        for b in spec.cli_bindings
+    ]
+
+
+def _skill_sources(spec: RunSpec, toolset: Toolset) -> list[ToolSource]:
+    """Bound skills, each a :class:`sessions.runner.subrun.SkillTool` (source alias ``skill``,
+    tool name = the skill's name) that runs a sub-run with a subset of ``toolset``."""
+    from sessions.runner.subrun import SkillTool
+
+    return [
+        ToolSource(
+            origin=ToolOrigin(source="skill", name=b.name, binding_id=b.binding_id, approval_policy=b.approval_policy),
+            factory=lambda exposed, b=b: SkillTool(skill=b, exposed_name=exposed, parent=spec, parent_toolset=toolset),
+        )
+        for b in spec.skill_bindings
     ]
 
 

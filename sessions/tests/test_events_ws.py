@@ -87,6 +87,35 @@ async def test_reconnect_with_after_seq_replays_only_what_was_missed(world, fake
     assert replayed == [f for f in everything if f["seq"] > cut]
 
 
+async def test_disconnect_mid_run_and_reconnect_with_after_seq_misses_nothing(world, fake_llm):
+    import asyncio
+
+    session = await make_session(world, fake_llm.base_url)
+    text = "".join(f"word{i} " for i in range(40))
+    fake_llm.script(ToolCalls([("test_echo", {"text": "a"})]),
+                    Reply(text, chunk_size=5, chunk_interval_seconds=0.02))
+    agent = await sync_to_async(lambda: session.agent)()
+    comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={world.member_token}")
+    await comm.connect()
+    run = await post_message(agent=agent, user=world.member, content="go", session=session)
+    task = asyncio.create_task(execute_run(run.pk))
+    before = []
+    while not any(f["type"] == "content_token" for f in before):  # mid-stream
+        before.append(await comm.receive_json_from(timeout=10))
+    await comm.disconnect()
+    await asyncio.sleep(0.2)  # events keep coming while the client is away
+
+    comm = WebsocketCommunicator(
+        application, f"/ws/sessions/{session.pk}/?token={world.member_token}&after_seq={before[-1]['seq']}")
+    await comm.connect()
+    after = await receive_until(comm, "run_completed")
+    await comm.disconnect()
+    await task
+    seqs = [f["seq"] for f in before + after]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "no gap, no duplicate"
+    assert "".join(f["data"]["text"] for f in before + after if f["type"] == "content_token") == text
+
+
 async def test_other_tenants_session_is_closed_with_4404(world, other_world, fake_llm):
     session = await make_session(world, fake_llm.base_url)
     comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={other_world.member_token}")

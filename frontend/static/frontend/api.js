@@ -156,4 +156,6 @@ export const api = {
   createSession: (agentId) => post('sessions/', { agent: agentId }),
   getSession: (id, opts) => get(`sessions/${enc(id)}/`, opts),
   sendMessage: (id, content) => post(`sessions/${enc(id)}/messages/`, { content }),
+  /** Decide an approval: {decision: 'approve'|'deny', reason} or, for a question, {answer}. */
+  decideApproval: (id, body) => post(`approvals/${enc(id)}/`, body),
 };

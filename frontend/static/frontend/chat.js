@@ -27,13 +27,14 @@ import { renderRichText } from './richtext.js';
 
 // ---------------------------------------------------------------- helpers --
 
-const ACTIVE_STATUSES = new Set(['queued', 'pending', 'running']);
+const ACTIVE_STATUSES = new Set(['queued', 'pending', 'running', 'awaiting_approval']);
 const isActive = (status) => ACTIVE_STATUSES.has(status);
 
-/** Progress rank of a run/tool status: queued < running < anything final. */
+/** Progress rank of a run/tool status: queued < running = awaiting approval < anything final.
+ * A run goes running → awaiting_approval → running again, so those two share a rank. */
 function rank(status) {
   if (status === 'queued' || status === 'pending') return 0;
-  if (status === 'running') return 1;
+  if (status === 'running' || status === 'awaiting_approval') return 1;
   return 2;
 }
 
@@ -114,7 +115,25 @@ function newRun(id) {
     createdAt: null,
     tools: new Map(), // tool call id -> tool object, in arrival order
     notices: [], // model_fallback / model_retry messages, in arrival order
+    approvals: new Map(), // approval id -> {id, kind, status, tool_name, arguments, reason, question}
   };
+}
+
+/** Merge an approval (REST shape or event payload) into a run; decided ones never go back to pending. */
+function upsertApproval(run, raw) {
+  const id = String(raw.id ?? raw.approval_id);
+  const current = run.approvals.get(id);
+  const incoming = {
+    id,
+    kind: raw.kind || 'tool_call',
+    status: raw.status || 'pending',
+    tool_name: raw.tool_name || '',
+    arguments: raw.arguments,
+    reason: raw.reason || '',
+    question: raw.question || '',
+  };
+  if (!current) run.approvals.set(id, incoming);
+  else if (current.status === 'pending') Object.assign(current, incoming);
 }
 
 const ERROR_LABELS = {
@@ -281,6 +300,90 @@ class ToolCardView {
   }
 }
 
+// -------------------------------------------------------------- approval --
+
+/** A pending approval (Approve / Deny) or an ask_user question (answer box), then its outcome. */
+class ApprovalView {
+  constructor(id) {
+    this.id = id;
+    this.title = h('div', { class: 'approval-title' });
+    this.detail = h('pre', { class: 'tool-pre approval-args' });
+    this.reason = h('div', { class: 'approval-reason' });
+    this.answer = h('textarea', { class: 'approval-answer', rows: 2, testid: 'approval-answer-input' });
+    this.error = h('div', { class: 'approval-error', role: 'alert', hidden: true });
+    this.approveBtn = h('button', { type: 'button', class: 'btn btn-primary', testid: 'approval-approve', text: 'Approve' });
+    this.denyBtn = h('button', { type: 'button', class: 'btn', testid: 'approval-deny', text: 'Deny' });
+    this.sendBtn = h('button', { type: 'button', class: 'btn btn-primary', testid: 'approval-answer-send', text: 'Send answer' });
+    this.approveBtn.addEventListener('click', () => this.decide({ decision: 'approve' }));
+    this.denyBtn.addEventListener('click', () => this.decide({ decision: 'deny' }));
+    this.sendBtn.addEventListener('click', () => this.decide({ answer: this.answer.value.trim() }));
+    this.actions = h('div', { class: 'approval-actions' });
+    this.outcome = h('div', { class: 'approval-outcome', testid: 'approval-outcome' });
+    this.el = h(
+      'div',
+      { class: 'approval-card', testid: 'approval-card' },
+      this.title,
+      this.reason,
+      this.detail,
+      this.actions,
+      this.error,
+      this.outcome,
+    );
+    this.key = '';
+    this.busy = false;
+  }
+
+  async decide(body) {
+    if (this.busy) return;
+    if ('answer' in body && !body.answer) {
+      this.showError('Type an answer first.');
+      return;
+    }
+    this.busy = true;
+    this.showError('');
+    for (const b of [this.approveBtn, this.denyBtn, this.sendBtn]) b.disabled = true;
+    try {
+      const decided = await api.decideApproval(this.id, body);
+      this.update({ ...this.approval, status: decided.status });
+    } catch (err) {
+      this.showError(err instanceof ApiError ? err.message : 'Could not send the decision.');
+    } finally {
+      this.busy = false;
+      for (const b of [this.approveBtn, this.denyBtn, this.sendBtn]) b.disabled = false;
+    }
+  }
+
+  showError(text) {
+    this.error.textContent = text;
+    this.error.hidden = !text;
+  }
+
+  update(approval) {
+    this.approval = approval;
+    const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question]);
+    if (key === this.key) return;
+    this.key = key;
+    const question = approval.kind === 'question';
+    const pending = approval.status === 'pending';
+    this.el.dataset.status = approval.status;
+    this.el.classList.toggle('is-pending', pending);
+    this.title.textContent = question
+      ? `${approval.question}`
+      : `Allow ${approval.tool_name || 'this tool'}?`;
+    this.reason.textContent = question ? 'The agent asks:' : approval.reason;
+    this.reason.hidden = !this.reason.textContent;
+    this.detail.textContent = question ? '' : pretty(approval.arguments) || '{}';
+    this.detail.hidden = question;
+    replaceChildren(
+      this.actions,
+      pending ? (question ? [this.answer, this.sendBtn] : [this.approveBtn, this.denyBtn]) : [],
+    );
+    const labels = { approved: 'Approved', denied: 'Denied', answered: 'Answered', expired: 'Expired' };
+    this.outcome.textContent = pending ? '' : labels[approval.status] || approval.status;
+    this.outcome.hidden = pending;
+  }
+}
+
 // ------------------------------------------------------------------- run --
 
 class RunView {
@@ -337,6 +440,8 @@ class RunView {
     this.renderedReply = null;
     this.notices = h('div', { class: 'model-notices', role: 'status' });
     this.renderedNotices = 0;
+    this.approvals = h('div', { class: 'approval-list' });
+    this.approvalViews = new Map();
   }
 
   update(run) {
@@ -360,6 +465,18 @@ class RunView {
       }
       view.update(tool);
     }
+
+    // Approvals and questions waiting for the user, below the tool cards.
+    for (const approval of run.approvals.values()) {
+      let view = this.approvalViews.get(approval.id);
+      if (!view) {
+        view = new ApprovalView(approval.id);
+        this.approvalViews.set(approval.id, view);
+        this.approvals.append(view.el);
+      }
+      view.update(approval);
+    }
+    attach(this.el, this.approvals, this.approvalViews.size > 0, this.pending);
 
     // Routing notices (fallbacks, retries), above the reply.
     if (run.notices.length !== this.renderedNotices) {
@@ -387,7 +504,9 @@ class RunView {
     this.pendingText.textContent =
       run.status === 'queued' || run.status === 'pending'
         ? 'Queued…'
-        : runningTool
+        : run.status === 'awaiting_approval'
+          ? 'Waiting for you…'
+          : runningTool
           ? 'Running tools…'
           : 'Thinking…';
 
@@ -734,6 +853,7 @@ export class ChatView {
         if (raw.reason) run.reason = raw.reason;
       }
       for (const tool of raw.tool_calls || []) upsertTool(run, tool);
+      for (const approval of raw.approvals || []) upsertApproval(run, approval);
       this.dirty.add(run.id);
     }
     // Canonical order: the server's runs, then any only seen live so far.
@@ -769,6 +889,8 @@ export class ChatView {
       return;
     }
     if (frame.run_id === null || frame.run_id === undefined) return;
+    // A skill's sub-run: shown as its parent's tool call, not as a run of the conversation.
+    if (data.parent_run_id !== undefined && data.parent_run_id !== null) return;
     const known = this.runs.has(String(frame.run_id));
     const handlers = {
       run_queued: (run) => {
@@ -776,7 +898,15 @@ export class ChatView {
         if (!run.createdAt) run.createdAt = toIso(frame.ts);
       },
       run_running: (run) => {
-        if (rank(run.status) < 1) run.status = 'running';
+        if (rank(run.status) < 2) run.status = 'running';
+      },
+      run_awaiting_approval: (run) => {
+        if (rank(run.status) < 2) run.status = 'awaiting_approval';
+        for (const approval of data.approvals || []) upsertApproval(run, approval);
+      },
+      approval_resolved: (run) => {
+        const approval = run.approvals.get(String(data.approval_id));
+        if (approval) approval.status = data.status || 'approved';
       },
       model_fallback: (run) => {
         run.notices.push(

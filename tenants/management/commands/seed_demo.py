@@ -5,7 +5,11 @@ Creates (or brings back to the documented state) tenant "demo" with:
 - ``demo-user`` / ``demo-user-pass``: end user for the chat app;
 - provider "local" → the embedded model (settings.LLM_BASE_URL), route "local";
 - MCP server "time" (``mcp-server-time`` over stdio);
-- agent "Assistant" on route "local", bound to "time" (allow-list: ``get_current_time``).
+- agent "Assistant" on route "local", bound to "time" (allow-list: ``get_current_time``);
+- CLI command "factor" (``["factor", "--", "{n}"]``, GNU coreutils, in the bubblewrap
+  sandbox, no network) and agent "Researcher" on the same route, bound to it and to
+- MCP server "fetch" (``mcp-server-fetch`` over stdio: its ``fetch`` tool, exposed as
+  ``fetch__fetch``; private and loopback addresses refused, robots.txt honoured).
 
 With ``--print-token`` the last line printed is a new API token for demo-user (with
 ``--admin``, for demo-admin).
@@ -21,7 +25,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
-from capabilities.models import McpServer, McpTransport
+from capabilities.models import CliCommand, McpServer, McpTransport
 from llm.models import ModelProvider, ModelRoute, ModelRouteEntry, ToolCallMode
 from tenants.models import Membership, Role, Tenant
 from tenants.services import api_token_create, tenant_create
@@ -34,6 +38,18 @@ ASSISTANT_PROMPT = (
     "such as the current time somewhere, call the matching tool instead of guessing, then "
     "answer in one or two sentences using the tool's result."
 )
+RESEARCHER_PROMPT = (
+    "You are Researcher, a careful agent that checks facts with tools instead of guessing. "
+    "To factor an integer into primes, call the factor tool, then answer with its result."
+)
+FACTOR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": 1, "maximum": 10**18, "description": "The positive integer to factor."},
+    },
+    "required": ["n"],
+    "additionalProperties": False,
+}
 
 
 class Command(BaseCommand):
@@ -107,4 +123,43 @@ class Command(BaseCommand):
             # The 0.5B demo model stays on task with one tool; drop the allow-list for a capable model.
             defaults={"allowed_tools": ["get_current_time"], "enabled": True},
         )
+        self._seed_researcher(tenant=tenant, route=route)
         return memberships
+
+    def _seed_researcher(self, *, tenant: Tenant, route: ModelRoute) -> None:
+        """The second demo agent and its sandboxed CLI command (README, "CLI commands")."""
+        factor, _ = CliCommand.all_tenants.update_or_create(
+            tenant=tenant, name="factor",
+            defaults={
+                "description": "Prime factorization of a positive integer (GNU coreutils `factor`). "
+                               "Returns a line like '12: 2 2 3'.",
+                "argv_template": ["factor", "--", "{n}"], "parameters_schema": FACTOR_SCHEMA,
+                "timeout_seconds": 10.0, "max_output_bytes": 4096, "allow_network": False,
+                "unsandboxed": False, "enabled": True,
+            },
+        )
+        factor.full_clean()
+        agent, _ = AgentInstance.all_tenants.update_or_create(
+            tenant=tenant, name="Researcher",
+            defaults={
+                "description": "Checks facts with tools: prime factorization in a sandbox (more tools to come).",
+                "system_prompt": RESEARCHER_PROMPT, "route": route, "max_loop_count": 6,
+                "tool_max_parallel": 3, "tool_timeout_seconds": 60.0, "is_active": True,
+            },
+        )
+        CapabilityBinding.all_tenants.update_or_create(
+            tenant=tenant, agent=agent, kind=CapabilityKind.CLI, cli_command=factor,
+            defaults={"enabled": True},
+        )
+        fetch_server, _ = McpServer.all_tenants.update_or_create(
+            tenant=tenant, alias="fetch",
+            defaults={
+                "name": "Fetch (mcp-server-fetch)", "transport": McpTransport.STDIO,
+                "command": sys.executable, "args": ["-m", "mcp_server_fetch"],
+                "call_timeout_seconds": 30.0, "enabled": True,
+            },
+        )
+        CapabilityBinding.all_tenants.update_or_create(
+            tenant=tenant, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=fetch_server,
+            defaults={"allowed_tools": ["fetch"], "enabled": True},
+        )

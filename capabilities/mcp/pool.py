@@ -1,0 +1,755 @@
+"""The MCP client pool: long-lived MCP sessions shared by the runs of one worker process.
+
+One :class:`McpPool` per event loop (the worker's run-host loop, see
+``sessions/runner/host.py``; :func:`mcp_pool` returns the running loop's pool). It holds one
+:class:`PooledSession` per ``(tenant id, server id, config fingerprint)``: runs of the same
+tenant and server share the session (no process spawn per run), an edited server (new
+command, URL, env, headers or timeouts) gets a new one.
+
+A pooled session:
+
+- connects lazily (on first use) and, when a run binds several servers, in parallel with
+  the others (the runner gathers them);
+- has **one owner task** that enters and exits the SDK client (its anyio task groups must be
+  entered and exited in the same task). Callers never touch the client: each call is a job
+  put on the owner's queue; the owner starts the job in its own task group and the caller
+  awaits a future. A cancelled caller cancels only its own job (the SDK then sends the server
+  ``notifications/cancelled``); the session and other callers' calls are unaffected;
+- keeps a **tool catalogue** (every page of ``tools/list``), refreshed when the server sends
+  ``notifications/tools/list_changed`` (handshake-era connections: a plain notification;
+  2026-07-28 connections: a ``subscriptions/listen`` stream) and when older than
+  ``catalogue_ttl_seconds``;
+- is **evicted when idle** (no call in flight, no run holding a lease) for
+  ``idle_timeout_seconds``: the owner closes it, a stdio server process is terminated;
+- detects a **dead transport** (stdio process exit, dropped connection, terminated HTTP
+  session): the call that hit it fails with :class:`McpConnectionLost`, the session closes,
+  and the next use reconnects;
+- has a **circuit breaker**: after ``breaker_failure_threshold`` consecutive failures
+  (connect errors, timeouts, lost connections; not a tool's own ``isError``) it opens for
+  ``breaker_cooldown_seconds``: calls fail fast with :class:`McpServerUnavailable`; then one
+  half-open probe decides whether it closes again.
+
+No Django imports except the lazy settings read in :func:`mcp_pool`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import anyio
+import mcp_types
+from mcp import Client
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from capabilities.mcp.client import (
+    McpConnectError,
+    McpConnectionLost,
+    McpServerConfig,
+    McpToolInfo,
+    ProgressCallback,
+    _describe,
+    call_tool_raw,
+    check_timeout_seconds,
+    list_all_tools,
+    make_client,
+)
+from capabilities.tools import ToolError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_IDLE_TIMEOUT_SECONDS = 300.0
+"""Setting ``MCP_POOL_IDLE_TIMEOUT_SECONDS``: a session unused this long is closed."""
+DEFAULT_CATALOGUE_TTL_SECONDS = 300.0
+"""Setting ``MCP_POOL_CATALOGUE_TTL_SECONDS``: a tool catalogue older than this is re-listed."""
+DEFAULT_BREAKER_FAILURE_THRESHOLD = 3
+"""Setting ``MCP_POOL_BREAKER_FAILURE_THRESHOLD``: consecutive failures that open the breaker."""
+DEFAULT_BREAKER_COOLDOWN_SECONDS = 30.0
+"""Setting ``MCP_POOL_BREAKER_COOLDOWN_SECONDS``: how long an open breaker refuses calls."""
+
+_CLOSE_TIMEOUT_SECONDS = 10.0
+"""How long closing waits for the owner task before cancelling it (the SDK's stdio shutdown
+is itself bounded at about 6.5 s: stdin close, SIGTERM, SIGKILL)."""
+
+_SESSION_GONE_MESSAGES = ("Session terminated",)
+"""MCPError messages (Streamable HTTP: 404 for our session id) that mean the server lost our
+session, e.g. because it restarted: reconnect, like a dropped connection."""
+
+
+class McpServerUnavailable(ToolError):
+    """The server's circuit breaker is open: calls fail fast until the cool-down ends.
+
+    ``code`` is ``mcp_unavailable``; the message names the server and the seconds left.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="mcp_unavailable")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolKey:
+    """What a pooled session is shared by."""
+
+    tenant_id: int
+    server_id: int
+    """``McpServer`` primary key."""
+    fingerprint: str
+    """``McpServerConfig.fingerprint``: changes when the server is edited."""
+
+
+@dataclass(frozen=True, slots=True)
+class Catalogue:
+    """The tools a server listed (all pages)."""
+
+    tools: tuple[McpToolInfo, ...]
+    fetched_at: float
+    """``time.monotonic()`` when the listing finished."""
+    version: int
+    """Starts at 1; +1 each time a refresh returns a different tool list."""
+
+
+class CircuitBreaker:
+    """Consecutive-failure breaker: closed → open (cool-down) → half-open (one probe) → closed.
+
+    Not thread-safe: used from one event loop.
+    """
+
+    def __init__(self, *, failure_threshold: int, cooldown_seconds: float, clock: Callable[[], float]) -> None:
+        """Args:
+        failure_threshold: Consecutive failures that open it (≥ 1).
+        cooldown_seconds: Seconds it stays open before allowing one probe (positive).
+        clock: Monotonic seconds (``time.monotonic`` unless a test drives time).
+
+        Raises:
+            ValueError: A bad threshold or cool-down.
+        """
+        if failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
+        check_timeout_seconds(cooldown_seconds, what="cooldown_seconds")
+        self.failure_threshold = failure_threshold
+        self.cooldown_seconds = cooldown_seconds
+        self._clock = clock
+        self.failures = 0
+        """Consecutive failures so far."""
+        self._opened_at: float | None = None
+        self._probing = False
+
+    @property
+    def state(self) -> Literal["closed", "open", "half_open"]:
+        """``closed`` (normal), ``open`` (refusing) or ``half_open`` (cool-down over: one probe)."""
+        if self._opened_at is None:
+            return "closed"
+        if self._clock() - self._opened_at < self.cooldown_seconds:
+            return "open"
+        return "half_open"
+
+    def before_attempt(self, alias: str) -> None:
+        """Allow an attempt, or refuse it.
+
+        Raises:
+            McpServerUnavailable: Open, or half-open with a probe already in flight.
+        """
+        state = self.state
+        if state == "closed":
+            return
+        if state == "half_open" and not self._probing:
+            self._probing = True
+            return
+        assert self._opened_at is not None
+        left = max(0.0, self.cooldown_seconds - (self._clock() - self._opened_at))
+        raise McpServerUnavailable(
+            f"MCP server {alias!r} is unavailable after {self.failures} consecutive failures; "
+            f"it will be tried again in {left:.0f} s. Do not call its tools until then."
+        )
+
+    def record_success(self) -> None:
+        """A call or connect succeeded: close the breaker."""
+        self.failures = 0
+        self._opened_at = None
+        self._probing = False
+
+    def record_failure(self) -> None:
+        """A call or connect failed at the server/transport level: count it; maybe open."""
+        self.failures += 1
+        if self._probing or self.failures >= self.failure_threshold:
+            self._opened_at = self._clock()
+        self._probing = False
+
+
+@dataclass(eq=False, slots=True)
+class _Job:
+    fn: Callable[[Client], Awaitable[Any]]
+    future: asyncio.Future[Any]
+    scope: anyio.CancelScope | None = None
+
+
+def _is_transport_failure(exc: BaseException) -> bool:
+    """True for failures that count against the breaker (not a tool's own error)."""
+    if isinstance(exc, (McpConnectionLost, McpConnectError)):
+        return True
+    return isinstance(exc, ToolError) and exc.code == "timeout"
+
+
+class PooledSession:
+    """One long-lived MCP session of a :class:`McpPool` (create it through the pool).
+
+    Use from the pool's event loop only. Every method may be called concurrently.
+    """
+
+    def __init__(self, pool: McpPool, key: PoolKey, config: McpServerConfig) -> None:
+        self.pool = pool
+        self.key = key
+        self.config = config
+        self.breaker = CircuitBreaker(
+            failure_threshold=pool.breaker_failure_threshold,
+            cooldown_seconds=pool.breaker_cooldown_seconds,
+            clock=pool.clock,
+        )
+        self.connects = 0
+        """Successful connects so far (1 + reconnects): for tests and the benchmark."""
+        self.protocol_version: str | None = None
+        """Negotiated protocol version of the current connection."""
+        self.list_changed = asyncio.Event()
+        """Set (and replaced by a fresh event) on every ``tools/list_changed`` from the server."""
+        self._owner: asyncio.Task[None] | None = None
+        self._jobs: asyncio.Queue[_Job | None] | None = None
+        self._owned_jobs: set[_Job] = set()
+        self._ready: asyncio.Future[None] | None = None
+        self._client: Client | None = None
+        self._accepting = False
+        self._connect_timed_out = False
+        self._closed = False
+        self._in_flight = 0
+        self._leases = 0
+        self._last_used = pool.clock()
+        self._idle_handle: asyncio.TimerHandle | None = None
+        self._catalogue: Catalogue | None = None
+        self._changes = 0
+        self._catalogue_changes = 0
+        self._listing: asyncio.Task[Catalogue] | None = None
+        self.snapshot_version: int = 0
+        """The catalogue version last stored in the database (set by the caller that stores it)."""
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> Literal["idle", "connecting", "ready", "closed"]:
+        """``idle`` (not connected), ``connecting``, ``ready`` or ``closed`` (evicted for good)."""
+        if self._closed:
+            return "closed"
+        if self._accepting:
+            return "ready"
+        if self._owner is not None and not self._owner.done() and self._ready is not None and not self._ready.done():
+            return "connecting"
+        return "idle"
+
+    def lease(self) -> Callable[[], None]:
+        """Keep the session from idle eviction until the returned release function is called.
+
+        A run takes a lease on each of its servers for its whole duration (released on the
+        run's exit stack); releasing twice is harmless.
+        """
+        self._leases += 1
+        self._cancel_idle_timer()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._leases -= 1
+                self._touch()
+
+        return release
+
+    # --- connection -------------------------------------------------------------------------
+
+    def _alive(self) -> bool:
+        if not self._accepting or self._owner is None or self._owner.done():
+            return False
+        # The SDK marks its dispatcher closed when the transport hit EOF (stdio server exited);
+        # noticing it here lets a new call reconnect instead of failing on a dead pipe.
+        dispatcher = getattr(getattr(self._client, "_session", None), "_dispatcher", None)
+        if getattr(dispatcher, "_closed", False):
+            self._retire("the transport closed")
+            return False
+        return True
+
+    async def connect(self, *, _breaker_checked: bool = False) -> None:
+        """Connect if not connected (concurrent callers share one attempt).
+
+        Raises:
+            McpConnectError: Spawn, transport or handshake failed or took longer than
+                ``config.connect_timeout_seconds``.
+            McpServerUnavailable: The circuit breaker is open.
+            RuntimeError: The session was closed for good (evicted; ask the pool again).
+        """
+        if self._closed:
+            raise RuntimeError(f"pooled MCP session {self.config.alias!r} is closed; ask the pool for a new one")
+        if self._alive():
+            return
+        if self._ready is None or self._ready.done() or self._owner is None or self._owner.done():
+            if not _breaker_checked:
+                self.breaker.before_attempt(self.config.alias)
+            self._start_owner()
+        assert self._ready is not None
+        await asyncio.shield(self._ready)
+
+    def _start_owner(self) -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        ready.add_done_callback(self._on_connect_done)
+        jobs: asyncio.Queue[_Job | None] = asyncio.Queue()
+        self._ready, self._jobs = ready, jobs
+        self._owned_jobs = owned = set()
+        self._connect_timed_out = False
+        # A fresh context: the owner outlives the run that happened to connect it.
+        owner = loop.create_task(
+            self._own(ready, jobs, owned), name=f"mcp-pool:{self.config.alias}", context=contextvars.Context()
+        )
+        self._owner = owner
+        timer = loop.call_later(self.config.connect_timeout_seconds, self._on_connect_timeout, ready, owner)
+        ready.add_done_callback(lambda _f: timer.cancel())
+
+    def _on_connect_timeout(self, ready: asyncio.Future[None], owner: asyncio.Task[None]) -> None:
+        if not ready.done():
+            self._connect_timed_out = True
+            owner.cancel()
+
+    def _on_connect_done(self, ready: asyncio.Future[None]) -> None:
+        if ready.cancelled():
+            return
+        if ready.exception() is None:
+            self.connects += 1
+            self.pool.connects += 1
+            self.breaker.record_success()
+            self._touch()
+        else:
+            self.breaker.record_failure()
+
+    async def _own(self, ready: asyncio.Future[None], jobs: asyncio.Queue[_Job | None], owned: set[_Job]) -> None:
+        """Owner task: open the client, run jobs in its task group until told to stop, close it."""
+        cfg = self.config
+        stderr = None
+        failure: BaseException | None = None
+        try:
+            async with AsyncExitStack() as stack:
+                client, stderr = make_client(cfg, stack, message_handler=self._on_message)
+                client = await stack.enter_async_context(client)
+                if stderr is not None:
+                    stderr.close_writer()  # the child holds its own copy now
+                try:
+                    async with anyio.create_task_group() as tg:
+                        self._client = client
+                        self.protocol_version = client.protocol_version
+                        caps = client.server_capabilities.tools
+                        listen_scope = anyio.CancelScope()
+                        if client.protocol_version in MODERN_PROTOCOL_VERSIONS and caps and caps.list_changed:
+                            tg.start_soon(self._listen_for_changes, client, listen_scope)
+                        self._accepting = True
+                        ready.set_result(None)
+                        while (job := await jobs.get()) is not None:
+                            tg.start_soon(self._run_job, client, job)
+                        # Stop: no new jobs; calls in flight finish (disconnect() bounds the wait).
+                        self._accepting = False
+                        listen_scope.cancel()
+                finally:
+                    self._accepting = False
+                    self._client = None
+        except asyncio.CancelledError as exc:
+            failure = exc
+            if not self._connect_timed_out and ready.done():
+                raise  # closing: cancelled by _stop
+        except Exception as exc:  # noqa: BLE001 - the session's transport failed; reported below
+            failure = exc
+        finally:
+            self._accepting = False
+            if not ready.done():
+                ready.set_exception(await self._connect_error(failure, stderr))
+            elif failure is not None and not isinstance(failure, asyncio.CancelledError):
+                logger.warning("MCP server %r: pooled session ended with an error: %s", cfg.alias, _describe(failure))
+            # Every job handed to this owner gets an answer, also one whose task never started.
+            lost = McpConnectionLost(f"The connection to MCP server {cfg.alias!r} closed; the call was not made.")
+            while not jobs.empty():
+                jobs.get_nowait()
+            for job in owned:
+                if not job.future.done():
+                    job.future.set_exception(lost)
+            owned.clear()
+
+    async def _connect_error(self, failure: BaseException | None, stderr: Any) -> McpConnectError:
+        cfg = self.config
+        where = f"{cfg.alias!r} ({cfg.transport} {cfg.endpoint})"
+        if self._connect_timed_out or failure is None or isinstance(failure, asyncio.CancelledError):
+            message = f"Could not connect to MCP server {where}: timed out after {cfg.connect_timeout_seconds:g} s"
+        else:
+            message = f"Could not connect to MCP server {where}: {_describe(failure)}"
+        if stderr is not None:
+            with anyio.CancelScope(shield=True):
+                tail = await stderr.tail()
+            if tail:
+                message += f"\nServer stderr (last lines):\n{tail}"
+        error = McpConnectError(message, alias=cfg.alias)
+        error.__cause__ = failure
+        return error
+
+    async def _run_job(self, client: Client, job: _Job) -> None:
+        """Run one caller's job in the owner's task group; its result goes to the job's future."""
+        if job.future.done():  # the caller gave up before the job started
+            return
+        try:
+            with anyio.CancelScope() as scope:
+                job.scope = scope
+                try:
+                    result = await job.fn(client)
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    if isinstance(exc, McpConnectionLost) or (
+                        isinstance(exc, ToolError) and any(m in exc.message for m in _SESSION_GONE_MESSAGES)
+                    ):
+                        self._retire(exc.message)
+                        if not isinstance(exc, McpConnectionLost):
+                            exc = McpConnectionLost(exc.message)
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                else:
+                    if not job.future.done():
+                        job.future.set_result(result)
+        finally:
+            if not job.future.done():
+                job.future.set_exception(
+                    McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed during the call.")
+                )
+
+    def _retire(self, reason: str) -> None:
+        """Stop accepting jobs and let the owner close the session (reconnect on next use)."""
+        if self._accepting:
+            logger.info("MCP server %r: closing the pooled session: %s", self.config.alias, reason)
+        self._accepting = False
+        if self._jobs is not None:
+            self._jobs.put_nowait(None)
+
+    async def _on_message(self, message: Any) -> None:
+        """SDK message handler: handshake-era ``tools/list_changed`` and transport errors."""
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._mark_tools_changed()
+        elif isinstance(message, Exception):
+            logger.debug("MCP server %r: transport reported %s", self.config.alias, _describe(message))
+
+    async def _listen_for_changes(self, client: Client, scope: anyio.CancelScope) -> None:
+        """2026-07-28 connections: ``tools/list_changed`` arrives on a ``subscriptions/listen`` stream.
+
+        A stream that was established and then lost (the server restarted or dropped it)
+        marks the catalogue stale and retires the session: the next use reconnects and
+        subscribes again. A server that refuses the subscription leaves the TTL in charge.
+        """
+        established = False
+        try:
+            with scope:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    established = True
+                    async for _event in subscription:
+                        self._mark_tools_changed()
+        except Exception as exc:  # noqa: BLE001 - reported below; the TTL still refreshes the catalogue
+            if not established:
+                logger.info("MCP server %r: no tool-change subscription: %s", self.config.alias, _describe(exc))
+                return
+            self._mark_tools_changed()
+            self._retire(f"the tool-change subscription was lost: {_describe(exc)}")
+
+    def _mark_tools_changed(self) -> None:
+        self._changes += 1
+        event, self.list_changed = self.list_changed, asyncio.Event()
+        event.set()
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    async def _submit(self, fn: Callable[[Client], Awaitable[T]]) -> T:
+        """Run ``fn(client)`` in the owner's task group and return its result.
+
+        Cancelling the caller cancels only this job.
+        """
+        self.breaker.before_attempt(self.config.alias)
+        await self.connect(_breaker_checked=True)
+        jobs, owner = self._jobs, self._owner
+        if jobs is None or owner is None or owner.done() or not self._accepting:
+            # The session died between its handshake and this call.
+            raise McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed; the call was not made.")
+        job = _Job(fn=fn, future=asyncio.get_running_loop().create_future())
+        owned = self._owned_jobs
+        owned.add(job)
+        job.future.add_done_callback(lambda _f: owned.discard(job))
+        job.future.add_done_callback(lambda f: job.scope.cancel() if f.cancelled() and job.scope else None)
+        self._in_flight += 1
+        self._cancel_idle_timer()
+        jobs.put_nowait(job)
+        try:
+            result = await job.future
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if _is_transport_failure(exc):
+                self.breaker.record_failure()
+            else:
+                self.breaker.record_success()
+            raise
+        else:
+            self.breaker.record_success()
+            return result
+        finally:
+            self._in_flight -= 1
+            self._touch()
+
+    async def call_tool_raw(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        timeout_seconds: float,
+        progress: ProgressCallback | None = None,
+    ) -> mcp_types.CallToolResult:
+        """Call one tool through the owner (connects first if needed).
+
+        Args:
+            name: The server's tool name.
+            arguments: JSON-serialisable arguments.
+            timeout_seconds: Bound on the call (positive); ``config.call_timeout_seconds``
+                applies too (the shorter wins).
+            progress: Awaited, in the caller's task and in order, for each progress
+                notification the server sends for this call.
+
+        Returns:
+            The successful ``CallToolResult``.
+
+        Raises:
+            ToolError: ``mcp_tool_error`` (``isError``), ``timeout``, ``mcp_error``.
+            McpConnectionLost: The transport died during the call (the next use reconnects).
+            McpConnectError: Could not connect. McpServerUnavailable: breaker open.
+        """
+        check_timeout_seconds(timeout_seconds, what="timeout_seconds")
+        timeout = min(timeout_seconds, self.config.call_timeout_seconds)
+        await self.catalogue()  # the SDK validates results against listed output schemas
+        if progress is None:
+            return await self._submit(
+                lambda client: call_tool_raw(client, self.config, name, arguments, timeout_seconds=timeout)
+            )
+
+        updates: asyncio.Queue[tuple[float, float | None, str | None] | None] = asyncio.Queue()
+
+        async def on_progress(done: float, total: float | None, message: str | None) -> None:
+            updates.put_nowait((done, total, message))  # never block the session's receive loop
+
+        async def forward() -> None:
+            while (update := await updates.get()) is not None:
+                try:
+                    await progress(*update)
+                except Exception:  # noqa: BLE001 - progress is best effort
+                    logger.exception("MCP server %r: progress callback failed", self.config.alias)
+
+        forwarder = asyncio.create_task(forward())
+        try:
+            result = await self._submit(
+                lambda client: call_tool_raw(
+                    client, self.config, name, arguments, timeout_seconds=timeout, progress=on_progress
+                )
+            )
+        except BaseException:
+            forwarder.cancel()
+            raise
+        updates.put_nowait(None)
+        await forwarder  # the updates already received are forwarded before the result returns
+        return result
+
+    # --- catalogue --------------------------------------------------------------------------
+
+    def cached_catalogue(self) -> Catalogue | None:
+        """The last catalogue, whatever its age (None before the first listing)."""
+        return self._catalogue
+
+    async def catalogue(self, *, refresh: bool = False) -> Catalogue:
+        """The server's tools, listed (all pages) when missing, stale, changed or ``refresh``.
+
+        Concurrent callers share one listing; a cancelled caller does not cancel it.
+
+        Raises:
+            ToolError: ``timeout`` / ``mcp_error`` listing; McpConnectError; McpServerUnavailable.
+        """
+        current = self._catalogue
+        fresh = (
+            current is not None
+            and not refresh
+            and self._catalogue_changes == self._changes
+            and self.pool.clock() - current.fetched_at < self.pool.catalogue_ttl_seconds
+        )
+        if fresh and self._alive():
+            assert current is not None
+            return current
+        if self._listing is None or self._listing.done():
+            self._listing = asyncio.get_running_loop().create_task(self._refresh(), context=contextvars.Context())
+            self._listing.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(self._listing)
+
+    async def _refresh(self) -> Catalogue:
+        changes = self._changes
+        tools = tuple(await self._submit(lambda client: list_all_tools(client, self.config)))
+        previous = self._catalogue
+        version = 1 if previous is None else previous.version + (previous.tools != tools)
+        self._catalogue = Catalogue(tools=tools, fetched_at=self.pool.clock(), version=version)
+        self._catalogue_changes = changes
+        return self._catalogue
+
+    # --- idle eviction and closing ----------------------------------------------------------
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_handle is not None:
+            self._idle_handle.cancel()
+            self._idle_handle = None
+
+    def _touch(self) -> None:
+        self._last_used = self.pool.clock()
+        if self._in_flight or self._leases or self._closed:
+            return
+        self._cancel_idle_timer()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._idle_handle = loop.call_later(self.pool.idle_timeout_seconds, self._on_idle)
+
+    def _on_idle(self) -> None:
+        self._idle_handle = None
+        if self._in_flight or self._leases or self._closed:
+            return
+        if self._owner is not None and not self._owner.done():
+            logger.info("MCP server %r: closing the pooled session after %g s idle", self.config.alias,
+                        self.pool.idle_timeout_seconds)
+            asyncio.get_running_loop().create_task(self.disconnect(), context=contextvars.Context())
+
+    async def disconnect(self) -> None:
+        """Close the connection (a stdio server process is terminated); the next use reconnects.
+
+        Waits up to ~10 s for the owner to close, then cancels it. Never raises.
+        """
+        self._cancel_idle_timer()
+        owner = self._owner
+        if owner is None:
+            return
+        self._retire("closing")
+        with anyio.CancelScope(shield=True):
+            done, _ = await asyncio.wait({owner}, timeout=_CLOSE_TIMEOUT_SECONDS)
+            if not done:
+                logger.warning("MCP server %r: session did not close in time; cancelling its owner", self.config.alias)
+                owner.cancel()
+                await asyncio.wait({owner}, timeout=_CLOSE_TIMEOUT_SECONDS)
+        if self._owner is owner:
+            self._owner = None
+
+    async def aclose(self) -> None:
+        """Close for good (the pool forgets the session). Never raises."""
+        self._closed = True
+        await self.disconnect()
+
+
+class McpPool:
+    """Pooled MCP sessions of one event loop. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS,
+        catalogue_ttl_seconds: float = DEFAULT_CATALOGUE_TTL_SECONDS,
+        breaker_failure_threshold: int = DEFAULT_BREAKER_FAILURE_THRESHOLD,
+        breaker_cooldown_seconds: float = DEFAULT_BREAKER_COOLDOWN_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Args: see the ``DEFAULT_*`` constants (seconds, positive).
+
+        Raises:
+            ValueError: A non-positive timeout or threshold.
+        """
+        check_timeout_seconds(idle_timeout_seconds, what="idle_timeout_seconds")
+        check_timeout_seconds(catalogue_ttl_seconds, what="catalogue_ttl_seconds")
+        check_timeout_seconds(breaker_cooldown_seconds, what="breaker_cooldown_seconds")
+        if breaker_failure_threshold < 1:
+            raise ValueError(f"breaker_failure_threshold must be >= 1, got {breaker_failure_threshold!r}")
+        self.idle_timeout_seconds = idle_timeout_seconds
+        self.catalogue_ttl_seconds = catalogue_ttl_seconds
+        self.breaker_failure_threshold = breaker_failure_threshold
+        self.breaker_cooldown_seconds = breaker_cooldown_seconds
+        self.clock = clock
+        self.connects = 0
+        """Successful connects of all sessions (spawns, for stdio servers)."""
+        self._sessions: dict[PoolKey, PooledSession] = {}
+
+    @property
+    def sessions(self) -> list[PooledSession]:
+        """The pooled sessions (any state but closed)."""
+        return list(self._sessions.values())
+
+    def session(self, *, tenant_id: int, server_id: int, config: McpServerConfig) -> PooledSession:
+        """The pooled session for this tenant's server as configured now (created, not connected).
+
+        Sessions of the same server under an older configuration are closed (at once if
+        idle, otherwise once their calls finish and leases are released).
+        """
+        key = PoolKey(tenant_id=tenant_id, server_id=server_id, fingerprint=config.fingerprint)
+        session = self._sessions.get(key)
+        if session is None or session.state == "closed":
+            session = PooledSession(self, key, config)
+            self._sessions[key] = session
+            for other_key, other in list(self._sessions.items()):
+                if other_key != key and (other_key.tenant_id, other_key.server_id) == (tenant_id, server_id):
+                    del self._sessions[other_key]
+                    other._closed = True
+                    if not other._in_flight and not other._leases:
+                        asyncio.get_running_loop().create_task(other.aclose(), context=contextvars.Context())
+                    else:
+                        other._retire("the server's configuration changed")
+        return session
+
+    async def aclose(self) -> None:
+        """Close every session (stdio servers are terminated). Never raises."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.aclose() for s in sessions))
+
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, McpPool] = weakref.WeakKeyDictionary()
+
+
+def mcp_pool() -> McpPool:
+    """The running event loop's pool (created on first use with the ``MCP_POOL_*`` settings).
+
+    In a worker that is the run-host loop (one pool per process); each test's event loop
+    gets its own pool (close it with ``await mcp_pool().aclose()``).
+
+    Raises:
+        RuntimeError: No running event loop.
+    """
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None:
+        options: dict[str, Any] = {}
+        try:
+            from django.conf import settings
+
+            for name, setting in (
+                ("idle_timeout_seconds", "MCP_POOL_IDLE_TIMEOUT_SECONDS"),
+                ("catalogue_ttl_seconds", "MCP_POOL_CATALOGUE_TTL_SECONDS"),
+                ("breaker_failure_threshold", "MCP_POOL_BREAKER_FAILURE_THRESHOLD"),
+                ("breaker_cooldown_seconds", "MCP_POOL_BREAKER_COOLDOWN_SECONDS"),
+            ):
+                if hasattr(settings, setting):
+                    options[name] = getattr(settings, setting)
+        except Exception:  # noqa: BLE001 - Django not configured: defaults
+            options = {}
+        pool = McpPool(**options)
+        _pools[loop] = pool
+    return pool

@@ -1,0 +1,494 @@
+"""SSRF-safe outbound HTTP for tools that fetch URLs the model chose (``web_fetch``, ``web_read``).
+
+The model (or a web page it read) picks the URL, so every request is treated as hostile:
+
+* Only ``http``/``https``, no credentials in the URL, any port.
+* The host is resolved **once per hop** by :func:`resolve_host`; every resolved address must be
+  public (:func:`address_block_reason`), else the hop is refused. The connection then goes to
+  one of those validated IPs: :class:`PinnedBackend` (an httpcore network backend) substitutes
+  the validated IP for the hostname at ``connect_tcp`` and refuses any host it was not given,
+  so there is no second DNS lookup and no DNS-rebinding window. The URL, the ``Host`` header
+  and TLS SNI/certificate checks keep the hostname. After connecting, the peer address of the
+  socket is checked again.
+* Redirects are followed here, not by httpx, at most :data:`MAX_REDIRECTS`, and each hop is
+  resolved and validated like the first.
+* The body is read as a stream and cut at ``max_bytes`` (decoded bytes; gzip/deflate are
+  decompressed here with a bounded output, so a compression bomb costs at most ``max_bytes``).
+* A connect timeout (default 5 s) and a total deadline (default 20 s) over all hops, DNS
+  included. No proxies from the environment, no cookie jar outliving the call (a fresh client
+  per :func:`safe_fetch`).
+
+Blocked addresses (refused unless listed in ``settings.WEB_FETCH_ALLOWED_CIDRS``, which is
+empty by default and exists so tests can reach their own servers on 127.0.0.1): everything
+Python's ``ipaddress`` does not call global (RFC 6890 special-purpose registries: loopback,
+RFC 1918 private, link-local 169.254/16 and fe80::/10, CGNAT 100.64/10 (RFC 6598), ULA
+fc00::/7, documentation, benchmarking, 0/8, 240/4 …), plus multicast, unspecified, reserved,
+IPv4 embedded in IPv6 (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible, 6to4 2002::/16, NAT64
+64:ff9b::/96, Teredo 2001::/32) judged by the embedded IPv4, and cloud metadata endpoints
+(169.254.169.254, 169.254.170.2, 100.100.100.200, fd00:ec2::254 …, and metadata host names),
+which stay blocked even if an allowed CIDR covers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ipaddress
+import re
+import socket
+import ssl
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import httpcore
+import httpx
+from django.conf import settings
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+DEFAULT_MAX_BYTES = 1_000_000
+"""Default body cap: 1 MB (decoded bytes)."""
+HARD_MAX_BYTES = 5_000_000
+"""No caller may ask for more than 5 MB."""
+CONNECT_TIMEOUT_SECONDS = 5.0
+TOTAL_TIMEOUT_SECONDS = 20.0
+"""Deadline for the whole fetch: every hop's DNS, connect, request and body."""
+MAX_REDIRECTS = 5
+MAX_URL_LENGTH = 4096
+USER_AGENT = "AgentPlatform-web_fetch/0.1"
+
+METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle (v1)…
+    "169.254.170.2",  # AWS ECS task metadata
+    "169.254.169.123",  # AWS time sync
+    "169.254.169.253",  # AWS VPC DNS
+    "168.63.129.16",  # Azure wire server (a public address!)
+    "100.100.100.200",  # Alibaba Cloud
+    "192.0.0.192",  # Oracle Cloud
+    "fd00:ec2::254",  # AWS IMDS over IPv6
+    "fd00:ec2::23",  # AWS DNS over IPv6
+    "fd20:ce::254",  # GCP IMDS over IPv6
+))
+"""Cloud instance-metadata addresses: blocked always, even when an allowed CIDR covers them."""
+
+METADATA_HOSTNAMES: frozenset[str] = frozenset({
+    "metadata", "metadata.google.internal", "metadata.goog", "metadata.azure.internal",
+    "instance-data", "instance-data.ec2.internal", "metadata.tencentyun.com", "metadata.platformequinix.com",
+})
+"""Host names of metadata services (refused before any DNS lookup)."""
+
+_HOST_NAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})?(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})?)*\.?")
+"""A DNS name: dot-separated labels of letters, digits, '-' and '_' (punycode for IDNs)."""
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+class FetchError(Exception):
+    """A fetch failed; ``code`` is one of ``invalid_url``, ``invalid_arguments``, ``blocked_address``,
+    ``timeout``, ``http_error``. The message is written for the model."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@dataclass(slots=True)
+class FetchResult:
+    """The outcome of :func:`safe_fetch` (any HTTP status; the caller decides what is an error)."""
+
+    status_code: int
+    reason: str
+    url: str
+    """The final URL, after redirects."""
+    content_type: str
+    """The ``Content-Type`` header as sent ('' when missing)."""
+    body: bytes
+    """Decoded (decompressed) body, at most ``max_bytes``."""
+    truncated: bool
+    """True when the body was longer than ``max_bytes`` and was cut."""
+    redirects: list[str] = field(default_factory=list)
+    """URLs redirected from, in order."""
+    peer_address: str = ""
+    """The IP address the final response came from."""
+    charset: str | None = None
+    """The charset named in ``Content-Type``, if any."""
+
+    @property
+    def mime_type(self) -> str:
+        return self.content_type.split(";", 1)[0].strip().lower()
+
+
+# ------------------------------------------------------------------------------------------ addresses
+
+def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    return [ipaddress.ip_network(c, strict=False) for c in getattr(settings, "WEB_FETCH_ALLOWED_CIDRS", ()) or ()]
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]  # the client's (obfuscation undone by ipaddress)
+    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def address_block_reason(ip: IPAddress, *, allowed: Iterable[Any] | None = None) -> str | None:
+    """Why ``ip`` may not be fetched from, or None if it may.
+
+    Args:
+        ip: An IPv4 or IPv6 address (a scope id, as in ``fe80::1%eth0``, is ignored).
+        allowed: Networks that are allowed although not public; defaults to
+            ``settings.WEB_FETCH_ALLOWED_CIDRS`` (empty in production). Metadata addresses stay
+            blocked regardless.
+
+    Returns:
+        A short reason ("loopback", "private", "link-local", "cloud metadata", …) or None.
+    """
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+        ip = ipaddress.IPv6Address(str(ip).split("%", 1)[0])
+    if ip in METADATA_ADDRESSES:
+        return "cloud metadata"
+    networks = _allowed_networks() if allowed is None else list(allowed)
+    if any(ip.version == n.version and ip in n for n in networks):
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            inner = address_block_reason(embedded, allowed=networks)
+            return f"IPv4-embedded {inner}" if inner else None
+    checks = (
+        ("unspecified", ip.is_unspecified), ("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
+        ("multicast", ip.is_multicast), ("reserved", ip.is_reserved),
+        ("shared address space (CGNAT)", ip.version == 4 and ip in ipaddress.IPv4Network("100.64.0.0/10")),
+        ("unique local (ULA)", ip.version == 6 and ip in ipaddress.IPv6Network("fc00::/7")),
+        ("site-local", ip.version == 6 and ip.is_site_local),
+        ("private", ip.is_private),
+        ("not globally routable", not ip.is_global),
+    )
+    for reason, hit in checks:
+        if hit:
+            return reason
+    return None
+
+
+async def _getaddrinfo(host: str, port: int) -> list[tuple[Any, ...]]:
+    """The one DNS lookup (patched in tests to simulate rebinding resolvers)."""
+    loop = asyncio.get_running_loop()
+    return await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+
+
+async def resolve_host(host: str, port: int) -> list[IPAddress]:
+    """Resolve ``host`` once and return its validated addresses (IPv4 first, order kept).
+
+    Raises:
+        FetchError(code="blocked_address"): The name is a metadata host name, or ANY resolved
+            address is blocked (a name with one private address among public ones is refused
+            as a whole: an attacker could otherwise race the choice).
+        FetchError(code="http_error"): The name does not resolve.
+    """
+    name = host.rstrip(".").lower()
+    if name in METADATA_HOSTNAMES:
+        raise FetchError(f"Refused: {host!r} is a cloud metadata service.", code="blocked_address")
+    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: always loopback
+        raise FetchError(f"Refused: {host!r} is a loopback name.", code="blocked_address")
+    literal = _ip_literal(name)
+    if literal is not None:
+        addresses = [literal]
+    else:
+        try:
+            infos = await _getaddrinfo(name, port)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise FetchError(f"Cannot resolve host {host!r}: {exc}.", code="http_error") from exc
+        addresses = []
+        for info in infos:
+            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            if ip not in addresses:
+                addresses.append(ip)
+        if not addresses:
+            raise FetchError(f"Host {host!r} has no addresses.", code="http_error")
+    for ip in addresses:
+        reason = address_block_reason(ip)
+        if reason:
+            shown = host if literal is not None else f"{host!r} (resolves to {ip})"
+            raise FetchError(
+                f"Refused: {shown} is a {reason} address. Only public internet addresses can be fetched.",
+                code="blocked_address",
+            )
+    return sorted(addresses, key=lambda a: a.version)
+
+
+def _ip_literal(name: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------ transport
+
+class PinnedBackend(httpcore.AsyncNetworkBackend):
+    """An httpcore network backend that connects only to addresses validated beforehand.
+
+    ``pins`` maps a host name (as httpcore passes it: ASCII, lower case, IPv6 without
+    brackets) to its validated addresses. ``connect_tcp`` dials those IPs (the first that
+    answers) instead of resolving the name again, refuses hosts without a pin, and re-checks
+    the socket's peer address. TLS is started by httpcore afterwards with the host name as SNI.
+    """
+
+    def __init__(self) -> None:
+        self.pins: dict[str, list[IPAddress]] = {}
+        self.connected: list[str] = []
+        """Peer addresses actually connected to, in order (for the result and for tests)."""
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None, socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        addresses = self.pins.get(host.lower())
+        if not addresses:
+            raise httpcore.ConnectError(f"host {host!r} was not validated")
+        last: Exception | None = None
+        for ip in addresses:
+            try:
+                stream = await self._inner.connect_tcp(str(ip), port, timeout=timeout, local_address=local_address,
+                                                       socket_options=socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout, OSError) as exc:
+                last = exc
+                continue
+            peer = _peer_ip(stream)
+            if peer is None or peer != ip or address_block_reason(peer):
+                await stream.aclose()
+                raise httpcore.ConnectError(f"connected to unexpected address {peer}")
+            self.connected.append(str(peer))
+            return stream
+        if isinstance(last, httpcore.ConnectTimeout):
+            raise last
+        raise httpcore.ConnectError(str(last) if last else "no address to connect to")
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+        raise httpcore.ConnectError("unix sockets are not allowed")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def _peer_ip(stream: httpcore.AsyncNetworkStream) -> IPAddress | None:
+    sock = stream.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        return ipaddress.ip_address(str(sock.getpeername()[0]).split("%", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context (certifi's CA bundle), built once: loading it costs ~20 ms."""
+    return httpx.create_ssl_context(trust_env=False)
+
+
+class _PinnedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport over a connection pool that uses :class:`PinnedBackend`."""
+
+    def __init__(self, backend: PinnedBackend) -> None:
+        ssl_context = _ssl_context()
+        super().__init__(verify=ssl_context, trust_env=False, retries=0)
+        # httpx builds its httpcore pool in __init__ without a way to pass a network backend;
+        # replace it with an equivalent pool that has one (the documented httpcore parameter).
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=4, max_keepalive_connections=0, http1=True, http2=False,
+            network_backend=backend,
+        )
+
+
+# ------------------------------------------------------------------------------------------ fetch
+
+def validate_url(url: Any) -> httpx.URL:
+    """Parse and check a URL the model gave.
+
+    Raises:
+        FetchError(code="invalid_url"): Not a string, too long, not http(s), no host,
+            credentials in it, or unparseable.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise FetchError("`url` must be a non-empty string such as 'https://example.com/page'.", code="invalid_url")
+    url = url.strip()
+    if len(url) > MAX_URL_LENGTH:
+        raise FetchError(f"The URL is longer than {MAX_URL_LENGTH} characters.", code="invalid_url")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise FetchError(f"Invalid URL {url!r}: {exc}.", code="invalid_url") from exc
+    if parsed.scheme not in ("http", "https"):
+        raise FetchError(
+            f"Only http and https URLs can be fetched, not {parsed.scheme or 'a URL without a scheme'!r}"
+            + ("" if parsed.scheme else " (add 'https://')") + ".",
+            code="invalid_url",
+        )
+    if not parsed.host:
+        raise FetchError(f"The URL {url!r} has no host.", code="invalid_url")
+    raw_host = parsed.raw_host.decode("ascii", errors="replace")
+    if not (_HOST_NAME.fullmatch(raw_host) or _ip_literal(raw_host) is not None):
+        raise FetchError(f"The URL {url!r} has an invalid host name.", code="invalid_url")
+    if parsed.userinfo:
+        raise FetchError("URLs with a user name or password are not fetched.", code="invalid_url")
+    return parsed
+
+
+async def safe_fetch(url: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                     connect_timeout_seconds: float | None = None, total_timeout_seconds: float | None = None,
+                     accept: str = "*/*") -> FetchResult:
+    """GET ``url`` safely (see the module docstring), following up to 5 redirects.
+
+    Args:
+        url: An http(s) URL.
+        max_bytes: Body cap in bytes, 1 … 5,000,000; a longer body is cut (``truncated``).
+        connect_timeout_seconds: Per TCP connect; default ``settings.WEB_FETCH_CONNECT_TIMEOUT_SECONDS`` (5).
+        total_timeout_seconds: For everything; default ``settings.WEB_FETCH_TOTAL_TIMEOUT_SECONDS`` (20).
+        accept: The ``Accept`` header.
+
+    Returns:
+        A :class:`FetchResult` for the final response, whatever its status.
+
+    Raises:
+        FetchError: ``invalid_url``, ``invalid_arguments`` (``max_bytes``), ``blocked_address``
+            (any hop), ``timeout``, or ``http_error`` (DNS, connection, TLS, protocol failure,
+            too many redirects, an unsupported or corrupt Content-Encoding).
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= HARD_MAX_BYTES:
+        raise FetchError(f"`max_bytes` must be an integer from 1 to {HARD_MAX_BYTES}.", code="invalid_arguments")
+    connect_timeout = connect_timeout_seconds or getattr(settings, "WEB_FETCH_CONNECT_TIMEOUT_SECONDS",
+                                                         CONNECT_TIMEOUT_SECONDS)
+    total_timeout = total_timeout_seconds or getattr(settings, "WEB_FETCH_TOTAL_TIMEOUT_SECONDS", TOTAL_TIMEOUT_SECONDS)
+    current = validate_url(url)
+    try:
+        async with asyncio.timeout(total_timeout):
+            return await _fetch_hops(current, max_bytes=max_bytes, connect_timeout=connect_timeout,
+                                     total_timeout=total_timeout, accept=accept)
+    except TimeoutError as exc:
+        raise FetchError(f"Fetching {str(current)!r} took longer than {total_timeout:g} s.", code="timeout") from exc
+
+
+async def _fetch_hops(current: httpx.URL, *, max_bytes: int, connect_timeout: float, total_timeout: float,
+                      accept: str) -> FetchResult:
+    backend = PinnedBackend()
+    redirects: list[str] = []
+    timeout = httpx.Timeout(total_timeout, connect=connect_timeout)
+    headers = {"User-Agent": USER_AGENT, "Accept": accept, "Accept-Encoding": "gzip, deflate"}
+    async with httpx.AsyncClient(transport=_PinnedTransport(backend), timeout=timeout, follow_redirects=False,
+                                 trust_env=False, headers=headers) as client:
+        while True:
+            host = current.raw_host.decode("ascii").lower()
+            port = current.port or (443 if current.scheme == "https" else 80)
+            backend.pins[host] = await resolve_host(host, port)
+            try:
+                async with client.stream("GET", current) as response:
+                    if response.is_redirect and "location" in response.headers:
+                        location = response.headers["location"]
+                        if len(redirects) >= MAX_REDIRECTS:
+                            raise FetchError(f"More than {MAX_REDIRECTS} redirects (last to {location!r}).",
+                                             code="http_error")
+                        redirects.append(str(current))
+                        try:
+                            target = current.join(location)
+                        except (httpx.InvalidURL, ValueError) as exc:
+                            raise FetchError(f"Redirect to an invalid URL {location!r}.", code="http_error") from exc
+                        current = validate_url(str(target))
+                        client.cookies.clear()  # cookies never cross a hop
+                        continue
+                    body, truncated = await _read_capped(response, max_bytes)
+                    return FetchResult(
+                        status_code=response.status_code, reason=response.reason_phrase, url=str(current),
+                        content_type=response.headers.get("content-type", ""), body=body, truncated=truncated,
+                        redirects=redirects, peer_address=backend.connected[-1] if backend.connected else "",
+                        charset=response.charset_encoding,
+                    )
+            except httpx.TimeoutException as exc:
+                raise FetchError(f"Fetching {str(current)!r} timed out ({type(exc).__name__}).", code="timeout") from exc
+            except httpx.HTTPError as exc:
+                raise FetchError(f"Fetching {str(current)!r} failed: {type(exc).__name__}: {exc}.",
+                                 code="http_error") from exc
+
+
+async def _read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
+    """Read the raw stream, decompressing gzip/deflate with a bounded output."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        decoder = None
+    elif encoding in ("gzip", "x-gzip"):
+        decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    elif encoding == "deflate":
+        decoder = _DeflateDecoder()
+    else:
+        raise FetchError(f"The server sent an unsupported Content-Encoding {encoding!r}.", code="http_error")
+    out = bytearray()
+    try:
+        async for chunk in response.aiter_raw():
+            if decoder is None:
+                out += chunk
+            else:
+                out += decoder.decompress(chunk, max_bytes + 1 - len(out))
+            if len(out) > max_bytes:
+                return bytes(out[:max_bytes]), True
+    except zlib.error as exc:
+        raise FetchError(f"The response body is corrupt ({encoding}: {exc}).", code="http_error") from exc
+    return bytes(out), False
+
+
+class _DeflateDecoder:
+    """``Content-Encoding: deflate`` is zlib-wrapped per RFC 9110 but often raw; accept both."""
+
+    def __init__(self) -> None:
+        self._obj = zlib.decompressobj()
+        self._first = True
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        if self._first:
+            self._first = False
+            try:
+                return self._obj.decompress(data, max_length)
+            except zlib.error:
+                self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
+        return self._obj.decompress(data, max_length)
+
+
+def decode_text(result: FetchResult) -> str:
+    """The body as text: the ``Content-Type`` charset, else an HTML ``<meta charset>``, else
+    UTF-8, else Windows-1252 (never raises; undecodable bytes become U+FFFD)."""
+    candidates = [result.charset, _meta_charset(result.body) if "html" in result.mime_type else None, "utf-8"]
+    for charset in candidates:
+        if not charset:
+            continue
+        try:
+            return result.body.decode(charset, errors="strict")
+        except (LookupError, UnicodeDecodeError):
+            if result.truncated and charset:
+                try:  # the cut may have split a multi-byte character at the very end
+                    return result.body[:-4].decode(charset, errors="strict") + result.body[-4:].decode(
+                        charset, errors="ignore")
+                except (LookupError, UnicodeDecodeError):
+                    pass
+    return result.body.decode("cp1252", errors="replace")
+
+
+def _meta_charset(body: bytes) -> str | None:
+    match = re.search(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9_.:-]+)""", body[:4096], re.I)
+    return match.group(1).decode("ascii") if match else None
+
+
+TEXT_MIME_TYPES = ("application/json", "application/xml", "application/javascript", "application/xhtml+xml",
+                   "application/x-ndjson", "application/yaml", "application/x-yaml", "application/rss+xml",
+                   "application/atom+xml", "image/svg+xml")
+
+
+def is_text(mime_type: str) -> bool:
+    """True for MIME types whose bodies are text (``text/*``, JSON, XML, …, ``+json``/``+xml``)."""
+    return (mime_type.startswith("text/") or mime_type in TEXT_MIME_TYPES
+            or mime_type.endswith("+json") or mime_type.endswith("+xml"))

@@ -1,0 +1,37 @@
+"""Reads of documents. All need a tenant scope (``Document.objects`` fails closed)."""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from documents.models import Document
+
+
+def _visible_to(*, session_id: int, user_id: int | None) -> Q:
+    # A run sees the documents of every session of its user; with no user (a system run), its own session's.
+    return Q(session__user_id=user_id) if user_id is not None else Q(session_id=session_id)
+
+
+def document_get_for_run(*, document_id: int, session_id: int, user_id: int | None) -> Document | None:
+    """The document if a run of ``session_id`` started by ``user_id`` may see it, else None
+    (the same for missing and foreign ids). Requires tenant scope."""
+    return Document.objects.filter(_visible_to(session_id=session_id, user_id=user_id), pk=document_id).first()
+
+
+def document_list_for_run(*, session_id: int, user_id: int | None, limit: int = 100) -> list[Document]:
+    """Up to ``limit`` documents a run may see, most recently updated first (content deferred)."""
+    return list(Document.objects.filter(_visible_to(session_id=session_id, user_id=user_id))
+                .defer("content").order_by("-updated_at", "-id")[:limit])
+
+
+def document_get_for_user(*, document_id: int, user_id: int) -> Document | None:
+    """The document if it is in the current tenant and its session belongs to the user, else None."""
+    return Document.objects.filter(pk=document_id, session__user_id=user_id).first()
+
+
+def document_list_for_user(*, user_id: int, session_id: int | None = None) -> QuerySet[Document]:
+    """The user's documents in the current tenant (optionally of one session), newest first."""
+    qs = Document.objects.filter(session__user_id=user_id)
+    if session_id is not None:
+        qs = qs.filter(session_id=session_id)
+    return qs.order_by("-updated_at", "-id")

@@ -1,0 +1,214 @@
+"""Skills as tools: a call runs a *sub-run*, awaited inside the parent's tool call.
+
+A sub-run is a :class:`sessions.models.Run` with ``parent_tool_call`` (the skill tool's call)
+and ``depth`` (parent's + 1). It runs the same loop as a user's run (:mod:`sessions.runner.loop`)
+with its own context:
+
+- system prompt: the skill's instructions only (not the agent's prompt: a skill is a
+  self-contained procedure, and its context stays small); user message: the task;
+- tools: the tools of the *calling run* whose exposed name (or name inside its capability)
+  matches one of the skill's ``allowed_tools`` patterns (fnmatch); empty = none. Skill tools
+  in that subset run their own sub-runs one level deeper; at :data:`SKILL_MAX_DEPTH` they
+  are no longer offered, and a call still made fails with a clear error;
+- the skill's loop limit and route (else the calling run's route entries); the parent's
+  tool timeout, parallelism and run deadline; per-run budgets count the sub-run's usage plus
+  its ancestors' (:func:`sessions.runner._db.run_usage`).
+
+Its LLMCall / ToolCall / Message rows are its own (its messages never enter the session's
+history), its events go on the session stream with its own ``run_id`` and
+``parent_run_id`` in their data. Its final reply is the tool result; a failed sub-run is a
+failed tool call with the reason. When it ends, its tokens and cost are added to the
+parent run.
+
+Cancellation: the sub-run runs inside the parent's tool-call task, so cancelling the parent
+cancels it (recorded ``cancelled``); cancelling the sub-run alone (the API, its own id) ends
+only it, and the parent's model hears that the skill was cancelled.
+
+Durability: if the worker dies during a sub-run, the parent resumes on another worker and
+re-executes the skill call (it has no result); :func:`sessions.runner._db.subrun_open` finds
+the sub-run by ``parent_tool_call`` and it resumes from its own persisted messages, like any
+run. A sub-run that already ended returns its recorded outcome without running again.
+
+Approvals: a tool call inside a sub-run that needs a human (policy ``ask``, a tool raising
+ApprovalRequired, ``ask_user``) fails with a message saying so (not supported yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+from typing import Any
+
+from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
+from llm.types import ToolSpec
+from sessions.events import event_publish
+from sessions.models import RunFailureReason, RunStatus
+from sessions.runner import _db
+from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_cancelling
+from sessions.runner.spec import RunSpec, SkillBindingSpec
+from sessions.runner.toolset import CapabilityUnavailable, Toolset
+
+logger = logging.getLogger(__name__)
+
+SKILL_MAX_DEPTH = 3
+"""Deepest sub-run: a user's run is depth 0, a skill it calls depth 1, …, 3 at most. Bounds
+the cost of skills calling skills (each level multiplies model turns)."""
+
+TASK_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task": {
+            "type": "string",
+            "description": "What the skill should do, with every detail it needs: it sees nothing of this conversation.",
+        },
+    },
+    "required": ["task"],
+    "additionalProperties": False,
+}
+
+
+class SkillTool(Tool):
+    """A bound skill as a tool: ``{task: string}`` → a sub-run → its final reply.
+
+    Raises (as failed tool calls): ToolError ``invalid_arguments`` (no task), ``depth_limit``
+    (the calling run is at :data:`SKILL_MAX_DEPTH`), ``sub_run_failed`` (the sub-run failed or
+    was cancelled; the message carries its reason).
+    """
+
+    manages_own_timeout = True
+    """The agent's per-tool timeout does not apply: a sub-run is bounded by its loop limit,
+    turn timeouts and the run's deadline (``tool_execution`` reads this)."""
+
+    def __init__(self, *, skill: SkillBindingSpec, exposed_name: str, parent: RunSpec, parent_toolset: Toolset) -> None:
+        self.skill = skill
+        self.parent = parent
+        self.parent_toolset = parent_toolset
+        self.spec = ToolSpec(name=exposed_name, description=skill.description, parameters=TASK_PARAMETERS)
+
+    @property
+    def untrusted(self) -> bool:  # type: ignore[override]
+        """True when the sub-run may read outside content (one of its tools is untrusted): its
+        answer may carry text from there, so the parent frames it as data too."""
+        allowed = self.skill.allowed_tools
+        return any(
+            not isinstance(tool, SkillTool) and tool.untrusted and _matches(name, self.parent_toolset, allowed)
+            for name, tool in self.parent_toolset.tools.items()
+        )
+
+    def bound_to(self, parent: RunSpec, parent_toolset: Toolset) -> "SkillTool":
+        """This skill as offered inside the run ``parent`` (a sub-run) with its tools."""
+        return SkillTool(skill=self.skill, exposed_name=self.spec.name, parent=parent, parent_toolset=parent_toolset)
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        task = arguments.get("task")
+        if not isinstance(task, str) or not task.strip():
+            raise ToolError("`task` is required: a string saying what the skill should do.", code="invalid_arguments")
+        if self.parent.depth >= SKILL_MAX_DEPTH:
+            raise ToolError(
+                f"The skill {self.spec.name!r} cannot run here: skills may call skills at most {SKILL_MAX_DEPTH} "
+                "levels deep. Do this part yourself with the tools you have.",
+                code="depth_limit",
+            )
+        state = await _db.db(_db.subrun_open)(
+            parent=self.parent, call_pk=context.tool_call_id, skill_id=self.skill.skill_id, task=task.strip()
+        )
+        if state.status == RunStatus.COMPLETED:  # ended before a worker died: its result stands
+            return ToolResult(content=state.reply, data={"sub_run_id": state.run_id})
+        if state.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            raise ToolError(f"The skill {self.spec.name!r} did not finish: {state.error}", code="sub_run_failed")
+        outcome = await self._run(state.run_id, task=task.strip(), context=context)
+        if outcome.status == RunStatus.COMPLETED:
+            return ToolResult(content=outcome.reply, data={"sub_run_id": state.run_id})
+        raise ToolError(f"The skill {self.spec.name!r} did not finish: {outcome.error}", code="sub_run_failed")
+
+    async def _run(self, run_id: int, *, task: str, context: ToolContext) -> Any:
+        from sessions.runner.loop import Outcome, _run_loop_cancellable
+
+        parent = self.parent
+        extra = {"parent_run_id": parent.run_id, "parent_tool_call_id": context.tool_call_id}
+
+        async def publish_now(event_type: str, data: dict[str, Any]) -> None:
+            await event_publish(session_id=parent.session_id, run_id=run_id, type=event_type, data={**data, **extra})
+
+        async def publish(event_type: str, data: dict[str, Any]) -> None:
+            await publish_now(event_type, data)
+            if event_type == "tool_call_started":  # the parent's call shows what its skill is doing
+                await context.progress(f"{self.skill.name}: {data.get('name')}")
+            raise_if_cancelling()
+
+        try:
+            spec = await _db.db(_db.subrun_spec)(subrun_id=run_id, parent=parent)
+        except ValueError as exc:
+            outcome = Outcome(RunStatus.FAILED, error=str(exc), reason=RunFailureReason.CONFIGURATION)
+            await _db.db(_db.subrun_finish)(run_id=run_id, status=outcome.status, error=outcome.error,
+                                            reason=outcome.reason)
+            await publish_now("run_failed", {"error": outcome.error, "reason": outcome.reason})
+            return outcome
+        toolset = subrun_toolset(parent_toolset=self.parent_toolset, allowed=list(self.skill.allowed_tools), spec=spec)
+        await publish("run_running", {"attempt": spec.attempt, "skill": self.skill.name, "depth": spec.depth,
+                                      "task": task})
+        try:
+            outcome = await _run_loop_cancellable(spec, publish, toolset=toolset)
+        except asyncio.CancelledError:  # the parent was cancelled (or timed out): so is this sub-run
+            await asyncio.shield(self._record_cancelled(run_id, spec.attempt, publish_now))
+            raise
+        except CapabilityUnavailable as exc:
+            outcome = Outcome(RunStatus.FAILED, error=str(exc), reason=RunFailureReason.CAPABILITY_UNAVAILABLE)
+        except Exception as exc:  # noqa: BLE001 - the sub-run fails, the parent goes on
+            logger.exception("sub-run %s crashed", run_id)
+            outcome = Outcome(RunStatus.FAILED, error=f"Internal error: {type(exc).__name__}: {exc}",
+                              reason=RunFailureReason.INTERNAL)
+        if outcome.status == RunStatus.AWAITING_APPROVAL:  # cannot happen: sub-runs never wait for humans
+            outcome = Outcome(RunStatus.FAILED, error="A tool call waited for approval inside a skill.",
+                              reason=RunFailureReason.INTERNAL)
+        recorded = await _db.db(_db.subrun_finish)(run_id=run_id, status=outcome.status, reply=outcome.reply,
+                                                   error=outcome.error, reason=outcome.reason, attempt=spec.attempt)
+        if not recorded:  # another worker resumed this sub-run meanwhile: it reports the outcome
+            raise asyncio.CancelledError()
+        if outcome.status == RunStatus.COMPLETED:
+            await publish("run_completed", {"reply": outcome.reply})
+        elif outcome.status == RunStatus.CANCELLED:
+            await publish("run_cancelled", {"reason": CANCEL_REASON})
+        else:
+            await publish("run_failed", {"error": outcome.error, "reason": outcome.reason})
+        return outcome
+
+    @staticmethod
+    async def _record_cancelled(run_id: int, attempt: int, publish_now: Any) -> None:
+        try:
+            if await _db.db(_db.subrun_finish)(run_id=run_id, status=RunStatus.CANCELLED, error=CANCEL_ERROR,
+                                               attempt=attempt):
+                await publish_now("run_cancelled", {"reason": CANCEL_REASON})
+        except Exception:  # noqa: BLE001 - run_finish of the parent ends it anyway
+            logger.warning("sub-run %s: could not record its cancellation", run_id, exc_info=True)
+
+
+def subrun_toolset(*, parent_toolset: Toolset, allowed: list[str], spec: RunSpec) -> Toolset:
+    """The tools a sub-run (``spec``) gets: those of ``parent_toolset`` matching ``allowed``.
+
+    A tool matches when its exposed name or its name inside its capability matches one of
+    the fnmatch patterns. Skill tools are re-bound to the sub-run (their calls go one level
+    deeper) and, at :data:`SKILL_MAX_DEPTH`, kept callable but not offered. Other tools are
+    shared with the parent (the parent is awaiting this call meanwhile).
+    """
+    toolset = Toolset()
+    for exposed, tool in parent_toolset.tools.items():
+        if not _matches(exposed, parent_toolset, allowed):
+            continue
+        origin = parent_toolset.origins.get(exposed)
+        if isinstance(tool, SkillTool):
+            tool = tool.bound_to(spec, toolset)
+            if spec.depth >= SKILL_MAX_DEPTH:
+                toolset.hidden.add(exposed)
+        toolset.tools[exposed] = tool
+        if origin is not None:
+            toolset.origins[exposed] = origin
+    return toolset
+
+
+def _matches(exposed: str, toolset: Toolset, patterns: Any) -> bool:
+    """Whether tool ``exposed`` of ``toolset`` matches a pattern by exposed name or its name in its source."""
+    origin = toolset.origins.get(exposed)
+    names = (exposed, origin.name) if origin is not None else (exposed,)
+    return any(fnmatch.fnmatchcase(n, p) for n in names for p in patterns)
