@@ -404,6 +404,9 @@
     async press(params) {
       const keys = String(params.keys || '');
       const target = document.activeElement || document.body;
+      if (/(^|\s|\+)Enter($|\s)/.test(keys) && target.form && passwordForm(target)) {
+        needsApproval('Submitting a form that contains a password', params); // before any key event
+      }
       return act(() => {
         for (const combo of keys.split(/\s+/).filter(Boolean)) {
           const key = combo.split('+').pop();
@@ -413,10 +416,7 @@
             target.dispatchEvent(new InputEvent('input', { bubbles: true, data: key, inputType: 'insertText' }));
           }
           keyEvent(target, key, 'keyup');
-          if (key === 'Enter' && allowed && target.form) {
-            if (passwordForm(target)) needsApproval('Submitting a form that contains a password', params);
-            target.form.requestSubmit();
-          }
+          if (key === 'Enter' && allowed && target.form) target.form.requestSubmit();
           if (key === 'Tab') {
             const focusable = Array.from(document.querySelectorAll('a[href],button,input,select,textarea,[tabindex]'))
               .filter((e) => !e.disabled && e.tabIndex >= 0);

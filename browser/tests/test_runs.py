@@ -196,3 +196,46 @@ def _shutdown_server_browsers() -> None:
 
 
 
+
+
+def test_a_password_field_pauses_the_run_until_a_human_approves(world, fake_llm, no_enqueue, site):
+    from sessions.models import Approval
+    from sessions.runner.host import run_host
+    from sessions.runner.loop import execute_run
+
+    agent = _agent_with_browser(world, fake_llm, {"backend": "server"})
+
+    def respond(body):
+        step = sum(1 for m in body["messages"] if m.get("role") == "assistant")
+        text = _last_tool_text(body)
+        if step == 0:
+            return ToolCalls([("browser_navigate", {"url": site.url("/login")})])
+        if step == 1:
+            return ToolCalls([("browser_snapshot", {})])
+        if step == 2:
+            return ToolCalls([("browser_type", {"ref": _ref(text, r'textbox "Password"'), "text": "hunter2"})])
+        if step == 3:
+            return ToolCalls([("browser_snapshot", {})])
+        return Reply("Password typed.")
+
+    fake_llm.respond(respond)
+    try:
+        run = off_thread(post_message_sync, agent=agent, user=world.member, content="Log in.")
+        run_host().run(execute_run(run.pk))  # the worker's loop: the server browser lives on it
+        run = off_thread(lambda: Run.all_tenants.get(pk=run.pk))
+        assert run.status == "awaiting_approval"
+        approval = off_thread(lambda: Approval.all_tenants.get(run_id=run.pk))
+        assert approval.reason == f"Typing into a password field on {site.origin}"
+        resp = off_thread(lambda: world.client().post(f"/api/v1/approvals/{approval.pk}/", {"decision": "approve"},
+                                                      format="json"))
+        assert resp.status_code == 200, resp.content
+        run_host().run(execute_run(run.pk))
+        run = off_thread(lambda: Run.all_tenants.get(pk=run.pk))
+        assert run.status == "completed", run.error
+        calls = _calls(run.pk)
+        assert [c.status for c in calls] == ["succeeded"] * 4
+        assert 'textbox "Password" type=password value=•••' in calls[3].result
+        statuses = [(e["op"], e["status"]) for e in _browser_operation_events(run.session_id) if e["op"] == "type"]
+        assert statuses == [("type", "started"), ("type", "awaiting_approval"), ("type", "started"), ("type", "succeeded")]
+    finally:
+        _shutdown_server_browsers()
