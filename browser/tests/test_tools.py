@@ -14,7 +14,7 @@ from agents.tests.factories import AgentFactory
 from browser.server_backend import ServerBrowserPool
 from browser.tests.site import LocalSite
 from browser.tools import (
-    BrowserClick, BrowserConfig, BrowserGetText, BrowserNavigate, BrowserRun, BrowserSnapshot, BrowserType,
+    BrowserClick, BrowserConfig, BrowserGetText, BrowserNavigate, BrowserPress, BrowserRun, BrowserSnapshot, BrowserType,
     ServerBackend,
 )
 from capabilities.tools import ApprovalRequired, ToolContext, ToolError
@@ -80,6 +80,9 @@ def test_typing_a_password_needs_approval_and_acts_once_approved():
             result = await BrowserType(run).execute({"ref": pw, "text": "hunter2"}, ctx(approved=True))
             assert await page.input_value("input[name=pw]") == "hunter2"
             assert "value=•••" in result.content and "hunter2" not in result.content
+            with pytest.raises(ApprovalRequired):  # Enter in the focused password field submits the form
+                await BrowserPress(run).execute({"keys": "Enter"}, ctx())
+            assert page.url.endswith("/login")
             with pytest.raises(ApprovalRequired):
                 await BrowserClick(run).execute({"ref": ref(snap, r'button "Sign in"')}, ctx())
             done = await BrowserClick(run).execute({"ref": ref(snap, r'button "Sign in"')}, ctx(approved=True))
@@ -87,7 +90,7 @@ def test_typing_a_password_needs_approval_and_acts_once_approved():
             return [d["status"] for kind, d in events if kind == "browser_operation"]
 
         statuses = run_tools({}, body)
-        assert statuses.count("awaiting_approval") == 2
+        assert statuses.count("awaiting_approval") == 3
 
 
 def test_server_backend_refuses_blocked_origins_and_redirects():
