@@ -168,7 +168,10 @@ def test_service_worker_killed_mid_command_reconnects_and_does_not_act_twice(wor
     # The server resent the command with the same key; the restarted worker found it started
     # and never finished, and said so instead of clicking again.
     assert info.value.code == "interrupted", info.value.message
-    connected.wait_connected()
+    from playwright.sync_api import expect
+
+    # (Not the worker's own state: evaluating in a stopped worker can hang; the popup has timeouts.)
+    expect(popup.get_by_test_id("status")).to_have_text("Connected", timeout=15_000)
     assert page.evaluate("window.count") == 1
     add = ref_of(command(world, "snapshot", {}, key="k4")["text"], r'button "Add one"')
     command(world, "click", {"ref": add}, key="k5")
