@@ -13,6 +13,8 @@ bench:
 	scripts/bootstrap.sh
 	.venv/bin/python bench/turn_overhead.py
 	.venv/bin/python bench/concurrent_runs.py
+	.venv/bin/python bench/compaction_savings.py
+	.venv/bin/python bench/storage.py
 	.venv/bin/python bench/router_overhead.py
 	.venv/bin/python bench/router_chaos.py
 	.venv/bin/python bench/mcp_overhead.py

@@ -142,10 +142,11 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             # redis-py 8 refuses a 101st pooled connection (MaxConnectionsError); a worker process
             # hosting hundreds of runs publishes from all of them at once.
-            # socket_timeout: redis-py 8 defaults to 5 s, which channels_redis' 5-s BZPOPMIN in
-            # receive() hits (TimeoutError kills idle consumers); leave room above it.
+            # socket_timeout: redis-py 8 defaults it to 5 s, the length of channels_redis's
+            # blocking BZPOPMIN, so every idle consumer died with TimeoutError after 5 s
+            # (channels_redis#422); 30 s still notices a dead connection.
             "hosts": [{"address": REDIS_URL, "max_connections": int(os.environ.get("REDIS_LAYER_MAX_CONNECTIONS", "512")),
-                       "socket_timeout": 15}],
+                       "socket_timeout": 30}],
             "prefix": f"{REDIS_KEY_PREFIX}:asgi",
             "capacity": 1000,
             "expiry": 60,

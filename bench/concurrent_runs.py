@@ -1,27 +1,58 @@
-"""Concurrent runs on one worker process.
+"""Concurrent runs on one worker process, watched live over WebSockets.
 
-N runs start at once on one event loop (as the worker's RunHost hosts them). The fake model (its own process)
-takes 1 s before every answer (3 turns: two tool calls, then a 50-token answer), so a run
-needs ~3 s of model time; if runs overlap fully, N runs finish in ~3 s whatever N is.
+N runs start at once on one event loop (as the worker's RunHost hosts them). The fake model
+(its own process, ``timed3``) waits 1 s before every answer of a 3-turn run (two tool calls,
+then a 50-token answer streamed one token every 10 ms), so a run needs ~3.5 s of model time;
+if runs overlap fully, N runs finish in ~3.5 s whatever N is.
 
-Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200]``
+Every session is followed by a WebSocket client (bench/_ws_clients.py, its own process)
+through the real ASGI server (uvicorn, its own process, as in production) from seq 0, so the
+figures include:
+
+- token → client latency: from the moment the fake model wrote a token to the socket to the
+  moment the WebSocket client received the frame carrying it (p50/p95/max over all tokens);
+- lost events: seqs 1…last of each session (the last one the publisher handed out) that the
+  client never received, plus duplicates, plus answer tokens sent but not received;
+- CPU seconds of the worker process (the runs) and of the web process (the consumers), per run.
+
+Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--profile out.txt]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
-from _harness import BenchTenant, fake_model, percentile
+from _harness import ROOT, BenchTenant, fake_model, percentile
+
+from django.conf import settings
 
 from sessions.models import Run
 from sessions.runner.loop import execute_run
+from tenants.services import api_token_create, membership_create
+
+TOKENS_PER_RUN = 50
 
 
+DB_THREADS: int | None = None
+"""``--db-threads``: size of the event loop's default executor, which runs the runner's ORM
+calls (asyncio's default: min(32, CPUs + 4), 6 on this machine)."""
 
 
 async def run_all(run_ids: list[int]) -> list[float]:
+    if DB_THREADS:
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=DB_THREADS))
+
     async def one(run_id: int) -> float:
         start = time.perf_counter()
         await execute_run(run_id)
@@ -30,22 +61,128 @@ async def run_all(run_ids: list[int]) -> list[float]:
     return await asyncio.gather(*(one(r) for r in run_ids))
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pid: int, task: int | None = None) -> float:
+    """utime + stime of a process, or of one of its threads (Linux /proc), seconds."""
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class WebServer:
+    """uvicorn with the project's ASGI app on a free port, same settings as this process."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [str(ROOT / ".venv/bin/uvicorn"), "agent_platform.asgi:application", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT, env=dict(os.environ),
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("uvicorn did not start")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def _last_seqs(session_ids: list[int]) -> dict[int, int]:
+    from sessions.events import _keys, _sync_redis
+
+    pipe = _sync_redis().pipeline()
+    for sid in session_ids:
+        pipe.get(_keys(sid)[0])
+    return {sid: int(v or 0) for sid, v in zip(session_ids, pipe.execute())}
+
+
+def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: str | None) -> None:
+    runs = [bench.new_run() for _ in range(n)]
+    sessions = [r.session_id for r in runs]
+    clients = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_ws_clients.py"))],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    clients.stdin.write(json.dumps({"url": f"ws://127.0.0.1:{web.port}", "token": token, "sessions": sessions,
+                                    "timeout": 180}) + "\n")
+    clients.stdin.flush()
+    if clients.stdout.readline().strip() != "ready":
+        raise RuntimeError("the WebSocket clients did not connect")
+    web_cpu = _cpu_seconds(web.proc.pid)
+    cpu = time.process_time()
+    loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id())  # asyncio.run runs the loop on this thread
+    started = time.perf_counter()
+    if profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        durations = profiler.runcall(asyncio.run, run_all([r.pk for r in runs]))
+        with open(profile, "w") as fh:
+            pstats.Stats(profiler, stream=fh).sort_stats("tottime").print_stats(60)
+            pstats.Stats(profiler, stream=fh).sort_stats("cumulative").print_stats(80)
+    else:
+        durations = asyncio.run(run_all([r.pk for r in runs]))
+    wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
+    result = json.loads(clients.stdout.readline())
+    clients.wait(timeout=30)
+    web_cpu = _cpu_seconds(web.proc.pid) - web_cpu
+    statuses = list(Run.all_tenants.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True))
+    completed = statuses.count("completed")
+    last = _last_seqs(sessions)
+    lost = dup = tokens_lost = 0
+    for sid in sessions:
+        got = result["sessions"].get(str(sid), {"seqs": [], "tokens": 0})
+        lost += len(set(range(1, last[sid] + 1)) - set(got["seqs"]))
+        dup += len(got["seqs"]) - len(set(got["seqs"]))
+        tokens_lost += TOKENS_PER_RUN - got["tokens"]
+    lat = result["latencies_ms"]
+    print(
+        f"N={n:4d}: wall {wall:5.1f} s (ideal ~3.5 s), completed {completed}/{n}, "
+        f"run time p50 {percentile(durations, 0.5):.1f} s p95 {percentile(durations, 0.95):.1f} s\n"
+        f"        token→client p50 {percentile(lat, 0.5):.1f} ms p95 {percentile(lat, 0.95):.1f} ms "
+        f"max {max(lat, default=float('nan')):.1f} ms ({len(lat)} tokens); "
+        f"lost events {lost}, duplicates {dup}, answer tokens lost {tokens_lost}; "
+        f"CPU per run: worker {cpu / n * 1000:.1f} ms (event loop {loop_cpu / n * 1000:.1f}, "
+        f"ORM threads {(cpu - loop_cpu) / n * 1000:.1f}), web {web_cpu / n * 1000:.1f} ms"
+        + (f"; client errors {len(result['errors'])}: {result['errors'][:3]}" if result["errors"] else ""),
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[50, 100, 200])
+    parser.add_argument("--profile", help="cProfile the worker's event loop into this file (last N only)")
+    parser.add_argument("--switch-interval-ms", type=float,
+                        help="sys.setswitchinterval for this (worker) process; Python's default is 5 ms")
+    parser.add_argument("--db-threads", type=int, help="threads for the runner's ORM calls (default: asyncio's)")
     args = parser.parse_args()
-    with fake_model("slow3") as base_url, BenchTenant(base_url, read_timeout_seconds=60.0) as bench:
-        for n in args.n:
-            runs = [bench.new_run() for _ in range(n)]
-            started = time.perf_counter()
-            durations = asyncio.run(run_all([r.pk for r in runs]))
-            wall = time.perf_counter() - started
-            statuses = list(Run.all_tenants.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True))
-            completed = statuses.count("completed")
-            print(
-                f"N={n:4d}: wall {wall:5.1f} s (ideal ~3 s), completed {completed}/{n}, "
-                f"run time p50 {percentile(durations, 0.5):.1f} s p95 {percentile(durations, 0.95):.1f} s"
-            )
+    global DB_THREADS
+    DB_THREADS = args.db_threads
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
+    print(f"channel layer prefix {settings.CHANNEL_LAYERS['default']['CONFIG'].get('prefix')}", file=sys.stderr)
+    with fake_model("timed3") as base_url, BenchTenant(base_url, read_timeout_seconds=60.0) as bench:
+        membership = membership_create(tenant=bench.tenant, user=bench.user)
+        token = api_token_create(membership=membership).raw
+        web = WebServer()
+        try:
+            for i, n in enumerate(args.n):
+                one_round(bench, token, web, n, args.profile if i == len(args.n) - 1 else None)
+        finally:
+            web.close()
 
 
 if __name__ == "__main__":

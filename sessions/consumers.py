@@ -23,7 +23,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from sessions.events import events_since, group_name
+from sessions.events import events_since, frame_text, group_name
 from tenants.scoping import tenant_scope
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -77,11 +77,22 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "pong"})
 
     async def session_event(self, message: dict[str, Any]) -> None:
-        frame = message["frame"]
-        if frame["seq"] > self.last_seq + 1:  # a gap: fill it from the stream, in order
+        """A live event: ``{"seq", "body"}`` (body: the frame's JSON text without ``seq``, see
+        :mod:`sessions.events`), or ``{"frame": {…}}``. Sent as text without decoding the body."""
+        if "frame" in message:
+            seq, text = message["frame"]["seq"], None
+        else:
+            seq, text = message["seq"], frame_text(message["seq"], message["body"])
+        if seq > self.last_seq + 1:  # a gap: fill it from the stream, in order
             for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
                 await self._send_frame(missed)
-        await self._send_frame(frame)
+        if seq <= self.last_seq:
+            return
+        self.last_seq = seq
+        if text is None:
+            await self.send_json(message["frame"])
+        else:
+            await self.send(text_data=text)
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
         if frame["seq"] <= self.last_seq:

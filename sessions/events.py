@@ -6,7 +6,16 @@ by one per session. Publishing does two things:
 1. one atomic Redis script increments the session's counter and appends the event to the
    session's Redis stream (bounded to :data:`STREAM_MAXLEN` entries, stream id ``<seq>-0``),
    so a client that reconnects with the last ``seq`` it saw can replay what it missed;
-2. ``group_send`` to the Channels group ``session.<id>`` for live delivery.
+2. a send to the Channels group ``session.<id>`` for live delivery, as the channel-layer
+   message ``{"type": "session.event", "seq": seq, "body": "<the frame's JSON without seq>"}``.
+
+With the project's channel layer (``channels_redis.core.RedisChannelLayer``, one host, the
+same Redis as ``REDIS_URL``, msgpack, no encryption, no per-channel capacities) the same
+script also does the group send, exactly as ``RedisChannelLayer.group_send`` would (expire
+stale members, one message per channel key carrying ``__asgi_channel__``, capacity, expiry,
+the 12-byte prefix), with Redis's ``cmsgpack``: one round trip per event instead of five.
+The group send was three quarters of a publish's CPU (bench/concurrent_runs.py,
+bench/README.md). Any other layer gets the script without the fan-out, then ``group_send``.
 
 The channel layer is lossy fan-out, not storage: durable facts (messages, tool calls, run
 status) are PostgreSQL rows written *before* their event is published.
@@ -63,6 +72,34 @@ local seq = redis.call('INCR', KEYS[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], tostring(seq) .. '-0', 'e', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
+if ARGV[4] ~= '1' then
+  return seq
+end
+-- channels_redis 4.x RedisChannelLayer.group_send, in the same script
+local now = tonumber(ARGV[5])
+local whole_seconds = math.floor(now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], 0, whole_seconds - tonumber(ARGV[6]))
+local members = redis.call('ZRANGE', KEYS[3], 0, -1)
+local channels_of, keys = {}, {}
+for _, channel in ipairs(members) do
+  local bang = string.find(channel, '!', 1, true)
+  local key = ARGV[7] .. (bang and string.sub(channel, 1, bang) or channel)
+  if channels_of[key] == nil then
+    channels_of[key] = {}
+    table.insert(keys, key)
+  end
+  table.insert(channels_of[key], channel)
+end
+local capacity, expiry = tonumber(ARGV[8]), tonumber(ARGV[9])
+local prefix = string.sub(string.format('%12d', seq), -12)
+for _, key in ipairs(keys) do
+  redis.call('ZREMRANGEBYSCORE', key, 0, whole_seconds - expiry)
+  if redis.call('ZCOUNT', key, '-inf', '+inf') < capacity then
+    local message = cmsgpack.pack({type = 'session.event', seq = seq, body = ARGV[1], __asgi_channel__ = channels_of[key]})
+    redis.call('ZADD', key, ARGV[5], prefix .. message)
+    redis.call('EXPIRE', key, expiry)
+  end
+end
 return seq
 """
 
@@ -75,6 +112,54 @@ def group_name(session_id: int) -> str:
 def _keys(session_id: int) -> list[str]:
     prefix = settings.REDIS_KEY_PREFIX
     return [f"{prefix}:session:{session_id}:seq", f"{prefix}:session:{session_id}:events"]
+
+
+_fanout_layers: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _script_fans_out(layer: Any) -> bool:
+    """Whether the publish script can do ``layer``'s group send itself (see the module docstring)."""
+    known = _fanout_layers.get(layer)
+    if known is None:
+        try:
+            from channels_redis.core import RedisChannelLayer
+            from channels_redis.serializers import MsgPackSerializer
+        except ImportError:  # pragma: no cover - channels_redis is a dependency
+            known = False
+        else:
+            serializer = getattr(layer, "_serializer", None)
+            known = (
+                type(layer) is RedisChannelLayer
+                and len(layer.hosts) == 1
+                and layer.hosts[0].get("address") == settings.REDIS_URL
+                and not layer.channel_capacity
+                and type(serializer) is MsgPackSerializer
+                and serializer.crypter is None
+                and serializer.random_prefix_length == 12
+            )
+        _fanout_layers[layer] = known
+    return known
+
+
+def _script_args(session_id: int, payload: str, layer: Any) -> tuple[Any, ...]:
+    """``numkeys, *keys, *args`` of :data:`_PUBLISH_LUA` for one event."""
+    keys = _keys(session_id)
+    if not _script_fans_out(layer):
+        return (3, *keys, keys[0], payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "0")
+    return (
+        3, *keys, layer._group_key(group_name(session_id)), payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "1",
+        repr(time.time()), layer.group_expiry, layer.prefix, layer.capacity, int(layer.expiry),
+    )
+
+
+def _layer_message(seq: int, payload: str) -> dict[str, Any]:
+    return {"type": "session.event", "seq": seq, "body": payload}
+
+
+def frame_text(seq: int, body_json: str) -> str:
+    """The JSON text of the frame ``{"seq": seq, **body}`` from the body's JSON text (what
+    ``json.dumps`` of that frame gives, without decoding and encoding the body again)."""
+    return f'{{"seq": {seq}, {body_json[1:]}' if body_json != "{}" else f'{{"seq": {seq}}}'
 
 
 def _body(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -103,10 +188,11 @@ def event_publish_sync(*, session_id: int, run_id: int | None, type: str, data: 
     """Publish now, from synchronous code. Returns the frame (with its ``seq``)."""
     body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
     payload = json.dumps(body)  # fails here, at the source, if ``data`` is not JSON-serialisable
-    seq = int(_sync_redis().eval(_PUBLISH_LUA, 2, *_keys(session_id), payload, STREAM_MAXLEN, KEY_TTL_SECONDS))
-    frame = _frame(seq, body)
-    async_to_sync(get_channel_layer().group_send)(group_name(session_id), {"type": "session.event", "frame": frame})
-    return frame
+    layer = get_channel_layer()
+    seq = int(_sync_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, layer)))
+    if not _script_fans_out(layer):
+        async_to_sync(layer.group_send)(group_name(session_id), _layer_message(seq, payload))
+    return _frame(seq, body)
 
 
 def event_publish_on_commit(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> None:
@@ -150,10 +236,11 @@ async def event_publish(*, session_id: int, run_id: int | None, type: str, data:
     """Publish now, from async code. Returns the frame (with its ``seq``)."""
     body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
     payload = json.dumps(body)
-    seq = int(await async_redis().eval(_PUBLISH_LUA, 2, *_keys(session_id), payload, STREAM_MAXLEN, KEY_TTL_SECONDS))
-    frame = _frame(seq, body)
-    await get_channel_layer().group_send(group_name(session_id), {"type": "session.event", "frame": frame})
-    return frame
+    layer = get_channel_layer()
+    seq = int(await async_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, layer)))
+    if not _script_fans_out(layer):
+        await layer.group_send(group_name(session_id), _layer_message(seq, payload))
+    return _frame(seq, body)
 
 
 async def events_since(*, session_id: int, after_seq: int, limit: int = STREAM_MAXLEN) -> list[dict[str, Any]]:

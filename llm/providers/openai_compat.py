@@ -5,6 +5,16 @@ SDK retries off (the router is the only retry loop). Everything provider-specifi
 wire format stays in this module: request building, chunk parsing, tool-call reassembly,
 text-mode tool calls, usage.
 
+The streamed request is sent on the SDK client's own HTTP pool, with the SDK's headers and
+timeouts, but its server-sent events are parsed here into plain dicts
+(:func:`_sse_payloads`): the SDK's per-request option transforms and per-chunk model
+construction were half of a worker's event-loop CPU with 200 runs streaming at once
+(bench/concurrent_runs.py, bench/README.md). HTTP errors are still turned into the SDK's
+exceptions (``_make_status_error_from_response``), transport failures into
+``APIConnectionError``/``APITimeoutError`` and in-stream ``{"error": …}`` objects into
+``APIError``, exactly as the SDK's stream would, so :func:`llm.errors.classify_error` sees
+the same exceptions as before.
+
 Errors: every failure leaves as :class:`llm.errors.ModelCallError` (classified by
 :func:`llm.errors.classify_error`; a stream that finishes with ``finish_reason:
 "content_filter"`` is a ``content_policy`` failure); ``asyncio.CancelledError`` propagates
@@ -19,11 +29,15 @@ every adapter alike.
 from __future__ import annotations
 
 import asyncio
+import json
+import ssl
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import httpx
+import httpx2
 import openai
 
 from llm.errors import ModelCallError, classify_error, classify_finish_reason
@@ -51,7 +65,7 @@ def _new_client(key: tuple[str, str, float, float]) -> openai.AsyncOpenAI:
         timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
         # The SDK's defaults (limits, redirects) without its finaliser, which would try to
         # close the pool on whatever loop runs when it is collected.
-        http_client=openai.DefaultAsyncHttpxClient(),
+        http_client=openai.DefaultAsyncHttpxClient(verify=_ssl_context()),
     )
 
 
@@ -65,10 +79,66 @@ def _client_for(entry: RouteEntryConfig) -> openai.AsyncOpenAI:
     )
 
 
+HTTP_SHARDS: Final[int] = 16
+"""Connection pools per client and event loop that streamed requests are spread over."""
+STREAMS_PER_SHARD: Final[int] = 12
+"""A pool takes new streams until this many are open on it; then the next pool is used.
+
+Why shards: httpcore's pool walks all its connections on every request start and end and
+probes every idle one's socket (``has_expired``), so with 200 runs on one pool a worker spent
+~4 ms of event-loop CPU per model call there (py-spy, bench/concurrent_runs.py). Small pools
+keep that walk short. Calls one after another all go to the first pool (one connection)."""
+
+
+_shared_ssl_context: ssl.SSLContext | None = None
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """One TLS context for every pool of this process: what httpx builds by default
+    (``httpx2.create_ssl_context()``: certifi's CAs, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured),
+    built once, as building it costs ~25 ms of CPU (the CA bundle is parsed each time)."""
+    global _shared_ssl_context
+    if _shared_ssl_context is None:
+        _shared_ssl_context = httpx2.create_ssl_context()
+    return _shared_ssl_context
+
+
+class _HttpShard:
+    """One ``httpx2.AsyncClient`` pool and the number of streams open on it."""
+
+    __slots__ = ("http", "open_streams")
+
+    def __init__(self, key: Any) -> None:
+        self.http = openai.DefaultAsyncHttpxClient(verify=_ssl_context())
+        self.open_streams = 0
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+_shards: LoopClientCache[_HttpShard] = LoopClientCache(_HttpShard, max_per_loop=MAX_CLIENTS_PER_LOOP * HTTP_SHARDS)
+
+
+def _shard_for(entry: RouteEntryConfig) -> _HttpShard:
+    """The pool for a new stream to ``entry``: the first with fewer than
+    :data:`STREAMS_PER_SHARD` open streams, else the least busy one."""
+    key = (entry.base_url, entry.api_key, float(entry.connect_timeout_seconds), float(entry.read_timeout_seconds))
+    best: _HttpShard | None = None
+    for index in range(HTTP_SHARDS):
+        shard = _shards.get((key, index))
+        if shard.open_streams < STREAMS_PER_SHARD:
+            return shard
+        if best is None or shard.open_streams < best.open_streams:
+            best = shard
+    assert best is not None
+    return best
+
+
 async def aclose_clients() -> None:
     """Close every pooled client of the running event loop (e.g. at worker shutdown or in
     test teardown). Streams still open on them fail with a network error."""
     await _clients.aclose()
+    await _shards.aclose()
 
 
 # --- Streaming -----------------------------------------------------------------------------
@@ -95,8 +165,11 @@ class _ToolCallAssembler:
         self._by_index: dict[int, _PartialCall] = {}
 
     def add(self, fragment: Any) -> None:
-        index = getattr(fragment, "index", None)
-        call_id = getattr(fragment, "id", None) or ""
+        """Add one ``delta.tool_calls[i]`` object (a parsed JSON dict; anything else is ignored)."""
+        if not isinstance(fragment, dict):
+            return
+        index = fragment.get("index")
+        call_id = fragment.get("id") or ""
         call: _PartialCall | None = None
         if isinstance(index, int):
             call = self._by_index.get(index)
@@ -113,13 +186,13 @@ class _ToolCallAssembler:
                 self._by_index[index] = call
         if call_id and not call.id:
             call.id = call_id
-        function = getattr(fragment, "function", None)
-        if function is not None:
-            name = getattr(function, "name", None)
-            if name and name != call.name:
+        function = fragment.get("function")
+        if isinstance(function, dict):
+            name = function.get("name")
+            if name and isinstance(name, str) and name != call.name:
                 call.name += name
-            arguments = getattr(function, "arguments", None)
-            if arguments:
+            arguments = function.get("arguments")
+            if arguments and isinstance(arguments, str):
                 call.arguments.append(arguments)
 
     def result(self) -> list[ToolCallRequest]:
@@ -130,20 +203,156 @@ class _ToolCallAssembler:
         ]
 
 
-def _reasoning_text(delta: Any) -> str:
+def _reasoning_text(delta: dict[str, Any]) -> str:
     """``reasoning_content`` (DeepSeek, vLLM, llama.cpp) or ``reasoning`` (OpenRouter, newer vLLM)."""
-    for attr in ("reasoning_content", "reasoning"):
-        value = getattr(delta, attr, None)
+    for key in ("reasoning_content", "reasoning"):
+        value = delta.get(key)
         if isinstance(value, str) and value:
             return value
     return ""
 
 
-async def _next_chunk(stream: openai.AsyncStream[Any], timeout_seconds: float) -> Any | None:
-    """The next chunk, or None at the end of the stream.
+@dataclass(frozen=True, slots=True)
+class _Wire:
+    """What a streamed request needs from an SDK client, computed once per client."""
+
+    url: str
+    headers: dict[str, str]
+    timeout: httpx2.Timeout
+
+
+_wires: "weakref.WeakKeyDictionary[openai.AsyncOpenAI, _Wire]" = weakref.WeakKeyDictionary()
+
+
+def _wire(client: openai.AsyncOpenAI) -> _Wire:
+    """The chat-completions URL, the SDK's default and auth headers and its timeouts."""
+    wire = _wires.get(client)
+    if wire is None:
+        headers = {**client.default_headers, **client.auth_headers}
+        timeout = client.timeout
+        wire = _Wire(
+            url=f"{str(client.base_url).rstrip('/')}/chat/completions",
+            headers={k: v for k, v in headers.items() if isinstance(v, str)},  # drops the SDK's Omit markers
+            timeout=httpx2.Timeout(connect=timeout.connect, read=timeout.read, write=timeout.write, pool=timeout.pool)
+            if isinstance(timeout, (httpx.Timeout, httpx2.Timeout)) else httpx2.Timeout(timeout),
+        )
+        _wires[client] = wire
+    return wire
+
+
+def _sdk_error(error: Exception, cause: BaseException) -> Exception:
+    error.__cause__ = cause
+    return error
+
+
+async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, params: dict[str, Any]) -> httpx2.Response:
+    """POST the streaming request on ``http`` with ``client``'s headers and timeouts; the
+    open 2xx response.
+
+    Raises:
+        ModelCallError: classified from the SDK's ``APIStatusError`` for an HTTP error status
+            (body read), ``APITimeoutError`` for a transport timeout, ``APIConnectionError``
+            for any other failure to send (as the SDK raises them with retries off).
+    """
+    wire = _wire(client)
+    request = http.build_request("POST", wire.url, content=json.dumps(params).encode(), headers=wire.headers,
+                                 timeout=wire.timeout)
+    try:
+        response = await http.send(request, stream=True)
+    except httpx2.TimeoutException as exc:
+        raise classify_error(_sdk_error(openai.APITimeoutError(request=request), exc)) from exc
+    except Exception as exc:
+        raise classify_error(_sdk_error(openai.APIConnectionError(request=request), exc)) from exc
+    if response.status_code >= 400:
+        try:
+            await response.aread()
+            status_error = client._make_status_error_from_response(response)
+        except Exception as exc:  # the error body broke off: still a failed request
+            status_error = _sdk_error(openai.APIConnectionError(request=request), exc)
+        finally:
+            await response.aclose()
+        raise classify_error(status_error) from status_error
+    return response
+
+
+async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[Any]:
+    """The JSON payloads of a chat-completions SSE stream, parsed, until ``[DONE]``.
+
+    Server-sent events as the SDK's decoder reads them: ``data:`` lines of one event are
+    joined with newlines; ``event:``/``id:``/``retry:`` fields and ``:`` comments are
+    ignored; lines end with ``\n`` or ``\r\n``. After ``[DONE]`` the rest of the body is
+    read (at most :data:`DRAIN_SECONDS`) so the connection goes back to the pool.
+
+    Raises:
+        openai.APIError: a payload that is an ``{"error": …}`` object (the SDK's in-stream
+            error, same message and body).
+        openai.APITimeoutError, openai.APIConnectionError: the transport failed mid-stream.
+        ValueError: a payload that is not JSON.
+    """
+    buffer = b""
+    data: list[bytes] = []
+    chunks = response.aiter_bytes()
+    try:
+        while True:
+            try:
+                chunk = await anext(chunks, None)
+            except httpx2.TimeoutException as exc:
+                raise _sdk_error(openai.APITimeoutError(request=response.request), exc) from exc
+            except httpx2.TransportError as exc:
+                raise _sdk_error(openai.APIConnectionError(request=response.request), exc) from exc
+            if chunk is None:
+                lines, buffer = [buffer, b""], b""  # end of body: the last line, then dispatch
+            else:
+                buffer += chunk
+                lines = buffer.split(b"\n")
+                buffer = lines.pop()
+            for line in lines:
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+                if line.startswith(b"data:"):
+                    data.append(line[6:] if line[5:6] == b" " else line[5:])
+                    continue
+                if line or not data:
+                    continue  # another field, a comment, or a blank line without data
+                text = b"\n".join(data).decode()
+                data = []
+                if text.startswith("[DONE]"):
+                    await _drain(chunks)
+                    return
+                payload = json.loads(text)
+                if isinstance(payload, dict) and payload.get("error"):
+                    error = payload["error"]
+                    message = error.get("message") if isinstance(error, dict) else None
+                    raise openai.APIError(
+                        message=message if isinstance(message, str) and message else "An error occurred during streaming",
+                        request=response.request, body=error,
+                    )
+                yield payload
+            if chunk is None:
+                return
+    finally:
+        await response.aclose()
+
+
+DRAIN_SECONDS: Final[float] = 0.1
+"""How long the rest of a body after ``[DONE]`` is read so its HTTP/1.1 connection can be
+reused (the SDK's value); a server that keeps sending past it loses the connection."""
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in chunks:
+                pass
+    except (TimeoutError, httpx2.HTTPError, httpx2.StreamError):
+        pass
+
+
+async def _next_payload(payloads: AsyncIterator[Any], timeout_seconds: float) -> Any | None:
+    """The next parsed chunk, or None at the end of the stream.
 
     Args:
-        stream: The SDK's chunk stream.
+        payloads: :func:`_sse_payloads` of the response.
         timeout_seconds: Idle timeout, seconds (``read_timeout_seconds``).
 
     Raises:
@@ -152,7 +361,7 @@ async def _next_chunk(stream: openai.AsyncStream[Any], timeout_seconds: float) -
     """
     try:
         async with asyncio.timeout(timeout_seconds):
-            return await anext(stream)
+            return await anext(payloads)
     except StopAsyncIteration:
         return None
     except TimeoutError as exc:
@@ -245,11 +454,21 @@ async def stream_chat(
     """
     params, sent = build_request(entry, messages, tools, max_output_tokens=max_output_tokens)
     text_mode = entry.tool_calls == "text"
-    client = _client_for(entry)
+    shard = _shard_for(entry)
+    shard.open_streams += 1
     try:
-        stream = await client.chat.completions.create(**params)
-    except openai.OpenAIError as exc:
-        raise classify_error(exc) from exc
+        async for event in _stream(entry, shard.http, params, sent, tools, text_mode, on_first_token):
+            yield event
+    finally:
+        shard.open_streams -= 1
+
+
+async def _stream(
+    entry: RouteEntryConfig, http: httpx2.AsyncClient, params: dict[str, Any], sent: list[ChatMessage],
+    tools: Sequence[ToolSpec], text_mode: bool, on_first_token: Callable[[], None] | None,
+) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
+    response = await _open_stream(_client_for(entry), http, params)
+    payloads = _sse_payloads(response)
 
     holdback = ToolCallHoldback() if text_mode else None
     assembler = _ToolCallAssembler()
@@ -259,25 +478,29 @@ async def stream_chat(
     finish_reason: str | None = None
     started = False
 
-    async with stream:
+    try:
         while True:
-            chunk = await _next_chunk(stream, entry.read_timeout_seconds)
+            chunk = await _next_payload(payloads, entry.read_timeout_seconds)
             if chunk is None:
                 break
-            chunk_usage = getattr(chunk, "usage", None)
+            if not isinstance(chunk, dict):
+                raise ModelCallError("other", f"unexpected stream chunk: {str(chunk)[:200]}")
+            chunk_usage = chunk.get("usage")
             if chunk_usage is not None:
                 usage = chunk_usage
-            for choice in chunk.choices or ():
-                if choice.index != 0:
+            for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                     continue
-                if choice.finish_reason:
-                    finish_reason = choice.finish_reason
-                delta = choice.delta
-                if delta is None:
+                if choice.get("finish_reason"):
+                    finish_reason = choice["finish_reason"]
+                delta = choice.get("delta")
+                if not isinstance(delta, dict):
                     continue
                 reasoning = _reasoning_text(delta)
-                content = delta.content
-                tool_fragments = delta.tool_calls
+                content = delta.get("content")
+                if not isinstance(content, str):
+                    content = None
+                tool_fragments = delta.get("tool_calls")
                 if not started and (reasoning or content or tool_fragments):
                     started = True
                     if on_first_token is not None:
@@ -291,9 +514,12 @@ async def stream_chat(
                     if content:
                         text_parts.append(content)
                         yield TextDelta(content)
-                if tool_fragments:
+                if tool_fragments and isinstance(tool_fragments, list):
                     for fragment in tool_fragments:
                         assembler.add(fragment)
+    finally:
+        await payloads.aclose()  # closes the response (its connection goes back to the pool or is closed)
+        await response.aclose()  # in case the parser never started
 
     policy_failure = classify_finish_reason(finish_reason)
     if policy_failure is not None:
@@ -321,8 +547,8 @@ def _usage(
     reported: Any, sent: Sequence[ChatMessage], tools: Sequence[ToolSpec], message: ChatMessage, reasoning: str
 ) -> Usage:
     def count(name: str) -> int | None:
-        value = getattr(reported, name, None) if reported is not None else None
-        return value if isinstance(value, int) else None
+        value = reported.get(name) if isinstance(reported, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     return usage_or_estimate(
         prompt_tokens=count("prompt_tokens"), completion_tokens=count("completion_tokens"),

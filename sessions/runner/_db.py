@@ -257,13 +257,13 @@ class History:
     """This run's last message if it is the assistant's (a resumed run continues from it)."""
     summary: str
     """The latest compaction's summary of everything before the cursor ("" if none)."""
-    rows: list[Message]
+    rows: list[HistoryRow]
     """The message rows behind ``messages`` (what a compaction may summarize)."""
 
 
-def _effective_run(message: Message) -> int:
+def _effective_run(message: "HistoryRow") -> int:
     """The run a message belongs to in the conversation: a steered message joins the run it was handed to."""
-    return message.run.steered_into_id or message.run_id
+    return message.effective_run
 
 
 def _after_cursor(compaction: Compaction | None) -> Q:
@@ -279,6 +279,33 @@ def latest_compaction(session_id: int) -> Compaction | None:
         Compaction.objects.select_related("cursor_message", "cursor_message__run")
         .filter(session_id=session_id, status="succeeded").order_by("-id").first()
     )
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """The columns of a Message row that a history needs (read-only; attribute names as on
+    :class:`~sessions.models.Message`). Plain tuples from the database instead of model
+    instances: at 500 turns (1,000 rows) model construction was most of ``history_load``'s
+    CPU (bench/storage.py)."""
+
+    pk: int
+    run_id: int
+    position: int
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]]
+    tool_call_id: str
+    name: str
+    effective_run: int
+    """The run it belongs to in the conversation (a steered message: the run it joined)."""
+
+    @property
+    def id(self) -> int:
+        return self.pk
+
+
+HISTORY_FIELDS = ("id", "run_id", "position", "role", "content", "tool_calls", "tool_call_id", "name", "effective_run")
+"""The Message columns of a :class:`HistoryRow`, in its field order."""
 
 
 def history_load(run_id: int) -> History:
@@ -297,21 +324,21 @@ def history_load(run_id: int) -> History:
     if run.parent_tool_call_id is not None:  # a sub-run: its own messages only, never compacted
         compaction = None
         rows = list(
-            Message.objects.select_related("run").annotate(effective_run=F("run_id"))
-            .filter(run_id=run_id).order_by("position")
+            Message.objects.annotate(effective_run=F("run_id"))
+            .filter(run_id=run_id).order_by("position").values_list(*HISTORY_FIELDS)
         )
     else:  # a user's run: sub-runs' messages are not part of the session's conversation
         compaction = latest_compaction(run.session_id)
         rows = list(
-            Message.objects.select_related("run")
-            .annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
+            Message.objects.annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
             .filter(_after_cursor(compaction), session_id=run.session_id, effective_run__lte=run_id,
                     run__parent_tool_call__isnull=True)
-            .order_by("effective_run", "position")
+            .order_by("effective_run", "position").values_list(*HISTORY_FIELDS)
         )
+    rows = [HistoryRow(*values) for values in rows]
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
-    kept: list[Message] = []
+    kept: list[HistoryRow] = []
     for m in rows:
         if m.role == MessageRole.ASSISTANT:
             calls = tuple(ToolCallRequest(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in m.tool_calls)
