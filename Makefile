@@ -20,6 +20,7 @@ bench:
 	.venv/bin/python bench/mcp_overhead.py
 	.venv/bin/python bench/web_fetch_overhead.py
 	.venv/bin/python bench/cli_overhead.py
+	.venv/bin/python bench/browser_roundtrip.py
 
 ## Static checks (pyflakes rules and syntax errors)
 lint:

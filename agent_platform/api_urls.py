@@ -7,4 +7,5 @@ urlpatterns = [
     path("", include("capabilities.api.urls")),
     path("", include("sessions.api.urls")),
     path("", include("documents.api.urls")),
+    path("", include("browser.api.urls")),
 ]

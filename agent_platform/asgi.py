@@ -10,11 +10,18 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from agent_platform.ws_auth import BrowserOriginValidator, TenantWebsocketAuthMiddleware  # noqa: E402
+from browser.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": BrowserOriginValidator(TenantWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns))),
-    }
-)
+_session_sockets = BrowserOriginValidator(TenantWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns)))
+# The extension's socket has its own auth (device token) and Origin rule: browser/routing.py.
+_extension_sockets = URLRouter(browser_websocket_urlpatterns)
+
+
+async def _websocket(scope, receive, send):
+    if scope.get("path", "").startswith("/ws/browser/"):
+        return await _extension_sockets(scope, receive, send)
+    return await _session_sockets(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": _websocket})

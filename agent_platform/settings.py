@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "sessions.apps.AgentSessionsConfig",
     "documents",
     "frontend",
+    "browser",
 ]
 
 MIDDLEWARE = [
@@ -238,3 +239,17 @@ LOGGING = {
 # CLI capabilities: the bubblewrap executable (a name on PATH or a path). Missing: sandboxed
 # CLI commands refuse to run (README, "CLI commands").
 CLI_BWRAP_PATH = os.environ.get("CLI_BWRAP_PATH", "bwrap")
+
+# --- Browser capability (browser/) -------------------------------------------------------------
+# Chrome extension ids allowed to open /ws/browser/ (Origin chrome-extension://<id>). The default
+# is the id fixed by the "key" in chrome_extension/manifest.json.
+BROWSER_EXTENSION_IDS = [
+    i.strip() for i in os.environ.get("BROWSER_EXTENSION_IDS", "mbcfbjmfgndlpbhnffdhmbecjdjpeeok").split(",") if i.strip()
+]
+BROWSER_PAIRING_TTL_SECONDS = 600
+BROWSER_PAIRING_RATE_LIMIT = 30  # pairings per client IP per 10 minutes
+BROWSER_PAIRING_POLL_RATE_LIMIT = 600  # token polls per client IP per 10 minutes
+BROWSER_PAIRING_APPROVE_RATE_LIMIT = 20  # code attempts per user per 10 minutes
+BROWSER_CHROMIUM_PATH = os.environ.get("BROWSER_CHROMIUM_PATH", "/usr/lib/chromium/chromium")
+BROWSER_SERVER_IDLE_SECONDS = int(os.environ.get("BROWSER_SERVER_IDLE_SECONDS", "600"))
+BROWSER_SERVER_HEADLESS = True

@@ -163,6 +163,12 @@ class CapabilityBinding(TenantOwnedModel):
             raise ValidationError({"approval_policy": policy_errors})
         if not isinstance(self.config, dict):
             raise ValidationError({"config": "A JSON object."})
+        if self.kind == CapabilityKind.BROWSER:
+            from browser.origins import origin_config_errors
+
+            config_errors = origin_config_errors(self.config)
+            if config_errors:
+                raise ValidationError({"config": config_errors})
 
 
 def approval_policy_errors(policy: object) -> list[str]:

@@ -62,6 +62,19 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     assert client.get("/api/v1/sessions/").json()["results"] == []
 
 
+def test_browser_device_endpoints_hide_other_tenants_devices(world, other_world):
+    from browser.models import BrowserDevice
+
+    device = BrowserDevice.all_tenants.create(tenant=other_world.tenant, user=other_world.member, name="secret laptop",
+                                              token_prefix="apd_x", token_hash="0" * 64)
+    for client in (world.client(), world.client(admin=True)):
+        _assert_404(client.get(f"/api/v1/browser/devices/{device.pk}/"))
+        _assert_404(client.delete(f"/api/v1/browser/devices/{device.pk}/"))
+        assert client.get("/api/v1/browser/devices/").json()["results"] == []
+    device.refresh_from_db()
+    assert device.revoked_at is None
+
+
 def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
     client = world.client()
     foreign = client.get(f"/api/v1/runs/{theirs['run'].pk}/").json()

@@ -39,7 +39,14 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.runner.spec import BuiltinBindingSpec, CliBindingSpec, McpBindingSpec, RunSpec, SkillBindingSpec
+from sessions.runner.spec import (
+    BrowserBindingSpec,
+    BuiltinBindingSpec,
+    CliBindingSpec,
+    McpBindingSpec,
+    RunSpec,
+    SkillBindingSpec,
+)
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 
@@ -149,6 +156,7 @@ def _spec(run: Run) -> RunSpec:
     configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
     mcp_bindings: list[McpBindingSpec] = []
     builtins: dict[str, BuiltinBindingSpec] = {}
+    browsers: list[BrowserBindingSpec] = []
     cli_bindings: dict[int, CliBindingSpec] = {}
     skills: dict[int, SkillBindingSpec] = {}
     for binding in agent.bindings.filter(enabled=True).select_related("skill").order_by("id"):
@@ -186,6 +194,10 @@ def _spec(run: Run) -> RunSpec:
                 name=binding.builtin_name, binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
                 config=dict(binding.config),
             ))
+        elif binding.kind == CapabilityKind.BROWSER and not browsers:  # one browser per agent: the first binding
+            browsers.append(BrowserBindingSpec(
+                config=dict(binding.config), binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+            ))
         elif binding.kind == CapabilityKind.SKILL and binding.skill_id is not None:
             skills.setdefault(binding.skill_id, SkillBindingSpec(
                 skill_id=binding.skill_id, name=binding.skill.name, description=binding.skill.description,
@@ -213,6 +225,7 @@ def _spec(run: Run) -> RunSpec:
         entry_ids=tuple(e.pk for e in entries),
         mcp_bindings=tuple(mcp_bindings),
         builtin_bindings=tuple(builtins.values()),
+        browser_bindings=tuple(browsers),
         cli_bindings=tuple(cli_bindings.values()),
         skill_bindings=tuple(skills.values()),
         attempt=run.attempt,

@@ -31,6 +31,16 @@ class BuiltinBindingSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class BrowserBindingSpec:
+    """A ``browser`` binding: the browser tools, on the extension or the server backend."""
+
+    config: dict = field(default_factory=dict)
+    """``{backend, fallback_to_server, allowed_origins, blocked_origins}`` (browser.tools.BrowserConfig)."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class CliBindingSpec:
     command: CliCommandConfig
     """The command: template, schema, limits, sandbox flags and its decrypted env."""
@@ -75,6 +85,7 @@ class RunSpec:
     """ModelRouteEntry primary keys, parallel to ``entries``."""
     mcp_bindings: tuple[McpBindingSpec, ...] = ()
     builtin_bindings: tuple[BuiltinBindingSpec, ...] = ()
+    browser_bindings: tuple[BrowserBindingSpec, ...] = ()
     cli_bindings: tuple[CliBindingSpec, ...] = ()
     skill_bindings: tuple[SkillBindingSpec, ...] = ()
     depth: int = 0

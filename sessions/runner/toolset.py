@@ -82,6 +82,7 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Tools
     sources += await _mcp_sources(spec, stack)
     sources += _builtin_sources(spec)
     sources += _cli_sources(spec)
+    sources += _browser_sources(spec)
     sources += _skill_sources(spec, toolset)
 
     names = assign_exposed_names(
@@ -189,6 +190,22 @@ def _skill_sources(spec: RunSpec, toolset: Toolset) -> list[ToolSource]:
         )
         for b in spec.skill_bindings
     ]
+
+
+def _browser_sources(spec: RunSpec) -> list[ToolSource]:
+    """The browser tools of the run's browser binding (they share one BrowserRun: backend choice, origins)."""
+    from browser.tools import BrowserConfig, BrowserRun, browser_tools
+
+    sources = []
+    for b in spec.browser_bindings:
+        run = BrowserRun(config=BrowserConfig.from_json(b.config))
+        for tool in browser_tools(run):
+            sources.append(ToolSource(
+                origin=ToolOrigin(source="browser", name=tool.spec.name, binding_id=b.binding_id,
+                                  approval_policy=b.approval_policy),
+                factory=lambda exposed, t=tool: renamed(t, exposed),
+            ))
+    return sources
 
 
 def renamed(tool: Tool, exposed: str) -> Tool:

@@ -12,6 +12,7 @@ import { api, ApiError, configureApi } from './api.js';
 import { ChatView } from './chat.js';
 import { replaceChildren, h } from './dom.js';
 import { HomeView, LoginView, MessageView, Shell, toast } from './views.js';
+import { mountBrowserDevices } from './browser.js'; // --- browser capability (browser.js) ---
 
 const APP_NAME = 'Agent Platform';
 
@@ -203,6 +204,7 @@ function ensureShell() {
     onRetryAgents: loadAgents,
   });
   state.shell = shell;
+  mountBrowserDevices(shell); // --- browser capability: "Browser devices" panel (browser.js) ---
   replaceChildren(root, shell.el);
   loadAgents();
   loadSessions();

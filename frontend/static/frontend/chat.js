@@ -11,6 +11,7 @@
 // Views are updated in place (so open/closed <details> survive updates) and
 // batched per animation frame (token streams can be fast).
 
+import { applyBrowserOperation, renderBrowserOperation } from './browser.js'; // browser capability
 import { api, ApiError } from './api.js';
 import { SessionSocket } from './ws.js';
 import {
@@ -229,6 +230,7 @@ class ToolCardView {
       ),
       this.args,
       this.out,
+      (this.browserEl = h('div', { class: 'browser-op', testid: 'browser-operation', hidden: true })), // browser.js
     );
     this.expanded = false;
     this.outKind = null; // 'result' | 'error' once output is shown
@@ -238,7 +240,8 @@ class ToolCardView {
 
   update(tool) {
     // Skip work when nothing changed (cheap string key).
-    const key = JSON.stringify([tool.name, tool.status, tool.duration_ms, tool.result, tool.error]);
+    const key = JSON.stringify([tool.name, tool.status, tool.duration_ms, tool.result, tool.error, tool.browser]);
+    renderBrowserOperation(this.browserEl, tool.browser); // browser.js
     const argsText = pretty(tool.arguments);
     if (key === this.key && argsText === this.argsPre.textContent) return;
     this.key = key;
@@ -949,6 +952,9 @@ export class ChatView {
           error: data.error ?? '',
           duration_ms: data.duration_ms,
         }),
+      // --- browser capability (browser.js): what the agent does in the browser ---
+      browser_operation: (run) => applyBrowserOperation(run, data),
+      // --- end browser capability ---
       run_completed: (run) => {
         const wasActive = isActive(run.status);
         run.status = 'completed';

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BrowserConfig(AppConfig):
+    name = "browser"
+    verbose_name = "Browser"
