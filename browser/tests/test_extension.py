@@ -207,8 +207,9 @@ def test_pairing_end_to_end_through_the_options_page_then_revocation(world, live
         expect(popup.get_by_test_id("account")).to_contain_text(world.member.username)
         expect(popup.get_by_test_id("log-entry").last).to_contain_text("navigate — ok")
         expect(popup.get_by_test_id("log-entry").first).to_contain_text("click — ok")
-        docs = Path(__file__).resolve().parents[2] / "docs"
-        popup.screenshot(path=str(docs / "extension-popup.png"))
+        shots = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"  # docs/ has a copy
+        shots.mkdir(parents=True, exist_ok=True)
+        popup.screenshot(path=str(shots / "extension-popup.png"))
 
         listed = off_thread(lambda: world.client().get("/api/v1/browser/devices/").json()["results"])
         assert [(d["name"], d["connected"]) for d in listed] == [("Work laptop", True)]

@@ -16,7 +16,8 @@ from llm.testing import Reply, ToolCalls
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.usefixtures("needs_chromium")]
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+SHOTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
+"""Screenshots land here (not in docs/, which keeps a reviewed copy)."""
 
 
 def test_chat_shows_browser_operations(world, fake_llm, celery_worker, live_server_url, site):
@@ -59,7 +60,8 @@ def test_chat_shows_browser_operations(world, fake_llm, celery_worker, live_serv
             expect(ops.nth(2)).to_contain_text("(4 characters)")
             for i in range(5):
                 expect(ops.nth(i)).to_have_attribute("data-status", "succeeded")
-            page.screenshot(path=str(DOCS / "chat-browser.png"))
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "chat-browser.png"))
     finally:
         _shutdown_server_browsers()
 
