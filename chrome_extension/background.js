@@ -457,8 +457,16 @@ async function execute(op, params) {
   try {
     result = await runInPage(tab.id, op, pageParams);
   } catch (err) {
-    watcher.cancel();
-    throw err;
+    // An action that submits a form or follows a link can tear the page down before its
+    // script answers: if the tab is now loading another document, that is the navigation
+    // the action caused, not a failure.
+    const now = err instanceof OpError && err.code !== 'page_error'
+      ? null : await chrome.tabs.get(tab.id).catch(() => null);
+    if (!now || !(now.status === 'loading' || now.pendingUrl || now.url !== tab.url)) {
+      watcher.cancel();
+      throw err;
+    }
+    result = { navigating: true };
   }
   if (!result.navigating) {
     watcher.cancel();
