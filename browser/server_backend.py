@@ -9,7 +9,7 @@ the context, so snapshots and refs behave the same on both backends.
 Origins are checked here (the extension checks them in the user's browser): before acting on a
 page, before navigating, and on the final URL after redirects.
 
-Never runs ``playwright install``: ``settings.BROWSER_CHROMIUM_PATH`` names the browser.
+Never downloads a browser through Playwright's installer: ``settings.BROWSER_CHROMIUM_PATH`` names Debian's Chromium.
 """
 
 from __future__ import annotations

@@ -231,6 +231,7 @@ def _spec(run: Run) -> RunSpec:
         attempt=run.attempt,
         loop_count=run.loop_count,
         run_timeout_seconds=agent.run_timeout_seconds,
+        steer=agent.message_mode == "steer",
         run_started_at=run.started_at.timestamp(),
         run_paused_seconds=run.paused_seconds,
     )

@@ -133,7 +133,7 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
     to_start = await _db.db(_db.run_finish)(
         run_id=run_id, status=outcome.status, reply=outcome.reply, error=outcome.error, reason=outcome.reason
     )
-    steered = await _db.db(_db.steered_run_ids)(run_id)
+    steered = await _db.db(_db.steered_run_ids)(run_id) if spec is not None and spec.steer else []
     for target in (run_id, *steered):
         if outcome.status == RunStatus.COMPLETED:
             data: dict[str, Any] = {"reply": outcome.reply}
@@ -248,10 +248,11 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
                 pending = await _db.db(_db.pending_tool_calls)(
                     run_id=spec.run_id, call_ids=[c.id for c in last.tool_calls]
                 )
-                if await execute_tool_calls(spec=spec, calls=pending, toolset=toolset, publish=publish):
+                if await execute_tool_calls(spec=spec, calls=pending, toolset=toolset, publish=publish, resumed=True):
                     return AWAITING_APPROVAL_OUTCOME
                 continue
-            steered = await _db.db(_db.steer_absorb)(spec.run_id) if spec.depth == 0 else []
+            # One locked query per turn, so only for agents in steer mode.
+            steered = await _db.db(_db.steer_absorb)(spec.run_id) if spec.steer and spec.depth == 0 else []
             if steered:  # messages sent meanwhile join this run's history from this turn on
                 for steered_run_id in steered:
                     await event_publish(session_id=spec.session_id, run_id=steered_run_id, type="run_running",

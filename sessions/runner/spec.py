@@ -96,6 +96,8 @@ class RunSpec:
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""
     run_timeout_seconds: float = 1800.0
+    steer: bool = False
+    """The agent's message_mode is ``steer``: messages sent meanwhile join this run between turns."""
     run_started_at: float = 0.0
     """Unix time the run first started."""
     run_paused_seconds: float = 0.0

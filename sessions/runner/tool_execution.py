@@ -65,7 +65,7 @@ Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
 async def execute_tool_calls(
-    *, spec: RunSpec, calls: list[dict[str, Any]], toolset: Toolset, publish: Publish
+    *, spec: RunSpec, calls: list[dict[str, Any]], toolset: Toolset, publish: Publish, resumed: bool = False
 ) -> list[int]:
     """Execute ``calls`` (``[{pk, call_id, name, arguments_raw}]``) and record each outcome.
 
@@ -73,12 +73,18 @@ async def execute_tool_calls(
     timeout or a bug in a tool all become a failed tool call whose reason the model reads.
     Cancellation propagates.
 
+    ``resumed``: the calls were left without a result by an earlier attempt (a pause for
+    approval, a dead worker); only such calls can have Approval rows, so only then are they
+    loaded (fresh calls of a model turn cost no query for it).
+
     Returns:
         Primary keys of the calls now waiting for a human (approval or answer); empty when
         every call has a result.
     """
     semaphore = asyncio.Semaphore(spec.tool_max_parallel)
-    approvals = await _db.db(_db.approvals_for_calls)(run_id=spec.run_id, call_pks=[c["pk"] for c in calls])
+    approvals = (
+        await _db.db(_db.approvals_for_calls)(run_id=spec.run_id, call_pks=[c["pk"] for c in calls]) if resumed else {}
+    )
 
     async def one(call: dict[str, Any]) -> bool:
         async with semaphore:
