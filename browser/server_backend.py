@@ -228,6 +228,7 @@ class ServerBrowserPool:
             return {"url": page.url, "title": await page.title(), "png_base64": base64.b64encode(png).decode()}
         if op == "snapshot":
             params = dict(params, ref_start=session.next_ref)
+        before = page.url
         answer = await self._run_script(page, op, params)
         if not answer.get("ok"):
             error = answer.get("error") or {}
@@ -236,17 +237,31 @@ class ServerBrowserPool:
         if op == "snapshot":
             session.next_ref = max(session.next_ref, int(result.get("next_ref", session.next_ref)))
         if result.get("navigating"):
-            if result.get("committed"):
+            if result.get("committed") and page.url != before:
                 await page.wait_for_load_state("load", timeout=deadline_ms)
-            else:
+            else:  # page.url can lag a navigation the page itself started: wait for it
                 await self._wait_navigation(page, deadline_ms)
-            self._check_origin_after(page, policy)
-            result = {"url": page.url, "title": await page.title(), "navigated": True}
+            url, title = await self._location(page)
+            self._check_origin_after(page, policy, url)
+            result = {"url": url, "title": title, "navigated": True}
         return result
 
-    def _check_origin_after(self, page: Any, policy: dict[str, Any]) -> None:
+    async def _location(self, page: Any) -> tuple[str, str]:
+        """URL and title read together from the document now in the page (never one from the old
+        document and one from the new)."""
+        for _ in range(3):
+            try:
+                href, title = await page.evaluate("() => [location.href, document.title]")
+                return href, title
+            except Exception as exc:
+                if "context was destroyed" not in str(exc).lower():
+                    raise
+                await page.wait_for_load_state("load")
+        return page.url, await page.title()
+
+    def _check_origin_after(self, page: Any, policy: dict[str, Any], url: str | None = None) -> None:
         try:
-            self._check_origin(page.url, policy, redirected=True)
+            self._check_origin(url or page.url, policy, redirected=True)
         except BrowserError:
             asyncio.ensure_future(page.goto("about:blank"))  # do not leave the agent on a blocked page
             raise
