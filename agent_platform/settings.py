@@ -193,6 +193,13 @@ CELERY_BEAT_SCHEDULE = {
     "runs-sweep": {"task": "sessions.runs_sweep", "schedule": float(os.environ.get("RUN_SWEEP_INTERVAL_SECONDS", "15"))},
 }
 
+# The worker's run host (sessions/runner/host.py): its event loop ("uvloop" or "asyncio") and
+# the GIL switch interval in milliseconds (CPython's default is 5).
+RUN_HOST_LOOP = os.environ.get("RUN_HOST_LOOP", "uvloop")
+if RUN_HOST_LOOP not in {"uvloop", "asyncio"}:
+    raise ImproperlyConfigured('RUN_HOST_LOOP must be "uvloop" or "asyncio"')
+RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS", "1"))
+
 # Durable runs (sessions/runner): a running run's worker writes Run.heartbeat_at every
 # RUN_HEARTBEAT_SECONDS; the sweeper (Celery beat, every RUN_SWEEP_INTERVAL_SECONDS) resumes a
 # run whose heartbeat is older than RUN_STALE_SECONDS, or fails it (worker_lost) after

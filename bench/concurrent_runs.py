@@ -36,6 +36,7 @@ from _harness import ROOT, BenchTenant, fake_model, percentile
 from django.conf import settings
 
 from sessions.models import Run
+from sessions.runner.host import new_run_loop, tune_interpreter_for_runs
 from sessions.runner.loop import execute_run
 from tenants.services import api_token_create, membership_create
 
@@ -59,6 +60,12 @@ async def run_all(run_ids: list[int]) -> list[float]:
         return time.perf_counter() - start
 
     return await asyncio.gather(*(one(r) for r in run_ids))
+
+
+def _run_on_host_loop(coro):
+    """Run ``coro`` on a loop like the worker's run host's (RUN_HOST_LOOP), on this thread."""
+    with asyncio.Runner(loop_factory=new_run_loop) as runner:
+        return runner.run(coro)
 
 
 def _free_port() -> int:
@@ -94,8 +101,12 @@ class WebServer:
         raise RuntimeError("uvicorn did not start")
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.proc.terminate()  # uvicorn waits for open WebSockets to close; not for long
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
 
 def _last_seqs(session_ids: list[int]) -> dict[int, int]:
@@ -126,12 +137,12 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
         import pstats
 
         profiler = cProfile.Profile()
-        durations = profiler.runcall(asyncio.run, run_all([r.pk for r in runs]))
+        durations = profiler.runcall(_run_on_host_loop, run_all([r.pk for r in runs]))
         with open(profile, "w") as fh:
             pstats.Stats(profiler, stream=fh).sort_stats("tottime").print_stats(60)
             pstats.Stats(profiler, stream=fh).sort_stats("cumulative").print_stats(80)
     else:
-        durations = asyncio.run(run_all([r.pk for r in runs]))
+        durations = _run_on_host_loop(run_all([r.pk for r in runs]))
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu
     loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
@@ -166,11 +177,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[50, 100, 200])
     parser.add_argument("--profile", help="cProfile the worker's event loop into this file (last N only)")
     parser.add_argument("--switch-interval-ms", type=float,
-                        help="sys.setswitchinterval for this (worker) process; Python's default is 5 ms")
+                        help="sys.setswitchinterval for this (worker) process instead of RUN_HOST_SWITCH_INTERVAL_MS")
     parser.add_argument("--db-threads", type=int, help="threads for the runner's ORM calls (default: asyncio's)")
     args = parser.parse_args()
     global DB_THREADS
     DB_THREADS = args.db_threads
+    tune_interpreter_for_runs()  # as the worker's run host does (RUN_HOST_SWITCH_INTERVAL_MS)
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     print(f"channel layer prefix {settings.CHANNEL_LAYERS['default']['CONFIG'].get('prefix')}", file=sys.stderr)

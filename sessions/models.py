@@ -110,7 +110,11 @@ class Run(TenantOwnedModel):
 
     class Meta(TenantOwnedModel.Meta):
         ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["session", "status"])]
+        indexes = [
+            models.Index(fields=["session", "status"]),
+            # Every claim counts the tenant's running runs; every finish looks for its queued ones.
+            models.Index(fields=["tenant", "status"], name="sessions_run_tenant_status"),
+        ]
 
     def __str__(self) -> str:
         return f"Run {self.pk} ({self.status})"

@@ -72,7 +72,6 @@ def run_tenant_id(run_id: int) -> int | None:
     return Run.all_tenants.filter(pk=run_id).values_list("tenant_id", flat=True).first()
 
 
-@transaction.atomic
 def run_claim(run_id: int) -> RunSpec:
     """Mark the run running (attempt + 1, heartbeat now) and load everything it needs.
 
@@ -85,18 +84,28 @@ def run_claim(run_id: int) -> RunSpec:
     (``Tenant.max_concurrent_runs``, else ``RUNS_PER_TENANT_DEFAULT``); otherwise it stays
     queued and :func:`run_finish` of one of the tenant's runs hands it to a worker later.
 
+    The claim is one short transaction (the tenant's row lock is held for a count and an
+    update, so many runs of one tenant can start at once); the agent's configuration is
+    read after it commits.
+
     Raises:
         RunNotClaimable: finished, missing, awaiting approval, held by a live worker, an
             earlier run of the session is active, or the tenant is at its limit.
-        ValueError: the agent's configuration is unusable (no route entries…).
+        ValueError: the agent's configuration is unusable (no route entries…); the run is
+            claimed by then, and the caller ends it failed.
     """
+    return _spec(_run_claim_row(run_id))
+
+
+@transaction.atomic
+def _run_claim_row(run_id: int) -> Run:
     from sessions.services import session_has_earlier_active_run
 
-    run = Run.objects.select_related("session").filter(pk=run_id).first()
-    if run is None:
+    session_id = Run.objects.filter(pk=run_id).values_list("session_id", flat=True).first()
+    if session_id is None:
         raise RunNotClaimable(f"run {run_id} not found")
-    ChatSession.objects.select_for_update().get(pk=run.session_id)  # serialises runs of a session
-    run = Run.objects.select_for_update().get(pk=run_id)  # a concurrent cancel of a queued run wins
+    ChatSession.objects.select_for_update().get(pk=session_id)  # serialises runs of a session
+    run = Run.objects.select_for_update().select_related("session").get(pk=run_id)  # a concurrent cancel wins
     if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
         raise RunNotClaimable(f"run {run_id} is {run.status}")
     if run.status == RunStatus.RUNNING and run.heartbeat_at is not None and run.heartbeat_at > stale_before():
@@ -106,7 +115,8 @@ def run_claim(run_id: int) -> RunSpec:
     if session_has_earlier_active_run(run=run):
         raise RunNotClaimable(f"run {run_id} waits for an earlier run of its session")
     if run.status == RunStatus.QUEUED:
-        tenant = Tenant.objects.select_for_update().get(pk=run.tenant_id)  # serialises the tenant's claims
+        # Last before the commit: the tenant's claims queue on this lock, so hold it briefly.
+        tenant = Tenant.objects.select_for_update().get(pk=run.tenant_id)
         limit = tenant_run_limit(tenant)
         working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
         if working >= limit:
@@ -117,7 +127,7 @@ def run_claim(run_id: int) -> RunSpec:
     run.started_at = run.started_at or now
     run.heartbeat_at = now
     run.save(update_fields=["status", "attempt", "started_at", "heartbeat_at"])
-    return _spec(run)
+    return run
 
 
 def stale_before() -> Any:
@@ -256,19 +266,35 @@ def _effective_run(message: "HistoryRow") -> int:
     return message.effective_run
 
 
-def _after_cursor(compaction: Compaction | None) -> Q:
-    if compaction is None or compaction.cursor_message_id is None:
+@dataclass(frozen=True, slots=True)
+class CompactionCursor:
+    """The latest succeeded compaction of a session, as a history needs it."""
+
+    summary: str
+    effective_run: int | None
+    """The run (a steered message: the run it joined) of the last message summarized; None: no cursor."""
+    position: int | None
+    """That message's position."""
+
+
+def _after_cursor(compaction: CompactionCursor | None) -> Q:
+    if compaction is None or compaction.effective_run is None:
         return Q()
-    c = compaction.cursor_message
-    cursor_run = c.run.steered_into_id or c.run_id
-    return Q(effective_run__gt=cursor_run) | Q(effective_run=cursor_run, position__gt=c.position)
+    cursor_run = compaction.effective_run
+    return Q(effective_run__gt=cursor_run) | Q(effective_run=cursor_run, position__gt=compaction.position)
 
 
-def latest_compaction(session_id: int) -> Compaction | None:
-    return (
-        Compaction.objects.select_related("cursor_message", "cursor_message__run")
-        .filter(session_id=session_id, status="succeeded").order_by("-id").first()
+def latest_compaction(session_id: int) -> CompactionCursor | None:
+    """The session's latest succeeded compaction (one query, five columns), or None."""
+    row = (
+        Compaction.objects.filter(session_id=session_id, status="succeeded").order_by("-id")
+        .values_list("summary", "cursor_message__run_id", "cursor_message__run__steered_into_id",
+                     "cursor_message__position").first()
     )
+    if row is None:
+        return None
+    summary, run_id, steered_into_id, position = row
+    return CompactionCursor(summary=summary, effective_run=steered_into_id or run_id, position=position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +324,7 @@ HISTORY_FIELDS = ("id", "run_id", "position", "role", "content", "tool_calls", "
 """The Message columns of a :class:`HistoryRow`, in its field order."""
 
 
-def history_load(run_id: int) -> History:
+def history_load(run_id: int, *, session_id: int | None = None, subrun: bool | None = None) -> History:
     """The session's conversation up to and including this run: the latest compaction
     summary, then the messages after its cursor.
 
@@ -309,19 +335,24 @@ def history_load(run_id: int) -> History:
     skill tool's result; a sub-run's history is its own messages (task first). Earlier runs' unanswered tool calls (a run that failed between a call
     and its result) are dropped so that tool call/result pairs are never split; the current
     run's are kept, because the runner resumes by executing them.
+
+    ``session_id`` and ``subrun`` (whether the run is a skill's sub-run), when the caller
+    knows them (the runner: from its RunSpec), spare a query per turn.
     """
-    run = Run.objects.get(pk=run_id)
-    if run.parent_tool_call_id is not None:  # a sub-run: its own messages only, never compacted
+    if session_id is None or subrun is None:
+        session_id, parent_call = Run.objects.filter(pk=run_id).values_list("session_id", "parent_tool_call_id").get()
+        subrun = parent_call is not None
+    if subrun:  # a sub-run: its own messages only, never compacted
         compaction = None
         rows = list(
             Message.objects.annotate(effective_run=F("run_id"))
             .filter(run_id=run_id).order_by("position").values_list(*HISTORY_FIELDS)
         )
     else:  # a user's run: sub-runs' messages are not part of the session's conversation
-        compaction = latest_compaction(run.session_id)
+        compaction = latest_compaction(session_id)
         rows = list(
             Message.objects.annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
-            .filter(_after_cursor(compaction), session_id=run.session_id, effective_run__lte=run_id,
+            .filter(_after_cursor(compaction), session_id=session_id, effective_run__lte=run_id,
                     run__parent_tool_call__isnull=True)
             .order_by("effective_run", "position").values_list(*HISTORY_FIELDS)
         )
@@ -571,6 +602,8 @@ def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", re
 def tenant_waiting_run_ids(tenant_id: int) -> list[int]:
     """Queued runs of the tenant that could start now: first in their session, oldest first,
     at most as many as the tenant has free slots."""
+    if not Run.objects.filter(status=RunStatus.QUEUED, steered_into__isnull=True).exists():
+        return []  # the common case, in one query
     tenant = Tenant.objects.get(pk=tenant_id)
     working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
     free = tenant_run_limit(tenant) - working

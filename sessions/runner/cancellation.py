@@ -12,13 +12,16 @@ hosts), so the cancel request travels through Redis in two forms at once:
 Pub/sub alone loses messages sent while nobody is subscribed (before the watcher starts, or
 while its connection reconnects); the key alone would need fast polling by every running
 run. :func:`watch_for_cancel` therefore subscribes first, then checks the key, and re-checks
-it at most every :data:`POLL_INTERVAL_SECONDS` as a fallback.
+it at most every :data:`POLL_INTERVAL_SECONDS` as a fallback. One :class:`CancelHub` per event
+loop does both for every run the loop hosts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import weakref
 
 import redis
 import redis.asyncio as aioredis
@@ -32,6 +35,8 @@ CANCEL_KEY_TTL_SECONDS = 24 * 3600
 """A cancel request is kept for a day (longer than any run may stay queued or running)."""
 POLL_INTERVAL_SECONDS = 0.5
 """Fallback re-check of the key while no pub/sub message arrives."""
+SUBSCRIBE_WAIT_SECONDS = 1.0
+"""How long a new watch waits for the hub's subscription before relying on the poll."""
 CANCEL_REASON = "cancelled_by_user"
 """``reason`` of the ``run_cancelled`` event (``Run.reason`` stays "": its choices are failure reasons)."""
 CANCEL_ERROR = "Cancelled by the user."
@@ -41,6 +46,11 @@ CANCEL_ERROR = "Cancelled by the user."
 def cancel_key(run_id: int) -> str:
     """The Redis key that marks run ``run_id`` as cancelled."""
     return f"{settings.REDIS_KEY_PREFIX}:run:{run_id}:cancel"
+
+
+def hub_client_name() -> str:
+    """The Redis client name of a :class:`CancelHub`'s pub/sub connection (``CLIENT LIST``)."""
+    return f"{settings.REDIS_KEY_PREFIX}:cancel-hub"
 
 
 def cancel_channel() -> str:
@@ -81,56 +91,146 @@ async def is_cancel_requested(run_id: int) -> bool:
 async def watch_for_cancel(run_id: int) -> None:
     """Return as soon as run ``run_id`` is cancelled; run until then (cancel the task to stop).
 
-    Subscribes to :func:`cancel_channel` *before* checking :func:`cancel_key`, so a cancel
-    requested at any moment is seen: before the subscription through the key, after it
-    through the message (within milliseconds). The key is re-checked at most every
+    Waits on this event loop's :class:`CancelHub`: one pub/sub subscription and one key
+    poller for every run the loop hosts (a connection and a poll per run cost a worker
+    carrying 200 runs 10–15 % of its CPU; bench/README.md). The hub's subscription is
+    confirmed *before* :func:`cancel_key` is checked, so a cancel requested at any moment is
+    seen: before the subscription through the key, after it through the message (within
+    milliseconds). The hub re-reads the keys of every watched run at most every
     :data:`POLL_INTERVAL_SECONDS`, which bounds the delay if a message is lost (the pub/sub
     connection dropped) or the subscription failed.
 
-    Holds one dedicated Redis connection for its pub/sub while it runs (not one of the
-    shared pool's, which publishers need); key checks use the loop's shared client. The
-    pub/sub is read by a helper task with blocking reads and waited on with
-    ``asyncio.wait(timeout=…)`` (no redis-py read timeouts), and :func:`raise_if_cancelling`
-    runs after each wait: redis-py can swallow a cancel, and the watcher must always stop
-    when it is cancelled.
-
     Raises:
-        redis.RedisError: the key cannot be read (the caller decides whether to go on
-            without cancellation).
+        redis.RedisError: the key cannot be read at the start (the caller decides whether
+            to go on without cancellation).
     """
-    listener = aioredis.Redis.from_url(settings.REDIS_URL)
-    pubsub = listener.pubsub(ignore_subscribe_messages=True)
-    reader: asyncio.Task[None] | None = None
-    try:
+    await CancelHub.for_running_loop().wait(run_id)
+
+
+class CancelHub:
+    """Every cancel watch of one event loop: one pub/sub connection, one poller.
+
+    Runs call :meth:`wait`; the hub's task (started with the first watch, stopped with the
+    last) reads :func:`cancel_channel` and, every :data:`POLL_INTERVAL_SECONDS`, the keys of
+    all watched runs in one ``MGET``, and resolves the futures of the runs named. If the
+    subscription breaks, the hub logs it, keeps polling and subscribes again.
+    """
+
+    _hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CancelHub]" = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()  # the current task's first subscribe attempt ended (ok or not)
+
+    @classmethod
+    def for_running_loop(cls) -> "CancelHub":
+        """The hub of the running event loop (created on first use)."""
+        loop = asyncio.get_running_loop()
+        hub = cls._hubs.get(loop)
+        if hub is None:
+            hub = cls._hubs[loop] = cls()
+        return hub
+
+    @property
+    def watched(self) -> int:
+        """How many runs are watched now."""
+        return len(self._waiters)
+
+    async def wait(self, run_id: int) -> None:
+        """Return when run ``run_id`` is cancelled (see :func:`watch_for_cancel`).
+
+        Raises:
+            redis.RedisError: the first check of the key failed.
+        """
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(run_id, []).append(future)
         try:
-            await pubsub.subscribe(cancel_channel())
-            reader = asyncio.create_task(_hear_cancel(pubsub, run_id), name=f"run-{run_id}-cancel-pubsub")
-        except redis.RedisError as exc:  # keep the key polling: slower but still works
-            logger.warning("run %s: cannot subscribe to cancel requests (%s); polling only", run_id, exc)
-        while True:
-            raise_if_cancelling()
+            if self._task is None or self._task.done():
+                self._subscribed = asyncio.Event()
+                self._task = asyncio.create_task(self._serve(self._subscribed), name="run-cancel-hub")
+            # A subscription that hangs must not hold the run: the poll covers for it.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SUBSCRIBE_WAIT_SECONDS):
+                    await self._subscribed.wait()
             if await is_cancel_requested(run_id):
                 return
-            if reader is None:
-                await asyncio.sleep(POLL_INTERVAL_SECONDS)
-                continue
-            await asyncio.wait({reader}, timeout=POLL_INTERVAL_SECONDS)
             raise_if_cancelling()
-            if reader.done():
-                if reader.exception() is None:
-                    return
-                logger.warning("run %s: cancel subscription failed (%r); polling only", run_id, reader.exception())
-                reader = None
-    finally:
-        if reader is not None:
-            reader.cancel()
+            await future
+        finally:
+            futures = self._waiters.get(run_id, [])
+            if future in futures:
+                futures.remove(future)
+            if not futures:
+                self._waiters.pop(run_id, None)
+            if not self._waiters and self._task is not None:
+                task, self._task = self._task, None
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)  # it holds nothing a run needs
+
+    def _resolve(self, run_id: int) -> None:
+        for future in self._waiters.get(run_id, []):
+            if not future.done():
+                future.set_result(None)
+
+    async def _poll(self) -> None:
+        run_ids = list(self._waiters)
+        if not run_ids:
+            return
         try:
-            await pubsub.aclose()
-            await listener.aclose()
-        except (redis.RedisError, OSError):
-            pass
-        if reader is not None:
-            await asyncio.wait({reader}, timeout=1.0)
+            values = await async_redis().mget([cancel_key(r) for r in run_ids])
+        except redis.RedisError as exc:
+            logger.warning("cannot read cancel requests (%s); retrying", exc)
+            return
+        for run_id, value in zip(run_ids, values):
+            if value is not None:
+                self._resolve(run_id)
+
+    async def _serve(self, subscribed: asyncio.Event) -> None:
+        """Subscribe, read messages, poll keys; subscribe again after a failure."""
+        while True:
+            listener = aioredis.Redis.from_url(settings.REDIS_URL, client_name=hub_client_name())
+            pubsub = listener.pubsub(ignore_subscribe_messages=True)
+            reader: asyncio.Task[None] | None = None
+            try:
+                try:
+                    await pubsub.subscribe(cancel_channel())
+                    reader = asyncio.create_task(self._read(pubsub), name="run-cancel-hub-pubsub")
+                except redis.RedisError as exc:  # keep polling: slower but still works
+                    logger.warning("cannot subscribe to cancel requests (%s); polling only", exc)
+                finally:
+                    subscribed.set()
+                while reader is not None and not reader.done():
+                    await asyncio.wait({reader}, timeout=POLL_INTERVAL_SECONDS)
+                    raise_if_cancelling()
+                    await self._poll()
+                if reader is not None and not reader.cancelled() and reader.exception() is not None:
+                    logger.warning("cancel subscription failed (%r); subscribing again", reader.exception())
+                await asyncio.sleep(POLL_INTERVAL_SECONDS)
+                raise_if_cancelling()
+                await self._poll()
+            finally:
+                if reader is not None:
+                    reader.cancel()
+                try:
+                    await pubsub.aclose()
+                    await listener.aclose()
+                except (redis.RedisError, OSError):
+                    pass
+                if reader is not None:
+                    await asyncio.wait({reader}, timeout=1.0)
+
+    async def _read(self, pubsub: aioredis.client.PubSub) -> None:
+        """Resolve the runs announced on the subscribed channel (blocking reads)."""
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+            if message is None:
+                continue
+            try:
+                run_id = int(message.get("data"))
+            except (TypeError, ValueError):
+                continue
+            self._resolve(run_id)
 
 
 def raise_if_cancelling() -> None:
@@ -148,12 +248,3 @@ def raise_if_cancelling() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
-
-
-async def _hear_cancel(pubsub: aioredis.client.PubSub, run_id: int) -> None:
-    """Return when ``run_id`` is announced on the subscribed channel (blocking reads)."""
-    wanted = str(run_id).encode()
-    while True:
-        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-        if message is not None and message.get("data") == wanted:
-            return

@@ -240,7 +240,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
         compaction_exhausted = no_compaction  # this turn: nothing more to compact, or attempts used up
         force_compaction = False  # a model rejected the prompt as too long
         while True:
-            history = await _db.db(_db.history_load)(spec.run_id)
+            history = await _db.db(_db.history_load)(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0)
             last = history.tail
             if last is not None:
                 if not last.tool_calls:  # answered before a worker died: nothing left to do
