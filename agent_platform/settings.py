@@ -186,6 +186,10 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A run task holds one pool thread while its run works on the worker's run host (the loop does
+# the work; the thread only waits), so the pool size is how many runs one worker process carries
+# at once. Start workers with `--pool threads` and no `--concurrency` flag to use this.
+CELERY_WORKER_CONCURRENCY = int(os.environ.get("WORKER_CONCURRENCY", "200"))
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_QUEUE", "agent_platform")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_ALWAYS_EAGER = False

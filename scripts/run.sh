@@ -31,7 +31,7 @@ else
   LLM_PORT=$LLM_PORT $PY scripts/llm_server.py >var/log/llm.log 2>&1 &
   pids+=($!)
 fi
-.venv/bin/celery -A agent_platform worker -l info --pool threads --concurrency 32 >var/log/worker.log 2>&1 &
+.venv/bin/celery -A agent_platform worker -l info --pool threads >var/log/worker.log 2>&1 &
 pids+=($!)
 # Celery beat: the run sweeper (orphaned runs resume or fail, approvals expire).
 .venv/bin/celery -A agent_platform beat -l info --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &

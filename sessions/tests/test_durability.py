@@ -1,5 +1,5 @@
-"""Durable runs with real Celery worker processes: SIGKILL mid-run, and every worker restarted
-while a run waits for an approval. The workers are subprocesses on their own queue; the
+"""Durable runs with real Celery worker processes: SIGKILL mid-run, every worker restarted
+while a run waits for an approval, and one worker carrying many runs at once. The workers are subprocesses on their own queue; the
 test drives the sweeper itself (Celery beat would call the same task)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 
 from agents.tests.factories import agent_with_route, bind_builtin
-from llm.testing import Reply, ToolCalls
+from llm.testing import Delay, Reply, ToolCalls
 from sessions.models import Approval, Message, Run, ToolCall
 from sessions.services import runs_sweep
 from sessions.tests.conftest import post_message_sync
@@ -36,7 +36,8 @@ class Workers:
         self.log_dir = log_dir
         self.processes: list[subprocess.Popen] = []
 
-    def start(self) -> subprocess.Popen:
+    def start(self, *, concurrency: int | None = 4) -> subprocess.Popen:
+        """A worker; ``concurrency`` None: the settings' default (CELERY_WORKER_CONCURRENCY)."""
         db = connection.settings_dict
         env = {
             **os.environ,
@@ -49,7 +50,8 @@ class Workers:
         log = self.log_dir / f"worker-{len(self.processes)}.log"
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "sessions.tests.celery_test_app", "worker", "--pool", "threads",
-             "--concurrency", "4", "-Q", self.queue, "-l", "info", "--without-heartbeat", "--without-mingle",
+             *(["--concurrency", str(concurrency)] if concurrency else []),
+             "-Q", self.queue, "-l", "info", "--without-heartbeat", "--without-mingle",
              "--without-gossip", "-n", f"w{len(self.processes)}-{self.queue}@%h"],
             cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -169,3 +171,22 @@ def test_approval_survives_a_restart_of_every_worker(world, fake_llm, workers):
     run = _wait_for(lambda: Run.all_tenants.filter(pk=run.pk, status="completed").first(), what="the run to complete")
     assert run.reply == "The echo said ping." and run.attempt == 2
     assert ToolCall.all_tenants.get(run_id=run.pk).result == "echo: ping"
+
+
+def test_one_worker_process_carries_many_runs_at_once(world, fake_llm, workers):
+    """A worker started as make run starts it (threads pool, no --concurrency) works on
+    more runs at once than a small thread pool would allow: every run is in flight together."""
+    runs_at_once = 60  # above the 32 threads workers used to be started with
+    world.tenant.max_concurrent_runs = runs_at_once
+    world.tenant.save(update_fields=["max_concurrent_runs"])
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], read_timeout_seconds=60.0)
+    fake_llm.respond(lambda body: Delay(4.0, Reply("ok")))
+    runs = [post_message_sync(agent=agent, user=world.member, content=f"hello {i}") for i in range(runs_at_once)]
+    workers.start(concurrency=None)  # the tasks wait in its queue: it takes them all at once
+    _wait_for(lambda: Run.all_tenants.filter(pk__in=[r.pk for r in runs], status="completed").count() == runs_at_once,
+              timeout=120, what="every run to complete")
+
+    spans = list(Run.all_tenants.filter(pk__in=[r.pk for r in runs]).values_list("started_at", "finished_at"))
+    latest_start = max(start for start, _ in spans)
+    in_flight_together = sum(1 for start, end in spans if start <= latest_start < end)
+    assert in_flight_together == runs_at_once
