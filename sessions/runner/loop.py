@@ -381,49 +381,120 @@ async def _budget_exceeded(spec: RunSpec, *, prompt_tokens: int, entry_index: in
 
 
 TOKEN_FLUSH_SECONDS = 0.025
-"""Streamed text is published in batches at most this old (25 ms: well under the 50 ms
-token-to-client target, and a run streaming 50 tokens/s costs ~1 event per batch instead of
-one per token)."""
+"""Streamed text is published at most this long after it arrived (25 ms: half the 50 ms
+token-to-client target), and at most once per this interval per run while it keeps coming:
+a run streaming 100 tokens/s costs ~40 events/s instead of 100."""
 TOKEN_FLUSH_CHARS = 512
+
+
+class _StreamedTextBatcher:
+    """Batches a turn's streamed text into ``content_token``/``reasoning_token`` events.
+
+    A throttle with a trailing timer: text that arrives after a quiet interval (nothing
+    published for :data:`TOKEN_FLUSH_SECONDS`) is published at once, so the first token and a
+    slow model's tokens are never held; text that arrives sooner waits until that interval
+    has passed since the last publish, on a timer, so a pause in the stream never holds text
+    back. A change of event type or :data:`TOKEN_FLUSH_CHARS` buffered publish at once.
+
+    Publishes run as a chain of tasks (each awaits the one before: ``seq`` order is the
+    stream's order); :meth:`close` publishes the rest and re-raises a publish's error;
+    :meth:`drop` discards what is buffered but lets what was flushed finish (a broken stream:
+    its ``model_retry`` must come after them); :meth:`abort` also stops the chain (a cancel).
+    """
+
+    def __init__(self, publish: Any) -> None:
+        self._publish = publish
+        self._loop = asyncio.get_running_loop()
+        self._buffer: list[str] = []
+        self._type = ""
+        self._size = 0
+        self._last_publish_at = float("-inf")
+        self._timer: asyncio.TimerHandle | None = None
+        self._chain: asyncio.Task[None] | None = None
+
+    def add(self, event_type: str, text: str) -> None:
+        if self._buffer and event_type != self._type:
+            self._flush()
+        self._type = event_type
+        self._buffer.append(text)
+        self._size += len(text)
+        wait = self._last_publish_at + TOKEN_FLUSH_SECONDS - self._loop.time()
+        if self._size >= TOKEN_FLUSH_CHARS or wait <= 0:
+            self._flush()
+        elif self._timer is None:
+            self._timer = self._loop.call_later(wait, self._flush)
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._buffer:
+            return
+        event_type, text = self._type, "".join(self._buffer)
+        self._buffer, self._size = [], 0
+        self._last_publish_at = self._loop.time()
+        self._chain = asyncio.ensure_future(self._after(self._chain, event_type, text))
+
+    async def _after(self, previous: asyncio.Task[None] | None, event_type: str, text: str) -> None:
+        if previous is not None:
+            await previous
+        await self._publish(event_type, {"text": text})
+
+    async def close(self) -> None:
+        """Publish what is buffered and wait for every publish (raises a publish's error)."""
+        self._flush()
+        if self._chain is not None:
+            await self._chain
+
+    async def drop(self) -> None:
+        """Discard the buffered text; wait for the publishes already started (errors logged)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._buffer, self._size = [], 0
+        if self._chain is not None:
+            try:
+                await self._chain
+            except Exception:  # noqa: BLE001 - the stream's own error is the one that matters
+                logger.warning("publishing streamed text failed", exc_info=True)
+
+    def abort(self) -> None:
+        """Stop: no more publishes (the turn is being cancelled)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._buffer = []
+        if self._chain is not None and not self._chain.done():
+            self._chain.cancel()
 
 
 async def _model_turn(
     router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any, *, compact_first: bool = False
 ) -> tuple[Completion, str]:
-    """Stream one model turn, publishing text and reasoning in batches.
+    """Stream one model turn, publishing text and reasoning in batches (:class:`_StreamedTextBatcher`).
 
     Returns:
         The completion, and the reasoning text streamed with it (recorded, never fed back).
     """
     completion: Completion | None = None
     reasoning: list[str] = []
-    buffered: list[str] = []
-    buffered_type = ""
-    first_at = 0.0
-    size = 0
-
-    async def flush() -> None:
-        nonlocal buffered, size
-        if buffered:
-            await publish(buffered_type, {"text": "".join(buffered)})
-            buffered, size = [], 0
-
-    async for event in router.stream(messages, tool_specs, compact_first=compact_first):
-        if isinstance(event, (TextDelta, ReasoningDelta)):
-            event_type = "content_token" if isinstance(event, TextDelta) else "reasoning_token"
-            if buffered and event_type != buffered_type:
-                await flush()
-            if not buffered:
-                buffered_type, first_at = event_type, time.monotonic()
-            buffered.append(event.text)
-            size += len(event.text)
-            if event_type == "reasoning_token":
+    batcher = _StreamedTextBatcher(publish)
+    try:
+        async for event in router.stream(messages, tool_specs, compact_first=compact_first):
+            if isinstance(event, TextDelta):
+                batcher.add("content_token", event.text)
+            elif isinstance(event, ReasoningDelta):
+                batcher.add("reasoning_token", event.text)
                 reasoning.append(event.text)
-            if size >= TOKEN_FLUSH_CHARS or time.monotonic() - first_at >= TOKEN_FLUSH_SECONDS:
-                await flush()
-        elif isinstance(event, Completion):
-            completion = event
-    await flush()
+            elif isinstance(event, Completion):
+                completion = event
+        await batcher.close()
+    except asyncio.CancelledError:
+        batcher.abort()
+        raise
+    except BaseException:
+        await batcher.drop()
+        raise
     if completion is None:
         raise StreamInterrupted("the stream ended without a completion")
     return completion, "".join(reasoning)

@@ -1,0 +1,82 @@
+"""The floor under concurrent_runs.py: only the model adapter, no database, no events.
+
+N answers are streamed at once from the ``timed3`` fake model (its own process; 1 s before
+the answer, then 50 tokens one every 10 ms, each token the wall-clock time it was written)
+into ``llm.providers.openai_compat.stream_chat`` on one event loop of the run host's kind.
+Per token: the time the adapter yielded it minus the time the model wrote it. Whatever the
+runner, the event fan-out and the WebSocket add comes on top of this, on the same cores.
+
+Run: ``.venv/bin/python bench/stream_floor.py [--n 50 100 200] [--loop uvloop|asyncio]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from _harness import fake_model, percentile
+
+from llm.providers import openai_compat
+from llm.router import RouteEntryConfig
+from llm.types import ChatMessage, TextDelta
+
+MESSAGES = [ChatMessage(role="user", content="go"), ChatMessage(role="assistant", content="a"),
+            ChatMessage(role="assistant", content="b")]  # two assistant turns: timed3 answers with text
+
+
+def _thread_cpu() -> float:
+    fields = Path(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one(entry: RouteEntryConfig, latencies: list[float]) -> None:
+    async for event in openai_compat.stream_chat(entry, MESSAGES, []):
+        if isinstance(event, TextDelta):
+            now = time.time()
+            for token in event.text.split():
+                latencies.append((now - float(token)) * 1000.0)
+
+
+async def round_(base_url: str, n: int) -> None:
+    entry = RouteEntryConfig(
+        index=0, provider_name="fake", base_url=base_url, api_key="sk-bench", model="fake-model",
+        max_input_tokens=8192, max_output_tokens=256, connect_timeout_seconds=10, read_timeout_seconds=60,
+        entry_key=f"bench:{uuid.uuid4().hex}",
+    )
+    await one(entry, [])  # warm-up: the pool's first connection
+    latencies: list[float] = []
+    cpu, started = _thread_cpu(), time.perf_counter()
+    await asyncio.gather(*(one(entry, latencies) for _ in range(n)))
+    wall, cpu = time.perf_counter() - started, _thread_cpu() - cpu
+    print(f"N={n:4d}: wall {wall:4.2f} s (ideal ~1.5 s); token latency at the adapter p50 "
+          f"{percentile(latencies, 0.5):.1f} ms p95 {percentile(latencies, 0.95):.1f} ms max {max(latencies):.1f} ms "
+          f"({len(latencies)} tokens); loop CPU {cpu / n * 1000:.2f} ms per answer "
+          f"({cpu / max(len(latencies), 1) * 1e6:.0f} µs per token)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[50, 100, 200])
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    args = parser.parse_args()
+
+    def factory() -> asyncio.AbstractEventLoop:
+        if args.loop == "uvloop":
+            import uvloop
+
+            return uvloop.new_event_loop()
+        return asyncio.new_event_loop()
+
+    with fake_model("timed3") as base_url:
+        for n in args.n:
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(round_(base_url, n))
+
+
+if __name__ == "__main__":
+    main()

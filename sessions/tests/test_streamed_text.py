@@ -1,0 +1,60 @@
+"""How streamed text becomes content_token events: batched while it pours, never held back
+by a pause, in order, and ahead of a model_retry when the stream breaks."""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async as sync_to_async
+
+from agents.tests.factories import agent_with_route
+from llm.testing import CutAfter, Reply
+from sessions.events import events_since
+from sessions.runner.loop import execute_run
+from sessions.tests.conftest import post_message, reload_run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+
+
+@sync_to_async
+def make_agent(world, urls):
+    return agent_with_route(tenant=world.tenant, base_urls=urls)
+
+
+async def frames(session_id: int) -> list[dict]:
+    return await events_since(session_id=session_id, after_seq=0)
+
+
+async def test_text_before_a_pause_is_published_without_waiting_for_more(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url])
+    # Three chunks, 0.6 s apart: a slow model, or one that stops to think mid-answer.
+    fake_llm.script(Reply("One, two, three", chunk_size=5, chunk_interval_seconds=0.6))
+    run = await post_message(agent=agent, user=world.member, content="count")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).reply == "One, two, three"
+    texts = [f["data"]["text"] for f in await frames(run.session_id) if f["type"] == "content_token"]
+    assert texts == ["One, ", "two, ", "three"], "each chunk went out before the next arrived"
+
+
+async def test_a_fast_stream_is_batched_and_nothing_is_lost_or_reordered(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url])
+    answer = " ".join(f"w{i}" for i in range(120))
+    fake_llm.script(Reply(answer, chunk_size=3, chunk_interval_seconds=0.002))
+    run = await post_message(agent=agent, user=world.member, content="stream")
+    await execute_run(run.pk)
+    texts = [f["data"]["text"] for f in await frames(run.session_id) if f["type"] == "content_token"]
+    assert "".join(texts) == answer
+    chunks = -(-len(answer) // 3)
+    assert len(texts) < chunks / 3, f"{len(texts)} events for {chunks} chunks: not batched"
+
+
+async def test_text_streamed_before_a_break_comes_before_the_retry(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url])
+    fake_llm.script(CutAfter("This answer will break off somewhere", 3), Reply("A complete answer."))
+    run = await post_message(agent=agent, user=world.member, content="hi")
+    await execute_run(run.pk)
+    types = [f["type"] for f in await frames(run.session_id)]
+    retry = types.index("model_retry")
+    assert "content_token" in types[:retry], "the first token of the broken answer went out at once"
+    assert "run_completed" in types[retry:]
+    after = [f["data"]["text"] for f in (await frames(run.session_id))[retry:] if f["type"] == "content_token"]
+    assert "".join(after) == "A complete answer."
