@@ -394,29 +394,31 @@ class _StreamedTextBatcher:
     published for :data:`TOKEN_FLUSH_SECONDS`) is published at once, so the first token and a
     slow model's tokens are never held; text that arrives sooner waits until that interval
     has passed since the last publish, on a timer, so a pause in the stream never holds text
-    back. A change of event type or :data:`TOKEN_FLUSH_CHARS` buffered publish at once.
+    back. :data:`TOKEN_FLUSH_CHARS` buffered publish at once.
 
-    Publishes run as a chain of tasks (each awaits the one before: ``seq`` order is the
-    stream's order); :meth:`close` publishes the rest and re-raises a publish's error;
-    :meth:`drop` discards what is buffered but lets what was flushed finish (a broken stream:
-    its ``model_retry`` must come after them); :meth:`abort` also stops the chain (a cancel).
+    At most one publish is in flight per run: text that comes meanwhile joins the next one,
+    which starts as soon as it ends. A busy worker therefore sends fewer, larger events
+    instead of queueing more of them (``seq`` order is the stream's order either way).
+    :meth:`close` publishes the rest and raises a publish's error; :meth:`drop` discards what
+    is buffered but lets the publish in flight finish (a broken stream: its ``model_retry``
+    must come after it); :meth:`abort` also cancels that publish (the turn is cancelled).
     """
 
     def __init__(self, publish: Any) -> None:
         self._publish = publish
         self._loop = asyncio.get_running_loop()
-        self._buffer: list[str] = []
-        self._type = ""
+        self._groups: list[tuple[str, list[str]]] = []  # buffered text: (event type, pieces), in order
         self._size = 0
         self._last_publish_at = float("-inf")
         self._timer: asyncio.TimerHandle | None = None
-        self._chain: asyncio.Task[None] | None = None
+        self._inflight: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
 
     def add(self, event_type: str, text: str) -> None:
-        if self._buffer and event_type != self._type:
-            self._flush()
-        self._type = event_type
-        self._buffer.append(text)
+        if self._groups and self._groups[-1][0] == event_type:
+            self._groups[-1][1].append(text)
+        else:
+            self._groups.append((event_type, [text]))
         self._size += len(text)
         wait = self._last_publish_at + TOKEN_FLUSH_SECONDS - self._loop.time()
         if self._size >= TOKEN_FLUSH_CHARS or wait <= 0:
@@ -428,44 +430,56 @@ class _StreamedTextBatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._buffer:
-            return
-        event_type, text = self._type, "".join(self._buffer)
-        self._buffer, self._size = [], 0
+        if not self._groups or (self._inflight is not None and not self._inflight.done()):
+            return  # nothing to send, or it goes when the publish in flight ends
+        groups, self._groups, self._size = self._groups, [], 0
         self._last_publish_at = self._loop.time()
-        self._chain = asyncio.ensure_future(self._after(self._chain, event_type, text))
+        self._inflight = asyncio.ensure_future(self._send(groups))
+        self._inflight.add_done_callback(self._sent)
 
-    async def _after(self, previous: asyncio.Task[None] | None, event_type: str, text: str) -> None:
-        if previous is not None:
-            await previous
-        await self._publish(event_type, {"text": text})
+    async def _send(self, groups: list[tuple[str, list[str]]]) -> None:
+        for event_type, pieces in groups:
+            await self._publish(event_type, {"text": "".join(pieces)})
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            self._error = task.exception()
+            return
+        if self._groups:
+            self._flush()
 
     async def close(self) -> None:
-        """Publish what is buffered and wait for every publish (raises a publish's error)."""
-        self._flush()
-        if self._chain is not None:
-            await self._chain
+        """Publish everything buffered and wait for it (raises a publish's error)."""
+        while True:
+            self._flush()
+            if self._inflight is not None:
+                await asyncio.wait({self._inflight})
+            if self._error is not None:
+                raise self._error
+            if not self._groups:
+                return
 
     async def drop(self) -> None:
-        """Discard the buffered text; wait for the publishes already started (errors logged)."""
+        """Discard the buffered text; wait for the publish in flight (its error is logged)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._buffer, self._size = [], 0
-        if self._chain is not None:
-            try:
-                await self._chain
-            except Exception:  # noqa: BLE001 - the stream's own error is the one that matters
-                logger.warning("publishing streamed text failed", exc_info=True)
+        self._groups, self._size = [], 0
+        if self._inflight is not None:
+            await asyncio.wait({self._inflight})
+        if self._error is not None:
+            logger.warning("publishing streamed text failed: %r", self._error)
 
     def abort(self) -> None:
-        """Stop: no more publishes (the turn is being cancelled)."""
+        """Stop: nothing more is published (the turn is being cancelled)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._buffer = []
-        if self._chain is not None and not self._chain.done():
-            self._chain.cancel()
+        self._groups = []
+        if self._inflight is not None and not self._inflight.done():
+            self._inflight.cancel()
 
 
 async def _model_turn(
