@@ -40,6 +40,18 @@ def current_tenant_id() -> int | None:
     return _current_tenant_id.get()
 
 
+def require_tenant_id() -> int:
+    """The tenant id in context (for raw SQL, which the scoped managers do not filter).
+
+    Raises:
+        TenantScopeError: no tenant in context.
+    """
+    tenant_id = _current_tenant_id.get()
+    if tenant_id is None:
+        raise TenantScopeError("no tenant in context; use tenant_scope()")
+    return tenant_id
+
+
 @contextlib.contextmanager
 def tenant_scope(tenant_id: int) -> Iterator[None]:
     """Run the body with ``tenant_id`` as the current tenant (nestable; restored on exit)."""

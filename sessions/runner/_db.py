@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from channels.db import database_sync_to_async
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -49,6 +49,7 @@ from sessions.runner.spec import (
 )
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
+from tenants.scoping import require_tenant_id
 
 
 T = TypeVar("T")
@@ -413,18 +414,31 @@ def _results_in_call_order(messages: list[ChatMessage]) -> list[ChatMessage]:
 
 
 def _next_position(session_id: int) -> int:
-    session = ChatSession.objects.select_for_update().get(pk=session_id)
-    position = session.next_position
-    session.next_position += 1
-    session.save(update_fields=["next_position", "updated_at"])
-    return position
+    """Take the session's next message position (row-locked until the transaction ends).
+
+    One ``UPDATE … RETURNING`` (Django's ``update()`` returns no values): the runner takes a
+    position for every message it writes.
+    """
+    table = ChatSession._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "{table}" SET "next_position" = "next_position" + 1, "updated_at" = %s '
+            f'WHERE "id" = %s AND "tenant_id" = %s RETURNING "next_position" - 1',
+            [timezone.now(), session_id, require_tenant_id()],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise ChatSession.DoesNotExist(f"session {session_id} not found")
+    return row[0]
 
 
 @transaction.atomic
 def assistant_message_save(
-    *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = ""
+    *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "", llm_call: AttemptRecord | None = None,
 ) -> list[dict[str, Any]]:
-    """Persist an assistant message and its tool calls (pending); counts the turn.
+    """Persist an assistant message and its tool calls (pending); counts the turn. With
+    ``llm_call`` (the attempt that produced the message), also its LLMCall row and usage, in
+    the same transaction (see :func:`llm_call_record`).
 
     Returns:
         ``[{pk, call_id, name, arguments_raw}]`` for the tool calls, in the model's order.
@@ -434,19 +448,21 @@ def assistant_message_save(
         position=_next_position(spec.session_id), role=MessageRole.ASSISTANT, content=message.content,
         reasoning=reasoning, tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
     )
-    Run.objects.filter(pk=spec.run_id).update(loop_count=turn + 1)
-    calls = []
+    if llm_call is not None:
+        _llm_call_insert(spec=spec, turn=turn, record=llm_call)
+    Run.objects.filter(pk=spec.run_id).update(loop_count=turn + 1, **(_usage_increments(llm_call) if llm_call else {}))
+    rows = []
     for c in message.tool_calls:
         try:
             parsed: Any = c.parsed_arguments()
         except ValueError:
             parsed = {}
-        row = ToolCall.objects.create(
+        rows.append(ToolCall(
             tenant_id=spec.tenant_id, run_id=spec.run_id, turn=turn, call_id=c.id, name=c.name,
             arguments=parsed, arguments_raw=c.arguments,
-        )
-        calls.append({"pk": row.pk, "call_id": c.id, "name": c.name, "arguments_raw": c.arguments})
-    return calls
+        ))
+    ToolCall.objects.bulk_create(rows)  # one INSERT; PostgreSQL returns the primary keys
+    return [{"pk": row.pk, "call_id": row.call_id, "name": row.name, "arguments_raw": row.arguments_raw} for row in rows]
 
 
 def pending_tool_calls(*, run_id: int, call_ids: list[str]) -> list[dict[str, Any]]:
@@ -469,30 +485,31 @@ def tool_call_start(*, pk: int) -> None:
 @transaction.atomic
 def tool_call_finish(
     *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int,
-    model_content: str | None = None,
+    model_content: str | None = None, call_id: str | None = None, name: str | None = None,
 ) -> bool:
     """Record a tool call's outcome and its tool message. Idempotent: False if already recorded.
+
+    ``call_id`` and ``name`` (the model's id and the tool's name, for the tool message) spare
+    a read when the caller has them.
 
     ``content`` is the result as the tool returned it (ToolCall.result, shown in the UI);
     ``model_content``, when given, is what the model reads instead (the tool message), e.g.
     the result framed as untrusted data.
     """
-    call = ToolCall.objects.select_for_update().get(pk=pk)
-    if call.finished_at is not None:
+    recorded = ToolCall.objects.filter(pk=pk, finished_at__isnull=True).update(
+        status=status, result=content if status == ToolCallStatus.SUCCEEDED else "", result_data=_jsonable(data),
+        error=error, finished_at=timezone.now(), duration_ms=duration_ms,
+    )
+    if not recorded:  # another attempt recorded it first (the row lock decides)
         return False
-    call.status = status
-    call.result = content if status == ToolCallStatus.SUCCEEDED else ""
-    call.result_data = _jsonable(data)
-    call.error = error
-    call.finished_at = timezone.now()
-    call.duration_ms = duration_ms
-    call.save(update_fields=["status", "result", "result_data", "error", "finished_at", "duration_ms"])
+    if call_id is None or name is None:
+        call_id, name = ToolCall.objects.filter(pk=pk).values_list("call_id", "name").get()
     Message.objects.create(
         tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
         position=_next_position(spec.session_id), role=MessageRole.TOOL,
         content=(model_content if model_content is not None else content) if status == ToolCallStatus.SUCCEEDED
         else f"Error: {error}",
-        tool_call_id=call.call_id, name=call.name,
+        tool_call_id=call_id, name=name,
     )
     return True
 
@@ -510,12 +527,20 @@ def _jsonable(data: Any) -> Any:
 @transaction.atomic
 def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
     """Write the LLMCall row and add its tokens and cost to the run's totals."""
+    Run.objects.filter(pk=spec.run_id).update(**_usage_increments(record))
+    _llm_call_insert(spec=spec, turn=turn, record=record)
+
+
+def _usage_increments(record: AttemptRecord) -> dict[str, Any]:
+    return {
+        "prompt_tokens": F("prompt_tokens") + record.prompt_tokens,
+        "completion_tokens": F("completion_tokens") + record.completion_tokens,
+        "cost_usd_micros": F("cost_usd_micros") + record.cost_usd_micros,
+    }
+
+
+def _llm_call_insert(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
     entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
-    Run.objects.filter(pk=spec.run_id).update(
-        prompt_tokens=F("prompt_tokens") + record.prompt_tokens,
-        completion_tokens=F("completion_tokens") + record.completion_tokens,
-        cost_usd_micros=F("cost_usd_micros") + record.cost_usd_micros,
-    )
     LLMCall.objects.create(
         tenant_id=spec.tenant_id, run_id=spec.run_id, turn=turn, attempt=record.attempt,
         route_entry_id=entry_id, entry_index=record.entry_index, provider_name=record.provider_name,
@@ -560,8 +585,14 @@ def tenant_month_cost_usd_micros(tenant_id: int) -> int:
 
 
 @transaction.atomic
-def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> list[int]:
-    """Record the run's end (and of the runs steered into it).
+def run_finish(
+    *, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "",
+    may_have_steered: bool = True, may_have_subruns: bool = True,
+) -> list[int]:
+    """Record the run's end (and of the runs steered into it, and of its sub-runs still active).
+
+    ``may_have_steered`` / ``may_have_subruns`` False (the runner knows the agent is not in
+    steer mode / has no skills, and this is the run's first attempt) skip those lookups.
 
     Returns:
         Run ids to hand to workers now: the session's next queued run, and queued runs of
@@ -580,15 +611,17 @@ def run_finish(*, run_id: int, status: str, reply: str = "", error: str = "", re
     run.finished_at = now
     run.heartbeat_at = None
     run.save(update_fields=["status", "reply", "error", "reason", "finished_at", "heartbeat_at"])
-    Run.objects.filter(steered_into_id=run_id).update(
-        status=status, reply=reply, error=error[:5000], reason=reason, finished_at=now,
-    )
+    if may_have_steered:
+        Run.objects.filter(steered_into_id=run_id).update(
+            status=status, reply=reply, error=error[:5000], reason=reason, finished_at=now,
+        )
     # Calls left without a result (the run failed mid-turn) are recorded as cancelled.
     ToolCall.objects.filter(run_id=run_id, finished_at__isnull=True).update(
         status=ToolCallStatus.CANCELLED, finished_at=now
     )
     Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(status=ApprovalStatus.EXPIRED)
-    subruns_end_with_parent(run_id=run_id, now=now)
+    if may_have_subruns:
+        subruns_end_with_parent(run_id=run_id, now=now)
     if run.parent_tool_call_id is not None:  # a sub-run starts nothing: its parent still holds the session
         return []
     out = []

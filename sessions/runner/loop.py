@@ -130,8 +130,10 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
             await publish("run_awaiting_approval", {"approvals": approvals})
         await _start_runs(to_start)
         return
+    first_attempt = spec is not None and spec.attempt == 1
     to_start = await _db.db(_db.run_finish)(
-        run_id=run_id, status=outcome.status, reply=outcome.reply, error=outcome.error, reason=outcome.reason
+        run_id=run_id, status=outcome.status, reply=outcome.reply, error=outcome.error, reason=outcome.reason,
+        may_have_steered=not first_attempt or spec.steer, may_have_subruns=not first_attempt or bool(spec.skill_bindings),
     )
     steered = await _db.db(_db.steered_run_ids)(run_id) if spec is not None and spec.steer else []
     for target in (run_id, *steered):
@@ -226,10 +228,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
         if await _db.db(_db.session_has_artifacts)(spec.session_id):
             toolset.add_builtin("read_artifact")
         turn = spec.loop_count
-
-        async def record(attempt: AttemptRecord) -> None:
-            await _db.db(_db.llm_call_record)(spec=spec, turn=turn, record=attempt)
-
+        record = _LlmCallRecorder(spec, turn)
         router = Router(spec.entries, record=record, health=entry_health(), on_event=publish)
         interrupted_turns: set[int] = set()
         current_entry = 0  # the entry that answered last: its window decides when to compact
@@ -240,6 +239,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
         compaction_exhausted = no_compaction  # this turn: nothing more to compact, or attempts used up
         force_compaction = False  # a model rejected the prompt as too long
         while True:
+            record.turn = turn
             history = await _db.db(_db.history_load)(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0)
             last = history.tail
             if last is not None:
@@ -289,7 +289,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
             if over_budget:
                 return Outcome(RunStatus.FAILED, error=over_budget, reason=RunFailureReason.BUDGET_EXCEEDED)
             try:
-                async with asyncio.timeout(spec.turn_timeout_seconds):
+                async with record.holding_the_answer(), asyncio.timeout(spec.turn_timeout_seconds):
                     completion, reasoning = await _model_turn(
                         router, messages, offered, publish, compact_first=not compaction_exhausted
                     )
@@ -322,7 +322,8 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
             message = completion.message
             if final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
                 message = dataclasses.replace(message, tool_calls=())
-            calls = await _db.db(_db.assistant_message_save)(spec=spec, turn=turn, message=message, reasoning=reasoning)
+            calls = await _db.db(_db.assistant_message_save)(spec=spec, turn=turn, message=message, reasoning=reasoning,
+                                                             llm_call=record.take_answer())
             turn += 1
             current_entry = completion.entry_index
             compaction_attempts, compaction_exhausted = 0, no_compaction
@@ -335,6 +336,47 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
                 return Outcome(RunStatus.COMPLETED, reply=message.content)
             if await execute_tool_calls(spec=spec, calls=calls, toolset=toolset, publish=publish):
                 return AWAITING_APPROVAL_OUTCOME
+
+
+class _LlmCallRecorder:
+    """The router's ``record`` callback: writes each attempt's LLMCall row as it ends, except
+    the attempt that answered a model turn, which :func:`_db.assistant_message_save` writes
+    with the answer (one transaction and one thread hop less per turn).
+
+    Inside :meth:`holding_the_answer` a succeeded attempt is kept; if the turn then fails
+    anyway (a publish error, the turn timeout, a cancel), it is written on the way out.
+    """
+
+    def __init__(self, spec: RunSpec, turn: int) -> None:
+        self.spec = spec
+        self.turn = turn
+        self._holding = False
+        self._answer: AttemptRecord | None = None
+
+    async def __call__(self, attempt: AttemptRecord) -> None:
+        if self._holding and self._answer is None and attempt.status == "succeeded":
+            self._answer = attempt
+            return
+        await _db.db(_db.llm_call_record)(spec=self.spec, turn=self.turn, record=attempt)
+
+    @contextlib.asynccontextmanager
+    async def holding_the_answer(self) -> Any:
+        self._holding = True
+        try:
+            yield
+        except BaseException:
+            self._holding = False
+            answer = self.take_answer()
+            if answer is not None:
+                await self(answer)
+            raise
+        finally:
+            self._holding = False
+
+    def take_answer(self) -> AttemptRecord | None:
+        """The kept answering attempt (once), or None."""
+        answer, self._answer = self._answer, None
+        return answer
 
 
 def entry_health() -> RedisEntryHealth:
