@@ -496,10 +496,12 @@ class _StreamedTextBatcher:
         """Publish everything buffered and wait for it (raises a publish's error)."""
         while True:
             self._flush()
-            if self._inflight is not None:
-                await asyncio.wait({self._inflight})
             if self._error is not None:
                 raise self._error
+            if self._inflight is not None and not self._inflight.done():
+                # When it ends, its callback may already have started the next publish.
+                await asyncio.wait({self._inflight})
+                continue
             if not self._groups:
                 return
 

@@ -3,13 +3,15 @@ by a pause, in order, and ahead of a model_retry when the stream breaks."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
 
 from agents.tests.factories import agent_with_route
 from llm.testing import CutAfter, Reply
 from sessions.events import events_since
-from sessions.runner.loop import execute_run
+from sessions.runner.loop import _StreamedTextBatcher, execute_run
 from sessions.tests.conftest import post_message, reload_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
@@ -58,3 +60,17 @@ async def test_text_streamed_before_a_break_comes_before_the_retry(world, fake_l
     assert "run_completed" in types[retry:]
     after = [f["data"]["text"] for f in (await frames(run.session_id))[retry:] if f["type"] == "content_token"]
     assert "".join(after) == "A complete answer."
+
+
+async def test_close_returns_only_after_text_that_came_during_a_publish_is_out():
+    published: list[str] = []
+
+    async def slow_publish(event_type: str, data: dict) -> None:
+        await asyncio.sleep(0.05)
+        published.append(data["text"])
+
+    batcher = _StreamedTextBatcher(slow_publish)
+    batcher.add("content_token", "a")  # out at once: a publish is now in flight
+    batcher.add("content_token", "b")  # waits for it
+    await batcher.close()
+    assert published == ["a", "b"], "the run must not go on (and end) before its last text is out"
