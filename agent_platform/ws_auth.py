@@ -7,7 +7,7 @@ no membership). Consumers set the tenant scope from ``tenant_id`` on connect.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlparse
 
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
@@ -48,26 +48,49 @@ def TenantWebsocketAuthMiddleware(inner: Any) -> Any:  # noqa: N802 (named like 
     return AuthMiddlewareStack(_TenantScopeMiddleware(inner))
 
 
+async def websocket_deny(receive: Any, send: Any) -> None:
+    """Refuse a WebSocket handshake (HTTP 403) in plain ASGI.
+
+    No consumer is created, so nothing joins the channel layer waiting for a disconnect that
+    a refused handshake never sends (channels' ``WebsocketDenier`` is a consumer).
+    """
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
+
+
 class BrowserOriginValidator:
     """Origin check for WebSockets (cross-site WebSocket hijacking protection).
 
     Browsers always send ``Origin``; such a handshake must come from one of
-    ``settings.ALLOWED_HOSTS`` (or an explicitly allowed extension origin). A handshake
-    without ``Origin`` is not a browser, so it carries no ambient cookie risk: it is let
-    through and must authenticate with ``?token=``.
+    ``settings.ALLOWED_HOSTS`` (matched as channels' ``AllowedHostsOriginValidator`` matches
+    them: ``*``, ``.example.com`` for subdomains; with ``DEBUG`` and no hosts, localhost) or
+    it is refused with :func:`websocket_deny`. A handshake without ``Origin`` is not a
+    browser, so it carries no ambient cookie risk: it is let through without its cookies and
+    must authenticate with ``?token=``.
     """
 
     def __init__(self, application: Any) -> None:
-        from channels.security.websocket import AllowedHostsOriginValidator
+        from channels.security.websocket import OriginValidator
+        from django.conf import settings
 
-        self._checked = AllowedHostsOriginValidator(application)
+        allowed = list(settings.ALLOWED_HOSTS)
+        if settings.DEBUG and not allowed:
+            allowed = ["localhost", "127.0.0.1", "[::1]"]
+        self._origins = OriginValidator(application, allowed)
         self._application = application
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        has_origin = any(name == b"origin" for name, _ in scope.get("headers", []))
-        if not has_origin:
+        origins = [value for name, value in scope.get("headers", []) if name == b"origin"]
+        if not origins:
             # Never cookie-authenticate a non-browser: drop its Cookie header.
             headers = [(n, v) for n, v in scope.get("headers", []) if n != b"cookie"]
             scope = dict(scope, headers=headers)
             return await self._application(scope, receive, send)
-        return await self._checked(scope, receive, send)
+        try:
+            parsed = urlparse(origins[0].decode("latin1"))
+        except UnicodeDecodeError:
+            parsed = None
+        if not self._origins.valid_origin(parsed):
+            return await websocket_deny(receive, send)
+        return await self._application(scope, receive, send)

@@ -13,16 +13,9 @@ from typing import Any
 from django.conf import settings
 from django.urls import path
 
+from agent_platform.ws_auth import websocket_deny
 from browser.consumers import BrowserConsumer
 from browser.protocol import SUBPROTOCOL
-
-
-async def _deny(receive: Any, send: Any) -> None:
-    """Refuse the handshake (HTTP 403) in plain ASGI: no consumer, so nothing stays subscribed
-    to the channel layer waiting for a disconnect that a refused handshake never sends."""
-    message = await receive()
-    if message["type"] == "websocket.connect":
-        await send({"type": "websocket.close", "code": 1008})
 
 
 class ExtensionOriginValidator:
@@ -34,9 +27,9 @@ class ExtensionOriginValidator:
         if origins:
             allowed = {f"chrome-extension://{i}" for i in settings.BROWSER_EXTENSION_IDS}
             if origins[0] not in allowed:
-                return await _deny(receive, send)
+                return await websocket_deny(receive, send)
         if SUBPROTOCOL not in (scope.get("subprotocols") or []):
-            return await _deny(receive, send)  # not our client
+            return await websocket_deny(receive, send)  # not our client
         # Never cookie-authenticate this socket.
         scope = dict(scope, headers=[(n, v) for n, v in scope.get("headers", []) if n != b"cookie"])
         return await self.application(scope, receive, send)

@@ -142,3 +142,36 @@ async def test_browser_origin_from_another_site_is_refused(world, fake_llm):
     )
     connected, _ = await comm.connect()
     assert not connected
+
+
+async def test_a_refused_origin_leaves_nothing_on_the_channel_layer(world, fake_llm):
+    """The refusal happens before any consumer exists: no channel is created or left waiting."""
+    from channels.layers import get_channel_layer
+
+    session = await make_session(world, fake_llm.base_url)
+    layer = get_channel_layer()
+    created: list[str] = []
+    original = layer.new_channel
+
+    async def counting_new_channel(*args, **kwargs):
+        name = await original(*args, **kwargs)
+        created.append(name)
+        return name
+
+    layer.new_channel = counting_new_channel
+    try:
+        comm = WebsocketCommunicator(
+            application, f"/ws/sessions/{session.pk}/?token={world.member_token}",
+            headers=[(b"origin", b"https://evil.example"), (b"host", b"127.0.0.1")],
+        )
+        connected, code = await comm.connect()
+        assert (connected, code) == (False, 1008)
+        allowed = WebsocketCommunicator(
+            application, f"/ws/sessions/{session.pk}/?token={world.member_token}",
+            headers=[(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")],
+        )
+        assert (await allowed.connect())[0]
+        await allowed.disconnect()
+    finally:
+        layer.new_channel = original
+    assert len(created) == 1, "only the allowed socket's consumer took a channel"
