@@ -8,12 +8,14 @@ and Redis connections live on that one loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 from concurrent.futures import Future
 from typing import Any, Coroutine, TypeVar
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 def new_run_loop() -> asyncio.AbstractEventLoop:
@@ -60,6 +62,31 @@ class RunHost:
         """Run ``coro`` on the host loop and block the calling thread until it is done."""
         return self.submit(coro).result()
 
+    def close(self, timeout_seconds: float = 10.0) -> None:
+        """Release what the loop holds, then stop it: the MCP pool's sessions (stdio servers
+        are terminated, HTTP sessions closed), the model adapters' HTTP pools and the server
+        browser (Chromium). Waits at most
+        ``timeout_seconds``; never raises (a shutdown must go on)."""
+        try:
+            self.submit(_release_loop_resources()).result(timeout=timeout_seconds)
+        except Exception:  # noqa: BLE001
+            logger.warning("run host: releasing resources failed or timed out", exc_info=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=timeout_seconds)
+
+
+async def _release_loop_resources() -> None:
+    from browser.server_backend import _pools as browser_pools
+    from capabilities.mcp.pool import mcp_pool
+    from llm.providers import anthropic, openai_compat
+
+    await mcp_pool().aclose()
+    await openai_compat.aclose_clients()
+    await anthropic.aclose_clients()
+    browsers = browser_pools.get(asyncio.get_running_loop())
+    if browsers is not None:  # the server-side Chromium, if a run started it
+        await browsers.shutdown()
+
 
 _host: RunHost | None = None
 _host_lock = threading.Lock()
@@ -72,3 +99,15 @@ def run_host() -> RunHost:
         if _host is None:
             _host = RunHost()
         return _host
+
+
+def run_host_shutdown(timeout_seconds: float = 10.0) -> bool:
+    """Close this process's RunHost if it was started (Celery's ``worker_shutdown``).
+    Returns whether there was one."""
+    global _host
+    with _host_lock:
+        host, _host = _host, None
+    if host is None:
+        return False
+    host.close(timeout_seconds)
+    return True

@@ -1,0 +1,50 @@
+"""The worker's run host: its loop kind, and what its shutdown releases."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm.testing import Reply, ToolCalls
+from sessions.models import Run
+from sessions.runner.host import new_run_loop, run_host, run_host_shutdown
+from sessions.runner.loop import execute_run
+from sessions.tests.conftest import post_message_sync
+from sessions.tests.test_cancellation import mcp_time_server_pids
+from sessions.tests.test_runner_mcp import agent_with_time_server
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+
+
+def test_the_run_loop_kind_follows_the_setting(settings):
+    import uvloop
+
+    settings.RUN_HOST_LOOP = "uvloop"
+    loop = new_run_loop()
+    assert isinstance(loop, uvloop.Loop)
+    loop.close()
+    settings.RUN_HOST_LOOP = "asyncio"
+    loop = new_run_loop()
+    assert not isinstance(loop, uvloop.Loop)
+    loop.close()
+
+
+def test_shutdown_terminates_pooled_stdio_servers_before_the_process_ends(world, fake_llm):
+    """Celery's worker_shutdown closes the run host: the MCP pool's stdio servers are
+    terminated by the pool (this process is still alive, so it is not their stdin closing)."""
+    before = set(mcp_time_server_pids())
+    agent = agent_with_time_server.func(world, fake_llm.base_url)  # the sync function under the decorator
+    fake_llm.script(ToolCalls([("time__get_current_time", {"timezone": "UTC"})]), Reply("It is noon."))
+    run = post_message_sync(agent=agent, user=world.member, content="time?")
+    run_host().run(execute_run(run.pk))
+    assert Run.all_tenants.get(pk=run.pk).status == "completed"
+    pooled = set(mcp_time_server_pids()) - before
+    assert pooled, "the pool keeps the server for the next run"
+
+    assert run_host_shutdown(timeout_seconds=15) is True
+    assert not pooled & set(mcp_time_server_pids())
+    assert run_host_shutdown() is False, "already closed"
+    assert run_host().run(_answer()) == 42, "a new host starts on next use"
+
+
+async def _answer() -> int:
+    return 42
