@@ -203,6 +203,11 @@ RUN_HOST_LOOP = os.environ.get("RUN_HOST_LOOP", "asyncio")
 if RUN_HOST_LOOP not in {"uvloop", "asyncio"}:
     raise ImproperlyConfigured('RUN_HOST_LOOP must be "uvloop" or "asyncio"')
 RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS", "1"))
+# HTTP transport of model streams (llm/providers/openai_compat.py): "aiohttp" (the openai SDK's
+# DefaultAioHttpClient: aiohttp's C HTTP parser under the same httpx2 API) or "httpx".
+LLM_HTTP_TRANSPORT = os.environ.get("LLM_HTTP_TRANSPORT", "aiohttp")
+if LLM_HTTP_TRANSPORT not in {"aiohttp", "httpx"}:
+    raise ImproperlyConfigured('LLM_HTTP_TRANSPORT must be "aiohttp" or "httpx"')
 
 # Durable runs (sessions/runner): a running run's worker writes Run.heartbeat_at every
 # RUN_HEARTBEAT_SECONDS; the sweeper (Celery beat, every RUN_SWEEP_INTERVAL_SECONDS) resumes a

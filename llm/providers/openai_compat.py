@@ -103,13 +103,37 @@ def _ssl_context() -> ssl.SSLContext:
     return _shared_ssl_context
 
 
+def _is_timeout(exc: httpx2.TransportError) -> bool:
+    """Whether a transport error is a timeout. httpx2's own timeouts are; but the SDK's
+    aiohttp transport maps every ``aiohttp.ClientConnectionError`` (connection refused, reset,
+    server disconnected) to ``httpx2.ConnectTimeout``, so its cause decides there: only
+    aiohttp's ``ServerTimeoutError`` family is a timeout."""
+    if not isinstance(exc, httpx2.TimeoutException):
+        return False
+    try:
+        import aiohttp
+    except ImportError:
+        return True
+    cause = exc.__cause__
+    return not (isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, aiohttp.ServerTimeoutError))
+
+
+def _new_stream_http_client() -> httpx2.AsyncClient:
+    """An HTTP pool for model streams, on the transport ``LLM_HTTP_TRANSPORT`` names."""
+    from django.conf import settings
+
+    if getattr(settings, "LLM_HTTP_TRANSPORT", "httpx") == "aiohttp":
+        return openai.DefaultAioHttpClient(verify=_ssl_context())
+    return openai.DefaultAsyncHttpxClient(verify=_ssl_context())
+
+
 class _HttpShard:
     """One ``httpx2.AsyncClient`` pool and the number of streams open on it."""
 
     __slots__ = ("http", "open_streams")
 
     def __init__(self, key: Any) -> None:
-        self.http = openai.DefaultAsyncHttpxClient(verify=_ssl_context())
+        self.http = _new_stream_http_client()
         self.open_streams = 0
 
     async def close(self) -> None:
@@ -259,8 +283,9 @@ async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, par
                                  timeout=wire.timeout)
     try:
         response = await http.send(request, stream=True)
-    except httpx2.TimeoutException as exc:
-        raise classify_error(_sdk_error(openai.APITimeoutError(request=request), exc)) from exc
+    except httpx2.TransportError as exc:
+        error = openai.APITimeoutError if _is_timeout(exc) else openai.APIConnectionError
+        raise classify_error(_sdk_error(error(request=request), exc)) from exc
     except Exception as exc:
         raise classify_error(_sdk_error(openai.APIConnectionError(request=request), exc)) from exc
     if response.status_code >= 400:
@@ -296,10 +321,9 @@ async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[Any]:
         while True:
             try:
                 chunk = await anext(chunks, None)
-            except httpx2.TimeoutException as exc:
-                raise _sdk_error(openai.APITimeoutError(request=response.request), exc) from exc
             except httpx2.TransportError as exc:
-                raise _sdk_error(openai.APIConnectionError(request=response.request), exc) from exc
+                error = openai.APITimeoutError if _is_timeout(exc) else openai.APIConnectionError
+                raise _sdk_error(error(request=response.request), exc) from exc
             if chunk is None:
                 lines, buffer = [buffer, b""], b""  # end of body: the last line, then dispatch
             else:
