@@ -1,0 +1,54 @@
+"""The adapter's stream pools on either transport (LLM_HTTP_TRANSPORT): aiohttp (the default)
+and httpx behave the same, and failures are classified the same."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm.errors import AllEntriesFailed, StreamInterrupted
+from llm.providers import openai_compat
+from llm.router import Router
+from llm.testing import CutAfter, FakeLLMServer, Reply, Stall
+from llm.tests.test_router import Recorder, closed_port_url, collect, entry, text_of  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+
+
+@pytest.fixture(autouse=True)
+async def on_transport(settings, transport):
+    settings.LLM_HTTP_TRANSPORT = transport
+    await openai_compat.aclose_clients()  # pools are made on first use: the next ones use it
+    yield
+    await openai_compat.aclose_clients()
+
+
+def _transport_of(shard: openai_compat._HttpShard) -> str:  # noqa: SLF001
+    return "aiohttp" if "Aiohttp" in type(shard.http._transport).__name__ else "httpx"  # noqa: SLF001
+
+
+async def test_an_answer_streams(server_a: FakeLLMServer, transport: str) -> None:
+    server_a.script(Reply("It is ten past ten in Tokyo.", chunk_size=5))
+    events = await collect(Router([entry(0, server_a.base_url)]))
+    assert text_of(events) == "It is ten past ten in Tokyo."
+    assert _transport_of(openai_compat._shard_for(entry(0, server_a.base_url))) == transport  # noqa: SLF001
+
+
+async def test_a_refused_connection_is_a_network_failure(closed_port_url: str, transport: str) -> None:
+    recorder = Recorder()
+    with pytest.raises(AllEntriesFailed):
+        await collect(Router([entry(0, closed_port_url, max_retries=0)], record=recorder))
+    assert recorder.summary() == [(1, 0, "failed", "network")]
+
+
+async def test_a_dropped_stream_is_a_network_failure(server_a: FakeLLMServer, transport: str) -> None:
+    server_a.script(CutAfter("Partial answer that never ends", n_chunks=3, chunk_size=4))
+    with pytest.raises(StreamInterrupted) as caught:
+        await collect(Router([entry(0, server_a.base_url)]))
+    assert caught.value.error_class == "network"
+
+
+async def test_a_stalled_stream_is_a_timeout(server_a: FakeLLMServer, transport: str) -> None:
+    server_a.script(Stall(Reply("Starts, then nothing more"), n_chunks=1))
+    with pytest.raises(StreamInterrupted) as caught:
+        await collect(Router([entry(0, server_a.base_url, read_timeout_seconds=0.5)]))
+    assert caught.value.error_class == "timeout"
