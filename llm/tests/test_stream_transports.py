@@ -9,7 +9,7 @@ from llm.errors import AllEntriesFailed, StreamInterrupted
 from llm.providers import openai_compat
 from llm.router import Router
 from llm.testing import CutAfter, FakeLLMServer, Reply, Stall
-from llm.tests.test_router import Recorder, closed_port_url, collect, entry, text_of  # noqa: F401 (fixture)
+from llm.tests.test_router import Recorder, collect, entry, text_of
 
 pytestmark = pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
 
@@ -20,6 +20,11 @@ async def on_transport(settings, transport):
     await openai_compat.aclose_clients()  # pools are made on first use: the next ones use it
     yield
     await openai_compat.aclose_clients()
+
+
+@pytest.fixture
+def refused_url(closed_port_root: str) -> str:
+    return closed_port_root + "/v1"
 
 
 def _transport_of(shard: openai_compat._HttpShard) -> str:  # noqa: SLF001
@@ -33,10 +38,10 @@ async def test_an_answer_streams(server_a: FakeLLMServer, transport: str) -> Non
     assert _transport_of(openai_compat._shard_for(entry(0, server_a.base_url))) == transport  # noqa: SLF001
 
 
-async def test_a_refused_connection_is_a_network_failure(closed_port_url: str, transport: str) -> None:
+async def test_a_refused_connection_is_a_network_failure(refused_url: str, transport: str) -> None:
     recorder = Recorder()
     with pytest.raises(AllEntriesFailed):
-        await collect(Router([entry(0, closed_port_url, max_retries=0)], record=recorder))
+        await collect(Router([entry(0, refused_url, max_retries=0)], record=recorder))
     assert recorder.summary() == [(1, 0, "failed", "network")]
 
 
