@@ -179,6 +179,7 @@ def main() -> None:
     parser.add_argument("--switch-interval-ms", type=float,
                         help="sys.setswitchinterval for this (worker) process instead of RUN_HOST_SWITCH_INTERVAL_MS")
     parser.add_argument("--db-threads", type=int, help="threads for the runner's ORM calls (default: asyncio's)")
+    parser.add_argument("--warmup", type=int, default=5, help="runs of an unreported first round (0: none)")
     args = parser.parse_args()
     global DB_THREADS
     DB_THREADS = args.db_threads
@@ -191,6 +192,9 @@ def main() -> None:
         token = api_token_create(membership=membership).raw
         web = WebServer()
         try:
+            if args.warmup:  # first connections, imports, pools: not part of any figure
+                print(f"warm-up round ({args.warmup} runs):", flush=True)
+                one_round(bench, token, web, args.warmup, None)
             for i, n in enumerate(args.n):
                 one_round(bench, token, web, n, args.profile if i == len(args.n) - 1 else None)
         finally:
