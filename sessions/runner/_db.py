@@ -260,6 +260,9 @@ class History:
     """The latest compaction's summary of everything before the cursor ("" if none)."""
     rows: list[HistoryRow]
     """The message rows behind ``messages`` (what a compaction may summarize)."""
+    compaction: "CompactionCursor | None" = None
+    """The compaction the history starts after (pass it to the next :func:`history_load` of
+    the same run until the run compacts again)."""
 
 
 def _effective_run(message: "HistoryRow") -> int:
@@ -325,7 +328,13 @@ HISTORY_FIELDS = ("id", "run_id", "position", "role", "content", "tool_calls", "
 """The Message columns of a :class:`HistoryRow`, in its field order."""
 
 
-def history_load(run_id: int, *, session_id: int | None = None, subrun: bool | None = None) -> History:
+_LOAD = object()
+"""``history_load(compaction=…)`` default: read the latest compaction."""
+
+
+def history_load(
+    run_id: int, *, session_id: int | None = None, subrun: bool | None = None, compaction: Any = _LOAD,
+) -> History:
     """The session's conversation up to and including this run: the latest compaction
     summary, then the messages after its cursor.
 
@@ -338,7 +347,9 @@ def history_load(run_id: int, *, session_id: int | None = None, subrun: bool | N
     run's are kept, because the runner resumes by executing them.
 
     ``session_id`` and ``subrun`` (whether the run is a skill's sub-run), when the caller
-    knows them (the runner: from its RunSpec), spare a query per turn.
+    knows them (the runner: from its RunSpec), spare a query per turn; so does ``compaction``
+    (the previous history's :attr:`History.compaction`: the cursor moves only when this run
+    compacts, as a session's runs never overlap and sub-runs never compact).
     """
     if session_id is None or subrun is None:
         session_id, parent_call = Run.objects.filter(pk=run_id).values_list("session_id", "parent_tool_call_id").get()
@@ -350,7 +361,8 @@ def history_load(run_id: int, *, session_id: int | None = None, subrun: bool | N
             .filter(run_id=run_id).order_by("position").values_list(*HISTORY_FIELDS)
         )
     else:  # a user's run: sub-runs' messages are not part of the session's conversation
-        compaction = latest_compaction(session_id)
+        if compaction is _LOAD:
+            compaction = latest_compaction(session_id)
         rows = list(
             Message.objects.annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
             .filter(_after_cursor(compaction), session_id=session_id, effective_run__lte=run_id,
@@ -378,7 +390,8 @@ def history_load(run_id: int, *, session_id: int | None = None, subrun: bool | N
     tail = None
     if rows and _effective_run(rows[-1]) == run_id and out and out[-1].role == "assistant":
         tail = out[-1]
-    return History(messages=out, tail=tail, summary=compaction.summary if compaction else "", rows=kept)
+    return History(messages=out, tail=tail, summary=compaction.summary if compaction else "", rows=kept,
+                   compaction=compaction)
 
 
 @transaction.atomic

@@ -238,9 +238,12 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
         no_compaction = spec.depth > 0
         compaction_exhausted = no_compaction  # this turn: nothing more to compact, or attempts used up
         force_compaction = False  # a model rejected the prompt as too long
+        known_cursor: dict[str, Any] = {}  # the compaction cursor, once read (see history_load)
         while True:
             record.turn = turn
-            history = await _db.db(_db.history_load)(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0)
+            history = await _db.db(_db.history_load)(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0,
+                                                     **known_cursor)
+            known_cursor = {"compaction": history.compaction}  # until this run compacts
             last = history.tail
             if last is not None:
                 if not last.tool_calls:  # answered before a worker died: nothing left to do
@@ -275,6 +278,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
                 compaction_attempts += 1
                 result = await compact(spec=spec, history=history, router=router, publish=publish,
                                        attempt=compaction_attempts, tokens_before=prompt_tokens)
+                known_cursor = {}  # the cursor may have moved: read it again
                 force_compaction = False
                 if result.nothing_to_compact or compaction_attempts >= MAX_ATTEMPTS_PER_TURN:
                     compaction_exhausted = True
