@@ -326,9 +326,14 @@ def _to_tool_result(result: mcp_types.CallToolResult) -> ToolResult:
         text, is_text = _render_block(block)
         has_text = has_text or is_text
         parts.append(text)
-    data = result.structured_content
+    return _tool_result(parts, has_text=has_text, data=result.structured_content)
+
+
+def _tool_result(parts: list[str], *, has_text: bool, data: Any) -> ToolResult:
+    """The ``ToolResult`` of rendered content blocks: structured content goes first, as JSON,
+    when no block was text (so the model still reads it)."""
     if data is not None and not has_text:
-        parts.insert(0, json.dumps(data, ensure_ascii=False, default=str))
+        parts = [json.dumps(data, ensure_ascii=False, default=str), *parts]
     return ToolResult(content="\n".join(parts), data=data)
 
 

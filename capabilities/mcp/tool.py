@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
-import json
 import logging
 from typing import Any, Protocol
 
@@ -20,6 +19,7 @@ from capabilities.mcp.client import (
     McpToolInfo,
     ProgressCallback,
     _render_block,
+    _tool_result,
     check_timeout_seconds,
 )
 from capabilities.naming import EXPOSED_NAME_RE
@@ -125,10 +125,7 @@ async def result_for_model(
         text, is_text = _render_block(block)
         has_text = has_text or is_text
         parts.append(text)
-    data = result.structured_content
-    if data is not None and not has_text:
-        parts.insert(0, json.dumps(data, ensure_ascii=False, default=str))
-    return ToolResult(content="\n".join(parts), data=data)
+    return _tool_result(parts, has_text=has_text, data=result.structured_content)
 
 
 class McpTool(Tool):
