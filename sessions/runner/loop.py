@@ -472,10 +472,13 @@ class _StreamedTextBatcher:
         elif self._timer is None:
             self._timer = self._loop.call_later(wait, self._flush)
 
-    def _flush(self) -> None:
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _flush(self) -> None:
+        self._stop_timer()
         if not self._groups or (self._inflight is not None and not self._inflight.done()):
             return  # nothing to send, or it goes when the publish in flight ends
         groups, self._groups, self._size = self._groups, [], 0
@@ -497,23 +500,26 @@ class _StreamedTextBatcher:
             self._flush()
 
     async def close(self) -> None:
-        """Publish everything buffered and wait for it (raises a publish's error)."""
-        while True:
-            self._flush()
-            if self._error is not None:
-                raise self._error
-            if self._inflight is not None and not self._inflight.done():
-                # When it ends, its callback may already have started the next publish.
-                await asyncio.wait({self._inflight})
-                continue
-            if not self._groups:
-                return
+        """Publish everything buffered and wait for it (raises a publish's error; a cancel
+        while waiting aborts)."""
+        try:
+            while True:
+                self._flush()
+                if self._error is not None:
+                    raise self._error
+                if self._inflight is not None and not self._inflight.done():
+                    # When it ends, its callback may already have started the next publish.
+                    await asyncio.wait({self._inflight})
+                    continue
+                if not self._groups:
+                    return
+        except asyncio.CancelledError:
+            self.abort()
+            raise
 
     async def drop(self) -> None:
         """Discard the buffered text; wait for the publish in flight (its error is logged)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop_timer()
         self._groups, self._size = [], 0
         if self._inflight is not None:
             await asyncio.wait({self._inflight})
@@ -522,10 +528,8 @@ class _StreamedTextBatcher:
 
     def abort(self) -> None:
         """Stop: nothing more is published (the turn is being cancelled)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._groups = []
+        self._stop_timer()
+        self._groups, self._size = [], 0
         if self._inflight is not None and not self._inflight.done():
             self._inflight.cancel()
 
@@ -550,13 +554,13 @@ async def _model_turn(
                 reasoning.append(event.text)
             elif isinstance(event, Completion):
                 completion = event
-        await batcher.close()
     except asyncio.CancelledError:
         batcher.abort()
         raise
     except BaseException:
         await batcher.drop()
         raise
+    await batcher.close()
     if completion is None:
         raise StreamInterrupted("the stream ended without a completion")
     return completion, "".join(reasoning)
