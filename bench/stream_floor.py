@@ -48,8 +48,7 @@ async def one(entry: RouteEntryConfig, latencies: list[float]) -> None:
 
 
 async def one_aiohttp(session, url: str, latencies: list[float]) -> None:
-    body = {"model": "fake-model", "stream": True, "messages": [m.to_openai() if hasattr(m, "to_openai") else
-            {"role": m.role, "content": m.content} for m in MESSAGES]}
+    body = {"model": "fake-model", "stream": True, "messages": [{"role": m.role, "content": m.content} for m in MESSAGES]}
     async with session.post(url, json=body, headers={"Authorization": "Bearer sk-bench"}) as response:
         response.raise_for_status()
         async for line in response.content:

@@ -77,16 +77,14 @@ class RunHost:
 
 
 async def _release_loop_resources() -> None:
-    from browser.server_backend import _pools as browser_pools
+    from browser.server_backend import server_browser_pool
     from capabilities.mcp.pool import mcp_pool
     from llm.providers import anthropic, openai_compat
 
     await mcp_pool().aclose()
     await openai_compat.aclose_clients()
     await anthropic.aclose_clients()
-    browsers = browser_pools.get(asyncio.get_running_loop())
-    if browsers is not None:  # the server-side Chromium, if a run started it
-        await browsers.shutdown()
+    await server_browser_pool().shutdown()  # Chromium, if a run started it (else nothing to close)
 
 
 _host: RunHost | None = None
