@@ -87,12 +87,12 @@ def run_end_unheld(*, run: Run, status: str, error: str, reason: str = "", event
     from sessions.runner._db import run_finish
 
     event_type = {RunStatus.CANCELLED: "run_cancelled", RunStatus.FAILED: "run_failed"}[status]
-    to_start = run_finish(run_id=run.pk, status=status, error=error, reason=reason)
-    for steered_id in Run.objects.filter(steered_into_id=run.pk).values_list("pk", flat=True):
+    finished = run_finish(run_id=run.pk, status=status, error=error, reason=reason)
+    for steered_id in finished.steered:
         event_publish_on_commit(session_id=run.session_id, run_id=steered_id, type=event_type,
                                 data={**event_data, "steered_into": run.pk})
     event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type=event_type, data=event_data)
-    for run_id in to_start:
+    for run_id in finished.to_start:
         run_enqueue_on_commit(run_id=run_id)
 
 

@@ -597,20 +597,27 @@ def tenant_month_cost_usd_micros(tenant_id: int) -> int:
     return int(total or 0)
 
 
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    """What :func:`run_finish` did that its caller acts on."""
+
+    to_start: list[int]
+    """Run ids to hand to workers now: the session's next queued run, and queued runs of the
+    tenant that were waiting for a free slot (heads of their sessions, oldest first, at most
+    the number of free slots)."""
+    steered: list[int]
+    """Runs whose messages were steered into this one, ended with it (their events are the caller's)."""
+
+
 @transaction.atomic
 def run_finish(
     *, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "",
     may_have_steered: bool = True, may_have_subruns: bool = True,
-) -> list[int]:
+) -> RunFinished:
     """Record the run's end (and of the runs steered into it, and of its sub-runs still active).
 
     ``may_have_steered`` / ``may_have_subruns`` False (the runner knows the agent is not in
     steer mode / has no skills, and this is the run's first attempt) skip those lookups.
-
-    Returns:
-        Run ids to hand to workers now: the session's next queued run, and queued runs of
-        the tenant that were waiting for a free slot (heads of their sessions, oldest first,
-        at most the number of free slots).
     """
     from sessions.services import next_queued_run_id
 
@@ -624,10 +631,13 @@ def run_finish(
     run.finished_at = now
     run.heartbeat_at = None
     run.save(update_fields=["status", "reply", "error", "reason", "finished_at", "heartbeat_at"])
+    steered: list[int] = []
     if may_have_steered:
-        Run.objects.filter(steered_into_id=run_id).update(
-            status=status, reply=reply, error=error[:5000], reason=reason, finished_at=now,
-        )
+        steered = list(Run.objects.filter(steered_into_id=run_id).order_by("pk").values_list("pk", flat=True))
+        if steered:
+            Run.objects.filter(pk__in=steered).update(
+                status=status, reply=reply, error=error[:5000], reason=reason, finished_at=now,
+            )
     # Calls left without a result (the run failed mid-turn) are recorded as cancelled.
     ToolCall.objects.filter(run_id=run_id, finished_at__isnull=True).update(
         status=ToolCallStatus.CANCELLED, finished_at=now
@@ -636,13 +646,13 @@ def run_finish(
     if may_have_subruns:
         subruns_end_with_parent(run_id=run_id, now=now)
     if run.parent_tool_call_id is not None:  # a sub-run starts nothing: its parent still holds the session
-        return []
+        return RunFinished(to_start=[], steered=steered)
     out = []
     next_id = next_queued_run_id(session_id=run.session_id)
     if next_id is not None:
         out.append(next_id)
     out += [i for i in tenant_waiting_run_ids(run.tenant_id) if i not in out]
-    return out
+    return RunFinished(to_start=out, steered=steered)
 
 
 def tenant_waiting_run_ids(tenant_id: int) -> list[int]:
@@ -770,11 +780,6 @@ def steer_absorb(run_id: int) -> list[int]:
             message.save(update_fields=["position"])
         session.save(update_fields=["next_position", "updated_at"])
     return ids
-
-
-def steered_run_ids(run_id: int) -> list[int]:
-    """Runs whose messages were steered into run ``run_id``."""
-    return list(Run.objects.filter(steered_into_id=run_id).order_by("pk").values_list("pk", flat=True))
 
 
 def session_has_artifacts(session_id: int) -> bool:

@@ -131,12 +131,11 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
         await _start_runs(to_start)
         return
     first_attempt = spec is not None and spec.attempt == 1
-    to_start = await _db.db(_db.run_finish)(
+    finished = await _db.db(_db.run_finish)(
         run_id=run_id, status=outcome.status, reply=outcome.reply, error=outcome.error, reason=outcome.reason,
         may_have_steered=not first_attempt or spec.steer, may_have_subruns=not first_attempt or bool(spec.skill_bindings),
     )
-    steered = await _db.db(_db.steered_run_ids)(run_id) if spec is not None and spec.steer else []
-    for target in (run_id, *steered):
+    for target in (run_id, *finished.steered):
         if outcome.status == RunStatus.COMPLETED:
             data: dict[str, Any] = {"reply": outcome.reply}
             event_type = "run_completed"
@@ -149,7 +148,7 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
         elif spec is not None:  # a run steered into this one ends with it
             await event_publish(session_id=spec.session_id, run_id=target, type=event_type,
                                 data={**data, "steered_into": run_id})
-    await _start_runs(to_start)
+    await _start_runs(finished.to_start)
 
 
 async def _start_runs(run_ids: list[int]) -> None:

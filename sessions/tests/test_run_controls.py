@@ -83,7 +83,7 @@ def test_tenant_run_limit_queues_runs_beyond_it(world, fake_llm):
         with pytest.raises(_db.RunNotClaimable, match="1 of 1 runs working"):
             _db.run_claim(b.pk)
         assert Run.objects.get(pk=b.pk).status == "queued"  # waits, not rejected
-        assert _db.run_finish(run_id=a.pk, status="completed", reply="ok") == [b.pk]
+        assert _db.run_finish(run_id=a.pk, status="completed", reply="ok").to_start == [b.pk]
         assert _db.run_claim(b.pk).run_id == b.pk
 
 
