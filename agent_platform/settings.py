@@ -151,7 +151,17 @@ CHANNEL_LAYERS = {
             "capacity": 1000,
             "expiry": 60,
         },
-    }
+    },
+    # Session events (sessions/events.py, EVENTS_LAYER): Redis pub/sub, one PUBLISH per event
+    # and one subscription connection per web process; the Redis stream behind every event
+    # fills what pub/sub drops (sessions/consumers.py).
+    "events": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+            "prefix": f"{REDIS_KEY_PREFIX}:events",
+        },
+    },
 }
 
 REST_FRAMEWORK = {

@@ -10,6 +10,11 @@ from Redis, and 4's ``group_send`` may finish first. A frame past ``last_seq + 1
 makes the consumer read the missing frames from the stream (where the publish script put
 seq 3 before seq 4 could exist) and send them in order; the late seq 3 is then dropped.
 
+Live frames come from the channel layer :data:`~sessions.events.EVENTS_LAYER` (Redis
+pub/sub), which may drop a message (its subscription reconnecting). A dropped frame followed
+by another is filled as above; a dropped *last* frame is found by a check of the stream every
+:data:`CATCH_UP_SECONDS`, so a client always ends up with every frame, in order.
+
 Close codes: 4401 not authenticated or no membership; 4404 no such session for this caller
 (also another tenant's or another user's: the same code for both).
 """
@@ -23,16 +28,20 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from sessions.events import events_since, frame_text, group_name
+from sessions.events import EVENTS_LAYER, events_since, frame_text, group_name
 from tenants.scoping import tenant_scope
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 PING_SECONDS = 15.0
 """A ``{"type": "ping"}`` frame (no ``seq``) this often keeps idle connections and proxies alive."""
+CATCH_UP_SECONDS = 5.0
+"""How often a consumer reads the stream for frames the live fan-out dropped (one ``XRANGE``
+after its last ``seq``, usually empty): the longest a lost last frame waits."""
 
 
 class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
+    channel_layer_alias = EVENTS_LAYER
     session_id: int
     last_seq: int = 0
     joined: bool = False
@@ -61,9 +70,19 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         self.pinger = asyncio.create_task(self._ping_forever())
 
     async def _ping_forever(self) -> None:
+        """Ping every PING_SECONDS; every CATCH_UP_SECONDS, send what the stream has past ``last_seq``."""
+        loop = asyncio.get_running_loop()
+        next_ping, next_catch_up = loop.time() + PING_SECONDS, loop.time() + CATCH_UP_SECONDS
         while True:
-            await asyncio.sleep(PING_SECONDS)
-            await self.send_json({"type": "ping"})
+            await asyncio.sleep(max(0.0, min(next_ping, next_catch_up) - loop.time()))
+            now = loop.time()
+            if now >= next_catch_up:
+                next_catch_up = now + CATCH_UP_SECONDS
+                for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
+                    await self._send_frame(missed)
+            if now >= next_ping:
+                next_ping = now + PING_SECONDS
+                await self.send_json({"type": "ping"})
 
     async def disconnect(self, code: int) -> None:
         if self.pinger is not None:

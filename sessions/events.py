@@ -9,13 +9,23 @@ by one per session. Publishing does two things:
 2. a send to the Channels group ``session.<id>`` for live delivery, as the channel-layer
    message ``{"type": "session.event", "seq": seq, "body": "<the frame's JSON without seq>"}``.
 
-With the project's channel layer (``channels_redis.core.RedisChannelLayer``, one host, the
-same Redis as ``REDIS_URL``, msgpack, no encryption, no per-channel capacities) the same
-script also does the group send, exactly as ``RedisChannelLayer.group_send`` would (expire
-stale members, one message per channel key carrying ``__asgi_channel__``, capacity, expiry,
-the 12-byte prefix), with Redis's ``cmsgpack``: one round trip per event instead of five.
-The group send was three quarters of a publish's CPU (bench/concurrent_runs.py,
-bench/README.md). Any other layer gets the script without the fan-out, then ``group_send``.
+Live delivery uses the channel layer :data:`EVENTS_LAYER` (``"events"``), which the project
+configures as channels_redis's ``RedisPubSubChannelLayer``: a group send is one Redis
+``PUBLISH``, and a web process reads every session's events from one pub/sub connection.
+With that layer (one host, the same Redis as ``REDIS_URL``, msgpack, no encryption) the
+publish script also does the group send itself, exactly as
+``RedisPubSubChannelLayer.group_send`` would (``PUBLISH <prefix>__group__session.<id>`` of
+the msgpack message, with Redis's ``cmsgpack``): one round trip per event, and no lock
+around the layer's single publishing connection. Any other layer gets the script without
+the fan-out, then ``group_send``.
+
+The core channels_redis layer (the project's ``default``, used by the browser bridge) costs
+the web process four Redis round trips per message received, one message at a time under a
+process-wide lock; at 200 runs streaming at once that queue was most of the token → client
+latency (bench/README.md). Pub/sub is at-most-once: a message published while the web
+process's subscription is reconnecting is lost. The consumer therefore fills gaps from the
+stream when a later ``seq`` arrives, and checks the stream every ``CATCH_UP_SECONDS`` for a
+lost last event (sessions/consumers.py).
 
 The channel layer is lossy fan-out, not storage: durable facts (messages, tool calls, run
 status) are PostgreSQL rows written *before* their event is published.
@@ -72,36 +82,24 @@ local seq = redis.call('INCR', KEYS[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], tostring(seq) .. '-0', 'e', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
-if ARGV[4] ~= '1' then
-  return seq
-end
--- channels_redis 4.x RedisChannelLayer.group_send, in the same script
-local now = tonumber(ARGV[5])
-local whole_seconds = math.floor(now)
-redis.call('ZREMRANGEBYSCORE', KEYS[3], 0, whole_seconds - tonumber(ARGV[6]))
-local members = redis.call('ZRANGE', KEYS[3], 0, -1)
-local channels_of, keys = {}, {}
-for _, channel in ipairs(members) do
-  local bang = string.find(channel, '!', 1, true)
-  local key = ARGV[7] .. (bang and string.sub(channel, 1, bang) or channel)
-  if channels_of[key] == nil then
-    channels_of[key] = {}
-    table.insert(keys, key)
-  end
-  table.insert(channels_of[key], channel)
-end
-local capacity, expiry = tonumber(ARGV[8]), tonumber(ARGV[9])
-local prefix = string.sub(string.format('%12d', seq), -12)
-for _, key in ipairs(keys) do
-  redis.call('ZREMRANGEBYSCORE', key, 0, whole_seconds - expiry)
-  if redis.call('ZCOUNT', key, '-inf', '+inf') < capacity then
-    local message = cmsgpack.pack({type = 'session.event', seq = seq, body = ARGV[1], __asgi_channel__ = channels_of[key]})
-    redis.call('ZADD', key, ARGV[5], prefix .. message)
-    redis.call('EXPIRE', key, expiry)
-  end
+if ARGV[4] == '1' then
+  -- channels_redis 4.x RedisPubSubChannelLayer.group_send, in the same script
+  redis.call('PUBLISH', KEYS[3], cmsgpack.pack({type = 'session.event', seq = seq, body = ARGV[1]}))
 end
 return seq
 """
+
+
+EVENTS_LAYER = "events"
+"""The Channels layer alias (``CHANNEL_LAYERS``) of session events: the consumers of
+``/ws/sessions/<id>/`` join their session's group on it."""
+
+_PUBSUB_BACKEND = "channels_redis.pubsub.RedisPubSubChannelLayer"
+
+
+def events_layer() -> Any:
+    """The channel layer session events are fanned out on (alias :data:`EVENTS_LAYER`)."""
+    return get_channel_layer(EVENTS_LAYER)
 
 
 def group_name(session_id: int) -> str:
@@ -114,42 +112,38 @@ def _keys(session_id: int) -> list[str]:
     return [f"{prefix}:session:{session_id}:seq", f"{prefix}:session:{session_id}:events"]
 
 
-_fanout_layers: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+def _pubsub_group_channel(session_id: int) -> str | None:
+    """The Redis pub/sub channel the events layer publishes ``session.<id>``'s group sends on,
+    if the publish script can do that send itself (see the module docstring), else None."""
+    config = settings.CHANNEL_LAYERS.get(EVENTS_LAYER, {})
+    options = config.get("CONFIG", {})
+    hosts = options.get("hosts") or []
+    fans_out = (
+        config.get("BACKEND") == _PUBSUB_BACKEND
+        and len(hosts) == 1
+        and isinstance(hosts[0], dict)
+        and hosts[0].get("address") == settings.REDIS_URL
+        and options.get("serializer_format", "msgpack") == "msgpack"
+        and not options.get("symmetric_encryption_keys")
+    )
+    if not fans_out:
+        return None
+    # RedisPubSubLoopLayer._get_group_channel_name (channels_redis 4.x)
+    return f"{options.get('prefix', 'asgi')}__group__{group_name(session_id)}"
 
 
-def _script_fans_out(layer: Any) -> bool:
-    """Whether the publish script can do ``layer``'s group send itself (see the module docstring)."""
-    known = _fanout_layers.get(layer)
-    if known is None:
-        try:
-            from channels_redis.core import RedisChannelLayer
-            from channels_redis.serializers import MsgPackSerializer
-        except ImportError:  # pragma: no cover - channels_redis is a dependency
-            known = False
-        else:
-            serializer = getattr(layer, "_serializer", None)
-            known = (
-                type(layer) is RedisChannelLayer
-                and len(layer.hosts) == 1
-                and layer.hosts[0].get("address") == settings.REDIS_URL
-                and not layer.channel_capacity
-                and type(serializer) is MsgPackSerializer
-                and serializer.crypter is None
-                and serializer.random_prefix_length == 12
-            )
-        _fanout_layers[layer] = known
-    return known
+def _script_fans_out() -> bool:
+    """Whether the publish script does the events layer's group send itself."""
+    return _pubsub_group_channel(0) is not None
 
 
-def _script_args(session_id: int, payload: str, layer: Any) -> tuple[Any, ...]:
+def _script_args(session_id: int, payload: str) -> tuple[Any, ...]:
     """``numkeys, *keys, *args`` of :data:`_PUBLISH_LUA` for one event."""
     keys = _keys(session_id)
-    if not _script_fans_out(layer):
+    group_channel = _pubsub_group_channel(session_id)
+    if group_channel is None:
         return (3, *keys, keys[0], payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "0")
-    return (
-        3, *keys, layer._group_key(group_name(session_id)), payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "1",
-        repr(time.time()), layer.group_expiry, layer.prefix, layer.capacity, int(layer.expiry),
-    )
+    return (3, *keys, group_channel, payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "1")
 
 
 def _layer_message(seq: int, payload: str) -> dict[str, Any]:
@@ -188,10 +182,9 @@ def event_publish_sync(*, session_id: int, run_id: int | None, type: str, data: 
     """Publish now, from synchronous code. Returns the frame (with its ``seq``)."""
     body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
     payload = json.dumps(body)  # fails here, at the source, if ``data`` is not JSON-serialisable
-    layer = get_channel_layer()
-    seq = int(_sync_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, layer)))
-    if not _script_fans_out(layer):
-        async_to_sync(layer.group_send)(group_name(session_id), _layer_message(seq, payload))
+    seq = int(_sync_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload)))
+    if not _script_fans_out():
+        async_to_sync(events_layer().group_send)(group_name(session_id), _layer_message(seq, payload))
     return _frame(seq, body)
 
 
@@ -236,10 +229,9 @@ async def event_publish(*, session_id: int, run_id: int | None, type: str, data:
     """Publish now, from async code. Returns the frame (with its ``seq``)."""
     body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
     payload = json.dumps(body)
-    layer = get_channel_layer()
-    seq = int(await async_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, layer)))
-    if not _script_fans_out(layer):
-        await layer.group_send(group_name(session_id), _layer_message(seq, payload))
+    seq = int(await async_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload)))
+    if not _script_fans_out():
+        await events_layer().group_send(group_name(session_id), _layer_message(seq, payload))
     return _frame(seq, body)
 
 

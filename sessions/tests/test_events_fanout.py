@@ -1,27 +1,31 @@
-"""The publish script's own group send (sessions/events.py) against channels_redis.
+"""Live fan-out of session events on the events layer (Redis pub/sub, sessions/events.py).
 
-The script writes channel-layer messages itself (one Redis round trip per event). These
-tests pin it to what ``RedisChannelLayer.group_send`` does, through the real layer and
-Redis, so an upgrade of channels_redis that changes its storage format fails here. Also:
-an idle consumer survives the layer's blocking read (the channel layer's socket timeout).
+The publish script does the events layer's group send itself (one Redis round trip per
+event). These tests pin it to what ``RedisPubSubChannelLayer.group_send`` delivers, through
+the real layer and Redis, so an upgrade of channels_redis that changes its channel names or
+message format fails here. Pub/sub may drop a message; the consumer must still deliver every
+frame: a lost last frame is caught up from the stream, and a killed subscription recovers.
+Also: an idle consumer survives the layer's socket timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 
 import pytest
-
-from channels.layers import get_channel_layer
+import redis.asyncio as aioredis
+from django.conf import settings
 
 from sessions.events import (
+    _PUBLISH_LUA,
+    _keys,
     _layer_message,
     _script_fans_out,
     event_publish,
     event_publish_sync,
+    events_layer,
     frame_text,
     group_name,
 )
@@ -31,86 +35,58 @@ def _session_id() -> int:
     return 10**9 + uuid.uuid4().int % 10**9  # no database row needed: events live in Redis
 
 
-async def test_the_project_layer_takes_the_one_round_trip_path() -> None:
-    assert _script_fans_out(get_channel_layer())
+def test_the_project_events_layer_takes_the_one_round_trip_path() -> None:
+    assert settings.CHANNEL_LAYERS["events"]["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
+    assert _script_fans_out()
 
 
 async def test_members_receive_exactly_what_group_send_delivers() -> None:
-    layer = get_channel_layer()
+    layer = events_layer()
     session_id = _session_id()
     group = group_name(session_id)
-    local_a = await layer.new_channel()  # two process-specific channels: one Redis key, one message
-    local_b = await layer.new_channel()
-    plain = f"bench.plain.{uuid.uuid4().hex}"  # a non-process channel: its own key
-    for channel in (local_a, local_b, plain):
+    a, b = await layer.new_channel(), await layer.new_channel()
+    for channel in (a, b):
         await layer.group_add(group, channel)
     try:
         frame = await event_publish(session_id=session_id, run_id=7, type="content_token", data={"text": "héllo"})
-        via_script = [await asyncio.wait_for(layer.receive(c), 5) for c in (local_a, local_b, plain)]
+        via_script = [await asyncio.wait_for(layer.receive(c), 5) for c in (a, b)]
 
         payload = json.dumps({k: v for k, v in frame.items() if k != "seq"})
         await layer.group_send(group, _layer_message(frame["seq"], payload))
-        via_layer = [await asyncio.wait_for(layer.receive(c), 5) for c in (local_a, local_b, plain)]
+        via_layer = [await asyncio.wait_for(layer.receive(c), 5) for c in (a, b)]
 
         assert via_script == via_layer
         message = via_script[0]
         assert message == {"type": "session.event", "seq": frame["seq"], "body": payload}
+        assert type(message["seq"]) is int
         assert json.loads(frame_text(message["seq"], message["body"])) == frame
     finally:
-        for channel in (local_a, local_b, plain):
+        for channel in (a, b):
             await layer.group_discard(group, channel)
+        await layer.flush()
 
 
-async def test_stale_members_are_dropped_and_full_channels_skipped() -> None:
-    layer = get_channel_layer()
+async def test_the_sync_publisher_delivers_the_same_message() -> None:
+    layer = events_layer()
     session_id = _session_id()
     group = group_name(session_id)
-    stale, full, live = (f"bench.{name}.{uuid.uuid4().hex}" for name in ("stale", "full", "live"))
-    connection = layer.connection(0)
-    await connection.zadd(layer._group_key(group), {stale: int(time.time()) - layer.group_expiry - 10})
-    await layer.group_add(group, full)
-    await layer.group_add(group, live)
-    for i in range(layer.capacity):
-        await layer.send(full, {"type": "filler", "i": i})
+    channel = await layer.new_channel()
+    await layer.group_add(group, channel)
     try:
-        await event_publish(session_id=session_id, run_id=None, type="run_queued", data={})
-        assert await connection.zscore(layer._group_key(group), stale) is None
-        assert await connection.zcard(layer.prefix + full) == layer.capacity  # nothing added past capacity
-        message = await asyncio.wait_for(layer.receive(live), 5)
-        assert (message["type"], message["seq"]) == ("session.event", 1)
+        frame = await asyncio.to_thread(
+            event_publish_sync, session_id=session_id, run_id=3, type="run_queued", data={"position": 2}
+        )
+        message = await asyncio.wait_for(layer.receive(channel), 5)
+        assert json.loads(frame_text(message["seq"], message["body"])) == frame
     finally:
-        await connection.delete(layer.prefix + full, layer.prefix + live)
-        await layer.group_discard(group, full)
-        await layer.group_discard(group, live)
+        await layer.group_discard(group, channel)
+        await layer.flush()
 
 
-def test_the_sync_publisher_delivers_the_same_message() -> None:
-    layer = get_channel_layer()
-    session_id = _session_id()
-    group = group_name(session_id)
-
-    async def join() -> str:
-        channel = f"bench.sync.{uuid.uuid4().hex}"
-        await layer.group_add(group, channel)
-        return channel
-
-    channel = asyncio.run(join())
-    frame = event_publish_sync(session_id=session_id, run_id=3, type="run_queued", data={"position": 2})
-
-    async def receive() -> dict:
-        try:
-            return await asyncio.wait_for(layer.receive(channel), 5)
-        finally:
-            await layer.group_discard(group, channel)
-
-    message = asyncio.run(receive())
-    assert json.loads(frame_text(message["seq"], message["body"])) == frame
+# --- through the consumer ----------------------------------------------------------------------
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_an_idle_websocket_outlives_the_channel_layers_blocking_read(world) -> None:
-    # channels_redis waits for messages with a 5 s BZPOPMIN; with redis-py 8's default 5 s
-    # socket timeout the read timed out first and the consumer died (channels_redis#422).
+async def _connected(world):
     from channels.db import database_sync_to_async
     from channels.testing.websocket import WebsocketCommunicator
 
@@ -129,8 +105,69 @@ async def test_an_idle_websocket_outlives_the_channel_layers_blocking_read(world
     comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={world.member_token}")
     connected, _ = await comm.connect()
     assert connected
+    return session, comm
+
+
+async def _publish_without_fanout(session_id: int, type: str, data: dict) -> int:
+    """An event that reaches the stream but whose live message pub/sub dropped."""
+    from sessions.events import KEY_TTL_SECONDS, STREAM_MAXLEN, _body, async_redis
+
+    keys = _keys(session_id)
+    payload = json.dumps(_body(session_id=session_id, run_id=None, type=type, data=data))
+    return int(await async_redis().eval(_PUBLISH_LUA, 3, *keys, keys[0], payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "0"))
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_lost_last_frame_is_caught_up_from_the_stream(world, monkeypatch) -> None:
+    from sessions import consumers
+
+    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 0.2)
+    session, comm = await _connected(world)
     try:
-        await asyncio.sleep(7)  # idle past the 5 s blocking read
+        first = await event_publish(session_id=session.pk, run_id=None, type="run_running", data={})
+        assert await comm.receive_json_from(timeout=5) == first  # joined and replayed: now live
+        seq = await _publish_without_fanout(session.pk, "run_completed", {"reply": "done"})
+        frame = await comm.receive_json_from(timeout=5)
+        assert (frame["seq"], frame["type"], frame["data"]) == (seq, "run_completed", {"reply": "done"})
+        assert await comm.receive_nothing(timeout=0.5)  # caught up once, not again
+    finally:
+        await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_killed_subscription_resubscribes_and_nothing_is_lost(world, monkeypatch) -> None:
+    from sessions import consumers
+
+    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 0.3)
+    session, comm = await _connected(world)
+    admin = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        first = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": []})
+        assert await comm.receive_json_from(timeout=5) == first
+
+        shard = events_layer()._get_layer()._shards[0]
+        host, port = shard._pubsub.connection._writer.get_extra_info("sockname")[:2]
+        assert await admin.client_kill_filter(_type="pubsub", addr=f"{host}:{port}") == 1
+        during = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [1]})
+        assert await comm.receive_json_from(timeout=10) == during  # live or caught up: either way, once
+
+        monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 100)  # from the next tick on: live delivery only
+        await asyncio.sleep(2)  # the layer's receive loop backs off 1 s after an error, then resubscribes
+        after = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [2]})
+        assert await comm.receive_json_from(timeout=5) == after
+        assert await comm.receive_nothing(timeout=0.7)
+    finally:
+        await comm.disconnect()
+        await admin.aclose()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_idle_websocket_outlives_the_layers_socket_timeout(world) -> None:
+    # redis-py 8 defaults socket_timeout to 5 s; an idle subscription must not die of it
+    # (with the core layer's 5 s BZPOPMIN it did: channels_redis#422).
+    session, comm = await _connected(world)
+    try:
+        await asyncio.sleep(7)
         frame = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": []})
         assert await comm.receive_json_from(timeout=5) == frame
     finally:

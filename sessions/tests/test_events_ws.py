@@ -146,10 +146,10 @@ async def test_browser_origin_from_another_site_is_refused(world, fake_llm):
 
 async def test_a_refused_origin_leaves_nothing_on_the_channel_layer(world, fake_llm):
     """The refusal happens before any consumer exists: no channel is created or left waiting."""
-    from channels.layers import get_channel_layer
+    from sessions.events import events_layer
 
     session = await make_session(world, fake_llm.base_url)
-    layer = get_channel_layer()
+    layer = events_layer()
     created: list[str] = []
     original = layer.new_channel
 
