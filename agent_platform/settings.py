@@ -213,6 +213,13 @@ RUN_HOST_LOOP = os.environ.get("RUN_HOST_LOOP", "asyncio")
 if RUN_HOST_LOOP not in {"uvloop", "asyncio"}:
     raise ImproperlyConfigured('RUN_HOST_LOOP must be "uvloop" or "asyncio"')
 RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS", "1"))
+# Threads that run the runner's database calls in a worker process (sessions/runner/_db.py).
+# Their ORM work holds the GIL the run host's loop needs for streamed tokens; with a database
+# on the same host, more than a couple add contention, not throughput (bench/README.md).
+# Raise it for a database with a long round trip.
+RUN_HOST_DB_THREADS = int(os.environ.get("RUN_HOST_DB_THREADS", "2"))
+if RUN_HOST_DB_THREADS < 1:
+    raise ImproperlyConfigured("RUN_HOST_DB_THREADS must be at least 1")
 # HTTP transport of model streams (llm/providers/openai_compat.py): "aiohttp" (the openai SDK's
 # DefaultAioHttpClient: aiohttp's C HTTP parser under the same httpx2 API) or "httpx".
 LLM_HTTP_TRANSPORT = os.environ.get("LLM_HTTP_TRANSPORT", "aiohttp")

@@ -43,17 +43,7 @@ from tenants.services import api_token_create, membership_create
 TOKENS_PER_RUN = 50
 
 
-DB_THREADS: int | None = None
-"""``--db-threads``: size of the event loop's default executor, which runs the runner's ORM
-calls (asyncio's default: min(32, CPUs + 4), 6 on this machine)."""
-
-
 async def run_all(run_ids: list[int]) -> list[float]:
-    if DB_THREADS:
-        from concurrent.futures import ThreadPoolExecutor
-
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=DB_THREADS))
-
     async def one(run_id: int) -> float:
         start = time.perf_counter()
         await execute_run(run_id)
@@ -178,11 +168,11 @@ def main() -> None:
     parser.add_argument("--profile", help="cProfile the worker's event loop into this file (last N only)")
     parser.add_argument("--switch-interval-ms", type=float,
                         help="sys.setswitchinterval for this (worker) process instead of RUN_HOST_SWITCH_INTERVAL_MS")
-    parser.add_argument("--db-threads", type=int, help="threads for the runner's ORM calls (default: asyncio's)")
+    parser.add_argument("--db-threads", type=int, help="RUN_HOST_DB_THREADS for this run (threads of the runner's ORM calls)")
     parser.add_argument("--warmup", type=int, default=5, help="runs of an unreported first round (0: none)")
     args = parser.parse_args()
-    global DB_THREADS
-    DB_THREADS = args.db_threads
+    if args.db_threads:
+        settings.RUN_HOST_DB_THREADS = args.db_threads
     tune_interpreter_for_runs()  # as the worker's run host does (RUN_HOST_SWITCH_INTERVAL_MS)
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1000)

@@ -8,6 +8,8 @@ any thread of the pool.
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -55,13 +57,49 @@ from tenants.scoping import require_tenant_id
 T = TypeVar("T")
 
 
+_executor: ThreadPoolExecutor | None = None
+_executor_threads = 0
+_executor_lock = threading.Lock()
+
+
+def db_executor() -> ThreadPoolExecutor:
+    """This process's threads for the runner's database calls: ``RUN_HOST_DB_THREADS`` of
+    them, named ``run-db_<n>`` (a new pool if the setting changed; the old one finishes its
+    calls and ends).
+
+    Not the event loop's default executor: that one also resolves host names
+    (``loop.getaddrinfo``), which must not queue behind database calls, and its size
+    (CPython: CPUs + 4) let ORM threads take the GIL from the loop that reads model streams.
+    """
+    global _executor, _executor_threads
+    from django.conf import settings
+
+    with _executor_lock:
+        if _executor is None or _executor_threads != settings.RUN_HOST_DB_THREADS:
+            if _executor is not None:
+                _executor.shutdown(wait=False)
+            _executor_threads = settings.RUN_HOST_DB_THREADS
+            _executor = ThreadPoolExecutor(max_workers=_executor_threads, thread_name_prefix="run-db")
+        return _executor
+
+
+def db_executor_shutdown() -> None:
+    """End :func:`db_executor`'s threads once their calls are done (the run host's shutdown)."""
+    global _executor
+    with _executor_lock:
+        executor, _executor = _executor, None
+    if executor is not None:
+        executor.shutdown(wait=True)
+
+
 def db(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """``fn`` as a coroutine function run on a worker thread with a pooled connection.
+    """``fn`` as a coroutine function run on one of :func:`db_executor`'s threads, with a
+    pooled connection (returned to the pool after the call).
 
     Not thread-sensitive: the runs a worker hosts would otherwise queue behind one thread
     for every ORM call. The tenant ContextVar is copied into the thread.
     """
-    return database_sync_to_async(fn, thread_sensitive=False)
+    return database_sync_to_async(fn, thread_sensitive=False, executor=db_executor())
 
 
 class RunNotClaimable(Exception):

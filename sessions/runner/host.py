@@ -66,7 +66,7 @@ class RunHost:
     def close(self, timeout_seconds: float = 10.0) -> None:
         """Release what the loop holds, then stop it: the MCP pool's sessions (stdio servers
         are terminated, HTTP sessions closed), the model adapters' HTTP pools and the server
-        browser (Chromium). Waits at most
+        browser (Chromium). (:func:`run_host_shutdown` then ends the database threads.) Waits at most
         ``timeout_seconds``; never raises (a shutdown must go on)."""
         try:
             self.submit(_release_loop_resources()).result(timeout=timeout_seconds)
@@ -109,4 +109,7 @@ def run_host_shutdown(timeout_seconds: float = 10.0) -> bool:
     if host is None:
         return False
     host.close(timeout_seconds)
+    from sessions.runner._db import db_executor_shutdown
+
+    db_executor_shutdown()
     return True

@@ -172,3 +172,41 @@ async def test_an_idle_websocket_outlives_the_layers_socket_timeout(world) -> No
         assert await comm.receive_json_from(timeout=5) == frame
     finally:
         await comm.disconnect()
+
+
+# --- the loop's pipelined publisher --------------------------------------------------------------
+
+
+async def test_concurrent_publishes_share_round_trips_and_keep_their_order(monkeypatch) -> None:
+    from sessions import events
+
+    publisher = events._publisher()
+    pipelines = []
+    original = publisher._client.pipeline
+
+    def counting_pipeline(*args, **kwargs):
+        pipelines.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(publisher._client, "pipeline", counting_pipeline)
+    session_id = _session_id()
+    frames = await asyncio.gather(*(
+        event_publish(session_id=session_id, run_id=1, type="content_token", data={"text": str(i)}) for i in range(300)
+    ))
+    assert [f["seq"] for f in frames] == list(range(1, 301)), "seq follows the order of the calls"
+    assert [f["data"]["text"] for f in frames] == [str(i) for i in range(300)]
+    assert 2 <= len(pipelines) <= 10, "one EVAL at once, the rest batched (at most 256 a round trip)"
+    stored = await events.events_since(session_id=session_id, after_seq=0)
+    assert [f["data"]["text"] for f in stored] == [str(i) for i in range(300)]
+
+
+async def test_a_failed_round_trip_fails_its_publishes_and_the_next_ones_go_through() -> None:
+    import redis
+    from sessions import events
+
+    broken = events._Publisher(aioredis.Redis.from_url("redis://127.0.0.1:9"))
+    results = await asyncio.gather(*(broken.publish(events._script_args(_session_id(), "{}")) for _ in range(3)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, redis.ConnectionError) for r in results)
+    working = events._Publisher(events.async_redis())
+    assert await working.publish(events._script_args(_session_id(), "{}")) == 1

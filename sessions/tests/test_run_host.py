@@ -48,3 +48,43 @@ def test_shutdown_terminates_pooled_stdio_servers_before_the_process_ends(world,
 
 async def _answer() -> int:
     return 42
+
+
+def test_database_calls_run_on_their_own_bounded_threads(settings):
+    """RUN_HOST_DB_THREADS threads named run-db_*, never more calls at once; the loop's
+    default executor (host name lookups) is not one of them."""
+    import asyncio
+    import threading
+    import time
+
+    from sessions.runner import _db
+
+    settings.RUN_HOST_DB_THREADS = 2
+    state = {"now": 0, "most": 0, "threads": set()}
+    lock = threading.Lock()
+
+    def call() -> str:
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+            state["threads"].add(threading.current_thread().name)
+        time.sleep(0.05)
+        with lock:
+            state["now"] -= 1
+        return threading.current_thread().name
+
+    async def main() -> tuple[list[str], str]:
+        names = await asyncio.gather(*(_db.db(call)() for _ in range(8)))
+        default = await asyncio.get_running_loop().run_in_executor(None, lambda: threading.current_thread().name)
+        return names, default
+
+    names, default = asyncio.run(main())
+    assert state["most"] == 2 and len(state["threads"]) == 2
+    assert all(name.startswith("run-db_") for name in names)
+    assert not default.startswith("run-db_")
+
+    settings.RUN_HOST_DB_THREADS = 3  # a changed setting takes effect on the next call
+    state.update(now=0, most=0, threads=set())
+    asyncio.run(main())
+    assert state["most"] == 3
+    _db.db_executor_shutdown()
