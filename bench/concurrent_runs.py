@@ -15,7 +15,11 @@ figures include:
   client never received, plus duplicates, plus answer tokens sent but not received;
 - CPU seconds of the worker process (the runs) and of the web process (the consumers), per run.
 
-Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--profile out.txt]``
+``--stages`` also prints the token latency at three points inside the worker (where the runner
+gets the token from the adapter, where its event's publish starts, where it returns), which
+tells the worker's share of the delay from the web process's.
+
+Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--db-threads K] [--profile out.txt]``
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,6 +46,39 @@ from sessions.runner.loop import execute_run
 from tenants.services import api_token_create, membership_create
 
 TOKENS_PER_RUN = 50
+
+
+STAGES: dict[str, list[float]] | None = None
+"""``--stages``: token latency (ms) at points inside the worker, by stage name."""
+_TIME_MARK = re.compile(r"\d{10}\.\d{6}")
+
+
+def watch_stages() -> dict[str, list[float]]:
+    """Record each answer token's latency where the runner hands it to the batcher, where its
+    event's publish starts, and where that publish returns (same clock as the fake model)."""
+    from sessions.runner import loop
+
+    stages: dict[str, list[float]] = {"runner": [], "publish start": [], "publish done": []}
+    add, publish = loop._StreamedTextBatcher.add, loop.event_publish
+
+    def timed_add(self, event_type: str, text: str) -> None:
+        now = time.time()
+        stages["runner"].extend((now - float(m)) * 1000 for m in _TIME_MARK.findall(text))
+        add(self, event_type, text)
+
+    async def timed_publish(**kwargs):
+        start = time.time()
+        frame = await publish(**kwargs)
+        if kwargs["type"] == "content_token":
+            done = time.time()
+            for m in _TIME_MARK.findall(kwargs["data"]["text"]):
+                stages["publish start"].append((start - float(m)) * 1000)
+                stages["publish done"].append((done - float(m)) * 1000)
+        return frame
+
+    loop._StreamedTextBatcher.add = timed_add
+    loop.event_publish = timed_publish
+    return stages
 
 
 async def run_all(run_ids: list[int]) -> list[float]:
@@ -137,6 +175,12 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
     cpu = time.process_time() - cpu
     loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
     result = json.loads(clients.stdout.readline())
+    if STAGES is not None:
+        print("        in the worker: " + "; ".join(
+            f"{name} p50 {percentile(xs, 0.5):.1f} p95 {percentile(xs, 0.95):.1f} ms" for name, xs in STAGES.items()
+        ), flush=True)
+        for xs in STAGES.values():
+            xs.clear()
     clients.wait(timeout=30)
     web_cpu = _cpu_seconds(web.proc.pid) - web_cpu
     statuses = list(Run.all_tenants.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True))
@@ -169,10 +213,15 @@ def main() -> None:
     parser.add_argument("--switch-interval-ms", type=float,
                         help="sys.setswitchinterval for this (worker) process instead of RUN_HOST_SWITCH_INTERVAL_MS")
     parser.add_argument("--db-threads", type=int, help="RUN_HOST_DB_THREADS for this run (threads of the runner's ORM calls)")
+    parser.add_argument("--stages", action="store_true",
+                        help="also print token latency at the runner, at publish start and at publish end")
     parser.add_argument("--warmup", type=int, default=5, help="runs of an unreported first round (0: none)")
     args = parser.parse_args()
     if args.db_threads:
         settings.RUN_HOST_DB_THREADS = args.db_threads
+    if args.stages:
+        global STAGES
+        STAGES = watch_stages()
     tune_interpreter_for_runs()  # as the worker's run host does (RUN_HOST_SWITCH_INTERVAL_MS)
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
