@@ -175,12 +175,6 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
     cpu = time.process_time() - cpu
     loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
     result = json.loads(clients.stdout.readline())
-    if STAGES is not None:
-        print("        in the worker: " + "; ".join(
-            f"{name} p50 {percentile(xs, 0.5):.1f} p95 {percentile(xs, 0.95):.1f} ms" for name, xs in STAGES.items()
-        ), flush=True)
-        for xs in STAGES.values():
-            xs.clear()
     clients.wait(timeout=30)
     web_cpu = _cpu_seconds(web.proc.pid) - web_cpu
     statuses = list(Run.all_tenants.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True))
@@ -204,6 +198,12 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
         + (f"; client errors {len(result['errors'])}: {result['errors'][:3]}" if result["errors"] else ""),
         flush=True,
     )
+    if STAGES is not None:
+        print("        in the worker: " + "; ".join(
+            f"{name} p50 {percentile(xs, 0.5):.1f} p95 {percentile(xs, 0.95):.1f} ms" for name, xs in STAGES.items()
+        ), flush=True)
+        for xs in STAGES.values():
+            xs.clear()
 
 
 def main() -> None:

@@ -16,8 +16,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from channels.db import database_sync_to_async
 
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityKind
@@ -319,13 +318,6 @@ class CompactionCursor:
     """That message's position."""
 
 
-def _after_cursor(compaction: CompactionCursor | None) -> Q:
-    if compaction is None or compaction.effective_run is None:
-        return Q()
-    cursor_run = compaction.effective_run
-    return Q(effective_run__gt=cursor_run) | Q(effective_run=cursor_run, position__gt=compaction.position)
-
-
 def latest_compaction(session_id: int) -> CompactionCursor | None:
     """The session's latest succeeded compaction (one query, five columns), or None."""
     row = (
@@ -366,6 +358,27 @@ HISTORY_FIELDS = ("id", "run_id", "position", "role", "content", "tool_calls", "
 """The Message columns of a :class:`HistoryRow`, in its field order."""
 
 
+_HISTORY_COLUMNS = 'm."id", m."run_id", m."position", m."role", m."content", m."tool_calls", m."tool_call_id", m."name"'
+_EFFECTIVE_RUN = 'COALESCE(r."steered_into_id", m."run_id")'
+_HISTORY_SQL = (
+    f"SELECT {_HISTORY_COLUMNS}, {_EFFECTIVE_RUN} AS effective_run "
+    f'FROM "{Message._meta.db_table}" m INNER JOIN "{Run._meta.db_table}" r ON r."id" = m."run_id" '
+    'WHERE m."tenant_id" = %(tenant_id)s AND m."session_id" = %(session_id)s AND r."parent_tool_call_id" IS NULL '
+    f"AND {_EFFECTIVE_RUN} <= %(run_id)s {{after_cursor}}"
+    'ORDER BY effective_run, m."position"'
+)
+"""A user's run's history (:func:`history_load`): the session's messages up to this run,
+without sub-runs' (columns in :data:`HISTORY_FIELDS` order)."""
+_HISTORY_AFTER_CURSOR = (
+    f"AND ({_EFFECTIVE_RUN} > %(cursor_run)s "
+    f'OR ({_EFFECTIVE_RUN} = %(cursor_run)s AND m."position" > %(cursor_position)s)) '
+)
+_HISTORY_SUBRUN_SQL = (
+    f'SELECT {_HISTORY_COLUMNS}, m."run_id" AS effective_run FROM "{Message._meta.db_table}" m '
+    'WHERE m."tenant_id" = %(tenant_id)s AND m."run_id" = %(run_id)s ORDER BY m."position"'
+)
+
+
 _LOAD = object()
 """``history_load(compaction=…)`` default: read the latest compaction."""
 
@@ -394,20 +407,22 @@ def history_load(
         subrun = parent_call is not None
     if subrun:  # a sub-run: its own messages only, never compacted
         compaction = None
-        rows = list(
-            Message.objects.annotate(effective_run=F("run_id"))
-            .filter(run_id=run_id).order_by("position").values_list(*HISTORY_FIELDS)
-        )
+        sql, params = _HISTORY_SUBRUN_SQL, {"tenant_id": require_tenant_id(), "run_id": run_id}
     else:  # a user's run: sub-runs' messages are not part of the session's conversation
         if compaction is _LOAD:
             compaction = latest_compaction(session_id)
-        rows = list(
-            Message.objects.annotate(effective_run=Coalesce("run__steered_into_id", "run_id"))
-            .filter(_after_cursor(compaction), session_id=session_id, effective_run__lte=run_id,
-                    run__parent_tool_call__isnull=True)
-            .order_by("effective_run", "position").values_list(*HISTORY_FIELDS)
-        )
-    rows = [HistoryRow(*values) for values in rows]
+        params = {"tenant_id": require_tenant_id(), "session_id": session_id, "run_id": run_id}
+        if compaction is None or compaction.effective_run is None:
+            sql = _HISTORY_SQL.format(after_cursor="")
+        else:
+            sql = _HISTORY_SQL.format(after_cursor=_HISTORY_AFTER_CURSOR)
+            params.update(cursor_run=compaction.effective_run, cursor_position=compaction.position)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = [
+            HistoryRow(pk, run, position, role, content, json.loads(tool_calls), tool_call_id, name, effective_run)
+            for pk, run, position, role, content, tool_calls, tool_call_id, name, effective_run in cursor.fetchall()
+        ]
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
     kept: list[HistoryRow] = []
@@ -483,6 +498,49 @@ def _next_position(session_id: int) -> int:
     return row[0]
 
 
+_MESSAGE_COLUMNS = ("tenant_id", "session_id", "run_id", "position", "role", "content", "reasoning", "tool_calls",
+                    "tool_call_id", "name", "created_at")
+"""Every column of a Message row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
+
+_MESSAGE_INSERT_SQL = f"""
+WITH taken AS (
+    UPDATE "{ChatSession._meta.db_table}" SET "next_position" = "next_position" + 1, "updated_at" = %(now)s
+    WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s
+    RETURNING "next_position" - 1 AS position
+)
+INSERT INTO "{Message._meta.db_table}" ({", ".join(map('"{}"'.format, _MESSAGE_COLUMNS))})
+SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, %(reasoning)s,
+       %(tool_calls)s::jsonb, %(tool_call_id)s, %(name)s, %(now)s
+FROM taken
+RETURNING "id"
+"""
+
+
+def _message_insert(
+    *, spec: RunSpec, role: str, content: str, reasoning: str = "", tool_calls: list[dict[str, Any]] | None = None,
+    tool_call_id: str = "", name: str = "",
+) -> int:
+    """Insert one message of the run at the session's next position; returns its id.
+
+    One statement: the position's ``UPDATE … RETURNING`` and the ``INSERT`` in one CTE (the
+    runner writes a message at every turn and every tool result; the ORM's model
+    construction, query compilation and a second round trip were most of that write's CPU).
+
+    Raises:
+        ChatSession.DoesNotExist: no such session in the current tenant.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_MESSAGE_INSERT_SQL, {
+            "now": timezone.now(), "session_id": spec.session_id, "tenant_id": require_tenant_id(),
+            "run_id": spec.run_id, "role": role, "content": content, "reasoning": reasoning,
+            "tool_calls": json.dumps(tool_calls or []), "tool_call_id": tool_call_id, "name": name,
+        })
+        row = cursor.fetchone()
+    if row is None:
+        raise ChatSession.DoesNotExist(f"session {spec.session_id} not found")
+    return row[0]
+
+
 @transaction.atomic
 def assistant_message_save(
     *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "", llm_call: AttemptRecord | None = None,
@@ -494,14 +552,13 @@ def assistant_message_save(
     Returns:
         ``[{pk, call_id, name, arguments_raw}]`` for the tool calls, in the model's order.
     """
-    Message.objects.create(
-        tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
-        position=_next_position(spec.session_id), role=MessageRole.ASSISTANT, content=message.content,
-        reasoning=reasoning, tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
+    _message_insert(
+        spec=spec, role=MessageRole.ASSISTANT, content=message.content, reasoning=reasoning,
+        tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
     )
     if llm_call is not None:
         _llm_call_insert(spec=spec, turn=turn, record=llm_call)
-    Run.objects.filter(pk=spec.run_id).update(loop_count=turn + 1, **(_usage_increments(llm_call) if llm_call else {}))
+    _run_count_turn(spec=spec, loop_count=turn + 1, record=llm_call)
     rows = []
     for c in message.tool_calls:
         try:
@@ -529,8 +586,23 @@ def pending_tool_calls(*, run_id: int, call_ids: list[str]) -> list[dict[str, An
     ]
 
 
+_TOOL_CALL_START_SQL = (
+    f'UPDATE "{ToolCall._meta.db_table}" SET "status" = %(status)s, "started_at" = %(now)s '
+    'WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s'
+)
+_TOOL_CALL_FINISH_SQL = (
+    f'UPDATE "{ToolCall._meta.db_table}" SET "status" = %(status)s, "result" = %(result)s, '
+    '"result_data" = %(result_data)s::jsonb, "error" = %(error)s, "finished_at" = %(now)s, "duration_ms" = %(duration_ms)s '
+    'WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s AND "finished_at" IS NULL'
+)
+
+
 def tool_call_start(*, pk: int) -> None:
-    ToolCall.objects.filter(pk=pk).update(status=ToolCallStatus.RUNNING, started_at=timezone.now())
+    """Mark the call ``running`` (started now)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TOOL_CALL_START_SQL, {
+            "status": ToolCallStatus.RUNNING.value, "now": timezone.now(), "pk": pk, "tenant_id": require_tenant_id(),
+        })
 
 
 @transaction.atomic
@@ -547,17 +619,20 @@ def tool_call_finish(
     ``model_content``, when given, is what the model reads instead (the tool message), e.g.
     the result framed as untrusted data.
     """
-    recorded = ToolCall.objects.filter(pk=pk, finished_at__isnull=True).update(
-        status=status, result=content if status == ToolCallStatus.SUCCEEDED else "", result_data=_jsonable(data),
-        error=error, finished_at=timezone.now(), duration_ms=duration_ms,
-    )
+    result_data = _jsonable(data)
+    with connection.cursor() as cursor:
+        cursor.execute(_TOOL_CALL_FINISH_SQL, {
+            "status": status, "result": content if status == ToolCallStatus.SUCCEEDED else "",
+            "result_data": None if result_data is None else json.dumps(result_data), "error": error,
+            "now": timezone.now(), "duration_ms": duration_ms, "pk": pk, "tenant_id": require_tenant_id(),
+        })
+        recorded = cursor.rowcount
     if not recorded:  # another attempt recorded it first (the row lock decides)
         return False
     if call_id is None or name is None:
         call_id, name = ToolCall.objects.filter(pk=pk).values_list("call_id", "name").get()
-    Message.objects.create(
-        tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
-        position=_next_position(spec.session_id), role=MessageRole.TOOL,
+    _message_insert(
+        spec=spec, role=MessageRole.TOOL,
         content=(model_content if model_content is not None else content) if status == ToolCallStatus.SUCCEEDED
         else f"Error: {error}",
         tool_call_id=call_id, name=name,
@@ -590,17 +665,50 @@ def _usage_increments(record: AttemptRecord) -> dict[str, Any]:
     }
 
 
+_LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "attempt", "route_entry_id", "entry_index", "provider_name", "model",
+                     "status", "error_class", "error", "latency_ms", "first_token_ms", "prompt_tokens",
+                     "completion_tokens", "usage_estimated", "cost_usd_micros", "retry_wait_ms", "created_at")
+"""Every column of an LLMCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
+
+_LLM_CALL_INSERT_SQL = "INSERT INTO \"{}\" ({}) VALUES ({})".format(
+    LLMCall._meta.db_table, ", ".join(f'"{c}"' for c in _LLM_CALL_COLUMNS), ", ".join(f"%({c})s" for c in _LLM_CALL_COLUMNS),
+)
+
+
 def _llm_call_insert(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+    """One LLMCall row for ``record`` (a plain INSERT: it is written at every model turn)."""
     entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
-    LLMCall.objects.create(
-        tenant_id=spec.tenant_id, run_id=spec.run_id, turn=turn, attempt=record.attempt,
-        route_entry_id=entry_id, entry_index=record.entry_index, provider_name=record.provider_name,
-        model=record.model, status=record.status, error_class=record.error_class or "",
-        error=record.error[:5000], latency_ms=max(0, record.latency_ms),
-        first_token_ms=record.first_token_ms, prompt_tokens=record.prompt_tokens,
-        completion_tokens=record.completion_tokens, usage_estimated=record.usage_estimated,
-        cost_usd_micros=record.cost_usd_micros, retry_wait_ms=record.retry_wait_ms,
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_LLM_CALL_INSERT_SQL, {
+            "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "attempt": record.attempt,
+            "route_entry_id": entry_id, "entry_index": record.entry_index, "provider_name": record.provider_name,
+            "model": record.model, "status": record.status, "error_class": record.error_class or "",
+            "error": record.error[:5000], "latency_ms": max(0, record.latency_ms),
+            "first_token_ms": record.first_token_ms, "prompt_tokens": record.prompt_tokens,
+            "completion_tokens": record.completion_tokens, "usage_estimated": record.usage_estimated,
+            "cost_usd_micros": record.cost_usd_micros, "retry_wait_ms": record.retry_wait_ms,
+            "created_at": timezone.now(),
+        })
+
+
+_RUN_COUNT_TURN_SQL = (
+    f'UPDATE "{Run._meta.db_table}" SET "loop_count" = %(loop_count)s, '
+    '"prompt_tokens" = "prompt_tokens" + %(prompt_tokens)s, '
+    '"completion_tokens" = "completion_tokens" + %(completion_tokens)s, '
+    '"cost_usd_micros" = "cost_usd_micros" + %(cost_usd_micros)s '
+    'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
+)
+
+
+def _run_count_turn(*, spec: RunSpec, loop_count: int, record: AttemptRecord | None) -> None:
+    """Set the run's ``loop_count`` and add ``record``'s tokens and cost to its totals."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RUN_COUNT_TURN_SQL, {
+            "loop_count": loop_count, "run_id": spec.run_id, "tenant_id": require_tenant_id(),
+            "prompt_tokens": record.prompt_tokens if record else 0,
+            "completion_tokens": record.completion_tokens if record else 0,
+            "cost_usd_micros": record.cost_usd_micros if record else 0,
+        })
 
 
 @dataclass(frozen=True, slots=True)

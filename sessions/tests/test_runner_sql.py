@@ -1,0 +1,97 @@
+"""The runner's hand-written SQL (sessions/runner/_db.py) against the models it writes.
+
+The hot writes (a message per turn and per tool result, an LLM call per turn, tool call
+updates) and the history read are plain SQL for their CPU cost. These tests fail when a
+model gains a column those INSERTs do not write, and check the rows they write through the
+ORM, tenant scope included.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from llm.router import AttemptRecord
+from llm.types import ChatMessage, ToolCallRequest
+from sessions.models import LLMCall, Message, Run, ToolCall
+from sessions.runner import _db
+from sessions.tests.conftest import post_message_sync
+from tenants.scoping import tenant_scope
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+
+
+def _columns(model) -> set[str]:
+    return {f.column for f in model._meta.concrete_fields} - {"id"}
+
+
+def test_the_inserts_write_every_column_of_their_models() -> None:
+    assert set(_db._MESSAGE_COLUMNS) == _columns(Message)
+    assert set(_db._LLM_CALL_COLUMNS) == _columns(LLMCall)
+
+
+def _claimed(world, fake_llm_url: str):
+    from agents.tests.factories import agent_with_route
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm_url])
+    run = post_message_sync(agent=agent, user=world.member, content="hi")
+    with tenant_scope(world.tenant.pk):
+        return _db.run_claim(run.pk)
+
+
+def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, fake_llm) -> None:
+    spec = _claimed(world, fake_llm.base_url)
+    record = AttemptRecord(
+        entry_index=0, attempt=1, provider_name="local", model="m", status="succeeded", error_class=None, error="",
+        latency_ms=12, first_token_ms=3, prompt_tokens=7, completion_tokens=5, usage_estimated=False,
+        cost_usd_micros=9, retry_wait_ms=0,
+    )
+    message = ChatMessage(role="assistant", content="Let me look.", tool_calls=(
+        ToolCallRequest(id="c1", name="echo", arguments='{"text": "ä"}'),
+        ToolCallRequest(id="c2", name="echo", arguments="not json"),
+    ))
+    with tenant_scope(world.tenant.pk):
+        calls = _db.assistant_message_save(spec=spec, turn=0, message=message, reasoning="thinking", llm_call=record)
+        _db.tool_call_start(pk=calls[0]["pk"])
+        assert _db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="succeeded", content="ä", data={"n": 1},
+                                    error="", duration_ms=4, call_id="c1", name="echo")
+        assert not _db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="failed", content="", data=None,
+                                        error="late", duration_ms=1, call_id="c1", name="echo"), "recorded once"
+        assert _db.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="failed", content="", data=None,
+                                    error="bad arguments", duration_ms=1)
+        history = _db.history_load(spec.run_id, session_id=spec.session_id, subrun=False)
+
+    rows = list(Message.all_tenants.filter(run_id=spec.run_id).order_by("position"))
+    assert [(m.role, m.content, m.tenant_id) for m in rows] == [
+        ("user", "hi", world.tenant.pk), ("assistant", "Let me look.", world.tenant.pk),
+        ("tool", "ä", world.tenant.pk), ("tool", "Error: bad arguments", world.tenant.pk),
+    ]
+    assert [m.position for m in rows] == sorted({m.position for m in rows}), "positions are distinct and ordered"
+    assert rows[1].tool_calls == [{"id": "c1", "name": "echo", "arguments": '{"text": "ä"}'},
+                                  {"id": "c2", "name": "echo", "arguments": "not json"}]
+    assert rows[1].reasoning == "thinking" and rows[2].tool_call_id == "c1" and rows[2].name == "echo"
+    assert rows[3].tool_call_id == "c2" and rows[3].name == "echo"
+
+    first, second = ToolCall.all_tenants.filter(run_id=spec.run_id).order_by("id")
+    assert (first.status, first.result, first.result_data, first.duration_ms) == ("succeeded", "ä", {"n": 1}, 4)
+    assert first.started_at is not None and first.finished_at is not None
+    assert (second.status, second.result_data, second.error) == ("failed", None, "bad arguments")
+
+    llm_call = LLMCall.all_tenants.get(run_id=spec.run_id)
+    assert (llm_call.tenant_id, llm_call.turn, llm_call.prompt_tokens, llm_call.first_token_ms, llm_call.cost_usd_micros) == (
+        world.tenant.pk, 0, 7, 3, 9)
+    run = Run.all_tenants.get(pk=spec.run_id)
+    assert (run.loop_count, run.prompt_tokens, run.completion_tokens, run.cost_usd_micros) == (1, 7, 5, 9)
+
+    assert [(m.role, m.content) for m in history.messages] == [
+        ("user", "hi"), ("assistant", "Let me look."), ("tool", "ä"), ("tool", "Error: bad arguments")]
+    assert history.messages[1].tool_calls[1] == ToolCallRequest(id="c2", name="echo", arguments="not json")
+
+
+def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fake_llm) -> None:
+    spec = _claimed(world, fake_llm.base_url)
+    message = ChatMessage(role="assistant", content="x")
+    with tenant_scope(other_world.tenant.pk):
+        with pytest.raises(Exception, match="not found"):
+            _db.assistant_message_save(spec=spec, turn=0, message=message)
+        assert _db.history_load(spec.run_id, session_id=spec.session_id, subrun=False).messages == []
+    assert Message.all_tenants.filter(run_id=spec.run_id).count() == 1  # the user's message only
