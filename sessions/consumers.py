@@ -95,6 +95,16 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Live events go straight to :meth:`session_event`: they never touch the database, so
+        they skip the ``aclose_old_connections()`` Channels runs before every handler (a hop to
+        its sync thread per event per socket, about a third of the web process's CPU with 200
+        runs streaming; bench/README.md). Everything else goes through Channels' dispatch."""
+        if message.get("type") == "session.event":
+            await self.session_event(message)
+        else:
+            await super().dispatch(message)
+
     async def session_event(self, message: dict[str, Any]) -> None:
         """A live event: ``{"seq", "body"}`` (body: the frame's JSON text without ``seq``, see
         :mod:`sessions.events`), or ``{"frame": {…}}``. Sent as text without decoding the body."""

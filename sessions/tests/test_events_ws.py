@@ -175,3 +175,31 @@ async def test_a_refused_origin_leaves_nothing_on_the_channel_layer(world, fake_
     finally:
         layer.new_channel = original
     assert len(created) == 1, "only the allowed socket's consumer took a channel"
+
+
+async def test_live_events_do_not_hop_to_the_database_thread(world, fake_llm, monkeypatch):
+    """Channels runs aclose_old_connections() (a sync-thread hop) before every handler; live
+    events never touch the database and skip it, the socket's other messages do not."""
+    from channels import consumer as channels_consumer
+
+    from sessions.events import event_publish
+
+    hops: list[int] = []
+    original = channels_consumer.aclose_old_connections
+
+    async def counting():
+        hops.append(1)
+        await original()
+
+    monkeypatch.setattr(channels_consumer, "aclose_old_connections", counting)
+    session = await make_session(world, fake_llm.base_url)
+    comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={world.member_token}")
+    assert (await comm.connect())[0]
+    assert hops == [1], "websocket.connect went through Channels' dispatch"
+    frames = [await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [i]})
+              for i in range(5)]
+    assert [await comm.receive_json_from(timeout=5) for _ in frames] == frames
+    await comm.send_json_to({"type": "ping"})
+    assert await comm.receive_json_from(timeout=5) == {"type": "pong"}
+    assert hops == [1, 1], "only websocket.receive added one"
+    await comm.disconnect()
