@@ -227,31 +227,41 @@ def async_redis() -> aioredis.Redis:
 
 PIPELINE_MAX_EVENTS = 256
 """Most publishes one pipelined round trip carries (:class:`_Publisher`)."""
+PUBLISH_WRITERS = 4
+"""Round trips one event loop's publisher keeps in flight at once (:class:`_Publisher`)."""
 
 
 class _Publisher:
-    """An event loop's publishes, sent in order through one Redis pipeline at a time.
+    """An event loop's publishes, sent through pipelined round trips, a few at a time.
 
-    A publish that finds no round trip in flight goes at once (one ``EVAL``); publishes made
-    while one is in flight go together in the next (up to :data:`PIPELINE_MAX_EVENTS`). A
-    worker hosting hundreds of runs thereby pays the client's per-command work (pool checkout,
-    timeout, retry wrapper) once per batch instead of once per event: that was two thirds of a
-    publish's CPU at 200 streaming runs (bench/README.md). Commands of one pipeline run in
-    order, so a session's events get their ``seq`` in the order they were published on this
-    loop. No task is left behind: the writer ends when nothing waits.
+    A publish that finds a writer free goes at once (one ``EVAL``); publishes made while all
+    ``writers`` have a round trip in flight go together in the next one (up to
+    :data:`PIPELINE_MAX_EVENTS`). A worker hosting hundreds of runs thereby pays the client's
+    per-command work (pool checkout, timeout, retry wrapper) once per batch instead of once
+    per event: that was two thirds of a publish's CPU at 200 streaming runs. With one writer,
+    a busy loop made every publish wait for the previous batch's reply; four halved the median
+    token latency at 200 runs (bench/README.md).
+
+    Order: a publish awaited before another is made gets the lower ``seq``; publishes made
+    concurrently (parallel tool calls) may take theirs in any order, as they could before
+    (the consumer fills such gaps from the stream). No task is left behind: a writer ends
+    when nothing waits.
     """
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, writers: int = 1) -> None:
         self._client = client
         self._waiting: list[tuple[tuple[Any, ...], asyncio.Future[int]]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._writers: set[asyncio.Task[None]] = set()
+        self._max_writers = writers
 
     def publish(self, script_args: tuple[Any, ...]) -> "asyncio.Future[int]":
         """Queue one run of :data:`_PUBLISH_LUA`; the future gets its ``seq`` (or its error)."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiting.append((script_args, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.ensure_future(self._write())
+        if len(self._writers) < self._max_writers:
+            writer = asyncio.ensure_future(self._write())
+            self._writers.add(writer)
+            writer.add_done_callback(self._writers.discard)
         return future
 
     async def _write(self) -> None:
@@ -289,7 +299,7 @@ def _publisher() -> _Publisher:
     loop = asyncio.get_running_loop()
     publisher = _publishers.get(loop)
     if publisher is None:
-        publisher = _publishers[loop] = _Publisher(async_redis())
+        publisher = _publishers[loop] = _Publisher(async_redis(), PUBLISH_WRITERS)
     return publisher
 
 
