@@ -300,8 +300,13 @@ async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, par
     return response
 
 
-async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[Any]:
-    """The JSON payloads of a chat-completions SSE stream, parsed, until ``[DONE]``.
+async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[list[Any]]:
+    """The JSON payloads of a chat-completions SSE stream, parsed, until ``[DONE]``: a list
+    per read from the connection (every event it completed; never empty).
+
+    One list per read rather than one payload at a time: when the loop is busy, a stream's
+    reads carry several events, and the layers above then pay their per-step cost once for
+    all of them (bench/README.md, "streams running together").
 
     Server-sent events as the SDK's decoder reads them: ``data:`` lines of one event are
     joined with newlines; ``event:``/``id:``/``retry:`` fields and ``:`` comments are
@@ -330,6 +335,7 @@ async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[Any]:
                 buffer += chunk
                 lines = buffer.split(b"\n")
                 buffer = lines.pop()
+            ready: list[Any] = []
             for line in lines:
                 if line.endswith(b"\r"):
                     line = line[:-1]
@@ -341,17 +347,28 @@ async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[Any]:
                 text = b"\n".join(data).decode()
                 data = []
                 if text.startswith("[DONE]"):
+                    if ready:
+                        yield ready
                     await _drain(chunks)
                     return
-                payload = json.loads(text)
+                try:
+                    payload = json.loads(text)
+                except ValueError:
+                    if ready:  # what came before the bad event is delivered first, as it arrived
+                        yield ready
+                    raise
                 if isinstance(payload, dict) and payload.get("error"):
+                    if ready:
+                        yield ready
                     error = payload["error"]
                     message = error.get("message") if isinstance(error, dict) else None
                     raise openai.APIError(
                         message=message if isinstance(message, str) and message else "An error occurred during streaming",
                         request=response.request, body=error,
                     )
-                yield payload
+                ready.append(payload)
+            if ready:
+                yield ready
             if chunk is None:
                 return
     finally:
@@ -372,8 +389,8 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
         pass
 
 
-async def _next_payload(payloads: AsyncIterator[Any], timeout_seconds: float) -> Any | None:
-    """The next parsed chunk, or None at the end of the stream.
+async def _next_payloads(payloads: AsyncIterator[list[Any]], timeout_seconds: float) -> list[Any] | None:
+    """The next parsed chunks (one read's), or None at the end of the stream.
 
     Args:
         payloads: :func:`_sse_payloads` of the response.
@@ -504,43 +521,57 @@ async def _stream(
 
     try:
         while True:
-            chunk = await _next_payload(payloads, entry.read_timeout_seconds)
-            if chunk is None:
+            chunks = await _next_payloads(payloads, entry.read_timeout_seconds)
+            if chunks is None:
                 break
-            if not isinstance(chunk, dict):
-                raise ModelCallError("other", f"unexpected stream chunk: {str(chunk)[:200]}")
-            chunk_usage = chunk.get("usage")
-            if chunk_usage is not None:
-                usage = chunk_usage
-            for choice in chunk.get("choices") or ():
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                    continue
-                if choice.get("finish_reason"):
-                    finish_reason = choice["finish_reason"]
-                delta = choice.get("delta")
-                if not isinstance(delta, dict):
-                    continue
-                reasoning = _reasoning_text(delta)
-                content = delta.get("content")
-                if not isinstance(content, str):
-                    content = None
-                tool_fragments = delta.get("tool_calls")
-                if not started and (reasoning or content or tool_fragments):
-                    started = True
-                    if on_first_token is not None:
-                        on_first_token()
-                if reasoning:
-                    reasoning_parts.append(reasoning)
-                    yield ReasoningDelta(reasoning)
-                if content:
-                    if holdback is not None:
-                        content = holdback.feed(content)
+            # Text and reasoning of one read are yielded as one delta per run of the same kind.
+            pending: list[str] = []
+            pending_kind: type[TextDelta] | type[ReasoningDelta] | None = None
+            for chunk in chunks:
+                if not isinstance(chunk, dict):
+                    raise ModelCallError("other", f"unexpected stream chunk: {str(chunk)[:200]}")
+                chunk_usage = chunk.get("usage")
+                if chunk_usage is not None:
+                    usage = chunk_usage
+                for choice in chunk.get("choices") or ():
+                    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                        continue
+                    if choice.get("finish_reason"):
+                        finish_reason = choice["finish_reason"]
+                    delta = choice.get("delta")
+                    if not isinstance(delta, dict):
+                        continue
+                    reasoning = _reasoning_text(delta)
+                    content = delta.get("content")
+                    if not isinstance(content, str):
+                        content = None
+                    tool_fragments = delta.get("tool_calls")
+                    if not started and (reasoning or content or tool_fragments):
+                        started = True
+                        if on_first_token is not None:
+                            on_first_token()
+                    if reasoning:
+                        reasoning_parts.append(reasoning)
+                        if pending_kind is not ReasoningDelta and pending:
+                            yield pending_kind("".join(pending))  # type: ignore[misc]
+                            pending = []
+                        pending_kind = ReasoningDelta
+                        pending.append(reasoning)
                     if content:
-                        text_parts.append(content)
-                        yield TextDelta(content)
-                if tool_fragments and isinstance(tool_fragments, list):
-                    for fragment in tool_fragments:
-                        assembler.add(fragment)
+                        if holdback is not None:
+                            content = holdback.feed(content)
+                        if content:
+                            text_parts.append(content)
+                            if pending_kind is not TextDelta and pending:
+                                yield pending_kind("".join(pending))  # type: ignore[misc]
+                                pending = []
+                            pending_kind = TextDelta
+                            pending.append(content)
+                    if tool_fragments and isinstance(tool_fragments, list):
+                        for fragment in tool_fragments:
+                            assembler.add(fragment)
+            if pending:
+                yield pending_kind("".join(pending))  # type: ignore[misc]
     finally:
         await payloads.aclose()  # closes the response (its connection goes back to the pool or is closed)
         await response.aclose()  # in case the parser never started

@@ -111,13 +111,14 @@ def text_of(events: Sequence[StreamEvent]) -> str:
 
 
 async def test_plain_answer_streams_in_several_deltas(server_a: FakeLLMServer) -> None:
-    server_a.script(Reply("It is ten past ten in Tokyo.", chunk_size=5))
+    # 20 ms apart: separate reads, so separate deltas (events of one read make one delta).
+    server_a.script(Reply("It is ten past ten in Tokyo.", chunk_size=5, chunk_interval_seconds=0.02))
     recorder = Recorder()
 
     events = await collect(Router([entry(0, server_a.base_url)], record=recorder))
 
     deltas = [e for e in events if isinstance(e, TextDelta)]
-    assert len(deltas) == 6
+    assert len(deltas) >= 3
     assert text_of(events) == "It is ten past ten in Tokyo."
     completion = events[-1]
     assert isinstance(completion, Completion)
@@ -1163,3 +1164,37 @@ async def test_compact_first_raises_on_a_context_window_rejection_instead_of_fal
 async def _drain(stream):
     async for _ in stream:
         pass
+
+
+async def test_the_events_of_one_read_become_one_list_and_one_delta(monkeypatch) -> None:
+    """A busy loop reads several SSE events at once; they come up as one list, in order, an
+    event split across reads included (the adapter then yields one delta per run of text)."""
+    import httpx2
+
+    from llm.providers.openai_compat import _sse_payloads
+
+    def event(text: str) -> bytes:
+        return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode() + b"\n\n"
+
+    class Stream(httpx2.AsyncByteStream):
+        def __init__(self, reads: list[bytes]) -> None:
+            self.reads = reads
+
+        async def __aiter__(self):
+            for read in self.reads:
+                yield read
+
+    reads = [event("a") + event("b") + event("c")[:10], event("c")[10:] + event("d"), b"data: [DONE]\n\n"]
+    response = httpx2.Response(200, stream=Stream(reads), request=httpx2.Request("POST", "http://x/v1"))
+    lists = [[p["choices"][0]["delta"]["content"] for p in payloads] async for payloads in _sse_payloads(response)]
+    assert lists == [["a", "b"], ["c", "d"]]
+
+    async def open_stub(client, http, params):
+        return httpx2.Response(200, stream=Stream(reads), request=httpx2.Request("POST", "http://x/v1"))
+
+    monkeypatch.setattr(openai_compat, "_open_stream", open_stub)
+    first_tokens: list[int] = []
+    config = entry(0, "http://127.0.0.1:9/v1")
+    events = [e async for e in openai_compat._stream(config, None, {}, [], [], False, lambda: first_tokens.append(1))]
+    assert [e.text for e in events[:-1]] == ["ab", "cd"] and first_tokens == [1]
+    assert isinstance(events[-1], Completion) and events[-1].message.content == "abcd"

@@ -57,3 +57,4 @@ async def test_a_stalled_stream_is_a_timeout(server_a: FakeLLMServer, transport:
     with pytest.raises(StreamInterrupted) as caught:
         await collect(Router([entry(0, server_a.base_url, read_timeout_seconds=0.5)]))
     assert caught.value.error_class == "timeout"
+
