@@ -106,8 +106,12 @@ class RunNotClaimable(Exception):
 
 
 def run_tenant_id(run_id: int) -> int | None:
+    """The tenant of the run (None: no such run)."""
     # tenant-bypass: the run row decides the tenant the rest of the run is scoped to.
-    return Run.all_tenants.filter(pk=run_id).values_list("tenant_id", flat=True).first()
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT "tenant_id" FROM "{Run._meta.db_table}" WHERE "id" = %s', [run_id])
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 def run_claim(run_id: int) -> RunSpec:
@@ -190,9 +194,13 @@ def run_heartbeat(run_id: int, attempt: int) -> bool:
         False if the run is no longer ``running`` under this attempt (it ended, paused, or
         another worker took it over after this one's heartbeat went stale).
     """
-    return bool(
-        Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempt=attempt).update(heartbeat_at=timezone.now())
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "{Run._meta.db_table}" SET "heartbeat_at" = %s '
+            'WHERE "id" = %s AND "tenant_id" = %s AND "status" = %s AND "attempt" = %s',
+            [timezone.now(), run_id, require_tenant_id(), RunStatus.RUNNING.value, attempt],
+        )
+        return cursor.rowcount == 1
 
 
 def _spec(run: Run) -> RunSpec:
@@ -964,9 +972,15 @@ def steer_absorb(run_id: int) -> list[int]:
 
 
 def session_has_artifacts(session_id: int) -> bool:
+    """Whether any artifact belongs to the session (the runner then offers ``read_artifact``)."""
     from sessions.models import Artifact
 
-    return Artifact.objects.filter(session_id=session_id).exists()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT EXISTS (SELECT 1 FROM "{Artifact._meta.db_table}" WHERE "session_id" = %s AND "tenant_id" = %s)',
+            [session_id, require_tenant_id()],
+        )
+        return cursor.fetchone()[0]
 
 
 # --- sub-runs (skills) -------------------------------------------------------------------------
