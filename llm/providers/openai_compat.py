@@ -29,6 +29,7 @@ every adapter alike.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import ssl
 import weakref
@@ -524,9 +525,7 @@ async def _stream(
             chunks = await _next_payloads(payloads, entry.read_timeout_seconds)
             if chunks is None:
                 break
-            # Text and reasoning of one read are yielded as one delta per run of the same kind.
-            pending: list[str] = []
-            pending_kind: type[TextDelta] | type[ReasoningDelta] | None = None
+            pieces: list[tuple[type[TextDelta] | type[ReasoningDelta], str]] = []  # this read's, in order
             for chunk in chunks:
                 if not isinstance(chunk, dict):
                     raise ModelCallError("other", f"unexpected stream chunk: {str(chunk)[:200]}")
@@ -552,26 +551,19 @@ async def _stream(
                             on_first_token()
                     if reasoning:
                         reasoning_parts.append(reasoning)
-                        if pending_kind is not ReasoningDelta and pending:
-                            yield pending_kind("".join(pending))  # type: ignore[misc]
-                            pending = []
-                        pending_kind = ReasoningDelta
-                        pending.append(reasoning)
+                        pieces.append((ReasoningDelta, reasoning))
                     if content:
                         if holdback is not None:
                             content = holdback.feed(content)
                         if content:
                             text_parts.append(content)
-                            if pending_kind is not TextDelta and pending:
-                                yield pending_kind("".join(pending))  # type: ignore[misc]
-                                pending = []
-                            pending_kind = TextDelta
-                            pending.append(content)
+                            pieces.append((TextDelta, content))
                     if tool_fragments and isinstance(tool_fragments, list):
                         for fragment in tool_fragments:
                             assembler.add(fragment)
-            if pending:
-                yield pending_kind("".join(pending))  # type: ignore[misc]
+            # One delta per run of the same kind in this read.
+            for kind, run in itertools.groupby(pieces, key=lambda piece: piece[0]):
+                yield kind("".join(text for _, text in run))
     finally:
         await payloads.aclose()  # closes the response (its connection goes back to the pool or is closed)
         await response.aclose()  # in case the parser never started
