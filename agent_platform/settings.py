@@ -213,6 +213,11 @@ RUN_HOST_LOOP = os.environ.get("RUN_HOST_LOOP", "asyncio")
 if RUN_HOST_LOOP not in {"uvloop", "asyncio"}:
     raise ImproperlyConfigured('RUN_HOST_LOOP must be "uvloop" or "asyncio"')
 RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS", "1"))
+# The worker's garbage-collector thresholds (gc.set_threshold: generation 0, 1, 2), set with
+# gc.freeze() when the run host starts (sessions/runner/host.py).
+RUN_HOST_GC_THRESHOLDS = tuple(int(n) for n in os.environ.get("RUN_HOST_GC_THRESHOLDS", "50000,20,100").split(","))
+if len(RUN_HOST_GC_THRESHOLDS) != 3 or min(RUN_HOST_GC_THRESHOLDS) < 1:
+    raise ImproperlyConfigured("RUN_HOST_GC_THRESHOLDS must be three positive integers, e.g. 50000,20,100")
 # Threads that run the runner's database calls in a worker process (sessions/runner/_db.py).
 # Their ORM work holds the GIL the run host's loop needs for streamed tokens; with a database
 # on the same host, more than a couple add contention, not throughput (bench/README.md).

@@ -88,3 +88,23 @@ def test_database_calls_run_on_their_own_bounded_threads(settings):
     asyncio.run(main())
     assert state["most"] == 3
     _db.db_executor_shutdown()
+
+
+def test_tuning_freezes_the_heap_and_sets_the_collector_thresholds(settings):
+    import gc
+    import sys
+
+    from sessions.runner.host import tune_interpreter_for_runs
+
+    before = (gc.get_threshold(), sys.getswitchinterval())
+    settings.RUN_HOST_GC_THRESHOLDS = (12_345, 7, 9)
+    settings.RUN_HOST_SWITCH_INTERVAL_MS = 2
+    try:
+        tune_interpreter_for_runs()
+        assert gc.get_threshold() == (12_345, 7, 9)
+        assert sys.getswitchinterval() == 0.002
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before[0])
+        sys.setswitchinterval(before[1])
