@@ -486,17 +486,20 @@ class _StreamedTextBatcher:
         self._inflight.add_done_callback(self._sent)
 
     async def _send(self, groups: list[tuple[str, list[str]]]) -> None:
-        for event_type, pieces in groups:
-            await self._publish(event_type, {"text": "".join(pieces)})
+        while True:
+            for event_type, pieces in groups:
+                await self._publish(event_type, {"text": "".join(pieces)})
+            if not self._groups:
+                return
+            # Text that came while this publish was in flight goes at once, from this task: a
+            # new task would cost a busy loop two more iterations (its done callback, its start).
+            self._stop_timer()
+            groups, self._groups, self._size = self._groups, [], 0
+            self._last_publish_at = self._loop.time()
 
     def _sent(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        if task.exception() is not None:
+        if not task.cancelled() and task.exception() is not None:
             self._error = task.exception()
-            return
-        if self._groups:
-            self._flush()
 
     async def close(self) -> None:
         """Publish everything buffered and wait for it (raises a publish's error; a cancel
@@ -507,7 +510,7 @@ class _StreamedTextBatcher:
                 if self._error is not None:
                     raise self._error
                 if self._inflight is not None and not self._inflight.done():
-                    # When it ends, its callback may already have started the next publish.
+                    # It sends what was buffered meanwhile before it ends.
                     await asyncio.wait({self._inflight})
                     continue
                 if not self._groups:
