@@ -74,3 +74,26 @@ async def test_close_returns_only_after_text_that_came_during_a_publish_is_out()
     batcher.add("content_token", "b")  # waits for it
     await batcher.close()
     assert published == ["a", "b"], "the run must not go on (and end) before its last text is out"
+
+
+async def test_text_that_came_during_a_publish_goes_when_it_returns_one_publish_at_a_time():
+    published: list[str] = []
+    state = {"in_flight": 0, "most": 0}
+
+    async def slow_publish(event_type: str, data: dict) -> None:
+        state["in_flight"] += 1
+        state["most"] = max(state["most"], state["in_flight"])
+        await asyncio.sleep(0.06)  # longer than the 25 ms interval
+        state["in_flight"] -= 1
+        published.append(data["text"])
+
+    batcher = _StreamedTextBatcher(slow_publish)
+    batcher.add("content_token", "a")  # out at once
+    await asyncio.sleep(0.01)
+    batcher.add("content_token", "b")  # both wait for "a"'s publish...
+    await asyncio.sleep(0.01)
+    batcher.add("content_token", "c")
+    await asyncio.sleep(0.3)  # ...and go together when it returns, without close()
+    assert published == ["a", "bc"] and state["most"] == 1
+    await batcher.close()
+    assert published == ["a", "bc"]
