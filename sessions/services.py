@@ -96,14 +96,6 @@ def run_end_unheld(*, run: Run, status: str, error: str, reason: str = "", event
         run_enqueue_on_commit(run_id=run_id)
 
 
-def session_has_earlier_active_run(*, run: Run) -> bool:
-    """Whether a run of the same session, created before ``run``, is still queued or running."""
-    return (
-        Run.objects.filter(session_id=run.session_id, status__in=ACTIVE_RUN_STATUSES, pk__lt=run.pk)
-        .exists()
-    )
-
-
 def next_queued_run_id(*, session_id: int) -> int | None:
     return (
         Run.objects.filter(session_id=session_id, status=RunStatus.QUEUED)

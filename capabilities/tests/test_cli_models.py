@@ -14,7 +14,7 @@ from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory
 from capabilities.cli.sandbox import bwrap_resolve
 from capabilities.models import CliCommand
-from sessions.runner._db import _spec
+from sessions.runner._db import ClaimedRun, _spec
 from sessions.models import ChatSession, Run
 from tenants.crypto import secret_decrypt_json, secret_encrypt_json
 from tenants.models import Tenant
@@ -112,7 +112,7 @@ def test_the_run_spec_carries_the_command_with_its_env_decrypted(world) -> None:
     run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="x",
                                  started_at=timezone.now())
     with tenant_scope(world.tenant.pk):
-        spec = _spec(Run.objects.select_related("session").get(pk=run.pk))
+        spec = _spec(ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
     [cli] = spec.cli_bindings
     assert cli.command.env == {"TOKEN": "t-1"}
     assert cli.command.argv_template == ("factor", "--", "{n}") and cli.command.parameters_schema == FACTOR_SCHEMA

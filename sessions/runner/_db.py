@@ -139,37 +139,97 @@ def run_claim(run_id: int) -> RunSpec:
     return _spec(_run_claim_row(run_id))
 
 
-@transaction.atomic
-def _run_claim_row(run_id: int) -> Run:
-    from sessions.services import session_has_earlier_active_run
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """The columns of a just-claimed run that :func:`_spec` needs."""
 
-    session_id = Run.objects.filter(pk=run_id).values_list("session_id", flat=True).first()
-    if session_id is None:
-        raise RunNotClaimable(f"run {run_id} not found")
-    ChatSession.objects.select_for_update().get(pk=session_id)  # serialises runs of a session
-    run = Run.objects.select_for_update().select_related("session").get(pk=run_id)  # a concurrent cancel wins
-    if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
-        raise RunNotClaimable(f"run {run_id} is {run.status}")
-    if run.status == RunStatus.RUNNING and run.heartbeat_at is not None and run.heartbeat_at > stale_before():
-        raise RunNotClaimable(f"run {run_id} is held by a live worker (heartbeat {run.heartbeat_at.isoformat()})")
-    if run.steered_into_id is not None:
-        raise RunNotClaimable(f"run {run_id} was handed to run {run.steered_into_id}")
-    if session_has_earlier_active_run(run=run):
-        raise RunNotClaimable(f"run {run_id} waits for an earlier run of its session")
-    if run.status == RunStatus.QUEUED:
-        # Last before the commit: the tenant's claims queue on this lock, so hold it briefly.
-        tenant = Tenant.objects.select_for_update().get(pk=run.tenant_id)
-        limit = tenant_run_limit(tenant)
-        working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
-        if working >= limit:
-            raise RunNotClaimable(f"run {run_id} waits: tenant {tenant.slug} has {working} of {limit} runs working")
-    now = timezone.now()
-    run.status = RunStatus.RUNNING
-    run.attempt += 1
-    run.started_at = run.started_at or now
-    run.heartbeat_at = now
-    run.save(update_fields=["status", "attempt", "started_at", "heartbeat_at"])
-    return run
+    pk: int
+    tenant_id: int
+    session_id: int
+    user_id: int
+    agent_id: int
+    attempt: int
+    loop_count: int
+    started_at: Any
+    paused_seconds: float
+
+    @classmethod
+    def of(cls, run: Run) -> "ClaimedRun":
+        """The same columns from a Run row (its session's agent included)."""
+        return cls(
+            pk=run.pk, tenant_id=run.tenant_id, session_id=run.session_id, user_id=run.user_id,
+            agent_id=run.session.agent_id, attempt=run.attempt, loop_count=run.loop_count,
+            started_at=run.started_at, paused_seconds=run.paused_seconds,
+        )
+
+
+_RUN, _SESSION, _TENANT = Run._meta.db_table, ChatSession._meta.db_table, Tenant._meta.db_table
+_CLAIM_SESSION_OF_RUN_SQL = f'SELECT "session_id" FROM "{_RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
+_CLAIM_LOCK_SESSION_SQL = (
+    f'SELECT "agent_id" FROM "{_SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
+)
+_CLAIM_LOCK_RUN_SQL = (
+    'SELECT "status", "heartbeat_at", "steered_into_id", "user_id", "loop_count", "paused_seconds" '
+    f'FROM "{_RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
+)
+_CLAIM_EARLIER_ACTIVE_SQL = (
+    f'SELECT EXISTS (SELECT 1 FROM "{_RUN}" WHERE "session_id" = %(session_id)s AND "tenant_id" = %(tenant_id)s '
+    'AND "id" < %(run_id)s AND "status" = ANY(%(active)s))'
+)
+_CLAIM_LOCK_TENANT_SQL = f'SELECT "slug", "max_concurrent_runs" FROM "{_TENANT}" WHERE "id" = %(tenant_id)s FOR UPDATE'
+_CLAIM_WORKING_SQL = (
+    f'SELECT COUNT(*) FROM "{_RUN}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(running)s '
+    'AND "heartbeat_at" > %(stale_before)s'
+)
+_CLAIM_UPDATE_SQL = (
+    f'UPDATE "{_RUN}" SET "status" = %(running)s, "attempt" = "attempt" + 1, '
+    '"started_at" = COALESCE("started_at", %(now)s), "heartbeat_at" = %(now)s '
+    'WHERE "id" = %(run_id)s RETURNING "attempt", "started_at"'
+)
+
+
+@transaction.atomic
+def _run_claim_row(run_id: int) -> ClaimedRun:
+    """The claim's transaction (see :func:`run_claim`): lock the session, then the run; check
+    it may start; last, for a queued run, lock the tenant and count its working runs; mark it
+    running. Plain SQL: the ORM's version was most of a claim's CPU (bench/README.md)."""
+    params: dict[str, Any] = {"run_id": run_id, "tenant_id": require_tenant_id()}
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SESSION_OF_RUN_SQL, params)
+        row = cursor.fetchone()
+        if row is None:
+            raise RunNotClaimable(f"run {run_id} not found")
+        params["session_id"] = row[0]
+        cursor.execute(_CLAIM_LOCK_SESSION_SQL, params)  # serialises runs of a session
+        (agent_id,) = cursor.fetchone()
+        cursor.execute(_CLAIM_LOCK_RUN_SQL, params)  # a concurrent cancel wins
+        status, heartbeat_at, steered_into_id, user_id, loop_count, paused_seconds = cursor.fetchone()
+        if status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+            raise RunNotClaimable(f"run {run_id} is {status}")
+        if status == RunStatus.RUNNING and heartbeat_at is not None and heartbeat_at > stale_before():
+            raise RunNotClaimable(f"run {run_id} is held by a live worker (heartbeat {heartbeat_at.isoformat()})")
+        if steered_into_id is not None:
+            raise RunNotClaimable(f"run {run_id} was handed to run {steered_into_id}")
+        cursor.execute(_CLAIM_EARLIER_ACTIVE_SQL, {**params, "active": [str(s) for s in ACTIVE_RUN_STATUSES]})
+        if cursor.fetchone()[0]:
+            raise RunNotClaimable(f"run {run_id} waits for an earlier run of its session")
+        params.update(running=RunStatus.RUNNING.value, now=timezone.now())
+        if status == RunStatus.QUEUED:
+            # Last before the commit: the tenant's claims queue on this lock, so hold it briefly.
+            cursor.execute(_CLAIM_LOCK_TENANT_SQL, params)
+            slug, max_concurrent_runs = cursor.fetchone()
+            limit = tenant_run_limit(max_concurrent_runs)
+            cursor.execute(_CLAIM_WORKING_SQL, {**params, "stale_before": stale_before()})
+            working = cursor.fetchone()[0]
+            if working >= limit:
+                raise RunNotClaimable(f"run {run_id} waits: tenant {slug} has {working} of {limit} runs working")
+        cursor.execute(_CLAIM_UPDATE_SQL, params)
+        attempt, started_at = cursor.fetchone()
+    return ClaimedRun(
+        pk=run_id, tenant_id=params["tenant_id"], session_id=params["session_id"], user_id=user_id,
+        agent_id=agent_id, attempt=attempt, loop_count=loop_count, started_at=started_at,
+        paused_seconds=paused_seconds,
+    )
 
 
 def stale_before() -> Any:
@@ -181,10 +241,12 @@ def stale_before() -> Any:
     return timezone.now() - timedelta(seconds=settings.RUN_STALE_SECONDS)
 
 
-def tenant_run_limit(tenant: Tenant) -> int:
+def tenant_run_limit(max_concurrent_runs: int | None) -> int:
+    """A tenant's limit on working runs: its own (``Tenant.max_concurrent_runs``), else
+    ``RUNS_PER_TENANT_DEFAULT``."""
     from django.conf import settings
 
-    return tenant.max_concurrent_runs if tenant.max_concurrent_runs is not None else settings.RUNS_PER_TENANT_DEFAULT
+    return max_concurrent_runs if max_concurrent_runs is not None else settings.RUNS_PER_TENANT_DEFAULT
 
 
 def run_heartbeat(run_id: int, attempt: int) -> bool:
@@ -203,8 +265,8 @@ def run_heartbeat(run_id: int, attempt: int) -> bool:
         return cursor.rowcount == 1
 
 
-def _spec(run: Run) -> RunSpec:
-    agent = AgentInstance.objects.select_related("route").get(pk=run.session.agent_id)
+def _spec(run: ClaimedRun) -> RunSpec:
+    agent = AgentInstance.objects.select_related("route").get(pk=run.agent_id)
     tenant = Tenant.objects.get(pk=run.tenant_id)
     entries = route_entries(route_id=agent.route_id)
     if not entries:
@@ -851,7 +913,7 @@ def tenant_waiting_run_ids(tenant_id: int) -> list[int]:
         return []  # the common case, in one query
     tenant = Tenant.objects.get(pk=tenant_id)
     working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
-    free = tenant_run_limit(tenant) - working
+    free = tenant_run_limit(tenant.max_concurrent_runs) - working
     if free <= 0:
         return []
     earlier_active = Run.objects.filter(

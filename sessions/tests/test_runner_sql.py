@@ -121,3 +121,18 @@ def test_run_finish_ends_the_run_its_open_calls_and_hands_on_the_next_queued_run
     assert run.finished_at is not None
     call = ToolCall.all_tenants.get(run_id=spec.run_id)
     assert call.status == "cancelled" and call.finished_at == run.finished_at
+
+
+def test_a_claim_in_another_tenants_scope_finds_no_run(world, other_world, fake_llm) -> None:
+    from agents.tests.factories import agent_with_route
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    run = post_message_sync(agent=agent, user=world.member, content="hi")
+    with tenant_scope(other_world.tenant.pk), pytest.raises(_db.RunNotClaimable, match="not found"):
+        _db.run_claim(run.pk)
+    assert Run.all_tenants.get(pk=run.pk).status == "queued"
+    with tenant_scope(world.tenant.pk):
+        spec = _db.run_claim(run.pk)
+    claimed = Run.all_tenants.get(pk=run.pk)
+    assert (claimed.status, claimed.attempt, spec.attempt, spec.agent_name) == ("running", 1, 1, agent.name)
+    assert claimed.started_at is not None and claimed.heartbeat_at == claimed.started_at
