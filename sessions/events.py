@@ -132,15 +132,10 @@ def _pubsub_group_channel(session_id: int) -> str | None:
     return f"{options.get('prefix', 'asgi')}__group__{group_name(session_id)}"
 
 
-def _script_fans_out() -> bool:
-    """Whether the publish script does the events layer's group send itself."""
-    return _pubsub_group_channel(0) is not None
-
-
-def _script_args(session_id: int, payload: str) -> tuple[Any, ...]:
-    """``numkeys, *keys, *args`` of :data:`_PUBLISH_LUA` for one event."""
+def _script_args(session_id: int, payload: str, group_channel: str | None) -> tuple[Any, ...]:
+    """``numkeys, *keys, *args`` of :data:`_PUBLISH_LUA` for one event (``group_channel``:
+    :func:`_pubsub_group_channel`'s, None for no fan-out in the script)."""
     keys = _keys(session_id)
-    group_channel = _pubsub_group_channel(session_id)
     if group_channel is None:
         return (3, *keys, keys[0], payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "0")
     return (3, *keys, group_channel, payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "1")
@@ -182,8 +177,9 @@ def event_publish_sync(*, session_id: int, run_id: int | None, type: str, data: 
     """Publish now, from synchronous code. Returns the frame (with its ``seq``)."""
     body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
     payload = json.dumps(body)  # fails here, at the source, if ``data`` is not JSON-serialisable
-    seq = int(_sync_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload)))
-    if not _script_fans_out():
+    group_channel = _pubsub_group_channel(session_id)
+    seq = int(_sync_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, group_channel)))
+    if group_channel is None:
         async_to_sync(events_layer().group_send)(group_name(session_id), _layer_message(seq, payload))
     return _frame(seq, body)
 
@@ -248,7 +244,7 @@ class _Publisher:
     when nothing waits.
     """
 
-    def __init__(self, client: aioredis.Redis, writers: int = 1) -> None:
+    def __init__(self, client: aioredis.Redis, writers: int = PUBLISH_WRITERS) -> None:
         self._client = client
         self._waiting: list[tuple[tuple[Any, ...], asyncio.Future[int]]] = []
         self._writers: set[asyncio.Task[None]] = set()
@@ -299,7 +295,7 @@ def _publisher() -> _Publisher:
     loop = asyncio.get_running_loop()
     publisher = _publishers.get(loop)
     if publisher is None:
-        publisher = _publishers[loop] = _Publisher(async_redis(), PUBLISH_WRITERS)
+        publisher = _publishers[loop] = _Publisher(async_redis())
     return publisher
 
 
@@ -312,8 +308,9 @@ async def event_publish(*, session_id: int, run_id: int | None, type: str, data:
     """
     body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
     payload = json.dumps(body)
-    seq = await _publisher().publish(_script_args(session_id, payload))
-    if not _script_fans_out():
+    group_channel = _pubsub_group_channel(session_id)
+    seq = await _publisher().publish(_script_args(session_id, payload, group_channel))
+    if group_channel is None:
         await events_layer().group_send(group_name(session_id), _layer_message(seq, payload))
     return _frame(seq, body)
 

@@ -549,25 +549,6 @@ def _results_in_call_order(messages: list[ChatMessage]) -> list[ChatMessage]:
     return out
 
 
-def _next_position(session_id: int) -> int:
-    """Take the session's next message position (row-locked until the transaction ends).
-
-    One ``UPDATE … RETURNING`` (Django's ``update()`` returns no values): the runner takes a
-    position for every message it writes.
-    """
-    table = ChatSession._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f'UPDATE "{table}" SET "next_position" = "next_position" + 1, "updated_at" = %s '
-            f'WHERE "id" = %s AND "tenant_id" = %s RETURNING "next_position" - 1',
-            [timezone.now(), session_id, require_tenant_id()],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        raise ChatSession.DoesNotExist(f"session {session_id} not found")
-    return row[0]
-
-
 _MESSAGE_COLUMNS = ("tenant_id", "session_id", "run_id", "position", "role", "content", "reasoning", "tool_calls",
                     "tool_call_id", "name", "created_at")
 """Every column of a Message row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
@@ -587,10 +568,11 @@ RETURNING "id"
 
 
 def _message_insert(
-    *, spec: RunSpec, role: str, content: str, reasoning: str = "", tool_calls: list[dict[str, Any]] | None = None,
-    tool_call_id: str = "", name: str = "",
+    *, session_id: int, run_id: int, role: str, content: str, reasoning: str = "",
+    tool_calls: list[dict[str, Any]] | None = None, tool_call_id: str = "", name: str = "",
 ) -> int:
-    """Insert one message of the run at the session's next position; returns its id.
+    """Insert one message of run ``run_id`` at the session's next position (row-locked until
+    the transaction ends); returns its id.
 
     One statement: the position's ``UPDATE … RETURNING`` and the ``INSERT`` in one CTE (the
     runner writes a message at every turn and every tool result; the ORM's model
@@ -601,13 +583,13 @@ def _message_insert(
     """
     with connection.cursor() as cursor:
         cursor.execute(_MESSAGE_INSERT_SQL, {
-            "now": timezone.now(), "session_id": spec.session_id, "tenant_id": require_tenant_id(),
-            "run_id": spec.run_id, "role": role, "content": content, "reasoning": reasoning,
+            "now": timezone.now(), "session_id": session_id, "tenant_id": require_tenant_id(),
+            "run_id": run_id, "role": role, "content": content, "reasoning": reasoning,
             "tool_calls": json.dumps(tool_calls or []), "tool_call_id": tool_call_id, "name": name,
         })
         row = cursor.fetchone()
     if row is None:
-        raise ChatSession.DoesNotExist(f"session {spec.session_id} not found")
+        raise ChatSession.DoesNotExist(f"session {session_id} not found")
     return row[0]
 
 
@@ -623,12 +605,12 @@ def assistant_message_save(
         ``[{pk, call_id, name, arguments_raw}]`` for the tool calls, in the model's order.
     """
     _message_insert(
-        spec=spec, role=MessageRole.ASSISTANT, content=message.content, reasoning=reasoning,
+        session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content, reasoning=reasoning,
         tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
     )
     if llm_call is not None:
         _llm_call_insert(spec=spec, turn=turn, record=llm_call)
-    _run_count_turn(spec=spec, loop_count=turn + 1, record=llm_call)
+    _run_add_usage(spec=spec, record=llm_call, loop_count=turn + 1)
     rows = []
     for c in message.tool_calls:
         try:
@@ -702,7 +684,7 @@ def tool_call_finish(
     if call_id is None or name is None:
         call_id, name = ToolCall.objects.filter(pk=pk).values_list("call_id", "name").get()
     _message_insert(
-        spec=spec, role=MessageRole.TOOL,
+        session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.TOOL,
         content=(model_content if model_content is not None else content) if status == ToolCallStatus.SUCCEEDED
         else f"Error: {error}",
         tool_call_id=call_id, name=name,
@@ -723,16 +705,8 @@ def _jsonable(data: Any) -> Any:
 @transaction.atomic
 def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
     """Write the LLMCall row and add its tokens and cost to the run's totals."""
-    Run.objects.filter(pk=spec.run_id).update(**_usage_increments(record))
+    _run_add_usage(spec=spec, record=record)
     _llm_call_insert(spec=spec, turn=turn, record=record)
-
-
-def _usage_increments(record: AttemptRecord) -> dict[str, Any]:
-    return {
-        "prompt_tokens": F("prompt_tokens") + record.prompt_tokens,
-        "completion_tokens": F("completion_tokens") + record.completion_tokens,
-        "cost_usd_micros": F("cost_usd_micros") + record.cost_usd_micros,
-    }
 
 
 _LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "attempt", "route_entry_id", "entry_index", "provider_name", "model",
@@ -761,8 +735,8 @@ def _llm_call_insert(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None
         })
 
 
-_RUN_COUNT_TURN_SQL = (
-    f'UPDATE "{Run._meta.db_table}" SET "loop_count" = %(loop_count)s, '
+_RUN_ADD_USAGE_SQL = (
+    f'UPDATE "{Run._meta.db_table}" SET "loop_count" = COALESCE(%(loop_count)s, "loop_count"), '
     '"prompt_tokens" = "prompt_tokens" + %(prompt_tokens)s, '
     '"completion_tokens" = "completion_tokens" + %(completion_tokens)s, '
     '"cost_usd_micros" = "cost_usd_micros" + %(cost_usd_micros)s '
@@ -770,10 +744,11 @@ _RUN_COUNT_TURN_SQL = (
 )
 
 
-def _run_count_turn(*, spec: RunSpec, loop_count: int, record: AttemptRecord | None) -> None:
-    """Set the run's ``loop_count`` and add ``record``'s tokens and cost to its totals."""
+def _run_add_usage(*, spec: RunSpec, record: AttemptRecord | None, loop_count: int | None = None) -> None:
+    """Add ``record``'s tokens and cost to the run's totals; with ``loop_count``, also set it
+    (the turn is counted)."""
     with connection.cursor() as cursor:
-        cursor.execute(_RUN_COUNT_TURN_SQL, {
+        cursor.execute(_RUN_ADD_USAGE_SQL, {
             "loop_count": loop_count, "run_id": spec.run_id, "tenant_id": require_tenant_id(),
             "prompt_tokens": record.prompt_tokens if record else 0,
             "completion_tokens": record.completion_tokens if record else 0,
@@ -842,6 +817,8 @@ def run_finish(
     Raises:
         Run.DoesNotExist: no such run in the current tenant.
     """
+    from sessions.services import next_queued_run_id
+
     now = timezone.now()
     tenant_id = require_tenant_id()
     with connection.cursor() as cursor:
@@ -873,12 +850,9 @@ def run_finish(
     if parent_tool_call_id is not None:  # a sub-run starts nothing: its parent still holds the session
         return RunFinished(to_start=[], steered=steered)
     out = []
-    with connection.cursor() as cursor:
-        cursor.execute(_NEXT_QUEUED_SQL, {"status": RunStatus.QUEUED.value, "session_id": session_id,
-                                          "tenant_id": tenant_id})
-        row = cursor.fetchone()
-    if row is not None:
-        out.append(row[0])
+    next_id = next_queued_run_id(session_id=session_id)
+    if next_id is not None:
+        out.append(next_id)
     out += [i for i in tenant_waiting_run_ids(tenant_id) if i not in out]
     return RunFinished(to_start=out, steered=steered)
 
@@ -899,11 +873,6 @@ _RUN_END_APPROVALS_SQL = (
     f'UPDATE "{Approval._meta.db_table}" SET "status" = %(expired)s '
     'WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "status" = %(pending)s'
 )
-_NEXT_QUEUED_SQL = (
-    f'SELECT "id" FROM "{Run._meta.db_table}" WHERE "session_id" = %(session_id)s AND "tenant_id" = %(tenant_id)s '
-    'AND "status" = %(status)s ORDER BY "id" LIMIT 1'
-)
-"""The session's next queued run (:func:`sessions.services.next_queued_run_id` in one statement)."""
 
 
 def tenant_waiting_run_ids(tenant_id: int) -> list[int]:
@@ -1103,10 +1072,7 @@ def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> S
         status=RunStatus.RUNNING, attempt=1, started_at=now, parent_tool_call_id=call_pk, depth=parent.depth + 1,
         skill_id=skill_id,
     )
-    Message.objects.create(
-        tenant_id=parent.tenant_id, session_id=parent.session_id, run=run, position=_next_position(parent.session_id),
-        role=MessageRole.USER, content=task,
-    )
+    _message_insert(session_id=parent.session_id, run_id=run.pk, role=MessageRole.USER, content=task)
     return SubRunState(run_id=run.pk, status=run.status, reply="", error="", created=True)
 
 

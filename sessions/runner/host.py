@@ -20,9 +20,8 @@ logger = logging.getLogger(__name__)
 
 def new_run_loop() -> asyncio.AbstractEventLoop:
     """A new event loop of the kind ``RUN_HOST_LOOP`` names: ``asyncio`` (the default) or
-    ``uvloop``. With the httpx-based model adapter the two measured the same (CPU per run and
-    token latency at 100 and 200 runs; bench/README.md): the adapter's time goes to HTTP
-    parsing in Python, not to the loop."""
+    ``uvloop``. The two measured the same (CPU per run and token latency at 100 and 200 runs;
+    bench/README.md): the runs' time goes to Python above the loop, not to the loop."""
     from django.conf import settings
 
     if settings.RUN_HOST_LOOP == "uvloop":
@@ -45,7 +44,8 @@ def tune_interpreter_for_runs() -> None:
       what is alive once the process is set up takes those objects out of every later
       collection (they are still freed by reference counting; only cycles among them would
       stay), and a larger first-generation threshold (CPython's is 700) makes collections
-      rare. Measured together: p95 ~100 ms instead of ~160 at 200 runs (bench/README.md).
+      rare: no full collection in a benchmark round since, one or two young ones of
+      18–50 ms (bench/README.md).
       ``gc.freeze`` is CPython's tool for this (docs: "gc.freeze").
     """
     import gc

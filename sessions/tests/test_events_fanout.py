@@ -20,9 +20,8 @@ from django.conf import settings
 
 from sessions.events import (
     _PUBLISH_LUA,
-    _keys,
     _layer_message,
-    _script_fans_out,
+    _pubsub_group_channel,
     event_publish,
     event_publish_sync,
     events_layer,
@@ -37,7 +36,7 @@ def _session_id() -> int:
 
 def test_the_project_events_layer_takes_the_one_round_trip_path() -> None:
     assert settings.CHANNEL_LAYERS["events"]["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
-    assert _script_fans_out()
+    assert _pubsub_group_channel(7) == f"{settings.CHANNEL_LAYERS['events']['CONFIG']['prefix']}__group__session.7"
 
 
 async def test_members_receive_exactly_what_group_send_delivers() -> None:
@@ -110,11 +109,10 @@ async def _connected(world):
 
 async def _publish_without_fanout(session_id: int, type: str, data: dict) -> int:
     """An event that reaches the stream but whose live message pub/sub dropped."""
-    from sessions.events import KEY_TTL_SECONDS, STREAM_MAXLEN, _body, async_redis
+    from sessions.events import _body, _script_args, async_redis
 
-    keys = _keys(session_id)
     payload = json.dumps(_body(session_id=session_id, run_id=None, type=type, data=data))
-    return int(await async_redis().eval(_PUBLISH_LUA, 3, *keys, keys[0], payload, STREAM_MAXLEN, KEY_TTL_SECONDS, "0"))
+    return int(await async_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, None)))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -210,8 +208,8 @@ async def test_a_failed_round_trip_fails_its_publishes_and_the_next_ones_go_thro
     from sessions import events
 
     broken = events._Publisher(aioredis.Redis.from_url("redis://127.0.0.1:9"))
-    results = await asyncio.gather(*(broken.publish(events._script_args(_session_id(), "{}")) for _ in range(3)),
+    results = await asyncio.gather(*(broken.publish(events._script_args(_session_id(), "{}", None)) for _ in range(3)),
                                    return_exceptions=True)
     assert all(isinstance(r, redis.ConnectionError) for r in results)
     working = events._Publisher(events.async_redis())
-    assert await working.publish(events._script_args(_session_id(), "{}")) == 1
+    assert await working.publish(events._script_args(_session_id(), "{}", None)) == 1
