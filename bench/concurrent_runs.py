@@ -16,8 +16,8 @@ figures include:
 - CPU seconds of the worker process (the runs) and of the web process (the consumers), per run.
 
 ``--stages`` also prints the token latency at three points inside the worker (where the runner
-gets the token from the adapter, where its event's publish starts, where it returns), which
-tells the worker's share of the delay from the web process's.
+gets the token from the adapter, where its event is queued for Redis, where Redis's reply to
+it is read), which tells the worker's share of the delay from the web process's.
 
 Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--db-threads K] [--profile out.txt]``
 """
@@ -55,29 +55,33 @@ _TIME_MARK = re.compile(r"\d{10}\.\d{6}")
 
 def watch_stages() -> dict[str, list[float]]:
     """Record each answer token's latency where the runner hands it to the batcher, where its
-    event's publish starts, and where that publish returns (same clock as the fake model)."""
+    event is queued for Redis, and where Redis's reply is read (same clock as the fake model)."""
     from sessions.runner import loop
 
-    stages: dict[str, list[float]] = {"runner": [], "publish start": [], "publish done": []}
-    add, publish = loop._StreamedTextBatcher.add, loop.event_publish
+    stages: dict[str, list[float]] = {"runner": [], "publish queued": [], "reply read": []}
+    add, publish_nowait = loop._StreamedTextBatcher.add, loop.event_publish_nowait
 
     def timed_add(self, event_type: str, text: str) -> None:
         now = time.time()
         stages["runner"].extend((now - float(m)) * 1000 for m in _TIME_MARK.findall(text))
         add(self, event_type, text)
 
-    async def timed_publish(**kwargs):
+    def timed_publish_nowait(**kwargs):
         start = time.time()
-        frame = await publish(**kwargs)
+        sent = publish_nowait(**kwargs)
         if kwargs["type"] == "content_token":
-            done = time.time()
-            for m in _TIME_MARK.findall(kwargs["data"]["text"]):
-                stages["publish start"].append((start - float(m)) * 1000)
-                stages["publish done"].append((done - float(m)) * 1000)
-        return frame
+            marks = [float(m) for m in _TIME_MARK.findall(kwargs["data"]["text"])]
+            stages["publish queued"].extend((start - m) * 1000 for m in marks)
+
+            def done(_) -> None:
+                now = time.time()
+                stages["reply read"].extend((now - m) * 1000 for m in marks)
+
+            sent.add_done_callback(done)
+        return sent
 
     loop._StreamedTextBatcher.add = timed_add
-    loop.event_publish = timed_publish
+    loop.event_publish_nowait = timed_publish_nowait
     return stages
 
 
@@ -214,7 +218,7 @@ def main() -> None:
                         help="sys.setswitchinterval for this (worker) process instead of RUN_HOST_SWITCH_INTERVAL_MS")
     parser.add_argument("--db-threads", type=int, help="RUN_HOST_DB_THREADS for this run (threads of the runner's ORM calls)")
     parser.add_argument("--stages", action="store_true",
-                        help="also print token latency at the runner, at publish start and at publish end")
+                        help="also print token latency at the runner, where its event is queued and where its reply is read")
     parser.add_argument("--warmup", type=int, default=5, help="runs of an unreported first round (0: none)")
     args = parser.parse_args()
     if args.db_threads:

@@ -34,6 +34,7 @@ status) are PostgreSQL rows written *before* their event is published.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 import weakref
@@ -222,70 +223,157 @@ def async_redis() -> aioredis.Redis:
 
 
 PIPELINE_MAX_EVENTS = 256
-"""Most publishes one pipelined round trip carries (:class:`_Publisher`)."""
-PUBLISH_WRITERS = 4
-"""Round trips one event loop's publisher keeps in flight at once (:class:`_Publisher`)."""
+"""Most publishes one pipelined write carries (:class:`_Publisher`)."""
+PUBLISH_REPLY_TIMEOUT_SECONDS = 10.0
+"""How long the publisher waits for Redis to answer its oldest unanswered publish before it
+gives the connection up (every unanswered publish then fails)."""
 
 
 class _Publisher:
-    """An event loop's publishes, sent through pipelined round trips, a few at a time.
+    """An event loop's publishes, pipelined on one Redis connection, in the order they are made.
 
-    A publish that finds a writer free goes at once (one ``EVAL``); publishes made while all
-    ``writers`` have a round trip in flight go together in the next one (up to
-    :data:`PIPELINE_MAX_EVENTS`). A worker hosting hundreds of runs thereby pays the client's
-    per-command work (pool checkout, timeout, retry wrapper) once per batch instead of once
-    per event: that was two thirds of a publish's CPU at 200 streaming runs. With one writer,
-    a busy loop made every publish wait for the previous batch's reply; four halved the median
-    token latency at 200 runs (bench/README.md).
+    :meth:`publish` queues a run of :data:`_PUBLISH_LUA` synchronously; whatever was queued
+    during one turn of the event loop is written at the start of the next, in one write
+    (``loop.call_soon``), without waiting for the replies to earlier writes. A reader task
+    reads the replies in order and resolves each publish's future with its ``seq``. Redis
+    runs one connection's commands in the order they arrive, so a publish *made* before
+    another gets the lower ``seq``, whether or not it was awaited first.
 
-    Order: a publish awaited before another is made gets the lower ``seq``; publishes made
-    concurrently (parallel tool calls) may take theirs in any order, as they could before
-    (the consumer fills such gaps from the stream). No task is left behind: a writer ends
-    when nothing waits.
+    Why: a run can then publish its next batch of streamed text while the reply to the
+    previous one is still on its way, and a publish costs no task of its own. With 200 runs
+    streaming, a busy loop read a reply ~45 ms (median) after the publish started, and text
+    that came meanwhile waited for it (bench/README.md). One write per turn of the loop also
+    pays the system call once for all the runs that published in it.
+
+    Errors: a failed connect fails the publishes queued for it; a failed write, or a read that
+    fails or waits longer than :data:`PUBLISH_REPLY_TIMEOUT_SECONDS`, fails every unanswered
+    publish (their events may or may not have been stored). The connection is dropped then,
+    and the next publish opens a new one; so does a publish that finds the connection closed
+    by Redis while it was idle, and nothing is lost then. A caller cancelled while it waits only stops
+    waiting: its event goes out all the same. No task outlives the work: the connecting task
+    ends when connected, the reader when every publish is answered.
     """
 
-    def __init__(self, client: aioredis.Redis, writers: int = PUBLISH_WRITERS) -> None:
+    def __init__(self, client: aioredis.Redis) -> None:
         self._client = client
-        self._waiting: list[tuple[tuple[Any, ...], asyncio.Future[int]]] = []
-        self._writers: set[asyncio.Task[None]] = set()
-        self._max_writers = writers
+        self._loop = asyncio.get_running_loop()
+        self._connection: Any = None  # a redis.asyncio.Connection of this publisher's own
+        self._connecting: asyncio.Task[None] | None = None
+        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[int]]] = []
+        self._write_scheduled = False
+        self._unanswered: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._reader: asyncio.Task[None] | None = None
+        self._reading: Any = None  # the connection self._reader reads
 
     def publish(self, script_args: tuple[Any, ...]) -> "asyncio.Future[int]":
         """Queue one run of :data:`_PUBLISH_LUA`; the future gets its ``seq`` (or its error)."""
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiting.append((script_args, future))
-        if len(self._writers) < self._max_writers:
-            writer = asyncio.ensure_future(self._write())
-            self._writers.add(writer)
-            writer.add_done_callback(self._writers.discard)
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._queued.append((script_args, future))
+        if not self._write_scheduled:
+            self._write_scheduled = True
+            self._loop.call_soon(self._write)
         return future
 
-    async def _write(self) -> None:
-        while self._waiting:
-            batch = self._waiting[:PIPELINE_MAX_EVENTS]
-            del self._waiting[:PIPELINE_MAX_EVENTS]
+    def _write(self) -> None:
+        self._write_scheduled = False
+        if not self._queued:
+            return
+        connection = self._connection
+        writer = _open_writer(connection)
+        if writer is None and connection is not None:  # closed while idle (Redis restarted, CLIENT KILL)
+            self._drop(connection, redis.ConnectionError("the publisher's Redis connection was closed"))
+        if writer is None:
+            if self._connecting is None or self._connecting.done():
+                self._connecting = asyncio.ensure_future(self._connect())
+            return  # written once connected
+        batch, self._queued = self._queued, []
+        self._unanswered.extend(future for _, future in batch)
+        if self._reader is None or self._reader.done() or self._reading is not connection:
+            self._reading = connection  # (a reader of a dropped connection is on its way out)
+            self._reader = asyncio.ensure_future(self._read(connection))
+        try:
+            for start in range(0, len(batch), PIPELINE_MAX_EVENTS):
+                commands = [("EVAL", _PUBLISH_LUA, *args) for args, _ in batch[start:start + PIPELINE_MAX_EVENTS]]
+                writer.writelines(connection.pack_commands(commands))
+        except Exception as exc:  # noqa: BLE001 - a closed transport, a bad argument
+            self._drop(connection, exc)
+
+    async def _connect(self) -> None:
+        connection = self._client.connection_pool.make_connection()
+        try:
+            await connection.connect()
+        except BaseException as exc:
+            queued, self._queued = self._queued, []
+            _fail([future for _, future in queued], exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if _open_writer(connection) is None:  # a redis-py without the stream attributes used here
+            await connection.disconnect()
+            raise RuntimeError("redis.asyncio.Connection has no _reader/_writer streams: update _open_writer")
+        self._connection = connection
+        self._write()
+
+    async def _read(self, connection: Any) -> None:
+        while self._unanswered and connection is self._connection:
             try:
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for script_args, _ in batch:
-                        pipe.execute_command("EVAL", _PUBLISH_LUA, *script_args)
-                    results = await pipe.execute(raise_on_error=False)
-            except BaseException as exc:  # the whole round trip failed: every publish in it did
-                for _, future in batch:
-                    if not future.done():
-                        future.cancel() if isinstance(exc, asyncio.CancelledError) else future.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    for _, future in self._waiting:
-                        future.cancel()
-                    self._waiting.clear()
-                    raise
+                reply = await connection.read_response(timeout=PUBLISH_REPLY_TIMEOUT_SECONDS)
+                if reply is None:
+                    raise redis.TimeoutError(
+                        f"Redis did not answer a publish within {PUBLISH_REPLY_TIMEOUT_SECONDS:g} s"
+                    )
+            except redis.ResponseError as exc:  # this command failed; the connection is fine
+                _fail([self._unanswered.popleft()], exc)
                 continue
-            for (_, future), result in zip(batch, results):
-                if future.done():  # its caller was cancelled; the event went out all the same
-                    continue
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(int(result))
+            except BaseException as exc:  # noqa: BLE001
+                self._drop(connection, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            future = self._unanswered.popleft()
+            if not future.done():  # else its caller stopped waiting; the event went out all the same
+                future.set_result(int(reply))
+
+    def _drop(self, connection: Any, exc: BaseException) -> None:
+        """Give ``connection`` up after ``exc``: its unanswered publishes fail with it."""
+        if connection is not self._connection:
+            return  # already dropped
+        self._connection = None
+        unanswered = list(self._unanswered)
+        self._unanswered.clear()
+        _fail(unanswered, exc)
+        writer = getattr(connection, "_writer", None)
+        if writer is not None:
+            writer.close()  # redis-py notices at its next use; nothing else holds this connection
+
+    async def aclose(self) -> None:
+        """Wait until every queued publish is answered (or failed), then close the connection."""
+        while self._queued or self._unanswered or (self._connecting is not None and not self._connecting.done()):
+            pending = [t for t in (self._connecting, self._reader) if t is not None and not t.done()]
+            if pending:
+                await asyncio.wait(pending)
+            else:
+                await asyncio.sleep(0)  # a write is scheduled
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.disconnect()
+
+
+def _open_writer(connection: Any) -> asyncio.StreamWriter | None:
+    """The StreamWriter of a redis-py asyncio connection that is open for a pipelined write,
+    else None (none yet, or the peer closed it). redis-py has no public call that writes
+    without awaiting the write, hence its ``_reader``/``_writer`` streams (pinned by
+    sessions/tests/test_events_fanout.py)."""
+    reader, writer = getattr(connection, "_reader", None), getattr(connection, "_writer", None)
+    if reader is None or writer is None or writer.is_closing() or reader.at_eof():
+        return None
+    return writer
+
+
+def _fail(futures: list[asyncio.Future[int]], exc: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            future.cancel() if isinstance(exc, asyncio.CancelledError) else future.set_exception(exc)
 
 
 _publishers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Publisher]" = weakref.WeakKeyDictionary()
@@ -299,9 +387,20 @@ def _publisher() -> _Publisher:
     return publisher
 
 
+async def publisher_aclose() -> None:
+    """Close this event loop's publisher once its queued publishes are answered (run host
+    shutdown); a later publish opens a new one."""
+    publisher = _publishers.pop(asyncio.get_running_loop(), None)
+    if publisher is not None:
+        await publisher.aclose()
+
+
 async def event_publish(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> dict[str, Any]:
     """Publish now, from async code (pipelined with the loop's other publishes, see
     :class:`_Publisher`). Returns the frame (with its ``seq``).
+
+    The event is queued before this coroutine first suspends, so of two publishes of a
+    session the one whose coroutine started first gets the lower ``seq``.
 
     Raises:
         redis.RedisError: the round trip failed (the event may or may not have been stored).
@@ -313,6 +412,24 @@ async def event_publish(*, session_id: int, run_id: int | None, type: str, data:
     if group_channel is None:
         await events_layer().group_send(group_name(session_id), _layer_message(seq, payload))
     return _frame(seq, body)
+
+
+def event_publish_nowait(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> "asyncio.Future[Any]":
+    """:func:`event_publish` without waiting, from the event loop: the event is queued now, so
+    it gets a lower ``seq`` than any publish made after this call. The returned future is done
+    when the event is stored and sent (its result is then of no use) or holds the error.
+    """
+    body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
+    payload = json.dumps(body)
+    group_channel = _pubsub_group_channel(session_id)
+    seq = _publisher().publish(_script_args(session_id, payload, group_channel))
+    if group_channel is not None:
+        return seq
+    return asyncio.ensure_future(_group_send_after(seq, session_id, payload))
+
+
+async def _group_send_after(seq: "asyncio.Future[int]", session_id: int, payload: str) -> None:
+    await events_layer().group_send(group_name(session_id), _layer_message(await seq, payload))
 
 
 async def events_since(*, session_id: int, after_seq: int, limit: int = STREAM_MAXLEN) -> list[dict[str, Any]]:

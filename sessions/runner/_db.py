@@ -7,15 +7,16 @@ any thread of the pool.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
-from channels.db import database_sync_to_async
-
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
@@ -93,12 +94,34 @@ def db_executor_shutdown() -> None:
 
 def db(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     """``fn`` as a coroutine function run on one of :func:`db_executor`'s threads, with a
-    pooled connection (returned to the pool after the call).
+    pooled connection (returned to the pool after the call, as Channels'
+    ``database_sync_to_async`` does: ``close_old_connections()`` before and after).
 
     Not thread-sensitive: the runs a worker hosts would otherwise queue behind one thread
-    for every ORM call. The tenant ContextVar is copied into the thread.
+    for every ORM call. The caller's context (the tenant ContextVar) is copied into the
+    thread. A cancelled caller stops waiting; a call already running finishes.
+
+    Plain ``loop.run_in_executor`` rather than asgiref's ``SyncToAsync``, whose machinery
+    (thread-sensitive contexts, deadlock detection, a new wrapper object per call) the
+    runner does not need: measured 30–60 µs less event-loop CPU per call.
     """
-    return database_sync_to_async(fn, thread_sensitive=False, executor=db_executor())
+
+    @functools.wraps(fn)
+    async def call(*args: Any, **kwargs: Any) -> T:
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(
+            db_executor(), context.run, _on_db_thread, fn, args, kwargs
+        )
+
+    return call
+
+
+def _on_db_thread(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
 
 
 class RunNotClaimable(Exception):

@@ -93,11 +93,13 @@ async def _release_loop_resources() -> None:
     from browser.server_backend import server_browser_pool
     from capabilities.mcp.pool import mcp_pool
     from llm.providers import anthropic, openai_compat
+    from sessions.events import publisher_aclose
 
     await mcp_pool().aclose()
     await openai_compat.aclose_clients()
     await anthropic.aclose_clients()
     await server_browser_pool().shutdown()  # Chromium, if a run started it (else nothing to close)
+    await publisher_aclose()  # last: the steps above may still publish
 
 
 _host: RunHost | None = None

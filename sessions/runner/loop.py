@@ -23,7 +23,7 @@ from llm.health import RedisEntryHealth
 from llm.router import AttemptRecord, Router
 from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolSpec
-from sessions.events import async_redis, event_publish
+from sessions.events import async_redis, event_publish, event_publish_nowait
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_cancelling, watch_for_cancel
@@ -74,6 +74,9 @@ async def execute_run(run_id: int) -> None:
             await event_publish(session_id=spec.session_id, run_id=run_id, type=event_type, data=data)
             raise_if_cancelling()  # redis-py may swallow a cancel of the run's loop task
 
+        publish.nowait = lambda event_type, data: event_publish_nowait(  # type: ignore[attr-defined]
+            session_id=spec.session_id, run_id=run_id, type=event_type, data=data
+        )
         await publish("run_running", {"attempt": spec.attempt})
         heartbeat = asyncio.create_task(_heartbeat(run_id, spec.attempt, asyncio.current_task()),
                                         name=f"run-{run_id}-heartbeat")
@@ -441,12 +444,19 @@ class _StreamedTextBatcher:
     has passed since the last publish, on a timer, so a pause in the stream never holds text
     back. :data:`TOKEN_FLUSH_CHARS` buffered publish at once.
 
-    At most one publish is in flight per run: text that comes meanwhile joins the next one,
-    which starts as soon as it ends. A busy worker therefore sends fewer, larger events
-    instead of queueing more of them (``seq`` order is the stream's order either way).
-    :meth:`close` publishes the rest and raises a publish's error; :meth:`drop` discards what
-    is buffered but lets the publish in flight finish (a broken stream: its ``model_retry``
-    must come after it); :meth:`abort` also cancels that publish (the turn is cancelled).
+    A publish does not wait for the previous one to return. ``publish.nowait`` (if the
+    publish function has it: ``(event_type, data) -> awaitable``, see
+    :func:`sessions.events.event_publish_nowait`) queues the event at once, on one ordered
+    connection, so ``seq`` follows the stream's order and no task is made per event. Else
+    each publish is a task of its own; tasks start in the order they are made, and
+    ``event_publish`` queues its event before it first suspends, so the order holds too.
+    Waiting for the previous reply used to hold text back by a whole Redis round trip of a
+    busy loop (bench/README.md).
+
+    :meth:`close` publishes the rest, waits for every publish and raises the first one's
+    error; :meth:`drop` discards what is buffered but lets the publishes in flight finish (a
+    broken stream: its ``model_retry`` must come after them); :meth:`abort` also cancels
+    them (the turn is cancelled).
     """
 
     def __init__(self, publish: Any) -> None:
@@ -456,7 +466,8 @@ class _StreamedTextBatcher:
         self._size = 0
         self._last_publish_at = float("-inf")
         self._timer: asyncio.TimerHandle | None = None
-        self._inflight: asyncio.Task[None] | None = None
+        self._nowait = getattr(publish, "nowait", None)
+        self._inflight: set[asyncio.Future[Any]] = set()
         self._error: BaseException | None = None
 
     def add(self, event_type: str, text: str) -> None:
@@ -478,53 +489,43 @@ class _StreamedTextBatcher:
 
     def _flush(self) -> None:
         self._stop_timer()
-        if not self._groups or (self._inflight is not None and not self._inflight.done()):
-            return  # nothing to send, or it goes when the publish in flight ends
+        if not self._groups:
+            return
         groups, self._groups, self._size = self._groups, [], 0
         self._last_publish_at = self._loop.time()
-        self._inflight = asyncio.ensure_future(self._send(groups))
-        self._inflight.add_done_callback(self._sent)
+        for event_type, pieces in groups:
+            data = {"text": "".join(pieces)}
+            if self._nowait is not None:
+                sent = asyncio.ensure_future(self._nowait(event_type, data))
+            else:
+                sent = asyncio.ensure_future(self._publish(event_type, data))
+            self._inflight.add(sent)
+            sent.add_done_callback(self._sent)
 
-    async def _send(self, groups: list[tuple[str, list[str]]]) -> None:
-        while True:
-            for event_type, pieces in groups:
-                await self._publish(event_type, {"text": "".join(pieces)})
-            if not self._groups:
-                return
-            # Text that came while this publish was in flight goes at once, from this task: a
-            # new task would cost a busy loop two more iterations (its done callback, its start).
-            self._stop_timer()
-            groups, self._groups, self._size = self._groups, [], 0
-            self._last_publish_at = self._loop.time()
-
-    def _sent(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._error = task.exception()
+    def _sent(self, sent: asyncio.Future[Any]) -> None:
+        self._inflight.discard(sent)
+        if not sent.cancelled() and sent.exception() is not None and self._error is None:
+            self._error = sent.exception()
 
     async def close(self) -> None:
         """Publish everything buffered and wait for it (raises a publish's error; a cancel
         while waiting aborts)."""
         try:
-            while True:
-                self._flush()
-                if self._error is not None:
-                    raise self._error
-                if self._inflight is not None and not self._inflight.done():
-                    # It sends what was buffered meanwhile before it ends.
-                    await asyncio.wait({self._inflight})
-                    continue
-                if not self._groups:
-                    return
+            self._flush()
+            if self._inflight:
+                await asyncio.wait(set(self._inflight))
         except asyncio.CancelledError:
             self.abort()
             raise
+        if self._error is not None:
+            raise self._error
 
     async def drop(self) -> None:
-        """Discard the buffered text; wait for the publish in flight (its error is logged)."""
+        """Discard the buffered text; wait for the publishes in flight (an error is logged)."""
         self._stop_timer()
         self._groups, self._size = [], 0
-        if self._inflight is not None:
-            await asyncio.wait({self._inflight})
+        if self._inflight:
+            await asyncio.wait(set(self._inflight))
         if self._error is not None:
             logger.warning("publishing streamed text failed: %r", self._error)
 
@@ -532,8 +533,8 @@ class _StreamedTextBatcher:
         """Stop: nothing more is published (the turn is being cancelled)."""
         self._stop_timer()
         self._groups, self._size = [], 0
-        if self._inflight is not None and not self._inflight.done():
-            self._inflight.cancel()
+        for sent in self._inflight:
+            sent.cancel()
 
 
 async def _model_turn(

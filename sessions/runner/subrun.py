@@ -42,7 +42,7 @@ from typing import Any
 
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
-from sessions.events import event_publish
+from sessions.events import event_publish, event_publish_nowait
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_cancelling
@@ -136,6 +136,10 @@ class SkillTool(Tool):
             if event_type == "tool_call_started":  # the parent's call shows what its skill is doing
                 await context.progress(f"{self.skill.name}: {data.get('name')}")
             raise_if_cancelling()
+
+        publish.nowait = lambda event_type, data: event_publish_nowait(  # type: ignore[attr-defined]
+            session_id=parent.session_id, run_id=run_id, type=event_type, data={**data, **extra}
+        )
 
         try:
             spec = await _db.db(_db.subrun_spec)(subrun_id=run_id, parent=parent)

@@ -39,9 +39,15 @@ def test_shutdown_terminates_pooled_stdio_servers_before_the_process_ends(world,
     assert Run.all_tenants.get(pk=run.pk).status == "completed"
     pooled = set(mcp_time_server_pids()) - before
     assert pooled, "the pool keeps the server for the next run"
+    from sessions import events
+
+    publisher = events._publishers[run_host()._loop]
+    connection = publisher._connection
+    assert connection is not None and connection.is_connected, "the run's events went out on it"
 
     assert run_host_shutdown(timeout_seconds=15) is True
     assert not pooled & set(mcp_time_server_pids())
+    assert not connection.is_connected, "the publisher's Redis connection was closed"
     assert run_host_shutdown() is False, "already closed"
     assert run_host().run(_answer()) == 42, "a new host starts on next use"
 

@@ -4,6 +4,7 @@ by a pause, in order, and ahead of a model_retry when the stream breaks."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
@@ -71,29 +72,58 @@ async def test_close_returns_only_after_text_that_came_during_a_publish_is_out()
 
     batcher = _StreamedTextBatcher(slow_publish)
     batcher.add("content_token", "a")  # out at once: a publish is now in flight
-    batcher.add("content_token", "b")  # waits for it
+    batcher.add("content_token", "b")  # within the interval: buffered
     await batcher.close()
     assert published == ["a", "b"], "the run must not go on (and end) before its last text is out"
 
 
-async def test_text_that_came_during_a_publish_goes_when_it_returns_one_publish_at_a_time():
-    published: list[str] = []
-    state = {"in_flight": 0, "most": 0}
+async def test_text_does_not_wait_for_the_publish_in_flight_only_for_the_interval():
+    started: list[tuple[float, str]] = []
+    loop = asyncio.get_running_loop()
 
     async def slow_publish(event_type: str, data: dict) -> None:
-        state["in_flight"] += 1
-        state["most"] = max(state["most"], state["in_flight"])
-        await asyncio.sleep(0.06)  # longer than the 25 ms interval
-        state["in_flight"] -= 1
-        published.append(data["text"])
+        started.append((loop.time(), data["text"]))
+        await asyncio.sleep(0.2)  # a slow round trip: far longer than the 25 ms interval
 
     batcher = _StreamedTextBatcher(slow_publish)
+    t0 = loop.time()
     batcher.add("content_token", "a")  # out at once
     await asyncio.sleep(0.01)
-    batcher.add("content_token", "b")  # both wait for "a"'s publish...
-    await asyncio.sleep(0.01)
+    batcher.add("content_token", "b")  # both go when the interval since "a" has passed...
+    await asyncio.sleep(0.005)
     batcher.add("content_token", "c")
-    await asyncio.sleep(0.3)  # ...and go together when it returns, without close()
-    assert published == ["a", "bc"] and state["most"] == 1
+    await asyncio.sleep(0.05)  # ...while "a"'s publish is still in flight
+    assert [text for _, text in started] == ["a", "bc"]
+    assert started[1][0] - t0 < 0.1, "the second publish did not wait for the first to return"
     await batcher.close()
-    assert published == ["a", "bc"]
+    assert [text for _, text in started] == ["a", "bc"]
+
+
+async def test_a_failed_publish_is_raised_by_close():
+    async def failing_publish(event_type: str, data: dict) -> None:
+        await asyncio.sleep(0.01)
+        raise ConnectionError("redis went away")
+
+    batcher = _StreamedTextBatcher(failing_publish)
+    batcher.add("content_token", "a")
+    with pytest.raises(ConnectionError, match="redis went away"):
+        await batcher.close()
+
+
+async def test_publishes_made_without_waiting_get_seqs_in_the_order_they_were_made():
+    from sessions import events
+
+    session_id = 10**9 + uuid.uuid4().int % 10**9  # events only: no database row needed
+    events._sync_redis().delete(*events._keys(session_id))
+
+    async def publish(event_type: str, data: dict) -> None:
+        await events.event_publish(session_id=session_id, run_id=None, type=event_type, data=data)
+
+    batcher = _StreamedTextBatcher(publish)
+    for i in range(40):  # 40 flushes, each as soon as the 25 ms interval allows
+        batcher.add("content_token", f"{i},")
+        await asyncio.sleep(0.03)
+    await batcher.close()
+    texts = [f["data"]["text"] for f in await frames(session_id)]
+    assert "".join(texts) == "".join(f"{i}," for i in range(40)), "seq order is the stream's order"
+    events._sync_redis().delete(*events._keys(session_id))
