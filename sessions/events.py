@@ -158,6 +158,13 @@ def _body(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any
     return {"type": type, "session_id": session_id, "run_id": run_id, "data": data, "ts": time.time()}
 
 
+def _prepared(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> tuple[dict[str, Any], str, str | None]:
+    """An event's body, its JSON (fails here, at the source, if ``data`` is not
+    JSON-serialisable) and :func:`_pubsub_group_channel`'s channel for its session."""
+    body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
+    return body, json.dumps(body), _pubsub_group_channel(session_id)
+
+
 def _frame(seq: int, body: dict[str, Any]) -> dict[str, Any]:
     return {"seq": seq, **body}
 
@@ -176,9 +183,7 @@ def _sync_redis() -> redis.Redis:
 
 def event_publish_sync(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> dict[str, Any]:
     """Publish now, from synchronous code. Returns the frame (with its ``seq``)."""
-    body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
-    payload = json.dumps(body)  # fails here, at the source, if ``data`` is not JSON-serialisable
-    group_channel = _pubsub_group_channel(session_id)
+    body, payload, group_channel = _prepared(session_id=session_id, run_id=run_id, type=type, data=data)
     seq = int(_sync_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, group_channel)))
     if group_channel is None:
         async_to_sync(events_layer().group_send)(group_name(session_id), _layer_message(seq, payload))
@@ -405,9 +410,7 @@ async def event_publish(*, session_id: int, run_id: int | None, type: str, data:
     Raises:
         redis.RedisError: the round trip failed (the event may or may not have been stored).
     """
-    body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
-    payload = json.dumps(body)
-    group_channel = _pubsub_group_channel(session_id)
+    body, payload, group_channel = _prepared(session_id=session_id, run_id=run_id, type=type, data=data)
     seq = await _publisher().publish(_script_args(session_id, payload, group_channel))
     if group_channel is None:
         await events_layer().group_send(group_name(session_id), _layer_message(seq, payload))
@@ -419,9 +422,7 @@ def event_publish_nowait(*, session_id: int, run_id: int | None, type: str, data
     it gets a lower ``seq`` than any publish made after this call. The returned future is done
     when the event is stored and sent (its result is then of no use) or holds the error.
     """
-    body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
-    payload = json.dumps(body)
-    group_channel = _pubsub_group_channel(session_id)
+    _, payload, group_channel = _prepared(session_id=session_id, run_id=run_id, type=type, data=data)
     seq = _publisher().publish(_script_args(session_id, payload, group_channel))
     if group_channel is not None:
         return seq
