@@ -218,13 +218,21 @@ RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS"
 RUN_HOST_GC_THRESHOLDS = tuple(int(n) for n in os.environ.get("RUN_HOST_GC_THRESHOLDS", "50000,20,100").split(","))
 if len(RUN_HOST_GC_THRESHOLDS) != 3 or min(RUN_HOST_GC_THRESHOLDS) < 1:
     raise ImproperlyConfigured("RUN_HOST_GC_THRESHOLDS must be three positive integers, e.g. 50000,20,100")
-# Threads that run the runner's database calls in a worker process (sessions/runner/_db.py).
+# Threads that run the runner's ORM calls in a worker process (sessions/runner/_db.py: a run's
+# claim and configuration, its end, approvals, compactions).
 # Their ORM work holds the GIL the run host's loop needs for streamed tokens; with a database
 # on the same host, more than a couple add contention, not throughput (bench/README.md).
 # Raise it for a database with a long round trip.
 RUN_HOST_DB_THREADS = int(os.environ.get("RUN_HOST_DB_THREADS", "2"))
 if RUN_HOST_DB_THREADS < 1:
     raise ImproperlyConfigured("RUN_HOST_DB_THREADS must be at least 1")
+# Connections of the run host loop's async pool (sessions/runner/pg.py), which carries a run's
+# per-turn statements (history reads, message and tool call writes, heartbeats): the runs wait
+# for a free one on the loop, without a thread. And how long a run waits before its step fails.
+RUN_HOST_PG_CONNECTIONS = int(os.environ.get("RUN_HOST_PG_CONNECTIONS", "8"))
+if RUN_HOST_PG_CONNECTIONS < 1:
+    raise ImproperlyConfigured("RUN_HOST_PG_CONNECTIONS must be at least 1")
+RUN_HOST_PG_TIMEOUT_SECONDS = float(os.environ.get("RUN_HOST_PG_TIMEOUT_SECONDS", "30"))
 # HTTP transport of model streams (llm/providers/openai_compat.py): "aiohttp" (the openai SDK's
 # DefaultAioHttpClient: aiohttp's C HTTP parser under the same httpx2 API) or "httpx".
 LLM_HTTP_TRANSPORT = os.environ.get("LLM_HTTP_TRANSPORT", "aiohttp")

@@ -1,8 +1,15 @@
-"""The runner's database work: synchronous functions, called through :func:`db`.
+"""The runner's database work, of two kinds:
+
+- **per-turn statements** (``async def``: the history read, message, LLM call and tool call
+  writes, heartbeats, usage): plain SQL on the run's event loop, through its async psycopg
+  pool (:mod:`sessions.runner.pg`); awaited directly.
+- **the rest** (plain ``def``: a run's claim and configuration, its end, approvals,
+  compactions, sub-runs, steering): ORM code, called through :func:`db`, which runs it on one
+  of a few threads beside the loop. Each is self-contained (its own transaction), so they
+  may run on any of those threads.
 
 Every function here expects the caller to have set the tenant scope (the runner does, from
-the run row it claimed). Each is self-contained (its own transaction), so they may run on
-any thread of the pool.
+the run row it claimed), and filters by it.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from sessions.runner.spec import (
     RunSpec,
     SkillBindingSpec,
 )
+from sessions.runner.pg import pg_connection
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 from tenants.scoping import require_tenant_id
@@ -128,12 +136,12 @@ class RunNotClaimable(Exception):
     """The run is finished, unknown, or must wait for an earlier run of its session."""
 
 
-def run_tenant_id(run_id: int) -> int | None:
+async def run_tenant_id(run_id: int) -> int | None:
     """The tenant of the run (None: no such run)."""
     # tenant-bypass: the run row decides the tenant the rest of the run is scoped to.
-    with connection.cursor() as cursor:
-        cursor.execute(f'SELECT "tenant_id" FROM "{Run._meta.db_table}" WHERE "id" = %s', [run_id])
-        row = cursor.fetchone()
+    async with pg_connection() as conn:
+        cursor = await conn.execute(f'SELECT "tenant_id" FROM "{Run._meta.db_table}" WHERE "id" = %s', [run_id])
+        row = await cursor.fetchone()
     return row[0] if row else None
 
 
@@ -272,15 +280,15 @@ def tenant_run_limit(max_concurrent_runs: int | None) -> int:
     return max_concurrent_runs if max_concurrent_runs is not None else settings.RUNS_PER_TENANT_DEFAULT
 
 
-def run_heartbeat(run_id: int, attempt: int) -> bool:
+async def run_heartbeat(run_id: int, attempt: int) -> bool:
     """Write the run's heartbeat for the worker holding ``attempt``.
 
     Returns:
         False if the run is no longer ``running`` under this attempt (it ended, paused, or
         another worker took it over after this one's heartbeat went stale).
     """
-    with connection.cursor() as cursor:
-        cursor.execute(
+    async with pg_connection() as conn:
+        cursor = await conn.execute(
             f'UPDATE "{Run._meta.db_table}" SET "heartbeat_at" = %s '
             'WHERE "id" = %s AND "tenant_id" = %s AND "status" = %s AND "attempt" = %s',
             [timezone.now(), run_id, require_tenant_id(), RunStatus.RUNNING.value, attempt],
@@ -411,13 +419,23 @@ class CompactionCursor:
     """That message's position."""
 
 
-def latest_compaction(session_id: int) -> CompactionCursor | None:
-    """The session's latest succeeded compaction (one query, five columns), or None."""
-    row = (
-        Compaction.objects.filter(session_id=session_id, status="succeeded").order_by("-id")
-        .values_list("summary", "cursor_message__run_id", "cursor_message__run__steered_into_id",
-                     "cursor_message__position").first()
-    )
+_LATEST_COMPACTION_SQL = (
+    f'SELECT c."summary", m."run_id", r."steered_into_id", m."position" FROM "{Compaction._meta.db_table}" c '
+    f'LEFT JOIN "{Message._meta.db_table}" m ON m."id" = c."cursor_message_id" '
+    f'LEFT JOIN "{Run._meta.db_table}" r ON r."id" = m."run_id" '
+    'WHERE c."session_id" = %(session_id)s AND c."tenant_id" = %(tenant_id)s AND c."status" = %(succeeded)s '
+    'ORDER BY c."id" DESC LIMIT 1'
+)
+"""The session's latest succeeded compaction and its cursor message's run and position."""
+
+
+async def latest_compaction(conn: Any, session_id: int) -> CompactionCursor | None:
+    """The session's latest succeeded compaction (one query, four columns), or None.
+    ``conn``: an async psycopg connection (:func:`~sessions.runner.pg.pg_connection`)."""
+    cursor = await conn.execute(_LATEST_COMPACTION_SQL, {
+        "session_id": session_id, "tenant_id": require_tenant_id(), "succeeded": "succeeded",
+    })
+    row = await cursor.fetchone()
     if row is None:
         return None
     summary, run_id, steered_into_id, position = row
@@ -472,11 +490,16 @@ _HISTORY_SUBRUN_SQL = (
 )
 
 
+_RUN_SESSION_SQL = (
+    f'SELECT "session_id", "parent_tool_call_id" FROM "{Run._meta.db_table}" '
+    'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
+)
+
 _LOAD = object()
 """``history_load(compaction=…)`` default: read the latest compaction."""
 
 
-def history_load(
+async def history_load(
     run_id: int, *, session_id: int | None = None, subrun: bool | None = None, compaction: Any = _LOAD,
 ) -> History:
     """The session's conversation up to and including this run: the latest compaction
@@ -495,26 +518,30 @@ def history_load(
     (the previous history's :attr:`History.compaction`: the cursor moves only when this run
     compacts, as a session's runs never overlap and sub-runs never compact).
     """
-    if session_id is None or subrun is None:
-        session_id, parent_call = Run.objects.filter(pk=run_id).values_list("session_id", "parent_tool_call_id").get()
-        subrun = parent_call is not None
-    if subrun:  # a sub-run: its own messages only, never compacted
-        compaction = None
-        sql, params = _HISTORY_SUBRUN_SQL, {"tenant_id": require_tenant_id(), "run_id": run_id}
-    else:  # a user's run: sub-runs' messages are not part of the session's conversation
-        if compaction is _LOAD:
-            compaction = latest_compaction(session_id)
-        params = {"tenant_id": require_tenant_id(), "session_id": session_id, "run_id": run_id}
-        if compaction is None or compaction.effective_run is None:
-            sql = _HISTORY_SQL.format(after_cursor="")
-        else:
-            sql = _HISTORY_SQL.format(after_cursor=_HISTORY_AFTER_CURSOR)
-            params.update(cursor_run=compaction.effective_run, cursor_position=compaction.position)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    tenant_id = require_tenant_id()
+    async with pg_connection() as conn:
+        if session_id is None or subrun is None:
+            cursor = await conn.execute(_RUN_SESSION_SQL, {"run_id": run_id, "tenant_id": tenant_id})
+            found = await cursor.fetchone()
+            if found is None:
+                raise Run.DoesNotExist(f"run {run_id} not found")
+            session_id, subrun = found[0], found[1] is not None
+        if subrun:  # a sub-run: its own messages only, never compacted
+            compaction = None
+            sql, params = _HISTORY_SUBRUN_SQL, {"tenant_id": tenant_id, "run_id": run_id}
+        else:  # a user's run: sub-runs' messages are not part of the session's conversation
+            if compaction is _LOAD:
+                compaction = await latest_compaction(conn, session_id)
+            params = {"tenant_id": tenant_id, "session_id": session_id, "run_id": run_id}
+            if compaction is None or compaction.effective_run is None:
+                sql = _HISTORY_SQL.format(after_cursor="")
+            else:
+                sql = _HISTORY_SQL.format(after_cursor=_HISTORY_AFTER_CURSOR)
+                params.update(cursor_run=compaction.effective_run, cursor_position=compaction.position)
+        cursor = await conn.execute(sql, params)
         rows = [
             HistoryRow(pk, run, position, role, content, json.loads(tool_calls), tool_call_id, name, effective_run)
-            for pk, run, position, role, content, tool_calls, tool_call_id, name, effective_run in cursor.fetchall()
+            for pk, run, position, role, content, tool_calls, tool_call_id, name, effective_run in await cursor.fetchall()
         ]
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
     out: list[ChatMessage] = []
@@ -590,62 +617,101 @@ RETURNING "id"
 """
 
 
-def _message_insert(
+def _message_params(
     *, session_id: int, run_id: int, role: str, content: str, reasoning: str = "",
     tool_calls: list[dict[str, Any]] | None = None, tool_call_id: str = "", name: str = "",
-) -> int:
+) -> dict[str, Any]:
+    return {
+        "now": timezone.now(), "session_id": session_id, "tenant_id": require_tenant_id(),
+        "run_id": run_id, "role": role, "content": content, "reasoning": reasoning,
+        "tool_calls": json.dumps(tool_calls or []), "tool_call_id": tool_call_id, "name": name,
+    }
+
+
+def _message_inserted(row: Any, params: dict[str, Any]) -> int:
+    if row is None:
+        raise ChatSession.DoesNotExist(f"session {params['session_id']} not found")
+    return row[0]
+
+
+def _message_insert(**fields: Any) -> int:
     """Insert one message of run ``run_id`` at the session's next position (row-locked until
-    the transaction ends); returns its id.
+    the transaction ends); returns its id. Keyword arguments: ``session_id``, ``run_id``,
+    ``role``, ``content``, and optionally ``reasoning``, ``tool_calls`` (``[{id, name,
+    arguments}]``), ``tool_call_id``, ``name``.
 
     One statement: the position's ``UPDATE … RETURNING`` and the ``INSERT`` in one CTE (the
     runner writes a message at every turn and every tool result; the ORM's model
     construction, query compilation and a second round trip were most of that write's CPU).
+    :func:`_message_insert_async` is the same on an async connection.
 
     Raises:
         ChatSession.DoesNotExist: no such session in the current tenant.
     """
+    params = _message_params(**fields)
     with connection.cursor() as cursor:
-        cursor.execute(_MESSAGE_INSERT_SQL, {
-            "now": timezone.now(), "session_id": session_id, "tenant_id": require_tenant_id(),
-            "run_id": run_id, "role": role, "content": content, "reasoning": reasoning,
-            "tool_calls": json.dumps(tool_calls or []), "tool_call_id": tool_call_id, "name": name,
-        })
-        row = cursor.fetchone()
-    if row is None:
-        raise ChatSession.DoesNotExist(f"session {session_id} not found")
-    return row[0]
+        cursor.execute(_MESSAGE_INSERT_SQL, params)
+        return _message_inserted(cursor.fetchone(), params)
 
 
-@transaction.atomic
-def assistant_message_save(
+async def _message_insert_async(conn: Any, **fields: Any) -> int:
+    """:func:`_message_insert` on the async connection ``conn``."""
+    params = _message_params(**fields)
+    cursor = await conn.execute(_MESSAGE_INSERT_SQL, params)
+    return _message_inserted(await cursor.fetchone(), params)
+
+
+_TOOL_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "call_id", "name", "arguments", "arguments_raw", "status",
+                      "result", "result_data", "error", "started_at", "finished_at", "duration_ms", "created_at")
+"""Every column of a ToolCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
+
+_TOOL_CALLS_INSERT_SQL = f"""
+INSERT INTO "{ToolCall._meta.db_table}" ({", ".join(map('"{}"'.format, _TOOL_CALL_COLUMNS))})
+SELECT %(tenant_id)s, %(run_id)s, %(turn)s, c.call_id, c.name, c.arguments::jsonb, c.arguments_raw, %(status)s,
+       '', NULL, '', NULL, NULL, NULL, %(now)s
+FROM unnest(%(call_ids)s::text[], %(names)s::text[], %(arguments)s::text[], %(arguments_raw)s::text[])
+     AS c(call_id, name, arguments, arguments_raw)
+RETURNING "id", "call_id"
+"""
+
+
+async def assistant_message_save(
     *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "", llm_call: AttemptRecord | None = None,
 ) -> list[dict[str, Any]]:
-    """Persist an assistant message and its tool calls (pending); counts the turn. With
-    ``llm_call`` (the attempt that produced the message), also its LLMCall row and usage, in
-    the same transaction (see :func:`llm_call_record`).
+    """Persist an assistant message and its tool calls (``pending``; arguments that are not
+    a JSON object are stored as ``{}`` beside the raw text); counts the turn. With
+    ``llm_call`` (the attempt that produced the message), also its LLMCall row and usage.
+    One transaction.
 
     Returns:
         ``[{pk, call_id, name, arguments_raw}]`` for the tool calls, in the model's order.
     """
-    _message_insert(
-        session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content, reasoning=reasoning,
-        tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
-    )
-    if llm_call is not None:
-        _llm_call_insert(spec=spec, turn=turn, record=llm_call)
-    _run_add_usage(spec=spec, record=llm_call, loop_count=turn + 1)
-    rows = []
+    parsed: list[str] = []
     for c in message.tool_calls:
         try:
-            parsed: Any = c.parsed_arguments()
+            arguments: Any = c.parsed_arguments()
         except ValueError:
-            parsed = {}
-        rows.append(ToolCall(
-            tenant_id=spec.tenant_id, run_id=spec.run_id, turn=turn, call_id=c.id, name=c.name,
-            arguments=parsed, arguments_raw=c.arguments,
-        ))
-    ToolCall.objects.bulk_create(rows)  # one INSERT; PostgreSQL returns the primary keys
-    return [{"pk": row.pk, "call_id": row.call_id, "name": row.name, "arguments_raw": row.arguments_raw} for row in rows]
+            arguments = {}
+        parsed.append(json.dumps(arguments))
+    async with pg_connection() as conn, conn.transaction():
+        await _message_insert_async(
+            conn, session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content,
+            reasoning=reasoning,
+            tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
+        )
+        if llm_call is not None:
+            await _llm_call_insert(conn, spec=spec, turn=turn, record=llm_call)
+        await _run_add_usage(conn, spec=spec, record=llm_call, loop_count=turn + 1)
+        if not message.tool_calls:
+            return []
+        cursor = await conn.execute(_TOOL_CALLS_INSERT_SQL, {
+            "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn,
+            "status": ToolCallStatus.PENDING.value, "now": timezone.now(),
+            "call_ids": [c.id for c in message.tool_calls], "names": [c.name for c in message.tool_calls],
+            "arguments": parsed, "arguments_raw": [c.arguments for c in message.tool_calls],
+        })
+        pks = {call_id: pk for pk, call_id in await cursor.fetchall()}  # call ids are unique per run
+    return [{"pk": pks[c.id], "call_id": c.id, "name": c.name, "arguments_raw": c.arguments} for c in message.tool_calls]
 
 
 def pending_tool_calls(*, run_id: int, call_ids: list[str]) -> list[dict[str, Any]]:
@@ -672,16 +738,18 @@ _TOOL_CALL_FINISH_SQL = (
 )
 
 
-def tool_call_start(*, pk: int) -> None:
+async def tool_call_start(*, pk: int) -> None:
     """Mark the call ``running`` (started now)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_TOOL_CALL_START_SQL, {
+    async with pg_connection() as conn:
+        await conn.execute(_TOOL_CALL_START_SQL, {
             "status": ToolCallStatus.RUNNING.value, "now": timezone.now(), "pk": pk, "tenant_id": require_tenant_id(),
         })
 
 
-@transaction.atomic
-def tool_call_finish(
+_TOOL_CALL_NAME_SQL = f'SELECT "call_id", "name" FROM "{ToolCall._meta.db_table}" WHERE "id" = %(pk)s'
+
+
+async def tool_call_finish(
     *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int,
     model_content: str | None = None, call_id: str | None = None, name: str | None = None,
 ) -> bool:
@@ -692,26 +760,26 @@ def tool_call_finish(
 
     ``content`` is the result as the tool returned it (ToolCall.result, shown in the UI);
     ``model_content``, when given, is what the model reads instead (the tool message), e.g.
-    the result framed as untrusted data.
+    the result framed as untrusted data. One transaction.
     """
     result_data = _jsonable(data)
-    with connection.cursor() as cursor:
-        cursor.execute(_TOOL_CALL_FINISH_SQL, {
+    async with pg_connection() as conn, conn.transaction():
+        cursor = await conn.execute(_TOOL_CALL_FINISH_SQL, {
             "status": status, "result": content if status == ToolCallStatus.SUCCEEDED else "",
             "result_data": None if result_data is None else json.dumps(result_data), "error": error,
             "now": timezone.now(), "duration_ms": duration_ms, "pk": pk, "tenant_id": require_tenant_id(),
         })
-        recorded = cursor.rowcount
-    if not recorded:  # another attempt recorded it first (the row lock decides)
-        return False
-    if call_id is None or name is None:
-        call_id, name = ToolCall.objects.filter(pk=pk).values_list("call_id", "name").get()
-    _message_insert(
-        session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.TOOL,
-        content=(model_content if model_content is not None else content) if status == ToolCallStatus.SUCCEEDED
-        else f"Error: {error}",
-        tool_call_id=call_id, name=name,
-    )
+        if not cursor.rowcount:  # another attempt recorded it first (the row lock decides)
+            return False
+        if call_id is None or name is None:
+            cursor = await conn.execute(_TOOL_CALL_NAME_SQL, {"pk": pk})
+            call_id, name = await cursor.fetchone()
+        await _message_insert_async(
+            conn, session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.TOOL,
+            content=(model_content if model_content is not None else content) if status == ToolCallStatus.SUCCEEDED
+            else f"Error: {error}",
+            tool_call_id=call_id, name=name,
+        )
     return True
 
 
@@ -725,11 +793,11 @@ def _jsonable(data: Any) -> Any:
         return {"repr": repr(data)[:10_000]}
 
 
-@transaction.atomic
-def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
-    """Write the LLMCall row and add its tokens and cost to the run's totals."""
-    _run_add_usage(spec=spec, record=record)
-    _llm_call_insert(spec=spec, turn=turn, record=record)
+async def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+    """Write the LLMCall row and add its tokens and cost to the run's totals (one transaction)."""
+    async with pg_connection() as conn, conn.transaction():
+        await _run_add_usage(conn, spec=spec, record=record)
+        await _llm_call_insert(conn, spec=spec, turn=turn, record=record)
 
 
 _LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "attempt", "route_entry_id", "entry_index", "provider_name", "model",
@@ -742,20 +810,19 @@ _LLM_CALL_INSERT_SQL = "INSERT INTO \"{}\" ({}) VALUES ({})".format(
 )
 
 
-def _llm_call_insert(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
     """One LLMCall row for ``record`` (a plain INSERT: it is written at every model turn)."""
     entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
-    with connection.cursor() as cursor:
-        cursor.execute(_LLM_CALL_INSERT_SQL, {
-            "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "attempt": record.attempt,
-            "route_entry_id": entry_id, "entry_index": record.entry_index, "provider_name": record.provider_name,
-            "model": record.model, "status": record.status, "error_class": record.error_class or "",
-            "error": record.error[:5000], "latency_ms": max(0, record.latency_ms),
-            "first_token_ms": record.first_token_ms, "prompt_tokens": record.prompt_tokens,
-            "completion_tokens": record.completion_tokens, "usage_estimated": record.usage_estimated,
-            "cost_usd_micros": record.cost_usd_micros, "retry_wait_ms": record.retry_wait_ms,
-            "created_at": timezone.now(),
-        })
+    await conn.execute(_LLM_CALL_INSERT_SQL, {
+        "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "attempt": record.attempt,
+        "route_entry_id": entry_id, "entry_index": record.entry_index, "provider_name": record.provider_name,
+        "model": record.model, "status": record.status, "error_class": record.error_class or "",
+        "error": record.error[:5000], "latency_ms": max(0, record.latency_ms),
+        "first_token_ms": record.first_token_ms, "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens, "usage_estimated": record.usage_estimated,
+        "cost_usd_micros": record.cost_usd_micros, "retry_wait_ms": record.retry_wait_ms,
+        "created_at": timezone.now(),
+    })
 
 
 _RUN_ADD_USAGE_SQL = (
@@ -767,16 +834,17 @@ _RUN_ADD_USAGE_SQL = (
 )
 
 
-def _run_add_usage(*, spec: RunSpec, record: AttemptRecord | None, loop_count: int | None = None) -> None:
+async def _run_add_usage(
+    conn: Any, *, spec: RunSpec, record: AttemptRecord | None, loop_count: int | None = None,
+) -> None:
     """Add ``record``'s tokens and cost to the run's totals; with ``loop_count``, also set it
     (the turn is counted)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_RUN_ADD_USAGE_SQL, {
-            "loop_count": loop_count, "run_id": spec.run_id, "tenant_id": require_tenant_id(),
-            "prompt_tokens": record.prompt_tokens if record else 0,
-            "completion_tokens": record.completion_tokens if record else 0,
-            "cost_usd_micros": record.cost_usd_micros if record else 0,
-        })
+    await conn.execute(_RUN_ADD_USAGE_SQL, {
+        "loop_count": loop_count, "run_id": spec.run_id, "tenant_id": require_tenant_id(),
+        "prompt_tokens": record.prompt_tokens if record else 0,
+        "completion_tokens": record.completion_tokens if record else 0,
+        "cost_usd_micros": record.cost_usd_micros if record else 0,
+    })
 
 
 @dataclass(frozen=True, slots=True)
@@ -785,21 +853,33 @@ class Usage:
     cost_usd_micros: int
 
 
-def run_usage(run_id: int) -> Usage:
+_RUN_USAGE_SQL = (
+    f'SELECT r."prompt_tokens" + r."completion_tokens", r."cost_usd_micros", t."run_id" FROM "{Run._meta.db_table}" r '
+    f'LEFT JOIN "{ToolCall._meta.db_table}" t ON t."id" = r."parent_tool_call_id" '
+    'WHERE r."id" = %(run_id)s AND r."tenant_id" = %(tenant_id)s'
+)
+
+
+async def run_usage(run_id: int) -> Usage:
     """Tokens and cost the run has used so far, for its per-run budgets.
 
     For a sub-run: its own plus its ancestors' (a run's totals include its sub-runs only once
     they ended), so a skill spends from the budget of the user's run that called it.
+
+    Raises:
+        Run.DoesNotExist: no such run (or ancestor) in the current tenant.
     """
     tokens = cost = 0
     next_id: int | None = run_id
-    while next_id is not None:
-        run = Run.objects.values(
-            "prompt_tokens", "completion_tokens", "cost_usd_micros", "parent_tool_call__run_id"
-        ).get(pk=next_id)
-        tokens += run["prompt_tokens"] + run["completion_tokens"]
-        cost += run["cost_usd_micros"]
-        next_id = run["parent_tool_call__run_id"]
+    async with pg_connection() as conn:
+        while next_id is not None:
+            cursor = await conn.execute(_RUN_USAGE_SQL, {"run_id": next_id, "tenant_id": require_tenant_id()})
+            row = await cursor.fetchone()
+            if row is None:
+                raise Run.DoesNotExist(f"run {next_id} not found")
+            tokens += row[0]
+            cost += row[1]
+            next_id = row[2]
     return Usage(tokens=tokens, cost_usd_micros=cost)
 
 
@@ -1025,16 +1105,16 @@ def steer_absorb(run_id: int) -> list[int]:
     return ids
 
 
-def session_has_artifacts(session_id: int) -> bool:
+async def session_has_artifacts(session_id: int) -> bool:
     """Whether any artifact belongs to the session (the runner then offers ``read_artifact``)."""
     from sessions.models import Artifact
 
-    with connection.cursor() as cursor:
-        cursor.execute(
+    async with pg_connection() as conn:
+        cursor = await conn.execute(
             f'SELECT EXISTS (SELECT 1 FROM "{Artifact._meta.db_table}" WHERE "session_id" = %s AND "tenant_id" = %s)',
             [session_id, require_tenant_id()],
         )
-        return cursor.fetchone()[0]
+        return (await cursor.fetchone())[0]
 
 
 # --- sub-runs (skills) -------------------------------------------------------------------------

@@ -78,8 +78,8 @@ class RunHost:
 
     def close(self, timeout_seconds: float = 10.0) -> None:
         """Release what the loop holds, then stop it: the MCP pool's sessions (stdio servers
-        are terminated, HTTP sessions closed), the model adapters' HTTP pools and the server
-        browser (Chromium). (:func:`run_host_shutdown` then ends the database threads.) Waits at most
+        are terminated, HTTP sessions closed), the model adapters' HTTP pools, the server
+        browser (Chromium), the loop's database connections and its Redis publisher. (:func:`run_host_shutdown` then ends the database threads.) Waits at most
         ``timeout_seconds``; never raises (a shutdown must go on)."""
         try:
             self.submit(_release_loop_resources()).result(timeout=timeout_seconds)
@@ -94,11 +94,13 @@ async def _release_loop_resources() -> None:
     from capabilities.mcp.pool import mcp_pool
     from llm.providers import anthropic, openai_compat
     from sessions.events import publisher_aclose
+    from sessions.runner.pg import pg_pool_aclose
 
     await mcp_pool().aclose()
     await openai_compat.aclose_clients()
     await anthropic.aclose_clients()
     await server_browser_pool().shutdown()  # Chromium, if a run started it (else nothing to close)
+    await pg_pool_aclose()  # the runs' async database connections
     await publisher_aclose()  # last: the steps above may still publish
 
 

@@ -56,7 +56,7 @@ async def execute_run(run_id: int) -> None:
     Ends with the run ``completed``, ``failed`` (with ``reason``) or ``cancelled`` (a cancel
     was requested through :mod:`sessions.runner.cancellation`), and its event published.
     """
-    tenant_id = await _db.db(_db.run_tenant_id)(run_id)
+    tenant_id = await _db.run_tenant_id(run_id)
     if tenant_id is None:
         logger.warning("run %s does not exist", run_id)
         return
@@ -107,7 +107,7 @@ async def _heartbeat(run_id: int, attempt: int, owner: asyncio.Task | None) -> N
     while True:
         await asyncio.sleep(settings.RUN_HEARTBEAT_SECONDS)
         try:
-            alive = await _db.db(_db.run_heartbeat)(run_id, attempt)
+            alive = await _db.run_heartbeat(run_id, attempt)
         except Exception:  # noqa: BLE001 - keep beating
             logger.warning("run %s: heartbeat write failed", run_id, exc_info=True)
             continue
@@ -227,7 +227,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
     async with contextlib.AsyncExitStack() as stack:
         if toolset is None:
             toolset = await toolset_open(spec, stack)
-        if await _db.db(_db.session_has_artifacts)(spec.session_id):
+        if await _db.session_has_artifacts(spec.session_id):
             toolset.add_builtin("read_artifact")
         turn = spec.loop_count
         record = _LlmCallRecorder(spec, turn)
@@ -243,7 +243,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
         known_cursor: dict[str, Any] = {}  # the compaction cursor, once read (see history_load)
         while True:
             record.turn = turn
-            history = await _db.db(_db.history_load)(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0,
+            history = await _db.history_load(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0,
                                                      **known_cursor)
             known_cursor = {"compaction": history.compaction}  # until this run compacts
             last = history.tail
@@ -328,7 +328,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
             message = completion.message
             if final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
                 message = dataclasses.replace(message, tool_calls=())
-            calls = await _db.db(_db.assistant_message_save)(spec=spec, turn=turn, message=message, reasoning=reasoning,
+            calls = await _db.assistant_message_save(spec=spec, turn=turn, message=message, reasoning=reasoning,
                                                              llm_call=record.take_answer())
             turn += 1
             current_entry = completion.entry_index
@@ -363,7 +363,7 @@ class _LlmCallRecorder:
         if self._holding and self._answer is None and attempt.status == "succeeded":
             self._answer = attempt
             return
-        await _db.db(_db.llm_call_record)(spec=self.spec, turn=self.turn, record=attempt)
+        await _db.llm_call_record(spec=self.spec, turn=self.turn, record=attempt)
 
     @contextlib.asynccontextmanager
     async def holding_the_answer(self) -> Any:
@@ -413,7 +413,7 @@ async def _budget_exceeded(spec: RunSpec, *, prompt_tokens: int, entry_index: in
         return ""
     next_prompt_tokens = prompt_tokens
     next_cost = round(next_prompt_tokens * spec.entries[entry_index].input_price_per_mtok)
-    used = await _db.db(_db.run_usage)(spec.run_id)
+    used = await _db.run_usage(spec.run_id)
     if spec.max_tokens_per_run is not None and used.tokens + next_prompt_tokens > spec.max_tokens_per_run:
         return (f"The run has used {used.tokens} tokens; the next model turn (~{next_prompt_tokens} prompt tokens) "
                 f"would exceed the agent's budget of {spec.max_tokens_per_run} tokens per run.")

@@ -136,7 +136,7 @@ async def _execute_one(
             decided = _Result(status=ToolCallStatus.FAILED,
                               error=f"The agent's policy does not allow the tool {name!r}. Do not call it again.")
 
-    await _db.db(_db.tool_call_start)(pk=pk)
+    await _db.tool_call_start(pk=pk)
     await publish("tool_call_started", {"tool_call_id": pk, "name": name, "arguments": shown_arguments})
     started = time.monotonic()
     if decided is not None:
@@ -159,7 +159,7 @@ async def _execute_one(
                                                     content=result.content, publish=publish)
     duration_ms = int((time.monotonic() - started) * 1000)
 
-    recorded = await _db.db(_db.tool_call_finish)(
+    recorded = await _db.tool_call_finish(
         spec=spec, pk=pk, status=result.status, content=result.content[:MAX_RECORDED_CHARS], data=result.data,
         error=result.error, duration_ms=duration_ms, model_content=result.model_content,
         call_id=call["call_id"], name=name,

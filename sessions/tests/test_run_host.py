@@ -30,7 +30,8 @@ def test_the_run_loop_kind_follows_the_setting(settings):
 
 def test_shutdown_terminates_pooled_stdio_servers_before_the_process_ends(world, fake_llm):
     """Celery's worker_shutdown closes the run host: the MCP pool's stdio servers are
-    terminated by the pool (this process is still alive, so it is not their stdin closing)."""
+    terminated by the pool (this process is still alive, so it is not their stdin closing);
+    the loop's Redis publisher and database connections are closed."""
     before = set(mcp_time_server_pids())
     agent = agent_with_time_server.func(world, fake_llm.base_url)  # the sync function under the decorator
     fake_llm.script(ToolCalls([("time__get_current_time", {"timezone": "UTC"})]), Reply("It is noon."))
@@ -44,10 +45,15 @@ def test_shutdown_terminates_pooled_stdio_servers_before_the_process_ends(world,
     publisher = events._publishers[run_host()._loop]
     connection = publisher._connection
     assert connection is not None and connection.is_connected, "the run's events went out on it"
+    from sessions.runner import pg
+
+    database = pg._pools[run_host()._loop]
+    assert database.open_connections >= 1, "the run's turns were written through it"
 
     assert run_host_shutdown(timeout_seconds=15) is True
     assert not pooled & set(mcp_time_server_pids())
     assert not connection.is_connected, "the publisher's Redis connection was closed"
+    assert database.closed and database.open_connections == 0, "the loop's database connections were closed"
     assert run_host_shutdown() is False, "already closed"
     assert run_host().run(_answer()) == 42, "a new host starts on next use"
 

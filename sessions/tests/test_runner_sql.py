@@ -1,12 +1,16 @@
 """The runner's hand-written SQL (sessions/runner/_db.py) against the models it writes.
 
 The hot writes (a message per turn and per tool result, an LLM call per turn, tool call
-updates) and the history read are plain SQL for their CPU cost. These tests fail when a
+inserts and updates) and the history read are plain SQL for their CPU cost, run on the
+loop's async psycopg pool (sessions/runner/pg.py; each ``asyncio.run`` here opens and closes
+one). These tests fail when a
 model gains a column those INSERTs do not write, and check the rows they write through the
 ORM, tenant scope included.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -27,6 +31,7 @@ def _columns(model) -> set[str]:
 def test_the_inserts_write_every_column_of_their_models() -> None:
     assert set(_db._MESSAGE_COLUMNS) == _columns(Message)
     assert set(_db._LLM_CALL_COLUMNS) == _columns(LLMCall)
+    assert set(_db._TOOL_CALL_COLUMNS) == _columns(ToolCall)
 
 
 def _claimed(world, fake_llm_url: str):
@@ -50,15 +55,15 @@ def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, fake_llm) 
         ToolCallRequest(id="c2", name="echo", arguments="not json"),
     ))
     with tenant_scope(world.tenant.pk):
-        calls = _db.assistant_message_save(spec=spec, turn=0, message=message, reasoning="thinking", llm_call=record)
-        _db.tool_call_start(pk=calls[0]["pk"])
-        assert _db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="succeeded", content="ä", data={"n": 1},
-                                    error="", duration_ms=4, call_id="c1", name="echo")
-        assert not _db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="failed", content="", data=None,
-                                        error="late", duration_ms=1, call_id="c1", name="echo"), "recorded once"
-        assert _db.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="failed", content="", data=None,
-                                    error="bad arguments", duration_ms=1)
-        history = _db.history_load(spec.run_id, session_id=spec.session_id, subrun=False)
+        calls = asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message, reasoning="thinking", llm_call=record))
+        asyncio.run(_db.tool_call_start(pk=calls[0]["pk"]))
+        assert asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="succeeded", content="ä", data={"n": 1},
+                                    error="", duration_ms=4, call_id="c1", name="echo"))
+        assert not asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="failed", content="", data=None,
+                                        error="late", duration_ms=1, call_id="c1", name="echo")), "recorded once"
+        assert asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="failed", content="", data=None,
+                                    error="bad arguments", duration_ms=1))
+        history = asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False))
 
     rows = list(Message.all_tenants.filter(run_id=spec.run_id).order_by("position"))
     assert [(m.role, m.content, m.tenant_id) for m in rows] == [
@@ -74,6 +79,10 @@ def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, fake_llm) 
     first, second = ToolCall.all_tenants.filter(run_id=spec.run_id).order_by("id")
     assert (first.status, first.result, first.result_data, first.duration_ms) == ("succeeded", "ä", {"n": 1}, 4)
     assert first.started_at is not None and first.finished_at is not None
+    assert (first.call_id, first.name, first.arguments, first.arguments_raw, first.turn, first.tenant_id) == (
+        "c1", "echo", {"text": "ä"}, '{"text": "ä"}', 0, world.tenant.pk)
+    assert [c["pk"] for c in calls] == [first.pk, second.pk], "returned in the model's order"
+    assert (second.call_id, second.arguments, second.arguments_raw) == ("c2", {}, "not json")
     assert (second.status, second.result_data, second.error) == ("failed", None, "bad arguments")
 
     llm_call = LLMCall.all_tenants.get(run_id=spec.run_id)
@@ -92,8 +101,8 @@ def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fak
     message = ChatMessage(role="assistant", content="x")
     with tenant_scope(other_world.tenant.pk):
         with pytest.raises(Exception, match="not found"):
-            _db.assistant_message_save(spec=spec, turn=0, message=message)
-        assert _db.history_load(spec.run_id, session_id=spec.session_id, subrun=False).messages == []
+            asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message))
+        assert asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False)).messages == []
     assert Message.all_tenants.filter(run_id=spec.run_id).count() == 1  # the user's message only
 
 
@@ -103,7 +112,7 @@ def test_run_finish_ends_the_run_its_open_calls_and_hands_on_the_next_queued_run
     spec = _claimed(world, fake_llm.base_url)
     message = ChatMessage(role="assistant", content="", tool_calls=(ToolCallRequest(id="c1", name="echo", arguments="{}"),))
     with tenant_scope(world.tenant.pk):
-        _db.assistant_message_save(spec=spec, turn=0, message=message)
+        asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message))
     session = ChatSession.all_tenants.get(pk=spec.session_id)
     agent = session.agent
     queued = post_message_sync(agent=agent, user=world.member, content="next", session=session)
