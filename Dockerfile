@@ -5,13 +5,13 @@
 #
 # llama-cpp-python (the `llm` extra) compiles llama.cpp from source: ~5 minutes on 2 cores
 # the first time. The pip cache mount keeps the built wheel across rebuilds.
-# By default llama.cpp is built for the build machine's CPU (fastest; the image then runs
-# where it is built, which is what `docker compose up --build` does). For an image that
-# runs on other x86-64 machines, build with e.g.
-#   --build-arg LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+# By default llama.cpp is built portable (GGML_NATIVE=OFF: AVX2, FMA, F16C), as
+# scripts/bootstrap.sh does: its native build (-march=native) crashed at the first completion
+# on a CPU with AMX in a VM. For the build machine's own CPU, pass
+#   --build-arg LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON"
 FROM python:3.11-slim
 
-ARG LLAMA_CMAKE_ARGS=""
+ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

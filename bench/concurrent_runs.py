@@ -19,7 +19,7 @@ figures include:
 gets the token from the adapter, where its event is queued for Redis, where Redis's reply to
 it is read), which tells the worker's share of the delay from the web process's.
 
-Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--db-threads K] [--profile out.txt]``
+Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--db-threads K] [--pg-connections K] [--profile out.txt]``
 """
 
 from __future__ import annotations
@@ -217,12 +217,16 @@ def main() -> None:
     parser.add_argument("--switch-interval-ms", type=float,
                         help="sys.setswitchinterval for this (worker) process instead of RUN_HOST_SWITCH_INTERVAL_MS")
     parser.add_argument("--db-threads", type=int, help="RUN_HOST_DB_THREADS for this run (threads of the runner's ORM calls)")
+    parser.add_argument("--pg-connections", type=int,
+                        help="RUN_HOST_PG_CONNECTIONS for this run (the loop's async connections for per-turn statements)")
     parser.add_argument("--stages", action="store_true",
                         help="also print token latency at the runner, where its event is queued and where its reply is read")
     parser.add_argument("--warmup", type=int, default=5, help="runs of an unreported first round (0: none)")
     args = parser.parse_args()
     if args.db_threads:
         settings.RUN_HOST_DB_THREADS = args.db_threads
+    if args.pg_connections:
+        settings.RUN_HOST_PG_CONNECTIONS = args.pg_connections
     if args.stages:
         global STAGES
         STAGES = watch_stages()

@@ -14,10 +14,26 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PYTHON" -m venv .venv
 fi
-stamp=".venv/.installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
+# llama-cpp-python (the embedded model's server) compiles llama.cpp from source. llama.cpp's
+# default build targets the build machine's CPU (-march=native), and that build crashed
+# (segmentation fault at the first completion) on a CPU with AMX in a VM. So it is built
+# portable (GGML_NATIVE=OFF: AVX2, FMA, F16C), once per machine, into a wheel directory of
+# our own: pip's wheel cache would hand back a wheel built with other CMAKE_ARGS.
+LLAMA_CMAKE_ARGS=${LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF}
+llama_version=$(grep -i '^llama[-_]cpp[-_]python==' constraints.txt | cut -d= -f3)
+llama_wheels="${XDG_CACHE_HOME:-$HOME/.cache}/agent-platform/wheels/llama-cpp-python-$llama_version-$(printf %s "$LLAMA_CMAKE_ARGS" | sha256sum | cut -c1-12)"
+stamp=".venv/.installed-$( (cat pyproject.toml constraints.txt; echo "$LLAMA_CMAKE_ARGS") | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  log "installing dependencies (the first time, llama-cpp-python compiles for ~5 minutes)"
-  .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,llm]'
+  if ! ls "$llama_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    log "compiling llama-cpp-python $llama_version ($LLAMA_CMAKE_ARGS; ~5 minutes, once per machine)"
+    mkdir -p "$llama_wheels"
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" .venv/bin/pip wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
+      -w "$llama_wheels" "llama-cpp-python==$llama_version"
+  fi
+  log "installing dependencies"
+  .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt --find-links "$llama_wheels" -e '.[dev,llm]'
+  # A venv made before this build (or from pip's cache) may hold another build of the same version.
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall "$llama_wheels"/llama_cpp_python-*.whl
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
