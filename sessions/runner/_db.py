@@ -920,20 +920,12 @@ def run_finish(
     Raises:
         Run.DoesNotExist: no such run in the current tenant.
     """
-    from sessions.services import next_queued_run_id
-
-    now = timezone.now()
-    tenant_id = require_tenant_id()
+    params = _run_end_params(run_id=run_id, status=status, reply=reply, error=error, reason=reason)
+    now, tenant_id = params["now"], params["tenant_id"]
     with connection.cursor() as cursor:
-        cursor.execute(_RUN_END_SQL, {
-            "status": status, "reply": reply, "error": error[:5000], "reason": reason, "now": now,
-            "run_id": run_id, "tenant_id": tenant_id,
-        })
-        row = cursor.fetchone()
-        if row is None:
-            raise Run.DoesNotExist(f"run {run_id} not found")
-        session_id, parent_tool_call_id = row
-        cursor.execute(_SESSION_LOCK_SQL, {"session_id": session_id, "tenant_id": tenant_id})
+        cursor.execute(_RUN_END_SQL, params)
+        params["session_id"], parent_tool_call_id = _run_ended(run_id, cursor.fetchone())
+        cursor.execute(_SESSION_LOCK_SQL, params)
     steered: list[int] = []
     if may_have_steered:
         steered = list(Run.objects.filter(steered_into_id=run_id).order_by("pk").values_list("pk", flat=True))
@@ -942,22 +934,58 @@ def run_finish(
                 status=status, reply=reply, error=error[:5000], reason=reason, finished_at=now,
             )
     with connection.cursor() as cursor:
-        # Calls left without a result (the run failed mid-turn) are recorded as cancelled.
-        cursor.execute(_RUN_END_CALLS_SQL, {"status": ToolCallStatus.CANCELLED.value, "now": now, "run_id": run_id,
-                                           "tenant_id": tenant_id})
-        cursor.execute(_RUN_END_APPROVALS_SQL, {"expired": ApprovalStatus.EXPIRED.value,
-                                               "pending": ApprovalStatus.PENDING.value, "run_id": run_id,
-                                               "tenant_id": tenant_id})
-    if may_have_subruns:
-        subruns_end_with_parent(run_id=run_id, now=now)
-    if parent_tool_call_id is not None:  # a sub-run starts nothing: its parent still holds the session
-        return RunFinished(to_start=[], steered=steered)
-    out = []
-    next_id = next_queued_run_id(session_id=session_id)
-    if next_id is not None:
-        out.append(next_id)
-    out += [i for i in tenant_waiting_run_ids(tenant_id) if i not in out]
+        cursor.execute(_RUN_END_CALLS_SQL, params)
+        cursor.execute(_RUN_END_APPROVALS_SQL, params)
+        if may_have_subruns:
+            subruns_end_with_parent(run_id=run_id, now=now)
+        if parent_tool_call_id is not None:  # a sub-run starts nothing: its parent still holds the session
+            return RunFinished(to_start=[], steered=steered)
+        cursor.execute(_RUN_END_NEXT_SQL, params)
+        next_id, tenant_has_queued = cursor.fetchone()
+    out = [] if next_id is None else [next_id]
+    if tenant_has_queued:
+        out += [i for i in tenant_waiting_run_ids(tenant_id, known_queued=True) if i not in out]
     return RunFinished(to_start=out, steered=steered)
+
+
+async def run_finish_alone(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> RunFinished:
+    """:func:`run_finish` for a run that nothing was steered into and that started no sub-run
+    (the runner knows: the first attempt of a run of an agent not in steer mode and without
+    skills), on the loop's async connection: the same statements, one transaction, no thread.
+    Only if the tenant has queued runs does it ask a thread which of them may start now."""
+    params = _run_end_params(run_id=run_id, status=status, reply=reply, error=error, reason=reason)
+    async with pg_connection() as conn, conn.transaction():
+        cursor = await conn.execute(_RUN_END_SQL, params)
+        params["session_id"], parent_tool_call_id = _run_ended(run_id, await cursor.fetchone())
+        await conn.execute(_SESSION_LOCK_SQL, params)
+        await conn.execute(_RUN_END_CALLS_SQL, params)
+        await conn.execute(_RUN_END_APPROVALS_SQL, params)
+        if parent_tool_call_id is not None:
+            return RunFinished(to_start=[], steered=[])
+        cursor = await conn.execute(_RUN_END_NEXT_SQL, params)
+        next_id, tenant_has_queued = await cursor.fetchone()
+    out = [] if next_id is None else [next_id]
+    if tenant_has_queued:
+        waiting = await db(tenant_waiting_run_ids)(params["tenant_id"], known_queued=True)
+        out += [i for i in waiting if i not in out]
+    return RunFinished(to_start=out, steered=[])
+
+
+def _run_end_params(*, run_id: int, status: str, reply: str, error: str, reason: str) -> dict[str, Any]:
+    """The parameters of every ``_RUN_END_*`` statement (``session_id`` is added once known)."""
+    return {
+        "run_id": run_id, "tenant_id": require_tenant_id(), "status": status, "reply": reply, "error": error[:5000],
+        "reason": reason, "now": timezone.now(), "session_id": None,
+        "call_cancelled": ToolCallStatus.CANCELLED.value, "approval_expired": ApprovalStatus.EXPIRED.value,
+        "approval_pending": ApprovalStatus.PENDING.value, "queued": RunStatus.QUEUED.value,
+    }
+
+
+def _run_ended(run_id: int, row: Any) -> tuple[int, int | None]:
+    """(session id, parent tool call id) from ``_RUN_END_SQL``'s row."""
+    if row is None:
+        raise Run.DoesNotExist(f"run {run_id} not found")
+    return row[0], row[1]
 
 
 _RUN_END_SQL = (
@@ -969,19 +997,29 @@ _SESSION_LOCK_SQL = (
     f'SELECT 1 FROM "{ChatSession._meta.db_table}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
 )
 _RUN_END_CALLS_SQL = (
-    f'UPDATE "{ToolCall._meta.db_table}" SET "status" = %(status)s, "finished_at" = %(now)s '
+    f'UPDATE "{ToolCall._meta.db_table}" SET "status" = %(call_cancelled)s, "finished_at" = %(now)s '
     'WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "finished_at" IS NULL'
 )
+"""Calls left without a result (the run ended mid-turn) are recorded as cancelled."""
 _RUN_END_APPROVALS_SQL = (
-    f'UPDATE "{Approval._meta.db_table}" SET "status" = %(expired)s '
-    'WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "status" = %(pending)s'
+    f'UPDATE "{Approval._meta.db_table}" SET "status" = %(approval_expired)s '
+    'WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "status" = %(approval_pending)s'
 )
+_RUN_END_NEXT_SQL = (
+    f'SELECT (SELECT "id" FROM "{Run._meta.db_table}" WHERE "session_id" = %(session_id)s '
+    'AND "tenant_id" = %(tenant_id)s AND "status" = %(queued)s ORDER BY "id" LIMIT 1), '
+    f'EXISTS (SELECT 1 FROM "{Run._meta.db_table}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(queued)s '
+    'AND "steered_into_id" IS NULL)'
+)
+"""The session's next queued run (as :func:`sessions.services.next_queued_run_id`), and whether
+the tenant has any queued run at all (else :func:`tenant_waiting_run_ids` has nothing to find)."""
 
 
-def tenant_waiting_run_ids(tenant_id: int) -> list[int]:
+def tenant_waiting_run_ids(tenant_id: int, *, known_queued: bool = False) -> list[int]:
     """Queued runs of the tenant that could start now: first in their session, oldest first,
-    at most as many as the tenant has free slots."""
-    if not Run.objects.filter(status=RunStatus.QUEUED, steered_into__isnull=True).exists():
+    at most as many as the tenant has free slots. ``known_queued``: the caller saw that the
+    tenant has queued runs (skips that check)."""
+    if not known_queued and not Run.objects.filter(status=RunStatus.QUEUED, steered_into__isnull=True).exists():
         return []  # the common case, in one query
     tenant = Tenant.objects.get(pk=tenant_id)
     working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()

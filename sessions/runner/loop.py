@@ -133,11 +133,12 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
             await publish("run_awaiting_approval", {"approvals": approvals})
         await _start_runs(to_start)
         return
-    first_attempt = spec is not None and spec.attempt == 1
-    finished = await _db.db(_db.run_finish)(
-        run_id=run_id, status=outcome.status, reply=outcome.reply, error=outcome.error, reason=outcome.reason,
-        may_have_steered=not first_attempt or spec.steer, may_have_subruns=not first_attempt or bool(spec.skill_bindings),
-    )
+    ended = {"run_id": run_id, "status": outcome.status, "reply": outcome.reply, "error": outcome.error,
+             "reason": outcome.reason}
+    if spec is not None and spec.attempt == 1 and not spec.steer and not spec.skill_bindings:
+        finished = await _db.run_finish_alone(**ended)  # nothing steered into it, no sub-runs
+    else:
+        finished = await _db.db(_db.run_finish)(**ended)
     for target in (run_id, *finished.steered):
         if outcome.status == RunStatus.COMPLETED:
             data: dict[str, Any] = {"reply": outcome.reply}

@@ -106,30 +106,42 @@ def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fak
     assert Message.all_tenants.filter(run_id=spec.run_id).count() == 1  # the user's message only
 
 
-def test_run_finish_ends_the_run_its_open_calls_and_hands_on_the_next_queued_run(world, other_world, fake_llm) -> None:
-    from sessions.models import ChatSession
+def _finish_on_a_thread(**ended):
+    return _db.run_finish(**ended, may_have_steered=False, may_have_subruns=False)
+
+
+def _finish_on_the_loop(**ended):
+    return asyncio.run(_db.run_finish_alone(**ended))
+
+
+@pytest.mark.parametrize("finish", [_finish_on_a_thread, _finish_on_the_loop], ids=["run_finish", "run_finish_alone"])
+def test_run_finish_ends_the_run_its_open_calls_and_hands_on_the_next_queued_run(
+    world, other_world, fake_llm, finish,
+) -> None:
+    from sessions.models import Approval, ChatSession
 
     spec = _claimed(world, fake_llm.base_url)
     message = ChatMessage(role="assistant", content="", tool_calls=(ToolCallRequest(id="c1", name="echo", arguments="{}"),))
     with tenant_scope(world.tenant.pk):
-        asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message))
+        [call] = asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message))
+        approval_id = _db.approval_request(spec=spec, call_pk=call["pk"], kind="approval", tool_name="echo", arguments={})
     session = ChatSession.all_tenants.get(pk=spec.session_id)
     agent = session.agent
     queued = post_message_sync(agent=agent, user=world.member, content="next", session=session)
 
     with tenant_scope(other_world.tenant.pk), pytest.raises(Run.DoesNotExist):
-        _db.run_finish(run_id=spec.run_id, status="failed", error="x", reason="model_error")
+        finish(run_id=spec.run_id, status="failed", error="x", reason="model_error")
     assert Run.all_tenants.get(pk=spec.run_id).status == "running", "another tenant changed nothing"
 
     with tenant_scope(world.tenant.pk):
-        finished = _db.run_finish(run_id=spec.run_id, status="failed", error="boom", reason="model_error",
-                                  may_have_steered=False, may_have_subruns=False)
+        finished = finish(run_id=spec.run_id, status="failed", error="boom", reason="model_error")
     assert finished.to_start == [queued.pk] and finished.steered == []
     run = Run.all_tenants.get(pk=spec.run_id)
     assert (run.status, run.error, run.reason, run.heartbeat_at) == ("failed", "boom", "model_error", None)
     assert run.finished_at is not None
     call = ToolCall.all_tenants.get(run_id=spec.run_id)
     assert call.status == "cancelled" and call.finished_at == run.finished_at
+    assert Approval.all_tenants.get(pk=approval_id).status == "expired"
 
 
 def test_a_claim_in_another_tenants_scope_finds_no_run(world, other_world, fake_llm) -> None:
