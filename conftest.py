@@ -121,6 +121,11 @@ def celery_worker_session():
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=10,
                       queues=[settings.CELERY_TASK_DEFAULT_QUEUE]) as worker:
         yield worker
+    # As Celery's worker_shutdown does in a real worker (start_worker does not send it): the
+    # run host's loop lets go of its connections before the test database is dropped.
+    from sessions.runner.host import run_host_shutdown
+
+    run_host_shutdown()
 
 
 @pytest.fixture
