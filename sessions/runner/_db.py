@@ -8,6 +8,11 @@
   of a few threads beside the loop. Each is self-contained (its own transaction), so they
   may run on any of those threads.
 
+A run cancelled while it awaits a per-turn statement cancels the statement (psycopg asks the
+server to) and its transaction rolls back: a turn is written whole or not at all, and the
+run's end (``run_finish*``, never cancelled) records calls left without a result as
+cancelled. A call on a thread finishes even if its caller stopped waiting.
+
 Every function here expects the caller to have set the tenant scope (the runner does, from
 the run row it claimed), and filters by it.
 """
@@ -509,14 +514,21 @@ async def history_load(
     still working has a lower position than that run's answer, but belongs after it. A
     message *steered* into a running run (agent ``message_mode`` steer) counts as that run's,
     at its position. Messages of sub-runs (skills) are left out: the parent sees only the
-    skill tool's result; a sub-run's history is its own messages (task first). Earlier runs' unanswered tool calls (a run that failed between a call
-    and its result) are dropped so that tool call/result pairs are never split; the current
+    skill tool's result; a sub-run's history is its own messages (task first). Earlier runs'
+    unanswered tool calls (a run that failed between a call and its result) are dropped so that tool call/result pairs are never split; the current
     run's are kept, because the runner resumes by executing them.
 
     ``session_id`` and ``subrun`` (whether the run is a skill's sub-run), when the caller
     knows them (the runner: from its RunSpec), spare a query per turn; so does ``compaction``
     (the previous history's :attr:`History.compaction`: the cursor moves only when this run
     compacts, as a session's runs never overlap and sub-runs never compact).
+
+    Reads on the loop's async connection, all of it from one connection (up to three
+    statements: the run, the latest compaction, the messages).
+
+    Raises:
+        Run.DoesNotExist: no such run in the current tenant (when ``session_id`` or
+            ``subrun`` is not given).
     """
     tenant_id = require_tenant_id()
     async with pg_connection() as conn:

@@ -79,7 +79,8 @@ class RunHost:
     def close(self, timeout_seconds: float = 10.0) -> None:
         """Release what the loop holds, then stop it: the MCP pool's sessions (stdio servers
         are terminated, HTTP sessions closed), the model adapters' HTTP pools, the server
-        browser (Chromium), the loop's database connections and its Redis publisher. (:func:`run_host_shutdown` then ends the database threads.) Waits at most
+        browser (Chromium), the loop's database connections and its Redis publisher.
+        (:func:`run_host_shutdown` then ends the database threads.) Waits at most
         ``timeout_seconds``; never raises (a shutdown must go on)."""
         try:
             self.submit(_release_loop_resources()).result(timeout=timeout_seconds)

@@ -245,7 +245,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
         while True:
             record.turn = turn
             history = await _db.history_load(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0,
-                                                     **known_cursor)
+                                             **known_cursor)
             known_cursor = {"compaction": history.compaction}  # until this run compacts
             last = history.tail
             if last is not None:
@@ -330,7 +330,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
             if final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
                 message = dataclasses.replace(message, tool_calls=())
             calls = await _db.assistant_message_save(spec=spec, turn=turn, message=message, reasoning=reasoning,
-                                                             llm_call=record.take_answer())
+                                                     llm_call=record.take_answer())
             turn += 1
             current_entry = completion.entry_index
             compaction_attempts, compaction_exhausted = 0, no_compaction

@@ -103,6 +103,13 @@ def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fak
         with pytest.raises(Exception, match="not found"):
             asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message))
         assert asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False)).messages == []
+        with pytest.raises(Run.DoesNotExist):
+            asyncio.run(_db.history_load(spec.run_id))  # the run itself is looked up in this tenant
+        with pytest.raises(Run.DoesNotExist):
+            asyncio.run(_db.run_usage(spec.run_id))
+    with tenant_scope(world.tenant.pk):
+        assert [m.content for m in asyncio.run(_db.history_load(spec.run_id)).messages] == ["hi"]
+        assert asyncio.run(_db.run_usage(spec.run_id)).tokens == 0
     assert Message.all_tenants.filter(run_id=spec.run_id).count() == 1  # the user's message only
 
 
