@@ -245,3 +245,24 @@ async def test_total_timeout_before_the_first_token_falls_back(server_a: FakeLLM
 
     assert text_of(events) == "from b"
     assert recorder.records[0].error == "the stream exceeded its total time limit of 0.3 s"
+
+
+async def test_a_transport_read_timeout_between_chunks_is_the_idle_timeout() -> None:
+    """The transport's read timeout and the idle timer have the same length; whichever fires
+    first, a stalled stream fails with the idle timeout's error."""
+    import httpx2
+    import openai
+
+    from llm.errors import ModelCallError
+    from llm.providers.openai_compat import _next_payloads
+
+    async def stalled():
+        yield [{"choices": []}]
+        raise openai.APITimeoutError(request=httpx2.Request("POST", "http://model.invalid/v1/chat/completions"))
+
+    payloads = stalled()
+    assert await _next_payloads(payloads, 5.0) == [{"choices": []}]
+    with pytest.raises(ModelCallError) as caught:
+        await _next_payloads(payloads, 5.0)
+    assert caught.value.error_class == "timeout"
+    assert caught.value.message == "no chunk from the provider within 5 s (idle timeout)"
