@@ -109,8 +109,11 @@ def second_fake_llm():
 
 
 @pytest.fixture(scope="session")
-def celery_worker_session():
-    """A real Celery worker thread consuming the test queue on the real Redis broker."""
+def celery_worker_session(django_db_setup):
+    """A real Celery worker thread consuming the test queue on the real Redis broker.
+
+    Set up after the test database (``django_db_setup``), so torn down before it is dropped:
+    the worker's run host closes its database connections first."""
     from celery.contrib.testing.worker import start_worker
 
     from agent_platform.celery import app
