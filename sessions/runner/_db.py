@@ -640,12 +640,6 @@ def _message_params(
     }
 
 
-def _message_inserted(row: Any, params: dict[str, Any]) -> int:
-    if row is None:
-        raise ChatSession.DoesNotExist(f"session {params['session_id']} not found")
-    return row[0]
-
-
 def _message_insert(**fields: Any) -> int:
     """Insert one message of run ``run_id`` at the session's next position (row-locked until
     the transaction ends); returns its id. Keyword arguments: ``session_id``, ``run_id``,
@@ -655,7 +649,8 @@ def _message_insert(**fields: Any) -> int:
     One statement: the position's ``UPDATE … RETURNING`` and the ``INSERT`` in one CTE (the
     runner writes a message at every turn and every tool result; the ORM's model
     construction, query compilation and a second round trip were most of that write's CPU).
-    :func:`_message_insert_async` is the same on an async connection.
+    The runner's own messages are written by :data:`_TURN_SAVE_SQL` and
+    :data:`_TOOL_CALL_FINISH_SQL`, which take the position the same way.
 
     Raises:
         ChatSession.DoesNotExist: no such session in the current tenant.
@@ -663,28 +658,74 @@ def _message_insert(**fields: Any) -> int:
     params = _message_params(**fields)
     with connection.cursor() as cursor:
         cursor.execute(_MESSAGE_INSERT_SQL, params)
-        return _message_inserted(cursor.fetchone(), params)
-
-
-async def _message_insert_async(conn: Any, **fields: Any) -> int:
-    """:func:`_message_insert` on the async connection ``conn``."""
-    params = _message_params(**fields)
-    cursor = await conn.execute(_MESSAGE_INSERT_SQL, params)
-    return _message_inserted(await cursor.fetchone(), params)
+        row = cursor.fetchone()
+    if row is None:
+        raise ChatSession.DoesNotExist(f"session {params['session_id']} not found")
+    return row[0]
 
 
 _TOOL_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "call_id", "name", "arguments", "arguments_raw", "status",
                       "result", "result_data", "error", "started_at", "finished_at", "duration_ms", "created_at")
 """Every column of a ToolCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
 
-_TOOL_CALLS_INSERT_SQL = f"""
-INSERT INTO "{ToolCall._meta.db_table}" ({", ".join(map('"{}"'.format, _TOOL_CALL_COLUMNS))})
-SELECT %(tenant_id)s, %(run_id)s, %(turn)s, c.call_id, c.name, c.arguments::jsonb, c.arguments_raw, %(status)s,
-       '', NULL, '', NULL, NULL, NULL, %(now)s
-FROM unnest(%(call_ids)s::text[], %(names)s::text[], %(arguments)s::text[], %(arguments_raw)s::text[])
-     AS c(call_id, name, arguments, arguments_raw)
-RETURNING "id", "call_id"
+_LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "attempt", "route_entry_id", "entry_index", "provider_name", "model",
+                     "status", "error_class", "error", "latency_ms", "first_token_ms", "prompt_tokens",
+                     "completion_tokens", "usage_estimated", "cost_usd_micros", "retry_wait_ms", "created_at")
+"""Every column of an LLMCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
+
+_LLM_CALL_INSERT_SQL = "INSERT INTO \"{}\" ({}) VALUES ({})".format(
+    LLMCall._meta.db_table, ", ".join(f'"{c}"' for c in _LLM_CALL_COLUMNS), ", ".join(f"%({c})s" for c in _LLM_CALL_COLUMNS),
+)
+
+
+_M, _TC, _LC = Message._meta.db_table, ToolCall._meta.db_table, LLMCall._meta.db_table
+
+
+def _columns_sql(columns: tuple[str, ...]) -> str:
+    return ", ".join(f'"{c}"' for c in columns)
+
+
+_TURN_SAVE_SQL = f"""
+WITH taken AS (
+    UPDATE "{_SESSION}" SET "next_position" = "next_position" + 1, "updated_at" = %(now)s
+    WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s
+    RETURNING "next_position" - 1 AS position
+), message AS (
+    INSERT INTO "{_M}" ({_columns_sql(_MESSAGE_COLUMNS)})
+    SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, %(reasoning)s,
+           %(tool_calls)s::jsonb, '', '', %(now)s
+    FROM taken
+    RETURNING "id"
+), usage AS (
+    UPDATE "{_RUN}" SET "loop_count" = %(loop_count)s, "prompt_tokens" = "prompt_tokens" + %(prompt_tokens)s,
+           "completion_tokens" = "completion_tokens" + %(completion_tokens)s,
+           "cost_usd_micros" = "cost_usd_micros" + %(cost_usd_micros)s
+    WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND EXISTS (SELECT 1 FROM message)
+), calls AS (
+    INSERT INTO "{_TC}" ({_columns_sql(_TOOL_CALL_COLUMNS)})
+    SELECT %(tenant_id)s, %(run_id)s, %(turn)s, c.call_id, c.name, c.arguments::jsonb, c.arguments_raw, %(pending)s,
+           '', NULL, '', NULL, NULL, NULL, %(now)s
+    FROM message, unnest(%(call_ids)s::text[], %(names)s::text[], %(arguments)s::text[], %(arguments_raw)s::text[])
+         AS c(call_id, name, arguments, arguments_raw)
+    RETURNING "id", "call_id"
+){{llm_call}}
+SELECT message."id", calls."id", calls."call_id" FROM message LEFT JOIN calls ON TRUE
 """
+"""A model turn's writes in one statement (so one round trip, and atomic without a
+transaction): the assistant message at the session's next position, the run's usage and
+turn count, its tool calls, and (``{llm_call}``: :data:`_TURN_LLM_CALL_CTE` or nothing) the
+answering LLM call. Every write after the message reads the ``message`` CTE, so none happens
+when the session is not the current tenant's. One row per tool call (message id, call id,
+model's call id), or one row with NULLs for none; no row: no such session."""
+
+_NULLABLE_LLM_CALL_CASTS = {"route_entry_id": "::bigint", "first_token_ms": "::integer"}
+_TURN_LLM_CALL_CTE = f""", llm_call AS (
+    INSERT INTO "{_LC}" ({_columns_sql(_LLM_CALL_COLUMNS)})
+    SELECT {", ".join(f"%({c})s{_NULLABLE_LLM_CALL_CASTS.get(c, '')}" for c in _LLM_CALL_COLUMNS)}
+    FROM message
+)"""
+"""The LLMCall row of :data:`_TURN_SAVE_SQL` (parameters named as its columns; the nullable
+ones cast, since a NULL parameter in a SELECT list has no type of its own)."""
 
 
 async def assistant_message_save(
@@ -693,10 +734,13 @@ async def assistant_message_save(
     """Persist an assistant message and its tool calls (``pending``; arguments that are not
     a JSON object are stored as ``{}`` beside the raw text); counts the turn. With
     ``llm_call`` (the attempt that produced the message), also its LLMCall row and usage.
-    One transaction.
+    One statement (:data:`_TURN_SAVE_SQL`).
 
     Returns:
         ``[{pk, call_id, name, arguments_raw}]`` for the tool calls, in the model's order.
+
+    Raises:
+        ChatSession.DoesNotExist: no such session in the current tenant (nothing written).
     """
     parsed: list[str] = []
     for c in message.tool_calls:
@@ -705,24 +749,27 @@ async def assistant_message_save(
         except ValueError:
             arguments = {}
         parsed.append(json.dumps(arguments))
-    async with pg_connection() as conn, conn.transaction():
-        await _message_insert_async(
-            conn, session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content,
-            reasoning=reasoning,
-            tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
-        )
-        if llm_call is not None:
-            await _llm_call_insert(conn, spec=spec, turn=turn, record=llm_call)
-        await _run_add_usage(conn, spec=spec, record=llm_call, loop_count=turn + 1)
-        if not message.tool_calls:
-            return []
-        cursor = await conn.execute(_TOOL_CALLS_INSERT_SQL, {
-            "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn,
-            "status": ToolCallStatus.PENDING.value, "now": timezone.now(),
-            "call_ids": [c.id for c in message.tool_calls], "names": [c.name for c in message.tool_calls],
-            "arguments": parsed, "arguments_raw": [c.arguments for c in message.tool_calls],
-        })
-        pks = {call_id: pk for pk, call_id in await cursor.fetchall()}  # call ids are unique per run
+    params = _message_params(
+        session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content,
+        reasoning=reasoning, tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
+    )
+    params.update(
+        turn=turn, loop_count=turn + 1, pending=ToolCallStatus.PENDING.value,
+        prompt_tokens=llm_call.prompt_tokens if llm_call else 0,
+        completion_tokens=llm_call.completion_tokens if llm_call else 0,
+        cost_usd_micros=llm_call.cost_usd_micros if llm_call else 0,
+        call_ids=[c.id for c in message.tool_calls], names=[c.name for c in message.tool_calls],
+        arguments=parsed, arguments_raw=[c.arguments for c in message.tool_calls],
+    )
+    if llm_call is not None:
+        params.update(_llm_call_params(spec=spec, turn=turn, record=llm_call))
+    sql = _TURN_SAVE_SQL.format(llm_call=_TURN_LLM_CALL_CTE if llm_call is not None else "")
+    async with pg_connection() as conn:
+        cursor = await conn.execute(sql, params)
+        rows = await cursor.fetchall()
+    if not rows:
+        raise ChatSession.DoesNotExist(f"session {spec.session_id} not found")
+    pks = {call_id: pk for _, pk, call_id in rows if pk is not None}  # call ids are unique per run
     return [{"pk": pks[c.id], "call_id": c.id, "name": c.name, "arguments_raw": c.arguments} for c in message.tool_calls]
 
 
@@ -743,13 +790,6 @@ _TOOL_CALL_START_SQL = (
     f'UPDATE "{ToolCall._meta.db_table}" SET "status" = %(status)s, "started_at" = %(now)s '
     'WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s'
 )
-_TOOL_CALL_FINISH_SQL = (
-    f'UPDATE "{ToolCall._meta.db_table}" SET "status" = %(status)s, "result" = %(result)s, '
-    '"result_data" = %(result_data)s::jsonb, "error" = %(error)s, "finished_at" = %(now)s, "duration_ms" = %(duration_ms)s '
-    'WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s AND "finished_at" IS NULL'
-)
-
-
 async def tool_call_start(*, pk: int) -> None:
     """Mark the call ``running`` (started now)."""
     async with pg_connection() as conn:
@@ -758,41 +798,51 @@ async def tool_call_start(*, pk: int) -> None:
         })
 
 
-_TOOL_CALL_NAME_SQL = f'SELECT "call_id", "name" FROM "{ToolCall._meta.db_table}" WHERE "id" = %(pk)s'
+_TOOL_CALL_FINISH_SQL = f"""
+WITH done AS (
+    UPDATE "{_TC}" SET "status" = %(status)s, "result" = %(result)s, "result_data" = %(result_data)s::jsonb,
+           "error" = %(error)s, "finished_at" = %(now)s, "duration_ms" = %(duration_ms)s
+    WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s AND "finished_at" IS NULL
+    RETURNING "call_id", "name"
+), taken AS (
+    UPDATE "{_SESSION}" SET "next_position" = "next_position" + 1, "updated_at" = %(now)s
+    WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s AND EXISTS (SELECT 1 FROM done)
+    RETURNING "next_position" - 1 AS position
+)
+INSERT INTO "{_M}" ({_columns_sql(_MESSAGE_COLUMNS)})
+SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, '', '[]'::jsonb,
+       done."call_id", done."name", %(now)s
+FROM done, taken
+RETURNING "id"
+"""
+"""A tool call's outcome and its tool message in one statement: the call is updated only if
+it has no result yet (the row lock decides between two attempts), and only then does the
+message take the session's next position. One row: recorded; none: recorded before."""
 
 
 async def tool_call_finish(
     *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int,
-    model_content: str | None = None, call_id: str | None = None, name: str | None = None,
+    model_content: str | None = None,
 ) -> bool:
-    """Record a tool call's outcome and its tool message. Idempotent: False if already recorded.
-
-    ``call_id`` and ``name`` (the model's id and the tool's name, for the tool message) spare
-    a read when the caller has them.
+    """Record a tool call's outcome and its tool message (one statement,
+    :data:`_TOOL_CALL_FINISH_SQL`). Idempotent: False if already recorded.
 
     ``content`` is the result as the tool returned it (ToolCall.result, shown in the UI);
     ``model_content``, when given, is what the model reads instead (the tool message), e.g.
-    the result framed as untrusted data. One transaction.
+    the result framed as untrusted data. A failed call's message is ``Error: <error>``.
     """
     result_data = _jsonable(data)
-    async with pg_connection() as conn, conn.transaction():
-        cursor = await conn.execute(_TOOL_CALL_FINISH_SQL, {
-            "status": status, "result": content if status == ToolCallStatus.SUCCEEDED else "",
-            "result_data": None if result_data is None else json.dumps(result_data), "error": error,
-            "now": timezone.now(), "duration_ms": duration_ms, "pk": pk, "tenant_id": require_tenant_id(),
-        })
-        if not cursor.rowcount:  # another attempt recorded it first (the row lock decides)
-            return False
-        if call_id is None or name is None:
-            cursor = await conn.execute(_TOOL_CALL_NAME_SQL, {"pk": pk})
-            call_id, name = await cursor.fetchone()
-        await _message_insert_async(
-            conn, session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.TOOL,
-            content=(model_content if model_content is not None else content) if status == ToolCallStatus.SUCCEEDED
-            else f"Error: {error}",
-            tool_call_id=call_id, name=name,
-        )
-    return True
+    succeeded = status == ToolCallStatus.SUCCEEDED
+    params = {
+        "status": status, "result": content if succeeded else "",
+        "result_data": None if result_data is None else json.dumps(result_data), "error": error,
+        "now": timezone.now(), "duration_ms": duration_ms, "pk": pk, "tenant_id": require_tenant_id(),
+        "session_id": spec.session_id, "run_id": spec.run_id, "role": MessageRole.TOOL.value,
+        "content": (model_content if model_content is not None else content) if succeeded else f"Error: {error}",
+    }
+    async with pg_connection() as conn:
+        cursor = await conn.execute(_TOOL_CALL_FINISH_SQL, params)
+        return await cursor.fetchone() is not None
 
 
 def _jsonable(data: Any) -> Any:
@@ -812,20 +862,10 @@ async def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) ->
         await _llm_call_insert(conn, spec=spec, turn=turn, record=record)
 
 
-_LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "attempt", "route_entry_id", "entry_index", "provider_name", "model",
-                     "status", "error_class", "error", "latency_ms", "first_token_ms", "prompt_tokens",
-                     "completion_tokens", "usage_estimated", "cost_usd_micros", "retry_wait_ms", "created_at")
-"""Every column of an LLMCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
-
-_LLM_CALL_INSERT_SQL = "INSERT INTO \"{}\" ({}) VALUES ({})".format(
-    LLMCall._meta.db_table, ", ".join(f'"{c}"' for c in _LLM_CALL_COLUMNS), ", ".join(f"%({c})s" for c in _LLM_CALL_COLUMNS),
-)
-
-
-async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
-    """One LLMCall row for ``record`` (a plain INSERT: it is written at every model turn)."""
+def _llm_call_params(*, spec: RunSpec, turn: int, record: AttemptRecord) -> dict[str, Any]:
+    """The LLMCall row of ``record``, by column (:data:`_LLM_CALL_COLUMNS`)."""
     entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
-    await conn.execute(_LLM_CALL_INSERT_SQL, {
+    return {
         "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "attempt": record.attempt,
         "route_entry_id": entry_id, "entry_index": record.entry_index, "provider_name": record.provider_name,
         "model": record.model, "status": record.status, "error_class": record.error_class or "",
@@ -834,7 +874,12 @@ async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: Attem
         "completion_tokens": record.completion_tokens, "usage_estimated": record.usage_estimated,
         "cost_usd_micros": record.cost_usd_micros, "retry_wait_ms": record.retry_wait_ms,
         "created_at": timezone.now(),
-    })
+    }
+
+
+async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+    """One LLMCall row for ``record`` (a plain INSERT)."""
+    await conn.execute(_LLM_CALL_INSERT_SQL, _llm_call_params(spec=spec, turn=turn, record=record))
 
 
 _RUN_ADD_USAGE_SQL = (

@@ -162,7 +162,6 @@ async def _execute_one(
     recorded = await _db.tool_call_finish(
         spec=spec, pk=pk, status=result.status, content=result.content[:MAX_RECORDED_CHARS], data=result.data,
         error=result.error, duration_ms=duration_ms, model_content=result.model_content,
-        call_id=call["call_id"], name=name,
     )
     if not recorded:
         return False

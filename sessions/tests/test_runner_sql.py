@@ -43,7 +43,7 @@ def _claimed(world, fake_llm_url: str):
         return _db.run_claim(run.pk)
 
 
-def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, fake_llm) -> None:
+def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, other_world, fake_llm) -> None:
     spec = _claimed(world, fake_llm.base_url)
     record = AttemptRecord(
         entry_index=0, attempt=1, provider_name="local", model="m", status="succeeded", error_class=None, error="",
@@ -57,12 +57,16 @@ def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, fake_llm) 
     with tenant_scope(world.tenant.pk):
         calls = asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message, reasoning="thinking", llm_call=record))
         asyncio.run(_db.tool_call_start(pk=calls[0]["pk"]))
-        assert asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="succeeded", content="ä", data={"n": 1},
-                                    error="", duration_ms=4, call_id="c1", name="echo"))
-        assert not asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="failed", content="", data=None,
-                                        error="late", duration_ms=1, call_id="c1", name="echo")), "recorded once"
+        assert asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="succeeded", content="ä",
+                                                data={"n": 1}, error="", duration_ms=4))
+        assert not asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="failed", content="",
+                                                    data=None, error="late", duration_ms=1)), "recorded once"
+    with tenant_scope(other_world.tenant.pk):
+        assert not asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="succeeded", content="no",
+                                                    data=None, error="", duration_ms=1)), "another tenant's call"
+    with tenant_scope(world.tenant.pk):
         assert asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="failed", content="", data=None,
-                                    error="bad arguments", duration_ms=1))
+                                                error="bad arguments", duration_ms=1))
         history = asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False))
 
     rows = list(Message.all_tenants.filter(run_id=spec.run_id).order_by("position"))
@@ -99,9 +103,21 @@ def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, fake_llm) 
 def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fake_llm) -> None:
     spec = _claimed(world, fake_llm.base_url)
     message = ChatMessage(role="assistant", content="x")
+    record = AttemptRecord(
+        entry_index=0, attempt=1, provider_name="local", model="m", status="succeeded", error_class=None, error="",
+        latency_ms=12, first_token_ms=None, prompt_tokens=7, completion_tokens=5, usage_estimated=False,
+        cost_usd_micros=9, retry_wait_ms=0,
+    )
+    with_call = ChatMessage(role="assistant", content="x", tool_calls=(ToolCallRequest(id="c1", name="echo", arguments="{}"),))
     with tenant_scope(other_world.tenant.pk):
         with pytest.raises(Exception, match="not found"):
             asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message))
+        with pytest.raises(Exception, match="not found"):
+            asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=with_call, llm_call=record))
+    assert not ToolCall.all_tenants.filter(run_id=spec.run_id).exists(), "no tool call written for another tenant's run"
+    assert not LLMCall.all_tenants.filter(run_id=spec.run_id).exists()
+    assert Run.all_tenants.get(pk=spec.run_id).prompt_tokens == 0 and Run.all_tenants.get(pk=spec.run_id).loop_count == 0
+    with tenant_scope(other_world.tenant.pk):
         assert asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False)).messages == []
         with pytest.raises(Run.DoesNotExist):
             asyncio.run(_db.history_load(spec.run_id))  # the run itself is looked up in this tenant
