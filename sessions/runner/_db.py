@@ -1,17 +1,19 @@
 """The runner's database work, of two kinds:
 
 - **per-turn statements** (``async def``: the history read, message, LLM call and tool call
-  writes, heartbeats, usage): plain SQL on the run's event loop, through its async psycopg
-  pool (:mod:`sessions.runner.pg`); awaited directly.
-- **the rest** (plain ``def``: a run's claim and configuration, its end, approvals,
+  writes, heartbeats, usage, and the end of a run that nothing was steered into and that has
+  no sub-runs): plain SQL on the run's event loop, through its async psycopg pool
+  (:mod:`sessions.runner.pg`); awaited directly.
+- **the rest** (plain ``def``: a run's claim and configuration, other runs' end, approvals,
   compactions, sub-runs, steering): ORM code, called through :func:`db`, which runs it on one
   of a few threads beside the loop. Each is self-contained (its own transaction), so they
   may run on any of those threads.
 
 A run cancelled while it awaits a per-turn statement cancels the statement (psycopg asks the
-server to) and its transaction rolls back: a turn is written whole or not at all, and the
-run's end (``run_finish*``, never cancelled) records calls left without a result as
-cancelled. A call on a thread finishes even if its caller stopped waiting.
+server to) and nothing of it stays (each is one statement or one transaction): a turn is
+written whole or not at all, and the run's end (``run_finish*``, never cancelled) records
+calls left without a result as cancelled. A call on a thread finishes even if its caller
+stopped waiting.
 
 Every function here expects the caller to have set the tenant scope (the runner does, from
 the run row it claimed), and filters by it.
@@ -515,8 +517,9 @@ async def history_load(
     message *steered* into a running run (agent ``message_mode`` steer) counts as that run's,
     at its position. Messages of sub-runs (skills) are left out: the parent sees only the
     skill tool's result; a sub-run's history is its own messages (task first). Earlier runs'
-    unanswered tool calls (a run that failed between a call and its result) are dropped so that tool call/result pairs are never split; the current
-    run's are kept, because the runner resumes by executing them.
+    unanswered tool calls (a run that failed between a call and its result) are dropped so
+    that tool call/result pairs are never split; the current run's are kept, because the
+    runner resumes by executing them.
 
     ``session_id`` and ``subrun`` (whether the run is a skill's sub-run), when the caller
     knows them (the runner: from its RunSpec), spare a query per turn; so does ``compaction``
