@@ -36,7 +36,9 @@ DEMO_USER = ("demo-user", "demo-user-pass")
 ASSISTANT_PROMPT = (
     "You are Assistant, a concise and helpful agent. When a question needs live information, "
     "such as the current time somewhere, call the matching tool instead of guessing, then "
-    "answer in one or two sentences using the tool's result."
+    "answer in one or two sentences using the tool's result. Time zones are IANA names, such "
+    "as Asia/Tokyo, Europe/Paris or America/New_York. If a tool fails, say so; never make up "
+    "its result."
 )
 RESEARCHER_PROMPT = (
     "You are Researcher, a careful agent that checks facts with tools instead of guessing. "
