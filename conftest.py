@@ -143,7 +143,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def _asgi_server() -> Iterator[str]:
+def _asgi_server(django_db_setup) -> Iterator[str]:
+    """The project's ASGI app served by uvicorn in a thread; set up after the test database, so
+    stopped before it is dropped (its consumers hold database connections while they run)."""
     import uvicorn
 
     from agent_platform.asgi import application
