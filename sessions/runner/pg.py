@@ -48,13 +48,20 @@ class PoolClosed(psycopg.OperationalError):
 def connection_kwargs() -> dict[str, Any]:
     """libpq connection parameters of Django's ``default`` database (name, user, host, port,
     password, ``options``…), as Django's PostgreSQL backend computes them, without the
-    options that only Django's own connections use (its pool, cursor class, adapters)."""
+    options that only Django's own connections use (its pool, cursor class, adapters), and
+    with :data:`APPLICATION_NAME` unless one is set."""
     from django.db import connection
 
     params = dict(connection.get_connection_params())
     for django_only in ("cursor_factory", "context", "pool", "prepare_threshold", "server_side_binding"):
         params.pop(django_only, None)
+    params.setdefault("application_name", APPLICATION_NAME)
     return params
+
+
+APPLICATION_NAME = "agent-platform run host"
+"""``application_name`` of these connections (unless the database settings set one), so that
+``pg_stat_activity`` tells them from Django's."""
 
 
 class LoopPool:

@@ -10,18 +10,19 @@ import time
 import pytest
 from django.db import connection
 
-from sessions.runner.pg import PoolClosed, PoolTimeout, pg_connection, pg_pool, pg_pool_aclose
+from sessions.runner.pg import APPLICATION_NAME, PoolClosed, PoolTimeout, pg_connection, pg_pool, pg_pool_aclose
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _backends_named(name: str, *, wait_seconds: float = 5.0) -> int:
-    """PostgreSQL backends with ``application_name`` ``name``, once none is left or after
+    """Backends of the test database with ``application_name`` ``name``, once none is left or after
     ``wait_seconds`` (a backend leaves ``pg_stat_activity`` shortly after its client closed)."""
     deadline = time.monotonic() + wait_seconds
     while True:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = %s", [name])
+            cursor.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = %s "
+                           "AND datname = current_database()", [name])
             count = cursor.fetchone()[0]
         if count == 0 or time.monotonic() > deadline:
             return count
@@ -32,9 +33,11 @@ def test_a_loop_s_pool_is_shared_by_its_first_callers_and_closed_when_the_loop_e
     async def main():
         pools = await asyncio.gather(*(pg_pool() for _ in range(5)))
         async with pg_connection() as conn:
+            named = await (await conn.execute("SELECT current_setting('application_name')")).fetchone()
             await conn.execute("SET application_name = 'pg-pool-test'")
             cursor = await conn.execute("SELECT current_database(), current_setting('TimeZone')")
             row = await cursor.fetchone()
+        assert named == (APPLICATION_NAME,), "told apart from Django's connections"
         return pools, row
 
     pools, (database, time_zone) = asyncio.run(main())
@@ -43,6 +46,7 @@ def test_a_loop_s_pool_is_shared_by_its_first_callers_and_closed_when_the_loop_e
     assert time_zone == "UTC"
     assert pools[0].closed, "asyncio.run closed it as the loop ended"
     assert _backends_named("pg-pool-test") == 0, "its connections are gone"
+    assert _backends_named(APPLICATION_NAME) == 0
 
 
 def test_each_loop_has_its_own_pool() -> None:
