@@ -202,6 +202,23 @@ class ClaimedRun:
 
 
 _RUN, _SESSION, _TENANT = Run._meta.db_table, ChatSession._meta.db_table, Tenant._meta.db_table
+_M, _TC, _LC = Message._meta.db_table, ToolCall._meta.db_table, LLMCall._meta.db_table
+
+
+def _columns_sql(columns: tuple[str, ...]) -> str:
+    """``"a", "b", …``: a column list for the hand-written INSERTs."""
+    return ", ".join(f'"{c}"' for c in columns)
+
+
+def _take_position_cte(only_if: str = "") -> str:
+    """The CTE ``taken(position)`` every hand-written message INSERT starts with: the session's
+    next message position, taken with an ``UPDATE … RETURNING`` (row-locked until the
+    statement's transaction ends); ``only_if``: an extra SQL condition for taking it at all."""
+    return (
+        f'taken AS (UPDATE "{_SESSION}" SET "next_position" = "next_position" + 1, "updated_at" = %(now)s '
+        f'WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s{" AND " + only_if if only_if else ""} '
+        'RETURNING "next_position" - 1 AS position)'
+    )
 _CLAIM_SESSION_OF_RUN_SQL = f'SELECT "session_id" FROM "{_RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
 _CLAIM_LOCK_SESSION_SQL = (
     f'SELECT "agent_id" FROM "{_SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
@@ -619,12 +636,8 @@ _MESSAGE_COLUMNS = ("tenant_id", "session_id", "run_id", "position", "role", "co
 """Every column of a Message row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
 
 _MESSAGE_INSERT_SQL = f"""
-WITH taken AS (
-    UPDATE "{ChatSession._meta.db_table}" SET "next_position" = "next_position" + 1, "updated_at" = %(now)s
-    WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s
-    RETURNING "next_position" - 1 AS position
-)
-INSERT INTO "{Message._meta.db_table}" ({", ".join(map('"{}"'.format, _MESSAGE_COLUMNS))})
+WITH {_take_position_cte()}
+INSERT INTO "{_M}" ({_columns_sql(_MESSAGE_COLUMNS)})
 SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, %(reasoning)s,
        %(tool_calls)s::jsonb, %(tool_call_id)s, %(name)s, %(now)s
 FROM taken
@@ -676,34 +689,30 @@ _LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "attempt", "route_entry_id",
                      "completion_tokens", "usage_estimated", "cost_usd_micros", "retry_wait_ms", "created_at")
 """Every column of an LLMCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
 
-_LLM_CALL_INSERT_SQL = "INSERT INTO \"{}\" ({}) VALUES ({})".format(
-    LLMCall._meta.db_table, ", ".join(f'"{c}"' for c in _LLM_CALL_COLUMNS), ", ".join(f"%({c})s" for c in _LLM_CALL_COLUMNS),
+_LLM_CALL_INSERT_SQL = (
+    f'INSERT INTO "{_LC}" ({_columns_sql(_LLM_CALL_COLUMNS)}) VALUES ({", ".join(f"%({c})s" for c in _LLM_CALL_COLUMNS)})'
 )
 
 
-_M, _TC, _LC = Message._meta.db_table, ToolCall._meta.db_table, LLMCall._meta.db_table
 
-
-def _columns_sql(columns: tuple[str, ...]) -> str:
-    return ", ".join(f'"{c}"' for c in columns)
+_RUN_ADD_USAGE_SQL = (
+    f'UPDATE "{Run._meta.db_table}" SET "loop_count" = COALESCE(%(loop_count)s, "loop_count"), '
+    '"prompt_tokens" = "prompt_tokens" + %(prompt_tokens)s, '
+    '"completion_tokens" = "completion_tokens" + %(completion_tokens)s, '
+    '"cost_usd_micros" = "cost_usd_micros" + %(cost_usd_micros)s '
+    'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
+)
 
 
 _TURN_SAVE_SQL = f"""
-WITH taken AS (
-    UPDATE "{_SESSION}" SET "next_position" = "next_position" + 1, "updated_at" = %(now)s
-    WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s
-    RETURNING "next_position" - 1 AS position
-), message AS (
+WITH {_take_position_cte()}, message AS (
     INSERT INTO "{_M}" ({_columns_sql(_MESSAGE_COLUMNS)})
     SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, %(reasoning)s,
            %(tool_calls)s::jsonb, '', '', %(now)s
     FROM taken
     RETURNING "id"
 ), usage AS (
-    UPDATE "{_RUN}" SET "loop_count" = %(loop_count)s, "prompt_tokens" = "prompt_tokens" + %(prompt_tokens)s,
-           "completion_tokens" = "completion_tokens" + %(completion_tokens)s,
-           "cost_usd_micros" = "cost_usd_micros" + %(cost_usd_micros)s
-    WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND EXISTS (SELECT 1 FROM message)
+    {_RUN_ADD_USAGE_SQL} AND EXISTS (SELECT 1 FROM message)
 ), calls AS (
     INSERT INTO "{_TC}" ({_columns_sql(_TOOL_CALL_COLUMNS)})
     SELECT %(tenant_id)s, %(run_id)s, %(turn)s, c.call_id, c.name, c.arguments::jsonb, c.arguments_raw, %(pending)s,
@@ -729,6 +738,8 @@ _TURN_LLM_CALL_CTE = f""", llm_call AS (
 )"""
 """The LLMCall row of :data:`_TURN_SAVE_SQL` (parameters named as its columns; the nullable
 ones cast, since a NULL parameter in a SELECT list has no type of its own)."""
+_TURN_SAVE_WITH_LLM_CALL_SQL = _TURN_SAVE_SQL.format(llm_call=_TURN_LLM_CALL_CTE)
+_TURN_SAVE_ONLY_SQL = _TURN_SAVE_SQL.format(llm_call="")
 
 
 async def assistant_message_save(
@@ -766,9 +777,8 @@ async def assistant_message_save(
     )
     if llm_call is not None:
         params.update(_llm_call_params(spec=spec, turn=turn, record=llm_call))
-    sql = _TURN_SAVE_SQL.format(llm_call=_TURN_LLM_CALL_CTE if llm_call is not None else "")
     async with pg_connection() as conn:
-        cursor = await conn.execute(sql, params)
+        cursor = await conn.execute(_TURN_SAVE_WITH_LLM_CALL_SQL if llm_call is not None else _TURN_SAVE_ONLY_SQL, params)
         rows = await cursor.fetchall()
     if not rows:
         raise ChatSession.DoesNotExist(f"session {spec.session_id} not found")
@@ -807,11 +817,7 @@ WITH done AS (
            "error" = %(error)s, "finished_at" = %(now)s, "duration_ms" = %(duration_ms)s
     WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s AND "finished_at" IS NULL
     RETURNING "call_id", "name"
-), taken AS (
-    UPDATE "{_SESSION}" SET "next_position" = "next_position" + 1, "updated_at" = %(now)s
-    WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s AND EXISTS (SELECT 1 FROM done)
-    RETURNING "next_position" - 1 AS position
-)
+), {_take_position_cte(only_if="EXISTS (SELECT 1 FROM done)")}
 INSERT INTO "{_M}" ({_columns_sql(_MESSAGE_COLUMNS)})
 SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, '', '[]'::jsonb,
        done."call_id", done."name", %(now)s
@@ -883,15 +889,6 @@ def _llm_call_params(*, spec: RunSpec, turn: int, record: AttemptRecord) -> dict
 async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
     """One LLMCall row for ``record`` (a plain INSERT)."""
     await conn.execute(_LLM_CALL_INSERT_SQL, _llm_call_params(spec=spec, turn=turn, record=record))
-
-
-_RUN_ADD_USAGE_SQL = (
-    f'UPDATE "{Run._meta.db_table}" SET "loop_count" = COALESCE(%(loop_count)s, "loop_count"), '
-    '"prompt_tokens" = "prompt_tokens" + %(prompt_tokens)s, '
-    '"completion_tokens" = "completion_tokens" + %(completion_tokens)s, '
-    '"cost_usd_micros" = "cost_usd_micros" + %(cost_usd_micros)s '
-    'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
-)
 
 
 async def _run_add_usage(

@@ -25,7 +25,6 @@ is opened by the run that needs it, and closed by :meth:`LoopPool.aclose`.
 from __future__ import annotations
 
 import asyncio
-import logging
 import weakref
 from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator, AsyncIterator
@@ -34,7 +33,6 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.string import TextLoader
 
-logger = logging.getLogger(__name__)
 
 
 class PoolTimeout(psycopg.OperationalError):
