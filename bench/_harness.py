@@ -74,19 +74,45 @@ class BenchTenant:
         Tenant.objects.filter(pk=self.tenant.pk).delete()
 
 
+class ModelURL(str):
+    """A fake model's base URL that also names its process (``pid``), for CPU figures."""
+
+    pid: int
+
+
 @contextlib.contextmanager
 def fake_model(responder: str):
-    """A FakeLLMServer in a child process (see _fake_model.py); yields its base URL."""
+    """A FakeLLMServer in a child process (see _fake_model.py); yields its base URL (a
+    :class:`ModelURL`)."""
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("_fake_model.py")), responder],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
-        yield proc.stdout.readline().strip()
+        url = ModelURL(proc.stdout.readline().strip())
+        url.pid = proc.pid
+        yield url
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
 
+
+def cpu_seconds(pid: int, task: int | None = None) -> float:
+    """utime + stime of a process, or of one of its threads (Linux /proc), seconds. A child
+    that has exited but not been waited for still has its figures."""
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores (``/proc/stat``);
+    the difference of two readings tells how saturated the machine was in between."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    tick = os.sysconf("SC_CLK_TCK")
+    return (total - idle) / tick, total / tick
 
 
 

@@ -13,11 +13,14 @@ figures include:
   moment the WebSocket client received the frame carrying it (p50/p95/max over all tokens);
 - lost events: seqs 1…last of each session (the last one the publisher handed out) that the
   client never received, plus duplicates, plus answer tokens sent but not received;
-- CPU seconds of the worker process (the runs) and of the web process (the consumers), per run.
+- CPU seconds of the worker process (the runs) and of the web process (the consumers), per run;
+  of the harness (the fake model and the WebSocket clients, which share the same cores); and
+  how busy the whole machine was during the round (all cores, ``/proc/stat``).
 
-``--stages`` also prints the token latency at three points inside the worker (where the runner
-gets the token from the adapter, where its event is queued for Redis, where Redis's reply to
-it is read), which tells the worker's share of the delay from the web process's.
+``--stages`` also prints the token latency at four points inside the worker (where the runner
+gets the token from the adapter, where its event is queued for Redis, where it is written to
+Redis's socket, where Redis's reply to it is read), which tells the worker's share of the
+delay from the web process's.
 
 Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--db-threads K] [--pg-connections K] [--profile out.txt]``
 """
@@ -36,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from _harness import ROOT, BenchTenant, fake_model, percentile
+from _harness import ROOT, BenchTenant, cpu_seconds, fake_model, machine_busy_seconds, percentile
 
 from django.conf import settings
 
@@ -55,11 +58,14 @@ _TIME_MARK = re.compile(r"\d{10}\.\d{6}")
 
 def watch_stages() -> dict[str, list[float]]:
     """Record each answer token's latency where the runner hands it to the batcher, where its
-    event is queued for Redis, and where Redis's reply is read (same clock as the fake model)."""
+    event is queued for Redis, where the queued events are written to Redis's socket, and
+    where Redis's reply is read (same clock as the fake model)."""
+    from sessions import events
     from sessions.runner import loop
 
-    stages: dict[str, list[float]] = {"runner": [], "publish queued": [], "reply read": []}
-    add, publish_nowait = loop._StreamedTextBatcher.add, loop.event_publish_nowait
+    stages: dict[str, list[float]] = {"runner": [], "publish queued": [], "written": [], "reply read": []}
+    add, publish_nowait, write = loop._StreamedTextBatcher.add, loop.event_publish_nowait, events._Publisher._write
+    marks_of: dict[asyncio.Future, list[float]] = {}
 
     def timed_add(self, event_type: str, text: str) -> None:
         now = time.time()
@@ -72,16 +78,27 @@ def watch_stages() -> dict[str, list[float]]:
         if kwargs["type"] == "content_token":
             marks = [float(m) for m in _TIME_MARK.findall(kwargs["data"]["text"])]
             stages["publish queued"].extend((start - m) * 1000 for m in marks)
+            marks_of[sent] = marks
 
             def done(_) -> None:
                 now = time.time()
                 stages["reply read"].extend((now - m) * 1000 for m in marks)
+                marks_of.pop(sent, None)
 
             sent.add_done_callback(done)
         return sent
 
+    def timed_write(self) -> None:
+        now = time.time()
+        queued = [marks_of.get(future) for _, future in self._queued]
+        write(self)
+        if not self._queued:  # written (else it waits for a connection and is timed then)
+            for marks in queued:
+                stages["written"].extend((now - m) * 1000 for m in marks or ())
+
     loop._StreamedTextBatcher.add = timed_add
     loop.event_publish_nowait = timed_publish_nowait
+    events._Publisher._write = timed_write
     return stages
 
 
@@ -104,13 +121,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _cpu_seconds(pid: int, task: int | None = None) -> float:
-    """utime + stime of a process, or of one of its threads (Linux /proc), seconds."""
-    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class WebServer:
@@ -150,7 +160,7 @@ def _last_seqs(session_ids: list[int]) -> dict[int, int]:
     return {sid: int(v or 0) for sid, v in zip(session_ids, pipe.execute())}
 
 
-def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: str | None) -> None:
+def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n: int, profile: str | None) -> None:
     runs = [bench.new_run() for _ in range(n)]
     sessions = [r.session_id for r in runs]
     clients = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_ws_clients.py"))],
@@ -160,9 +170,11 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
     clients.stdin.flush()
     if clients.stdout.readline().strip() != "ready":
         raise RuntimeError("the WebSocket clients did not connect")
-    web_cpu = _cpu_seconds(web.proc.pid)
+    web_cpu = cpu_seconds(web.proc.pid)
+    harness_cpu = cpu_seconds(model_pid) + cpu_seconds(clients.pid)
+    busy, total = machine_busy_seconds()
     cpu = time.process_time()
-    loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id())  # asyncio.run runs the loop on this thread
+    loop_cpu = cpu_seconds(os.getpid(), threading.get_native_id())  # asyncio.run runs the loop on this thread
     started = time.perf_counter()
     if profile:
         import cProfile
@@ -177,10 +189,12 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
         durations = _run_on_host_loop(run_all([r.pk for r in runs]))
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu
-    loop_cpu = _cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
+    loop_cpu = cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
     result = json.loads(clients.stdout.readline())
+    harness_cpu = cpu_seconds(model_pid) + cpu_seconds(clients.pid) - harness_cpu  # read before it is reaped
+    busy, total = (now - then for now, then in zip(machine_busy_seconds(), (busy, total)))
     clients.wait(timeout=30)
-    web_cpu = _cpu_seconds(web.proc.pid) - web_cpu
+    web_cpu = cpu_seconds(web.proc.pid) - web_cpu
     statuses = list(Run.all_tenants.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True))
     completed = statuses.count("completed")
     last = _last_seqs(sessions)
@@ -198,7 +212,8 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, n: int, profile: s
         f"max {max(lat, default=float('nan')):.1f} ms ({len(lat)} tokens); "
         f"lost events {lost}, duplicates {dup}, answer tokens lost {tokens_lost}; "
         f"CPU per run: worker {cpu / n * 1000:.1f} ms (event loop {loop_cpu / n * 1000:.1f}, "
-        f"ORM threads {(cpu - loop_cpu) / n * 1000:.1f}), web {web_cpu / n * 1000:.1f} ms"
+        f"ORM threads {(cpu - loop_cpu) / n * 1000:.1f}), web {web_cpu / n * 1000:.1f} ms, "
+        f"harness (fake model + clients) {harness_cpu / n * 1000:.1f} ms; machine busy {busy / total * 100:.0f} %"
         + (f"; client errors {len(result['errors'])}: {result['errors'][:3]}" if result["errors"] else ""),
         flush=True,
     )
@@ -241,9 +256,9 @@ def main() -> None:
         try:
             if args.warmup:  # first connections, imports, pools: not part of any figure
                 print(f"warm-up round ({args.warmup} runs):", flush=True)
-                one_round(bench, token, web, args.warmup, None)
+                one_round(bench, token, web, base_url.pid, args.warmup, None)
             for i, n in enumerate(args.n):
-                one_round(bench, token, web, n, args.profile if i == len(args.n) - 1 else None)
+                one_round(bench, token, web, base_url.pid, n, args.profile if i == len(args.n) - 1 else None)
         finally:
             web.close()
 
