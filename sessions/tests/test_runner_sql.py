@@ -180,3 +180,31 @@ def test_a_claim_in_another_tenants_scope_finds_no_run(world, other_world, fake_
     claimed = Run.all_tenants.get(pk=run.pk)
     assert (claimed.status, claimed.attempt, spec.attempt, spec.agent_name) == ("running", 1, 1, agent.name)
     assert claimed.started_at is not None and claimed.heartbeat_at == claimed.started_at
+
+
+def test_a_runs_configuration_is_read_inside_its_tenant_in_route_order(world, other_world, fake_llm) -> None:
+    """``_spec_rows`` (hand-written SQL): entries in route position order with their providers,
+    enabled bindings only, and nothing of another tenant even when its rows name this agent."""
+    import dataclasses
+
+    from agents.models import AgentInstance, CapabilityBinding
+    from agents.tests.factories import agent_with_route, bind_builtin
+    from llm.models import ModelRouteEntry
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"])
+    ModelRouteEntry.all_tenants.filter(route=agent.route, position=0).update(position=5)  # p0 now comes last
+    bind_builtin(agent, "test_echo")
+    bind_builtin(agent, "get_current_time", enabled=False)
+    stray = CapabilityBinding.all_tenants.create(tenant=other_world.tenant, agent=agent, kind="builtin",
+                                                 builtin_name="web_fetch")
+    run = post_message_sync(agent=agent, user=world.member, content="hi")
+    with tenant_scope(world.tenant.pk):
+        spec = _db.run_claim(run.pk)
+        claimed = _db.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
+    assert [e.base_url for e in spec.entries] == ["http://127.0.0.1:2/v1", "http://127.0.0.1:1/v1"]
+    assert [e.provider_name for e in spec.entries] == [f"p1-{agent.route_id}", f"p0-{agent.route_id}"]
+    assert [b.name for b in spec.builtin_bindings] == ["test_echo"]
+    assert stray.pk not in {b.binding_id for b in spec.builtin_bindings}
+
+    with pytest.raises(AgentInstance.DoesNotExist):
+        _db._spec_rows(dataclasses.replace(claimed, tenant_id=other_world.tenant.pk))
