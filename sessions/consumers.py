@@ -70,19 +70,27 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         self.pinger = asyncio.create_task(self._ping_forever())
 
     async def _ping_forever(self) -> None:
-        """Ping every PING_SECONDS; every CATCH_UP_SECONDS, send what the stream has past ``last_seq``."""
+        """Ping every PING_SECONDS; every CATCH_UP_SECONDS, send what the stream has past ``last_seq``.
+
+        Ends quietly when the client has gone: the ASGI server raises an ``OSError`` subclass
+        from a send on a closed connection (ASGI spec, WebSocket "Send"; uvicorn's
+        ``ClientDisconnected``), which can happen before :meth:`disconnect` cancels this task.
+        """
         loop = asyncio.get_running_loop()
         next_ping, next_catch_up = loop.time() + PING_SECONDS, loop.time() + CATCH_UP_SECONDS
-        while True:
-            await asyncio.sleep(max(0.0, min(next_ping, next_catch_up) - loop.time()))
-            now = loop.time()
-            if now >= next_catch_up:
-                next_catch_up = now + CATCH_UP_SECONDS
-                for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
-                    await self._send_frame(missed)
-            if now >= next_ping:
-                next_ping = now + PING_SECONDS
-                await self.send_json({"type": "ping"})
+        try:
+            while True:
+                await asyncio.sleep(max(0.0, min(next_ping, next_catch_up) - loop.time()))
+                now = loop.time()
+                if now >= next_catch_up:
+                    next_catch_up = now + CATCH_UP_SECONDS
+                    for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
+                        await self._send_frame(missed)
+                if now >= next_ping:
+                    next_ping = now + PING_SECONDS
+                    await self.send_json({"type": "ping"})
+        except OSError:
+            return  # the client is gone; disconnect() cleans up
 
     async def disconnect(self, code: int) -> None:
         if self.pinger is not None:

@@ -79,3 +79,27 @@ async def test_the_websocket_pings_an_idle_client(world, monkeypatch):
     assert (await comm.connect())[0]
     assert await comm.receive_json_from(timeout=5) == {"type": "ping"}
     await comm.disconnect()
+
+
+async def test_the_ping_task_ends_quietly_when_the_client_is_gone(monkeypatch):
+    """A ping sent after the client left raises the server's OSError subclass (uvicorn's
+    ClientDisconnected) before disconnect() cancels the task: the task ends, nothing is
+    raised (it was logged as "Task exception was never retrieved")."""
+    import asyncio
+
+    from uvicorn.protocols.utils import ClientDisconnected
+
+    from sessions import consumers
+
+    monkeypatch.setattr(consumers, "PING_SECONDS", 0.01)
+    consumer = consumers.SessionEventsConsumer()
+    consumer.session_id, consumer.last_seq = 1, 0
+    sent: list[dict] = []
+
+    async def gone(content, close=False):
+        sent.append(content)
+        raise ClientDisconnected()
+
+    monkeypatch.setattr(consumer, "send_json", gone)
+    await asyncio.wait_for(consumer._ping_forever(), timeout=5)
+    assert sent == [{"type": "ping"}]
