@@ -218,6 +218,11 @@ RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS"
 RUN_HOST_GC_THRESHOLDS = tuple(int(n) for n in os.environ.get("RUN_HOST_GC_THRESHOLDS", "50000,20,100").split(","))
 if len(RUN_HOST_GC_THRESHOLDS) != 3 or min(RUN_HOST_GC_THRESHOLDS) < 1:
     raise ImproperlyConfigured("RUN_HOST_GC_THRESHOLDS must be three positive integers, e.g. 50000,20,100")
+# The web process's garbage-collector thresholds, set with gc.freeze() once the ASGI app is
+# built (agent_platform/asgi.py); empty: CPython's defaults, nothing frozen.
+WEB_GC_THRESHOLDS = tuple(int(n) for n in os.environ.get("WEB_GC_THRESHOLDS", "50000,20,100").split(",") if n.strip())
+if WEB_GC_THRESHOLDS and (len(WEB_GC_THRESHOLDS) != 3 or min(WEB_GC_THRESHOLDS) < 1):
+    raise ImproperlyConfigured("WEB_GC_THRESHOLDS must be empty or three positive integers, e.g. 50000,20,100")
 # Threads that run the runner's ORM calls in a worker process (sessions/runner/_db.py: a run's
 # claim and configuration, its end, approvals, compactions).
 # Their ORM work holds the GIL the run host's loop needs for streamed tokens; with a database

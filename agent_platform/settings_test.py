@@ -18,3 +18,6 @@ CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:asgi"
 CHANNEL_LAYERS["events"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:events"
 CELERY_TASK_DEFAULT_QUEUE = f"agent_platform_test{_tag}"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
+# The test process imports the ASGI app for its servers; its collector stays as CPython sets it
+# (agent_platform/tests/test_gc_tuning.py tests the tuning itself).
+WEB_GC_THRESHOLDS = ()

@@ -48,13 +48,12 @@ def tune_interpreter_for_runs() -> None:
       18–50 ms (bench/README.md).
       ``gc.freeze`` is CPython's tool for this (docs: "gc.freeze").
     """
-    import gc
-
     from django.conf import settings
 
+    from agent_platform.gc_tuning import gc_freeze_and_set_thresholds
+
     sys.setswitchinterval(settings.RUN_HOST_SWITCH_INTERVAL_MS / 1000)
-    gc.freeze()
-    gc.set_threshold(*settings.RUN_HOST_GC_THRESHOLDS)
+    gc_freeze_and_set_thresholds(settings.RUN_HOST_GC_THRESHOLDS)
 
 
 class RunHost:

@@ -1,0 +1,49 @@
+"""The collector tuning of the web process (agent_platform/asgi.py) and the worker's run host.
+
+The ASGI module is imported in a child process with the production settings module, so this
+process's collector is left alone and the tuning is seen as a served app would have it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_platform.gc_tuning import gc_freeze_and_set_thresholds
+
+ROOT = Path(__file__).resolve().parents[2]
+_PROBE = "import gc, json, agent_platform.asgi; print(json.dumps([gc.get_threshold(), gc.get_freeze_count()]))"
+
+
+def _import_the_app(web_gc_thresholds: str) -> tuple[list[int], int]:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings", "WEB_GC_THRESHOLDS": web_gc_thresholds}
+    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    thresholds, frozen = json.loads(out.stdout.strip().splitlines()[-1])
+    return thresholds, frozen
+
+
+def test_the_served_app_freezes_its_set_up_and_sets_the_thresholds() -> None:
+    thresholds, frozen = _import_the_app("40000,15,90")
+    assert thresholds == [40000, 15, 90]
+    assert frozen > 10_000  # Django, the project and its libraries: far more than this
+
+
+def test_an_empty_setting_leaves_the_collector_as_cpython_sets_it() -> None:
+    thresholds, frozen = _import_the_app("")
+    default = subprocess.run([sys.executable, "-c", "import gc, json; print(json.dumps(gc.get_threshold()))"],
+                             capture_output=True, text=True, timeout=60, check=True)
+    assert thresholds == json.loads(default.stdout) and frozen == 0
+
+
+def test_bad_thresholds_are_refused() -> None:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings", "WEB_GC_THRESHOLDS": "0,10,10"}
+    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "WEB_GC_THRESHOLDS must be empty or three positive integers" in out.stderr
+    with pytest.raises(ValueError, match="three positive integers"):
+        gc_freeze_and_set_thresholds((700, 10))
