@@ -30,9 +30,9 @@ application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": _websock
 def _tune_gc() -> None:
     """Freeze what the app's set-up left alive and set ``WEB_GC_THRESHOLDS``
     (agent_platform/gc_tuning.py): without it the web process stopped for a full collection
-    of 142–200 ms every round or two of 200 runs streaming, and the token → client p95 of
-    those rounds was 238–576 ms (bench/README.md). An empty setting leaves the collector
-    alone (the test settings)."""
+    of 147–200 ms in three of five benchmark rounds of 200 runs streaming, and every token in
+    flight waited for it (bench/README.md). An empty setting leaves the collector alone (the
+    test settings)."""
     from django.conf import settings
 
     from agent_platform.gc_tuning import gc_freeze_and_set_thresholds

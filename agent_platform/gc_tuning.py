@@ -3,9 +3,9 @@
 Both the worker (its run host, sessions/runner/host.py) and the web process (the ASGI app,
 agent_platform/asgi.py) hold every object of Django, the project's modules and their
 libraries, hundreds of thousands of them. CPython's full collection walks all of them: on the
-2-vCPU benchmark machine it stopped the worker's loop for 150–165 ms, and the web process's
-for 142–200 ms, once every round or two of ``bench/concurrent_runs.py`` at 200 runs. Every
-token in flight waited that long (bench/README.md).
+2-vCPU benchmark machine it stopped the worker's loop for 150–165 ms twice a round of
+``bench/concurrent_runs.py`` at 200 runs, and the web process for 147–200 ms in three rounds
+of five. Every token in flight waited that long (bench/README.md).
 """
 
 from __future__ import annotations
