@@ -346,6 +346,7 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
 
     Raises:
         AgentInstance.DoesNotExist, Tenant.DoesNotExist: the run's agent or tenant is gone.
+        ValueError: a route entry's provider is not in the run's tenant.
     """
     agents = list(AgentInstance.all_tenants.raw(_SPEC_AGENT_SQL, [run.agent_id, run.tenant_id]))
     if not agents:
@@ -360,6 +361,8 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
         for p in ModelProvider.all_tenants.raw(_SPEC_PROVIDERS_SQL, [sorted({e.provider_id for e in entries}), run.tenant_id])
     }
     for entry in entries:
+        if entry.provider_id not in providers:
+            raise ValueError(f"the provider of route entry {entry.pk} is not in the run's tenant")
         entry.provider = providers[entry.provider_id]
     bindings = list(CapabilityBinding.all_tenants.raw(_SPEC_BINDINGS_SQL, [agent.pk, run.tenant_id]))
     return agent, tenants[0], entries, bindings

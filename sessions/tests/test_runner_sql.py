@@ -208,3 +208,10 @@ def test_a_runs_configuration_is_read_inside_its_tenant_in_route_order(world, ot
 
     with pytest.raises(AgentInstance.DoesNotExist):
         _db._spec_rows(dataclasses.replace(claimed, tenant_id=other_world.tenant.pk))
+
+    from agents.tests.factories import ProviderFactory
+
+    foreign = ProviderFactory(tenant=other_world.tenant, name="foreign", base_url="http://127.0.0.1:3/v1")
+    ModelRouteEntry.all_tenants.filter(route=agent.route, position=1).update(provider=foreign)
+    with pytest.raises(ValueError, match="not in the run's tenant"):
+        _db._spec_rows(claimed)
