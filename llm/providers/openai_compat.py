@@ -301,9 +301,14 @@ async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, par
     return response
 
 
-async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[list[Any]]:
+async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float | None = None) -> AsyncIterator[list[Any]]:
     """The JSON payloads of a chat-completions SSE stream, parsed, until ``[DONE]``: a list
     per read from the connection (every event it completed; never empty).
+
+    ``idle_timeout_seconds``: a read that has brought bytes but no complete event (comments,
+    keep-alives, an event trickling in) for this long since this generator was last resumed
+    raises ``TimeoutError``. Silence is the transport's to notice: its read timeout has the
+    same length (see :func:`_next_payloads`).
 
     One list per read rather than one payload at a time: when the loop is busy, a stream's
     reads carry several events, and the layers above then pay their per-step cost once for
@@ -323,6 +328,8 @@ async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[list[Any]]:
     buffer = b""
     data: list[bytes] = []
     chunks = response.aiter_bytes()
+    clock = asyncio.get_running_loop().time
+    waiting_since = clock()
     try:
         while True:
             try:
@@ -370,6 +377,9 @@ async def _sse_payloads(response: httpx2.Response) -> AsyncIterator[list[Any]]:
                 ready.append(payload)
             if ready:
                 yield ready
+                waiting_since = clock()
+            elif idle_timeout_seconds is not None and clock() - waiting_since >= idle_timeout_seconds:
+                raise TimeoutError(f"bytes but no event for {idle_timeout_seconds:g} s")
             if chunk is None:
                 return
     finally:
@@ -393,23 +403,25 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 async def _next_payloads(payloads: AsyncIterator[list[Any]], timeout_seconds: float) -> list[Any] | None:
     """The next parsed chunks (one read's), or None at the end of the stream.
 
+    The idle timeout needs no timer of its own here: the transport's read timeout is
+    ``read_timeout_seconds`` (the SDK client's ``timeout.read``; aiohttp's ``sock_read``),
+    so a silent server fails the read, and :func:`_sse_payloads` fails a stream whose bytes
+    complete no event for as long. A timer per read (``asyncio.timeout``) cost ~12 % of the
+    loop's CPU per streamed chunk with 200 streams (py-spy, bench/README.md).
+
     Args:
-        payloads: :func:`_sse_payloads` of the response.
-        timeout_seconds: Idle timeout, seconds (``read_timeout_seconds``).
+        payloads: :func:`_sse_payloads` of the response, given ``timeout_seconds``.
+        timeout_seconds: Idle timeout, seconds (``read_timeout_seconds``): for the message.
 
     Raises:
-        ModelCallError: ``timeout`` when no chunk arrives within ``timeout_seconds`` (this
-            timer's or the transport's read timeout, whichever fires first); any other
-            failure classified.
+        ModelCallError: ``timeout`` when no chunk arrives within ``timeout_seconds``; any
+            other failure classified.
     """
     try:
-        async with asyncio.timeout(timeout_seconds):
-            return await anext(payloads)
+        return await anext(payloads)
     except StopAsyncIteration:
         return None
     except (TimeoutError, openai.APITimeoutError) as exc:
-        # The transport's read timeout has the same length as this timer, so either may fire
-        # first when a stream stalls (seen in CI): both mean the same thing.
         raise ModelCallError(
             "timeout", f"no chunk from the provider within {timeout_seconds:g} s (idle timeout)"
         ) from exc
@@ -513,7 +525,7 @@ async def _stream(
     tools: Sequence[ToolSpec], text_mode: bool, on_first_token: Callable[[], None] | None,
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
     response = await _open_stream(_client_for(entry), http, params)
-    payloads = _sse_payloads(response)
+    payloads = _sse_payloads(response, entry.read_timeout_seconds)
 
     holdback = ToolCallHoldback() if text_mode else None
     assembler = _ToolCallAssembler()

@@ -266,3 +266,45 @@ async def test_a_transport_read_timeout_between_chunks_is_the_idle_timeout() -> 
         await _next_payloads(payloads, 5.0)
     assert caught.value.error_class == "timeout"
     assert caught.value.message == "no chunk from the provider within 5 s (idle timeout)"
+
+
+async def test_keep_alive_comments_without_events_still_hit_the_idle_timeout() -> None:
+    """A server that keeps the connection busy with SSE comments but sends no event: the
+    transport's read timeout never fires (bytes keep coming), the adapter's idle check does."""
+    import asyncio
+    import json
+
+    first = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hello"}, "finish_reason": None}]}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+                     b"connection: close\r\n\r\n" + b"data: " + json.dumps(first).encode() + b"\n\n")
+        try:
+            while True:  # a comment every 50 ms, well inside the 0.3 s read timeout
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.write(b": keep-alive\n\n")
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        router, recorder, _ = make_router(
+            [entry(0, f"http://127.0.0.1:{port}/v1", read_timeout_seconds=0.3, first_token_timeout_seconds=SLOW)]
+        )
+        events: list[StreamEvent] = []
+        with pytest.raises(StreamInterrupted) as caught:
+            async for event in router.stream(USER, []):
+                events.append(event)
+    finally:
+        server.close()
+
+    assert text_of(events) == "hello"
+    assert caught.value.error_class == "timeout"
+    assert caught.value.cause.message == "no chunk from the provider within 0.3 s (idle timeout)"
+    assert 300 <= recorder.records[0].latency_ms < 3000
