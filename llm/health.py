@@ -45,10 +45,10 @@ import itertools
 import math
 import os
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Final, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkable
 
 from llm.clock import Clock, SystemClock
 from llm.errors import LLMError
@@ -482,15 +482,28 @@ class RedisEntryHealth:
     Each operation is one ``EVALSHA`` of a Lua script, so it is atomic across processes.
     Every key expires (see :data:`STATE_IDLE_TTL_SECONDS`).
 
+    ``execute``, if given, sends the operations instead of ``client``: a function that takes
+    one command's arguments (``"EVAL", script, numkeys, *keys, *args``) and returns an
+    awaitable of its raw reply. The runner passes ``sessions.events.pipelined_command``, which
+    pipelines them with the event loop's other Redis traffic on one connection.
+
     Raises:
         HealthStateUnavailable: from every method, when Redis fails (connection, timeout,
             script error).
     """
 
-    def __init__(self, client: redis.asyncio.Redis, *, prefix: str, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        prefix: str,
+        clock: Clock | None = None,
+        execute: Callable[..., Awaitable[Any]] | None = None,
+    ) -> None:
         if not prefix:
             raise ValueError("prefix must be a non-empty key namespace")
         self._client = client
+        self._execute = execute
         self._prefix = prefix
         self._clock = clock or SystemClock()
         self._script = client.register_script(_LUA)
@@ -523,6 +536,8 @@ class RedisEntryHealth:
             *extra,
         ]
         try:
+            if self._execute is not None:
+                return await self._execute("EVAL", _LUA, 3, *self.keys_for(key), *args)
             return await self._script(keys=self.keys_for(key), args=args)
         except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
             raise HealthStateUnavailable(f"entry health store unavailable: {type(exc).__name__}: {exc}") from exc

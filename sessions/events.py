@@ -237,7 +237,8 @@ gives the connection up (every unanswered publish then fails)."""
 class _Publisher:
     """An event loop's publishes, pipelined on one Redis connection, in the order they are made.
 
-    :meth:`publish` queues a run of :data:`_PUBLISH_LUA` synchronously; whatever was queued
+    :meth:`publish` queues a run of :data:`_PUBLISH_LUA` synchronously (:meth:`command` any
+    other command, see :func:`pipelined_command`); whatever was queued
     during one turn of the event loop is written at the start of the next, in one write
     (``loop.call_soon``), without waiting for the replies to earlier writes. A reader task
     reads the replies in order and resolves each publish's future with its ``seq``. Redis
@@ -264,16 +265,21 @@ class _Publisher:
         self._loop = asyncio.get_running_loop()
         self._connection: Any = None  # a redis.asyncio.Connection of this publisher's own
         self._connecting: asyncio.Task[None] | None = None
-        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[int]]] = []
+        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []  # (command, its future)
         self._write_scheduled = False
-        self._unanswered: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._unanswered: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._reader: asyncio.Task[None] | None = None
         self._reading: Any = None  # the connection self._reader reads
 
     def publish(self, script_args: tuple[Any, ...]) -> "asyncio.Future[int]":
         """Queue one run of :data:`_PUBLISH_LUA`; the future gets its ``seq`` (or its error)."""
-        future: asyncio.Future[int] = self._loop.create_future()
-        self._queued.append((script_args, future))
+        return self.command(("EVAL", _PUBLISH_LUA, *script_args))
+
+    def command(self, args: tuple[Any, ...]) -> "asyncio.Future[Any]":
+        """Queue one Redis command (``("EVAL", script, numkeys, …)``); the future gets its
+        reply as the connection's parser gives it (or its error)."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._queued.append((args, future))
         if not self._write_scheduled:
             self._write_scheduled = True
             self._loop.call_soon(self._write)
@@ -298,7 +304,7 @@ class _Publisher:
             self._reader = asyncio.ensure_future(self._read(connection))
         try:
             for start in range(0, len(batch), PIPELINE_MAX_EVENTS):
-                commands = [("EVAL", _PUBLISH_LUA, *args) for args, _ in batch[start:start + PIPELINE_MAX_EVENTS]]
+                commands = [args for args, _ in batch[start:start + PIPELINE_MAX_EVENTS]]
                 writer.writelines(connection.pack_commands(commands))
         except Exception as exc:  # noqa: BLE001 - a closed transport, a bad argument
             self._drop(connection, exc)
@@ -337,7 +343,7 @@ class _Publisher:
                 return
             future = self._unanswered.popleft()
             if not future.done():  # else its caller stopped waiting; the event went out all the same
-                future.set_result(int(reply))
+                future.set_result(reply)
 
     def _drop(self, connection: Any, exc: BaseException) -> None:
         """Give ``connection`` up after ``exc``: its unanswered publishes fail with it."""
@@ -375,7 +381,7 @@ def _open_writer(connection: Any) -> asyncio.StreamWriter | None:
     return writer
 
 
-def _fail(futures: list[asyncio.Future[int]], exc: BaseException) -> None:
+def _fail(futures: list[asyncio.Future[Any]], exc: BaseException) -> None:
     for future in futures:
         if not future.done():
             future.cancel() if isinstance(exc, asyncio.CancelledError) else future.set_exception(exc)
@@ -390,6 +396,27 @@ def _publisher() -> _Publisher:
     if publisher is None:
         publisher = _publishers[loop] = _Publisher(async_redis())
     return publisher
+
+
+def pipelined_command(*args: Any) -> "asyncio.Future[Any]":
+    """Send one Redis command on this event loop's publishing connection (:class:`_Publisher`),
+    pipelined with the loop's event publishes and other such commands, in call order.
+
+    For small, frequent commands of the runs (the route-entry health scripts,
+    ``llm.health.RedisEntryHealth``): a ``redis.asyncio`` call costs the loop ~230–390 µs of
+    CPU on the benchmark machine (connection pool, retries, per-call parsing), a pipelined
+    one 60–160 µs (bench/README.md).
+
+    Returns:
+        A future of the reply as redis-py's parser gives it (bytes, int, lists; no response
+        callbacks, no decoding).
+
+    Raises (through the future):
+        redis.ResponseError: the command failed (the connection stays).
+        redis.ConnectionError, redis.TimeoutError: the connection failed or Redis did not
+            answer within :data:`PUBLISH_REPLY_TIMEOUT_SECONDS`.
+    """
+    return _publisher().command(args)
 
 
 async def publisher_aclose() -> None:

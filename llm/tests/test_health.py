@@ -65,16 +65,22 @@ def prefix() -> str:
     return f"test:llm-health:{uuid.uuid4().hex}"
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-pipelined"])
 async def world(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[World]:
+    """Every rule below against the in-process store, the Redis one through redis-py, and the
+    Redis one through the loop's pipelined connection (what the runner uses)."""
     clock = FakeClock()
     if request.param == "memory":
         yield World(MemoryEntryHealth(clock=clock), clock)
         return
+    from sessions.events import pipelined_command, publisher_aclose
+
     client = redis.asyncio.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_timeout=5)
+    execute = pipelined_command if request.param == "redis-pipelined" else None
     try:
-        yield World(RedisEntryHealth(client, prefix=prefix, clock=clock), clock)
+        yield World(RedisEntryHealth(client, prefix=prefix, clock=clock, execute=execute), clock)
     finally:
+        await publisher_aclose()
         await _drop_prefix(client, prefix)
         await client.aclose()
 
@@ -359,6 +365,39 @@ async def test_an_unreachable_redis_raises_health_state_unavailable() -> None:
             await health.record_failure(KEY, "server")
     finally:
         await client.aclose()
+
+
+async def test_pipelined_a_failing_script_raises_health_state_unavailable_and_the_next_call_works(
+    redis_client: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Through the loop's pipelined connection: a script error fails that call only."""
+    from sessions.events import pipelined_command, publisher_aclose
+
+    health = RedisEntryHealth(redis_client, prefix=prefix, execute=pipelined_command)
+    try:
+        with pytest.raises(HealthStateUnavailable, match="unknown op"):
+            await health._run("no-such-op", KEY)
+        assert await health.available(KEY) is True
+        await health.record_success(KEY)
+        assert (await health.snapshot(KEY)).calls_last_minute == 1
+    finally:
+        await publisher_aclose()
+        await _drop_prefix(redis_client, prefix)
+
+
+async def test_pipelined_an_unreachable_redis_raises_health_state_unavailable(settings) -> None:
+    from sessions.events import pipelined_command, publisher_aclose
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    health = RedisEntryHealth(redis.asyncio.Redis(port=port), prefix="test:unreachable", execute=pipelined_command)
+    try:
+        with pytest.raises(HealthStateUnavailable):
+            await health.available(KEY)
+    finally:
+        await publisher_aclose()
 
 
 def test_a_prefix_is_required() -> None:

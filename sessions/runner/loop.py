@@ -23,7 +23,7 @@ from llm.health import RedisEntryHealth
 from llm.router import AttemptRecord, Router
 from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolSpec
-from sessions.events import async_redis, event_publish, event_publish_nowait
+from sessions.events import async_redis, event_publish, event_publish_nowait, pipelined_command
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_cancelling, watch_for_cancel
@@ -387,10 +387,11 @@ class _LlmCallRecorder:
 
 
 def entry_health() -> RedisEntryHealth:
-    """Route-entry health shared by every worker (cooldowns, circuit breaker) in Redis."""
+    """Route-entry health shared by every worker (cooldowns, circuit breaker) in Redis, its
+    scripts pipelined on the loop's publishing connection (``pipelined_command``)."""
     from django.conf import settings
 
-    return RedisEntryHealth(async_redis(), prefix=f"{settings.REDIS_KEY_PREFIX}:health")
+    return RedisEntryHealth(async_redis(), prefix=f"{settings.REDIS_KEY_PREFIX}:health", execute=pipelined_command)
 
 
 def _loop_limit_reached(spec: RunSpec) -> Outcome:
