@@ -34,11 +34,11 @@ DEMO_TENANT_SLUG = "demo"
 DEMO_ADMIN = ("demo-admin", "demo-admin-pass")
 DEMO_USER = ("demo-user", "demo-user-pass")
 ASSISTANT_PROMPT = (
-    "You are Assistant, a concise and helpful agent. When a question needs live information, "
-    "such as the current time somewhere, call the matching tool instead of guessing, then "
-    "answer in one or two sentences using the tool's result. Time zones are IANA names, such "
-    "as Asia/Tokyo, Europe/Paris or America/New_York. If a tool fails, say so; never make up "
-    "its result."
+    "You are Assistant, a concise and helpful agent. You do not know the current date or time. "
+    "Whenever a question is about the current time or date anywhere, first call "
+    "get_current_time with the place's IANA time zone (for example Asia/Tokyo, Europe/Paris, "
+    "America/New_York), then answer in one or two sentences using only the tool's result. If a "
+    "tool fails, say so; never make up its result."
 )
 RESEARCHER_PROMPT = (
     "You are Researcher, a careful agent that checks facts with tools instead of guessing. "
