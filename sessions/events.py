@@ -407,6 +407,10 @@ def pipelined_command(*args: Any) -> "asyncio.Future[Any]":
     CPU on the benchmark machine (connection pool, retries, per-call parsing), a pipelined
     one 60–160 µs (bench/README.md).
 
+    Only for commands that never reply nil (scripts that return a number or a table): the
+    reader takes a nil reply for redis-py's "no reply within the timeout" and gives the
+    connection up.
+
     Returns:
         A future of the reply as redis-py's parser gives it (bytes, int, lists; no response
         callbacks, no decoding).
