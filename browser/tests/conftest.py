@@ -41,9 +41,28 @@ def pump() -> None:
         time.sleep(0.02)
 
 
+def _closing_connections(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    from django.db import connections
+
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        connections.close_all()  # back to the pool, as at the end of a request
+
+
+def submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> "concurrent.futures.Future[Any]":
+    """Start ``fn(*args, **kwargs)`` on one of the test threads; its future.
+
+    The thread's database connections are closed after the call: a pool thread outlives the
+    test, and a connection it kept open made the test database's teardown fail ("is being
+    accessed by other users") at the end of the suite."""
+    return _pool.submit(_closing_connections, fn, *args, **kwargs)
+
+
 def off_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` on another thread (no event loop there); its result."""
-    future = _pool.submit(fn, *args, **kwargs)
+    """``fn(*args, **kwargs)`` on another thread (no event loop there, see :func:`submit`);
+    its result."""
+    future = submit(fn, *args, **kwargs)
     deadline = time.monotonic() + 120
     while not future.done():
         if time.monotonic() > deadline:

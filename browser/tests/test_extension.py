@@ -154,9 +154,9 @@ def test_service_worker_killed_mid_command_reconnects_and_does_not_act_twice(wor
     def slow_click():
         return command(world, "click", {"ref": slow}, key="k3-slow", deadline_ms=10_000)
 
-    from browser.tests.conftest import _pool
+    from browser.tests.conftest import submit
 
-    pending = _pool.submit(slow_click)
+    pending = submit(slow_click)
     wait_until(site.server.hit_event.is_set, timeout_seconds=10, what="the slow click")
     cdp.send("ServiceWorker.enable")
     cdp.send("ServiceWorker.stopAllWorkers")
@@ -224,11 +224,11 @@ def test_pairing_end_to_end_through_the_options_page_then_revocation(world, live
 def test_stop_in_the_popup_cancels_a_pending_command(world, site, connected):
     from playwright.sync_api import expect
 
-    from browser.tests.conftest import _pool
+    from browser.tests.conftest import submit
 
     command(world, "navigate", {"url": site.url("/counter")}, key="x1", deadline_ms=30_000)
     popup = connected.open_extension_page("popup.html")
-    pending = _pool.submit(command, world, "wait_for", {"seconds": 8, "timeout_ms": 8000}, key="x2", deadline_ms=9_000)
+    pending = submit(command, world, "wait_for", {"seconds": 8, "timeout_ms": 8000}, key="x2", deadline_ms=9_000)
     stop = popup.get_by_test_id("stop")
     expect(stop).to_be_enabled(timeout=5_000)  # enabled while a command is pending
     stop.click()
