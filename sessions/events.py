@@ -311,6 +311,9 @@ class _Publisher:
 
     async def _connect(self) -> None:
         connection = self._client.connection_pool.make_connection()
+        # Every read on it waits at most this long, then raises redis.TimeoutError (a nil
+        # reply stays a reply: read_response(timeout=…) would return None for both).
+        connection.socket_timeout = PUBLISH_REPLY_TIMEOUT_SECONDS
         try:
             await connection.connect()
         except BaseException as exc:
@@ -328,11 +331,7 @@ class _Publisher:
     async def _read(self, connection: Any) -> None:
         while self._unanswered and connection is self._connection:
             try:
-                reply = await connection.read_response(timeout=PUBLISH_REPLY_TIMEOUT_SECONDS)
-                if reply is None:
-                    raise redis.TimeoutError(
-                        f"Redis did not answer a publish within {PUBLISH_REPLY_TIMEOUT_SECONDS:g} s"
-                    )
+                reply = await connection.read_response()  # within its socket_timeout (see _connect)
             except redis.ResponseError as exc:  # this command failed; the connection is fine
                 _fail([self._unanswered.popleft()], exc)
                 continue
@@ -407,13 +406,9 @@ def pipelined_command(*args: Any) -> "asyncio.Future[Any]":
     CPU on the benchmark machine (connection pool, retries, per-call parsing), a pipelined
     one 60–160 µs (bench/README.md).
 
-    Only for commands that never reply nil (scripts that return a number or a table): the
-    reader takes a nil reply for redis-py's "no reply within the timeout" and gives the
-    connection up.
-
     Returns:
-        A future of the reply as redis-py's parser gives it (bytes, int, lists; no response
-        callbacks, no decoding).
+        A future of the reply as redis-py's parser gives it (bytes, int, lists, None for nil;
+        no response callbacks, no decoding).
 
     Raises (through the future):
         redis.ResponseError: the command failed (the connection stays).

@@ -315,3 +315,21 @@ async def test_a_publish_made_without_waiting_comes_before_later_ones() -> None:
     assert [f["type"] for f in stored] == ["content_token"] * 3 + ["run_completed"]
     with pytest.raises(ValueError, match="unknown event type"):
         events.event_publish_nowait(session_id=session_id, run_id=1, type="no_such_event", data={})
+
+
+async def test_a_pipelined_command_s_nil_reply_is_a_reply_not_a_timeout() -> None:
+    """``pipelined_command`` shares the publisher's connection: a nil reply (a GET of a missing
+    key) comes back as None and the connection stays, in order with the publishes around it."""
+    from sessions import events
+
+    session_id = _session_id()
+    first = events.event_publish_nowait(session_id=session_id, run_id=1, type="content_token", data={"text": "a"})
+    missing = events.pipelined_command("GET", f"{_session_id()}:no-such-key")
+    second = events.event_publish_nowait(session_id=session_id, run_id=1, type="content_token", data={"text": "b"})
+    publisher = events._publisher()
+    assert (await first, await missing, await second) == (1, None, 2)
+    connection = publisher._connection
+    assert connection is not None
+    assert await events.pipelined_command("GET", f"{_session_id()}:no-such-key") is None
+    assert publisher._connection is connection, "the same connection, not given up"
+    await events.publisher_aclose()
