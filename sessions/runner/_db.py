@@ -148,7 +148,7 @@ async def run_tenant_id(run_id: int) -> int | None:
     """The tenant of the run (None: no such run)."""
     # tenant-bypass: the run row decides the tenant the rest of the run is scoped to.
     async with pg_connection() as conn:
-        cursor = await conn.execute(f'SELECT "tenant_id" FROM "{Run._meta.db_table}" WHERE "id" = %s', [run_id])
+        cursor = await conn.execute(f'SELECT "tenant_id" FROM "{_RUN}" WHERE "id" = %s', [run_id])
         row = await cursor.fetchone()
     return row[0] if row else None
 
@@ -220,6 +220,8 @@ def _take_position_cte(only_if: str = "") -> str:
         f'WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s{" AND " + only_if if only_if else ""} '
         'RETURNING "next_position" - 1 AS position)'
     )
+
+
 _CLAIM_SESSION_OF_RUN_SQL = f'SELECT "session_id" FROM "{_RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
 _CLAIM_LOCK_SESSION_SQL = (
     f'SELECT "agent_id" FROM "{_SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
@@ -314,7 +316,7 @@ async def run_heartbeat(run_id: int, attempt: int) -> bool:
     """
     async with pg_connection() as conn:
         cursor = await conn.execute(
-            f'UPDATE "{Run._meta.db_table}" SET "heartbeat_at" = %s '
+            f'UPDATE "{_RUN}" SET "heartbeat_at" = %s '
             'WHERE "id" = %s AND "tenant_id" = %s AND "status" = %s AND "attempt" = %s',
             [timezone.now(), run_id, require_tenant_id(), RunStatus.RUNNING.value, attempt],
         )
@@ -491,8 +493,8 @@ class CompactionCursor:
 
 _LATEST_COMPACTION_SQL = (
     f'SELECT c."summary", m."run_id", r."steered_into_id", m."position" FROM "{Compaction._meta.db_table}" c '
-    f'LEFT JOIN "{Message._meta.db_table}" m ON m."id" = c."cursor_message_id" '
-    f'LEFT JOIN "{Run._meta.db_table}" r ON r."id" = m."run_id" '
+    f'LEFT JOIN "{_M}" m ON m."id" = c."cursor_message_id" '
+    f'LEFT JOIN "{_RUN}" r ON r."id" = m."run_id" '
     'WHERE c."session_id" = %(session_id)s AND c."tenant_id" = %(tenant_id)s AND c."status" = %(succeeded)s '
     'ORDER BY c."id" DESC LIMIT 1'
 )
@@ -543,7 +545,7 @@ _HISTORY_COLUMNS = 'm."id", m."run_id", m."position", m."role", m."content", m."
 _EFFECTIVE_RUN = 'COALESCE(r."steered_into_id", m."run_id")'
 _HISTORY_SQL = (
     f"SELECT {_HISTORY_COLUMNS}, {_EFFECTIVE_RUN} AS effective_run "
-    f'FROM "{Message._meta.db_table}" m INNER JOIN "{Run._meta.db_table}" r ON r."id" = m."run_id" '
+    f'FROM "{_M}" m INNER JOIN "{_RUN}" r ON r."id" = m."run_id" '
     'WHERE m."tenant_id" = %(tenant_id)s AND m."session_id" = %(session_id)s AND r."parent_tool_call_id" IS NULL '
     f"AND {_EFFECTIVE_RUN} <= %(run_id)s {{after_cursor}}"
     'ORDER BY effective_run, m."position"'
@@ -555,13 +557,13 @@ _HISTORY_AFTER_CURSOR = (
     f'OR ({_EFFECTIVE_RUN} = %(cursor_run)s AND m."position" > %(cursor_position)s)) '
 )
 _HISTORY_SUBRUN_SQL = (
-    f'SELECT {_HISTORY_COLUMNS}, m."run_id" AS effective_run FROM "{Message._meta.db_table}" m '
+    f'SELECT {_HISTORY_COLUMNS}, m."run_id" AS effective_run FROM "{_M}" m '
     'WHERE m."tenant_id" = %(tenant_id)s AND m."run_id" = %(run_id)s ORDER BY m."position"'
 )
 
 
 _RUN_SESSION_SQL = (
-    f'SELECT "session_id", "parent_tool_call_id" FROM "{Run._meta.db_table}" '
+    f'SELECT "session_id", "parent_tool_call_id" FROM "{_RUN}" '
     'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
 )
 
@@ -740,9 +742,8 @@ _LLM_CALL_INSERT_SQL = (
 )
 
 
-
 _RUN_ADD_USAGE_SQL = (
-    f'UPDATE "{Run._meta.db_table}" SET "loop_count" = COALESCE(%(loop_count)s, "loop_count"), '
+    f'UPDATE "{_RUN}" SET "loop_count" = COALESCE(%(loop_count)s, "loop_count"), '
     '"prompt_tokens" = "prompt_tokens" + %(prompt_tokens)s, '
     '"completion_tokens" = "completion_tokens" + %(completion_tokens)s, '
     '"cost_usd_micros" = "cost_usd_micros" + %(cost_usd_micros)s '
@@ -846,9 +847,11 @@ def pending_tool_calls(*, run_id: int, call_ids: list[str]) -> list[dict[str, An
 
 
 _TOOL_CALL_START_SQL = (
-    f'UPDATE "{ToolCall._meta.db_table}" SET "status" = %(status)s, "started_at" = %(now)s '
+    f'UPDATE "{_TC}" SET "status" = %(status)s, "started_at" = %(now)s '
     'WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s'
 )
+
+
 async def tool_call_start(*, pk: int) -> None:
     """Mark the call ``running`` (started now)."""
     async with pg_connection() as conn:
@@ -957,8 +960,8 @@ class Usage:
 
 
 _RUN_USAGE_SQL = (
-    f'SELECT r."prompt_tokens" + r."completion_tokens", r."cost_usd_micros", t."run_id" FROM "{Run._meta.db_table}" r '
-    f'LEFT JOIN "{ToolCall._meta.db_table}" t ON t."id" = r."parent_tool_call_id" '
+    f'SELECT r."prompt_tokens" + r."completion_tokens", r."cost_usd_micros", t."run_id" FROM "{_RUN}" r '
+    f'LEFT JOIN "{_TC}" t ON t."id" = r."parent_tool_call_id" '
     'WHERE r."id" = %(run_id)s AND r."tenant_id" = %(tenant_id)s'
 )
 
@@ -1092,15 +1095,15 @@ def _run_ended(run_id: int, row: Any) -> tuple[int, int | None]:
 
 
 _RUN_END_SQL = (
-    f'UPDATE "{Run._meta.db_table}" SET "status" = %(status)s, "reply" = %(reply)s, "error" = %(error)s, '
+    f'UPDATE "{_RUN}" SET "status" = %(status)s, "reply" = %(reply)s, "error" = %(error)s, '
     '"reason" = %(reason)s, "finished_at" = %(now)s, "heartbeat_at" = NULL '
     'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s RETURNING "session_id", "parent_tool_call_id"'
 )
 _SESSION_LOCK_SQL = (
-    f'SELECT 1 FROM "{ChatSession._meta.db_table}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
+    f'SELECT 1 FROM "{_SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
 )
 _RUN_END_CALLS_SQL = (
-    f'UPDATE "{ToolCall._meta.db_table}" SET "status" = %(call_cancelled)s, "finished_at" = %(now)s '
+    f'UPDATE "{_TC}" SET "status" = %(call_cancelled)s, "finished_at" = %(now)s '
     'WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "finished_at" IS NULL'
 )
 """Calls left without a result (the run ended mid-turn) are recorded as cancelled."""
@@ -1109,9 +1112,9 @@ _RUN_END_APPROVALS_SQL = (
     'WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "status" = %(approval_pending)s'
 )
 _RUN_END_NEXT_SQL = (
-    f'SELECT (SELECT "id" FROM "{Run._meta.db_table}" WHERE "session_id" = %(session_id)s '
+    f'SELECT (SELECT "id" FROM "{_RUN}" WHERE "session_id" = %(session_id)s '
     'AND "tenant_id" = %(tenant_id)s AND "status" = %(queued)s ORDER BY "id" LIMIT 1), '
-    f'EXISTS (SELECT 1 FROM "{Run._meta.db_table}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(queued)s '
+    f'EXISTS (SELECT 1 FROM "{_RUN}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(queued)s '
     'AND "steered_into_id" IS NULL)'
 )
 """The session's next queued run (as :func:`sessions.services.next_queued_run_id`), and whether

@@ -33,6 +33,9 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.string import TextLoader
 
+APPLICATION_NAME = "agent-platform run host"
+"""``application_name`` of these connections (unless the database settings set one), so that
+``pg_stat_activity`` tells them from Django's."""
 
 
 class PoolTimeout(psycopg.OperationalError):
@@ -55,11 +58,6 @@ def connection_kwargs() -> dict[str, Any]:
         params.pop(django_only, None)
     params.setdefault("application_name", APPLICATION_NAME)
     return params
-
-
-APPLICATION_NAME = "agent-platform run host"
-"""``application_name`` of these connections (unless the database settings set one), so that
-``pg_stat_activity`` tells them from Django's."""
 
 
 class LoopPool:
