@@ -213,16 +213,29 @@ RUN_HOST_LOOP = os.environ.get("RUN_HOST_LOOP", "asyncio")
 if RUN_HOST_LOOP not in {"uvloop", "asyncio"}:
     raise ImproperlyConfigured('RUN_HOST_LOOP must be "uvloop" or "asyncio"')
 RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS", "1"))
+
+
+def _gc_thresholds(name: str, *, may_be_empty: bool) -> tuple[int, ...]:
+    """``gc.set_threshold`` values from the environment variable ``name`` ("50000,20,100" if
+    unset); empty (``may_be_empty``) means: leave the collector as CPython sets it."""
+    raw = os.environ.get(name, "50000,20,100")
+    try:
+        values = tuple(int(n) for n in raw.split(",") if n.strip())
+    except ValueError:
+        values = (0,)
+    if (values or not may_be_empty) and (len(values) != 3 or min(values) < 1):
+        raise ImproperlyConfigured(
+            f"{name} must be {'empty or ' if may_be_empty else ''}three positive integers, e.g. 50000,20,100"
+        )
+    return values
+
+
 # The worker's garbage-collector thresholds (gc.set_threshold: generation 0, 1, 2), set with
 # gc.freeze() when the run host starts (sessions/runner/host.py).
-RUN_HOST_GC_THRESHOLDS = tuple(int(n) for n in os.environ.get("RUN_HOST_GC_THRESHOLDS", "50000,20,100").split(","))
-if len(RUN_HOST_GC_THRESHOLDS) != 3 or min(RUN_HOST_GC_THRESHOLDS) < 1:
-    raise ImproperlyConfigured("RUN_HOST_GC_THRESHOLDS must be three positive integers, e.g. 50000,20,100")
+RUN_HOST_GC_THRESHOLDS = _gc_thresholds("RUN_HOST_GC_THRESHOLDS", may_be_empty=False)
 # The web process's garbage-collector thresholds, set with gc.freeze() once the ASGI app is
 # built (agent_platform/asgi.py); empty: CPython's defaults, nothing frozen.
-WEB_GC_THRESHOLDS = tuple(int(n) for n in os.environ.get("WEB_GC_THRESHOLDS", "50000,20,100").split(",") if n.strip())
-if WEB_GC_THRESHOLDS and (len(WEB_GC_THRESHOLDS) != 3 or min(WEB_GC_THRESHOLDS) < 1):
-    raise ImproperlyConfigured("WEB_GC_THRESHOLDS must be empty or three positive integers, e.g. 50000,20,100")
+WEB_GC_THRESHOLDS = _gc_thresholds("WEB_GC_THRESHOLDS", may_be_empty=True)
 # Threads that run the runner's ORM calls in a worker process (sessions/runner/_db.py: a run's
 # claim and configuration, its end, approvals, compactions).
 # Their ORM work holds the GIL the run host's loop needs for streamed tokens; with a database
