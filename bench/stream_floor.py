@@ -22,9 +22,8 @@ import os
 import threading
 import time
 import uuid
-from pathlib import Path
 
-from _harness import fake_model, percentile
+from _harness import cpu_seconds, fake_model, percentile
 
 from llm.providers import openai_compat
 from llm.router import RouteEntryConfig
@@ -35,8 +34,7 @@ MESSAGES = [ChatMessage(role="user", content="go"), ChatMessage(role="assistant"
 
 
 def _thread_cpu() -> float:
-    fields = Path(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(os.getpid(), threading.get_native_id())
 
 
 async def one(entry: RouteEntryConfig, latencies: list[float]) -> None:
