@@ -319,9 +319,18 @@ class Approval(TenantOwnedModel):
     the decision; when the run has no pending approval left it is queued again and resumes on
     any worker. Pending approvals past ``expires_at`` expire and fail the run
     (``approval_expired``).
+
+    ``run`` is always a user's run (depth 0): the one that pauses and resumes. A tool call
+    inside a skill's sub-run (``sub_run``, the call's own run) pauses the whole tree: the
+    sub-runs above the call wait ``awaiting_approval`` inside their parents' calls, and the
+    user's run resumes them on any worker once it is decided (``sessions.runner.subrun``).
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    sub_run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        help_text="The skill's sub-run whose tool call waits; empty for a call of the run itself.",
+    )
     tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="approval")
     kind = models.CharField(max_length=16, choices=ApprovalKind.choices, default=ApprovalKind.TOOL_CALL)
     status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)

@@ -102,4 +102,7 @@ def approval_get_for_user(*, approval_id: int, user_id: int) -> Approval | None:
 
 def approval_list_pending(*, user_id: int) -> QuerySet[Approval]:
     """The user's pending approvals and questions in the current tenant, oldest first."""
-    return Approval.objects.filter(run__session__user_id=user_id, status=ApprovalStatus.PENDING).order_by("id")
+    return (
+        Approval.objects.filter(run__session__user_id=user_id, status=ApprovalStatus.PENDING)
+        .select_related("sub_run__skill").order_by("id")
+    )

@@ -20,6 +20,7 @@ from sessions.models import (
     Run,
     RunFailureReason,
     RunStatus,
+    ToolCall,
 )
 
 MAX_MESSAGE_CHARS = 100_000
@@ -112,7 +113,9 @@ def run_cancel(*, run: Run) -> Run:
       session is running, the session's next queued run is handed to a worker (nobody else
       would start it).
     - ``awaiting_approval``: no worker holds it; ended ``cancelled`` here, its pending
-      approvals expire.
+      approvals expire. A skill's sub-run waiting inside its user's paused run: the same,
+      and the user's run resumes if nothing else is pending (its skill call then fails
+      with "cancelled").
     - ``running``: only the Redis cancel signal is set; the worker stops the run within
       about a second and records ``cancelled`` itself (the returned run is still ``running``).
     - a run whose message was steered into a running run: that run is cancelled.
@@ -133,11 +136,18 @@ def run_cancel(*, run: Run) -> Run:
 
     from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, request_cancel_sync
 
+    user_run = None
+    if run.parent_tool_call_id is not None:  # lock order: the user's run, then its sub-run (as run_finish)
+        user_run = Run.objects.select_for_update().get(pk=_user_run_id(run))
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status not in ACTIVE_RUN_STATUSES:
         raise ApplicationError("The run has already finished.", status_code=409)
     if run.steered_into_id is not None:  # its message was handed to a running run: cancel that one
         return run_cancel(run=Run.objects.get(pk=run.steered_into_id))
+    if run.status == RunStatus.AWAITING_APPROVAL and user_run is not None:
+        _sub_run_cancel_waiting(run=run, user_run=user_run)
+        run.refresh_from_db()
+        return run
     if run.status == RunStatus.AWAITING_APPROVAL:  # no worker holds it: end it here
         run_end_unheld(run=run, status=RunStatus.CANCELLED, error=CANCEL_ERROR, event_data={"reason": CANCEL_REASON})
         run.refresh_from_db()
@@ -240,19 +250,56 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
     approval.save(update_fields=["status", "answer", "decided_by", "decided_at"])
     event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
         "approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,
+        "sub_run_id": approval.sub_run_id,
     })
-    if run.status == RunStatus.AWAITING_APPROVAL and not Approval.objects.filter(
+    _run_resume_if_decided(run=run, now=now)
+    return approval
+
+
+def _run_resume_if_decided(*, run: Run, now) -> bool:
+    """Queue paused user's run ``run`` (locked by the caller) again if none of its approvals
+    (its sub-runs' included) is pending; hand it to a worker on commit. Returns whether it was."""
+    if run.status != RunStatus.AWAITING_APPROVAL or Approval.objects.filter(
         run=run, status=ApprovalStatus.PENDING
     ).exists():
-        run.status = RunStatus.QUEUED
-        if run.paused_at is not None:
-            run.paused_seconds += (now - run.paused_at).total_seconds()
-        run.paused_at = None
-        run.save(update_fields=["status", "paused_seconds", "paused_at"])
-        Run.objects.filter(steered_into=run).update(status=RunStatus.RUNNING)
-        event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="run_queued", data={"resumed": True})
-        run_enqueue_on_commit(run_id=run.pk)
-    return approval
+        return False
+    run.status = RunStatus.QUEUED
+    if run.paused_at is not None:
+        run.paused_seconds += (now - run.paused_at).total_seconds()
+    run.paused_at = None
+    run.save(update_fields=["status", "paused_seconds", "paused_at"])
+    Run.objects.filter(steered_into=run).update(status=RunStatus.RUNNING)
+    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="run_queued", data={"resumed": True})
+    run_enqueue_on_commit(run_id=run.pk)
+    return True
+
+
+def _user_run_id(run: Run) -> int:
+    """The user's run (depth 0) at the top of sub-run ``run``'s tree (``run`` itself for a user's run)."""
+    run_id, parent_call_id = run.pk, run.parent_tool_call_id
+    while parent_call_id is not None:
+        run_id = ToolCall.objects.values_list("run_id", flat=True).get(pk=parent_call_id)
+        parent_call_id = Run.objects.values_list("parent_tool_call_id", flat=True).get(pk=run_id)
+    return run_id
+
+
+def _sub_run_cancel_waiting(*, run: Run, user_run: Run) -> None:
+    """Cancel sub-run ``run`` (locked, ``awaiting_approval``): no worker holds it or the runs
+    above it. It ends ``cancelled`` (its pending approvals and those of the sub-runs below it
+    expire); ``user_run`` (locked before ``run``, the order :func:`run_finish` locks in) resumes
+    if nothing else is pending, executes the skill call again and hears that the skill was
+    cancelled."""
+    from django.utils import timezone
+
+    from sessions.runner._db import subrun_finish
+    from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON
+
+    subrun_finish(run_id=run.pk, status=RunStatus.CANCELLED, error=CANCEL_ERROR)
+    parent_run_id = ToolCall.objects.values_list("run_id", flat=True).get(pk=run.parent_tool_call_id)
+    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="run_cancelled", data={
+        "reason": CANCEL_REASON, "parent_run_id": parent_run_id, "parent_tool_call_id": run.parent_tool_call_id,
+    })
+    _run_resume_if_decided(run=user_run, now=timezone.now())
 
 
 def approvals_expire(*, now=None, run_ids: list[int] | None = None, approval_ids: list[int] | None = None) -> int:

@@ -160,3 +160,37 @@ def test_approve_a_tool_call_and_answer_a_question_in_the_chat(world, fake_llm, 
         )
         expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "completed")
     assert fake_llm.requests[2]["messages"][-1]["content"] == "The user answered: Tokyo"
+
+
+def test_approve_a_tool_call_asked_inside_a_skill(world, fake_llm, celery_worker, live_server_url):
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
+    from playwright.sync_api import expect
+
+    from sessions.tests.test_subruns import make_agent_sync
+
+    make_agent_sync(world, fake_llm.base_url, name="Delegator",
+                    builtins=[("test_echo", {"approval_policy": [{"pattern": "test_echo", "action": "ask"}]})],
+                    skills=[("careful", ["test_echo"], {})])
+    fake_llm.script(
+        ToolCalls([("careful", {"task": "echo launch"})]),  # the user's run calls the skill
+        ToolCalls([("test_echo", {"text": "launch"})]),  # the skill's sub-run asks for the echo
+        Reply("echoed launch"),  # the sub-run, after the approval
+        Reply("The skill echoed launch."),  # the user's run
+    )
+    with open_page() as page:
+        log_in_and_ask(page, live_server_url, username=world.member.username, agent="Delegator", question="go")
+        card = page.get_by_test_id("approval-card").first
+        expect(card).to_contain_text("Allow test_echo (in the skill careful)?", timeout=20_000)
+        expect(card).to_contain_text('"text": "launch"')
+        expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "awaiting_approval")
+        skill_card = page.locator('[data-tool-name="careful"]')
+        expect(skill_card).to_have_attribute("data-status", "awaiting_approval")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "spa-approval-in-skill.png"))
+        card.get_by_test_id("approval-approve").click()
+        expect(card.get_by_test_id("approval-outcome")).to_have_text("Approved")
+        expect(page.get_by_test_id("assistant-reply").last).to_have_text("The skill echoed launch.", timeout=20_000)
+        expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "completed")
+        expect(page.get_by_test_id("run")).to_have_count(1)  # the sub-run is not a run of the conversation
+        expect(skill_card).to_have_attribute("data-status", "succeeded")
+    assert fake_llm.requests[2]["messages"][-1]["content"] == "echo: launch"

@@ -62,12 +62,20 @@ class LLMCallSerializer(serializers.ModelSerializer):
 
 
 class ApprovalSerializer(serializers.ModelSerializer):
+    """``run``: the user's run that waits; ``sub_run`` / ``skill``: set when the call is a skill's."""
+
+    skill = serializers.SerializerMethodField()
+
     class Meta:
         model = Approval
         fields = [
-            "id", "run", "tool_call", "kind", "status", "tool_name", "arguments", "reason", "question", "answer",
-            "decided_by", "decided_at", "expires_at", "created_at",
+            "id", "run", "sub_run", "skill", "tool_call", "kind", "status", "tool_name", "arguments", "reason",
+            "question", "answer", "decided_by", "decided_at", "expires_at", "created_at",
         ]
+
+    def get_skill(self, approval: Approval) -> str | None:
+        sub_run = approval.sub_run if approval.sub_run_id is not None else None
+        return sub_run.skill.name if sub_run is not None and sub_run.skill is not None else None
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -158,7 +166,7 @@ class SessionDetailApi(TenantScopedApiView):
         # activities and at /runs/<id>/; their usage is included in their parent's.
         runs = Run.objects.filter(session=session, parent_tool_call__isnull=True).order_by("created_at", "id").prefetch_related(
             Prefetch("tool_calls", queryset=ToolCall.objects.order_by("turn", "id")),
-            Prefetch("approvals", queryset=Approval.objects.order_by("id")),
+            Prefetch("approvals", queryset=Approval.objects.select_related("sub_run__skill").order_by("id")),
         )
         data = SessionSerializer(session).data
         data["runs"] = RunWithToolCallsSerializer(runs, many=True).data

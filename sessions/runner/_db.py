@@ -1109,8 +1109,11 @@ _RUN_END_CALLS_SQL = (
 """Calls left without a result (the run ended mid-turn) are recorded as cancelled."""
 _RUN_END_APPROVALS_SQL = (
     f'UPDATE "{Approval._meta.db_table}" SET "status" = %(approval_expired)s '
-    'WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "status" = %(approval_pending)s'
+    'WHERE ("run_id" = %(run_id)s OR "sub_run_id" = %(run_id)s) AND "tenant_id" = %(tenant_id)s '
+    'AND "status" = %(approval_pending)s'
 )
+"""A run's pending approvals expire when it ends: a user's run's own (``run``), or a sub-run's
+(``sub_run``; they belong to the user's run)."""
 _RUN_END_NEXT_SQL = (
     f'SELECT (SELECT "id" FROM "{_RUN}" WHERE "session_id" = %(session_id)s '
     'AND "tenant_id" = %(tenant_id)s AND "status" = %(queued)s ORDER BY "id" LIMIT 1), '
@@ -1149,11 +1152,13 @@ class ApprovalState:
     answer: str
 
 
-def approvals_for_calls(*, run_id: int, call_pks: list[int]) -> dict[int, ApprovalState]:
-    """``{tool call pk: ApprovalState}`` for the calls that have an approval (any status)."""
+def approvals_for_calls(*, call_pks: list[int]) -> dict[int, ApprovalState]:
+    """``{tool call pk: ApprovalState}`` for the calls that have an approval (any status).
+
+    By call only: a sub-run's approvals belong to the user's run (``Approval.run``)."""
     return {
         a.tool_call_id: ApprovalState(approval_id=a.pk, kind=a.kind, status=a.status, answer=a.answer)
-        for a in Approval.objects.filter(run_id=run_id, tool_call_id__in=call_pks)
+        for a in Approval.objects.filter(tool_call_id__in=call_pks)
     }
 
 
@@ -1161,7 +1166,11 @@ def approvals_for_calls(*, run_id: int, call_pks: list[int]) -> dict[int, Approv
 def approval_request(
     *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "", question: str = "",
 ) -> int:
-    """Record that tool call ``call_pk`` waits for a human (approval or answer). Idempotent.
+    """Record that tool call ``call_pk`` of run ``spec`` waits for a human (approval or
+    answer). Idempotent.
+
+    The Approval belongs to the user's run (``spec.waiting_run_id``: the run itself, or the
+    top of a sub-run's tree), with ``sub_run`` set when the call is a sub-run's.
 
     Returns the Approval id. The call is marked ``awaiting_approval``.
     """
@@ -1172,7 +1181,8 @@ def approval_request(
     approval, _ = Approval.objects.get_or_create(
         tool_call_id=call_pk,
         defaults={
-            "tenant_id": spec.tenant_id, "run_id": spec.run_id, "kind": kind, "tool_name": tool_name,
+            "tenant_id": spec.tenant_id, "run_id": spec.waiting_run_id,
+            "sub_run_id": spec.run_id if spec.depth > 0 else None, "kind": kind, "tool_name": tool_name,
             "arguments": _jsonable(arguments) or {}, "reason": reason[:5000], "question": question,
             "expires_at": timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
         },
@@ -1193,7 +1203,10 @@ def run_pause(run_id: int) -> tuple[list[dict[str, Any]], list[int]]:
         itself if nothing is pending, plus tenant runs waiting for the slot it frees).
     """
     run = Run.objects.select_for_update().get(pk=run_id)
-    pending = list(Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).order_by("id"))
+    pending = list(
+        Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).select_related("sub_run__skill")
+        .order_by("id")
+    )
     now = timezone.now()
     if not pending:
         run.status = RunStatus.QUEUED
@@ -1209,11 +1222,14 @@ def run_pause(run_id: int) -> tuple[list[dict[str, Any]], list[int]]:
 
 
 def approval_payload(a: Approval) -> dict[str, Any]:
-    """An approval as it appears in events and the API."""
+    """An approval as it appears in events: ``sub_run_id`` and ``skill`` (the skill's name) are
+    set when the call is a skill's sub-run's, else None. Load with ``select_related("sub_run__skill")``."""
+    sub_run = a.sub_run if a.sub_run_id is not None else None
     return {
         "approval_id": a.pk, "tool_call_id": a.tool_call_id, "kind": a.kind, "status": a.status,
         "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
-        "expires_at": a.expires_at.isoformat(),
+        "expires_at": a.expires_at.isoformat(), "sub_run_id": a.sub_run_id,
+        "skill": sub_run.skill.name if sub_run is not None and sub_run.skill is not None else None,
     }
 
 
@@ -1282,6 +1298,9 @@ def subruns_end_with_parent(*, run_id: int, now: Any) -> int:
             ToolCall.objects.filter(run_id__in=active, finished_at__isnull=True).update(
                 status=ToolCallStatus.CANCELLED, finished_at=now
             )
+            Approval.objects.filter(sub_run_id__in=active, status=ApprovalStatus.PENDING).update(
+                status=ApprovalStatus.EXPIRED
+            )
             ended += len(active)
         parents = [pk for pk, _ in children]
     return ended
@@ -1300,7 +1319,8 @@ class SubRunState:
 def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> SubRunState:
     """The sub-run answering tool call ``call_pk`` of run ``parent``: created now (status
     ``running``, the task as its user message), or the existing one (a parent resumed after its
-    worker died re-executes the call: the same sub-run resumes, attempt + 1).
+    worker died, or after a human answered an approval inside the sub-run, re-executes the
+    call: the same sub-run resumes, attempt + 1).
 
     Sub-runs have no heartbeat of their own (the parent's covers them) and are never
     touched by the sweeper or the tenant's run limit.
@@ -1310,7 +1330,8 @@ def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> S
         if existing.status in ACTIVE_RUN_STATUSES:
             existing.status = RunStatus.RUNNING
             existing.attempt += 1
-            existing.save(update_fields=["status", "attempt"])
+            existing.paused_at = None
+            existing.save(update_fields=["status", "attempt", "paused_at"])
         return SubRunState(run_id=existing.pk, status=existing.status, reply=existing.reply, error=existing.error,
                            created=False)
     now = timezone.now()
@@ -1321,6 +1342,27 @@ def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> S
     )
     _message_insert(session_id=parent.session_id, run_id=run.pk, role=MessageRole.USER, content=task)
     return SubRunState(run_id=run.pk, status=run.status, reply="", error="", created=True)
+
+
+@transaction.atomic
+def subrun_pause(*, run_id: int, attempt: int, call_pk: int) -> list[dict[str, Any]] | None:
+    """Sub-run ``run_id`` waits for a human: status ``awaiting_approval``, and so does its
+    parent's skill call ``call_pk``. The user's run pauses next (:func:`run_pause`), and when it
+    resumes, the skill call is executed again and :func:`subrun_open` resumes this sub-run.
+
+    Returns:
+        The sub-run's own pending approvals as event payloads, or None if nothing was
+        recorded (it ended meanwhile, or a later attempt holds it).
+    """
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.status not in ACTIVE_RUN_STATUSES or run.attempt != attempt:
+        return None
+    run.status = RunStatus.AWAITING_APPROVAL
+    run.paused_at = timezone.now()
+    run.save(update_fields=["status", "paused_at"])
+    ToolCall.objects.filter(pk=call_pk, finished_at__isnull=True).update(status=ToolCallStatus.AWAITING_APPROVAL)
+    pending = Approval.objects.filter(sub_run_id=run_id, status=ApprovalStatus.PENDING).select_related("sub_run__skill")
+    return [approval_payload(a) for a in pending.order_by("id")]
 
 
 def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
@@ -1348,7 +1390,8 @@ def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
     return dataclasses.replace(
         parent, run_id=run.pk, system_prompt=skill.instructions, max_loop_count=skill.max_loop_count,
         entries=configs, entry_ids=entry_ids, mcp_bindings=(), builtin_bindings=(), skill_bindings=(),
-        depth=run.depth, parent_run_id=parent.run_id, attempt=run.attempt, loop_count=run.loop_count,
+        depth=run.depth, parent_run_id=parent.run_id, user_run_id=parent.waiting_run_id, attempt=run.attempt,
+        loop_count=run.loop_count,
     )
 
 

@@ -92,6 +92,9 @@ class RunSpec:
     """0 for a user's run; a sub-run's is its parent's + 1 (``sessions.runner.subrun``)."""
     parent_run_id: int | None = None
     """Sub-runs: the run whose tool call this one answers."""
+    user_run_id: int | None = None
+    """Sub-runs: the user's run (depth 0) at the top of the tree. Approvals asked inside a
+    sub-run belong to it: it is the run that pauses and resumes. None for a user's run."""
     attempt: int = 1
     loop_count: int = 0
     """Model turns already taken (non-zero when resuming)."""
@@ -102,6 +105,11 @@ class RunSpec:
     """Unix time the run first started."""
     run_paused_seconds: float = 0.0
     """Time spent waiting for approvals so far (not counted by the run timeout)."""
+
+    @property
+    def waiting_run_id(self) -> int:
+        """The run that pauses while a tool call of this one waits for a human: the user's run."""
+        return self.user_run_id if self.user_run_id is not None else self.run_id
 
     def run_seconds_left(self, now: float) -> float:
         """Seconds the run may still work (≤ 0: its run timeout has passed). ``now``: Unix time."""

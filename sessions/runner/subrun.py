@@ -30,7 +30,13 @@ the sub-run by ``parent_tool_call`` and it resumes from its own persisted messag
 run. A sub-run that already ended returns its recorded outcome without running again.
 
 Approvals: a tool call inside a sub-run that needs a human (policy ``ask``, a tool raising
-ApprovalRequired, ``ask_user``) fails with a message saying so (not supported yet).
+ApprovalRequired, ``ask_user``) pauses the whole tree, and no worker holds any of it. The
+Approval belongs to the user's run (``sub_run`` names this one); the sub-run's loop returns
+``awaiting_approval``, :func:`sessions.runner._db.subrun_pause` records the sub-run and the
+skill call as waiting, and the call raises
+:class:`sessions.runner.tool_execution.SubRunWaiting`, so its run waits too, up to the user's
+run, which pauses like any run. Once decided, the user's run resumes on any worker,
+executes the skill call again, and the same sub-run resumes with the decision.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_cancelling
 from sessions.runner.spec import RunSpec, SkillBindingSpec
+from sessions.runner.tool_execution import SubRunWaiting
 from sessions.runner.toolset import CapabilityUnavailable, Toolset
 
 logger = logging.getLogger(__name__)
@@ -73,7 +80,8 @@ class SkillTool(Tool):
 
     Raises (as failed tool calls): ToolError ``invalid_arguments`` (no task), ``depth_limit``
     (the calling run is at :data:`SKILL_MAX_DEPTH`), ``sub_run_failed`` (the sub-run failed or
-    was cancelled; the message carries its reason).
+    was cancelled; the message carries its reason). SubRunWaiting when the sub-run paused for
+    a human (the call then waits without a result).
     """
 
     manages_own_timeout = True
@@ -163,9 +171,13 @@ class SkillTool(Tool):
             logger.exception("sub-run %s crashed", run_id)
             outcome = Outcome(RunStatus.FAILED, error=f"Internal error: {type(exc).__name__}: {exc}",
                               reason=RunFailureReason.INTERNAL)
-        if outcome.status == RunStatus.AWAITING_APPROVAL:  # cannot happen: sub-runs never wait for humans
-            outcome = Outcome(RunStatus.FAILED, error="A tool call waited for approval inside a skill.",
-                              reason=RunFailureReason.INTERNAL)
+        if outcome.status == RunStatus.AWAITING_APPROVAL:
+            approvals = await _db.db(_db.subrun_pause)(run_id=run_id, attempt=spec.attempt,
+                                                       call_pk=context.tool_call_id)
+            if approvals is None:  # another worker resumed this sub-run meanwhile: it goes on there
+                raise asyncio.CancelledError()
+            await publish_now("run_awaiting_approval", {"approvals": approvals})
+            raise SubRunWaiting(f"sub-run {run_id} waits for a human")
         recorded = await _db.db(_db.subrun_finish)(run_id=run_id, status=outcome.status, reply=outcome.reply,
                                                    error=outcome.error, reason=outcome.reason, attempt=spec.attempt)
         if not recorded:  # another worker resumed this sub-run meanwhile: it reports the outcome

@@ -6,6 +6,11 @@ it with the reason, ``ask`` records an Approval and leaves the call waiting. A t
 ask for approval itself (:class:`capabilities.tools.ApprovalRequired`) or for the user's
 answer (:class:`capabilities.tools.QuestionForUser`). Calls waiting for a human are returned
 to the loop, which pauses the run once the turn's other calls are done.
+
+Inside a skill's sub-run the same happens one level down: the Approval belongs to the user's
+run (``RunSpec.waiting_run_id``), the sub-run's loop returns ``awaiting_approval`` and its
+skill call raises :class:`SubRunWaiting`, so the calling run's call waits too, up to the
+user's run, which pauses (:mod:`sessions.runner.subrun`).
 """
 
 from __future__ import annotations
@@ -51,15 +56,12 @@ def frame_untrusted(content: str, *, nonce: str | None = None) -> str:
     return f'<untrusted-data nonce="{nonce}">\n{content}\n</untrusted-data nonce="{nonce}">'
 
 
-NO_APPROVALS_IN_SUB_RUNS = (
-    "The tool {name!r} needs a human's approval, and approvals are not supported inside skills yet. "
-    "Finish without it and say in your answer that this step needs the user's approval."
-)
-"""A sub-run (depth > 0) cannot pause for a human: such calls fail with this error."""
-NO_QUESTIONS_IN_SUB_RUNS = (
-    "Questions to the user are not supported inside skills yet. Finish with what you have and say in "
-    "your answer what you would have asked."
-)
+class SubRunWaiting(Exception):
+    """Raised by a skill's tool call whose sub-run paused for a human (an approval or a
+    question of its own, or of a sub-run below it). The call waits without a result, like a
+    call that needs approval; when the user's run resumes, the call is executed again and
+    resumes the same sub-run (:class:`sessions.runner.subrun.SkillTool`)."""
+
 
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
@@ -82,9 +84,7 @@ async def execute_tool_calls(
         every call has a result.
     """
     semaphore = asyncio.Semaphore(spec.tool_max_parallel)
-    approvals = (
-        await _db.db(_db.approvals_for_calls)(run_id=spec.run_id, call_pks=[c["pk"] for c in calls]) if resumed else {}
-    )
+    approvals = await _db.db(_db.approvals_for_calls)(call_pks=[c["pk"] for c in calls]) if resumed else {}
 
     async def one(call: dict[str, Any]) -> bool:
         async with semaphore:
@@ -128,9 +128,7 @@ async def _execute_one(
     decided = _decided_without_running(approval)
     if decided is None and approval is None and tool is not None and origin is not None and invalid_arguments is None:
         action = approval_action(list(origin.approval_policy), origin.name, name)
-        if action == ApprovalAction.ASK and spec.depth > 0:
-            decided = _Result(status=ToolCallStatus.FAILED, error=NO_APPROVALS_IN_SUB_RUNS.format(name=name))
-        elif action == ApprovalAction.ASK:
+        if action == ApprovalAction.ASK:
             return await wait_for_human(ApprovalKind.TOOL_CALL, reason=f"The agent's policy asks before {origin.name} runs.")
         if action == ApprovalAction.DENY:
             decided = _Result(status=ToolCallStatus.FAILED,
@@ -147,13 +145,11 @@ async def _execute_one(
                                      invalid_arguments=invalid_arguments, publish=publish,
                                      approved=approval is not None and approval.status == ApprovalStatus.APPROVED)
         except ApprovalRequired as exc:
-            if spec.depth == 0:
-                return await wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason)
-            result = _Result(status=ToolCallStatus.FAILED, error=NO_APPROVALS_IN_SUB_RUNS.format(name=name))
+            return await wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason)
         except QuestionForUser as exc:
-            if spec.depth == 0:
-                return await wait_for_human(ApprovalKind.QUESTION, question=exc.question)
-            result = _Result(status=ToolCallStatus.FAILED, error=NO_QUESTIONS_IN_SUB_RUNS)
+            return await wait_for_human(ApprovalKind.QUESTION, question=exc.question)
+        except SubRunWaiting:  # the skill's sub-run paused for a human: this call waits with it
+            return True
         if result.status == ToolCallStatus.SUCCEEDED:
             result.model_content = await _for_model(spec=spec, pk=pk, name=name, tool=tool, toolset=toolset,
                                                     content=result.content, publish=publish)
@@ -211,6 +207,8 @@ async def _run_tool(
         timeout = None if getattr(tool, "manages_own_timeout", False) else spec.tool_timeout_seconds
         result = await asyncio.wait_for(tool.execute(arguments or {}, context), timeout=timeout)
         return _Result(content=result.content, data=result.data)
+    except SubRunWaiting:
+        raise
     except (ApprovalRequired, QuestionForUser):
         if approved:  # approved once already: a tool asking again is a tool bug, not a new question
             return _Result(status=ToolCallStatus.FAILED, error=f"The tool {name!r} asked for approval again.")

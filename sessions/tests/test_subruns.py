@@ -1,6 +1,7 @@
 """Skills as sub-runs, end to end against the scripted model on a real socket: a restricted
-tool set, the depth limit, events and records, history isolation, failures, approvals
-inside a skill, cancellation of the parent, and a worker SIGKILLed inside a sub-run."""
+tool set, the depth limit, events and records, history isolation, failures, cancellation of
+the parent, and a worker SIGKILLed inside a sub-run. Approvals inside a skill:
+``test_subrun_approvals.py``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from agents.tests.factories import agent_with_route, bind_builtin
 from capabilities.models import Skill
 from llm.testing import Reply, ToolCalls
 from sessions.events import events_since, events_since_sync
-from sessions.models import Approval, LLMCall, Message, Run, ToolCall
+from sessions.models import LLMCall, Message, Run, ToolCall
 from sessions.runner.loop import execute_run
 from sessions.runner.subrun import SKILL_MAX_DEPTH
 from sessions.services import run_cancel, runs_sweep
@@ -210,31 +211,6 @@ async def test_a_failed_sub_run_is_a_failed_tool_call_with_the_reason(world, fak
     assert call.status == "failed"
     assert call.error == "The skill 'tiny' did not finish: The agent reached its limit of 1 model turns without answering."
     assert fake_llm.requests[2]["messages"][-1]["content"].startswith("Error: The skill 'tiny' did not finish")
-
-
-@pytest.mark.usefixtures("no_enqueue")
-async def test_a_tool_that_needs_approval_inside_a_skill_fails_with_a_clear_message(world, fake_llm):
-    agent = await make_agent(
-        world, fake_llm.base_url,
-        builtins=[("test_echo", {"approval_policy": [{"pattern": "test_echo", "action": "ask"}]}), "test_guarded",
-                  "ask_user"],
-        skills=[("careful", ["test_echo", "test_guarded", "ask_user"], {})],
-    )
-    fake_llm.script(
-        ToolCalls([("careful", {"task": "t"})]),
-        ToolCalls([("test_echo", {"text": "x"}), ("test_guarded", {"text": "secret"}), ("ask_user", {"question": "Why?"})]),
-        Reply("could not echo"),
-        Reply("done"),
-    )
-    run = await post_message(agent=agent, user=world.member, content="go")
-    await execute_run(run.pk)
-    assert (await reload_run(run.pk)).status == "completed"  # never paused
-    [sub] = await sub_runs_of(run.pk)
-    echo, guarded, ask = await calls_of(sub.pk)
-    assert echo.status == "failed" and "approvals are not supported inside skills yet" in echo.error
-    assert guarded.status == "failed" and "approvals are not supported inside skills yet" in guarded.error
-    assert ask.status == "failed" and "Questions to the user are not supported inside skills yet" in ask.error
-    assert not await sync_to_async(lambda: Approval.all_tenants.filter(run__session_id=run.session_id).exists())()
 
 
 async def _wait_for_sub_tool(run_id: int, name: str, *, timeout: float = 10.0) -> Run:

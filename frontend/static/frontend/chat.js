@@ -115,7 +115,7 @@ function newRun(id) {
     createdAt: null,
     tools: new Map(), // tool call id -> tool object, in arrival order
     notices: [], // model_fallback / model_retry messages, in arrival order
-    approvals: new Map(), // approval id -> {id, kind, status, tool_name, arguments, reason, question}
+    approvals: new Map(), // approval id -> {id, kind, status, tool_name, arguments, reason, question, skill}
   };
 }
 
@@ -131,6 +131,7 @@ function upsertApproval(run, raw) {
     arguments: raw.arguments,
     reason: raw.reason || '',
     question: raw.question || '',
+    skill: raw.skill || '',
   };
   if (!current) run.approvals.set(id, incoming);
   else if (current.status === 'pending') Object.assign(current, incoming);
@@ -360,17 +361,19 @@ class ApprovalView {
 
   update(approval) {
     this.approval = approval;
-    const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question]);
+    const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill]);
     if (key === this.key) return;
     this.key = key;
     const question = approval.kind === 'question';
     const pending = approval.status === 'pending';
     this.el.dataset.status = approval.status;
     this.el.classList.toggle('is-pending', pending);
+    // A skill's sub-run asks through its user's run: say which skill.
+    const inSkill = approval.skill ? ` (in the skill ${approval.skill})` : '';
     this.title.textContent = question
       ? `${approval.question}`
-      : `Allow ${approval.tool_name || 'this tool'}?`;
-    this.reason.textContent = question ? 'The agent asks:' : approval.reason;
+      : `Allow ${approval.tool_name || 'this tool'}${inSkill}?`;
+    this.reason.textContent = question ? `The agent asks${inSkill}:` : approval.reason;
     this.reason.hidden = !this.reason.textContent;
     this.detail.textContent = question ? '' : pretty(approval.arguments) || '{}';
     this.detail.hidden = question;
@@ -903,6 +906,9 @@ export class ChatView {
       run_awaiting_approval: (run) => {
         if (rank(run.status) < 2) run.status = 'awaiting_approval';
         for (const approval of data.approvals || []) upsertApproval(run, approval);
+        // A run pauses once its other calls have results: a call still shown running is a
+        // skill whose sub-run waits for this approval.
+        for (const tool of run.tools.values()) if (isActive(tool.status)) tool.status = 'awaiting_approval';
       },
       approval_resolved: (run) => {
         const approval = run.approvals.get(String(data.approval_id));
