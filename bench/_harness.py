@@ -4,6 +4,7 @@ runs created through the real services and executed by the real runner."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -114,6 +115,70 @@ def machine_busy_seconds() -> tuple[float, float]:
     tick = os.sysconf("SC_CLK_TCK")
     return (total - idle) / tick, total / tick
 
+
+class CpuTimeline:
+    """Every process's CPU time, sampled every ``interval`` seconds between :meth:`start` and
+    :meth:`stop` by a child process (``bench/_cpu_sampler.py``: the sampling costs the measured
+    processes nothing), and, per ``bin_seconds``, how many cores each group of processes used:
+    this process (``worker``), and the others by a substring of their command line
+    (``groups``: ``{substring: name}``, first match; the rest is ``other``). Shows which
+    process a saturated machine was busy with, and when.
+    """
+
+    def __init__(self, groups: dict[str, str], *, interval: float = 0.05) -> None:
+        self.groups = groups
+        self.interval = interval
+        self.names = ["worker", *dict.fromkeys(groups.values()), "other"]
+        self._proc: subprocess.Popen | None = None
+        self._result: dict = {"samples": [], "commands": {}}
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_cpu_sampler.py")),
+                                       str(self.interval)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        out, _ = self._proc.communicate(timeout=60)  # closes its stdin: it takes a last sample and reports
+        self._result = json.loads(out)
+        self._proc = None
+
+    def _kind(self, pid: str) -> str:
+        if pid == str(os.getpid()):
+            return "worker"
+        command = self._result["commands"].get(pid, "")
+        if "_cpu_sampler.py" in command:
+            return "sampler"
+        return next((name for key, name in self.groups.items() if key in command), "other")
+
+    def bins(self, bin_seconds: float = 0.25) -> list[tuple[float, dict[str, float]]]:
+        """``[(bin start, seconds since start; {group: cores used})]``, in time order (the
+        sampler's own CPU is left out)."""
+        samples = self._result["samples"]
+        if len(samples) < 2:
+            return []
+        start = samples[0][0]
+        kinds: dict[str, str] = {}
+        used: dict[int, dict[str, float]] = {}
+        spans: dict[int, float] = {}
+        for (t0, before), (t1, after) in zip(samples, samples[1:]):
+            b = int((t0 - start) / bin_seconds)
+            acc = used.setdefault(b, dict.fromkeys(self.names, 0.0))
+            spans[b] = spans.get(b, 0.0) + (t1 - t0)
+            for pid, seconds in after.items():
+                if pid in before:
+                    kind = kinds.get(pid) or kinds.setdefault(pid, self._kind(pid))
+                    if kind != "sampler":
+                        acc[kind] += seconds - before[pid]
+        return [(b * bin_seconds, {k: v / spans[b] for k, v in used[b].items()}) for b in sorted(used)]
+
+    def table(self, bin_seconds: float = 0.25) -> str:
+        """:meth:`bins` as text: one line per bin, % of one core per group, and the total."""
+        lines = ["   t (s) " + "".join(f"{name:>9}" for name in self.names) + "    total"]
+        for at, cores in self.bins(bin_seconds):
+            lines.append(f"{at:8.2f} " + "".join(f"{cores[n] * 100:8.0f}%" for n in self.names)
+                         + f"{sum(cores.values()) * 100:8.0f}%")
+        return "\n".join(lines)
 
 
 def summary(values_ms: list[float]) -> str:

@@ -22,7 +22,11 @@ gets the token from the adapter, where its event is queued for Redis, where it i
 Redis's socket, where Redis's reply to it is read), which tells the worker's share of the
 delay from the web process's.
 
-Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--db-threads K] [--pg-connections K] [--profile out.txt]``
+``--timeline`` prints, for the last round, how much CPU each process group (this worker, the
+web process, the WebSocket clients, the fake model, Redis, PostgreSQL) used per 250 ms: whether
+a slow round was the worker's own work or a machine with every core busy.
+
+Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--timeline] [--db-threads K] [--pg-connections K] [--profile out.txt]``
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import threading
 import time
 from pathlib import Path
 
-from _harness import ROOT, BenchTenant, cpu_seconds, fake_model, machine_busy_seconds, percentile
+from _harness import ROOT, BenchTenant, CpuTimeline, cpu_seconds, fake_model, machine_busy_seconds, percentile
 
 from django.conf import settings
 
@@ -50,6 +54,11 @@ from tenants.services import api_token_create, membership_create
 
 TOKENS_PER_RUN = 50
 
+
+TIMELINE: CpuTimeline | None = None
+"""``--timeline``: per-process CPU during the last round, in 250 ms bins."""
+TIMELINE_GROUPS = {"uvicorn": "web", "_ws_clients": "clients", "_fake_model": "model", "redis-server": "redis",
+                   "postgres": "postgres"}
 
 STAGES: dict[str, list[float]] | None = None
 """``--stages``: token latency (ms) at points inside the worker, by stage name."""
@@ -160,7 +169,8 @@ def _last_seqs(session_ids: list[int]) -> dict[int, int]:
     return {sid: int(v or 0) for sid, v in zip(session_ids, pipe.execute())}
 
 
-def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n: int, profile: str | None) -> None:
+def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n: int, profile: str | None,
+              timeline: CpuTimeline | None = None) -> None:
     runs = [bench.new_run() for _ in range(n)]
     sessions = [r.session_id for r in runs]
     clients = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_ws_clients.py"))],
@@ -176,6 +186,8 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
     cpu = time.process_time()
     loop_cpu = cpu_seconds(os.getpid(), threading.get_native_id())  # asyncio.run runs the loop on this thread
     started = time.perf_counter()
+    if timeline is not None:
+        timeline.start()
     if profile:
         import cProfile
         import pstats
@@ -188,6 +200,8 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
     else:
         durations = _run_on_host_loop(run_all([r.pk for r in runs]))
     wall = time.perf_counter() - started
+    if timeline is not None:
+        timeline.stop()
     cpu = time.process_time() - cpu
     loop_cpu = cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
     result = json.loads(clients.stdout.readline())
@@ -223,6 +237,9 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
         ), flush=True)
         for xs in STAGES.values():
             xs.clear()
+    if timeline is not None:
+        print("        CPU by process, % of one core per 250 ms (2 cores = 200 %):", flush=True)
+        print("\n".join("        " + line for line in timeline.table().splitlines()), flush=True)
 
 
 def main() -> None:
@@ -237,6 +254,9 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true",
                         help="also print token latency at the runner, where its event is queued and where its reply is read")
     parser.add_argument("--warmup", type=int, default=5, help="runs of an unreported first round (0: none)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print each process group's CPU (worker, web, clients, model, Redis, PostgreSQL) "
+                             "per 250 ms of the last round")
     args = parser.parse_args()
     if args.db_threads:
         settings.RUN_HOST_DB_THREADS = args.db_threads
@@ -258,7 +278,9 @@ def main() -> None:
                 print(f"warm-up round ({args.warmup} runs):", flush=True)
                 one_round(bench, token, web, base_url.pid, args.warmup, None)
             for i, n in enumerate(args.n):
-                one_round(bench, token, web, base_url.pid, n, args.profile if i == len(args.n) - 1 else None)
+                last = i == len(args.n) - 1
+                one_round(bench, token, web, base_url.pid, n, args.profile if last else None,
+                          CpuTimeline(TIMELINE_GROUPS) if args.timeline and last else None)
         finally:
             web.close()
 
