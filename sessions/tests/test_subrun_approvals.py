@@ -187,7 +187,8 @@ def test_cancelling_the_user_run_while_its_skill_waits_ends_both(world, fake_llm
     assert no_enqueue == []
 
 
-def test_an_approval_two_skills_deep_pauses_and_resumes_every_level(world, fake_llm, no_enqueue):
+def _paused_two_skills_deep(world, fake_llm, no_enqueue):
+    """A user's run whose skill ``outer`` called skill ``inner``, whose echo now waits."""
     agent = make_agent_sync(world, fake_llm.base_url, builtins=[ASK_ECHO],
                             skills=[("outer", ["inner", "test_echo"], {}), ("inner", ["test_echo"], {})])
     fake_llm.script(ToolCalls([("outer", {"task": "a"})]), ToolCalls([("inner", {"task": "b"})]),
@@ -197,6 +198,11 @@ def test_an_approval_two_skills_deep_pauses_and_resumes_every_level(world, fake_
     run_now(run.pk)
     [outer] = _sub_runs(run.pk)
     [inner] = _sub_runs(outer.pk)
+    return run, outer, inner
+
+
+def test_an_approval_two_skills_deep_pauses_and_resumes_every_level(world, fake_llm, no_enqueue):
+    run, outer, inner = _paused_two_skills_deep(world, fake_llm, no_enqueue)
     assert [_run(r).status for r in (run.pk, outer.pk, inner.pk)] == ["awaiting_approval"] * 3
     [approval] = Approval.all_tenants.filter(run_id=run.pk)
     assert approval.sub_run_id == inner.pk
@@ -213,15 +219,7 @@ def test_an_approval_two_skills_deep_pauses_and_resumes_every_level(world, fake_
 
 
 def test_cancelling_a_waiting_skill_expires_the_approvals_of_the_skills_below_it(world, fake_llm, no_enqueue):
-    agent = make_agent_sync(world, fake_llm.base_url, builtins=[ASK_ECHO],
-                            skills=[("outer", ["inner", "test_echo"], {}), ("inner", ["test_echo"], {})])
-    fake_llm.script(ToolCalls([("outer", {"task": "a"})]), ToolCalls([("inner", {"task": "b"})]),
-                    ToolCalls([("test_echo", {"text": "deep"})]))
-    run = post_message_sync(agent=agent, user=world.member, content="go")
-    no_enqueue.clear()
-    run_now(run.pk)
-    [outer] = _sub_runs(run.pk)
-    [inner] = _sub_runs(outer.pk)
+    run, outer, inner = _paused_two_skills_deep(world, fake_llm, no_enqueue)
     _cancel(outer.pk)
     assert (_run(outer.pk).status, _run(inner.pk).status) == ("cancelled", "cancelled")
     assert Approval.all_tenants.get(run_id=run.pk).status == "expired"
