@@ -39,6 +39,7 @@ from tenants.scoping import tenant_scope  # noqa: E402
 from tenants.services import tenant_create  # noqa: E402
 
 from _stats import percentile  # noqa: E402,F401  (re-exported for the benchmarks)
+from _cpu_sampler import stat_cpu_seconds  # noqa: E402
 
 sessions.tasks.run_enqueue = lambda run_id: None  # the benchmark executes runs itself
 
@@ -101,9 +102,7 @@ def fake_model(responder: str):
 def cpu_seconds(pid: int, task: int | None = None) -> float:
     """utime + stime of a process, or of one of its threads (Linux /proc), seconds. A child
     that has exited but not been waited for still has its figures."""
-    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_seconds(f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat")
 
 
 def machine_busy_seconds() -> tuple[float, float]:

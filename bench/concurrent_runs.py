@@ -55,10 +55,9 @@ from tenants.services import api_token_create, membership_create
 TOKENS_PER_RUN = 50
 
 
-TIMELINE: CpuTimeline | None = None
-"""``--timeline``: per-process CPU during the last round, in 250 ms bins."""
 TIMELINE_GROUPS = {"uvicorn": "web", "_ws_clients": "clients", "_fake_model": "model", "redis-server": "redis",
                    "postgres": "postgres"}
+"""``--timeline``: process groups by a substring of their command line (:class:`_harness.CpuTimeline`)."""
 
 STAGES: dict[str, list[float]] | None = None
 """``--stages``: token latency (ms) at points inside the worker, by stage name."""
