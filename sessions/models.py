@@ -352,3 +352,11 @@ class Approval(TenantOwnedModel):
 
     def __str__(self) -> str:
         return f"Approval {self.pk} ({self.kind} {self.tool_name}: {self.status})"
+
+    @property
+    def skill_name(self) -> str | None:
+        """The name of the skill whose sub-run asked, or None for a call of the run itself (or
+        a deleted skill). Load with ``select_related("sub_run__skill")`` to save the queries."""
+        if self.sub_run_id is None or self.sub_run.skill is None:
+            return None
+        return self.sub_run.skill.name

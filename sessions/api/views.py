@@ -64,7 +64,7 @@ class LLMCallSerializer(serializers.ModelSerializer):
 class ApprovalSerializer(serializers.ModelSerializer):
     """``run``: the user's run that waits; ``sub_run`` / ``skill``: set when the call is a skill's."""
 
-    skill = serializers.SerializerMethodField()
+    skill = serializers.CharField(source="skill_name", read_only=True, allow_null=True)
 
     class Meta:
         model = Approval
@@ -72,10 +72,6 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "id", "run", "sub_run", "skill", "tool_call", "kind", "status", "tool_name", "arguments", "reason",
             "question", "answer", "decided_by", "decided_at", "expires_at", "created_at",
         ]
-
-    def get_skill(self, approval: Approval) -> str | None:
-        sub_run = approval.sub_run if approval.sub_run_id is not None else None
-        return sub_run.skill.name if sub_run is not None and sub_run.skill is not None else None
 
 
 class RunSerializer(serializers.ModelSerializer):

@@ -1224,12 +1224,11 @@ def run_pause(run_id: int) -> tuple[list[dict[str, Any]], list[int]]:
 def approval_payload(a: Approval) -> dict[str, Any]:
     """An approval as it appears in events: ``sub_run_id`` and ``skill`` (the skill's name) are
     set when the call is a skill's sub-run's, else None. Load with ``select_related("sub_run__skill")``."""
-    sub_run = a.sub_run if a.sub_run_id is not None else None
     return {
         "approval_id": a.pk, "tool_call_id": a.tool_call_id, "kind": a.kind, "status": a.status,
         "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
         "expires_at": a.expires_at.isoformat(), "sub_run_id": a.sub_run_id,
-        "skill": sub_run.skill.name if sub_run is not None and sub_run.skill is not None else None,
+        "skill": a.skill_name,
     }
 
 
