@@ -20,9 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 _PROBE = "import gc, json, agent_platform.asgi; print(json.dumps([gc.get_threshold(), gc.get_freeze_count()]))"
 
 
-def _import_the_app(web_gc_thresholds: str) -> tuple[list[int], int]:
+def _import_in_a_child(web_gc_thresholds: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings", "WEB_GC_THRESHOLDS": web_gc_thresholds}
-    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _import_the_app(web_gc_thresholds: str) -> tuple[list[int], int]:
+    out = _import_in_a_child(web_gc_thresholds)
     assert out.returncode == 0, out.stderr
     thresholds, frozen = json.loads(out.stdout.strip().splitlines()[-1])
     return thresholds, frozen
@@ -42,8 +46,7 @@ def test_an_empty_setting_leaves_the_collector_as_cpython_sets_it() -> None:
 
 
 def test_bad_thresholds_are_refused() -> None:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings", "WEB_GC_THRESHOLDS": "0,10,10"}
-    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = _import_in_a_child("0,10,10")
     assert out.returncode != 0 and "WEB_GC_THRESHOLDS must be empty or three positive integers" in out.stderr
     with pytest.raises(ValueError, match="three positive integers"):
         gc_freeze_and_set_thresholds((700, 10))
