@@ -64,7 +64,7 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) 
         raise ApplicationError("The message is empty.")
     if len(content) > MAX_MESSAGE_CHARS:
         raise ApplicationError(f"The message is longer than {MAX_MESSAGE_CHARS} characters.")
-    session = ChatSession.objects.select_for_update().get(pk=session.pk)
+    session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
     steer = session.agent.message_mode == "steer" and Run.objects.filter(
         session=session, status__in=ACTIVE_RUN_STATUSES
     ).exists()
@@ -138,8 +138,8 @@ def run_cancel(*, run: Run) -> Run:
 
     user_run = None
     if run.parent_tool_call_id is not None:  # lock order: the user's run, then its sub-run (as run_finish)
-        user_run = Run.objects.select_for_update().get(pk=_user_run_id(run))
-    run = Run.objects.select_for_update().get(pk=run.pk)
+        user_run = Run.objects.select_for_update(no_key=True).get(pk=_user_run_id(run))
+    run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
     if run.status not in ACTIVE_RUN_STATUSES:
         raise ApplicationError("The run has already finished.", status_code=409)
     if run.steered_into_id is not None:  # its message was handed to a running run: cancel that one
@@ -224,8 +224,8 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
 @transaction.atomic
 def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str, reason: str, answer: str,
                      now) -> Approval:
-    run = Run.objects.select_for_update().get(pk=approval.run_id)
-    approval = Approval.objects.select_for_update().get(pk=approval.pk)
+    run = Run.objects.select_for_update(no_key=True).get(pk=approval.run_id)
+    approval = Approval.objects.select_for_update(no_key=True).get(pk=approval.pk)
     if approval.kind == ApprovalKind.QUESTION:
         answer = (answer or "").strip()
         if not answer:
@@ -323,7 +323,7 @@ def approvals_expire(*, now=None, run_ids: list[int] | None = None, approval_ids
         qs = qs.filter(pk__in=approval_ids)
     failed = 0
     for run_id in sorted(set(qs.values_list("run_id", flat=True))):
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
         if run.status != RunStatus.AWAITING_APPROVAL:
             continue
         error = "Nobody answered the approval request in time."
@@ -371,7 +371,7 @@ def runs_sweep() -> dict[str, int]:
     ).values_list("pk", "tenant_id", "attempt")
     for run_id, tenant_id, attempt in orphans:
         with tenant_scope(tenant_id), transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=run_id)
+            run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
             if run.status != RunStatus.RUNNING or (run.heartbeat_at is not None and run.heartbeat_at >= stale):
                 continue
             if attempt >= settings.RUN_MAX_ATTEMPTS:

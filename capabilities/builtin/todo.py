@@ -82,7 +82,7 @@ def _todos_replace(*, session_id: int, todos: list[dict[str, str]]) -> list[dict
     from sessions.models import ChatSession, Todo
 
     with transaction.atomic():
-        session = ChatSession.objects.select_for_update().get(pk=session_id)
+        session = ChatSession.objects.select_for_update(no_key=True).get(pk=session_id)
         Todo.objects.filter(session=session).delete()
         Todo.objects.bulk_create(
             [Todo(tenant_id=session.tenant_id, session=session, position=i, **t) for i, t in enumerate(todos)]

@@ -224,17 +224,25 @@ def _take_position_cte(only_if: str = "") -> str:
 
 _CLAIM_SESSION_OF_RUN_SQL = f'SELECT "session_id" FROM "{_RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
 _CLAIM_LOCK_SESSION_SQL = (
-    f'SELECT "agent_id" FROM "{_SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
+    f'SELECT "agent_id" FROM "{_SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
 )
 _CLAIM_LOCK_RUN_SQL = (
     'SELECT "status", "heartbeat_at", "steered_into_id", "user_id", "loop_count", "paused_seconds" '
-    f'FROM "{_RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
+    f'FROM "{_RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
 )
 _CLAIM_EARLIER_ACTIVE_SQL = (
     f'SELECT EXISTS (SELECT 1 FROM "{_RUN}" WHERE "session_id" = %(session_id)s AND "tenant_id" = %(tenant_id)s '
     'AND "id" < %(run_id)s AND "status" = ANY(%(active)s))'
 )
-_CLAIM_LOCK_TENANT_SQL = f'SELECT "slug", "max_concurrent_runs" FROM "{_TENANT}" WHERE "id" = %(tenant_id)s FOR UPDATE'
+_CLAIM_LOCK_TENANT_SQL = (
+    f'SELECT "slug", "max_concurrent_runs" FROM "{_TENANT}" WHERE "id" = %(tenant_id)s FOR NO KEY UPDATE'
+)
+"""``FOR NO KEY UPDATE``, not ``FOR UPDATE``: claims of a tenant exclude each other all the
+same, but every INSERT of a tenant-owned row takes ``FOR KEY SHARE`` on this row (its
+foreign-key check), which ``FOR UPDATE`` would wait for and block. With 200 runs at once,
+each claim waited for every uncommitted write of the tenant's other runs and stopped them
+meanwhile (pg_stat_statements, bench/README.md). PostgreSQL, "Row-Level Locks": ``FOR UPDATE``
+is only needed to delete the row or change its key."""
 _CLAIM_WORKING_SQL = (
     f'SELECT COUNT(*) FROM "{_RUN}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(running)s '
     'AND "heartbeat_at" > %(stale_before)s'
@@ -1100,7 +1108,7 @@ _RUN_END_SQL = (
     'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s RETURNING "session_id", "parent_tool_call_id"'
 )
 _SESSION_LOCK_SQL = (
-    f'SELECT 1 FROM "{_SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR UPDATE'
+    f'SELECT 1 FROM "{_SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
 )
 _RUN_END_CALLS_SQL = (
     f'UPDATE "{_TC}" SET "status" = %(call_cancelled)s, "finished_at" = %(now)s '
@@ -1202,7 +1210,7 @@ def run_pause(run_id: int) -> tuple[list[dict[str, Any]], list[int]]:
         (the pending approvals as event payloads, run ids to hand to workers now: the run
         itself if nothing is pending, plus tenant runs waiting for the slot it frees).
     """
-    run = Run.objects.select_for_update().get(pk=run_id)
+    run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
     pending = list(
         Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).select_related("sub_run__skill")
         .order_by("id")
@@ -1246,9 +1254,9 @@ def steer_absorb(run_id: int) -> list[int]:
         The ids of the runs absorbed now.
     """
     run = Run.objects.get(pk=run_id)
-    session = ChatSession.objects.select_for_update().get(pk=run.session_id)
+    session = ChatSession.objects.select_for_update(no_key=True).get(pk=run.session_id)
     ids = list(
-        Run.objects.select_for_update()
+        Run.objects.select_for_update(no_key=True)
         .filter(session_id=run.session_id, status=RunStatus.QUEUED, steer=True, pk__gt=run_id, steered_into__isnull=True)
         .order_by("pk").values_list("pk", flat=True)
     )
@@ -1324,7 +1332,7 @@ def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> S
     Sub-runs have no heartbeat of their own (the parent's covers them) and are never
     touched by the sweeper or the tenant's run limit.
     """
-    existing = Run.objects.select_for_update().filter(parent_tool_call_id=call_pk).first()
+    existing = Run.objects.select_for_update(no_key=True).filter(parent_tool_call_id=call_pk).first()
     if existing is not None:
         if existing.status in ACTIVE_RUN_STATUSES:
             existing.status = RunStatus.RUNNING
@@ -1353,7 +1361,7 @@ def subrun_pause(*, run_id: int, attempt: int, call_pk: int) -> list[dict[str, A
         The sub-run's own pending approvals as event payloads, or None if nothing was
         recorded (it ended meanwhile, or a later attempt holds it).
     """
-    run = Run.objects.select_for_update().get(pk=run_id)
+    run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
     if run.status not in ACTIVE_RUN_STATUSES or run.attempt != attempt:
         return None
     run.status = RunStatus.AWAITING_APPROVAL
@@ -1408,7 +1416,7 @@ def subrun_finish(
     Returns:
         False if nothing was recorded (already ended, or a later attempt holds it).
     """
-    run = Run.objects.select_for_update().get(pk=run_id)
+    run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
     if run.status not in ACTIVE_RUN_STATUSES or (attempt is not None and run.attempt != attempt):
         return False
     run_finish(run_id=run_id, status=status, reply=reply, error=error, reason=reason)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
@@ -85,6 +86,40 @@ def test_tenant_run_limit_queues_runs_beyond_it(world, fake_llm):
         assert Run.objects.get(pk=b.pk).status == "queued"  # waits, not rejected
         assert _db.run_finish(run_id=a.pk, status="completed", reply="ok").to_start == [b.pk]
         assert _db.run_claim(b.pk).run_id == b.pk
+
+
+def test_a_claim_does_not_wait_for_another_runs_uncommitted_writes(world, fake_llm):
+    """Every INSERT of a tenant-owned row locks the tenant's row FOR KEY SHARE (its foreign-key
+    check: at the commit, Django's constraints being deferred; here made immediate to hold the
+    lock open); the claim's lock on that row must not wait for it (nor block it)."""
+    from django.db import connection, transaction
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    run = post_message_sync(agent=agent, user=world.member, content="a")
+    inserted, release = threading.Event(), threading.Event()
+
+    def another_runs_write() -> None:
+        try:
+            with tenant_scope(world.tenant.pk), transaction.atomic():
+                post_message_sync(agent=agent, user=world.member, content="b")  # a session, a run, a message
+                with connection.cursor() as cursor:
+                    cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the foreign-key checks run now
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=another_runs_write)
+    writer.start()
+    try:
+        assert inserted.wait(10)
+        with tenant_scope(world.tenant.pk), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '2s'")  # a wait fails the claim instead of hanging
+            assert _db.run_claim(run.pk).attempt == 1
+    finally:
+        release.set()
+        writer.join(10)
 
 
 async def test_run_timeout_ends_the_run_failed(world, fake_llm):
