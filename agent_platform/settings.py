@@ -110,6 +110,14 @@ DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
     "max_size": int(os.environ.get("DB_POOL_MAX_SIZE", "10")),
     "timeout": 30,
 }
+# Server-side parameter binding, and statements a connection runs often prepared (psycopg's
+# prepare_threshold: from a statement's 5th run on a connection). Django's default sends every
+# query as text with its values inlined, which PostgreSQL parses and plans anew each time:
+# ~4 ms of PostgreSQL CPU per run in planning alone with 200 runs at once (pg_stat_statements,
+# bench/README.md). DB_SERVER_SIDE_BINDING=0 goes back to Django's default (e.g. behind a
+# transaction-mode PgBouncer that cannot hold prepared statements).
+if os.environ.get("DB_SERVER_SIDE_BINDING", "1") != "0":
+    DATABASES["default"]["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
 DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get(
     "TEST_DATABASE_NAME", "test_agent_platform"
 )
