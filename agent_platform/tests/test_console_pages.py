@@ -55,7 +55,8 @@ def _get(client, url: str, data=None):
 
 
 def _walk(client) -> list[str]:
-    """GET every registered model's list (plain and searched), add form and first change form."""
+    """GET every registered model's list (plain, searched, with filter counts), add form and
+    first change form."""
     seen = []
     for model, model_admin in admin.site._registry.items():
         info = (model._meta.app_label, model._meta.model_name)
@@ -66,6 +67,8 @@ def _walk(client) -> list[str]:
         seen.append("%s.%s" % info)
         if model_admin.search_fields:
             assert _get(client, reverse("admin:%s_%s_changelist" % info), {"q": "a"}).status_code == 200, info
+        if model_admin.list_filter:  # the filters with their counts ("Show counts")
+            assert _get(client, reverse("admin:%s_%s_changelist" % info), {"_facets": "True"}).status_code == 200, info
         add = _get(client, reverse("admin:%s_%s_add" % info))
         assert add.status_code in (200, 403), (info, add.status_code)
         objects = changelist.context["cl"].result_list
