@@ -331,16 +331,23 @@ async def run_heartbeat(run_id: int, attempt: int) -> bool:
         return cursor.rowcount == 1
 
 
-_AGENT, _BINDING = AgentInstance._meta.db_table, CapabilityBinding._meta.db_table
-_ENTRY, _PROVIDER = ModelRouteEntry._meta.db_table, ModelProvider._meta.db_table
-_SPEC_AGENT_SQL = f'SELECT * FROM "{_AGENT}" WHERE "id" = %s AND "tenant_id" = %s'
-_SPEC_TENANT_SQL = f'SELECT * FROM "{_TENANT}" WHERE "id" = %s'
+def _select_all_sql(model: type) -> str:
+    """``SELECT "a", "b", … FROM "table"`` with the model's own columns, never ``*``: these
+    statements are prepared on long-lived connections (``DB_SERVER_SIDE_BINDING``), and
+    PostgreSQL refuses to run a prepared ``SELECT *`` whose result columns changed ("cached
+    plan must not change result type"), as they do when a migration adds a column while
+    workers of the previous release still run."""
+    return f'SELECT {_columns_sql(tuple(f.column for f in model._meta.concrete_fields))} FROM "{model._meta.db_table}"'
+
+
+_SPEC_AGENT_SQL = f'{_select_all_sql(AgentInstance)} WHERE "id" = %s AND "tenant_id" = %s'
+_SPEC_TENANT_SQL = f'{_select_all_sql(Tenant)} WHERE "id" = %s'
 _SPEC_ENTRIES_SQL = (
-    f'SELECT * FROM "{_ENTRY}" WHERE "route_id" = %s AND "tenant_id" = %s ORDER BY "position", "id"'
+    f'{_select_all_sql(ModelRouteEntry)} WHERE "route_id" = %s AND "tenant_id" = %s ORDER BY "position", "id"'
 )
-_SPEC_PROVIDERS_SQL = f'SELECT * FROM "{_PROVIDER}" WHERE "id" = ANY(%s) AND "tenant_id" = %s'
+_SPEC_PROVIDERS_SQL = f'{_select_all_sql(ModelProvider)} WHERE "id" = ANY(%s) AND "tenant_id" = %s'
 _SPEC_BINDINGS_SQL = (
-    f'SELECT * FROM "{_BINDING}" WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" ORDER BY "id"'
+    f'{_select_all_sql(CapabilityBinding)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" ORDER BY "id"'
 )
 
 

@@ -215,3 +215,43 @@ def test_a_runs_configuration_is_read_inside_its_tenant_in_route_order(world, ot
     ModelRouteEntry.all_tenants.filter(route=agent.route, position=1).update(provider=foreign)
     with pytest.raises(ValueError, match="not in the run's tenant"):
         _db._spec_rows(claimed)
+
+
+def test_the_configuration_read_survives_a_column_added_while_its_statements_are_prepared(world, fake_llm) -> None:
+    """A migration that adds a column while a worker of the previous release runs: the
+    worker's prepared statements must not break (PostgreSQL refuses a prepared ``SELECT *``
+    whose result columns changed: "cached plan must not change result type")."""
+    from django.db import connection
+
+    from agents.tests.factories import agent_with_route
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    run = post_message_sync(agent=agent, user=world.member, content="hi")
+    claimed = _db.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
+    with tenant_scope(world.tenant.pk):
+        for _ in range(6):  # prepared from the 5th run on this connection
+            _db._spec_rows(claimed)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ['%"agents_agentinstance"%'])
+        assert cursor.fetchone()[0] >= 1, "the read was not prepared: this test would prove nothing"
+    tables = ["agents_agentinstance", "tenants_tenant", "llm_modelrouteentry", "llm_modelprovider",
+              "agents_capabilitybinding"]
+    _ddl(connection, [f'ALTER TABLE "{t}" ADD COLUMN "added_by_a_migration" integer' for t in tables])
+    try:
+        with tenant_scope(world.tenant.pk):
+            agent_row, tenant, entries, bindings = _db._spec_rows(claimed)
+        assert agent_row.pk == agent.pk and tenant.pk == world.tenant.pk and len(entries) == 1
+    finally:
+        _ddl(connection, [f'ALTER TABLE "{t}" DROP COLUMN "added_by_a_migration"' for t in tables])
+
+
+def _ddl(connection, statements: list[str]) -> None:
+    """Run ``statements`` on a connection of their own, as a migration would (psycopg forgets a
+    connection's prepared statements when that connection itself runs DDL)."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    keys = ("dbname", "user", "password", "host", "port")
+    with psycopg.connect(**{k: params[k] for k in keys if params.get(k)}, autocommit=True) as other:
+        for statement in statements:
+            other.execute(statement)
