@@ -239,9 +239,9 @@ _CLAIM_LOCK_TENANT_SQL = (
 )
 """``FOR NO KEY UPDATE``, not ``FOR UPDATE``: claims of a tenant exclude each other all the
 same, but every INSERT of a tenant-owned row takes ``FOR KEY SHARE`` on this row (its
-foreign-key check), which ``FOR UPDATE`` would wait for and block. With 200 runs at once,
-each claim waited for every uncommitted write of the tenant's other runs and stopped them
-meanwhile (pg_stat_statements, bench/README.md). PostgreSQL, "Row-Level Locks": ``FOR UPDATE``
+foreign-key check, at the commit: Django's foreign keys are deferred), which ``FOR UPDATE``
+would wait for and block. With 200 runs at once, each claim waited for the commits of the
+tenant's other runs and held them up meanwhile (pg_stat_statements, bench/README.md). PostgreSQL, "Row-Level Locks": ``FOR UPDATE``
 is only needed to delete the row or change its key."""
 _CLAIM_WORKING_SQL = (
     f'SELECT COUNT(*) FROM "{_RUN}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(running)s '
