@@ -156,19 +156,26 @@ def test_a_run_with_a_fresh_heartbeat_is_not_claimed_twice(world, fake_llm, no_e
     assert runs_sweep()["resumed"] == 0
 
 
-def test_approval_survives_a_restart_of_every_worker(world, fake_llm, workers):
-    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
-    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
-    fake_llm.script(ToolCalls([("test_echo", {"text": "ping"})]), Reply("The echo said ping."))
+def approve_across_a_restart(world, workers, agent, *, content: str) -> Run:
+    """Post ``content`` to ``agent`` with one worker running; once the run waits for an
+    approval, stop every worker (nothing of the run stays in memory), start a new one, approve
+    through the API and return the run once it has completed."""
     first = workers.start()
-    run = post_message_sync(agent=agent, user=world.member, content="Echo ping")
+    run = post_message_sync(agent=agent, user=world.member, content=content)
     _wait_for(lambda: Run.all_tenants.filter(pk=run.pk, status="awaiting_approval").exists(), what="the pause")
-    workers.kill(first, signal.SIGTERM)  # every worker goes away; nothing of the run is in memory
+    workers.kill(first, signal.SIGTERM)
     workers.start()
     approval = Approval.all_tenants.get(run_id=run.pk)
     resp = world.client().post(f"/api/v1/approvals/{approval.pk}/", {"decision": "approve"}, format="json")
     assert resp.status_code == 200, resp.content
-    run = _wait_for(lambda: Run.all_tenants.filter(pk=run.pk, status="completed").first(), what="the run to complete")
+    return _wait_for(lambda: Run.all_tenants.filter(pk=run.pk, status="completed").first(), what="the run to complete")
+
+
+def test_approval_survives_a_restart_of_every_worker(world, fake_llm, workers):
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "ping"})]), Reply("The echo said ping."))
+    run = approve_across_a_restart(world, workers, agent, content="Echo ping")
     assert run.reply == "The echo said ping." and run.attempt == 2
     assert ToolCall.all_tenants.get(run_id=run.pk).result == "echo: ping"
 

@@ -5,7 +5,6 @@ restart of every worker)."""
 
 from __future__ import annotations
 
-import signal
 from datetime import timedelta
 
 import pytest
@@ -19,7 +18,7 @@ from sessions.runner.loop import execute_run
 from sessions.services import runs_sweep
 from sessions.tests import tools_for_tests
 from sessions.tests.conftest import post_message_sync
-from sessions.tests.test_durability import _wait_for, workers  # noqa: F401 (fixture)
+from sessions.tests.test_durability import approve_across_a_restart, workers  # noqa: F401 (fixture)
 from sessions.tests.test_subruns import _cancel, make_agent_sync
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -230,15 +229,7 @@ def test_an_approval_inside_a_skill_survives_a_restart_of_every_worker(world, fa
     agent = make_agent_sync(world, fake_llm.base_url, builtins=[ASK_ECHO], skills=[("careful", ["test_echo"], {})])
     fake_llm.script(ToolCalls([("careful", {"task": "t"})]), ToolCalls([("test_echo", {"text": "ping"})]),
                     Reply("echoed ping"), Reply("The skill echoed ping."))
-    first = workers.start()
-    run = post_message_sync(agent=agent, user=world.member, content="go")
-    _wait_for(lambda: Run.all_tenants.filter(pk=run.pk, status="awaiting_approval").exists(), what="the pause")
-    workers.kill(first, signal.SIGTERM)  # every worker goes away; nothing of the tree is in memory
-    workers.start()
-    approval = Approval.all_tenants.get(run_id=run.pk)
-    resp = world.client().post(f"/api/v1/approvals/{approval.pk}/", {"decision": "approve"}, format="json")
-    assert resp.status_code == 200, resp.content
-    run = _wait_for(lambda: Run.all_tenants.filter(pk=run.pk, status="completed").first(), what="the run to complete")
+    run = approve_across_a_restart(world, workers, agent, content="go")  # nothing of the tree stays in memory
     assert run.reply == "The skill echoed ping." and run.attempt == 2
     [sub] = _sub_runs(run.pk)
     assert (sub.status, sub.attempt) == ("completed", 2)
