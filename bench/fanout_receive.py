@@ -29,7 +29,7 @@ from sessions import events
 def _publish_all(session_ids: list[int], per_session: int) -> None:
     client = events._sync_redis()
     text = " ".join(f"{time.time():.6f}" for _ in range(3))  # a batch of three streamed tokens
-    for start in range(per_session):
+    for _ in range(per_session):
         pipe = client.pipeline(transaction=False)
         for sid in session_ids:
             _, payload, channel = events._prepared(session_id=sid, run_id=1, type="content_token", data={"text": text})
