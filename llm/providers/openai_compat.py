@@ -35,6 +35,7 @@ import ssl
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import httpx
@@ -301,6 +302,51 @@ async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, par
     return response
 
 
+def _aiohttp_body(response: httpx2.Response) -> Any:
+    """The ``aiohttp.StreamReader`` under ``response`` when the SDK's aiohttp transport
+    (``LLM_HTTP_TRANSPORT=aiohttp``) made it and the body is not content-encoded; else None.
+
+    Reading it directly skips five async-generator steps per read (httpx2's ``aiter_bytes``,
+    ``aiter_raw``, its timing wrapper, the transport's stream, aiohttp's chunk iterator): ~10 µs
+    of the loop's CPU per streamed token, a third of the adapter's (``bench/stream_floor.py``,
+    bench/README.md, session 10). A content-encoded body needs httpx2's decoder, so it takes
+    the ordinary path. ``test_stream_transports.py`` checks that the aiohttp transport's
+    responses are recognised, so an SDK release that changes them fails a test instead of
+    silently slowing streams down.
+    """
+    stream = response.stream
+    inner = getattr(stream, "_stream", stream)  # httpx2's BoundAsyncStream wraps the transport's stream
+    if _AiohttpResponseStream is None or not isinstance(inner, _AiohttpResponseStream):
+        return None
+    if response.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+        return None
+    return inner._aiohttp_response.content  # noqa: SLF001
+
+
+def _transport_error(exc: Exception) -> httpx2.TransportError | None:
+    """``exc`` as the httpx2 transport error the SDK's aiohttp transport would have raised
+    for it (its own ``map_aiohttp_exceptions``), or None when it is not a transport failure."""
+    if isinstance(exc, httpx2.TransportError):
+        return exc
+    if _map_aiohttp_exceptions is None:
+        return None
+    try:
+        with _map_aiohttp_exceptions():
+            raise exc
+    except httpx2.TransportError as mapped:
+        return mapped
+    except Exception:
+        return None
+
+
+try:  # the SDK's aiohttp transport, when the ``aiohttp`` extra is installed
+    from openai._vendor.httpx_aiohttp.transport import AiohttpResponseStream as _AiohttpResponseStream
+    from openai._vendor.httpx_aiohttp.transport import map_aiohttp_exceptions as _map_aiohttp_exceptions
+except ImportError:  # pragma: no cover - the project pins openai[aiohttp]
+    _AiohttpResponseStream = None
+    _map_aiohttp_exceptions = None
+
+
 async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float | None = None) -> AsyncIterator[list[Any]]:
     """The JSON payloads of a chat-completions SSE stream, parsed, until ``[DONE]``: a list
     per read from the connection (every event it completed; never empty).
@@ -312,7 +358,8 @@ async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float |
 
     One list per read rather than one payload at a time: when the loop is busy, a stream's
     reads carry several events, and the layers above then pay their per-step cost once for
-    all of them (bench/README.md, "streams running together").
+    all of them (bench/README.md, "streams running together"). On the aiohttp transport a
+    read takes everything the connection has buffered (:func:`_aiohttp_body`).
 
     Server-sent events as the SDK's decoder reads them: ``data:`` lines of one event are
     joined with newlines; ``event:``/``id:``/``retry:`` fields and ``:`` comments are
@@ -327,17 +374,22 @@ async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float |
     """
     buffer = b""
     data: list[bytes] = []
-    chunks = response.aiter_bytes()
+    body = _aiohttp_body(response)
+    # ``read()``: the next bytes of the body, b"" at its end (httpx2 never yields empty chunks).
+    read: Callable[[], Any] = body.readany if body is not None else partial(anext, response.aiter_bytes(), b"")
     clock = asyncio.get_running_loop().time
     waiting_since = clock()
     try:
         while True:
             try:
-                chunk = await anext(chunks, None)
-            except httpx2.TransportError as exc:
-                error = openai.APITimeoutError if _is_timeout(exc) else openai.APIConnectionError
-                raise _sdk_error(error(request=response.request), exc) from exc
-            if chunk is None:
+                chunk = await read()
+            except Exception as exc:
+                failure = _transport_error(exc)
+                if failure is None:
+                    raise
+                error = openai.APITimeoutError if _is_timeout(failure) else openai.APIConnectionError
+                raise _sdk_error(error(request=response.request), failure) from failure
+            if not chunk:
                 lines, buffer = [buffer, b""], b""  # end of body: the last line, then dispatch
             else:
                 buffer += chunk
@@ -357,7 +409,7 @@ async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float |
                 if text.startswith("[DONE]"):
                     if ready:
                         yield ready
-                    await _drain(chunks)
+                    await _drain(read)
                     return
                 try:
                     payload = json.loads(text)
@@ -380,7 +432,7 @@ async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float |
                 waiting_since = clock()
             elif idle_timeout_seconds is not None and clock() - waiting_since >= idle_timeout_seconds:
                 raise TimeoutError(f"bytes but no event for {idle_timeout_seconds:g} s")
-            if chunk is None:
+            if not chunk:
                 return
     finally:
         await response.aclose()
@@ -391,12 +443,13 @@ DRAIN_SECONDS: Final[float] = 0.1
 reused (the SDK's value); a server that keeps sending past it loses the connection."""
 
 
-async def _drain(chunks: AsyncIterator[bytes]) -> None:
+async def _drain(read: Callable[[], Any]) -> None:
+    """Read the body to its end (``read()`` gives b"" there), for at most :data:`DRAIN_SECONDS`."""
     try:
         async with asyncio.timeout(DRAIN_SECONDS):
-            async for _ in chunks:
+            while await read():
                 pass
-    except (TimeoutError, httpx2.HTTPError, httpx2.StreamError):
+    except Exception:  # a failing or slow rest only costs the connection
         pass
 
 

@@ -58,3 +58,40 @@ async def test_a_stalled_stream_is_a_timeout(server_a: FakeLLMServer, transport:
         await collect(Router([entry(0, server_a.base_url, read_timeout_seconds=0.5)]))
     assert caught.value.error_class == "timeout"
 
+
+
+async def test_aiohttp_bodies_are_read_from_aiohttp_directly(server_a: FakeLLMServer, transport: str, monkeypatch) -> None:
+    """On the aiohttp transport the SSE parser reads aiohttp's buffer itself, below httpx2's
+    stream layers (bench/README.md, session 10). If an SDK release changes how its transport
+    wraps aiohttp's response, this fails instead of streams silently taking the slower path."""
+    bodies: list[object] = []
+    recognise = openai_compat._aiohttp_body  # noqa: SLF001
+
+    def spy(response):
+        body = recognise(response)
+        bodies.append(body)
+        return body
+
+    monkeypatch.setattr(openai_compat, "_aiohttp_body", spy)
+    server_a.script(Reply("Read straight from the socket buffer.", chunk_size=4))
+    events = await collect(Router([entry(0, server_a.base_url)]))
+    assert text_of(events) == "Read straight from the socket buffer."
+    assert len(bodies) == 1
+    assert (bodies[0] is not None) == (transport == "aiohttp")
+
+
+async def test_a_content_encoded_aiohttp_body_takes_httpx2s_decoder(transport: str) -> None:
+    """A compressed body must go through httpx2's decoder: only identity bodies are read raw."""
+    import httpx2
+    from openai._vendor.httpx_aiohttp.transport import AiohttpResponseStream
+
+    class Raw:
+        content = object()
+
+    def response(headers: dict[str, str]) -> httpx2.Response:
+        return httpx2.Response(200, headers=headers, stream=AiohttpResponseStream(Raw()),  # type: ignore[arg-type]
+                               request=httpx2.Request("POST", "http://x/v1"))
+
+    assert openai_compat._aiohttp_body(response({"content-encoding": "gzip"})) is None  # noqa: SLF001
+    assert openai_compat._aiohttp_body(response({})) is Raw.content  # noqa: SLF001
+    assert openai_compat._aiohttp_body(response({"content-encoding": "identity"})) is Raw.content  # noqa: SLF001
