@@ -49,4 +49,4 @@ RUN useradd --create-home --uid 10001 app \
 USER app
 
 EXPOSE 8000 8081
-CMD ["uvicorn", "agent_platform.asgi:application", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["python", "-m", "agent_platform.web", "--host", "0.0.0.0", "--port", "8000"]

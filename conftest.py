@@ -149,9 +149,11 @@ def _asgi_server(django_db_setup) -> Iterator[str]:
     import uvicorn
 
     from agent_platform.asgi import application
+    from agent_platform.web import SERVER_OPTIONS
 
     port = free_port()
-    config = uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                            **SERVER_OPTIONS)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-asgi", daemon=True)
     thread.start()

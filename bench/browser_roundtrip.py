@@ -47,11 +47,13 @@ def _serve_asgi() -> tuple[str, object]:
     import uvicorn
 
     from agent_platform.asgi import application
+    from agent_platform.web import SERVER_OPTIONS
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                           **SERVER_OPTIONS))
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)

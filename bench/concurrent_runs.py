@@ -55,7 +55,7 @@ from tenants.services import api_token_create, membership_create
 TOKENS_PER_RUN = 50
 
 
-TIMELINE_GROUPS = {"uvicorn": "web", "_ws_clients": "clients", "_fake_model": "model", "redis-server": "redis",
+TIMELINE_GROUPS = {"agent_platform.web": "web", "_ws_clients": "clients", "_fake_model": "model", "redis-server": "redis",
                    "postgres": "postgres"}
 """``--timeline``: process groups by a substring of their command line (:class:`_harness.CpuTimeline`)."""
 
@@ -132,12 +132,13 @@ def _free_port() -> int:
 
 
 class WebServer:
-    """uvicorn with the project's ASGI app on a free port, same settings as this process."""
+    """The web process as production starts it (``python -m agent_platform.web``: uvicorn with the
+    project's ASGI app and server options) on a free port, same settings as this process."""
 
     def __init__(self) -> None:
         self.port = _free_port()
         self.proc = subprocess.Popen(
-            [str(ROOT / ".venv/bin/uvicorn"), "agent_platform.asgi:application", "--host", "127.0.0.1",
+            [str(ROOT / ".venv/bin/python"), "-m", "agent_platform.web", "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning"],
             cwd=ROOT, env=dict(os.environ),
         )

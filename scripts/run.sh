@@ -36,7 +36,7 @@ pids+=($!)
 # Celery beat: the run sweeper (orphaned runs resume or fail, approvals expire).
 .venv/bin/celery -A agent_platform beat -l info --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
 pids+=($!)
-.venv/bin/uvicorn agent_platform.asgi:application --host "$HOST" --port "$PORT" --log-level warning >var/log/web.log 2>&1 &
+$PY -m agent_platform.web --host "$HOST" --port "$PORT" --log-level warning >var/log/web.log 2>&1 &
 pids+=($!)
 
 $PY scripts/llm_server.py --wait "$LLM_BASE_URL" --timeout 300 || { echo "[run] the model server did not start: see var/log/llm.log" >&2; exit 1; }
