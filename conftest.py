@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -140,6 +141,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen, timeout_seconds: float = 10) -> None:
+    """SIGTERM ``proc``, wait up to ``timeout_seconds`` for it to exit, then SIGKILL it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_seconds)
 
 
 @pytest.fixture(scope="session")

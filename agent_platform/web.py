@@ -10,7 +10,7 @@ this way; the tests' live server builds its ``uvicorn.Config`` with the same opt
 Why ``ws_per_message_deflate=False``: the session socket carries many small frames (a streamed
 text delta every 25 ms per run, a few hundred bytes each). With RFC 7692 compression every
 frame is deflated by the server and inflated by the browser, and each connection keeps its
-zlib state. Off, the web process spent ~13 % less CPU per run and token → client p95 at 200
+zlib state. Off, the web process spent ~10 % less CPU per run and token → client p95 at 200
 concurrent runs fell from a median of 53.9 ms to 44.4 ms (bench/concurrent_runs.py, 16
 alternating rounds each; bench/README.md, session 10). engine.io turned it off by default for
 the memory it holds per connection.

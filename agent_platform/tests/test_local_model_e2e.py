@@ -36,7 +36,7 @@ def local_model_url():
     model = setup_model.default_model_path()
     if not model.exists():
         pytest.skip(f"the model is not set up at {model} (make test runs scripts/setup_model.py)")
-    from conftest import free_port
+    from conftest import free_port, stop_process
 
     port = free_port()
     log = open(ROOT / "var" / "test-llm.log", "w")
@@ -50,11 +50,7 @@ def local_model_url():
             raise RuntimeError(f"the model server did not start; see {log.name}")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout_seconds=20)
         log.close()
 
 

@@ -42,9 +42,9 @@ async def test_the_live_server_does_not_compress_websocket_frames(live_server_ur
 
 @contextmanager
 def _web_process(*args: str) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from conftest import free_port, stop_process
+
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent_platform.web", "--host", "127.0.0.1", "--port", str(port),
          "--log-level", "warning", "--lifespan", "off", *args],
@@ -64,12 +64,7 @@ def _web_process(*args: str) -> Iterator[str]:
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
 
 
 async def test_the_production_web_process_does_not_compress_websocket_frames() -> None:
