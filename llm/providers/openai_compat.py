@@ -302,14 +302,22 @@ async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, par
     return response
 
 
+try:  # the SDK's aiohttp transport, when the ``aiohttp`` extra is installed
+    from openai._vendor.httpx_aiohttp.transport import AiohttpResponseStream as _AiohttpResponseStream
+    from openai._vendor.httpx_aiohttp.transport import map_aiohttp_exceptions as _map_aiohttp_exceptions
+except ImportError:  # pragma: no cover - the project pins openai[aiohttp]
+    _AiohttpResponseStream = None
+    _map_aiohttp_exceptions = None
+
+
 def _aiohttp_body(response: httpx2.Response) -> Any:
     """The ``aiohttp.StreamReader`` under ``response`` when the SDK's aiohttp transport
     (``LLM_HTTP_TRANSPORT=aiohttp``) made it and the body is not content-encoded; else None.
 
     Reading it directly skips five async-generator steps per read (httpx2's ``aiter_bytes``,
-    ``aiter_raw``, its timing wrapper, the transport's stream, aiohttp's chunk iterator): ~10 µs
-    of the loop's CPU per streamed token, a third of the adapter's (``bench/stream_floor.py``,
-    bench/README.md, session 10). A content-encoded body needs httpx2's decoder, so it takes
+    ``aiter_raw``, its timing wrapper, the transport's stream, aiohttp's chunk iterator), and a
+    read takes everything buffered: ~4 µs of the loop's CPU per streamed token, about a tenth
+    of the adapter's (``bench/stream_floor.py``; bench/README.md, session 10). A content-encoded body needs httpx2's decoder, so it takes
     the ordinary path. ``test_stream_transports.py`` checks that the aiohttp transport's
     responses are recognised, so an SDK release that changes them fails a test instead of
     silently slowing streams down.
@@ -337,14 +345,6 @@ def _transport_error(exc: Exception) -> httpx2.TransportError | None:
         return mapped
     except Exception:
         return None
-
-
-try:  # the SDK's aiohttp transport, when the ``aiohttp`` extra is installed
-    from openai._vendor.httpx_aiohttp.transport import AiohttpResponseStream as _AiohttpResponseStream
-    from openai._vendor.httpx_aiohttp.transport import map_aiohttp_exceptions as _map_aiohttp_exceptions
-except ImportError:  # pragma: no cover - the project pins openai[aiohttp]
-    _AiohttpResponseStream = None
-    _map_aiohttp_exceptions = None
 
 
 async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float | None = None) -> AsyncIterator[list[Any]]:
