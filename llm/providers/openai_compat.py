@@ -608,7 +608,7 @@ async def _stream(
                     delta = choice.get("delta")
                     if not isinstance(delta, dict):
                         continue
-                    reasoning = _reasoning_text(delta)
+                    reasoning = _reasoning_text(delta) if "reasoning_content" in delta or "reasoning" in delta else ""
                     content = delta.get("content")
                     if not isinstance(content, str):
                         content = None
@@ -629,9 +629,13 @@ async def _stream(
                     if tool_fragments and isinstance(tool_fragments, list):
                         for fragment in tool_fragments:
                             assembler.add(fragment)
-            # One delta per run of the same kind in this read.
-            for kind, run in itertools.groupby(pieces, key=lambda piece: piece[0]):
-                yield kind("".join(text for _, text in run))
+            # One delta per run of the same kind in this read (most reads bring one piece).
+            if len(pieces) == 1:
+                kind, text = pieces[0]
+                yield kind(text)
+            else:
+                for kind, run in itertools.groupby(pieces, key=lambda piece: piece[0]):
+                    yield kind("".join(text for _, text in run))
     finally:
         await payloads.aclose()  # closes the response (its connection goes back to the pool or is closed)
         await response.aclose()  # in case the parser never started
