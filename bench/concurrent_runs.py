@@ -22,6 +22,10 @@ gets the token from the adapter, where its event is queued for Redis, where it i
 Redis's socket, where Redis's reply to it is read), which tells the worker's share of the
 delay from the web process's.
 
+An N given more than once (``--n 200 200 200``) also gets a line over all its rounds together:
+the token latency over every token of them, and in how many rounds the round's own p95 was
+within issue 4's 50 ms.
+
 ``--timeline`` prints, for the last round, how much CPU each process group (this worker, the
 web process, the WebSocket clients, the fake model, Redis, PostgreSQL) used per 250 ms: whether
 a slow round was the worker's own work or a machine with every core busy.
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from _harness import ROOT, BenchTenant, CpuTimeline, cpu_seconds, fake_model, machine_busy_seconds, percentile
@@ -169,8 +174,22 @@ def _last_seqs(session_ids: list[int]) -> dict[int, int]:
     return {sid: int(v or 0) for sid, v in zip(session_ids, pipe.execute())}
 
 
+TARGET_P95_MS = 50.0
+"""Issue 4's target: token → client p95 at most this, with 200 runs at once."""
+
+
+@dataclass
+class RoundResult:
+    """What one round delivered: every answer token's latency (ms) and the events it lost."""
+
+    latencies_ms: list[float]
+    lost: int
+    duplicates: int
+    tokens_lost: int
+
+
 def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n: int, profile: str | None,
-              timeline: CpuTimeline | None = None) -> None:
+              timeline: CpuTimeline | None = None) -> RoundResult:
     runs = [bench.new_run() for _ in range(n)]
     sessions = [r.session_id for r in runs]
     clients = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_ws_clients.py"))],
@@ -240,6 +259,22 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
     if timeline is not None:
         print("        CPU by process, % of one core per 250 ms (2 cores = 200 %):", flush=True)
         print("\n".join("        " + line for line in timeline.table().splitlines()), flush=True)
+    return RoundResult(lat, lost, dup, tokens_lost)
+
+
+def print_pooled(n: int, rounds: list[RoundResult]) -> None:
+    """For an N run in several rounds: the token latency over every token of all of them, and
+    how many rounds had their own p95 within :data:`TARGET_P95_MS`."""
+    pooled = [x for r in rounds for x in r.latencies_ms]
+    within = sum(percentile(r.latencies_ms, 0.95) <= TARGET_P95_MS for r in rounds)
+    print(
+        f"N={n:4d}, all {len(rounds)} rounds together: token→client p50 {percentile(pooled, 0.5):.1f} ms "
+        f"p95 {percentile(pooled, 0.95):.1f} ms max {max(pooled, default=float('nan')):.1f} ms ({len(pooled)} tokens); "
+        f"rounds with p95 ≤ {TARGET_P95_MS:g} ms: {within} of {len(rounds)}; lost events "
+        f"{sum(r.lost for r in rounds)}, duplicates {sum(r.duplicates for r in rounds)}, "
+        f"answer tokens lost {sum(r.tokens_lost for r in rounds)}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -277,10 +312,15 @@ def main() -> None:
             if args.warmup:  # first connections, imports, pools: not part of any figure
                 print(f"warm-up round ({args.warmup} runs):", flush=True)
                 one_round(bench, token, web, base_url.pid, args.warmup, None)
+            results: dict[int, list[RoundResult]] = {}
             for i, n in enumerate(args.n):
                 last = i == len(args.n) - 1
-                one_round(bench, token, web, base_url.pid, n, args.profile if last else None,
-                          CpuTimeline(TIMELINE_GROUPS) if args.timeline and last else None)
+                results.setdefault(n, []).append(
+                    one_round(bench, token, web, base_url.pid, n, args.profile if last else None,
+                              CpuTimeline(TIMELINE_GROUPS) if args.timeline and last else None))
+            for n, rounds in results.items():
+                if len(rounds) > 1:
+                    print_pooled(n, rounds)
         finally:
             web.close()
 
