@@ -555,15 +555,10 @@ class Router:
         ``asyncio.timeout`` per event cost ~2 µs of the loop's CPU per streamed read.
         """
         deadline = attempt.deadline()
-        if deadline is None:
-            try:
-                return await anext(events)
-            except StopAsyncIteration:
-                raise ModelCallError("other", "the provider stream ended without a completion") from None
-            except TimeoutError as exc:
-                raise classify_error(exc) from exc
-        timer = asyncio.timeout_at(deadline)
+        timer = None if deadline is None else asyncio.timeout_at(deadline)
         try:
+            if timer is None:
+                return await anext(events)
             async with timer:
                 attempt.timer = timer
                 try:
@@ -573,7 +568,7 @@ class Router:
         except StopAsyncIteration:
             raise ModelCallError("other", "the provider stream ended without a completion") from None
         except TimeoutError as exc:
-            if timer.expired():
+            if timer is not None and timer.expired():
                 raise attempt.timeout_error(timer.when()) from exc
             raise classify_error(exc) from exc
 

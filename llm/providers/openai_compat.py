@@ -317,10 +317,11 @@ def _aiohttp_body(response: httpx2.Response) -> Any:
     Reading it directly skips five async-generator steps per read (httpx2's ``aiter_bytes``,
     ``aiter_raw``, its timing wrapper, the transport's stream, aiohttp's chunk iterator), and a
     read takes everything buffered: ~4 µs of the loop's CPU per streamed token, about a tenth
-    of the adapter's (``bench/stream_floor.py``; bench/README.md, session 10). A content-encoded body needs httpx2's decoder, so it takes
-    the ordinary path. ``test_stream_transports.py`` checks that the aiohttp transport's
-    responses are recognised, so an SDK release that changes them fails a test instead of
-    silently slowing streams down.
+    of the adapter's (``bench/stream_floor.py``; bench/README.md, session 10). A
+    content-encoded body needs httpx2's decoder, so it takes the ordinary path.
+    ``test_stream_transports.py`` checks that the aiohttp transport's responses are
+    recognised, so an SDK release that changes them fails a test instead of silently slowing
+    streams down.
     """
     stream = response.stream
     inner = getattr(stream, "_stream", stream)  # httpx2's BoundAsyncStream wraps the transport's stream
@@ -608,7 +609,7 @@ async def _stream(
                     delta = choice.get("delta")
                     if not isinstance(delta, dict):
                         continue
-                    reasoning = _reasoning_text(delta) if "reasoning_content" in delta or "reasoning" in delta else ""
+                    reasoning = _reasoning_text(delta)
                     content = delta.get("content")
                     if not isinstance(content, str):
                         content = None

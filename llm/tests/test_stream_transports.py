@@ -59,7 +59,6 @@ async def test_a_stalled_stream_is_a_timeout(server_a: FakeLLMServer, transport:
     assert caught.value.error_class == "timeout"
 
 
-
 async def test_aiohttp_bodies_are_read_from_aiohttp_directly(server_a: FakeLLMServer, transport: str, monkeypatch) -> None:
     """On the aiohttp transport the SSE parser reads aiohttp's buffer itself, below httpx2's
     stream layers (bench/README.md, session 10). If an SDK release changes how its transport
