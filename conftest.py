@@ -23,6 +23,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from tenants.models import Membership, Role, Tenant
+from tenants.scoping import outside_scope, system_scope
 from tenants.services import api_token_create, membership_create, tenant_create
 
 
@@ -32,6 +33,23 @@ def _clean_test_redis_keys() -> None:
     client = redis.Redis.from_url(settings.REDIS_URL)
     for key in client.scan_iter(f"{settings.REDIS_KEY_PREFIX}:*", count=1000):
         client.delete(key)
+
+
+@pytest.fixture(autouse=True)
+def _system_scope() -> Iterator[None]:
+    """Tests work across tenants (they make and inspect any tenant's rows), so the database
+    lets them, as it lets the sweeper (tenants/rls.py). Code under test narrows the scope
+    itself (API views, the console, consumers, tasks, the runner) or runs in threads and
+    processes of its own, which start outside it. ``no_scope`` takes this away."""
+    with system_scope():
+        yield
+
+
+@pytest.fixture
+def no_scope() -> Iterator[None]:
+    """The test body runs in no tenant scope: the database shows it no tenant-owned row."""
+    with outside_scope():
+        yield
 
 
 @dataclass

@@ -73,6 +73,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "tenants.middleware.ConsoleScopeMiddleware",  # the database's tenant scope for the console
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -102,6 +103,12 @@ DATABASES = {
         conn_max_age=0,  # the pool below replaces persistent connections (Django's advice under ASGI)
     )
 }
+# Django's PostgreSQL backend plus row-level security (tenants/rls.py): every statement runs as
+# DATABASE_APP_ROLE, which sees only the rows of the tenant scope in context. The login user
+# (DATABASE_URL's) runs migrations and must be able to create that role the first time.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["ENGINE"] = "agent_platform.postgresql"
+DATABASE_APP_ROLE = os.environ.get("DATABASE_APP_ROLE", "agent_platform_app")
 # psycopg 3's connection pool (Django ≥ 5.1): connections are reused across requests and across
 # the runner's database calls instead of being opened for each. DB_POOL_MAX_SIZE bounds the
 # connections one process holds, whatever the number of runs it hosts.
@@ -115,7 +122,7 @@ DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
 # query as text with its values inlined, which PostgreSQL parses and plans anew each time:
 # ~4 ms of PostgreSQL CPU per run in planning alone with 200 runs at once (pg_stat_statements,
 # bench/README.md). DB_SERVER_SIDE_BINDING=0 goes back to Django's default (e.g. behind a
-# transaction-mode PgBouncer that cannot hold prepared statements).
+# pooler that cannot hold prepared statements; row-level security needs session pooling anyway).
 if os.environ.get("DB_SERVER_SIDE_BINDING", "1") != "0":
     DATABASES["default"]["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
 DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get(

@@ -26,6 +26,7 @@ from browser import protocol
 from browser.bridge import REPLY_TTL_SECONDS, pending_key, presence_key
 from browser.services import device_group
 from sessions.events import async_redis
+from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)
 
@@ -43,17 +44,10 @@ def _authenticate(raw: str) -> dict[str, Any] | None:
     device = browser_device_authenticate(raw=raw)
     if device is None:
         return None
-    browser_device_seen(device_id=device.pk)
+    with tenant_scope(device.tenant_id):
+        browser_device_seen(device_id=device.pk)
     return {"id": device.pk, "name": device.name, "tenant_id": device.tenant_id, "user_id": device.user_id,
             "user": device.user.get_username(), "tenant": device.tenant.slug}
-
-
-@database_sync_to_async
-def _device_active(device_id: int) -> bool:
-    from browser.models import BrowserDevice
-
-    # tenant-bypass: re-checking the socket's own device.
-    return BrowserDevice.all_tenants.filter(pk=device_id, revoked_at__isnull=True).exists()
 
 
 class BrowserConsumer(AsyncWebsocketConsumer):
@@ -118,8 +112,9 @@ class BrowserConsumer(AsyncWebsocketConsumer):
         if hello.extension_version:
             from browser.services import browser_device_seen
 
-            await database_sync_to_async(browser_device_seen)(device_id=device["id"],
-                                                               extension_version=hello.extension_version)
+            with tenant_scope(device["tenant_id"]):
+                await database_sync_to_async(browser_device_seen)(device_id=device["id"],
+                                                                   extension_version=hello.extension_version)
         # Reachable before the extension hears "welcome" (it reports itself connected then).
         await self.channel_layer.group_add(device_group(device["id"]), self.channel_name)
         await self._touch_presence()

@@ -6,6 +6,7 @@ from django.db.models import QuerySet
 
 from browser.models import BrowserDevice
 from browser.services import sha256_hex
+from tenants.scoping import system_scope
 
 
 def browser_device_authenticate(*, raw: str) -> BrowserDevice | None:
@@ -16,11 +17,12 @@ def browser_device_authenticate(*, raw: str) -> BrowserDevice | None:
     if not raw or len(raw) > 200:
         return None
     # tenant-bypass: the token decides the tenant.
-    device = (
-        BrowserDevice.all_tenants.select_related("user")
-        .filter(token_hash=sha256_hex(raw), revoked_at__isnull=True)
-        .first()
-    )
+    with system_scope():
+        device = (
+            BrowserDevice.all_tenants.select_related("user")
+            .filter(token_hash=sha256_hex(raw), revoked_at__isnull=True)
+            .first()
+        )
     if device is None or not device.user.is_active:
         return None
     return device

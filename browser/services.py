@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from agent_platform.api_errors import ApplicationError, NotFound
 from browser.models import BrowserDevice, BrowserPairing
+from tenants.scoping import tenant_scope
 
 DEVICE_TOKEN_PREFIX = "apd_"
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
@@ -114,10 +115,11 @@ def browser_pairing_claim(*, pairing_id: int, poll_secret: str) -> ClaimResult:
             raise gone
         return ClaimResult(status="pending")
     raw = DEVICE_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    device = BrowserDevice.all_tenants.create(
-        tenant_id=pairing.tenant_id, user_id=pairing.user_id, name=pairing.name or "Chrome",
-        token_prefix=raw[:10], token_hash=sha256_hex(raw),
-    )
+    with tenant_scope(pairing.tenant_id):  # the approved pairing decides the tenant
+        device = BrowserDevice.objects.create(
+            tenant_id=pairing.tenant_id, user_id=pairing.user_id, name=pairing.name or "Chrome",
+            token_prefix=raw[:10], token_hash=sha256_hex(raw),
+        )
     pairing.device = device
     pairing.claimed_at = timezone.now()
     pairing.save(update_fields=["device", "claimed_at"])

@@ -359,16 +359,17 @@ def runs_sweep() -> dict[str, int]:
     from django.utils import timezone
 
     from sessions.runner._db import stale_before
-    from tenants.scoping import tenant_scope
+    from tenants.scoping import system_scope, tenant_scope
 
     counts = {"resumed": 0, "worker_lost": 0, "approvals_expired": 0, "resent": 0}
     stale = stale_before()
     # tenant-bypass: the sweeper looks at every tenant's runs, then works inside each run's tenant.
     # Sub-runs are left out: they live inside their parent's tool call, which resumes them.
-    orphans = Run.all_tenants.filter(status=RunStatus.RUNNING, steered_into__isnull=True,
-                                     parent_tool_call__isnull=True).filter(
-        models.Q(heartbeat_at__lt=stale) | models.Q(heartbeat_at__isnull=True, started_at__lt=stale)
-    ).values_list("pk", "tenant_id", "attempt")
+    with system_scope():
+        orphans = list(Run.all_tenants.filter(status=RunStatus.RUNNING, steered_into__isnull=True,
+                                              parent_tool_call__isnull=True).filter(
+            models.Q(heartbeat_at__lt=stale) | models.Q(heartbeat_at__isnull=True, started_at__lt=stale)
+        ).values_list("pk", "tenant_id", "attempt"))
     for run_id, tenant_id, attempt in orphans:
         with tenant_scope(tenant_id), transaction.atomic():
             run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
@@ -383,8 +384,10 @@ def runs_sweep() -> dict[str, int]:
                 run_enqueue_on_commit(run_id=run.pk)
                 counts["resumed"] += 1
     # tenant-bypass: as above, for expired approvals.
-    expired = Approval.all_tenants.filter(status=ApprovalStatus.PENDING, expires_at__lte=timezone.now())
-    for tenant_id in set(expired.values_list("tenant_id", flat=True)):
+    with system_scope():
+        expired = Approval.all_tenants.filter(status=ApprovalStatus.PENDING, expires_at__lte=timezone.now())
+        expired_tenants = set(expired.values_list("tenant_id", flat=True))
+    for tenant_id in expired_tenants:
         with tenant_scope(tenant_id), transaction.atomic():
             counts["approvals_expired"] += approvals_expire()
     old = timezone.now() - timedelta(seconds=QUEUED_RESEND_SECONDS)
@@ -392,10 +395,11 @@ def runs_sweep() -> dict[str, int]:
         session_id=models.OuterRef("session_id"), pk__lt=models.OuterRef("pk"), status__in=ACTIVE_RUN_STATUSES
     )
     # tenant-bypass: queued runs of every tenant, re-sent by id only.
-    waiting = (
-        Run.all_tenants.filter(status=RunStatus.QUEUED, steered_into__isnull=True, created_at__lt=old)
-        .exclude(models.Exists(earlier_active)).order_by("pk").values_list("pk", flat=True)[:100]
-    )
+    with system_scope():
+        waiting = list(
+            Run.all_tenants.filter(status=RunStatus.QUEUED, steered_into__isnull=True, created_at__lt=old)
+            .exclude(models.Exists(earlier_active)).order_by("pk").values_list("pk", flat=True)[:100]
+        )
     for run_id in waiting:
         from sessions.tasks import run_enqueue
 

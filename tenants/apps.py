@@ -1,4 +1,20 @@
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+def rls_after_migrate(using: str = "default", **kwargs: Any) -> None:
+    """``post_migrate``: the role, grants and row-level security policies (:func:`tenants.rls.apply`)."""
+    from django.db import connections
+
+    from tenants import rls
+
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return
+    with rls.owner_mode():
+        rls.apply(connection)
 
 
 class TenantsConfig(AppConfig):
@@ -7,3 +23,5 @@ class TenantsConfig(AppConfig):
 
     def ready(self) -> None:
         from tenants import schema  # noqa: F401  (registers the OpenAPI auth extension)
+
+        post_migrate.connect(rls_after_migrate, sender=self, dispatch_uid="tenants.rls_after_migrate")

@@ -1,81 +1,52 @@
 """Tenant scoping: the one place it is enforced.
 
-A ContextVar holds the current tenant id. Every tenant-owned model gets
+A ContextVar (:mod:`tenants.context`) holds the current tenant id. Every tenant-owned model gets
 :class:`TenantScopedManager` as ``objects``, which **fails closed**: without a tenant in
 context it raises :class:`TenantScopeError` instead of returning every tenant's rows.
 
-The context is set at exactly three kinds of entry point:
-- API views: ``tenants.api.mixins.TenantScopedApiMixin.initial()`` (after authentication and
+The context is set at the entry points only:
+- API views: ``tenants.api.mixins.TenantContextMixin.initial()`` (after authentication and
   the membership check);
 - WebSocket consumers: on connect, after authenticating the scope;
-- Celery tasks and the runner: ``with tenant_scope(run.tenant_id):`` / ``@with_tenant_scope``.
+- Celery tasks and the runner: ``with tenant_scope(run.tenant_id):`` / ``@with_tenant_scope``;
+- the console: ``tenants.middleware.ConsoleScopeMiddleware``;
+- the sweeper and management commands: :func:`system_scope`.
 
 Bypasses have loud names: ``Model.all_tenants`` (admin, migrations, ``tenants/``) and
 ``Model.objects.unscoped()``; any other use needs a ``# tenant-bypass:`` comment saying why.
-Known gaps (as in PostHog's scoping README): ``_base_manager`` (used for forward relation
-access such as ``run.session``), raw SQL and ``prefetch_related`` are not filtered.
+Known gaps of the ORM layer (as in PostHog's scoping README): ``_base_manager`` (used for
+forward relation access such as ``run.session``), raw SQL and ``prefetch_related`` are not
+filtered here. PostgreSQL closes them: the same context decides what the connection may see
+(row-level security, :mod:`tenants.rls`), so a query that escapes the ORM's filter still
+gets only the tenant's rows. For that layer the context has two more values:
+:func:`system_scope` (every tenant: the sweeper, a superuser's console, management commands,
+lookups that decide the tenant) and :func:`tenants_scope` (several tenants: a console user
+who administers more than one). Outside any scope the database shows no tenant-owned row.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from contextvars import ContextVar
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TypeVar
 
 from django.db import models
 
-_current_tenant_id: ContextVar[int | None] = ContextVar("current_tenant_id", default=None)
+from tenants.context import (  # noqa: F401  (the scope's API, re-exported)
+    ALL_TENANTS,
+    Scope,
+    TenantScopeError,
+    current_scope,
+    current_tenant_id,
+    enter_tenant,
+    outside_scope,
+    require_tenant_id,
+    reset_scope,
+    system_scope,
+    tenant_scope,
+    tenants_scope,
+    with_tenant_scope,
+)
 
-F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=models.Model)
-
-
-class TenantScopeError(RuntimeError):
-    """A tenant-owned table was queried with no tenant in context."""
-
-
-def current_tenant_id() -> int | None:
-    """The tenant id in context, or None outside any tenant scope."""
-    return _current_tenant_id.get()
-
-
-def require_tenant_id() -> int:
-    """The tenant id in context (for raw SQL, which the scoped managers do not filter).
-
-    Raises:
-        TenantScopeError: no tenant in context.
-    """
-    tenant_id = _current_tenant_id.get()
-    if tenant_id is None:
-        raise TenantScopeError("no tenant in context; use tenant_scope()")
-    return tenant_id
-
-
-@contextlib.contextmanager
-def tenant_scope(tenant_id: int) -> Iterator[None]:
-    """Run the body with ``tenant_id`` as the current tenant (nestable; restored on exit)."""
-    if not isinstance(tenant_id, int) or isinstance(tenant_id, bool):
-        raise TypeError(f"tenant_id must be an int, got {tenant_id!r}")
-    token = _current_tenant_id.set(tenant_id)
-    try:
-        yield
-    finally:
-        _current_tenant_id.reset(token)
-
-
-def with_tenant_scope(func: F) -> F:
-    """Decorator for tasks and functions that take a ``tenant_id`` keyword argument."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        tenant_id = kwargs.get("tenant_id")
-        if tenant_id is None:
-            raise TenantScopeError(f"{func.__qualname__} needs a tenant_id keyword argument")
-        with tenant_scope(int(tenant_id)):
-            return func(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
 
 
 class TenantScopedQuerySet(models.QuerySet[M]):

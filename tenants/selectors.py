@@ -8,6 +8,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.utils import timezone
 
 from tenants.models import ADMIN_ROLES, ApiToken, Membership
+from tenants.scoping import system_scope
 from tenants.services import token_hash
 
 
@@ -17,16 +18,17 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     Touches ``last_used_at`` at most once a minute.
     """
     # tenant-bypass: the token decides the tenant.
-    token = (
-        ApiToken.all_tenants.select_related("membership__user", "membership__tenant")
-        .filter(token_hash=token_hash(raw), revoked_at__isnull=True)
-        .first()
-    )
-    if token is None or not token.membership.user.is_active:
-        return None
-    now = timezone.now()
-    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
-        ApiToken.all_tenants.filter(pk=token.pk).update(last_used_at=now)
+    with system_scope():
+        token = (
+            ApiToken.all_tenants.select_related("membership__user", "membership__tenant")
+            .filter(token_hash=token_hash(raw), revoked_at__isnull=True)
+            .first()
+        )
+        if token is None or not token.membership.user.is_active:
+            return None
+        now = timezone.now()
+        if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+            ApiToken.all_tenants.filter(pk=token.pk).update(last_used_at=now)
     return token
 
 
@@ -40,12 +42,14 @@ def membership_for_user(
     qs = Membership.all_tenants.select_related("tenant").filter(user=user).order_by("created_at", "id")
     if tenant_slug:
         qs = qs.filter(tenant__slug=tenant_slug)
-    return qs.first()
+    with system_scope():
+        return qs.first()
 
 
 def admin_tenant_ids(*, user: AbstractBaseUser) -> list[int]:
     """Ids of the tenants where ``user`` is an owner or admin."""
     # tenant-bypass: lists the user's own memberships.
-    return list(
-        Membership.all_tenants.filter(user=user, role__in=list(ADMIN_ROLES)).values_list("tenant_id", flat=True)
-    )
+    with system_scope():
+        return list(
+            Membership.all_tenants.filter(user=user, role__in=list(ADMIN_ROLES)).values_list("tenant_id", flat=True)
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import os
 import threading
 import time
@@ -51,12 +52,13 @@ def _closing_connections(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
 
 
 def submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> "concurrent.futures.Future[Any]":
-    """Start ``fn(*args, **kwargs)`` on one of the test threads; its future.
+    """Start ``fn(*args, **kwargs)`` on one of the test threads, in the caller's context (its
+    tenant scope); its future.
 
     The thread's database connections are closed after the call: a pool thread outlives the
     test, and a connection it kept open made the test database's teardown fail ("is being
     accessed by other users") at the end of the suite."""
-    return _pool.submit(_closing_connections, fn, *args, **kwargs)
+    return _pool.submit(contextvars.copy_context().run, _closing_connections, fn, *args, **kwargs)
 
 
 def off_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

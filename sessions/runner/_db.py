@@ -67,7 +67,7 @@ from sessions.runner.spec import (
 from sessions.runner.pg import pg_connection
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
-from tenants.scoping import require_tenant_id
+from tenants.scoping import require_tenant_id, system_scope
 
 
 T = TypeVar("T")
@@ -147,9 +147,10 @@ class RunNotClaimable(Exception):
 async def run_tenant_id(run_id: int) -> int | None:
     """The tenant of the run (None: no such run)."""
     # tenant-bypass: the run row decides the tenant the rest of the run is scoped to.
-    async with pg_connection() as conn:
-        cursor = await conn.execute(f'SELECT "tenant_id" FROM "{_RUN}" WHERE "id" = %s', [run_id])
-        row = await cursor.fetchone()
+    with system_scope():
+        async with pg_connection() as conn:
+            cursor = await conn.execute(f'SELECT "tenant_id" FROM "{_RUN}" WHERE "id" = %s', [run_id])
+            row = await cursor.fetchone()
     return row[0] if row else None
 
 

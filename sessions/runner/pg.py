@@ -33,6 +33,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.string import TextLoader
 
+from tenants import rls
+
 APPLICATION_NAME = "agent-platform run host"
 """``application_name`` of these connections (unless the database settings set one), so that
 ``pg_stat_activity`` tells them from Django's."""
@@ -64,7 +66,9 @@ class LoopPool:
     """At most ``size`` async connections shared by the tasks of one event loop.
 
     :meth:`connection` lends one: an idle one, else a new one (opened by the caller's task),
-    else it waits up to ``timeout_seconds`` for one to be given back. A connection given back
+    else it waits up to ``timeout_seconds`` for one to be given back. A lent connection runs
+    as the application role in the caller's tenant scope (:func:`tenants.rls.async_sync`: a
+    round trip only when the scope differs from the connection's last one). A connection given back
     in any state but idle outside a transaction (broken, closed, a statement cut off by a
     cancel) is closed instead of kept.
     """
@@ -104,6 +108,7 @@ class LoopPool:
         conn: psycopg.AsyncConnection | None = None
         try:
             conn = self._idle.pop() if self._idle else await self._connect()
+            await rls.async_sync(conn)
             yield conn
         finally:
             if conn is not None:

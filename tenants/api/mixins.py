@@ -20,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from tenants.models import ApiToken, Membership
-from tenants.scoping import _current_tenant_id
+from tenants.scoping import Scope, enter_tenant, reset_scope
 from tenants.selectors import membership_for_user
 
 
@@ -45,7 +45,7 @@ def resolve_membership(request: Request) -> Membership | None:
 class TenantContextMixin:
     """Sets ``request.membership``, ``request.tenant`` and the tenant scope for one request."""
 
-    _tenant_token: Token | None = None
+    _tenant_token: Token[Scope] | None = None
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         self.perform_authentication(request)  # type: ignore[attr-defined]
@@ -53,7 +53,7 @@ class TenantContextMixin:
         request.membership = membership  # type: ignore[attr-defined]
         request.tenant = membership.tenant if membership else None  # type: ignore[attr-defined]
         if membership is not None:
-            self._tenant_token = _current_tenant_id.set(membership.tenant_id)
+            self._tenant_token = enter_tenant(membership.tenant_id)
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
         if membership is None:
             raise PermissionDenied("You are not a member of any tenant.")
@@ -63,7 +63,7 @@ class TenantContextMixin:
             return super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
         finally:
             if self._tenant_token is not None:
-                _current_tenant_id.reset(self._tenant_token)
+                reset_scope(self._tenant_token)
                 self._tenant_token = None
 
 

@@ -28,6 +28,7 @@ from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
 from capabilities.models import CliCommand, McpServer, McpTransport
 from llm.models import ModelProvider, ModelRoute, ModelRouteEntry, ToolCallMode
 from tenants.models import Membership, Role, Tenant
+from tenants.scoping import system_scope
 from tenants.services import api_token_create, tenant_create
 
 DEMO_TENANT_SLUG = "demo"
@@ -62,14 +63,15 @@ class Command(BaseCommand):
         parser.add_argument("--admin", action="store_true", help="With --print-token: for the demo tenant admin.")
 
     def handle(self, *args, print_token: bool = False, admin: bool = False, **options):
-        with transaction.atomic():
-            memberships = self._seed()
-        self.stderr.write(
-            f"demo tenant ready: admin {DEMO_ADMIN[0]}/{DEMO_ADMIN[1]}, user {DEMO_USER[0]}/{DEMO_USER[1]}"
-        )
-        if print_token:
-            issued = api_token_create(membership=memberships["admin" if admin else "user"], name="seed_demo")
-            self.stdout.write(issued.raw)
+        with system_scope():  # an operator's command: writes the demo tenant's rows
+            with transaction.atomic():
+                memberships = self._seed()
+            self.stderr.write(
+                f"demo tenant ready: admin {DEMO_ADMIN[0]}/{DEMO_ADMIN[1]}, user {DEMO_USER[0]}/{DEMO_USER[1]}"
+            )
+            if print_token:
+                issued = api_token_create(membership=memberships["admin" if admin else "user"], name="seed_demo")
+                self.stdout.write(issued.raw)
 
     def _seed(self) -> dict[str, Membership]:
         tenant = Tenant.objects.filter(slug=DEMO_TENANT_SLUG).first() or tenant_create(name="Demo", slug=DEMO_TENANT_SLUG)

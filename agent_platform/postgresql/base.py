@@ -1,0 +1,43 @@
+"""Django's PostgreSQL backend with the tenant scope applied by the database (:mod:`tenants.rls`).
+
+``ENGINE = "agent_platform.postgresql"``. The same backend as Django's, plus:
+
+- every cursor's statements run as the application role, with the connection's
+  ``app.tenant_ids``/``app.all_tenants`` set to the scope of the code that made the cursor
+  (:func:`tenants.rls.sync`: a round trip only when that changed on the connection);
+- what was set is forgotten on every rollback and savepoint rollback (they undo a
+  ``set_config`` made in their transaction), and when a connection goes back to the pool
+  inside a transaction (the pool rolls it back);
+- the connection Django opens without a database (``_nodb_cursor``: creating and dropping the
+  test database) is left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.base.base import NO_DB_ALIAS
+from django.db.backends.postgresql import base
+from psycopg.pq import TransactionStatus
+
+from tenants import rls
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    def create_cursor(self, name: str | None = None) -> Any:
+        if self.alias != NO_DB_ALIAS:
+            rls.sync(self.connection)
+        return super().create_cursor(name)
+
+    def _rollback(self) -> None:
+        rls.forget(self.connection)
+        super()._rollback()
+
+    def _savepoint_rollback(self, sid: str) -> None:
+        rls.forget(self.connection)
+        super()._savepoint_rollback(sid)
+
+    def _close(self) -> None:
+        if self.connection is not None and self.connection.info.transaction_status != TransactionStatus.IDLE:
+            rls.forget(self.connection)
+        super()._close()

@@ -1,0 +1,66 @@
+"""The console's tenant scope: what the database lets a console (Django admin) request see.
+
+The console's model admins filter by the user's tenants themselves
+(:mod:`tenants.admin_scoping`); this middleware makes PostgreSQL hold them to the same
+(:mod:`tenants.rls`): a superuser's request runs in :func:`~tenants.scoping.system_scope`, a
+staff user's in :func:`~tenants.scoping.tenants_scope` of the tenants they own or administer,
+anyone else's in no scope (no tenant-owned row). Requests outside the console pass through:
+API views and consumers set their own tenant scope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.http import HttpRequest
+from django.urls import reverse
+
+from tenants.scoping import system_scope, tenants_scope
+from tenants.selectors import admin_tenant_ids
+
+
+def console_scope(user: Any) -> contextlib.AbstractContextManager[None]:
+    """The scope of a console request by ``user`` (runs a query for a staff user)."""
+    if not (user.is_authenticated and user.is_active and user.is_staff):
+        return contextlib.nullcontext()
+    if user.is_superuser:
+        return system_scope()
+    return tenants_scope(admin_tenant_ids(user=user))
+
+
+class ConsoleScopeMiddleware:
+    """Runs each console request in :func:`console_scope` of its user (after
+    ``AuthenticationMiddleware``)."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
+        self._prefix: str | None = None
+
+    def _is_console(self, request: HttpRequest) -> bool:
+        if self._prefix is None:
+            self._prefix = reverse("admin:index")
+        return request.path.startswith(self._prefix)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.async_mode:
+            return self.__acall__(request)
+        if not self._is_console(request):
+            return self.get_response(request)
+        with console_scope(request.user):
+            return self.get_response(request)
+
+    async def __acall__(self, request: HttpRequest) -> Any:
+        if not self._is_console(request):
+            return await self.get_response(request)
+        user = await request.auser()
+        scope = await sync_to_async(console_scope)(user)
+        with scope:
+            return await self.get_response(request)

@@ -1,0 +1,225 @@
+"""PostgreSQL row-level security: the database's own check of the tenant scope (DESIGN §3).
+
+:mod:`tenants.scoping` filters the ORM's querysets by the tenant in context. This module makes
+PostgreSQL apply the same context to every statement, so a query that escapes that filter (a
+forward relation through the base manager, ``prefetch_related``, raw SQL, a forgotten
+``all_tenants``) still sees only the tenant's rows, and cannot write another tenant's.
+
+How:
+
+- **A role without privileges of its own.** Connections log in as the configured database
+  user (a superuser in development and CI), which PostgreSQL never holds to row-level
+  security. So every statement of the application runs as :func:`app_role`
+  (``DATABASE_APP_ROLE``, default ``agent_platform_app``): ``NOLOGIN NOSUPERUSER
+  NOBYPASSRLS``, with ``SELECT, INSERT, UPDATE, DELETE`` on the tables and use of the
+  sequences, and nothing else. It does not own the tables, so their policies apply to it.
+- **One policy per tenant-owned table** (every concrete :class:`~tenants.scoping.
+  TenantOwnedModel`), ``tenant_isolation``, for reads and writes alike: a row is visible,
+  and may be written, when its ``tenant_id`` is one of ``app.tenant_ids`` or when
+  ``app.all_tenants`` is ``on``. Outside any scope both are empty: no row (fails closed).
+- **The two settings follow the scope of the code that runs the statement.**
+  :func:`sync` runs before each statement on a Django connection (the project's database
+  backend, ``agent_platform.postgresql``, calls it when a cursor is made) and
+  :func:`async_sync` when the run host's pool lends a connection. Each remembers what it set
+  on the connection, so a statement costs an extra round trip only when the scope changed
+  since that connection's last one: one ``SELECT set_config(…)`` that sets the role and
+  both settings. A rollback undoes a ``set_config`` made in its transaction, so the backend
+  forgets what it set whenever it rolls back.
+- **Migrations run as the login user** (:func:`owner_mode`, entered by this project's
+  ``migrate`` and ``flush`` commands): the tables stay owned by it, and DDL needs it. After
+  ``migrate``, :func:`apply` makes sure the role, its grants and the policies exist
+  (idempotent; run by the ``post_migrate`` signal).
+
+Why not Django 5.2's ``OPTIONS["assume_role"]``: it sets the role once per connection, for
+every command, so ``migrate`` and the test runner's database creation would run as a role that
+may not create tables, or exist yet. Here the role is one more value :func:`sync` keeps right.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any, Iterator
+
+from django.conf import settings
+from psycopg import sql
+
+from tenants.context import ALL_TENANTS, current_scope
+
+logger = logging.getLogger(__name__)
+
+POLICY_NAME = "tenant_isolation"
+SCOPE_SQL = (
+    "SELECT set_config('role', %s, false), set_config('app.tenant_ids', %s, false), "
+    "set_config('app.all_tenants', %s, false)"
+)
+"""Sets the role and the scope of a connection in one statement (``set_config('role', …)`` is
+``SET ROLE``; ``none`` is the login user)."""
+POLICY_EXPRESSION = (
+    "current_setting('app.all_tenants', true) = 'on' OR "
+    "tenant_id = ANY (coalesce(nullif(current_setting('app.tenant_ids', true), ''), '{}')::bigint[])"
+)
+"""True for the rows the connection's scope may see and write. ``current_setting(…, true)`` is
+NULL for a setting never made on the connection: no row."""
+
+_STATE_ATTRIBUTE = "_agent_platform_rls"
+_owner = threading.local()
+
+
+def app_role() -> str:
+    """The role the application's statements run as (``DATABASE_APP_ROLE``)."""
+    return settings.DATABASE_APP_ROLE
+
+
+def _owner_mode_active() -> bool:
+    return getattr(_owner, "depth", 0) > 0
+
+
+def wanted_state() -> tuple[str, str, str]:
+    """``(role, app.tenant_ids, app.all_tenants)`` for a statement run now, in this context.
+
+    The role is ``none`` (the login user) inside :func:`owner_mode`, else :func:`app_role`.
+    The tenant ids are a PostgreSQL array literal (``{3}``, ``{3,5}``) or empty.
+    """
+    role = "none" if _owner_mode_active() else app_role()
+    scope = current_scope()
+    if scope is ALL_TENANTS:
+        return role, "", "on"
+    if isinstance(scope, int):
+        return role, "{%d}" % scope, "off"
+    if isinstance(scope, frozenset):
+        return role, "{" + ",".join(str(i) for i in sorted(scope)) + "}", "off"
+    return role, "", "off"
+
+
+def sync(connection: Any) -> None:
+    """Bring a (sync) psycopg connection's role and scope in line with :func:`wanted_state`.
+
+    Raises:
+        psycopg.Error: the statement failed (the role does not exist: run ``migrate``).
+    """
+    wanted = wanted_state()
+    if getattr(connection, _STATE_ATTRIBUTE, None) != wanted:
+        connection.execute(SCOPE_SQL, wanted)
+        setattr(connection, _STATE_ATTRIBUTE, wanted)
+
+
+async def async_sync(connection: Any) -> None:
+    """:func:`sync` for an :class:`psycopg.AsyncConnection` (the run host's pool)."""
+    wanted = wanted_state()
+    if getattr(connection, _STATE_ATTRIBUTE, None) != wanted:
+        await connection.execute(SCOPE_SQL, wanted)
+        setattr(connection, _STATE_ATTRIBUTE, wanted)
+
+
+def forget(connection: Any) -> None:
+    """Forget what :func:`sync` set on ``connection`` (a rollback may have undone it); the
+    next statement sets it again."""
+    if connection is not None:
+        with contextlib.suppress(AttributeError):
+            delattr(connection, _STATE_ATTRIBUTE)
+
+
+@contextlib.contextmanager
+def owner_mode() -> Iterator[None]:
+    """Run this thread's statements in the body as the login user, not :func:`app_role`: for
+    ``migrate`` and ``flush``, whose DDL and ``TRUNCATE`` the role may not run. Nestable. A
+    connection used here is set back to the role by its next statement outside (:func:`sync`
+    compares), wherever the pool lends it."""
+    _owner.depth = getattr(_owner, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _owner.depth -= 1
+
+
+def tenant_tables() -> list[str]:
+    """Table names of every concrete tenant-owned model."""
+    from django.apps import apps
+
+    from tenants.scoping import TenantOwnedModel
+
+    return sorted(
+        {
+            model._meta.db_table
+            for model in apps.get_models()
+            if issubclass(model, TenantOwnedModel) and not model._meta.proxy and model._meta.managed
+        }
+    )
+
+
+def apply(connection: Any) -> list[str]:
+    """Make sure the role, its grants and every tenant-owned table's policy exist.
+
+    Idempotent and cheap when nothing is missing (one catalogue query). Runs as the login user
+    (call it in :func:`owner_mode`), which must be allowed to create the role the first time
+    (a superuser, or ``CREATEROLE``), or the role must exist already.
+
+    Args:
+        connection: a Django database connection (``django.db.connection``).
+
+    Returns:
+        The tables whose policy was created now.
+    """
+    role = app_role()
+    tables = tenant_tables()
+    with connection.cursor() as cursor:
+        state: dict[str, tuple[bool, bool, bool]] = {}
+        if _role_exists(cursor, role):
+            cursor.execute(
+                "SELECT c.relname, c.relrowsecurity, EXISTS (SELECT 1 FROM pg_policies p "
+                "  WHERE p.schemaname = n.nspname AND p.tablename = c.relname AND p.policyname = %s), "
+                "  has_table_privilege(%s, c.oid, 'DELETE') "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND c.relname = ANY(%s)",
+                [POLICY_NAME, role, tables],
+            )
+            state = {name: (rls_on, has_policy, granted) for name, rls_on, has_policy, granted in cursor.fetchall()}
+            if len(state) == len(tables) and all(all(flags) for flags in state.values()):
+                return []
+        _ensure_role(cursor, role)
+
+        def run(statement: sql.Composable) -> None:
+            cursor.execute(statement.as_string(connection.connection))
+
+        schema = sql.Identifier(_current_schema(cursor))
+        role_id = sql.Identifier(role)
+        run(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema, role_id))
+        run(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(schema, role_id))
+        run(sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(schema, role_id))
+        created = []
+        for table in tables:
+            rls_on, has_policy, _ = state.get(table, (False, False, False))
+            table_id = sql.Identifier(table)
+            if not rls_on:
+                run(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(table_id))
+            if not has_policy:
+                run(sql.SQL("CREATE POLICY {} ON {} USING ({}) WITH CHECK ({})").format(
+                    sql.Identifier(POLICY_NAME), table_id, sql.SQL(POLICY_EXPRESSION), sql.SQL(POLICY_EXPRESSION)))
+                created.append(table)
+    if created:
+        logger.info("row-level security policies created on %s", ", ".join(created))
+    return created
+
+
+def _role_exists(cursor: Any, role: str) -> bool:
+    cursor.execute("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s)", [role])
+    return bool(cursor.fetchone()[0])
+
+
+def _current_schema(cursor: Any) -> str:
+    cursor.execute("SELECT current_schema()")
+    return cursor.fetchone()[0]
+
+
+def _ensure_role(cursor: Any, role: str) -> None:
+    """Create the role if missing, and let the login user switch to it."""
+    if not _role_exists(cursor, role):
+        cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN NOSUPERUSER NOBYPASSRLS").format(
+            sql.Identifier(role)).as_string(cursor.connection))
+    cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+    if not cursor.fetchone()[0]:
+        cursor.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')", [role])
+        if not cursor.fetchone()[0]:
+            cursor.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(role)).as_string(cursor.connection))
