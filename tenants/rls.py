@@ -152,7 +152,8 @@ def tenant_tables() -> list[str]:
 def apply(connection: Any) -> list[str]:
     """Make sure the role, its grants and every tenant-owned table's policy exist.
 
-    Idempotent and cheap when nothing is missing (one catalogue query). Runs as the login user
+    Idempotent and cheap when nothing is missing (two catalogue queries). Every table and
+    sequence of the schema is granted, not only the tenant-owned ones. Runs as the login user
     (call it in :func:`owner_mode`), which must be allowed to create the role the first time
     (a superuser, or ``CREATEROLE``), or the role must exist already.
 
@@ -176,7 +177,14 @@ def apply(connection: Any) -> list[str]:
                 [POLICY_NAME, role, tables],
             )
             state = {name: (rls_on, has_policy, granted) for name, rls_on, has_policy, granted in cursor.fetchall()}
-            if len(state) == len(tables) and all(all(flags) for flags in state.values()):
+            cursor.execute(
+                "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = current_schema() AND ((c.relkind = 'r' AND NOT has_table_privilege(%s, c.oid, 'DELETE')) "
+                "  OR (c.relkind = 'S' AND NOT has_sequence_privilege(%s, c.oid, 'UPDATE')))",
+                [role, role],
+            )
+            ungranted = cursor.fetchone()[0]
+            if not ungranted and len(state) == len(tables) and all(all(flags) for flags in state.values()):
                 return []
         _ensure_role(cursor, role)
 

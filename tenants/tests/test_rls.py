@@ -220,3 +220,29 @@ def test_the_console_sees_the_rows_of_its_users_tenants(world, other_world, clie
     with outside_scope():
         page = client.get("/admin/agents/agentinstance/").content.decode()
     assert mine.name in page and theirs.name in page
+
+
+def test_migrate_grants_a_new_table_to_the_role():
+    from django.core.management import call_command
+
+    with rls.owner_mode(), connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE rls_probe_plain (id int)")
+    try:
+        call_command("migrate", verbosity=0)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM rls_probe_plain")  # the role may read it
+            assert cursor.fetchone()[0] == 0
+    finally:
+        with rls.owner_mode(), connection.cursor() as cursor:
+            cursor.execute("DROP TABLE rls_probe_plain")
+
+
+def test_migrate_puts_back_a_missing_policy():
+    from django.core.management import call_command
+
+    table = AgentInstance._meta.db_table
+    with rls.owner_mode(), connection.cursor() as cursor:
+        cursor.execute(f'ALTER TABLE "{table}" DISABLE ROW LEVEL SECURITY')
+        cursor.execute(f'DROP POLICY "{rls.POLICY_NAME}" ON "{table}"')
+    call_command("migrate", verbosity=0)
+    test_every_tenant_owned_table_has_the_policy()
