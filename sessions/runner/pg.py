@@ -67,8 +67,9 @@ class LoopPool:
 
     :meth:`connection` lends one: an idle one, else a new one (opened by the caller's task),
     else it waits up to ``timeout_seconds`` for one to be given back. A lent connection runs
-    as the application role in the caller's tenant scope (:func:`tenants.rls.async_sync`: a
-    round trip only when the scope differs from the connection's last one). A connection given back
+    as the application role in the caller's tenant scope as it is when the connection is lent
+    (:func:`tenants.rls.async_sync`: a round trip only when the scope differs from the
+    connection's last one); a scope entered inside the ``async with`` does not reach it. A connection given back
     in any state but idle outside a transaction (broken, closed, a statement cut off by a
     cancel) is closed instead of kept.
     """
