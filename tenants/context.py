@@ -27,6 +27,7 @@ ALL_TENANTS = _AllTenants()
 Scope = int | frozenset[int] | _AllTenants | None
 _current_scope: ContextVar[Scope] = ContextVar("current_tenant_scope", default=None)
 
+
 class TenantScopeError(RuntimeError):
     """A tenant-owned table was queried with no tenant in context."""
 
