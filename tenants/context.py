@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from contextvars import ContextVar, Token
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,9 +48,7 @@ def current_scope() -> Scope:
 def enter_tenant(tenant_id: int) -> Token[Scope]:
     """Make ``tenant_id`` the current tenant until :func:`reset_scope` (for entry points whose
     start and end are two calls, such as a DRF view's ``initial``/``finalize_response``)."""
-    if not isinstance(tenant_id, int) or isinstance(tenant_id, bool):
-        raise TypeError(f"tenant_id must be an int, got {tenant_id!r}")
-    return _current_scope.set(tenant_id)
+    return _current_scope.set(_checked(tenant_id))
 
 
 def reset_scope(token: Token[Scope]) -> None:
@@ -70,54 +68,57 @@ def require_tenant_id() -> int:
     return tenant_id
 
 
+def _checked(tenant_id: int) -> int:
+    if not isinstance(tenant_id, int) or isinstance(tenant_id, bool):
+        raise TypeError(f"tenant_id must be an int, got {tenant_id!r}")
+    return tenant_id
+
+
 @contextlib.contextmanager
-def tenant_scope(tenant_id: int) -> Iterator[None]:
-    """Run the body with ``tenant_id`` as the current tenant (nestable; restored on exit)."""
-    token = enter_tenant(tenant_id)
+def _scoped(scope: Scope) -> Iterator[None]:
+    token = _current_scope.set(scope)
     try:
         yield
     finally:
         _current_scope.reset(token)
 
 
-@contextlib.contextmanager
-def system_scope() -> Iterator[None]:
+def tenant_scope(tenant_id: int) -> contextlib.AbstractContextManager[None]:
+    """Run the body with ``tenant_id`` as the current tenant (nestable; restored on exit).
+
+    Raises:
+        TypeError: ``tenant_id`` is not an int.
+    """
+    return _scoped(_checked(tenant_id))
+
+
+def system_scope() -> contextlib.AbstractContextManager[None]:
     """Run the body with every tenant's rows visible to the database (row-level security
     off for it; the scoped managers still raise: use ``all_tenants``). For code that works
     across tenants by design: the sweeper, a superuser's console, management commands, and
     the lookups that decide a request's tenant (a token, a membership, a run id). Querysets
     are lazy: evaluate them inside the block. A :func:`tenant_scope` inside narrows again."""
-    token = _current_scope.set(ALL_TENANTS)
-    try:
-        yield
-    finally:
-        _current_scope.reset(token)
+    return _scoped(ALL_TENANTS)
 
 
-@contextlib.contextmanager
-def outside_scope() -> Iterator[None]:
+def outside_scope() -> contextlib.AbstractContextManager[None]:
     """Run the body in no scope at all (the scoped managers raise; the database shows no
     tenant-owned row), whatever the caller's: for tests of what code does unscoped."""
-    token = _current_scope.set(None)
-    try:
-        yield
-    finally:
-        _current_scope.reset(token)
+    return _scoped(None)
 
 
-@contextlib.contextmanager
-def tenants_scope(tenant_ids: Iterator[int] | list[int] | frozenset[int]) -> Iterator[None]:
+def tenants_scope(tenant_ids: Iterable[int]) -> contextlib.AbstractContextManager[None]:
     """Run the body with the rows of ``tenant_ids`` visible to the database (the console of
     a user who administers several tenants; an empty set shows nothing). The scoped managers
-    raise here, as outside any scope."""
+    raise here, as outside any scope.
+
+    Raises:
+        TypeError: an id is not an int.
+    """
     ids = frozenset(tenant_ids)
     if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
         raise TypeError(f"tenant ids must be ints, got {sorted(ids, key=repr)!r}")
-    token = _current_scope.set(ids)
-    try:
-        yield
-    finally:
-        _current_scope.reset(token)
+    return _scoped(ids)
 
 
 def with_tenant_scope(func: F) -> F:
