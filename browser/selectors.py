@@ -19,7 +19,7 @@ def browser_device_authenticate(*, raw: str) -> BrowserDevice | None:
     # tenant-bypass: the token decides the tenant.
     with system_scope():
         device = (
-            BrowserDevice.all_tenants.select_related("user")
+            BrowserDevice.all_tenants.select_related("user", "tenant")
             .filter(token_hash=sha256_hex(raw), revoked_at__isnull=True)
             .first()
         )

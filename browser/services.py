@@ -117,7 +117,7 @@ def browser_pairing_claim(*, pairing_id: int, poll_secret: str) -> ClaimResult:
     raw = DEVICE_TOKEN_PREFIX + secrets.token_urlsafe(32)
     with tenant_scope(pairing.tenant_id):  # the approved pairing decides the tenant
         device = BrowserDevice.objects.create(
-            tenant_id=pairing.tenant_id, user_id=pairing.user_id, name=pairing.name or "Chrome",
+            tenant=pairing.tenant, user_id=pairing.user_id, name=pairing.name or "Chrome",  # the answer names the tenant
             token_prefix=raw[:10], token_hash=sha256_hex(raw),
         )
     pairing.device = device

@@ -14,9 +14,10 @@ How:
   NOBYPASSRLS``, with ``SELECT, INSERT, UPDATE, DELETE`` on the tables and use of the
   sequences, and nothing else. It does not own the tables, so their policies apply to it.
 - **One policy per tenant-owned table** (every concrete :class:`~tenants.scoping.
-  TenantOwnedModel`), ``tenant_isolation``, for reads and writes alike: a row is visible,
-  and may be written, when its ``tenant_id`` is one of ``app.tenant_ids`` or when
-  ``app.all_tenants`` is ``on``. Outside any scope both are empty: no row (fails closed).
+  TenantOwnedModel`, and the tenants table itself by its ``id``), ``tenant_isolation``, for
+  reads and writes alike: a row is visible, and may be written, when its ``tenant_id`` is one
+  of ``app.tenant_ids`` or when ``app.all_tenants`` is ``on``. Outside any scope both are
+  empty: no row (fails closed).
 - **The two settings follow the scope of the code that runs the statement.**
   :func:`sync` runs before each statement on a Django connection (the project's database
   backend, ``agent_platform.postgresql``, calls it when a cursor is made) and
@@ -56,12 +57,16 @@ SCOPE_SQL = (
 )
 """Sets the role and the scope of a connection in one statement (``set_config('role', …)`` is
 ``SET ROLE``; ``none`` is the login user)."""
-POLICY_EXPRESSION = (
-    "current_setting('app.all_tenants', true) = 'on' OR "
-    "tenant_id = ANY (coalesce(nullif(current_setting('app.tenant_ids', true), ''), '{}')::bigint[])"
-)
-"""True for the rows the connection's scope may see and write. ``current_setting(…, true)`` is
-NULL for a setting never made on the connection: no row."""
+
+
+def policy_expression(column: str = "tenant_id") -> str:
+    """True for the rows the connection's scope may see and write, by their tenant ``column``.
+    ``current_setting(…, true)`` is NULL for a setting never made on the connection: no row."""
+    return (
+        "current_setting('app.all_tenants', true) = 'on' OR "
+        f"{column} = ANY (coalesce(nullif(current_setting('app.tenant_ids', true), ''), '{{}}')::bigint[])"
+    )
+
 
 _STATE_ATTRIBUTE = "_agent_platform_rls"
 _owner = threading.local()
@@ -134,23 +139,26 @@ def owner_mode() -> Iterator[None]:
         _owner.depth -= 1
 
 
-def tenant_tables() -> list[str]:
-    """Table names of every concrete tenant-owned model."""
+def protected_tables() -> dict[str, str]:
+    """``{table: tenant column}`` of every table the policy protects: each concrete
+    tenant-owned model's (``tenant_id``) and the tenants' own (``id``)."""
     from django.apps import apps
 
+    from tenants.models import Tenant
     from tenants.scoping import TenantOwnedModel
 
-    return sorted(
-        {
-            model._meta.db_table
-            for model in apps.get_models()
-            if issubclass(model, TenantOwnedModel) and not model._meta.proxy and model._meta.managed
-        }
-    )
+    tables = {
+        model._meta.db_table: "tenant_id"
+        for model in apps.get_models()
+        if issubclass(model, TenantOwnedModel) and not model._meta.proxy and model._meta.managed
+    }
+    tables[Tenant._meta.db_table] = "id"
+    return dict(sorted(tables.items()))
 
 
 def apply(connection: Any) -> list[str]:
-    """Make sure the role, its grants and every tenant-owned table's policy exist.
+    """Make sure the role, its grants and every protected table's policy exist
+    (:func:`protected_tables`).
 
     Idempotent and cheap when nothing is missing (two catalogue queries). Every table and
     sequence of the schema is granted, not only the tenant-owned ones. Runs as the login user
@@ -164,7 +172,7 @@ def apply(connection: Any) -> list[str]:
         The tables whose policy was created now.
     """
     role = app_role()
-    tables = tenant_tables()
+    tables = protected_tables()
     with connection.cursor() as cursor:
         state: dict[str, tuple[bool, bool, bool]] = {}
         if _role_exists(cursor, role):
@@ -174,7 +182,7 @@ def apply(connection: Any) -> list[str]:
                 "  has_table_privilege(%s, c.oid, 'DELETE') "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND c.relname = ANY(%s)",
-                [POLICY_NAME, role, tables],
+                [POLICY_NAME, role, list(tables)],
             )
             state = {name: (rls_on, has_policy, granted) for name, rls_on, has_policy, granted in cursor.fetchall()}
             cursor.execute(
@@ -197,14 +205,15 @@ def apply(connection: Any) -> list[str]:
         run(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(schema, role_id))
         run(sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(schema, role_id))
         created = []
-        for table in tables:
+        for table, column in tables.items():
             rls_on, has_policy, _ = state.get(table, (False, False, False))
             table_id = sql.Identifier(table)
             if not rls_on:
                 run(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(table_id))
             if not has_policy:
+                expression = sql.SQL(policy_expression(column))
                 run(sql.SQL("CREATE POLICY {} ON {} USING ({}) WITH CHECK ({})").format(
-                    sql.Identifier(POLICY_NAME), table_id, sql.SQL(POLICY_EXPRESSION), sql.SQL(POLICY_EXPRESSION)))
+                    sql.Identifier(POLICY_NAME), table_id, expression, expression))
                 created.append(table)
     if created:
         logger.info("row-level security policies created on %s", ", ".join(created))

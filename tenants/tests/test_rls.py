@@ -31,8 +31,11 @@ def _agents(world, other_world):
 def test_every_tenant_owned_table_has_the_policy():
     from django.apps import apps
 
+    from tenants.models import Tenant
+
     tables = {m._meta.db_table for m in apps.get_models() if issubclass(m, TenantOwnedModel)}
     assert len(tables) >= 20
+    tables.add(Tenant._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -77,8 +80,11 @@ def test_raw_sql_sees_only_the_tenant_in_scope(world, other_world):
 
 
 def test_outside_any_scope_no_tenant_owned_row_is_visible(world, other_world):
+    from tenants.models import Tenant
+
     _agents(world, other_world)
     with outside_scope():
+        assert Tenant.objects.count() == 0
         assert AgentInstance.all_tenants.count() == 0
         assert _count_raw(AgentInstance._meta.db_table) == 0
         with tenants_scope([]):
@@ -88,11 +94,17 @@ def test_outside_any_scope_no_tenant_owned_row_is_visible(world, other_world):
 def test_the_orms_unfiltered_paths_are_held_too(world, other_world):
     """Forward relations (the base manager) and ``all_tenants`` are not filtered by the scoped
     managers; the database filters them."""
+    from tenants.models import Tenant
+
     mine, theirs = _agents(world, other_world)
+    theirs = AgentInstance.all_tenants.get(pk=theirs.pk)  # no tenant cached on it
     session = ChatSession.all_tenants.create(tenant=other_world.tenant, agent=theirs, user=other_world.member)
     run = Run.all_tenants.create(tenant=other_world.tenant, session=session, user=other_world.member, input="x")
     with tenant_scope(world.tenant.pk):
         assert list(AgentInstance.all_tenants.all()) == [mine]
+        assert [t.pk for t in Tenant.objects.all()] == [world.tenant.pk]
+        with pytest.raises(Tenant.DoesNotExist):
+            theirs.tenant  # noqa: B018  (a forward relation to the other tenant's row)
         run_seen_elsewhere = Run.all_tenants.filter(pk=run.pk).first()
         assert run_seen_elsewhere is None
         with pytest.raises(ChatSession.DoesNotExist):

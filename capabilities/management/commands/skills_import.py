@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from capabilities.skills.services import skills_import_folder
 from tenants.models import Tenant
-from tenants.scoping import tenant_scope
+from tenants.scoping import system_scope, tenant_scope
 
 
 class Command(BaseCommand):
@@ -19,7 +19,8 @@ class Command(BaseCommand):
         parser.add_argument("folder", help="A folder of skill folders, each with a SKILL.md.")
 
     def handle(self, *args, tenant: str, folder: str, **options):
-        tenant_row = Tenant.objects.filter(slug=tenant).first()
+        with system_scope():  # the slug decides the tenant
+            tenant_row = Tenant.objects.filter(slug=tenant).first()
         if tenant_row is None:
             raise CommandError(f"No tenant with slug {tenant!r}.")
         with tenant_scope(tenant_row.pk):
