@@ -174,17 +174,17 @@ def apply(connection: Any) -> list[str]:
     role = app_role()
     tables = protected_tables()
     with connection.cursor() as cursor:
-        state: dict[str, tuple[bool, bool, bool]] = {}
-        if _role_exists(cursor, role):
+        state: dict[str, tuple[bool, bool]] = {}
+        role_exists = _role_exists(cursor, role)
+        if role_exists:
             cursor.execute(
                 "SELECT c.relname, c.relrowsecurity, EXISTS (SELECT 1 FROM pg_policies p "
-                "  WHERE p.schemaname = n.nspname AND p.tablename = c.relname AND p.policyname = %s), "
-                "  has_table_privilege(%s, c.oid, 'DELETE') "
+                "  WHERE p.schemaname = n.nspname AND p.tablename = c.relname AND p.policyname = %s) "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND c.relname = ANY(%s)",
-                [POLICY_NAME, role, list(tables)],
+                [POLICY_NAME, list(tables)],
             )
-            state = {name: (rls_on, has_policy, granted) for name, rls_on, has_policy, granted in cursor.fetchall()}
+            state = {name: (rls_on, has_policy) for name, rls_on, has_policy in cursor.fetchall()}
             cursor.execute(
                 "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = current_schema() AND ((c.relkind = 'r' AND NOT has_table_privilege(%s, c.oid, 'DELETE')) "
@@ -194,7 +194,7 @@ def apply(connection: Any) -> list[str]:
             ungranted = cursor.fetchone()[0]
             if not ungranted and len(state) == len(tables) and all(all(flags) for flags in state.values()):
                 return []
-        _ensure_role(cursor, role)
+        _ensure_role(cursor, role, exists=role_exists)
 
         def run(statement: sql.Composable) -> None:
             cursor.execute(statement.as_string(connection.connection))
@@ -206,7 +206,7 @@ def apply(connection: Any) -> list[str]:
         run(sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(schema, role_id))
         created = []
         for table, column in tables.items():
-            rls_on, has_policy, _ = state.get(table, (False, False, False))
+            rls_on, has_policy = state.get(table, (False, False))
             table_id = sql.Identifier(table)
             if not rls_on:
                 run(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(table_id))
@@ -230,9 +230,9 @@ def _current_schema(cursor: Any) -> str:
     return cursor.fetchone()[0]
 
 
-def _ensure_role(cursor: Any, role: str) -> None:
-    """Create the role if missing, and let the login user switch to it."""
-    if not _role_exists(cursor, role):
+def _ensure_role(cursor: Any, role: str, *, exists: bool) -> None:
+    """Create the role unless it ``exists``, and let the login user switch to it."""
+    if not exists:
         cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN NOSUPERUSER NOBYPASSRLS").format(
             sql.Identifier(role)).as_string(cursor.connection))
     cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
