@@ -64,7 +64,7 @@ from sessions.runner.spec import (
     RunSpec,
     SkillBindingSpec,
 )
-from sessions.runner.pg import pg_connection
+from sessions.runner.pg import pg_connection, pipelined_transaction
 from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 from tenants.scoping import require_tenant_id, system_scope
@@ -1070,22 +1070,34 @@ def run_finish(
     return RunFinished(to_start=out, steered=steered)
 
 
-async def run_finish_alone(*, run_id: int, status: str, reply: str = "", error: str = "", reason: str = "") -> RunFinished:
+async def run_finish_alone(
+    *, run_id: int, session_id: int, subrun: bool, status: str, reply: str = "", error: str = "", reason: str = "",
+) -> RunFinished:
     """:func:`run_finish` for a run that nothing was steered into and that started no sub-run
     (the runner knows: the first attempt of a run of an agent not in steer mode and without
-    skills), on the loop's async connection: the same statements, one transaction, no thread.
-    Only if the tenant has queued runs does it ask a thread which of them may start now."""
+    skills), on the loop's async connection: the same statements in one transaction, sent
+    together in one round trip (:func:`~sessions.runner.pg.pipelined_transaction`), no thread. ``session_id`` and
+    ``subrun`` (whether it is a skill's sub-run) come from the run's spec, so that no
+    statement waits for another's result. Only if the tenant has queued runs does it ask a
+    thread which of them may start now.
+
+    Raises:
+        Run.DoesNotExist: no such run in the current tenant (nothing changed then).
+    """
     params = _run_end_params(run_id=run_id, status=status, reply=reply, error=error, reason=reason)
-    async with pg_connection() as conn, conn.transaction():
-        cursor = await conn.execute(_RUN_END_SQL, params)
-        params["session_id"], parent_tool_call_id = _run_ended(run_id, await cursor.fetchone())
-        await conn.execute(_SESSION_LOCK_SQL, params)
-        await conn.execute(_RUN_END_CALLS_SQL, params)
-        await conn.execute(_RUN_END_APPROVALS_SQL, params)
-        if parent_tool_call_id is not None:
+    params["session_id"] = session_id
+    async with pg_connection() as conn:
+        async with pipelined_transaction(conn):
+            ended = await conn.execute(_RUN_END_SQL, params)
+            await conn.execute(_SESSION_LOCK_SQL, params)
+            await conn.execute(_RUN_END_CALLS_SQL, params)
+            await conn.execute(_RUN_END_APPROVALS_SQL, params)
+            following = None if subrun else await conn.execute(_RUN_END_NEXT_SQL, params)
+        # Committed, unless the run is not there: then every statement changed nothing.
+        _run_ended(run_id, await ended.fetchone())
+        if following is None:  # a sub-run starts nothing: its parent still holds the session
             return RunFinished(to_start=[], steered=[])
-        cursor = await conn.execute(_RUN_END_NEXT_SQL, params)
-        next_id, tenant_has_queued = await cursor.fetchone()
+        next_id, tenant_has_queued = await following.fetchone()
     out = [] if next_id is None else [next_id]
     if tenant_has_queued:
         waiting = await db(tenant_waiting_run_ids)(params["tenant_id"], known_queued=True)

@@ -31,7 +31,7 @@ from sessions.runner.compaction import BUDGET_RATIO, MAX_ATTEMPTS_PER_TURN, comp
 from sessions.runner.spec import RunSpec
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
 from sessions.runner.toolset import CapabilityUnavailable, Toolset, toolset_open
-from tenants.scoping import tenant_scope
+from tenants.scoping import current_tenant_id, tenant_scope
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +50,20 @@ class Outcome:
     reason: str = ""
 
 
-async def execute_run(run_id: int) -> None:
+async def execute_run(run_id: int, *, tenant_id: int | None = None) -> None:
     """Execute or resume run ``run_id`` to its end. Never raises for a run's own failure.
 
     Ends with the run ``completed``, ``failed`` (with ``reason``) or ``cancelled`` (a cancel
     was requested through :mod:`sessions.runner.cancellation`), and its event published.
+
+    ``tenant_id``: the run's tenant, if the task's sender knew it; else it is looked up. A
+    wrong one finds no run (the claim reads the run in that tenant only), and nothing happens.
     """
-    tenant_id = await _db.run_tenant_id(run_id)
     if tenant_id is None:
-        logger.warning("run %s does not exist", run_id)
-        return
+        tenant_id = await _db.run_tenant_id(run_id)
+        if tenant_id is None:
+            logger.warning("run %s does not exist", run_id)
+            return
     with tenant_scope(tenant_id):
         try:
             spec = await _db.db(_db.run_claim)(run_id)
@@ -136,7 +140,9 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
     ended = {"run_id": run_id, "status": outcome.status, "reply": outcome.reply, "error": outcome.error,
              "reason": outcome.reason}
     if spec is not None and spec.attempt == 1 and not spec.steer and not spec.skill_bindings:
-        finished = await _db.run_finish_alone(**ended)  # nothing steered into it, no sub-runs
+        finished = await _db.run_finish_alone(  # nothing steered into it, no sub-runs
+            **ended, session_id=spec.session_id, subrun=spec.depth > 0,
+        )
     else:
         finished = await _db.db(_db.run_finish)(**ended)
     for target in (run_id, *finished.steered):
@@ -162,7 +168,7 @@ async def _start_runs(run_ids: list[int]) -> None:
     from sessions.tasks import run_enqueue
 
     for next_run_id in run_ids:
-        await sync_to_async(run_enqueue)(next_run_id)
+        await sync_to_async(run_enqueue)(next_run_id, current_tenant_id())  # runs of this run's tenant
 
 
 CANCELLED_OUTCOME = Outcome(RunStatus.CANCELLED, error=CANCEL_ERROR)

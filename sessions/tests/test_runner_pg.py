@@ -9,8 +9,11 @@ import time
 
 import pytest
 from django.db import connection
+from psycopg.pq import TransactionStatus
 
-from sessions.runner.pg import APPLICATION_NAME, PoolClosed, PoolTimeout, pg_connection, pg_pool, pg_pool_aclose
+from sessions.runner.pg import (
+    APPLICATION_NAME, PoolClosed, PoolTimeout, pg_connection, pg_pool, pg_pool_aclose, pipelined_transaction,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,6 +81,44 @@ async def test_a_failed_statement_rolls_back_its_transaction_and_the_connection_
         assert conn is failed_on
         cursor = await conn.execute("SELECT to_regclass('pg_temp.t') IS NULL")
         assert (await cursor.fetchone())[0], "the table's creation was rolled back"
+    await pg_pool_aclose()
+
+
+async def test_a_pipelined_transaction_commits_its_statements_and_their_results_are_read_after_it(settings) -> None:
+    settings.RUN_HOST_PG_CONNECTIONS = 1
+    async with pg_connection() as conn:
+        await conn.execute("CREATE TEMP TABLE t (n int)")
+        async with pipelined_transaction(conn):
+            first = await conn.execute("INSERT INTO t VALUES (1), (2) RETURNING n")
+            second = await conn.execute("SELECT count(*) FROM t")
+            assert conn.info.transaction_status != TransactionStatus.IDLE
+        assert conn.info.transaction_status == TransactionStatus.IDLE, "committed"
+        assert [r[0] for r in await first.fetchall()] == [1, 2]
+        assert (await second.fetchone())[0] == 2, "the second statement saw the first's rows"
+    async with pg_connection() as conn:
+        cursor = await conn.execute("SELECT count(*) FROM t")
+        assert (await cursor.fetchone())[0] == 2
+    await pg_pool_aclose()
+
+
+async def test_a_failed_statement_in_a_pipelined_transaction_rolls_it_back_and_the_connection_is_reused(
+    settings,
+) -> None:
+    import psycopg
+
+    settings.RUN_HOST_PG_CONNECTIONS = 1
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        async with pg_connection() as conn:
+            failed_on = conn
+            await conn.execute("CREATE TEMP TABLE t (n int)")
+            async with pipelined_transaction(conn):
+                await conn.execute("INSERT INTO t VALUES (1)")
+                await conn.execute("SELECT 1 / 0")
+                await conn.execute("INSERT INTO t VALUES (2)")
+    async with pg_connection() as conn:
+        assert conn is failed_on and conn.info.transaction_status == TransactionStatus.IDLE
+        cursor = await conn.execute("SELECT count(*) FROM t")
+        assert (await cursor.fetchone())[0] == 0, "neither insert was committed"
     await pg_pool_aclose()
 
 

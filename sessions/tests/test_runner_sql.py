@@ -129,12 +129,12 @@ def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fak
     assert Message.all_tenants.filter(run_id=spec.run_id).count() == 1  # the user's message only
 
 
-def _finish_on_a_thread(**ended):
+def _finish_on_a_thread(spec, **ended):
     return _db.run_finish(**ended, may_have_steered=False, may_have_subruns=False)
 
 
-def _finish_on_the_loop(**ended):
-    return asyncio.run(_db.run_finish_alone(**ended))
+def _finish_on_the_loop(spec, **ended):
+    return asyncio.run(_db.run_finish_alone(**ended, session_id=spec.session_id, subrun=False))
 
 
 @pytest.mark.parametrize("finish", [_finish_on_a_thread, _finish_on_the_loop], ids=["run_finish", "run_finish_alone"])
@@ -153,11 +153,11 @@ def test_run_finish_ends_the_run_its_open_calls_and_hands_on_the_next_queued_run
     queued = post_message_sync(agent=agent, user=world.member, content="next", session=session)
 
     with tenant_scope(other_world.tenant.pk), pytest.raises(Run.DoesNotExist):
-        finish(run_id=spec.run_id, status="failed", error="x", reason="model_error")
+        finish(spec, run_id=spec.run_id, status="failed", error="x", reason="model_error")
     assert Run.all_tenants.get(pk=spec.run_id).status == "running", "another tenant changed nothing"
 
     with tenant_scope(world.tenant.pk):
-        finished = finish(run_id=spec.run_id, status="failed", error="boom", reason="model_error")
+        finished = finish(spec, run_id=spec.run_id, status="failed", error="boom", reason="model_error")
     assert finished.to_start == [queued.pk] and finished.steered == []
     run = Run.all_tenants.get(pk=spec.run_id)
     assert (run.status, run.error, run.reason, run.heartbeat_at) == ("failed", "boom", "model_error", None)
