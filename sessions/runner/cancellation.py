@@ -27,7 +27,7 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from sessions.events import async_redis
+from sessions.events import async_redis, pipelined_command
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,10 @@ def request_cancel_sync(run_id: int) -> None:
 
 
 async def is_cancel_requested(run_id: int) -> bool:
-    """Whether a cancel of run ``run_id`` was requested (the key exists)."""
-    return bool(await async_redis().exists(cancel_key(run_id)))
+    """Whether a cancel of run ``run_id`` was requested (the key exists). Asked on the loop's
+    publishing connection (:func:`~sessions.events.pipelined_command`): every run asks once
+    at its start, and a ``redis.asyncio`` call costs the loop several times as much CPU."""
+    return bool(await pipelined_command("EXISTS", cancel_key(run_id)))
 
 
 async def watch_for_cancel(run_id: int) -> None:
