@@ -107,7 +107,7 @@ def no_enqueue(monkeypatch):
     import sessions.tests.tools_for_tests  # noqa: F401  (registers test_echo / test_sleep)
 
     calls = []
-    monkeypatch.setattr("sessions.tasks.run_enqueue", lambda run_id: calls.append(run_id))
+    monkeypatch.setattr("sessions.tasks.run_enqueue", lambda run_id, tenant_id=None: calls.append(run_id))
     return calls
 
 

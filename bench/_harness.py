@@ -41,7 +41,7 @@ from tenants.services import tenant_create  # noqa: E402
 from _stats import percentile  # noqa: E402,F401  (re-exported for the benchmarks)
 from _cpu_sampler import stat_cpu_seconds  # noqa: E402
 
-sessions.tasks.run_enqueue = lambda run_id: None  # the benchmark executes runs itself
+sessions.tasks.run_enqueue = lambda run_id, tenant_id=None: None  # the benchmark executes runs itself
 
 # A benchmark is an operator's script across its own throwaway tenants, like a management
 # command: the database shows it every tenant's rows (tenants/rls.py). The code it measures

@@ -115,10 +115,10 @@ def watch_stages() -> dict[str, list[float]]:
     return stages
 
 
-async def run_all(run_ids: list[int]) -> list[float]:
+async def run_all(run_ids: list[int], tenant_id: int) -> list[float]:
     async def one(run_id: int) -> float:
         start = time.perf_counter()
-        await execute_run(run_id)
+        await execute_run(run_id, tenant_id=tenant_id)  # as the task that message_post sends
         return time.perf_counter() - start
 
     return await asyncio.gather(*(one(r) for r in run_ids))
@@ -212,12 +212,12 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
         import pstats
 
         profiler = cProfile.Profile()
-        durations = profiler.runcall(_run_on_host_loop, run_all([r.pk for r in runs]))
+        durations = profiler.runcall(_run_on_host_loop, run_all([r.pk for r in runs], bench.tenant.pk))
         with open(profile, "w") as fh:
             pstats.Stats(profiler, stream=fh).sort_stats("tottime").print_stats(60)
             pstats.Stats(profiler, stream=fh).sort_stats("cumulative").print_stats(80)
     else:
-        durations = _run_on_host_loop(run_all([r.pk for r in runs]))
+        durations = _run_on_host_loop(run_all([r.pk for r in runs], bench.tenant.pk))
     wall = time.perf_counter() - started
     if timeline is not None:
         timeline.stop()

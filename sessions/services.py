@@ -22,6 +22,7 @@ from sessions.models import (
     RunStatus,
     ToolCall,
 )
+from tenants.scoping import current_tenant_id
 
 MAX_MESSAGE_CHARS = 100_000
 
@@ -38,10 +39,12 @@ def chat_session_create(*, user: AbstractBaseUser, agent: AgentInstance, title: 
 
 
 def run_enqueue_on_commit(*, run_id: int) -> None:
-    """Hand the run to a worker once the transaction commits."""
+    """Hand the run to a worker once the transaction commits (with the tenant in context, if
+    one: callers work in the run's tenant)."""
     from sessions.tasks import run_enqueue
 
-    transaction.on_commit(lambda: run_enqueue(run_id))
+    tenant_id = current_tenant_id()
+    transaction.on_commit(lambda: run_enqueue(run_id, tenant_id))
 
 
 @transaction.atomic

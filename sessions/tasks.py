@@ -6,20 +6,26 @@ from celery import shared_task
 
 
 @shared_task(name="sessions.run_execute", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def run_execute(run_id: int) -> None:
-    """Execute (or resume) run ``run_id`` on this worker process's event loop."""
+def run_execute(run_id: int, tenant_id: int | None = None) -> None:
+    """Execute (or resume) run ``run_id`` on this worker process's event loop; ``tenant_id``:
+    its tenant, if the sender knew it (see :func:`sessions.runner.loop.execute_run`)."""
     from sessions.runner.host import run_host
     from sessions.runner.loop import execute_run
 
-    run_host().run(execute_run(run_id))
+    run_host().run(execute_run(run_id, tenant_id=tenant_id))
 
 
-def run_enqueue(run_id: int) -> None:
+def run_enqueue(run_id: int, tenant_id: int | None = None) -> None:
     """Hand run ``run_id`` to a worker: ``run_execute`` on the queue ``RUNS_QUEUE`` (default:
-    the Celery default queue). Sending twice is harmless: the claim decides who runs it."""
+    the Celery default queue). Sending twice is harmless: the claim decides who runs it.
+
+    ``tenant_id`` (the run's tenant, when the caller works in it) spares the worker a lookup.
+    A wrong one makes the worker find no run, never another tenant's: the claim reads the run
+    in that tenant only."""
     from django.conf import settings
 
-    run_execute.apply_async((run_id,), queue=settings.RUNS_QUEUE or settings.CELERY_TASK_DEFAULT_QUEUE)
+    args = (run_id,) if tenant_id is None else (run_id, tenant_id)
+    run_execute.apply_async(args, queue=settings.RUNS_QUEUE or settings.CELERY_TASK_DEFAULT_QUEUE)
 
 
 @shared_task(name="sessions.runs_sweep", ignore_result=True)

@@ -257,3 +257,22 @@ async def test_a_shared_cooldown_skips_a_failing_entry_on_the_next_run(world, fa
     assert (await reload_run(second.pk)).reply == "fallback two"
     assert len(fake_llm.requests) == 1, "the entry in cooldown was not called again"
     assert [c[:2] for c in await llm_calls(second.pk)] == [(1, "succeeded")]
+
+
+async def test_a_run_is_enqueued_with_its_tenant_and_a_wrong_tenant_finds_no_run(
+    world, other_world, fake_llm, monkeypatch,
+):
+    """The task carries the run's tenant (one lookup less per run); a wrong one is harmless:
+    the claim reads the run in that tenant only."""
+    sent = []
+    monkeypatch.setattr("sessions.tasks.run_enqueue", lambda run_id, tenant_id=None: sent.append((run_id, tenant_id)))
+    agent = await make_agent(world, [fake_llm.base_url])
+    fake_llm.script(Reply("Hello."))
+    run = await post_message(agent=agent, user=world.member, content="Hi")
+    assert sent == [(run.pk, world.tenant.pk)]
+
+    await execute_run(run.pk, tenant_id=other_world.tenant.pk)
+    assert (await reload_run(run.pk)).status == "queued" and fake_llm.requests == []
+
+    await execute_run(run.pk, tenant_id=world.tenant.pk)
+    assert (await reload_run(run.pk)).status == "completed"
