@@ -341,49 +341,101 @@ def _select_all_sql(model: type) -> str:
     return f'SELECT {_columns_sql(tuple(f.column for f in model._meta.concrete_fields))} FROM "{model._meta.db_table}"'
 
 
-_SPEC_AGENT_SQL = f'{_select_all_sql(AgentInstance)} WHERE "id" = %s AND "tenant_id" = %s'
-_SPEC_TENANT_SQL = f'{_select_all_sql(Tenant)} WHERE "id" = %s'
-_SPEC_ENTRIES_SQL = (
-    f'{_select_all_sql(ModelRouteEntry)} WHERE "route_id" = %s AND "tenant_id" = %s ORDER BY "position", "id"'
+_SPEC_ROUTE_SQL = f'SELECT "route_id" FROM "{AgentInstance._meta.db_table}" WHERE "id" = %s AND "tenant_id" = %s'
+_SPEC_ENTRY_PROVIDERS_SQL = (
+    f'SELECT "provider_id" FROM "{ModelRouteEntry._meta.db_table}" WHERE "route_id" = ({_SPEC_ROUTE_SQL}) AND "tenant_id" = %s'
 )
-_SPEC_PROVIDERS_SQL = f'{_select_all_sql(ModelProvider)} WHERE "id" = ANY(%s) AND "tenant_id" = %s'
-_SPEC_BINDINGS_SQL = (
-    f'{_select_all_sql(CapabilityBinding)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" ORDER BY "id"'
+_SPEC_SQL = (
+    (AgentInstance, f'{_select_all_sql(AgentInstance)} WHERE "id" = %s AND "tenant_id" = %s'),
+    (Tenant, f'{_select_all_sql(Tenant)} WHERE "id" = %s'),
+    (ModelRouteEntry, (
+        f'{_select_all_sql(ModelRouteEntry)} WHERE "route_id" = ({_SPEC_ROUTE_SQL}) AND "tenant_id" = %s '
+        'ORDER BY "position", "id"'
+    )),
+    (ModelProvider, f'{_select_all_sql(ModelProvider)} WHERE "id" IN ({_SPEC_ENTRY_PROVIDERS_SQL}) AND "tenant_id" = %s'),
+    (CapabilityBinding, (
+        f'{_select_all_sql(CapabilityBinding)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" ORDER BY "id"'
+    )),
 )
+"""The five reads of :func:`_spec_rows`, each with the model its rows are; none needs another's
+result (the route and the providers are found by subqueries), so all go in one round trip."""
+
+
+def _spec_params(run: ClaimedRun) -> tuple[list[int], ...]:
+    agent, tenant = run.agent_id, run.tenant_id
+    return [agent, tenant], [tenant], [agent, tenant, tenant], [agent, tenant, tenant, tenant], [agent, tenant]
+
+
+_converters: dict[tuple[str, type], list[tuple[int, Any, list[Callable[..., Any]]]]] = {}
+
+
+def _instances(model: type, rows: list[tuple[Any, ...]]) -> list[Any]:
+    """Rows of ``_select_all_sql(model)`` as model instances, made as Django's querysets make
+    them: each column through the backend's and its field's converters (JSON text to
+    objects and the like), then ``Model.from_db``. The converters are looked up once per
+    model and database."""
+    fields = model._meta.concrete_fields
+    key = (connection.alias, model)
+    converters = _converters.get(key)
+    if converters is None:
+        converters = []
+        for i, field in enumerate(fields):
+            column = field.get_col(model._meta.db_table)
+            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            if found:
+                converters.append((i, column, found))
+        _converters[key] = converters
+    names = [f.attname for f in fields]
+    instances = []
+    for row in rows:
+        if converters:
+            row = list(row)
+            for i, column, functions in converters:
+                value = row[i]
+                for convert in functions:
+                    value = convert(value, column, connection)
+                row[i] = value
+        instances.append(model.from_db(connection.alias, names, row))
+    return instances
 
 
 def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteEntry], list[CapabilityBinding]]:
     """The agent, tenant, route entries (providers attached, in route order) and enabled
     bindings (by id) a run's configuration is built from.
 
-    Hand-written SQL through ``Model.all_tenants.raw`` (Django's own row-to-instance mapping
-    and field converters), every statement filtered by the run's tenant: the equivalent
-    querysets cost ~5 ms of CPU per run in query building, on a thread that shares the GIL
-    with the run loop (bench/README.md). Rare extras (an MCP server, a CLI command, a
+    Five hand-written statements, each filtered by the run's tenant, sent in one psycopg
+    pipeline (one round trip) on the thread's Django connection, after a Django cursor has
+    applied the tenant scope to it (:mod:`agent_platform.postgresql`); rows become instances
+    through the fields' converters and ``Model.from_db``, as the ORM's own do. On a thread
+    that shares the GIL with the run loop, the equivalent querysets cost ~5 ms of CPU per run
+    in query building (session 6), five ``RawQuerySet`` reads one after another ~0.7 ms, this
+    ~0.27 ms (session 13; bench/README.md). Rare extras (an MCP server, a CLI command, a
     skill, the route's name for an error) are read lazily by the ORM, as before.
 
     Raises:
         AgentInstance.DoesNotExist, Tenant.DoesNotExist: the run's agent or tenant is gone.
         ValueError: a route entry's provider is not in the run's tenant.
     """
-    agents = list(AgentInstance.all_tenants.raw(_SPEC_AGENT_SQL, [run.agent_id, run.tenant_id]))
+    with connection.cursor():  # opens the connection and sets its tenant scope
+        pg = connection.connection
+        with pg.pipeline():
+            cursors = []
+            for (_model, sql), params in zip(_SPEC_SQL, _spec_params(run)):
+                cursor = pg.cursor()
+                cursor.execute(sql, params)
+                cursors.append(cursor)
+            results = [_instances(model, cursor.fetchall()) for (model, _sql), cursor in zip(_SPEC_SQL, cursors)]
+    agents, tenants, entries, providers_found, bindings = results
     if not agents:
         raise AgentInstance.DoesNotExist(f"agent {run.agent_id} of tenant {run.tenant_id}")
-    tenants = list(Tenant.objects.raw(_SPEC_TENANT_SQL, [run.tenant_id]))
     if not tenants:
         raise Tenant.DoesNotExist(f"tenant {run.tenant_id}")
-    agent = agents[0]
-    entries = list(ModelRouteEntry.all_tenants.raw(_SPEC_ENTRIES_SQL, [agent.route_id, run.tenant_id]))
-    providers = {
-        p.pk: p
-        for p in ModelProvider.all_tenants.raw(_SPEC_PROVIDERS_SQL, [sorted({e.provider_id for e in entries}), run.tenant_id])
-    }
+    providers = {p.pk: p for p in providers_found}
     for entry in entries:
         if entry.provider_id not in providers:
             raise ValueError(f"the provider of route entry {entry.pk} is not in the run's tenant")
         entry.provider = providers[entry.provider_id]
-    bindings = list(CapabilityBinding.all_tenants.raw(_SPEC_BINDINGS_SQL, [agent.pk, run.tenant_id]))
-    return agent, tenants[0], entries, bindings
+    return agents[0], tenants[0], entries, bindings
 
 
 def _spec(run: ClaimedRun) -> RunSpec:

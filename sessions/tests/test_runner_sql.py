@@ -217,6 +217,42 @@ def test_a_runs_configuration_is_read_inside_its_tenant_in_route_order(world, ot
         _db._spec_rows(claimed)
 
 
+def test_the_configuration_read_makes_the_same_instances_as_the_orm(world, fake_llm) -> None:
+    """``_spec_rows`` turns its pipelined rows into instances itself (field converters, then
+    ``Model.from_db``): every column of every instance must equal what the ORM loads,
+    JSON, decimals, timestamps and encrypted secrets included."""
+    import dataclasses
+    from decimal import Decimal
+
+    from agents.models import AgentInstance, CapabilityBinding
+    from agents.tests.factories import agent_with_route, bind_builtin
+    from llm.models import ModelProvider, ModelRouteEntry
+    from tenants.models import Tenant
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url, "http://127.0.0.1:1/v1"],
+                             max_cost_per_run_usd=Decimal("0.25"))
+    Tenant.objects.filter(pk=world.tenant.pk).update(monthly_budget_usd=Decimal("12.50"))
+    bind_builtin(agent, "test_echo", config={"nested": {"n": 1}}, approval_policy=[{"pattern": "*", "action": "ask"}])
+    run = post_message_sync(agent=agent, user=world.member, content="hi")
+    claimed = _db.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
+    with tenant_scope(world.tenant.pk):
+        agent_row, tenant, entries, bindings = _db._spec_rows(dataclasses.replace(claimed))
+        expected = [
+            (agent_row, AgentInstance.all_tenants.get(pk=agent.pk)),
+            (tenant, Tenant.objects.get(pk=world.tenant.pk)),
+            *[(e, ModelRouteEntry.all_tenants.get(pk=e.pk)) for e in entries],
+            *[(e.provider, ModelProvider.all_tenants.get(pk=e.provider_id)) for e in entries],
+            *[(b, CapabilityBinding.all_tenants.get(pk=b.pk)) for b in bindings],
+        ]
+    assert len(entries) == 2 and len(bindings) == 1
+    for loaded, orm in expected:
+        for f in type(orm)._meta.concrete_fields:
+            assert getattr(loaded, f.attname) == getattr(orm, f.attname), (type(orm).__name__, f.attname)
+        assert loaded._state.adding is False and loaded._state.db == "default"
+    assert bindings[0].config == {"nested": {"n": 1}} and bindings[0].approval_policy[0]["action"] == "ask"
+    assert agent_row.max_cost_per_run_usd == Decimal("0.25") and tenant.monthly_budget_usd == Decimal("12.50")
+
+
 def test_the_configuration_read_survives_a_column_added_while_its_statements_are_prepared(world, fake_llm) -> None:
     """A migration that adds a column while a worker of the previous release runs: the
     worker's prepared statements must not break (PostgreSQL refuses a prepared ``SELECT *``
