@@ -15,6 +15,7 @@ bench:
 	.venv/bin/python bench/concurrent_runs.py
 	.venv/bin/python bench/stream_floor.py
 	.venv/bin/python bench/fanout_receive.py
+	.venv/bin/python bench/publish_overhead.py
 	.venv/bin/python bench/compaction_savings.py
 	.venv/bin/python bench/storage.py
 	.venv/bin/python bench/router_overhead.py

@@ -179,16 +179,15 @@ async def test_publishes_get_seqs_in_the_order_they_were_made_and_share_writes(m
     from sessions import events
 
     writes = []
-    original = asyncio.StreamWriter.writelines
+    original = asyncio.StreamWriter.write
 
-    def counting_writelines(self, data):
-        data = list(data)
-        evals = b"".join(data).count(b"$4\r\nEVAL\r\n")
+    def counting_write(self, data):
+        evals = bytes(data).count(b"$4\r\nEVAL\r\n")
         if evals:  # not the connection's handshake
             writes.append(evals)
         return original(self, data)
 
-    monkeypatch.setattr(asyncio.StreamWriter, "writelines", counting_writelines)
+    monkeypatch.setattr(asyncio.StreamWriter, "write", counting_write)
     session_id = _session_id()
     frames = await asyncio.gather(*(
         event_publish(session_id=session_id, run_id=1, type="content_token", data={"text": str(i)}) for i in range(300)
@@ -211,13 +210,14 @@ async def test_a_publish_does_not_wait_for_earlier_replies() -> None:
     publisher = events._Publisher(events.async_redis())
     assert await publisher.publish(events._script_args(session_id, "{}", None)) == 1  # connected
     connection, replies_may_be_read = publisher._connection, asyncio.Event()
-    read_response = connection.read_response
+    stream = connection._reader
+    read = stream.read
 
-    async def held_read_response(*args, **kwargs):
+    async def held_read(*args, **kwargs):
         await replies_may_be_read.wait()
-        return await read_response(*args, **kwargs)
+        return await read(*args, **kwargs)
 
-    connection.read_response = held_read_response
+    stream.read = held_read
     first = publisher.publish(events._script_args(session_id, "{}", None))
     for _ in range(50):  # until the sender has written it
         await asyncio.sleep(0)
@@ -315,6 +315,41 @@ async def test_a_publish_made_without_waiting_comes_before_later_ones() -> None:
     assert [f["type"] for f in stored] == ["content_token"] * 3 + ["run_completed"]
     with pytest.raises(ValueError, match="unknown event type"):
         events.event_publish_nowait(session_id=session_id, run_id=1, type="no_such_event", data={})
+
+
+async def test_a_failing_command_fails_alone_and_a_malformed_reply_drops_the_connection() -> None:
+    import redis
+    from sessions import events
+
+    session_id = _session_id()
+    key = f"{events._keys(session_id)[1]}"  # the session's stream: INCR of it is a WRONGTYPE error
+    first = events.event_publish_nowait(session_id=session_id, run_id=1, type="content_token", data={"text": "a"})
+    failing = events.pipelined_command("INCR", key)
+    second = events.event_publish_nowait(session_id=session_id, run_id=1, type="content_token", data={"text": "b"})
+    assert await first == 1
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        await failing
+    assert await second == 2, "the commands after it are answered, on the same connection"
+    connection = events._publisher()._connection
+    assert await events.pipelined_command("EXISTS", key) == 1 and events._publisher()._connection is connection
+    await events.publisher_aclose()
+
+    async def garbling_redis(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Answers the connection handshake, then a script with bytes that are no RESP reply.
+        while line := await reader.readline():
+            if line.startswith(b"*"):
+                parts = [await reader.readline() for _ in range(2 * int(line[1:]))][1::2]
+                writer.write(b"%%garbage\r\n" if parts[0].strip().upper() == b"EVAL" else b"+OK\r\n")
+
+    server = await asyncio.start_server(garbling_redis, "127.0.0.1", 0)
+    publisher = events._Publisher(aioredis.Redis.from_url(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}"))
+    try:
+        with pytest.raises(redis.InvalidResponse):
+            await publisher.publish(events._script_args(_session_id(), "{}", None))
+        assert publisher._connection is None, "the connection was given up"
+    finally:
+        await publisher.aclose()
+        server.close()
 
 
 async def test_a_pipelined_command_s_nil_reply_is_a_reply_not_a_timeout() -> None:
