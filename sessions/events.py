@@ -280,7 +280,7 @@ class _Publisher:
         self._unanswered: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._reader: asyncio.Task[None] | None = None
         self._reading: Any = None  # the connection self._reader reads
-        self._replies: Any = None  # the hiredis.Reader of self._reading's replies
+        self._replies: Any = None  # the hiredis.Reader of self._connection's replies (one per connection)
 
     def publish(self, script_args: tuple[Any, ...]) -> "asyncio.Future[int]":
         """Queue one run of :data:`_PUBLISH_LUA`; the future gets its ``seq`` (or its error)."""
@@ -311,8 +311,7 @@ class _Publisher:
         batch, self._queued = self._queued, []
         self._unanswered.extend(future for _, future in batch)
         if self._reader is None or self._reader.done() or self._reading is not connection:
-            if self._reading is not connection:  # (a reader of a dropped connection is on its way out)
-                self._reading, self._replies = connection, _reply_parser()
+            self._reading = connection  # (a reader of a dropped connection is on its way out)
             self._reader = asyncio.ensure_future(self._read(connection, self._replies))
         try:
             pack = hiredis.pack_command
@@ -336,7 +335,7 @@ class _Publisher:
         if _open_writer(connection) is None:  # a redis-py without the stream attributes used here
             await connection.disconnect()
             raise RuntimeError("redis.asyncio.Connection has no _reader/_writer streams: update _open_writer")
-        self._connection = connection
+        self._connection, self._replies = connection, _reply_parser()
         self._write()
 
     async def _read(self, connection: Any, replies: Any) -> None:

@@ -172,6 +172,21 @@ async def test_an_idle_websocket_outlives_the_layers_socket_timeout(world) -> No
         await comm.disconnect()
 
 
+async def _scripted_redis(*, eval_reply: bytes | None) -> asyncio.Server:
+    """A stand-in Redis on a free port: "+OK" to the connection's handshake (HELLO, CLIENT
+    SETINFO, ...), ``eval_reply`` to every EVAL (None: no answer at all)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            if line.startswith(b"*"):
+                parts = [await reader.readline() for _ in range(2 * int(line[1:]))][1::2]
+                reply = eval_reply if parts[0].strip().upper() == b"EVAL" else b"+OK\r\n"
+                if reply is not None:
+                    writer.write(reply)
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
 # --- the loop's pipelined publisher --------------------------------------------------------------
 
 
@@ -280,15 +295,7 @@ async def test_a_publish_redis_never_answers_fails_after_the_reply_timeout(monke
     import redis
     from sessions import events
 
-    async def mute_redis(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # Answers the connection handshake (CLIENT SETINFO, ...), never a script.
-        while line := await reader.readline():
-            if line.startswith(b"*"):
-                parts = [await reader.readline() for _ in range(2 * int(line[1:]))][1::2]
-                if parts[0].strip().upper() != b"EVAL":
-                    writer.write(b"+OK\r\n")
-
-    server = await asyncio.start_server(mute_redis, "127.0.0.1", 0)
+    server = await _scripted_redis(eval_reply=None)  # answers the handshake, never a script
     port = server.sockets[0].getsockname()[1]
     monkeypatch.setattr(events, "PUBLISH_REPLY_TIMEOUT_SECONDS", 0.3)
     publisher = events._Publisher(aioredis.Redis.from_url(f"redis://127.0.0.1:{port}"))
@@ -322,7 +329,7 @@ async def test_a_failing_command_fails_alone_and_a_malformed_reply_drops_the_con
     from sessions import events
 
     session_id = _session_id()
-    key = f"{events._keys(session_id)[1]}"  # the session's stream: INCR of it is a WRONGTYPE error
+    key = events._keys(session_id)[1]  # the session's stream: INCR of it is a WRONGTYPE error
     first = events.event_publish_nowait(session_id=session_id, run_id=1, type="content_token", data={"text": "a"})
     failing = events.pipelined_command("INCR", key)
     second = events.event_publish_nowait(session_id=session_id, run_id=1, type="content_token", data={"text": "b"})
@@ -334,14 +341,7 @@ async def test_a_failing_command_fails_alone_and_a_malformed_reply_drops_the_con
     assert await events.pipelined_command("EXISTS", key) == 1 and events._publisher()._connection is connection
     await events.publisher_aclose()
 
-    async def garbling_redis(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # Answers the connection handshake, then a script with bytes that are no RESP reply.
-        while line := await reader.readline():
-            if line.startswith(b"*"):
-                parts = [await reader.readline() for _ in range(2 * int(line[1:]))][1::2]
-                writer.write(b"%%garbage\r\n" if parts[0].strip().upper() == b"EVAL" else b"+OK\r\n")
-
-    server = await asyncio.start_server(garbling_redis, "127.0.0.1", 0)
+    server = await _scripted_redis(eval_reply=b"%%garbage\r\n")  # no RESP reply
     publisher = events._Publisher(aioredis.Redis.from_url(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}"))
     try:
         with pytest.raises(redis.InvalidResponse):
