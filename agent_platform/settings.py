@@ -224,7 +224,7 @@ CELERY_BEAT_SCHEDULE = {
 
 # The worker's run host (sessions/runner/host.py): its event loop ("uvloop" or "asyncio") and
 # the GIL switch interval in milliseconds (CPython's default is 5).
-RUN_HOST_LOOP = os.environ.get("RUN_HOST_LOOP", "asyncio")
+RUN_HOST_LOOP = os.environ.get("RUN_HOST_LOOP", "uvloop")
 if RUN_HOST_LOOP not in {"uvloop", "asyncio"}:
     raise ImproperlyConfigured('RUN_HOST_LOOP must be "uvloop" or "asyncio"')
 RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS", "1"))
