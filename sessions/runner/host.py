@@ -24,10 +24,10 @@ def new_run_loop() -> asyncio.AbstractEventLoop:
 
     Why uvloop: on a machine slow per core, where 200 concurrent runs saturate both cores,
     the worker used ~11 % less CPU per run on uvloop (median 14.7 against 16.6 ms, twelve
-    rounds a side of ``bench/concurrent_runs.py`` at N = 200; bench/README.md, session 15),
-    with the streams' socket reads and the timers in C. On faster machines the two measured
-    the same (sessions 9 and 10). The web process runs on uvloop too (uvicorn's default when
-    it is installed)."""
+    rounds a side of ``bench/concurrent_runs.py`` at N = 200; bench/README.md, session 15):
+    uvloop runs the loop itself (polling, transports, timers) in C. On faster machines the
+    two measured the same (sessions 9 and 10). The web process runs on uvloop too (uvicorn's
+    default when it is installed)."""
     from django.conf import settings
 
     if settings.RUN_HOST_LOOP == "uvloop":
