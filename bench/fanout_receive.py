@@ -1,15 +1,21 @@
 """The web process's side of the event fan-out, alone: CPU per session event received.
 
-``S`` sessions each have one channel in their Channels group on the events layer (the
-project's ``CHANNEL_LAYERS["events"]``, channels_redis's pub/sub layer), as the WebSocket
-consumers of ``/ws/sessions/<id>/`` have. A thread publishes ``E`` events per session with
-the project's publish script (``sessions.events``: stored in the session's stream and sent to
-its group in one Redis script). Measured: CPU of the event loop's thread per event received
-(redis-py's reply parser, the layer's msgpack decoding and its per-channel queues), not the
-publisher's. Printed with the reply parser redis-py uses (``hiredis`` when installed, the
-project's pin since session 9; else redis-py's pure-Python parser).
+``S`` sessions each have one receiver, as the WebSocket consumers of ``/ws/sessions/<id>/``
+have. A thread publishes ``E`` events per session with the project's publish script
+(``sessions.events``: stored in the session's stream and published on the session's pub/sub
+channel in one Redis script). Measured: CPU of the event loop's thread per event received,
+not the publisher's, on two paths:
 
-Run: ``.venv/bin/python bench/fanout_receive.py [--sessions 100] [--events 100] [--rounds 3]``
+- ``live`` (what the consumers use since session 15): ``sessions.live``, one subscription
+  connection, a ``hiredis.Reader``, each message put in the session's ``asyncio.Queue``;
+- ``layer`` (before): a channel per session in its Channels group on the events layer (the
+  project's ``CHANNEL_LAYERS["events"]``, channels_redis's pub/sub layer): redis-py's reply
+  parser, the layer's msgpack decoding and its per-channel queues.
+
+Both receivers then take each message with one ``await`` of a queue. Channels' own dispatch
+to a consumer (``await_many_dispatch``), which the ``layer`` path also paid, is not counted.
+
+Run: ``.venv/bin/python bench/fanout_receive.py [--sessions 100] [--events 100] [--rounds 3] [--path live|layer|both]``
 """
 
 from __future__ import annotations
@@ -35,6 +41,30 @@ def _publish_all(session_ids: list[int], per_session: int) -> None:
             _, payload, channel = events._prepared(session_id=sid, run_id=1, type="content_token", data={"text": text})
             pipe.eval(events._PUBLISH_LUA, *events._script_args(sid, payload, channel))
         pipe.execute()
+
+
+async def one_round_live(session_ids: list[int], per_session: int) -> float:
+    from sessions.live import live_join, live_leave
+
+    queues = {sid: asyncio.Queue() for sid in session_ids}
+    for sid, queue in queues.items():
+        await live_join(events._pubsub_group_channel(sid), queue.put_nowait)  # returns once subscribed
+
+    async def receive_all(queue: asyncio.Queue) -> None:
+        for _ in range(per_session):
+            await queue.get()
+
+    loop_thread = threading.get_native_id()
+    before = cpu_seconds(os.getpid(), loop_thread)
+    publisher = threading.Thread(target=_publish_all, args=(session_ids, per_session))
+    receivers = [asyncio.create_task(receive_all(q)) for q in queues.values()]
+    publisher.start()
+    await asyncio.wait_for(asyncio.gather(*receivers), timeout=120)
+    cpu = cpu_seconds(os.getpid(), loop_thread) - before
+    publisher.join()
+    for sid, queue in queues.items():
+        live_leave(events._pubsub_group_channel(sid), queue.put_nowait)
+    return cpu / (len(session_ids) * per_session)
 
 
 async def one_round(session_ids: list[int], per_session: int) -> float:
@@ -66,7 +96,9 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--events", type=int, default=100, help="events per session")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--path", choices=["live", "layer", "both"], default="both")
     args = parser.parse_args()
+    paths = ["live", "layer"] if args.path == "both" else [args.path]
     base = 10**9 + int(time.time()) % 10**6 * 1000  # session ids no real session has
     session_ids = list(range(base, base + args.sessions))
     kind = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "redis-py's Python parser"
@@ -74,8 +106,9 @@ def main() -> None:
 
     async def rounds() -> None:
         for n in range(args.rounds):
-            per_event = await one_round(session_ids, args.events)
-            print(f"round {n + 1}: {per_event * 1e6:.1f} us of the receiving loop's CPU per event", flush=True)
+            for path in paths:
+                per_event = await (one_round_live if path == "live" else one_round)(session_ids, args.events)
+                print(f"round {n + 1}, {path}: {per_event * 1e6:.1f} us of the receiving loop's CPU per event", flush=True)
 
     asyncio.run(rounds())
     client = events._sync_redis()

@@ -1,18 +1,22 @@
 """WebSocket ``/ws/sessions/<id>/?after_seq=N``: a session's events, replayed then live.
 
-On connect the consumer joins the session's group *first*, then replays from the Redis
-stream every frame after ``after_seq``; live frames with a ``seq`` it already sent are
-dropped. Since Channels hands a consumer its messages one at a time, nothing published after
-the join can be missed and nothing is sent twice.
+On connect the consumer joins the session's live events *first* (the join returns once Redis
+has confirmed the subscription), then replays from the Redis stream every frame after
+``after_seq``; live frames with a ``seq`` it already sent are dropped. Live messages wait
+until the replay is done and are then handled one at a time, so nothing published after the
+join can be missed and nothing is sent twice.
 
 Live frames can arrive out of order: two publishers (parallel tool calls) take seq 3 and 4
 from Redis, and 4's ``group_send`` may finish first. A frame past ``last_seq + 1`` therefore
 makes the consumer read the missing frames from the stream (where the publish script put
 seq 3 before seq 4 could exist) and send them in order; the late seq 3 is then dropped.
 
-Live frames come from the channel layer :data:`~sessions.events.EVENTS_LAYER` (Redis
-pub/sub), which may drop a message (its subscription reconnecting). A dropped frame followed
-by another is filled as above; a dropped *last* frame is found by a check of the stream every
+Live frames come from the session's Redis pub/sub channel: through :mod:`sessions.live` (one
+subscription per web process) when the publish script fans out itself, as the project's
+settings have it, else through the channel layer :data:`~sessions.events.EVENTS_LAYER`. Either
+may drop a message (its subscription reconnecting). A dropped frame followed by another is
+filled as above; a subscription restored by :mod:`sessions.live` makes the consumer read the
+stream at once; and a dropped *last* frame is found by a check of the stream every
 :data:`CATCH_UP_SECONDS`, so a client always ends up with every frame, in order.
 
 Close codes: 4401 not authenticated or no membership; 4404 no such session for this caller
@@ -22,15 +26,20 @@ Close codes: 4401 not authenticated or no membership; 4404 no such session for t
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from sessions.events import EVENTS_LAYER, events_since, frame_text, group_name
+from sessions.events import EVENTS_LAYER, _pubsub_group_channel, events_since, frame_text, group_name
+from sessions.live import live_join, live_leave
 from tenants.scoping import tenant_scope
 
+logger = logging.getLogger(__name__)
+
+CLOSE_INTERNAL_ERROR = 1011
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 PING_SECONDS = 15.0
@@ -46,6 +55,9 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
     last_seq: int = 0
     joined: bool = False
     pinger: asyncio.Task | None = None
+    live_channel: str | None = None  # the pub/sub channel joined through sessions.live
+    live: asyncio.Queue | None = None  # its messages (None: the subscription was restored), in order
+    forwarder: asyncio.Task | None = None
 
     async def connect(self) -> None:
         await self.accept()
@@ -63,11 +75,46 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
             self.last_seq = max(0, int((query.get("after_seq") or ["0"])[0]))
         except ValueError:
             self.last_seq = 0
-        await self.channel_layer.group_add(group_name(self.session_id), self.channel_name)
-        self.joined = True
-        for frame in await events_since(session_id=self.session_id, after_seq=self.last_seq):
-            await self._send_frame(frame)
+        channel = _pubsub_group_channel(self.session_id)
+        if channel is not None:
+            self.live = asyncio.Queue()
+            await live_join(channel, self.live.put_nowait)
+            self.live_channel = channel
+        else:
+            await self.channel_layer.group_add(group_name(self.session_id), self.channel_name)
+            self.joined = True
+        try:
+            for frame in await events_since(session_id=self.session_id, after_seq=self.last_seq):
+                await self._send_frame(frame)
+        except BaseException:
+            self._leave_live()  # the socket is closing: nothing must be queued for it any more
+            raise
+        if self.live is not None:  # what came during the replay waited in the queue
+            self.forwarder = asyncio.create_task(self._forward_live(self.live))
         self.pinger = asyncio.create_task(self._ping_forever())
+
+    def _leave_live(self) -> None:
+        if self.live_channel is not None and self.live is not None:
+            live_leave(self.live_channel, self.live.put_nowait)
+            self.live_channel = None
+
+    async def _forward_live(self, live: asyncio.Queue) -> None:
+        """Hand the live messages to :meth:`session_event`, one at a time, in order; on
+        ``None`` (the subscription was lost and restored) send what the stream has past
+        ``last_seq``. Ends quietly when the client has gone (see :meth:`_ping_forever`)."""
+        try:
+            while True:
+                message = await live.get()
+                if message is None:
+                    for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
+                        await self._send_frame(missed)
+                else:
+                    await self.session_event(message)
+        except OSError:
+            return
+        except Exception:  # e.g. Redis failing the gap's read: the client reconnects with after_seq
+            logger.exception("session %s: live delivery failed; closing the socket", self.session_id)
+            await self.close(code=CLOSE_INTERNAL_ERROR)
 
     async def _ping_forever(self) -> None:
         """Ping every PING_SECONDS; every CATCH_UP_SECONDS, send what the stream has past ``last_seq``.
@@ -95,6 +142,9 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.pinger is not None:
             self.pinger.cancel()
+        if self.forwarder is not None:
+            self.forwarder.cancel()
+        self._leave_live()
         if self.joined:
             await self.channel_layer.group_discard(group_name(self.session_id), self.channel_name)
 

@@ -11,7 +11,8 @@ by one per session. Publishing does two things:
 
 Live delivery uses the channel layer :data:`EVENTS_LAYER` (``"events"``), which the project
 configures as channels_redis's ``RedisPubSubChannelLayer``: a group send is one Redis
-``PUBLISH``, and a web process reads every session's events from one pub/sub connection.
+``PUBLISH``, and a web process reads every session's events from one pub/sub connection
+(its own, :mod:`sessions.live`, when the script fans out itself).
 With that layer (one host, the same Redis as ``REDIS_URL``, msgpack, no encryption) the
 publish script also does the group send itself, exactly as
 ``RedisPubSubChannelLayer.group_send`` would (``PUBLISH <prefix>__group__session.<id>`` of

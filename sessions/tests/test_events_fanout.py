@@ -143,14 +143,15 @@ async def test_a_killed_subscription_resubscribes_and_nothing_is_lost(world, mon
         first = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": []})
         assert await comm.receive_json_from(timeout=5) == first
 
-        shard = events_layer()._get_layer()._shards[0]
-        host, port = shard._pubsub.connection._writer.get_extra_info("sockname")[:2]
+        from sessions import live
+
+        host, port = live._subscriber()._writer.get_extra_info("sockname")[:2]  # the web process's subscription
         assert await admin.client_kill_filter(_type="pubsub", addr=f"{host}:{port}") == 1
         during = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [1]})
         assert await comm.receive_json_from(timeout=10) == during  # live or caught up: either way, once
 
         monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 100)  # from the next tick on: live delivery only
-        await asyncio.sleep(2)  # the layer's receive loop backs off 1 s after an error, then resubscribes
+        await asyncio.sleep(1)  # the subscription is reopened at once
         after = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [2]})
         assert await comm.receive_json_from(timeout=5) == after
         assert await comm.receive_nothing(timeout=0.7)

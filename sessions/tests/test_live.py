@@ -1,0 +1,134 @@
+"""The web process's live subscription (sessions/live.py), against the real Redis and the
+project's publish script, and the consumer's fallback to the channel layer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from sessions import live
+from sessions.events import _pubsub_group_channel, event_publish, frame_text
+from sessions.live import live_join, live_leave
+
+
+def _session_id() -> int:
+    return 10**9 + uuid.uuid4().int % 10**9  # no database row needed: events live in Redis
+
+
+async def _subscribers(channel: str) -> int:
+    admin = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        return dict(await admin.pubsub_numsub(channel))[channel.encode()]
+    finally:
+        await admin.aclose()
+
+
+async def _next(queue: asyncio.Queue) -> dict | None:
+    return await asyncio.wait_for(queue.get(), 5)
+
+
+async def test_a_joined_listener_gets_every_later_publish_in_order_as_the_layer_would_deliver_it() -> None:
+    session_id = _session_id()
+    channel = _pubsub_group_channel(session_id)
+    received: asyncio.Queue = asyncio.Queue()
+    await live_join(channel, received.put_nowait)
+    try:
+        frames = [await event_publish(session_id=session_id, run_id=1, type="content_token", data={"text": f"t{i} é"})
+                  for i in range(3)]
+        messages = [await _next(received) for _ in frames]
+        assert [m["seq"] for m in messages] == [f["seq"] for f in frames]
+        for message, frame in zip(messages, frames):
+            assert message["type"] == "session.event" and type(message["seq"]) is int
+            assert json.loads(frame_text(message["seq"], message["body"])) == frame
+    finally:
+        live_leave(channel, received.put_nowait)
+
+
+async def test_listeners_share_one_subscription_and_the_last_to_leave_ends_it() -> None:
+    session_id = _session_id()
+    channel = _pubsub_group_channel(session_id)
+    a: asyncio.Queue = asyncio.Queue()
+    b: asyncio.Queue = asyncio.Queue()
+    await live_join(channel, a.put_nowait)
+    await live_join(channel, b.put_nowait)
+    assert await _subscribers(channel) == 1
+    first = await event_publish(session_id=session_id, run_id=None, type="todo_updated", data={"todos": []})
+    assert (await _next(a))["seq"] == (await _next(b))["seq"] == first["seq"]
+
+    live_leave(channel, a.put_nowait)
+    second = await event_publish(session_id=session_id, run_id=None, type="todo_updated", data={"todos": [1]})
+    assert (await _next(b))["seq"] == second["seq"]
+    await asyncio.sleep(0.2)
+    assert a.empty()
+
+    live_leave(channel, b.put_nowait)
+    for _ in range(50):  # the connection closes when nobody listens
+        if await _subscribers(channel) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await _subscribers(channel) == 0
+    live_leave(channel, b.put_nowait)  # leaving twice is harmless
+
+
+async def test_a_killed_connection_is_reopened_and_its_listeners_are_told_to_catch_up() -> None:
+    session_id = _session_id()
+    channel = _pubsub_group_channel(session_id)
+    received: asyncio.Queue = asyncio.Queue()
+    await live_join(channel, received.put_nowait)
+    admin = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        writer = live._subscriber()._writer
+        host, port = writer.get_extra_info("sockname")[:2]
+        assert await admin.client_kill_filter(_type="pubsub", addr=f"{host}:{port}") == 1
+        assert await asyncio.wait_for(received.get(), 10) is None  # resubscribed: read the stream
+        after = await event_publish(session_id=session_id, run_id=None, type="todo_updated", data={"todos": [2]})
+        assert (await _next(received))["seq"] == after["seq"]
+    finally:
+        live_leave(channel, received.put_nowait)
+        await admin.aclose()
+
+
+async def test_a_join_redis_never_confirms_times_out_and_leaves_nothing_behind(monkeypatch) -> None:
+    from sessions import events
+    from sessions.tests.test_events_fanout import _scripted_redis
+
+    server = await _scripted_redis(eval_reply=None)  # "+OK" to everything, never a subscribe confirmation
+    port = server.sockets[0].getsockname()[1]
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    monkeypatch.setattr(events, "async_redis", lambda: client)
+    monkeypatch.setattr(live, "JOIN_TIMEOUT_SECONDS", 0.3)
+    subscriber = live._subscriber()
+    received: asyncio.Queue = asyncio.Queue()
+    try:
+        with pytest.raises(TimeoutError):
+            await live_join("some-channel", received.put_nowait)
+        assert subscriber._listeners == {} and subscriber._confirmations == {}
+    finally:
+        server.close()
+        await client.aclose()
+
+
+# --- the consumer without the script's own fan-out (another events layer) ------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_consumer_falls_back_to_the_channel_layer_when_the_script_does_not_fan_out(world, monkeypatch) -> None:
+    from sessions import consumers, events
+    from sessions.tests.test_events_fanout import _connected
+
+    monkeypatch.setattr(events, "_pubsub_group_channel", lambda session_id: None)
+    monkeypatch.setattr(consumers, "_pubsub_group_channel", lambda session_id: None)
+    session, comm = await _connected(world)
+    try:
+        first = await event_publish(session_id=session.pk, run_id=None, type="run_running", data={})
+        second = await event_publish(session_id=session.pk, run_id=None, type="run_completed", data={"reply": "ok"})
+        assert await comm.receive_json_from(timeout=5) == first
+        assert await comm.receive_json_from(timeout=5) == second
+        assert await comm.receive_nothing(timeout=0.3)
+    finally:
+        await comm.disconnect()
