@@ -14,7 +14,7 @@ With 200 runs streaming, the web process handles ~8,000 events a second, and on 
 machine the tail of token → client latency was spent between the worker's write to Redis and
 the consumer's send (bench/README.md, session 15). Here one reader per loop parses every
 message of a read with one ``hiredis.Reader`` and hands it to each listener synchronously:
-27–39 µs of the loop's CPU per event through the layer against 4–10 µs this way (100
+26–39 µs of the loop's CPU per event through the layer against 6–10 µs this way (100
 sessions × 100 events, the same queue get on the receiving side; bench/fanout_receive.py),
 and the web process's CPU per run at N = 200 fell by ~38 % (bench/README.md, session 15).
 
