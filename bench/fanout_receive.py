@@ -25,6 +25,7 @@ import asyncio
 import os
 import threading
 import time
+from functools import partial
 
 from _harness import cpu_seconds
 
@@ -43,28 +44,35 @@ def _publish_all(session_ids: list[int], per_session: int) -> None:
         pipe.execute()
 
 
+async def _cpu_per_event(session_ids: list[int], per_session: int, receives: list) -> float:
+    """Publish ``per_session`` events to every session from a thread; the loop thread's CPU
+    per event, until each ``receive()`` (one per session) has returned ``per_session`` times."""
+
+    async def receive_all(receive) -> None:
+        for _ in range(per_session):
+            await receive()
+
+    loop_thread = threading.get_native_id()
+    before = cpu_seconds(os.getpid(), loop_thread)
+    publisher = threading.Thread(target=_publish_all, args=(session_ids, per_session))
+    receivers = [asyncio.create_task(receive_all(receive)) for receive in receives]
+    publisher.start()
+    await asyncio.wait_for(asyncio.gather(*receivers), timeout=120)
+    cpu = cpu_seconds(os.getpid(), loop_thread) - before
+    publisher.join()
+    return cpu / (len(session_ids) * per_session)
+
+
 async def one_round_live(session_ids: list[int], per_session: int) -> float:
     from sessions.live import live_join, live_leave
 
     queues = {sid: asyncio.Queue() for sid in session_ids}
     for sid, queue in queues.items():
         await live_join(events._pubsub_group_channel(sid), queue.put_nowait)  # returns once subscribed
-
-    async def receive_all(queue: asyncio.Queue) -> None:
-        for _ in range(per_session):
-            await queue.get()
-
-    loop_thread = threading.get_native_id()
-    before = cpu_seconds(os.getpid(), loop_thread)
-    publisher = threading.Thread(target=_publish_all, args=(session_ids, per_session))
-    receivers = [asyncio.create_task(receive_all(q)) for q in queues.values()]
-    publisher.start()
-    await asyncio.wait_for(asyncio.gather(*receivers), timeout=120)
-    cpu = cpu_seconds(os.getpid(), loop_thread) - before
-    publisher.join()
+    per_event = await _cpu_per_event(session_ids, per_session, [queue.get for queue in queues.values()])
     for sid, queue in queues.items():
         live_leave(events._pubsub_group_channel(sid), queue.put_nowait)
-    return cpu / (len(session_ids) * per_session)
+    return per_event
 
 
 async def one_round(session_ids: list[int], per_session: int) -> float:
@@ -73,22 +81,10 @@ async def one_round(session_ids: list[int], per_session: int) -> float:
     for sid, channel in channels.items():
         await layer.group_add(events.group_name(sid), channel)
     await asyncio.sleep(0.2)  # subscriptions in place
-
-    async def receive_all(channel: str) -> None:
-        for _ in range(per_session):
-            await layer.receive(channel)
-
-    loop_thread = threading.get_native_id()
-    before = cpu_seconds(os.getpid(), loop_thread)
-    publisher = threading.Thread(target=_publish_all, args=(session_ids, per_session))
-    receivers = [asyncio.create_task(receive_all(c)) for c in channels.values()]
-    publisher.start()
-    await asyncio.wait_for(asyncio.gather(*receivers), timeout=120)
-    cpu = cpu_seconds(os.getpid(), loop_thread) - before
-    publisher.join()
+    per_event = await _cpu_per_event(session_ids, per_session, [partial(layer.receive, c) for c in channels.values()])
     for sid, channel in channels.items():
         await layer.group_discard(events.group_name(sid), channel)
-    return cpu / (len(session_ids) * per_session)
+    return per_event
 
 
 def main() -> None:
