@@ -93,6 +93,54 @@ async def test_a_killed_connection_is_reopened_and_its_listeners_are_told_to_cat
         await admin.aclose()
 
 
+async def test_an_idle_subscription_is_pinged_and_stays_the_same_connection(monkeypatch) -> None:
+    monkeypatch.setattr(live, "IDLE_PING_SECONDS", 0.2)
+    session_id = _session_id()
+    channel = _pubsub_group_channel(session_id)
+    received: asyncio.Queue = asyncio.Queue()
+    await live_join(channel, received.put_nowait)
+    try:
+        writer = live._subscriber()._writer
+        await asyncio.sleep(1.0)  # several pings answered; a missed answer would drop the connection
+        assert live._subscriber()._writer is writer and received.empty()
+        frame = await event_publish(session_id=session_id, run_id=None, type="todo_updated", data={"todos": []})
+        assert (await _next(received))["seq"] == frame["seq"]
+    finally:
+        live_leave(channel, received.put_nowait)
+
+
+async def test_a_subscription_redis_stops_answering_is_given_up_and_reopened(monkeypatch) -> None:
+    from sessions import events
+
+    confirmations = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal confirmations
+        while line := await reader.readline():  # answers the handshake and SUBSCRIBE, never PING
+            if line.startswith(b"*"):
+                parts = [(await reader.readline(), await reader.readline())[1].strip() for _ in range(int(line[1:]))]
+                if parts[0].upper() == b"SUBSCRIBE":
+                    confirmations += 1
+                    writer.write(b">3\r\n$9\r\nsubscribe\r\n$%d\r\n%s\r\n:1\r\n" % (len(parts[1]), parts[1]))
+                elif parts[0].upper() != b"PING":
+                    writer.write(b"+OK\r\n")
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0")
+    monkeypatch.setattr(events, "async_redis", lambda: client)
+    monkeypatch.setattr(live, "IDLE_PING_SECONDS", 0.2)
+    received: asyncio.Queue = asyncio.Queue()
+    try:
+        await live_join("some-channel", received.put_nowait)
+        assert confirmations == 1
+        assert await asyncio.wait_for(received.get(), 5) is None  # silent for 2 x 0.2 s: reopened, catch up
+        assert confirmations == 2
+    finally:
+        live_leave("some-channel", received.put_nowait)
+        server.close()
+        await client.aclose()
+
+
 async def test_a_join_redis_never_confirms_times_out_and_leaves_nothing_behind(monkeypatch) -> None:
     from sessions import events
     from sessions.tests.test_events_fanout import _scripted_redis
