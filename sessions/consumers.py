@@ -20,7 +20,8 @@ stream at once; and a dropped *last* frame is found by a check of the stream eve
 :data:`CATCH_UP_SECONDS`, so a client always ends up with every frame, in order.
 
 Close codes: 4401 not authenticated or no membership; 4404 no such session for this caller
-(also another tenant's or another user's: the same code for both).
+(also another tenant's or another user's: the same code for both); 1011 live delivery failed
+(the stream could not be read), so the client reconnects with ``after_seq``.
 """
 
 from __future__ import annotations
