@@ -396,11 +396,12 @@ class _Publisher:
 
 _NOT_ENOUGH_DATA = object()
 _REPLY_READ_BYTES = 65536
-"""Most bytes of replies the publisher reads at once (a publish's reply is ~5 bytes)."""
+"""Most bytes the publisher (a publish's reply is ~5 bytes) and the web process's live
+subscription (sessions/live.py) read from Redis at once."""
 
 
 def _reply_parser() -> Any:
-    """A ``hiredis.Reader`` for the publisher's replies: bytes as Redis sent them (no decoding,
+    """A ``hiredis.Reader`` for the publisher's replies (and sessions/live.py's): bytes as Redis sent them (no decoding,
     as ``pipelined_command`` promises), a Redis error as a ``redis.ResponseError`` value, a
     malformed reply raised as ``redis.InvalidResponse``; the connection speaks RESP2 or RESP3,
     whichever redis-py's handshake chose."""

@@ -43,6 +43,8 @@ from typing import Any, Final
 import hiredis
 import msgpack
 
+from sessions import events
+
 logger = logging.getLogger(__name__)
 
 Listener = Callable[[dict[str, Any] | None], None]
@@ -51,8 +53,6 @@ JOIN_TIMEOUT_SECONDS: Final[float] = 10.0
 """How long :func:`live_join` waits for Redis to confirm a new subscription."""
 IDLE_PING_SECONDS: Final[float] = 15.0
 """A subscription connection silent this long is pinged (a dead peer is noticed)."""
-_READ_BYTES: Final[int] = 65536
-_NOT_ENOUGH_DATA: Final[Any] = object()
 
 
 class _Subscriber:
@@ -113,11 +113,9 @@ class _Subscriber:
 
     async def _run(self) -> None:
         """Keep a connection subscribed to every channel with listeners; read it."""
-        from sessions.events import async_redis
-
         backoff = 0.1
         while self._listeners:
-            connection = async_redis().connection_pool.make_connection()
+            connection = events.async_redis().connection_pool.make_connection()
             try:
                 await connection.connect()
             except Exception as exc:  # noqa: BLE001 - Redis down: try again while anyone listens
@@ -141,12 +139,12 @@ class _Subscriber:
                 await connection.disconnect()
 
     async def _read(self, stream: asyncio.StreamReader) -> None:
-        replies = hiredis.Reader(notEnoughData=_NOT_ENOUGH_DATA)
+        replies = events._reply_parser()  # the publisher's: a malformed reply raises, the connection is reopened
         pinged = False
         while True:
             try:
                 async with asyncio.timeout(IDLE_PING_SECONDS):
-                    data = await stream.read(_READ_BYTES)
+                    data = await stream.read(events._REPLY_READ_BYTES)
             except TimeoutError:
                 if pinged:
                     raise ConnectionError(f"Redis did not answer a PING within {IDLE_PING_SECONDS:g} s") from None
@@ -159,7 +157,7 @@ class _Subscriber:
                 raise ConnectionError("Redis closed the subscription connection")
             pinged = False
             replies.feed(data)
-            while (reply := replies.gets()) is not _NOT_ENOUGH_DATA:
+            while (reply := replies.gets()) is not events._NOT_ENOUGH_DATA:
                 self._handle(reply)
 
     def _handle(self, reply: Any) -> None:
