@@ -2,16 +2,23 @@
 
 Services raise :class:`ApplicationError` (or Django's ValidationError); DRF's own errors
 (authentication, permissions, validation, 404) are rendered in the same shape.
+
+Errors that never reach a DRF view are put in the same shape by :class:`ApiErrorShapeMiddleware`
+for every path under ``/api/``: a URL no route matches (``/api/v1/sessions/-1/``) is a JSON
+404, a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` a JSON 413, a crash a JSON 500 (never
+Django's HTML or debug pages).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError, RestrictedError
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponseBase, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
@@ -37,7 +44,22 @@ class NotFound(ApplicationError):
     status_code = status.HTTP_404_NOT_FOUND
 
 
+def _too_big_body() -> dict[str, Any]:
+    return {"message": "Request body too large.",
+            "extra": {"max_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE}}
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's ``EXCEPTION_HANDLER``: every API error as ``{"message": str, "extra": {...}}``.
+
+    ApplicationError → its status; ProtectedError/RestrictedError → 409 (``extra.used_by``);
+    Django/DRF ValidationError → 400 (``extra.fields``: field → messages); a body over
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE`` → 413 (``extra.max_bytes``); Http404/PermissionDenied and
+    DRF's own exceptions (401, 403, 404, 405, 415, 429, ...) → their status with ``extra`` {}.
+    Anything else returns None (Django's 500, shaped by :class:`ApiErrorShapeMiddleware`).
+    """
+    if isinstance(exc, RequestDataTooBig):
+        return Response(_too_big_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, ApplicationError):
         return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
     if isinstance(exc, (ProtectedError, RestrictedError)):
@@ -62,3 +84,62 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         detail = response.data.get("detail", "") if isinstance(response.data, dict) else response.data
         response.data = {"message": str(detail), "extra": {}}
     return response
+
+
+API_PATH_PREFIX = "/api/"
+_KEPT_HEADERS = ("Retry-After", "WWW-Authenticate", "Allow", "Vary")
+
+
+def _is_json(response: HttpResponseBase) -> bool:
+    return (response.get("Content-Type") or "").startswith("application/json")
+
+
+def api_error_response(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+    """``response`` itself, or, for an error (status >= 400) to an ``/api/`` path that is not
+    JSON (Django's HTML 404/500 pages, the debug pages), a ``{"message", "extra": {}}`` JSON
+    answer with the same status and its ``Retry-After``/``WWW-Authenticate``/``Allow``
+    headers."""
+    if response.status_code < 400 or not request.path.startswith(API_PATH_PREFIX) or _is_json(response):
+        return response
+    if response.status_code == status.HTTP_404_NOT_FOUND:
+        message = "Not found."
+    elif response.status_code >= 500:
+        message = "Internal server error."
+    else:
+        message = response.reason_phrase or "Request refused."
+        message = message if message.endswith(".") else message + "."
+    shaped = JsonResponse({"message": message, "extra": {}}, status=response.status_code)
+    for header in _KEPT_HEADERS:
+        if header in response:
+            shaped[header] = response[header]
+    return shaped
+
+
+class ApiErrorShapeMiddleware:
+    """Every error answer under ``/api/`` in the ``{message, extra}`` shape, also those made
+    outside DRF: no route (negative or non-numeric ids) → 404, a body over
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE`` → 413 ``extra.max_bytes``, an unhandled exception → 500.
+    Other paths (console, SPA) are left alone. Sync and async capable (no thread hop in ASGI).
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        return api_error_response(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        return api_error_response(request, await self.get_response(request))
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponseBase | None:
+        """A view's ``RequestDataTooBig`` → JSON 413 (Django would answer an HTML 400)."""
+        if request.path.startswith(API_PATH_PREFIX) and isinstance(exception, RequestDataTooBig):
+            return JsonResponse(_too_big_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        return None
