@@ -1,15 +1,33 @@
 """Settings, all from the environment with working local defaults.
 
-Environment variables (all optional on a developer machine):
-    DATABASE_URL   postgres://… (default: the local cluster, database ``agent_platform``)
+Environment variables (all optional on a developer machine that ran scripts/bootstrap.sh):
+    SECRET_KEY     Django's secret key. Required: from the environment, else from the per-install
+                   secrets file var/secrets.env (agent_platform/local_secrets.py; written once by
+                   scripts/bootstrap.sh, mode 0600). The keys published in this repository are
+                   refused, with DEBUG on or off.
+    SECRET_KEY_FALLBACKS  comma-separated previous SECRET_KEYs (rotation: sessions and signed
+                   values made with them stay valid until removed)
+    ENCRYPTION_KEY master key(s) wrapping the per-tenant data keys: comma-separated Fernet keys
+                   (urlsafe base64 of 32 bytes), the first encrypts, all decrypt; required, as
+                   SECRET_KEY. Rotation: put a new key first, run
+                   ``manage.py rotate_encryption_key``, then drop the old key.
+    DATABASE_URL   postgres://… the application's login: a role held to row-level security
+                   (NOSUPERUSER NOBYPASSRLS; tenants/rls.py). Default: DATABASE_APP_ROLE with
+                   DATABASE_APP_PASSWORD (environment or secrets file) on 127.0.0.1:5432,
+                   database ``agent_platform``
+    DATABASE_OWNER_URL  postgres://… the login that owns the tables and runs ``migrate``,
+                   ``flush`` and the test database's creation (default: user ``postgres`` on
+                   DATABASE_URL's host, no password). Only its user, password, host and port are
+                   used: the database is DATABASE_URL's.
     REDIS_URL      redis://… (default redis://127.0.0.1:6379/0): Celery broker, channel layer,
                    event replay streams and run cancel flags
-    SECRET_KEY     Django's secret key (a fixed dev value when DEBUG)
-    ENCRYPTION_KEY master key wrapping the per-tenant data keys (urlsafe base64, 32 bytes, a
-                   Fernet key); a fixed dev value when DEBUG, required otherwise
-    DEBUG          "1" (default) or "0"
+    DEBUG          "0" (default) or "1"
     ALLOWED_HOSTS  comma-separated (default "127.0.0.1,localhost")
     LLM_BASE_URL   where the embedded model answers (default http://127.0.0.1:8081/v1)
+    TLS deployment: SESSION_COOKIE_SECURE, CSRF_COOKIE_SECURE, SECURE_SSL_REDIRECT,
+                   SECURE_HSTS_SECONDS (+ SECURE_HSTS_INCLUDE_SUBDOMAINS, SECURE_HSTS_PRELOAD),
+                   SECURE_PROXY_SSL_HEADER ("HTTP_X_FORWARDED_PROTO,https"; opt-in), and
+                   CONTENT_SECURITY_POLICY (see the security headers below)
 """
 
 from __future__ import annotations
@@ -18,8 +36,9 @@ import ipaddress
 import os
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from agent_platform import local_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -31,19 +50,89 @@ def _env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-DEBUG = _env_bool("DEBUG", True)
+DEBUG = _env_bool("DEBUG", False)
 
-_DEV_SECRET_KEY = "dev-only-insecure-secret-key-change-me"
-_DEV_ENCRYPTION_KEY = "ZGV2LW9ubHktaW5zZWN1cmUtbWFzdGVyLWtleS0zMmI="  # Fernet key, dev only
-SECRET_KEY = os.environ.get("SECRET_KEY") or (_DEV_SECRET_KEY if DEBUG else "")
-ENCRYPTION_KEY = os.environ.get("ENCRYPTION_KEY") or (_DEV_ENCRYPTION_KEY if DEBUG else "")
-if not SECRET_KEY or not ENCRYPTION_KEY:
-    raise ImproperlyConfigured("SECRET_KEY and ENCRYPTION_KEY must be set when DEBUG=0")
+# Keys: from the environment, else from the per-install secrets file (var/secrets.env, 0600,
+# generated once by scripts/bootstrap.sh: agent_platform/local_secrets.py). Nothing falls back
+# to a key written in the source. The former development defaults stay refused (a database
+# whose tenants were wrapped by _DEV_ENCRYPTION_KEY is migrated by
+# ``manage.py rotate_encryption_key --from-published-dev-key``, which bootstrap runs).
+_DEV_SECRET_KEY = local_secrets.PUBLISHED_DEV_SECRET_KEY  # published: refused
+_DEV_ENCRYPTION_KEY = local_secrets.PUBLISHED_DEV_ENCRYPTION_KEY  # published: refused
+# The test settings (agent_platform/settings_test.py) set test keys of their own after this.
+_TEST_SETTINGS = os.environ.get("DJANGO_SETTINGS_MODULE") == "agent_platform.settings_test"
+try:
+    _SECRETS_FILE_VALUES = local_secrets.read(local_secrets.path_from_environment())
+except local_secrets.SecretsFileError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+
+
+def _secret(name: str) -> str:
+    """``name`` from the environment, else from the secrets file, else ""."""
+    return local_secrets.lookup(name, _SECRETS_FILE_VALUES)
+
+
+SECRET_KEY = _secret("SECRET_KEY")
+SECRET_KEY_FALLBACKS = [k.strip() for k in _secret("SECRET_KEY_FALLBACKS").split(",") if k.strip()]
+ENCRYPTION_KEY = _secret("ENCRYPTION_KEY")
+if not _TEST_SETTINGS:
+    _KEYS_HELP = ("run scripts/bootstrap.sh (make run does) to generate var/secrets.env, or set SECRET_KEY and "
+                  "ENCRYPTION_KEY in the environment (README, \"Key handling\")")
+    if not SECRET_KEY or not ENCRYPTION_KEY:
+        raise ImproperlyConfigured(f"SECRET_KEY and ENCRYPTION_KEY are not set: {_KEYS_HELP}")
+    if any(local_secrets.published_secret_key(k) for k in (SECRET_KEY, *SECRET_KEY_FALLBACKS)):
+        raise ImproperlyConfigured(f"SECRET_KEY is a key published in the source code: {_KEYS_HELP}")
+    if len(SECRET_KEY) < 32:
+        raise ImproperlyConfigured(f"SECRET_KEY is shorter than 32 characters: {_KEYS_HELP}")
+    _problem = local_secrets.encryption_key_problem(ENCRYPTION_KEY)
+    if _problem:
+        raise ImproperlyConfigured(f"{_problem}: {_KEYS_HELP}")
 
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
+
+# --- Security headers and TLS (README, "Deployment settings") ---------------------------------
+# Behind TLS set SESSION_COOKIE_SECURE=1 CSRF_COOKIE_SECURE=1 SECURE_SSL_REDIRECT=1 and
+# SECURE_HSTS_SECONDS (e.g. 31536000 once HTTPS works everywhere: browsers remember it).
+SESSION_COOKIE_SECURE = _env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = _env_bool("CSRF_COOKIE_SECURE", False)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT", False)
+try:
+    SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
+except ValueError:
+    raise ImproperlyConfigured("SECURE_HSTS_SECONDS must be an integer number of seconds") from None
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD", False)
+# Opt-in, only behind a proxy that sets this header itself (else a client could claim HTTPS):
+# "HTTP_X_FORWARDED_PROTO,https". (uvicorn's --proxy-headers --forwarded-allow-ips does the same
+# at the server.)
+_proxy_ssl_header = [p.strip() for p in os.environ.get("SECURE_PROXY_SSL_HEADER", "").split(",") if p.strip()]
+if _proxy_ssl_header and (len(_proxy_ssl_header) != 2 or not _proxy_ssl_header[0].startswith("HTTP_")):
+    raise ImproperlyConfigured('SECURE_PROXY_SSL_HEADER must look like "HTTP_X_FORWARDED_PROTO,https"')
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_ssl_header) if _proxy_ssl_header else None
+SECURE_CONTENT_TYPE_NOSNIFF = True  # X-Content-Type-Options: nosniff
+SECURE_REFERRER_POLICY = os.environ.get("SECURE_REFERRER_POLICY", "same-origin")
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy on every response (agent_platform/security_headers.py). The chat app
+# and the console load scripts and styles only from this origin and run no inline script.
+CONTENT_SECURITY_POLICY = os.environ.get("CONTENT_SECURITY_POLICY") or (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+# Path prefixes served with another policy: Swagger UI (drf-spectacular) starts with an inline
+# script and styles its widgets inline.
+CONTENT_SECURITY_POLICY_PATHS = {
+    "/api/docs/": (
+        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -68,6 +157,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "agent_platform.security_headers.ContentSecurityPolicyMiddleware",  # CSP, static files included
     "agent_platform.api_errors.ApiErrorShapeMiddleware",  # /api/: every error in {message, extra}
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -97,19 +187,25 @@ TEMPLATES = [
 WSGI_APPLICATION = None
 ASGI_APPLICATION = "agent_platform.asgi.application"
 
-DATABASES = {
-    "default": dj_database_url.config(
-        env="DATABASE_URL",
-        default="postgres://postgres@127.0.0.1:5432/agent_platform",
-        conn_max_age=0,  # the pool below replaces persistent connections (Django's advice under ASGI)
-    )
-}
-# Django's PostgreSQL backend plus row-level security (tenants/rls.py): every statement runs as
-# DATABASE_APP_ROLE, which sees only the rows of the tenant scope in context. The login user
-# (DATABASE_URL's) runs migrations and must be able to create that role the first time.
+# Two PostgreSQL logins (tenants/rls.py, README "Database roles"):
+# - DATABASE_URL, the application's: DATABASE_APP_ROLE (agent_platform_app), a LOGIN role with
+#   a password, NOSUPERUSER NOBYPASSRLS, owning nothing, so every row-level security policy
+#   applies to it; it sees only the rows of the tenant scope in context. The backend refuses a
+#   login that is a superuser or bypasses row-level security.
+# - DATABASE_OWNER_URL, the owner's (default: postgres on the same host, no password): owns the
+#   tables, runs migrate/flush and creates the test database (tenants.rls.owner_mode). The web
+#   and worker processes never need it.
+# scripts/ensure_database.py (bootstrap) creates the role with DATABASE_APP_PASSWORD from
+# var/secrets.env. conn_max_age=0: the pool below replaces persistent connections.
+DATABASE_APP_ROLE = os.environ.get("DATABASE_APP_ROLE", local_secrets.DEFAULT_APP_ROLE)
+try:
+    _app_login, _owner_login = local_secrets.database_logins(_SECRETS_FILE_VALUES)
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+DATABASES = {"default": {**_app_login, "OWNER": _owner_login}}
+# Django's PostgreSQL backend plus row-level security (tenants/rls.py).
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["ENGINE"] = "agent_platform.postgresql"
-DATABASE_APP_ROLE = os.environ.get("DATABASE_APP_ROLE", "agent_platform_app")
 # psycopg 3's connection pool (Django ≥ 5.1): connections are reused across requests and across
 # the runner's database calls instead of being opened for each. DB_POOL_MAX_SIZE bounds the
 # connections one process holds, whatever the number of runs it hosts.

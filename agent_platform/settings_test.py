@@ -2,6 +2,9 @@
 
 ``TEST_ISOLATION=<name>`` gives a suite its own test database, Redis key prefix and Celery
 queue, so two suites can run on one machine at once.
+
+Complete on its own: the keys are set here (test-only keys, which agent_platform/settings.py
+refuses outside these settings), whatever the environment or var/secrets.env hold.
 """
 
 import os
@@ -18,6 +21,11 @@ CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:asgi"
 CHANNEL_LAYERS["events"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:events"
 CELERY_TASK_DEFAULT_QUEUE = f"agent_platform_test{_tag}"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
+# Test-only keys (published here, so refused by settings.py anywhere but in these settings).
+SECRET_KEY = "test-only-insecure-secret-key-for-the-test-suite-000000000000"
+SECRET_KEY_FALLBACKS: list[str] = []
+ENCRYPTION_KEY = "dGVzdC1vbmx5LWluc2VjdXJlLW1hc3Rlci1rZXktMzI="  # b"test-only-insecure-master-key-32"
+DEBUG = False
 # The test process imports the ASGI app for its servers; its collector stays as CPython sets it
 # (agent_platform/tests/test_gc_tuning.py tests the tuning itself).
 WEB_GC_THRESHOLDS = ()

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up shared by `make run` and `make test`:
-#   the virtualenv and pinned dependencies, PostgreSQL and Redis (started if local and down),
-#   the database, migrations.
-# Honours DATABASE_URL and REDIS_URL (defaults: the local services on 127.0.0.1).
+#   the virtualenv and pinned dependencies, this install's secrets (var/secrets.env, once),
+#   PostgreSQL and Redis (started if local and down), the database and the application's
+#   login role, migrations.
+# Honours DATABASE_URL, DATABASE_OWNER_URL and REDIS_URL (defaults: the local services on
+# 127.0.0.1; the application logs in as agent_platform_app, migrations run as postgres).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,6 +59,16 @@ if command -v bwrap >/dev/null 2>&1 \
   log "WARNING: bwrap is installed but cannot create a sandbox here (user namespaces restricted?); CLI commands will fail"
 fi
 
+# 1c. This install's secrets: SECRET_KEY, ENCRYPTION_KEY (a Fernet key) and the database
+#     password of the application's role, generated once into var/secrets.env (mode 0600, never
+#     overwritten; git-ignored) unless the environment gives them. The settings read that file,
+#     so `manage.py` and `make run` find them without exporting them (agent_platform/local_secrets.py).
+umask 077
+for name in $(.venv/bin/python -m agent_platform.local_secrets); do
+  log "generated $name into ${SECRETS_FILE:-var/secrets.env} (keep it; back it up with the database)"
+done
+umask 022
+
 # 2. PostgreSQL and Redis: use DATABASE_URL / REDIS_URL, starting the local ones if they are down.
 if [ -z "${DATABASE_URL:-}" ]; then
   if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
@@ -73,7 +85,11 @@ if [ -z "${REDIS_URL:-}" ]; then
   fi
 fi
 
-# 3. The database itself, and migrations.
+# 3. The database and the application's login role (NOSUPERUSER NOBYPASSRLS, its password from
+#    var/secrets.env), migrations (run as the owner), and tenants' data keys re-wrapped from the
+#    development key this project once published to this install's own (a no-op once done).
 .venv/bin/python scripts/ensure_database.py
 .venv/bin/python manage.py migrate --noinput -v 0
+.venv/bin/python manage.py rotate_encryption_key --from-published-dev-key --only-unreadable -v 0 >/dev/null \
+  || log "WARNING: some tenants' data keys open with no configured key (manage.py rotate_encryption_key --help)"
 .venv/bin/python manage.py collectstatic --noinput -v 0

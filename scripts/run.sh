@@ -5,6 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 PY=.venv/bin/python
+# Served as in production: DEBUG off (no debug pages, no SQL kept in memory). The keys come from
+# var/secrets.env, which bootstrap generated once for this install (0600; never committed); the
+# settings read it, so no key sits in these processes' environment (agent_platform/local_secrets.py).
+export DEBUG=${DEBUG:-0}
+if [ "$DEBUG" != 0 ]; then
+  echo "[run] WARNING: DEBUG=$DEBUG: error pages show settings and code; never expose this to a network" >&2
+fi
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 LLM_PORT=${LLM_PORT:-8081}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -27,7 +27,7 @@ class SecretDecryptError(Exception):
     """A ciphertext could not be decrypted (wrong key, or tampered)."""
 
 
-def _master() -> MultiFernet:
+def _master_fernets() -> list[Fernet]:
     keys = [k.strip() for k in settings.ENCRYPTION_KEY.split(",") if k.strip()]
     fernets = []
     for key in keys:
@@ -36,7 +36,42 @@ def _master() -> MultiFernet:
         if len(base64.urlsafe_b64decode(raw)) != 32:
             raise ValueError("ENCRYPTION_KEY must be urlsafe base64 of 32 bytes (a Fernet key)")
         fernets.append(Fernet(raw))
-    return MultiFernet(fernets)
+    return fernets
+
+
+def _master() -> MultiFernet:
+    return MultiFernet(_master_fernets())
+
+
+def data_key_rewrap(*, wrapped: str, extra_keys: Sequence[str] = ()) -> str:
+    """``wrapped`` (a tenant's wrapped data key) wrapped anew by the first key of
+    ``ENCRYPTION_KEY``: the rotation step (``manage.py rotate_encryption_key``).
+
+    Args:
+        wrapped: the stored text (``Tenant.wrapped_data_key``).
+        extra_keys: Fernet keys that may also unwrap it (decryption only; e.g. a retired
+            master key no longer listed in ``ENCRYPTION_KEY``).
+
+    Returns:
+        The new wrapped text (the data key itself is unchanged, so every secret stays readable).
+
+    Raises:
+        SecretDecryptError: no key of ``ENCRYPTION_KEY`` or ``extra_keys`` unwraps it.
+    """
+    fernets = [*_master_fernets(), *(Fernet(k.encode()) for k in extra_keys)]
+    try:
+        return MultiFernet(fernets).rotate(wrapped.encode()).decode()
+    except InvalidToken as exc:
+        raise SecretDecryptError("no configured key unwraps this data key") from exc
+
+
+def data_key_unwrappable(*, wrapped: str) -> bool:
+    """True when a key of ``ENCRYPTION_KEY`` unwraps ``wrapped`` (a tenant's wrapped data key)."""
+    try:
+        _master().decrypt(wrapped.encode())
+    except InvalidToken:
+        return False
+    return True
 
 
 def data_key_new_wrapped() -> str:

@@ -7,12 +7,17 @@ forward relation through the base manager, ``prefetch_related``, raw SQL, a forg
 
 How:
 
-- **A role without privileges of its own.** Connections log in as the configured database
-  user (a superuser in development and CI), which PostgreSQL never holds to row-level
-  security. So every statement of the application runs as :func:`app_role`
-  (``DATABASE_APP_ROLE``, default ``agent_platform_app``): ``NOLOGIN NOSUPERUSER
-  NOBYPASSRLS``, with ``SELECT, INSERT, UPDATE, DELETE`` on the tables and use of the
-  sequences, and nothing else. It does not own the tables, so their policies apply to it.
+- **The application logs in as a role without privileges of its own.** ``DATABASE_URL``'s
+  user is :func:`app_role` (``DATABASE_APP_ROLE``, default ``agent_platform_app``): ``LOGIN
+  NOSUPERUSER NOBYPASSRLS`` with a password (``scripts/ensure_database.py`` creates it with
+  ``DATABASE_APP_PASSWORD``), with ``SELECT, INSERT, UPDATE, DELETE`` on the tables and use
+  of the sequences, and nothing else. It does not own the tables, so their policies apply to
+  it, and it cannot become another role: ``SET ROLE postgres`` is refused, ``RESET ROLE``
+  leaves it itself. A connection whose login is a superuser or bypasses row-level security
+  is refused at its first statement (:class:`PrivilegedLogin`): the settings cannot quietly
+  fall back to a superuser login. Each statement still sets the role (``set_config('role',
+  …)``), a no-op for that login; it keeps a login that is a *member* of the role (not the
+  role itself) working as the role.
 - **One policy per tenant-owned table** (every concrete :class:`~tenants.scoping.
   TenantOwnedModel`, and the tenants table itself by its ``id``), ``tenant_isolation``, for
   reads and writes alike: a row is visible, and may be written, when its ``tenant_id`` is one
@@ -26,8 +31,11 @@ How:
   since that connection's last one: one ``SELECT set_config(…)`` that sets the role and
   both settings. A rollback undoes a ``set_config`` made in its transaction, so the backend
   forgets what it set whenever it rolls back.
-- **Migrations run as the login user** (:func:`owner_mode`, entered by this project's
-  ``migrate`` and ``flush`` commands): the tables stay owned by it, and DDL needs it. After
+- **Migrations run as the owner** (:func:`owner_mode`, entered by this project's ``migrate``
+  and ``flush`` commands; the database backend's connection without a database, which
+  creates and drops the test database, logs in as the owner too). The owner's login is
+  ``DATABASE_OWNER_URL`` (``settings.DATABASES["default"]["OWNER"]``): the tables stay owned
+  by it, and DDL needs it. The application's processes never hold it open. After
   ``migrate``, :func:`apply` makes sure the role, its grants and the policies exist
   (idempotent; run by the ``post_migrate`` signal).
 
@@ -44,6 +52,8 @@ import threading
 from typing import Any, Iterator
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS
 from psycopg import sql
 
 from tenants.context import ALL_TENANTS, current_scope
@@ -57,6 +67,15 @@ SCOPE_SQL = (
 )
 """Sets the role and the scope of a connection in one statement (``set_config('role', …)`` is
 ``SET ROLE``; ``none`` is the login user)."""
+FIRST_SCOPE_SQL = SCOPE_SQL + (
+    ", (SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = session_user)"
+)
+""":data:`SCOPE_SQL` plus whether the login is privileged: a connection's first statement
+as the application (the check costs no round trip of its own)."""
+
+
+class PrivilegedLogin(ImproperlyConfigured):
+    """The application's database login is a superuser or bypasses row-level security."""
 
 
 def policy_expression(column: str = "tenant_id") -> str:
@@ -69,6 +88,7 @@ def policy_expression(column: str = "tenant_id") -> str:
 
 
 _STATE_ATTRIBUTE = "_agent_platform_rls"
+_CHECKED_ATTRIBUTE = "_agent_platform_login_checked"
 _owner = threading.local()
 
 
@@ -98,15 +118,36 @@ def wanted_state() -> tuple[str, str, str]:
     return role, "", "off"
 
 
+def _login_check_due(connection: Any, wanted: tuple[str, str, str]) -> bool:
+    return wanted[0] != "none" and not getattr(connection, _CHECKED_ATTRIBUTE, False)
+
+
+def _refuse_privileged(connection: Any, privileged: bool | None) -> None:
+    if privileged is not False:
+        raise PrivilegedLogin(
+            "the application's database login is a superuser or bypasses row-level security (or does not "
+            "exist as a role): set DATABASE_URL to the application role's login (README, \"Database roles\")"
+        )
+    setattr(connection, _CHECKED_ATTRIBUTE, True)
+
+
 def sync(connection: Any) -> None:
     """Bring a (sync) psycopg connection's role and scope in line with :func:`wanted_state`.
 
+    The connection's first statement as the application also checks its login.
+
     Raises:
+        PrivilegedLogin: the login is a superuser or bypasses row-level security (outside
+            :func:`owner_mode`); raised again at every statement on that connection.
         psycopg.Error: the statement failed (the role does not exist: run ``migrate``).
     """
     wanted = wanted_state()
     if getattr(connection, _STATE_ATTRIBUTE, None) != wanted:
-        connection.execute(SCOPE_SQL, wanted)
+        if _login_check_due(connection, wanted):
+            row = connection.execute(FIRST_SCOPE_SQL, wanted).fetchone()
+            _refuse_privileged(connection, row[3])
+        else:
+            connection.execute(SCOPE_SQL, wanted)
         setattr(connection, _STATE_ATTRIBUTE, wanted)
 
 
@@ -114,7 +155,11 @@ async def async_sync(connection: Any) -> None:
     """:func:`sync` for an :class:`psycopg.AsyncConnection` (the run host's pool)."""
     wanted = wanted_state()
     if getattr(connection, _STATE_ATTRIBUTE, None) != wanted:
-        await connection.execute(SCOPE_SQL, wanted)
+        if _login_check_due(connection, wanted):
+            row = await (await connection.execute(FIRST_SCOPE_SQL, wanted)).fetchone()
+            _refuse_privileged(connection, row[3])
+        else:
+            await connection.execute(SCOPE_SQL, wanted)
         setattr(connection, _STATE_ATTRIBUTE, wanted)
 
 
@@ -126,17 +171,51 @@ def forget(connection: Any) -> None:
             delattr(connection, _STATE_ATTRIBUTE)
 
 
+def owner_settings(settings_dict: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a database's Django settings that logs in as its owner: ``USER``,
+    ``PASSWORD``, ``HOST`` and ``PORT`` from its ``OWNER`` entry (settings.py:
+    ``DATABASE_OWNER_URL``), and no connection pool (the pool belongs to the application's
+    login; Django keys pools by alias)."""
+    owner = settings_dict.get("OWNER") or {}
+    result = {**settings_dict, **{k: owner[k] for k in ("USER", "PASSWORD", "HOST", "PORT") if owner.get(k)}}
+    if "PASSWORD" in owner and not owner.get("PASSWORD"):
+        result["PASSWORD"] = ""
+    result["OPTIONS"] = {k: v for k, v in (settings_dict.get("OPTIONS") or {}).items() if k != "pool"}
+    return result
+
+
 @contextlib.contextmanager
-def owner_mode() -> Iterator[None]:
-    """Run this thread's statements in the body as the login user, not :func:`app_role`: for
-    ``migrate`` and ``flush``, whose DDL and ``TRUNCATE`` the role may not run. Nestable. A
-    connection used here is set back to the role by its next statement outside (:func:`sync`
-    compares), wherever the pool lends it."""
-    _owner.depth = getattr(_owner, "depth", 0) + 1
+def owner_mode(using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
+    """Run this thread's statements in the body as the owner, not :func:`app_role`: for
+    ``migrate`` and ``flush``, whose DDL and ``TRUNCATE`` the role may not run. Nestable.
+
+    In the body, ``django.db.connections[using]`` (and ``django.db.connection`` for the
+    default alias) is a connection of its own that logs in as the owner
+    (:func:`owner_settings`), opened at its first statement and closed on exit; the
+    application's connection is put back then. Code that kept a reference to the
+    application's connection still runs as the application. The owner's connection does not
+    see what the application's connection has not committed.
+    """
+    depth = getattr(_owner, "depth", 0)
+    if depth:
+        _owner.depth = depth + 1
+        try:
+            yield
+        finally:
+            _owner.depth -= 1
+        return
+    from django.db import connections
+
+    app_connection = connections[using]
+    owner_connection = app_connection.__class__(owner_settings(app_connection.settings_dict), alias=app_connection.alias)
+    connections[using] = owner_connection
+    _owner.depth = 1
     try:
         yield
     finally:
-        _owner.depth -= 1
+        _owner.depth = 0
+        connections[using] = app_connection
+        owner_connection.close()
 
 
 def protected_tables() -> dict[str, str]:
@@ -160,10 +239,15 @@ def apply(connection: Any) -> list[str]:
     """Make sure the role, its grants and every protected table's policy exist
     (:func:`protected_tables`).
 
-    Idempotent and cheap when nothing is missing (two catalogue queries). Every table and
-    sequence of the schema is granted, not only the tenant-owned ones. Runs as the login user
+    Idempotent and cheap when nothing is missing (three catalogue queries). Every table and
+    sequence of the schema is granted, not only the tenant-owned ones. Runs as the owner
     (call it in :func:`owner_mode`), which must be allowed to create the role the first time
-    (a superuser, or ``CREATEROLE``), or the role must exist already.
+    (a superuser, or ``CREATEROLE``), or the role must exist already (``scripts/
+    ensure_database.py`` creates it). A role created here can log in (with the application's
+    password from the settings) when it is the application's login user.
+
+    Raises:
+        PrivilegedLogin: the role exists and is a superuser or bypasses row-level security.
 
     Args:
         connection: a Django database connection (``django.db.connection``).
@@ -177,6 +261,7 @@ def apply(connection: Any) -> list[str]:
         state: dict[str, tuple[bool, bool]] = {}
         role_exists = _role_exists(cursor, role)
         if role_exists:
+            _refuse_privileged_role(cursor, role)
             cursor.execute(
                 "SELECT c.relname, c.relrowsecurity, EXISTS (SELECT 1 FROM pg_policies p "
                 "  WHERE p.schemaname = n.nspname AND p.tablename = c.relname AND p.policyname = %s) "
@@ -194,7 +279,7 @@ def apply(connection: Any) -> list[str]:
             ungranted = cursor.fetchone()[0]
             if not ungranted and len(state) == len(tables) and all(all(flags) for flags in state.values()):
                 return []
-        _ensure_role(cursor, role, exists=role_exists)
+        _ensure_role(cursor, role, exists=role_exists, settings_dict=settings.DATABASES.get(connection.alias, {}))
 
         def run(statement: sql.Composable) -> None:
             cursor.execute(statement.as_string(connection.connection))
@@ -230,11 +315,27 @@ def _current_schema(cursor: Any) -> str:
     return cursor.fetchone()[0]
 
 
-def _ensure_role(cursor: Any, role: str, *, exists: bool) -> None:
-    """Create the role unless it ``exists``, and let the login user switch to it."""
+def _refuse_privileged_role(cursor: Any, role: str) -> None:
+    cursor.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = %s", [role])
+    if cursor.fetchone()[0]:
+        raise PrivilegedLogin(
+            f"the database role {role!r} is a superuser or bypasses row-level security: "
+            f"ALTER ROLE {role} NOSUPERUSER NOBYPASSRLS"
+        )
+
+
+def _ensure_role(cursor: Any, role: str, *, exists: bool, settings_dict: dict[str, Any]) -> None:
+    """Create the role unless it ``exists`` (``LOGIN`` with the application's password when it
+    is the application's login user, else ``NOLOGIN``), and let the owner switch to it."""
     if not exists:
-        cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN NOSUPERUSER NOBYPASSRLS").format(
-            sql.Identifier(role)).as_string(cursor.connection))
+        statement = sql.SQL("CREATE ROLE {} NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE").format(sql.Identifier(role))
+        if settings_dict.get("USER") == role:
+            statement += sql.SQL(" LOGIN")
+            if settings_dict.get("PASSWORD"):
+                statement += sql.SQL(" PASSWORD {}").format(sql.Literal(settings_dict["PASSWORD"]))
+        else:
+            statement += sql.SQL(" NOLOGIN")
+        cursor.execute(statement.as_string(cursor.connection))
     cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
     if not cursor.fetchone()[0]:
         cursor.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')", [role])

@@ -9,13 +9,16 @@
   ``set_config`` made in their transaction), and when a connection goes back to the pool
   inside a transaction (the pool rolls it back);
 - the connection Django opens without a database (``_nodb_cursor``: creating and dropping the
-  test database) is left alone.
+  test database) logs in as the database's owner (``DATABASE_OWNER_URL``:
+  :func:`tenants.rls.owner_settings`), since the application's role may not create
+  databases, and is otherwise left alone.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db import DEFAULT_DB_ALIAS
 from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
 from psycopg.pq import TransactionStatus
@@ -24,6 +27,13 @@ from tenants import rls
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    """Django's PostgreSQL ``DatabaseWrapper`` with :mod:`tenants.rls` applied (module docstring)."""
+
+    def __init__(self, settings_dict: dict[str, Any], alias: str = DEFAULT_DB_ALIAS) -> None:
+        if alias == NO_DB_ALIAS:
+            settings_dict = rls.owner_settings(settings_dict)
+        super().__init__(settings_dict, alias)
+
     def create_cursor(self, name: str | None = None) -> Any:
         if self.alias != NO_DB_ALIAS:
             rls.sync(self.connection)

@@ -286,7 +286,10 @@ def _ddl(connection, statements: list[str]) -> None:
     connection's prepared statements when that connection itself runs DDL)."""
     import psycopg
 
-    params = connection.get_connection_params()
+    from tenants import rls
+
+    with rls.owner_mode():  # the owner's login (DDL): ``connection`` is django.db.connection
+        params = connection.get_connection_params()
     keys = ("dbname", "user", "password", "host", "port")
     with psycopg.connect(**{k: params[k] for k in keys if params.get(k)}, autocommit=True) as other:
         for statement in statements:

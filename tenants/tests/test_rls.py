@@ -50,21 +50,21 @@ def test_every_tenant_owned_table_has_the_policy():
 def test_statements_run_as_a_role_held_to_row_level_security():
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_user, session_user, r.rolsuper, r.rolbypassrls "
-                       "FROM pg_roles r WHERE r.rolname = current_user")
+                       "FROM pg_roles r WHERE r.rolname = session_user")
         current, session, superuser, bypass = cursor.fetchone()
-    assert current == rls.app_role()
-    assert session != current  # logged in as the owner, working as the role
+    assert current == session == rls.app_role()  # logged in as the role itself
     assert not superuser and not bypass
 
 
-def test_owner_mode_runs_as_the_login_user_and_the_role_comes_back_after():
+def test_owner_mode_runs_as_the_owner_and_the_role_comes_back_after():
     with rls.owner_mode():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT current_user = session_user")
-            assert cursor.fetchone()[0] is True
+            cursor.execute("SELECT current_user = session_user, session_user")
+            same, owner = cursor.fetchone()
+            assert same is True and owner == connection.settings_dict["OWNER"]["USER"] != rls.app_role()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT current_user")
-        assert cursor.fetchone()[0] == rls.app_role()
+        cursor.execute("SELECT current_user, session_user")
+        assert cursor.fetchone() == (rls.app_role(), rls.app_role())
 
 
 def test_raw_sql_sees_only_the_tenant_in_scope(world, other_world):
