@@ -145,6 +145,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",  # login lockout (django-axes; AXES_* below)
     "tenants",
     "llm",
     "agents",
@@ -167,6 +168,7 @@ MIDDLEWARE = [
     "tenants.middleware.ConsoleScopeMiddleware",  # the database's tenant scope for the console
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # a locked-out login attempt answers 429 (tenants/lockout.py)
 ]
 
 ROOT_URLCONF = "agent_platform.urls"
@@ -275,6 +277,53 @@ CHANNEL_LAYERS = {
         },
     },
 }
+
+# Django's cache: Redis (DRF throttles, django-axes' failure counters), keys under REDIS_KEY_PREFIX.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": f"{REDIS_KEY_PREFIX}:cache",
+    },
+}
+
+# --- Abuse controls (tenants/throttling.py, tenants/lockout.py; README "Abuse controls") ----------
+# API throttles per user and per tenant, "<scope>.<user|tenant>": "<n>/<second|minute|hour|day>".
+# Scopes: tokens (POST /tokens/), messages (POST /sessions/<id>/messages/), runs (requests that
+# start or resume a run: messages, approval decisions). An empty value turns a limit off.
+# A throttled caller gets 429 with Retry-After and the {message, extra} body.
+API_THROTTLE_RATES = {
+    "tokens.user": os.environ.get("THROTTLE_TOKENS_USER", "20/hour"),
+    "tokens.tenant": os.environ.get("THROTTLE_TOKENS_TENANT", "200/hour"),
+    "messages.user": os.environ.get("THROTTLE_MESSAGES_USER", "30/minute"),
+    "messages.tenant": os.environ.get("THROTTLE_MESSAGES_TENANT", "300/minute"),
+    "runs.user": os.environ.get("THROTTLE_RUNS_USER", "60/minute"),
+    "runs.tenant": os.environ.get("THROTTLE_RUNS_TENANT", "600/minute"),
+}
+# Login lockout (django-axes) on /api/v1/auth/login/ and /admin/login/: after
+# LOGIN_LOCKOUT_FAILURES failed logins for one username from one IP address (LOGIN_LOCKOUT_BY:
+# "username_ip" (default), "username" or "ip"), that pair is refused (429, Retry-After) for
+# LOGIN_LOCKOUT_MINUTES, even with the right password. A successful login resets the count.
+AUTHENTICATION_BACKENDS = [
+    "tenants.lockout.LockoutBackend",  # axes' check first: a locked-out attempt never reaches the password
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"  # failure counters in the Redis cache above
+AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_LOCKOUT_FAILURES", "10"))
+AXES_COOLOFF_TIME = float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15")) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = {
+    "username_ip": [["username", "ip_address"]],
+    "username": ["username"],
+    "ip": ["ip_address"],
+}.get(os.environ.get("LOGIN_LOCKOUT_BY", "username_ip"))
+if AXES_LOCKOUT_PARAMETERS is None:
+    raise ImproperlyConfigured('LOGIN_LOCKOUT_BY must be "username_ip", "username" or "ip"')
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "tenants.lockout.lockout_response"
+AXES_ENABLE_ADMIN = False  # counters live in the cache; lockouts are in the audit log
+AXES_VERBOSE = False
+# An invitation token (tenants.models.Invitation) is valid this long.
+INVITATION_TTL_SECONDS = int(os.environ.get("INVITATION_TTL_SECONDS", str(7 * 24 * 3600)))
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -428,9 +477,12 @@ BROWSER_EXTENSION_IDS = [
     i.strip() for i in os.environ.get("BROWSER_EXTENSION_IDS", "mbcfbjmfgndlpbhnffdhmbecjdjpeeok").split(",") if i.strip()
 ]
 BROWSER_PAIRING_TTL_SECONDS = 600
-BROWSER_PAIRING_RATE_LIMIT = 30  # pairings per client IP per 10 minutes
-BROWSER_PAIRING_POLL_RATE_LIMIT = 600  # token polls per client IP per 10 minutes
-BROWSER_PAIRING_APPROVE_RATE_LIMIT = 20  # code attempts per user per 10 minutes
+# Pairing limits (browser/api/views.py; README "Abuse controls"). None of them lets one client
+# lock out the others behind its address for long:
+BROWSER_PAIRING_RATE_LIMIT = 20  # new pairings per client IP per minute (a flood blocks that IP ≤ 1 min)
+BROWSER_PAIRING_POLL_RATE_LIMIT = 600  # token polls per pairing (per its poll secret) per 10 minutes (the extension polls every 2 s)
+BROWSER_PAIRING_POLL_FAILURE_LIMIT = 60  # failed polls (unknown pairing, wrong secret) per client IP per 10 minutes
+BROWSER_PAIRING_APPROVE_RATE_LIMIT = 20  # wrong codes per user per 10 minutes
 BROWSER_CHROMIUM_PATH = os.environ.get("BROWSER_CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 BROWSER_SERVER_IDLE_SECONDS = int(os.environ.get("BROWSER_SERVER_IDLE_SECONDS", "600"))
 BROWSER_SERVER_HEADLESS = True

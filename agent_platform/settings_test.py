@@ -29,3 +29,15 @@ DEBUG = False
 # The test process imports the ASGI app for its servers; its collector stays as CPython sets it
 # (agent_platform/tests/test_gc_tuning.py tests the tuning itself).
 WEB_GC_THRESHOLDS = ()
+# Abuse controls: the cache's keys under this suite's prefix (the session fixture clears them);
+# limits high enough that the rest of the suite never meets them (their own tests lower them
+# with the `settings` fixture).
+from agent_platform.settings import CACHES  # noqa: E402
+
+CACHES["default"]["KEY_PREFIX"] = f"{REDIS_KEY_PREFIX}:cache"
+API_THROTTLE_RATES = {
+    "tokens.user": "10000/minute", "tokens.tenant": "10000/minute",
+    "messages.user": "10000/minute", "messages.tenant": "10000/minute",
+    "runs.user": "10000/minute", "runs.tenant": "10000/minute",
+}
+AXES_FAILURE_LIMIT = 1000

@@ -19,9 +19,11 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from rest_framework.exceptions import Throttled
 
-from agent_platform.api_errors import ApplicationError, NotFound
+from agent_platform.api_errors import NotFound
 from browser.models import BrowserDevice, BrowserPairing
+from tenants.audit import Action, audit_record
 from tenants.scoping import tenant_scope
 
 DEVICE_TOKEN_PREFIX = "apd_"
@@ -84,6 +86,8 @@ def browser_pairing_approve(*, code: str, user, tenant) -> BrowserPairing:
     pairing.tenant = tenant
     pairing.user = user
     pairing.save(update_fields=["approved_at", "tenant", "user"])
+    audit_record(action=Action.DEVICE_PAIRING_APPROVED, obj=pairing, tenant_id=tenant.pk,
+                 object_repr=f"pairing {pairing.pk} ({pairing.name or 'Chrome'})")
     return pairing
 
 
@@ -123,6 +127,8 @@ def browser_pairing_claim(*, pairing_id: int, poll_secret: str) -> ClaimResult:
     pairing.device = device
     pairing.claimed_at = timezone.now()
     pairing.save(update_fields=["device", "claimed_at"])
+    audit_record(action=Action.DEVICE_PAIRED, obj=device, actor=pairing.user,
+                 detail={"pairing_id": pairing.pk, "token_prefix": device.token_prefix})
     return ClaimResult(status="approved", device=device, token=raw)
 
 
@@ -134,6 +140,7 @@ def browser_device_revoke(*, device: BrowserDevice) -> BrowserDevice:
     if device.revoked_at is None:
         device.revoked_at = timezone.now()
         device.save(update_fields=["revoked_at"])
+        audit_record(action=Action.DEVICE_REVOKED, obj=device)
     device_id = device.pk
     transaction.on_commit(lambda: async_to_sync(get_channel_layer().group_send)(
         device_group(device_id), {"type": "browser.revoked"}
@@ -150,17 +157,48 @@ def browser_device_seen(*, device_id: int, extension_version: str = "") -> None:
     BrowserDevice.all_tenants.filter(pk=device_id).update(**fields)
 
 
+RATE_LIMITED_MESSAGE = "Too many requests; try again in a few minutes."
+
+
+def _rate_key(key: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:browser:rl:{key}"
+
+
+def _throttled(client, full: str, window_seconds: int) -> Throttled:
+    ttl = client.ttl(full)
+    return Throttled(wait=ttl if isinstance(ttl, int) and ttl > 0 else window_seconds, detail=RATE_LIMITED_MESSAGE)
+
+
 def rate_limit_hit(*, key: str, limit: int, window_seconds: int) -> None:
     """Count one hit on ``key``; raise 429 past ``limit`` hits within ``window_seconds``.
 
-    Redis INCR + EXPIRE (fixed window). Used for the unauthenticated pairing endpoints.
+    Redis INCR + EXPIRE (fixed window). Used for the pairing endpoints.
+
+    Raises:
+        rest_framework.exceptions.Throttled: 429 with ``Retry-After`` (the window's rest).
     """
     from sessions.events import _sync_redis
 
-    full = f"{settings.REDIS_KEY_PREFIX}:browser:rl:{key}"
+    full = _rate_key(key)
     client = _sync_redis()
     count = client.incr(full)
     if count == 1:
         client.expire(full, window_seconds)
     if count > limit:
-        raise ApplicationError("Too many requests; try again in a few minutes.", status_code=429)
+        raise _throttled(client, full, window_seconds)
+
+
+def rate_limit_check(*, key: str, limit: int, window_seconds: int) -> None:
+    """Raise 429 if ``key`` already has ``limit`` hits in its window (counts nothing): for
+    limits on failures only, checked before the attempt and hit after a failure.
+
+    Raises:
+        rest_framework.exceptions.Throttled: 429 with ``Retry-After``.
+    """
+    from sessions.events import _sync_redis
+
+    full = _rate_key(key)
+    client = _sync_redis()
+    count = client.get(full)
+    if count is not None and int(count) >= limit:
+        raise _throttled(client, full, window_seconds)

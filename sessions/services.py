@@ -22,6 +22,7 @@ from sessions.models import (
     RunStatus,
     ToolCall,
 )
+from tenants.audit import Action, audit_record
 from tenants.scoping import current_tenant_id
 
 MAX_MESSAGE_CHARS = 100_000
@@ -251,6 +252,10 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
     approval.decided_by = user
     approval.decided_at = now
     approval.save(update_fields=["status", "answer", "decided_by", "decided_at"])
+    # the decision goes in the audit log (never the answer's or reason's text)
+    audit_record(action=Action.APPROVAL_DECIDED, obj=approval, actor=user,
+                 changes={"status": {"from": ApprovalStatus.PENDING, "to": approval.status}},
+                 detail={"run_id": run.pk, "tool_call_id": approval.tool_call_id, "kind": approval.kind})
     event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
         "approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,
         "sub_run_id": approval.sub_run_id,

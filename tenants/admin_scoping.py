@@ -1,8 +1,12 @@
 """The console (Django admin) seen by tenant admins: only their tenants' rows.
 
 A superuser sees everything. A staff user who is owner/admin of one or more tenants sees and
-edits only those tenants' rows, may only pick foreign keys within them, and needs no Django
-model permissions (the membership role is the permission). Everyone else sees nothing.
+edits only those tenants' rows, may only pick foreign keys within them (users: only users
+with a membership in them), and needs no Django model permissions (the membership role is
+the permission). Everyone else sees nothing.
+
+Every add, change and delete through these classes is recorded in the audit log
+(:class:`tenants.audit.AuditedModelAdminMixin`).
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.db import models
 from django.http import HttpRequest
 
-from tenants.models import Tenant
+from tenants.audit import AuditedModelAdminMixin
+from tenants.models import Membership, Tenant
 from tenants.selectors import admin_tenant_ids
 
 
@@ -26,8 +32,28 @@ def _admin_tenants(request: HttpRequest) -> list[int]:
     return cached
 
 
-class TenantScopedModelAdmin(admin.ModelAdmin):
-    """Base ModelAdmin for tenant-owned models."""
+def users_of_tenants(tenant_ids: list[int]) -> models.QuerySet:
+    """Users with a membership in one of ``tenant_ids`` (what a tenant admin may pick)."""
+    User = get_user_model()
+    # tenant-bypass: memberships of the admin's own tenants (the console scope allows them too).
+    member_ids = Membership.all_tenants.filter(tenant_id__in=tenant_ids).values("user_id")
+    return User._default_manager.filter(pk__in=member_ids)
+
+
+def _limited_foreign_key(db_field: Any, request: HttpRequest, kwargs: dict[str, Any]) -> None:
+    related = db_field.related_model
+    if request.user.is_superuser:
+        return
+    if related is Tenant:
+        kwargs["queryset"] = Tenant.objects.filter(pk__in=_admin_tenants(request))
+    elif related is get_user_model():
+        kwargs["queryset"] = users_of_tenants(_admin_tenants(request))
+    elif hasattr(related, "all_tenants"):
+        kwargs["queryset"] = related.all_tenants.filter(tenant_id__in=_admin_tenants(request))
+
+
+class TenantScopedModelAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
+    """Base ModelAdmin for tenant-owned models (writes audited)."""
 
     read_only_model = False
 
@@ -69,12 +95,7 @@ class TenantScopedModelAdmin(admin.ModelAdmin):
         return exclude
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        related = db_field.related_model
-        if not request.user.is_superuser:
-            if related is Tenant:
-                kwargs["queryset"] = Tenant.objects.filter(pk__in=_admin_tenants(request))
-            elif hasattr(related, "all_tenants"):
-                kwargs["queryset"] = related.all_tenants.filter(tenant_id__in=_admin_tenants(request))
+        _limited_foreign_key(db_field, request, kwargs)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
@@ -114,9 +135,7 @@ class TenantScopedInline(admin.TabularInline):
     has_add_permission = has_change_permission = has_delete_permission = has_view_permission  # type: ignore[assignment]
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        related = db_field.related_model
-        if not request.user.is_superuser and hasattr(related, "all_tenants"):
-            kwargs["queryset"] = related.all_tenants.filter(tenant_id__in=_admin_tenants(request))
+        _limited_foreign_key(db_field, request, kwargs)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 

@@ -23,5 +23,8 @@ class TenantsConfig(AppConfig):
 
     def ready(self) -> None:
         from tenants import schema  # noqa: F401  (registers the OpenAPI auth extension)
+        from tenants.audit import connect_signals
+
+        connect_signals()
 
         post_migrate.connect(rls_after_migrate, sender=self, dispatch_uid="tenants.rls_after_migrate")

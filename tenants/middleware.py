@@ -4,8 +4,9 @@ The console's model admins filter by the user's tenants themselves
 (:mod:`tenants.admin_scoping`); this middleware makes PostgreSQL hold them to the same
 (:mod:`tenants.rls`): a superuser's request runs in :func:`~tenants.scoping.system_scope`, a
 staff user's in :func:`~tenants.scoping.tenants_scope` of the tenants they own or administer,
-anyone else's in no scope (no tenant-owned row). Requests outside the console pass through:
-API views and consumers set their own tenant scope.
+anyone else's in no scope (no tenant-owned row). It also sets the audit context (the user and
+the client address, source ``console``; :mod:`tenants.audit`). Requests outside the console
+pass through: API views and consumers set their own tenant scope.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest
 from django.urls import reverse
 
+from tenants.audit import audit_context, context_for_request
 from tenants.scoping import system_scope, tenants_scope
 from tenants.selectors import admin_tenant_ids
 
@@ -54,7 +56,7 @@ class ConsoleScopeMiddleware:
             return self.__acall__(request)
         if not self._is_console(request):
             return self.get_response(request)
-        with console_scope(request.user):
+        with console_scope(request.user), audit_context(context_for_request(request, source="console")):
             return self.get_response(request)
 
     async def __acall__(self, request: HttpRequest) -> Any:
@@ -62,5 +64,5 @@ class ConsoleScopeMiddleware:
             return await self.get_response(request)
         user = await request.auser()
         scope = await sync_to_async(console_scope)(user)
-        with scope:
+        with scope, audit_context(context_for_request(request, source="console", user=user)):
             return await self.get_response(request)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from tenants.models import ADMIN_ROLES, ApiToken, Membership
+from tenants.models import ADMIN_ROLES, ApiToken, AuditEvent, Invitation, Membership
 from tenants.scoping import system_scope
-from tenants.services import token_hash
 
 
 def api_token_authenticate(*, raw: str) -> ApiToken | None:
@@ -17,6 +17,8 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
 
     Touches ``last_used_at`` at most once a minute.
     """
+    from tenants.services import token_hash  # services import the API error classes (DRF): not at import time
+
     # tenant-bypass: the token decides the tenant.
     with system_scope():
         token = (
@@ -35,11 +37,18 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
 def membership_for_user(
     *, user: AbstractBaseUser | AnonymousUser, tenant_slug: str | None = None
 ) -> Membership | None:
-    """The user's membership in ``tenant_slug``, else their first (oldest) one; None if none."""
+    """The user's membership in ``tenant_slug``; without a slug their default one: the tenant
+    they picked last (``Membership.last_selected_at``), else their oldest membership. None if
+    none (or not a member of ``tenant_slug``).
+
+    The one place a session user's tenant is decided (API views, the SPA's login, WebSocket
+    and SSE authentication).
+    """
     if not user.is_authenticated:
         return None
     # tenant-bypass: the membership decides the tenant.
-    qs = Membership.all_tenants.select_related("tenant").filter(user=user).order_by("created_at", "id")
+    qs = Membership.all_tenants.select_related("tenant").filter(user=user).order_by(
+        F("last_selected_at").desc(nulls_last=True), "created_at", "id")
     if tenant_slug:
         qs = qs.filter(tenant__slug=tenant_slug)
     with system_scope():
@@ -53,3 +62,34 @@ def admin_tenant_ids(*, user: AbstractBaseUser) -> list[int]:
         return list(
             Membership.all_tenants.filter(user=user, role__in=list(ADMIN_ROLES)).values_list("tenant_id", flat=True)
         )
+
+
+def membership_list_for_user(*, user: AbstractBaseUser) -> list[Membership]:
+    """Every membership of ``user`` (with its tenant), default first (as :func:`membership_for_user`)."""
+    # tenant-bypass: the user's own memberships, across their tenants.
+    with system_scope():
+        return list(Membership.all_tenants.select_related("tenant").filter(user=user).order_by(
+            F("last_selected_at").desc(nulls_last=True), "created_at", "id"))
+
+
+def invitation_list(*, pending_only: bool = False) -> QuerySet[Invitation]:
+    """The current tenant's invitations, newest first. Requires tenant scope."""
+    qs = Invitation.objects.select_related("created_by", "accepted_by")
+    if pending_only:
+        qs = qs.filter(accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now())
+    return qs
+
+
+def audit_event_list(*, action: str | None = None, actor_id: int | None = None,
+                     object_type: str | None = None) -> QuerySet[AuditEvent]:
+    """The current tenant's audit events, newest first, optionally filtered by ``action``,
+    acting user id and ``object_type`` (``app_label.model``). Requires tenant scope: events of
+    other tenants, and events of no tenant, are never in it."""
+    qs = AuditEvent.objects.all()
+    if action:
+        qs = qs.filter(action=action)
+    if actor_id is not None:
+        qs = qs.filter(actor_id=actor_id)
+    if object_type:
+        qs = qs.filter(object_type=object_type)
+    return qs.order_by("-at", "-id")

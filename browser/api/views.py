@@ -1,11 +1,17 @@
 """Browser pairing and device endpoints.
 
-- ``POST pairings/`` (no auth; rate-limited per client IP) → ``{pairing_id, code, poll_secret,
-  expires_at}``: the extension shows ``code``.
+- ``POST pairings/`` (no auth; ``BROWSER_PAIRING_RATE_LIMIT`` per client IP per minute, so a
+  flood from one address blocks that address for at most a minute) → ``{pairing_id, code,
+  poll_secret, expires_at}``: the extension shows ``code``.
 - ``POST pairings/approve/ {code}`` (logged-in user) → binds the pairing to the user and the
-  request's tenant.
-- ``POST pairings/<id>/token/ {poll_secret}`` (no auth; rate-limited) → ``{status: "pending"}``
-  or, once, ``{status: "approved", token, device}``.
+  request's tenant. Wrong codes are limited per user (10 minutes); a user's mistakes never
+  block another user.
+- ``POST pairings/<id>/token/ {poll_secret}`` (no auth) → ``{status: "pending"}`` or, once,
+  ``{status: "approved", token, device}``. Polls are limited per pairing (by its secret);
+  failed polls (unknown pairing, wrong secret) per client IP, which never blocks the right
+  secret's polls.
+
+Rate-limited answers are 429 with ``Retry-After``.
 - ``GET devices/`` / ``GET devices/<id>/`` / ``DELETE devices/<id>/`` (the caller's own
   devices in the tenant; DELETE revokes).
 """
@@ -23,6 +29,7 @@ from agent_platform.api_errors import NotFound
 from browser import selectors, services
 from browser.models import BrowserDevice
 from tenants.api.mixins import TenantScopedApiView
+from tenants.audit import audit_context, context_for_request
 
 
 def _client_ip(request: Request) -> str:
@@ -51,7 +58,7 @@ class BrowserPairingCreateApi(APIView):
     @extend_schema(request=InputSerializer, responses={201: dict})
     def post(self, request: Request) -> Response:
         services.rate_limit_hit(key=f"pair:{_client_ip(request)}", limit=settings.BROWSER_PAIRING_RATE_LIMIT,
-                                window_seconds=600)
+                                window_seconds=60)
         data = self.InputSerializer(data=request.data or {})
         data.is_valid(raise_exception=True)
         issued = services.browser_pairing_create(name=data.validated_data["name"])
@@ -70,11 +77,21 @@ class BrowserPairingTokenApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={200: dict})
     def post(self, request: Request, pairing_id: int) -> Response:
-        services.rate_limit_hit(key=f"poll:{_client_ip(request)}", limit=settings.BROWSER_PAIRING_POLL_RATE_LIMIT,
-                                window_seconds=600)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = services.browser_pairing_claim(pairing_id=pairing_id, poll_secret=data.validated_data["poll_secret"])
+        secret = data.validated_data["poll_secret"]
+        # Each pairing's own polls (keyed by its secret, which only its extension knows) ...
+        services.rate_limit_hit(key=f"poll:{pairing_id}:{services.sha256_hex(secret)[:32]}",
+                                limit=settings.BROWSER_PAIRING_POLL_RATE_LIMIT, window_seconds=600)
+        try:
+            with audit_context(context_for_request(request, source="api")):
+                result = services.browser_pairing_claim(pairing_id=pairing_id, poll_secret=secret)
+        except NotFound:
+            # ... and failures per address: a client guessing at pairings is stopped without
+            # blocking the right secret's polls from the same address.
+            services.rate_limit_hit(key=f"pollfail:{_client_ip(request)}",
+                                    limit=settings.BROWSER_PAIRING_POLL_FAILURE_LIMIT, window_seconds=600)
+            raise
         if result.status == "pending":
             return Response({"status": "pending"})
         return Response({
@@ -91,12 +108,18 @@ class BrowserPairingApproveApi(TenantScopedApiView):
 
     @extend_schema(request=InputSerializer, responses={200: dict})
     def post(self, request: Request) -> Response:
-        services.rate_limit_hit(key=f"approve:{request.user.pk}", limit=settings.BROWSER_PAIRING_APPROVE_RATE_LIMIT,
-                                window_seconds=600)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        pairing = services.browser_pairing_approve(code=data.validated_data["code"], user=request.user,
-                                                   tenant=request.tenant)
+        # Wrong codes (guesses) are limited per user: one user's mistakes never block another
+        # user, and a right code is not counted.
+        key, limit = f"approvefail:{request.user.pk}", settings.BROWSER_PAIRING_APPROVE_RATE_LIMIT
+        services.rate_limit_check(key=key, limit=limit, window_seconds=600)
+        try:
+            pairing = services.browser_pairing_approve(code=data.validated_data["code"], user=request.user,
+                                                       tenant=request.tenant)
+        except NotFound:
+            services.rate_limit_hit(key=key, limit=limit, window_seconds=600)
+            raise
         return Response({"pairing_id": pairing.pk, "approved": True, "name": pairing.name})
 
 

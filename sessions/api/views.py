@@ -175,7 +175,12 @@ class SessionDetailApi(TenantScopedApiView):
 
 
 class MessagePostApi(TenantScopedApiView):
-    """Post a message to a session: creates a queued run. Answer: ``{run: {id, status}}``."""
+    """Post a message to a session: creates a queued run. Answer: ``{run: {id, status}}``.
+
+    Throttled per user and per tenant (``API_THROTTLE_RATES`` ``messages.*`` and ``runs.*``):
+    429 with ``Retry-After``."""
+
+    throttle_scopes = ("messages", "runs")
 
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -354,6 +359,8 @@ class ApprovalDecideApi(TenantScopedApiView):
     404 when the approval is not the caller's, 409 when already decided, expired, or the run
     has ended.
     """
+
+    throttle_scopes = ("runs",)  # a decision resumes the run (API_THROTTLE_RATES runs.*)
 
     class InputSerializer(serializers.Serializer):
         class Meta:

@@ -2,10 +2,15 @@
 
 Every tenant-owned endpoint is a :class:`TenantScopedApiView` or :class:`TenantScopedViewSet`.
 After authentication it resolves the caller's membership (the API token's; for a session
-user the tenant named by the ``X-Tenant`` header (a slug), else their oldest membership),
-sets the tenant ContextVar for the request and resets it when the response is done. A caller
-with no membership gets 403. Objects of other tenants are simply not in the scoped querysets,
-so they answer 404 with the same message as objects that do not exist.
+user the tenant named by the ``X-Tenant`` header (a slug), which is then remembered as the
+user's last pick, else the tenant they picked last, else their oldest membership), sets the
+tenant ContextVar and the audit context (:mod:`tenants.audit`) for the request and resets
+them when the response is done. A caller with no membership gets 403. Objects of other
+tenants are simply not in the scoped querysets, so they answer 404 with the same message as
+objects that do not exist.
+
+Every create, update and delete through :class:`TenantScopedViewSet` (the ``/admin/…``
+endpoints) appends an audit event with the changed fields (secrets: only that they changed).
 """
 
 from __future__ import annotations
@@ -13,15 +18,28 @@ from __future__ import annotations
 from contextvars import Token
 from typing import Any
 
-from django.db import models
-from rest_framework import permissions, serializers, viewsets
+from django.db import models, transaction
+from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from tenants.audit import (
+    Action,
+    AuditContext,
+    audit_record,
+    context_for_request,
+    enter_audit_context,
+    model_snapshot,
+    reset_audit_context,
+    snapshot_changes,
+)
 from tenants.models import ApiToken, Membership
 from tenants.scoping import Scope, enter_tenant, reset_scope
 from tenants.selectors import membership_for_user
+from tenants.services import membership_select
+from tenants.throttling import throttles_for
 
 
 class IsTenantAdmin(permissions.BasePermission):
@@ -35,20 +53,38 @@ class IsTenantAdmin(permissions.BasePermission):
 
 
 def resolve_membership(request: Request) -> Membership | None:
+    """The caller's membership: the API token's, else (session) the ``X-Tenant`` one, which is
+    remembered as the user's pick, else their default (:func:`membership_for_user`)."""
     if isinstance(request.auth, ApiToken):
         return request.auth.membership
     if request.user and request.user.is_authenticated:
-        return membership_for_user(user=request.user, tenant_slug=request.headers.get("X-Tenant"))
+        slug = request.headers.get("X-Tenant")
+        membership = membership_for_user(user=request.user, tenant_slug=slug)
+        if slug and membership is not None:
+            membership_select(membership=membership)
+        return membership
     return None
 
 
 class TenantContextMixin:
-    """Sets ``request.membership``, ``request.tenant`` and the tenant scope for one request."""
+    """Sets ``request.membership``, ``request.tenant``, the tenant scope and the audit context
+    for one request."""
 
     _tenant_token: Token[Scope] | None = None
+    _audit_token: Token[AuditContext | None] | None = None
+    throttle_scopes: tuple[str, ...] = ()
+    """Budgets (``settings.API_THROTTLE_RATES``) that this view's unsafe requests spend, per
+    user and per tenant (:mod:`tenants.throttling`)."""
+
+    def get_throttles(self) -> list[Any]:
+        throttles = list(super().get_throttles())  # type: ignore[misc]
+        if self.throttle_scopes and self.request.method not in permissions.SAFE_METHODS:  # type: ignore[attr-defined]
+            throttles += throttles_for(self.throttle_scopes)
+        return throttles
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         self.perform_authentication(request)  # type: ignore[attr-defined]
+        self._audit_token = enter_audit_context(context_for_request(request, source="api"))
         membership = resolve_membership(request)
         request.membership = membership  # type: ignore[attr-defined]
         request.tenant = membership.tenant if membership else None  # type: ignore[attr-defined]
@@ -65,6 +101,9 @@ class TenantContextMixin:
             if self._tenant_token is not None:
                 reset_scope(self._tenant_token)
                 self._tenant_token = None
+            if self._audit_token is not None:
+                reset_audit_context(self._audit_token)
+                self._audit_token = None
 
 
 class TenantScopedApiView(TenantContextMixin, APIView):
@@ -88,6 +127,46 @@ class TenantScopedViewSet(TenantContextMixin, viewsets.ModelViewSet):
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         serializer.save(tenant=self.request.tenant)  # type: ignore[attr-defined]
+
+    # create / update / destroy as DRF's mixins do them, with the write and its audit event in
+    # one transaction. Subclasses customise perform_create/perform_update/perform_destroy.
+
+    def _audit_detail(self, request: Request) -> dict[str, Any]:
+        data = request.data if isinstance(request.data, dict) else {}
+        return {"fields_sent": sorted(str(key)[:64] for key in list(data)[:100])}
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        with transaction.atomic():
+            self.perform_create(serializer)
+            instance = serializer.instance
+            audit_record(action=Action.CREATE, obj=instance, changes=snapshot_changes(None, model_snapshot(instance)),
+                         detail=self._audit_detail(request))
+        headers = self.get_success_headers(serializer.data)
+        return Response(serializer.data, status=status.HTTP_201_CREATED, headers=headers)
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        partial = kwargs.pop("partial", False)
+        instance = self.get_object()
+        before = model_snapshot(instance)
+        serializer = self.get_serializer(instance, data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        with transaction.atomic():
+            self.perform_update(serializer)
+            audit_record(action=Action.UPDATE, obj=serializer.instance,
+                         changes=snapshot_changes(before, model_snapshot(serializer.instance)),
+                         detail=self._audit_detail(request))
+        if getattr(instance, "_prefetched_objects_cache", None):
+            instance._prefetched_objects_cache = {}
+        return Response(serializer.data)
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        instance = self.get_object()
+        with transaction.atomic():
+            audit_record(action=Action.DELETE, obj=instance)
+            self.perform_destroy(instance)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class TenantPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):

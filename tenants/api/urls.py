@@ -8,4 +8,10 @@ urlpatterns = [
     path("auth/me/", views.AuthMeApi.as_view(), name="auth-me"),
     path("tokens/", views.ApiTokenListCreateApi.as_view(), name="token-list"),
     path("tokens/<int:token_id>/revoke/", views.ApiTokenRevokeApi.as_view(), name="token-revoke"),
+    path("auth/tenants/", views.AuthTenantListApi.as_view(), name="auth-tenants"),
+    path("auth/tenant/", views.AuthTenantPickApi.as_view(), name="auth-tenant-pick"),
+    path("admin/invitations/", views.InvitationListCreateApi.as_view(), name="admin-invitation-list"),
+    path("admin/invitations/<int:invitation_id>/", views.InvitationRevokeApi.as_view(), name="admin-invitation-detail"),
+    path("invitations/accept/", views.InvitationAcceptApi.as_view(), name="invitation-accept"),
+    path("admin/audit/", views.AuditEventListApi.as_view(), name="admin-audit"),
 ]

@@ -1,0 +1,66 @@
+"""API throttles per user and per tenant, on Django's cache (Redis).
+
+A view names the budgets its writes spend in ``throttle_scopes`` (e.g. ``("messages",
+"runs")``); :class:`tenants.api.mixins.TenantContextMixin` then checks, for each scope, one
+:class:`UserScopedThrottle` (keyed by the user id) and one :class:`TenantScopedThrottle`
+(keyed by the request's tenant id) on unsafe methods (POST, PUT, PATCH, DELETE). Rates come
+from ``settings.API_THROTTLE_RATES["<scope>.<user|tenant>"]`` (``"30/minute"``; empty or
+missing: no limit), read per request. A throttled request raises DRF's ``Throttled``, which
+the API's exception handler answers with 429, ``Retry-After`` and the ``{message, extra}``
+body. The counting is DRF's ``SimpleRateThrottle`` (a sliding window of request times).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from rest_framework.request import Request
+from rest_framework.throttling import SimpleRateThrottle
+
+
+class _ScopedThrottle(SimpleRateThrottle):
+    kind = ""
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+
+    def get_rate(self) -> str | None:
+        """The rate for ``<scope>.<kind>`` from ``API_THROTTLE_RATES``, or None (no limit)."""
+        return (getattr(settings, "API_THROTTLE_RATES", {}) or {}).get(f"{self.scope}.{self.kind}") or None
+
+    def _ident(self, request: Request) -> Any:
+        raise NotImplementedError
+
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
+        ident = self._ident(request)
+        if ident is None:
+            return None
+        return f"throttle_{self.scope}_{self.kind}_{ident}"
+
+
+class UserScopedThrottle(_ScopedThrottle):
+    """One budget per user (whatever tenant or token they use)."""
+
+    kind = "user"
+
+    def _ident(self, request: Request) -> Any:
+        user = getattr(request, "user", None)
+        return user.pk if user is not None and user.is_authenticated else None
+
+
+class TenantScopedThrottle(_ScopedThrottle):
+    """One budget per tenant (all its users together)."""
+
+    kind = "tenant"
+
+    def _ident(self, request: Request) -> Any:
+        tenant = getattr(request, "tenant", None)
+        return tenant.pk if tenant is not None else None
+
+
+def throttles_for(scopes: tuple[str, ...] | list[str]) -> list[_ScopedThrottle]:
+    """A user and a tenant throttle for each scope."""
+    return [cls(scope) for scope in scopes for cls in (UserScopedThrottle, TenantScopedThrottle)]
