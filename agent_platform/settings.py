@@ -470,6 +470,29 @@ LOGGING = {
 # CLI commands refuse to run (README, "CLI commands").
 CLI_BWRAP_PATH = os.environ.get("CLI_BWRAP_PATH", "bwrap")
 
+# --- Confinement of every program a run starts (capabilities/confinement.py, README "Security model")
+# The host uid/gid confined programs run as when the worker is root (65534: nobody/nogroup).
+SANDBOX_UID = int(os.environ.get("SANDBOX_UID", "65534"))
+SANDBOX_GID = int(os.environ.get("SANDBOX_GID", "65534"))
+# The Python of programs that are Python modules (templates say ${PYTHON}): a virtualenv made by
+# scripts/bootstrap.sh from the system's /usr/bin/python3, so that the unprivileged sandbox user
+# can read all of it; and the host paths every sandbox sees read-only besides /usr.
+SANDBOX_PYTHON = os.environ.get("SANDBOX_PYTHON", str(BASE_DIR / "var" / "sandbox" / "venv" / "bin" / "python"))
+SANDBOX_RO_BINDS = [
+    p.strip() for p in os.environ.get("SANDBOX_RO_BINDS", str(BASE_DIR / "var" / "sandbox" / "venv")).split(",")
+    if p.strip()
+]
+# The Python (inside the sandbox: under /usr or a read-only bind) that runs the egress bridge.
+SANDBOX_BRIDGE_PYTHON = os.environ.get("SANDBOX_BRIDGE_PYTHON", "/usr/bin/python3")
+# Networks a sandbox's egress proxy lets through although they are not public (an operator's
+# decision, e.g. an intranet); empty by default. Metadata addresses stay blocked.
+SANDBOX_EGRESS_ALLOWED_CIDRS: list[str] = [
+    str(ipaddress.ip_network(c.strip(), strict=False))
+    for c in os.environ.get("SANDBOX_EGRESS_ALLOWED_CIDRS", "").split(",") if c.strip()
+]
+# How long the console's "Test connection" waits for the worker that runs the test (seconds).
+MCP_TEST_CONNECTION_WAIT_SECONDS = float(os.environ.get("MCP_TEST_CONNECTION_WAIT_SECONDS", "90"))
+
 # --- Browser capability (browser/) -------------------------------------------------------------
 # Chrome extension ids allowed to open /ws/browser/ (Origin chrome-extension://<id>). The default
 # is the id fixed by the "key" in chrome_extension/manifest.json.

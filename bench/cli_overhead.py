@@ -4,10 +4,10 @@ Runs ``factor 12`` (GNU coreutils; the demo command) ``--iterations`` times each
 interleaved so that machine load hits every way alike:
 
 1. **direct**: ``asyncio.create_subprocess_exec`` + ``communicate()``, nothing else;
-2. **unsandboxed**: :func:`capabilities.cli.sandbox.run_command` with ``unsandboxed=True``
-   (temp work dir, clean env, new session, capped concurrent reading);
-3. **bwrap**: ``run_command`` in the bubblewrap sandbox (namespaces, binds, /proc, tmpfs);
-4. **tool**: ``CliTool.execute`` in the sandbox (schema validation, argv rendering,
+2. **confined**: :func:`capabilities.cli.sandbox.run_command`: setpriv (a root worker drops to
+   the sandbox user), bubblewrap (namespaces, binds, /proc, tmpfs), temp work dir, capped
+   concurrent reading (there is no unconfined mode any more);
+3. **tool**: ``CliTool.execute`` confined (schema validation, argv rendering,
    progress events to a no-op publisher, result rendering).
 
 Prints p50/p95 wall time per call and the overhead of each way over ``direct``. No Django,
@@ -28,7 +28,8 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 from _stats import machine, percentile  # noqa: E402
-from capabilities.cli.sandbox import SandboxPolicy, bwrap_resolve, run_command  # noqa: E402
+from capabilities.cli.sandbox import SandboxPolicy, run_command  # noqa: E402
+from capabilities.confinement import bwrap_resolve  # noqa: E402
 from capabilities.cli.tool import CliCommandConfig, CliTool  # noqa: E402
 from capabilities.tools import ToolContext  # noqa: E402
 
@@ -42,11 +43,6 @@ async def _direct() -> None:
     assert out == b"12: 2 2 3\n"
 
 
-async def _unsandboxed() -> None:
-    result = await run_command(ARGV, SandboxPolicy(unsandboxed=True))
-    assert result.stdout == "12: 2 2 3\n"
-
-
 async def _bwrap() -> None:
     result = await run_command(ARGV, SandboxPolicy())
     assert result.stdout == "12: 2 2 3\n", result
@@ -57,7 +53,7 @@ async def _noop_publish(type_: str, data: dict[str, Any]) -> None:
 
 
 TOOL = CliTool(CliCommandConfig(name="factor", description="", argv_template=("factor", "--", "{n}"),
-                                parameters_schema=SCHEMA), bwrap_path="bwrap")
+                                parameters_schema=SCHEMA))
 CONTEXT = ToolContext(tenant_id=0, session_id=0, run_id=0, tool_call_id=0, publish=_noop_publish)
 
 
@@ -69,7 +65,7 @@ async def _tool() -> None:
 async def main(iterations: int) -> None:
     if bwrap_resolve("bwrap") is None:
         sys.exit("bwrap is not installed (scripts/bootstrap.sh installs it)")
-    ways = {"direct": _direct, "unsandboxed": _unsandboxed, "bwrap": _bwrap, "tool (bwrap)": _tool}
+    ways = {"direct": _direct, "confined": _bwrap, "tool (confined)": _tool}
     times: dict[str, list[float]] = {name: [] for name in ways}
     for fn in ways.values():  # warm up (page cache, imports)
         await fn()

@@ -11,8 +11,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from capabilities.models import CliCommand, McpServer, Skill
-from capabilities.services import mcp_server_test_connection
+from capabilities.catalogue import ProgramTemplate, TemplateKind, parameters_errors, secrets_errors
+from capabilities.models import CliCommand, McpServer, McpTransport, Skill
+from capabilities.services import mcp_server_test_connection_request
 from tenants.admin_scoping import TenantScopedModelAdmin
 from tenants.crypto import secret_encrypt_json
 from tenants.models import Tenant
@@ -39,13 +40,98 @@ class _JsonSecretField(forms.CharField):
         return parsed
 
 
-class McpServerForm(forms.ModelForm):
-    env = _JsonSecretField(label="Environment (stdio)")
+def _template_help(kind: str) -> str:
+    return ("A program from the operator's catalogue (Capabilities → Program templates): its command line, "
+            "sandbox and network are the operator's; you fill in its parameters and secrets.")
+
+
+class _TemplateFormMixin:
+    """Checks the tenant's parameters and secrets against the chosen template."""
+
+    def _check_template(self, data: dict, *, secrets_field: str = "env") -> None:
+        template = data.get("template")
+        if template is None:
+            return
+        problems = parameters_errors(template, data.get("parameters") or {})
+        if problems:
+            self.add_error("parameters", problems)  # type: ignore[attr-defined]
+        problems = secrets_errors(template, data.get(secrets_field))
+        if problems:
+            self.add_error(secrets_field, problems)  # type: ignore[attr-defined]
+
+
+class McpServerForm(_TemplateFormMixin, forms.ModelForm):
+    env = _JsonSecretField(label="Secrets (stdio)")
     headers = _JsonSecretField(label="Headers (HTTP)")
 
     class Meta:
         model = McpServer
         fields = "__all__"
+        help_texts = {"template": _template_help("mcp_stdio")}
+
+    def clean(self):
+        data = super().clean()
+        if data.get("transport") == McpTransport.STDIO:
+            self._check_template(data)
+        elif data.get("env"):
+            self.add_error("env", "Only a stdio server has secrets; an HTTP server has headers.")
+        return data
+
+
+def _admin_tenant_ids(request: HttpRequest) -> list[int]:
+    """The tenants the console user administers (none when logged out)."""
+    from tenants.selectors import admin_tenant_ids
+
+    return admin_tenant_ids(user=request.user) if request.user.is_authenticated else []
+
+
+def _templates_for(request: HttpRequest, kind: str):
+    """Enabled templates of ``kind`` that the admin's tenants may use (all of them for a superuser)."""
+    from django.db.models import Q
+
+    qs = ProgramTemplate.objects.filter(kind=kind, enabled=True)
+    if request.user.is_superuser:
+        return qs
+    tenants = _admin_tenant_ids(request)
+    return qs.filter(Q(tenants__isnull=True) | Q(tenants__in=tenants)).distinct()
+
+
+@admin.register(ProgramTemplate)
+class ProgramTemplateAdmin(admin.ModelAdmin):
+    """The operator catalogue: only superusers (platform operators) add, change or delete
+    templates; tenant admins may read them, to know what they can enable."""
+
+    list_display = ["name", "slug", "kind", "network", "enabled", "updated_at"]
+    list_filter = ["kind", "network", "enabled"]
+    search_fields = ["name", "slug", "description"]
+    filter_horizontal = ["tenants"]
+
+    def _staff(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff and (
+            request.user.is_superuser or bool(_admin_tenant_ids(request)))
+
+    def get_queryset(self, request):
+        from django.db.models import Q
+
+        qs = super().get_queryset(request)
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(Q(tenants__isnull=True) | Q(tenants__in=_admin_tenant_ids(request))).distinct()
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self._staff(request)
+
+    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
+        return self._staff(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return request.user.is_active and request.user.is_superuser
 
 
 def _tools_table(tools: list[dict]) -> str:
@@ -65,6 +151,12 @@ class McpServerAdmin(TenantScopedModelAdmin):
     "Test connection" button (connect with the server's timeouts, list, store the snapshot)."""
 
     form = McpServerForm
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "template":
+            kwargs["queryset"] = _templates_for(request, TemplateKind.MCP_STDIO)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     list_display = ["name", "alias", "transport", "enabled", "tool_count", "tools_snapshot_at", "tenant"]
     readonly_fields = ["tools_snapshot_table", "tools_snapshot_at", "last_error"]
     change_form_template = "admin/capabilities/mcpserver/change_form.html"
@@ -94,7 +186,7 @@ class McpServerAdmin(TenantScopedModelAdmin):
             raise Http404("MCP server not found.")
         result = None
         if request.method == "POST":
-            result = mcp_server_test_connection(server=server)
+            result = mcp_server_test_connection_request(server=server)  # on a worker
             server.refresh_from_db()
         elif request.method != "GET":
             return redirect(reverse("admin:capabilities_mcpserver_test_connection", args=[server.pk]))
@@ -122,8 +214,8 @@ class McpServerAdmin(TenantScopedModelAdmin):
         super().save_model(request, obj, form, change)
 
 
-class CliCommandForm(forms.ModelForm):
-    env = _JsonSecretField(label="Environment variables")
+class CliCommandForm(_TemplateFormMixin, forms.ModelForm):
+    env = _JsonSecretField(label="Secrets")
 
     def clean_env(self):
         value = self.cleaned_data.get("env")
@@ -134,23 +226,35 @@ class CliCommandForm(forms.ModelForm):
             raise forms.ValidationError("Values may not contain NUL characters.")
         return value
 
+    def clean(self):
+        data = super().clean()
+        self._check_template(data)
+        return data
+
     class Meta:
         model = CliCommand
         fields = "__all__"
+        help_texts = {"template": _template_help("cli")}
 
 
 @admin.register(CliCommand)
 class CliCommandAdmin(TenantScopedModelAdmin):
-    """CLI commands; the env is write-only and stored encrypted (like an MCP server's)."""
+    """CLI commands: a program template of the operator's catalogue under a tool name; the secrets
+    are write-only and stored encrypted (like an MCP server's)."""
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "template":
+            kwargs["queryset"] = _templates_for(request, TemplateKind.CLI)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     form = CliCommandForm
-    list_display = ["name", "program", "allow_network", "unsandboxed", "enabled", "tenant"]
-    list_filter = ["enabled", "allow_network", "unsandboxed"]
+    list_display = ["name", "template", "network", "enabled", "tenant"]
+    list_filter = ["enabled"]
     readonly_fields = ["env_is_set"]
 
-    @admin.display(description="Program")
-    def program(self, obj: CliCommand) -> str:
-        return obj.argv_template[0] if obj.argv_template else ""
+    @admin.display(description="Network")
+    def network(self, obj: CliCommand) -> str:
+        return obj.template.get_network_display() if obj.template else ""
 
     @admin.display(description="Environment stored", boolean=True)
     def env_is_set(self, obj: CliCommand) -> bool:

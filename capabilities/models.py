@@ -22,6 +22,11 @@ one as its alias, or its tools would be named like the platform's."""
 class McpServer(TenantOwnedModel):
     """An MCP server the tenant's agents can be bound to.
 
+    A stdio server is an operator's template (:class:`~capabilities.catalogue.ProgramTemplate`
+    of kind ``mcp_stdio``) enabled for the tenant: the tenant fills its ``parameters`` and
+    secrets (``env``: only the names the template declares), never a command line. An HTTP
+    server (streamable HTTP, SSE) is a URL, address-checked like web_fetch.
+
     ``env`` (stdio) and ``headers`` (HTTP) may hold secrets: both are stored encrypted with
     the tenant's data key and never returned by the API.
     """
@@ -33,8 +38,14 @@ class McpServer(TenantOwnedModel):
         help_text="Short name used to prefix tool names when they collide.",
     )
     transport = models.CharField(max_length=20, choices=McpTransport.choices, default=McpTransport.STDIO)
-    command = models.CharField(max_length=500, blank=True, help_text="stdio: the executable.")
-    args = models.JSONField(default=list, blank=True, help_text="stdio: a JSON list of arguments.")
+    template = models.ForeignKey(
+        "capabilities.ProgramTemplate", on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        limit_choices_to={"kind": "mcp_stdio", "enabled": True},
+        help_text="stdio: the program, from the operator's catalogue.",
+    )
+    parameters = models.JSONField(
+        default=dict, blank=True, help_text="stdio: values of the template's tenant parameters.",
+    )
     env_encrypted = models.TextField(blank=True, editable=False)
     url = models.URLField(
         max_length=500, blank=True, help_text="Streamable HTTP: the endpoint URL; HTTP+SSE: the SSE stream URL."
@@ -75,15 +86,27 @@ class McpServer(TenantOwnedModel):
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
 
-        if self.transport == McpTransport.STDIO and not self.command:
-            raise ValidationError({"command": "A stdio server needs a command."})
+        from capabilities.catalogue import TemplateKind, parameters_errors
+
+        if self.transport == McpTransport.STDIO:
+            template = self.template
+            if template is None:
+                raise ValidationError({"template": "A stdio server is a program from the operator's catalogue: choose one."})
+            if template.kind != TemplateKind.MCP_STDIO:
+                raise ValidationError({"template": "This template is not a stdio MCP server."})
+            if self.tenant_id and not template.available_to(self.tenant_id):
+                raise ValidationError({"template": "This template is not available to the tenant."})
+            problems = parameters_errors(template, self.parameters)
+            if problems:
+                raise ValidationError({"parameters": problems})
+        elif self.template_id is not None:
+            raise ValidationError({"template": "Only a stdio server has a template."})
         if self.transport in (McpTransport.STREAMABLE_HTTP, McpTransport.SSE) and not self.url:
             raise ValidationError({"url": "An HTTP server needs a URL."})
-        if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
-            raise ValidationError({"args": "A JSON list of strings."})
         if self.alias in RESERVED_MCP_ALIASES:
             raise ValidationError({"alias": f"{self.alias!r} names the platform's own tools; choose another alias."})
 
 
-from capabilities.cli.models import CliCommand  # noqa: E402,F401  (registers the model in this app)
+from capabilities.catalogue import ProgramTemplate  # noqa: E402,F401  (registers the model in this app)
+from capabilities.cli.models import CliCommand  # noqa: E402,F401
 from capabilities.skills.models import Skill  # noqa: E402,F401

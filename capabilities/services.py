@@ -8,13 +8,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from capabilities.mcp.client import McpConnection, McpServerConfig, McpToolInfo
 from capabilities.mcp.tool import cap_description
-from capabilities.models import McpServer
-from tenants.scoping import tenant_scope
+from capabilities.catalogue import ProgramTemplate, TemplateKind, secrets_errors, template_argv, template_profile
+from capabilities.cli.models import CliCommand
+from capabilities.cli.tool import CliCommandConfig
+from capabilities.models import McpServer, McpTransport
+from tenants.scoping import system_scope, tenant_scope
 from capabilities.tools import ToolError
 from tenants.crypto import secret_decrypt_json, secret_encrypt_json
 from tenants.models import Tenant
@@ -29,10 +33,24 @@ def mcp_server_save(
     headers: dict[str, str] | None = None,
     **fields: Any,
 ) -> McpServer:
-    """Create or update an MCP server. ``env``/``headers`` None keep the stored secrets."""
+    """Create or update an MCP server. ``env``/``headers`` None keep the stored secrets.
+
+    ``env`` (stdio) may only name the template's secrets.
+
+    Raises:
+        ValidationError: by field, e.g. a stdio server without a template, or a secret the
+            template does not declare.
+    """
     server = server or McpServer(tenant=tenant)
     for name, value in fields.items():
         setattr(server, name, value)
+    if env:
+        template = server.template if server.transport == McpTransport.STDIO else None
+        problems = secrets_errors(template, env) if template is not None else (
+            ["Only a stdio server from a template has secrets (use headers for an HTTP server)."]
+            if server.transport != McpTransport.STDIO else [])
+        if problems:
+            raise ValidationError({"env": problems})
     if env is not None:
         server.env_encrypted = secret_encrypt_json(tenant=tenant, value=env)
     if headers is not None:
@@ -89,14 +107,35 @@ class McpConnectionTest:
 
 
 def mcp_server_config(*, server: McpServer) -> McpServerConfig:
-    """The client configuration of ``server``, secrets decrypted (never log it: env/headers)."""
+    """The client configuration of ``server``, secrets decrypted (never log it: env/headers).
+
+    A stdio server is its operator template rendered with the tenant's parameters, confined by
+    the template's sandbox profile with the tenant's secrets as its environment: a stdio
+    configuration made here always has a ``sandbox``.
+
+    Raises:
+        ValueError: the configuration is unusable (a stdio server without a template, a template
+            no longer offered to the tenant, parameters that no longer fit it).
+    """
     tenant = Tenant.objects.get(pk=server.tenant_id)
+    env = secret_decrypt_json(tenant=tenant, ciphertext=server.env_encrypted)
+    if server.transport == McpTransport.STDIO:
+        template = ProgramTemplate.objects.filter(pk=server.template_id).first()
+        if template is None or template.kind != TemplateKind.MCP_STDIO:
+            raise ValueError(f"the stdio MCP server {server.alias!r} has no program template")
+        if not template.available_to(server.tenant_id):
+            raise ValueError(f"the program template {template.slug!r} is not available to this tenant")
+        argv = template_argv(template, server.parameters or {})
+        return McpServerConfig(
+            alias=server.alias, transport="stdio", command=argv[0], args=tuple(argv[1:]),
+            sandbox=template_profile(template, env),
+            connect_timeout_seconds=server.connect_timeout_seconds,
+            list_timeout_seconds=server.list_timeout_seconds,
+            call_timeout_seconds=min(server.call_timeout_seconds, template.timeout_seconds),
+        )
     return McpServerConfig(
         alias=server.alias,
         transport=server.transport,
-        command=server.command,
-        args=tuple(server.args),
-        env=secret_decrypt_json(tenant=tenant, ciphertext=server.env_encrypted),
         url=server.url,
         headers=secret_decrypt_json(tenant=tenant, ciphertext=server.headers_encrypted),
         connect_timeout_seconds=server.connect_timeout_seconds,
@@ -105,13 +144,41 @@ def mcp_server_config(*, server: McpServer) -> McpServerConfig:
     )
 
 
+def cli_command_config(*, command: CliCommand) -> CliCommandConfig:
+    """The runner's configuration of a tenant's CLI command: its template's argv (rendered with
+    the tenant's parameters), argument schema and sandbox profile, the tenant's secrets
+    decrypted into the profile's environment (never log it), the tighter of both limits.
+
+    Raises:
+        ValueError: no template, or one no longer offered to the tenant, or parameters that no
+            longer fit it (the run then fails with reason ``configuration``).
+    """
+    template = ProgramTemplate.objects.filter(pk=command.template_id).first()
+    if template is None or template.kind != TemplateKind.CLI:
+        raise ValueError(f"the CLI command {command.name!r} has no program template")
+    if not template.available_to(command.tenant_id):
+        raise ValueError(f"the program template {template.slug!r} is not available to this tenant")
+    tenant = Tenant.objects.get(pk=command.tenant_id)
+    secrets = secret_decrypt_json(tenant=tenant, ciphertext=command.env_encrypted)
+    return CliCommandConfig(
+        name=command.name,
+        description=command.description or template.description,
+        argv_template=tuple(template_argv(template, command.parameters or {})),
+        parameters_schema=dict(template.parameters_schema or {}),
+        timeout_seconds=min(command.timeout_seconds, template.timeout_seconds),
+        max_output_bytes=min(command.max_output_bytes, template.max_output_bytes),
+        profile=template_profile(template, secrets),
+    )
+
+
 def mcp_server_test_connection(*, server: McpServer) -> McpConnectionTest:
     """Connect to ``server`` with its own timeouts, list every tool, store the snapshot.
 
-    A fresh connection (not the worker's pool: this runs in the web process), closed before
-    returning; a stdio server is spawned and terminated. Blocks for at most about
-    ``connect_timeout_seconds + list_timeout_seconds`` (+ the bounded close). Call it from a
-    synchronous view (it runs its own event loop).
+    A fresh connection (not the pool), closed before returning; a stdio server is spawned,
+    confined, and terminated. Runs in a worker (:func:`mcp_server_test_connection_request` is
+    what the console calls: the web process never starts a tenant's program). Blocks for at
+    most about ``connect_timeout_seconds + list_timeout_seconds`` (+ the bounded close); runs
+    its own event loop, so call it from a thread without one.
 
     Side effects: ``tools_snapshot``/``tools_snapshot_at`` on success, ``last_error`` always.
     """
@@ -136,3 +203,151 @@ def mcp_server_test_connection(*, server: McpServer) -> McpConnectionTest:
         tenant_id=server.tenant_id, server_id=server.pk, tools=result.tools if result.ok else None, error=result.error
     )
     return result
+
+
+def mcp_server_test_connection_request(*, server: McpServer, wait_seconds: float | None = None) -> McpConnectionTest:
+    """Have a worker test ``server`` (:func:`mcp_server_test_connection`) and wait for its answer.
+
+    The test runs in a Celery worker, never in the calling (web) process. The worker pushes its
+    result to a one-off Redis list that this call waits on (``BLPOP``).
+
+    Args:
+        server: The server (the caller already checked it is the tenant's).
+        wait_seconds: How long to wait (default ``settings.MCP_TEST_CONNECTION_WAIT_SECONDS``).
+
+    Returns:
+        The worker's result, or a failed result saying that no worker answered in time.
+    """
+    import json
+    import uuid
+
+    import redis
+    from django.conf import settings
+
+    from capabilities.tasks import mcp_server_test_connection as task
+
+    wait = settings.MCP_TEST_CONNECTION_WAIT_SECONDS if wait_seconds is None else wait_seconds
+    reply_key = f"{settings.REDIS_KEY_PREFIX}:mcp-test:{uuid.uuid4().hex}"
+    task.apply_async(kwargs={"tenant_id": server.tenant_id, "server_id": server.pk, "reply_key": reply_key})
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=wait + 5)
+    try:
+        reply = client.blpop([reply_key], timeout=max(1, int(wait)))
+    finally:
+        client.close()
+    if reply is None:
+        return McpConnectionTest(
+            ok=False, error=f"No worker answered within {wait:g} s: is a Celery worker running? "
+                            "Tests run on a worker, never in the web process.")
+    data = json.loads(reply[1])
+    tools = tuple(McpToolInfo(name=t["name"], description=t["description"], input_schema=t["input_schema"])
+                  for t in data.get("tools", ()))
+    return McpConnectionTest(ok=data["ok"], tools=tools, error=data.get("error", ""), seconds=data.get("seconds", 0.0))
+
+
+def mcp_server_test_connection_reply(*, tenant_id: int, server_id: int, reply_key: str) -> None:
+    """The worker's side of :func:`mcp_server_test_connection_request`: test, push the result.
+
+    A server that is gone (or not the tenant's) answers as a failed test.
+    """
+    import json
+
+    import redis
+    from django.conf import settings
+
+    with tenant_scope(tenant_id):
+        server = McpServer.objects.filter(pk=server_id).first()
+        result = (mcp_server_test_connection(server=server) if server is not None
+                  else McpConnectionTest(ok=False, error="MCP server not found."))
+    payload = {
+        "ok": result.ok, "error": result.error, "seconds": result.seconds,
+        "tools": [{"name": t.name, "description": t.description, "input_schema": t.input_schema} for t in result.tools],
+    }
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        with client.pipeline() as pipe:
+            pipe.rpush(reply_key, json.dumps(payload))
+            pipe.expire(reply_key, 300)
+            pipe.execute()
+    finally:
+        client.close()
+
+
+@transaction.atomic
+def cli_command_save(
+    *, tenant: Tenant, command: CliCommand | None = None, env: dict[str, str] | None = None, **fields: Any
+) -> CliCommand:
+    """Create or update a tenant's CLI command (a catalogue template under a tool name).
+
+    ``env`` None keeps the stored secrets; it may only name the template's secrets.
+
+    Raises:
+        ValidationError: by field (no template, a template of another kind or not offered to
+            the tenant, parameters or secrets that do not fit it, limits above it).
+    """
+    command = command or CliCommand(tenant=tenant)
+    for name, value in fields.items():
+        setattr(command, name, value)
+    if env:
+        if command.template is None:
+            raise ValidationError({"template": "Choose a program from the operator's catalogue."})
+        problems = secrets_errors(command.template, env)
+        if problems:
+            raise ValidationError({"env": problems})
+    if env is not None:
+        command.env_encrypted = secret_encrypt_json(tenant=tenant, value=env)
+    command.full_clean()
+    command.save()
+    return command
+
+
+CATALOGUE_FIELDS = (
+    "name", "description", "kind", "argv", "tenant_parameters", "secrets", "env", "network", "ro_binds",
+    "parameters_schema", "timeout_seconds", "max_output_bytes", "enabled",
+)
+"""The fields a catalogue file may set for a template (besides ``slug`` and ``tenants``)."""
+
+
+@transaction.atomic
+def catalogue_import(*, data: Any) -> list[ProgramTemplate]:
+    """Create or update the operator's program templates from a parsed catalogue file.
+
+    Args:
+        data: ``{"templates": [{"slug": ..., <CATALOGUE_FIELDS>..., "tenants": [slugs]}]}`` (YAML
+            or JSON parsed). Templates not in the file are left as they are.
+
+    Returns:
+        The templates written, in the file's order.
+
+    Raises:
+        ValidationError: the file's shape, an unknown field or tenant, or a template that breaks
+            the catalogue's rules (:meth:`ProgramTemplate.clean`); nothing is written then.
+
+    An operator's action: call it outside any tenant scope (a management command).
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("templates"), list):
+        raise ValidationError("A catalogue is a mapping with a list 'templates'.")
+    written: list[ProgramTemplate] = []
+    for index, item in enumerate(data["templates"]):
+        if not isinstance(item, dict) or not isinstance(item.get("slug"), str):
+            raise ValidationError(f"templates[{index}]: a mapping with a 'slug'.")
+        unknown = set(item) - set(CATALOGUE_FIELDS) - {"slug", "tenants"}
+        if unknown:
+            raise ValidationError(f"templates[{index}] ({item['slug']}): unknown fields {sorted(unknown)}.")
+        template = ProgramTemplate.objects.filter(slug=item["slug"]).first() or ProgramTemplate(slug=item["slug"])
+        for name in CATALOGUE_FIELDS:
+            if name in item:
+                setattr(template, name, item[name])
+        try:
+            template.full_clean()
+        except ValidationError as exc:
+            raise ValidationError(f"templates[{index}] ({item['slug']}): {exc.messages}") from exc
+        template.save()
+        slugs = item.get("tenants") or []
+        with system_scope():  # tenant-bypass: an operator names tenants by slug
+            tenants = list(Tenant.objects.filter(slug__in=slugs))
+        missing = set(slugs) - {t.slug for t in tenants}
+        if missing:
+            raise ValidationError(f"templates[{index}] ({item['slug']}): no tenants {sorted(missing)}.")
+        template.tenants.set(tenants)
+        written.append(template)
+    return written

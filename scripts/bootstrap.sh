@@ -40,23 +40,48 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
-# 1b. bubblewrap (the sandbox of CLI capabilities): installed when missing and we are root.
-#     Without it, CLI commands refuse to run unless marked `unsandboxed` (README, "CLI commands").
-if ! command -v bwrap >/dev/null 2>&1; then
+# 1b. The sandbox every program a run starts is confined in (README, "Security model"):
+#     bubblewrap, util-linux's setpriv (a root worker drops to SANDBOX_UID first), and the
+#     sandbox's own Python environment (SANDBOX_PYTHON) for the catalogue's Python programs.
+if ! command -v bwrap >/dev/null 2>&1 || ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing bubblewrap (the CLI sandbox)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null \
-      || (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null) \
-      || log "WARNING: could not install bubblewrap; sandboxed CLI commands will refuse to run"
+    log "installing bubblewrap and python3-venv (the sandbox)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap python3-venv >/dev/null \
+      || (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap python3-venv >/dev/null) \
+      || log "WARNING: could not install bubblewrap/python3-venv; confined programs will refuse to run"
   else
-    log "WARNING: bwrap not found and not root: install the 'bubblewrap' package, or sandboxed CLI commands refuse to run"
+    log "WARNING: install the 'bubblewrap' and 'python3-venv' packages, or confined programs refuse to run"
   fi
 fi
+# The sandbox's Python is a venv of the system's /usr/bin/python3 under var/sandbox/, readable by
+# the unprivileged sandbox user (the project's own Python may live where that user cannot read,
+# e.g. under /root). It holds the catalogue's Python programs (scripts/sandbox-requirements.txt).
+sandbox_venv=var/sandbox/venv
+sandbox_stamp="$sandbox_venv/.installed-$(cat scripts/sandbox-requirements.txt scripts/sandbox-constraints.txt | sha256sum | cut -c1-16)"
+if [ ! -f "$sandbox_stamp" ] && [ -x /usr/bin/python3 ]; then
+  log "creating the sandbox's Python environment ($sandbox_venv)"
+  rm -rf "$sandbox_venv"
+  mkdir -p var/sandbox
+  /usr/bin/python3 -m venv "$sandbox_venv"
+  "$sandbox_venv/bin/pip" install -q --disable-pip-version-check -c scripts/sandbox-constraints.txt \
+    -r scripts/sandbox-requirements.txt
+  # mcp-server-fetch's readabilipy runs Mozilla's Readability on Node when its JavaScript
+  # dependencies are installed, and otherwise tries `npm install` at run time: inside the
+  # sandbox (read-only, no registry) that fails the fetch. Install them now, where npm works.
+  readability_js=$(echo "$sandbox_venv"/lib/python3*/site-packages/readabilipy/javascript)
+  if command -v npm >/dev/null 2>&1 && [ -d "$readability_js" ]; then
+    (cd "$readability_js" && npm install --no-audit --no-fund --silent >/dev/null 2>&1) \
+      || log "WARNING: npm install for readabilipy failed; mcp-server-fetch may fail in the sandbox"
+  fi
+  touch "$sandbox_stamp"
+fi
+# The sandbox user must be able to reach the sandbox's Python (var/ itself stays 0755; the
+# secrets in it are files of their own with mode 0600).
+chmod o+x var 2>/dev/null || true
+chmod -R o+rX var/sandbox 2>/dev/null || true
 if command -v bwrap >/dev/null 2>&1 \
-  && ! bwrap --unshare-all --unshare-user --uid 65534 --gid 65534 --disable-userns --die-with-parent \
-       --new-session --ro-bind /usr /usr --symlink usr/bin /bin \
-       --symlink usr/lib /lib --symlink usr/lib64 /lib64 --proc /proc --dev /dev --tmpfs /tmp true 2>/dev/null; then
-  log "WARNING: bwrap is installed but cannot create a sandbox here (user namespaces restricted?); CLI commands will fail"
+  && ! .venv/bin/python -c 'import sys, subprocess; sys.path.insert(0, "."); from capabilities.confinement import SandboxProfile, confined_argv, confined_env; p = SandboxProfile(); sys.exit(subprocess.run(confined_argv(["true"], p), env=confined_env(p)).returncode)' 2>/dev/null; then
+  log "WARNING: bwrap is installed but cannot create a sandbox here (user namespaces restricted?); programs of the catalogue will fail"
 fi
 
 # 1c. This install's secrets: SECRET_KEY, ENCRYPTION_KEY (a Fernet key) and the database

@@ -20,7 +20,8 @@ def theirs(other_world):
     t = other_world.tenant
     entry = RouteEntryFactory(tenant=t)
     agent = AgentFactory(tenant=t, route=entry.route)
-    server = McpServer.all_tenants.create(tenant=t, name="srv", alias="srv", transport="stdio", command="true")
+    server = McpServer.all_tenants.create(tenant=t, name="srv", alias="srv", transport="streamable_http",
+                                          url="https://mcp.example.com/mcp")
     binding = CapabilityBinding.all_tenants.create(tenant=t, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=server)
     skill = Skill.all_tenants.create(tenant=t, name="their-skill", description="secret", instructions="secret")
     session = ChatSession.all_tenants.create(tenant=t, agent=agent, user=other_world.member, title="secret title")

@@ -1,8 +1,9 @@
 from rest_framework.routers import SimpleRouter
 
-from capabilities.api.views import McpServerViewSet, SkillViewSet
+from capabilities.api.views import McpServerViewSet, ProgramTemplateViewSet, SkillViewSet
 
 router = SimpleRouter()
 router.register("admin/mcp-servers", McpServerViewSet, basename="admin-mcp-server")
 router.register("admin/skills", SkillViewSet, basename="admin-skill")
+router.register("admin/program-templates", ProgramTemplateViewSet, basename="admin-program-template")
 urlpatterns = router.urls

@@ -2,24 +2,82 @@
 
 from __future__ import annotations
 
-from rest_framework import serializers
+from rest_framework import permissions, serializers, viewsets
 
+from capabilities.catalogue import ProgramTemplate, TemplateKind
 from capabilities.models import McpServer, Skill
 from capabilities.services import mcp_server_save
 from capabilities.skills.services import skill_save
 from llm.models import ModelRoute
-from tenants.api.mixins import TenantPrimaryKeyRelatedField, TenantScopedViewSet
+from tenants.api.mixins import IsTenantAdmin, TenantContextMixin, TenantPrimaryKeyRelatedField, TenantScopedViewSet
+
+
+class ProgramTemplateSerializer(serializers.ModelSerializer):
+    """A template of the operator catalogue, as tenant admins see it (read-only)."""
+
+    class Meta:
+        model = ProgramTemplate
+        fields = [
+            "id", "slug", "name", "description", "kind", "argv", "tenant_parameters", "secrets", "network",
+            "parameters_schema", "timeout_seconds", "max_output_bytes",
+        ]
+        read_only_fields = fields
+
+
+class ProgramTemplateViewSet(TenantContextMixin, viewsets.ReadOnlyModelViewSet):
+    """``GET /api/v1/admin/program-templates/``: the templates the caller's tenant may enable
+    (owners and admins). Only platform operators write them (console, ``catalogue_import``)."""
+
+    serializer_class = ProgramTemplateSerializer
+    permission_classes = [permissions.IsAuthenticated, IsTenantAdmin]
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        from django.db.models import Q
+
+        if getattr(self, "swagger_fake_view", False):
+            return ProgramTemplate.objects.none()
+        tenant = self.request.tenant
+        return ProgramTemplate.objects.filter(enabled=True).filter(
+            Q(tenants__isnull=True) | Q(tenants=tenant)).distinct().order_by("name")
+
+
+class _TemplateField(serializers.SlugRelatedField):
+    """A template by slug, among the enabled templates of ``kind`` the tenant may use."""
+
+    def __init__(self, kind: str, **kwargs):
+        self.kind = kind
+        super().__init__(slug_field="slug", **kwargs)
+
+    def get_queryset(self):
+        from django.db.models import Q
+
+        tenant = getattr(self.context.get("request"), "tenant", None)
+        if tenant is None:
+            return ProgramTemplate.objects.none()
+        return ProgramTemplate.objects.filter(kind=self.kind, enabled=True).filter(
+            Q(tenants__isnull=True) | Q(tenants=tenant)).distinct()
 
 
 class McpServerSerializer(serializers.ModelSerializer):
-    env = serializers.DictField(child=serializers.CharField(allow_blank=True), write_only=True, required=False)
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True), write_only=True, required=False,
+        help_text="stdio: the template's secrets (write-only, stored encrypted).",
+    )
     headers = serializers.DictField(child=serializers.CharField(allow_blank=True), write_only=True, required=False)
-    args = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
+    template = _TemplateField(
+        TemplateKind.MCP_STDIO, required=False, allow_null=True,
+        help_text="stdio: the slug of a program template (GET /api/v1/admin/program-templates/).",
+    )
+    parameters = serializers.DictField(
+        child=serializers.CharField(allow_blank=True), required=False,
+        help_text="stdio: values of the template's tenant parameters.",
+    )
 
     class Meta:
         model = McpServer
         fields = [
-            "id", "name", "alias", "transport", "command", "args", "env", "url", "headers",
+            "id", "name", "alias", "transport", "template", "parameters", "env", "url", "headers",
             "connect_timeout_seconds", "list_timeout_seconds", "call_timeout_seconds", "enabled", "created_at",
             "tools_snapshot", "tools_snapshot_at", "last_error",
         ]

@@ -1,7 +1,8 @@
-"""The ``CliCommand`` model: an admin-defined command line the tenant's agents can be bound to.
+"""The ``CliCommand`` model: an operator's CLI template enabled for a tenant, bindable to agents.
 
 Imported at the end of ``capabilities/models.py`` so Django registers it in the
-``capabilities`` app. Rules for the template and schema: :mod:`capabilities.cli.template`.
+``capabilities`` app. Rules for argv templates and schemas: :mod:`capabilities.cli.template`
+and :mod:`capabilities.catalogue`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from capabilities.cli.template import template_errors
 from tenants.scoping import TenantOwnedModel
 
 
@@ -23,10 +23,13 @@ MAX_OUTPUT_BYTES_LIMIT = 16 * 1024 * 1024
 
 
 class CliCommand(TenantOwnedModel):
-    """A command line (argv template + parameter schema) run in the bubblewrap sandbox.
+    """A CLI command of a tenant: an operator's template (:class:`~capabilities.catalogue.ProgramTemplate`
+    of kind ``cli``) enabled for the tenant under a tool name, with its parameters and secrets.
 
-    ``env`` may hold secrets: stored encrypted with the tenant's data key
-    (``tenants.crypto``), decrypted only by the runner, never returned or logged.
+    The tenant chooses the template, fills its parameters and secrets (``env``: only the names
+    the template declares; stored encrypted with the tenant's data key, decrypted only by the
+    runner, never returned or logged), and may lower the template's timeout and output cap. The
+    program, argv, argument schema and sandbox profile are the template's.
     """
 
     name = models.CharField(
@@ -34,40 +37,24 @@ class CliCommand(TenantOwnedModel):
         validators=[RegexValidator(r"^[a-zA-Z0-9_-]{1,64}$", "Letters, digits, '-' and '_' (the tool name).")],
         help_text="The tool name the model calls.",
     )
+    template = models.ForeignKey(
+        "capabilities.ProgramTemplate", on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        limit_choices_to={"kind": "cli", "enabled": True},
+        help_text="The program, from the operator's catalogue.",
+    )
+    parameters = models.JSONField(default=dict, blank=True, help_text="Values of the template's tenant parameters.")
     description = models.TextField(
-        blank=True, help_text="What the model reads: what the command does and when to call it.",
-    )
-    argv_template = models.JSONField(
-        default=list,
-        help_text=(
-            'JSON list of strings, e.g. ["factor", "--", "{n}"]. {name} is a placeholder (a whole element or part '
-            "of one); each element stays one argument; no shell. Element 0 is the program."
-        ),
-    )
-    parameters_schema = models.JSONField(
-        default=_default_schema,
-        help_text=(
-            'JSON Schema of the parameters: {"type": "object", "properties": {"n": {"type": "integer"}}, '
-            '"required": ["n"]}. Types string, integer, number, boolean, or an enum.'
-        ),
+        blank=True, help_text="What the model reads: what the command does and when to call it (blank: the template's).",
     )
     timeout_seconds = models.FloatField(
         default=30.0, validators=[MinValueValidator(0.1), MaxValueValidator(3600)],
-        help_text="Killed (with its children) after this long.",
+        help_text="Killed (with its children) after this long; at most the template's limit.",
     )
     max_output_bytes = models.PositiveIntegerField(
         default=64 * 1024, validators=[MinValueValidator(1), MaxValueValidator(MAX_OUTPUT_BYTES_LIMIT)],
-        help_text="Kept of stdout and of stderr, each; the rest is cut with a marker.",
+        help_text="Kept of stdout and of stderr, each; the rest is cut with a marker. At most the template's.",
     )
-    allow_network = models.BooleanField(default=False, help_text="Let the sandbox use the network.")
     env_encrypted = models.TextField(blank=True, editable=False)
-    unsandboxed = models.BooleanField(
-        default=False,
-        help_text=(
-            "DANGER: always run directly on the worker, without the bubblewrap sandbox (no network, file "
-            "system or user isolation). Only for trusted commands on workers without bubblewrap."
-        ),
-    )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -80,7 +67,24 @@ class CliCommand(TenantOwnedModel):
         return self.name
 
     def clean(self) -> None:
-        """Raises ValidationError for a template or schema that breaks the rules."""
-        errors = template_errors(self.argv_template, self.parameters_schema)
+        """Raises ValidationError: no template, a template of another kind or not offered to the
+        tenant, parameters that do not fit it, or limits above the template's."""
+        from capabilities.catalogue import TemplateKind, parameters_errors
+
+        template = self.template
+        if template is None:
+            raise ValidationError({"template": "Choose a program from the operator's catalogue."})
+        if template.kind != TemplateKind.CLI:
+            raise ValidationError({"template": "This template is not a CLI command."})
+        if self.tenant_id and not template.available_to(self.tenant_id):
+            raise ValidationError({"template": "This template is not available to the tenant."})
+        problems = parameters_errors(template, self.parameters)
+        if problems:
+            raise ValidationError({"parameters": problems})
+        errors = {}
+        if self.timeout_seconds and self.timeout_seconds > template.timeout_seconds:
+            errors["timeout_seconds"] = f"At most the template's {template.timeout_seconds:g} s."
+        if self.max_output_bytes and self.max_output_bytes > template.max_output_bytes:
+            errors["max_output_bytes"] = f"At most the template's {template.max_output_bytes} bytes."
         if errors:
             raise ValidationError(errors)

@@ -1,42 +1,20 @@
-"""Running one argv in a bubblewrap sandbox: timeout, output cap, streamed output.
+"""Running one argv confined: timeout, output cap, streamed output.
 
-No Django imports. :func:`run_command` is the whole interface; :func:`bwrap_argv` is the
-sandbox's definition, kept apart so it can be read (and tested) on its own.
-
-The sandbox (bubblewrap 0.8, Debian 12's ``bubblewrap`` package; flags from bwrap(1)):
-
-- ``--unshare-all``: new user, mount, PID, IPC, UTS, cgroup and network namespaces. The
-  network namespace has only a down loopback, so nothing can be reached, not even
-  127.0.0.1 of the host; ``--share-net`` (``allow_network``) keeps the host's network.
-- ``--unshare-user --uid 65534 --gid 65534``: the command runs as ``nobody`` inside its
-  user namespace, with no capabilities; ``--disable-userns``: it cannot create further user
-  namespaces (less kernel attack surface).
-- ``--die-with-parent``: the sandbox is killed when the worker dies; ``--new-session``: the
-  command cannot inject keystrokes into a controlling terminal (TIOCSTI, CVE-2017-5226).
-- Read-only binds of ``/usr`` and of the merged-/usr symlinks (``/bin``, ``/lib``, ...; real
-  directories are read-only bound instead when the host is not merged-/usr), and of a
-  minimal list of ``/etc`` files (:data:`ETC_FILES`: the dynamic loader cache, alternatives,
-  users/groups, name service, TLS roots, time zone): no host secrets under ``/etc``.
-- ``--proc /proc`` (the sandbox's own PIDs), ``--dev /dev`` (null, zero, random, tty...),
-  ``--tmpfs /tmp`` of :data:`TMPFS_BYTES`, and a fresh empty host directory bound writable at ``/work`` (the cwd
-  and ``$HOME``), deleted after the run. ``--remount-ro /`` then makes the sandbox's own
-  root (a tmpfs holding the mount points, e.g. ``/etc``) read-only: only ``/work`` and
-  ``/tmp`` can be written.
-- The environment is exactly ``PATH``, ``HOME``, ``LANG`` plus the command's own variables.
-  They are handed to ``bwrap`` as its process environment (which bwrap passes on), not as
-  ``--setenv`` arguments, so secrets never appear in a process listing (``/proc/*/cmdline``).
+No Django imports. :func:`run_command` is the whole interface. The sandbox itself (bubblewrap,
+a non-root host user, no network or the egress proxy, no view of the host) is defined once, in
+:mod:`capabilities.confinement`, for CLI commands and stdio MCP servers alike. A CLI command
+gets a fresh host directory as its ``/home/sandbox`` (cwd and ``$HOME``, owned by the sandbox
+user, deleted after the call). There is no unconfined mode.
 
 Output: stdout and stderr are read concurrently; each keeps its first ``max_output_bytes``
 bytes and counts the rest. When a stream passes ``KILL_FACTOR`` x the cap the process is
 killed (no point reading gigabytes to throw them away). Complete lines within the cap are
 handed to ``on_output`` in batches, at most every ``PROGRESS_INTERVAL_SECONDS``.
 
-Timeout and cancellation: the whole process group of ``bwrap`` gets SIGKILL; inside the
+Timeout and cancellation: the whole process group of the launcher gets SIGKILL; inside the
 sandbox, bwrap's PID 1 then dies (``--die-with-parent``) and the kernel kills every process
 of the PID namespace, so children (even ``setsid`` ones) go too; the same happens when the
-command exits normally. Unsandboxed commands run in a new session whose process group is
-killed at the end of every call (also after a normal exit); a child that starts its own
-session escapes that (one reason to keep the sandbox).
+command exits normally.
 """
 
 from __future__ import annotations
@@ -44,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -52,27 +29,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-SANDBOX_WORKDIR = "/work"
-"""Where the fresh writable directory appears inside the sandbox (cwd and ``$HOME``)."""
-
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-SANDBOX_LANG = "C.UTF-8"
-SANDBOX_UID = 65534
-"""``nobody`` on Debian."""
-
-ETC_FILES = (
-    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
-    "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/hosts", "/etc/resolv.conf",
-    "/etc/gai.conf", "/etc/services", "/etc/protocols", "/etc/ssl", "/etc/ca-certificates",
-    "/etc/localtime", "/etc/timezone", "/etc/mime.types", "/etc/magic", "/etc/python3", "/etc/python3.11",
+from capabilities.confinement import (
+    SANDBOX_WORKDIR,
+    SandboxProfile,
+    SandboxUnavailable,
+    confined_argv,
+    confined_env,
+    workdir_prepare,
 )
-"""``/etc`` entries visible (read-only) in the sandbox when the host has them."""
 
-ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-"""Top-level entries recreated as symlinks (merged /usr) or bound read-only."""
-
-TMPFS_BYTES = 64 * 1024 * 1024
-"""Size of the sandbox's ``/tmp`` (memory-backed): 64 MiB."""
+__all__ = ["CommandResult", "SandboxPolicy", "SandboxUnavailable", "SANDBOX_WORKDIR", "run_command"]
 
 KILL_FACTOR = 16
 """A stream more than this many times over ``max_output_bytes`` gets the process killed."""
@@ -89,10 +55,6 @@ OnOutput = Callable[[str, str], Awaitable[None]]
 """``await on_output(stream, text)``: ``stream`` is ``"stdout"`` or ``"stderr"``; ``text`` whole lines."""
 
 
-class SandboxUnavailable(Exception):
-    """``bwrap`` is not installed where configured (and the command is not unsandboxed)."""
-
-
 @dataclass(frozen=True, slots=True)
 class SandboxPolicy:
     """How one command may run."""
@@ -101,14 +63,8 @@ class SandboxPolicy:
     """Wall clock from start to kill; positive."""
     max_output_bytes: int = 64 * 1024
     """Kept per stream (stdout and stderr each); the rest is counted and dropped."""
-    allow_network: bool = False
-    """True: the host's network namespace (``--share-net``); False: no network at all."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Extra environment variables (decrypted secrets allowed: never put on a command line)."""
-    unsandboxed: bool = False
-    """True: run directly on the host (only a new session, a temp cwd and a clean environment)."""
-    bwrap_path: str = "bwrap"
-    """The ``bwrap`` executable: a name looked up on the worker's ``PATH``, or a path."""
+    profile: SandboxProfile = field(default_factory=SandboxProfile)
+    """The sandbox: network, read-only binds, environment (decrypted secrets allowed), user."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,59 +84,11 @@ class CommandResult:
     """Killed because a stream passed ``KILL_FACTOR`` x the cap."""
     duration_ms: int = 0
     sandboxed: bool = True
+    """Always True (kept in the result for the API's readers)."""
 
     @property
     def truncated(self) -> bool:
         return bool(self.stdout_dropped_bytes or self.stderr_dropped_bytes)
-
-
-def bwrap_resolve(bwrap_path: str) -> str | None:
-    """The absolute path of ``bwrap_path`` if it is an executable (or a name on PATH), else None."""
-    if os.sep in bwrap_path:
-        return bwrap_path if os.path.isfile(bwrap_path) and os.access(bwrap_path, os.X_OK) else None
-    return shutil.which(bwrap_path)
-
-
-def bwrap_argv(*, bwrap: str, workdir: str, allow_network: bool) -> list[str]:
-    """The ``bwrap`` arguments (up to and including ``--``) for one sandboxed command.
-
-    Args:
-        bwrap: The bwrap executable. workdir: Host directory bound writable at ``/work``.
-        allow_network: Keep the host network (``--share-net``).
-    """
-    argv = [bwrap, "--unshare-all"]
-    if allow_network:
-        argv.append("--share-net")
-    argv += [
-        "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns",
-        "--die-with-parent", "--new-session", "--hostname", "sandbox",
-        "--ro-bind", "/usr", "/usr",
-    ]
-    for path in ROOT_LINKS:
-        if os.path.islink(path):
-            argv += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            argv += ["--ro-bind", path, path]
-    for path in ETC_FILES:
-        argv += ["--ro-bind-try", path, path]
-    argv += [
-        "--proc", "/proc", "--dev", "/dev", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp",
-        "--bind", workdir, SANDBOX_WORKDIR, "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR,
-        "--",
-    ]
-    return argv
-
-
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _environment(policy: SandboxPolicy, home: str) -> dict[str, str]:
-    env = {"PATH": SANDBOX_PATH, "HOME": home, "LANG": SANDBOX_LANG}
-    for name, value in policy.env.items():
-        if not _ENV_NAME_RE.fullmatch(str(name)) or "\0" in str(value):
-            raise ValueError(f"invalid environment variable {name!r}")
-        env[str(name)] = str(value)
-    return env
 
 
 class _Stream:
@@ -211,35 +119,26 @@ class _Stream:
 
 
 async def run_command(argv: list[str], policy: SandboxPolicy, *, on_output: OnOutput | None = None) -> CommandResult:
-    """Run ``argv`` under ``policy`` and collect its output.
+    """Run ``argv`` confined by ``policy.profile`` and collect its output.
 
     Args:
         argv: Program and arguments (already validated; never passed through a shell).
-        policy: Sandbox, limits and environment.
+        policy: Limits and the sandbox profile.
         on_output: Receives batches of complete output lines while the command runs.
 
     Returns:
-        The result; a non-zero exit, a timeout or an over-limit kill are results, not errors.
+        The result; a non-zero exit, a timeout or an over-limit kill are results, not errors
+        (a program missing inside the sandbox is bwrap's exit 1 with its message on stderr).
 
     Raises:
-        SandboxUnavailable: ``policy.bwrap_path`` is not an executable and not unsandboxed.
-        FileNotFoundError / PermissionError: unsandboxed and the program cannot be executed.
+        SandboxUnavailable: bubblewrap (or setpriv, for a root worker) is not installed.
         asyncio.CancelledError: propagated after the process group has been killed.
     """
     workdir = tempfile.mkdtemp(prefix="ap-cli-")
     try:
-        if policy.unsandboxed:
-            full = list(argv)
-            env = _environment(policy, home=workdir)
-            cwd = workdir
-        else:
-            bwrap = bwrap_resolve(policy.bwrap_path)
-            if bwrap is None:
-                raise SandboxUnavailable(f"bubblewrap ({policy.bwrap_path!r}) is not installed")
-            full = bwrap_argv(bwrap=bwrap, workdir=workdir, allow_network=policy.allow_network) + list(argv)
-            env = _environment(policy, home=SANDBOX_WORKDIR)
-            cwd = "/"
-        return await _run(full, env=env, cwd=cwd, policy=policy, on_output=on_output)
+        workdir_prepare(workdir, policy.profile)
+        full = confined_argv(argv, policy.profile, workdir=workdir)
+        return await _run(full, env=confined_env(policy.profile), cwd="/", policy=policy, on_output=on_output)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -330,15 +229,14 @@ async def _run(
         timed_out=timed_out,
         output_limit_exceeded=over_limit.is_set(),
         duration_ms=int((time.monotonic() - started) * 1000),
-        sandboxed=not policy.unsandboxed,
+        sandboxed=True,
     )
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     """SIGKILL the process group led by ``proc`` (it was started in a new session).
 
-    Also after ``proc`` itself exited: a background child left in its group (unsandboxed
-    ``sh -c "daemon &"``) must not outlive the call. The group id stays reserved by the
+    Also after ``proc`` itself exited: nothing left in its group may outlive the call. The group id stays reserved by the
     kernel while any member lives, so this cannot hit an unrelated group then; once the
     group is empty the call fails with ESRCH (ignored).
     """

@@ -9,8 +9,7 @@ also when it was killed for its timeout or its output; the result's first line s
 (``exit code 1``, ``timed out after 5 s…``) with the output so far, and the model decides
 what it means (``grep`` exits 1 for "no match", ``diff`` 1 for "differs"). Failed tool calls
 are reserved for what the model can fix or must hear as a refusal: invalid arguments
-(``invalid_arguments``), no sandbox (``sandbox_unavailable``) and a program that cannot be
-started (``command_unavailable``). The agent's own ``tool_timeout_seconds`` still applies on
+(``invalid_arguments``) and no sandbox (``sandbox_unavailable``). The agent's own ``tool_timeout_seconds`` still applies on
 top (the runner then records ``timed_out`` and the process group is killed on cancellation).
 """
 
@@ -22,13 +21,15 @@ from typing import Any
 
 from capabilities.cli.sandbox import CommandResult, SandboxPolicy, SandboxUnavailable, run_command
 from capabilities.cli.template import ArgumentsInvalid, render_argv
+from capabilities.confinement import SandboxProfile
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 
 
 @dataclass(frozen=True, slots=True)
 class CliCommandConfig:
-    """One CLI command as the runner needs it (a ``CliCommand`` row with its env decrypted)."""
+    """One CLI command as the runner needs it: the tenant's ``CliCommand`` row over the operator's
+    template (argv, schema, sandbox profile), its secrets decrypted into ``profile.env``."""
 
     name: str
     """The tool name (``[a-zA-Z0-9_-]{1,64}``)."""
@@ -37,17 +38,8 @@ class CliCommandConfig:
     parameters_schema: dict[str, Any]
     timeout_seconds: float = 30.0
     max_output_bytes: int = 64 * 1024
-    allow_network: bool = False
-    unsandboxed: bool = False
-    env: dict[str, str] = field(default_factory=dict)
-    """Decrypted environment variables (secrets: never logged, never on a command line)."""
-
-
-def cli_bwrap_path() -> str:
-    """``settings.CLI_BWRAP_PATH`` (default ``"bwrap"``, looked up on the worker's PATH)."""
-    from django.conf import settings
-
-    return getattr(settings, "CLI_BWRAP_PATH", "bwrap") or "bwrap"
+    profile: SandboxProfile = field(default_factory=SandboxProfile)
+    """The sandbox (network, binds, environment with decrypted secrets: never logged)."""
 
 
 class CliTool(Tool):
@@ -55,16 +47,14 @@ class CliTool(Tool):
 
     untrusted = True  # command output can carry anything (file contents, network data)
 
-    def __init__(self, config: CliCommandConfig, *, exposed_name: str | None = None, bwrap_path: str | None = None) -> None:
+    def __init__(self, config: CliCommandConfig, *, exposed_name: str | None = None) -> None:
         """Args:
             config: The command.
             exposed_name: The name the model sees (default ``config.name``).
-            bwrap_path: Override of :func:`cli_bwrap_path` (tests).
         """
         if not (config.timeout_seconds > 0 and math.isfinite(config.timeout_seconds)):
             raise ValueError("timeout_seconds must be positive and finite")
         self.config = config
-        self.bwrap_path = bwrap_path
         self.spec = ToolSpec(
             name=exposed_name or config.name,
             description=config.description or f"Runs {config.argv_template[0]!r}.",
@@ -81,8 +71,7 @@ class CliTool(Tool):
 
         Raises:
             ToolError: ``invalid_arguments`` (schema/option-injection message),
-                ``sandbox_unavailable`` (no bwrap and not unsandboxed), ``command_unavailable``
-                (program not found/executable, unsandboxed).
+                ``sandbox_unavailable`` (bubblewrap or setpriv missing on the worker).
 
         Side effects: ``tool_call_progress`` events with the output lines as they come
         (``data.stream`` = ``stdout``/``stderr``).
@@ -93,8 +82,7 @@ class CliTool(Tool):
             raise ToolError(f"Invalid arguments: {exc}", code="invalid_arguments") from exc
         policy = SandboxPolicy(
             timeout_seconds=self.config.timeout_seconds, max_output_bytes=self.config.max_output_bytes,
-            allow_network=self.config.allow_network, env=dict(self.config.env), unsandboxed=self.config.unsandboxed,
-            bwrap_path=self.bwrap_path or cli_bwrap_path(),
+            profile=self.config.profile,
         )
         sent = {"stdout": 0, "stderr": 0}
 
@@ -110,13 +98,10 @@ class CliTool(Tool):
             result = await run_command(argv, policy, on_output=on_output)
         except SandboxUnavailable as exc:
             raise ToolError(
-                f"The command {self.config.name!r} cannot run: {exc}, and an admin has not allowed it to run "
-                "without the sandbox. Tell the user; do not retry.",
+                f"The command {self.config.name!r} cannot run: {exc}. Programs only run in the sandbox. "
+                "Tell the user; do not retry.",
                 code="sandbox_unavailable",
             ) from exc
-        except OSError as exc:  # unsandboxed: exec failed (in the sandbox, bwrap reports it as exit 1)
-            raise ToolError(f"The command {self.config.name!r} could not start: {exc.strerror or exc}.",
-                            code="command_unavailable") from exc
         content = render_result(result, timeout_seconds=self.config.timeout_seconds)
         return ToolResult(content=content, data={
             "exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,

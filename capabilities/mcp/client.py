@@ -41,6 +41,7 @@ from typing import IO, Any, Awaitable, Callable, Literal
 import anyio
 import httpx2
 import mcp_types
+from capabilities.confinement import SandboxProfile, confined_argv, confined_env
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
@@ -152,6 +153,11 @@ class McpServerConfig:
     protocol_mode: Literal["auto", "legacy"] = "auto"
     """``auto``: probe ``server/discover`` (2026-07-28) and fall back to the ``initialize``
     handshake; ``legacy``: the handshake only (for servers that mishandle the probe)."""
+    sandbox: SandboxProfile | None = None
+    """stdio: the confinement the process is started in (:mod:`capabilities.confinement`);
+    its ``env`` carries the template's variables and the tenant's secrets. The platform's
+    configurations always have one (``capabilities.services.mcp_server_config``); None starts
+    the command as it is, which only the client's own tests and benchmarks do."""
 
     def __post_init__(self) -> None:
         if not _ALIAS_RE.match(self.alias):
@@ -189,6 +195,11 @@ class McpServerConfig:
             self.list_timeout_seconds,
             self.call_timeout_seconds,
             self.protocol_mode,
+            None if self.sandbox is None else (
+                self.sandbox.network, self.sandbox.ro_binds, tuple(sorted(self.sandbox.env.items())),
+                self.sandbox.uid, self.sandbox.gid, self.sandbox.bwrap_path, self.sandbox.bridge_python,
+                self.sandbox.egress_socket,
+            ),
         )
 
     def __hash__(self) -> int:
@@ -367,9 +378,14 @@ def make_client(
     """
     stderr: _StderrTail | None = None
     if config.transport == "stdio":
-        env = {key: os.environ[key] for key in _SAFE_EXTRA_ENV_VARS if key in os.environ}
-        env.update(config.env)
-        params = StdioServerParameters(command=config.command, args=list(config.args), env=env)
+        if config.sandbox is not None:
+            # Raises SandboxUnavailable (bwrap/setpriv missing): reported like a failed spawn.
+            full = confined_argv([config.command, *config.args], config.sandbox)
+            params = StdioServerParameters(command=full[0], args=full[1:], env=confined_env(config.sandbox))
+        else:
+            env = {key: os.environ[key] for key in _SAFE_EXTRA_ENV_VARS if key in os.environ}
+            env.update(config.env)
+            params = StdioServerParameters(command=config.command, args=list(config.args), env=env)
         stderr = _StderrTail(config.alias)
         stack.callback(stderr.close_writer)
         transport: Any = stdio_client(params, errlog=stderr.writer)  # type: ignore[arg-type]

@@ -25,6 +25,11 @@ Served by uvicorn in a background thread on 127.0.0.1 (a free port), or over std
 Env ``MCP_TEST_START_BARRIER=<dir>:<n>`` (stdio): on start, the server creates a file in
 ``<dir>`` and waits (up to 15 s) until ``n`` files exist: ``n`` servers connected one after the
 other would never all start, so a connect that succeeds proves they were started concurrently.
+
+Env ``MCP_TEST_START_DELAY=<seconds>`` (stdio): the server waits that long before it answers,
+then notes the time in its own ``MCP_TEST_STARTED_AT`` (read it with ``getenv``). Servers
+connected one after the other start at least the delay apart; concurrently, together. (Confined
+servers have no shared writable directory for the barrier.)
 """
 
 from __future__ import annotations
@@ -300,6 +305,9 @@ def main_stdio() -> None:
     """Serve the same tools over stdio (one connection, until stdin closes)."""
     if barrier := os.environ.get("MCP_TEST_START_BARRIER"):
         _start_barrier(barrier)
+    if delay := os.environ.get("MCP_TEST_START_DELAY"):
+        time.sleep(float(delay))
+        os.environ["MCP_TEST_STARTED_AT"] = repr(time.time())
     server = build_server(ServerState())
 
     async def run() -> None:

@@ -1,4 +1,4 @@
-"""CLI commands: template rules, argument injection, and the bubblewrap sandbox, for real.
+"""CLI commands: template rules, argument injection, and the confinement, for real.
 
 Every test here runs real processes (``bwrap`` from Debian's ``bubblewrap`` package, installed
 by ``scripts/bootstrap.sh``; ``python3``, ``sh``, ``factor`` from the host's /usr). No
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from capabilities.cli.sandbox import ROOT_LINKS, bwrap_resolve
 from capabilities.cli.template import ArgumentsInvalid, render_argv, render_value, template_errors
 from capabilities.cli.tool import CliCommandConfig, CliTool
+from capabilities.confinement import ROOT_LINKS, SandboxProfile, bwrap_resolve
 from capabilities.tools import ToolContext, ToolError
 
 pytestmark = [
@@ -86,14 +86,16 @@ def context(events: Events | None = None) -> ToolContext:
 
 
 def tool(argv_template: list[str], schema: dict[str, Any] | None = None, **fields: Any) -> CliTool:
-    bwrap_path = fields.pop("bwrap_path", "bwrap")
+    profile = SandboxProfile(
+        bwrap_path=fields.pop("bwrap_path", "bwrap"), env=fields.pop("env", {}), network=fields.pop("network", "none"),
+    )
     config = CliCommandConfig(
         name=fields.pop("name", "cmd"), description="test command", argv_template=tuple(argv_template),
-        parameters_schema=schema or {"type": "object", "properties": {}}, **fields,
+        parameters_schema=schema or {"type": "object", "properties": {}}, profile=profile, **fields,
     )
     errors = template_errors(list(config.argv_template), config.parameters_schema)
     assert not errors, errors
-    return CliTool(config, bwrap_path=bwrap_path)
+    return CliTool(config)
 
 
 def printer(**fields: Any) -> CliTool:
@@ -168,16 +170,11 @@ def test_values_are_rendered_canonically() -> None:
 # --- injection ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("unsandboxed", [False, True], ids=["sandboxed", "unsandboxed"])
-async def test_injection_in_a_string_reaches_the_program_as_one_literal_argument(unsandboxed: bool) -> None:
-    """Shell metacharacters, newlines, quotes and globs are data: one argv element, unchanged.
-
-    Runs unsandboxed too: the literal-argv guarantee must not depend on the sandbox (and
-    there a successful injection would be visible on the host: the marker file).
-    """
-    marker = Path(tempfile.gettempdir()) / f"ap-cli-pwned-{os.getpid()}-{int(unsandboxed)}"
+async def test_injection_in_a_string_reaches_the_program_as_one_literal_argument() -> None:
+    """Shell metacharacters, newlines, quotes and globs are data: one argv element, unchanged."""
+    marker = Path(tempfile.gettempdir()) / f"ap-cli-pwned-{os.getpid()}"
     marker.unlink(missing_ok=True)
-    cli = printer(unsandboxed=unsandboxed)
+    cli = printer()
     for payload in INJECTIONS:
         value = payload.format(marker=marker)
         result = await cli.execute({**VALID, "s": value}, context())
@@ -281,27 +278,28 @@ PORT_SCHEMA = {"type": "object", "properties": {"port": {"type": "integer", "min
                "required": ["port"]}
 
 
-async def test_the_sandbox_has_no_network_unless_the_command_allows_it() -> None:
+@pytest.mark.parametrize("network", ["none", "egress"])
+async def test_the_sandbox_never_reaches_the_hosts_loopback(network: str) -> None:
+    """Attack C2: a command with network reached 127.0.0.1 of the host (psql -h 127.0.0.1 printed
+    every tenant's providers). Now the sandbox has a network namespace of its own in every
+    profile: the host's services (here a listener standing for PostgreSQL) are unreachable;
+    egress goes only through the proxy (capabilities/tests/test_confinement.py)."""
     async with _Listener() as listener:
-        closed = await tool(["python3", "-c", CONNECT, "{port}"], PORT_SCHEMA).execute({"port": listener.port}, context())
+        closed = await tool(["python3", "-c", CONNECT, "{port}"], PORT_SCHEMA, network=network).execute(
+            {"port": listener.port}, context())
         assert closed.data["exit_code"] == 3 and closed.data["stdout"].startswith("refused"), closed.content
         assert listener.connections == 0
-
-        net = tool(["python3", "-c", CONNECT, "{port}"], PORT_SCHEMA, allow_network=True)
-        opened = await net.execute({"port": listener.port}, context())
-        assert opened.data["stdout"] == "connected hello\n", opened.content
-        assert listener.connections == 1
 
 
 WRITES = (
     "import json, os\n"
     "out = {}\n"
-    "for path in ['/usr/pwned', '/etc/pwned', '/pwned', '/proc/pwned', '/work/ok', '/tmp/ok']:\n"
+    "for path in ['/usr/pwned', '/etc/pwned', '/pwned', '/proc/pwned', '/home/sandbox/ok', '/tmp/ok']:\n"
     "    try:\n"
     "        open(path, 'w').write('x'); out[path] = 'written'\n"
     "    except OSError as exc:\n"
     "        out[path] = exc.strerror\n"
-    "out['work_before'] = sorted(set(os.listdir('/work')) - {'ok'})\n"
+    "out['work_before'] = sorted(set(os.listdir('/home/sandbox')) - {'ok'})\n"
     "out['cwd'] = os.getcwd(); out['uid'] = os.getuid()\n"
     "out['etc'] = sorted(os.listdir('/etc'))\n"
     "out['root'] = sorted(os.listdir('/'))\n"
@@ -313,14 +311,14 @@ async def test_the_sandbox_is_read_only_outside_a_fresh_work_directory() -> None
     before = set(Path(tempfile.gettempdir()).glob("ap-cli-*"))
     result = await tool(["python3", "-c", WRITES]).execute({}, context())
     out = json.loads(result.data["stdout"])
-    assert out["/work/ok"] == "written" and out["/tmp/ok"] == "written"
+    assert out["/home/sandbox/ok"] == "written" and out["/tmp/ok"] == "written"
     for path in ("/usr/pwned", "/etc/pwned", "/pwned", "/proc/pwned"):
         assert out[path] != "written", path
     assert out["/usr/pwned"] == "Read-only file system"
-    assert out["work_before"] == [] and out["cwd"] == "/work" and out["uid"] == 65534
+    assert out["work_before"] == [] and out["cwd"] == "/home/sandbox" and out["uid"] == 65534
     assert "shadow" not in out["etc"] and "postgresql" not in out["etc"], "only a minimal /etc"
     host_links = {p.lstrip("/") for p in ROOT_LINKS if os.path.lexists(p)}
-    assert set(out["root"]) == {"dev", "etc", "proc", "tmp", "usr", "work"} | host_links
+    assert set(out["root"]) == {"dev", "etc", "home", "proc", "tmp", "usr"} | host_links
     assert not (REPO_ROOT / "pwned").exists()
     assert set(Path(tempfile.gettempdir()).glob("ap-cli-*")) == before, "the work directory is removed afterwards"
 
@@ -347,7 +345,7 @@ async def test_tmp_is_bounded_and_no_nested_user_namespaces() -> None:
 
 async def test_the_host_file_system_is_not_visible() -> None:
     script = "import os, sys; print([os.path.exists(p) for p in sys.argv[1:]])"
-    probe = [str(REPO_ROOT / "manage.py"), "/root", "/var/lib/postgresql", "/home", "/usr/bin/python3"]
+    probe = [str(REPO_ROOT / "manage.py"), "/root", "/var/lib/postgresql", "/etc/shadow", "/usr/bin/python3"]
     result = await tool(["python3", "-c", script, *probe]).execute({}, context())
     assert result.data["stdout"].strip() == "[False, False, False, False, True]"
 
@@ -358,7 +356,7 @@ async def test_the_environment_is_clean_plus_the_commands_own_variables(monkeypa
     env = {"API_TOKEN": "tok-123", "GREETING": "hello world"}
     result = await tool(["python3", "-c", script], env=env).execute({}, context())
     assert json.loads(result.data["stdout"]) == {
-        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", **env}
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/sandbox", "LANG": "C.UTF-8", **env}
 
 
 async def test_env_values_never_appear_on_a_command_line() -> None:
@@ -379,11 +377,9 @@ async def test_env_values_never_appear_on_a_command_line() -> None:
             await task
 
 
-@pytest.mark.parametrize("unsandboxed", [False, True], ids=["sandboxed", "unsandboxed"])
-async def test_the_timeout_kills_the_command_and_its_children(unsandboxed: bool) -> None:
-    marker = f"31.{int(unsandboxed)}{os.getpid() % 1000:03d}"
-    cli = tool(["sh", "-c", f"sleep {marker} & sleep {marker} & echo started; wait"], timeout_seconds=1,
-               unsandboxed=unsandboxed)
+async def test_the_timeout_kills_the_command_and_its_children() -> None:
+    marker = f"31.0{os.getpid() % 1000:03d}"
+    cli = tool(["sh", "-c", f"sleep {marker} & sleep {marker} & echo started; wait"], timeout_seconds=1)
     started = time.monotonic()
     result = await cli.execute({}, context())
     assert time.monotonic() - started < 10
@@ -393,10 +389,9 @@ async def test_the_timeout_kills_the_command_and_its_children(unsandboxed: bool)
     assert await _gone(marker), "the background children were killed too"
 
 
-@pytest.mark.parametrize("unsandboxed", [False, True], ids=["sandboxed", "unsandboxed"])
-async def test_background_children_do_not_outlive_a_command_that_exited(unsandboxed: bool) -> None:
-    marker = f"33.{int(unsandboxed)}{os.getpid() % 1000:03d}"
-    cli = tool(["sh", "-c", f"sleep {marker} >/dev/null 2>&1 & echo detached"], unsandboxed=unsandboxed)
+async def test_background_children_do_not_outlive_a_command_that_exited() -> None:
+    marker = f"33.0{os.getpid() % 1000:03d}"
+    cli = tool(["sh", "-c", f"sleep {marker} >/dev/null 2>&1 & echo detached"])
     started = time.monotonic()
     result = await cli.execute({}, context())
     assert result.data["stdout"] == "detached\n" and result.data["exit_code"] == 0
@@ -463,25 +458,11 @@ async def test_a_missing_program_is_reported_by_exit_code_in_the_sandbox() -> No
     assert result.data["exit_code"] == 1 and "no-such-program-xyz" in result.data["stderr"]
 
 
-async def test_without_bwrap_commands_refuse_unless_unsandboxed(tmp_path: Path) -> None:
+async def test_without_bwrap_commands_refuse_to_run(tmp_path: Path) -> None:
+    """There is no unconfined mode: without bubblewrap a command fails with a reason."""
     missing = str(tmp_path / "no" / "bwrap")
     with pytest.raises(ToolError) as caught:
         await tool(["factor", "--", "12"], bwrap_path=missing).execute({}, context())
     assert caught.value.code == "sandbox_unavailable"
-    assert "not installed" in caught.value.message and "without the sandbox" in caught.value.message
-
-    result = await tool(["factor", "--", "12"], bwrap_path=missing, unsandboxed=True).execute({}, context())
-    assert result.data["stdout"] == "12: 2 2 3\n" and result.data["sandboxed"] is False
-
-    with pytest.raises(ToolError) as caught:
-        await tool(["no-such-program-xyz"], bwrap_path=missing, unsandboxed=True).execute({}, context())
-    assert caught.value.code == "command_unavailable"
-
-
-def test_the_bwrap_path_comes_from_settings(settings: Any, tmp_path: Path) -> None:
-    settings.CLI_BWRAP_PATH = str(tmp_path / "bwrap")
-    cli = CliTool(CliCommandConfig(name="f", description="", argv_template=("factor", "1"), parameters_schema={}))
-    with pytest.raises(ToolError) as caught:
-        asyncio.run(cli.execute({}, context()))
-    assert caught.value.code == "sandbox_unavailable" and str(tmp_path) in caught.value.message
+    assert "not installed" in caught.value.message and "only run in the sandbox" in caught.value.message
     assert shutil.which("bwrap"), "the real one is installed (bootstrap)"

@@ -7,8 +7,9 @@ from channels.db import database_sync_to_async
 
 from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route
-from capabilities.cli.sandbox import bwrap_resolve
+from capabilities.confinement import bwrap_resolve
 from capabilities.models import CliCommand
+from capabilities.tests.catalogue import cli_template
 from llm.testing import Reply, ToolCalls
 from sessions.events import events_since
 from sessions.models import ToolCall
@@ -34,11 +35,13 @@ SCRIPT = (
 @database_sync_to_async
 def agent_with_cli(world, url, **command_fields):
     agent = agent_with_route(tenant=world.tenant, base_urls=[url])
+    template = cli_template(
+        "factor-script", ["python3", "-c", SCRIPT, "{n}"],
+        {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]},
+        secrets=["API_TOKEN"],
+    )
     fields = {
-        "name": "factor", "description": "Prime factors of n.",
-        "argv_template": ["python3", "-c", SCRIPT, "{n}"],
-        "parameters_schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}},
-                              "required": ["n"]},
+        "name": "factor", "description": "Prime factors of n.", "template": template,
         "env_encrypted": secret_encrypt_json(tenant=world.tenant, value={"API_TOKEN": "tok-from-the-vault"}),
     }
     fields.update(command_fields)

@@ -1,13 +1,15 @@
-"""The console's "Test connection" for MCP servers (Django test client as a tenant admin)."""
+"""The console's "Test connection" for MCP servers (Django test client as a tenant admin).
+
+The test runs on a worker (the ``celery_worker`` fixture: a real Celery worker thread on the
+real Redis broker), never in the web process."""
 
 from __future__ import annotations
-
-import sys
 
 import pytest
 from django.test import Client
 
 from capabilities.models import McpServer
+from capabilities.tests.catalogue import time_template
 from capabilities.tests.mcp_test_server import serve_mcp_http
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(90)]
@@ -21,8 +23,8 @@ def admin_client(world) -> Client:
 
 def time_server(world) -> McpServer:
     return McpServer.all_tenants.create(
-        tenant=world.tenant, name="Time", alias="time", transport="stdio", command=sys.executable,
-        args=["-m", "mcp_server_time", "--local-timezone", "UTC"], connect_timeout_seconds=20,
+        tenant=world.tenant, name="Time", alias="time", transport="stdio", template=time_template(),
+        parameters={"TIMEZONE": "UTC"}, connect_timeout_seconds=30,
     )
 
 
@@ -36,7 +38,7 @@ def test_change_page_links_to_test_connection_and_shows_the_snapshot(world):
     assert "Now &lt;b&gt;here&lt;/b&gt;" in page, "server text is escaped"
 
 
-def test_test_connection_lists_the_tools_and_stores_the_snapshot(world):
+def test_test_connection_lists_the_tools_and_stores_the_snapshot(world, celery_worker):
     server = time_server(world)
     client = admin_client(world)
     assert "Test connection" in client.get(f"/admin/capabilities/mcpserver/{server.pk}/test-connection/").content.decode()
@@ -48,7 +50,8 @@ def test_test_connection_lists_the_tools_and_stores_the_snapshot(world):
     assert server.tools_snapshot_at is not None and server.last_error == ""
 
 
-def test_an_offline_server_shows_the_error_and_keeps_the_last_snapshot(world):
+def test_an_offline_server_shows_the_error_and_keeps_the_last_snapshot(world, celery_worker, settings):
+    settings.OUTBOUND_ALLOWED_CIDRS = list(getattr(settings, "OUTBOUND_ALLOWED_CIDRS", [])) + ["127.0.0.1/32"]
     client = admin_client(world)
     with serve_mcp_http() as running:
         server = McpServer.all_tenants.create(
@@ -83,7 +86,24 @@ def test_a_member_cannot_use_it(world):
 def test_an_mcp_alias_may_not_be_a_platform_tool_source(world):
     from django.core.exceptions import ValidationError
 
-    server = McpServer(tenant=world.tenant, name="x", alias="builtin", transport="stdio", command="x")
+    server = McpServer(tenant=world.tenant, name="x", alias="builtin", transport="stdio", template=time_template())
     with pytest.raises(ValidationError) as info:
         server.full_clean()
     assert "alias" in info.value.message_dict
+
+
+def test_the_web_process_never_starts_the_program(world, settings, monkeypatch):
+    """Attack C1: the console's Test connection ran the tenant's program inside the web process.
+    Now it only asks a worker: with no worker, nothing runs here and the page says why."""
+    import capabilities.services as services
+
+    def refuse(**kwargs):
+        raise AssertionError("the web process tried to connect to the server itself")
+
+    monkeypatch.setattr(services, "mcp_server_test_connection", refuse)
+    settings.MCP_TEST_CONNECTION_WAIT_SECONDS = 1
+    server = time_server(world)
+    page = admin_client(world).post(f"/admin/capabilities/mcpserver/{server.pk}/test-connection/").content.decode()
+    assert "Connection failed" in page and "No worker answered within 1 s" in page
+    server.refresh_from_db()
+    assert server.tools_snapshot_at is None

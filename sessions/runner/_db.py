@@ -35,8 +35,7 @@ from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
 from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
-from capabilities.cli.tool import CliCommandConfig
-from capabilities.services import mcp_server_config
+from capabilities.services import cli_command_config, mcp_server_config
 from capabilities.models import CliCommand, McpServer
 from llm.models import ModelProvider, ModelRouteEntry
 from llm.selectors import route_entries, route_entry_config
@@ -65,7 +64,6 @@ from sessions.runner.spec import (
     SkillBindingSpec,
 )
 from sessions.runner.pg import pg_connection, pipelined_transaction
-from tenants.crypto import secret_decrypt_json
 from tenants.models import Tenant
 from tenants.scoping import require_tenant_id, system_scope
 
@@ -469,13 +467,7 @@ def _spec(run: ClaimedRun) -> RunSpec:
             if command is None:
                 continue
             cli_bindings[command.pk] = CliBindingSpec(
-                command=CliCommandConfig(
-                    name=command.name, description=command.description,
-                    argv_template=tuple(command.argv_template), parameters_schema=dict(command.parameters_schema),
-                    timeout_seconds=command.timeout_seconds, max_output_bytes=command.max_output_bytes,
-                    allow_network=command.allow_network, unsandboxed=command.unsandboxed,
-                    env=secret_decrypt_json(tenant=tenant, ciphertext=command.env_encrypted),
-                ),
+                command=cli_command_config(command=command),
                 binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
             )
         elif binding.kind == CapabilityKind.BUILTIN:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route
 from capabilities.mcp.pool import mcp_pool
 from capabilities.models import McpServer
+from capabilities.tests.catalogue import time_template
 from capabilities.services import mcp_server_save
 from capabilities.tests.mcp_test_server import PNG_BYTES, serve_mcp_http
 from llm.testing import Reply, ToolCalls
@@ -40,11 +41,15 @@ async def close_the_mcp_pool():
 
 
 @database_sync_to_async
-def agent_with_time_server(world, url, *, command=sys.executable, allowed=()):
+def agent_with_time_server(world, url, *, program=None, allowed=()):
     agent = agent_with_route(tenant=world.tenant, base_urls=[url])
+    template = time_template()
+    if program is not None:
+        template.argv = [program, *template.argv[1:]]
+        template.save()
     server = McpServer.all_tenants.create(
-        tenant=world.tenant, name="time", alias="time", transport="stdio", command=command,
-        args=["-m", "mcp_server_time", "--local-timezone", "UTC"],
+        tenant=world.tenant, name="time", alias="time", transport="stdio", template=template,
+        parameters={"TIMEZONE": "UTC"},
     )
     CapabilityBinding.all_tenants.create(
         tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=server, allowed_tools=list(allowed)
@@ -126,7 +131,7 @@ async def test_the_binding_allow_list_limits_the_tools_offered(world, fake_llm):
 
 
 async def test_an_mcp_server_that_cannot_start_fails_the_run_with_a_reason(world, fake_llm):
-    agent = await agent_with_time_server(world, fake_llm.base_url, command="/nonexistent/mcp-server")
+    agent = await agent_with_time_server(world, fake_llm.base_url, program="/nonexistent/mcp-server")
     run = await post_message(agent=agent, user=world.member, content="time?")
     await execute_run(run.pk)
     run = await reload_run(run.pk)
@@ -157,24 +162,32 @@ async def test_a_second_run_reuses_the_pooled_stdio_session(world, fake_llm):
     assert call.status == "succeeded" and "Asia/Tokyo" in call.result
 
 
-async def test_three_servers_are_connected_in_parallel(world, fake_llm, tmp_path):
-    """Each test server waits at start until all three have started: a sequential connect
-    would time out on the first one (see ``MCP_TEST_START_BARRIER``)."""
+async def test_three_servers_are_connected_in_parallel(world, fake_llm):
+    """Each confined test server waits 3 s before it answers and notes when it started: connected
+    one after the other they would start at least 3 s apart; in parallel, together."""
+    from capabilities.tests.catalogue import template
+
     agent = await database_sync_to_async(agent_with_route)(tenant=world.tenant, base_urls=[fake_llm.base_url])
-    env = {"PYTHONPATH": str(REPO_ROOT), "MCP_TEST_START_BARRIER": f"{tmp_path}:3"}
-    fields = {"transport": "stdio", "command": sys.executable, "args": ["-m", "capabilities.tests.mcp_test_server"],
-              "connect_timeout_seconds": 12.0}
-    await bind_servers(world, agent, [(alias, fields, env) for alias in ("one", "two", "three")])
-    fake_llm.script(ToolCalls([("two__echo", {"text": "hi from two"})]), Reply("Done."))
+    test_server = await database_sync_to_async(template)(
+        "mcp-test-server", kind="mcp_stdio", argv=["${PYTHON}", "-m", "capabilities.tests.mcp_test_server"],
+        env={"PYTHONPATH": str(REPO_ROOT), "MCP_TEST_START_DELAY": "3"}, ro_binds=[str(REPO_ROOT)],
+    )
+    fields = {"transport": "stdio", "template": test_server, "connect_timeout_seconds": 20.0}
+    await bind_servers(world, agent, [(alias, fields, None) for alias in ("one", "two", "three")])
+    fake_llm.script(
+        ToolCalls([(f"{alias}__getenv", {"name": "MCP_TEST_STARTED_AT"}) for alias in ("one", "two", "three")]),
+        Reply("Done."),
+    )
     run = await post_message(agent=agent, user=world.member, content="echo")
     await execute_run(run.pk)
     run = await reload_run(run.pk)
     assert run.status == "completed", run.error
-    assert len(os.listdir(tmp_path)) == 3
     offered = {t["function"]["name"] for t in fake_llm.requests[0]["tools"]}
     assert {"one__echo", "two__echo", "three__echo"} <= offered
-    [call] = await tool_calls(run.pk)
-    assert call.result.endswith("hi from two") or "hi from two" in call.result
+    calls = await tool_calls(run.pk)
+    assert [c.status for c in calls] == ["succeeded"] * 3, [c.error for c in calls]
+    started = [float(re.search(r"\d{9,}\.\d+", c.result).group()) for c in calls]
+    assert max(started) - min(started) < 2.5, started
 
 
 @database_sync_to_async

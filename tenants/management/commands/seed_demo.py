@@ -4,12 +4,13 @@ Creates (or brings back to the documented state) tenant "demo" with:
 - ``demo-admin`` / ``demo-admin-pass``: tenant admin (staff, not superuser) for /admin/;
 - ``demo-user`` / ``demo-user-pass``: end user for the chat app;
 - provider "local" → the embedded model (settings.LLM_BASE_URL), route "local";
-- MCP server "time" (``mcp-server-time`` over stdio);
+- the operator catalogue of ``deploy/catalogue.yaml`` (program templates, by slug);
+- MCP server "time" (template ``mcp-server-time``, stdio, confined, no network);
 - agent "Assistant" on route "local", bound to "time" (allow-list: ``get_current_time``);
-- CLI command "factor" (``["factor", "--", "{n}"]``, GNU coreutils, in the bubblewrap
-  sandbox, no network) and agent "Researcher" on the same route, bound to it and to
-- MCP server "fetch" (``mcp-server-fetch`` over stdio: its ``fetch`` tool, exposed as
-  ``fetch__fetch``; private and loopback addresses refused, robots.txt honoured).
+- CLI command "factor" (template ``factor``: ``["factor", "--", "{n}"]``, GNU coreutils,
+  confined, no network) and agent "Researcher" on the same route, bound to it and to
+- MCP server "fetch" (template ``mcp-server-fetch``: its ``fetch`` tool, exposed as
+  ``fetch__fetch``; public addresses only, through the egress proxy; robots.txt honoured).
 
 With ``--print-token`` the last line printed is a new API token for demo-user (with
 ``--admin``, for demo-admin).
@@ -17,15 +18,15 @@ With ``--print-token`` the last line printed is a new API token for demo-user (w
 
 from __future__ import annotations
 
-import sys
-
+import yaml
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
-from capabilities.models import CliCommand, McpServer, McpTransport
+from capabilities.models import CliCommand, McpServer, McpTransport, ProgramTemplate
+from capabilities.services import catalogue_import
 from llm.models import ModelProvider, ModelRoute, ModelRouteEntry, ToolCallMode
 from tenants.models import Membership, Role, Tenant
 from tenants.scoping import system_scope
@@ -45,14 +46,8 @@ RESEARCHER_PROMPT = (
     "You are Researcher, a careful agent that checks facts with tools instead of guessing. "
     "To factor an integer into primes, call the factor tool, then answer with its result."
 )
-FACTOR_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "n": {"type": "integer", "minimum": 1, "maximum": 10**18, "description": "The positive integer to factor."},
-    },
-    "required": ["n"],
-    "additionalProperties": False,
-}
+CATALOGUE_PATH = settings.BASE_DIR / "deploy" / "catalogue.yaml"
+"""The operator catalogue the demo's capabilities come from."""
 
 
 class Command(BaseCommand):
@@ -106,12 +101,14 @@ class Command(BaseCommand):
                 "temperature": 0.0,
             },
         )
+        with open(CATALOGUE_PATH, encoding="utf-8") as handle:
+            templates = {t.slug: t for t in catalogue_import(data=yaml.safe_load(handle))}
         time_server, _ = McpServer.all_tenants.update_or_create(
             tenant=tenant, alias="time",
             defaults={
                 "name": "Time (mcp-server-time)", "transport": McpTransport.STDIO,
-                "command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
-                "enabled": True,
+                "template": templates["mcp-server-time"], "parameters": {"TIMEZONE": "UTC"},
+                "enabled": True, "last_error": "",
             },
         )
         agent, _ = AgentInstance.all_tenants.update_or_create(
@@ -127,19 +124,18 @@ class Command(BaseCommand):
             # The 0.5B demo model stays on task with one tool; drop the allow-list for a capable model.
             defaults={"allowed_tools": ["get_current_time"], "enabled": True},
         )
-        self._seed_researcher(tenant=tenant, route=route)
+        self._seed_researcher(tenant=tenant, route=route, templates=templates)
         return memberships
 
-    def _seed_researcher(self, *, tenant: Tenant, route: ModelRoute) -> None:
+    def _seed_researcher(self, *, tenant: Tenant, route: ModelRoute, templates: dict[str, ProgramTemplate]) -> None:
         """The second demo agent and its sandboxed CLI command (README, "CLI commands")."""
         factor, _ = CliCommand.all_tenants.update_or_create(
             tenant=tenant, name="factor",
             defaults={
                 "description": "Prime factorization of a positive integer (GNU coreutils `factor`). "
                                "Returns a line like '12: 2 2 3'.",
-                "argv_template": ["factor", "--", "{n}"], "parameters_schema": FACTOR_SCHEMA,
-                "timeout_seconds": 10.0, "max_output_bytes": 4096, "allow_network": False,
-                "unsandboxed": False, "enabled": True,
+                "template": templates["factor"], "parameters": {},
+                "timeout_seconds": 10.0, "max_output_bytes": 4096, "enabled": True,
             },
         )
         factor.full_clean()
@@ -159,8 +155,8 @@ class Command(BaseCommand):
             tenant=tenant, alias="fetch",
             defaults={
                 "name": "Fetch (mcp-server-fetch)", "transport": McpTransport.STDIO,
-                "command": sys.executable, "args": ["-m", "mcp_server_fetch"],
-                "call_timeout_seconds": 30.0, "enabled": True,
+                "template": templates["mcp-server-fetch"], "parameters": {},
+                "call_timeout_seconds": 30.0, "enabled": True, "last_error": "",
             },
         )
         CapabilityBinding.all_tenants.update_or_create(

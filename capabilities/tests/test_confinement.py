@@ -1,0 +1,262 @@
+"""Confinement of every program a run starts, and the egress proxy: the attacks of issue 23
+(C1, C2) replayed against real bubblewrap, setpriv and sockets.
+
+No database: programs are started through :func:`capabilities.confinement.confined_argv`
+directly, through the CLI tool, and through the MCP client with a sandbox profile.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from django.conf import settings
+
+from capabilities.cli.tool import CliCommandConfig, CliTool
+from capabilities.confinement import SandboxProfile, bwrap_resolve, confined_argv, confined_env, drops_privileges
+from capabilities.egress import EgressRefused, egress_check, egress_socket_path
+from capabilities.mcp.client import McpConnection, McpServerConfig
+from capabilities.tools import ToolContext
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(bwrap_resolve("bwrap") is None, reason="bubblewrap is not installed (scripts/bootstrap.sh)"),
+]
+
+SANDBOX_PYTHON_READY = os.path.exists(settings.SANDBOX_PYTHON)
+
+
+def _profile(**fields: Any) -> SandboxProfile:
+    fields.setdefault("ro_binds", tuple(settings.SANDBOX_RO_BINDS))
+    return SandboxProfile(**fields)
+
+
+def _run(code: str, profile: SandboxProfile, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    argv = confined_argv(["/usr/bin/python3", "-c", code, *args], profile)
+    return subprocess.run(argv, env=confined_env(profile), capture_output=True, text=True, timeout=timeout)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b"<html><head><title>Egress test</title></head><body><p>hello through the proxy</p></body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def host_server() -> Iterator[int]:
+    """An HTTP server on the host's 127.0.0.1 (standing for PostgreSQL, Redis, the web process)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+# --- who the program is, what it sees -----------------------------------------------------
+
+
+def test_a_confined_program_runs_as_a_non_root_user_on_the_host() -> None:
+    """Attack C1: the tenant's program ran as root. Seen from the host, it is now SANDBOX_UID."""
+    profile = _profile()
+    argv = confined_argv(["sh", "-c", "echo started; sleep 7.31"], profile)
+    proc = subprocess.Popen(argv, env=confined_env(profile), stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+        uids = set()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            if b"7.31" in cmdline and b"sleep" in cmdline:
+                uids.add(next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:")))
+        expected = str(settings.SANDBOX_UID) if drops_privileges() else str(os.getuid())
+        assert uids == {expected}, uids
+        if os.geteuid() == 0:
+            assert "0" not in uids, "never root on the host"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_confined_program_cannot_read_the_workers_environment_or_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack C1: the program read the worker's environment through /proc/<ppid>/environ."""
+    monkeypatch.setenv("WORKER_SECRET", "s3cr3t-worker-key")
+    code = (
+        "import json, os\n"
+        "out = {'env': sorted(os.environ), 'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit())}\n"
+        "for pid in (os.getppid(), 1):\n"
+        "    try:\n"
+        "        out[f'environ_{pid}'] = open(f'/proc/{pid}/environ', 'rb').read().decode(errors='replace')\n"
+        "    except OSError as exc:\n"
+        "        out[f'environ_{pid}'] = exc.strerror\n"
+        "print(json.dumps(out))\n"
+    )
+    result = _run(code, _profile(env={"TEMPLATE_VAR": "1"}))
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert "WORKER_SECRET" not in out["env"] and "DATABASE_URL" not in out["env"]
+    assert set(out["env"]) <= {"PATH", "HOME", "LANG", "PWD", "TEMPLATE_VAR"}, out["env"]
+    assert "s3cr3t-worker-key" not in result.stdout
+    assert max(out["pids"]) < 10, "its own PID namespace: no worker, no other process of the host"
+
+
+def test_the_platforms_files_keys_and_sockets_are_not_visible() -> None:
+    repo = Path(settings.BASE_DIR)
+    probes = [str(repo / "manage.py"), str(repo / "var" / "secrets.env"), "/root", "/var/run/postgresql",
+              "/run/postgresql", "/etc/shadow", settings.SANDBOX_PYTHON]
+    code = "import json, os, sys; print(json.dumps([os.path.exists(p) for p in sys.argv[1:]]))"
+    result = _run(code, _profile(), *probes)
+    assert json.loads(result.stdout) == [False] * 6 + [SANDBOX_PYTHON_READY], result.stderr
+
+
+# --- the network ---------------------------------------------------------------------------
+
+
+CONNECT = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3)\n"
+    "    print('connected')\n"
+    "except OSError as exc:\n"
+    "    print('refused', exc)\n"
+)
+FETCH = (
+    "import sys, urllib.request, urllib.error\n"
+    "try:\n"
+    "    print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
+    "except urllib.error.HTTPError as exc:\n"
+    "    print('HTTP', exc.code, exc.read().decode())\n"
+    "except OSError as exc:\n"
+    "    print('error', exc)\n"
+)
+
+
+@pytest.mark.parametrize("network", ["none", "egress"])
+def test_the_hosts_loopback_is_unreachable_in_every_profile(network: str, host_server: int) -> None:
+    """Attack C2: ``allow_network`` reached PostgreSQL on the host's 127.0.0.1. Every profile now
+    has its own network namespace."""
+    result = _run(CONNECT, _profile(network=network), str(host_server))
+    assert result.stdout.startswith("refused"), (result.stdout, result.stderr)
+
+
+def test_egress_refuses_loopback_unless_an_operator_allows_it(host_server: int, settings: Any) -> None:
+    url = f"http://127.0.0.1:{host_server}/"
+    settings.SANDBOX_EGRESS_ALLOWED_CIDRS = []
+    refused = _run(FETCH, _profile(network="egress"), url)
+    assert refused.stdout.startswith("HTTP 403 Refused by the platform's egress rules: 127.0.0.1"), refused.stdout
+
+    settings.SANDBOX_EGRESS_ALLOWED_CIDRS = ["127.0.0.1/32"]
+    allowed = _run(FETCH, _profile(network="egress"), url)
+    assert "hello through the proxy" in allowed.stdout, (allowed.stdout, allowed.stderr)
+
+
+def test_no_network_profile_has_no_proxy_either(host_server: int, settings: Any) -> None:
+    settings.SANDBOX_EGRESS_ALLOWED_CIDRS = ["127.0.0.1/32"]
+    result = _run(FETCH, _profile(network="none"), f"http://127.0.0.1:{host_server}/")
+    assert result.stdout.startswith("error"), result.stdout
+
+
+@pytest.mark.parametrize(("host", "reason"), [
+    ("127.0.0.1", "loopback"), ("10.1.2.3", "private"), ("192.168.0.1", "private"), ("172.16.5.4", "private"),
+    ("169.254.169.254", "cloud metadata"), ("100.64.0.1", "CGNAT"), ("::1", "loopback"), ("fd00::1", "ULA"),
+    ("::ffff:127.0.0.1", "IPv4-embedded loopback"), ("0.0.0.0", "unspecified"), ("localhost", "loopback name"),
+    ("metadata.google.internal", "cloud metadata"),
+])
+async def test_egress_check_applies_the_web_fetch_rules(host: str, reason: str, settings: Any) -> None:
+    settings.SANDBOX_EGRESS_ALLOWED_CIDRS = []
+    with pytest.raises(EgressRefused) as caught:
+        await egress_check(host, 80)
+    assert caught.value.status == 403
+    assert reason.split()[0].lower() in caught.value.message.lower() or reason in caught.value.message
+
+
+async def test_metadata_stays_refused_even_when_its_network_is_allowed(settings: Any) -> None:
+    settings.SANDBOX_EGRESS_ALLOWED_CIDRS = ["169.254.0.0/16"]
+    with pytest.raises(EgressRefused):
+        await egress_check("169.254.169.254", 80)
+    assert await egress_check("169.254.1.1", 80) == ["169.254.1.1"]
+    assert await egress_check("93.184.215.14", 443) == ["93.184.215.14"], "a public address passes"
+
+
+def test_the_proxy_answers_bad_requests_with_a_reason() -> None:
+    path = egress_socket_path()
+    for request, status in ((b"GET /relative HTTP/1.1\r\nHost: x\r\n\r\n", b"400"),
+                            (b"CONNECT 10.0.0.1:5432 HTTP/1.1\r\n\r\n", b"403"),
+                            (b"garbage\r\n\r\n", b"400")):
+        with socket.socket(socket.AF_UNIX) as client:
+            client.settimeout(10)
+            client.connect(path)
+            client.sendall(request)
+            answer = client.recv(4096)
+        assert answer.split(b" ")[1] == status, answer
+
+
+# --- programs of the catalogue, confined ---------------------------------------------------
+
+
+def _cli(argv: list[str], profile: SandboxProfile) -> CliTool:
+    return CliTool(CliCommandConfig(name="probe", description="", argv_template=tuple(argv),
+                                    parameters_schema={"type": "object", "properties": {}}, profile=profile))
+
+
+async def test_a_cli_command_with_egress_reaches_public_addresses_only_through_the_proxy(
+    host_server: int, settings: Any
+) -> None:
+    settings.SANDBOX_EGRESS_ALLOWED_CIDRS = []
+    context = ToolContext(tenant_id=1, session_id=1, run_id=1, tool_call_id=1)
+    result = await _cli(["python3", "-c", FETCH, f"http://127.0.0.1:{host_server}/"],
+                        _profile(network="egress")).execute({}, context)
+    assert "HTTP 403 Refused by the platform's egress rules" in result.data["stdout"]
+
+
+@pytest.mark.skipif(not SANDBOX_PYTHON_READY, reason="the sandbox's Python environment (scripts/bootstrap.sh)")
+async def test_mcp_server_time_runs_confined_over_stdio() -> None:
+    config = McpServerConfig(
+        alias="time", transport="stdio", command=settings.SANDBOX_PYTHON,
+        args=("-m", "mcp_server_time", "--local-timezone", "UTC"), sandbox=_profile(), connect_timeout_seconds=60,
+    )
+    async with McpConnection(config) as connection:
+        tools = await connection.list_tools()
+        assert "get_current_time" in {t.name for t in tools}
+        result = await connection.call_tool("get_current_time", {"timezone": "Asia/Tokyo"}, timeout_seconds=30)
+    assert "Asia/Tokyo" in result.content
+
+
+@pytest.mark.skipif(not SANDBOX_PYTHON_READY, reason="the sandbox's Python environment (scripts/bootstrap.sh)")
+async def test_mcp_server_fetch_reaches_a_server_only_through_the_egress_path(host_server: int, settings: Any) -> None:
+    """The demo's fetch server, confined with egress: it gets a local test server only when that
+    address is on the (test-only) allow-list; otherwise the proxy refuses it. ``--allow-private-ips``
+    switches off the server's own check, so that the proxy alone decides here."""
+    config = McpServerConfig(
+        alias="fetch", transport="stdio", command=settings.SANDBOX_PYTHON,
+        args=("-m", "mcp_server_fetch", "--allow-private-ips", "--ignore-robots-txt"),
+        sandbox=_profile(network="egress"), connect_timeout_seconds=60, call_timeout_seconds=60,
+    )
+    url = f"http://127.0.0.1:{host_server}/"
+    settings.SANDBOX_EGRESS_ALLOWED_CIDRS = []
+    async with McpConnection(config) as connection:
+        with pytest.raises(Exception) as refused:
+            await connection.call_tool("fetch", {"url": url}, timeout_seconds=60)
+        assert "403" in str(refused.value) or "Refused" in str(refused.value), refused.value
+        settings.SANDBOX_EGRESS_ALLOWED_CIDRS = ["127.0.0.1/32"]
+        fetched = await connection.call_tool("fetch", {"url": url}, timeout_seconds=60)
+    assert "hello through the proxy" in fetched.content
