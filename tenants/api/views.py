@@ -86,9 +86,9 @@ class AuthLoginApi(APIView):
 
     @extend_schema(request=InputSerializer, responses=_MeSerializer)
     def post(self, request: Request) -> Response:
-        enforce_csrf(request)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        enforce_csrf(request)
         with audit_context(context_for_request(request, source="auth")):
             user = authenticate(request._request, username=data.validated_data["username"],
                                 password=data.validated_data["password"])
