@@ -1,7 +1,9 @@
 """WebSocket authentication: session cookie (the SPA) or ``?token=<API token>`` (scripts).
 
 Adds to the scope: ``user``, ``membership_id`` and ``tenant_id`` (None when the caller has
-no membership). Consumers set the tenant scope from ``tenant_id`` on connect.
+no membership), and ``token_id`` (the API token's id; None for a cookie) so that a stream can
+re-check its credential while it is open (:mod:`sessions.stream_guard`). Consumers set the
+tenant scope from ``tenant_id`` on connect.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from tenants.selectors import api_token_authenticate, membership_for_user
 
 
 @database_sync_to_async
-def _resolve(scope: dict[str, Any]) -> tuple[Any, int | None, int | None]:
+def _resolve(scope: dict[str, Any]) -> tuple[Any, int | None, int | None, int | None]:
+    """(user, membership_id, tenant_id, token_id) of the handshake."""
     query = parse_qs(scope.get("query_string", b"").decode())
     raw = (query.get("token") or [""])[0]
     if raw:
@@ -24,13 +27,13 @@ def _resolve(scope: dict[str, Any]) -> tuple[Any, int | None, int | None]:
         if token is None:
             from django.contrib.auth.models import AnonymousUser
 
-            return AnonymousUser(), None, None
-        return token.membership.user, token.membership_id, token.membership.tenant_id
+            return AnonymousUser(), None, None, None
+        return token.membership.user, token.membership_id, token.membership.tenant_id, token.pk
     user = scope.get("user")
     membership = membership_for_user(user=user) if user is not None else None
     if membership is None:
-        return user, None, None
-    return user, membership.pk, membership.tenant_id
+        return user, None, None, None
+    return user, membership.pk, membership.tenant_id, None
 
 
 class _TenantScopeMiddleware:
@@ -38,8 +41,8 @@ class _TenantScopeMiddleware:
         self.inner = inner
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        user, membership_id, tenant_id = await _resolve(scope)
-        scope = dict(scope, user=user, membership_id=membership_id, tenant_id=tenant_id)
+        user, membership_id, tenant_id, token_id = await _resolve(scope)
+        scope = dict(scope, user=user, membership_id=membership_id, tenant_id=tenant_id, token_id=token_id)
         return await self.inner(scope, receive, send)
 
 

@@ -86,6 +86,10 @@ class BrowserConsumer(AsyncWebsocketConsumer):
         except protocol.ProtocolError as exc:
             await self.send(text_data=json.dumps({"type": "error", "code": "protocol_error", "message": str(exc)}))
             return
+        except RecursionError:  # JSON nested deeper than the parser's stack: refused, the socket stays
+            await self.send(text_data=json.dumps({"type": "error", "code": "protocol_error",
+                                                  "message": "not JSON: nested too deeply"}))
+            return
         if isinstance(frame, protocol.Hello):
             await self._on_hello(frame)
         elif not self.ready:

@@ -19,9 +19,18 @@ filled as above; a subscription restored by :mod:`sessions.live` makes the consu
 stream at once; and a dropped *last* frame is found by a check of the stream every
 :data:`CATCH_UP_SECONDS`, so a client always ends up with every frame, in order.
 
-Close codes: 4401 not authenticated or no membership; 4404 no such session for this caller
-(also another tenant's or another user's: the same code for both); 1011 live delivery failed
-(the stream could not be read), so the client reconnects with ``after_seq``.
+Guards (:mod:`sessions.stream_guard`): the credential the socket was opened with (API token
+or login session) is re-checked every :data:`~sessions.stream_guard.AUTH_RECHECK_SECONDS`;
+a user holds at most ``STREAMS_PER_USER_MAX`` streams (WebSocket + SSE); the web process
+stopping closes the socket (:mod:`agent_platform.shutdown`). Frames a client sends are JSON
+nested at most 64 deep (else an ``{"type": "error"}`` frame; the socket stays open).
+
+Close codes: 4401 not authenticated or no membership, or the credential was revoked while
+open (token revoked, membership removed, user deactivated, logged out); 4400 ``after_seq``
+is not an integer in 0..2**63-1; 4404 no such session for this caller (also another
+tenant's or another user's: the same code for both); 4429 the user already has
+``STREAMS_PER_USER_MAX`` streams open; 1001 the server is stopping; 1011 live delivery
+failed (the stream could not be read), so the client reconnects with ``after_seq``.
 """
 
 from __future__ import annotations
@@ -34,15 +43,22 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from agent_platform.api_parsers import JSONDepthError, json_loads_bounded
+from agent_platform.shutdown import wait_stopping
+from sessions import stream_guard
 from sessions.events import EVENTS_LAYER, _pubsub_group_channel, events_since, frame_text, group_name
 from sessions.live import live_join, live_leave
+from sessions.stream_guard import InvalidAfterSeq, StreamCredential
 from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)
 
+CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
+CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
+CLOSE_TOO_MANY_STREAMS = 4429
 PING_SECONDS = 15.0
 """A ``{"type": "ping"}`` frame (no ``seq``) this often keeps idle connections and proxies alive."""
 CATCH_UP_SECONDS = 5.0
@@ -59,6 +75,9 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
     live_channel: str | None = None  # the pub/sub channel joined through sessions.live
     live: asyncio.Queue | None = None  # its messages (None: the subscription was restored), in order
     forwarder: asyncio.Task | None = None
+    credential: StreamCredential | None = None  # re-checked while open
+    slot: str | None = None  # the stream slot leased from stream_guard
+    stopper: asyncio.Task | None = None  # closes the socket when the process stops
 
     async def connect(self) -> None:
         await self.accept()
@@ -68,14 +87,25 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.session_id = int(self.scope["url_route"]["kwargs"]["session_id"])
+        query = parse_qs(self.scope.get("query_string", b"").decode(), keep_blank_values=True)
+        try:
+            self.last_seq = stream_guard.parse_after_seq((query.get("after_seq") or [None])[0])
+        except InvalidAfterSeq:
+            await self.close(code=CLOSE_BAD_REQUEST)
+            return
         if not await _session_visible(tenant_id=tenant_id, user_id=user.pk, session_id=self.session_id):
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        query = parse_qs(self.scope.get("query_string", b"").decode())
-        try:
-            self.last_seq = max(0, int((query.get("after_seq") or ["0"])[0]))
-        except ValueError:
-            self.last_seq = 0
+        token_id = self.scope.get("token_id")
+        session = self.scope.get("session") if token_id is None else None
+        self.credential = StreamCredential(user_id=user.pk, membership_id=self.scope["membership_id"],
+                                           token_id=token_id,
+                                           session_key=getattr(session, "session_key", None) if session else None)
+        self.slot = await stream_guard.stream_slot_acquire(user_id=user.pk)
+        if self.slot is None:
+            await self.close(code=CLOSE_TOO_MANY_STREAMS)
+            return
+        self.stopper = asyncio.create_task(self._close_on_shutdown())
         channel = _pubsub_group_channel(self.session_id)
         if channel is not None:
             self.live = asyncio.Queue()
@@ -117,8 +147,14 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
             logger.exception("session %s: live delivery failed; closing the socket", self.session_id)
             await self.close(code=CLOSE_INTERNAL_ERROR)
 
+    async def _close_on_shutdown(self) -> None:
+        await wait_stopping()
+        await self.close(code=CLOSE_GOING_AWAY)
+
     async def _ping_forever(self) -> None:
-        """Ping every PING_SECONDS; every CATCH_UP_SECONDS, send what the stream has past ``last_seq``.
+        """Ping every PING_SECONDS (and renew the stream slot); every CATCH_UP_SECONDS, send
+        what the stream has past ``last_seq``; every AUTH_RECHECK_SECONDS, close with 4401 if
+        the credential no longer authenticates.
 
         Ends quietly when the client has gone: the ASGI server raises an ``OSError`` subclass
         from a send on a closed connection (ASGI spec, WebSocket "Send"; uvicorn's
@@ -126,10 +162,16 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         """
         loop = asyncio.get_running_loop()
         next_ping, next_catch_up = loop.time() + PING_SECONDS, loop.time() + CATCH_UP_SECONDS
+        next_recheck = loop.time() + stream_guard.AUTH_RECHECK_SECONDS
         try:
             while True:
-                await asyncio.sleep(max(0.0, min(next_ping, next_catch_up) - loop.time()))
+                await asyncio.sleep(max(0.0, min(next_ping, next_catch_up, next_recheck) - loop.time()))
                 now = loop.time()
+                if now >= next_recheck and self.credential is not None:
+                    next_recheck = now + stream_guard.AUTH_RECHECK_SECONDS
+                    if not await stream_guard.credential_valid(self.credential):
+                        await self.close(code=CLOSE_UNAUTHENTICATED)
+                        return
                 if now >= next_catch_up:
                     next_catch_up = now + CATCH_UP_SECONDS
                     for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
@@ -137,17 +179,38 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
                 if now >= next_ping:
                     next_ping = now + PING_SECONDS
                     await self.send_json({"type": "ping"})
+                    if self.slot is not None and self.credential is not None:
+                        await stream_guard.stream_slot_renew(user_id=self.credential.user_id, slot=self.slot)
         except OSError:
             return  # the client is gone; disconnect() cleans up
 
     async def disconnect(self, code: int) -> None:
-        if self.pinger is not None:
-            self.pinger.cancel()
-        if self.forwarder is not None:
-            self.forwarder.cancel()
+        for task in (self.pinger, self.forwarder, self.stopper):
+            if task is not None:
+                task.cancel()
         self._leave_live()
         if self.joined:
             await self.channel_layer.group_discard(group_name(self.session_id), self.channel_name)
+        if self.slot is not None and self.credential is not None:
+            slot, self.slot = self.slot, None
+            await stream_guard.stream_slot_release(user_id=self.credential.user_id, slot=slot)
+
+    @classmethod
+    async def decode_json(cls, text_data: str) -> Any:
+        """JSON nested at most 64 deep (``JSONDepthError`` otherwise, never a RecursionError)."""
+        return json_loads_bounded(text_data)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """A client frame: JSON (else an ``{"type": "error"}`` frame) handed to :meth:`receive_json`."""
+        if text_data is None:
+            await self.send_json({"type": "error", "message": "Frames must be JSON text."})
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except JSONDepthError as exc:
+            await self.send_json({"type": "error", "message": f"Invalid JSON: {exc}"[:200]})
+            return
+        await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # Clients only listen; a ping keeps intermediaries from closing an idle socket.
