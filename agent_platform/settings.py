@@ -441,6 +441,36 @@ APPROVAL_TTL_SECONDS = float(os.environ.get("APPROVAL_TTL_SECONDS", str(24 * 360
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")
 LLM_MODEL_NAME = os.environ.get("LLM_MODEL_NAME", "qwen2.5-coder-0.5b-instruct")
 
+# Outbound connections made on a tenant's behalf (model providers: chat and route test; remote
+# MCP servers: streamable HTTP, SSE) follow the web_fetch address rules (capabilities/netsafe.py:
+# no loopback, private, link-local, CGNAT, metadata ... address), checked when the URL is saved
+# and at every connect. Operators allow internal hosts here:
+# OUTBOUND_ALLOWED_CIDRS  comma-separated networks allowed although not public (default none);
+# OUTBOUND_ALLOWED_HOSTS  comma-separated host:port reached whatever they resolve to (default:
+#                         LLM_BASE_URL's host:port, so the demo route reaches the embedded model).
+# Cloud metadata addresses stay blocked always. An invalid network fails at startup.
+OUTBOUND_ALLOWED_CIDRS: list[str] = [
+    str(ipaddress.ip_network(c.strip(), strict=False))
+    for c in os.environ.get("OUTBOUND_ALLOWED_CIDRS", "").split(",") if c.strip()
+]
+
+
+def _default_outbound_hosts() -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(LLM_BASE_URL)
+    if not parts.hostname:
+        return ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{port}"
+
+
+OUTBOUND_ALLOWED_HOSTS: list[str] = [
+    h.strip().lower() for h in os.environ.get("OUTBOUND_ALLOWED_HOSTS", _default_outbound_hosts()).split(",")
+    if h.strip()
+]
+
 # web_fetch / web_read (capabilities/netsafe.py): networks allowed although not public. Empty in
 # production; tests add 127.0.0.1/32 to reach their own servers. Metadata addresses stay blocked.
 # An invalid network fails at startup (ValueError), not at the first fetch.

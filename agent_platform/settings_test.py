@@ -29,6 +29,9 @@ DEBUG = False
 # The test process imports the ASGI app for its servers; its collector stays as CPython sets it
 # (agent_platform/tests/test_gc_tuning.py tests the tuning itself).
 WEB_GC_THRESHOLDS = ()
+# The fake LLM server and the test MCP servers listen on 127.0.0.1 (random ports): the outbound
+# address rules (capabilities/netsafe.py) let tests reach loopback; tests of the rules set [] .
+OUTBOUND_ALLOWED_CIDRS = ["127.0.0.0/8", "::1/128"]
 # Abuse controls: the cache's keys under this suite's prefix (the session fixture clears them);
 # limits high enough that the rest of the suite never meets them (their own tests lower them
 # with the `settings` fixture).

@@ -183,8 +183,11 @@ async def _getaddrinfo(host: str, port: int) -> list[tuple[Any, ...]]:
     return await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
 
 
-async def resolve_host(host: str, port: int) -> list[IPAddress]:
+async def resolve_host(host: str, port: int, *, allowed: Iterable[Any] | None = None) -> list[IPAddress]:
     """Resolve ``host`` once and return its validated addresses (IPv4 first, order kept).
+
+    ``allowed``: networks allowed although not public (default: ``WEB_FETCH_ALLOWED_CIDRS``;
+    :func:`resolve_outbound` passes ``OUTBOUND_ALLOWED_CIDRS``).
 
     Raises:
         FetchError(code="blocked_address"): The name is a metadata host name, or ANY resolved
@@ -213,7 +216,7 @@ async def resolve_host(host: str, port: int) -> list[IPAddress]:
         if not addresses:
             raise FetchError(f"Host {host!r} has no addresses.", code="http_error")
     for ip in addresses:
-        reason = address_block_reason(ip)
+        reason = address_block_reason(ip, allowed=allowed)
         if reason:
             shown = host if literal is not None else f"{host!r} (resolves to {ip})"
             raise FetchError(
@@ -492,3 +495,251 @@ def is_text(mime_type: str) -> bool:
     """True for MIME types whose bodies are text (``text/*``, JSON, XML, …, ``+json``/``+xml``)."""
     return (mime_type.startswith("text/") or mime_type in TEXT_MIME_TYPES
             or mime_type.endswith("+json") or mime_type.endswith("+xml"))
+
+
+
+# ------------------------------------------------------------------------------------------ outbound
+#
+# The same address rules for the connections the platform itself makes on a tenant's behalf:
+# model providers (chat and the route test) and remote MCP servers (streamable HTTP, SSE).
+# A tenant admin types those URLs, so they are checked when saved (check_outbound_url) AND
+# at every TCP connect (OutboundBackend for httpx2, OutboundResolver for aiohttp), which
+# resolve the name once, check every address, and connect only to the checked addresses (no
+# DNS-rebinding window). Redirects open new connections and are checked the same way.
+
+def outbound_allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``settings.OUTBOUND_ALLOWED_CIDRS`` as networks: non-public ranges that providers and
+    MCP servers may be reached at (empty by default; tests allow 127.0.0.0/8)."""
+    return [ipaddress.ip_network(c, strict=False) for c in getattr(settings, "OUTBOUND_ALLOWED_CIDRS", ()) or ()]
+
+
+def _host_port_key(host: str, port: int) -> str:
+    host = host.strip("[]").rstrip(".").lower()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def outbound_host_allowed(host: str, port: int) -> bool:
+    """Whether ``host:port`` is listed in ``settings.OUTBOUND_ALLOWED_HOSTS`` (exact host name
+    or IP literal, and port; default: the embedded model's ``LLM_BASE_URL`` host and port).
+    A listed host is reached at whatever it resolves to, except cloud metadata addresses."""
+    listed = getattr(settings, "OUTBOUND_ALLOWED_HOSTS", ()) or ()
+    key = _host_port_key(host, port)
+    for entry in listed:
+        entry = str(entry).strip().lower()
+        if not entry:
+            continue
+        try:
+            parsed = httpx.URL(f"http://{entry}")
+        except (httpx.InvalidURL, ValueError):
+            continue
+        if parsed.host and parsed.port is not None and _host_port_key(parsed.host, parsed.port) == key:
+            return True
+    return False
+
+
+async def resolve_outbound(host: str, port: int) -> list[IPAddress]:
+    """Resolve ``host`` once for a platform connection on a tenant's behalf and return the
+    addresses that may be connected to (IPv4 first).
+
+    Rules: those of :func:`resolve_host` with ``OUTBOUND_ALLOWED_CIDRS`` as the allowed
+    networks; a ``host:port`` listed in ``OUTBOUND_ALLOWED_HOSTS`` skips the address check
+    (cloud metadata addresses stay refused).
+
+    Raises:
+        FetchError(code="blocked_address"): A blocked name or address.
+        FetchError(code="http_error"): The name does not resolve.
+    """
+    if not outbound_host_allowed(host, port):
+        return await resolve_host(host, port, allowed=outbound_allowed_networks())
+    name = host.strip("[]").rstrip(".").lower()
+    literal = _ip_literal(name)
+    if literal is not None:
+        addresses = [literal]
+    else:
+        try:
+            infos = await _getaddrinfo(name, port)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise FetchError(f"Cannot resolve host {host!r}: {exc}.", code="http_error") from exc
+        addresses = []
+        for info in infos:
+            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            if ip not in addresses:
+                addresses.append(ip)
+    for ip in addresses:
+        if ip in METADATA_ADDRESSES:
+            raise FetchError(f"Refused: {host!r} resolves to a cloud metadata address.", code="blocked_address")
+    if not addresses:
+        raise FetchError(f"Host {host!r} has no addresses.", code="http_error")
+    return sorted(addresses, key=lambda a: a.version)
+
+
+def check_outbound_url(url: Any) -> None:
+    """Validate a provider base URL or MCP server URL when it is saved (the connect-time
+    check in :class:`OutboundBackend` / :class:`OutboundResolver` is the authoritative one).
+
+    Checks: http(s), a host, no user name or password, and the address rules of
+    :func:`resolve_outbound`: an IP literal or ``localhost`` name that is not allowed, or a
+    name that resolves (now) to a blocked address, is refused. A name that does not resolve
+    now passes (it is checked again at every connect). Blocking DNS lookup (synchronous).
+
+    Raises:
+        FetchError: ``invalid_url`` or ``blocked_address``; ``message`` says why.
+    """
+    parsed = validate_url(url)
+    host = parsed.host
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if outbound_host_allowed(host, port):
+        return
+    name = host.strip("[]").rstrip(".").lower()
+    networks = outbound_allowed_networks()
+    if name in METADATA_HOSTNAMES:
+        raise FetchError(f"Refused: {host!r} is a cloud metadata service.", code="blocked_address")
+    literal = _ip_literal(name)
+    if literal is None and (name == "localhost" or name.endswith(".localhost")):
+        literal = ipaddress.ip_address("127.0.0.1")
+    if literal is not None:
+        addresses = [literal]
+    else:
+        try:
+            infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+        except (socket.gaierror, UnicodeError, OSError):
+            return
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+    for ip in addresses:
+        reason = address_block_reason(ip, allowed=networks)
+        if reason:
+            shown = host if literal is not None and name == str(literal) else f"{host!r} (resolves to {ip})"
+            raise FetchError(
+                f"Refused: {shown} is a {reason} address. Only public internet addresses are allowed; "
+                "an operator can allow internal hosts (OUTBOUND_ALLOWED_HOSTS, OUTBOUND_ALLOWED_CIDRS).",
+                code="blocked_address",
+            )
+
+
+def _httpcore2() -> Any:
+    import httpcore2
+
+    return httpcore2
+
+
+class OutboundBackend:
+    """An httpcore2 network backend (httpx2, as the openai/anthropic/mcp SDKs use it) that
+    resolves every host with :func:`resolve_outbound` and connects only to the addresses it
+    checked, then checks the socket's peer address again. Unix sockets are refused.
+
+    Built through :func:`outbound_backend` (a subclass of ``httpcore2.AsyncNetworkBackend``).
+    """
+
+    def __init__(self) -> None:
+        self._inner = _httpcore2().AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None, socket_options: Any = None) -> Any:
+        httpcore2 = _httpcore2()
+        try:
+            addresses = await resolve_outbound(host, port)
+        except FetchError as exc:
+            raise httpcore2.ConnectError(exc.message) from exc
+        allowed = outbound_allowed_networks()
+        last: Exception | None = None
+        for ip in addresses:
+            try:
+                stream = await self._inner.connect_tcp(str(ip), port, timeout=timeout, local_address=local_address,
+                                                       socket_options=socket_options)
+            except (httpcore2.ConnectError, httpcore2.ConnectTimeout, OSError) as exc:
+                last = exc
+                continue
+            peer = _peer_ip(stream)
+            if peer is None or peer != ip or (
+                ip in METADATA_ADDRESSES
+                or (not outbound_host_allowed(host, port) and address_block_reason(peer, allowed=allowed))
+            ):
+                await stream.aclose()
+                raise httpcore2.ConnectError(f"connected to unexpected address {peer}")
+            return stream
+        if isinstance(last, httpcore2.ConnectTimeout):
+            raise last
+        raise httpcore2.ConnectError(str(last) if last else "no address to connect to")
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+        raise _httpcore2().ConnectError("unix sockets are not allowed")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+@functools.cache
+def _outbound_backend_class() -> type:
+    return type("OutboundNetworkBackend", (OutboundBackend, _httpcore2().AsyncNetworkBackend), {})
+
+
+def outbound_backend() -> Any:
+    """A new :class:`OutboundBackend` (an ``httpcore2.AsyncNetworkBackend``)."""
+    return _outbound_backend_class()()
+
+
+def outbound_transport(*, verify: Any = True, limits: Any = None, http2: bool = False) -> Any:
+    """An ``httpx2.AsyncHTTPTransport`` whose connections go through :class:`OutboundBackend`.
+
+    Args:
+        verify: TLS verification (an ``ssl.SSLContext``, a CA path or a bool), as httpx2 takes it.
+        limits: ``httpx2.Limits`` (httpx2's defaults when None).
+        http2: Offer HTTP/2.
+
+    Returns:
+        The transport: pass it as ``transport=`` to an ``httpx2.AsyncClient`` (or the SDKs'
+        ``DefaultAsyncHttpxClient``). No proxies from the environment.
+    """
+    import httpcore2
+    import httpx2
+
+    limits = limits or httpx2.Limits(max_connections=100, max_keepalive_connections=20)
+    transport = httpx2.AsyncHTTPTransport(verify=verify, trust_env=False, limits=limits, http2=http2)
+    ssl_context = verify if isinstance(verify, ssl.SSLContext) else httpx2.create_ssl_context(verify=verify,
+                                                                                          trust_env=False)
+    # httpx2 builds its httpcore2 pool in __init__ without a way to pass a network backend;
+    # replace it with an equivalent pool that has one (httpcore2's documented parameter),
+    # as _PinnedTransport does for web_fetch.
+    transport._pool = httpcore2.AsyncConnectionPool(
+        ssl_context=ssl_context, max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+        http1=True, http2=http2, network_backend=outbound_backend(),
+    )
+    return transport
+
+
+class OutboundResolver:
+    """An aiohttp resolver applying :func:`resolve_outbound`: aiohttp then connects only to
+    the addresses returned (checked). Built through :func:`outbound_resolver` (a subclass of
+    ``aiohttp.abc.AbstractResolver``)."""
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+        try:
+            addresses = await resolve_outbound(host, port)
+        except FetchError as exc:
+            raise OSError(exc.message) from exc
+        out = []
+        for ip in addresses:
+            if family == socket.AF_INET6 and ip.version == 4 or family == socket.AF_INET and ip.version == 6:
+                continue
+            out.append({"hostname": host, "host": str(ip), "port": port,
+                        "family": socket.AF_INET if ip.version == 4 else socket.AF_INET6,
+                        "proto": 0, "flags": socket.AI_NUMERICHOST})
+        if not out:
+            raise OSError(f"Host {host!r} has no allowed address of the requested family.")
+        return out
+
+    async def close(self) -> None:
+        return None
+
+
+@functools.cache
+def _outbound_resolver_class() -> type:
+    import aiohttp.abc
+
+    return type("OutboundAiohttpResolver", (OutboundResolver, aiohttp.abc.AbstractResolver), {})
+
+
+def outbound_resolver() -> Any:
+    """A new :class:`OutboundResolver` (an ``aiohttp.abc.AbstractResolver``)."""
+    return _outbound_resolver_class()()

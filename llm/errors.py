@@ -73,6 +73,90 @@ call, ``content_policy``/``context_window``/``bad_request`` are about the reques
 
 _MAX_MESSAGE_CHARS: Final[int] = 500
 
+REDACTED: Final[str] = "[redacted]"
+"""What a secret in an error text is replaced with (:func:`redact_secrets`)."""
+
+_SECRET_PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
+    # "Bearer <token>", "Basic <credentials>" (an echoed Authorization header).
+    # (A credential has 8+ characters, one a digit: "Bearer token" or "Basic auth" are words.)
+    (re.compile(r"\b(Bearer|Basic)(\s+)(?=[A-Za-z0-9._~+/=:-]*[0-9])[A-Za-z0-9._~+/=:-]{8,}", re.IGNORECASE),
+     rf"\1\2{REDACTED}"),
+    # "Authorization: …", "x-api-key=…", '"api_key": "…"', "?key=…", "access_token=…", "password: …".
+    (re.compile(
+        r"""(\b(?:proxy-)?authorization|\bx-api-key|\bx-goog-api-key|\bapi[-_]?key|\bkey|\baccess[-_]?token"""
+        r"""|\brefresh[-_]?token|\btoken|\bsecret|\bpassword|\bpasswd)(["']?\s*[:=]\s*["']?)"""
+        r"""(?!\[redacted\])(?:(?:Bearer|Basic)\s+)?[^\s"',;&}]{3,}""",
+        re.IGNORECASE,
+    ), rf"\1\2{REDACTED}"),
+    # Well-known key shapes: OpenAI/DeepSeek/Anthropic "sk-…", GitHub, Slack, Google, Hugging Face.
+    (re.compile(r"\b(?:sk|rk|pk)-[A-Za-z0-9_-]{8,}"), REDACTED),
+    (re.compile(r"\b(?:ghp|gho|ghu|ghs|github_pat)_[A-Za-z0-9_]{10,}"), REDACTED),
+    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), REDACTED),
+    (re.compile(r"\bAIza[A-Za-z0-9_-]{20,}"), REDACTED),
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), REDACTED),
+)
+"""Secrets recognised by their shape, whatever the key is (the provider's own key is
+replaced by value besides, see :func:`redact_secrets`)."""
+
+_TOKEN_RE: Final[re.Pattern[str]] = re.compile(r"[A-Za-z0-9._~+/=-]{8,}")
+_MIN_SECRET_FRAGMENT: Final[int] = 8
+
+
+def redact_secrets(text: str, *, secrets: Sequence[str] = ()) -> str:
+    """``text`` with secrets replaced by ``[redacted]``.
+
+    Replaced: every occurrence of each of ``secrets`` (the provider's API key, MCP header
+    values… values shorter than 4 characters are ignored), any run of 8+ token characters
+    that is a fragment of one of them (a key cut off by a length limit), ``Bearer …`` /
+    ``Basic …`` credentials, values after ``Authorization``, ``x-api-key``, ``api_key``,
+    ``key``, ``token``, ``secret``, ``password`` (``:`` or ``=``, quoted or not), and
+    well-known key shapes (``sk-…``, ``ghp_…``, ``xoxb-…``, ``AIza…``, ``hf_…``). Pure.
+
+    Args:
+        text: Any text (an error message or body); a non-string is returned unchanged.
+        secrets: Values known to be secret.
+
+    Returns:
+        The redacted text (the same text when nothing matched).
+    """
+    if not isinstance(text, str) or not text:
+        return text
+    known = [s for s in secrets if isinstance(s, str) and len(s) >= 4]
+    for secret in sorted(known, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    if known:
+        text = _TOKEN_RE.sub(
+            lambda m: REDACTED if len(m.group(0)) >= _MIN_SECRET_FRAGMENT and any(m.group(0) in s for s in known)
+            else m.group(0),
+            text,
+        )
+    for pattern, replacement in _SECRET_PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+_PUBLIC_MESSAGES: Final[dict[str, str]] = {
+    "rate_limit": "The model provider is rate limiting requests.",
+    "quota_exhausted": "The model provider's quota or balance is used up.",
+    "overloaded": "The model provider is overloaded.",
+    "server": "The model provider had an internal error.",
+    "timeout": "The model provider did not answer in time.",
+    "network": "The model provider could not be reached.",
+    "bad_request": "The model provider rejected the request.",
+    "auth": "The model provider refused the credentials.",
+    "not_found": "The model provider does not know the model.",
+    "context_window": "The conversation is too long for the model.",
+    "content_policy": "The model provider's content filter stopped the answer.",
+    "other": "The model call failed.",
+}
+
+
+def public_error_message(error_class: str) -> str:
+    """A plain sentence for ``error_class`` that is safe to show to any member: it quotes
+    nothing a provider sent. Unknown classes get the ``other`` sentence."""
+    return _PUBLIC_MESSAGES.get(error_class, _PUBLIC_MESSAGES["other"])
+
+
 class LLMError(Exception):
     """Base of every error raised by the model layer (``llm``)."""
 
@@ -86,7 +170,9 @@ class ModelCallError(LLMError):
             reported inside an already-open stream).
         retry_after_seconds: The provider's ``Retry-After`` (or ``retry-after-ms``) in
             seconds, or None when it sent none.
-        message: Human-readable, at most ~500 characters; never contains the API key.
+        message: Human-readable, at most ~500 characters; secrets recognised by their shape
+            are redacted on construction (:func:`redact_secrets`), the entry's own API key by
+            the router (:meth:`redact`).
     """
 
     def __init__(
@@ -99,11 +185,19 @@ class ModelCallError(LLMError):
     ) -> None:
         if error_class not in ERROR_CLASSES:
             raise ValueError(f"unknown error class {error_class!r}")
+        message = redact_secrets(message)
         super().__init__(message)
         self.error_class: ErrorClass = error_class
         self.status_code = status_code
         self.retry_after_seconds = retry_after_seconds
         self.message = message
+
+    def redact(self, secrets: Sequence[str]) -> ModelCallError:
+        """Replace ``secrets`` (e.g. the entry's API key, which a provider may echo in its
+        error body) in the message, in place; returns ``self``."""
+        self.message = redact_secrets(self.message, secrets=secrets)
+        self.args = (self.message,)
+        return self
 
     @property
     def falls_back(self) -> bool:
@@ -646,7 +740,7 @@ def _is_transport_error(exc: BaseException) -> bool:
 
 
 def _truncate(text: str) -> str:
-    text = " ".join(text.split())
+    text = redact_secrets(" ".join(text.split()))
     return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 1] + "…"
 
 
@@ -664,4 +758,6 @@ __all__ = [
     "classify_finish_reason",
     "classify_http_error",
     "parse_retry_after",
+    "public_error_message",
+    "redact_secrets",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -38,6 +39,24 @@ class ModelProvider(TenantOwnedModel):
     @property
     def has_api_key(self) -> bool:
         return bool(self.api_key_encrypted)
+
+    def clean(self) -> None:
+        """Refuse a ``base_url`` the platform may not connect to on a tenant's behalf:
+        loopback, private, link-local, metadata … addresses, unless an operator allowed the
+        host (``OUTBOUND_ALLOWED_HOSTS`` / ``OUTBOUND_ALLOWED_CIDRS``; see
+        :func:`capabilities.netsafe.check_outbound_url`). Every connect is checked again.
+
+        Raises:
+            ValidationError: ``{"base_url": why}``.
+        """
+        super().clean()
+        from capabilities.netsafe import FetchError, check_outbound_url
+
+        if self.base_url:
+            try:
+                check_outbound_url(self.base_url)
+            except FetchError as exc:
+                raise ValidationError({"base_url": exc.message}) from exc
 
 
 class ModelRoute(TenantOwnedModel):

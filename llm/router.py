@@ -680,7 +680,7 @@ class Router:
                         attempt.output_chars += len(event.text)
                         yield event
                 except ModelCallError as err:
-                    failure = err
+                    failure = err.redact((entry.api_key,))  # a provider may echo the key back
                     failed = attempt.record(
                         status="failed",
                         usage=attempt.failure_usage(messages, tools),

@@ -76,6 +76,7 @@ EVENT_TYPES = frozenset(
         "tool_call_progress",
         "artifact_updated",
         "browser_operation",
+        "capability_unavailable",
     }
 )
 """Event names are API: never rename one that shipped."""

@@ -48,7 +48,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capabilities.tools import ToolError, ToolResult
 
@@ -295,6 +295,17 @@ def _describe(exc: BaseException) -> str:
     return f"{type(leaf).__name__}: {text}"
 
 
+def connect_failure_text(failure: BaseException, http_log: HttpStatusLog | None) -> str:
+    """One line for a failed connect: :func:`_describe` of the failure, with the HTTP status
+    of the server's last error answer when it sent one (the SDK's handshake error loses it:
+    a 401 with ``WWW-Authenticate`` would otherwise read like a server error)."""
+    text = _describe(failure)
+    status = http_log.describe() if http_log is not None else ""
+    if status:
+        text = f"{status} ({text})"
+    return text
+
+
 def _base64_size(data: str) -> int:
     """Decoded size in bytes of base64 ``data`` (estimated from its length if it is invalid)."""
     try:
@@ -356,11 +367,86 @@ def _error_text(result: mcp_types.CallToolResult, name: str) -> str:
     return text or f"MCP tool {name!r} reported an error without a message"
 
 
+_SESSION_ID_HEADER = "mcp-session-id"
+_STALE_SESSION_STATUSES = frozenset({400, 404})
+"""HTTP statuses with which a Streamable HTTP server refuses a session id it does not know
+(404 per the spec; 400 "No valid session ID provided" from the TypeScript SDK's servers)."""
+
+
+class HttpStatusLog:
+    """The HTTP error answers one connection's HTTP client received (an httpx2 response hook).
+
+    The SDK turns an HTTP error into a JSON-RPC error without its status ("Server returned
+    an error response"); this keeps the status so messages can say what happened (``HTTP
+    401: authentication required``), and counts the answers that refused our session id
+    (400/404 to a request that carried ``Mcp-Session-Id``), so the pool can tell a server
+    that restarted and forgot the session from an ordinary error.
+    """
+
+    def __init__(self) -> None:
+        self.last_status: int | None = None
+        """The last HTTP error status (>= 400), or None."""
+        self.last_www_authenticate: str = ""
+        """Its ``WWW-Authenticate`` header ('' when absent)."""
+        self.session_rejections = 0
+        """400/404 answers so far to requests that carried a session id."""
+        self.errors = 0
+        """HTTP error answers so far."""
+
+    async def on_response(self, response: httpx2.Response) -> None:
+        """httpx2 ``event_hooks["response"]`` hook: record an error status."""
+        if response.status_code < 400:
+            return
+        self.errors += 1
+        self.last_status = response.status_code
+        self.last_www_authenticate = response.headers.get("www-authenticate", "")
+        if response.status_code in _STALE_SESSION_STATUSES and _SESSION_ID_HEADER in response.request.headers:
+            self.session_rejections += 1
+
+    def describe(self, *, since: int = 0) -> str:
+        """``HTTP <status>`` of the last error (``: authentication required`` for 401,
+        ``: forbidden`` for 403), or '' when none was seen after the first ``since`` errors."""
+        if self.last_status is None or self.errors <= since:
+            return ""
+        what = {401: ": authentication required", 403: ": forbidden"}.get(self.last_status, "")
+        return f"HTTP {self.last_status}{what}"
+
+
+def http_error_message(message: str, http_log: HttpStatusLog | None, *, since: int = 0) -> str:
+    """``message`` (an SDK error's) with the HTTP status the SDK dropped, when one was seen
+    (after the log's first ``since`` errors): the SDK's stand-in "Server returned an error
+    response" is replaced by it, other messages get it appended."""
+    status = http_log.describe(since=since) if http_log is not None else ""
+    if not status:
+        return message
+    if message in ("Server returned an error response", "Not Found", ""):
+        return status
+    return f"{message} ({status})"
+
+
+def _checked_http_client(
+    headers: Mapping[str, str] | None, timeout: httpx2.Timeout | None, auth: httpx2.Auth | None,
+    http_log: HttpStatusLog | None,
+) -> httpx2.AsyncClient:
+    """The HTTP client of a remote MCP server: every connect checked against the outbound
+    address rules (:func:`capabilities.netsafe.outbound_transport`), HTTP errors recorded in
+    ``http_log``, no proxies from the environment, redirects not followed (the SDK follows
+    same-origin ones itself)."""
+    from capabilities.netsafe import outbound_transport
+
+    return httpx2.AsyncClient(
+        headers=dict(headers or {}), timeout=timeout, auth=auth, trust_env=False,
+        transport=outbound_transport(),
+        event_hooks={"response": [http_log.on_response]} if http_log is not None else None,
+    )
+
+
 def make_client(
     config: McpServerConfig,
     stack: AsyncExitStack,
     *,
     message_handler: Callable[[Any], Awaitable[None]] | None = None,
+    http_log: HttpStatusLog | None = None,
 ) -> tuple[Client, _StderrTail | None]:
     """Build the (unentered) SDK client for ``config``; HTTP clients and pipes go on ``stack``.
 
@@ -372,6 +458,11 @@ def make_client(
         message_handler: The SDK's ``message_handler``: receives server notifications (e.g.
             ``ToolListChangedNotification`` on handshake-era connections) and transport
             exceptions.
+        http_log: sse / streamable_http: records the HTTP error statuses of this connection.
+
+    Remote servers (sse / streamable_http) are reached through the outbound address rules
+    (``capabilities.netsafe``): a URL that resolves to loopback, a private or link-local
+    network or a metadata address fails the connect, unless an operator allowed it.
 
     Returns:
         ``(client, stderr_tail)``; ``stderr_tail`` is None except for stdio servers.
@@ -395,13 +486,15 @@ def make_client(
             headers=dict(config.headers),
             timeout=config.connect_timeout_seconds,
             sse_read_timeout=_HTTP_READ_TIMEOUT_SECONDS,
+            httpx_client_factory=lambda headers=None, timeout=None, auth=None: _checked_http_client(
+                headers, timeout, auth, http_log),
         )
     else:
         # What the SDK's own default client is, plus our headers and connect timeout.
         # Redirects stay off: the SDK follows same-origin ones itself.
-        http_client = httpx2.AsyncClient(
-            headers=dict(config.headers),
-            timeout=httpx2.Timeout(config.connect_timeout_seconds, read=_HTTP_READ_TIMEOUT_SECONDS),
+        http_client = _checked_http_client(
+            config.headers, httpx2.Timeout(config.connect_timeout_seconds, read=_HTTP_READ_TIMEOUT_SECONDS), None,
+            http_log,
         )
         stack.push_async_callback(http_client.aclose)
         transport = streamable_http_client(config.url, http_client=http_client)
@@ -412,11 +505,52 @@ def make_client(
     return client, stderr
 
 
-async def list_all_tools(client: Client, config: McpServerConfig) -> list[McpToolInfo]:
+class _LenientToolsPage(BaseModel):
+    """A ``tools/list`` result read without validating its tools (each is validated alone)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    tools: list[Any] = Field(default_factory=list)
+    next_cursor: str | None = Field(default=None, alias="nextCursor")
+
+
+async def _list_page_leniently(
+    client: Client, config: McpServerConfig, cursor: str | None, skipped: list[str]
+) -> tuple[list[mcp_types.Tool], str | None]:
+    """One ``tools/list`` page whose result failed the SDK's validation: fetched again as raw
+    JSON, each tool validated on its own, the malformed ones left out (logged, and described
+    in ``skipped``)."""
+    request = mcp_types.ListToolsRequest(params=mcp_types.PaginatedRequestParams(cursor=cursor))
+    page = await client.session.send_request(request, _LenientToolsPage)
+    tools: list[mcp_types.Tool] = []
+    for index, raw in enumerate(page.tools):
+        try:
+            tools.append(mcp_types.Tool.model_validate(raw))
+        except ValidationError as exc:
+            name = raw.get("name") if isinstance(raw, dict) else None
+            label = repr(name)[:80] if isinstance(name, str) else f"#{index + 1}"
+            problem = exc.errors()[0]["msg"] if exc.errors() else "invalid"
+            skipped.append(f"tool {label} skipped: {problem}")
+            logger.warning("MCP server %r: skipping malformed tool %s: %s", config.alias, label, _describe(exc))
+    return tools, page.next_cursor
+
+
+async def list_all_tools(
+    client: Client, config: McpServerConfig, *, skipped: list[str] | None = None,
+    http_log: HttpStatusLog | None = None,
+) -> list[McpToolInfo]:
     """List every tool of the server, following ``nextCursor`` across all pages.
 
     Bounded as a whole by ``config.list_timeout_seconds`` and by 1,000 pages. A name the
-    server lists twice is kept once (the first listing).
+    server lists twice is kept once (the first listing). A page the SDK refuses because of
+    malformed tools is read again leniently: each malformed tool is left out (logged, and a
+    line appended to ``skipped``), the others are kept, so one bad tool does not take the
+    whole server away.
+
+    Args:
+        client: An entered SDK client.
+        config: The server.
+        skipped: Receives ``"tool 'x' skipped: <why>"`` for each tool left out.
+        http_log: The connection's HTTP status log (for messages that keep the status).
 
     Returns:
         The tools in server order.
@@ -427,6 +561,7 @@ async def list_all_tools(client: Client, config: McpServerConfig) -> list[McpToo
         McpConnectionLost: The transport failed or the session is closed.
     """
     alias, timeout = config.alias, config.list_timeout_seconds
+    errors_before = http_log.errors if http_log is not None else 0
     tools: list[McpToolInfo] = []
     seen_names: set[str] = set()
     seen_cursors: set[str] = set()
@@ -434,8 +569,13 @@ async def list_all_tools(client: Client, config: McpServerConfig) -> list[McpToo
     try:
         with anyio.fail_after(timeout):
             for _ in range(_MAX_LIST_PAGES):
-                page = await client.list_tools(cursor=cursor)
-                for tool in page.tools:
+                try:
+                    page = await client.list_tools(cursor=cursor)
+                    page_tools, next_cursor = list(page.tools), page.next_cursor
+                except ValidationError:
+                    page_tools, next_cursor = await _list_page_leniently(
+                        client, config, cursor, skipped if skipped is not None else [])
+                for tool in page_tools:
                     if tool.name in seen_names:
                         logger.warning("MCP server %r lists tool %r twice; keeping the first", alias, tool.name)
                         continue
@@ -447,7 +587,7 @@ async def list_all_tools(client: Client, config: McpServerConfig) -> list[McpToo
                             input_schema=dict(tool.input_schema),
                         )
                     )
-                cursor = page.next_cursor
+                cursor = next_cursor
                 if not cursor:
                     return tools
                 if cursor in seen_cursors:
@@ -464,7 +604,10 @@ async def list_all_tools(client: Client, config: McpServerConfig) -> list[McpToo
             raise McpConnectionLost(
                 f"The connection to MCP server {alias!r} closed while listing its tools: {exc.message}"
             ) from exc
-        raise ToolError(f"MCP server {alias!r} failed to list its tools: {exc.message}", code="mcp_error") from exc
+        raise ToolError(
+            f"MCP server {alias!r} failed to list its tools: {http_error_message(exc.message, http_log, since=errors_before)}",
+            code="mcp_error",
+        ) from exc
     except (RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
         # RuntimeError: the SDK's "used outside its context" when the session just closed.
         raise McpConnectionLost(f"MCP server {alias!r} failed to list its tools: {_describe(exc)}") from exc
@@ -483,6 +626,7 @@ async def call_tool_raw(
     *,
     timeout_seconds: float,
     progress: ProgressCallback | None = None,
+    http_log: HttpStatusLog | None = None,
 ) -> mcp_types.CallToolResult:
     """Call one tool; return its successful result unmapped.
 
@@ -494,6 +638,8 @@ async def call_tool_raw(
         timeout_seconds: Bound on the whole call, positive and finite. On expiry the SDK
             sends the server a cancellation notification.
         progress: Awaited for each progress notification the server sends for this call.
+        http_log: The connection's HTTP status log: a JSON-RPC error the SDK made from an
+            HTTP error keeps its status in the message (``HTTP 401: authentication required``).
 
     Returns:
         The ``CallToolResult`` (never one with ``isError``).
@@ -505,6 +651,7 @@ async def call_tool_raw(
         McpConnectionLost: The transport failed or the session closed during the call.
     """
     alias = config.alias
+    errors_before = http_log.errors if http_log is not None else 0
     timeout_message = f"MCP tool {name!r} timed out after {timeout_seconds:g} s"
     try:
         # Two bounds: the SDK's own read timeout (sends the courtesy cancel) and an outer
@@ -522,7 +669,10 @@ async def call_tool_raw(
             raise McpConnectionLost(
                 f"The connection to MCP server {alias!r} closed during tool {name!r}: {exc.message}"
             ) from exc
-        raise ToolError(f"MCP server {alias!r} rejected tool {name!r}: {exc.message}", code="mcp_error") from exc
+        raise ToolError(
+            f"MCP server {alias!r} rejected tool {name!r}: {http_error_message(exc.message, http_log, since=errors_before)}",
+            code="mcp_error",
+        ) from exc
     except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
         raise McpConnectionLost(f"The connection to MCP server {alias!r} closed during tool {name!r}") from exc
     except (ValidationError, RuntimeError) as exc:
@@ -561,6 +711,8 @@ class McpConnection:
         self._stderr: _StderrTail | None = None
         self._list_attempted = False
         self._list_lock = asyncio.Lock()
+        self.http_log = HttpStatusLog()
+        """HTTP error statuses of this connection (remote servers)."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -606,7 +758,7 @@ class McpConnection:
         else:
             message = (
                 f"Could not connect to MCP server {cfg.alias!r} ({cfg.transport} {cfg.endpoint}): "
-                f"{_describe(failure)}"
+                f"{connect_failure_text(failure, self.http_log)}"
             )
         if self._stderr is not None:
             tail = await self._stderr.tail()
@@ -641,7 +793,7 @@ class McpConnection:
     async def _own_session(self, ready: asyncio.Future[None]) -> None:
         """Owner task body: open the SDK client, publish it, wait for stop, close it."""
         async with AsyncExitStack() as stack:
-            client, self._stderr = make_client(self.config, stack)
+            client, self._stderr = make_client(self.config, stack, http_log=self.http_log)
             client = await stack.enter_async_context(client)
             if self._stderr is not None:
                 self._stderr.close_writer()  # the child holds its own copy now
@@ -713,7 +865,7 @@ class McpConnection:
             ToolError: ``timeout``, or ``mcp_error`` for a protocol or transport error.
             RuntimeError: Not open, or used from another event loop.
         """
-        tools = await list_all_tools(self._require_client(), self.config)
+        tools = await list_all_tools(self._require_client(), self.config, http_log=self.http_log)
         self._list_attempted = True
         return tools
 
@@ -758,7 +910,8 @@ class McpConnection:
         self._require_client()
         await self._ensure_listed()
         return await call_tool_raw(
-            self._require_client(), self.config, name, arguments, timeout_seconds=timeout_seconds, progress=progress
+            self._require_client(), self.config, name, arguments, timeout_seconds=timeout_seconds, progress=progress,
+            http_log=self.http_log,
         )
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_seconds: float) -> ToolResult:
@@ -793,6 +946,7 @@ class McpConnection:
         self._require_client()
         await self._ensure_listed()
         result = await call_tool_raw(
-            self._require_client(), self.config, name, arguments, timeout_seconds=timeout_seconds
+            self._require_client(), self.config, name, arguments, timeout_seconds=timeout_seconds,
+            http_log=self.http_log,
         )
         return _to_tool_result(result)

@@ -50,6 +50,7 @@ from mcp import Client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from capabilities.mcp.client import (
+    HttpStatusLog,
     McpConnectError,
     McpConnectionLost,
     McpServerConfig,
@@ -58,6 +59,7 @@ from capabilities.mcp.client import (
     _describe,
     call_tool_raw,
     check_timeout_seconds,
+    connect_failure_text,
     list_all_tools,
     make_client,
 )
@@ -83,6 +85,12 @@ is itself bounded at about 6.5 s: stdin close, SIGTERM, SIGKILL)."""
 _SESSION_GONE_MESSAGES = ("Session terminated",)
 """MCPError messages (Streamable HTTP: 404 for our session id) that mean the server lost our
 session, e.g. because it restarted: reconnect, like a dropped connection."""
+
+
+class McpSessionExpired(McpConnectionLost):
+    """A Streamable HTTP server refused our session id (HTTP 400/404 to a request that carried
+    it), e.g. because it restarted: the session is retired and the call is retried once over
+    a fresh handshake (:meth:`PooledSession._submit`)."""
 
 
 class McpServerUnavailable(ToolError):
@@ -115,6 +123,8 @@ class Catalogue:
     """``time.monotonic()`` when the listing finished."""
     version: int
     """Starts at 1; +1 each time a refresh returns a different tool list."""
+    skipped: tuple[str, ...] = ()
+    """Malformed tools the server listed and that were left out (``"tool 'x' skipped: why"``)."""
 
 
 class CircuitBreaker:
@@ -236,6 +246,8 @@ class PooledSession:
         self._changes = 0
         self._catalogue_changes = 0
         self._listing: asyncio.Task[Catalogue] | None = None
+        self.http_log = HttpStatusLog()
+        """HTTP error statuses of the current connection (a fresh log per connect)."""
         self.snapshot_version: int = 0
         """The catalogue version last stored in the database (set by the caller that stores it)."""
 
@@ -312,6 +324,7 @@ class PooledSession:
         self._ready, self._jobs = ready, jobs
         self._owned_jobs = owned = set()
         self._connect_timed_out = False
+        self.http_log = HttpStatusLog()
         # A fresh context: the owner outlives the run that happened to connect it.
         owner = loop.create_task(
             self._own(ready, jobs, owned), name=f"mcp-pool:{self.config.alias}", context=contextvars.Context()
@@ -343,7 +356,7 @@ class PooledSession:
         failure: BaseException | None = None
         try:
             async with AsyncExitStack() as stack:
-                client, stderr = make_client(cfg, stack, message_handler=self._on_message)
+                client, stderr = make_client(cfg, stack, message_handler=self._on_message, http_log=self.http_log)
                 client = await stack.enter_async_context(client)
                 if stderr is not None:
                     stderr.close_writer()  # the child holds its own copy now
@@ -392,7 +405,7 @@ class PooledSession:
         if self._connect_timed_out or failure is None or isinstance(failure, asyncio.CancelledError):
             message = f"Could not connect to MCP server {where}: timed out after {cfg.connect_timeout_seconds:g} s"
         else:
-            message = f"Could not connect to MCP server {where}: {_describe(failure)}"
+            message = f"Could not connect to MCP server {where}: {connect_failure_text(failure, self.http_log)}"
         if stderr is not None:
             with anyio.CancelScope(shield=True):
                 tail = await stderr.tail()
@@ -406,13 +419,23 @@ class PooledSession:
         """Run one caller's job in the owner's task group; its result goes to the job's future."""
         if job.future.done():  # the caller gave up before the job started
             return
+        http_log = self.http_log
+        rejections = http_log.session_rejections
         try:
             with anyio.CancelScope() as scope:
                 job.scope = scope
                 try:
                     result = await job.fn(client)
                 except Exception as exc:  # noqa: BLE001 - handed to the caller
-                    if isinstance(exc, McpConnectionLost) or (
+                    if http_log.session_rejections > rejections and not isinstance(exc, McpConnectionLost):
+                        # The server refused our session id (it restarted): this session
+                        # is dead although its transport is not; the caller retries once.
+                        self._retire(f"the server refused the session id ({http_log.describe()})")
+                        exc = McpSessionExpired(
+                            f"MCP server {self.config.alias!r} no longer knows this session "
+                            f"({http_log.describe()}): {getattr(exc, 'message', None) or _describe(exc)}"
+                        )
+                    elif isinstance(exc, McpConnectionLost) or (
                         isinstance(exc, ToolError) and any(m in exc.message for m in _SESSION_GONE_MESSAGES)
                     ):
                         self._retire(exc.message)
@@ -472,10 +495,12 @@ class PooledSession:
 
     # --- jobs -------------------------------------------------------------------------------
 
-    async def _submit(self, fn: Callable[[Client], Awaitable[T]]) -> T:
+    async def _submit(self, fn: Callable[[Client], Awaitable[T]], *, _retry_expired: bool = True) -> T:
         """Run ``fn(client)`` in the owner's task group and return its result.
 
-        Cancelling the caller cancels only this job.
+        Cancelling the caller cancels only this job. When the server refused the session id
+        (:class:`McpSessionExpired`: it restarted), the session is reconnected (a fresh
+        handshake) and ``fn`` runs once more.
         """
         self.breaker.before_attempt(self.config.alias)
         await self.connect(_breaker_checked=True)
@@ -495,6 +520,11 @@ class PooledSession:
             result = await job.future
         except asyncio.CancelledError:
             raise
+        except McpSessionExpired as exc:
+            if not _retry_expired:
+                self.breaker.record_failure()
+                raise
+            logger.info("MCP server %r: %s; reconnecting and retrying once", self.config.alias, exc.message)
         except Exception as exc:
             if _is_transport_failure(exc):
                 self.breaker.record_failure()
@@ -507,6 +537,11 @@ class PooledSession:
         finally:
             self._in_flight -= 1
             self._touch()
+        # Only an expired session gets here (every other outcome returned or raised above).
+        # Let the retired owner close first, so that its shutdown cannot touch the new session.
+        if owner is not None and not owner.done():
+            await asyncio.wait({owner}, timeout=_CLOSE_TIMEOUT_SECONDS)
+        return await self._submit(fn, _retry_expired=False)
 
     async def call_tool_raw(
         self,
@@ -539,7 +574,8 @@ class PooledSession:
         await self.catalogue()  # the SDK validates results against listed output schemas
         if progress is None:
             return await self._submit(
-                lambda client: call_tool_raw(client, self.config, name, arguments, timeout_seconds=timeout)
+                lambda client: call_tool_raw(client, self.config, name, arguments, timeout_seconds=timeout,
+                                             http_log=self.http_log)
             )
 
         updates: asyncio.Queue[tuple[float, float | None, str | None] | None] = asyncio.Queue()
@@ -558,7 +594,8 @@ class PooledSession:
         try:
             result = await self._submit(
                 lambda client: call_tool_raw(
-                    client, self.config, name, arguments, timeout_seconds=timeout, progress=on_progress
+                    client, self.config, name, arguments, timeout_seconds=timeout, progress=on_progress,
+                    http_log=self.http_log,
                 )
             )
         except BaseException:
@@ -599,10 +636,17 @@ class PooledSession:
 
     async def _refresh(self) -> Catalogue:
         changes = self._changes
-        tools = tuple(await self._submit(lambda client: list_all_tools(client, self.config)))
+
+        async def listing(client: Client) -> list[McpToolInfo]:
+            skipped.clear()  # a retried listing starts over
+            return await list_all_tools(client, self.config, skipped=skipped, http_log=self.http_log)
+
+        skipped: list[str] = []
+        tools = tuple(await self._submit(listing))
         previous = self._catalogue
         version = 1 if previous is None else previous.version + (previous.tools != tools)
-        self._catalogue = Catalogue(tools=tools, fetched_at=self.pool.clock(), version=version)
+        self._catalogue = Catalogue(tools=tools, fetched_at=self.pool.clock(), version=version,
+                                    skipped=tuple(skipped))
         self._catalogue_changes = changes
         return self._catalogue
 

@@ -106,3 +106,54 @@ class LoopClientCache(Generic[C]):
         except StopIteration:
             slot.closer = closer
         return slot
+
+
+# --- Outbound address rules -------------------------------------------------------------------
+
+SDK_CONNECTION_LIMITS: dict[str, int] = {"max_connections": 1000, "max_keepalive_connections": 100}
+"""The openai/anthropic SDKs' own default pool limits (``DEFAULT_CONNECTION_LIMITS``)."""
+
+
+def checked_httpx_transport(*, verify: Any = True) -> Any:
+    """An ``httpx2`` transport for a provider's SDK client whose every TCP connect resolves the
+    host once, checks each address against the outbound rules
+    (:func:`capabilities.netsafe.resolve_outbound`: no loopback, private, link-local or
+    metadata address unless an operator allowed it) and connects only to checked addresses.
+
+    Pass it as ``transport=`` to ``openai.DefaultAsyncHttpxClient`` /
+    ``anthropic.DefaultAsyncHttpxClient``. A refused address fails the call as a connection
+    error (``network``) whose message says why.
+    """
+    import httpx2
+
+    from capabilities.netsafe import outbound_transport
+
+    return outbound_transport(verify=verify, limits=httpx2.Limits(**SDK_CONNECTION_LIMITS))
+
+
+def checked_aiohttp_transport(*, verify: Any) -> Any:
+    """The openai SDK's aiohttp transport over an ``aiohttp`` session whose resolver applies
+    the outbound rules (:class:`capabilities.netsafe.OutboundResolver`): aiohttp connects only
+    to the addresses it returns. Pass it as ``transport=`` to ``openai.DefaultAioHttpClient``.
+
+    The SDK takes a ready transport but has no parameter for a resolver, so the transport is
+    built here from the SDK's vendored aiohttp adapter with a session factory of ours.
+    """
+    import aiohttp
+    import httpx2
+    from openai._vendor.httpx_aiohttp.transport import AiohttpTransport  # the SDK's own adapter
+
+    from capabilities.netsafe import outbound_resolver
+
+    limits = httpx2.Limits(**SDK_CONNECTION_LIMITS)
+    transport: Any = None
+
+    def session() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            resolver=outbound_resolver(), ssl=transport.ssl_context, limit=limits.max_connections or 0,
+            keepalive_timeout=limits.keepalive_expiry,
+        )
+        return aiohttp.ClientSession(connector=connector)
+
+    transport = AiohttpTransport(verify=verify, trust_env=False, limits=limits, client=session)
+    return transport

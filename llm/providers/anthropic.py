@@ -52,7 +52,7 @@ import anthropic
 import httpx
 import httpx2
 
-from llm.providers._clients import LoopClientCache
+from llm.providers._clients import LoopClientCache, checked_httpx_transport
 from llm.errors import ErrorClass, ModelCallError, parse_retry_after
 from llm.tokens import usage_or_estimate
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
@@ -165,7 +165,8 @@ def _new_client(key: tuple[str, str, float, float]) -> anthropic.AsyncAnthropic:
         timeout=httpx2.Timeout(read_timeout, connect=connect_timeout),
         # The SDK's defaults (limits, redirects, keep-alive) without the finaliser of its
         # internal wrapper, which would close the pool on whatever loop runs at collection.
-        http_client=anthropic.DefaultAsyncHttpxClient(),
+        # Every connect checked against the outbound address rules (capabilities.netsafe).
+        http_client=anthropic.DefaultAsyncHttpxClient(transport=checked_httpx_transport()),
     )
 
 

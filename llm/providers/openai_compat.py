@@ -43,7 +43,7 @@ import httpx2
 import openai
 
 from llm.errors import ModelCallError, classify_error, classify_finish_reason
-from llm.providers._clients import LoopClientCache
+from llm.providers._clients import LoopClientCache, checked_aiohttp_transport, checked_httpx_transport
 from llm.tokens import usage_or_estimate
 from llm.toolcall_parsing import ToolCallHoldback, messages_for_text_mode, mint_call_id
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
@@ -66,8 +66,9 @@ def _new_client(key: tuple[str, str, float, float]) -> openai.AsyncOpenAI:
         max_retries=0,
         timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
         # The SDK's defaults (limits, redirects) without its finaliser, which would try to
-        # close the pool on whatever loop runs when it is collected.
-        http_client=openai.DefaultAsyncHttpxClient(verify=_ssl_context()),
+        # close the pool on whatever loop runs when it is collected; every connect checked
+        # against the outbound address rules.
+        http_client=openai.DefaultAsyncHttpxClient(transport=checked_httpx_transport(verify=_ssl_context())),
     )
 
 
@@ -121,12 +122,13 @@ def _is_timeout(exc: httpx2.TransportError) -> bool:
 
 
 def _new_stream_http_client() -> httpx2.AsyncClient:
-    """An HTTP pool for model streams, on the transport ``LLM_HTTP_TRANSPORT`` names."""
+    """An HTTP pool for model streams, on the transport ``LLM_HTTP_TRANSPORT`` names; every
+    connect is checked against the outbound address rules (``capabilities.netsafe``)."""
     from django.conf import settings
 
     if getattr(settings, "LLM_HTTP_TRANSPORT", "httpx") == "aiohttp":
-        return openai.DefaultAioHttpClient(verify=_ssl_context())
-    return openai.DefaultAsyncHttpxClient(verify=_ssl_context())
+        return openai.DefaultAioHttpClient(transport=checked_aiohttp_transport(verify=_ssl_context()))
+    return openai.DefaultAsyncHttpxClient(transport=checked_httpx_transport(verify=_ssl_context()))
 
 
 class _HttpShard:

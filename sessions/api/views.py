@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from agent_platform.api_errors import ApplicationError, NotFound
 from agents.api.views import AgentOutputSerializer
 from agents.selectors import agent_get_active
+from llm.errors import public_error_message
 from sessions.models import Approval, Artifact, ChatSession, LLMCall, Run, RunStatus, ToolCall
 from sessions.selectors import (
     approval_get_for_user,
@@ -47,7 +48,12 @@ def usd(micros: int | None) -> str:
 
 
 class LLMCallSerializer(serializers.ModelSerializer):
+    """One LLM call. ``error`` is the provider's (redacted) text for tenant admins
+    (``context["admin"]``) and a plain sentence for its error class for everyone else: a
+    provider's error body can quote the request or credentials."""
+
     cost_usd = serializers.SerializerMethodField()
+    error = serializers.SerializerMethodField()
 
     class Meta:
         model = LLMCall
@@ -59,6 +65,11 @@ class LLMCallSerializer(serializers.ModelSerializer):
 
     def get_cost_usd(self, obj: LLMCall) -> str:
         return usd(obj.cost_usd_micros)
+
+    def get_error(self, obj: LLMCall) -> str:
+        if not obj.error or self.context.get("admin"):
+            return obj.error
+        return public_error_message(obj.error_class)
 
 
 class ApprovalSerializer(serializers.ModelSerializer):
@@ -260,10 +271,11 @@ class RunActivitiesApi(TenantScopedApiView):
             raise NotFound("Run not found.")
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(run_activities(run=run), request, view=self)
-        return paginator.get_paginated_response([_activity(item) for item in page])
+        admin = bool(getattr(request, "membership", None) and request.membership.is_admin)
+        return paginator.get_paginated_response([_activity(item, admin=admin) for item in page])
 
 
-def _activity(item: dict[str, Any]) -> dict[str, Any]:
+def _activity(item: dict[str, Any], *, admin: bool = False) -> dict[str, Any]:
     if item["kind"] == "sub_run":
         sub = item["object"]
         return {"kind": "sub_run", "at": serializers.DateTimeField().to_representation(item["at"]),
@@ -275,7 +287,7 @@ def _activity(item: dict[str, Any]) -> dict[str, Any]:
                 "finished_at": serializers.DateTimeField().to_representation(sub.finished_at) if sub.finished_at else None}
     serializer = LLMCallSerializer if item["kind"] == "llm_call" else ToolCallSerializer
     return {"kind": item["kind"], "at": serializers.DateTimeField().to_representation(item["at"]),
-            **serializer(item["object"]).data}
+            **serializer(item["object"], context={"admin": admin}).data}
 
 
 class RunCancelApi(TenantScopedApiView):

@@ -40,6 +40,7 @@ from capabilities.models import CliCommand, McpServer
 from llm.models import ModelProvider, ModelRouteEntry
 from llm.selectors import route_entries, route_entry_config
 from llm.router import AttemptRecord
+from llm.sanitize import clean_json, clean_json_text, clean_text
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import (
     ACTIVE_RUN_STATUSES,
@@ -715,8 +716,8 @@ def compaction_save(
     """Record a compaction attempt; a succeeded one moves the session's cursor. Returns its id."""
     row = Compaction.objects.create(
         tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id, attempt=attempt, status=status,
-        summary=summary, cursor_message_id=cursor_message_id, messages_summarized=messages_summarized,
-        tokens_before=tokens_before, tokens_after=tokens_after, error=error[:5000],
+        summary=clean_text(summary), cursor_message_id=cursor_message_id, messages_summarized=messages_summarized,
+        tokens_before=tokens_before, tokens_after=tokens_after, error=clean_text(error[:5000]),
     )
     return row.pk
 
@@ -759,8 +760,9 @@ def _message_params(
 ) -> dict[str, Any]:
     return {
         "now": timezone.now(), "session_id": session_id, "tenant_id": require_tenant_id(),
-        "run_id": run_id, "role": role, "content": content, "reasoning": reasoning,
-        "tool_calls": json.dumps(tool_calls or []), "tool_call_id": tool_call_id, "name": name,
+        "run_id": run_id, "role": role, "content": clean_text(content), "reasoning": clean_text(reasoning),
+        "tool_calls": json.dumps(clean_json(tool_calls or [])), "tool_call_id": clean_text(tool_call_id),
+        "name": clean_text(name),
     }
 
 
@@ -869,18 +871,19 @@ async def assistant_message_save(
             arguments: Any = c.parsed_arguments()
         except ValueError:
             arguments = {}
-        parsed.append(json.dumps(arguments))
+        parsed.append(json.dumps(clean_json(arguments)))
     params = _message_params(
         session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content,
-        reasoning=reasoning, tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
+        reasoning=reasoning,
+        tool_calls=[{"id": c.id, "name": c.name, "arguments": clean_json_text(c.arguments)} for c in message.tool_calls],
     )
     params.update(
         turn=turn, loop_count=turn + 1, pending=ToolCallStatus.PENDING.value,
         prompt_tokens=llm_call.prompt_tokens if llm_call else 0,
         completion_tokens=llm_call.completion_tokens if llm_call else 0,
         cost_usd_micros=llm_call.cost_usd_micros if llm_call else 0,
-        call_ids=[c.id for c in message.tool_calls], names=[c.name for c in message.tool_calls],
-        arguments=parsed, arguments_raw=[c.arguments for c in message.tool_calls],
+        call_ids=[clean_text(c.id) for c in message.tool_calls], names=[clean_text(c.name) for c in message.tool_calls],
+        arguments=parsed, arguments_raw=[clean_json_text(c.arguments) for c in message.tool_calls],
     )
     if llm_call is not None:
         params.update(_llm_call_params(spec=spec, turn=turn, record=llm_call))
@@ -890,7 +893,8 @@ async def assistant_message_save(
     if not rows:
         raise ChatSession.DoesNotExist(f"session {spec.session_id} not found")
     pks = {call_id: pk for _, pk, call_id in rows if pk is not None}  # call ids are unique per run
-    return [{"pk": pks[c.id], "call_id": c.id, "name": c.name, "arguments_raw": c.arguments} for c in message.tool_calls]
+    return [{"pk": pks[clean_text(c.id)], "call_id": clean_text(c.id), "name": clean_text(c.name),
+             "arguments_raw": clean_json_text(c.arguments)} for c in message.tool_calls]
 
 
 def pending_tool_calls(*, run_id: int, call_ids: list[str]) -> list[dict[str, Any]]:
@@ -947,16 +951,19 @@ async def tool_call_finish(
 
     ``content`` is the result as the tool returned it (ToolCall.result, shown in the UI);
     ``model_content``, when given, is what the model reads instead (the tool message), e.g.
-    the result framed as untrusted data. A failed call's message is ``Error: <error>``.
+    the result (or an outside tool's error) framed as untrusted data. Else a failed call's
+    message is ``Error: <error>``.
     """
-    result_data = _jsonable(data)
+    result_data = clean_json(_jsonable(data))
+    content, error = clean_text(content), clean_text(error)
+    model_content = clean_text(model_content) if model_content is not None else None
     succeeded = status == ToolCallStatus.SUCCEEDED
     params = {
         "status": status, "result": content if succeeded else "",
         "result_data": None if result_data is None else json.dumps(result_data), "error": error,
         "now": timezone.now(), "duration_ms": duration_ms, "pk": pk, "tenant_id": require_tenant_id(),
         "session_id": spec.session_id, "run_id": spec.run_id, "role": MessageRole.TOOL.value,
-        "content": (model_content if model_content is not None else content) if succeeded else f"Error: {error}",
+        "content": model_content if model_content is not None else (content if succeeded else f"Error: {error}"),
     }
     async with pg_connection() as conn:
         cursor = await conn.execute(_TOOL_CALL_FINISH_SQL, params)
@@ -987,7 +994,7 @@ def _llm_call_params(*, spec: RunSpec, turn: int, record: AttemptRecord) -> dict
         "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "attempt": record.attempt,
         "route_entry_id": entry_id, "entry_index": record.entry_index, "provider_name": record.provider_name,
         "model": record.model, "status": record.status, "error_class": record.error_class or "",
-        "error": record.error[:5000], "latency_ms": max(0, record.latency_ms),
+        "error": clean_text(record.error[:5000]), "latency_ms": max(0, record.latency_ms),
         "first_token_ms": record.first_token_ms, "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens, "usage_estimated": record.usage_estimated,
         "cost_usd_micros": record.cost_usd_micros, "retry_wait_ms": record.retry_wait_ms,
@@ -1097,7 +1104,7 @@ def run_finish(
         steered = list(Run.objects.filter(steered_into_id=run_id).order_by("pk").values_list("pk", flat=True))
         if steered:
             Run.objects.filter(pk__in=steered).update(
-                status=status, reply=reply, error=error[:5000], reason=reason, finished_at=now,
+                status=status, reply=params["reply"], error=params["error"], reason=reason, finished_at=now,
             )
     with connection.cursor() as cursor:
         cursor.execute(_RUN_END_CALLS_SQL, params)
@@ -1152,7 +1159,8 @@ async def run_finish_alone(
 def _run_end_params(*, run_id: int, status: str, reply: str, error: str, reason: str) -> dict[str, Any]:
     """The parameters of every ``_RUN_END_*`` statement (``session_id`` is added once known)."""
     return {
-        "run_id": run_id, "tenant_id": require_tenant_id(), "status": status, "reply": reply, "error": error[:5000],
+        "run_id": run_id, "tenant_id": require_tenant_id(), "status": status, "reply": clean_text(reply),
+        "error": clean_text(error[:5000]),
         "reason": reason, "now": timezone.now(), "session_id": None,
         "call_cancelled": ToolCallStatus.CANCELLED.value, "approval_expired": ApprovalStatus.EXPIRED.value,
         "approval_pending": ApprovalStatus.PENDING.value, "queued": RunStatus.QUEUED.value,
@@ -1255,7 +1263,8 @@ def approval_request(
         defaults={
             "tenant_id": spec.tenant_id, "run_id": spec.waiting_run_id,
             "sub_run_id": spec.run_id if spec.depth > 0 else None, "kind": kind, "tool_name": tool_name,
-            "arguments": _jsonable(arguments) or {}, "reason": reason[:5000], "question": question,
+            "arguments": clean_json(_jsonable(arguments)) or {}, "reason": clean_text(reason[:5000]),
+            "question": clean_text(question),
             "expires_at": timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
         },
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted
+from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted, public_error_message
 from llm.health import RedisEntryHealth
 from llm.router import AttemptRecord, Router
 from llm.tokens import estimate_tokens
@@ -233,7 +233,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
     tools, already connected), else opened here from the run's bindings."""
     async with contextlib.AsyncExitStack() as stack:
         if toolset is None:
-            toolset = await toolset_open(spec, stack)
+            toolset = await toolset_open(spec, stack, publish=publish)
         if await _db.session_has_artifacts(spec.session_id):
             toolset.add_builtin("read_artifact")
         turn = spec.loop_count
@@ -322,7 +322,10 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
                 return Outcome(RunStatus.FAILED, error=f"No model could answer: {exc}", reason=RunFailureReason.MODEL_UNAVAILABLE)
             except StreamInterrupted as exc:
                 if turn in interrupted_turns:
-                    return Outcome(RunStatus.FAILED, error=f"The model's answer broke off twice: {exc}",
+                    # Members read the run's error: the class only; the provider's (redacted)
+                    # text stays in the LLMCall rows, which only admins read in full.
+                    return Outcome(RunStatus.FAILED, error="The model's answer broke off twice: "
+                                   f"{public_error_message(exc.error_class)} ({exc.error_class})",
                                    reason=RunFailureReason.STREAM_INTERRUPTED)
                 # Nothing of the broken answer was persisted: retry the turn once from the
                 # stored history; clients drop the text streamed so far.
@@ -331,7 +334,8 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
                                               "turn_restarted": True})
                 continue
             except ModelCallError as exc:
-                return Outcome(RunStatus.FAILED, error=f"The model request failed: {exc}", reason=RunFailureReason.MODEL_ERROR)
+                return Outcome(RunStatus.FAILED, reason=RunFailureReason.MODEL_ERROR, error="The model request failed: "
+                               f"{public_error_message(exc.error_class)} ({exc.error_class})")
             message = completion.message
             if final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
                 message = dataclasses.replace(message, tool_calls=())

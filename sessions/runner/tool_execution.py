@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any, Awaitable, Callable
 
 from agents.models import ApprovalAction, approval_action
 from capabilities.tools import ApprovalRequired, QuestionForUser, Tool, ToolContext, ToolError
+from llm.sanitize import clean_json, clean_text
 from sessions.models import ApprovalKind, ApprovalStatus, ToolCallStatus
 from sessions.runner import _db
 from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
@@ -45,14 +47,26 @@ UNTRUSTED_SYSTEM_NOTE = (
 """Added to the system prompt of runs that have any untrusted tool (see :func:`frame_untrusted`)."""
 
 
+_OWN_ERROR_CODES = frozenset({"invalid_arguments", "unknown_tool"})
+"""ToolError codes whose message the platform wrote itself (about the model's own call):
+not framed as outside data even for an untrusted tool."""
+
+_MARKER = re.compile(r"<\s*/?\s*untrusted-data", re.IGNORECASE)
+"""An opening or closing framing marker (as a forger would write it) inside outside content."""
+
+
 def frame_untrusted(content: str, *, nonce: str | None = None) -> str:
     """Wrap outside content as data for the model, between markers carrying a random nonce.
 
     The nonce (64 random bits, hex) is fresh per tool call, so text inside the content cannot
-    forge the closing marker. This is the "spotlighting" by delimiting defence of Hines et al.,
-    *Defending Against Indirect Prompt Injection Attacks With Spotlighting* (arXiv:2403.14720).
+    forge the closing marker; markers inside the content (``<untrusted-data…``,
+    ``</untrusted-data…``, any case) are defused besides (``<`` becomes ``&lt;``), so a
+    model that ignores nonces is not fooled either. This is the "spotlighting" by delimiting
+    defence of Hines et al., *Defending Against Indirect Prompt Injection Attacks With
+    Spotlighting* (arXiv:2403.14720).
     """
     nonce = nonce or secrets.token_hex(8)
+    content = _MARKER.sub(lambda m: "&lt;" + m.group(0)[1:], content)
     return f'<untrusted-data nonce="{nonce}">\n{content}\n</untrusted-data nonce="{nonce}">'
 
 
@@ -102,6 +116,8 @@ class _Result:
     data: Any = None
     error: str = ""
     model_content: str | None = None
+    code: str = ""
+    """The ToolError's code of a failure ('' otherwise)."""
 
 
 async def _execute_one(
@@ -150,9 +166,16 @@ async def _execute_one(
             return await wait_for_human(ApprovalKind.QUESTION, question=exc.question)
         except SubRunWaiting:  # the skill's sub-run paused for a human: this call waits with it
             return True
+        # Outside text (command output, web pages, MCP results) may hold U+0000, which
+        # PostgreSQL refuses: cleaned here, where it enters, for the events and rows below.
+        result.content, result.data, result.error = clean_text(result.content), clean_json(result.data), clean_text(result.error)
         if result.status == ToolCallStatus.SUCCEEDED:
             result.model_content = await _for_model(spec=spec, pk=pk, name=name, tool=tool, toolset=toolset,
                                                     content=result.content, publish=publish)
+        elif tool is not None and tool.untrusted and result.code not in _OWN_ERROR_CODES:
+            # An outside tool's error text (an MCP server's isError text or JSON-RPC error
+            # message, a command's stderr) is outside data too: framed like its results.
+            result.model_content = f"Error: {frame_untrusted(result.error)}"
     duration_ms = int((time.monotonic() - started) * 1000)
 
     recorded = await _db.tool_call_finish(
@@ -214,7 +237,7 @@ async def _run_tool(
             return _Result(status=ToolCallStatus.FAILED, error=f"The tool {name!r} asked for approval again.")
         raise
     except ToolError as exc:
-        return _Result(status=ToolCallStatus.FAILED, error=exc.message)
+        return _Result(status=ToolCallStatus.FAILED, error=exc.message, code=exc.code)
     except TimeoutError:
         return _Result(status=ToolCallStatus.TIMED_OUT,
                        error=f"The tool {name!r} timed out after {spec.tool_timeout_seconds:g} s.")
@@ -256,4 +279,4 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
         raise ToolError(f"The arguments are not valid JSON ({exc}). Send a JSON object.", code="invalid_arguments") from exc
     if not isinstance(value, dict):
         raise ToolError("The arguments must be a JSON object.", code="invalid_arguments")
-    return value
+    return clean_json(value)  # a model's "\u0000" would fail the rows and events that show the arguments

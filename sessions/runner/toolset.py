@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 from capabilities.builtin.registry import builtin_create
 from capabilities.cli.tool import CliTool
@@ -25,9 +26,15 @@ from llm.types import ToolSpec
 from sessions.runner._db import db
 from sessions.runner.spec import RunSpec
 
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
 
 class CapabilityUnavailable(Exception):
-    """A bound capability could not be reached when the run started."""
+    """A bound capability could not be reached when the run started (kept for callers that
+    still catch it; :func:`toolset_open` now leaves such a capability out instead, with a
+    ``capability_unavailable`` event)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +78,22 @@ class Toolset:
             self.origins[name] = ToolOrigin(source="builtin", name=name)
 
 
-async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Toolset:
+async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack, *, publish: Publish | None = None) -> Toolset:
     """Connect the run's bound capabilities (in this task: it also closes them) and build its tools.
 
-    Raises:
-        CapabilityUnavailable: a bound capability could not be connected or listed.
+    A capability that cannot be reached (an MCP server that does not answer, refuses the
+    handshake, cannot list its tools, or whose breaker is open) is left out of the run: the
+    run goes on with the others, and ``publish`` announces it as ``capability_unavailable``
+    ``{source: "mcp", alias, error}`` (``error``: why, as the connection reported it).
+
+    Args:
+        spec: The run.
+        stack: The run's exit stack (leases on pooled MCP sessions are released on it).
+        publish: The run's event publisher, for ``capability_unavailable`` (None: logged only).
     """
     toolset = Toolset()
     sources: list[ToolSource] = []
-    sources += await _mcp_sources(spec, stack)
+    sources += await _mcp_sources(spec, stack, publish=publish)
     sources += _builtin_sources(spec)
     sources += _cli_sources(spec)
     sources += _browser_sources(spec)
@@ -96,7 +110,9 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack) -> Tools
     return toolset
 
 
-async def _mcp_sources(spec: RunSpec, stack: contextlib.AsyncExitStack) -> list[ToolSource]:
+async def _mcp_sources(
+    spec: RunSpec, stack: contextlib.AsyncExitStack, *, publish: Publish | None = None
+) -> list[ToolSource]:
     """The tools of the run's MCP servers, from the process's MCP pool.
 
     Every server's pooled session is connected (if it is not already) and its catalogue
@@ -104,8 +120,8 @@ async def _mcp_sources(spec: RunSpec, stack: contextlib.AsyncExitStack) -> list[
     (no idle eviction mid-run) but never closes one: sessions are shared with other runs.
     A changed catalogue is stored on the McpServer row (the console's snapshot).
 
-    Raises:
-        CapabilityUnavailable: a server could not be connected or listed (or its breaker is open).
+    A server that could not be connected or listed (or whose breaker is open) is left out,
+    announced with ``capability_unavailable`` (see :func:`toolset_open`).
     """
     if not spec.mcp_bindings:
         return []
@@ -121,9 +137,14 @@ async def _mcp_sources(spec: RunSpec, stack: contextlib.AsyncExitStack) -> list[
     sources = []
     for binding, session, catalogue in zip(spec.mcp_bindings, sessions, catalogues):
         if isinstance(catalogue, ToolError):
-            raise CapabilityUnavailable(
-                f"MCP server {binding.server.alias!r} is unavailable: {catalogue.message}"
-            ) from catalogue
+            alias = binding.server.alias
+            logger.warning("run %s: MCP server %r left out: %s", spec.run_id, alias, catalogue.message)
+            if publish is not None:
+                await publish("capability_unavailable", {
+                    "source": "mcp", "alias": alias,
+                    "error": f"MCP server {alias!r} is unavailable: {catalogue.message}"[:2000],
+                })
+            continue
         if isinstance(catalogue, BaseException):
             raise catalogue
         for info in catalogue.tools:
@@ -151,7 +172,8 @@ async def _mcp_catalogue(tenant_id: int, session: PooledSession) -> Catalogue:
             await save(tenant_id=tenant_id, server_id=server_id, tools=None, error=exc.message)
         raise
     if server_id and catalogue.version != session.snapshot_version:
-        await save(tenant_id=tenant_id, server_id=server_id, tools=catalogue.tools)
+        # Malformed tools the server listed were left out: the console shows which, and why.
+        await save(tenant_id=tenant_id, server_id=server_id, tools=catalogue.tools, error="\n".join(catalogue.skipped))
         session.snapshot_version = catalogue.version
     return catalogue
 
