@@ -38,9 +38,13 @@ COPY . .
 RUN --mount=type=cache,target=/root/.cache/pip \
     CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install -c constraints.txt -e '.[llm]'
 
-# Static files are served by WhiteNoise from STATIC_ROOT (var/staticfiles). The dev keys
-# of DEBUG=1 only let settings import here; no secret ends up in the image.
-RUN DEBUG=1 python manage.py collectstatic --noinput -v 0
+# Static files are served by WhiteNoise from STATIC_ROOT (var/staticfiles). The settings refuse
+# to import without keys, so this step gets throwaway random ones, which live only in this RUN's
+# environment: no key ends up in the image (the real ones come from the environment at run time).
+RUN SECRETS_FILE= \
+    SECRET_KEY="$(python -c 'import secrets; print(secrets.token_urlsafe(50))')" \
+    ENCRYPTION_KEY="$(python -c 'import base64, os; print(base64.urlsafe_b64encode(os.urandom(32)).decode())')" \
+    python manage.py collectstatic --noinput -v 0
 
 # Run unprivileged. /app/var holds the model (llm service: a named volume) and static files.
 RUN useradd --create-home --uid 10001 app \
