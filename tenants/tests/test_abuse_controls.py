@@ -158,3 +158,19 @@ def test_login_refuses_a_cross_site_post(world):
     ok = client.post("/api/v1/auth/login/", body, format="json", HTTP_X_CSRFTOKEN=token)
     assert ok.status_code == 200, ok.content
     assert ok.json()["tenant"]["slug"] == "acme"
+
+
+def test_lockout_on_the_running_asgi_app(lockout, fresh_user, live_server_url):
+    """The served app (uvicorn, async middleware): the same 429 and body."""
+    import httpx
+
+    with httpx.Client(base_url=live_server_url, timeout=30) as client:
+        client.get("/")
+        headers = {"X-CSRFToken": client.cookies["csrftoken"]}
+        codes = [client.post("/api/v1/auth/login/", json={"username": fresh_user.username, "password": "wrong"},
+                             headers=headers).status_code for _ in range(3)]
+        assert codes == [400, 400, 429]
+        resp = client.post("/api/v1/auth/login/", json={"username": fresh_user.username, "password": "right-pass-123"},
+                           headers=headers)
+        assert resp.status_code == 429 and int(resp.headers["Retry-After"]) == 900
+        assert set(resp.json()) == {"message", "extra"}

@@ -178,3 +178,38 @@ def test_console_audit_log_is_the_tenants_and_read_only(world, other_world):
     APIClient().post("/api/v1/auth/login/", {"username": "nobody-here", "password": "x"}, format="json")
     nameless = AuditEvent.all_tenants.get(detail__username="nobody-here")
     assert console.get(f"/admin/tenants/auditevent/{nameless.pk}/change/").status_code in (302, 404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_approval_decision_leaves_one_event(world, fake_llm, no_enqueue):
+    from asgiref.sync import async_to_sync
+
+    from agents.tests.factories import agent_with_route, bind_builtin
+    from llm.testing import Reply, ToolCalls
+    from sessions.models import Approval
+    from sessions.runner.loop import execute_run
+    from sessions.tests.conftest import post_message_sync
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "ping"})]), Reply("done"))
+    run = post_message_sync(agent=agent, user=world.member, content="Echo ping")
+    async_to_sync(execute_run)(run.pk)
+    approval = Approval.all_tenants.get(run_id=run.pk)
+    resp = world.client().post(f"/api/v1/approvals/{approval.pk}/", {"decision": "deny", "reason": "secret reason"},
+                               format="json")
+    assert resp.status_code == 200, resp.content
+    [event] = _events(world.tenant, action="approval_decided")
+    assert (event.object_type, event.object_id, event.actor_id) == ("agent_sessions.approval", str(approval.pk),
+                                                                    world.member.pk)
+    assert event.changes["status"] == {"from": "pending", "to": "denied"}
+    assert "secret reason" not in json.dumps([event.changes, event.detail])
+
+
+def test_console_admins_without_the_mixin_are_recorded_through_their_log_entry(world):
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    LogEntry.objects.log_actions(user_id=world.admin.pk, queryset=[world.tenant], action_flag=CHANGE,
+                                 change_message=[{"changed": {"fields": ["Name"]}}], single_object=True)
+    [event] = _events(world.tenant, object_type="tenants.tenant")
+    assert (event.action, event.source, event.actor_id) == ("update", "console", world.admin.pk)
