@@ -1,0 +1,68 @@
+"""docker-compose.yml and the Dockerfile (issue 23, "Keys and credentials"): no password or key
+has a default published in the file; PostgreSQL and Redis require passwords; the serving
+processes log in as the application role and never get the owner's password. (Docker cannot
+run here: these read the files as compose would.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRED = re.compile(r"\$\{(?P<name>[A-Z_]+):\?[^}]+\}")
+
+
+def _compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _env(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    return {k: str(v) for k, v in env.items()}
+
+
+def test_every_secret_is_required_from_the_environment_never_defaulted():
+    services = _compose()["services"]
+    postgres = _env(services["postgres"])
+    assert REQUIRED.fullmatch(postgres["POSTGRES_PASSWORD"]).group("name") == "POSTGRES_PASSWORD"
+    assert REQUIRED.fullmatch(_env(services["redis"])["REDIS_PASSWORD"])
+    for name in ("web", "worker", "beat", "migrate"):
+        env = _env(services[name])
+        for key in ("SECRET_KEY", "ENCRYPTION_KEY"):
+            assert REQUIRED.fullmatch(env[key]), (name, key)
+        db = env["DATABASE_URL"]
+        assert db.startswith("postgres://agent_platform_app:${DATABASE_APP_PASSWORD:?"), (name, db)
+        assert env["REDIS_URL"].startswith("redis://:${REDIS_PASSWORD:?"), (name, env["REDIS_URL"])
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert ":-postgres" not in text and "postgres:postgres@" not in text
+    for match in re.finditer(r"\$\{(PASSWORD|[A-Z_]*(PASSWORD|SECRET|KEY))(:-|-)", text):
+        raise AssertionError(f"a secret with a default: {match.group(0)}")
+
+
+def test_redis_requires_its_password_and_the_healthcheck_uses_it():
+    redis = _compose()["services"]["redis"]
+    command = " ".join(redis["command"])
+    assert "requirepass" in command and "$$REDIS_PASSWORD" in command
+    assert "REDISCLI_AUTH" in " ".join(redis["healthcheck"]["test"])
+
+
+def test_only_the_one_shot_migrate_service_holds_the_owners_password():
+    services = _compose()["services"]
+    assert "POSTGRES_PASSWORD" in _env(services["migrate"])["DATABASE_OWNER_URL"]
+    assert services["migrate"]["restart"] == "no"
+    for name in ("web", "worker", "beat", "llm"):
+        env = _env(services[name])
+        assert "DATABASE_OWNER_URL" not in env and not any("POSTGRES_PASSWORD" in v for v in env.values()), name
+    for name in ("web", "worker", "beat"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert "migrate" not in " ".join(services["web"]["command"])
+
+
+def test_the_image_holds_no_key():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "DEBUG=1" not in dockerfile
+    assert not re.search(r"^\s*ENV\s+.*(SECRET_KEY|ENCRYPTION_KEY|PASSWORD)", dockerfile, re.M)
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "var" in ignored and ".env" in ignored  # var/secrets.env and .env stay out of the build context
