@@ -39,6 +39,13 @@ How:
   ``migrate``, :func:`apply` makes sure the role, its grants and the policies exist
   (idempotent; run by the ``post_migrate`` signal).
 
+What this does not stop: the scope lives in session settings that any statement on the
+application's connection may change (``set_config('app.all_tenants', 'on', false)``), so SQL
+injected into the application's own queries could read every tenant's rows. It guards against
+the application's mistakes (a query that forgot its filter), not against arbitrary SQL. What
+arbitrary SQL on that login cannot do: become a superuser or another role, switch the policies
+or row-level security off, change a table, read files or run programs on the database host.
+
 Why not Django 5.2's ``OPTIONS["assume_role"]``: it sets the role once per connection, for
 every command, so ``migrate`` and the test runner's database creation would run as a role that
 may not create tables, or exist yet. Here the role is one more value :func:`sync` keeps right.

@@ -145,3 +145,12 @@ def test_make_run_serves_with_debug_off():
 def test_the_secrets_files_are_git_ignored(relative):
     out = subprocess.run(["git", "check-ignore", "-q", relative], cwd=ROOT)
     assert out.returncode == 0, f"{relative} is not ignored by git"
+
+
+def test_plain_manage_py_reads_var_secrets_env():
+    """``manage.py`` on a developer machine finds the keys bootstrap generated, without them
+    being exported; ``SECRETS_FILE`` names another file, empty: none."""
+    assert local_secrets.path_from_environment({}) == ROOT / "var" / "secrets.env"
+    assert local_secrets.path_from_environment({"SECRETS_FILE": "/etc/agent-platform/secrets.env"}) == Path(
+        "/etc/agent-platform/secrets.env")
+    assert local_secrets.path_from_environment({"SECRETS_FILE": ""}) is None
