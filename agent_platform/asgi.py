@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels."""
+"""ASGI entry point: HTTP through Django, WebSockets through Channels, the lifespan protocol
+through :func:`agent_platform.shutdown.lifespan` (a stop ends the live streams first)."""
 
 import os
 
@@ -9,6 +10,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from agent_platform.shutdown import lifespan  # noqa: E402
 from agent_platform.ws_auth import BrowserOriginValidator, TenantWebsocketAuthMiddleware  # noqa: E402
 from browser.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
@@ -24,7 +26,8 @@ async def _websocket(scope, receive, send):
     return await _session_sockets(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": _websocket})
+# lifespan: the stop signals end the live streams at once (agent_platform/shutdown.py).
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": _websocket, "lifespan": lifespan})
 
 
 def _tune_gc() -> None:

@@ -22,10 +22,21 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
+from agent_platform.shutdown import SHUTDOWN_GRACE_SECONDS
+
 APP: Final[str] = "agent_platform.asgi:application"
 
-SERVER_OPTIONS: Final[dict[str, Any]] = {"ws_per_message_deflate": False}
-"""Keyword arguments of ``uvicorn.Config`` that differ from uvicorn's defaults."""
+SERVER_OPTIONS: Final[dict[str, Any]] = {
+    "ws_per_message_deflate": False,
+    "timeout_graceful_shutdown": int(SHUTDOWN_GRACE_SECONDS),
+}
+"""Keyword arguments of ``uvicorn.Config`` that differ from uvicorn's defaults.
+
+``timeout_graceful_shutdown``: a stop (SIGTERM, Ctrl-C) waits at most this many seconds
+(``WEB_SHUTDOWN_GRACE_SECONDS``, default 10) for open requests, then cancels them; uvicorn's
+default waits for ever, and an open event stream never ends by itself. The live streams end
+at the signal already, and a watchdog ends a process still alive 5 s after the grace period
+(:mod:`agent_platform.shutdown`)."""
 
 
 def cli_args(options: dict[str, Any] = SERVER_OPTIONS) -> list[str]:
