@@ -81,6 +81,8 @@ async def execute_run(run_id: int, *, tenant_id: int | None = None) -> None:
         publish.nowait = lambda event_type, data: event_publish_nowait(  # type: ignore[attr-defined]
             session_id=spec.session_id, run_id=run_id, type=event_type, data=data
         )
+        # The text streamed in the current model turn (_model_turn keeps it): a stopped run keeps it as its reply.
+        publish.streamed = []  # type: ignore[attr-defined]
         await publish("run_running", {"attempt": spec.attempt})
         heartbeat = asyncio.create_task(_heartbeat(run_id, spec.attempt, asyncio.current_task()),
                                         name=f"run-{run_id}-heartbeat")
@@ -218,7 +220,10 @@ async def _run_loop_cancellable(spec: RunSpec, publish: Any, *, toolset: Toolset
                 RunStatus.FAILED, reason=RunFailureReason.RUN_TIMEOUT,
                 error=f"The run took longer than the agent's run timeout of {spec.run_timeout_seconds:g} s.",
             )
-        return CANCELLED_OUTCOME
+        # Stopped mid-answer: the text streamed so far stays as the run's reply (the chat shows it
+        # marked stopped, after a reload too).
+        partial = "".join(getattr(publish, "streamed", None) or ())
+        return dataclasses.replace(CANCELLED_OUTCOME, reply=partial) if partial.strip() else CANCELLED_OUTCOME
     finally:
         for task in (loop_task, watcher):
             task.cancel()
@@ -560,10 +565,15 @@ async def _model_turn(
     completion: Completion | None = None
     reasoning: list[str] = []
     batcher = _StreamedTextBatcher(publish)
+    streamed = getattr(publish, "streamed", None)  # this turn's text, for a run stopped mid-answer
+    if streamed is not None:
+        streamed.clear()
     try:
         async for event in router.stream(messages, tool_specs, compact_first=compact_first):
             if isinstance(event, TextDelta):
                 batcher.add("content_token", event.text)
+                if streamed is not None:
+                    streamed.append(event.text)
             elif isinstance(event, ReasoningDelta):
                 batcher.add("reasoning_token", event.text)
                 reasoning.append(event.text)
@@ -578,4 +588,6 @@ async def _model_turn(
     await batcher.close()
     if completion is None:
         raise StreamInterrupted("the stream ended without a completion")
+    if streamed is not None:  # the turn's text is saved with its assistant message from here on
+        streamed.clear()
     return completion, "".join(reasoning)
