@@ -48,7 +48,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from capabilities.tools import ToolError, ToolResult
 
@@ -392,6 +392,9 @@ class HttpStatusLog:
         """400/404 answers so far to requests that carried a session id."""
         self.errors = 0
         """HTTP error answers so far."""
+        self.skipped_tools: list[str] = []
+        """``"tool 'x' skipped: why"`` for each malformed tool taken out of a ``tools/list``
+        answer (:class:`ToolListFilter`), in order."""
 
     async def on_response(self, response: httpx2.Response) -> None:
         """httpx2 ``event_hooks["response"]`` hook: record an error status."""
@@ -424,6 +427,149 @@ def http_error_message(message: str, http_log: HttpStatusLog | None, *, since: i
     return f"{message} ({status})"
 
 
+_MAX_FILTERED_JSON_BYTES = 8_000_000
+"""A JSON answer longer than this is passed on unfiltered (the SDK then judges it whole)."""
+
+
+def _filter_tool_list(message: Any, log: HttpStatusLog) -> Any | None:
+    """The JSON-RPC message (or batch) with malformed ``result.tools`` entries removed, or None
+    when nothing had to change."""
+    if isinstance(message, list):
+        out = [_filter_tool_list(item, log) for item in message]
+        return None if all(o is None for o in out) else [o if o is not None else m for o, m in zip(out, message)]
+    if not isinstance(message, dict):
+        return None
+    result = message.get("result")
+    tools = result.get("tools") if isinstance(result, dict) else None
+    if not isinstance(tools, list):
+        return None
+    kept = []
+    for index, raw in enumerate(tools):
+        try:
+            mcp_types.Tool.model_validate(raw, by_name=False)
+        except ValidationError as exc:
+            name = raw.get("name") if isinstance(raw, dict) else None
+            label = repr(name[:80]) if isinstance(name, str) else f"#{index + 1}"
+            problem = exc.errors()[0]["msg"] if exc.errors() else "invalid"
+            where = ".".join(str(p) for p in exc.errors()[0]["loc"]) if exc.errors() else ""
+            log.skipped_tools.append(f"tool {label} skipped: {where + ': ' if where else ''}{problem}")
+            logger.warning("MCP server answer: skipping malformed tool %s: %s", label, problem)
+            continue
+        kept.append(raw)
+    if len(kept) == len(tools):
+        return None
+    return {**message, "result": {**result, "tools": kept}}
+
+
+class _SseToolListFilter(httpx2.AsyncByteStream):
+    """An SSE byte stream whose ``tools/list`` results lose their malformed tools (each event
+    is passed on when complete; other events unchanged)."""
+
+    def __init__(self, inner: Any, log: HttpStatusLog) -> None:
+        self._inner = inner
+        self._log = log
+
+    async def __aiter__(self) -> Any:
+        buffer = b""
+        async for chunk in self._inner:
+            buffer += chunk
+            while True:
+                ends = [i for i in (buffer.find(b"\n\n"), buffer.find(b"\r\n\r\n")) if i >= 0]
+                if not ends:
+                    break
+                end = min(ends)
+                size = 4 if buffer[end:end + 4] == b"\r\n\r\n" else 2
+                block, buffer = buffer[: end + size], buffer[end + size:]
+                yield self._event(block)
+        if buffer:
+            yield buffer
+
+    def _event(self, block: bytes) -> bytes:
+        if b'"tools"' not in block:
+            return block
+        lines = block.decode("utf-8", errors="replace").splitlines()
+        data = [line[5:].lstrip(" ") if line.startswith("data:") else None for line in lines]
+        payload = "\n".join(d for d in data if d is not None)
+        try:
+            filtered = _filter_tool_list(json.loads(payload), self._log)
+        except ValueError:
+            return block
+        if filtered is None:
+            return block
+        others = [line for line, d in zip(lines, data) if d is None and line]
+        return ("\n".join([*others, "data: " + json.dumps(filtered)]) + "\n\n").encode()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class ToolListFilter(httpx2.AsyncBaseTransport):
+    """An httpx2 transport around another that takes malformed tools out of ``tools/list``
+    answers (JSON and SSE), recording them in ``log.skipped_tools``: the SDK validates a
+    whole page at once, so one malformed tool would otherwise fail the whole listing (and
+    the server). Compressed answers are passed on as they are."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, log: HttpStatusLog) -> None:
+        self._inner = inner
+        self._log = log
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        if response.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
+            return response
+        kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind == "text/event-stream":
+            return httpx2.Response(response.status_code, headers=response.headers,
+                                   stream=_SseToolListFilter(response.stream, self._log),
+                                   extensions=response.extensions, request=request)
+        if kind != "application/json":
+            return response
+        body = b""
+        async for chunk in response.stream:
+            body += chunk
+            if len(body) > _MAX_FILTERED_JSON_BYTES:
+                break
+        else:
+            await response.aclose()
+            filtered = None
+            if b'"tools"' in body:
+                try:
+                    filtered = _filter_tool_list(json.loads(body), self._log)
+                except ValueError:
+                    filtered = None
+            if filtered is not None:
+                body = json.dumps(filtered).encode()
+            headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() != "content-length"]
+            return httpx2.Response(response.status_code, headers=[*headers, ("content-length", str(len(body)))],
+                                   content=body, extensions=response.extensions, request=request)
+        # Too long to filter: pass on what was read and the rest.
+        rest = response.stream
+
+        async def replay() -> Any:
+            yield body
+            async for chunk in rest:
+                yield chunk
+
+        return httpx2.Response(response.status_code, headers=response.headers, stream=_Replay(replay(), rest),
+                               extensions=response.extensions, request=request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Replay(httpx2.AsyncByteStream):
+    def __init__(self, chunks: Any, inner: Any) -> None:
+        self._chunks = chunks
+        self._inner = inner
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self._chunks:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 def _checked_http_client(
     headers: Mapping[str, str] | None, timeout: httpx2.Timeout | None, auth: httpx2.Auth | None,
     http_log: HttpStatusLog | None,
@@ -436,7 +582,7 @@ def _checked_http_client(
 
     return httpx2.AsyncClient(
         headers=dict(headers or {}), timeout=timeout, auth=auth, trust_env=False,
-        transport=outbound_transport(),
+        transport=outbound_transport() if http_log is None else ToolListFilter(outbound_transport(), http_log),
         event_hooks={"response": [http_log.on_response]} if http_log is not None else None,
     )
 
@@ -505,51 +651,19 @@ def make_client(
     return client, stderr
 
 
-class _LenientToolsPage(BaseModel):
-    """A ``tools/list`` result read without validating its tools (each is validated alone)."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-    tools: list[Any] = Field(default_factory=list)
-    next_cursor: str | None = Field(default=None, alias="nextCursor")
-
-
-async def _list_page_leniently(
-    client: Client, config: McpServerConfig, cursor: str | None, skipped: list[str]
-) -> tuple[list[mcp_types.Tool], str | None]:
-    """One ``tools/list`` page whose result failed the SDK's validation: fetched again as raw
-    JSON, each tool validated on its own, the malformed ones left out (logged, and described
-    in ``skipped``)."""
-    request = mcp_types.ListToolsRequest(params=mcp_types.PaginatedRequestParams(cursor=cursor))
-    page = await client.session.send_request(request, _LenientToolsPage)
-    tools: list[mcp_types.Tool] = []
-    for index, raw in enumerate(page.tools):
-        try:
-            tools.append(mcp_types.Tool.model_validate(raw))
-        except ValidationError as exc:
-            name = raw.get("name") if isinstance(raw, dict) else None
-            label = repr(name)[:80] if isinstance(name, str) else f"#{index + 1}"
-            problem = exc.errors()[0]["msg"] if exc.errors() else "invalid"
-            skipped.append(f"tool {label} skipped: {problem}")
-            logger.warning("MCP server %r: skipping malformed tool %s: %s", config.alias, label, _describe(exc))
-    return tools, page.next_cursor
-
-
 async def list_all_tools(
-    client: Client, config: McpServerConfig, *, skipped: list[str] | None = None,
-    http_log: HttpStatusLog | None = None,
+    client: Client, config: McpServerConfig, *, http_log: HttpStatusLog | None = None,
 ) -> list[McpToolInfo]:
     """List every tool of the server, following ``nextCursor`` across all pages.
 
     Bounded as a whole by ``config.list_timeout_seconds`` and by 1,000 pages. A name the
-    server lists twice is kept once (the first listing). A page the SDK refuses because of
-    malformed tools is read again leniently: each malformed tool is left out (logged, and a
-    line appended to ``skipped``), the others are kept, so one bad tool does not take the
-    whole server away.
+    server lists twice is kept once (the first listing). Over HTTP, malformed tools were
+    already taken out of the server's answers (:class:`ToolListFilter`, reported in
+    ``http_log.skipped_tools``), so one bad tool does not take the whole server away.
 
     Args:
         client: An entered SDK client.
         config: The server.
-        skipped: Receives ``"tool 'x' skipped: <why>"`` for each tool left out.
         http_log: The connection's HTTP status log (for messages that keep the status).
 
     Returns:
@@ -569,12 +683,8 @@ async def list_all_tools(
     try:
         with anyio.fail_after(timeout):
             for _ in range(_MAX_LIST_PAGES):
-                try:
-                    page = await client.list_tools(cursor=cursor)
-                    page_tools, next_cursor = list(page.tools), page.next_cursor
-                except ValidationError:
-                    page_tools, next_cursor = await _list_page_leniently(
-                        client, config, cursor, skipped if skipped is not None else [])
+                page = await client.list_tools(cursor=cursor)
+                page_tools, next_cursor = list(page.tools), page.next_cursor
                 for tool in page_tools:
                     if tool.name in seen_names:
                         logger.warning("MCP server %r lists tool %r twice; keeping the first", alias, tool.name)

@@ -427,7 +427,7 @@ class PooledSession:
                 try:
                     result = await job.fn(client)
                 except Exception as exc:  # noqa: BLE001 - handed to the caller
-                    if http_log.session_rejections > rejections and not isinstance(exc, McpConnectionLost):
+                    if http_log.session_rejections > rejections and not isinstance(exc, McpSessionExpired):
                         # The server refused our session id (it restarted): this session
                         # is dead although its transport is not; the caller retries once.
                         self._retire(f"the server refused the session id ({http_log.describe()})")
@@ -638,11 +638,13 @@ class PooledSession:
         changes = self._changes
 
         async def listing(client: Client) -> list[McpToolInfo]:
-            skipped.clear()  # a retried listing starts over
-            return await list_all_tools(client, self.config, skipped=skipped, http_log=self.http_log)
+            nonlocal skipped_from
+            skipped_from = len(self.http_log.skipped_tools)  # a retried listing starts over
+            return await list_all_tools(client, self.config, http_log=self.http_log)
 
-        skipped: list[str] = []
+        skipped_from = 0
         tools = tuple(await self._submit(listing))
+        skipped = self.http_log.skipped_tools[skipped_from:]
         previous = self._catalogue
         version = 1 if previous is None else previous.version + (previous.tools != tools)
         self._catalogue = Catalogue(tools=tools, fetched_at=self.pool.clock(), version=version,
