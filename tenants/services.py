@@ -78,13 +78,33 @@ def membership_create_with_new_user(*, tenant: Tenant, username: str, password: 
     return membership_create(tenant=tenant, user=user, role=role, detail={"new_user": True})
 
 
+def _require_owner_for(*, membership: Membership, role: str | None, actor_role: str | None) -> None:
+    """Only owners (or the system: ``actor_role`` None) make, change or remove owners; a tenant
+    keeps at least one owner once it has one."""
+    touches_owner = membership.role == Role.OWNER or role == Role.OWNER
+    if touches_owner and actor_role is not None and actor_role != Role.OWNER:
+        raise ApplicationError("Only owners may make, change or remove owners.", status_code=status.HTTP_403_FORBIDDEN)
+    if membership.role == Role.OWNER and role != Role.OWNER:
+        # tenant-bypass: the tenant's own owners (the caller holds its scope or the system's)
+        owners = Membership.all_tenants.filter(tenant_id=membership.tenant_id, role=Role.OWNER).exclude(pk=membership.pk)
+        if not owners.exists():
+            raise ApplicationError("A tenant keeps at least one owner.", status_code=status.HTTP_409_CONFLICT)
+
+
 @transaction.atomic
-def membership_update_role(*, membership: Membership, role: str) -> Membership:
+def membership_update_role(*, membership: Membership, role: str, actor_role: str | None = None) -> Membership:
     """Change a membership's role (its user and tenant never change); audited (``update``).
 
+    Args:
+        actor_role: The acting user's role in the tenant (None: a superuser or the system).
+
     Raises:
-        django.core.exceptions.ValidationError: an unknown role.
+        ApplicationError: 400 an unknown role; 403 an admin touching an owner; 409 the last
+            owner would go.
     """
+    if role not in Role.values:
+        raise ApplicationError(f"Unknown role {role!r}.", extra={"roles": list(Role.values)})
+    _require_owner_for(membership=membership, role=role, actor_role=actor_role)
     old = membership.role
     membership.role = role
     membership.full_clean()
@@ -95,8 +115,13 @@ def membership_update_role(*, membership: Membership, role: str) -> Membership:
 
 
 @transaction.atomic
-def membership_delete(*, membership: Membership) -> None:
-    """Remove a user from a tenant (their tokens of that tenant go with it); audited."""
+def membership_delete(*, membership: Membership, actor_role: str | None = None) -> None:
+    """Remove a user from a tenant (their tokens of that tenant go with it); audited.
+
+    Raises:
+        ApplicationError: 403 an admin removing an owner; 409 the last owner.
+    """
+    _require_owner_for(membership=membership, role=None, actor_role=actor_role)
     audit_record(action=Action.DELETE, obj=membership)
     membership.delete()
 

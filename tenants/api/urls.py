@@ -14,4 +14,6 @@ urlpatterns = [
     path("admin/invitations/<int:invitation_id>/", views.InvitationRevokeApi.as_view(), name="admin-invitation-detail"),
     path("invitations/accept/", views.InvitationAcceptApi.as_view(), name="invitation-accept"),
     path("admin/audit/", views.AuditEventListApi.as_view(), name="admin-audit"),
+    path("admin/memberships/", views.MembershipListApi.as_view(), name="admin-membership-list"),
+    path("admin/memberships/<int:membership_id>/", views.MembershipDetailApi.as_view(), name="admin-membership-detail"),
 ]

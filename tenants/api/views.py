@@ -7,13 +7,16 @@ invitations and the audit log.
 - ``GET/POST tokens/``, ``POST tokens/<id>/revoke/``
 - ``GET/POST admin/invitations/``, ``DELETE admin/invitations/<id>/`` (owners/admins);
   ``POST invitations/accept/ {token}`` (the invited, logged-in user)
+- ``GET admin/memberships/``, ``GET/PATCH/DELETE admin/memberships/<id>/`` (owners/admins):
+  members and their roles (the user of a membership never changes)
 - ``GET admin/audit/`` (owners/admins): the tenant's audit log, paginated, newest first
 """
 
 from __future__ import annotations
 
 from django.contrib.auth import authenticate, login, logout
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from agent_platform.api_schema import StrictCharField
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import permissions, serializers, status
 from rest_framework.authentication import CSRFCheck
 from rest_framework.exceptions import PermissionDenied, Throttled
@@ -26,7 +29,7 @@ from agent_platform.api_errors import ApplicationError, NotFound
 from tenants.api.mixins import IsTenantAdmin, TenantScopedApiView
 from tenants.audit import audit_context, context_for_request
 from tenants.lockout import LOCKED_OUT_MESSAGE, retry_after_seconds
-from tenants.models import ApiToken, AuditEvent, Invitation, Role
+from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Role
 from tenants.selectors import audit_event_list, invitation_list, membership_for_user, membership_list_for_user
 from tenants.services import (
     api_token_create,
@@ -34,7 +37,9 @@ from tenants.services import (
     invitation_accept,
     invitation_create,
     invitation_revoke,
+    membership_delete,
     membership_select,
+    membership_update_role,
 )
 
 
@@ -141,7 +146,7 @@ class ApiTokenListCreateApi(TenantScopedApiView):
         class Meta:
             ref_name = "TokenCreateInput"
 
-        name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+        name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
 
     @extend_schema(responses=ApiTokenOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
@@ -167,7 +172,7 @@ class ApiTokenRevokeApi(TenantScopedApiView):
         return Response(ApiTokenOutputSerializer(api_token_revoke(token=token)).data)
 
 
-class _TenantChoiceSerializer(serializers.Serializer):
+class TenantChoiceSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
     slug = serializers.CharField()
@@ -180,7 +185,7 @@ class AuthTenantListApi(APIView):
 
     permission_classes = [permissions.IsAuthenticated]
 
-    @extend_schema(responses=_TenantChoiceSerializer(many=True))
+    @extend_schema(responses=TenantChoiceSerializer(many=True))
     def get(self, request: Request) -> Response:
         memberships = membership_list_for_user(user=request.user)
         return Response([
@@ -225,11 +230,19 @@ class InvitationOutputSerializer(serializers.ModelSerializer):
         return invitation.created_by.get_username() if invitation.created_by_id else None
 
 
+class InvitationCreatedSerializer(InvitationOutputSerializer):
+    token = serializers.CharField(help_text="The invitation token (inv_…): shown once, hand it to the invited user.")
+
+    class Meta(InvitationOutputSerializer.Meta):
+        fields = [*InvitationOutputSerializer.Meta.fields, "token"]
+
+
 class InvitationListCreateApi(TenantScopedApiView):
     """The tenant's invitations (owners/admins). POST ``{username | email, role}`` invites one
     user; the answer carries the token once (``token``), to hand to the invited user. Only
     owners may invite owners; a current member answers 409."""
 
+    pagination_class = PageNumberPagination
     permission_classes = [permissions.IsAuthenticated, IsTenantAdmin]
 
     class InputSerializer(serializers.Serializer):
@@ -242,11 +255,11 @@ class InvitationListCreateApi(TenantScopedApiView):
 
     @extend_schema(responses=InvitationOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
-        paginator = PageNumberPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(invitation_list(), request, view=self)
         return paginator.get_paginated_response(InvitationOutputSerializer(page, many=True).data)
 
-    @extend_schema(request=InputSerializer, responses={201: InvitationOutputSerializer})
+    @extend_schema(request=InputSerializer, responses={201: InvitationCreatedSerializer})
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -305,6 +318,7 @@ class AuditEventListApi(TenantScopedApiView):
     ``actor`` (user id), ``object_type`` (``app_label.model``). Read-only: there is no way to
     add, change or delete an event."""
 
+    pagination_class = PageNumberPagination
     permission_classes = [permissions.IsAuthenticated, IsTenantAdmin]
 
     @extend_schema(
@@ -323,6 +337,78 @@ class AuditEventListApi(TenantScopedApiView):
         events = audit_event_list(action=request.query_params.get("action") or None,
                                   actor_id=int(actor) if actor is not None else None,
                                   object_type=request.query_params.get("object_type") or None)
-        paginator = PageNumberPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(AuditEventOutputSerializer(page, many=True).data)
+
+
+class MembershipOutputSerializer(serializers.ModelSerializer):
+    user = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user", "role", "created_at", "last_selected_at"]
+
+    @extend_schema_field(inline_serializer("MembershipUser", {"id": serializers.IntegerField(),
+                                                              "username": serializers.CharField()}))
+    def get_user(self, membership: Membership) -> dict:
+        return {"id": membership.user_id, "username": membership.user.get_username()}
+
+
+class MembershipListApi(TenantScopedApiView):
+    """The tenant's members (owners/admins), oldest first, paginated. New members come from
+    invitations (``admin/invitations/``) or the console."""
+
+    pagination_class = PageNumberPagination
+    permission_classes = [permissions.IsAuthenticated, IsTenantAdmin]
+
+    @extend_schema(responses=MembershipOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(Membership.objects.select_related("user").order_by("created_at", "id"),
+                                           request, view=self)
+        return paginator.get_paginated_response(MembershipOutputSerializer(page, many=True).data)
+
+
+class MembershipDetailApi(TenantScopedApiView):
+    """One membership of the tenant (owners/admins). PATCH ``{role}`` changes the role; the user
+    and tenant never change (a body naming them is a 400). DELETE removes the member. Only
+    owners make, change or remove owners (403); the last owner stays (409); another tenant's
+    membership is a 404."""
+
+    permission_classes = [permissions.IsAuthenticated, IsTenantAdmin]
+
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "MembershipUpdateInput"
+
+        role = serializers.ChoiceField(choices=Role.choices)
+
+    def _get(self, membership_id: int) -> Membership:
+        membership = Membership.objects.select_related("user").filter(pk=membership_id).first()
+        if membership is None:
+            raise NotFound("Membership not found.")
+        return membership
+
+    @extend_schema(responses=MembershipOutputSerializer)
+    def get(self, request: Request, membership_id: int) -> Response:
+        return Response(MembershipOutputSerializer(self._get(membership_id)).data)
+
+    @extend_schema(request=InputSerializer, responses=MembershipOutputSerializer)
+    def patch(self, request: Request, membership_id: int) -> Response:
+        membership = self._get(membership_id)
+        moved = sorted({"user", "tenant", "user_id", "tenant_id"} & set(request.data if isinstance(request.data, dict)
+                                                                            else {}))
+        if moved:
+            raise ApplicationError("A membership's user and tenant cannot change; invite the user instead.",
+                                   extra={"fields": {name: ["Read-only."] for name in moved}})
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = membership_update_role(membership=membership, role=data.validated_data["role"],
+                                            actor_role=request.membership.role)
+        return Response(MembershipOutputSerializer(membership).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, membership_id: int) -> Response:
+        membership_delete(membership=self._get(membership_id), actor_role=request.membership.role)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -205,3 +205,46 @@ def test_a_user_lands_in_the_tenant_they_picked_last(world, other_world):
     login = client.post("/api/v1/auth/login/", {"username": user.username, "password": "pw-user-123"},
                         format="json")
     assert login.json()["tenant"]["slug"] == "initech"
+
+
+# --- the membership API ------------------------------------------------------------------------
+
+
+def test_api_refuses_to_repoint_a_membership_and_changes_roles(world, other_world):
+    admin = world.client(admin=True)
+    url = f"/api/v1/admin/memberships/{world.member_membership.pk}/"
+    assert world.client().get("/api/v1/admin/memberships/").status_code == 403  # members may not
+    resp = admin.patch(url, {"user": other_world.member.pk, "role": "member"}, format="json")
+    assert resp.status_code == 400 and resp.json()["extra"] == {"fields": {"user": ["Read-only."]}}
+    assert Membership.all_tenants.get(pk=world.member_membership.pk).user_id == world.member.pk
+
+    resp = admin.patch(url, {"role": "admin"}, format="json")
+    assert resp.status_code == 200 and resp.json()["role"] == "admin"
+    assert resp.json()["user"] == {"id": world.member.pk, "username": world.member.username}
+    [event] = AuditEvent.all_tenants.filter(tenant=world.tenant, object_type="tenants.membership", action="update")
+    assert event.changes == {"role": {"from": "member", "to": "admin"}} and event.source == "api"
+
+    assert admin.patch(url, {"role": "owner"}, format="json").status_code == 403  # admins do not make owners
+    listed = admin.get("/api/v1/admin/memberships/").json()
+    assert {m["user"]["username"] for m in listed["results"]} == {world.admin.username, world.member.username}
+    # another tenant's membership is not there
+    assert admin.get(f"/api/v1/admin/memberships/{other_world.member_membership.pk}/").status_code == 404
+    assert admin.delete(f"/api/v1/admin/memberships/{other_world.member_membership.pk}/").status_code == 404
+    assert admin.delete(url).status_code == 204
+    assert not Membership.all_tenants.filter(pk=world.member_membership.pk).exists()
+    assert api_token_authenticate(raw=world.member_token) is None  # its tokens went with it
+
+
+def test_owners_are_changed_by_owners_only_and_the_last_one_stays(world):
+    owner_membership = Membership.all_tenants.get(pk=world.admin_membership.pk)
+    owner_membership.role = Role.OWNER
+    owner_membership.save()
+    owner = world.client(admin=True)  # acme-admin is now the owner
+    member_url = f"/api/v1/admin/memberships/{world.member_membership.pk}/"
+    assert owner.patch(member_url, {"role": "owner"}, format="json").status_code == 200  # an owner makes owners
+    assert owner.patch(f"/api/v1/admin/memberships/{owner_membership.pk}/", {"role": "member"},
+                       format="json").status_code == 200
+    last = world.client()  # acme-user: now the only owner
+    resp = last.patch(member_url, {"role": "admin"}, format="json")
+    assert resp.status_code == 409 and resp.json()["message"] == "A tenant keeps at least one owner."
+    assert last.delete(member_url).status_code == 409
