@@ -135,6 +135,7 @@ CONTENT_SECURITY_POLICY_PATHS = {
 }
 
 INSTALLED_APPS = [
+    "console",  # the console's pages and admin templates (before django.contrib.admin: its templates win)
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -1,7 +1,15 @@
-"""Sessions, runs and their records: read-only in the console."""
+"""Sessions, runs and their records: read-only in the console.
+
+A run opens as its trace (``console/trace.py``: turns, model attempts, tool calls, approvals,
+compactions, reply); a session links to its transcript, and each run of the transcript to
+its trace. Lists are searchable and newest first.
+"""
 
 from django.contrib import admin, messages
 from django.db.models import Count, Sum
+from django.shortcuts import redirect
+from django.urls import path, reverse
+from django.utils.html import format_html
 
 from sessions.models import ChatSession, LLMCall, Message, Run, ToolCall
 from tenants.admin_scoping import TenantScopedModelAdmin
@@ -18,23 +26,83 @@ def _usd(micros) -> str:
     return f"${(micros or 0) / 1_000_000:.6f}"
 
 
+class AgentFilter(admin.RelatedFieldListFilter):
+    """The agent filter lists only the agents the admin's tenants own."""
+
+    def field_choices(self, field, request, model_admin):
+        from agents.models import AgentInstance
+
+        qs = AgentInstance.all_tenants.all()  # tenant-bypass: narrowed to the admin's tenants below
+        if not request.user.is_superuser:
+            from tenants.admin_scoping import _admin_tenants
+
+            qs = qs.filter(tenant_id__in=_admin_tenants(request))
+        return [(a.pk, a.name) for a in qs.order_by("name")]
+
+
 @admin.register(ChatSession)
 class ChatSessionAdmin(ReadOnlyAdmin):
-    list_display = ["id", "title", "agent", "user", "updated_at", "cost", "tenant"]
+    list_display = ["id", "title", "agent", "user", "updated_at", "cost", "transcript", "tenant"]
+    list_filter = [("agent", AgentFilter)]
+    search_fields = ["title", "user__username", "agent__name", "messages__content"]
+    ordering = ["-updated_at", "-id"]
+    date_hierarchy = "updated_at"
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(cost_usd_micros=Sum("runs__cost_usd_micros"))
+
+    def get_urls(self):
+        from console.views import session_transcript_view
+
+        urls = [path("<path:object_id>/transcript/",
+                     self.admin_site.admin_view(lambda request, object_id: session_transcript_view(self, request, object_id)),
+                     name="agent_sessions_chatsession_transcript")]
+        return urls + super().get_urls()
 
     @admin.display(description="cost (USD)", ordering="cost_usd_micros")
     def cost(self, obj):
         return _usd(obj.cost_usd_micros)
 
+    @admin.display(description="transcript")
+    def transcript(self, obj):
+        return format_html('<a href="{}">Transcript</a>', reverse("admin:agent_sessions_chatsession_transcript", args=[obj.pk]))
+
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "session", "status", "reason", "loop_count", "prompt_tokens", "completion_tokens", "cost",
+    list_display = ["id", "trace", "agent", "user", "status", "reason", "loop_count", "tokens", "cost",
                     "created_at", "finished_at", "tenant"]
-    list_filter = ["status", "reason"]
+    list_display_links = None
+    list_filter = ["status", "reason", ("session__agent", AgentFilter)]
+    search_fields = ["input", "reply", "error", "user__username", "session__title", "=id"]
+    ordering = ["-created_at", "-id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["session__agent", "user", "tenant"]
+
+    def get_urls(self):
+        from console.views import run_trace_view
+
+        urls = [path("<path:object_id>/trace/",
+                     self.admin_site.admin_view(lambda request, object_id: run_trace_view(self, request, object_id)),
+                     name="agent_sessions_run_trace")]
+        return urls + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """A run opens as its trace (the field dump is gone: everything is on the trace)."""
+        return redirect("admin:agent_sessions_run_trace", object_id)
+
+    @admin.display(description="run")
+    def trace(self, obj):
+        return format_html('<a href="{}">Run {} — trace</a>', reverse("admin:agent_sessions_run_trace", args=[obj.pk]),
+                           obj.pk)
+
+    @admin.display(description="agent", ordering="session__agent__name")
+    def agent(self, obj):
+        return obj.session.agent.name
+
+    @admin.display(description="tokens in / out")
+    def tokens(self, obj):
+        return f"{obj.prompt_tokens} / {obj.completion_tokens}"
 
     @admin.display(description="cost (USD)", ordering="cost_usd_micros")
     def cost(self, obj):
@@ -43,20 +111,37 @@ class RunAdmin(ReadOnlyAdmin):
 
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
-    list_display = ["id", "session", "run", "position", "role"]
+    list_display = ["id", "session", "run_link", "position", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["content", "name", "session__title"]
+    ordering = ["-created_at", "-id"]
+
+    @admin.display(description="run")
+    def run_link(self, obj):
+        return format_html('<a href="{}">Run {}</a>', reverse("admin:agent_sessions_run_trace", args=[obj.run_id]),
+                           obj.run_id)
 
 
 @admin.register(ToolCall)
 class ToolCallAdmin(ReadOnlyAdmin):
-    list_display = ["id", "run", "name", "status", "duration_ms", "created_at"]
+    list_display = ["id", "run_link", "name", "status", "duration_ms", "created_at"]
     list_filter = ["status"]
+    search_fields = ["name", "result", "error"]
+    ordering = ["-created_at", "-id"]
+
+    @admin.display(description="run")
+    def run_link(self, obj):
+        return format_html('<a href="{}">Run {}</a>', reverse("admin:agent_sessions_run_trace", args=[obj.run_id]),
+                           obj.run_id)
 
 
 @admin.register(LLMCall)
 class LLMCallAdmin(ReadOnlyAdmin):
-    list_display = ["id", "run", "turn", "attempt", "provider_name", "model", "status", "error_class", "latency_ms",
+    list_display = ["id", "run_link", "turn", "attempt", "provider_name", "model", "status", "error_class", "latency_ms",
                     "prompt_tokens", "completion_tokens", "cost", "created_at"]
     list_filter = ["status", "error_class", "provider_name"]
+    search_fields = ["model", "provider_name", "error_class", "error"]
+    ordering = ["-created_at", "-id"]
     date_hierarchy = "created_at"
 
     def changelist_view(self, request, extra_context=None):
@@ -74,6 +159,11 @@ class LLMCallAdmin(ReadOnlyAdmin):
                 f"{totals['completion'] or 0} completion tokens, cost {_usd(totals['cost'])}.",
             )
         return response
+
+    @admin.display(description="run")
+    def run_link(self, obj):
+        return format_html('<a href="{}">Run {}</a>', reverse("admin:agent_sessions_run_trace", args=[obj.run_id]),
+                           obj.run_id)
 
     @admin.display(description="cost (USD)", ordering="cost_usd_micros")
     def cost(self, obj):

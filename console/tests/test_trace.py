@@ -1,0 +1,131 @@
+"""The run trace: the console page (tenant admins, every field) and
+``GET /api/v1/runs/<id>/trace/`` (the run's own user, member fields only), each held to its
+tenant and user."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from agents.tests.factories import agent_with_route, bind_builtin
+from console.trace import ADMIN_ONLY_FIELDS, run_trace
+from llm.testing import Fail, Reply, ToolCalls
+from sessions.models import Run
+from sessions.runner.loop import execute_run
+from sessions.tests.conftest import post_message_sync
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+
+
+@pytest.fixture
+def traced_run(world, fake_llm, second_fake_llm) -> Run:
+    """A finished run of the member: turn 1 fails on entry 1 and falls back to entry 2, which
+    asks for test_echo; turn 2 answers (entry 1 again)."""
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url, second_fake_llm.base_url],
+                             name="Tracer", system_prompt="SECRET-SYSTEM-PROMPT be brief")
+    bind_builtin(agent, "test_echo")
+    fake_llm.script(Fail(500, body={"error": {"message": "upstream exploded key=sk-abc"}}), Reply("Echoed: trace me."))
+    second_fake_llm.script(ToolCalls([("test_echo", {"text": "trace me"})]))
+    run = post_message_sync(agent=agent, user=world.member, content="Please echo trace me")
+    asyncio.run(execute_run(run.pk))
+    run = Run.all_tenants.select_related("session__agent", "user").get(pk=run.pk)
+    assert run.status == "completed", run.error
+    return run
+
+
+def _keys(value) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def test_trace_selector_has_turns_attempts_fallback_tool_call_and_reply(traced_run):
+    trace = run_trace(run=traced_run, admin=True)
+    assert [t["turn"] for t in trace["turns"]] == [0, 1]
+    first = trace["turns"][0]
+    assert [(a["entry_index"], a["status"], a["is_fallback"]) for a in first["attempts"]] == [
+        (0, "failed", False), (1, "succeeded", True)]
+    assert first["attempts"][0]["error_class"] == "server"
+    assert first["prompt"][0]["content"] == "Please echo trace me"
+    [tool] = first["tool_calls"]
+    assert tool["name"] == "test_echo" and tool["arguments"] == {"text": "trace me"} and tool["status"] == "succeeded"
+    assert "trace me" in tool["result"] and tool["duration_ms"] is not None
+    assert trace["turns"][1]["completion"]["content"] == "Echoed: trace me."
+    assert trace["turns"][1]["prompt"][0]["role"] == "tool"
+    assert trace["run"]["reply"] == "Echoed: trace me."
+    assert trace["run"]["system_prompt"].startswith("SECRET-SYSTEM-PROMPT")
+    assert trace["totals"]["fallbacks"] == 1 and trace["totals"]["llm_calls"] == 3
+
+
+def test_trace_api_gives_the_runs_user_member_fields_only(world, traced_run):
+    response = world.client().get(f"/api/v1/runs/{traced_run.pk}/trace/")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["turns"][0]["tool_calls"][0]["arguments"] == {"text": "trace me"}
+    assert body["run"]["reply"] == "Echoed: trace me."
+    assert not (_keys(body) & ADMIN_ONLY_FIELDS), _keys(body) & ADMIN_ONLY_FIELDS
+    text = json.dumps(body)
+    assert "SECRET-SYSTEM-PROMPT" not in text and "sk-abc" not in text and "exploded" not in text
+    assert body["turns"][0]["attempts"][0]["error"]  # a plain sentence instead
+
+
+def test_trace_api_is_404_for_anyone_but_the_runs_user(world, other_world, traced_run):
+    url = f"/api/v1/runs/{traced_run.pk}/trace/"
+    for client in (world.client(admin=True), other_world.client(), other_world.client(admin=True)):
+        response = client.get(url)
+        assert response.status_code == 404 and response.json()["message"] == "Run not found."
+    assert world.client().get("/api/v1/runs/999999/trace/").status_code == 404
+
+
+def _console(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_console_trace_page_shows_the_whole_run_to_its_tenants_admin(world, traced_run):
+    client = _console(world.admin)
+    # The run's page is its trace.
+    change = client.get(reverse("admin:agent_sessions_run_change", args=[traced_run.pk]))
+    trace_url = reverse("admin:agent_sessions_run_trace", args=[traced_run.pk])
+    assert change.status_code == 302 and change["Location"] == trace_url
+    page = client.get(trace_url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    for seen in ("test_echo", "trace me", "Echoed: trace me.", "SECRET-SYSTEM-PROMPT", "fallback", "model-0",
+                 "model-1", "server", "Please echo trace me"):
+        assert seen in html, seen
+    transcript_url = reverse("admin:agent_sessions_chatsession_transcript", args=[traced_run.session_id])
+    assert f'{transcript_url}#run-{traced_run.pk}' in html
+    transcript = client.get(transcript_url)
+    assert transcript.status_code == 200 and trace_url in transcript.content.decode()
+
+
+def test_console_trace_and_transcript_are_404_for_another_tenants_admin(other_world, traced_run):
+    client = _console(other_world.admin)
+    assert client.get(reverse("admin:agent_sessions_run_trace", args=[traced_run.pk])).status_code == 404
+    assert client.get(reverse("admin:agent_sessions_chatsession_transcript",
+                              args=[traced_run.session_id])).status_code == 404
+    assert client.get(reverse("admin:agent_sessions_run_trace", args=["nope"])).status_code == 404
+    # and their run list does not show it
+    listing = client.get(reverse("admin:agent_sessions_run_changelist"))
+    assert listing.status_code == 200 and "Please echo" not in listing.content.decode()
+    assert reverse("admin:agent_sessions_run_trace", args=[traced_run.pk]) not in listing.content.decode()
+
+
+def test_run_list_search_and_filters(world, traced_run):
+    client = _console(world.admin)
+    url = reverse("admin:agent_sessions_run_changelist")
+    trace_url = reverse("admin:agent_sessions_run_trace", args=[traced_run.pk])
+    assert trace_url in client.get(url, {"q": "echo trace"}).content.decode()
+    assert trace_url not in client.get(url, {"q": "no such words"}).content.decode()
+    assert trace_url in client.get(url, {"status__exact": "completed"}).content.decode()
+    assert trace_url not in client.get(url, {"status__exact": "failed"}).content.decode()
+    agent_id = traced_run.session.agent_id
+    assert trace_url in client.get(url, {"session__agent__id__exact": agent_id}).content.decode()

@@ -1,0 +1,73 @@
+"""The console's own pages (served under /admin/ by the model admins' ``get_urls``).
+
+Each view takes the model admin it is mounted on, refuses with a 404 an object the admin
+user may not see (``model_admin.get_queryset`` is the tenant scoping of
+:mod:`tenants.admin_scoping`), and renders a template of this app.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.admin import ModelAdmin
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from console.trace import run_trace
+
+
+def _object_or_404(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> Any:
+    try:
+        pk = int(object_id)
+    except (TypeError, ValueError):
+        raise Http404("Not found.") from None
+    obj = model_admin.get_queryset(request).filter(pk=pk).first()
+    if obj is None or not model_admin.has_view_permission(request, obj):
+        raise Http404("Not found.")
+    return obj
+
+
+def _context(model_admin: ModelAdmin, request: HttpRequest, obj: Any, title: str) -> dict[str, Any]:
+    return {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.model._meta,
+        "app_label": model_admin.model._meta.app_label,
+        "original": obj,
+        "title": title,
+        "has_view_permission": True,
+    }
+
+
+def run_trace_view(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """The run's trace page (every field: the console is for tenant admins). 404 for a run
+    of another tenant."""
+    run = _object_or_404(model_admin, request, object_id)
+    trace = run_trace(run=run, admin=True)
+    return TemplateResponse(request, "console/run_trace.html", {
+        **_context(model_admin, request, run, f"Run {run.pk}: trace"),
+        "trace": trace, "run": run, "session": run.session,
+    })
+
+
+def session_transcript_view(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """The session's transcript, run by run, each run linked to its trace. 404 for a session
+    of another tenant."""
+    from sessions.models import Message, Run
+
+    session = _object_or_404(model_admin, request, object_id)
+    # tenant-bypass: the session is the admin's (checked above); same tenant.
+    runs = list(
+        Run.all_tenants.filter(tenant_id=session.tenant_id, session_id=session.pk, parent_tool_call__isnull=True)
+        .order_by("created_at", "id")
+    )
+    messages = list(
+        Message.all_tenants.filter(tenant_id=session.tenant_id, session_id=session.pk).order_by("position")
+    )
+    by_run: dict[int, list[Message]] = {}
+    for m in messages:
+        by_run.setdefault(m.run_id, []).append(m)
+    return TemplateResponse(request, "console/session_transcript.html", {
+        **_context(model_admin, request, session, f"{session}: transcript"),
+        "session": session,
+        "runs": [{"run": r, "messages": by_run.get(r.pk, [])} for r in runs],
+    })
