@@ -92,6 +92,32 @@ class MembershipAdmin(TenantScopedModelAdmin):
             readonly += ["user", "tenant"]
         return readonly
 
+    def _owner_tenants(self, request: HttpRequest) -> set[int]:
+        cached = getattr(request, "_owner_tenant_ids", None)
+        if cached is None:
+            cached = set(Membership.all_tenants.filter(  # tenant-bypass: the requester's own memberships
+                user=request.user, role=Role.OWNER).values_list("tenant_id", flat=True))
+            request._owner_tenant_ids = cached  # type: ignore[attr-defined]
+        return cached
+
+    def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_choice_field(db_field, request, **kwargs)
+        if db_field.name == "role" and not request.user.is_superuser and not self._owner_tenants(request):
+            field.choices = [c for c in field.choices if c[0] != Role.OWNER]  # only owners make owners
+        return field
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.role == Role.OWNER and not request.user.is_superuser \
+                and obj.tenant_id not in self._owner_tenants(request):
+            return False  # only owners change or remove owners
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.role == Role.OWNER and not request.user.is_superuser \
+                and obj.tenant_id not in self._owner_tenants(request):
+            return False
+        return super().has_delete_permission(request, obj)
+
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         username = (form.cleaned_data.get("new_username") or "").strip() if not change else ""
         if username:

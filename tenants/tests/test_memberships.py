@@ -248,3 +248,17 @@ def test_owners_are_changed_by_owners_only_and_the_last_one_stays(world):
     resp = last.patch(member_url, {"role": "admin"}, format="json")
     assert resp.status_code == 409 and resp.json()["message"] == "A tenant keeps at least one owner."
     assert last.delete(member_url).status_code == 409
+
+
+def test_console_admins_do_not_make_or_touch_owners(world):
+    resp = _console(world.admin).post(f"/admin/tenants/membership/{world.member_membership.pk}/change/",
+                                      {"role": "owner"})
+    assert resp.status_code == 200  # the form again: "owner" is not a choice for an admin
+    assert Membership.all_tenants.get(pk=world.member_membership.pk).role == Role.MEMBER
+    Membership.all_tenants.filter(pk=world.member_membership.pk).update(role=Role.OWNER)
+    console = _console(world.admin)
+    assert console.post(f"/admin/tenants/membership/{world.member_membership.pk}/change/",
+                        {"role": "member"}).status_code == 403
+    assert console.post(f"/admin/tenants/membership/{world.member_membership.pk}/delete/",
+                        {"post": "yes"}).status_code == 403
+    assert Membership.all_tenants.get(pk=world.member_membership.pk).role == Role.OWNER
