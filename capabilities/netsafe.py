@@ -32,6 +32,7 @@ which stay blocked even if an allowed CIDR covers them.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import ipaddress
 import re
@@ -711,13 +712,23 @@ def outbound_transport(*, verify: Any = True, limits: Any = None, http2: bool = 
 class OutboundResolver:
     """An aiohttp resolver applying :func:`resolve_outbound`: aiohttp then connects only to
     the addresses returned (checked). Built through :func:`outbound_resolver` (a subclass of
-    ``aiohttp.abc.AbstractResolver``)."""
+    ``aiohttp.abc.AbstractResolver``).
+
+    aiohttp does not ask the resolver about IP literals: pair it with
+    :meth:`socket_factory`, which checks every address aiohttp connects to (and lets through
+    the ones this resolver approved, e.g. an operator-allowed host name on a private address).
+    """
+
+    def __init__(self) -> None:
+        self.approved: set[tuple[str, int]] = set()
+        """``(ip, port)`` this resolver returned (checked by :func:`resolve_outbound`)."""
 
     async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
         try:
             addresses = await resolve_outbound(host, port)
         except FetchError as exc:
-            raise OSError(exc.message) from exc
+            raise OSError(errno.EACCES, exc.message) from exc
+        self.approved.update((str(ip), port) for ip in addresses)
         out = []
         for ip in addresses:
             if family == socket.AF_INET6 and ip.version == 4 or family == socket.AF_INET and ip.version == 6:
@@ -726,11 +737,26 @@ class OutboundResolver:
                         "family": socket.AF_INET if ip.version == 4 else socket.AF_INET6,
                         "proto": 0, "flags": socket.AI_NUMERICHOST})
         if not out:
-            raise OSError(f"Host {host!r} has no allowed address of the requested family.")
+            raise OSError(errno.EADDRNOTAVAIL, f"Host {host!r} has no allowed address of the requested family.")
         return out
 
     async def close(self) -> None:
         return None
+
+    def socket_factory(self, addr_info: tuple[Any, ...]) -> socket.socket:
+        """aiohttp's ``socket_factory``: the socket for one address aiohttp is about to connect
+        to, or ``OSError`` (EACCES) when the outbound rules refuse that address."""
+        family, type_, proto, _canonname, sockaddr = addr_info
+        ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        port = int(sockaddr[1])
+        if (str(ip), port) not in self.approved:
+            reason = "cloud metadata" if ip in METADATA_ADDRESSES else (
+                None if outbound_host_allowed(str(ip), port)
+                else address_block_reason(ip, allowed=outbound_allowed_networks()))
+            if reason:
+                raise OSError(errno.EACCES, f"Refused: {ip} is a {reason} address. Only public internet addresses "
+                                            "are allowed; an operator can allow internal hosts.")
+        return socket.socket(family, type_, proto)
 
 
 @functools.cache

@@ -60,6 +60,8 @@ def route_save(
 
 ROUTE_TEST_PROMPT = "Reply with the single word: OK"
 ROUTE_TEST_MAX_OUTPUT_TOKENS = 8
+ROUTE_TEST_ERROR_CHARS = 200
+"""The route test reports at most this much of an entry's error (redacted)."""
 
 
 async def _probe_entry(config: RouteEntryConfig) -> dict[str, Any]:
@@ -73,7 +75,9 @@ async def _probe_entry(config: RouteEntryConfig) -> dict[str, Any]:
         last = getattr(exc, "last_error", None) or (exc if isinstance(exc, ModelCallError) else None)
         return {
             "ok": False, "latency_ms": int((time.monotonic() - started) * 1000),
-            "error_class": getattr(last, "error_class", "other"), "error": str(last or exc)[:500], "reply": "",
+            # Redacted (ModelCallError) and cut: the route test must not reflect a service's answer.
+            "error_class": getattr(last, "error_class", "other"), "error": str(last or exc)[:ROUTE_TEST_ERROR_CHARS],
+            "reply": "",
         }
     return {
         "ok": True, "latency_ms": int((time.monotonic() - started) * 1000), "error_class": None, "error": "",

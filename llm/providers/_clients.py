@@ -149,9 +149,10 @@ def checked_aiohttp_transport(*, verify: Any) -> Any:
     transport: Any = None
 
     def session() -> aiohttp.ClientSession:
+        resolver = outbound_resolver()
         connector = aiohttp.TCPConnector(
-            resolver=outbound_resolver(), ssl=transport.ssl_context, limit=limits.max_connections or 0,
-            keepalive_timeout=limits.keepalive_expiry,
+            resolver=resolver, socket_factory=resolver.socket_factory,  # names, then every address
+            ssl=transport.ssl_context, limit=limits.max_connections or 0, keepalive_timeout=limits.keepalive_expiry,
         )
         return aiohttp.ClientSession(connector=connector)
 
