@@ -60,24 +60,6 @@ def membership_create(*, tenant: Tenant, user: AbstractBaseUser, role: str = Rol
     return membership
 
 
-@transaction.atomic
-def membership_create_with_new_user(*, tenant: Tenant, username: str, password: str,
-                                    role: str = Role.MEMBER, email: str = "") -> Membership:
-    """Create a new user (``username``, ``password``) and their membership of ``tenant``.
-
-    For tenant admins adding someone who has no account yet (console). An existing user of
-    another tenant joins through an invitation instead (:func:`invitation_create`).
-
-    Raises:
-        ApplicationError: 409 when the username is taken.
-    """
-    User = get_user_model()
-    if User._default_manager.filter(**{User.USERNAME_FIELD: username}).exists():
-        raise ApplicationError("This username is taken; invite the user instead.", status_code=status.HTTP_409_CONFLICT)
-    user = User._default_manager.create_user(username=username, password=password, email=email)
-    return membership_create(tenant=tenant, user=user, role=role, detail={"new_user": True})
-
-
 def _require_owner_for(*, membership: Membership, role: str | None, actor_role: str | None) -> None:
     """Only owners (or the system: ``actor_role`` None) make, change or remove owners; a tenant
     keeps at least one owner once it has one."""

@@ -8,6 +8,8 @@ from ``settings.API_THROTTLE_RATES["<scope>.<user|tenant>"]`` (``"30/minute"``; 
 missing: no limit), read per request. A throttled request raises DRF's ``Throttled``, which
 the API's exception handler answers with 429, ``Retry-After`` and the ``{message, extra}``
 body. The counting is DRF's ``SimpleRateThrottle`` (a sliding window of request times).
+
+:class:`ClientIpThrottle` is the same per client address, for the login endpoint.
 """
 
 from __future__ import annotations
@@ -59,6 +61,23 @@ class TenantScopedThrottle(_ScopedThrottle):
     def _ident(self, request: Request) -> Any:
         tenant = getattr(request, "tenant", None)
         return tenant.pk if tenant is not None else None
+
+
+class ClientIpThrottle(_ScopedThrottle):
+    """One budget per client address (``REMOTE_ADDR``), for unauthenticated endpoints: the view
+    sets ``throttle_scope``; the rate is ``API_THROTTLE_RATES["<scope>.ip"]``."""
+
+    kind = "ip"
+
+    def __init__(self) -> None:  # DRF makes throttle_classes without arguments
+        pass
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        _ScopedThrottle.__init__(self, getattr(view, "throttle_scope", "") or "")
+        return super().allow_request(request, view)
+
+    def _ident(self, request: Request) -> Any:
+        return request.META.get("REMOTE_ADDR") or None
 
 
 def throttles_for(scopes: tuple[str, ...] | list[str]) -> list[_ScopedThrottle]:

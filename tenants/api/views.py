@@ -41,6 +41,7 @@ from tenants.services import (
     membership_select,
     membership_update_role,
 )
+from tenants.throttling import ClientIpThrottle
 
 
 def enforce_csrf(request: Request) -> None:
@@ -77,10 +78,13 @@ class AuthLoginApi(APIView):
     A cookie login, so CSRF-checked like a form (a cross-site page cannot log the browser in
     as someone else). After ``AXES_FAILURE_LIMIT`` failures for one username from one address
     the pair is locked out for the cool-off: 429 with ``Retry-After``, even with the right
-    password. Lands in the user's default tenant (the one they picked last).
+    password; attempts per client address are throttled too (``login.ip``, many usernames from
+    one address). Lands in the user's default tenant (the one they picked last).
     """
 
     permission_classes = [permissions.AllowAny]
+    throttle_classes = [ClientIpThrottle]
+    throttle_scope = "login"  # API_THROTTLE_RATES["login.ip"]: attempts per client address
 
     class InputSerializer(serializers.Serializer):
         class Meta:

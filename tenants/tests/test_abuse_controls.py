@@ -174,3 +174,13 @@ def test_lockout_on_the_running_asgi_app(lockout, fresh_user, live_server_url):
                            headers=headers)
         assert resp.status_code == 429 and int(resp.headers["Retry-After"]) == 900
         assert set(resp.json()) == {"message", "extra"}
+
+
+def test_login_attempts_are_throttled_per_client_address(world, settings):
+    _rates(settings, login__ip="3/minute")
+    client, address = APIClient(), f"10.7.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250}"
+    codes = [_api_login(client, f"someone-{i}", "x", REMOTE_ADDR=address).status_code for i in range(3)]
+    assert codes == [400, 400, 400]  # three usernames: no lockout, but ...
+    resp = _api_login(client, world.member.username, "pw-user-123", REMOTE_ADDR=address)
+    assert resp.status_code == 429 and "Retry-After" in resp  # ... the address has spent its budget
+    assert _api_login(APIClient(), world.member.username, "pw-user-123", REMOTE_ADDR="10.9.9.9").status_code == 200
