@@ -22,6 +22,10 @@ class ChatSession(TenantOwnedModel):
     next_position = models.PositiveIntegerField(default=0, help_text="Position of the next message.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    deleted_at = models.DateTimeField(
+        null=True, blank=True, db_index=True,
+        help_text="Deleted by its user (soft): hidden from the chat app and the API, kept for the console.",
+    )
 
     class Meta(TenantOwnedModel.Meta):
         ordering = ["-updated_at", "-id"]
@@ -101,6 +105,11 @@ class Run(TenantOwnedModel):
     skill = models.ForeignKey(
         "capabilities.Skill", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs",
         help_text="Sub-runs: the skill they run.",
+    )
+    superseded_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Edited or regenerated away (truncation): hidden from the chat, its messages removed from the "
+                  "history; the row stays for usage and the console.",
     )
     paused_at = models.DateTimeField(null=True, blank=True, help_text="When it began waiting for an approval.")
     paused_seconds = models.FloatField(default=0.0, help_text="Time spent waiting for approvals (not counted by the run timeout).")

@@ -21,18 +21,23 @@ def month_start(now: datetime | None = None) -> datetime:
 
 
 def chat_session_list(*, user_id: int) -> QuerySet[ChatSession]:
-    """The user's sessions in the current tenant, most recently active first."""
-    return ChatSession.objects.filter(user_id=user_id).select_related("agent").order_by("-updated_at", "-id")
+    """The user's sessions in the current tenant (deleted ones left out), most recently active first."""
+    return (ChatSession.objects.filter(user_id=user_id, deleted_at__isnull=True).select_related("agent")
+            .order_by("-updated_at", "-id"))
 
 
 def chat_session_get_for_user(*, session_id: int, user_id: int) -> ChatSession | None:
-    """The session if it is in the current tenant and belongs to the user, else None."""
-    return ChatSession.objects.select_related("agent").filter(pk=session_id, user_id=user_id).first()
+    """The session if it is in the current tenant, belongs to the user and is not deleted, else None."""
+    return ChatSession.objects.select_related("agent").filter(
+        pk=session_id, user_id=user_id, deleted_at__isnull=True
+    ).first()
 
 
 def run_get_for_user(*, run_id: int, user_id: int) -> Run | None:
     """The run if it is in the current tenant and its session belongs to the user, else None."""
-    return Run.objects.select_related("session").filter(pk=run_id, session__user_id=user_id).first()
+    return Run.objects.select_related("session").filter(
+        pk=run_id, session__user_id=user_id, session__deleted_at__isnull=True
+    ).first()
 
 
 def run_activities(*, run: Run) -> list[dict[str, Any]]:
@@ -88,7 +93,9 @@ def tenant_usage(*, start: datetime, end: datetime) -> dict[str, Any]:
 
 def artifact_get_for_user(*, artifact_id: int, user_id: int) -> Artifact | None:
     """The artifact if it is in the current tenant and its session belongs to the user, else None."""
-    return Artifact.objects.filter(pk=artifact_id, session__user_id=user_id).defer("content").first()
+    return Artifact.objects.filter(
+        pk=artifact_id, session__user_id=user_id, session__deleted_at__isnull=True
+    ).defer("content").first()
 
 
 def artifact_list_for_session(*, session_id: int) -> QuerySet:
@@ -97,7 +104,9 @@ def artifact_list_for_session(*, session_id: int) -> QuerySet:
 
 def approval_get_for_user(*, approval_id: int, user_id: int) -> Approval | None:
     """The approval if it is in the current tenant and belongs to a run of the user's, else None."""
-    return Approval.objects.filter(pk=approval_id, run__session__user_id=user_id).first()
+    return Approval.objects.filter(
+        pk=approval_id, run__session__user_id=user_id, run__session__deleted_at__isnull=True
+    ).first()
 
 
 def approval_list_pending(*, user_id: int) -> QuerySet[Approval]:

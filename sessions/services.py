@@ -79,7 +79,9 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) 
     )
     session.next_position += 1
     if not session.title:
-        session.title = content[:80]
+        from sessions.chat_services import chat_title_from  # (it imports this module)
+
+        session.title = chat_title_from(content)[:200]
     session.save(update_fields=["next_position", "title", "updated_at"])
     event_publish_on_commit(session_id=session.pk, run_id=run.pk, type="run_queued", data={"input": content})
     run_enqueue_on_commit(run_id=run.pk)

@@ -1,11 +1,18 @@
 from django.urls import path
 
-from sessions.api import views
+from sessions.api import chats, views
 from sessions.sse import session_events_sse
 
 urlpatterns = [
-    path("sessions/", views.SessionListCreateApi.as_view(), name="session-list"),
-    path("sessions/<int:session_id>/", views.SessionDetailApi.as_view(), name="session-detail"),
+    path("sessions/", chats.ChatListCreateApi.as_view(), name="session-list"),
+    path("sessions/<int:session_id>/", chats.ChatDetailApi.as_view(), name="session-detail"),
+    path("sessions/<int:session_id>/restore/", chats.ChatRestoreApi.as_view(), name="session-restore"),
+    path("sessions/<int:session_id>/regenerate/", chats.SessionRegenerateApi.as_view(), name="session-regenerate"),
+    path("sessions/<int:session_id>/continue/", chats.SessionContinueApi.as_view(), name="session-continue"),
+    path("sessions/<int:session_id>/attachments/", chats.AttachmentUploadApi.as_view(), name="session-attachments"),
+    path("runs/<int:run_id>/edit/", chats.RunEditApi.as_view(), name="run-edit"),
+    path("runs/<int:run_id>/retry/", chats.RunRetryApi.as_view(), name="run-retry"),
+    path("usage/me/", chats.UsageMeApi.as_view(), name="usage-me"),
     path("sessions/<int:session_id>/messages/", views.MessagePostApi.as_view(), name="session-messages"),
     path("sessions/<int:session_id>/events", session_events_sse, name="session-events"),
     path("runs/<int:run_id>/", views.RunDetailApi.as_view(), name="run-detail"),

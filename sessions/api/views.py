@@ -171,7 +171,7 @@ class SessionDetailApi(TenantScopedApiView):
         session = _session_or_404(request, session_id)
         # Sub-runs (skills) are not runs of the conversation: they appear in their parent's
         # activities and at /runs/<id>/; their usage is included in their parent's.
-        runs = Run.objects.filter(session=session, parent_tool_call__isnull=True).order_by("created_at", "id").prefetch_related(
+        runs = Run.objects.filter(session=session, parent_tool_call__isnull=True, superseded_at__isnull=True).order_by("created_at", "id").prefetch_related(
             Prefetch("tool_calls", queryset=ToolCall.objects.order_by("turn", "id")),
             Prefetch("approvals", queryset=Approval.objects.select_related("sub_run__skill").order_by("id")),
         )

@@ -1,0 +1,83 @@
+"""Reads behind the chat app's chat list, search, badges and the member's own usage. All
+require a tenant scope (scoped managers) and filter by the calling user."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
+
+from sessions.models import Approval, ApprovalStatus, ChatSession, LLMCall, Message, MessageRole, Run, RunStatus
+from sessions.selectors import chat_session_list
+
+MAX_QUERY_CHARS = 200
+
+
+def chat_session_search(*, user_id: int, query: str = "", activity: str = "") -> QuerySet[ChatSession]:
+    """The user's sessions (deleted ones left out), most recently active first, each annotated
+    with ``is_running`` and ``awaits_approval`` (bools: a user run of it is queued/running, or
+    waits for an approval) for the sidebar's badges.
+
+    Args:
+        query: case-insensitive text to find in the title or in any user/assistant message
+            of the session (its visible, not superseded runs); stripped, at most 200 chars.
+        activity: "active" keeps only sessions that are running or awaiting an approval.
+    """
+    qs = chat_session_list(user_id=user_id)
+    query = (query or "").strip()[:MAX_QUERY_CHARS]
+    if query:
+        matching = Message.objects.filter(
+            session_id=OuterRef("pk"), role__in=[MessageRole.USER, MessageRole.ASSISTANT],
+            run__superseded_at__isnull=True, content__icontains=query,
+        )
+        qs = qs.filter(Q(title__icontains=query) | Exists(matching))
+    user_runs = Run.objects.filter(session_id=OuterRef("pk"), parent_tool_call__isnull=True)
+    qs = qs.annotate(
+        is_running=Exists(user_runs.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])),
+        awaits_approval=Exists(
+            Approval.objects.filter(run__session_id=OuterRef("pk"), status=ApprovalStatus.PENDING)
+        ),
+    )
+    if activity == "active":
+        qs = qs.filter(Q(is_running=True) | Q(awaits_approval=True))
+    return qs
+
+
+def chat_session_get_deleted_for_user(*, session_id: int, user_id: int) -> ChatSession | None:
+    """The user's session ``session_id`` in the current tenant, deleted or not (for Undo)."""
+    return ChatSession.objects.filter(pk=session_id, user_id=user_id).first()
+
+
+_SUMS = {
+    "llm_calls": Count("id"),
+    "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
+    "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
+    "cost_usd_micros": Coalesce(Sum("cost_usd_micros"), 0),
+}
+
+
+def user_usage(*, user_id: int, start: datetime, end: datetime) -> dict[str, Any]:
+    """The user's model usage in the current tenant in [start, end) (UTC), from the LLM calls
+    of their runs (skills' sub-runs included; deleted chats and superseded answers too: they
+    were spent).
+
+    Returns:
+        ``{"total": {llm_calls, prompt_tokens, completion_tokens, cost_usd_micros},
+        "by_agent": [{agent_id, agent, ...same sums}]}``, most expensive agent first.
+    """
+    calls = LLMCall.objects.filter(run__user_id=user_id, created_at__gte=start, created_at__lt=end)
+    by_agent = (calls.values("run__session__agent_id", "run__session__agent__name").annotate(**_SUMS)
+                .order_by("-cost_usd_micros", "run__session__agent__name"))
+    return {
+        "total": calls.aggregate(**_SUMS),
+        "by_agent": [{"agent_id": r["run__session__agent_id"], "agent": r["run__session__agent__name"],
+                      **{k: r[k] for k in _SUMS}} for r in by_agent],
+    }
+
+
+def session_usage(*, session_id: int) -> dict[str, int]:
+    """Every LLM call of a session (superseded answers and skills included):
+    ``{llm_calls, prompt_tokens, completion_tokens, cost_usd_micros}``."""
+    return LLMCall.objects.filter(run__session_id=session_id).aggregate(**_SUMS)

@@ -1,0 +1,301 @@
+"""Writes behind the chat app's chat management: rename, soft delete and restore, editing a
+message or regenerating an answer (by truncation), retry, a new chat with a summary, and
+attachments.
+
+Every function requires a tenant scope (the caller's: the API views set it) and takes
+objects the caller already checked belong to the user (``sessions.selectors``'s
+``*_for_user`` lookups); errors are :class:`ApplicationError` (``{message, extra}``).
+
+Editing and regenerating **truncate** the conversation (no branches): the chosen run and
+every later run of the session are marked ``superseded_at`` (hidden from the chat, kept for
+usage accounting and the console), their messages are deleted from the history the model
+sees, and the (edited) message is posted again as a new run.
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from agent_platform.api_errors import ApplicationError
+from sessions.models import (
+    ACTIVE_RUN_STATUSES,
+    Artifact,
+    ChatSession,
+    Message,
+    MessageRole,
+    Run,
+)
+from sessions.services import artifact_create, chat_session_create, message_post, run_cancel
+
+MAX_TITLE_CHARS = 200
+TITLE_TARGET_CHARS = 60
+"""A title made from the first message is cut at a word boundary near this length."""
+
+_MD_NOISE = re.compile(r"[`*_#>\[\]()~|]+")
+
+
+def chat_title_from(content: str) -> str:
+    """A short chat title from the first user message: its first non-empty line, Markdown
+    marks and attachment lines removed, cut at a word boundary to about 60 characters.
+
+    Returns "" for a message with no words (the chat stays "New chat")."""
+    for line in str(content or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith("[attachment:") or line.startswith("```"):
+            continue
+        text = re.sub(r"\s+", " ", _MD_NOISE.sub(" ", line)).strip()
+        if not text:
+            continue
+        if len(text) <= TITLE_TARGET_CHARS:
+            return text
+        cut = text[:TITLE_TARGET_CHARS + 1].rsplit(" ", 1)[0].rstrip(" ,;:.-")
+        return (cut or text[:TITLE_TARGET_CHARS]) + "…"
+    return ""
+
+
+@transaction.atomic
+def chat_session_rename(*, session: ChatSession, title: str) -> ChatSession:
+    """Set the session's title (stripped, 1-200 characters).
+
+    Raises:
+        ApplicationError: 400 for an empty or over-long title.
+    """
+    title = (title or "").strip()
+    if not title:
+        raise ApplicationError("The title is empty.")
+    if len(title) > MAX_TITLE_CHARS:
+        raise ApplicationError(f"The title is longer than {MAX_TITLE_CHARS} characters.")
+    session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
+    session.title = title
+    session.save(update_fields=["title", "updated_at"])
+    return session
+
+
+@transaction.atomic
+def chat_session_delete(*, session: ChatSession) -> ChatSession:
+    """Soft-delete the session: ``deleted_at`` is set, so it leaves every list and the API
+    answers 404 for it, its runs, artifacts and approvals. Its active runs are cancelled
+    first. Rows are kept (the console still shows them; nothing purges them).
+    :func:`chat_session_restore` undoes it."""
+    session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
+    for run in Run.objects.filter(session=session, status__in=ACTIVE_RUN_STATUSES, parent_tool_call__isnull=True,
+                                  steered_into__isnull=True):
+        try:
+            run_cancel(run=run)
+        except ApplicationError:  # ended meanwhile
+            pass
+    if session.deleted_at is None:
+        session.deleted_at = timezone.now()
+        ChatSession.objects.filter(pk=session.pk).update(deleted_at=session.deleted_at)  # keeps updated_at
+    return session
+
+
+@transaction.atomic
+def chat_session_restore(*, session: ChatSession) -> ChatSession:
+    """Undo :func:`chat_session_delete` (``deleted_at`` back to null). Idempotent."""
+    ChatSession.objects.filter(pk=session.pk).update(deleted_at=None)
+    session.refresh_from_db()
+    return session
+
+
+def _truncate_from(*, session: ChatSession, run: Run) -> None:
+    """Supersede ``run`` and every later user run of ``session`` (locked by the caller) and
+    delete their messages from the history (a compaction whose cursor was one of them goes
+    with it, by cascade: its summary covered removed text)."""
+    later = Run.objects.filter(session=session, parent_tool_call__isnull=True, superseded_at__isnull=True,
+                               pk__gte=run.pk)
+    ids = list(later.values_list("pk", flat=True))
+    Message.objects.filter(session=session, run_id__in=ids).delete()
+    Run.objects.filter(pk__in=ids).update(superseded_at=timezone.now())
+
+
+def _lock_idle_session(session: ChatSession) -> ChatSession:
+    session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
+    if Run.objects.filter(session=session, status__in=ACTIVE_RUN_STATUSES).exists():
+        raise ApplicationError("The agent is still answering; stop it first.", status_code=409)
+    return session
+
+
+def _check_user_run(run: Run, session: ChatSession) -> None:
+    if run.session_id != session.pk or run.parent_tool_call_id is not None or run.superseded_at is not None:
+        raise ApplicationError("This message is not part of the chat any more.", status_code=409)
+
+
+@transaction.atomic
+def run_edit_and_resend(*, run: Run, user: AbstractBaseUser, content: str) -> Run:
+    """Edit the user message of ``run`` and send it again (truncation: ``run`` and every later
+    run leave the chat; see the module docstring).
+
+    Args:
+        run: a user's run (not a skill's sub-run, not superseded) of the caller's session.
+        content: the new message (the rules of :func:`sessions.services.message_post`).
+
+    Returns:
+        The new queued run (``run_queued`` on commit; a worker starts it).
+
+    Raises:
+        ApplicationError: 409 while a run of the session is active or when ``run`` was already
+            superseded; 400 for empty or over-long content.
+    """
+    session = _lock_idle_session(run.session)
+    run = Run.objects.get(pk=run.pk)
+    _check_user_run(run, session)
+    if not (content or "").strip():
+        raise ApplicationError("The message is empty.")
+    _truncate_from(session=session, run=run)
+    return message_post(session=session, user=user, content=content)
+
+
+@transaction.atomic
+def run_retry(*, run: Run, user: AbstractBaseUser) -> Run:
+    """Answer the last message again: ``run`` (the session's last user run, in any final
+    state: a failed run's Retry, or Regenerate on a completed one) is superseded and its
+    message posted again as a new run.
+
+    Raises:
+        ApplicationError: 409 when a run is active, ``run`` is not the last one of the chat, or
+            it was already superseded.
+    """
+    session = _lock_idle_session(run.session)
+    run = Run.objects.get(pk=run.pk)
+    _check_user_run(run, session)
+    last_id = (Run.objects.filter(session=session, parent_tool_call__isnull=True, superseded_at__isnull=True)
+               .order_by("-pk").values_list("pk", flat=True).first())
+    if last_id != run.pk:
+        raise ApplicationError("Only the last answer can be regenerated.", status_code=409)
+    _truncate_from(session=session, run=run)
+    return message_post(session=session, user=user, content=run.input)
+
+
+def session_regenerate(*, session: ChatSession, user: AbstractBaseUser) -> Run:
+    """:func:`run_retry` for the session's last user run.
+
+    Raises:
+        ApplicationError: 409 when the chat has no message yet (or as :func:`run_retry`).
+    """
+    last = (Run.objects.filter(session=session, parent_tool_call__isnull=True, superseded_at__isnull=True)
+            .order_by("-pk").first())
+    if last is None:
+        raise ApplicationError("There is no answer to regenerate yet.", status_code=409)
+    return run_retry(run=last, user=user)
+
+
+SUMMARY_LAST_MESSAGES = 12
+SUMMARY_MESSAGE_CHARS = 1500
+SUMMARY_MAX_CHARS = 12_000
+
+
+def chat_summary_text(*, session: ChatSession) -> str:
+    """A summary of ``session`` to start a new chat with: the latest compaction summary if
+    the session has one, then its last :data:`SUMMARY_LAST_MESSAGES` user/assistant messages
+    quoted (each cut to 1,500 characters; at most 12,000 characters in all). No model call."""
+    from sessions.models import Compaction
+
+    parts: list[str] = []
+    compaction = (Compaction.objects.filter(session=session, status="succeeded").order_by("-id")
+                  .values_list("summary", flat=True).first())
+    if compaction:
+        parts.append(f"Summary of the earlier conversation:\n{compaction.strip()}")
+    rows = list(
+        Message.objects.filter(session=session, role__in=[MessageRole.USER, MessageRole.ASSISTANT],
+                               run__parent_tool_call__isnull=True)
+        .exclude(content="").order_by("-run_id", "-position").values_list("role", "content")[:SUMMARY_LAST_MESSAGES]
+    )
+    if rows:
+        lines = []
+        for role, content in reversed(rows):
+            text = content.strip()
+            if len(text) > SUMMARY_MESSAGE_CHARS:
+                text = text[:SUMMARY_MESSAGE_CHARS] + " […]"
+            lines.append(f"{'User' if role == MessageRole.USER else 'Assistant'}: {text}")
+        parts.append("The last messages:\n" + "\n\n".join(lines))
+    text = "\n\n".join(parts)
+    if len(text) > SUMMARY_MAX_CHARS:
+        text = "[…]\n" + text[-SUMMARY_MAX_CHARS:]
+    return text
+
+
+@transaction.atomic
+def chat_session_continue_with_summary(*, session: ChatSession, user: AbstractBaseUser) -> tuple[ChatSession, str]:
+    """Open a new chat with the same agent, for a conversation that no longer fits the
+    model (a run failed ``context_window``). Nothing is sent yet: the caller gets the draft
+    first message (the summary of :func:`chat_summary_text` and a request to go on) to
+    review and send.
+
+    Returns:
+        (the new session, the draft first message).
+
+    Raises:
+        ApplicationError: the agent is no longer active (400).
+    """
+    new = chat_session_create(user=user, agent=session.agent,
+                              title=f"{(session.title or 'Chat')[:180]} (continued)")
+    summary = chat_summary_text(session=session)
+    draft = ("We are continuing an earlier chat that became too long. "
+             f"{summary}\n\nPlease continue from here." if summary else "")
+    return new, draft
+
+
+def attachment_max_bytes() -> int:
+    """``settings.ATTACHMENT_MAX_BYTES`` (default 10 MiB): the largest file a user may attach."""
+    return int(getattr(settings, "ATTACHMENT_MAX_BYTES", 10 * 1024 * 1024))
+
+
+ATTACHMENT_INLINE_TEXT_CHARS = 8000
+"""Text files up to this many characters are quoted in the message; longer ones are read by
+the model through ``read_artifact``."""
+
+MAX_ATTACHMENTS_PER_REQUEST = 10
+
+
+def attachment_create(*, session: ChatSession, name: str, mime_type: str, data: bytes) -> Artifact:
+    """Store an uploaded file as an artifact of ``session`` (``run`` null).
+
+    Raises:
+        ApplicationError: 413 when ``data`` is larger than :func:`attachment_max_bytes`
+            (``extra.max_bytes``), 400 when it is empty.
+    """
+    limit = attachment_max_bytes()
+    if len(data) > limit:
+        raise ApplicationError(f"The file is larger than {limit // (1024 * 1024)} MB.", status_code=413,
+                               extra={"max_bytes": limit, "name": name})
+    if not data:
+        raise ApplicationError("The file is empty.", extra={"name": name})
+    clean_name = re.sub(r"[\x00-\x1f/\\]+", "_", (name or "attachment").strip())[:200] or "attachment"
+    mime_type = (mime_type or "application/octet-stream").split(";")[0].strip().lower()[:100]
+    return artifact_create(tenant_id=session.tenant_id, session_id=session.pk, name=clean_name,
+                           mime_type=mime_type, data=data)
+
+
+def attachment_reference(artifact: Artifact, data: bytes | None = None) -> str:
+    """The text put into the user's message for an attachment, which is how the model is
+    offered it (route entries have no image flag, so images go as a reference too):
+
+    - a text file of at most :data:`ATTACHMENT_INLINE_TEXT_CHARS` characters: a reference
+      line followed by its content in a fenced block;
+    - anything else (images, binaries, long text): a reference line only; the model reads
+      text through ``read_artifact`` (offered to every run of a session with artifacts).
+
+    The line looks like ``[attachment: artifact:12 "notes.txt", text/plain, 1.2 kB]``
+    (``[image: …]`` for images).
+    """
+    size = artifact.size_bytes
+    human = f"{size} B" if size < 1000 else f"{size / 1000:.1f} kB" if size < 1_000_000 else f"{size / 1e6:.1f} MB"
+    kind = "image" if artifact.mime_type.startswith("image/") else "attachment"
+    name = artifact.name.replace('"', "'")
+    line = f'[{kind}: artifact:{artifact.pk} "{name}", {artifact.mime_type}, {human}]'
+    if artifact.is_text and data is not None:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return line
+        if len(text) <= ATTACHMENT_INLINE_TEXT_CHARS:
+            fence = "````" if "```" in text else "```"
+            return f"{line}\n{fence}\n{text.rstrip()}\n{fence}"
+    return line
+
