@@ -1,20 +1,47 @@
+"""Agents and their capability bindings in the console.
+
+The agent page has "Try this agent" (the playground: ``console/views.py``); bindings use
+:class:`console.forms.BindingForm` (built-in tools from a list, allowed tools from the MCP
+server's tool list, the approval policy as rows, only the fields of the chosen kind).
+"""
+
 from django.contrib import admin
+from django.urls import path
 
 from agents.models import AgentInstance, CapabilityBinding
+from console.forms import BindingForm
 from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
 
 
 class BindingInline(TenantScopedInline):
     model = CapabilityBinding
-    fields = ["kind", "mcp_server", "builtin_name", "cli_command", "allowed_tools", "enabled"]
+    form = BindingForm
+    template = "admin/edit_inline/stacked.html"  # each binding shows only its kind's fields
+    fields = ["kind", "mcp_server", "builtin_name", "cli_command", "skill", "allowed_tools", "approval_policy",
+              "config", "enabled"]
 
 
 @admin.register(AgentInstance)
 class AgentInstanceAdmin(TenantScopedModelAdmin):
-    list_display = ["name", "route", "max_loop_count", "is_active", "tenant"]
+    list_display = ["name", "route", "max_loop_count", "is_active", "updated_at", "tenant"]
+    list_filter = ["is_active", "message_mode"]
+    search_fields = ["name", "description", "system_prompt"]
+    ordering = ["-updated_at", "-id"]
     inlines = [BindingInline]
+
+    def get_urls(self):
+        from console.views import agent_playground_view
+
+        urls = [path("<path:object_id>/playground/",
+                     self.admin_site.admin_view(lambda request, object_id: agent_playground_view(self, request, object_id)),
+                     name="agents_agentinstance_playground")]
+        return urls + super().get_urls()
 
 
 @admin.register(CapabilityBinding)
 class CapabilityBindingAdmin(TenantScopedModelAdmin):
+    form = BindingForm
     list_display = ["agent", "kind", "mcp_server", "builtin_name", "cli_command", "enabled", "tenant"]
+    list_filter = ["kind", "enabled"]
+    search_fields = ["agent__name", "builtin_name", "mcp_server__name", "cli_command__name", "skill__name"]
+    ordering = ["-created_at", "-id"]

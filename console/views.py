@@ -40,9 +40,13 @@ def _context(model_admin: ModelAdmin, request: HttpRequest, obj: Any, title: str
 
 def run_trace_view(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
     """The run's trace page (every field: the console is for tenant admins). 404 for a run
-    of another tenant."""
+    of another tenant. ``?fragment=1``: the trace alone, no page around it (the playground
+    shows it beside its chat)."""
     run = _object_or_404(model_admin, request, object_id)
     trace = run_trace(run=run, admin=True)
+    if request.GET.get("fragment"):
+        return TemplateResponse(request, "console/_trace_body.html", {"trace": trace, "run": run,
+                                                                      "session": run.session, "fragment": True})
     return TemplateResponse(request, "console/run_trace.html", {
         **_context(model_admin, request, run, f"Run {run.pk}: trace"),
         "trace": trace, "run": run, "session": run.session,
@@ -70,4 +74,24 @@ def session_transcript_view(model_admin: ModelAdmin, request: HttpRequest, objec
         **_context(model_admin, request, session, f"{session}: transcript"),
         "session": session,
         "runs": [{"run": r, "messages": by_run.get(r.pk, [])} for r in runs],
+    })
+
+
+def agent_playground_view(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """"Try this agent": a chat with the agent as configured now, its run's trace beside it.
+
+    The page's script (``console/playground.js``) talks to the chat API as the admin user
+    (their membership of the agent's tenant, ``X-Tenant``): it creates a session of theirs,
+    posts messages, streams the reply over the session's WebSocket and reloads the trace
+    (``…/run/<id>/trace/?fragment=1``). 404 for an agent of another tenant.
+    """
+    from tenants.models import Membership, Tenant
+
+    agent = _object_or_404(model_admin, request, object_id)
+    tenant = Tenant.objects.get(pk=agent.tenant_id)
+    # tenant-bypass: does the admin user have a membership (the chat API needs one)?
+    has_membership = Membership.all_tenants.filter(tenant_id=agent.tenant_id, user_id=request.user.pk).exists()
+    return TemplateResponse(request, "console/playground.html", {
+        **_context(model_admin, request, agent, f"Try {agent.name}"),
+        "agent": agent, "tenant": tenant, "has_membership": has_membership,
     })

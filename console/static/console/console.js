@@ -1,3 +1,128 @@
 // The console's small helpers (loaded on every console page; no inline scripts under the CSP).
 // Each helper looks for its own markers and does nothing on pages without them.
+//  - binding forms: show only the fields of the chosen kind (select[data-binding-kind])
+//  - allowed tools: checkboxes from the chosen MCP server's tool list (input.tool-list-input)
+//  - approval policy: an "Add a rule" button under the rows (.policy-editor)
 "use strict";
+
+(function () {
+  function bindingContainer(el) {
+    return el.closest(".inline-related") || el.closest("form");
+  }
+
+  function fieldRows(container, field) {
+    return container.querySelectorAll(".form-row.field-" + field + ", .fieldBox.field-" + field);
+  }
+
+  function applyKind(select) {
+    var map = JSON.parse(select.getAttribute("data-binding-kind"));
+    var container = bindingContainer(select);
+    var all = {};
+    Object.keys(map).forEach(function (k) { map[k].forEach(function (f) { all[f] = true; }); });
+    var wanted = map[select.value] || [];
+    Object.keys(all).forEach(function (field) {
+      fieldRows(container, field).forEach(function (row) {
+        row.classList.toggle("console-hidden", Boolean(select.value) && wanted.indexOf(field) < 0);
+      });
+    });
+  }
+
+  function toolNames(input) {
+    return input.value.split(",").map(function (s) { return s.trim(); }).filter(Boolean);
+  }
+
+  function renderToolPicker(input) {
+    var container = bindingContainer(input);
+    var server = container.querySelector('select[name$="mcp_server"]');
+    var tools = JSON.parse(input.getAttribute("data-server-tools") || "{}");
+    var list = (server && tools[server.value]) || [];
+    var picker = input.parentNode.querySelector(".tool-picker-box");
+    if (!picker) {
+      picker = document.createElement("div");
+      picker.className = "tool-picker-box";
+      input.parentNode.insertBefore(picker, input.nextSibling);
+    }
+    picker.textContent = "";
+    if (!server || !server.value) return;
+    if (!list.length) {
+      var note = document.createElement("p");
+      note.className = "help";
+      note.textContent = "This server has no tool list yet: open it and click Test connection, then come back.";
+      picker.appendChild(note);
+      return;
+    }
+    var chosen = toolNames(input);
+    var ul = document.createElement("ul");
+    ul.className = "tool-picker";
+    ul.setAttribute("data-testid", "tool-picker");
+    list.forEach(function (tool, i) {
+      var li = document.createElement("li");
+      var box = document.createElement("input");
+      box.type = "checkbox";
+      box.id = input.id + "-tool-" + i;
+      box.value = tool.name;
+      box.checked = chosen.indexOf(tool.name) >= 0;
+      box.addEventListener("change", function () {
+        var names = toolNames(input).filter(function (n) { return n !== tool.name; });
+        if (box.checked) names.push(tool.name);
+        input.value = names.join(", ");
+      });
+      var label = document.createElement("label");
+      label.htmlFor = box.id;
+      label.className = "vCheckboxLabel";
+      label.textContent = tool.name + (tool.description ? " — " + tool.description : "");
+      li.appendChild(box);
+      li.appendChild(label);
+      ul.appendChild(li);
+    });
+    picker.appendChild(ul);
+  }
+
+  function addRuleButton(editor) {
+    if (editor.querySelector(".policy-add")) return;
+    var button = document.createElement("button");
+    button.type = "button";
+    button.className = "button policy-add";
+    button.textContent = "Add a rule";
+    button.addEventListener("click", function () {
+      var rows = editor.querySelectorAll("tr.policy-row");
+      var last = rows[rows.length - 1];
+      var copy = last.cloneNode(true);
+      var index = rows.length;
+      copy.querySelectorAll("input, select, label").forEach(function (el) {
+        ["id", "name", "for"].forEach(function (attr) {
+          var v = el.getAttribute(attr);
+          if (v) el.setAttribute(attr, v.replace(/-(pattern|action)-\d+$/, "-$1-" + index));
+        });
+        if (el.tagName === "LABEL") el.textContent = el.textContent.replace(/Rule \d+/, "Rule " + (index + 1));
+        if (el.tagName === "INPUT") el.value = "";
+        if (el.tagName === "SELECT") el.value = "ask";
+      });
+      last.parentNode.appendChild(copy);
+      copy.querySelector("input").focus();
+    });
+    editor.appendChild(button);
+  }
+
+  function init(root) {
+    root.querySelectorAll("select[data-binding-kind]").forEach(function (select) {
+      if (select.name.indexOf("__prefix__") >= 0) return;
+      applyKind(select);
+      select.addEventListener("change", function () { applyKind(select); });
+    });
+    root.querySelectorAll("input.tool-list-input").forEach(function (input) {
+      if (input.name.indexOf("__prefix__") >= 0) return;
+      renderToolPicker(input);
+      var server = bindingContainer(input).querySelector('select[name$="mcp_server"]');
+      if (server) server.addEventListener("change", function () { renderToolPicker(input); });
+    });
+    root.querySelectorAll(".policy-editor").forEach(function (editor) {
+      if ((editor.getAttribute("data-policy-name") || "").indexOf("__prefix__") >= 0) return;
+      addRuleButton(editor);
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () { init(document); });
+  // Django admin's inlines.js announces a form added with "Add another".
+  document.addEventListener("formset:added", function (event) { init(event.target); });
+})();
