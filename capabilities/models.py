@@ -103,6 +103,15 @@ class McpServer(TenantOwnedModel):
             raise ValidationError({"template": "Only a stdio server has a template."})
         if self.transport in (McpTransport.STREAMABLE_HTTP, McpTransport.SSE) and not self.url:
             raise ValidationError({"url": "An HTTP server needs a URL."})
+        if self.transport in (McpTransport.STREAMABLE_HTTP, McpTransport.SSE):
+            # The outbound address rules (no loopback, private, metadata … unless an operator
+            # allowed the host); every connect is checked again (capabilities/netsafe.py).
+            from capabilities.netsafe import FetchError, check_outbound_url
+
+            try:
+                check_outbound_url(self.url)
+            except FetchError as exc:
+                raise ValidationError({"url": exc.message}) from exc
         if self.alias in RESERVED_MCP_ALIASES:
             raise ValidationError({"alias": f"{self.alias!r} names the platform's own tools; choose another alias."})
 
