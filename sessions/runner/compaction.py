@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from llm.errors import LLMError
+from llm.errors import LLMError, public_error_message
 from llm.router import Router
 from llm.tokens import estimate_text_tokens, estimate_tokens
 from llm.types import ChatMessage, ToolCallRequest
@@ -142,7 +142,10 @@ async def compact(
         if not summary:
             raise ValueError("the summarizer returned an empty summary")
     except (LLMError, ValueError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error_class = getattr(exc, "error_class", None)
+        # Members read this (the event, the run's error): a provider's text stays out of it.
+        error = (f"{type(exc).__name__}: {public_error_message(error_class)} ({error_class})" if error_class
+                 else f"{type(exc).__name__}: {exc}")
         compaction_id = await _db.db(_db.compaction_save)(
             spec=spec, attempt=attempt, status="failed", tokens_before=tokens_before, error=error
         )

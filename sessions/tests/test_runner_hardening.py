@@ -277,3 +277,22 @@ async def test_a_malformed_tool_is_left_out_and_recorded_on_the_server(world, fa
     row = await database_sync_to_async(lambda: McpServer.all_tenants.get(alias="mixed"))()
     assert [t["name"] for t in row.tools_snapshot] == ["fine"]
     assert "'broken' skipped" in row.last_error
+
+
+async def test_a_summarizer_error_body_reaches_members_as_its_class_only(world, fake_llm):
+    from llm.models import ModelRouteEntry
+
+    agent = await agent_with_keyed_provider(world, fake_llm.base_url)
+    await database_sync_to_async(bind_builtin)(agent, "test_echo")
+    await database_sync_to_async(
+        lambda: ModelRouteEntry.all_tenants.filter(route=agent.route).update(max_input_tokens=2000))()
+    echoed = Fail(400, body={"error": {"message": f"rejected, your request was: {SECRET_KEY} PRIVATE-BODY"}})
+    fake_llm.script(ToolCalls([("test_echo", {"text": "a" * 1600})]), ToolCalls([("test_echo", {"text": "b" * 1600})]),
+                    echoed, echoed, echoed)
+    run = await _failed_run(agent, world.member)
+    assert (run.status, run.reason) == ("failed", "compaction_failed")
+    events = await events_since(session_id=run.session_id, after_seq=0)
+    compacted = [e["data"]["error"] for e in events if e["type"] == "compaction_completed"]
+    assert len(compacted) == 3 and all("(bad_request)" in error for error in compacted)
+    for text in (run.error, str(events)):
+        assert "PRIVATE-BODY" not in text and SECRET_KEY[:12] not in text
