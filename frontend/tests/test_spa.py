@@ -42,6 +42,7 @@ def log_in_and_ask(page, live_server_url, *, username, agent, question):
     page.get_by_test_id("login-username").fill(username)
     page.get_by_test_id("login-password").fill("pw-user-123")
     page.get_by_test_id("login-submit").click()
+    page.get_by_test_id("new-chat").click()  # the New chat dialog: a searchable agent picker
     page.locator(f'[data-testid="agent-option"][data-agent-name="{agent}"]').click()
     page.get_by_test_id("composer-input").fill(question)
     page.get_by_test_id("composer-send").click()
@@ -77,6 +78,7 @@ def _chat_flow(page, expect, live_server_url, username):
 
     page.get_by_test_id("login-password").fill("pw-user-123")
     page.get_by_test_id("login-submit").click()
+    page.get_by_test_id("new-chat").click()
     page.locator('[data-testid="agent-option"][data-agent-name="Helper"]').click()
     page.get_by_test_id("composer-input").fill("Please echo hello browser")
     page.get_by_test_id("composer-send").click()

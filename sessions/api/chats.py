@@ -84,7 +84,8 @@ class ChatListCreateApi(SessionListCreateApi):
 
 
 class ChatDetailApi(SessionDetailApi):
-    """A chat (GET as ``SessionDetailApi``, plus ``usage.llm_calls`` over every call of the chat);
+    """A chat (GET as ``SessionDetailApi``; ``usage`` counts every LLM call of the chat, with
+    ``llm_calls``; ``agent.message_mode`` is added);
     PATCH ``{title}`` renames it; DELETE soft-deletes it (204; its active runs are cancelled;
     ``POST …/restore/`` undoes it)."""
 
@@ -96,6 +97,9 @@ class ChatDetailApi(SessionDetailApi):
 
     def get(self, request: Request, session_id: int) -> Response:
         response = super().get(request, session_id)
+        session = _session_or_404(request, session_id)
+        # The chat app labels a message sent during a run "queued" or "steered" by this.
+        response.data["agent"] = {**response.data["agent"], "message_mode": session.agent.message_mode}
         totals = session_usage(session_id=session_id)
         response.data["usage"] = {
             "llm_calls": totals["llm_calls"], "prompt_tokens": totals["prompt_tokens"],

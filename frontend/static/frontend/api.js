@@ -119,6 +119,33 @@ export async function request(method, path, body, { signal } = {}) {
   return data;
 }
 
+/** POST multipart form data (attachments); same errors as request(). */
+async function upload(path, formData) {
+  const headers = { Accept: 'application/json' };
+  const token = getCookie('csrftoken');
+  if (token) headers['X-CSRFToken'] = token;
+  let response;
+  try {
+    response = await fetch(resolve(path), { method: 'POST', headers, body: formData, credentials: 'same-origin' });
+  } catch {
+    throw new ApiError(0, 'Network error: the server could not be reached.');
+  }
+  const text = await response.text().catch(() => '');
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    if (response.status === 413 && !(data && data.message)) {
+      throw new ApiError(413, 'The file is too large.', data && data.extra);
+    }
+    throw new ApiError(response.status, messageFrom(data, response.status), data && data.extra);
+  }
+  return data;
+}
+
 const get = (path, opts) => request('GET', path, undefined, opts);
 const post = (path, body, opts) => request('POST', path, body ?? {}, opts);
 
@@ -151,8 +178,33 @@ export const api = {
   login: (username, password) => post('auth/login/', { username, password }),
   logout: () => post('auth/logout/'),
   listAgents: () => getAll('agents/'),
-  /** One page of sessions; pass the previous page's `next` to continue. */
-  listSessions: async (next) => asPage(await get(next || 'sessions/')),
+  /** One page of sessions; pass the previous page's `next` to continue, or a search `q`. */
+  listSessions: async (next, { q = '', activity = '' } = {}) => {
+    if (next) return asPage(await get(next));
+    const params = new URLSearchParams();
+    if (q) params.set('q', q);
+    if (activity) params.set('activity', activity);
+    const query = params.toString();
+    return asPage(await get(`sessions/${query ? `?${query}` : ''}`));
+  },
+  renameSession: (id, title) => request('PATCH', `sessions/${enc(id)}/`, { title }),
+  deleteSession: (id) => request('DELETE', `sessions/${enc(id)}/`),
+  restoreSession: (id) => post(`sessions/${enc(id)}/restore/`),
+  cancelRun: (id) => post(`runs/${enc(id)}/cancel/`),
+  editRun: (id, content) => post(`runs/${enc(id)}/edit/`, { content }),
+  retryRun: (id) => post(`runs/${enc(id)}/retry/`),
+  regenerate: (sessionId) => post(`sessions/${enc(sessionId)}/regenerate/`),
+  continueChat: (sessionId) => post(`sessions/${enc(sessionId)}/continue/`),
+  /** Upload files (File objects) as attachments: [{id, name, mime_type, size_bytes, reference}]. */
+  uploadAttachments: (sessionId, files) => {
+    const form = new FormData();
+    for (const file of files) form.append('file', file, file.name || 'pasted-file');
+    return upload(`sessions/${enc(sessionId)}/attachments/`, form);
+  },
+  listArtifacts: (sessionId) => get(`sessions/${enc(sessionId)}/artifacts/`),
+  listDocuments: async (sessionId) => asPage(await get(`documents/?session=${enc(sessionId)}`)).results,
+  getDocument: (id) => get(`documents/${enc(id)}/`),
+  usageMe: () => get('usage/me/'),
   createSession: (agentId) => post('sessions/', { agent: agentId }),
   getSession: (id, opts) => get(`sessions/${enc(id)}/`, opts),
   sendMessage: (id, content) => post(`sessions/${enc(id)}/messages/`, { content }),

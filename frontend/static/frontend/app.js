@@ -5,16 +5,19 @@
 //   #/login          login form
 //   #/               start page (logged in)
 //   #/sessions/<id>  a chat
+//   #/settings       theme, model notices, the member's usage
 // Any logged-in route first makes sure GET auth/me/ succeeds; a 401/403 sends
 // the user to #/login and brings them back to where they were afterwards.
 
 import { api, ApiError, configureApi } from './api.js';
 import { ChatView } from './chat.js';
 import { replaceChildren, h } from './dom.js';
-import { HomeView, LoginView, MessageView, Shell, toast } from './views.js';
+import { HomeView, LoginView, MessageView, SettingsView, Shell, toast } from './views.js';
+import { applyTheme } from './settings.js';
 import { mountBrowserDevices } from './browser.js'; // --- browser capability (browser.js) ---
 
 const APP_NAME = 'Agent Platform';
+applyTheme();
 
 function readConfig() {
   try {
@@ -37,13 +40,24 @@ const state = {
   sessionsNext: null, // pagination cursor of the session list
   afterLogin: null, // hash to return to after logging in
   routeSeq: 0, // increments per navigation, to drop stale async results
+  query: '', // the chat list's search text
+  pageTitle: APP_NAME, // the tab title without the active-chats count
+  draft: null, // {sessionId, text}: a first message to pre-fill (new chat with a summary)
 };
+
+/** The tab title: "(2) Title · Agent Platform" while 2 chats run or wait for an approval. */
+function setTitle(title = state.pageTitle) {
+  state.pageTitle = title;
+  const n = state.shell ? state.shell.activeCount() : 0;
+  document.title = n ? `(${n}) ${title}` : title;
+}
 
 // --------------------------------------------------------------- routing --
 
 function parseRoute() {
   const path = window.location.hash.replace(/^#/, '') || '/';
   if (path === '/login' || path === '/login/') return { name: 'login' };
+  if (path === '/settings' || path === '/settings/') return { name: 'settings' };
   const match = /^\/sessions\/([^/?#]+)\/?$/.exec(path);
   if (match) return { name: 'chat', id: decodeURIComponent(match[1]) };
   return { name: 'home' };
@@ -106,6 +120,7 @@ async function route() {
 
   ensureShell();
   if (current.name === 'chat') openChat(current.id);
+  else if (current.name === 'settings') openSettings();
   else openHome();
 }
 
@@ -146,6 +161,7 @@ function showFatal(err) {
 
 /** Drop everything tied to the logged-in layout. */
 function teardown() {
+  clearInterval(state.badgeTimer);
   if (state.chat) state.chat.destroy();
   state.chat = null;
   state.shell = null;
@@ -202,13 +218,103 @@ function ensureShell() {
     onPickAgent: pickAgent,
     onLoadMoreSessions: () => loadSessions({ append: true }),
     onRetryAgents: loadAgents,
+    onSearch: (q) => {
+      state.query = q;
+      loadSessions();
+    },
+    onRename: renameSession,
+    onDelete: deleteSession,
   });
   state.shell = shell;
   mountBrowserDevices(shell); // --- browser capability: "Browser devices" panel (browser.js) ---
   replaceChildren(root, shell.el);
   loadAgents();
   loadSessions();
+  loadUsage();
+  clearInterval(state.badgeTimer);
+  state.badgeTimer = setInterval(refreshBadges, 10000);
   return shell;
+}
+
+async function loadUsage() {
+  const shell = state.shell;
+  try {
+    const usage = await api.usageMe();
+    if (shell === state.shell) shell.setUsage(usage);
+    return usage;
+  } catch {
+    return null;
+  }
+}
+
+/** Running / awaiting-approval badges of every chat (one small request). */
+async function refreshBadges() {
+  const shell = state.shell;
+  if (!shell || document.hidden) return;
+  try {
+    const page = await api.listSessions(null, { activity: 'active' });
+    if (shell !== state.shell) return;
+    const active = new Map(page.results.map((s) => [String(s.id), s.activity]));
+    let changed = false;
+    for (const s of shell.sessions) {
+      const activity = active.get(String(s.id)) || null;
+      if ((s.activity || null) !== activity) {
+        s.activity = activity;
+        changed = true;
+      }
+    }
+    for (const s of page.results) {
+      if (!shell.sessions.some((x) => String(x.id) === String(s.id)) && !state.query) {
+        shell.sessions.push(s);
+        changed = true;
+      }
+    }
+    if (changed) shell.renderSessions();
+    setTitle();
+  } catch {
+    // the next tick tries again
+  }
+}
+
+async function renameSession(session, title) {
+  try {
+    const saved = await api.renameSession(session.id, title);
+    state.shell?.upsertSession(summary(saved));
+    if (state.chat && state.chat.sessionId === String(session.id)) {
+      state.chat.titleEl.textContent = saved.title;
+      setTitle(`${saved.title} · ${APP_NAME}`);
+    }
+    return true;
+  } catch (err) {
+    reportError(err, 'Could not rename the chat.');
+    return false;
+  }
+}
+
+async function deleteSession(session) {
+  const shell = state.shell;
+  try {
+    await api.deleteSession(session.id);
+  } catch (err) {
+    reportError(err, 'Could not delete the chat.');
+    return;
+  }
+  shell.removeSession(session.id);
+  setTitle();
+  if (state.chat && state.chat.sessionId === String(session.id)) navigate('#/');
+  toast(`Deleted “${session.title || 'New chat'}”.`, 'info', {
+    action: {
+      label: 'Undo',
+      onClick: async () => {
+        try {
+          const restored = await api.restoreSession(session.id);
+          if (shell === state.shell) shell.upsertSession({ ...session, ...summary(restored) });
+        } catch (err) {
+          reportError(err, 'Could not restore the chat.');
+        }
+      },
+    },
+  });
 }
 
 async function loadAgents() {
@@ -226,10 +332,12 @@ async function loadAgents() {
 async function loadSessions({ append = false } = {}) {
   const shell = state.shell;
   try {
-    const page = await api.listSessions(append ? state.sessionsNext : null);
-    if (shell !== state.shell) return;
+    const query = state.query;
+    const page = await api.listSessions(append ? state.sessionsNext : null, { q: query });
+    if (shell !== state.shell || query !== state.query) return;
     state.sessionsNext = page.next;
-    shell.setSessions(page.results, { next: page.next, append });
+    shell.setSessions(page.results, { next: page.next, append, query });
+    setTitle();
   } catch (err) {
     if (shell !== state.shell) return;
     if (!append) shell.setSessionsError(err.message || 'Could not load chats.');
@@ -251,7 +359,17 @@ function summary(session, agentFallback) {
     title: session.title,
     created_at: session.created_at,
     updated_at: session.updated_at,
+    activity: activityOf(session),
   };
+}
+
+/** "awaiting_approval" | "running" | null, from a list item or a session detail's runs. */
+function activityOf(session) {
+  if (session.activity !== undefined) return session.activity;
+  const runs = Array.isArray(session.runs) ? session.runs : [];
+  if (runs.some((r) => r.status === 'awaiting_approval')) return 'awaiting_approval';
+  if (runs.some((r) => r.status === 'queued' || r.status === 'running')) return 'running';
+  return null;
 }
 
 async function pickAgent(agent) {
@@ -272,9 +390,21 @@ async function pickAgent(agent) {
 function openHome() {
   if (state.chat) state.chat.destroy();
   state.chat = null;
-  document.title = APP_NAME;
+  setTitle(APP_NAME);
   state.shell.setActiveSession(null);
   state.shell.setMain(HomeView({ me: state.me }));
+}
+
+async function openSettings() {
+  if (state.chat) state.chat.destroy();
+  state.chat = null;
+  setTitle(`Settings · ${APP_NAME}`);
+  const shell = state.shell;
+  shell.setActiveSession(null);
+  shell.setMain(SettingsView({ me: state.me }));
+  const usage = await loadUsage();
+  if (shell !== state.shell || parseRoute().name !== 'settings') return;
+  shell.setMain(SettingsView({ me: state.me, usage, usageError: usage ? '' : 'Could not load your usage.' }));
 }
 
 function openChat(id) {
@@ -288,8 +418,20 @@ function openChat(id) {
     onSession: (session) => {
       if (shell !== state.shell) return;
       shell.upsertSession(summary(session));
-      document.title = `${session.title || 'New chat'} · ${APP_NAME}`;
+      setTitle(`${session.title || 'New chat'} · ${APP_NAME}`);
+      if (state.draft && state.draft.sessionId === String(session.id)) {
+        chat.setDraft(state.draft.text);
+        state.draft = null;
+      }
+      if (!activityOf(session)) loadUsage();
     },
+    onNewChat: (session, draft) => {
+      if (shell !== state.shell) return;
+      shell.upsertSession(summary(session));
+      state.draft = { sessionId: String(session.id), text: draft };
+      navigate(`#/sessions/${encodeURIComponent(session.id)}`);
+    },
+    isAdmin: state.me?.role === 'admin' || state.me?.role === 'owner',
     onAuthLost: handleAuthLost,
   });
   state.chat = chat;

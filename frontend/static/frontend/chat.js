@@ -23,7 +23,8 @@ import {
   formatDuration,
   formatSize,
 } from './dom.js';
-import { renderRichText } from './richtext.js';
+import { renderRichText, copyText, flashCopied, wireCopyButtons } from './richtext.js';
+import { settings } from './settings.js';
 
 // ---------------------------------------------------------------- helpers --
 
@@ -116,6 +117,9 @@ function newRun(id) {
     tools: new Map(), // tool call id -> tool object, in arrival order
     notices: [], // model_fallback / model_retry messages, in arrival order
     approvals: new Map(), // approval id -> {id, kind, status, tool_name, arguments, reason, question, skill}
+    steered: false, // posted while another run worked, to an agent in steer mode
+    steeredInto: null, // the run its message was handed to
+    waitingBehind: false, // posted while another run worked (queue mode): waits its turn
   };
 }
 
@@ -132,6 +136,7 @@ function upsertApproval(run, raw) {
     reason: raw.reason || '',
     question: raw.question || '',
     skill: raw.skill || '',
+    answer: raw.answer || '',
   };
   if (!current) run.approvals.set(id, incoming);
   else if (current.status === 'pending') Object.assign(current, incoming);
@@ -155,6 +160,71 @@ const ERROR_LABELS = {
 function errorLabel(errorClass) {
   return ERROR_LABELS[errorClass] || (errorClass ? errorClass.replace(/_/g, ' ') : 'an error');
 }
+
+// ------------------------------------------------------ plain language --
+
+/** First string value among `keys` of an arguments object. */
+function argOf(args, ...keys) {
+  if (!args || typeof args !== 'object') return '';
+  for (const key of keys) {
+    const v = args[key];
+    if (typeof v === 'string' && v.trim()) return v.trim();
+    if (typeof v === 'number') return String(v);
+  }
+  return '';
+}
+
+function clip(text, max = 60) {
+  const t = String(text).replace(/\s+/g, ' ').trim();
+  return t.length > max ? `${t.slice(0, max - 1)}…` : t;
+}
+
+const VERBS = [
+  [/ (time|clock|date|now|timezone) /, (a) => `Looked up the time${argOf(a, 'timezone', 'tz', 'zone', 'city') ? ` in ${argOf(a, 'timezone', 'tz', 'zone', 'city')}` : ''}`],
+  [/ (weather|forecast) /, (a) => `Checked the weather${argOf(a, 'city', 'location', 'place') ? ` in ${argOf(a, 'city', 'location', 'place')}` : ''}`],
+  [/ doc |document/, (a) => {
+    const op = argOf(a, 'action', 'operation', 'op', 'mode');
+    const title = argOf(a, 'title', 'name');
+    const verb = /read|get|list|search/.test(op) ? 'Read' : /edit|update|append|replace/.test(op) ? 'Edited' : 'Wrote';
+    return `${verb} a document${title ? ` “${clip(title, 50)}”` : ''}`;
+  }],
+  [/ (search|lookup|find|query) /, (a) => `Searched${argOf(a, 'query', 'q', 'text', 'term') ? ` for “${clip(argOf(a, 'query', 'q', 'text', 'term'), 50)}”` : ''}`],
+  [/ (browser|click|navigate|screenshot) /, (a) => `Used the browser${argOf(a, 'url') ? ` on ${clip(argOf(a, 'url'), 50)}` : ''}`],
+  [/ (fetch|http|browse|url|web) /, (a) => `Opened ${clip(argOf(a, 'url', 'href', 'link') || 'a web page', 60)}`],
+  [/ todo /, () => 'Updated the plan'],
+  [/ artifact /, () => 'Read an attached file'],
+  [/ ask user /, () => 'Asked you a question'],
+  [/ echo /, (a) => `Echoed “${clip(argOf(a, 'text', 'message') || '…', 50)}”`],
+  [/ (sleep|wait) /, (a) => `Waited${argOf(a, 'seconds') ? ` ${argOf(a, 'seconds')} s` : ''}`],
+  [/ (calc|calculate|calculator|math|compute) /, (a) => `Calculated ${clip(argOf(a, 'expression', 'expr', 'input'), 50)}`.trim()],
+];
+
+/** A readable label for a tool call ("Looked up the time in Asia/Tokyo"), from its name and arguments. */
+export function toolLabel(name, args) {
+  const parsed = parseMaybeJson(args);
+  const words = ` ${String(name || '').toLowerCase().replace(/[_\-.\s]+/g, ' ').trim()} `;
+  for (const [pattern, make] of VERBS) if (pattern.test(words)) return make(parsed);
+  const first = argOf(parsed, ...Object.keys(parsed && typeof parsed === 'object' ? parsed : {}));
+  return `Used ${words.trim() || 'a tool'}${first ? ` (${clip(first, 40)})` : ''}`;
+}
+
+/** What happened and what to do next, for a run's failure reason. */
+const FAILURE_HELP = {
+  model_unavailable: ['The AI model could not be reached.', 'Try again in a minute. If it keeps failing, tell your workspace admin.'],
+  model_error: ['The AI model refused or could not process the request.', 'Rephrase your message and try again.'],
+  stream_interrupted: ['The answer broke off while it was being written.', 'Try again.'],
+  max_loop_count: ['The agent took too many steps without finishing.', 'Ask for a smaller step, or try again.'],
+  budget_exceeded: ['This would go over the usage budget.', 'Ask your workspace admin to raise the budget.'],
+  context_window: ['This chat has become too long for the model.', 'Start a new chat with a summary of this one.'],
+  turn_timeout: ['The model took too long to answer.', 'Try again, or ask a shorter question.'],
+  run_timeout: ['The agent took too long to finish.', 'Try again, or split the task into smaller steps.'],
+  compaction_failed: ['The chat could not be shortened to fit the model.', 'Start a new chat with a summary of this one.'],
+  configuration: ['This agent is not set up correctly.', 'Tell your workspace admin.'],
+  capability_unavailable: ['A tool this agent needs could not be reached.', 'Try again later, or tell your workspace admin.'],
+  worker_lost: ['The server working on this stopped unexpectedly.', 'Try again.'],
+  approval_expired: ['Nobody answered the approval request in time.', 'Try again and answer the request when it appears.'],
+  internal_error: ['Something went wrong on the server.', 'Try again. If it keeps happening, tell your workspace admin.'],
+};
 
 function normalizeTool(raw) {
   return {
@@ -194,6 +264,8 @@ class ToolCardView {
   constructor() {
     this.statusEl = h('span', { class: 'tool-status' });
     this.nameEl = h('span', { class: 'tool-name' });
+    this.rawNameEl = h('code', { class: 'tool-raw-name' });
+    this.docLink = h('button', { type: 'button', class: 'link-btn tool-doc-open', testid: 'tool-doc-open', hidden: true, text: 'Open document' });
     this.durationEl = h('span', { class: 'tool-duration' });
     this.argsPreview = h('span', { class: 'tool-preview' });
     this.argsPre = h('pre', { class: 'tool-pre' });
@@ -226,9 +298,11 @@ class ToolCardView {
         { class: 'tool-head' },
         h('span', { class: 'tool-glyph', 'aria-hidden': 'true', text: '⚙' }),
         this.nameEl,
+        this.rawNameEl,
         this.statusEl,
         this.durationEl,
       ),
+      this.docLink,
       this.args,
       this.out,
       (this.browserEl = h('div', { class: 'browser-op', testid: 'browser-operation', hidden: true })), // browser.js
@@ -249,7 +323,12 @@ class ToolCardView {
 
     this.el.dataset.toolName = tool.name;
     this.el.dataset.status = tool.status;
-    this.nameEl.textContent = tool.name;
+    this.nameEl.textContent = toolLabel(tool.name, tool.arguments);
+    this.rawNameEl.textContent = tool.name;
+    // doc_write's result names the document ("Created document:6 «Title» …"): offer to open it.
+    const doc = /document:(\d+)/.exec(typeof tool.result === 'string' ? tool.result : '');
+    this.docLink.hidden = !doc;
+    if (doc) this.docLink.dataset.documentId = doc[1];
 
     const running = isActive(tool.status);
     const failed = FAILED_TOOL_STATUSES.has(tool.status);
@@ -310,13 +389,24 @@ class ApprovalView {
     this.title = h('div', { class: 'approval-title' });
     this.detail = h('pre', { class: 'tool-pre approval-args' });
     this.reason = h('div', { class: 'approval-reason' });
-    this.answer = h('textarea', { class: 'approval-answer', rows: 2, testid: 'approval-answer-input' });
+    this.answer = h('textarea', { class: 'approval-answer', rows: 2, testid: 'approval-answer-input', 'aria-label': 'Your answer' });
     this.error = h('div', { class: 'approval-error', role: 'alert', hidden: true });
     this.approveBtn = h('button', { type: 'button', class: 'btn btn-primary', testid: 'approval-approve', text: 'Approve' });
     this.denyBtn = h('button', { type: 'button', class: 'btn', testid: 'approval-deny', text: 'Deny' });
     this.sendBtn = h('button', { type: 'button', class: 'btn btn-primary', testid: 'approval-answer-send', text: 'Send answer' });
     this.approveBtn.addEventListener('click', () => this.decide({ decision: 'approve' }));
-    this.denyBtn.addEventListener('click', () => this.decide({ decision: 'deny' }));
+    this.denyReason = h('input', {
+      type: 'text',
+      class: 'approval-deny-reason',
+      testid: 'approval-deny-reason',
+      maxlength: '2000',
+      placeholder: 'Reason (optional)',
+      'aria-label': 'Reason for denying (optional)',
+    });
+    this.denyBtn.addEventListener('click', () => {
+      const reason = this.denyReason.value.trim();
+      this.decide(reason ? { decision: 'deny', reason } : { decision: 'deny' });
+    });
     this.sendBtn.addEventListener('click', () => this.decide({ answer: this.answer.value.trim() }));
     this.actions = h('div', { class: 'approval-actions' });
     this.outcome = h('div', { class: 'approval-outcome', testid: 'approval-outcome' });
@@ -345,7 +435,7 @@ class ApprovalView {
     for (const b of [this.approveBtn, this.denyBtn, this.sendBtn]) b.disabled = true;
     try {
       const decided = await api.decideApproval(this.id, body);
-      this.update({ ...this.approval, status: decided.status });
+      this.update({ ...this.approval, status: decided.status, answer: decided.answer || '' });
     } catch (err) {
       this.showError(err instanceof ApiError ? err.message : 'Could not send the decision.');
     } finally {
@@ -379,10 +469,11 @@ class ApprovalView {
     this.detail.hidden = question;
     replaceChildren(
       this.actions,
-      pending ? (question ? [this.answer, this.sendBtn] : [this.approveBtn, this.denyBtn]) : [],
+      pending ? (question ? [this.answer, this.sendBtn] : [this.approveBtn, this.denyReason, this.denyBtn]) : [],
     );
     const labels = { approved: 'Approved', denied: 'Denied', answered: 'Answered', expired: 'Expired' };
-    this.outcome.textContent = pending ? '' : labels[approval.status] || approval.status;
+    const why = approval.status === 'denied' && approval.answer ? ` — ${approval.answer}` : '';
+    this.outcome.textContent = pending ? '' : `${labels[approval.status] || approval.status}${why}`;
     this.outcome.hidden = pending;
   }
 }
@@ -390,10 +481,30 @@ class ApprovalView {
 // ------------------------------------------------------------------- run --
 
 class RunView {
-  constructor(agentName) {
+  /**
+   * @param {string} agentName
+   * @param {object} actions callbacks of the chat: copy(text, button), edit(run, content),
+   *   retry(run), continueWithSummary(run), openDocument(id)
+   */
+  constructor(agentName, actions) {
     this.agentName = agentName;
-    this.userText = h('div', { class: 'bubble' });
+    this.actions = actions;
+    this.userText = h('div', { class: 'bubble', testid: 'user-message' });
     this.userTime = h('time', { class: 'msg-time' });
+    this.userChip = h('span', { class: 'chip', testid: 'run-chip', hidden: true });
+    this.userCopy = h('button', { type: 'button', class: 'msg-action', testid: 'copy-user', text: 'Copy' });
+    this.userEdit = h('button', { type: 'button', class: 'msg-action', testid: 'edit-message', text: 'Edit' });
+    this.userCopy.addEventListener('click', () => this.actions.copy(this.run.input, this.userCopy));
+    this.userEdit.addEventListener('click', () => this.startEdit());
+    this.userActions = h('div', { class: 'msg-actions' }, this.userCopy, this.userEdit);
+    this.editBox = null;
+    this.userMsg = h(
+      'div',
+      { class: 'msg msg-user' },
+      h('div', { class: 'msg-meta' }, h('span', { class: 'msg-author', text: 'You' }), this.userTime, this.userChip),
+      this.userText,
+      this.userActions,
+    );
     this.tools = h('div', { class: 'tool-list' });
     this.pendingText = h('span');
     this.pending = h(
@@ -404,36 +515,45 @@ class RunView {
     );
     this.replyBody = h('div', { class: 'bubble rich', testid: 'assistant-reply' });
     this.replyName = h('span', { class: 'msg-author' });
+    this.stoppedChip = h('span', { class: 'chip chip-stopped', testid: 'stopped-chip', text: 'Stopped', hidden: true });
+    this.replyCopy = h('button', { type: 'button', class: 'msg-action', testid: 'copy-reply', text: 'Copy' });
+    this.replyCopy.addEventListener('click', () => this.actions.copy(this.shownReply || '', this.replyCopy));
+    this.regenerateBtn = h('button', { type: 'button', class: 'msg-action', testid: 'regenerate', text: 'Regenerate', hidden: true });
+    this.regenerateBtn.addEventListener('click', () => this.actions.retry(this.run));
+    this.replyActions = h('div', { class: 'msg-actions' }, this.replyCopy, this.regenerateBtn);
     this.reply = h(
       'div',
       { class: 'msg msg-assistant' },
-      h('div', { class: 'msg-meta' }, this.replyName),
+      h('div', { class: 'msg-meta' }, this.replyName, this.stoppedChip),
       this.replyBody,
+      this.replyActions,
     );
-    this.errorTitle = h('strong');
+    this.errorTitle = h('strong', { class: 'run-error-title' });
+    this.errorNext = h('div', { class: 'run-error-next', testid: 'run-error-next' });
     this.errorText = h('div', { class: 'run-error-text' });
-    this.errorReason = h('div', { class: 'run-error-reason' });
+    this.retryBtn = h('button', { type: 'button', class: 'btn', testid: 'retry-run', text: 'Retry' });
+    this.retryBtn.addEventListener('click', () => this.actions.retry(this.run));
+    this.summaryBtn = h('button', {
+      type: 'button',
+      class: 'btn btn-primary',
+      testid: 'continue-with-summary',
+      text: 'Start a new chat with a summary',
+    });
+    this.summaryBtn.addEventListener('click', () => this.actions.continueWithSummary(this.run));
+    this.errorActions = h('div', { class: 'run-error-actions' });
     this.error = h(
       'div',
       { class: 'run-error', testid: 'run-error', role: 'alert' },
       this.errorTitle,
-      this.errorText,
-      this.errorReason,
+      this.errorNext,
+      h('details', { class: 'run-error-details' }, h('summary', { text: 'Details' }), this.errorText),
+      this.errorActions,
     );
+    this.stopped = h('div', { class: 'run-stopped', testid: 'run-stopped' });
     this.el = h(
       'article',
       { class: 'run', testid: 'run' },
-      h(
-        'div',
-        { class: 'msg msg-user' },
-        h(
-          'div',
-          { class: 'msg-meta' },
-          h('span', { class: 'msg-author', text: 'You' }),
-          this.userTime,
-        ),
-        this.userText,
-      ),
+      this.userMsg,
       this.tools,
       this.pending,
     );
@@ -441,13 +561,51 @@ class RunView {
     // so their test ids never match empty, hidden elements.
     this.toolViews = new Map();
     this.renderedReply = null;
-    this.notices = h('div', { class: 'model-notices', role: 'status' });
+    this.noticeSummary = h('summary', { class: 'model-notice-summary' });
+    this.noticeList = h('div', { class: 'model-notice-list' });
+    this.notices = h('details', { class: 'model-notices' }, this.noticeSummary, this.noticeList);
     this.renderedNotices = 0;
     this.approvals = h('div', { class: 'approval-list' });
     this.approvalViews = new Map();
   }
 
-  update(run) {
+  startEdit() {
+    if (this.editBox) return;
+    const area = h('textarea', { class: 'edit-input', testid: 'edit-input', rows: '3', 'aria-label': 'Edit your message' });
+    area.value = this.run.input;
+    const save = h('button', { type: 'button', class: 'btn btn-primary', testid: 'edit-save', text: 'Save & send' });
+    const cancel = h('button', { type: 'button', class: 'btn', testid: 'edit-cancel', text: 'Cancel' });
+    const note = h('div', { class: 'edit-note', text: 'Sending replaces this message and everything after it.' });
+    const close = () => {
+      this.editBox?.remove();
+      this.editBox = null;
+      this.userText.hidden = false;
+      this.userActions.hidden = false;
+    };
+    save.addEventListener('click', async () => {
+      const content = area.value.trim();
+      if (!content) return;
+      save.disabled = true;
+      if (await this.actions.edit(this.run, content)) close();
+      else save.disabled = false;
+    });
+    cancel.addEventListener('click', close);
+    area.addEventListener('keydown', (event) => {
+      if (event.key === 'Escape') {
+        event.stopPropagation();
+        close();
+      } else if (event.key === 'Enter' && (event.ctrlKey || event.metaKey)) save.click();
+    });
+    this.editBox = h('div', { class: 'edit-box' }, area, note, h('div', { class: 'edit-actions' }, cancel, save));
+    this.userText.hidden = true;
+    this.userActions.hidden = true;
+    this.userMsg.append(this.editBox);
+    area.focus();
+  }
+
+  /** @param {object} ctx {isLast: bool, showNotices: bool} */
+  update(run, ctx = {}) {
+    this.run = run;
     this.el.dataset.runStatus = run.status;
     this.el.dataset.runId = run.id;
     const active = isActive(run.status);
@@ -457,12 +615,20 @@ class RunView {
     this.userTime.textContent = shortTime(run.createdAt);
     if (run.createdAt) this.userTime.setAttribute('datetime', run.createdAt);
     this.userTime.title = fullTime(run.createdAt);
+    const chip = run.steered || run.steeredInto ? 'Steered' : run.waitingBehind && run.status === 'queued' ? 'Queued' : '';
+    this.userChip.textContent = chip;
+    this.userChip.hidden = !chip;
+    this.userChip.title = chip === 'Steered'
+      ? 'Handed to the answer in progress: the agent reads it at its next step.'
+      : chip ? 'Waits for the answer in progress, then runs.' : '';
+    this.userEdit.hidden = active;
 
     // Tool cards, in arrival order.
     for (const tool of run.tools.values()) {
       let view = this.toolViews.get(tool.id);
       if (!view) {
         view = new ToolCardView();
+        view.docLink.addEventListener('click', () => this.actions.openDocument(view.docLink.dataset.documentId));
         this.toolViews.set(tool.id, view);
         this.tools.append(view.el);
       }
@@ -481,18 +647,27 @@ class RunView {
     }
     attach(this.el, this.approvals, this.approvalViews.size > 0, this.pending);
 
-    // Routing notices (fallbacks, retries), above the reply.
+    // Routing notices (fallbacks, retries): one quiet, folded line above the reply.
     if (run.notices.length !== this.renderedNotices) {
       this.renderedNotices = run.notices.length;
+      const switches = run.notices.filter((t) => t.startsWith('Switched')).length;
+      const retries = run.notices.length - switches;
+      const parts = [];
+      if (switches) parts.push(`${switches} model switch${switches > 1 ? 'es' : ''}`);
+      if (retries) parts.push(`${retries} retr${retries > 1 ? 'ies' : 'y'}`);
+      this.noticeSummary.textContent = parts.join(', ');
       replaceChildren(
-        this.notices,
+        this.noticeList,
         run.notices.map((text) => h('div', { class: 'model-notice', testid: 'model-notice', text })),
       );
     }
     attach(this.el, this.notices, run.notices.length > 0, this.pending);
+    this.notices.hidden = ctx.showNotices === false;
 
-    // Reply: the final text once known, the streamed text meanwhile.
-    const shown = (run.reply !== null ? run.reply : run.stream) || '';
+    // Reply: the final text once known, the streamed text meanwhile (a stopped run keeps it).
+    const cancelled = run.status === 'cancelled';
+    const shown = (run.reply ? run.reply : run.reply !== null && !cancelled ? run.reply : run.stream) || '';
+    this.shownReply = shown;
     if (shown !== this.renderedReply) {
       this.renderedReply = shown;
       replaceChildren(this.replyBody, renderRichText(shown));
@@ -500,31 +675,42 @@ class RunView {
     attach(this.el, this.reply, !!shown, this.pending);
     this.replyName.textContent = this.agentName || 'Assistant';
     this.replyBody.classList.toggle('streaming', active && !!shown);
+    this.stoppedChip.hidden = !cancelled;
+    this.replyActions.hidden = active;
+    this.regenerateBtn.hidden = !(ctx.isLast && !active);
 
     // "Thinking" indicator while active and nothing is streaming yet.
     const runningTool = [...run.tools.values()].some((t) => isActive(t.status));
     this.pending.hidden = !active || (!!shown && !runningTool);
     this.pendingText.textContent =
       run.status === 'queued' || run.status === 'pending'
-        ? 'Queued…'
+        ? run.steered ? 'Handed to the agent…' : 'Queued…'
         : run.status === 'awaiting_approval'
           ? 'Waiting for you…'
           : runningTool
           ? 'Running tools…'
           : 'Thinking…';
 
+    // Stopped by the user: a quiet line, not an error.
+    attach(this.el, this.stopped, cancelled, null);
+    if (cancelled) {
+      this.stopped.textContent = shown ? 'You stopped this answer.' : 'You stopped this request before an answer.';
+    }
     const failed = run.status === 'failed' || run.status === 'error';
-    const cancelled = run.status === 'cancelled';
-    const showError = failed || cancelled || (!active && !!run.error);
-    attach(this.el, this.error, showError, null);
+    const showError = failed || (!active && !cancelled && !!run.error);
+    attach(this.el, this.error, showError, this.stopped.parentNode ? this.stopped : null);
     this.el.classList.toggle('is-cancelled', cancelled);
     if (showError) {
-      this.errorTitle.textContent = cancelled ? 'Run cancelled' : 'Run failed';
-      this.errorText.textContent =
-        run.error ||
-        (cancelled ? 'This run was cancelled.' : 'The agent could not complete this request.');
-      this.errorReason.textContent = run.reason ? `Reason: ${run.reason}` : '';
-      this.errorReason.hidden = !run.reason;
+      const [what, next] = FAILURE_HELP[run.reason] || ['The agent could not answer this message.', 'Try again.'];
+      this.errorTitle.textContent = what;
+      this.errorNext.textContent = next;
+      this.errorText.textContent = `${run.error || 'No details.'}${run.reason ? ` (${run.reason})` : ''}`;
+      const tooLong = run.reason === 'context_window' || run.reason === 'compaction_failed';
+      replaceChildren(
+        this.errorActions,
+        tooLong ? this.summaryBtn : null,
+        ctx.isLast ? this.retryBtn : null,
+      );
     }
   }
 }
@@ -593,8 +779,10 @@ export class ChatView {
    * @param {(opts?: {quiet?: boolean, message?: string}) => void} [opts.onAuthLost]
    *   the API answered 401/403 (the app checks whether the login expired)
    */
-  constructor({ sessionId, wsBase, toast, onSession, onAuthLost }) {
+  constructor({ sessionId, wsBase, toast, onSession, onAuthLost, onNewChat, isAdmin = false }) {
     this.sessionId = String(sessionId);
+    this.onNewChat = onNewChat || (() => {});
+    this.isAdmin = isAdmin;
     this.wsBase = wsBase;
     this.toast = toast;
     this.onSession = onSession || (() => {});
@@ -615,6 +803,28 @@ export class ChatView {
     this.lastFrameAt = Date.now();
     this.socket = null;
     this.socketFailures = 0;
+    this.attachments = []; // files picked/dropped/pasted for the next message: {file, id}
+    this.lastRunId = null; // the run that may be regenerated / retried
+    this.actions = {
+      copy: (text, button) => copyText(text).then((ok) => flashCopied(button, ok)),
+      edit: (run, content) => this.editRun(run, content),
+      retry: (run) => this.retryRun(run),
+      continueWithSummary: (run) => this.continueWithSummary(run),
+      openDocument: (id) => this.openFiles({ documentId: id }),
+    };
+    this.onKeydown = (event) => {
+      if (event.key !== 'Escape' || event.defaultPrevented || this.destroyed) return;
+      if (document.querySelector('dialog[open]')) return;
+      if (this.hasActiveRun()) {
+        event.preventDefault();
+        this.stop();
+      }
+    };
+    document.addEventListener('keydown', this.onKeydown);
+    this.offSettings = settings.onChange(() => {
+      for (const id of this.order) this.dirty.add(id);
+      this.schedule();
+    });
 
     this.build();
   }
@@ -623,6 +833,19 @@ export class ChatView {
     this.titleEl = h('h1', { class: 'chat-title', id: 'chat-title', text: 'Loading…' });
     this.subEl = h('div', { class: 'chat-sub' });
     this.connEl = h('span', { class: 'conn', role: 'status', hidden: true });
+    this.usageEl = h('span', { class: 'chat-usage', testid: 'chat-usage', hidden: true });
+    this.filesBtn = h('button', {
+      type: 'button',
+      class: 'btn btn-ghost files-toggle',
+      testid: 'files-toggle',
+      'aria-expanded': 'false',
+      'aria-controls': 'files-panel',
+      text: 'Files',
+    });
+    this.filesBtn.addEventListener('click', () => (this.filesOpen ? this.closeFiles() : this.openFiles()));
+    this.live = h('div', { class: 'visually-hidden', 'aria-live': 'polite', role: 'status', testid: 'reply-announcer' });
+    this.filesPanel = h('aside', { class: 'files-panel', id: 'files-panel', testid: 'files-panel', 'aria-label': 'Files of this chat', hidden: true });
+    this.filesOpen = false;
     this.runsEl = h('div', { class: 'runs' });
     this.stateEl = h('div', { class: 'chat-state' }, spinner(), ' Loading conversation…');
     this.column = h('div', { class: 'chat-column' }, this.stateEl, this.runsEl);
@@ -656,6 +879,29 @@ export class ChatView {
       },
       'Send',
     );
+    this.stopBtn = h('button', {
+      type: 'button',
+      class: 'btn composer-stop',
+      testid: 'composer-stop',
+      title: 'Stop the answer (Esc)',
+      hidden: true,
+    }, h('span', { class: 'stop-square', 'aria-hidden': 'true' }), 'Stop');
+    this.stopBtn.addEventListener('click', () => this.stop());
+    this.fileInput = h('input', { type: 'file', multiple: true, class: 'visually-hidden', id: 'composer-file', testid: 'composer-file', tabindex: '-1', 'aria-hidden': 'true' });
+    this.fileInput.addEventListener('change', () => {
+      this.addFiles([...this.fileInput.files]);
+      this.fileInput.value = '';
+    });
+    this.attachBtn = h('button', { type: 'button', class: 'btn btn-ghost composer-attach', testid: 'composer-attach', 'aria-label': 'Attach files', title: 'Attach files (or drop or paste them)', text: '📎' });
+    this.attachBtn.addEventListener('click', () => this.fileInput.click());
+    this.chipsEl = h('ul', { class: 'attach-chips', testid: 'attachment-chips', 'aria-label': 'Attached files', hidden: true });
+    this.input.addEventListener('paste', (event) => {
+      const files = [...(event.clipboardData?.files || [])];
+      if (files.length) {
+        event.preventDefault();
+        this.addFiles(files);
+      }
+    });
     this.input.addEventListener('keydown', (event) => {
       // Enter sends, Shift+Enter inserts a newline; never while an IME is composing.
       if (event.key === 'Enter' && !event.shiftKey && !event.isComposing && event.keyCode !== 229) {
@@ -670,18 +916,22 @@ export class ChatView {
     this.form = h(
       'form',
       { class: 'composer', 'aria-label': 'Send a message' },
+      this.chipsEl,
       h(
         'div',
         { class: 'composer-inner' },
+        this.attachBtn,
+        this.fileInput,
         h('label', { class: 'visually-hidden', for: 'composer-input', text: 'Message' }),
         this.input,
+        this.stopBtn,
         this.sendBtn,
       ),
-      h('div', {
+      (this.hintEl = h('div', {
         class: 'composer-hint',
         id: 'composer-hint',
         text: 'Enter to send · Shift+Enter for a new line',
-      }),
+      })),
     );
     this.form.addEventListener('submit', (event) => {
       event.preventDefault();
@@ -689,11 +939,26 @@ export class ChatView {
     });
 
     // The todo panel is attached to bodyEl (next to chat-main) when there are todos.
-    this.bodyEl = h(
-      'div',
-      { class: 'chat-body' },
-      h('div', { class: 'chat-main' }, this.scroller, this.form),
-    );
+    this.mainEl = h('div', { class: 'chat-main' }, this.scroller, this.form);
+    this.bodyEl = h('div', { class: 'chat-body' }, this.mainEl, this.filesPanel);
+    // Drop files anywhere on the conversation or the composer.
+    this.mainEl.addEventListener('dragover', (event) => {
+      if (![...(event.dataTransfer?.types || [])].includes('Files')) return;
+      event.preventDefault();
+      this.mainEl.classList.add('is-dropping');
+    });
+    this.mainEl.addEventListener('dragleave', (event) => {
+      if (!this.mainEl.contains(event.relatedTarget)) this.mainEl.classList.remove('is-dropping');
+    });
+    this.mainEl.addEventListener('drop', (event) => {
+      const files = [...(event.dataTransfer?.files || [])];
+      this.mainEl.classList.remove('is-dropping');
+      if (!files.length) return;
+      event.preventDefault();
+      this.addFiles(files);
+    });
+    wireCopyButtons(this.scroller);
+    wireCopyButtons(this.filesPanel);
     this.el = h(
       'section',
       { class: 'chat', 'aria-labelledby': 'chat-title' },
@@ -701,9 +966,12 @@ export class ChatView {
         'header',
         { class: 'chat-header' },
         h('div', { class: 'chat-titles' }, this.titleEl, this.subEl),
+        this.usageEl,
         this.connEl,
+        this.filesBtn,
       ),
       this.bodyEl,
+      this.live,
     );
   }
 
@@ -755,6 +1023,8 @@ export class ChatView {
 
   destroy() {
     this.destroyed = true;
+    document.removeEventListener('keydown', this.onKeydown);
+    this.offSettings();
     if (this.socket) this.socket.stop();
     clearInterval(this.watchdog);
     clearTimeout(this.refetchTimer);
@@ -847,6 +1117,7 @@ export class ChatView {
       const run = this.ensureRun(raw.id);
       if (raw.input) run.input = raw.input;
       if (raw.created_at) run.createdAt = raw.created_at;
+      if (raw.steered_into !== undefined && raw.steered_into !== null) run.steeredInto = raw.steered_into;
       if (rank(raw.status) >= rank(run.status)) run.status = raw.status;
       if (!isActive(raw.status)) {
         // Final state from the database is canonical.
@@ -859,11 +1130,14 @@ export class ChatView {
       for (const approval of raw.approvals || []) upsertApproval(run, approval);
       this.dirty.add(run.id);
     }
-    // Canonical order: the server's runs, then any only seen live so far.
+    // Canonical order: the server's runs, then any only seen live so far. Runs the
+    // server no longer lists (edited or regenerated away) leave the chat.
     const serverIds = runs.map((r) => String(r.id));
-    const liveOnly = this.order.filter((id) => !serverIds.includes(id));
+    const liveOnly = this.order.filter((id) => !serverIds.includes(id) && !this.goneRuns?.has(id));
     this.order = [...serverIds, ...liveOnly];
     this.orderChanged = true;
+    this.messageMode = agent.message_mode || 'queue';
+    this.showUsage(session.usage);
 
     if (Array.isArray(session.todos)) this.setTodos(session.todos);
     this.schedule();
@@ -902,6 +1176,7 @@ export class ChatView {
       },
       run_running: (run) => {
         if (rank(run.status) < 2) run.status = 'running';
+        if (data.steered_into !== undefined && data.steered_into !== null) run.steeredInto = data.steered_into;
       },
       run_awaiting_approval: (run) => {
         if (rank(run.status) < 2) run.status = 'awaiting_approval';
@@ -966,14 +1241,20 @@ export class ChatView {
         run.status = 'completed';
         run.reply = typeof data.reply === 'string' ? data.reply : (run.reply ?? run.stream);
         // Re-fetch for the canonical view (not for replays of finished runs).
-        if (wasActive) this.refetchSoon();
+        if (wasActive) {
+          this.refetchSoon();
+          if (!data.steered_into) this.announce(`${this.agentName} replied: ${String(run.reply || '').slice(0, 300)}`);
+        }
       },
       run_failed: (run) => {
         const wasActive = isActive(run.status);
         run.status = 'failed';
         run.error = data.error || run.error || 'The run failed.';
         run.reason = data.reason || run.reason || '';
-        if (wasActive) this.refetchSoon();
+        if (wasActive) {
+          this.refetchSoon();
+          this.announce(`The answer failed: ${(FAILURE_HELP[run.reason] || ['The agent could not answer.'])[0]}`);
+        }
       },
       run_cancelled: (run) => {
         const wasActive = isActive(run.status);
@@ -1013,17 +1294,36 @@ export class ChatView {
   flush() {
     if (this.destroyed) return;
     const stick = this.stick;
+    // Runs posted while an earlier one works wait their turn ("Queued" chip).
+    let busyBefore = false;
+    for (const id of this.order) {
+      const run = this.runs.get(id);
+      if (!run) continue;
+      const waiting = busyBefore && run.status === 'queued';
+      if (waiting !== run.waitingBehind) {
+        run.waitingBehind = waiting;
+        this.dirty.add(id);
+      }
+      if (isActive(run.status) && !run.steeredInto && !run.steered) busyBefore = true;
+    }
+    const lastId = this.order.length ? this.order[this.order.length - 1] : null;
+    if (lastId !== this.lastRunId) {
+      if (this.lastRunId) this.dirty.add(this.lastRunId);
+      if (lastId) this.dirty.add(lastId);
+      this.lastRunId = lastId;
+    }
+    const showNotices = settings.showModelNotices(this.isAdmin);
     for (const id of this.dirty) {
       const run = this.runs.get(id);
       if (!run) continue;
       let view = this.views.get(id);
       if (!view) {
-        view = new RunView(this.agentName);
+        view = new RunView(this.agentName, this.actions);
         this.views.set(id, view);
         this.orderChanged = true;
       }
       view.agentName = this.agentName;
-      view.update(run);
+      view.update(run, { isLast: id === lastId, showNotices });
     }
     this.dirty.clear();
     if (this.orderChanged) {
@@ -1031,6 +1331,7 @@ export class ChatView {
       const current = [...this.runsEl.children];
       if (wanted.length !== current.length || wanted.some((el, i) => el !== current[i])) {
         // append() moves existing nodes: this re-sorts without re-creating them.
+        for (const el of current) if (!wanted.includes(el)) el.remove();
         this.runsEl.append(...wanted);
       }
       this.orderChanged = false;
@@ -1077,14 +1378,28 @@ export class ChatView {
 
   updateComposer() {
     const running = this.hasActiveRun();
-    const locked = !this.loaded || this.sending || running;
+    // The composer stays usable during a run: a message sent then is queued or steered.
+    const locked = !this.loaded || this.sending;
     const name = this.agentName || 'the agent';
-    this.input.placeholder = running ? `${name} is working…` : `Message ${name}…`;
+    const steer = this.messageMode === 'steer';
+    this.input.placeholder = running
+      ? steer
+        ? `${name} is working… a message now joins the current answer`
+        : `${name} is working… a message now waits its turn`
+      : `Message ${name}…`;
     const wasDisabled = this.input.disabled;
     this.input.disabled = locked;
-    this.sendBtn.disabled = locked || !this.input.value.trim();
+    const hasText = !!this.input.value.trim();
+    this.sendBtn.disabled = locked || !hasText;
     this.form.classList.toggle('is-locked', locked);
-    this.sendBtn.textContent = this.sending ? 'Sending…' : 'Send';
+    this.form.classList.toggle('is-running', running);
+    // While a run works, Send becomes Stop; typing brings Send (queue / steer) back next to it.
+    this.stopBtn.hidden = !running;
+    this.sendBtn.hidden = running && !hasText;
+    this.sendBtn.textContent = this.sending ? 'Sending…' : running ? (steer ? 'Steer' : 'Queue') : 'Send';
+    this.hintEl.textContent = running
+      ? 'Esc to stop · Enter to send'
+      : 'Enter to send · Shift+Enter for a new line';
     // Give focus back when a run finishes, unless the user is elsewhere.
     if (wasDisabled && !locked && this.loaded) {
       const active = document.activeElement;
@@ -1098,11 +1413,20 @@ export class ChatView {
   }
 
   async send() {
-    const content = this.input.value.trim();
-    if (!content || this.input.disabled || this.sending) return;
+    const typed = this.input.value.trim();
+    if (!typed || this.input.disabled || this.sending) return;
     this.sending = true;
+    const wasRunning = this.hasActiveRun();
     this.updateComposer();
     try {
+      let content = typed;
+      if (this.attachments.length) {
+        const uploaded = await api.uploadAttachments(this.sessionId, this.attachments.map((a) => a.file));
+        content = `${uploaded.map((a) => a.reference).join('\n\n')}\n\n${typed}`;
+        this.attachments = [];
+        this.renderChips();
+        if (this.filesOpen) this.loadFiles();
+      }
       const answer = await api.sendMessage(this.sessionId, content);
       if (this.destroyed) return;
       this.input.value = '';
@@ -1113,6 +1437,7 @@ export class ChatView {
         if (!run.input) run.input = content;
         if (created.status && rank(created.status) > rank(run.status)) run.status = created.status;
         if (!run.createdAt) run.createdAt = created.created_at || new Date().toISOString();
+        if (wasRunning && this.messageMode === 'steer') run.steered = true;
         this.dirty.add(run.id);
       }
       this.stick = true;
@@ -1128,4 +1453,243 @@ export class ChatView {
       }
     }
   }
+
+  /** Stop the answer in progress (the latest active run of the chat). */
+  async stop() {
+    const active = this.order
+      .map((id) => this.runs.get(id))
+      .filter((run) => run && isActive(run.status) && !run.steeredInto && !run.steered);
+    if (!active.length || this.stopping) return;
+    this.stopping = true;
+    this.stopBtn.disabled = true;
+    try {
+      // The one working first; queued ones behind it are cancelled too (as ChatGPT's Stop).
+      for (const run of active.reverse()) {
+        try {
+          await api.cancelRun(run.id);
+        } catch (err) {
+          if (!(err instanceof ApiError && err.status === 409)) throw err;
+        }
+      }
+      this.refetchSoon(300);
+    } catch (err) {
+      if (err instanceof ApiError && err.isAuth) this.onAuthLost({ message: err.message });
+      else this.toast(err.message || 'Could not stop the answer.', 'error');
+    } finally {
+      this.stopping = false;
+      this.stopBtn.disabled = false;
+    }
+  }
+
+  /** Forget runs the server replaced (edit / regenerate truncate the chat). */
+  dropRunsFrom(run) {
+    const index = this.order.indexOf(String(run.id));
+    if (index < 0) return;
+    this.goneRuns = this.goneRuns || new Set();
+    for (const id of this.order.slice(index)) {
+      this.goneRuns.add(id);
+      this.runs.delete(id);
+      this.views.get(id)?.el.remove();
+      this.views.delete(id);
+    }
+    this.order = this.order.slice(0, index);
+    this.orderChanged = true;
+  }
+
+  async resend(run, request) {
+    try {
+      const answer = await request();
+      if (this.destroyed) return false;
+      this.dropRunsFrom(run);
+      const created = answer.run;
+      const fresh = this.ensureRun(created.id);
+      fresh.input = created.input;
+      fresh.createdAt = created.created_at;
+      this.dirty.add(fresh.id);
+      this.stick = true;
+      this.schedule();
+      this.refetchSoon(300);
+      return true;
+    } catch (err) {
+      if (err instanceof ApiError && err.isAuth) this.onAuthLost({ message: err.message });
+      else this.toast(err.message || 'That did not work.', 'error');
+      return false;
+    }
+  }
+
+  editRun(run, content) {
+    return this.resend(run, () => api.editRun(run.id, content));
+  }
+
+  retryRun(run) {
+    return this.resend(run, () => api.retryRun(run.id));
+  }
+
+  async continueWithSummary() {
+    try {
+      const answer = await api.continueChat(this.sessionId);
+      if (this.destroyed) return;
+      this.onNewChat(answer.session, answer.draft);
+    } catch (err) {
+      this.toast(err.message || 'Could not start a new chat.', 'error');
+    }
+  }
+
+  /** Pre-fill the composer (a new chat's draft). */
+  setDraft(text) {
+    this.input.value = text || '';
+    this.autosize();
+    this.updateComposer();
+  }
+
+  showUsage(usage) {
+    if (!usage) return;
+    const tokens = (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
+    this.usageEl.hidden = !tokens;
+    const cost = Number(usage.cost_usd || 0);
+    this.usageEl.textContent = `${formatTokens(tokens)} tokens · $${cost < 0.01 && cost > 0 ? cost.toFixed(4) : cost.toFixed(2)}`;
+    this.usageEl.title = `This chat: ${usage.prompt_tokens || 0} prompt + ${usage.completion_tokens || 0} completion tokens, $${usage.cost_usd}`;
+  }
+
+  announce(text) {
+    this.live.textContent = '';
+    setTimeout(() => {
+      this.live.textContent = text;
+    }, 50);
+  }
+
+  // ------------------------------------------------------- attachments --
+
+  addFiles(files) {
+    const limit = 10 * 1024 * 1024;
+    for (const file of files) {
+      if (file.size > limit) {
+        this.toast(`“${file.name}” is larger than 10 MB and was not attached.`, 'error');
+        continue;
+      }
+      this.attachments.push({ file, id: Math.random().toString(36).slice(2) });
+    }
+    this.attachments = this.attachments.slice(0, 10);
+    this.renderChips();
+    this.input.focus();
+  }
+
+  renderChips() {
+    this.chipsEl.hidden = !this.attachments.length;
+    replaceChildren(
+      this.chipsEl,
+      this.attachments.map((a) => {
+        const remove = h('button', { type: 'button', class: 'chip-remove', 'aria-label': `Remove ${a.file.name}`, text: '×' });
+        remove.addEventListener('click', () => {
+          this.attachments = this.attachments.filter((x) => x.id !== a.id);
+          this.renderChips();
+          this.input.focus();
+        });
+        return h(
+          'li',
+          { class: 'attach-chip', testid: 'attachment-chip' },
+          h('span', { class: 'attach-icon', 'aria-hidden': 'true', text: a.file.type.startsWith('image/') ? '🖼' : '📄' }),
+          h('span', { class: 'attach-name', text: a.file.name }),
+          h('span', { class: 'attach-size', text: formatBytes(a.file.size) }),
+          remove,
+        );
+      }),
+    );
+  }
+
+  // ------------------------------------------------------------ files --
+
+  async openFiles({ documentId = null } = {}) {
+    this.filesOpen = true;
+    this.filesPanel.hidden = false;
+    this.filesBtn.setAttribute('aria-expanded', 'true');
+    await this.loadFiles();
+    if (documentId) await this.showDocument(documentId);
+  }
+
+  closeFiles() {
+    this.filesOpen = false;
+    this.filesPanel.hidden = true;
+    this.filesBtn.setAttribute('aria-expanded', 'false');
+    this.filesBtn.focus();
+  }
+
+  async loadFiles() {
+    const close = h('button', { type: 'button', class: 'btn btn-ghost', 'aria-label': 'Close files', text: '×' });
+    close.addEventListener('click', () => this.closeFiles());
+    const head = h('div', { class: 'files-head' }, h('h2', { class: 'files-title', text: 'Files' }), close);
+    replaceChildren(this.filesPanel, head, h('div', { class: 'side-note' }, spinner(), ' Loading…'));
+    let artifacts = [];
+    let documents = [];
+    try {
+      [artifacts, documents] = await Promise.all([
+        api.listArtifacts(this.sessionId),
+        api.listDocuments(this.sessionId),
+      ]);
+    } catch (err) {
+      replaceChildren(this.filesPanel, head, h('p', { class: 'side-note side-error', text: err.message || 'Could not load files.' }));
+      return;
+    }
+    const docItems = documents.map((doc) => {
+      const open = h('button', { type: 'button', class: 'file-item', testid: 'file-document', dataset: { documentId: String(doc.id) } },
+        h('span', { class: 'file-icon', 'aria-hidden': 'true', text: '📝' }),
+        h('span', { class: 'file-name', text: doc.title || `Document ${doc.id}` }),
+        h('span', { class: 'file-meta', text: `v${doc.version}` }));
+      open.addEventListener('click', () => this.showDocument(doc.id));
+      return h('li', {}, open);
+    });
+    const artifactItems = artifacts.map((a) =>
+      h('li', {}, h('a', {
+        class: 'file-item',
+        testid: 'file-artifact',
+        href: `/api/v1/artifacts/${encodeURIComponent(a.id)}/content`,
+        target: '_blank',
+        rel: 'noopener',
+      },
+      a.mime_type.startsWith('image/')
+        ? h('img', { class: 'file-thumb', src: `/api/v1/artifacts/${encodeURIComponent(a.id)}/content`, alt: '' })
+        : h('span', { class: 'file-icon', 'aria-hidden': 'true', text: '📄' }),
+      h('span', { class: 'file-name', text: a.name }),
+      h('span', { class: 'file-meta', text: formatBytes(a.size_bytes) }))));
+    this.docView = h('div', { class: 'doc-view', testid: 'document-view', hidden: true });
+    replaceChildren(
+      this.filesPanel,
+      head,
+      h('h3', { class: 'files-sub', text: 'Documents' }),
+      docItems.length ? h('ul', { class: 'files' }, docItems) : h('p', { class: 'side-note', text: 'No documents yet.' }),
+      h('h3', { class: 'files-sub', text: 'Files and attachments' }),
+      artifactItems.length ? h('ul', { class: 'files' }, artifactItems) : h('p', { class: 'side-note', text: 'Nothing attached yet.' }),
+      this.docView,
+    );
+  }
+
+  async showDocument(id) {
+    try {
+      const doc = await api.getDocument(id);
+      if (!this.docView) return;
+      this.docView.hidden = false;
+      replaceChildren(
+        this.docView,
+        h('h3', { class: 'doc-title', text: doc.title || `Document ${doc.id}` }),
+        h('div', { class: 'bubble rich doc-body' }, renderRichText(doc.content || '')),
+      );
+      this.docView.scrollIntoView({ block: 'nearest' });
+    } catch (err) {
+      this.toast(err.message || 'Could not open the document.', 'error');
+    }
+  }
+}
+
+/** "1.2k", "3.4M". */
+function formatTokens(n) {
+  if (n < 1000) return String(n);
+  if (n < 1e6) return `${(n / 1000).toFixed(n < 10000 ? 1 : 0)}k`;
+  return `${(n / 1e6).toFixed(1)}M`;
+}
+
+/** "512 B", "1.2 kB", "3.4 MB". */
+function formatBytes(n) {
+  if (n < 1000) return `${n} B`;
+  if (n < 1e6) return `${(n / 1000).toFixed(1)} kB`;
+  return `${(n / 1e6).toFixed(1)} MB`;
 }

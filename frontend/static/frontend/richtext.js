@@ -1,90 +1,159 @@
-// Minimal, safe rendering of model output.
+// Markdown rendering of model output (and of the user's own messages).
 //
-// Supported: ``` fenced code blocks (optionally with a language tag) and
-// `inline code`. Everything else is plain text; line breaks are preserved by
-// CSS (white-space: pre-wrap). Output is built from text nodes only, so any
-// HTML in the text is shown literally, never parsed.
+// CommonMark + GFM (tables, task lists, strikethrough, autolinks) by marked, sanitised by
+// DOMPurify, code highlighted by highlight.js (its common-languages build): all three are
+// vendored under ./vendor/ (versions, sha256s and how to update: vendor/README.md), so
+// the app works offline and the Content-Security-Policy stays `script-src 'self'`.
 //
-// An unterminated fence (common while a reply is still streaming) runs to the
-// end of the text, so the code block appears as soon as it starts.
+// Safety: marked's HTML output goes through DOMPurify before it touches the DOM; `style`
+// attributes, forms, iframes and event handlers are removed; links open in a new tab with
+// rel="noopener noreferrer"; only http(s), mailto and relative URLs survive.
+//
+// Streaming: CommonMark runs an unclosed ``` fence to the end of the text, so while a
+// reply streams its last code block is styled as code and everything before it keeps its
+// own formatting ("an unclosed fence styles only its own block").
+//
+// Code blocks get a header with the language label and a Copy button (focusable); the
+// button works through event delegation (see wireCopyButtons / copyText).
 
-import { h } from './dom.js';
+import { marked } from './vendor/marked.esm.js';
+import DOMPurify from './vendor/purify.es.js';
+import hljs from './vendor/highlight.min.js';
 
-const FENCE_OPEN = /^\s*```\s*([\w+#.-]*)\s*$/;
-const FENCE_CLOSE = /^\s*```\s*$/;
-const INLINE_CODE = /`([^`\n]+)`/g;
+marked.use({ gfm: true, breaks: true });
 
-/** Split text into [{kind: 'text'|'code', text, lang}] blocks. */
-export function parseBlocks(text) {
-  const blocks = [];
-  const lines = String(text ?? '').split('\n');
-  let buffer = [];
-  let code = null; // {lang, lines} while inside a fence
+const SAFE_URL = /^(?:https?:|mailto:|#|\/(?!\/)|\.{0,2}\/|[^:]*$)/i;
 
-  const flushText = () => {
-    if (buffer.length) blocks.push({ kind: 'text', text: buffer.join('\n') });
-    buffer = [];
-  };
+DOMPurify.addHook('afterSanitizeAttributes', (node) => {
+  if (node.tagName === 'A') {
+    const href = node.getAttribute('href') || '';
+    if (!SAFE_URL.test(href)) node.removeAttribute('href');
+    node.setAttribute('target', '_blank');
+    node.setAttribute('rel', 'noopener noreferrer');
+  }
+  if (node.tagName === 'IMG') {
+    // Only images from this origin (artifacts) or data: URLs render; the CSP blocks others anyway.
+    const src = node.getAttribute('src') || '';
+    if (!/^(?:\/(?!\/)|data:image\/)/i.test(src)) node.removeAttribute('src');
+    if (!node.hasAttribute('alt')) node.setAttribute('alt', '');
+  }
+});
 
-  for (const line of lines) {
-    if (code) {
-      if (FENCE_CLOSE.test(line)) {
-        blocks.push({ kind: 'code', lang: code.lang, text: code.lines.join('\n') });
-        code = null;
-      } else {
-        code.lines.push(line);
+const PURIFY = {
+  USE_PROFILES: { html: true },
+  FORBID_TAGS: ['style', 'form', 'input', 'button', 'textarea', 'select', 'iframe', 'object', 'embed', 'svg', 'math'],
+  FORBID_ATTR: ['style', 'class', 'id', 'name'],
+  ALLOWED_URI_REGEXP: /^(?:https?:|mailto:|#|\/|data:image\/)/i,
+};
+
+/** A language name highlight.js knows, or ''. */
+function knownLanguage(lang) {
+  const name = String(lang || '').trim().toLowerCase();
+  return name && hljs.getLanguage(name) ? name : '';
+}
+
+/** Turn every <pre><code> of `root` into a code block: header (language, Copy) + highlighted code. */
+function decorateCodeBlocks(root) {
+  for (const pre of [...root.querySelectorAll('pre')]) {
+    const code = pre.querySelector('code') || pre;
+    const match = /language-([\w+#.-]+)/.exec(code.className || '');
+    const label = match ? match[1] : '';
+    const lang = knownLanguage(label);
+    const text = code.textContent;
+    code.className = 'hljs';
+    if (lang) {
+      try {
+        code.innerHTML = hljs.highlight(text, { language: lang, ignoreIllegals: true }).value;
+      } catch {
+        code.textContent = text;
       }
-      continue;
     }
-    const open = FENCE_OPEN.exec(line);
-    if (open) {
-      flushText();
-      code = { lang: open[1] || '', lines: [] };
-    } else {
-      buffer.push(line);
-    }
+    const copy = document.createElement('button');
+    copy.type = 'button';
+    copy.className = 'code-copy';
+    copy.dataset.copy = 'code';
+    copy.textContent = 'Copy';
+    copy.setAttribute('aria-label', label ? `Copy ${label} code` : 'Copy code');
+    const langEl = document.createElement('span');
+    langEl.className = 'code-lang';
+    langEl.textContent = label || 'text';
+    const head = document.createElement('div');
+    head.className = 'code-head';
+    head.append(langEl, copy);
+    const block = document.createElement('div');
+    block.className = 'code-block';
+    if (label) block.dataset.lang = label;
+    pre.replaceWith(block);
+    pre.tabIndex = 0; // scrollable code is reachable by keyboard
+    pre.setAttribute('aria-label', label ? `${label} code` : 'code');
+    block.append(head, pre);
   }
-  if (code) blocks.push({ kind: 'code', lang: code.lang, text: code.lines.join('\n'), open: true });
-  flushText();
-  return blocks;
 }
 
-/** Text with `inline code` spans, as an array of nodes. */
-function inlineNodes(text) {
-  const nodes = [];
-  let last = 0;
-  for (const match of text.matchAll(INLINE_CODE)) {
-    if (match.index > last) nodes.push(document.createTextNode(text.slice(last, match.index)));
-    nodes.push(h('code', { class: 'inline-code' }, match[1]));
-    last = match.index + match[0].length;
+/** Wrap tables so that wide ones scroll inside the bubble. */
+function wrapTables(root) {
+  for (const table of [...root.querySelectorAll('table')]) {
+    const wrap = document.createElement('div');
+    wrap.className = 'table-wrap';
+    wrap.tabIndex = 0;
+    wrap.setAttribute('role', 'region');
+    wrap.setAttribute('aria-label', 'Table');
+    table.replaceWith(wrap);
+    wrap.append(table);
   }
-  if (last < text.length) nodes.push(document.createTextNode(text.slice(last)));
-  return nodes;
 }
 
-/** Render `text` into a DocumentFragment (safe: text nodes only). */
+/** Render Markdown `text` into a DocumentFragment (sanitised). */
 export function renderRichText(text) {
-  const fragment = document.createDocumentFragment();
-  for (const block of parseBlocks(text)) {
-    let node = null;
-    if (block.kind === 'code') {
-      // The language label is drawn by CSS (attr(data-lang)) so that the
-      // element's textContent stays the reply text minus the fences.
-      node = h(
-        'div',
-        { class: 'code-block', dataset: block.lang ? { lang: block.lang } : null },
-        h('pre', {}, h('code', { text: block.text })),
-      );
-    } else {
-      // Trim the blank line that usually surrounds a fence: block spacing is CSS's job.
-      const trimmed = block.text.replace(/^\n+|\n+$/g, '');
-      if (trimmed) node = h('div', { class: 'text-block' }, inlineNodes(trimmed));
+  const source = String(text ?? '');
+  const html = marked.parse(source, { async: false });
+  const clean = DOMPurify.sanitize(html, { ...PURIFY, RETURN_DOM_FRAGMENT: true });
+  decorateCodeBlocks(clean);
+  wrapTables(clean);
+  return clean;
+}
+
+/** Copy `text` to the clipboard; resolves true on success (falls back to execCommand). */
+export async function copyText(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch {
+    const area = document.createElement('textarea');
+    area.value = text;
+    area.setAttribute('readonly', '');
+    area.className = 'visually-hidden';
+    document.body.append(area);
+    area.select();
+    let ok = false;
+    try {
+      ok = document.execCommand('copy');
+    } catch {
+      ok = false;
     }
-    if (!node) continue;
-    // A newline between blocks: invisible between block boxes, but keeps
-    // textContent (and copy/paste) readable.
-    if (fragment.childNodes.length) fragment.append('\n');
-    fragment.append(node);
+    area.remove();
+    return ok;
   }
-  return fragment;
+}
+
+/** Show "Copied" on `button` for a moment. */
+export function flashCopied(button, ok = true) {
+  const before = button.dataset.label || button.textContent;
+  button.dataset.label = before;
+  button.textContent = ok ? 'Copied' : 'Copy failed';
+  clearTimeout(button._copyTimer);
+  button._copyTimer = setTimeout(() => {
+    button.textContent = before;
+  }, 1500);
+}
+
+/** One delegated listener for every code block's Copy button under `root`. */
+export function wireCopyButtons(root) {
+  root.addEventListener('click', async (event) => {
+    const button = event.target.closest && event.target.closest('button.code-copy');
+    if (!button || !root.contains(button)) return;
+    const pre = button.closest('.code-block')?.querySelector('pre');
+    if (!pre) return;
+    flashCopied(button, await copyText(pre.textContent));
+  });
 }

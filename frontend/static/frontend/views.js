@@ -4,6 +4,7 @@
 // the API calls and routing.
 
 import { h, replaceChildren, spinner, shortTime, fullTime } from './dom.js';
+import { settings } from './settings.js';
 
 // ---------------------------------------------------------------- toasts --
 
@@ -11,7 +12,7 @@ import { h, replaceChildren, spinner, shortTime, fullTime } from './dom.js';
  * Show a transient message in the #toasts region.
  * kind: 'error' (assertive, stays 8 s) | 'info' (polite, 4 s).
  */
-export function toast(message, kind = 'error') {
+export function toast(message, kind = 'error', { action = null } = {}) {
   let region = document.getElementById('toasts');
   if (!region) {
     region = h('div', { id: 'toasts', class: 'toasts' });
@@ -23,18 +24,29 @@ export function toast(message, kind = 'error') {
     'aria-label': 'Dismiss',
     text: '×',
   });
+  let actionBtn = null;
+  if (action) {
+    actionBtn = h('button', { type: 'button', class: 'toast-action', testid: 'toast-action', text: action.label });
+  }
   const item = h(
     'div',
     { class: `toast toast-${kind}`, role: kind === 'error' ? 'alert' : 'status', testid: 'toast' },
     h('span', { class: 'toast-text', text: message }),
+    actionBtn,
     close,
   );
   const remove = () => item.remove();
   close.addEventListener('click', remove);
+  if (actionBtn) {
+    actionBtn.addEventListener('click', () => {
+      remove();
+      action.onClick();
+    });
+  }
   region.append(item);
   // Keep at most 4 on screen.
   while (region.children.length > 4) region.firstElementChild.remove();
-  setTimeout(remove, kind === 'error' ? 8000 : 4000);
+  setTimeout(remove, action ? 10000 : kind === 'error' ? 8000 : 4000);
 }
 
 // ----------------------------------------------------------------- login --
@@ -120,17 +132,39 @@ export function LoginView({ onLogin }) {
 
 // ----------------------------------------------------------------- shell --
 
+/** "Today" | "Yesterday" | "Previous 7 days" | "Previous 30 days" | "Older" for an ISO time. */
+export function dayGroup(iso, now = new Date()) {
+  const d = iso ? new Date(iso) : null;
+  if (!d || Number.isNaN(d.getTime())) return 'Older';
+  const startOfToday = new Date(now.getFullYear(), now.getMonth(), now.getDate()).getTime();
+  const day = 86400000;
+  const t = d.getTime();
+  if (t >= startOfToday) return 'Today';
+  if (t >= startOfToday - day) return 'Yesterday';
+  if (t >= startOfToday - 7 * day) return 'Previous 7 days';
+  if (t >= startOfToday - 30 * day) return 'Previous 30 days';
+  return 'Older';
+}
+
+const GROUP_ORDER = ['Today', 'Yesterday', 'Previous 7 days', 'Previous 30 days', 'Older'];
+
 /**
  * Header + sidebar + main area for a logged-in user.
- * Callbacks: onLogout(), onPickAgent(agent), onLoadMoreSessions(), onRetryAgents().
+ * Callbacks: onLogout(), onPickAgent(agent), onLoadMoreSessions(), onRetryAgents(),
+ * onSearch(q), onRename(session, title) -> Promise<bool>, onDelete(session).
  */
 export class Shell {
-  constructor({ me, onLogout, onPickAgent, onLoadMoreSessions, onRetryAgents }) {
+  constructor({ me, onLogout, onPickAgent, onLoadMoreSessions, onRetryAgents, onSearch, onRename, onDelete }) {
     this.onPickAgent = onPickAgent;
     this.onLoadMoreSessions = onLoadMoreSessions;
     this.onRetryAgents = onRetryAgents;
+    this.onSearch = onSearch || (() => {});
+    this.onRename = onRename || (async () => false);
+    this.onDelete = onDelete || (() => {});
     this.activeSessionId = null;
     this.sessions = [];
+    this.agents = null;
+    this.agentsError = '';
 
     const tenant = me?.tenant?.name || me?.tenant?.slug || 'Workspace';
     const user = me?.user?.username || '';
@@ -152,9 +186,17 @@ export class Shell {
     });
     this.menuBtn.addEventListener('click', () => this.toggleSidebar());
 
+    const skip = h('a', { class: 'skip-link', href: '#main', testid: 'skip-link', text: 'Skip to main content' });
+    skip.addEventListener('click', (event) => {
+      event.preventDefault(); // the hash is the router's
+      const target = this.main.querySelector('#composer-input:not([disabled])') || this.main;
+      target.focus();
+    });
+
     this.header = h(
       'header',
       { class: 'topbar' },
+      skip,
       this.menuBtn,
       h(
         'div',
@@ -165,17 +207,41 @@ export class Shell {
       h(
         'div',
         { class: 'user-box' },
+        h('a', { class: 'btn btn-ghost', href: '#/settings', testid: 'open-settings', text: 'Settings' }),
         h('span', { class: 'user-name', testid: 'user-name', text: user }),
         me?.role ? h('span', { class: 'role-badge', text: me.role }) : null,
         logout,
       ),
     );
 
-    this.agentList = h(
-      'div',
-      { class: 'agent-list' },
-      h('div', { class: 'side-note' }, spinner(), ' Loading agents…'),
+    // New chat: a button that opens the searchable agent picker.
+    this.newChatBtn = h(
+      'button',
+      { type: 'button', class: 'btn btn-primary btn-block new-chat', testid: 'new-chat', 'aria-haspopup': 'dialog' },
+      h('span', { 'aria-hidden': 'true', text: '+' }),
+      ' New chat',
     );
+    this.newChatBtn.addEventListener('click', () => this.openPicker());
+    this.picker = new AgentPicker({
+      onPick: (agent) => this.onPickAgent(agent),
+      onRetry: () => this.onRetryAgents(),
+    });
+
+    this.searchInput = h('input', {
+      type: 'search',
+      class: 'chat-search',
+      id: 'chat-search',
+      testid: 'chat-search',
+      placeholder: 'Search chats',
+      'aria-label': 'Search chats (titles and messages)',
+      autocomplete: 'off',
+    });
+    let searchTimer = null;
+    this.searchInput.addEventListener('input', () => {
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(() => this.onSearch(this.searchInput.value.trim()), 250);
+    });
+
     this.sessionList = h(
       'nav',
       { class: 'session-list', 'aria-label': 'Chats' },
@@ -188,29 +254,27 @@ export class Shell {
       text: 'Load older chats',
     });
     this.moreBtn.addEventListener('click', () => this.onLoadMoreSessions());
+    this.usageEl = h('div', { class: 'side-usage', testid: 'usage-month', hidden: true });
 
     this.sidebar = h(
       'aside',
       { class: 'sidebar', id: 'sidebar' },
-      h(
-        'section',
-        { class: 'side-section', 'aria-labelledby': 'new-chat-title' },
-        h('h2', { class: 'side-title', id: 'new-chat-title', text: 'New chat' }),
-        this.agentList,
-      ),
+      h('div', { class: 'side-section' }, this.newChatBtn),
       h(
         'section',
         { class: 'side-section side-sessions', 'aria-labelledby': 'chats-title' },
         h('h2', { class: 'side-title', id: 'chats-title', text: 'Chats' }),
+        this.searchInput,
         this.sessionList,
         this.moreBtn,
       ),
+      this.usageEl,
     );
 
-    this.main = h('main', { class: 'main', id: 'main' });
+    this.main = h('main', { class: 'main', id: 'main', tabindex: '-1' });
     // On narrow screens the sidebar is a drawer: a click outside closes it.
     this.main.addEventListener('click', () => this.toggleSidebar(false));
-    this.el = h('div', { class: 'app-shell' }, this.header, this.sidebar, this.main);
+    this.el = h('div', { class: 'app-shell' }, this.header, this.sidebar, this.main, this.picker.el);
   }
 
   toggleSidebar(force) {
@@ -226,60 +290,46 @@ export class Shell {
 
   // ------------------------------------------------------------ agents --
 
-  setAgents(agents) {
-    if (!agents.length) {
-      replaceChildren(
-        this.agentList,
-        h('div', { class: 'side-note', text: 'No agents are available yet.' }),
-      );
-      return;
+  openPicker() {
+    this.picker.open(this.agents, this.agentsError, this.recentAgentIds());
+  }
+
+  /** Agent ids of the most recent chats, newest first. */
+  recentAgentIds() {
+    const ids = [];
+    for (const s of this.sortedSessions()) {
+      const id = s.agent?.id !== undefined ? String(s.agent.id) : null;
+      if (id && !ids.includes(id)) ids.push(id);
+      if (ids.length >= 5) break;
     }
-    const items = agents.map((agent) => {
-      const btn = h(
-        'button',
-        {
-          type: 'button',
-          class: 'agent-option',
-          testid: 'agent-option',
-          dataset: { agentName: agent.name, agentId: String(agent.id) },
-          title: agent.description || agent.name,
-        },
-        h('span', { class: 'agent-avatar', 'aria-hidden': 'true', text: initials(agent.name) }),
-        h(
-          'span',
-          { class: 'agent-text' },
-          h('span', { class: 'agent-name', text: agent.name }),
-          agent.description ? h('span', { class: 'agent-desc', text: agent.description }) : null,
-        ),
-      );
-      btn.addEventListener('click', () => this.onPickAgent(agent));
-      return h('li', {}, btn);
-    });
-    replaceChildren(this.agentList, h('ul', { class: 'agents' }, items));
+    return ids;
+  }
+
+  setAgents(agents) {
+    this.agents = agents;
+    this.agentsError = '';
+    this.picker.refresh(agents, '', this.recentAgentIds());
   }
 
   setAgentsError(message) {
-    const retry = h('button', { type: 'button', class: 'link-btn', text: 'Retry' });
-    retry.addEventListener('click', () => this.onRetryAgents());
-    replaceChildren(
-      this.agentList,
-      h('div', { class: 'side-note side-error' }, message, ' ', retry),
-    );
+    this.agentsError = message;
+    this.picker.refresh(null, message, []);
   }
 
   /** Disable the agent buttons while a session is being created. */
   setAgentsBusy(busy) {
-    for (const btn of this.agentList.querySelectorAll('button.agent-option')) btn.disabled = busy;
-    this.agentList.setAttribute('aria-busy', String(busy));
+    this.picker.setBusy(busy);
+    if (!busy) this.picker.close();
   }
 
   // ---------------------------------------------------------- sessions --
 
   /** Replace (append=false) or extend the session list. */
-  setSessions(sessions, { next = null, append = false } = {}) {
+  setSessions(sessions, { next = null, append = false, query = '' } = {}) {
     const byId = new Map((append ? this.sessions : []).map((s) => [String(s.id), s]));
     for (const s of sessions) byId.set(String(s.id), s);
     this.sessions = [...byId.values()];
+    this.query = query;
     this.moreBtn.hidden = !next;
     this.renderSessions();
   }
@@ -297,6 +347,16 @@ export class Shell {
     this.renderSessions();
   }
 
+  removeSession(id) {
+    this.sessions = this.sessions.filter((s) => String(s.id) !== String(id));
+    this.renderSessions();
+  }
+
+  /** Chats running or waiting for an approval (for the tab title). */
+  activeCount() {
+    return this.sessions.filter((s) => s.activity).length;
+  }
+
   setActiveSession(id) {
     this.activeSessionId = id === null || id === undefined ? null : String(id);
     for (const item of this.sessionList.querySelectorAll('[data-session-id]')) {
@@ -306,51 +366,298 @@ export class Shell {
     }
   }
 
-  renderSessions() {
-    // Newest first.
-    const sorted = [...this.sessions].sort((a, b) =>
-      String(b.created_at || '').localeCompare(String(a.created_at || '')),
+  setUsage(usage) {
+    if (!usage) return;
+    const tokens = (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
+    this.usageEl.hidden = false;
+    this.usageEl.textContent = `This month: ${tokens.toLocaleString()} tokens · $${Number(usage.cost_usd || 0).toFixed(2)}`;
+  }
+
+  sortedSessions() {
+    // Most recent activity first.
+    return [...this.sessions].sort((a, b) =>
+      String(b.updated_at || b.created_at || '').localeCompare(String(a.updated_at || a.created_at || '')),
     );
+  }
+
+  renderSessions() {
+    const sorted = this.sortedSessions();
     if (!sorted.length) {
       replaceChildren(
         this.sessionList,
-        h('div', { class: 'side-note', text: 'No chats yet. Pick an agent above.' }),
+        h('div', {
+          class: 'side-note',
+          text: this.query ? `No chats match “${this.query}”.` : 'No chats yet. Start one with “New chat”.',
+        }),
       );
       return;
     }
+    const groups = new Map();
+    for (const s of sorted) {
+      const g = dayGroup(s.updated_at || s.created_at);
+      if (!groups.has(g)) groups.set(g, []);
+      groups.get(g).push(s);
+    }
     replaceChildren(
       this.sessionList,
-      h(
-        'ul',
-        { class: 'sessions' },
-        sorted.map((s) =>
-          h(
-            'li',
-            {},
-            h(
-              'a',
-              {
-                class: 'session-item',
-                href: `#/sessions/${encodeURIComponent(s.id)}`,
-                testid: 'session-item',
-                dataset: { sessionId: String(s.id) },
-                'aria-current': String(s.id) === this.activeSessionId ? 'page' : null,
-              },
-              h('span', { class: 'session-title', text: s.title || 'New chat' }),
-              h(
-                'span',
-                { class: 'session-meta' },
-                h('span', { class: 'session-agent', text: s.agent?.name || '' }),
-                h('time', {
-                  datetime: s.updated_at || s.created_at || null,
-                  title: fullTime(s.updated_at || s.created_at),
-                  text: shortTime(s.updated_at || s.created_at),
-                }),
-              ),
-            ),
-          ),
+      GROUP_ORDER.filter((g) => groups.has(g)).map((g, i) =>
+        h(
+          'div',
+          { class: 'session-group', testid: 'session-group', dataset: { group: g } },
+          h('h3', { class: 'session-group-title', id: `session-group-${i}`, text: g }),
+          h('ul', { class: 'sessions', 'aria-labelledby': `session-group-${i}` }, groups.get(g).map((s) => this.sessionItem(s))),
         ),
       ),
+    );
+  }
+
+  sessionItem(s) {
+    const badge = s.activity
+      ? h('span', {
+          class: `session-badge badge-${s.activity}`,
+          testid: 'session-badge',
+          dataset: { activity: s.activity },
+          text: s.activity === 'awaiting_approval' ? 'Needs you' : 'Running',
+        })
+      : null;
+    const link = h(
+      'a',
+      {
+        class: 'session-item',
+        href: `#/sessions/${encodeURIComponent(s.id)}`,
+        testid: 'session-item',
+        dataset: { sessionId: String(s.id) },
+        'aria-current': String(s.id) === this.activeSessionId ? 'page' : null,
+      },
+      h('span', { class: 'session-title', text: s.title || 'New chat' }),
+      h(
+        'span',
+        { class: 'session-meta' },
+        h('span', { class: 'session-agent', text: s.agent?.name || '' }),
+        badge,
+        h('time', {
+          datetime: s.updated_at || s.created_at || null,
+          title: fullTime(s.updated_at || s.created_at),
+          text: shortTime(s.updated_at || s.created_at),
+        }),
+      ),
+    );
+    const title = s.title || 'New chat';
+    const rename = h('button', { type: 'button', class: 'icon-btn', testid: 'session-rename', 'aria-label': `Rename “${title}”`, title: 'Rename', text: '✎' });
+    const remove = h('button', { type: 'button', class: 'icon-btn', testid: 'session-delete', 'aria-label': `Delete “${title}”`, title: 'Delete', text: '🗑' });
+    const li = h('li', { class: 'session-row' }, link, h('span', { class: 'session-actions' }, rename, remove));
+    rename.addEventListener('click', () => this.startRename(li, s));
+    remove.addEventListener('click', () => this.onDelete(s));
+    return li;
+  }
+
+  startRename(li, s) {
+    const input = h('input', {
+      type: 'text',
+      class: 'rename-input',
+      testid: 'rename-input',
+      maxlength: '200',
+      'aria-label': 'Chat title',
+      value: s.title || '',
+    });
+    const form = h('form', { class: 'rename-form' }, input);
+    let done = false;
+    const finish = async (save) => {
+      if (done) return;
+      done = true;
+      const title = input.value.trim();
+      if (save && title && title !== s.title) await this.onRename(s, title);
+      this.renderSessions();
+      this.sessionList.querySelector(`[data-session-id="${CSS.escape(String(s.id))}"]`)?.focus();
+    };
+    form.addEventListener('submit', (event) => {
+      event.preventDefault();
+      finish(true);
+    });
+    input.addEventListener('keydown', (event) => {
+      if (event.key === 'Escape') {
+        event.preventDefault();
+        event.stopPropagation();
+        finish(false);
+      }
+    });
+    input.addEventListener('blur', () => finish(true));
+    replaceChildren(li, form);
+    input.focus();
+    input.select();
+  }
+}
+
+/** The New chat dialog: a searchable list of agents, pinned and recent ones first. */
+class AgentPicker {
+  constructor({ onPick, onRetry }) {
+    this.onPick = onPick;
+    this.onRetry = onRetry;
+    this.search = h('input', {
+      type: 'search',
+      class: 'agent-search',
+      id: 'agent-search',
+      testid: 'agent-search',
+      placeholder: 'Search agents',
+      autocomplete: 'off',
+      'aria-label': 'Search agents',
+      'aria-controls': 'agent-results',
+    });
+    this.search.addEventListener('input', () => this.render());
+    this.search.addEventListener('keydown', (event) => {
+      if (event.key === 'ArrowDown') {
+        event.preventDefault();
+        this.results.querySelector('button.agent-option')?.focus();
+      } else if (event.key === 'Enter') {
+        event.preventDefault();
+        this.results.querySelector('button.agent-option:not([disabled])')?.click();
+      }
+    });
+    this.results = h('div', { class: 'agent-results', id: 'agent-results' });
+    this.results.addEventListener('keydown', (event) => {
+      if (event.key !== 'ArrowDown' && event.key !== 'ArrowUp') return;
+      const buttons = [...this.results.querySelectorAll('button.agent-option')];
+      const i = buttons.indexOf(document.activeElement);
+      if (i < 0) return;
+      event.preventDefault();
+      const next = event.key === 'ArrowDown' ? buttons[i + 1] : buttons[i - 1];
+      (next || (event.key === 'ArrowUp' ? this.search : null))?.focus();
+    });
+    this.count = h('p', { class: 'agent-count', role: 'status' });
+    const close = h('button', { type: 'button', class: 'btn btn-ghost', 'aria-label': 'Close', text: '×' });
+    close.addEventListener('click', () => this.close());
+    this.el = h(
+      'dialog',
+      { class: 'agent-picker', testid: 'agent-picker', 'aria-labelledby': 'agent-picker-title' },
+      h('div', { class: 'picker-head' }, h('h2', { id: 'agent-picker-title', text: 'New chat' }), close),
+      this.search,
+      this.count,
+      this.results,
+    );
+    this.el.addEventListener('click', (event) => {
+      if (event.target === this.el) this.close(); // a click on the backdrop
+    });
+    this.agents = null;
+    this.error = '';
+    this.recent = [];
+    this.busy = false;
+  }
+
+  open(agents, error, recent) {
+    this.search.value = '';
+    this.refresh(agents, error, recent);
+    if (!this.el.open) this.el.showModal();
+    this.search.focus();
+  }
+
+  close() {
+    if (this.el.open) this.el.close();
+  }
+
+  refresh(agents, error, recent) {
+    this.agents = agents;
+    this.error = error;
+    this.recent = recent || [];
+    if (this.el.open || this.el.isConnected) this.render();
+  }
+
+  setBusy(busy) {
+    this.busy = busy;
+    for (const b of this.results.querySelectorAll('button.agent-option')) b.disabled = busy;
+    this.results.setAttribute('aria-busy', String(busy));
+  }
+
+  option(agent, pinned) {
+    const btn = h(
+      'button',
+      {
+        type: 'button',
+        class: 'agent-option',
+        testid: 'agent-option',
+        dataset: { agentName: agent.name, agentId: String(agent.id) },
+        title: agent.description || agent.name,
+        disabled: this.busy,
+      },
+      h('span', { class: 'agent-avatar', 'aria-hidden': 'true', text: initials(agent.name) }),
+      h(
+        'span',
+        { class: 'agent-text' },
+        h('span', { class: 'agent-name', text: agent.name }),
+        agent.description ? h('span', { class: 'agent-desc', text: agent.description }) : null,
+      ),
+    );
+    btn.addEventListener('click', () => this.onPick(agent));
+    const pin = h('button', {
+      type: 'button',
+      class: 'icon-btn agent-pin',
+      testid: 'agent-pin',
+      'aria-pressed': pinned ? 'true' : 'false',
+      'aria-label': `${pinned ? 'Unpin' : 'Pin'} ${agent.name}`,
+      title: pinned ? 'Unpin' : 'Pin to the top',
+      text: pinned ? '★' : '☆',
+    });
+    pin.addEventListener('click', () => {
+      settings.togglePinnedAgent(agent.id);
+      this.render();
+      this.results.querySelector(`[data-testid="agent-pin"][aria-label$="${CSS.escape(agent.name)}"]`)?.focus();
+    });
+    return h('li', { class: 'agent-row' }, btn, pin);
+  }
+
+  section(title, agents, pins) {
+    if (!agents.length) return null;
+    const id = `agent-group-${title.toLowerCase().replace(/\W+/g, '-')}`;
+    return h(
+      'section',
+      { class: 'agent-group', 'aria-labelledby': id },
+      h('h3', { class: 'agent-group-title', id, text: title }),
+      h('ul', { class: 'agents' }, agents.map((a) => this.option(a, pins.has(String(a.id))))),
+    );
+  }
+
+  render() {
+    if (this.error) {
+      const retry = h('button', { type: 'button', class: 'link-btn', text: 'Retry' });
+      retry.addEventListener('click', () => this.onRetry());
+      replaceChildren(this.results, h('div', { class: 'side-note side-error' }, this.error, ' ', retry));
+      this.count.textContent = '';
+      return;
+    }
+    if (!this.agents) {
+      replaceChildren(this.results, h('div', { class: 'side-note' }, spinner(), ' Loading agents…'));
+      return;
+    }
+    if (!this.agents.length) {
+      replaceChildren(this.results, h('div', { class: 'side-note', text: 'No agents are available yet.' }));
+      return;
+    }
+    const q = this.search.value.trim().toLowerCase();
+    const pins = new Set(settings.pinnedAgents());
+    const matches = this.agents.filter(
+      (a) => !q || a.name.toLowerCase().includes(q) || (a.description || '').toLowerCase().includes(q),
+    );
+    this.count.textContent = q
+      ? `${matches.length} of ${this.agents.length} agents match`
+      : `${this.agents.length} agents`;
+    if (q) {
+      replaceChildren(
+        this.results,
+        matches.length
+          ? this.section('Results', matches, pins)
+          : h('p', { class: 'side-note', text: `No agent matches “${this.search.value.trim()}”.` }),
+      );
+      return;
+    }
+    const byId = new Map(this.agents.map((a) => [String(a.id), a]));
+    const pinned = [...pins].map((id) => byId.get(id)).filter(Boolean);
+    const recent = this.recent.filter((id) => !pins.has(id)).map((id) => byId.get(id)).filter(Boolean);
+    const shown = new Set([...pinned, ...recent].map((a) => String(a.id)));
+    const rest = this.agents.filter((a) => !shown.has(String(a.id)));
+    replaceChildren(
+      this.results,
+      this.section('Pinned', pinned, pins),
+      this.section('Recent', recent, pins),
+      this.section(pinned.length || recent.length ? 'All agents' : 'Agents', rest, pins),
     );
   }
 }
@@ -380,7 +687,7 @@ export function HomeView({ me }) {
         text: name ? `Hello, ${name}` : 'Welcome',
       }),
       h('p', {
-        text: 'Pick an agent under “New chat” to start a conversation, or open one of your chats.',
+        text: 'Press “New chat” to pick an agent and start a conversation, or open one of your chats.',
       }),
     ),
   );
@@ -392,5 +699,106 @@ export function MessageView(title, text, action) {
     'main',
     { class: 'login-screen' },
     h('div', { class: 'login-card' }, h('h1', { text: title }), h('p', { text }), action || null),
+  );
+}
+
+// -------------------------------------------------------------- settings --
+
+/**
+ * The settings page: theme (system / light / dark), whether model retries and fallbacks
+ * show in chats, and the member's usage this month.
+ * @param {object} opts {me, usage: GET usage/me/ answer or null, usageError: string}
+ */
+export function SettingsView({ me, usage = null, usageError = '' }) {
+  const isAdmin = me?.role === 'admin' || me?.role === 'owner';
+  const themes = [
+    ['system', 'Same as the system'],
+    ['light', 'Light'],
+    ['dark', 'Dark'],
+  ];
+  const current = settings.theme();
+  const themeGroup = h(
+    'fieldset',
+    { class: 'settings-group', testid: 'theme-setting' },
+    h('legend', { text: 'Appearance' }),
+    themes.map(([value, label]) => {
+      const input = h('input', {
+        type: 'radio',
+        name: 'theme',
+        id: `theme-${value}`,
+        value,
+        checked: value === current,
+        testid: `theme-${value}`,
+      });
+      input.addEventListener('change', () => settings.setTheme(value));
+      return h('div', { class: 'radio' }, input, h('label', { for: `theme-${value}`, text: label }));
+    }),
+  );
+  const notices = h('input', {
+    type: 'checkbox',
+    id: 'show-model-notices',
+    testid: 'show-model-notices',
+    checked: settings.showModelNotices(isAdmin),
+  });
+  notices.addEventListener('change', () => settings.setShowModelNotices(notices.checked));
+  const chatGroup = h(
+    'fieldset',
+    { class: 'settings-group' },
+    h('legend', { text: 'Chats' }),
+    h(
+      'div',
+      { class: 'radio' },
+      notices,
+      h('label', { for: 'show-model-notices', text: 'Show model retries and fallbacks above answers' }),
+    ),
+  );
+  let usageBody;
+  if (usage) {
+    const tokens = (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
+    usageBody = [
+      h(
+        'p',
+        { class: 'usage-total', testid: 'usage-total' },
+        `${tokens.toLocaleString()} tokens (${(usage.prompt_tokens || 0).toLocaleString()} in, `,
+        `${(usage.completion_tokens || 0).toLocaleString()} out) · $${Number(usage.cost_usd || 0).toFixed(4)}`,
+      ),
+      usage.by_agent && usage.by_agent.length
+        ? h(
+            'table',
+            { class: 'usage-table' },
+            h('caption', { class: 'visually-hidden', text: 'Usage per agent' }),
+            h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'Agent' }), h('th', { scope: 'col', text: 'Tokens' }), h('th', { scope: 'col', text: 'Cost' }))),
+            h(
+              'tbody',
+              {},
+              usage.by_agent.map((row) =>
+                h(
+                  'tr',
+                  {},
+                  h('td', { text: row.agent || '—' }),
+                  h('td', { text: ((row.prompt_tokens || 0) + (row.completion_tokens || 0)).toLocaleString() }),
+                  h('td', { text: `$${Number(row.cost_usd || 0).toFixed(4)}` }),
+                ),
+              ),
+            ),
+          )
+        : h('p', { class: 'muted', text: 'No model use this month yet.' }),
+    ];
+  } else {
+    usageBody = h('p', { class: 'muted', text: usageError || 'Loading…' });
+  }
+  return h(
+    'section',
+    { class: 'settings', 'aria-labelledby': 'settings-title' },
+    h('h1', { id: 'settings-title', text: 'Settings' }),
+    themeGroup,
+    chatGroup,
+    h(
+      'section',
+      { class: 'settings-group', 'aria-labelledby': 'usage-title', testid: 'usage-panel' },
+      h('h2', { id: 'usage-title', text: `Your usage${usage?.month ? ` in ${usage.month}` : ' this month'}` }),
+      usageBody,
+    ),
+    h('p', {}, h('a', { href: '#/', text: 'Back to chats' })),
   );
 }
