@@ -357,7 +357,15 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "sessions.models.RunStatus",
         "ToolCallStatusEnum": "sessions.models.ToolCallStatus",
     },
+    # Every /api/v1/ operation documents its {message, extra} error answers (agent_platform/api_schema.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "agent_platform.api_schema.add_error_responses",
+    ],
 }
+# Open session event streams (WebSocket + SSE) one user may hold, across web processes
+# (sessions/stream_guard.py); over it SSE answers 429 and a WebSocket is closed with 4429.
+STREAMS_PER_USER_MAX = int(os.environ.get("STREAMS_PER_USER_MAX", "20"))
 
 # Celery: every run is a task; redelivered if a worker dies mid-run.
 CELERY_BROKER_URL = REDIS_URL

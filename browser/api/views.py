@@ -19,7 +19,8 @@ Rate-limited answers are 429 with ``Retry-After``.
 from __future__ import annotations
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema
+from agent_platform.api_schema import StrictCharField
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import permissions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -53,9 +54,15 @@ class BrowserPairingCreateApi(APIView):
     permission_classes = [permissions.AllowAny]
 
     class InputSerializer(serializers.Serializer):
-        name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+        class Meta:
+            ref_name = "PairingCreateInput"
 
-    @extend_schema(request=InputSerializer, responses={201: dict})
+        name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
+
+    @extend_schema(request=InputSerializer, responses={201: inline_serializer("PairingCreated", {
+        "pairing_id": serializers.IntegerField(), "code": serializers.CharField(),
+        "poll_secret": serializers.CharField(), "expires_at": serializers.DateTimeField(),
+        "poll_interval_seconds": serializers.IntegerField()})})
     def post(self, request: Request) -> Response:
         services.rate_limit_hit(key=f"pair:{_client_ip(request)}", limit=settings.BROWSER_PAIRING_RATE_LIMIT,
                                 window_seconds=60)
@@ -73,9 +80,16 @@ class BrowserPairingTokenApi(APIView):
     permission_classes = [permissions.AllowAny]
 
     class InputSerializer(serializers.Serializer):
-        poll_secret = serializers.CharField(max_length=200)
+        class Meta:
+            ref_name = "PairingTokenInput"
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+        poll_secret = StrictCharField(max_length=200)
+
+    @extend_schema(request=InputSerializer, responses={200: inline_serializer("PairingClaim", {
+        "status": serializers.ChoiceField(choices=["pending", "approved"]),
+        "token": serializers.CharField(required=False),
+        "device": serializers.DictField(required=False), "user": serializers.DictField(required=False),
+        "tenant": serializers.DictField(required=False)})})
     def post(self, request: Request, pairing_id: int) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -104,9 +118,14 @@ class BrowserPairingTokenApi(APIView):
 
 class BrowserPairingApproveApi(TenantScopedApiView):
     class InputSerializer(serializers.Serializer):
-        code = serializers.CharField(max_length=20)
+        class Meta:
+            ref_name = "PairingApproveInput"
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+        code = StrictCharField(max_length=20)
+
+    @extend_schema(request=InputSerializer, responses={200: inline_serializer("PairingApproved", {
+        "pairing_id": serializers.IntegerField(), "approved": serializers.BooleanField(),
+        "name": serializers.CharField()})})
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -124,7 +143,8 @@ class BrowserPairingApproveApi(TenantScopedApiView):
 
 
 class BrowserDeviceListApi(TenantScopedApiView):
-    @extend_schema(responses={200: DeviceOutputSerializer(many=True)})
+    @extend_schema(responses={200: inline_serializer("DeviceList", {
+        "results": serializers.ListField(child=DeviceOutputSerializer())})})
     def get(self, request: Request) -> Response:
         from browser.bridge import connected_device_ids_sync
 

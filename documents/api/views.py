@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent_platform.api_schema import paginated
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.pagination import PageNumberPagination
@@ -34,7 +35,7 @@ class DocumentListApi(TenantScopedApiView):
 
     @extend_schema(
         parameters=[OpenApiParameter("session", int, required=False, description="Only this session's documents.")],
-        responses=DocumentListSerializer(many=True),
+        responses=paginated("PaginatedDocumentListList", DocumentListSerializer()),
     )
     def get(self, request: Request) -> Response:
         session = request.query_params.get("session")

@@ -95,13 +95,13 @@ class RouteViewSet(TenantScopedViewSet):
         )
 
     @extend_schema(request=None, responses={200: _PROBE})
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], pagination_class=None)
     def test(self, request: Request, pk: str | None = None) -> Response:
         """Send a tiny request through each entry on its own; report latency or the error class."""
         return Response(route_test(route=self.get_object()))
 
     @extend_schema(responses={200: _HEALTH})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def health(self, request: Request, pk: str | None = None) -> Response:
         """Each entry's cooldown state and last minute's error rate, shared by all workers."""
         return Response(route_health(route=self.get_object()))

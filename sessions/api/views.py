@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db.models import Prefetch
 from django.http import HttpResponse
+from agent_platform.api_schema import StrictCharField, paginated
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.pagination import PageNumberPagination
@@ -146,7 +147,7 @@ class SessionListCreateApi(TenantScopedApiView):
         agent = serializers.IntegerField()
         title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
-    @extend_schema(responses=SessionSerializer(many=True))
+    @extend_schema(responses=paginated("PaginatedSessionList", SessionSerializer()))
     def get(self, request: Request) -> Response:
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(chat_session_list(user_id=request.user.pk), request, view=self)
@@ -264,7 +265,8 @@ class RunActivitiesApi(TenantScopedApiView):
     (its own activities: ``/runs/<run_id>/activities/``).
     """
 
-    @extend_schema(responses=inline_serializer("Activity", {"kind": serializers.CharField(), "at": serializers.DateTimeField()}, many=True))
+    @extend_schema(responses=paginated("PaginatedActivityList", inline_serializer(
+        "Activity", {"kind": serializers.CharField(), "at": serializers.DateTimeField()})))
     def get(self, request: Request, run_id: int) -> Response:
         run = run_get_for_user(run_id=run_id, user_id=request.user.pk)
         if run is None:
@@ -379,10 +381,16 @@ class ApprovalDecideApi(TenantScopedApiView):
             ref_name = "ApprovalDecideInput"
 
         decision = serializers.ChoiceField(choices=["approve", "deny"], required=False)
-        reason = serializers.CharField(required=False, allow_blank=True, max_length=2000)
-        answer = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+        reason = StrictCharField(required=False, allow_blank=True, max_length=2000)
+        answer = StrictCharField(required=False, allow_blank=True, max_length=10_000)
 
-    @extend_schema(request=InputSerializer, responses=ApprovalSerializer)
+        def validate(self, attrs: dict) -> dict:
+            """Exactly one of ``decision`` (tool calls) and ``answer`` (questions)."""
+            if ("decision" in attrs) == ("answer" in attrs):
+                raise serializers.ValidationError("Send exactly one of decision (a tool call) or answer (a question).")
+            return attrs
+
+    @extend_schema(request=None, responses=ApprovalSerializer)
     def get(self, request: Request, approval_id: int) -> Response:
         approval = approval_get_for_user(approval_id=approval_id, user_id=request.user.pk)
         if approval is None:
