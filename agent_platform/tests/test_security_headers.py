@@ -145,3 +145,20 @@ def test_the_proxy_header_counts_only_when_configured():
     with override_settings(SECURE_SSL_REDIRECT=True, SECURE_PROXY_SSL_HEADER=("HTTP_X_FORWARDED_PROTO", "https")):
         assert Client().get("/", **forwarded).status_code == 200
         assert Client().get("/").status_code == 301
+
+
+def test_the_documented_tls_settings_pass_djangos_deployment_checks():
+    """README's TLS recipe leaves ``manage.py check --deploy`` with no security warning (DEBUG
+    off, a per-install key, secure cookies, HTTPS redirect, HSTS)."""
+    base = {k: v for k, v in os.environ.items() if k not in _TLS_NAMES}
+    env = {**base, "DJANGO_SETTINGS_MODULE": "agent_platform.settings", "SECRETS_FILE": "",
+           "SECRET_KEY": "a-key-for-this-test-only-" + "x" * 40, "ENCRYPTION_KEY": Fernet.generate_key().decode(),
+           "SESSION_COOKIE_SECURE": "1", "CSRF_COOKIE_SECURE": "1", "SECURE_SSL_REDIRECT": "1",
+           "SECURE_HSTS_SECONDS": "31536000", "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1", "SECURE_HSTS_PRELOAD": "1"}
+    out = subprocess.run([sys.executable, "manage.py", "check", "--deploy"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=180)
+    report = out.stdout + out.stderr
+    assert "security.W" not in report and "security.E" not in report, report[-3000:]
+    without = subprocess.run([sys.executable, "manage.py", "check", "--deploy"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=180, env={k: v for k, v in env.items() if k not in _TLS_NAMES})
+    assert "security.W008" in without.stdout + without.stderr  # the check does look (plain HTTP: redirect off)
