@@ -88,11 +88,9 @@ fi
 #     password of the application's role, generated once into var/secrets.env (mode 0600, never
 #     overwritten; git-ignored) unless the environment gives them. The settings read that file,
 #     so `manage.py` and `make run` find them without exporting them (agent_platform/local_secrets.py).
-umask 077
 for name in $(.venv/bin/python -m agent_platform.local_secrets); do
   log "generated $name into ${SECRETS_FILE:-var/secrets.env} (keep it; back it up with the database)"
 done
-umask 022
 
 # 2. PostgreSQL and Redis: use DATABASE_URL / REDIS_URL, starting the local ones if they are down.
 if [ -z "${DATABASE_URL:-}" ]; then
