@@ -8,3 +8,10 @@ class ConsoleConfig(AppConfig):
 
     name = "console"
     verbose_name = "Console"
+
+    def ready(self) -> None:
+        from django.contrib import admin
+
+        admin.site.site_header = "Agent Platform console"
+        admin.site.site_title = "Agent Platform console"
+        admin.site.index_title = "Dashboard"

@@ -117,7 +117,8 @@
       if (server) server.addEventListener("change", function () { renderToolPicker(input); });
     });
     root.querySelectorAll(".policy-editor").forEach(function (editor) {
-      if ((editor.getAttribute("data-policy-name") || "").indexOf("__prefix__") >= 0) return;
+      var first = editor.querySelector("input");
+      if (!first || first.name.indexOf("__prefix__") >= 0) return;
       addRuleButton(editor);
     });
   }
