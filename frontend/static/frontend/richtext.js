@@ -39,10 +39,19 @@ DOMPurify.addHook('afterSanitizeAttributes', (node) => {
   }
 });
 
+// Classes from the model's HTML could borrow the app's styles: only marked's
+// `language-xxx` on <code> survives (it names the code block's language).
+DOMPurify.addHook('uponSanitizeAttribute', (node, data) => {
+  if (data.attrName !== 'class') return;
+  const lang = node.tagName === 'CODE' ? /(?:^|\s)(language-[\w+#.-]+)(?:\s|$)/.exec(data.attrValue || '') : null;
+  if (lang) data.attrValue = lang[1];
+  else data.keepAttr = false;
+});
+
 const PURIFY = {
   USE_PROFILES: { html: true },
   FORBID_TAGS: ['style', 'form', 'input', 'button', 'textarea', 'select', 'iframe', 'object', 'embed', 'svg', 'math'],
-  FORBID_ATTR: ['style', 'class', 'id', 'name'],
+  FORBID_ATTR: ['style', 'id', 'name'],
   ALLOWED_URI_REGEXP: /^(?:https?:|mailto:|#|\/|data:image\/)/i,
 };
 
@@ -139,11 +148,16 @@ export async function copyText(text) {
 /** Show "Copied" on `button` for a moment. */
 export function flashCopied(button, ok = true) {
   const before = button.dataset.label || button.textContent;
+  const beforeName = button.dataset.ariaLabel ?? button.getAttribute('aria-label') ?? '';
   button.dataset.label = before;
-  button.textContent = ok ? 'Copied' : 'Copy failed';
+  button.dataset.ariaLabel = beforeName;
+  const text = ok ? 'Copied' : 'Copy failed';
+  button.textContent = text;
+  if (beforeName) button.setAttribute('aria-label', text); // the name keeps the visible text
   clearTimeout(button._copyTimer);
   button._copyTimer = setTimeout(() => {
     button.textContent = before;
+    if (beforeName) button.setAttribute('aria-label', beforeName);
   }, 1500);
 }
 
