@@ -15,6 +15,7 @@ def revoke_devices(modeladmin, request, queryset):
 @admin.register(BrowserDevice)
 class BrowserDeviceAdmin(admin.ModelAdmin):
     list_display = ["name", "user", "tenant", "token_prefix", "created_at", "last_seen_at", "revoked_at"]
+    search_fields = ["name", "user__username", "token_prefix"]
     list_filter = ["tenant"]
     readonly_fields = ["token_prefix", "token_hash", "created_at", "last_seen_at", "extension_version"]
     actions = [revoke_devices]
@@ -23,6 +24,7 @@ class BrowserDeviceAdmin(admin.ModelAdmin):
 @admin.register(BrowserPairing)
 class BrowserPairingAdmin(admin.ModelAdmin):
     list_display = ["pk", "name", "user", "tenant", "created_at", "expires_at", "approved_at", "claimed_at"]
+    search_fields = ["name", "user__username"]
     readonly_fields = ["code_hash", "poll_secret_hash"]
 
     def has_add_permission(self, request) -> bool:

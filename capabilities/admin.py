@@ -149,6 +149,7 @@ def _tools_table(tools: list[dict]) -> str:
 class McpServerAdmin(TenantScopedModelAdmin):
     """MCP servers of the admin's tenants; the change page shows the last tool snapshot and a
     "Test connection" button (connect with the server's timeouts, list, store the snapshot)."""
+    search_fields = ["name", "alias", "url"]  # the console: search on every list
 
     form = McpServerForm
 
@@ -241,6 +242,7 @@ class CliCommandForm(_TemplateFormMixin, forms.ModelForm):
 class CliCommandAdmin(TenantScopedModelAdmin):
     """CLI commands: a program template of the operator's catalogue under a tool name; the secrets
     are write-only and stored encrypted (like an MCP server's)."""
+    search_fields = ["name", "description"]  # the console: search on every list
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "template":

@@ -25,6 +25,7 @@ from tenants.services import invitation_create, tenant_create
 @admin.register(Tenant)
 class TenantAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "created_at"]
+    search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
 
     def has_module_permission(self, request):
@@ -79,6 +80,7 @@ class MembershipAddForm(forms.ModelForm):
 @admin.register(Membership)
 class MembershipAdmin(TenantScopedModelAdmin):
     list_display = ["user", "tenant", "role", "created_at", "last_selected_at"]
+    search_fields = ["user__username", "user__email", "tenant__name"]
     list_filter = ["role"]
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
@@ -129,6 +131,7 @@ class MembershipAdmin(TenantScopedModelAdmin):
 @admin.register(ApiToken)
 class ApiTokenAdmin(TenantScopedModelAdmin):
     list_display = ["prefix", "name", "membership", "created_at", "last_used_at", "revoked_at"]
+    search_fields = ["name", "prefix", "membership__user__username"]
     readonly_fields = ["prefix", "token_hash", "created_at", "last_used_at"]
 
     def has_add_permission(self, request, *args):
@@ -146,6 +149,7 @@ class InvitationAdmin(TenantScopedModelAdmin):
     """Invitations: add one (the token is shown once, in a message), delete to withdraw."""
 
     list_display = ["username", "email", "role", "state", "created_by", "created_at", "expires_at", "accepted_by"]
+    search_fields = ["username", "email"]
     list_filter = ["role"]
     fields = ["tenant", "username", "email", "role"]
 

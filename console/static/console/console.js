@@ -104,7 +104,60 @@
     editor.appendChild(button);
   }
 
+  // Route entries: the model field offers the chosen provider's models (GET …/models/).
+  var modelLists = {};
+  function offerModels(select) {
+    var marker = document.getElementById("console-provider-models");
+    var container = select.closest(".inline-related");
+    if (!marker || !container) return;
+    var input = container.querySelector('input[name$="-model"]');
+    if (!input) return;
+    var note = container.querySelector(".console-models-note");
+    if (!note) {
+      note = document.createElement("p");
+      note.className = "help console-models-note";
+      note.setAttribute("data-testid", "models-note");
+      input.parentNode.appendChild(note);
+    }
+    if (!select.value) { note.textContent = ""; return; }
+    var listId = "console-models-" + select.value;
+    input.setAttribute("list", listId);
+    if (modelLists[select.value]) { note.textContent = modelLists[select.value]; return; }
+    note.textContent = "Asking the provider for its models…";
+    var url = marker.getAttribute("data-url").replace(/\/0\/models\/$/, "/" + select.value + "/models/");
+    fetch(url, { credentials: "same-origin", headers: { "Accept": "application/json" } })
+      .then(function (r) { return r.json(); })
+      .then(function (data) {
+        var text;
+        if (data.ok) {
+          var list = document.getElementById(listId);
+          if (!list) {
+            list = document.createElement("datalist");
+            list.id = listId;
+            document.body.appendChild(list);
+          }
+          list.textContent = "";
+          data.models.forEach(function (m) {
+            var option = document.createElement("option");
+            option.value = m;
+            list.appendChild(option);
+          });
+          text = data.models.length + " models from the provider: pick one from the field's list or type a name.";
+        } else {
+          text = "The provider's model list could not be read (" + data.error_class + "): " + data.error;
+        }
+        modelLists[select.value] = text;
+        note.textContent = text;
+      })
+      .catch(function () { note.textContent = "The provider's model list could not be read."; });
+  }
+
   function init(root) {
+    root.querySelectorAll('.inline-related select[name$="-provider"]').forEach(function (select) {
+      if (select.name.indexOf("__prefix__") >= 0) return;
+      offerModels(select);
+      select.addEventListener("change", function () { offerModels(select); });
+    });
     root.querySelectorAll("select[data-binding-kind]").forEach(function (select) {
       if (select.name.indexOf("__prefix__") >= 0) return;
       applyKind(select);
