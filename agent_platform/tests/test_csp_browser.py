@@ -1,6 +1,7 @@
 """The Content-Security-Policy in Chromium (issue 23, L2): the chat app, the console and the
 API docs work under it, with no violation reported; and a violation is seen when there is one
-(the docs page without its relaxation), so a silent pass means something."""
+(the docs page without its relaxation, inline styles only: no page runs an inline script), so
+a silent pass means something."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_the_chat_app_runs_under_the_policy(world, live_server_url):
         page.get_by_test_id("login-username").fill(world.member.username)
         page.get_by_test_id("login-password").fill("pw-user-123")
         page.get_by_test_id("login-submit").click()
-        expect(page.get_by_role("heading", name=f"Hello, {world.member.username}")).to_be_visible(timeout=15000)
+        page.get_by_test_id("new-chat").click()  # the New chat dialog: a searchable agent picker
         page.locator('[data-testid="agent-option"][data-agent-name="Helper"]').click()
         expect(page.get_by_test_id("composer-input")).to_be_visible()
         page.wait_for_load_state("networkidle")
@@ -99,8 +100,11 @@ def test_the_api_docs_need_their_relaxation_and_run_with_it(world, live_server_u
     with _page() as page:
         open_docs(page)
         expect(page.locator(".opblock").first).to_be_visible(timeout=15000)  # Swagger UI listed the operations
+        page.locator(".opblock").first.click()  # and opens one
+        expect(page.locator(".opblock-body").first).to_be_visible()
         assert _violations(page) == []
     settings.CONTENT_SECURITY_POLICY_PATHS = {}  # the strict policy on the docs page too
     with _page() as page:
         open_docs(page)
-        assert any(v.startswith("script-src") for v in _violations(page)), _violations(page)
+        violations = _violations(page)
+        assert violations and all(v.startswith("style-src") or "inline style" in v for v in violations), violations

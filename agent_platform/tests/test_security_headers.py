@@ -70,7 +70,11 @@ def test_swagger_ui_alone_gets_the_relaxed_policy(world):
     response = client.get("/api/docs/")
     assert response.status_code == 200
     d = _directives(response["Content-Security-Policy"])
-    assert "'unsafe-inline'" in d["script-src"] and d["frame-ancestors"] == ["'none'"] and d["object-src"] == ["'none'"]
+    assert d["script-src"] == ["'self'"]  # its start-up script is a file of its own (?script)
+    assert "'unsafe-inline'" in d["style-src"] and d["frame-ancestors"] == ["'none'"] and d["object-src"] == ["'none'"]
+    assert "<script>" not in response.content.decode()
+    script = client.get("/api/docs/?script=")
+    assert script.status_code == 200 and script["Content-Type"].startswith("application/javascript")
     _assert_strict(client.get("/api/schema/")["Content-Security-Policy"])
 
 
