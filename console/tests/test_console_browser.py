@@ -263,3 +263,30 @@ def test_admin_binds_tools_with_the_setup_helpers(world, other_world, live_serve
     assert binding.approval_policy == [{"pattern": "todo_*", "action": "deny"}, {"pattern": "*", "action": "allow"}]
     mcp_binding = CapabilityBinding.all_tenants.get(agent=agent, kind="mcp_server")
     assert mcp_binding.allowed_tools == ["list_tickets"] and mcp_binding.mcp_server.name == "tickets"
+
+
+def test_admin_tests_a_provider_and_a_route_and_picks_a_listed_model(world, fake_llm, live_server_url):
+    from playwright.sync_api import expect
+
+    from llm.testing import Reply
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Routed agent")
+    route, provider = agent.route, agent.route.entries.get().provider
+    fake_llm.script(Reply("pong"))
+    with open_page(height=1300) as page:
+        log_in(page, live_server_url, world.admin.username)
+        page.goto(live_server_url + f"/admin/llm/modelprovider/{provider.pk}/change/")
+        page.get_by_test_id("provider-test").click()
+        expect(page.locator(".messagelist")).to_contain_text("answered in")
+        expect(page.locator(".messagelist")).to_contain_text(fake_llm.model)
+
+        page.goto(live_server_url + f"/admin/llm/modelroute/{route.pk}/change/")
+        expect(page.locator(".field-entry_health")).to_contain_text("Working normally")
+        expect(page.get_by_test_id("models-note")).to_contain_text("1 models from the provider")
+        model = page.locator('input[name="entries-0-model"]')
+        list_id = model.get_attribute("list")
+        assert page.locator(f"datalist#{list_id} option").evaluate_all("os => os.map(o => o.value)") == [fake_llm.model]
+        model.fill(fake_llm.model)
+        check_axe(page, "route page")
+        page.get_by_test_id("route-test").click()
+        expect(page.locator(".messagelist")).to_contain_text("OK in")
