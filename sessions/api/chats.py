@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agent_platform.api_errors import ApplicationError, NotFound
+from agent_platform.api_schema import paginated
 from sessions.api.views import (
     ArtifactSerializer,
     RunSerializer,
@@ -71,7 +72,7 @@ class ChatListCreateApi(SessionListCreateApi):
     @extend_schema(
         parameters=[OpenApiParameter("q", str, required=False, description="Text in the title or the messages."),
                     OpenApiParameter("activity", str, required=False, enum=["active"])],
-        responses=ChatListItemSerializer(many=True),
+        responses=paginated("PaginatedChatList", ChatListItemSerializer()),
     )
     def get(self, request: Request) -> Response:
         activity = request.query_params.get("activity", "")
