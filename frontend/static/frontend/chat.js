@@ -140,6 +140,7 @@ function upsertApproval(run, raw) {
   };
   if (!current) run.approvals.set(id, incoming);
   else if (current.status === 'pending') Object.assign(current, incoming);
+  else if (!current.answer && incoming.answer) current.answer = incoming.answer;
 }
 
 const ERROR_LABELS = {
@@ -451,7 +452,7 @@ class ApprovalView {
 
   update(approval) {
     this.approval = approval;
-    const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill]);
+    const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill, approval.answer]);
     if (key === this.key) return;
     this.key = key;
     const question = approval.kind === 'question';
@@ -1133,7 +1134,18 @@ export class ChatView {
     // Canonical order: the server's runs, then any only seen live so far. Runs the
     // server no longer lists (edited or regenerated away) leave the chat.
     const serverIds = runs.map((r) => String(r.id));
-    const liveOnly = this.order.filter((id) => !serverIds.includes(id) && !this.goneRuns?.has(id));
+    // Ids only grow: a run older than the newest the server lists, and not listed, was
+    // edited or regenerated away (truncation).
+    this.maxServerRunId = Math.max(0, ...serverIds.map(Number).filter(Number.isFinite));
+    const gone = (id) => this.goneRuns?.has(id) || (!serverIds.includes(id) && Number(id) < this.maxServerRunId);
+    for (const id of this.order) {
+      if (!serverIds.includes(id) && gone(id)) {
+        this.runs.delete(id);
+        this.views.get(id)?.el.remove();
+        this.views.delete(id);
+      }
+    }
+    const liveOnly = this.order.filter((id) => !serverIds.includes(id) && !gone(id));
     this.order = [...serverIds, ...liveOnly];
     this.orderChanged = true;
     this.messageMode = agent.message_mode || 'queue';
@@ -1165,10 +1177,16 @@ export class ChatView {
       this.setTodos(data.todos);
       return;
     }
+    if (frame.type === 'artifact_updated') {
+      if (this.filesOpen) this.loadFiles(); // a document or file of this chat changed
+      return;
+    }
     if (frame.run_id === null || frame.run_id === undefined) return;
     // A skill's sub-run: shown as its parent's tool call, not as a run of the conversation.
     if (data.parent_run_id !== undefined && data.parent_run_id !== null) return;
     const known = this.runs.has(String(frame.run_id));
+    // Replayed frames of runs edited or regenerated away: not part of the chat any more.
+    if (!known && (this.goneRuns?.has(String(frame.run_id)) || Number(frame.run_id) < (this.maxServerRunId || 0))) return;
     const handlers = {
       run_queued: (run) => {
         if (!run.input && typeof data.input === 'string') run.input = data.input;
