@@ -122,6 +122,24 @@ def _usage_rows(world, agent, users, days_back: int) -> None:
             LLMCall.all_tenants.filter(run=run).update(created_at=day)
 
 
+def _open_breaker(entry_id: int, error_class: str) -> None:
+    import redis.asyncio as aioredis
+    from django.conf import settings
+
+    from llm.health import RedisEntryHealth
+    from llm.selectors import entry_health_key
+
+    async def record():
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        try:
+            health = RedisEntryHealth(client, prefix=f"{settings.REDIS_KEY_PREFIX}:health")
+            await health.record_failure(entry_health_key(entry_id), error_class, retry_after_seconds=120)
+        finally:
+            await client.aclose()
+
+    asyncio.run(record())
+
+
 def test_admin_reads_the_dashboard_for_a_month(world, other_world, live_server_url):
     from playwright.sync_api import expect
 
@@ -137,6 +155,7 @@ def test_admin_reads_the_dashboard_for_a_month(world, other_world, live_server_u
     ours = Run.all_tenants.filter(tenant=world.tenant, created_at__month=timezone.now().month,
                                   parent_tool_call__isnull=True).count()
     last_month = (timezone.now().replace(day=1) - timedelta(days=1)).strftime("%Y-%m")
+    _open_breaker(support.route.entries.get().pk, "rate_limit")
 
     with open_page(height=1500) as page:
         log_in(page, live_server_url, world.admin.username)
@@ -148,6 +167,8 @@ def test_admin_reads_the_dashboard_for_a_month(world, other_world, live_server_u
         expect(page.get_by_test_id("dashboard-agents")).to_contain_text("Research helper")
         expect(page.get_by_test_id("dashboard-failures")).to_contain_text("Every route entry failed")
         expect(page.get_by_test_id("dashboard-active")).to_contain_text(f"Run {active.pk}")
+        expect(page.get_by_test_id("cooling-entry")).to_contain_text("Cooling down after failures")
+        expect(page.get_by_test_id("cooling-entry")).to_contain_text("last error: rate_limit")
         expect(dashboard).not_to_contain_text("Globex")
         check_axe(page, "console home")
         screenshot(page, "console-dashboard.png", clip={"x": 0, "y": 0, "width": 1280, "height": 1180})
@@ -174,7 +195,7 @@ def test_admin_tries_an_agent_in_the_playground(world, fake_llm, celery_worker, 
         ToolCalls([("test_echo", {"text": "order 981 shipped"})]),
         Reply("Your order 981 has shipped and should arrive on Friday.", chunk_size=5),
     )
-    with open_page(width=1400, height=900) as page:
+    with open_page(width=1440, height=1100) as page:
         log_in(page, live_server_url, world.admin.username)
         page.locator('#content-main a[href$="/admin/agents/agentinstance/"]').first.click()
         page.locator("#searchbar").fill("Support")
