@@ -1,0 +1,139 @@
+// "Details" on each answer of the chat app: the run's trace for its own user
+// (GET /api/v1/runs/<id>/trace/, member fields only: no prompts, provider names or provider
+// error text). A separate module: it watches the chat for run articles
+// (article[data-testid="run"][data-run-id]) and adds a Details button next to the answer's
+// Copy (or the error's actions); the trace opens in a modal dialog, built with textContent only.
+import { request } from './api.js';
+
+const STATUS_WORDS = {
+  succeeded: 'answered', failed: 'failed', completed: 'completed', cancelled: 'stopped', running: 'running',
+  queued: 'queued', awaiting_approval: 'waiting for approval', timed_out: 'timed out', pending: 'pending',
+  approved: 'approved', denied: 'denied', answered: 'answered', expired: 'expired',
+};
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value === undefined || value === null) continue;
+    if (key === 'class') node.className = value;
+    else if (key === 'text') node.textContent = value;
+    else if (key === 'testid') node.dataset.testid = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) if (child) node.append(child);
+  return node;
+}
+
+function ms(value) {
+  if (value === null || value === undefined) return '—';
+  return value < 1000 ? `${Math.round(value)} ms` : `${(value / 1000).toFixed(1)} s`;
+}
+
+function when(iso) {
+  return iso ? new Date(iso).toLocaleString() : '';
+}
+
+function words(status) {
+  return STATUS_WORDS[status] || status;
+}
+
+let dialog = null;
+
+function ensureDialog() {
+  if (dialog) return dialog;
+  const title = el('h2', { id: 'trace-dialog-title', text: 'How this answer was made' });
+  const close = el('button', { type: 'button', class: 'btn trace-close', text: 'Close', testid: 'trace-close' });
+  const body = el('div', { class: 'trace-body', testid: 'trace-dialog-body' });
+  dialog = el('dialog', { class: 'trace-dialog', 'aria-labelledby': 'trace-dialog-title', testid: 'trace-dialog' },
+    el('div', { class: 'trace-head' }, title, close), body);
+  close.addEventListener('click', () => dialog.close());
+  document.body.append(dialog);
+  return dialog;
+}
+
+function renderTrace(trace) {
+  const run = trace.run;
+  const totals = trace.totals;
+  const parts = [];
+  parts.push(el('p', { class: 'trace-totals', testid: 'trace-totals',
+    text: `${words(run.status)} · ${ms(run.duration_ms)} · ${run.loop_count} step${run.loop_count === 1 ? '' : 's'} · `
+      + `${totals.tool_calls} tool call${totals.tool_calls === 1 ? '' : 's'} · `
+      + `${totals.prompt_tokens + totals.completion_tokens} tokens · $${Number(totals.cost_usd).toFixed(4)}`
+      + (totals.fallbacks ? ` · switched model ${totals.fallbacks}×` : '')
+      + (totals.retries ? ` · retried ${totals.retries}×` : '') }));
+  if (run.error) parts.push(el('p', { class: 'trace-error', text: run.error }));
+  const list = el('ol', { class: 'trace-steps' });
+  for (const turn of trace.turns) {
+    const item = el('li', { class: 'trace-step', testid: 'trace-step' });
+    item.append(el('h3', { text: `Step ${turn.turn + 1}` }));
+    for (const c of turn.compactions) {
+      item.append(el('p', { class: 'trace-line',
+        text: `Summarised ${c.messages_summarized} earlier messages (${c.tokens_before} → ${c.tokens_after} tokens).` }));
+    }
+    for (const a of turn.attempts) {
+      const label = a.is_fallback ? 'Switched to ' : a.is_retry ? 'Tried again: ' : 'Model ';
+      item.append(el('p', { class: 'trace-line', testid: 'trace-attempt',
+        text: `${label}${a.model}: ${words(a.status)} in ${ms(a.latency_ms)}`
+          + (a.first_token_ms !== null ? `, first words after ${ms(a.first_token_ms)}` : '')
+          + `, ${a.prompt_tokens} + ${a.completion_tokens} tokens`
+          + (a.error ? `. ${a.error}` : '') }));
+    }
+    for (const t of turn.tool_calls) {
+      const tool = el('details', { class: 'trace-tool', testid: 'trace-tool' },
+        el('summary', { text: `Tool ${t.name}: ${words(t.status)}${t.duration_ms !== null ? ` in ${ms(t.duration_ms)}` : ''}` }),
+        el('pre', { class: 'trace-pre', text: JSON.stringify(t.arguments, null, 2) }));
+      if (t.result) tool.append(el('pre', { class: 'trace-pre', text: t.result.slice(0, 4000) }));
+      if (t.error) tool.append(el('p', { class: 'trace-error', text: t.error }));
+      if (t.approval) {
+        tool.append(el('p', { class: 'trace-line',
+          text: `Approval ${words(t.approval.status)}${t.approval.decided_by_run_user ? ' by you' : ''}`
+            + (t.approval.decided_at ? ` at ${when(t.approval.decided_at)}` : '') }));
+      }
+      item.append(tool);
+    }
+    list.append(item);
+  }
+  parts.push(list);
+  return parts;
+}
+
+async function openTrace(runId, opener) {
+  const d = ensureDialog();
+  const body = d.querySelector('.trace-body');
+  body.textContent = 'Loading…';
+  if (!d.open) d.showModal();
+  d.addEventListener('close', () => opener.focus(), { once: true });
+  try {
+    const trace = await request('GET', `runs/${runId}/trace/`);
+    body.textContent = '';
+    body.append(...renderTrace(trace));
+  } catch (err) {
+    body.textContent = `The details could not be loaded: ${err.message || err}`;
+  }
+}
+
+function decorate(article) {
+  const runId = article.dataset.runId;
+  if (!runId) return;
+  const status = article.dataset.runStatus;
+  if (status === 'queued' || status === 'running') return;
+  const host = article.querySelector('.msg-actions [data-testid="copy-reply"]')?.parentElement
+    || article.querySelector('.run-error-actions');
+  if (!host || host.querySelector('.trace-details-btn')) return;
+  const button = el('button', { type: 'button', class: 'msg-action trace-details-btn', testid: 'run-details',
+    text: 'Details', 'aria-haspopup': 'dialog', title: 'How this answer was made: models, tools, timings' });
+  button.addEventListener('click', () => openTrace(article.dataset.runId, button));
+  host.append(button);
+}
+
+function scan() {
+  document.querySelectorAll('article[data-testid="run"][data-run-id]').forEach(decorate);
+}
+
+let scheduled = false;
+new MutationObserver(() => {
+  if (scheduled) return;
+  scheduled = true;
+  requestAnimationFrame(() => { scheduled = false; scan(); });
+}).observe(document.body, { childList: true, subtree: true, attributes: true, attributeFilter: ['data-run-status'] });
+scan();
