@@ -311,3 +311,26 @@ def test_admin_tests_a_provider_and_a_route_and_picks_a_listed_model(world, fake
         check_axe(page, "route page")
         page.get_by_test_id("route-test").click()
         expect(page.locator(".messagelist")).to_contain_text("OK in")
+
+
+def test_admin_approves_a_tool_call_in_the_playground(world, fake_llm, celery_worker, live_server_url):
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
+    from playwright.sync_api import expect
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Careful agent")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_echo", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "delete nothing"})]), Reply("Done, nothing deleted."))
+    with open_page() as page:
+        log_in(page, live_server_url, world.admin.username)
+        page.goto(live_server_url + f"/admin/agents/agentinstance/{agent.pk}/change/")
+        page.get_by_test_id("try-agent").click()
+        page.get_by_test_id("playground-input").fill("Please clean up")
+        page.get_by_test_id("playground-send").click()
+        approval = page.get_by_test_id("playground-approval")
+        expect(approval).to_contain_text('Approve test_echo {"text":"delete nothing"}?', timeout=20_000)
+        expect(page.get_by_test_id("playground-trace").get_by_test_id("run-trace")).to_have_attribute(
+            "data-run-status", "awaiting_approval", timeout=10_000)
+        approval.get_by_test_id("playground-approve").click()
+        expect(page.get_by_test_id("playground-assistant").last).to_have_text("Done, nothing deleted.", timeout=20_000)
+        expect(page.get_by_test_id("playground-trace").get_by_test_id("trace-approval")).to_contain_text(
+            f"approved by {world.admin.username}", timeout=10_000)
