@@ -2,8 +2,10 @@
 llama.cpp, text tool calls) asked for the time in Tokyo, through the API and a real worker,
 with the real mcp-server-time over stdio.
 
-The small model's wording is not asserted: the run must end (completed, or failed with a
-reason) within its timeout, and its LLM calls must be recorded.
+The small model's wording is not asserted: the run must end within its timeout, completed or
+failed for a reason the model's own behaviour explains (:data:`MODEL_BEHAVIOUR_REASONS`; never
+``internal_error``, ``configuration``, ``capability_unavailable``...: those are the platform's
+faults), and its LLM calls must be recorded.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from rest_framework.test import APIClient
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.local_model]
+
+MODEL_BEHAVIOUR_REASONS = frozenset({
+    "max_loop_count", "model_error", "turn_timeout", "run_timeout", "context_window", "compaction_failed",
+})
+"""Reasons a 0.5B model may cause by itself (looping on tools, an empty answer, slowness, a long
+history); any other reason fails the test."""
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +86,7 @@ def test_demo_assistant_answers_the_time_in_tokyo(local_model_url, celery_worker
             break
         assert time.monotonic() < deadline, f"run still {run['status']} after 240 s"
         time.sleep(0.5)
-    assert run["status"] == "completed" or run["reason"], run
+    assert run["status"] == "completed" or run["reason"] in MODEL_BEHAVIOUR_REASONS, run
     activities = client.get(f"/api/v1/runs/{run_id}/activities/").json()["results"]
     llm_calls = [a for a in activities if a["kind"] == "llm_call"]
     assert llm_calls and all(c["model"] == "qwen2.5-coder-0.5b-instruct" for c in llm_calls)
