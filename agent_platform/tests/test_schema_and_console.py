@@ -62,7 +62,7 @@ def test_runs_are_read_only_and_members_cannot_enter(client, world):
     session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
     run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="hello")
     client.force_login(world.admin)
-    page = client.get(f"/admin/agent_sessions/run/{run.pk}/change/")
+    page = client.get(f"/admin/agent_sessions/run/{run.pk}/change/", follow=True)  # a run opens as its trace
     assert page.status_code == 200 and 'name="_save"' not in page.content.decode()
     assert client.get("/admin/agent_sessions/run/add/").status_code == 403
     client.force_login(world.member)

@@ -46,6 +46,6 @@ def test_console_shows_entry_health_and_runs_the_route_test(client, world, fake_
     fake_llm.script(Reply("OK"))
     client.force_login(world.admin)
     page = client.get(f"/admin/llm/modelroute/{route.pk}/change/").content.decode()
-    assert "Entry health" in page and "closed" in page
+    assert "Entry health" in page and "Working normally" in page  # the closed breaker, in plain words
     resp = client.post("/admin/llm/modelroute/", {"action": "test_routes", "_selected_action": [route.pk]}, follow=True)
     assert "OK in" in resp.content.decode()
