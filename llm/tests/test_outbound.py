@@ -73,11 +73,17 @@ async def test_an_operator_allowed_host_port_is_reached(settings, transport, ser
     assert text_of(await collect(Router([entry(0, server_a.base_url)]))) == "hello"
 
 
-def test_the_default_allows_the_embedded_models_host_only():
+def test_the_default_allows_the_embedded_models_host_only(monkeypatch):
+    import os
+
     from agent_platform import settings as base
 
-    assert base.OUTBOUND_ALLOWED_HOSTS == ["127.0.0.1:8081"]  # LLM_BASE_URL's default host:port
-    assert base.OUTBOUND_ALLOWED_CIDRS == []
+    monkeypatch.setattr(base, "LLM_BASE_URL", "http://127.0.0.1:8081/v1")
+    assert base._default_outbound_hosts() == "127.0.0.1:8081"  # noqa: SLF001 - the embedded model
+    monkeypatch.setattr(base, "LLM_BASE_URL", "https://[::1]/v1")
+    assert base._default_outbound_hosts() == "[::1]:443"  # noqa: SLF001
+    if "OUTBOUND_ALLOWED_CIDRS" not in os.environ:
+        assert base.OUTBOUND_ALLOWED_CIDRS == []
 
 
 # --- at save time, through the admin API and the route test -----------------------------------
