@@ -679,6 +679,15 @@ def outbound_backend() -> Any:
     return _outbound_backend_class()()
 
 
+@functools.cache
+def _default_httpx2_ssl_context() -> ssl.SSLContext:
+    """httpx2's default verifying TLS context (certifi's CAs, ``SSL_CERT_FILE``/``SSL_CERT_DIR``
+    honoured), built once per process."""
+    import httpx2
+
+    return httpx2.create_ssl_context()
+
+
 def outbound_transport(*, verify: Any = True, limits: Any = None, http2: bool = False) -> Any:
     """An ``httpx2.AsyncHTTPTransport`` whose connections go through :class:`OutboundBackend`.
 
@@ -695,9 +704,13 @@ def outbound_transport(*, verify: Any = True, limits: Any = None, http2: bool = 
     import httpx2
 
     limits = limits or httpx2.Limits(max_connections=100, max_keepalive_connections=20)
-    transport = httpx2.AsyncHTTPTransport(verify=verify, trust_env=False, limits=limits, http2=http2)
-    ssl_context = verify if isinstance(verify, ssl.SSLContext) else httpx2.create_ssl_context(verify=verify,
-                                                                                          trust_env=False)
+    if isinstance(verify, ssl.SSLContext):
+        ssl_context = verify
+    elif verify is True:
+        ssl_context = _default_httpx2_ssl_context()  # built once: loading the CA bundle costs ~20 ms
+    else:
+        ssl_context = httpx2.create_ssl_context(verify=verify)
+    transport = httpx2.AsyncHTTPTransport(verify=ssl_context, trust_env=False, limits=limits, http2=http2)
     # httpx2 builds its httpcore2 pool in __init__ without a way to pass a network backend;
     # replace it with an equivalent pool that has one (httpcore2's documented parameter),
     # as _PinnedTransport does for web_fetch.
