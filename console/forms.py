@@ -166,7 +166,16 @@ class ToolListField(forms.Field):
     def to_python(self, value: Any) -> list[str]:
         if isinstance(value, list):
             return [str(v) for v in value]
-        return [t.strip() for t in (value or "").split(",") if t.strip()]
+        value = (value or "").strip()
+        if value.startswith("["):  # a JSON list, as the field used to take
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                raise forms.ValidationError("Tool names separated by commas, or a JSON list of names.") from exc
+            if not isinstance(parsed, list) or not all(isinstance(t, str) for t in parsed):
+                raise forms.ValidationError("A JSON list of tool names.")
+            return parsed
+        return [t.strip() for t in value.split(",") if t.strip()]
 
     def has_changed(self, initial: Any, data: Any) -> bool:
         return list(initial or []) != self.to_python(data)

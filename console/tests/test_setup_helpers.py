@@ -96,6 +96,9 @@ def test_binding_form_policy_rows_builtin_list_and_tool_list(world, other_world)
     assert form.cleaned_data["approval_policy"] == [{"pattern": "delete_*", "action": "ask"},
                                                     {"pattern": "*", "action": "allow"}]
     assert form.cleaned_data["allowed_tools"] == ["a", "b"]
+    as_json = BindingForm(data={**data, "allowed_tools": '["x", "y"]'})
+    assert as_json.is_valid() and as_json.cleaned_data["allowed_tools"] == ["x", "y"]
+    assert not BindingForm(data={**data, "allowed_tools": '[1, 2'}).is_valid()
     bad = BindingForm(data={**data, "approval_policy-action-0": "maybe"})
     assert not bad.is_valid() and "approval_policy" in bad.errors
     # The tool lists offered are only the admin's tenant's servers'.
