@@ -59,6 +59,10 @@ class ChatSessionAdmin(ReadOnlyAdmin):
                      name="agent_sessions_chatsession_transcript")]
         return urls + super().get_urls()
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """A session opens as its transcript (each run linked to its trace)."""
+        return redirect("admin:agent_sessions_chatsession_transcript", object_id)
+
     @admin.display(description="cost (USD)", ordering="cost_usd_micros")
     def cost(self, obj):
         return _usd(obj.cost_usd_micros)

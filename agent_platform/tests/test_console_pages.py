@@ -75,7 +75,8 @@ def _walk(client) -> list[str]:
         objects = changelist.context["cl"].result_list
         if objects:
             change = _get(client, reverse("admin:%s_%s_change" % info, args=[objects[0].pk]))
-            if change.status_code == 302 and change["Location"].endswith("/trace/"):  # a run opens as its trace
+            if change.status_code == 302 and change["Location"].endswith(("/trace/", "/transcript/")):
+                # a run opens as its trace, a session as its transcript
                 change = _get(client, change["Location"])
             assert change.status_code == 200, (info, change.status_code)
     return seen

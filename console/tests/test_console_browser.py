@@ -334,3 +334,30 @@ def test_admin_approves_a_tool_call_in_the_playground(world, fake_llm, celery_wo
         expect(page.get_by_test_id("playground-assistant").last).to_have_text("Done, nothing deleted.", timeout=20_000)
         expect(page.get_by_test_id("playground-trace").get_by_test_id("trace-approval")).to_contain_text(
             f"approved by {world.admin.username}", timeout=10_000)
+
+
+def test_the_trace_of_a_working_run_follows_it_until_it_ends(world, live_server_url):
+    import contextvars
+    import threading
+
+    from playwright.sync_api import expect
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Slow agent")
+    session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
+    run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="take your time",
+                                 status="running", started_at=timezone.now())
+
+    def finish():  # the ORM outside Playwright's event-loop thread
+        updated = Run.all_tenants.filter(pk=run.pk).update(status="completed", reply="All done.",
+                                                           finished_at=timezone.now())
+        assert updated == 1
+
+    with open_page() as page:
+        log_in(page, live_server_url, world.admin.username)
+        page.goto(live_server_url + f"/admin/agent_sessions/run/{run.pk}/trace/")
+        expect(page.get_by_test_id("run-status")).to_have_text("Running")
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(finish,))  # with the test's scope
+        worker.start()
+        worker.join()
+        expect(page.get_by_test_id("run-status")).to_have_text("Completed", timeout=10_000)
+        expect(page.get_by_test_id("trace-reply")).to_have_text("All done.")

@@ -103,6 +103,8 @@ def test_console_trace_page_shows_the_whole_run_to_its_tenants_admin(world, trac
         assert seen in html, seen
     transcript_url = reverse("admin:agent_sessions_chatsession_transcript", args=[traced_run.session_id])
     assert f'{transcript_url}#run-{traced_run.pk}' in html
+    session_change = client.get(reverse("admin:agent_sessions_chatsession_change", args=[traced_run.session_id]))
+    assert session_change.status_code == 302 and session_change["Location"] == transcript_url
     transcript = client.get(transcript_url)
     assert transcript.status_code == 200 and trace_url in transcript.content.decode()
 

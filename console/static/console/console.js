@@ -176,7 +176,27 @@
     });
   }
 
-  document.addEventListener("DOMContentLoaded", function () { init(document); });
+  // A trace page of a run still working re-reads itself every 2 s until the run ends.
+  var ACTIVE = ["queued", "running", "awaiting_approval"];
+  function followTrace() {
+    var trace = document.querySelector('.console-trace-page [data-testid="run-trace"]');
+    if (!trace || ACTIVE.indexOf(trace.getAttribute("data-run-status")) < 0) return;
+    var timer = setInterval(function () {
+      fetch(location.pathname + "?fragment=1", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) {
+          if (html === null) return;
+          var fresh = new DOMParser().parseFromString(html, "text/html").querySelector('[data-testid="run-trace"]');
+          var current = document.querySelector('[data-testid="run-trace"]');
+          if (!fresh || !current) return;
+          fresh.id = current.id;
+          current.replaceWith(fresh);
+          if (ACTIVE.indexOf(fresh.getAttribute("data-run-status")) < 0) clearInterval(timer);
+        });
+    }, 2000);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () { init(document); followTrace(); });
   // Django admin's inlines.js announces a form added with "Add another".
   document.addEventListener("formset:added", function (event) { init(event.target); });
 })();
