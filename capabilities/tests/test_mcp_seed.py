@@ -20,7 +20,8 @@ def test_seed_demo_binds_mcp_server_fetch_to_the_researcher() -> None:
     [binding] = CapabilityBinding.all_tenants.filter(agent=researcher, kind=CapabilityKind.MCP_SERVER)
     server = binding.mcp_server
     assert (server.alias, server.transport, binding.allowed_tools) == ("fetch", "stdio", ["fetch"])
-    assert "--allow-private-ips" not in server.args, "the demo fetch server refuses internal addresses"
-    result = mcp_server_test_connection(server=server)  # the configured command really starts
+    assert server.template.slug == "mcp-server-fetch" and server.template.network == "egress"
+    assert "--allow-private-ips" not in server.template.argv, "the demo fetch server refuses internal addresses"
+    result = mcp_server_test_connection(server=server)  # the template's program really starts, confined
     assert result.ok, result.error
     assert "fetch" in [t.name for t in result.tools]

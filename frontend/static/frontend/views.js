@@ -5,6 +5,7 @@
 
 import { h, replaceChildren, spinner, shortTime, fullTime } from './dom.js';
 import { settings } from './settings.js';
+import { icon } from './icons.js';
 
 // ---------------------------------------------------------------- toasts --
 
@@ -444,7 +445,7 @@ export class Shell {
     );
     const title = s.title || 'New chat';
     const rename = h('button', { type: 'button', class: 'icon-btn', testid: 'session-rename', 'aria-label': `Rename “${title}”`, title: 'Rename', text: '✎' });
-    const remove = h('button', { type: 'button', class: 'icon-btn', testid: 'session-delete', 'aria-label': `Delete “${title}”`, title: 'Delete', text: '🗑' });
+    const remove = h('button', { type: 'button', class: 'icon-btn', testid: 'session-delete', 'aria-label': `Delete “${title}”`, title: 'Delete' }, icon('trash'));
     const li = h('li', { class: 'session-row' }, link, h('span', { class: 'session-actions' }, rename, remove));
     rename.addEventListener('click', () => this.startRename(li, s));
     remove.addEventListener('click', () => this.onDelete(s));
