@@ -25,6 +25,7 @@ import {
 } from './dom.js';
 import { renderRichText, copyText, flashCopied, wireCopyButtons } from './richtext.js';
 import { settings } from './settings.js';
+import { icon } from './icons.js';
 
 // ---------------------------------------------------------------- helpers --
 
@@ -893,7 +894,7 @@ export class ChatView {
       this.addFiles([...this.fileInput.files]);
       this.fileInput.value = '';
     });
-    this.attachBtn = h('button', { type: 'button', class: 'btn btn-ghost composer-attach', testid: 'composer-attach', 'aria-label': 'Attach files', title: 'Attach files (or drop or paste them)', text: '📎' });
+    this.attachBtn = h('button', { type: 'button', class: 'btn btn-ghost composer-attach', testid: 'composer-attach', 'aria-label': 'Attach files', title: 'Attach files (or drop or paste them)' }, icon('paperclip'));
     this.attachBtn.addEventListener('click', () => this.fileInput.click());
     this.chipsEl = h('ul', { class: 'attach-chips', testid: 'attachment-chips', 'aria-label': 'Attached files', hidden: true });
     this.input.addEventListener('paste', (event) => {
@@ -1606,7 +1607,7 @@ export class ChatView {
         return h(
           'li',
           { class: 'attach-chip', testid: 'attachment-chip' },
-          h('span', { class: 'attach-icon', 'aria-hidden': 'true', text: a.file.type.startsWith('image/') ? '🖼' : '📄' }),
+          icon(a.file.type.startsWith('image/') ? 'image' : 'file'),
           h('span', { class: 'attach-name', text: a.file.name }),
           h('span', { class: 'attach-size', text: formatBytes(a.file.size) }),
           remove,
@@ -1650,7 +1651,7 @@ export class ChatView {
     }
     const docItems = documents.map((doc) => {
       const open = h('button', { type: 'button', class: 'file-item', testid: 'file-document', dataset: { documentId: String(doc.id) } },
-        h('span', { class: 'file-icon', 'aria-hidden': 'true', text: '📝' }),
+        icon('doc'),
         h('span', { class: 'file-name', text: doc.title || `Document ${doc.id}` }),
         h('span', { class: 'file-meta', text: `v${doc.version}` }));
       open.addEventListener('click', () => this.showDocument(doc.id));
@@ -1666,7 +1667,7 @@ export class ChatView {
       },
       a.mime_type.startsWith('image/')
         ? h('img', { class: 'file-thumb', src: `/api/v1/artifacts/${encodeURIComponent(a.id)}/content`, alt: '' })
-        : h('span', { class: 'file-icon', 'aria-hidden': 'true', text: '📄' }),
+        : icon('file'),
       h('span', { class: 'file-name', text: a.name }),
       h('span', { class: 'file-meta', text: formatBytes(a.size_bytes) }))));
     this.docView = h('div', { class: 'doc-view', testid: 'document-view', hidden: true });
