@@ -19,8 +19,11 @@ filled as above; a subscription restored by :mod:`sessions.live` makes the consu
 stream at once; and a dropped *last* frame is found by a check of the stream every
 :data:`CATCH_UP_SECONDS`, so a client always ends up with every frame, in order.
 
-Guards (:mod:`sessions.stream_guard`): the credential the socket was opened with (API token
-or login session) is re-checked every :data:`~sessions.stream_guard.AUTH_RECHECK_SECONDS`;
+Guards (:mod:`sessions.stream_guard`): a socket opened with an API token closes as soon as
+the token is revoked (:mod:`agent_platform.revocations`); the credential the socket was
+opened with (API token or login session) is re-checked every
+:data:`~sessions.stream_guard.AUTH_RECHECK_SECONDS` (a removed membership, a deactivated user,
+a logout, a lost revocation message);
 a user holds at most ``STREAMS_PER_USER_MAX`` streams (WebSocket + SSE); the web process
 stopping closes the socket (:mod:`agent_platform.shutdown`). Frames a client sends are JSON
 nested at most 64 deep (else an ``{"type": "error"}`` frame; the socket stays open).
@@ -44,6 +47,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from agent_platform.api_parsers import JSONDepthError, json_loads_bounded
+from agent_platform.revocations import revocations_channel
 from agent_platform.shutdown import wait_stopping
 from sessions import stream_guard
 from sessions.events import EVENTS_LAYER, _pubsub_group_channel, events_since, frame_text, group_name
@@ -78,6 +82,7 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
     credential: StreamCredential | None = None  # re-checked while open
     slot: str | None = None  # the stream slot leased from stream_guard
     stopper: asyncio.Task | None = None  # closes the socket when the process stops
+    revocations: str | None = None  # the revoked-tokens channel joined (token sockets)
 
     async def connect(self) -> None:
         await self.accept()
@@ -106,6 +111,9 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_TOO_MANY_STREAMS)
             return
         self.stopper = asyncio.create_task(self._close_on_shutdown())
+        if token_id is not None:  # a revocation closes the socket at once
+            await live_join(revocations_channel(), self._on_revoked)
+            self.revocations = revocations_channel()
         channel = _pubsub_group_channel(self.session_id)
         if channel is not None:
             self.live = asyncio.Queue()
@@ -146,6 +154,12 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         except Exception:  # e.g. Redis failing the gap's read: the client reconnects with after_seq
             logger.exception("session %s: live delivery failed; closing the socket", self.session_id)
             await self.close(code=CLOSE_INTERNAL_ERROR)
+
+    def _on_revoked(self, message: dict[str, Any] | None) -> None:
+        """A revoked token (``{"token_id"}``, :mod:`agent_platform.revocations`): close 4401 if
+        it is this socket's. ``None`` (the subscription was restored) waits for the recheck."""
+        if message is not None and self.credential is not None and message.get("token_id") == self.credential.token_id:
+            asyncio.ensure_future(self.close(code=CLOSE_UNAUTHENTICATED))
 
     async def _close_on_shutdown(self) -> None:
         await wait_stopping()
@@ -189,6 +203,9 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
             if task is not None:
                 task.cancel()
         self._leave_live()
+        if self.revocations is not None:
+            live_leave(self.revocations, self._on_revoked)
+            self.revocations = None
         if self.joined:
             await self.channel_layer.group_discard(group_name(self.session_id), self.channel_name)
         if self.slot is not None and self.credential is not None:

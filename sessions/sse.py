@@ -18,7 +18,8 @@ not fan out itself (another channel layer), the stream reads the replay stream e
 Guards (:mod:`sessions.stream_guard`): ``Last-Event-ID``/``after_seq`` must be an integer
 in 0..2**63-1 (else 400); a user holds at most ``STREAMS_PER_USER_MAX`` streams (WebSocket
 + SSE; else 429 with ``Retry-After``); the credential is re-checked every
-``AUTH_RECHECK_SECONDS`` and the process stopping ends the stream: both send
+``AUTH_RECHECK_SECONDS`` (a token's revocation ends its streams at once,
+:mod:`agent_platform.revocations`) and the process stopping ends the stream: both send
 ``event: stream_closed`` (data ``{"reason": "unauthenticated" | "server_stopping"}``) and
 end the response. Every refusal is JSON ``{message, extra}``.
 
@@ -37,6 +38,7 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
+from agent_platform.revocations import revocations_channel
 from agent_platform.shutdown import is_stopping, wait_stopping
 from sessions import stream_guard
 from sessions.events import _pubsub_group_channel, events_since, frame_text
@@ -129,10 +131,17 @@ async def _stream(*, session_id: int, after_seq: int, credential: StreamCredenti
     pending: deque[dict[str, Any] | None] = deque()
     wake = asyncio.Event()
     stopping = False
+    revoked = False
 
     def listener(message: dict[str, Any] | None) -> None:
         pending.append(message)
         wake.set()
+
+    def on_revoked(message: dict[str, Any] | None) -> None:
+        nonlocal revoked
+        if message is not None and message.get("token_id") == credential.token_id:
+            revoked = True
+            wake.set()
 
     async def watch_stop() -> None:
         nonlocal stopping
@@ -141,7 +150,7 @@ async def _stream(*, session_id: int, after_seq: int, credential: StreamCredenti
         wake.set()
 
     channel = _pubsub_group_channel(session_id)
-    joined = False
+    joined = watching_revocations = False
     stopper = asyncio.ensure_future(watch_stop())
     last_seq = after_seq
     try:
@@ -149,6 +158,9 @@ async def _stream(*, session_id: int, after_seq: int, credential: StreamCredenti
         if channel is not None:
             await live_join(channel, listener)
             joined = True
+        if credential.token_id is not None:  # a revocation ends the stream at once
+            await live_join(revocations_channel(), on_revoked)
+            watching_revocations = True
         catch_up_seconds = CATCH_UP_SECONDS if channel is not None else FALLBACK_POLL_SECONDS
 
         async def since_last() -> list[str]:
@@ -166,7 +178,7 @@ async def _stream(*, session_id: int, after_seq: int, credential: StreamCredenti
         next_ping, next_catch_up = now + PING_SECONDS, now + catch_up_seconds
         next_recheck = now + stream_guard.AUTH_RECHECK_SECONDS
         while True:
-            if not pending and not stopping:
+            if not pending and not stopping and not revoked:
                 try:
                     async with asyncio.timeout(max(0.0, min(next_ping, next_catch_up, next_recheck) - loop.time())):
                         await wake.wait()
@@ -175,6 +187,9 @@ async def _stream(*, session_id: int, after_seq: int, credential: StreamCredenti
                 wake.clear()
             if stopping:
                 yield _closed("server_stopping")
+                return
+            if revoked:
+                yield _closed("unauthenticated")
                 return
             while pending:
                 message = pending.popleft()
@@ -209,6 +224,8 @@ async def _stream(*, session_id: int, after_seq: int, credential: StreamCredenti
         stopper.cancel()
         if joined and channel is not None:
             live_leave(channel, listener)
+        if watching_revocations:
+            live_leave(revocations_channel(), on_revoked)
         try:
             await stream_guard.stream_slot_release(user_id=credential.user_id, slot=slot)
         except Exception as exc:  # noqa: BLE001 - the lease expires by itself

@@ -21,6 +21,7 @@ from django.utils import timezone
 from rest_framework import status
 
 from agent_platform.api_errors import ApplicationError, NotFound
+from agent_platform.revocations import token_revoked_publish
 from tenants.audit import Action, audit_record
 from tenants.crypto import data_key_new_wrapped
 from tenants.models import ApiToken, Invitation, Membership, Role, Tenant
@@ -161,6 +162,9 @@ def api_token_revoke(*, token: ApiToken) -> ApiToken:
         token.save(update_fields=["revoked_at"])
         audit_record(action=Action.TOKEN_REVOKED, obj=token,
                      detail={"membership_id": token.membership_id, "name": token.name})
+        # Streams opened with the token close at once (agent_platform/revocations.py).
+        token_id = token.pk
+        transaction.on_commit(lambda: token_revoked_publish(token_id=token_id))
     return token
 
 

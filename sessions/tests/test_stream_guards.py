@@ -134,6 +134,30 @@ async def test_an_sse_stream_opened_with_a_token_ends_once_the_token_is_revoked(
             assert await sse.next_event(timeout=5) is None  # the response ended; "after" never came
 
 
+@pytest.fixture
+def no_recheck(monkeypatch):
+    """The periodic credential check out of the way: only the revocation message can act."""
+    monkeypatch.setattr(stream_guard, "AUTH_RECHECK_SECONDS", 3600.0)
+
+
+async def test_revoking_a_token_closes_its_websocket_and_sse_stream_at_once(world, live_server_url, no_recheck,
+                                                                         free_slots):
+    session = await database_sync_to_async(make_session)(world)
+    comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={world.member_token}")
+    assert (await comm.connect())[0]
+    url = f"{live_server_url}/api/v1/sessions/{session.pk}/events"
+    async with httpx.AsyncClient(timeout=10) as client:
+        async with client.stream("GET", url, headers={"Authorization": f"Bearer {world.member_token}"}) as response:
+            sse = SSE(response)
+            await database_sync_to_async(publish)(session.pk, "before")
+            assert (await sse.next_event())["data"]["data"]["text"] == "before"
+            assert (await comm.receive_json_from(timeout=5))["data"]["text"] == "before"
+            await database_sync_to_async(revoke_member_tokens)(world)
+            assert await sse.next_event(timeout=3) == {"event": "stream_closed", "data": {"reason": "unauthenticated"}}
+            assert await close_code(comm, timeout=3) == 4401
+    await comm.disconnect()
+
+
 async def test_an_sse_stream_on_the_login_cookie_ends_after_logout(world, live_server_url, quick_recheck, free_slots):
     from django.test import Client
 
