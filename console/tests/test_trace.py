@@ -131,3 +131,18 @@ def test_run_list_search_and_filters(world, traced_run):
     assert trace_url not in client.get(url, {"status__exact": "failed"}).content.decode()
     agent_id = traced_run.session.agent_id
     assert trace_url in client.get(url, {"session__agent__id__exact": agent_id}).content.decode()
+
+
+def test_a_compaction_shows_in_the_turn_that_needed_it(traced_run):
+    from sessions.models import Compaction, LLMCall
+
+    second_turn_start = LLMCall.all_tenants.filter(run=traced_run, turn=1).order_by("created_at").first().created_at
+    compaction = Compaction.all_tenants.create(
+        tenant_id=traced_run.tenant_id, session_id=traced_run.session_id, run=traced_run, attempt=1,
+        status="succeeded", summary="The user asked for an echo.", messages_summarized=3, tokens_before=900,
+        tokens_after=120,
+    )
+    Compaction.all_tenants.filter(pk=compaction.pk).update(created_at=second_turn_start)
+    trace = run_trace(run=traced_run, admin=False)
+    assert [len(t["compactions"]) for t in trace["turns"]] == [0, 1]
+    assert trace["turns"][1]["compactions"][0]["tokens_after"] == 120 and trace["totals"]["compactions"] == 1
