@@ -174,6 +174,24 @@ async def test_an_sse_stream_on_the_login_cookie_ends_after_logout(world, live_s
             assert await sse.next_event(timeout=5) == {"event": "stream_closed", "data": {"reason": "unauthenticated"}}
 
 
+async def test_a_websocket_on_the_login_cookie_closes_4401_after_logout(world, quick_recheck, free_slots):
+    from django.test import Client
+
+    session = await database_sync_to_async(make_session)(world)
+    browser = Client()
+    await database_sync_to_async(browser.force_login)(world.member)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+    comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/",
+                                 headers=[(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1"),
+                                          (b"cookie", cookie)])
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "ping"})
+    assert await comm.receive_json_from(timeout=5) == {"type": "pong"}  # open, authenticated by the cookie
+    await database_sync_to_async(browser.logout)()
+    assert await close_code(comm, timeout=5) == 4401
+    await comm.disconnect()
+
+
 # --- M2: SSE keepalive, no timeout, no pooled connection while idle ----------------------------
 
 async def test_an_idle_sse_stream_outlives_the_redis_socket_timeout_and_is_pinged(world, live_server_url, free_slots,
