@@ -1,4 +1,4 @@
-.PHONY: run test bench lint
+.PHONY: run test bench lint mutation
 
 ## Start the whole platform (model server, worker, web) on http://127.0.0.1:8000/
 run:
@@ -28,3 +28,7 @@ bench:
 ## Static checks (pyflakes rules and syntax errors)
 lint:
 	.venv/bin/ruff check --select F,E9 .
+
+## Mutation testing on demand, never in CI (scripts/mutation.sh --list; TARGETS="naming router" for some)
+mutation:
+	scripts/mutation.sh $(TARGETS)
