@@ -175,6 +175,10 @@ const enc = encodeURIComponent;
 
 export const api = {
   me: () => get('auth/me/'),
+  /** The caller's tenants, default (last picked) first: [{id, name, slug, role, default}]. */
+  tenants: () => get('auth/tenants/'),
+  /** Make `slug` the caller's default tenant (where they land; what the app shows). */
+  pickTenant: (slug) => post('auth/tenant/', { tenant: slug }),
   login: (username, password) => post('auth/login/', { username, password }),
   logout: () => post('auth/logout/'),
   listAgents: () => getAll('agents/'),

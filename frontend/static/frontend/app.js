@@ -224,8 +224,10 @@ function ensureShell() {
     },
     onRename: renameSession,
     onDelete: deleteSession,
+    onPickTenant: pickTenant,
   });
   state.shell = shell;
+  api.tenants().then((list) => shell.setTenants(list)).catch(() => {}); // a picker if more than one
   mountBrowserDevices(shell); // --- browser capability: "Browser devices" panel (browser.js) ---
   replaceChildren(root, shell.el);
   loadAgents();
@@ -234,6 +236,16 @@ function ensureShell() {
   clearInterval(state.badgeTimer);
   state.badgeTimer = setInterval(refreshBadges, 10000);
   return shell;
+}
+
+/** Switch tenant: the server remembers the pick (the user lands there next time); reload. */
+async function pickTenant(slug) {
+  try {
+    await api.pickTenant(slug);
+    window.location.reload();
+  } catch (err) {
+    reportError(err, 'Could not switch tenant.');
+  }
 }
 
 async function loadUsage() {

@@ -152,10 +152,13 @@ const GROUP_ORDER = ['Today', 'Yesterday', 'Previous 7 days', 'Previous 30 days'
 /**
  * Header + sidebar + main area for a logged-in user.
  * Callbacks: onLogout(), onPickAgent(agent), onLoadMoreSessions(), onRetryAgents(),
- * onSearch(q), onRename(session, title) -> Promise<bool>, onDelete(session).
+ * onSearch(q), onRename(session, title) -> Promise<bool>, onDelete(session), onPickTenant(slug).
  */
 export class Shell {
-  constructor({ me, onLogout, onPickAgent, onLoadMoreSessions, onRetryAgents, onSearch, onRename, onDelete }) {
+  constructor({ me, onLogout, onPickAgent, onLoadMoreSessions, onRetryAgents, onSearch, onRename, onDelete,
+    onPickTenant }) {
+    this.me = me;
+    this.onPickTenant = onPickTenant || (() => {});
     this.onPickAgent = onPickAgent;
     this.onLoadMoreSessions = onLoadMoreSessions;
     this.onRetryAgents = onRetryAgents;
@@ -203,7 +206,7 @@ export class Shell {
         'div',
         { class: 'brand' },
         h('span', { class: 'brand-mark small', 'aria-hidden': 'true', text: 'AP' }),
-        h('span', { class: 'tenant-name', testid: 'tenant-name', text: tenant }),
+        (this.tenantName = h('span', { class: 'tenant-name', testid: 'tenant-name', text: tenant })),
       ),
       h(
         'div',
@@ -365,6 +368,26 @@ export class Shell {
         item.setAttribute('aria-current', 'page');
       else item.removeAttribute('aria-current');
     }
+  }
+
+  /**
+   * The caller's tenants ([{name, slug, default}]): with more than one, the tenant name in the
+   * header becomes a picker; picking calls onPickTenant(slug).
+   */
+  setTenants(list) {
+    if (!Array.isArray(list) || list.length < 2 || !this.tenantName?.isConnected) return;
+    const current = this.me?.tenant?.slug;
+    const select = h(
+      'select',
+      { class: 'tenant-name tenant-picker', testid: 'tenant-picker', 'aria-label': 'Tenant' },
+      ...list.map((t) => h('option', { value: t.slug, text: t.name || t.slug })),
+    );
+    select.value = current || list[0].slug;
+    select.addEventListener('change', () => {
+      if (select.value !== current) this.onPickTenant(select.value);
+    });
+    this.tenantName.replaceWith(select);
+    this.tenantName = select;
   }
 
   setUsage(usage) {
