@@ -94,3 +94,17 @@ def test_deep_json_on_the_live_server_is_a_400(world, live_server_url):
                               headers={**headers, "Content-Type": "application/json"}, timeout=30)
         assert response.status_code == 400, response.text[:300]
         assert set(response.json()) == {"message", "extra"}
+
+
+@pytest.mark.django_db
+def test_an_unhandled_exception_under_api_is_a_json_500(world, monkeypatch):
+    from tenants.api import views
+
+    def crash(self, request):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(views.AuthMeApi, "get", crash)
+    client = world.client()
+    client.raise_request_exception = False
+    body = _assert_error_shape(client.get("/api/v1/auth/me/"), 500)
+    assert body == {"message": "Internal server error.", "extra": {}}
