@@ -526,7 +526,8 @@ class History:
     messages: list[ChatMessage]
     """The conversation after the latest compaction's cursor, in canonical form."""
     tail: ChatMessage | None
-    """This run's last message if it is the assistant's (a resumed run continues from it)."""
+    """This run's last assistant message if nothing but its tool results follows it and it is
+    either the last message or has calls without a result (a resumed run continues from it)."""
     summary: str
     """The latest compaction's summary of everything before the cursor ("" if none)."""
     rows: list[HistoryRow]
@@ -701,9 +702,17 @@ async def history_load(
             out.append(ChatMessage(role="user", content=m.content))
         kept.append(m)
     out = _results_in_call_order(out)
+    # This run's last assistant message, when only its own tool results follow it: a resumed run
+    # continues from it, with its answer, or with its calls that have no result yet (a worker
+    # died mid-turn next to finished calls; an approved call next to an allowed one). Tool
+    # results only move among themselves in _results_in_call_order, so ``kept`` still lines up.
     tail = None
-    if rows and _effective_run(rows[-1]) == run_id and out and out[-1].role == "assistant":
-        tail = out[-1]
+    last = len(out) - 1
+    while last >= 0 and out[last].role == "tool":
+        last -= 1
+    if last >= 0 and out[last].role == "assistant" and _effective_run(kept[last]) == run_id:
+        if last == len(out) - 1 or any(c.id not in answered for c in out[last].tool_calls):
+            tail = out[last]
     return History(messages=out, tail=tail, summary=compaction.summary if compaction else "", rows=kept,
                    compaction=compaction)
 

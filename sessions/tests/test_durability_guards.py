@@ -28,16 +28,6 @@ from tenants.scoping import tenant_scope
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
-PARTLY_ANSWERED_TURN_BUG = (
-    "Bug (issue 24 finding): a turn whose calls are partly answered is never resumed. "
-    "history_load (sessions/runner/_db.py) sets History.tail only when the run's last message is an "
-    "assistant message; after the fast call's tool message it is None, so the loop skips "
-    "pending_tool_calls and asks the model again with a call that has no result; the unfinished "
-    "call is then recorded 'cancelled' at the run's end and never executed."
-)
-
-
-@pytest.mark.xfail(strict=True, reason=PARTLY_ANSWERED_TURN_BUG)
 def test_sigkill_during_a_slow_call_never_reruns_the_fast_call_of_the_same_turn(world, fake_llm, workers, tmp_path):  # noqa: F811
     """The resumed run executes the slow call (it had no result) and not the fast one.
 
@@ -73,7 +63,6 @@ def test_sigkill_during_a_slow_call_never_reruns_the_fast_call_of_the_same_turn(
     assert [m["role"] for m in fake_llm.requests[1]["messages"]][-3:] == ["assistant", "tool", "tool"]
 
 
-@pytest.mark.xfail(strict=True, reason=PARTLY_ANSWERED_TURN_BUG)
 def test_an_approved_call_next_to_an_allowed_one_runs_when_the_run_resumes(world, fake_llm, no_enqueue):
     """README, Approvals: "the call waits awaiting_approval, the turn's other calls finish ...
     once none is pending, the run is queued and resumes on any worker: approved calls run".
