@@ -25,13 +25,15 @@ def document_list_for_run(*, session_id: int, user_id: int | None, limit: int = 
 
 
 def document_get_for_user(*, document_id: int, user_id: int) -> Document | None:
-    """The document if it is in the current tenant and its session belongs to the user, else None."""
-    return Document.objects.filter(pk=document_id, session__user_id=user_id).first()
+    """The document if it is in the current tenant and its session belongs to the user (and is not
+    deleted), else None."""
+    return Document.objects.filter(pk=document_id, session__user_id=user_id, session__deleted_at__isnull=True).first()
 
 
 def document_list_for_user(*, user_id: int, session_id: int | None = None) -> QuerySet[Document]:
-    """The user's documents in the current tenant (optionally of one session), newest first."""
-    qs = Document.objects.filter(session__user_id=user_id)
+    """The user's documents in the current tenant (optionally of one session; deleted chats'
+    left out), newest first."""
+    qs = Document.objects.filter(session__user_id=user_id, session__deleted_at__isnull=True)
     if session_id is not None:
         qs = qs.filter(session_id=session_id)
     return qs.order_by("-updated_at", "-id")

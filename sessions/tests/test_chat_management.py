@@ -231,3 +231,18 @@ def test_deleted_chats_hide_their_approvals(world, agent, no_enqueue):
     assert client.get(f"/api/v1/approvals/{approval.pk}/").status_code == 200
     ChatSession.all_tenants.filter(pk=session.pk).update(deleted_at=timezone.now())
     assert client.get(f"/api/v1/approvals/{approval.pk}/").status_code == 404
+
+
+def test_deleted_chats_hide_their_documents(world, agent, no_enqueue):
+    from documents.models import Document
+
+    session, [run] = _chat(world, agent, "write it down")
+    doc = Document.all_tenants.create(tenant=world.tenant, session=session, title="Notes", content="# Notes")
+    client = world.client()
+    assert [d["id"] for d in client.get("/api/v1/documents/").json()["results"]] == [doc.pk]
+    assert client.get(f"/api/v1/documents/{doc.pk}/").status_code == 200
+    assert client.delete(f"/api/v1/sessions/{session.pk}/").status_code == 204
+    assert client.get("/api/v1/documents/").json()["results"] == []
+    assert client.get(f"/api/v1/documents/{doc.pk}/").status_code == 404
+    assert client.post(f"/api/v1/sessions/{session.pk}/restore/").status_code == 200
+    assert client.get(f"/api/v1/documents/{doc.pk}/").status_code == 200
