@@ -8,7 +8,8 @@
 # names change where a browser or Django needs it (.mjs -> .js, so it is served as JavaScript).
 # To update: change a version below, run the script, run the browser tests
 # (pytest frontend/tests -m browser), and update the versions/sha256s in the vendor READMEs
-# (the script prints them).
+# (the script prints them). Syntax colours are the app's own (app.css, light and dark), so
+# no highlight.js theme is vendored.
 set -euo pipefail
 
 MARKED=18.2.1
@@ -39,14 +40,12 @@ cp x/marked/package/LICENSE                        "$OUT_STATIC/LICENSE.marked"
 cp x/dompurify/package/dist/purify.es.mjs          "$OUT_STATIC/purify.es.js"
 cp x/dompurify/package/LICENSE                     "$OUT_STATIC/LICENSE.dompurify"
 cp x/highlightjs-cdn-assets/package/es/highlight.min.js   "$OUT_STATIC/highlight.min.js"
-cp x/highlightjs-cdn-assets/package/styles/github.min.css "$OUT_STATIC/hljs-github.min.css"
-cp x/highlightjs-cdn-assets/package/styles/github-dark.min.css "$OUT_STATIC/hljs-github-dark.min.css"
 cp x/highlightjs-cdn-assets/package/LICENSE        "$OUT_STATIC/LICENSE.highlightjs"
 cp x/axe-core/package/axe.min.js                   "$OUT_TESTS/axe.min.js"
 cp x/axe-core/package/LICENSE                      "$OUT_TESTS/LICENSE.axe-core"
 
 echo "marked $MARKED, dompurify $DOMPURIFY, highlight.js $HIGHLIGHT, axe-core $AXE"
-(cd "$OUT_STATIC" && sha256sum marked.esm.js purify.es.js highlight.min.js hljs-github.min.css hljs-github-dark.min.css)
+(cd "$OUT_STATIC" && sha256sum marked.esm.js purify.es.js highlight.min.js)
 (cd "$OUT_TESTS" && sha256sum axe.min.js)
 
 if [[ $CHECK == 1 ]]; then

@@ -215,7 +215,7 @@ def test_stop_with_esc_keeps_the_partial_answer_after_a_reload(world, fake_llm, 
         run = page.get_by_test_id("run").last
         expect(run).to_have_attribute("data-run-status", "cancelled", timeout=T)
         expect(page.get_by_test_id("stopped-chip")).to_be_visible()
-        expect(page.get_by_test_id("run-stopped")).to_have_text("You stopped this answer.")
+        expect(page.get_by_test_id("run-stopped-text")).to_have_text("You stopped this answer.")
         expect(page.get_by_test_id("composer-stop")).to_be_hidden()
         expect(page.get_by_test_id("composer-send")).to_be_visible()
         stopped_text = reply.inner_text()
@@ -242,6 +242,27 @@ def test_the_stop_button_stops_a_run(world, fake_llm, celery_worker, live_server
         page.get_by_test_id("composer-stop").click()
         expect(page.get_by_test_id("run").last).to_have_attribute("data-run-status", "cancelled", timeout=T)
         expect(page.get_by_test_id("assistant-reply").last).to_contain_text("slowly")
+
+
+def test_stop_before_any_text_then_ask_again(world, fake_llm, celery_worker, live_server_url):
+    from playwright.sync_api import expect
+
+    from llm.testing import Hang
+
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Ponderer", read_timeout_seconds=60)
+    fake_llm.script(Hang(30), Reply("Here now."))
+    with open_page() as page:
+        log_in(page, live_server_url, world.member.username)
+        start_chat(page, "Ponderer")
+        ask(page, "think hard")
+        expect(page.get_by_test_id("composer-stop")).to_be_visible(timeout=T)
+        page.get_by_test_id("composer-stop").click()
+        expect(page.get_by_test_id("run")).to_have_attribute("data-run-status", "cancelled", timeout=T)
+        expect(page.get_by_test_id("run-stopped-text")).to_have_text("You stopped this request before an answer.")
+        expect(page.get_by_test_id("assistant-reply")).to_have_count(0)
+        page.get_by_test_id("retry-stopped").click()
+        expect(page.get_by_test_id("assistant-reply").last).to_have_text("Here now.", timeout=T)
+        expect(page.get_by_test_id("run")).to_have_count(1)
 
 
 # ---------------------------------------------------------------------- message actions --

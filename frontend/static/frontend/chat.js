@@ -551,7 +551,10 @@ class RunView {
       h('details', { class: 'run-error-details' }, h('summary', { text: 'Details' }), this.errorText),
       this.errorActions,
     );
-    this.stopped = h('div', { class: 'run-stopped', testid: 'run-stopped' });
+    this.stoppedText = h('span', { testid: 'run-stopped-text' });
+    this.stoppedRetry = h('button', { type: 'button', class: 'msg-action', testid: 'retry-stopped', text: 'Ask again' });
+    this.stoppedRetry.addEventListener('click', () => this.actions.retry(this.run));
+    this.stopped = h('div', { class: 'run-stopped', testid: 'run-stopped' }, this.stoppedText, ' ', this.stoppedRetry);
     this.el = h(
       'article',
       { class: 'run', testid: 'run' },
@@ -696,7 +699,8 @@ class RunView {
     // Stopped by the user: a quiet line, not an error.
     attach(this.el, this.stopped, cancelled, null);
     if (cancelled) {
-      this.stopped.textContent = shown ? 'You stopped this answer.' : 'You stopped this request before an answer.';
+      this.stoppedText.textContent = shown ? 'You stopped this answer.' : 'You stopped this request before an answer.';
+      this.stoppedRetry.hidden = !ctx.isLast || !!shown; // with text, the answer's Regenerate does it
     }
     const failed = run.status === 'failed' || run.status === 'error';
     const showError = failed || (!active && !cancelled && !!run.error);
