@@ -149,8 +149,10 @@ def _text(value: Any) -> Any:
 
 
 def model_snapshot(obj: models.Model) -> dict[str, Any]:
-    """``{attname: value}`` of ``obj``'s concrete fields (foreign keys as ids), as stored."""
-    return {field.attname: getattr(obj, field.attname, None) for field in obj._meta.concrete_fields}
+    """``{attname: value}`` of ``obj``'s concrete fields (foreign keys as ids), as stored;
+    timestamps Django keeps itself (``auto_now``) left out."""
+    return {field.attname: getattr(obj, field.attname, None) for field in obj._meta.concrete_fields
+            if not getattr(field, "auto_now", False)}
 
 
 def snapshot_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
