@@ -75,7 +75,9 @@ with open(path, "a", encoding="utf-8") as f:
     f.write('pytest_add_cli_args = ["-p", "no:cacheprovider", "--reuse-db", "-m", "not local_model"]\n')
     f.write(f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n")
 EOF
-  (cd "$ws" && TEST_ISOLATION="mutation-$name" "$MUTMUT" run --max-children "$JOBS") || {
+  # The sandbox runs programs from the real var/sandbox (bubblewrap does not follow the symlink).
+  (cd "$ws" && TEST_ISOLATION="mutation-$name" SANDBOX_PYTHON="$ROOT/var/sandbox/venv/bin/python" \
+     SANDBOX_RO_BINDS="$ROOT/var/sandbox/venv" "$MUTMUT" run --max-children "$JOBS") || {
     echo "mutmut run failed for $name (see above)"; return 1; }
   (cd "$ws" && "$MUTMUT" export-cicd-stats >/dev/null && "$MUTMUT" results || true)
   "$PYTHON" - "$ws/mutants/mutmut-cicd-stats.json" "$name" <<'EOF'
