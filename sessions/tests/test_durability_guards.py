@@ -31,9 +31,10 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 def test_sigkill_during_a_slow_call_never_reruns_the_fast_call_of_the_same_turn(world, fake_llm, workers, tmp_path):  # noqa: F811
     """The resumed run executes the slow call (it had no result) and not the fast one.
 
-    Mutation (once the bug is fixed): the resume path re-runs calls that already have a
-    result (``pending_tool_calls`` without its ``exclude`` of finished statuses): the fast
-    call's file gets its line twice."""
+    Mutation: the resume path re-runs calls that already have a result
+    (``pending_tool_calls`` without its ``exclude`` of finished statuses): the fast call's
+    file gets its line twice. Before 61b74b5 this test failed for another reason: a partly
+    answered turn was not resumed at all (the slow call ended ``cancelled``)."""
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
     bind_builtin(agent, "test_append")
     bind_builtin(agent, "test_sleep")
