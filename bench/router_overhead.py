@@ -38,7 +38,8 @@ import llm.router as router_module  # noqa: E402
 from _stats import machine, percentile  # noqa: E402
 from llm.health import MemoryEntryHealth, RedisEntryHealth  # noqa: E402
 from llm.providers import openai_compat  # noqa: E402
-from llm.router import RouteEntryConfig, Router  # noqa: E402
+from llm.config import RouteEntryConfig  # noqa: E402
+from llm.router import Router  # noqa: E402
 from llm.testing import FakeLLMServer, Reply  # noqa: E402
 from llm.types import ChatMessage, Completion, TextDelta, Usage  # noqa: E402
 
@@ -158,8 +159,17 @@ async def in_memory(iterations: int) -> dict[str, list[float]]:
             yield TextDelta(text)
         yield completion
 
+    class FakeModel:  # the adapter model of an entry (llm.model.Model), over the fake stream
+        __slots__ = ("entry",)
+
+        def __init__(self, entry: Any) -> None:
+            self.entry = entry
+
+        def stream(self, messages: Any, tools: Any, settings: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
+            return fake_stream_chat(self.entry, messages, tools, **kwargs)
+
     original = router_module._adapter_for
-    router_module._adapter_for = lambda entry: fake_stream_chat  # type: ignore[assignment]
+    router_module._adapter_for = FakeModel  # type: ignore[assignment]
     entry = entry_for("http://unused.invalid/v1")
     router = Router([entry])
     health_router = Router([entry], health=MemoryEntryHealth())

@@ -26,7 +26,7 @@ import uuid
 from _harness import cpu_seconds, fake_model, percentile
 
 from llm.providers import openai_compat
-from llm.router import RouteEntryConfig
+from llm.config import RouteEntryConfig
 from llm.types import ChatMessage, TextDelta
 
 MESSAGES = [ChatMessage(role="user", content="go"), ChatMessage(role="assistant", content="a"),

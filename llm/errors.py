@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the installed SDK generatio
     _httpx2 = None
 
 if TYPE_CHECKING:
-    from llm.router import AttemptRecord
+    from llm.records import AttemptRecord
 
 ErrorClass = Literal[
     "rate_limit",

@@ -1,6 +1,9 @@
-"""The model router: one streamed model call over an ordered route of provider entries.
+"""The fallback router: a :class:`~llm.model.Model` over an ordered route of provider entries.
 
-A route is a list of :class:`RouteEntryConfig` tried in order. For one call the router:
+:class:`FallbackModel` (also exported as ``Router``) implements the model protocol
+(:mod:`llm.model`) over a route: a list of :class:`~llm.config.RouteEntryConfig`, each
+answered by its API's adapter model (:func:`llm.providers.model_for`), tried in order. For
+one call the router:
 
 1. **Selects** entries that can take the request: it skips (without an attempt) an entry
    whose context window is too small (``estimate_tokens(messages, tools) + output cap >
@@ -34,7 +37,14 @@ whole stream (``stream_timeout_seconds``, a router timer). All waits between att
 through an injectable :class:`~llm.clock.Clock`, jitter through an injectable
 ``random.Random``.
 
-Every attempt is reported exactly once through ``record`` as an :class:`AttemptRecord` (the
+The call is split by step: :meth:`FallbackModel._next_entry` (selection, skip reasons,
+``model_fallback`` events), :meth:`FallbackModel._start_attempt` / ``_next_event`` (one
+attempt under its timers), :meth:`FallbackModel._after_failure` (retry or leave; health) and
+:meth:`FallbackModel._leave_entry` (what a failed entry means for the rest of the call);
+:meth:`FallbackModel.stream` only dispatches, and yields the events itself (no extra
+generator layer per streamed event).
+
+Every attempt is reported exactly once through ``record`` as an :class:`~llm.records.AttemptRecord` (the
 ``LLMCall`` row), with its cost and the backoff waited before it. ``on_event`` receives
 ``model_retry`` and ``model_fallback`` events. Health bookkeeping happens in the router's
 own error path; a health store that is down never fails a call. No Django imports.
@@ -46,11 +56,12 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from llm.clock import Clock, SystemClock
+from llm.config import DEFAULT_BACKOFF, BackoffPolicy, RouteEntryConfig
 from llm.errors import (
     RETRYABLE_CLASSES,
     AllEntriesFailed,
@@ -60,189 +71,13 @@ from llm.errors import (
     classify_error,
 )
 from llm.health import EntryHealth, HealthStateUnavailable
-from llm.providers import openai_compat
+from llm.model import DEFAULT_SETTINGS, FirstTokenHook, Model, ModelSettings
+from llm.providers import model_for
+from llm.records import AttemptRecord, EventCallback, RecordCallback, SkipReason
 from llm.tokens import CHARS_PER_TOKEN, estimate_tokens
-from llm.types import ChatMessage, Completion, ReasoningDelta, StreamEvent, TextDelta, ToolSpec, Usage
+from llm.types import ChatMessage, Completion, StreamEvent, ToolSpec, Usage
 
 logger = logging.getLogger(__name__)
-
-ToolCallMode = Literal["native", "text"]
-ApiKind = Literal["openai", "anthropic"]
-SkipReason = Literal["cooldown", "context_window", "no_tool_support"]
-
-
-@dataclass(frozen=True, slots=True)
-class RouteEntryConfig:
-    """One provider/model entry of a route, with its credentials and limits resolved."""
-
-    index: int
-    """Position in the route, 0-based."""
-    provider_name: str
-    """Provider's display name (``openai``, ``local``, …); recorded, not interpreted."""
-    base_url: str
-    """OpenAI-compatible base URL, e.g. ``http://127.0.0.1:8081/v1``."""
-    api_key: str = field(repr=False)
-    """Secret; may be ``""`` for local servers. Never shown in ``repr``."""
-    model: str
-    """Model name as the provider expects it."""
-    max_input_tokens: int
-    """Context window, tokens: the router skips the entry when the estimated prompt plus the
-    output cap exceeds it. 0 = unknown (never skipped for size)."""
-    max_output_tokens: int
-    """Cap on generated tokens, sent as ``max_tokens``; 0 sends no cap."""
-    connect_timeout_seconds: float
-    """TCP/TLS connect timeout; positive."""
-    read_timeout_seconds: float
-    """Idle timeout: longest wait for the response headers and between two chunks (the
-    adapter's asyncio timer, and httpx's read timeout); positive."""
-    tool_calls: ToolCallMode = "native"
-    """``native``: provider tool-call API. ``text``: tools prompt + calls parsed from text."""
-    api: ApiKind = "openai"
-    """Wire protocol: ``openai`` (chat completions, :mod:`llm.providers.openai_compat`) or
-    ``anthropic`` (Messages API, :mod:`llm.providers.anthropic`)."""
-    first_token_timeout_seconds: float | None = None
-    """Longest wait from request start to the first streamed fragment, seconds; None →
-    ``read_timeout_seconds``."""
-    stream_timeout_seconds: float | None = None
-    """Total wall time of one attempt's stream, seconds; None → no cap."""
-    max_retries: int = 2
-    """Same-entry retries for retryable error classes (rate_limit, overloaded, server, timeout,
-    network) before falling back; 0 disables retries."""
-    input_price_per_mtok: float = 0.0
-    """Price of prompt tokens, USD per million tokens."""
-    output_price_per_mtok: float = 0.0
-    """Price of completion tokens, USD per million tokens."""
-    supports_tools: bool = True
-    """False when the model cannot take native tool definitions (only checked in ``native``
-    mode; ``text`` mode always supports tools)."""
-    entry_key: str = ""
-    """Stable identity for shared health state (e.g. ``"entry:42"``); ``""`` → derived from
-    ``base_url`` and ``model`` (see :attr:`health_key`)."""
-    temperature: float | None = None
-    """Sampling temperature sent with every request (0–2); None leaves the provider's default."""
-
-    def __post_init__(self) -> None:
-        if self.index < 0:
-            raise ValueError(f"index must be >= 0, got {self.index!r}")
-        for name in ("connect_timeout_seconds", "read_timeout_seconds"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be positive finite seconds, got {value!r}")
-        if self.tool_calls not in ("native", "text"):
-            raise ValueError(f"tool_calls must be 'native' or 'text', got {self.tool_calls!r}")
-        if self.max_output_tokens < 0 or self.max_input_tokens < 0:
-            raise ValueError("token limits must be >= 0")
-        if self.api not in ("openai", "anthropic"):
-            raise ValueError(f"api must be 'openai' or 'anthropic', got {self.api!r}")
-        for name in ("first_token_timeout_seconds", "stream_timeout_seconds"):
-            value = getattr(self, name)
-            if value is not None and not (
-                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-            ):
-                raise ValueError(f"{name} must be None or positive finite seconds, got {value!r}")
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
-            raise ValueError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
-        for name in ("input_price_per_mtok", "output_price_per_mtok"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be finite USD >= 0, got {value!r}")
-        if not isinstance(self.supports_tools, bool):
-            raise ValueError(f"supports_tools must be a bool, got {self.supports_tools!r}")
-        if self.temperature is not None and not (
-            isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2
-        ):
-            raise ValueError(f"temperature must be None or within [0, 2], got {self.temperature!r}")
-        if not isinstance(self.entry_key, str):
-            raise ValueError(f"entry_key must be a str, got {self.entry_key!r}")
-
-    @property
-    def health_key(self) -> str:
-        """Identity of this entry in shared health state: ``entry_key``, or
-        ``"<base_url without trailing slash>|<model>"`` when it is empty."""
-        return self.entry_key or f"{self.base_url.rstrip('/')}|{self.model}"
-
-    @property
-    def effective_first_token_timeout_seconds(self) -> float:
-        """``first_token_timeout_seconds``, or ``read_timeout_seconds`` when None; seconds."""
-        if self.first_token_timeout_seconds is None:
-            return self.read_timeout_seconds
-        return self.first_token_timeout_seconds
-
-    def cost_usd_micros(self, *, prompt_tokens: int, completion_tokens: int) -> int:
-        """Cost of an attempt, micro-USD (integer).
-
-        USD per million tokens × tokens = micro-USD, so this is
-        ``round(prompt_tokens × input_price_per_mtok + completion_tokens × output_price_per_mtok)``.
-        """
-        return round(prompt_tokens * self.input_price_per_mtok + completion_tokens * self.output_price_per_mtok)
-
-
-@dataclass(frozen=True, slots=True)
-class BackoffPolicy:
-    """How long to wait before retrying the same entry.
-
-    Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015,
-    https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/): the ``n``-th
-    retry (0-based) waits ``uniform(0, min(cap_seconds, base_seconds × 2**n))``. A provider's
-    Retry-After up to ``max_retry_after_seconds`` replaces it; a longer one is not waited for.
-    """
-
-    base_seconds: float = 0.5
-    cap_seconds: float = 8.0
-    max_retry_after_seconds: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("base_seconds", "cap_seconds", "max_retry_after_seconds"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be finite seconds >= 0, got {value!r}")
-
-    def ceiling(self, retry_number: int) -> float:
-        """Upper bound of the ``retry_number``-th (0-based) jittered wait, seconds."""
-        return min(self.cap_seconds, self.base_seconds * (2 ** min(retry_number, 62)))
-
-    def delay(self, *, retry_number: int, rng: random.Random) -> float:
-        """A full-jitter wait for the ``retry_number``-th (0-based) retry, seconds."""
-        return rng.uniform(0.0, self.ceiling(retry_number))
-
-
-DEFAULT_BACKOFF: Final[BackoffPolicy] = BackoffPolicy()
-
-
-@dataclass(slots=True)
-class AttemptRecord:
-    """One attempt of one model call (the data of an ``LLMCall`` row)."""
-
-    entry_index: int
-    """Route entry tried (0-based)."""
-    provider_name: str
-    model: str
-    attempt: int
-    """1-based, counted across the whole call (retries and fallbacks included)."""
-    latency_ms: int
-    """From request start to the Completion (or the failure)."""
-    first_token_ms: int | None
-    """From request start to the first content/reasoning/tool-call fragment; None if none came."""
-    prompt_tokens: int
-    completion_tokens: int
-    usage_estimated: bool
-    """True when the tokens are :mod:`llm.tokens` estimates (no provider usage)."""
-    status: Literal["succeeded", "failed"]
-    error_class: str | None
-    """A :data:`llm.errors.ERROR_CLASSES` value, ``"cancelled"`` when the caller cancelled or
-    closed the stream mid-attempt; None when succeeded."""
-    error: str
-    """Error message; ``""`` when succeeded."""
-    cost_usd_micros: int = 0
-    """``round(prompt_tokens × input_price_per_mtok + completion_tokens ×
-    output_price_per_mtok)``: USD per million tokens × tokens = micro-USD."""
-    retry_wait_ms: int = 0
-    """Backoff waited before this attempt (same-entry retry), milliseconds; 0 otherwise."""
-
-
-RecordCallback = Callable[[AttemptRecord], Awaitable[None]]
-EventCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
-StreamFunction = Callable[..., AsyncGenerator[TextDelta | ReasoningDelta | Completion, None]]
 
 
 class _Attempt:
@@ -250,11 +85,17 @@ class _Attempt:
 
     __slots__ = (
         "entry", "number", "retry_wait_ms", "started_at", "first_token_at", "output_chars", "recorded",
-        "first_token_deadline", "total_deadline", "timer",
+        "first_token_deadline", "total_deadline", "timer", "notify", "cancelled",
     )
 
-    def __init__(self, entry: RouteEntryConfig, number: int, *, now: float, retry_wait_ms: int) -> None:
+    def __init__(
+        self, entry: RouteEntryConfig, number: int, *, now: float, retry_wait_ms: int,
+        notify: FirstTokenHook | None = None,
+    ) -> None:
         self.entry = entry
+        self.notify = notify
+        """The caller's own first-token hook (a FallbackModel nested in another), or None."""
+        self.cancelled = False
         self.number = number
         self.retry_wait_ms = retry_wait_ms
         self.started_at = now
@@ -281,8 +122,11 @@ class _Attempt:
             self.first_token_at = asyncio.get_running_loop().time()
             if self.timer is not None:
                 self.timer.reschedule(self.total_deadline)
+            if self.notify is not None:
+                self.notify()
 
     def timeout_error(self, fired_at: float | None) -> ModelCallError:
+        """The ``timeout`` error for a router timer that fired at ``fired_at`` (loop time)."""
         entry = self.entry
         if self.total_deadline is not None and fired_at == self.total_deadline:
             return ModelCallError(
@@ -303,6 +147,7 @@ class _Attempt:
         error_class: str | None = None,
         error: str = "",
     ) -> AttemptRecord:
+        """This attempt's :class:`~llm.records.AttemptRecord`, timed now."""
         now = asyncio.get_running_loop().time()
         return AttemptRecord(
             entry_index=self.entry.index,
@@ -334,30 +179,9 @@ class _Attempt:
         )
 
 
-def _adapter_for(entry: RouteEntryConfig) -> StreamFunction:
-    """The provider adapter for an entry, by ``entry.api``.
-
-    ``anthropic`` → :func:`llm.providers.anthropic.stream_chat` (imported lazily, so the
-    module and its SDK are only needed by routes that use it); otherwise
-    :func:`llm.providers.openai_compat.stream_chat`. Both share one signature.
-    """
-    if entry.api == "anthropic":
-        try:
-            from llm.providers import anthropic as anthropic_adapter  # noqa: PLC0415 - lazy on purpose
-        except ImportError as exc:
-            return _unavailable_adapter(f"the anthropic adapter cannot be loaded: {exc}")
-        return anthropic_adapter.stream_chat
-    return openai_compat.stream_chat
-
-
-def _unavailable_adapter(reason: str) -> StreamFunction:
-    """A stream function that fails at once with an ``other`` error (recorded, falls back)."""
-
-    async def fail(*args: Any, **kwargs: Any) -> AsyncGenerator[TextDelta | ReasoningDelta | Completion, None]:
-        raise ModelCallError("other", reason)
-        yield  # pragma: no cover - makes this an async generator
-
-    return fail
+def _adapter_for(entry: RouteEntryConfig) -> Model:
+    """The adapter model of one entry (:func:`llm.providers.model_for`), looked up per attempt."""
+    return model_for(entry)
 
 
 def output_reserve_tokens(entry: RouteEntryConfig, max_output_tokens: int | None) -> int:
@@ -399,8 +223,23 @@ def unsuitable_reason(
 
 @dataclass(slots=True)
 class _CallState:
-    """Book-keeping of one :meth:`Router.stream` call."""
+    """Book-keeping of one :meth:`FallbackModel.stream` call."""
 
+    messages: Sequence[ChatMessage]
+    tools: Sequence[ToolSpec]
+    settings: ModelSettings
+    prompt_tokens: int
+    order: list[RouteEntryConfig]
+    """Entries to consider, in route order (the cooldown rescue appends one)."""
+    notify: FirstTokenHook | None = None
+    position: int = 0
+    """Next index into ``order``."""
+    cooling: list[RouteEntryConfig] = field(default_factory=list)
+    """Entries skipped because their breaker is open."""
+    rescue: bool = False
+    """The "every entry is cooling down" rescue entry was appended."""
+    leaving: tuple[RouteEntryConfig, str] | None = None
+    """The entry the call is moving away from and why (for the next ``model_fallback``)."""
     attempts: int = 0
     failures: list[AttemptRecord] = field(default_factory=list)
     last_error: ModelCallError | None = None
@@ -413,14 +252,41 @@ class _CallState:
     window_floor: int = -1
     """After a ``context_window`` rejection: only entries with a larger window are tried."""
 
+    def skip(self, entry: RouteEntryConfig, reason: SkipReason) -> None:
+        """Note that ``entry`` was passed over without an attempt."""
+        self.leaving = (entry, reason)
+        self.skipped.append((entry.index, reason))
+        self.size_limited |= reason == "context_window"
+        self.tools_unsupported |= reason == "no_tool_support"
+        if reason == "cooldown":
+            self.cooling.append(entry)
 
-class Router:
-    """Streams model calls over an ordered route with retries, cooldowns and fallback.
+
+def _call_settings(
+    settings: ModelSettings | None, max_output_tokens: int | None, compact_first: bool
+) -> ModelSettings:
+    """The call's settings: ``settings``, or one built from the keyword shortcuts.
+
+    Raises:
+        TypeError: both ``settings`` and a keyword shortcut were given.
+    """
+    if settings is not None:
+        if max_output_tokens is not None or compact_first:
+            raise TypeError("pass max_output_tokens/compact_first inside settings, not beside it")
+        return settings
+    if max_output_tokens is None and not compact_first:
+        return DEFAULT_SETTINGS
+    return ModelSettings(max_output_tokens=max_output_tokens, compact_first=compact_first)
+
+
+class FallbackModel:
+    """A :class:`~llm.model.Model` over an ordered route: retries, cooldowns and fallback.
 
     Args:
         entries: The route, in order; ``entries[i].index`` must be ``i``.
-        record: Awaited once per attempt with its :class:`AttemptRecord` (success, failure or
-            cancellation). An exception it raises propagates to the caller of :meth:`stream`.
+        record: Awaited once per attempt with its :class:`~llm.records.AttemptRecord`
+            (success, failure or cancellation). An exception it raises propagates to the
+            caller of :meth:`stream`.
         health: Shared per-entry health (:class:`~llm.health.RedisEntryHealth` across
             workers); None keeps no state between calls.
         on_event: Awaited with ``("model_retry", {...})`` before each same-entry retry and
@@ -428,7 +294,7 @@ class Router:
             :meth:`stream`). An exception it raises propagates.
         clock: Sleeps between retries (default :class:`~llm.clock.SystemClock`).
         rng: Source of backoff jitter (default: a fresh ``random.Random()``).
-        backoff: The retry wait rule (default :data:`DEFAULT_BACKOFF`).
+        backoff: The retry wait rule (default :data:`~llm.config.DEFAULT_BACKOFF`).
 
     Raises:
         ValueError: empty route or indexes that do not match positions.
@@ -460,6 +326,7 @@ class Router:
 
     @property
     def entries(self) -> tuple[RouteEntryConfig, ...]:
+        """The route, in order."""
         return self._entries
 
     @property
@@ -546,8 +413,8 @@ class Router:
 
     @staticmethod
     async def _next_event(
-        events: AsyncGenerator[TextDelta | ReasoningDelta | Completion, None], attempt: _Attempt
-    ) -> TextDelta | ReasoningDelta | Completion:
+        events: AsyncIterator[StreamEvent], attempt: _Attempt
+    ) -> StreamEvent:
         """The attempt's next event, under its deadline (:meth:`_Attempt.deadline`).
 
         Without a deadline (after the first token, on an entry with no
@@ -578,19 +445,25 @@ class Router:
         self,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec],
+        settings: ModelSettings | None = None,
         *,
         max_output_tokens: int | None = None,
         compact_first: bool = False,
+        on_first_token: FirstTokenHook | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Stream one model call with retries and fallback before the first token.
 
         Args:
             messages: Canonical history (OpenAI chat shape).
             tools: Tools offered to the model (may be empty).
-            max_output_tokens: Optional cap; each entry's own ``max_output_tokens`` still applies.
-            compact_first: On a ``context_window`` rejection raise
-                :class:`~llm.errors.ContextWindowExceeded` at once instead of falling back to
-                a larger entry, so the caller can compact the conversation first.
+            settings: Per-call settings (:class:`~llm.model.ModelSettings`); each entry's own
+                ``max_output_tokens`` still applies.
+            max_output_tokens: Shortcut for ``settings.max_output_tokens`` (not with ``settings``).
+            compact_first: Shortcut for ``settings.compact_first`` (not with ``settings``): on a
+                ``context_window`` rejection raise :class:`~llm.errors.ContextWindowExceeded`
+                at once instead of falling back to a larger entry, so the caller can compact
+                the conversation first.
+            on_first_token: Called once when the committed attempt's first fragment arrives.
 
         Yields:
             ``TextDelta``/``ReasoningDelta`` fragments of one entry's answer, then one
@@ -614,126 +487,176 @@ class Router:
                 size or rejected with ``context_window``); the caller should compact.
             AllEntriesFailed: every entry failed (or cooled down) before its first fragment;
                 carries the failed attempts and the skips.
+            TypeError: ``settings`` given together with a keyword shortcut.
             asyncio.CancelledError: propagates at once; the HTTP stream is closed and an
                 attempt in flight is recorded with ``error_class="cancelled"``.
         """
-        loop = asyncio.get_running_loop()
-        prompt_tokens = estimate_tokens(messages, tools)
-        call = _CallState()
-        order: list[RouteEntryConfig] = list(self._entries)
-        cooling: list[RouteEntryConfig] = []
-        leaving: tuple[RouteEntryConfig, str] | None = None
-        rescue = False
-        position = 0
-        while True:
-            if position >= len(order):
-                if call.attempts == 0 and cooling and not rescue:
-                    # Every suitable entry is cooling down: try the one that recovers first
-                    # rather than failing without a single attempt.
-                    order.append(await self._soonest_available(cooling))
-                    rescue = True
-                else:
-                    break
-            entry = order[position]
-            position += 1
-            if not rescue:
-                reason = unsuitable_reason(
-                    entry, prompt_tokens=prompt_tokens, tools=tools, max_output_tokens=max_output_tokens
-                )
-                if reason is None and 0 < entry.max_input_tokens <= call.window_floor:
-                    reason = "context_window"
-                if reason is None and not await self._available(entry):
-                    reason = "cooldown"
-                    cooling.append(entry)
-                if reason is not None:
-                    await self._fallback_event(leaving, entry)
-                    leaving = (entry, reason)
-                    call.skipped.append((entry.index, reason))
-                    call.size_limited |= reason == "context_window"
-                    call.tools_unsupported |= reason == "no_tool_support"
-                    continue
-            await self._fallback_event(leaving, entry)
-            leaving = None
-
+        call = _CallState(
+            messages, tools, _call_settings(settings, max_output_tokens, compact_first),
+            estimate_tokens(messages, tools), list(self._entries), on_first_token,
+        )
+        while (entry := await self._next_entry(call)) is not None:
             retries = 0
             wait_seconds = 0.0
             while True:  # attempts on this entry
-                call.attempts += 1
-                attempt = _Attempt(entry, call.attempts, now=loop.time(), retry_wait_ms=round(wait_seconds * 1000))
-                events = _adapter_for(entry)(
-                    entry,
-                    messages,
-                    tools,
-                    max_output_tokens=max_output_tokens,
-                    on_first_token=attempt.mark_first_token,
-                )
+                attempt, events = self._start_attempt(call, entry, wait_seconds)
                 failure: ModelCallError | None = None
-                cancelled = False
                 try:
                     while True:
                         event = await self._next_event(events, attempt)
                         if isinstance(event, Completion):
-                            await self._emit(attempt, attempt.record(status="succeeded", usage=event.usage))
-                            await self._health_success(entry)
+                            await self._succeeded(attempt, event)
                             yield event
                             return
                         attempt.output_chars += len(event.text)
                         yield event
                 except ModelCallError as err:
-                    failure = err.redact((entry.api_key,))  # a provider may echo the key back
-                    failed = attempt.record(
-                        status="failed",
-                        usage=attempt.failure_usage(messages, tools),
-                        error_class=err.error_class,
-                        error=err.message if err.status_code is None else f"HTTP {err.status_code}: {err.message}",
-                    )
-                    call.failures.append(failed)
-                    await self._emit(attempt, failed)
+                    failure = await self._failed(call, attempt, err)
                 except (asyncio.CancelledError, GeneratorExit):
-                    cancelled = True
+                    attempt.cancelled = True
                     raise
                 finally:
-                    await events.aclose()
-                    if not attempt.recorded:
-                        await self._emit(
-                            attempt,
-                            attempt.record(
-                                status="failed",
-                                usage=attempt.failure_usage(messages, tools),
-                                error_class="cancelled" if cancelled else "other",
-                                error="cancelled by the caller" if cancelled else "unexpected error in the model layer",
-                            ),
-                        )
-                if failure is None:  # pragma: no cover - the loop above ends by return or exception
-                    raise RuntimeError("attempt ended without an outcome")
-                if attempt.first_token_at is not None:
-                    await self._health_failure(entry, failure, retries_exhausted=True)
-                    raise StreamInterrupted(
-                        failure, entry_index=entry.index, provider_name=entry.provider_name, model=entry.model
-                    ) from failure
-                wait_seconds = await self._after_failure(
-                    entry, failure, retries=retries, next_attempt=call.attempts + 1
-                )
+                    await self._close_attempt(call, attempt, events)
+                wait_seconds = await self._after_attempt(call, attempt, failure, retries=retries)
                 if wait_seconds is None:
                     break
                 await self._clock.sleep(wait_seconds)
                 retries += 1
+            await self._leave_entry(call, entry, failure)
+        raise self._exhausted(call)
 
-            call.last_error = failure
-            leaving = (entry, failure.error_class)
-            if failure.error_class == "context_window":
-                call.size_limited = True
-                call.window_floor = max(call.window_floor, entry.max_input_tokens)
-                if compact_first:
-                    raise ContextWindowExceeded(
-                        estimated_prompt_tokens=prompt_tokens,
-                        largest_window_tokens=max(e.max_input_tokens for e in self._entries),
-                        attempts=call.failures, last_error=failure, skipped=call.skipped,
-                    )
-            else:
-                call.failed_otherwise = True
+    # -- the steps of a call --
 
-        raise self._exhausted(call, prompt_tokens)
+    async def _next_entry(self, call: _CallState) -> RouteEntryConfig | None:
+        """The next entry to attempt, or None when the route is used up.
+
+        Entries that cannot take the request are skipped (recorded in ``call.skipped``, a
+        ``model_fallback`` event each); when every suitable entry is cooling down and nothing
+        was attempted, the one whose cooldown ends first is tried anyway (once).
+        """
+        while True:
+            entry = await self._candidate(call)
+            if entry is None:
+                return None
+            reason = None if call.rescue else await self._skip_reason(call, entry)
+            await self._fallback_event(call.leaving, entry)
+            if reason is None:
+                call.leaving = None
+                return entry
+            call.skip(entry, reason)
+
+    async def _candidate(self, call: _CallState) -> RouteEntryConfig | None:
+        """The next entry in route order (or the cooldown rescue), without judging it."""
+        if call.position >= len(call.order):
+            if call.attempts or not call.cooling or call.rescue:
+                return None
+            # Every suitable entry is cooling down: try the one that recovers first rather
+            # than failing without a single attempt.
+            call.order.append(await self._soonest_available(call.cooling))
+            call.rescue = True
+        entry = call.order[call.position]
+        call.position += 1
+        return entry
+
+    async def _skip_reason(self, call: _CallState, entry: RouteEntryConfig) -> SkipReason | None:
+        """Why ``entry`` is passed over for this call (size, tools, a window already too
+        small, an open breaker), or None to attempt it."""
+        reason = unsuitable_reason(
+            entry, prompt_tokens=call.prompt_tokens, tools=call.tools,
+            max_output_tokens=call.settings.max_output_tokens,
+        )
+        if reason is None and 0 < entry.max_input_tokens <= call.window_floor:
+            reason = "context_window"
+        if reason is None and not await self._available(entry):
+            reason = "cooldown"
+        return reason
+
+    def _start_attempt(
+        self, call: _CallState, entry: RouteEntryConfig, wait_seconds: float
+    ) -> tuple[_Attempt, AsyncIterator[StreamEvent]]:
+        """Count and time a new attempt on ``entry`` and open its adapter stream."""
+        call.attempts += 1
+        attempt = _Attempt(
+            entry, call.attempts, now=asyncio.get_running_loop().time(),
+            retry_wait_ms=round(wait_seconds * 1000), notify=call.notify,
+        )
+        events = _adapter_for(entry).stream(
+            call.messages, call.tools, call.settings, on_first_token=attempt.mark_first_token
+        )
+        return attempt, events
+
+    async def _succeeded(self, attempt: _Attempt, event: Completion) -> None:
+        """Record the attempt that produced ``event`` and mark its entry healthy."""
+        await self._emit(attempt, attempt.record(status="succeeded", usage=event.usage))
+        await self._health_success(attempt.entry)
+
+    async def _failed(self, call: _CallState, attempt: _Attempt, err: ModelCallError) -> ModelCallError:
+        """Record a failed attempt; the failure with the entry's key redacted from it."""
+        failure = err.redact((attempt.entry.api_key,))  # a provider may echo the key back
+        failed = attempt.record(
+            status="failed",
+            usage=attempt.failure_usage(call.messages, call.tools),
+            error_class=err.error_class,
+            error=err.message if err.status_code is None else f"HTTP {err.status_code}: {err.message}",
+        )
+        call.failures.append(failed)
+        await self._emit(attempt, failed)
+        return failure
+
+    async def _close_attempt(self, call: _CallState, attempt: _Attempt, events: AsyncIterator[StreamEvent]) -> None:
+        """Close the adapter stream; record the attempt if nothing did (cancelled, or an
+        unexpected error in the model layer)."""
+        await events.aclose()  # type: ignore[attr-defined]
+        if attempt.recorded:
+            return
+        cancelled = attempt.cancelled
+        await self._emit(
+            attempt,
+            attempt.record(
+                status="failed",
+                usage=attempt.failure_usage(call.messages, call.tools),
+                error_class="cancelled" if cancelled else "other",
+                error="cancelled by the caller" if cancelled else "unexpected error in the model layer",
+            ),
+        )
+
+    async def _after_attempt(
+        self, call: _CallState, attempt: _Attempt, failure: ModelCallError | None, *, retries: int
+    ) -> float | None:
+        """What follows a failed attempt: the wait before retrying its entry, seconds, or None
+        to leave the entry.
+
+        Raises:
+            StreamInterrupted: the attempt had streamed its first fragment (never falls back).
+            ModelCallError: a ``bad_request`` (see :meth:`_after_failure`).
+        """
+        if failure is None:  # pragma: no cover - the attempt loop ends by return or exception
+            raise RuntimeError("attempt ended without an outcome")
+        entry = attempt.entry
+        if attempt.first_token_at is not None:
+            await self._health_failure(entry, failure, retries_exhausted=True)
+            raise StreamInterrupted(
+                failure, entry_index=entry.index, provider_name=entry.provider_name, model=entry.model
+            ) from failure
+        return await self._after_failure(entry, failure, retries=retries, next_attempt=call.attempts + 1)
+
+    async def _leave_entry(self, call: _CallState, entry: RouteEntryConfig, failure: ModelCallError | None) -> None:
+        """Book a failed entry into the call; a ``context_window`` rejection raises
+        :class:`~llm.errors.ContextWindowExceeded` at once under ``compact_first``."""
+        assert failure is not None  # the entry's attempt loop only breaks after a failure
+        call.last_error = failure
+        call.leaving = (entry, failure.error_class)
+        if failure.error_class != "context_window":
+            call.failed_otherwise = True
+            return
+        call.size_limited = True
+        call.window_floor = max(call.window_floor, entry.max_input_tokens)
+        if call.settings.compact_first:
+            raise ContextWindowExceeded(
+                estimated_prompt_tokens=call.prompt_tokens,
+                largest_window_tokens=max(e.max_input_tokens for e in self._entries),
+                attempts=call.failures, last_error=failure, skipped=call.skipped,
+            )
 
     async def _after_failure(
         self, entry: RouteEntryConfig, err: ModelCallError, *, retries: int, next_attempt: int
@@ -778,11 +701,11 @@ class Router:
         )
         return wait
 
-    def _exhausted(self, call: _CallState, prompt_tokens: int) -> Exception:
+    def _exhausted(self, call: _CallState) -> Exception:
         """The error to raise when no entry answered."""
         if not call.failed_otherwise and call.size_limited:
             return ContextWindowExceeded(
-                estimated_prompt_tokens=prompt_tokens,
+                estimated_prompt_tokens=call.prompt_tokens,
                 largest_window_tokens=max(e.max_input_tokens for e in self._entries),
                 attempts=call.failures,
                 last_error=call.last_error,
@@ -800,11 +723,12 @@ class Router:
         self,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec],
+        settings: ModelSettings | None = None,
         *,
         max_output_tokens: int | None = None,
     ) -> Completion:
         """:meth:`stream` consumed to its ``Completion`` (same retries, fallback, records and errors)."""
-        stream = self.stream(messages, tools, max_output_tokens=max_output_tokens)
+        stream = self.stream(messages, tools, settings, max_output_tokens=max_output_tokens)
         try:
             async for event in stream:
                 if isinstance(event, Completion):
@@ -814,15 +738,12 @@ class Router:
         raise ModelCallError("other", "the router stream ended without a completion")  # pragma: no cover
 
 
+Router = FallbackModel
+"""The name the runner and the services use for :class:`FallbackModel`."""
+
 __all__ = [
-    "DEFAULT_BACKOFF",
-    "AttemptRecord",
-    "BackoffPolicy",
-    "EventCallback",
-    "RecordCallback",
-    "RouteEntryConfig",
+    "FallbackModel",
     "Router",
-    "SkipReason",
     "output_reserve_tokens",
     "unsuitable_reason",
 ]

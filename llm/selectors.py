@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from llm.config import RouteEntryConfig
 from llm.models import ModelRouteEntry
-from llm.router import RouteEntryConfig
 from tenants.crypto import secret_decrypt
 from tenants.models import Tenant
 

@@ -13,9 +13,10 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from django.db import transaction
 
+from llm.config import RouteEntryConfig
 from llm.errors import LLMError, ModelCallError
 from llm.health import RedisEntryHealth
-from llm.router import RouteEntryConfig, Router
+from llm.router import Router
 from llm.selectors import entry_health_key, route_entries, route_entry_config
 from llm.types import ChatMessage
 

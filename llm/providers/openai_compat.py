@@ -43,13 +43,14 @@ import httpx2
 import openai
 
 from llm.errors import ModelCallError, classify_error, classify_finish_reason
+from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings
 from llm.providers._clients import LoopClientCache, checked_aiohttp_transport, checked_httpx_transport
 from llm.tokens import usage_or_estimate
 from llm.toolcall_parsing import ToolCallHoldback, messages_for_text_mode, mint_call_id
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
 
 if TYPE_CHECKING:
-    from llm.router import RouteEntryConfig
+    from llm.config import RouteEntryConfig
 
 MAX_CLIENTS_PER_LOOP: Final[int] = 64
 """Clients kept per event loop; the least recently used one is dropped beyond that."""
@@ -678,4 +679,33 @@ def _usage(
     )
 
 
-__all__ = ["aclose_clients", "build_request", "stream_chat"]
+class OpenAICompatModel:
+    """The :class:`~llm.model.Model` of one route entry on an OpenAI-compatible chat-completions endpoint.
+
+    ``stream(messages, tools, settings)`` is :func:`stream_chat` on ``entry`` with the
+    settings' output cap and temperature; it returns that generator itself (no extra layer
+    per streamed event). Events and errors: :func:`stream_chat`.
+    """
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry: RouteEntryConfig) -> None:
+        self.entry = entry
+
+    def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        settings: ModelSettings | None = None,
+        *,
+        on_first_token: FirstTokenHook | None = None,
+    ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
+        """One streamed call on this entry (see :func:`stream_chat`)."""
+        settings = settings or DEFAULT_SETTINGS
+        return stream_chat(
+            settings.applied_to(self.entry), messages, tools,
+            max_output_tokens=settings.max_output_tokens, on_first_token=on_first_token,
+        )
+
+
+__all__ = ["OpenAICompatModel", "aclose_clients", "build_request", "stream_chat"]

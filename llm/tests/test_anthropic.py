@@ -21,7 +21,9 @@ import pytest
 
 from llm.errors import ModelCallError, StreamInterrupted
 from llm.providers import anthropic as adapter
-from llm.router import AttemptRecord, RouteEntryConfig, Router
+from llm.config import RouteEntryConfig
+from llm.records import AttemptRecord
+from llm.router import Router
 from llm.testing import CutAfter, Fail, FakeLLMServer, Hang, Reply, Stall, ToolCalls
 from llm.testing_anthropic import ErrorEvent, FakeAnthropicServer, error_body
 from llm.tokens import estimate_completion_tokens, estimate_tokens

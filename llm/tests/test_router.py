@@ -22,7 +22,9 @@ from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, 
 from llm.health import HealthStateUnavailable, MemoryEntryHealth
 from llm.providers import openai_compat
 from llm.providers.openai_compat import aclose_clients
-from llm.router import DEFAULT_BACKOFF, AttemptRecord, BackoffPolicy, RouteEntryConfig, Router, unsuitable_reason
+from llm.config import DEFAULT_BACKOFF, BackoffPolicy, RouteEntryConfig
+from llm.records import AttemptRecord
+from llm.router import Router, unsuitable_reason
 from llm.testing import CutAfter, Delay, Fail, FakeLLMServer, Hang, Reply, Stall, ToolCalls
 from llm.tokens import estimate_tokens
 from llm.toolcall_parsing import TOOL_RESULTS_FOLLOW_UP
@@ -1100,8 +1102,15 @@ async def test_anthropic_entries_use_the_anthropic_adapter(monkeypatch: pytest.M
             entry_index=entry_.index, model=entry_.model,
         )
 
+    class FakeAnthropicModel:  # the module's adapter model (llm.model.Model) over fake_stream_chat
+        def __init__(self, entry_: RouteEntryConfig) -> None:
+            self.entry = entry_
+
+        def stream(self, messages: Any, tools: Any, settings: Any = None, **kwargs: Any) -> Any:
+            return fake_stream_chat(self.entry, messages, tools, **kwargs)
+
     fake = types.ModuleType("llm.providers.anthropic")
-    fake.stream_chat = fake_stream_chat  # type: ignore[attr-defined]
+    fake.AnthropicModel = FakeAnthropicModel  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "llm.providers.anthropic", fake)
     monkeypatch.setattr(llm.providers, "anthropic", fake, raising=False)
 

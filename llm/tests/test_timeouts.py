@@ -16,7 +16,9 @@ import pytest
 
 from llm.clock import FakeClock
 from llm.errors import StreamInterrupted
-from llm.router import AttemptRecord, RouteEntryConfig, Router
+from llm.config import RouteEntryConfig
+from llm.records import AttemptRecord
+from llm.router import Router
 from llm.testing import FakeLLMServer, Hang, Reply, Stall, ToolCalls
 from llm.types import ChatMessage, Completion, StreamEvent, TextDelta, ToolSpec
 

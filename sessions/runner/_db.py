@@ -39,7 +39,7 @@ from capabilities.services import cli_command_config, mcp_server_config
 from capabilities.models import CliCommand, McpServer
 from llm.models import ModelProvider, ModelRouteEntry
 from llm.selectors import route_entries, route_entry_config
-from llm.router import AttemptRecord
+from llm.records import AttemptRecord
 from llm.sanitize import clean_json, clean_json_text, clean_text
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import (

@@ -20,7 +20,8 @@ from asgiref.sync import sync_to_async
 
 from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted, public_error_message
 from llm.health import RedisEntryHealth
-from llm.router import AttemptRecord, Router
+from llm.records import AttemptRecord
+from llm.router import Router
 from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolSpec
 from sessions.events import async_redis, event_publish, event_publish_nowait, pipelined_command

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from capabilities.cli.tool import CliCommandConfig
 from capabilities.mcp.client import McpServerConfig
-from llm.router import RouteEntryConfig
+from llm.config import RouteEntryConfig
 
 
 @dataclass(frozen=True, slots=True)

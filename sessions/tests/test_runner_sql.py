@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from llm.router import AttemptRecord
+from llm.records import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import LLMCall, Message, Run, ToolCall
 from sessions.runner import _db
