@@ -106,5 +106,11 @@ def test_an_unhandled_exception_under_api_is_a_json_500(world, monkeypatch):
     monkeypatch.setattr(views.AuthMeApi, "get", crash)
     client = world.client()
     client.raise_request_exception = False
+    from tenants.audit import current_audit_context
+    from tenants.scoping import current_scope
+
+    scope_before = current_scope()
     body = _assert_error_shape(client.get("/api/v1/auth/me/"), 500)
     assert body == {"message": "Internal server error.", "extra": {}}
+    # the crashed view left neither its tenant scope nor its audit context behind
+    assert current_scope() == scope_before and current_audit_context() is None

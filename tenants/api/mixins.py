@@ -98,12 +98,25 @@ class TenantContextMixin:
         try:
             return super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
         finally:
-            if self._tenant_token is not None:
-                reset_scope(self._tenant_token)
-                self._tenant_token = None
-            if self._audit_token is not None:
-                reset_audit_context(self._audit_token)
-                self._audit_token = None
+            self._leave_contexts()
+
+    def handle_exception(self, exc: Exception) -> Any:
+        """An exception no handler turns into a response skips ``finalize_response``: the
+        tenant scope and audit context are left here then, not leaked to the thread's next
+        request (WSGI) or code after the view."""
+        try:
+            return super().handle_exception(exc)  # type: ignore[misc]
+        except BaseException:
+            self._leave_contexts()
+            raise
+
+    def _leave_contexts(self) -> None:
+        if self._tenant_token is not None:
+            reset_scope(self._tenant_token)
+            self._tenant_token = None
+        if self._audit_token is not None:
+            reset_audit_context(self._audit_token)
+            self._audit_token = None
 
 
 class TenantScopedApiView(TenantContextMixin, APIView):
