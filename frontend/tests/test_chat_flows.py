@@ -726,6 +726,8 @@ def test_usage_dark_mode_skip_link_and_axe_on_settings_and_login(world, fake_llm
         expect(page.get_by_test_id("assistant-reply").last).to_have_text("Counted.", timeout=T)
         expect(page.get_by_test_id("chat-usage")).to_have_text("1.2k tokens · $0.00", timeout=T)
         expect(page.get_by_test_id("usage-month")).to_contain_text("1,234 tokens", timeout=T)
+        assert_no_serious_axe_violations(page, label="chat (dark)")
+        shot(page, "chat-dark.png")
 
         # Skip link: it jumps to the composer of the open chat.
         skip = page.get_by_test_id("skip-link")
@@ -735,7 +737,8 @@ def test_usage_dark_mode_skip_link_and_axe_on_settings_and_login(world, fake_llm
         expect(page.get_by_test_id("composer-input")).to_be_focused()
         # On a fresh page it is the first Tab stop.
         page.goto(live_server_url + "/#/")
-        expect(page.get_by_test_id("new-chat")).to_be_visible()
+        page.reload()  # a fresh document: focus starts at its top
+        expect(page.get_by_test_id("home-new-chat")).to_be_visible()
         page.keyboard.press("Tab")
         expect(skip).to_be_focused()
         page.keyboard.press("Enter")

@@ -404,7 +404,8 @@ function openHome() {
   state.chat = null;
   setTitle(APP_NAME);
   state.shell.setActiveSession(null);
-  state.shell.setMain(HomeView({ me: state.me }));
+  const shell = state.shell;
+  shell.setMain(HomeView({ me: state.me, onNewChat: () => shell.openPicker() }));
 }
 
 async function openSettings() {

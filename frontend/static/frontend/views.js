@@ -697,8 +697,13 @@ function initials(name) {
 
 // ------------------------------------------------------------ start page --
 
-export function HomeView({ me }) {
+export function HomeView({ me, onNewChat = null }) {
   const name = me?.user?.username;
+  let start = null;
+  if (onNewChat) {
+    start = h('button', { type: 'button', class: 'btn btn-primary home-new-chat', testid: 'home-new-chat', text: 'Start a new chat' });
+    start.addEventListener('click', () => onNewChat());
+  }
   return h(
     'section',
     { class: 'home', 'aria-labelledby': 'home-title' },
@@ -713,6 +718,7 @@ export function HomeView({ me }) {
       h('p', {
         text: 'Press “New chat” to pick an agent and start a conversation, or open one of your chats.',
       }),
+      start ? h('p', {}, start) : null,
     ),
   );
 }
