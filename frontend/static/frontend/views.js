@@ -662,7 +662,7 @@ class AgentPicker {
     );
     this.count.textContent = q
       ? `${matches.length} of ${this.agents.length} agents match`
-      : `${this.agents.length} agents`;
+      : `${this.agents.length} agent${this.agents.length === 1 ? '' : 's'}`;
     if (q) {
       replaceChildren(
         this.results,
