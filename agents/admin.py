@@ -9,6 +9,7 @@ from django.contrib import admin
 from django.urls import path
 
 from agents.models import AgentInstance, CapabilityBinding
+from capabilities.registry import BINDING_FIELDS
 from console.forms import BindingForm
 from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
 
@@ -17,8 +18,7 @@ class BindingInline(TenantScopedInline):
     model = CapabilityBinding
     form = BindingForm
     template = "admin/edit_inline/stacked.html"  # each binding shows only its kind's fields
-    fields = ["kind", "mcp_server", "builtin_name", "cli_command", "skill", "allowed_tools", "approval_policy",
-              "config", "enabled"]
+    fields = ["kind", *BINDING_FIELDS, "enabled"]  # the form shows the chosen kind's (CapabilityKind.fields)
 
 
 @admin.register(AgentInstance)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import fnmatch
-
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from capabilities.toolsets import approval_action as _approval_action
 from tenants.scoping import TenantOwnedModel
 
 
@@ -70,7 +69,17 @@ class AgentInstance(TenantOwnedModel):
             raise ValidationError({"route": "Route not found."})
 
 
+def capability_kind_choices() -> list[tuple[str, str]]:
+    """The registered capability kinds (``[(key, label)]``), read when a form or check needs them."""
+    from capabilities.registry import kind_choices
+
+    return kind_choices()
+
+
 class CapabilityKind(models.TextChoices):
+    """The keys of the platform's own capability kinds (for code that names one; the
+    registry, :mod:`capabilities.registry`, is what decides which kinds exist)."""
+
     MCP_SERVER = "mcp_server", "MCP server"
     BUILTIN = "builtin", "Built-in tool"
     CLI = "cli", "CLI command"
@@ -90,7 +99,8 @@ class CapabilityBinding(TenantOwnedModel):
     """Links an agent to a capability, optionally restricted to an allow-list of tool names."""
 
     agent = models.ForeignKey(AgentInstance, on_delete=models.CASCADE, related_name="bindings")
-    kind = models.CharField(max_length=20, choices=CapabilityKind.choices)
+    kind = models.CharField(max_length=20, choices=capability_kind_choices)
+    """A registered capability kind's key (:mod:`capabilities.registry`; choices follow the registry)."""
     mcp_server = models.ForeignKey(
         "capabilities.McpServer", null=True, blank=True, on_delete=models.CASCADE, related_name="bindings"
     )
@@ -132,27 +142,22 @@ class CapabilityBinding(TenantOwnedModel):
         return f"{self.agent.name} → {target}"
 
     def clean(self) -> None:
-        from capabilities.builtin.registry import builtin_names
+        """Check the binding: its kind's own rules (:meth:`capabilities.registry.CapabilityKind.validate`),
+        then what every binding needs (its agent in its tenant, ``allowed_tools`` a list of
+        names, a valid approval policy, ``config`` an object).
 
-        if self.kind == CapabilityKind.MCP_SERVER:
-            if not self.mcp_server_id:
-                raise ValidationError({"mcp_server": "Choose an MCP server."})
-            if self.tenant_id and self.mcp_server.tenant_id != self.tenant_id:
-                raise ValidationError({"mcp_server": "MCP server not found."})
-        elif self.kind == CapabilityKind.CLI:
-            if not self.cli_command_id:
-                raise ValidationError({"cli_command": "Choose a CLI command."})
-            if self.tenant_id and self.cli_command.tenant_id != self.tenant_id:
-                raise ValidationError({"cli_command": "CLI command not found."})
-        elif self.kind == CapabilityKind.BUILTIN:
-            if self.builtin_name not in builtin_names():
-                raise ValidationError({"builtin_name": f"Unknown built-in tool; choose one of {sorted(builtin_names())}."})
-        elif self.kind == CapabilityKind.SKILL:
-            if not self.skill_id:
-                raise ValidationError({"skill": "Choose a skill."})
-            if self.tenant_id and self.skill.tenant_id != self.tenant_id:
-                raise ValidationError({"skill": "Skill not found."})
-        if self.kind != CapabilityKind.SKILL and self.skill_id:
+        Raises:
+            ValidationError: ``{field: message}``, the first problem found.
+        """
+        from capabilities.registry import kind_get
+
+        kind = kind_get(self.kind)
+        if kind is None:
+            raise ValidationError({"kind": f"Unknown capability kind {self.kind!r}."})
+        errors = kind.validate(self)
+        if errors:
+            raise ValidationError(errors)
+        if self.skill_id and "skill" not in kind.fields:
             raise ValidationError({"skill": "Only bindings of kind skill name a skill."})
         if self.agent_id and self.tenant_id and self.agent.tenant_id != self.tenant_id:
             raise ValidationError({"agent": "Agent not found."})
@@ -163,12 +168,6 @@ class CapabilityBinding(TenantOwnedModel):
             raise ValidationError({"approval_policy": policy_errors})
         if not isinstance(self.config, dict):
             raise ValidationError({"config": "A JSON object."})
-        if self.kind == CapabilityKind.BROWSER:
-            from browser.origins import origin_config_errors
-
-            config_errors = origin_config_errors(self.config)
-            if config_errors:
-                raise ValidationError({"config": config_errors})
 
 
 def approval_policy_errors(policy: object) -> list[str]:
@@ -187,12 +186,6 @@ def approval_policy_errors(policy: object) -> list[str]:
     return errors
 
 
-def approval_action(policy: list[dict[str, str]], *names: str) -> str:
-    """The action of the first rule whose pattern matches any of ``names``; ``allow`` if none.
-
-    Patterns are :func:`fnmatch.fnmatchcase` patterns (``*``, ``?``, ``[...]``).
-    """
-    for rule in policy:
-        if any(fnmatch.fnmatchcase(name, rule["pattern"]) for name in names):
-            return rule["action"]
-    return ApprovalAction.ALLOW
+approval_action = _approval_action
+"""The action of the first rule whose pattern matches any of the names; ``allow`` if none
+(:func:`capabilities.toolsets.approval_action`, which the runner's approval wrapper uses)."""

@@ -4,3 +4,7 @@ from django.apps import AppConfig
 class BrowserConfig(AppConfig):
     name = "browser"
     verbose_name = "Browser"
+
+    def ready(self) -> None:
+        from browser import kind as _kind  # noqa: F401 - registers the ``browser`` capability kind
+

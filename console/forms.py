@@ -16,15 +16,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from agents.models import ApprovalAction, CapabilityBinding, approval_policy_errors
+from capabilities.registry import kind_fields
 
-KIND_FIELDS = {
-    "mcp_server": ["mcp_server", "allowed_tools", "approval_policy"],
-    "builtin": ["builtin_name", "approval_policy"],
-    "cli": ["cli_command", "allowed_tools", "approval_policy"],
-    "browser": ["allowed_tools", "approval_policy", "config"],
-    "skill": ["skill", "approval_policy"],
-}
-"""The fields a binding of each kind uses (the form hides the others with script)."""
 
 
 def builtin_choices() -> list[tuple[str, str]]:
@@ -214,4 +207,4 @@ class BindingForm(forms.ModelForm):
         servers = server_field.queryset if server_field is not None else []
         self.fields["allowed_tools"].widget = ToolListWidget(server_tools=server_tools_for(servers))
         if "kind" in self.fields:
-            self.fields["kind"].widget.attrs["data-binding-kind"] = json.dumps(KIND_FIELDS)
+            self.fields["kind"].widget.attrs["data-binding-kind"] = json.dumps(kind_fields())  # each kind's fields, from the registry

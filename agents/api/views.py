@@ -11,6 +11,7 @@ from agents.models import AgentInstance, CapabilityBinding
 from agents.selectors import agent_list_active
 from agents.services import agent_save, binding_save
 from capabilities.models import CliCommand, McpServer, Skill
+from capabilities.registry import BINDING_FIELDS
 from llm.models import ModelRoute
 from tenants.api.mixins import TenantContextMixin, TenantPrimaryKeyRelatedField, TenantScopedViewSet
 
@@ -66,10 +67,10 @@ class BindingSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = CapabilityBinding
-        fields = [
-            "id", "agent", "kind", "mcp_server", "builtin_name", "cli_command", "skill", "allowed_tools",
-            "approval_policy", "config", "enabled", "created_at",
-        ]
+        # ``kind``: a registered capability kind (the model field's choices follow
+        # capabilities.registry); the columns any kind may use (CapabilityKind.fields), validated
+        # by CapabilityBinding.clean through the kind.
+        fields = ["id", "agent", "kind", *BINDING_FIELDS, "enabled", "created_at"]
 
 
 class BindingViewSet(TenantScopedViewSet):

@@ -148,7 +148,7 @@ def test_the_run_spec_carries_the_command_with_its_env_decrypted(world, settings
                                  started_at=timezone.now())
     with tenant_scope(world.tenant.pk):
         spec = _spec(ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
-    [cli] = spec.cli_bindings
+    [cli] = spec.bindings_of("cli")
     profile = cli.command.profile
     assert dict(profile.env) == {"TOKEN": "t-1", "MODE": "fixed"}, "only declared secrets, plus the fixed env"
     assert cli.command.argv_template == ("lookup", "--", "{n}") and cli.command.parameters_schema == FACTOR_SCHEMA

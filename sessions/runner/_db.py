@@ -34,9 +34,8 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
-from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
-from capabilities.services import cli_command_config, mcp_server_config
-from capabilities.models import CliCommand, McpServer
+from agents.models import AgentInstance, CapabilityBinding
+from capabilities.registry import binding_specs
 from llm.models import ModelProvider, ModelRouteEntry
 from llm.selectors import route_entries, route_entry_config
 from llm.records import AttemptRecord
@@ -56,14 +55,7 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.runner.spec import (
-    BrowserBindingSpec,
-    BuiltinBindingSpec,
-    CliBindingSpec,
-    McpBindingSpec,
-    RunSpec,
-    SkillBindingSpec,
-)
+from sessions.runner.spec import RunSpec
 from sessions.runner.pg import pg_connection, pipelined_transaction
 from tenants.models import Tenant
 from tenants.scoping import require_tenant_id, system_scope
@@ -438,53 +430,12 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
 
 
 def _spec(run: ClaimedRun) -> RunSpec:
+    """The RunSpec of a just-claimed run: its agent, limits, route entries and the specs of its
+    enabled bindings, each loaded by its capability kind (:func:`capabilities.registry.binding_specs`)."""
     agent, tenant, entries, bindings = _spec_rows(run)
     if not entries:
         raise ValueError(f"the route {agent.route.name!r} of agent {agent.name!r} has no entries")
     configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
-    mcp_bindings: list[McpBindingSpec] = []
-    builtins: dict[str, BuiltinBindingSpec] = {}
-    browsers: list[BrowserBindingSpec] = []
-    cli_bindings: dict[int, CliBindingSpec] = {}
-    skills: dict[int, SkillBindingSpec] = {}
-    for binding in bindings:
-        if binding.kind == CapabilityKind.MCP_SERVER:
-            server = McpServer.objects.get(pk=binding.mcp_server_id)
-            if not server.enabled:
-                continue
-            mcp_bindings.append(
-                McpBindingSpec(
-                    server=mcp_server_config(server=server),
-                    server_id=server.pk,
-                    allowed_tools=frozenset(binding.allowed_tools),
-                    binding_id=binding.pk,
-                    approval_policy=tuple(binding.approval_policy),
-                )
-            )
-        elif binding.kind == CapabilityKind.CLI:
-            if binding.cli_command_id in cli_bindings:
-                continue
-            command = CliCommand.objects.filter(pk=binding.cli_command_id, enabled=True).first()
-            if command is None:
-                continue
-            cli_bindings[command.pk] = CliBindingSpec(
-                command=cli_command_config(command=command),
-                binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
-            )
-        elif binding.kind == CapabilityKind.BUILTIN:
-            builtins.setdefault(binding.builtin_name, BuiltinBindingSpec(
-                name=binding.builtin_name, binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
-                config=dict(binding.config),
-            ))
-        elif binding.kind == CapabilityKind.BROWSER and not browsers:  # one browser per agent: the first binding
-            browsers.append(BrowserBindingSpec(
-                config=dict(binding.config), binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
-            ))
-        elif binding.kind == CapabilityKind.SKILL and binding.skill_id is not None:
-            skills.setdefault(binding.skill_id, SkillBindingSpec(
-                skill_id=binding.skill_id, name=binding.skill.name, description=binding.skill.description,
-                allowed_tools=tuple(binding.skill.allowed_tools), binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
-            ))
     return RunSpec(
         run_id=run.pk,
         tenant_id=run.tenant_id,
@@ -505,11 +456,7 @@ def _spec(run: ClaimedRun) -> RunSpec:
         ),
         entries=configs,
         entry_ids=tuple(e.pk for e in entries),
-        mcp_bindings=tuple(mcp_bindings),
-        builtin_bindings=tuple(builtins.values()),
-        browser_bindings=tuple(browsers),
-        cli_bindings=tuple(cli_bindings.values()),
-        skill_bindings=tuple(skills.values()),
+        bindings=binding_specs(bindings),
         attempt=run.attempt,
         loop_count=run.loop_count,
         run_timeout_seconds=agent.run_timeout_seconds,
@@ -1478,7 +1425,7 @@ def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
 
     return dataclasses.replace(
         parent, run_id=run.pk, system_prompt=skill.instructions, max_loop_count=skill.max_loop_count,
-        entries=configs, entry_ids=entry_ids, mcp_bindings=(), builtin_bindings=(), skill_bindings=(),
+        entries=configs, entry_ids=entry_ids, bindings=(),
         depth=run.depth, parent_run_id=parent.run_id, user_run_id=parent.waiting_run_id, attempt=run.attempt,
         loop_count=run.loop_count,
     )

@@ -142,7 +142,7 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: Outcome, *, publis
         return
     ended = {"run_id": run_id, "status": outcome.status, "reply": outcome.reply, "error": outcome.error,
              "reason": outcome.reason}
-    if spec is not None and spec.attempt == 1 and not spec.steer and not spec.skill_bindings:
+    if spec is not None and spec.attempt == 1 and not spec.steer and not spec.starts_subruns:
         finished = await _db.run_finish_alone(  # nothing steered into it, no sub-runs
             **ended, session_id=spec.session_id, subrun=spec.depth > 0,
         )

@@ -2,63 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
-from capabilities.cli.tool import CliCommandConfig
-from capabilities.mcp.client import McpServerConfig
+from capabilities.builtin.kind import BuiltinBindingSpec
+from capabilities.cli.kind import CliBindingSpec
+from capabilities.mcp.kind import McpBindingSpec
+from capabilities.registry import kind_get, specs_of
+from capabilities.skills.kind import SkillBindingSpec
 from llm.config import RouteEntryConfig
 
-
-@dataclass(frozen=True, slots=True)
-class McpBindingSpec:
-    server: McpServerConfig
-    allowed_tools: frozenset[str]
-    """Empty: every tool the server lists."""
-    binding_id: int | None = None
-    approval_policy: tuple[dict[str, str], ...] = ()
-    """``[{pattern, action}]`` rules (agents.models.approval_action)."""
-    server_id: int = 0
-    """``McpServer`` primary key: with the tenant and ``server.fingerprint``, the MCP pool key."""
-
-
-@dataclass(frozen=True, slots=True)
-class BuiltinBindingSpec:
-    name: str
-    """The registered built-in tool name."""
-    binding_id: int | None = None
-    approval_policy: tuple[dict[str, str], ...] = ()
-    config: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class BrowserBindingSpec:
-    """A ``browser`` binding: the browser tools, on the extension or the server backend."""
-
-    config: dict = field(default_factory=dict)
-    """``{backend, fallback_to_server, allowed_origins, blocked_origins}`` (browser.tools.BrowserConfig)."""
-    binding_id: int | None = None
-    approval_policy: tuple[dict[str, str], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class CliBindingSpec:
-    command: CliCommandConfig
-    """The command: template, schema, limits, sandbox flags and its decrypted env."""
-    binding_id: int | None = None
-    approval_policy: tuple[dict[str, str], ...] = ()
-    """``[{pattern, action}]`` rules (agents.models.approval_action)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SkillBindingSpec:
-    skill_id: int
-    name: str
-    """The skill's name: the tool name asked for (before collision renaming)."""
-    description: str
-    allowed_tools: tuple[str, ...] = ()
-    """Patterns (fnmatch) over the calling run's exposed tool names; empty: no tools."""
-    binding_id: int | None = None
-    approval_policy: tuple[dict[str, str], ...] = ()
+__all__ = [
+    "BuiltinBindingSpec", "CliBindingSpec", "McpBindingSpec", "RunSpec", "SkillBindingSpec",
+]
+"""The per-kind binding specs live with their kinds (``capabilities/*/kind.py``, ``browser/kind.py``);
+those of ``capabilities`` are re-exported here for callers that name them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +41,10 @@ class RunSpec:
     entries: tuple[RouteEntryConfig, ...]
     entry_ids: tuple[int, ...]
     """ModelRouteEntry primary keys, parallel to ``entries``."""
-    mcp_bindings: tuple[McpBindingSpec, ...] = ()
-    builtin_bindings: tuple[BuiltinBindingSpec, ...] = ()
-    browser_bindings: tuple[BrowserBindingSpec, ...] = ()
-    cli_bindings: tuple[CliBindingSpec, ...] = ()
-    skill_bindings: tuple[SkillBindingSpec, ...] = ()
+    bindings: tuple[Any, ...] = ()
+    """The agent's bound capabilities: each a binding spec of its kind (``spec.kind``), grouped
+    by kind (:func:`capabilities.registry.binding_specs`). A sub-run has none (its tools are a
+    subset of its parent's toolset)."""
     depth: int = 0
     """0 for a user's run; a sub-run's is its parent's + 1 (``sessions.runner.subrun``)."""
     parent_run_id: int | None = None
@@ -105,6 +62,19 @@ class RunSpec:
     """Unix time the run first started."""
     run_paused_seconds: float = 0.0
     """Time spent waiting for approvals so far (not counted by the run timeout)."""
+
+    def bindings_of(self, kind: str) -> tuple[Any, ...]:
+        """The binding specs of kind ``kind`` (``"mcp_server"``, ``"cli"``, ...), in order."""
+        return specs_of(self.bindings, kind)
+
+    @property
+    def starts_subruns(self) -> bool:
+        """Whether a tool of this run may start sub-runs (a bound kind with ``starts_subruns``)."""
+        for b in self.bindings:
+            kind = kind_get(b.kind)
+            if kind is not None and kind.starts_subruns:
+                return True
+        return False
 
     @property
     def waiting_run_id(self) -> int:

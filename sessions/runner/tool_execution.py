@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from agents.models import ApprovalAction, approval_action
+from agents.models import ApprovalAction
 from capabilities.tools import ApprovalRequired, QuestionForUser, Tool, ToolContext, ToolError
 from llm.sanitize import clean_json, clean_text
 from sessions.models import ApprovalKind, ApprovalStatus, ToolCallStatus
@@ -143,7 +143,7 @@ async def _execute_one(
         return True
     decided = _decided_without_running(approval)
     if decided is None and approval is None and tool is not None and origin is not None and invalid_arguments is None:
-        action = approval_action(list(origin.approval_policy), origin.name, name)
+        action = toolset.approval_action(name)  # the binding's ApprovalPolicyToolset wrapper
         if action == ApprovalAction.ASK:
             return await wait_for_human(ApprovalKind.TOOL_CALL, reason=f"The agent's policy asks before {origin.name} runs.")
         if action == ApprovalAction.DENY:

@@ -203,8 +203,8 @@ def test_a_runs_configuration_is_read_inside_its_tenant_in_route_order(world, ot
         claimed = _db.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
     assert [e.base_url for e in spec.entries] == ["http://127.0.0.1:2/v1", "http://127.0.0.1:1/v1"]
     assert [e.provider_name for e in spec.entries] == [f"p1-{agent.route_id}", f"p0-{agent.route_id}"]
-    assert [b.name for b in spec.builtin_bindings] == ["test_echo"]
-    assert stray.pk not in {b.binding_id for b in spec.builtin_bindings}
+    assert [b.name for b in spec.bindings_of("builtin")] == ["test_echo"]
+    assert stray.pk not in {b.binding_id for b in spec.bindings_of("builtin")}
 
     with pytest.raises(AgentInstance.DoesNotExist):
         _db._spec_rows(dataclasses.replace(claimed, tenant_id=other_world.tenant.pk))

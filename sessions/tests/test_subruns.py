@@ -353,7 +353,7 @@ async def test_re_executing_a_finished_skill_call_returns_the_recorded_outcome_w
     [call] = await calls_of(run.pk)
     with tenant_scope(world.tenant.pk):
         spec = await _db.db(lambda: _db._spec(_db.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk))))()
-        tool = SkillTool(skill=spec.skill_bindings[0], exposed_name="helper", parent=spec, parent_toolset=Toolset())
+        tool = SkillTool(skill=spec.bindings_of("skill")[0], exposed_name="helper", parent=spec, parent_toolset=Toolset())
         context = ToolContext(tenant_id=world.tenant.pk, session_id=run.session_id, run_id=run.pk, tool_call_id=call.pk)
         result = await tool.execute({"task": "t"}, context)  # what a resumed parent does for a call without result
     assert result.content == "helped"

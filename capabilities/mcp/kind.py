@@ -1,0 +1,129 @@
+"""The ``mcp_server`` capability kind: the tools of a tenant's MCP server.
+
+Validation: the binding names an MCP server of its tenant. Spec: :class:`McpBindingSpec`
+(the server's connection config; a disabled server is left out). Toolset: one per server,
+qualified (``<alias>__<tool>``), from the process's MCP pool; ``allowed_tools`` (own names)
+filters it. A server that cannot be reached is left out of the run with a
+``capability_unavailable`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from capabilities.mcp.client import McpServerConfig
+from capabilities.mcp.pool import mcp_pool
+from capabilities.mcp.tool import McpTool
+from capabilities.registry import CapabilityKind, OpenContext, kind_register
+from capabilities.tools import ToolError
+from capabilities.toolsets import KindToolset, ToolOrigin, ToolSource
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class McpBindingSpec:
+    """An ``mcp_server`` binding, as a run needs it."""
+
+    kind: ClassVar[str] = "mcp_server"
+    server: McpServerConfig
+    allowed_tools: frozenset[str]
+    """Empty: every tool the server lists."""
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+    """``[{pattern, action}]`` rules (capabilities.toolsets.approval_action)."""
+    server_id: int = 0
+    """``McpServer`` primary key: with the tenant and ``server.fingerprint``, the MCP pool key."""
+
+
+class McpServerKind(CapabilityKind):
+    """Bindings of kind ``mcp_server``."""
+
+    key = "mcp_server"
+    label = "MCP server"
+    fields = ("mcp_server", "allowed_tools", "approval_policy")
+    position = 10
+
+    def validate(self, binding: Any) -> dict[str, Any]:
+        if not binding.mcp_server_id:
+            return {"mcp_server": "Choose an MCP server."}
+        if binding.tenant_id and binding.mcp_server.tenant_id != binding.tenant_id:
+            return {"mcp_server": "MCP server not found."}
+        return {}
+
+    def load_spec(self, binding: Any) -> McpBindingSpec | None:
+        from capabilities.models import McpServer
+        from capabilities.services import mcp_server_config
+
+        server = McpServer.objects.get(pk=binding.mcp_server_id)
+        if not server.enabled:
+            return None
+        return McpBindingSpec(
+            server=mcp_server_config(server=server), server_id=server.pk, allowed_tools=frozenset(binding.allowed_tools),
+            binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+        )
+
+    async def open_toolset(self, specs: Sequence[McpBindingSpec], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
+        """Every server's pooled session connected (if it is not already) and its catalogue
+        fetched concurrently. The run holds a lease on each session until ``ctx.stack``
+        closes (no idle eviction mid-run) but never closes one: sessions are shared with
+        other runs. A changed catalogue is stored on the McpServer row (the console's snapshot).
+        A server that could not be connected or listed (or whose breaker is open) is left
+        out, announced as ``capability_unavailable`` ``{source: "mcp", alias, error}``."""
+        if not specs:
+            return []
+        pool = mcp_pool()
+        sessions = [pool.session(tenant_id=ctx.tenant_id, server_id=b.server_id, config=b.server) for b in specs]
+        for session in sessions:
+            ctx.stack.callback(session.lease())
+        catalogues = await asyncio.gather(*(_catalogue(ctx, s) for s in sessions), return_exceptions=True)
+        opened = []
+        for binding, session, catalogue in zip(specs, sessions, catalogues):
+            if isinstance(catalogue, ToolError):
+                alias = binding.server.alias
+                logger.warning("run %s: MCP server %r left out: %s", ctx.run_id, alias, catalogue.message)
+                if ctx.publish is not None:
+                    await ctx.publish("capability_unavailable", {
+                        "source": "mcp", "alias": alias,
+                        "error": f"MCP server {alias!r} is unavailable: {catalogue.message}"[:2000],
+                    })
+                continue
+            if isinstance(catalogue, BaseException):
+                raise catalogue
+            sources = [
+                ToolSource(
+                    origin=ToolOrigin(source=binding.server.alias, name=info.name),
+                    factory=lambda exposed, c=session, i=info: McpTool(
+                        connection=c, info=i, exposed_name=exposed, call_timeout_seconds=ctx.tool_timeout_seconds),
+                )
+                for info in catalogue.tools
+                if not binding.allowed_tools or info.name in binding.allowed_tools
+            ]
+            opened.append((binding, KindToolset(sources=sources, qualified=True)))
+        return opened
+
+
+async def _catalogue(ctx: OpenContext, session: Any) -> Any:
+    """``session.catalogue()``, storing a new snapshot (or the failure) on the McpServer row."""
+    from capabilities.services import mcp_server_tools_snapshot_save
+
+    save = ctx.in_thread(mcp_server_tools_snapshot_save) if ctx.in_thread is not None else None
+    server_id = session.key.server_id
+    try:
+        catalogue = await session.catalogue()
+    except ToolError as exc:
+        if server_id and save is not None:
+            await save(tenant_id=ctx.tenant_id, server_id=server_id, tools=None, error=exc.message)
+        raise
+    if server_id and save is not None and catalogue.version != session.snapshot_version:
+        # Malformed tools the server listed were left out: the console shows which, and why.
+        await save(tenant_id=ctx.tenant_id, server_id=server_id, tools=catalogue.tools, error="\n".join(catalogue.skipped))
+        session.snapshot_version = catalogue.version
+    return catalogue
+
+
+kind_register(McpServerKind())

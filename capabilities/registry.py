@@ -1,0 +1,185 @@
+"""Capability kinds as plugins: the one place a kind of capability is known.
+
+A *kind* (MCP server, built-in tool, CLI command, skill, browser, ...) is a
+:class:`CapabilityKind` subclass registered once with :func:`kind_register`, in its own
+module, imported by its app's ``AppConfig.ready()``. Everything that used to switch on
+``CapabilityBinding.kind`` asks the registry instead:
+
+- ``agents.models.CapabilityBinding.clean`` → :meth:`CapabilityKind.validate`;
+- the binding serializer and the console's binding form → :attr:`CapabilityKind.fields`
+  (which binding columns a kind uses) and :func:`kind_choices`;
+- the runner's configuration load (``sessions.runner._db._spec``) → :func:`binding_specs`
+  (:meth:`CapabilityKind.spec_key` and :meth:`CapabilityKind.load_spec`);
+- the runner's toolset (``sessions.runner.toolset.toolset_open``) →
+  :meth:`CapabilityKind.open_toolset`, wrapped by :mod:`capabilities.toolsets`
+  (approval policy, exposed names), the same for every kind.
+
+A binding spec is the kind's own frozen dataclass; it has at least ``binding_id`` and
+``approval_policy`` (the generic wrappers read them) and a ``kind`` class attribute equal to
+the kind's key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, ClassVar
+
+from capabilities.tools import Tool
+from capabilities.toolsets import KindToolset
+
+BINDING_FIELDS = ("mcp_server", "builtin_name", "cli_command", "skill", "allowed_tools", "approval_policy", "config")
+"""The CapabilityBinding columns a kind may use (besides ``agent``, ``kind``, ``enabled``)."""
+
+Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class OpenContext:
+    """What a kind may use while opening its toolset for one run (ports filled by the runner).
+
+    Kinds run in the run's event loop and task; connections they open must be entered on
+    ``stack`` (closed when the run ends, in the same task).
+    """
+
+    tenant_id: int
+    run_id: int
+    tool_timeout_seconds: float
+    """The agent's per-call timeout, in seconds."""
+    stack: contextlib.AsyncExitStack
+    publish: Publish | None = None
+    """The run's event publisher (``capability_unavailable`` and the like); None: log only."""
+    in_thread: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] | None = None
+    """``in_thread(fn)(**kwargs)``: run a synchronous ORM function on the run's database
+    thread, under the run's tenant scope (``sessions.runner._db.db``)."""
+    subrun_tool: Callable[[Any, str], Tool] | None = None
+    """``subrun_tool(binding_spec, exposed_name)`` → a Tool answered by a sub-run of this run
+    over a subset of its tools (skills; sub-agents). Provided by the runner."""
+    run: Any = None
+    """The run's RunSpec (opaque here)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CapabilityKind:
+    """A kind of capability: how its bindings are validated, loaded and opened for a run.
+
+    Subclass, set :attr:`key`, :attr:`label`, :attr:`fields`, implement :meth:`load_spec` and
+    :meth:`open_toolset` (and :meth:`validate` if the kind checks its binding), then
+    ``kind_register(MyKind())`` at the bottom of the module.
+    """
+
+    key: ClassVar[str]
+    """The ``CapabilityBinding.kind`` value (``mcp_server``, ``builtin``, ...); max 20 characters."""
+    label: ClassVar[str]
+    """Shown in forms (``MCP server``)."""
+    fields: ClassVar[tuple[str, ...]] = ("approval_policy",)
+    """The binding columns (of :data:`BINDING_FIELDS`) the kind uses: the console form shows
+    only these; the other columns of a binding of this kind must be empty."""
+    starts_subruns: ClassVar[bool] = False
+    """Its tools run sub-runs (the run's end then takes the careful path)."""
+    position: ClassVar[int] = 100
+    """Kinds are listed, and their tools offered to the model, by position, then registration."""
+
+    def validate(self, binding: Any) -> dict[str, Any]:
+        """What is wrong with ``binding`` for this kind: ``{field: message(s)}``, ``{}`` if fine.
+
+        Called by ``CapabilityBinding.clean`` after the common checks (agent and tenant,
+        allowed tools, approval policy, config is an object). Foreign keys must be checked
+        against ``binding.tenant_id``: answer "... not found." for another tenant's row.
+        """
+        return {}
+
+    def spec_key(self, binding: Any) -> Hashable | None:
+        """Bindings of one agent with the same non-None key load once (the first, by id)."""
+        return None
+
+    def load_spec(self, binding: Any) -> Any | None:
+        """The binding's spec for a run (a frozen dataclass), or None to leave it out
+        (a disabled server, a deleted command). Runs on a thread under the run's tenant scope."""
+        raise NotImplementedError
+
+    async def open_toolset(self, specs: Sequence[Any], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
+        """The tools of this kind's bound ``specs`` (in order) for the run ``ctx``:
+        ``[(spec, KindToolset)]``; a spec whose capability is unreachable may be left out."""
+        raise NotImplementedError
+
+
+_KINDS: dict[str, CapabilityKind] = {}
+
+
+def kind_register(kind: CapabilityKind) -> CapabilityKind:
+    """Register ``kind`` under ``kind.key`` (listed by :attr:`CapabilityKind.position`).
+
+    Raises:
+        ValueError: another kind already has that key, or ``fields`` names an unknown column.
+    """
+    existing = _KINDS.get(kind.key)
+    if existing is not None and type(existing) is not type(kind):
+        raise ValueError(f"capability kind {kind.key!r} registered twice")
+    unknown = set(kind.fields) - set(BINDING_FIELDS)
+    if unknown:
+        raise ValueError(f"capability kind {kind.key!r}: unknown binding fields {sorted(unknown)}")
+    _KINDS[kind.key] = kind
+    ordered = sorted(_KINDS.values(), key=lambda k: k.position)  # stable: registration order breaks ties
+    _KINDS.clear()
+    _KINDS.update((k.key, k) for k in ordered)
+    return kind
+
+
+def kind_unregister(key: str) -> None:
+    """Remove the kind ``key`` (tests that register a kind of their own)."""
+    _KINDS.pop(key, None)
+
+
+def kind_get(key: str) -> CapabilityKind | None:
+    """The registered kind ``key``, or None."""
+    return _KINDS.get(key)
+
+
+def kinds() -> list[CapabilityKind]:
+    """Every registered kind, by position."""
+    return list(_KINDS.values())
+
+
+def kind_choices() -> list[tuple[str, str]]:
+    """``[(key, label)]`` of every registered kind (the binding's ``kind`` choices)."""
+    return [(k.key, k.label) for k in _KINDS.values()]
+
+
+def kind_fields() -> dict[str, list[str]]:
+    """``{key: [binding fields it uses]}`` (the console form shows only the chosen kind's)."""
+    return {k.key: list(k.fields) for k in _KINDS.values()}
+
+
+def binding_specs(bindings: Sequence[Any]) -> tuple[Any, ...]:
+    """The specs of an agent's enabled ``bindings`` (ordered by id), for a run.
+
+    Bindings of an unknown kind are skipped; so are those whose kind's :meth:`spec_key`
+    repeats an earlier one's, and those whose :meth:`load_spec` returns None. Runs on a
+    thread under the run's tenant scope (kinds may read rows).
+
+    Returns:
+        The specs, grouped by kind (by position), by binding id within a kind.
+    """
+    seen: set[tuple[str, Hashable]] = set()
+    by_kind: dict[str, list[Any]] = {}
+    for binding in bindings:
+        kind = _KINDS.get(binding.kind)
+        if kind is None:
+            continue
+        key = kind.spec_key(binding)
+        if key is not None and (kind.key, key) in seen:
+            continue
+        spec = kind.load_spec(binding)
+        if spec is None:
+            continue
+        if key is not None:
+            seen.add((kind.key, key))
+        by_kind.setdefault(kind.key, []).append(spec)
+    return tuple(spec for key in _KINDS if key in by_kind for spec in by_kind[key])
+
+
+def specs_of(specs: Sequence[Any], key: str) -> tuple[Any, ...]:
+    """The specs of kind ``key`` among ``specs``."""
+    return tuple(s for s in specs if s.kind == key)
