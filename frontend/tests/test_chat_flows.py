@@ -193,6 +193,31 @@ def test_an_unclosed_fence_styles_only_its_own_block(world, live_server_url):
                           "code": "const a = 1;\nconst b\n", "outside": "UL"}
 
 
+def test_tool_cards_read_as_plain_language(world, live_server_url):
+    """The labels tool cards carry, from the tool name and its arguments (chat.js toolLabel)."""
+    with open_page() as page:
+        log_in(page, live_server_url, world.member.username)
+        labels = page.evaluate("""async () => {
+            const { toolLabel } = await import('/static/frontend/chat.js');
+            return [
+                toolLabel('get_current_time', { timezone: 'Asia/Tokyo' }),
+                toolLabel('web_search', '{"query": "ramen near Kyoto station"}'),
+                toolLabel('todo_write', { todos: [] }),
+                toolLabel('doc_write', { op: 'patch', id: 3, title: 'Plan' }),
+                toolLabel('update_record', { id: 'r1' }),
+                toolLabel('frobnicate', {}),
+            ];
+        }""")
+        assert labels == [
+            "Looked up the time in Asia/Tokyo",
+            "Searched for “ramen near Kyoto station”",
+            "Updated the plan",
+            "Edited a document “Plan”",
+            "Used update record (r1)",
+            "Used frobnicate",
+        ]
+
+
 # --------------------------------------------------------------------------------- stop --
 
 

@@ -187,7 +187,7 @@ const VERBS = [
   [/ doc |document/, (a) => {
     const op = argOf(a, 'action', 'operation', 'op', 'mode');
     const title = argOf(a, 'title', 'name');
-    const verb = /read|get|list|search/.test(op) ? 'Read' : /edit|update|append|replace/.test(op) ? 'Edited' : 'Wrote';
+    const verb = /read|get|list|search/.test(op) ? 'Read' : /edit|update|append|replace|patch/.test(op) ? 'Edited' : 'Wrote';
     return `${verb} a document${title ? ` “${clip(title, 50)}”` : ''}`;
   }],
   [/ (search|lookup|find|query) /, (a) => `Searched${argOf(a, 'query', 'q', 'text', 'term') ? ` for “${clip(argOf(a, 'query', 'q', 'text', 'term'), 50)}”` : ''}`],
