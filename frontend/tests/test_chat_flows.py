@@ -485,6 +485,15 @@ def test_chat_list_groups_search_rename_delete_undo_and_badges(world, fake_llm, 
         expect(page.locator(".session-list")).to_contain_text("No chats match “zzz-nothing”.")
         page.get_by_test_id("chat-search").fill("")
         expect(page.get_by_test_id("session-item")).to_have_count(4)
+        # Keyboard: Ctrl+K focuses the search, Ctrl+Shift+O opens the New chat dialog.
+        page.locator("#main").focus()
+        page.keyboard.press("Control+k")
+        expect(page.get_by_test_id("chat-search")).to_be_focused()
+        page.keyboard.press("Control+Shift+O")
+        expect(page.get_by_test_id("agent-picker")).to_be_visible()
+        expect(page.get_by_test_id("agent-search")).to_be_focused()
+        page.keyboard.press("Escape")
+        expect(page.get_by_test_id("agent-picker")).to_be_hidden()
 
         # Rename inline.
         row = page.locator(".session-row", has_text="Garden plan")

@@ -456,6 +456,20 @@ function openChat(id) {
 // ------------------------------------------------------------------ boot --
 
 window.addEventListener('hashchange', () => route());
+// Keyboard shortcuts (as in ChatGPT): Ctrl/Cmd+Shift+O a new chat, Ctrl/Cmd+K search chats.
+document.addEventListener('keydown', (event) => {
+  const shell = state.shell;
+  if (!shell || !(event.ctrlKey || event.metaKey) || event.altKey) return;
+  const key = event.key.toLowerCase();
+  if (event.shiftKey && key === 'o') {
+    event.preventDefault();
+    shell.openPicker();
+  } else if (!event.shiftKey && key === 'k') {
+    event.preventDefault();
+    shell.toggleSidebar(true);
+    shell.searchInput.focus();
+  }
+});
 window.addEventListener('unhandledrejection', (event) => {
   // Last line of defence: surface API errors nobody handled.
   if (event.reason instanceof ApiError) {
