@@ -40,6 +40,7 @@ import httpx  # noqa: E402
 
 from _stats import machine, percentile  # noqa: E402
 from capabilities import netsafe  # noqa: E402
+from llm import netrules  # noqa: E402
 
 
 def _free_port() -> int:
@@ -53,7 +54,7 @@ async def _fake_getaddrinfo(host: str, port: int):
 
 
 async def bench_fetch(iterations: int, port: int) -> None:
-    netsafe._getaddrinfo = _fake_getaddrinfo  # the name resolves to the local server
+    netrules._getaddrinfo = _fake_getaddrinfo  # the name resolves to the local server
     plain_url, safe_url = f"http://127.0.0.1:{port}/file.bin", f"http://bench.invalid:{port}/file.bin"
     tls = httpx.create_ssl_context(trust_env=False)  # built once for both, as netsafe does
     plain, safe, diffs = [], [], []

@@ -27,26 +27,46 @@ IPv4 embedded in IPv6 (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible, 6to4 200
 64:ff9b::/96, Teredo 2001::/32) judged by the embedded IPv4, and cloud metadata endpoints
 (169.254.169.254, 169.254.170.2, 100.100.100.200, fd00:ec2::254 …, and metadata host names),
 which stay blocked even if an allowed CIDR covers them.
+
+The address rules themselves (:func:`address_block_reason`, :func:`resolve_host`,
+:func:`validate_url`, the outbound checks for providers and MCP servers) live in
+:mod:`llm.netrules`, below this package, and are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
-import ipaddress
 import re
-import socket
 import ssl
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import httpcore
 import httpx
 from django.conf import settings
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from llm.netrules import (  # the address rules, shared with the model layer (re-exported)
+    IPAddress,
+    MAX_URL_LENGTH,
+    METADATA_ADDRESSES,
+    METADATA_HOSTNAMES,
+    FetchError,
+    OutboundBackend,
+    OutboundResolver,
+    address_block_reason,
+    check_outbound_url,
+    outbound_allowed_networks,
+    outbound_backend,
+    outbound_host_allowed,
+    outbound_resolver,
+    outbound_transport,
+    peer_ip,
+    resolve_host,
+    resolve_outbound,
+    validate_url,
+)
 
 DEFAULT_MAX_BYTES = 1_000_000
 """Default body cap: 1 MB (decoded bytes)."""
@@ -56,44 +76,7 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 TOTAL_TIMEOUT_SECONDS = 20.0
 """Deadline for the whole fetch: every hop's DNS, connect, request and body."""
 MAX_REDIRECTS = 5
-MAX_URL_LENGTH = 4096
 USER_AGENT = "AgentPlatform-web_fetch/0.1"
-
-METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(ipaddress.ip_address(a) for a in (
-    "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle (v1)…
-    "169.254.170.2",  # AWS ECS task metadata
-    "169.254.169.123",  # AWS time sync
-    "169.254.169.253",  # AWS VPC DNS
-    "168.63.129.16",  # Azure wire server (a public address!)
-    "100.100.100.200",  # Alibaba Cloud
-    "192.0.0.192",  # Oracle Cloud
-    "fd00:ec2::254",  # AWS IMDS over IPv6
-    "fd00:ec2::23",  # AWS DNS over IPv6
-    "fd20:ce::254",  # GCP IMDS over IPv6
-))
-"""Cloud instance-metadata addresses: blocked always, even when an allowed CIDR covers them."""
-
-METADATA_HOSTNAMES: frozenset[str] = frozenset({
-    "metadata", "metadata.google.internal", "metadata.goog", "metadata.azure.internal",
-    "instance-data", "instance-data.ec2.internal", "metadata.tencentyun.com", "metadata.platformequinix.com",
-})
-"""Host names of metadata services (refused before any DNS lookup)."""
-
-_HOST_NAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})?(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})?)*\.?")
-"""A DNS name: dot-separated labels of letters, digits, '-' and '_' (punycode for IDNs)."""
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
-
-
-class FetchError(Exception):
-    """A fetch failed; ``code`` is one of ``invalid_url``, ``invalid_arguments``, ``blocked_address``,
-    ``timeout``, ``http_error``. The message is written for the model."""
-
-    def __init__(self, message: str, *, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
 
 @dataclass(slots=True)
 class FetchResult:
@@ -119,119 +102,6 @@ class FetchResult:
     @property
     def mime_type(self) -> str:
         return self.content_type.split(";", 1)[0].strip().lower()
-
-
-# ------------------------------------------------------------------------------------------ addresses
-
-def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    return [ipaddress.ip_network(c, strict=False) for c in getattr(settings, "WEB_FETCH_ALLOWED_CIDRS", ()) or ()]
-
-
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip.sixtofour is not None:
-        return ip.sixtofour
-    if ip.teredo is not None:
-        return ip.teredo[1]  # the client's (obfuscation undone by ipaddress)
-    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
-
-
-def address_block_reason(ip: IPAddress, *, allowed: Iterable[Any] | None = None) -> str | None:
-    """Why ``ip`` may not be fetched from, or None if it may.
-
-    Args:
-        ip: An IPv4 or IPv6 address (a scope id, as in ``fe80::1%eth0``, is ignored).
-        allowed: Networks that are allowed although not public; defaults to
-            ``settings.WEB_FETCH_ALLOWED_CIDRS`` (empty in production). Metadata addresses stay
-            blocked regardless.
-
-    Returns:
-        A short reason ("loopback", "private", "link-local", "cloud metadata", …) or None.
-    """
-    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
-        ip = ipaddress.IPv6Address(str(ip).split("%", 1)[0])
-    if ip in METADATA_ADDRESSES:
-        return "cloud metadata"
-    networks = _allowed_networks() if allowed is None else list(allowed)
-    if any(ip.version == n.version and ip in n for n in networks):
-        return None
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = _embedded_ipv4(ip)
-        if embedded is not None:
-            inner = address_block_reason(embedded, allowed=networks)
-            return f"IPv4-embedded {inner}" if inner else None
-    checks = (
-        ("unspecified", ip.is_unspecified), ("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast), ("reserved", ip.is_reserved),
-        ("shared address space (CGNAT)", ip.version == 4 and ip in ipaddress.IPv4Network("100.64.0.0/10")),
-        ("unique local (ULA)", ip.version == 6 and ip in ipaddress.IPv6Network("fc00::/7")),
-        ("site-local", ip.version == 6 and ip.is_site_local),
-        ("private", ip.is_private),
-        ("not globally routable", not ip.is_global),
-    )
-    for reason, hit in checks:
-        if hit:
-            return reason
-    return None
-
-
-async def _getaddrinfo(host: str, port: int) -> list[tuple[Any, ...]]:
-    """The one DNS lookup (patched in tests to simulate rebinding resolvers)."""
-    loop = asyncio.get_running_loop()
-    return await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-
-
-async def resolve_host(host: str, port: int, *, allowed: Iterable[Any] | None = None) -> list[IPAddress]:
-    """Resolve ``host`` once and return its validated addresses (IPv4 first, order kept).
-
-    ``allowed``: networks allowed although not public (default: ``WEB_FETCH_ALLOWED_CIDRS``;
-    :func:`resolve_outbound` passes ``OUTBOUND_ALLOWED_CIDRS``).
-
-    Raises:
-        FetchError(code="blocked_address"): The name is a metadata host name, or ANY resolved
-            address is blocked (a name with one private address among public ones is refused
-            as a whole: an attacker could otherwise race the choice).
-        FetchError(code="http_error"): The name does not resolve.
-    """
-    name = host.rstrip(".").lower()
-    if name in METADATA_HOSTNAMES:
-        raise FetchError(f"Refused: {host!r} is a cloud metadata service.", code="blocked_address")
-    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: always loopback
-        raise FetchError(f"Refused: {host!r} is a loopback name.", code="blocked_address")
-    literal = _ip_literal(name)
-    if literal is not None:
-        addresses = [literal]
-    else:
-        try:
-            infos = await _getaddrinfo(name, port)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise FetchError(f"Cannot resolve host {host!r}: {exc}.", code="http_error") from exc
-        addresses = []
-        for info in infos:
-            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-            if ip not in addresses:
-                addresses.append(ip)
-        if not addresses:
-            raise FetchError(f"Host {host!r} has no addresses.", code="http_error")
-    for ip in addresses:
-        reason = address_block_reason(ip, allowed=allowed)
-        if reason:
-            shown = host if literal is not None else f"{host!r} (resolves to {ip})"
-            raise FetchError(
-                f"Refused: {shown} is a {reason} address. Only public internet addresses can be fetched.",
-                code="blocked_address",
-            )
-    return sorted(addresses, key=lambda a: a.version)
-
-
-def _ip_literal(name: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(name.strip("[]"))
-    except ValueError:
-        return None
 
 
 # ------------------------------------------------------------------------------------------ transport
@@ -264,7 +134,7 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
             except (httpcore.ConnectError, httpcore.ConnectTimeout, OSError) as exc:
                 last = exc
                 continue
-            peer = _peer_ip(stream)
+            peer = peer_ip(stream)
             if peer is None or peer != ip or address_block_reason(peer):
                 await stream.aclose()
                 raise httpcore.ConnectError(f"connected to unexpected address {peer}")
@@ -279,16 +149,6 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
-
-
-def _peer_ip(stream: httpcore.AsyncNetworkStream) -> IPAddress | None:
-    sock = stream.get_extra_info("socket")
-    if sock is None:
-        return None
-    try:
-        return ipaddress.ip_address(str(sock.getpeername()[0]).split("%", 1)[0])
-    except (OSError, ValueError):
-        return None
 
 
 @functools.cache
@@ -313,38 +173,6 @@ class _PinnedTransport(httpx.AsyncHTTPTransport):
 
 
 # ------------------------------------------------------------------------------------------ fetch
-
-def validate_url(url: Any) -> httpx.URL:
-    """Parse and check a URL the model gave.
-
-    Raises:
-        FetchError(code="invalid_url"): Not a string, too long, not http(s), no host,
-            credentials in it, or unparseable.
-    """
-    if not isinstance(url, str) or not url.strip():
-        raise FetchError("`url` must be a non-empty string such as 'https://example.com/page'.", code="invalid_url")
-    url = url.strip()
-    if len(url) > MAX_URL_LENGTH:
-        raise FetchError(f"The URL is longer than {MAX_URL_LENGTH} characters.", code="invalid_url")
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, ValueError, TypeError) as exc:
-        raise FetchError(f"Invalid URL {url!r}: {exc}.", code="invalid_url") from exc
-    if parsed.scheme not in ("http", "https"):
-        raise FetchError(
-            f"Only http and https URLs can be fetched, not {parsed.scheme or 'a URL without a scheme'!r}"
-            + ("" if parsed.scheme else " (add 'https://')") + ".",
-            code="invalid_url",
-        )
-    if not parsed.host:
-        raise FetchError(f"The URL {url!r} has no host.", code="invalid_url")
-    raw_host = parsed.raw_host.decode("ascii", errors="replace")
-    if not (_HOST_NAME.fullmatch(raw_host) or _ip_literal(raw_host) is not None):
-        raise FetchError(f"The URL {url!r} has an invalid host name.", code="invalid_url")
-    if parsed.userinfo:
-        raise FetchError("URLs with a user name or password are not fetched.", code="invalid_url")
-    return parsed
-
 
 async def safe_fetch(url: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
                      connect_timeout_seconds: float | None = None, total_timeout_seconds: float | None = None,
@@ -498,287 +326,13 @@ def is_text(mime_type: str) -> bool:
             or mime_type.endswith("+json") or mime_type.endswith("+xml"))
 
 
-
-# ------------------------------------------------------------------------------------------ outbound
-#
-# The same address rules for the connections the platform itself makes on a tenant's behalf:
-# model providers (chat and the route test) and remote MCP servers (streamable HTTP, SSE).
-# A tenant admin types those URLs, so they are checked when saved (check_outbound_url) AND
-# at every TCP connect (OutboundBackend for httpx2, OutboundResolver for aiohttp), which
-# resolve the name once, check every address, and connect only to the checked addresses (no
-# DNS-rebinding window). Redirects open new connections and are checked the same way.
-
-def outbound_allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """``settings.OUTBOUND_ALLOWED_CIDRS`` as networks: non-public ranges that providers and
-    MCP servers may be reached at (empty by default; tests allow 127.0.0.0/8)."""
-    return [ipaddress.ip_network(c, strict=False) for c in getattr(settings, "OUTBOUND_ALLOWED_CIDRS", ()) or ()]
-
-
-def _host_port_key(host: str, port: int) -> str:
-    host = host.strip("[]").rstrip(".").lower()
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def outbound_host_allowed(host: str, port: int) -> bool:
-    """Whether ``host:port`` is listed in ``settings.OUTBOUND_ALLOWED_HOSTS`` (exact host name
-    or IP literal, and port; default: the embedded model's ``LLM_BASE_URL`` host and port).
-    A listed host is reached at whatever it resolves to, except cloud metadata addresses."""
-    listed = getattr(settings, "OUTBOUND_ALLOWED_HOSTS", ()) or ()
-    key = _host_port_key(host, port)
-    for entry in listed:
-        entry = str(entry).strip().lower()
-        if not entry:
-            continue
-        try:
-            parsed = httpx.URL(f"http://{entry}")
-        except (httpx.InvalidURL, ValueError):
-            continue
-        if parsed.host and parsed.port is not None and _host_port_key(parsed.host, parsed.port) == key:
-            return True
-    return False
-
-
-async def resolve_outbound(host: str, port: int) -> list[IPAddress]:
-    """Resolve ``host`` once for a platform connection on a tenant's behalf and return the
-    addresses that may be connected to (IPv4 first).
-
-    Rules: those of :func:`resolve_host` with ``OUTBOUND_ALLOWED_CIDRS`` as the allowed
-    networks; a ``host:port`` listed in ``OUTBOUND_ALLOWED_HOSTS`` skips the address check
-    (cloud metadata addresses stay refused).
-
-    Raises:
-        FetchError(code="blocked_address"): A blocked name or address.
-        FetchError(code="http_error"): The name does not resolve.
-    """
-    if not outbound_host_allowed(host, port):
-        return await resolve_host(host, port, allowed=outbound_allowed_networks())
-    name = host.strip("[]").rstrip(".").lower()
-    literal = _ip_literal(name)
-    if literal is not None:
-        addresses = [literal]
-    else:
-        try:
-            infos = await _getaddrinfo(name, port)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise FetchError(f"Cannot resolve host {host!r}: {exc}.", code="http_error") from exc
-        addresses = []
-        for info in infos:
-            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-            if ip not in addresses:
-                addresses.append(ip)
-    for ip in addresses:
-        if ip in METADATA_ADDRESSES:
-            raise FetchError(f"Refused: {host!r} resolves to a cloud metadata address.", code="blocked_address")
-    if not addresses:
-        raise FetchError(f"Host {host!r} has no addresses.", code="http_error")
-    return sorted(addresses, key=lambda a: a.version)
-
-
-def check_outbound_url(url: Any) -> None:
-    """Validate a provider base URL or MCP server URL when it is saved (the connect-time
-    check in :class:`OutboundBackend` / :class:`OutboundResolver` is the authoritative one).
-
-    Checks: http(s), a host, no user name or password, and the address rules of
-    :func:`resolve_outbound`: an IP literal or ``localhost`` name that is not allowed, or a
-    name that resolves (now) to a blocked address, is refused. A name that does not resolve
-    now passes (it is checked again at every connect). Blocking DNS lookup (synchronous).
-
-    Raises:
-        FetchError: ``invalid_url`` or ``blocked_address``; ``message`` says why.
-    """
-    parsed = validate_url(url)
-    host = parsed.host
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    if outbound_host_allowed(host, port):
-        return
-    name = host.strip("[]").rstrip(".").lower()
-    networks = outbound_allowed_networks()
-    if name in METADATA_HOSTNAMES:
-        raise FetchError(f"Refused: {host!r} is a cloud metadata service.", code="blocked_address")
-    literal = _ip_literal(name)
-    if literal is None and (name == "localhost" or name.endswith(".localhost")):
-        literal = ipaddress.ip_address("127.0.0.1")
-    if literal is not None:
-        addresses = [literal]
-    else:
-        try:
-            infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-        except (socket.gaierror, UnicodeError, OSError):
-            return
-        addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
-    for ip in addresses:
-        reason = address_block_reason(ip, allowed=networks)
-        if reason:
-            shown = host if literal is not None and name == str(literal) else f"{host!r} (resolves to {ip})"
-            raise FetchError(
-                f"Refused: {shown} is a {reason} address. Only public internet addresses are allowed; "
-                "an operator can allow internal hosts (OUTBOUND_ALLOWED_HOSTS, OUTBOUND_ALLOWED_CIDRS).",
-                code="blocked_address",
-            )
-
-
-def _httpcore2() -> Any:
-    import httpcore2
-
-    return httpcore2
-
-
-class OutboundBackend:
-    """An httpcore2 network backend (httpx2, as the openai/anthropic/mcp SDKs use it) that
-    resolves every host with :func:`resolve_outbound` and connects only to the addresses it
-    checked, then checks the socket's peer address again. Unix sockets are refused.
-
-    Built through :func:`outbound_backend` (a subclass of ``httpcore2.AsyncNetworkBackend``).
-    """
-
-    def __init__(self) -> None:
-        self._inner = _httpcore2().AnyIOBackend()
-
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None, socket_options: Any = None) -> Any:
-        httpcore2 = _httpcore2()
-        try:
-            addresses = await resolve_outbound(host, port)
-        except FetchError as exc:
-            raise httpcore2.ConnectError(exc.message) from exc
-        allowed = outbound_allowed_networks()
-        last: Exception | None = None
-        for ip in addresses:
-            try:
-                stream = await self._inner.connect_tcp(str(ip), port, timeout=timeout, local_address=local_address,
-                                                       socket_options=socket_options)
-            except (httpcore2.ConnectError, httpcore2.ConnectTimeout, OSError) as exc:
-                last = exc
-                continue
-            peer = _peer_ip(stream)
-            if peer is None or peer != ip or (
-                ip in METADATA_ADDRESSES
-                or (not outbound_host_allowed(host, port) and address_block_reason(peer, allowed=allowed))
-            ):
-                await stream.aclose()
-                raise httpcore2.ConnectError(f"connected to unexpected address {peer}")
-            return stream
-        if isinstance(last, httpcore2.ConnectTimeout):
-            raise last
-        raise httpcore2.ConnectError(str(last) if last else "no address to connect to")
-
-    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
-        raise _httpcore2().ConnectError("unix sockets are not allowed")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-@functools.cache
-def _outbound_backend_class() -> type:
-    return type("OutboundNetworkBackend", (OutboundBackend, _httpcore2().AsyncNetworkBackend), {})
-
-
-def outbound_backend() -> Any:
-    """A new :class:`OutboundBackend` (an ``httpcore2.AsyncNetworkBackend``)."""
-    return _outbound_backend_class()()
-
-
-@functools.cache
-def _default_httpx2_ssl_context() -> ssl.SSLContext:
-    """httpx2's default verifying TLS context (certifi's CAs, ``SSL_CERT_FILE``/``SSL_CERT_DIR``
-    honoured), built once per process."""
-    import httpx2
-
-    return httpx2.create_ssl_context()
-
-
-def outbound_transport(*, verify: Any = True, limits: Any = None, http2: bool = False) -> Any:
-    """An ``httpx2.AsyncHTTPTransport`` whose connections go through :class:`OutboundBackend`.
-
-    Args:
-        verify: TLS verification (an ``ssl.SSLContext``, a CA path or a bool), as httpx2 takes it.
-        limits: ``httpx2.Limits`` (httpx2's defaults when None).
-        http2: Offer HTTP/2.
-
-    Returns:
-        The transport: pass it as ``transport=`` to an ``httpx2.AsyncClient`` (or the SDKs'
-        ``DefaultAsyncHttpxClient``). No proxies from the environment.
-    """
-    import httpcore2
-    import httpx2
-
-    limits = limits or httpx2.Limits(max_connections=100, max_keepalive_connections=20)
-    if isinstance(verify, ssl.SSLContext):
-        ssl_context = verify
-    elif verify is True:
-        ssl_context = _default_httpx2_ssl_context()  # built once: loading the CA bundle costs ~20 ms
-    else:
-        ssl_context = httpx2.create_ssl_context(verify=verify)
-    transport = httpx2.AsyncHTTPTransport(verify=ssl_context, trust_env=False, limits=limits, http2=http2)
-    # httpx2 builds its httpcore2 pool in __init__ without a way to pass a network backend;
-    # replace it with an equivalent pool that has one (httpcore2's documented parameter),
-    # as _PinnedTransport does for web_fetch.
-    transport._pool = httpcore2.AsyncConnectionPool(
-        ssl_context=ssl_context, max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
-        http1=True, http2=http2, network_backend=outbound_backend(),
-    )
-    return transport
-
-
-class OutboundResolver:
-    """An aiohttp resolver applying :func:`resolve_outbound`: aiohttp then connects only to
-    the addresses returned (checked). Built through :func:`outbound_resolver` (a subclass of
-    ``aiohttp.abc.AbstractResolver``).
-
-    aiohttp does not ask the resolver about IP literals: pair it with
-    :meth:`socket_factory`, which checks every address aiohttp connects to (and lets through
-    the ones this resolver approved, e.g. an operator-allowed host name on a private address).
-    """
-
-    def __init__(self) -> None:
-        self.approved: set[tuple[str, int]] = set()
-        """``(ip, port)`` this resolver returned (checked by :func:`resolve_outbound`)."""
-
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
-        try:
-            addresses = await resolve_outbound(host, port)
-        except FetchError as exc:
-            raise OSError(errno.EACCES, exc.message) from exc
-        self.approved.update((str(ip), port) for ip in addresses)
-        out = []
-        for ip in addresses:
-            if family == socket.AF_INET6 and ip.version == 4 or family == socket.AF_INET and ip.version == 6:
-                continue
-            out.append({"hostname": host, "host": str(ip), "port": port,
-                        "family": socket.AF_INET if ip.version == 4 else socket.AF_INET6,
-                        "proto": 0, "flags": socket.AI_NUMERICHOST})
-        if not out:
-            raise OSError(errno.EADDRNOTAVAIL, f"Host {host!r} has no allowed address of the requested family.")
-        return out
-
-    async def close(self) -> None:
-        return None
-
-    def socket_factory(self, addr_info: tuple[Any, ...]) -> socket.socket:
-        """aiohttp's ``socket_factory``: the socket for one address aiohttp is about to connect
-        to, or ``OSError`` (EACCES) when the outbound rules refuse that address."""
-        family, type_, proto, _canonname, sockaddr = addr_info
-        ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
-        port = int(sockaddr[1])
-        if (str(ip), port) not in self.approved:
-            reason = "cloud metadata" if ip in METADATA_ADDRESSES else (
-                None if outbound_host_allowed(str(ip), port)
-                else address_block_reason(ip, allowed=outbound_allowed_networks()))
-            if reason:
-                raise OSError(errno.EACCES, f"Refused: {ip} is a {reason} address. Only public internet addresses "
-                                            "are allowed; an operator can allow internal hosts.")
-        return socket.socket(family, type_, proto)
-
-
-@functools.cache
-def _outbound_resolver_class() -> type:
-    import aiohttp.abc
-
-    return type("OutboundAiohttpResolver", (OutboundResolver, aiohttp.abc.AbstractResolver), {})
-
-
-def outbound_resolver() -> Any:
-    """A new :class:`OutboundResolver` (an ``aiohttp.abc.AbstractResolver``)."""
-    return _outbound_resolver_class()()
+__all__ = [
+    # the address rules (llm.netrules), re-exported for the capabilities
+    "IPAddress", "MAX_URL_LENGTH", "METADATA_ADDRESSES", "METADATA_HOSTNAMES", "FetchError", "OutboundBackend",
+    "OutboundResolver", "address_block_reason", "check_outbound_url", "outbound_allowed_networks",
+    "outbound_backend", "outbound_host_allowed", "outbound_resolver", "outbound_transport", "resolve_host",
+    "resolve_outbound", "validate_url",
+    # the SSRF-safe fetch for tools
+    "CONNECT_TIMEOUT_SECONDS", "DEFAULT_MAX_BYTES", "HARD_MAX_BYTES", "MAX_REDIRECTS", "TEXT_MIME_TYPES",
+    "TOTAL_TIMEOUT_SECONDS", "USER_AGENT", "FetchResult", "PinnedBackend", "decode_text", "is_text", "safe_fetch",
+]

@@ -50,7 +50,7 @@ class ModelProvider(TenantOwnedModel):
             ValidationError: ``{"base_url": why}``.
         """
         super().clean()
-        from capabilities.netsafe import FetchError, check_outbound_url
+        from llm.netrules import FetchError, check_outbound_url
 
         if self.base_url:
             try:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pytest
 
-from capabilities import netsafe
 from capabilities.mcp.client import McpConnectError, McpConnection, McpServerConfig
 from capabilities.mcp.pool import McpPool
 from capabilities.tests.mcp_test_server import serve_mcp_http
 from capabilities.tests.raw_mcp_server import RawState, serve_raw_mcp, tool
 from capabilities.tools import ToolError
+from llm import netrules  # the DNS seam (_getaddrinfo) lives with the address rules
 
 pytestmark = [pytest.mark.timeout(90)]
 
@@ -148,7 +148,7 @@ async def test_a_name_that_rebinds_to_loopback_is_refused_at_connect(no_internal
     async def rebinding(host, port):  # what a hostile DNS answers at connect time
         return [(2, 1, 6, "", ("127.0.0.1", port))]
 
-    monkeypatch.setattr(netsafe, "_getaddrinfo", rebinding)
+    monkeypatch.setattr(netrules, "_getaddrinfo", rebinding)
     with serve_mcp_http() as server:
         port = server.url.split(":")[2].split("/")[0]
         with pytest.raises(McpConnectError) as caught:

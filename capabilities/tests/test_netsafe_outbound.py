@@ -12,8 +12,8 @@ import ipaddress
 import pytest
 from django.core.exceptions import ValidationError
 
-from capabilities import netsafe
 from capabilities.netsafe import FetchError, check_outbound_url, outbound_host_allowed, resolve_outbound
+from llm import netrules  # the DNS seam (_getaddrinfo) lives with the address rules
 
 
 @pytest.fixture(autouse=True)
@@ -35,22 +35,22 @@ def test_internal_urls_are_refused_at_save(url):
 
 
 def test_a_name_resolving_to_loopback_is_refused_at_save(monkeypatch):
-    monkeypatch.setattr(netsafe.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("127.0.0.1", 80))])
+    monkeypatch.setattr(netrules.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("127.0.0.1", 80))])
     with pytest.raises(FetchError, match="resolves to 127.0.0.1"):
         check_outbound_url("http://internal.example.com/v1")
 
 
 def test_public_and_operator_allowed_urls_pass(monkeypatch):
-    monkeypatch.setattr(netsafe.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("93.184.215.14", 443))])
+    monkeypatch.setattr(netrules.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("93.184.215.14", 443))])
     check_outbound_url("https://api.example.com/v1")
     check_outbound_url("http://127.0.0.1:8081/v1")  # the embedded model (OUTBOUND_ALLOWED_HOSTS)
 
 
 def test_an_unresolvable_name_passes_at_save_and_is_checked_at_connect(monkeypatch):
     def nxdomain(*args, **kwargs):
-        raise netsafe.socket.gaierror(-2, "Name or service not known")
+        raise netrules.socket.gaierror(-2, "Name or service not known")
 
-    monkeypatch.setattr(netsafe.socket, "getaddrinfo", nxdomain)
+    monkeypatch.setattr(netrules.socket, "getaddrinfo", nxdomain)
     check_outbound_url("https://later.example.com/v1")
 
 
@@ -74,7 +74,7 @@ async def test_resolve_outbound_checks_every_address(monkeypatch):
     async def mixed(host, port):
         return [(2, 1, 6, "", ("93.184.215.14", port)), (2, 1, 6, "", ("10.0.0.1", port))]
 
-    monkeypatch.setattr(netsafe, "_getaddrinfo", mixed)
+    monkeypatch.setattr(netrules, "_getaddrinfo", mixed)
     with pytest.raises(FetchError, match="private"):
         await resolve_outbound("mixed.example.com", 443)
 
@@ -86,7 +86,7 @@ async def test_resolve_outbound_lets_an_allowed_host_resolve_privately_but_not_t
     async def resolver(host, port):
         return [(2, 1, 6, "", (answers[host], port))]
 
-    monkeypatch.setattr(netsafe, "_getaddrinfo", resolver)
+    monkeypatch.setattr(netrules, "_getaddrinfo", resolver)
     assert await resolve_outbound("llm.internal", 8000) == [ipaddress.ip_address("10.0.0.7")]
     with pytest.raises(FetchError):
         await resolve_outbound("llm.internal", 8001)

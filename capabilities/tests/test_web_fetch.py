@@ -19,6 +19,7 @@ from capabilities import netsafe
 from capabilities.builtin.registry import builtin_create, builtin_names
 from capabilities.tests import http_test_server as hts
 from capabilities.tools import ToolContext, ToolError
+from llm import netrules  # the DNS seam (_getaddrinfo) lives with the address rules
 from tenants.scoping import tenant_scope
 
 PUBLIC = ["127.0.0.1/32"]
@@ -129,7 +130,7 @@ def fake_dns(monkeypatch):
         addresses = queue.pop(0) if len(queue) > 1 else queue[0]
         return [(2 if ":" not in a else 10, 1, 6, "", (a, port)) for a in addresses]
 
-    monkeypatch.setattr(netsafe, "_getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(netrules, "_getaddrinfo", getaddrinfo)
     return answers, calls
 
 

@@ -117,8 +117,8 @@ SDK_CONNECTION_LIMITS: dict[str, int] = {"max_connections": 1000, "max_keepalive
 def checked_httpx_transport(*, verify: Any = True) -> Any:
     """An ``httpx2`` transport for a provider's SDK client whose every TCP connect resolves the
     host once, checks each address against the outbound rules
-    (:func:`capabilities.netsafe.resolve_outbound`: no loopback, private, link-local or
-    metadata address unless an operator allowed it) and connects only to checked addresses.
+    (:func:`llm.netrules.resolve_outbound`: no loopback, private, link-local or metadata
+    address unless an operator allowed it) and connects only to checked addresses.
 
     Pass it as ``transport=`` to ``openai.DefaultAsyncHttpxClient`` /
     ``anthropic.DefaultAsyncHttpxClient``. A refused address fails the call as a connection
@@ -126,35 +126,33 @@ def checked_httpx_transport(*, verify: Any = True) -> Any:
     """
     import httpx2
 
-    from capabilities.netsafe import outbound_transport
+    from llm.netrules import outbound_transport
 
     return outbound_transport(verify=verify, limits=httpx2.Limits(**SDK_CONNECTION_LIMITS))
 
 
 def checked_aiohttp_transport(*, verify: Any) -> Any:
-    """The openai SDK's aiohttp transport over an ``aiohttp`` session whose resolver applies
-    the outbound rules (:class:`capabilities.netsafe.OutboundResolver`): aiohttp connects only
-    to the addresses it returns. Pass it as ``transport=`` to ``openai.DefaultAioHttpClient``.
-
-    The SDK takes a ready transport but has no parameter for a resolver, so the transport is
-    built here from the SDK's vendored aiohttp adapter with a session factory of ours.
+    """An ``httpx2`` transport over ``aiohttp`` (:class:`llm.providers.aiohttp_transport.AiohttpTransport`,
+    public APIs only) whose session's connector applies the outbound rules: the resolver
+    (:class:`llm.netrules.OutboundResolver`) checks every name it resolves and the socket
+    factory every address aiohttp connects to. Pass it as ``transport=`` to
+    ``openai.DefaultAioHttpClient``. Pool limits: the SDKs' (:data:`SDK_CONNECTION_LIMITS`).
     """
     import aiohttp
     import httpx2
-    from openai._vendor.httpx_aiohttp.transport import AiohttpTransport  # the SDK's own adapter
 
-    from capabilities.netsafe import outbound_resolver
+    from llm.netrules import outbound_resolver
+    from llm.providers.aiohttp_transport import AiohttpTransport, tls_context
 
     limits = httpx2.Limits(**SDK_CONNECTION_LIMITS)
-    transport: Any = None
+    ssl_context = tls_context(verify)
 
     def session() -> aiohttp.ClientSession:
         resolver = outbound_resolver()
         connector = aiohttp.TCPConnector(
             resolver=resolver, socket_factory=resolver.socket_factory,  # names, then every address
-            ssl=transport.ssl_context, limit=limits.max_connections or 0, keepalive_timeout=limits.keepalive_expiry,
+            ssl=ssl_context, limit=limits.max_connections or 0, keepalive_timeout=limits.keepalive_expiry,
         )
         return aiohttp.ClientSession(connector=connector)
 
-    transport = AiohttpTransport(verify=verify, trust_env=False, limits=limits, client=session)
-    return transport
+    return AiohttpTransport(session=session)

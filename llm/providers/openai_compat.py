@@ -45,6 +45,7 @@ import openai
 from llm.errors import ModelCallError, classify_error, classify_finish_reason
 from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings
 from llm.providers._clients import LoopClientCache, checked_aiohttp_transport, checked_httpx_transport
+from llm.providers.aiohttp_transport import aiohttp_reader, mapped_error
 from llm.tokens import usage_or_estimate
 from llm.toolcall_parsing import ToolCallHoldback, messages_for_text_mode, mint_call_id
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
@@ -305,17 +306,10 @@ async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, par
     return response
 
 
-try:  # the SDK's aiohttp transport, when the ``aiohttp`` extra is installed
-    from openai._vendor.httpx_aiohttp.transport import AiohttpResponseStream as _AiohttpResponseStream
-    from openai._vendor.httpx_aiohttp.transport import map_aiohttp_exceptions as _map_aiohttp_exceptions
-except ImportError:  # pragma: no cover - the project pins openai[aiohttp]
-    _AiohttpResponseStream = None
-    _map_aiohttp_exceptions = None
-
-
 def _aiohttp_body(response: httpx2.Response) -> Any:
-    """The ``aiohttp.StreamReader`` under ``response`` when the SDK's aiohttp transport
-    (``LLM_HTTP_TRANSPORT=aiohttp``) made it and the body is not content-encoded; else None.
+    """The ``aiohttp.StreamReader`` under ``response`` when our aiohttp transport
+    (:mod:`llm.providers.aiohttp_transport`, ``LLM_HTTP_TRANSPORT=aiohttp``) made it and the
+    body is not content-encoded; else None.
 
     Reading it directly skips five async-generator steps per read (httpx2's ``aiter_bytes``,
     ``aiter_raw``, its timing wrapper, the transport's stream, aiohttp's chunk iterator), and a
@@ -323,32 +317,21 @@ def _aiohttp_body(response: httpx2.Response) -> Any:
     of the adapter's (``bench/stream_floor.py``; bench/README.md, session 10). A
     content-encoded body needs httpx2's decoder, so it takes the ordinary path.
     ``test_stream_transports.py`` checks that the aiohttp transport's responses are
-    recognised, so an SDK release that changes them fails a test instead of silently slowing
-    streams down.
+    recognised, so a change that breaks it fails a test instead of silently slowing streams.
     """
-    stream = response.stream
-    inner = getattr(stream, "_stream", stream)  # httpx2's BoundAsyncStream wraps the transport's stream
-    if _AiohttpResponseStream is None or not isinstance(inner, _AiohttpResponseStream):
+    reader = aiohttp_reader(response)
+    if reader is None:
         return None
     if response.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
         return None
-    return inner._aiohttp_response.content  # noqa: SLF001
+    return reader
 
 
 def _transport_error(exc: Exception) -> httpx2.TransportError | None:
-    """``exc`` as the httpx2 transport error the SDK's aiohttp transport would have raised
-    for it (its own ``map_aiohttp_exceptions``), or None when it is not a transport failure."""
-    if isinstance(exc, httpx2.TransportError):
-        return exc
-    if _map_aiohttp_exceptions is None:
-        return None
-    try:
-        with _map_aiohttp_exceptions():
-            raise exc
-    except httpx2.TransportError as mapped:
-        return mapped
-    except Exception:
-        return None
+    """``exc`` as the httpx2 transport error the aiohttp transport raises for it
+    (:func:`llm.providers.aiohttp_transport.mapped_error`), or None when it is not a
+    transport failure."""
+    return mapped_error(exc)
 
 
 async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float | None = None) -> AsyncIterator[list[Any]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from agents.tests.factories import agent_with_route
-from capabilities import netsafe
+from llm import netrules
 from llm.errors import AllEntriesFailed
 from llm.models import ModelProvider
 from llm.providers import anthropic as anthropic_adapter
@@ -51,7 +51,7 @@ async def test_a_provider_name_that_rebinds_to_loopback_is_refused(no_internal_h
     async def rebinding(host, port):
         return [(2, 1, 6, "", ("127.0.0.1", port))]
 
-    monkeypatch.setattr(netsafe, "_getaddrinfo", rebinding)
+    monkeypatch.setattr(netrules, "_getaddrinfo", rebinding)
     with pytest.raises(AllEntriesFailed) as caught:
         await collect(Router([entry(0, f"http://llm.example.com:{server_a.port}/v1")]))
     assert "resolves to 127.0.0.1" in caught.value.last_error.message
@@ -106,8 +106,8 @@ def test_the_admin_api_refuses_an_internal_provider_url(world, no_internal_hosts
 
 @pytest.mark.django_db
 def test_the_admin_api_accepts_a_public_provider_url(world, no_internal_hosts, monkeypatch):
-    monkeypatch.setattr(netsafe.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("203.0.113.10", 443))])
-    monkeypatch.setattr(netsafe, "address_block_reason", lambda ip, allowed=None: None)
+    monkeypatch.setattr(netrules.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("203.0.113.10", 443))])
+    monkeypatch.setattr(netrules, "address_block_reason", lambda ip, allowed=None: None)
     resp = world.client(admin=True).post("/api/v1/admin/providers/",
                                          {"name": "openai", "base_url": "https://api.openai.com/v1"}, format="json")
     assert resp.status_code == 201, resp.content

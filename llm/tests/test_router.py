@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from llm.clock import FakeClock
+from llm.config import DEFAULT_BACKOFF, BackoffPolicy, RouteEntryConfig
 from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted
 from llm.health import HealthStateUnavailable, MemoryEntryHealth
 from llm.providers import openai_compat
 from llm.providers.openai_compat import aclose_clients
-from llm.config import DEFAULT_BACKOFF, BackoffPolicy, RouteEntryConfig
 from llm.records import AttemptRecord
 from llm.router import Router, unsuitable_reason
 from llm.testing import CutAfter, Delay, Fail, FakeLLMServer, Hang, Reply, Stall, ToolCalls

@@ -82,14 +82,15 @@ async def test_aiohttp_bodies_are_read_from_aiohttp_directly(server_a: FakeLLMSe
 async def test_a_content_encoded_aiohttp_body_takes_httpx2s_decoder(transport: str) -> None:
     """A compressed body must go through httpx2's decoder: only identity bodies are read raw."""
     import httpx2
-    from openai._vendor.httpx_aiohttp.transport import AiohttpResponseStream
+
+    from llm.providers.aiohttp_transport import READER_EXTENSION
 
     class Raw:
         content = object()
 
-    def response(headers: dict[str, str]) -> httpx2.Response:
-        return httpx2.Response(200, headers=headers, stream=AiohttpResponseStream(Raw()),  # type: ignore[arg-type]
-                               request=httpx2.Request("POST", "http://x/v1"))
+    def response(headers: dict[str, str]) -> httpx2.Response:  # as AiohttpTransport makes them
+        return httpx2.Response(200, headers=headers, request=httpx2.Request("POST", "http://x/v1"),
+                               extensions={READER_EXTENSION: Raw.content})
 
     assert openai_compat._aiohttp_body(response({"content-encoding": "gzip"})) is None  # noqa: SLF001
     assert openai_compat._aiohttp_body(response({})) is Raw.content  # noqa: SLF001
