@@ -33,7 +33,7 @@ import itertools
 import json
 import ssl
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
@@ -270,6 +270,38 @@ def _wire(client: openai.AsyncOpenAI) -> _Wire:
     return wire
 
 
+_STATUS_ERRORS: Final[dict[int, type[openai.APIStatusError]]] = {
+    400: openai.BadRequestError, 401: openai.AuthenticationError, 403: openai.PermissionDeniedError,
+    404: openai.NotFoundError, 409: openai.ConflictError, 422: openai.UnprocessableEntityError,
+    429: openai.RateLimitError,
+}
+
+
+def status_error_from_response(response: httpx2.Response) -> openai.APIStatusError:
+    """The SDK's exception for an HTTP error ``response`` whose body was read, built with the
+    SDK's public exception classes as its client builds it (``BadRequestError`` for 400, …,
+    ``InternalServerError`` for 5xx, else ``APIStatusError``; message ``"Error code: <status>"``
+    plus ``" - <error.message>"`` when the JSON body has one; ``body``: the body's ``error``
+    object, else the parsed JSON or the text). ``test_status_errors_match_the_sdk`` keeps it
+    equal to the SDK's own."""
+    status = response.status_code
+    message = f"Error code: {status}"
+    text = response.text.strip()
+    body: Any = text
+    try:
+        body = json.loads(text)
+    except ValueError:
+        pass
+    else:
+        error = body.get("error", body) if isinstance(body, Mapping) else None
+        detail = error.get("message") if isinstance(error, Mapping) else None
+        if isinstance(detail, str) and detail:
+            message += f" - {detail}"
+    data = body.get("error", body) if isinstance(body, Mapping) else body
+    kind = _STATUS_ERRORS.get(status) or (openai.InternalServerError if status >= 500 else openai.APIStatusError)
+    return kind(message, response=response, body=data)
+
+
 def _sdk_error(error: Exception, cause: BaseException) -> Exception:
     error.__cause__ = cause
     return error
@@ -297,7 +329,7 @@ async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, par
     if response.status_code >= 400:
         try:
             await response.aread()
-            status_error = client._make_status_error_from_response(response)
+            status_error = status_error_from_response(response)
         except Exception as exc:  # the error body broke off: still a failed request
             status_error = _sdk_error(openai.APIConnectionError(request=request), exc)
         finally:
