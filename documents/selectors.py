@@ -8,8 +8,12 @@ from documents.models import Document
 
 
 def _visible_to(*, session_id: int, user_id: int | None) -> Q:
-    # A run sees the documents of every session of its user; with no user (a system run), its own session's.
-    return Q(session__user_id=user_id) if user_id is not None else Q(session_id=session_id)
+    # A run sees the documents of every session of its user that is not deleted (its own never
+    # is while it runs: deleting a chat cancels its runs); with no user (a system run), its own
+    # session's.
+    if user_id is None:
+        return Q(session_id=session_id)
+    return Q(session__user_id=user_id, session__deleted_at__isnull=True)
 
 
 def document_get_for_run(*, document_id: int, session_id: int, user_id: int | None) -> Document | None:

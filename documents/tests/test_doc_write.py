@@ -132,6 +132,21 @@ async def test_documents_are_shared_across_a_users_sessions_but_not_with_others(
     assert (await stored(doc_id)).content == "secret"
 
 
+async def test_documents_of_a_deleted_chat_leave_the_users_other_runs(world):
+    """A deleted chat is gone for its user everywhere (README, "Deleted chats"): a run in another
+    chat neither lists nor reads its documents; Undo brings them back."""
+    from django.utils import timezone
+
+    gone = await caller(world.tenant, world.member)
+    current = await caller(world.tenant, world.member)
+    doc_id = (await gone.call(op="create", title="Old plan", content="from the deleted chat")).data["document_id"]
+    await sync_to_async(ChatSession.all_tenants.filter(pk=gone.session.pk).update)(deleted_at=timezone.now())
+    assert (await current.error(op="get", id=doc_id)).code == "not_found"
+    assert (await current.call(op="list")).data == []
+    await sync_to_async(ChatSession.all_tenants.filter(pk=gone.session.pk).update)(deleted_at=None)
+    assert (await current.call(op="get", id=doc_id)).content.endswith("from the deleted chat")
+
+
 async def test_concurrent_writes_are_serialised(world):
     import asyncio
 
