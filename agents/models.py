@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -154,20 +156,24 @@ class CapabilityBinding(TenantOwnedModel):
         kind = kind_get(self.kind)
         if kind is None:
             raise ValidationError({"kind": f"Unknown capability kind {self.kind!r}."})
-        errors = kind.validate(self)
+        errors = kind.validate(self) or self._common_errors(uses_skill="skill" in kind.fields)
         if errors:
             raise ValidationError(errors)
-        if self.skill_id and "skill" not in kind.fields:
-            raise ValidationError({"skill": "Only bindings of kind skill name a skill."})
+
+    def _common_errors(self, *, uses_skill: bool) -> dict[str, Any]:
+        """The first problem every binding is checked for (``{}``: none), as ``{field: message(s)}``."""
+        if self.skill_id and not uses_skill:
+            return {"skill": "Only bindings of kind skill name a skill."}
         if self.agent_id and self.tenant_id and self.agent.tenant_id != self.tenant_id:
-            raise ValidationError({"agent": "Agent not found."})
+            return {"agent": "Agent not found."}
         if not isinstance(self.allowed_tools, list) or not all(isinstance(t, str) for t in self.allowed_tools):
-            raise ValidationError({"allowed_tools": "A JSON list of tool names."})
+            return {"allowed_tools": "A JSON list of tool names."}
         policy_errors = approval_policy_errors(self.approval_policy)
         if policy_errors:
-            raise ValidationError({"approval_policy": policy_errors})
+            return {"approval_policy": policy_errors}
         if not isinstance(self.config, dict):
-            raise ValidationError({"config": "A JSON object."})
+            return {"config": "A JSON object."}
+        return {}
 
 
 def approval_policy_errors(policy: object) -> list[str]:

@@ -83,28 +83,35 @@ class McpServerKind(CapabilityKind):
         catalogues = await asyncio.gather(*(_catalogue(ctx, s) for s in sessions), return_exceptions=True)
         opened = []
         for binding, session, catalogue in zip(specs, sessions, catalogues):
-            if isinstance(catalogue, ToolError):
-                alias = binding.server.alias
-                logger.warning("run %s: MCP server %r left out: %s", ctx.run_id, alias, catalogue.message)
-                if ctx.publish is not None:
-                    await ctx.publish("capability_unavailable", {
-                        "source": "mcp", "alias": alias,
-                        "error": f"MCP server {alias!r} is unavailable: {catalogue.message}"[:2000],
-                    })
-                continue
-            if isinstance(catalogue, BaseException):
-                raise catalogue
-            sources = [
-                ToolSource(
-                    origin=ToolOrigin(source=binding.server.alias, name=info.name),
-                    factory=lambda exposed, c=session, i=info: McpTool(
-                        connection=c, info=i, exposed_name=exposed, call_timeout_seconds=ctx.tool_timeout_seconds),
-                )
-                for info in catalogue.tools
-                if not binding.allowed_tools or info.name in binding.allowed_tools
-            ]
-            opened.append((binding, KindToolset(sources=sources, qualified=True)))
+            toolset = await _server_toolset(binding, session, catalogue, ctx)
+            if toolset is not None:
+                opened.append((binding, toolset))
         return opened
+
+
+async def _server_toolset(binding: McpBindingSpec, session: Any, catalogue: Any, ctx: OpenContext) -> KindToolset | None:
+    """The server's tools (``allowed_tools`` only, if set), or None when its catalogue is a
+    ToolError (announced as ``capability_unavailable``). Other exceptions are raised."""
+    if isinstance(catalogue, ToolError):
+        alias = binding.server.alias
+        logger.warning("run %s: MCP server %r left out: %s", ctx.run_id, alias, catalogue.message)
+        if ctx.publish is not None:
+            await ctx.publish("capability_unavailable", {
+                "source": "mcp", "alias": alias,
+                "error": f"MCP server {alias!r} is unavailable: {catalogue.message}"[:2000],
+            })
+        return None
+    if isinstance(catalogue, BaseException):
+        raise catalogue
+    return KindToolset(qualified=True, sources=[
+        ToolSource(
+            origin=ToolOrigin(source=binding.server.alias, name=info.name),
+            factory=lambda exposed, c=session, i=info: McpTool(
+                connection=c, info=i, exposed_name=exposed, call_timeout_seconds=ctx.tool_timeout_seconds),
+        )
+        for info in catalogue.tools
+        if not binding.allowed_tools or info.name in binding.allowed_tools
+    ])
 
 
 async def _catalogue(ctx: OpenContext, session: Any) -> Any:
