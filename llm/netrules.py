@@ -26,13 +26,14 @@ Errors are :class:`FetchError` (``code``: ``invalid_url``, ``blocked_address``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import ipaddress
 import re
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -426,8 +427,105 @@ def _default_httpx2_ssl_context() -> ssl.SSLContext:
     return httpx2.create_ssl_context()
 
 
+def _httpcore_error_map() -> tuple[tuple[type[Exception], type[Exception]], ...]:
+    """httpcore2 error → httpx2 error, as httpx2's own transport maps them (most specific wins)."""
+    import httpcore2
+    import httpx2
+
+    return (
+        (httpcore2.TimeoutException, httpx2.TimeoutException), (httpcore2.ConnectTimeout, httpx2.ConnectTimeout),
+        (httpcore2.ReadTimeout, httpx2.ReadTimeout), (httpcore2.WriteTimeout, httpx2.WriteTimeout),
+        (httpcore2.PoolTimeout, httpx2.PoolTimeout), (httpcore2.NetworkError, httpx2.NetworkError),
+        (httpcore2.ConnectError, httpx2.ConnectError), (httpcore2.ReadError, httpx2.ReadError),
+        (httpcore2.WriteError, httpx2.WriteError), (httpcore2.ProxyError, httpx2.ProxyError),
+        (httpcore2.UnsupportedProtocol, httpx2.UnsupportedProtocol), (httpcore2.ProtocolError, httpx2.ProtocolError),
+        (httpcore2.LocalProtocolError, httpx2.LocalProtocolError),
+        (httpcore2.RemoteProtocolError, httpx2.RemoteProtocolError),
+    )
+
+
+@contextlib.contextmanager
+def _httpx2_errors() -> Iterator[None]:
+    """Re-raise httpcore2 errors as the httpx2 errors the SDKs expect; others unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        target: type[Exception] | None = None
+        for source, candidate in _httpcore_error_map():
+            if isinstance(exc, source) and (target is None or issubclass(candidate, target)):
+                target = candidate
+        if target is None:
+            raise
+        raise target(str(exc)) from exc
+
+
+class _OutboundBody:
+    """A response body of :class:`OutboundTransport` (an ``httpx2.AsyncByteStream``)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _httpx2_errors():
+            async for part in self._stream:
+                yield part
+
+    async def aclose(self) -> None:
+        if hasattr(self._stream, "aclose"):
+            await self._stream.aclose()
+
+
+class OutboundTransport:
+    """An ``httpx2`` transport over an ``httpcore2.AsyncConnectionPool`` whose network backend
+    is :class:`OutboundBackend`: every TCP connect is resolved and checked by the outbound
+    rules. Built from httpx2's and httpcore2's public APIs (httpx2's own ``AsyncHTTPTransport``
+    takes no network backend); requests, responses and errors are mapped as httpx2's own
+    transport maps them. Built through :func:`outbound_transport` (a subclass of
+    ``httpx2.AsyncBaseTransport``).
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        """The ``httpcore2.AsyncConnectionPool``."""
+
+    async def handle_async_request(self, request: Any) -> Any:
+        """Send an ``httpx2.Request`` on the pool; the streamed ``httpx2.Response``."""
+        import httpcore2
+        import httpx2
+
+        core_request = httpcore2.Request(
+            method=request.method,
+            url=httpcore2.URL(scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port,
+                              target=request.url.raw_path),
+            headers=request.headers.raw, content=request.stream, extensions=request.extensions,
+        )
+        with _httpx2_errors():
+            response = await self.pool.handle_async_request(core_request)
+        return httpx2.Response(status_code=response.status, headers=response.headers,
+                               stream=_outbound_body_class()(response.stream), extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        """Close the pool and its connections."""
+        await self.pool.aclose()
+
+
+@functools.cache
+def _outbound_transport_class() -> type:
+    import httpx2
+
+    return type("OutboundHTTPTransport", (OutboundTransport, httpx2.AsyncBaseTransport), {})
+
+
+@functools.cache
+def _outbound_body_class() -> type:
+    import httpx2
+
+    return type("OutboundResponseBody", (_OutboundBody, httpx2.AsyncByteStream), {})
+
+
 def outbound_transport(*, verify: Any = True, limits: Any = None, http2: bool = False) -> Any:
-    """An ``httpx2.AsyncHTTPTransport`` whose connections go through :class:`OutboundBackend`.
+    """An ``httpx2`` transport whose connections go through :class:`OutboundBackend`
+    (:class:`OutboundTransport`).
 
     Args:
         verify: TLS verification (an ``ssl.SSLContext``, a CA path or a bool), as httpx2 takes it.
@@ -448,16 +546,12 @@ def outbound_transport(*, verify: Any = True, limits: Any = None, http2: bool = 
         ssl_context = _default_httpx2_ssl_context()  # built once: loading the CA bundle costs ~20 ms
     else:
         ssl_context = httpx2.create_ssl_context(verify=verify)
-    transport = httpx2.AsyncHTTPTransport(verify=ssl_context, trust_env=False, limits=limits, http2=http2)
-    # httpx2 builds its httpcore2 pool in __init__ without a way to pass a network backend;
-    # replace it with an equivalent pool that has one (httpcore2's documented parameter),
-    # as _PinnedTransport does for web_fetch.
-    transport._pool = httpcore2.AsyncConnectionPool(
+    pool = httpcore2.AsyncConnectionPool(
         ssl_context=ssl_context, max_connections=limits.max_connections,
         max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
         http1=True, http2=http2, network_backend=outbound_backend(),
     )
-    return transport
+    return _outbound_transport_class()(pool)
 
 
 class OutboundResolver:

@@ -63,3 +63,18 @@ def test_no_private_third_party_module_or_name_is_imported() -> None:
             if private_module or private_names:
                 offenders.append(f"{path.relative_to(LLM.parent)}: {module} {private_names or ''}")
     assert offenders == []
+
+
+def test_no_private_attribute_of_another_object_is_used() -> None:
+    """``x._name`` only on ``self``/``cls``: no reaching into an SDK client, an httpx2 transport
+    or an aiohttp response (the SDK's vendored transport, ``_make_status_error_from_response``
+    and httpx2's ``_pool`` were used so before)."""
+    offenders = []
+    for path in _product_modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            offenders.append(f"{path.relative_to(LLM.parent)}:{node.lineno} .{node.attr}")
+    assert offenders == []
