@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from capabilities.naming import assign_exposed_names
@@ -105,7 +105,7 @@ class ApprovalPolicyToolset:
     def tool_sources(self) -> list[ToolSource]:
         """The wrapped tools, their origins carrying ``binding_id`` and ``policy``."""
         return [
-            replace(s, origin=replace(s.origin, binding_id=self.binding_id, approval_policy=self.policy))
+            ToolSource(origin=ToolOrigin(s.origin.source, s.origin.name, self.binding_id, self.policy), factory=s.factory)
             for s in self.wrapped.tool_sources()
         ]
 

@@ -107,9 +107,12 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack, *, publi
         tenant_id=spec.tenant_id, run_id=spec.run_id, tool_timeout_seconds=spec.tool_timeout_seconds, stack=stack,
         publish=publish, in_thread=db, subrun_tool=subrun_tool, run=spec,
     )
+    by_kind: dict[str, list[Any]] = {}
+    for binding in spec.bindings:
+        by_kind.setdefault(binding.kind, []).append(binding)
     wrapped = []
     for kind in kinds():
-        specs = spec.bindings_of(kind.key)
+        specs = by_kind.get(kind.key)
         if specs:
             for binding, opened in await kind.open_toolset(specs, ctx):
                 wrapped.append(ApprovalPolicyToolset(opened, binding_id=binding.binding_id,
