@@ -139,7 +139,7 @@ class CapabilityBinding(TenantOwnedModel):
         target = (
             self.mcp_server.name if self.mcp_server_id
             else self.cli_command.name if self.cli_command_id
-            else self.skill.name if self.skill_id else self.builtin_name
+            else self.skill.name if self.skill_id else self.builtin_name or self.kind
         )
         return f"{self.agent.name} → {target}"
 
