@@ -39,7 +39,8 @@ through an injectable :class:`~llm.clock.Clock`, jitter through an injectable
 
 The call is split by step: :meth:`FallbackModel._next_entry` (selection, skip reasons,
 ``model_fallback`` events), :meth:`FallbackModel._start_attempt` / ``_next_event`` (one
-attempt under its timers), :meth:`FallbackModel._after_failure` (retry or leave; health) and
+attempt under its timers), :meth:`FallbackModel._failed` / ``_record_unfinished`` (attempt
+records), :meth:`FallbackModel._after_attempt` / ``_after_failure`` (retry or leave; health) and
 :meth:`FallbackModel._leave_entry` (what a failed entry means for the rest of the call);
 :meth:`FallbackModel.stream` only dispatches, and yields the events itself (no extra
 generator layer per streamed event).
@@ -260,6 +261,17 @@ class _CallState:
         self.tools_unsupported |= reason == "no_tool_support"
         if reason == "cooldown":
             self.cooling.append(entry)
+
+
+def _skip_reason(call: _CallState, entry: RouteEntryConfig) -> SkipReason | None:
+    """Why ``entry`` is passed over for this call before its health is asked (size, tools, a
+    window already known to be too small), or None. Pure."""
+    reason = unsuitable_reason(
+        entry, prompt_tokens=call.prompt_tokens, tools=call.tools, max_output_tokens=call.settings.max_output_tokens,
+    )
+    if reason is None and 0 < entry.max_input_tokens <= call.window_floor:
+        reason = "context_window"
+    return reason
 
 
 def _call_settings(
@@ -505,7 +517,8 @@ class FallbackModel:
                     while True:
                         event = await self._next_event(events, attempt)
                         if isinstance(event, Completion):
-                            await self._succeeded(attempt, event)
+                            await self._emit(attempt, attempt.record(status="succeeded", usage=event.usage))
+                            await self._health_success(entry)
                             yield event
                             return
                         attempt.output_chars += len(event.text)
@@ -516,7 +529,9 @@ class FallbackModel:
                     attempt.cancelled = True
                     raise
                 finally:
-                    await self._close_attempt(call, attempt, events)
+                    await events.aclose()  # type: ignore[attr-defined]
+                    if not attempt.recorded:
+                        await self._record_unfinished(call, attempt)
                 wait_seconds = await self._after_attempt(call, attempt, failure, retries=retries)
                 if wait_seconds is None:
                     break
@@ -535,41 +550,23 @@ class FallbackModel:
         was attempted, the one whose cooldown ends first is tried anyway (once).
         """
         while True:
-            entry = await self._candidate(call)
-            if entry is None:
-                return None
-            reason = None if call.rescue else await self._skip_reason(call, entry)
+            if call.position >= len(call.order):
+                if call.attempts or not call.cooling or call.rescue:
+                    return None
+                # Every suitable entry is cooling down: try the one that recovers first rather
+                # than failing without a single attempt.
+                call.order.append(await self._soonest_available(call.cooling))
+                call.rescue = True
+            entry = call.order[call.position]
+            call.position += 1
+            reason = None if call.rescue else _skip_reason(call, entry)
+            if reason is None and not call.rescue and not await self._available(entry):
+                reason = "cooldown"
             await self._fallback_event(call.leaving, entry)
             if reason is None:
                 call.leaving = None
                 return entry
             call.skip(entry, reason)
-
-    async def _candidate(self, call: _CallState) -> RouteEntryConfig | None:
-        """The next entry in route order (or the cooldown rescue), without judging it."""
-        if call.position >= len(call.order):
-            if call.attempts or not call.cooling or call.rescue:
-                return None
-            # Every suitable entry is cooling down: try the one that recovers first rather
-            # than failing without a single attempt.
-            call.order.append(await self._soonest_available(call.cooling))
-            call.rescue = True
-        entry = call.order[call.position]
-        call.position += 1
-        return entry
-
-    async def _skip_reason(self, call: _CallState, entry: RouteEntryConfig) -> SkipReason | None:
-        """Why ``entry`` is passed over for this call (size, tools, a window already too
-        small, an open breaker), or None to attempt it."""
-        reason = unsuitable_reason(
-            entry, prompt_tokens=call.prompt_tokens, tools=call.tools,
-            max_output_tokens=call.settings.max_output_tokens,
-        )
-        if reason is None and 0 < entry.max_input_tokens <= call.window_floor:
-            reason = "context_window"
-        if reason is None and not await self._available(entry):
-            reason = "cooldown"
-        return reason
 
     def _start_attempt(
         self, call: _CallState, entry: RouteEntryConfig, wait_seconds: float
@@ -585,11 +582,6 @@ class FallbackModel:
         )
         return attempt, events
 
-    async def _succeeded(self, attempt: _Attempt, event: Completion) -> None:
-        """Record the attempt that produced ``event`` and mark its entry healthy."""
-        await self._emit(attempt, attempt.record(status="succeeded", usage=event.usage))
-        await self._health_success(attempt.entry)
-
     async def _failed(self, call: _CallState, attempt: _Attempt, err: ModelCallError) -> ModelCallError:
         """Record a failed attempt; the failure with the entry's key redacted from it."""
         failure = err.redact((attempt.entry.api_key,))  # a provider may echo the key back
@@ -603,12 +595,9 @@ class FallbackModel:
         await self._emit(attempt, failed)
         return failure
 
-    async def _close_attempt(self, call: _CallState, attempt: _Attempt, events: AsyncIterator[StreamEvent]) -> None:
-        """Close the adapter stream; record the attempt if nothing did (cancelled, or an
-        unexpected error in the model layer)."""
-        await events.aclose()  # type: ignore[attr-defined]
-        if attempt.recorded:
-            return
+    async def _record_unfinished(self, call: _CallState, attempt: _Attempt) -> None:
+        """Record an attempt that ended without a completion or a classified failure: the
+        caller cancelled or closed the stream, or an unexpected error in the model layer."""
         cancelled = attempt.cancelled
         await self._emit(
             attempt,

@@ -56,9 +56,21 @@ def model_for(entry: RouteEntryConfig) -> Model:
         except ImportError as exc:
             return UnavailableModel(entry, f"the anthropic adapter cannot be loaded: {exc}")
         return anthropic_adapter.AnthropicModel(entry)
-    from llm.providers import openai_compat  # noqa: PLC0415 - a submodule of this package
+    return _openai_model_class()(entry)
 
-    return openai_compat.OpenAICompatModel(entry)
+
+_OPENAI_MODEL: list[type[Model]] = []
+
+
+def _openai_model_class() -> type[Model]:
+    """:class:`~llm.providers.openai_compat.OpenAICompatModel`, imported on first use (a
+    submodule of this package cannot be imported while the package initialises) and kept:
+    :func:`model_for` runs once per attempt."""
+    if not _OPENAI_MODEL:
+        from llm.providers.openai_compat import OpenAICompatModel  # noqa: PLC0415
+
+        _OPENAI_MODEL.append(OpenAICompatModel)
+    return _OPENAI_MODEL[0]
 
 
 __all__ = ["UnavailableModel", "model_for"]
