@@ -45,6 +45,31 @@ def _system_scope() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _event_payloads_checked(monkeypatch) -> Iterator[list[str]]:
+    """Every event published while a test runs (by the test, the runner, a worker thread) must
+    match its payload class in sessions/event_types.py: a mismatch fails the test at teardown,
+    naming the event and the field. Publishing itself is not slowed in production."""
+    from sessions import events
+    from sessions.event_types import EventPayloadError, validate_event
+
+    mismatches: list[str] = []
+    event_body = events.event_body
+
+    def checked_event_body(*, session_id, run_id, type, data):
+        body = event_body(session_id=session_id, run_id=run_id, type=type, data=data)
+        try:
+            validate_event(type, data)
+        except EventPayloadError as exc:
+            mismatches.append(f"{exc.message} (data: {data!r})")
+        return body
+
+    monkeypatch.setattr(events, "event_body", checked_event_body)
+    yield mismatches
+    if mismatches:
+        pytest.fail("events published that do not match sessions/event_types.py:\n" + "\n".join(mismatches))
+
+
 @pytest.fixture
 def no_scope() -> Iterator[None]:
     """The test body runs in no tenant scope: the database shows it no tenant-owned row."""

@@ -73,7 +73,7 @@ async def test_the_sync_publisher_delivers_the_same_message() -> None:
     await layer.group_add(group, channel)
     try:
         frame = await asyncio.to_thread(
-            event_publish_sync, session_id=session_id, run_id=3, type="run_queued", data={"position": 2}
+            event_publish_sync, session_id=session_id, run_id=3, type="run_queued", data={"input": "hello"}
         )
         message = await asyncio.wait_for(layer.receive(channel), 5)
         assert json.loads(frame_text(message["seq"], message["body"])) == frame
@@ -109,9 +109,9 @@ async def _connected(world):
 
 async def _publish_without_fanout(session_id: int, type: str, data: dict) -> int:
     """An event that reaches the stream but whose live message pub/sub dropped."""
-    from sessions.events import _body, _script_args, async_redis
+    from sessions.events import _script_args, async_redis, event_body
 
-    payload = json.dumps(_body(session_id=session_id, run_id=None, type=type, data=data))
+    payload = json.dumps(event_body(session_id=session_id, run_id=None, type=type, data=data))
     return int(await async_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, None)))
 
 
@@ -147,12 +147,12 @@ async def test_a_killed_subscription_resubscribes_and_nothing_is_lost(world, mon
 
         host, port = live._subscriber()._writer.get_extra_info("sockname")[:2]  # the web process's subscription
         assert await admin.client_kill_filter(_type="pubsub", addr=f"{host}:{port}") == 1
-        during = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [1]})
+        during = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [{"content": str(1), "status": "pending", "priority": "low"}]})
         assert await comm.receive_json_from(timeout=10) == during  # live or caught up: either way, once
 
         monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 100)  # from the next tick on: live delivery only
         await asyncio.sleep(1)  # the subscription is reopened at once
-        after = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [2]})
+        after = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [{"content": str(2), "status": "pending", "priority": "low"}]})
         assert await comm.receive_json_from(timeout=5) == after
         assert await comm.receive_nothing(timeout=0.7)
     finally:

@@ -196,7 +196,7 @@ async def test_live_events_do_not_hop_to_the_database_thread(world, fake_llm, mo
     comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={world.member_token}")
     assert (await comm.connect())[0]
     assert hops == [1], "websocket.connect went through Channels' dispatch"
-    frames = [await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [i]})
+    frames = [await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [{"content": str(i), "status": "pending", "priority": "low"}]})
               for i in range(5)]
     assert [await comm.receive_json_from(timeout=5) for _ in frames] == frames
     await comm.send_json_to({"type": "ping"})

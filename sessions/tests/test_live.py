@@ -62,7 +62,7 @@ async def test_listeners_share_one_subscription_and_the_last_to_leave_ends_it() 
     assert (await _next(a))["seq"] == (await _next(b))["seq"] == first["seq"]
 
     live_leave(channel, a.put_nowait)
-    second = await event_publish(session_id=session_id, run_id=None, type="todo_updated", data={"todos": [1]})
+    second = await event_publish(session_id=session_id, run_id=None, type="todo_updated", data={"todos": [{"content": str(1), "status": "pending", "priority": "low"}]})
     assert (await _next(b))["seq"] == second["seq"]
     await asyncio.sleep(0.2)
     assert a.empty()
@@ -87,7 +87,7 @@ async def test_a_killed_connection_is_reopened_and_its_listeners_are_told_to_cat
         host, port = writer.get_extra_info("sockname")[:2]
         assert await admin.client_kill_filter(_type="pubsub", addr=f"{host}:{port}") == 1
         assert await asyncio.wait_for(received.get(), 10) is None  # resubscribed: read the stream
-        after = await event_publish(session_id=session_id, run_id=None, type="todo_updated", data={"todos": [2]})
+        after = await event_publish(session_id=session_id, run_id=None, type="todo_updated", data={"todos": [{"content": str(2), "status": "pending", "priority": "low"}]})
         assert (await _next(received))["seq"] == after["seq"]
     finally:
         live_leave(channel, received.put_nowait)

@@ -1282,7 +1282,6 @@ export class ChatView {
       run_cancelled: (run) => {
         const wasActive = isActive(run.status);
         run.status = 'cancelled';
-        if (data.error) run.error = data.error;
         if (data.reason) run.reason = data.reason;
         if (wasActive) this.refetchSoon();
       },
