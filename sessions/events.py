@@ -49,37 +49,13 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 
+from sessions.event_types import EVENT_TYPES  # noqa: F401 - re-exported: the event type names
+
 STREAM_MAXLEN = 2000
 """Events kept per session for replay (approximate trim)."""
 KEY_TTL_SECONDS = 30 * 24 * 3600
 """Idle sessions' counters and streams expire after 30 days."""
 
-EVENT_TYPES = frozenset(
-    {
-        "run_queued",
-        "run_running",
-        "run_completed",
-        "run_failed",
-        "run_cancelled",
-        "content_token",
-        "reasoning_token",
-        "tool_call_started",
-        "tool_call_succeeded",
-        "tool_call_failed",
-        "todo_updated",
-        "model_retry",
-        "model_fallback",
-        "compaction_running",
-        "compaction_completed",
-        "run_awaiting_approval",
-        "approval_resolved",
-        "tool_call_progress",
-        "artifact_updated",
-        "browser_operation",
-        "capability_unavailable",
-    }
-)
-"""Event names are API: never rename one that shipped."""
 
 _PUBLISH_LUA = """
 local seq = redis.call('INCR', KEYS[1])
@@ -155,7 +131,14 @@ def frame_text(seq: int, body_json: str) -> str:
     return f'{{"seq": {seq}, {body_json[1:]}' if body_json != "{}" else f'{{"seq": {seq}}}'
 
 
-def _body(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> dict[str, Any]:
+def event_body(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> dict[str, Any]:
+    """An event's frame without ``seq``: ``{type, session_id, run_id, data, ts}`` (``ts``: Unix
+    seconds). ``data`` is the payload :mod:`sessions.event_types` describes for ``type``
+    (checked in the tests, not here: see conftest.py).
+
+    Raises:
+        ValueError: ``type`` is not in :data:`EVENT_TYPES`.
+    """
     if type not in EVENT_TYPES:
         raise ValueError(f"unknown event type {type!r}")
     return {"type": type, "session_id": session_id, "run_id": run_id, "data": data, "ts": time.time()}
@@ -164,7 +147,7 @@ def _body(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any
 def _prepared(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> tuple[dict[str, Any], str, str | None]:
     """An event's body, its JSON (fails here, at the source, if ``data`` is not
     JSON-serialisable) and :func:`_pubsub_group_channel`'s channel for its session."""
-    body = _body(session_id=session_id, run_id=run_id, type=type, data=data)
+    body = event_body(session_id=session_id, run_id=run_id, type=type, data=data)
     return body, json.dumps(body), _pubsub_group_channel(session_id)
 
 
@@ -195,7 +178,7 @@ def event_publish_sync(*, session_id: int, run_id: int | None, type: str, data: 
 
 def event_publish_on_commit(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> None:
     """Publish once the current transaction commits (nothing if it rolls back)."""
-    _body(session_id=session_id, run_id=run_id, type=type, data=data)  # validate now
+    event_body(session_id=session_id, run_id=run_id, type=type, data=data)  # validate now
     json.dumps(data)
     transaction.on_commit(
         lambda: event_publish_sync(session_id=session_id, run_id=run_id, type=type, data=data)
