@@ -144,7 +144,7 @@ class HealthStateUnavailable(LLMError):
 class EntryHealth(Protocol):
     """Shared cooldown / circuit-breaker state per route entry (see the module docstring).
 
-    Keys are :attr:`llm.router.RouteEntryConfig.health_key` values. Every method may raise
+    Keys are :attr:`llm.config.RouteEntryConfig.health_key` values. Every method may raise
     :class:`HealthStateUnavailable`.
     """
 
