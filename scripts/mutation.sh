@@ -32,7 +32,7 @@ esac
 # target | modules mutated (space-separated) | tests (space-separated pytest paths/node ids)
 TARGETS=(
   "naming|capabilities/naming.py|capabilities/tests/test_naming.py capabilities/tests/test_naming_guards.py"
-  "approval-policy|agents/models.py|sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py capabilities/tests/test_cli_models.py"
+  "approval-policy|agents/models.py capabilities/toolsets.py|sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py capabilities/tests/test_cli_models.py capabilities/tests/test_kind_registry.py"
   "origins|browser/origins.py|browser/tests/test_server_origins.py"
   "cli-template|capabilities/cli/template.py|capabilities/tests/test_cli_models.py capabilities/tests/test_cli.py"
   "llm-errors|llm/errors.py|llm/tests/test_errors.py"
