@@ -1,0 +1,410 @@
+"""One turn of the ReAct loop, as three steps over a per-run state.
+
+A turn is :func:`prepare` (history, the resumed tail, steering, the loop limit, the compaction
+decision, the budget) → :func:`model_turn` (the router call, the stream-interruption retry,
+the assistant message persisted) → :func:`resolve` (tool calls, the approvals pause). Each
+step returns a typed outcome:
+
+- ``None``: go on to the turn's next step;
+- :class:`Continue`: start the turn over (a new ``prepare``, which reloads the history);
+- :class:`Completed`, :class:`Failed`, :class:`Paused`: the loop ends with it.
+
+:func:`run_turns` is the dispatch (:func:`sessions.runner.loop._run_loop` calls it). Every
+mutable thing the loop used to keep in locals is a field of :class:`RunState`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted, public_error_message
+from llm.tokens import estimate_tokens
+from llm.types import ChatMessage, ToolSpec
+from sessions.events import event_publish
+from sessions.models import RunFailureReason, RunStatus
+from sessions.runner import _db
+from sessions.runner.cancellation import CANCEL_ERROR
+from sessions.runner.compaction import BUDGET_RATIO, MAX_ATTEMPTS_PER_TURN, CompactionResult, compact, system_prompt_with_summary
+from sessions.runner.spec import RunSpec
+from sessions.runner.streaming import stream_model_turn
+from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
+from sessions.runner.toolset import Toolset
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+FINAL_TURN_NOTE = (
+    "You cannot call any more tools for this request. Answer the user now, in plain text, "
+    "with what you have found so far."
+)
+
+
+# --- Outcomes -------------------------------------------------------------------------------
+# The ends (Completed, Failed, Paused, Cancelled) carry ``status``, ``reply``, ``error`` and
+# ``reason`` like :class:`sessions.runner.loop.Outcome`, so the run-end path reads any of them.
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The run answered: ``reply`` is its final assistant text."""
+
+    reply: str
+    status: ClassVar[str] = RunStatus.COMPLETED
+    error: ClassVar[str] = ""
+    reason: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The run failed: ``reason`` is a :class:`~sessions.models.RunFailureReason` value,
+    ``error`` the text members read."""
+
+    reason: str
+    error: str
+    status: ClassVar[str] = RunStatus.FAILED
+    reply: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """Some tool call waits for a human's approval; no worker holds the run meanwhile."""
+
+    status: ClassVar[str] = RunStatus.AWAITING_APPROVAL
+    reply: ClassVar[str] = ""
+    error: ClassVar[str] = ""
+    reason: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """A cancel was requested; ``reply``: the text streamed in the interrupted turn ("" if none)."""
+
+    reply: str = ""
+    status: ClassVar[str] = RunStatus.CANCELLED
+    error: ClassVar[str] = CANCEL_ERROR
+    reason: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Start the turn over from :func:`prepare` (never an end of the run)."""
+
+
+CONTINUE = Continue()
+RunEnd = Completed | Failed | Paused | Cancelled
+StepOutcome = RunEnd | Continue | None
+Step = Callable[["RunState"], Awaitable[StepOutcome]]
+
+
+# --- State ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class RunState:
+    """What the loop of one run carries from step to step and turn to turn.
+
+    ``model``: the router (``stream(messages, tools, compact_first=)``), ``record``: its
+    LLM-call recorder (``turn``, ``holding_the_answer()``, ``take_answer()``). The fields
+    after ``interrupted_turns`` are set by :func:`prepare` for :func:`model_turn`, and by
+    :func:`model_turn` for :func:`resolve`.
+    """
+
+    spec: RunSpec
+    publish: Any
+    toolset: Toolset
+    model: Any
+    record: Any
+    turn: int
+    """Model turns this run has answered (the next one's index)."""
+    current_entry: int = 0
+    """The route entry that answered last: its window decides when to compact."""
+    compaction_attempts: int = 0
+    """Compactions tried for the coming model turn (never more than MAX_ATTEMPTS_PER_TURN)."""
+    compaction_exhausted: bool = False
+    """For the coming model turn: nothing more to compact, or the attempts are used up."""
+    force_compaction: bool = False
+    """A model rejected the prompt as too long: compact even below the budget."""
+    known_cursor: dict[str, Any] = field(default_factory=dict)
+    """``{"compaction": cursor}`` once read (``history_load`` skips reading it), ``{}`` to read it."""
+    interrupted_turns: set[int] = field(default_factory=set)
+    """Turns whose stream broke off once (a second break fails the run)."""
+    history: Any = None
+    final_turn: bool = False
+    messages: list[ChatMessage] = field(default_factory=list)
+    offered: list[ToolSpec] = field(default_factory=list)
+    prompt_tokens: int = 0
+    message: ChatMessage | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def no_compaction(self) -> bool:
+        """Sub-runs are never compacted (their history is short-lived and compactions move the
+        session's cursor); one whose context overflows fails with reason context_window."""
+        return self.spec.depth > 0
+
+    @classmethod
+    def start(cls, *, spec: RunSpec, publish: Any, toolset: Toolset, model: Any, record: Any) -> RunState:
+        """The state at the start (or resumption) of run ``spec``: turn ``spec.loop_count``."""
+        state = cls(spec=spec, publish=publish, toolset=toolset, model=model, record=record, turn=spec.loop_count)
+        state.compaction_exhausted = state.no_compaction
+        return state
+
+
+# --- Dispatch -------------------------------------------------------------------------------
+
+
+async def run_turns(state: RunState, steps: Sequence[Step] | None = None) -> RunEnd:
+    """Run ``steps`` (default: prepare, model_turn, resolve) turn after turn until one ends the run.
+
+    A step returning ``None`` hands over to the next step; :class:`Continue` (or the last step
+    returning ``None``) starts the next turn; any other outcome is returned.
+    """
+    steps = (prepare, model_turn, resolve) if steps is None else steps
+    while True:
+        for step in steps:
+            outcome = await step(state)
+            if outcome is not None:
+                break
+        if outcome is not None and not isinstance(outcome, Continue):
+            return outcome
+
+
+# --- prepare --------------------------------------------------------------------------------
+
+
+async def prepare(state: RunState) -> StepOutcome:
+    """Load the history and decide what this turn is.
+
+    Returns :class:`Completed` / :class:`Paused` / :class:`Continue` for a resumed run (see
+    :func:`_resume_tail`), :class:`Continue` when steered messages joined or a compaction ran,
+    :class:`Failed` for the loop limit, a failed compaction or a budget, else ``None`` with
+    ``state.messages``, ``offered``, ``prompt_tokens`` and ``final_turn`` set for the model.
+    """
+    spec = state.spec
+    state.record.turn = state.turn
+    history = await _db.history_load(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0,
+                                     **state.known_cursor)
+    state.history = history
+    state.known_cursor = {"compaction": history.compaction}  # until this run compacts
+    if history.tail is not None:
+        return await _resume_tail(state, history.tail)
+    if await _absorb_steering(spec):
+        return CONTINUE
+    if state.turn >= spec.max_loop_count:
+        return loop_limit_reached(spec)
+    _build_prompt(state)
+    if compaction_due(state):
+        return await _compact(state)
+    over_budget = await budget_exceeded(spec, prompt_tokens=state.prompt_tokens, entry_index=state.current_entry)
+    if over_budget:
+        return Failed(RunFailureReason.BUDGET_EXCEEDED, over_budget)
+    return None
+
+
+async def _resume_tail(state: RunState, last: ChatMessage) -> StepOutcome:
+    """A run resumed after its worker died, at its last assistant message ``last``: answered
+    (:class:`Completed`), or its calls without a result run now (those with one never run
+    again), then :class:`Paused` if one waits for approval, else :class:`Continue`."""
+    if not last.tool_calls:  # answered before a worker died: nothing left to do
+        return Completed(last.content)
+    spec = state.spec
+    pending = await _db.db(_db.pending_tool_calls)(run_id=spec.run_id, call_ids=[c.id for c in last.tool_calls])
+    if await execute_tool_calls(spec=spec, calls=pending, toolset=state.toolset, publish=state.publish, resumed=True):
+        return Paused()
+    return CONTINUE
+
+
+async def _absorb_steering(spec: RunSpec) -> bool:
+    """Messages sent meanwhile (agents in steer mode, top-level runs) join this run's history
+    from this turn on; each absorbed run is told so. Whether any joined. One locked query
+    per turn, so only for agents in steer mode."""
+    if not spec.steer or spec.depth != 0:
+        return False
+    steered = await _db.db(_db.steer_absorb)(spec.run_id)
+    for steered_run_id in steered:
+        await event_publish(session_id=spec.session_id, run_id=steered_run_id, type="run_running",
+                            data={"steered_into": spec.run_id})
+    return bool(steered)
+
+
+def _build_prompt(state: RunState) -> None:
+    """Set the turn's ``messages`` (system prompt with the compaction summary, the untrusted
+    note, the history, the final-turn note), ``offered`` tools and ``prompt_tokens`` estimate."""
+    spec, toolset = state.spec, state.toolset
+    state.final_turn = state.turn == spec.max_loop_count - 1
+    system = system_prompt_with_summary(spec.system_prompt or DEFAULT_SYSTEM_PROMPT, state.history.summary)
+    tool_specs = toolset.specs
+    if any(t.untrusted for t in toolset.tools.values()):
+        system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"
+    messages = [ChatMessage(role="system", content=system), *state.history.messages]
+    if state.final_turn and tool_specs:
+        messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
+    state.messages = messages
+    state.offered = [] if state.final_turn else tool_specs
+    state.prompt_tokens = estimate_tokens(messages, state.offered)
+
+
+def compaction_due(state: RunState) -> bool:
+    """Whether to compact before this model turn: the prompt passes ``BUDGET_RATIO`` of the
+    window of the entry that answered last (or a model rejected it as too long), and this
+    turn still may compact."""
+    if state.compaction_exhausted:
+        return False
+    budget = state.spec.entries[state.current_entry].max_input_tokens * BUDGET_RATIO
+    return state.force_compaction or state.prompt_tokens > budget
+
+
+async def _compact(state: RunState) -> StepOutcome:
+    """Run one compaction attempt; :func:`after_compaction` says what follows."""
+    state.compaction_attempts += 1
+    result = await compact(spec=state.spec, history=state.history, router=state.model, publish=state.publish,
+                           attempt=state.compaction_attempts, tokens_before=state.prompt_tokens)
+    return after_compaction(state, result)
+
+
+def after_compaction(state: RunState, result: CompactionResult) -> Failed | Continue:
+    """Record compaction ``result`` in ``state``: the cursor is read again, and the turn may
+    not compact again when there was nothing to compact or the attempts are used up.
+
+    Returns :class:`Failed` (``compaction_failed``) when the last allowed attempt failed, else
+    :class:`Continue` (the turn starts over on the compacted history).
+    """
+    state.known_cursor = {}  # the cursor may have moved: read it again
+    state.force_compaction = False
+    used_up = state.compaction_attempts >= MAX_ATTEMPTS_PER_TURN
+    if result.nothing_to_compact or used_up:
+        state.compaction_exhausted = True
+    if not result.ok and not result.nothing_to_compact and used_up:
+        return Failed(
+            RunFailureReason.COMPACTION_FAILED,
+            f"The conversation could not be compacted ({state.compaction_attempts} attempts): {result.error}",
+        )
+    return CONTINUE
+
+
+def loop_limit_reached(spec: RunSpec) -> Failed:
+    """The run used its ``max_loop_count`` model turns without answering."""
+    return Failed(
+        RunFailureReason.MAX_LOOP_COUNT,
+        f"The agent reached its limit of {spec.max_loop_count} model turns without answering.",
+    )
+
+
+async def budget_exceeded(spec: RunSpec, *, prompt_tokens: int, entry_index: int) -> str:
+    """Why the next model turn would exceed a budget, or "" if it would not.
+
+    "Would": what the run has used so far plus the next prompt (``prompt_tokens``, the
+    ``llm.tokens`` estimate, priced at the input price of the entry that answered last)
+    against the agent's per-run limits and the tenant's monthly budget.
+    """
+    if spec.max_tokens_per_run is None and spec.max_cost_per_run_usd_micros is None and (
+        spec.tenant_monthly_budget_usd_micros is None
+    ):
+        return ""
+    next_prompt_tokens = prompt_tokens
+    next_cost = round(next_prompt_tokens * spec.entries[entry_index].input_price_per_mtok)
+    used = await _db.run_usage(spec.run_id)
+    if spec.max_tokens_per_run is not None and used.tokens + next_prompt_tokens > spec.max_tokens_per_run:
+        return (f"The run has used {used.tokens} tokens; the next model turn (~{next_prompt_tokens} prompt tokens) "
+                f"would exceed the agent's budget of {spec.max_tokens_per_run} tokens per run.")
+    if spec.max_cost_per_run_usd_micros is not None and used.cost_usd_micros + next_cost > spec.max_cost_per_run_usd_micros:
+        return (f"The run has cost ${used.cost_usd_micros / 1e6:.6f}; the next model turn would exceed the agent's "
+                f"budget of ${spec.max_cost_per_run_usd_micros / 1e6:.6f} per run.")
+    if spec.tenant_monthly_budget_usd_micros is not None:
+        month = await _db.db(_db.tenant_month_cost_usd_micros)(spec.tenant_id)
+        if month + next_cost > spec.tenant_monthly_budget_usd_micros:
+            return (f"The tenant has used ${month / 1e6:.2f} of its ${spec.tenant_monthly_budget_usd_micros / 1e6:.2f} "
+                    "monthly model budget.")
+    return ""
+
+
+# --- model turn -----------------------------------------------------------------------------
+
+
+async def model_turn(state: RunState) -> StepOutcome:
+    """Ask the model (through the router, within the agent's turn timeout) and persist its
+    answer as the turn's assistant message (on the final turn without tool calls).
+
+    Returns ``None`` with ``state.message`` and ``state.calls`` (the saved calls) set, or
+    what :func:`model_failure` makes of the router's error.
+    """
+    spec = state.spec
+    try:
+        async with state.record.holding_the_answer(), asyncio.timeout(spec.turn_timeout_seconds):
+            completion, reasoning = await stream_model_turn(
+                state.model, state.messages, state.offered, state.publish, compact_first=not state.compaction_exhausted
+            )
+    except (TimeoutError, ModelCallError, AllEntriesFailed, StreamInterrupted) as exc:
+        return await model_failure(state, exc)
+    message = completion.message
+    if state.final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
+        message = dataclasses.replace(message, tool_calls=())
+    state.calls = await _db.assistant_message_save(spec=spec, turn=state.turn, message=message, reasoning=reasoning,
+                                                   llm_call=state.record.take_answer())
+    state.message = message
+    state.turn += 1
+    state.current_entry = completion.entry_index
+    state.compaction_attempts, state.compaction_exhausted = 0, state.no_compaction
+    return None
+
+
+async def model_failure(state: RunState, exc: Exception) -> Failed | Continue:
+    """What a failed model turn means for the run.
+
+    A too-long prompt compacts first (:class:`Continue` with ``force_compaction``) while the
+    turn may still compact; a first stream break retries the turn once from the stored
+    history (``model_retry`` published; clients drop the text streamed so far). Everything
+    else is :class:`Failed` with its reason. Members read the class of a provider's error
+    only; its (redacted) text stays in the LLMCall rows, which only admins read in full.
+    """
+    spec = state.spec
+    if isinstance(exc, TimeoutError):
+        return Failed(RunFailureReason.TURN_TIMEOUT,
+                      f"A model turn took longer than the agent's turn timeout of {spec.turn_timeout_seconds:g} s.")
+    if isinstance(exc, ContextWindowExceeded):
+        if not state.compaction_exhausted:  # compact first; larger entries only after that
+            state.force_compaction = True
+            return CONTINUE
+        return Failed(RunFailureReason.CONTEXT_WINDOW, f"The conversation does not fit any model of the route: {exc}")
+    if isinstance(exc, AllEntriesFailed):
+        return Failed(RunFailureReason.MODEL_UNAVAILABLE, f"No model could answer: {exc}")
+    if isinstance(exc, StreamInterrupted):
+        return await _stream_broke(state, exc)
+    return Failed(RunFailureReason.MODEL_ERROR, "The model request failed: "
+                  f"{public_error_message(exc.error_class)} ({exc.error_class})")
+
+
+async def _stream_broke(state: RunState, exc: StreamInterrupted) -> Failed | Continue:
+    """The model's answer broke off: fail the second time in one turn, else retry the turn."""
+    if state.turn in state.interrupted_turns:
+        return Failed(RunFailureReason.STREAM_INTERRUPTED, "The model's answer broke off twice: "
+                      f"{public_error_message(exc.error_class)} ({exc.error_class})")
+    # Nothing of the broken answer was persisted: retry the turn once from the stored history.
+    state.interrupted_turns.add(state.turn)
+    await state.publish("model_retry", {"turn": state.turn, "error_class": getattr(exc, "error_class", "") or "",
+                                        "turn_restarted": True})
+    return CONTINUE
+
+
+# --- resolve --------------------------------------------------------------------------------
+
+
+async def resolve(state: RunState) -> StepOutcome:
+    """Act on the saved assistant message: no tool calls is the answer (:class:`Completed`;
+    empty text fails, or reaches the loop limit on the final turn); else its calls run, and
+    the run :class:`Paused` if one waits for approval, else the next turn (:class:`Continue`).
+    """
+    message = state.message
+    if message is None:
+        raise RuntimeError("resolve runs after model_turn saved a message")
+    if not message.tool_calls:
+        if message.content.strip():
+            return Completed(message.content)
+        if state.final_turn:
+            return loop_limit_reached(state.spec)
+        return Failed(RunFailureReason.MODEL_ERROR, "The model returned an empty answer.")
+    if await execute_tool_calls(spec=state.spec, calls=state.calls, toolset=state.toolset, publish=state.publish):
+        return Paused()
+    return CONTINUE
