@@ -267,16 +267,9 @@ CHANNEL_LAYERS = {
             "expiry": 60,
         },
     },
-    # Session events (sessions/events.py, EVENTS_LAYER): Redis pub/sub, one PUBLISH per event
-    # and one subscription connection per web process; the Redis stream behind every event
-    # fills what pub/sub drops (sessions/consumers.py).
-    "events": {
-        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
-            "prefix": f"{REDIS_KEY_PREFIX}:events",
-        },
-    },
+    # Session events use no channel layer: the publish script PUBLISHes on the session's own
+    # Redis channel and each web process reads them from one subscription (sessions/events.py,
+    # sessions/live.py); the Redis stream behind every event fills what pub/sub drops.
 }
 
 # Django's cache: Redis (DRF throttles, django-axes' failure counters), keys under REDIS_KEY_PREFIX.

@@ -18,7 +18,6 @@ _tag = f"_{_suffix}" if _suffix else ""
 DATABASES["default"]["TEST"]["NAME"] = f"test_agent_platform{_tag}"
 REDIS_KEY_PREFIX = f"aptest{_tag}"
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:asgi"
-CHANNEL_LAYERS["events"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:events"
 CELERY_TASK_DEFAULT_QUEUE = f"agent_platform_test{_tag}"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 # Test-only keys (published here, so refused by settings.py anywhere but in these settings).

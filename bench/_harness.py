@@ -65,7 +65,8 @@ class BenchTenant:
         bind_builtin(self.agent, "test_echo")
 
     def new_run(self, content: str = "go"):
-        from sessions.events import _keys, _sync_redis
+        from agent_platform.redis_clients import sync_redis as _sync_redis
+        from sessions.events import _keys
 
         with tenant_scope(self.tenant.pk):
             session = chat_session_create(user=self.user, agent=self.agent)

@@ -166,7 +166,8 @@ class WebServer:
 
 
 def _last_seqs(session_ids: list[int]) -> dict[int, int]:
-    from sessions.events import _keys, _sync_redis
+    from agent_platform.redis_clients import sync_redis as _sync_redis
+    from sessions.events import _keys
 
     pipe = _sync_redis().pipeline()
     for sid in session_ids:

@@ -20,6 +20,7 @@ import time
 from _harness import ROOT  # noqa: F401 - sets up Django and sys.path
 
 from _stats import machine
+from agent_platform.redis_clients import sync_redis
 from sessions import events
 
 
@@ -48,7 +49,7 @@ async def main() -> None:
     print(machine())
     print(f"{args.sessions} sessions × {args.turns} turns, {args.rounds} rounds: loop CPU per event published "
           f"best {min(per_event) * 1e6:.1f} µs, median {sorted(per_event)[len(per_event) // 2] * 1e6:.1f} µs")
-    cleanup = events._sync_redis()
+    cleanup = sync_redis()
     for sid in session_ids:
         cleanup.delete(*events._keys(sid))
 

@@ -29,7 +29,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from sessions.events import _sync_redis, async_redis
+from agent_platform.redis_clients import async_redis, sync_redis
 
 PRESENCE_STALE_SECONDS = 75.0
 """A socket unseen this long (no ping: 3 missed 20-s pings plus slack) counts as gone."""
@@ -83,7 +83,7 @@ async def connections(*, tenant_id: int, user_id: int) -> list[Connection]:
 
 def connected_device_ids_sync(*, tenant_id: int, user_id: int) -> set[int]:
     """Ids of the user's devices with a live socket (for the device list)."""
-    return {c.device_id for c in _live(_sync_redis().hgetall(presence_key(tenant_id, user_id)))}
+    return {c.device_id for c in _live(sync_redis().hgetall(presence_key(tenant_id, user_id)))}
 
 
 async def bridge_execute(

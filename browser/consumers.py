@@ -25,7 +25,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from browser import protocol
 from browser.bridge import REPLY_TTL_SECONDS, pending_key, presence_key
 from browser.services import device_group
-from sessions.events import async_redis
+from agent_platform.redis_clients import async_redis
 from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from django.utils import timezone
 from rest_framework.exceptions import Throttled
 
 from agent_platform.api_errors import NotFound
+from agent_platform.redis_clients import sync_redis
 from browser.models import BrowserDevice, BrowserPairing
 from tenants.audit import Action, audit_record
 from tenants.scoping import tenant_scope
@@ -177,10 +178,8 @@ def rate_limit_hit(*, key: str, limit: int, window_seconds: int) -> None:
     Raises:
         rest_framework.exceptions.Throttled: 429 with ``Retry-After`` (the window's rest).
     """
-    from sessions.events import _sync_redis
-
     full = _rate_key(key)
-    client = _sync_redis()
+    client = sync_redis()
     count = client.incr(full)
     if count == 1:
         client.expire(full, window_seconds)
@@ -195,10 +194,8 @@ def rate_limit_check(*, key: str, limit: int, window_seconds: int) -> None:
     Raises:
         rest_framework.exceptions.Throttled: 429 with ``Retry-After``.
     """
-    from sessions.events import _sync_redis
-
     full = _rate_key(key)
-    client = _sync_redis()
+    client = sync_redis()
     count = client.get(full)
     if count is not None and int(count) >= limit:
         raise _throttled(client, full, window_seconds)

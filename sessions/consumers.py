@@ -11,10 +11,10 @@ from Redis, and 4's ``group_send`` may finish first. A frame past ``last_seq + 1
 makes the consumer read the missing frames from the stream (where the publish script put
 seq 3 before seq 4 could exist) and send them in order; the late seq 3 is then dropped.
 
-Live frames come from the session's Redis pub/sub channel: through :mod:`sessions.live` (one
-subscription per web process) when the publish script fans out itself, as the project's
-settings have it, else through the channel layer :data:`~sessions.events.EVENTS_LAYER`. Either
-may drop a message (its subscription reconnecting). A dropped frame followed by another is
+Live frames come from the session's Redis pub/sub channel
+(:func:`~sessions.events.live_channel`) through :mod:`sessions.live` (one subscription per web
+process); the consumer uses no channel layer. Pub/sub may drop a message (the subscription
+reconnecting). A dropped frame followed by another is
 filled as above; a subscription restored by :mod:`sessions.live` makes the consumer read the
 stream at once; and a dropped *last* frame is found by a check of the stream every
 :data:`CATCH_UP_SECONDS`, so a client always ends up with every frame, in order.
@@ -50,7 +50,7 @@ from agent_platform.api_parsers import JSONDepthError, json_loads_bounded
 from agent_platform.revocations import revocations_channel
 from agent_platform.shutdown import wait_stopping
 from sessions import stream_guard
-from sessions.events import EVENTS_LAYER, _pubsub_group_channel, events_since, frame_text, group_name
+from sessions.events import events_since, frame_text, live_channel
 from sessions.live import live_join, live_leave
 from sessions.stream_guard import InvalidAfterSeq, StreamCredential
 from tenants.scoping import tenant_scope
@@ -65,16 +65,20 @@ CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_MANY_STREAMS = 4429
 PING_SECONDS = 15.0
 """A ``{"type": "ping"}`` frame (no ``seq``) this often keeps idle connections and proxies alive."""
+NO_CHANNEL_LAYER = "session-events-no-layer"
+"""The consumer's ``channel_layer_alias``: no layer of that name is configured, so Channels
+gives the consumer no channel (``get_channel_layer`` answers None for an alias that is not
+configured): live frames come through :mod:`sessions.live`, and nothing is sent to the socket
+through a layer."""
 CATCH_UP_SECONDS = 5.0
 """How often a consumer reads the stream for frames the live fan-out dropped (one ``XRANGE``
 after its last ``seq``, usually empty): the longest a lost last frame waits."""
 
 
 class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
-    channel_layer_alias = EVENTS_LAYER
+    channel_layer_alias = NO_CHANNEL_LAYER
     session_id: int
     last_seq: int = 0
-    joined: bool = False
     pinger: asyncio.Task | None = None
     live_channel: str | None = None  # the pub/sub channel joined through sessions.live
     live: asyncio.Queue | None = None  # its messages (None: the subscription was restored), in order
@@ -114,14 +118,10 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         if token_id is not None:  # a revocation closes the socket at once
             await live_join(revocations_channel(), self._on_revoked)
             self.revocations = revocations_channel()
-        channel = _pubsub_group_channel(self.session_id)
-        if channel is not None:
-            self.live = asyncio.Queue()
-            await live_join(channel, self.live.put_nowait)
-            self.live_channel = channel
-        else:
-            await self.channel_layer.group_add(group_name(self.session_id), self.channel_name)
-            self.joined = True
+        channel = live_channel(self.session_id)
+        self.live = asyncio.Queue()
+        await live_join(channel, self.live.put_nowait)
+        self.live_channel = channel
         try:
             for frame in await events_since(session_id=self.session_id, after_seq=self.last_seq):
                 await self._send_frame(frame)
@@ -206,8 +206,6 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         if self.revocations is not None:
             live_leave(self.revocations, self._on_revoked)
             self.revocations = None
-        if self.joined:
-            await self.channel_layer.group_discard(group_name(self.session_id), self.channel_name)
         if self.slot is not None and self.credential is not None:
             slot, self.slot = self.slot, None
             await stream_guard.stream_slot_release(user_id=self.credential.user_id, slot=slot)
@@ -233,16 +231,6 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         # Clients only listen; a ping keeps intermediaries from closing an idle socket.
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Live events go straight to :meth:`session_event`: they never touch the database, so
-        they skip the ``aclose_old_connections()`` Channels runs before every handler (a hop to
-        its sync thread per event per socket, about a third of the web process's CPU with 200
-        runs streaming; bench/README.md). Everything else goes through Channels' dispatch."""
-        if message.get("type") == "session.event":
-            await self.session_event(message)
-        else:
-            await super().dispatch(message)
 
     async def session_event(self, message: dict[str, Any]) -> None:
         """A live event: ``{"seq", "body"}`` (body: the frame's JSON text without ``seq``, see

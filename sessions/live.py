@@ -1,11 +1,15 @@
 """Live session events in the web process: one Redis pub/sub subscription per event loop.
 
-The WebSocket consumers of ``/ws/sessions/<id>/`` take their session's live events from here
-when the publish script fans out itself (:func:`sessions.events._pubsub_group_channel` names
-a channel; the project's settings do). The messages are the ones the script publishes on the
-events layer's group channel, in channels_redis's pub/sub format (msgpack of
-``{"type": "session.event", "seq", "body"}``), so a consumer on the channel layer and one here
-read the same thing.
+The WebSocket consumers of ``/ws/sessions/<id>/`` and the SSE streams take their session's
+live events from here: the publish script (:mod:`sessions.events`) publishes every event on
+the session's channel (:func:`sessions.events.live_channel`) as the msgpack of
+``{"type": "session.event", "seq", "body"}``; other channels (the revoked-tokens channel,
+:mod:`agent_platform.revocations`) carry msgpack maps too.
+
+The subscription connection is this module's own asyncio streams
+(:func:`agent_platform.redis_clients.redis_stream_open`: host or unix socket, TLS, AUTH,
+SELECT), commands packed with ``hiredis.pack_command`` and replies parsed with a public
+``hiredis.Reader``; redis-py's connection objects are not used.
 
 Why not the channel layer: per event, channels_redis's receive loop calls ``get_message``
 under a timeout, puts the message in the receiving channel's queue, and Channels'
@@ -43,7 +47,7 @@ from typing import Any, Final
 import hiredis
 import msgpack
 
-from sessions import events
+from agent_platform.redis_clients import NOT_ENOUGH_DATA, READ_BYTES, redis_stream_open, reply_reader
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +119,8 @@ class _Subscriber:
         """Keep a connection subscribed to every channel with listeners; read it."""
         backoff = 0.1
         while self._listeners:
-            connection = events.async_redis().connection_pool.make_connection()
             try:
-                await connection.connect()
+                reader, writer = await redis_stream_open()
             except Exception as exc:  # noqa: BLE001 - Redis down: try again while anyone listens
                 logger.warning("live events: cannot connect to Redis (%r); retrying in %.1f s", exc, backoff)
                 await asyncio.sleep(backoff)
@@ -125,26 +128,26 @@ class _Subscriber:
                 continue
             backoff = 0.1
             if not self._listeners:  # the last listener left while this connected
-                await connection.disconnect()
+                writer.close()
                 return
-            self._writer = connection._writer  # noqa: SLF001 - as sessions.events' publisher does
+            self._writer = writer
             self._send("SUBSCRIBE", *self._listeners)
             try:
-                await self._read(connection._reader)  # noqa: SLF001
+                await self._read(reader)
             except Exception as exc:  # noqa: BLE001 - the connection is lost; open another
                 logger.warning("live events: subscription connection lost (%r)", exc)
                 self._lost.update(self._listeners)  # unsubscribed by the loss: listeners must catch up
             finally:
                 self._writer = None
-                await connection.disconnect()
+                writer.close()
 
     async def _read(self, stream: asyncio.StreamReader) -> None:
-        replies = events._reply_parser()  # the publisher's: a malformed reply raises, the connection is reopened
+        replies = reply_reader()  # a malformed reply raises: the connection is reopened
         pinged = False
         while True:
             try:
                 async with asyncio.timeout(IDLE_PING_SECONDS):
-                    data = await stream.read(events._REPLY_READ_BYTES)
+                    data = await stream.read(READ_BYTES)
             except TimeoutError:
                 if pinged:
                     raise ConnectionError(f"Redis did not answer a PING within {IDLE_PING_SECONDS:g} s") from None
@@ -157,7 +160,7 @@ class _Subscriber:
                 raise ConnectionError("Redis closed the subscription connection")
             pinged = False
             replies.feed(data)
-            while (reply := replies.gets()) is not events._NOT_ENOUGH_DATA:
+            while (reply := replies.gets()) is not NOT_ENOUGH_DATA:
                 self._handle(reply)
 
     def _handle(self, reply: Any) -> None:

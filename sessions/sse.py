@@ -11,9 +11,7 @@ user's, answers 404 like a missing one.
 Live events come from the web process's one Redis subscription (:mod:`sessions.live`), as
 for the WebSocket: an open stream holds no Redis connection of its own (it borrows a pooled
 one for a moment to replay, to read the stream every :data:`CATCH_UP_SECONDS` for a frame
-the pub/sub fan-out may have dropped, and to renew its slot). When the publish script does
-not fan out itself (another channel layer), the stream reads the replay stream every
-:data:`FALLBACK_POLL_SECONDS` instead.
+the pub/sub fan-out may have dropped, and to renew its slot).
 
 Guards (:mod:`sessions.stream_guard`): ``Last-Event-ID``/``after_seq`` must be an integer
 in 0..2**63-1 (else 400); a user holds at most ``STREAMS_PER_USER_MAX`` streams (WebSocket
@@ -41,7 +39,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from agent_platform.revocations import revocations_channel
 from agent_platform.shutdown import is_stopping, wait_stopping
 from sessions import stream_guard
-from sessions.events import _pubsub_group_channel, events_since, frame_text
+from sessions.events import events_since, frame_text, live_channel
 from sessions.live import live_join, live_leave
 from sessions.stream_guard import InvalidAfterSeq, StreamCredential
 from tenants.scoping import tenant_scope
@@ -53,8 +51,6 @@ PING_SECONDS: float = 15.0
 """A ``: ping`` comment this often (seconds); the stream slot is renewed at the same time."""
 CATCH_UP_SECONDS: float = 5.0
 """How often the stream reads the replay stream for a frame the live fan-out dropped."""
-FALLBACK_POLL_SECONDS: Final[float] = 1.0
-"""Without the pub/sub fan-out, how often the replay stream is read for new frames."""
 RETRY_AFTER_SECONDS: Final[int] = 15
 
 
@@ -149,19 +145,18 @@ async def _stream(*, session_id: int, after_seq: int, credential: StreamCredenti
         stopping = True
         wake.set()
 
-    channel = _pubsub_group_channel(session_id)
+    channel = live_channel(session_id)
     joined = watching_revocations = False
     stopper = asyncio.ensure_future(watch_stop())
     last_seq = after_seq
     try:
         yield "retry: 1000\n\n"
-        if channel is not None:
-            await live_join(channel, listener)
-            joined = True
+        await live_join(channel, listener)
+        joined = True
         if credential.token_id is not None:  # a revocation ends the stream at once
             await live_join(revocations_channel(), on_revoked)
             watching_revocations = True
-        catch_up_seconds = CATCH_UP_SECONDS if channel is not None else FALLBACK_POLL_SECONDS
+        catch_up_seconds = CATCH_UP_SECONDS
 
         async def since_last() -> list[str]:
             nonlocal last_seq
@@ -222,7 +217,7 @@ async def _stream(*, session_id: int, after_seq: int, credential: StreamCredenti
                 yield ": ping\n\n"
     finally:
         stopper.cancel()
-        if joined and channel is not None:
+        if joined:
             live_leave(channel, listener)
         if watching_revocations:
             live_leave(revocations_channel(), on_revoked)

@@ -29,7 +29,7 @@ from typing import Final
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from sessions.events import async_redis
+from agent_platform.redis_clients import async_redis
 
 AUTH_RECHECK_SECONDS: float = 15.0
 """How often an open stream re-checks its credential: the longest a revoked token's stream

@@ -89,7 +89,7 @@ def test_devices_listed_and_revoked(world):
 
 def test_pairing_creation_is_rate_limited(world, settings):
     settings.BROWSER_PAIRING_RATE_LIMIT = 2
-    from sessions.events import _sync_redis
+    from agent_platform.redis_clients import sync_redis as _sync_redis
 
     for key in _sync_redis().scan_iter(f"{settings.REDIS_KEY_PREFIX}:browser:rl:*"):
         _sync_redis().delete(key)

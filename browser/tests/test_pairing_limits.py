@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from sessions.events import _sync_redis
+from agent_platform.redis_clients import sync_redis as _sync_redis
 
 pytestmark = pytest.mark.django_db
 

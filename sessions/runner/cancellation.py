@@ -27,7 +27,8 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from sessions.events import async_redis, pipelined_command
+from agent_platform.redis_clients import async_redis, async_redis_dedicated, sync_redis
+from sessions.events import pipelined_command
 
 logger = logging.getLogger(__name__)
 
@@ -58,16 +59,6 @@ def cancel_channel() -> str:
     return f"{settings.REDIS_KEY_PREFIX}:run-cancel"
 
 
-_sync_client: redis.Redis | None = None
-
-
-def _sync_redis() -> redis.Redis:
-    global _sync_client
-    if _sync_client is None:
-        _sync_client = redis.Redis.from_url(settings.REDIS_URL)
-    return _sync_client
-
-
 def request_cancel_sync(run_id: int) -> None:
     """Ask the worker executing run ``run_id`` to cancel it (from synchronous code).
 
@@ -78,7 +69,7 @@ def request_cancel_sync(run_id: int) -> None:
     Raises:
         redis.RedisError: Redis is unreachable.
     """
-    client = _sync_redis()
+    client = sync_redis()
     client.set(cancel_key(run_id), "1", ex=CANCEL_KEY_TTL_SECONDS)
     client.publish(cancel_channel(), str(run_id))
 
@@ -191,7 +182,7 @@ class CancelHub:
     async def _serve(self, subscribed: asyncio.Event) -> None:
         """Subscribe, read messages, poll keys; subscribe again after a failure."""
         while True:
-            listener = aioredis.Redis.from_url(settings.REDIS_URL, client_name=hub_client_name())
+            listener = async_redis_dedicated(client_name=hub_client_name())
             pubsub = listener.pubsub(ignore_subscribe_messages=True)
             reader: asyncio.Task[None] | None = None
             try:

@@ -1,11 +1,9 @@
-"""Live fan-out of session events on the events layer (Redis pub/sub, sessions/events.py).
-
-The publish script does the events layer's group send itself (one Redis round trip per
-event). These tests pin it to what ``RedisPubSubChannelLayer.group_send`` delivers, through
-the real layer and Redis, so an upgrade of channels_redis that changes its channel names or
-message format fails here. Pub/sub may drop a message; the consumer must still deliver every
-frame: a lost last frame is caught up from the stream, and a killed subscription recovers.
-Also: an idle consumer survives the layer's socket timeout.
+"""Live fan-out of session events (sessions/events.py): the publish script PUBLISHes each event
+on the session's own channel (``live_channel``), as the msgpack of ``{type, seq, body}``, in
+the same round trip that stores it. These tests read that channel with a plain redis-py
+subscription. Pub/sub may drop a message; the consumer must still deliver every frame: a lost
+last frame is caught up from the stream, and a killed subscription recovers. Also: an idle
+consumer survives redis-py's default socket timeout; the loop's pipelined publisher.
 """
 
 from __future__ import annotations
@@ -14,19 +12,18 @@ import asyncio
 import json
 import uuid
 
+import msgpack
 import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from agent_platform.redis_clients import sync_redis
 from sessions.events import (
     _PUBLISH_LUA,
-    _layer_message,
-    _pubsub_group_channel,
     event_publish,
     event_publish_sync,
-    events_layer,
     frame_text,
-    group_name,
+    live_channel,
 )
 
 
@@ -34,52 +31,52 @@ def _session_id() -> int:
     return 10**9 + uuid.uuid4().int % 10**9  # no database row needed: events live in Redis
 
 
-def test_the_project_events_layer_takes_the_one_round_trip_path() -> None:
-    assert settings.CHANNEL_LAYERS["events"]["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
-    assert _pubsub_group_channel(7) == f"{settings.CHANNEL_LAYERS['events']['CONFIG']['prefix']}__group__session.7"
+async def _subscribed(channel: str):
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    pubsub = client.pubsub()
+    await pubsub.subscribe(channel)
+    assert (await pubsub.get_message(timeout=5))["type"] == "subscribe"
+    return client, pubsub
 
 
-async def test_members_receive_exactly_what_group_send_delivers() -> None:
-    layer = events_layer()
+async def _next_message(pubsub) -> dict:
+    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
+    assert message is not None, "nothing published"
+    return msgpack.unpackb(message["data"])
+
+
+def test_the_live_channel_is_a_name_of_ours_under_the_key_prefix() -> None:
+    assert live_channel(7) == f"{settings.REDIS_KEY_PREFIX}:session:7:live"
+    assert "__group__" not in live_channel(7)  # not channels_redis's private group naming
+
+
+async def test_an_async_publish_is_published_on_the_session_s_channel() -> None:
     session_id = _session_id()
-    group = group_name(session_id)
-    a, b = await layer.new_channel(), await layer.new_channel()
-    for channel in (a, b):
-        await layer.group_add(group, channel)
+    client, pubsub = await _subscribed(live_channel(session_id))
     try:
         frame = await event_publish(session_id=session_id, run_id=7, type="content_token", data={"text": "héllo"})
-        via_script = [await asyncio.wait_for(layer.receive(c), 5) for c in (a, b)]
-
+        message = await _next_message(pubsub)
         payload = json.dumps({k: v for k, v in frame.items() if k != "seq"})
-        await layer.group_send(group, _layer_message(frame["seq"], payload))
-        via_layer = [await asyncio.wait_for(layer.receive(c), 5) for c in (a, b)]
-
-        assert via_script == via_layer
-        message = via_script[0]
         assert message == {"type": "session.event", "seq": frame["seq"], "body": payload}
         assert type(message["seq"]) is int
         assert json.loads(frame_text(message["seq"], message["body"])) == frame
     finally:
-        for channel in (a, b):
-            await layer.group_discard(group, channel)
-        await layer.flush()
+        await pubsub.aclose()
+        await client.aclose()
 
 
-async def test_the_sync_publisher_delivers_the_same_message() -> None:
-    layer = events_layer()
+async def test_the_sync_publisher_publishes_the_same_message() -> None:
     session_id = _session_id()
-    group = group_name(session_id)
-    channel = await layer.new_channel()
-    await layer.group_add(group, channel)
+    client, pubsub = await _subscribed(live_channel(session_id))
     try:
         frame = await asyncio.to_thread(
             event_publish_sync, session_id=session_id, run_id=3, type="run_queued", data={"input": "hello"}
         )
-        message = await asyncio.wait_for(layer.receive(channel), 5)
+        message = await _next_message(pubsub)
         assert json.loads(frame_text(message["seq"], message["body"])) == frame
     finally:
-        await layer.group_discard(group, channel)
-        await layer.flush()
+        await pubsub.aclose()
+        await client.aclose()
 
 
 # --- through the consumer ----------------------------------------------------------------------
@@ -109,10 +106,11 @@ async def _connected(world):
 
 async def _publish_without_fanout(session_id: int, type: str, data: dict) -> int:
     """An event that reaches the stream but whose live message pub/sub dropped."""
-    from sessions.events import _script_args, async_redis, event_body
+    from sessions.events import _keys, async_redis, event_body
 
     payload = json.dumps(event_body(session_id=session_id, run_id=None, type=type, data=data))
-    return int(await async_redis().eval(_PUBLISH_LUA, *_script_args(session_id, payload, None)))
+    keys = _keys(session_id)  # published on a channel nobody listens to: "dropped"
+    return int(await async_redis().eval(_PUBLISH_LUA, 3, *keys, f"{keys[0]}:nobody", payload, 2000, 3600))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -223,10 +221,10 @@ async def test_a_publish_does_not_wait_for_earlier_replies() -> None:
     from sessions import events
 
     session_id = _session_id()
-    publisher = events._Publisher(events.async_redis())
-    assert await publisher.publish(events._script_args(session_id, "{}", None)) == 1  # connected
+    publisher = events._Publisher()
+    assert await publisher.publish(events._script_args(session_id, "{}")) == 1  # connected
     connection, replies_may_be_read = publisher._connection, asyncio.Event()
-    stream = connection._reader
+    stream = connection.reader
     read = stream.read
 
     async def held_read(*args, **kwargs):
@@ -234,10 +232,10 @@ async def test_a_publish_does_not_wait_for_earlier_replies() -> None:
         return await read(*args, **kwargs)
 
     stream.read = held_read
-    first = publisher.publish(events._script_args(session_id, "{}", None))
+    first = publisher.publish(events._script_args(session_id, "{}"))
     for _ in range(50):  # until the sender has written it
         await asyncio.sleep(0)
-    second = publisher.publish(events._script_args(session_id, "{}", None))
+    second = publisher.publish(events._script_args(session_id, "{}"))
     for _ in range(50):
         await asyncio.sleep(0)
     assert not first.done() and not publisher._queued and len(publisher._unanswered) == 2, (
@@ -252,12 +250,12 @@ async def test_a_failed_connect_fails_its_publishes_and_the_next_ones_go_through
     import redis
     from sessions import events
 
-    broken = events._Publisher(aioredis.Redis.from_url("redis://127.0.0.1:9"))
-    results = await asyncio.gather(*(broken.publish(events._script_args(_session_id(), "{}", None)) for _ in range(3)),
+    broken = events._Publisher("redis://127.0.0.1:9")
+    results = await asyncio.gather(*(broken.publish(events._script_args(_session_id(), "{}")) for _ in range(3)),
                                    return_exceptions=True)
     assert all(isinstance(r, redis.ConnectionError) for r in results)
-    working = events._Publisher(events.async_redis())
-    assert await working.publish(events._script_args(_session_id(), "{}", None)) == 1
+    working = events._Publisher()
+    assert await working.publish(events._script_args(_session_id(), "{}")) == 1
     await working.aclose()
 
 
@@ -265,27 +263,24 @@ async def test_a_killed_connection_is_replaced_and_nothing_is_stored_twice() -> 
     from sessions import events
 
     session_id = _session_id()
-    publisher = events._Publisher(events.async_redis())
-    assert await publisher.publish(events._script_args(session_id, "{}", None)) == 1
+    publisher = events._Publisher()
+    assert await publisher.publish(events._script_args(session_id, "{}")) == 1
     connection = publisher._connection
-    await connection.send_command("CLIENT", "ID")
-    client_id = await connection.read_response()
-    events._sync_redis().execute_command("CLIENT", "KILL", "ID", client_id)  # while idle
+    client_id = await publisher.command(("CLIENT", "ID"))
+    sync_redis().execute_command("CLIENT", "KILL", "ID", client_id)  # while idle
     await asyncio.sleep(0.2)  # the close reaches this loop
-    assert await publisher.publish(events._script_args(session_id, "{}", None)) == 2, "nothing lost"
+    assert await publisher.publish(events._script_args(session_id, "{}")) == 2, "nothing lost"
     assert publisher._connection is not connection, "a new connection"
 
     # Killed while a publish waits for its reply: that one may fail, the next ones go through.
-    connection = publisher._connection
-    await connection.send_command("CLIENT", "ID")
-    client_id = await connection.read_response()
-    waiting = publisher.publish(events._script_args(session_id, "{}", None))
-    events._sync_redis().execute_command("CLIENT", "KILL", "ID", client_id)
+    client_id = await publisher.command(("CLIENT", "ID"))
+    waiting = publisher.publish(events._script_args(session_id, "{}"))
+    sync_redis().execute_command("CLIENT", "KILL", "ID", client_id)
     try:
         third = await waiting
     except Exception:  # noqa: BLE001 - stored or not: unknown, as the error says
         third = None
-    fourth = await publisher.publish(events._script_args(session_id, "{}", None))
+    fourth = await publisher.publish(events._script_args(session_id, "{}"))
     stored = [f["seq"] for f in await events.events_since(session_id=session_id, after_seq=0)]
     assert stored == sorted(set(stored)) and stored[-1] == fourth
     assert third is None or third in stored
@@ -299,11 +294,11 @@ async def test_a_publish_redis_never_answers_fails_after_the_reply_timeout(monke
     server = await _scripted_redis(eval_reply=None)  # answers the handshake, never a script
     port = server.sockets[0].getsockname()[1]
     monkeypatch.setattr(events, "PUBLISH_REPLY_TIMEOUT_SECONDS", 0.3)
-    publisher = events._Publisher(aioredis.Redis.from_url(f"redis://127.0.0.1:{port}"))
+    publisher = events._Publisher(f"redis://127.0.0.1:{port}")
     try:
         started = asyncio.get_running_loop().time()
         with pytest.raises(redis.TimeoutError):
-            await publisher.publish(events._script_args(_session_id(), "{}", None))
+            await publisher.publish(events._script_args(_session_id(), "{}"))
         assert asyncio.get_running_loop().time() - started < 2
         assert publisher._connection is None, "the connection was given up"
     finally:
@@ -343,10 +338,10 @@ async def test_a_failing_command_fails_alone_and_a_malformed_reply_drops_the_con
     await events.publisher_aclose()
 
     server = await _scripted_redis(eval_reply=b"%%garbage\r\n")  # no RESP reply
-    publisher = events._Publisher(aioredis.Redis.from_url(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}"))
+    publisher = events._Publisher(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     try:
         with pytest.raises(redis.InvalidResponse):
-            await publisher.publish(events._script_args(_session_id(), "{}", None))
+            await publisher.publish(events._script_args(_session_id(), "{}"))
         assert publisher._connection is None, "the connection was given up"
     finally:
         await publisher.aclose()

@@ -144,37 +144,33 @@ async def test_browser_origin_from_another_site_is_refused(world, fake_llm):
     assert not connected
 
 
-async def test_a_refused_origin_leaves_nothing_on_the_channel_layer(world, fake_llm):
-    """The refusal happens before any consumer exists: no channel is created or left waiting."""
-    from sessions.events import events_layer
+async def test_a_refused_origin_subscribes_to_nothing(world, fake_llm, monkeypatch):
+    """The refusal happens before any consumer exists: nothing joins the live events."""
+    from sessions import consumers
 
     session = await make_session(world, fake_llm.base_url)
-    layer = events_layer()
-    created: list[str] = []
-    original = layer.new_channel
+    joined: list[str] = []
+    original = consumers.live_join
 
-    async def counting_new_channel(*args, **kwargs):
-        name = await original(*args, **kwargs)
-        created.append(name)
-        return name
+    async def counting_live_join(channel, listener):
+        joined.append(channel)
+        await original(channel, listener)
 
-    layer.new_channel = counting_new_channel
-    try:
-        comm = WebsocketCommunicator(
-            application, f"/ws/sessions/{session.pk}/?token={world.member_token}",
-            headers=[(b"origin", b"https://evil.example"), (b"host", b"127.0.0.1")],
-        )
-        connected, code = await comm.connect()
-        assert (connected, code) == (False, 1008)
-        allowed = WebsocketCommunicator(
-            application, f"/ws/sessions/{session.pk}/?token={world.member_token}",
-            headers=[(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")],
-        )
-        assert (await allowed.connect())[0]
-        await allowed.disconnect()
-    finally:
-        layer.new_channel = original
-    assert len(created) == 1, "only the allowed socket's consumer took a channel"
+    monkeypatch.setattr(consumers, "live_join", counting_live_join)
+    comm = WebsocketCommunicator(
+        application, f"/ws/sessions/{session.pk}/?token={world.member_token}",
+        headers=[(b"origin", b"https://evil.example"), (b"host", b"127.0.0.1")],
+    )
+    connected, code = await comm.connect()
+    assert (connected, code) == (False, 1008)
+    assert joined == []
+    allowed = WebsocketCommunicator(
+        application, f"/ws/sessions/{session.pk}/?token={world.member_token}",
+        headers=[(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")],
+    )
+    assert (await allowed.connect())[0]
+    await allowed.disconnect()
+    assert len(joined) >= 1, "the allowed socket's consumer joined its session's live events"
 
 
 async def test_live_events_do_not_hop_to_the_database_thread(world, fake_llm, monkeypatch):

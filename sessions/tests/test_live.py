@@ -1,5 +1,5 @@
 """The web process's live subscription (sessions/live.py), against the real Redis and the
-project's publish script, and the consumer's fallback to the channel layer."""
+project's publish script, and the consumer's use of it (no channel layer)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from agent_platform.redis_clients import redis_stream_open
 from sessions import live
-from sessions.events import _pubsub_group_channel, event_publish, frame_text
+from sessions.events import event_publish, frame_text, live_channel
 from sessions.live import live_join, live_leave
 
 
@@ -35,7 +36,7 @@ async def _next(queue: asyncio.Queue) -> dict | None:
 
 async def test_a_joined_listener_gets_every_later_publish_in_order_as_the_layer_would_deliver_it() -> None:
     session_id = _session_id()
-    channel = _pubsub_group_channel(session_id)
+    channel = live_channel(session_id)
     received: asyncio.Queue = asyncio.Queue()
     await live_join(channel, received.put_nowait)
     try:
@@ -52,7 +53,7 @@ async def test_a_joined_listener_gets_every_later_publish_in_order_as_the_layer_
 
 async def test_listeners_share_one_subscription_and_the_last_to_leave_ends_it() -> None:
     session_id = _session_id()
-    channel = _pubsub_group_channel(session_id)
+    channel = live_channel(session_id)
     a: asyncio.Queue = asyncio.Queue()
     b: asyncio.Queue = asyncio.Queue()
     await live_join(channel, a.put_nowait)
@@ -78,7 +79,7 @@ async def test_listeners_share_one_subscription_and_the_last_to_leave_ends_it() 
 
 async def test_a_killed_connection_is_reopened_and_its_listeners_are_told_to_catch_up() -> None:
     session_id = _session_id()
-    channel = _pubsub_group_channel(session_id)
+    channel = live_channel(session_id)
     received: asyncio.Queue = asyncio.Queue()
     await live_join(channel, received.put_nowait)
     admin = aioredis.Redis.from_url(settings.REDIS_URL)
@@ -97,7 +98,7 @@ async def test_a_killed_connection_is_reopened_and_its_listeners_are_told_to_cat
 async def test_an_idle_subscription_is_pinged_and_stays_the_same_connection(monkeypatch) -> None:
     monkeypatch.setattr(live, "IDLE_PING_SECONDS", 0.2)
     session_id = _session_id()
-    channel = _pubsub_group_channel(session_id)
+    channel = live_channel(session_id)
     received: asyncio.Queue = asyncio.Queue()
     await live_join(channel, received.put_nowait)
     try:
@@ -111,8 +112,6 @@ async def test_an_idle_subscription_is_pinged_and_stays_the_same_connection(monk
 
 
 async def test_a_subscription_redis_stops_answering_is_given_up_and_reopened(monkeypatch) -> None:
-    from sessions import events
-
     confirmations = 0
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -127,8 +126,8 @@ async def test_a_subscription_redis_stops_answering_is_given_up_and_reopened(mon
                     writer.write(b"+OK\r\n")
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0")
-    monkeypatch.setattr(events, "async_redis", lambda: client)
+    url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    monkeypatch.setattr(live, "redis_stream_open", lambda: redis_stream_open(url=url))
     monkeypatch.setattr(live, "IDLE_PING_SECONDS", 0.2)
     received: asyncio.Queue = asyncio.Queue()
     try:
@@ -139,17 +138,14 @@ async def test_a_subscription_redis_stops_answering_is_given_up_and_reopened(mon
     finally:
         live_leave("some-channel", received.put_nowait)
         server.close()
-        await client.aclose()
 
 
 async def test_a_join_redis_never_confirms_times_out_and_leaves_nothing_behind(monkeypatch) -> None:
-    from sessions import events
     from sessions.tests.test_events_fanout import _scripted_redis
 
     server = await _scripted_redis(eval_reply=None)  # "+OK" to everything, never a subscribe confirmation
-    port = server.sockets[0].getsockname()[1]
-    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
-    monkeypatch.setattr(events, "async_redis", lambda: client)
+    url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    monkeypatch.setattr(live, "redis_stream_open", lambda: redis_stream_open(url=url))
     monkeypatch.setattr(live, "JOIN_TIMEOUT_SECONDS", 0.3)
     subscriber = live._subscriber()
     received: asyncio.Queue = asyncio.Queue()
@@ -159,19 +155,21 @@ async def test_a_join_redis_never_confirms_times_out_and_leaves_nothing_behind(m
         assert subscriber._listeners == {} and subscriber._confirmations == {}
     finally:
         server.close()
-        await client.aclose()
 
 
-# --- the consumer without the script's own fan-out (another events layer) ------------------------
+# --- the consumer takes live events from here only -----------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_the_consumer_falls_back_to_the_channel_layer_when_the_script_does_not_fan_out(world, monkeypatch) -> None:
-    from sessions import consumers, events
+async def test_the_consumer_uses_no_channel_layer_and_gets_live_frames_from_the_subscription(world) -> None:
+    """No channel is made for a socket on any layer (Channels answers None for the consumer's
+    alias, which no CHANNEL_LAYERS entry names); frames come through sessions.live."""
+    from channels.layers import get_channel_layer
+
+    from sessions.consumers import SessionEventsConsumer
     from sessions.tests.test_events_fanout import _connected
 
-    monkeypatch.setattr(events, "_pubsub_group_channel", lambda session_id: None)
-    monkeypatch.setattr(consumers, "_pubsub_group_channel", lambda session_id: None)
+    assert get_channel_layer(SessionEventsConsumer.channel_layer_alias) is None
     session, comm = await _connected(world)
     try:
         first = await event_publish(session_id=session.pk, run_id=None, type="run_running", data={})
@@ -179,6 +177,7 @@ async def test_the_consumer_falls_back_to_the_channel_layer_when_the_script_does
         assert await comm.receive_json_from(timeout=5) == first
         assert await comm.receive_json_from(timeout=5) == second
         assert await comm.receive_nothing(timeout=0.3)
+        assert await _subscribers(live_channel(session.pk)) == 1, "the web process's one subscription"
     finally:
         await comm.disconnect()
 

@@ -44,7 +44,7 @@ def test_shutdown_terminates_pooled_stdio_servers_before_the_process_ends(world,
 
     publisher = events._publishers[run_host()._loop]
     connection = publisher._connection
-    assert connection is not None and connection.is_connected, "the run's events went out on it"
+    assert connection is not None and connection.is_open(), "the run's events went out on it"
     from sessions.runner import pg
 
     database = pg._pools[run_host()._loop]
@@ -52,7 +52,7 @@ def test_shutdown_terminates_pooled_stdio_servers_before_the_process_ends(world,
 
     assert run_host_shutdown(timeout_seconds=15) is True
     assert not pooled & set(mcp_time_server_pids())
-    assert not connection.is_connected, "the publisher's Redis connection was closed"
+    assert connection.writer.is_closing(), "the publisher's Redis connection was closed"
     assert database.closed and database.open_connections == 0, "the loop's database connections were closed"
     assert run_host_shutdown() is False, "already closed"
     assert run_host().run(_answer()) == 42, "a new host starts on next use"
