@@ -6,17 +6,13 @@ has confirmed the subscription), then replays from the Redis stream every frame 
 until the replay is done and are then handled one at a time, so nothing published after the
 join can be missed and nothing is sent twice.
 
-Live frames can arrive out of order: two publishers (parallel tool calls) take seq 3 and 4
-from Redis, and 4's ``group_send`` may finish first. A frame past ``last_seq + 1`` therefore
-makes the consumer read the missing frames from the stream (where the publish script put
-seq 3 before seq 4 could exist) and send them in order; the late seq 3 is then dropped.
-
 Live frames come from the session's Redis pub/sub channel
 (:func:`~sessions.events.live_channel`) through :mod:`sessions.live` (one subscription per web
-process); the consumer uses no channel layer. Pub/sub may drop a message (the subscription
-reconnecting). A dropped frame followed by another is
-filled as above; a subscription restored by :mod:`sessions.live` makes the consumer read the
-stream at once; and a dropped *last* frame is found by a check of the stream every
+process); the consumer uses no channel layer. The publish script stores and PUBLISHes each
+event atomically, so frames arrive in ``seq`` order, but pub/sub may drop one (the
+subscription reconnecting). A frame past ``last_seq + 1`` therefore makes the consumer read
+the missing frames from the stream and send them in order (a late duplicate is dropped); a
+subscription restored by :mod:`sessions.live` makes the consumer read the stream at once; and a dropped *last* frame is found by a check of the stream every
 :data:`CATCH_UP_SECONDS`, so a client always ends up with every frame, in order.
 
 Guards (:mod:`sessions.stream_guard`): a socket opened with an API token closes as soon as
