@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from llm.types import ToolSpec
 
@@ -67,6 +67,60 @@ class ToolResult:
     """Optional structured result (JSON-serialisable), stored beside the text and shown in the UI."""
 
 
+@dataclass(frozen=True, slots=True)
+class StoredArtifact:
+    """An artifact as :meth:`SessionStore.artifact_create` stored it."""
+
+    artifact_id: int
+    name: str
+    """File name, at most 200 characters (cut)."""
+    mime_type: str
+    size_bytes: int
+    """Bytes stored (the data is cut at the store's limit, 20 MiB for the session store)."""
+
+
+class SessionStore(Protocol):
+    """The session data tools may touch, given to them through :class:`ToolContext` (a port).
+
+    ``capabilities`` sits below ``sessions`` in the layer order (ARCHITECTURE.md, "Layers";
+    enforced by import-linter), so a tool never imports ``sessions``: the runner passes its
+    implementation (:class:`sessions.tool_store.SessionToolStore`) as ``ToolContext.store``.
+    Every method runs on the event loop and does its own database work off it. Tenant scoping
+    is the caller's: the runner has set the tenant scope for the current task.
+    """
+
+    async def artifact_create(
+        self, *, tenant_id: int, session_id: int, run_id: int | None, tool_call_id: int | None,
+        name: str, mime_type: str, data: bytes,
+    ) -> StoredArtifact:
+        """Store ``data`` as an artifact of the session (and call); publish nothing.
+
+        Raises:
+            Whatever the database raises (e.g. the session does not exist).
+        """
+        ...
+
+    async def artifact_text(self, *, session_id: int, artifact_id: int) -> tuple[str, str, str | None] | None:
+        """``(name, mime_type, text)`` of an artifact of this session (``text`` None: binary).
+
+        Returns None when the session has no artifact ``artifact_id`` (another session's is
+        "not found" too).
+        """
+        ...
+
+    async def todos_replace(self, *, session_id: int, todos: list[dict[str, str]]) -> list[dict[str, str]]:
+        """Replace the session's todo list with ``todos`` (``{content, status, priority}``, validated).
+
+        Returns:
+            The list as stored.
+        """
+        ...
+
+
+def _no_store() -> SessionStore:
+    raise ToolError("This tool needs the session's storage, which is not available here.", code="unavailable")
+
+
 @dataclass(slots=True)
 class ToolContext:
     """What a tool may know about the call it serves.
@@ -89,6 +143,17 @@ class ToolContext:
     the binding's policy said ``ask``)."""
     depth: int = 0
     """Sub-run depth: 0 for a user's run, 1 for a skill called from it, and so on."""
+    store: SessionStore | None = None
+    """The session's artifacts and todos (the runner's :class:`SessionStore`); None outside a
+    run, where tools that need it fail with ToolError ``unavailable``."""
+
+    def session_store(self) -> SessionStore:
+        """The :attr:`store`.
+
+        Raises:
+            ToolError: ``unavailable`` when this context has none.
+        """
+        return self.store if self.store is not None else _no_store()
 
     async def progress(self, message: str, *, progress: float | None = None, total: float | None = None) -> None:
         """Publish a ``tool_call_progress`` event for this call.
@@ -108,21 +173,20 @@ class ToolContext:
 
         Returns:
             The artifact id (the model reads it back with ``read_artifact``).
+
+        Raises:
+            ToolError: ``unavailable`` when this context has no :attr:`store`.
         """
-        from channels.db import database_sync_to_async
-
-        from sessions.services import artifact_create
-
-        artifact = await database_sync_to_async(artifact_create, thread_sensitive=False)(
+        artifact = await self.session_store().artifact_create(
             tenant_id=self.tenant_id, session_id=self.session_id, run_id=self.run_id,
             tool_call_id=self.tool_call_id, name=name, mime_type=mime_type, data=data,
         )
         if self.publish is not None:
             await self.publish("artifact_updated", {
-                "artifact_id": artifact.pk, "name": artifact.name, "mime_type": artifact.mime_type,
+                "artifact_id": artifact.artifact_id, "name": artifact.name, "mime_type": artifact.mime_type,
                 "size_bytes": artifact.size_bytes, "tool_call_id": self.tool_call_id,
             })
-        return artifact.pk
+        return artifact.artifact_id
 
 
 class Tool(abc.ABC):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.db import database_sync_to_async
-
 from capabilities.builtin.registry import register_builtin
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
@@ -42,7 +40,7 @@ class ReadArtifactTool(Tool):
         length = min(_int(arguments, "length", DEFAULT_LENGTH), MAX_LENGTH)
         if offset < 0 or length < 1:
             raise ToolError("`offset` must be ≥ 0 and `length` ≥ 1.", code="invalid_arguments")
-        found = await _artifact_text(session_id=context.session_id, artifact_id=artifact_id)
+        found = await context.session_store().artifact_text(session_id=context.session_id, artifact_id=artifact_id)
         if found is None:
             raise ToolError(f"There is no artifact {artifact_id} in this session.", code="not_found")
         name, mime_type, text = found
@@ -66,18 +64,3 @@ def _int(arguments: dict[str, Any], key: str, default: int | None) -> int:
         raise ToolError(f"`{key}` must be an integer.", code="invalid_arguments")
     return value
 
-
-@database_sync_to_async
-def _artifact_text(*, session_id: int, artifact_id: int) -> tuple[str, str, str | None] | None:
-    from sessions.models import Artifact
-
-    artifact = Artifact.objects.filter(pk=artifact_id, session_id=session_id).first()
-    if artifact is None:
-        return None
-    raw = bytes(artifact.content)
-    if not artifact.is_text:
-        try:
-            return artifact.name, artifact.mime_type, raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return artifact.name, artifact.mime_type, None
-    return artifact.name, artifact.mime_type, raw.decode("utf-8", errors="replace")

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.db import database_sync_to_async
-from django.db import transaction
-
 from capabilities.builtin.registry import register_builtin
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
@@ -50,7 +47,7 @@ class TodoWriteTool(Tool):
 
     async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         todos = _validate(arguments)
-        stored = await _todos_replace(session_id=context.session_id, todos=todos)
+        stored = await context.session_store().todos_replace(session_id=context.session_id, todos=todos)
         if context.publish is not None:
             await context.publish("todo_updated", {"todos": stored})
         lines = [f"- [{t['status']}] ({t['priority']}) {t['content']}" for t in stored]
@@ -76,15 +73,3 @@ def _validate(arguments: dict[str, Any]) -> list[dict[str, str]]:
         out.append({"content": item["content"].strip()[:500], "status": status, "priority": priority})
     return out
 
-
-@database_sync_to_async
-def _todos_replace(*, session_id: int, todos: list[dict[str, str]]) -> list[dict[str, str]]:
-    from sessions.models import ChatSession, Todo
-
-    with transaction.atomic():
-        session = ChatSession.objects.select_for_update(no_key=True).get(pk=session_id)
-        Todo.objects.filter(session=session).delete()
-        Todo.objects.bulk_create(
-            [Todo(tenant_id=session.tenant_id, session=session, position=i, **t) for i, t in enumerate(todos)]
-        )
-    return todos

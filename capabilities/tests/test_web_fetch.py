@@ -328,8 +328,10 @@ async def test_binary_bodies_are_saved_as_artifacts_and_long_text_is_returned_wh
     async def publish(type_, data):
         events.append((type_, data))
 
+    from sessions.tool_store import SESSION_TOOL_STORE  # the runner's store (tests may import sessions)
+
     context = ToolContext(tenant_id=world.tenant.pk, session_id=session.pk, run_id=run.pk, tool_call_id=None,
-                          publish=publish)
+                          publish=publish, store=SESSION_TOOL_STORE)
     tool = builtin_create("web_fetch")
     with tenant_scope(world.tenant.pk):  # as the runner does
         result = await tool.execute({"url": origin.url + "/logo.png"}, context)

@@ -32,6 +32,7 @@ from sessions.runner import _db
 from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
 from sessions.runner.spec import RunSpec
 from sessions.runner.toolset import Toolset
+from sessions.tool_store import SESSION_TOOL_STORE
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +226,7 @@ async def _run_tool(
         context = ToolContext(
             tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
             tool_call_id=call["pk"], publish=publish, user_id=spec.user_id, approved=approved, depth=spec.depth,
+            store=SESSION_TOOL_STORE,
         )
         # A skill's sub-run is bounded by its own loop limit, turn timeouts and the run's deadline.
         timeout = None if getattr(tool, "manages_own_timeout", False) else spec.tool_timeout_seconds
@@ -257,7 +259,7 @@ async def _for_model(
     text = compress_result(content)
     if len(text) > ARTIFACT_MIN_CHARS:
         context = ToolContext(tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id,
-                              tool_call_id=pk, publish=publish, user_id=spec.user_id)
+                              tool_call_id=pk, publish=publish, user_id=spec.user_id, store=SESSION_TOOL_STORE)
         is_json = content.lstrip()[:1] in ("{", "[")
         artifact_id = await context.artifact_save(
             name=f"{name}-{pk}.{'json' if is_json else 'txt'}",
