@@ -343,10 +343,10 @@ class SkillAdmin(TenantScopedModelAdmin):
     search_fields = ["name", "description"]
 
     def get_form(self, request, obj=None, change=False, **kwargs):
-        from tenants.admin_scoping import _admin_tenants
+        from tenants.admin_scoping import admin_tenants
 
         form = super().get_form(request, obj, change=change, **kwargs)
-        tenants = _admin_tenants(request)
+        tenants = admin_tenants(request)
         form.tenant_id = tenants[0] if not request.user.is_superuser and len(tenants) == 1 else None
         return form
 

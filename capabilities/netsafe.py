@@ -36,11 +36,13 @@ The address rules themselves (:func:`address_block_reason`, :func:`resolve_host`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import ssl
 import zlib
 from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpcore
@@ -157,19 +159,88 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=False)
 
 
-class _PinnedTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport over a connection pool that uses :class:`PinnedBackend`."""
+_HTTPCORE_TO_HTTPX: tuple[tuple[type[Exception], type[Exception]], ...] = (
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+)
+"""httpcore's errors and the httpx errors they become (as httpx's own transport maps them)."""
+
+
+@contextlib.contextmanager
+def _httpx_errors() -> Iterator[None]:
+    """Re-raise an httpcore error as the most specific matching httpx error; others unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        target: type[Exception] | None = None
+        for source, candidate in _HTTPCORE_TO_HTTPX:
+            if isinstance(exc, source) and (target is None or issubclass(candidate, target)):
+                target = candidate
+        if target is None:
+            raise
+        raise target(str(exc)) from exc
+
+
+class _PinnedBody(httpx.AsyncByteStream):
+    """A response body of :class:`_PinnedTransport`: httpcore's stream, errors mapped to httpx's."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _httpx_errors():
+            async for part in self.stream:
+                yield part
+
+    async def aclose(self) -> None:
+        if hasattr(self.stream, "aclose"):
+            await self.stream.aclose()
+
+
+class _PinnedTransport(httpx.AsyncBaseTransport):
+    """An httpx transport of ours over httpcore's public ``AsyncConnectionPool`` with a
+    :class:`PinnedBackend` (httpx's own ``AsyncHTTPTransport`` takes no network backend).
+
+    Requests, responses and errors are mapped as httpx's own transport maps them; no retries,
+    no proxies, no keep-alive (one fetch, then closed).
+    """
 
     def __init__(self, backend: PinnedBackend) -> None:
-        ssl_context = _ssl_context()
-        super().__init__(verify=ssl_context, trust_env=False, retries=0)
-        # httpx builds its httpcore pool in __init__ without a way to pass a network backend;
-        # replace it with an equivalent pool that has one (the documented httpcore parameter).
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
+        self.pool = httpcore.AsyncConnectionPool(
+            ssl_context=_ssl_context(),
             max_connections=4, max_keepalive_connections=0, http1=True, http2=False,
             network_backend=backend,
         )
+        """The httpcore pool whose every connect goes through ``backend``."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` on the pool; the streamed response (httpcore errors as httpx's)."""
+        core_request = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port,
+                             target=request.url.raw_path),
+            headers=request.headers.raw, content=request.stream, extensions=request.extensions,
+        )
+        with _httpx_errors():
+            response = await self.pool.handle_async_request(core_request)
+        return httpx.Response(status_code=response.status, headers=response.headers,
+                              stream=_PinnedBody(response.stream), extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        """Close the pool and its connections."""
+        await self.pool.aclose()
 
 
 # ------------------------------------------------------------------------------------------ fetch

@@ -16,7 +16,8 @@ from typing import Any
 from django.core.cache import cache
 
 from llm.errors import classify_error, redact_secrets
-from llm.models import ModelProvider, ProviderApi
+from llm.models import ModelProvider
+from llm.providers import sdk_client
 from tenants.crypto import secret_decrypt
 from tenants.models import Tenant
 
@@ -34,15 +35,8 @@ def _cache_key(provider: ModelProvider) -> str:
 
 
 async def _list_ids(provider: ModelProvider, api_key: str) -> list[str]:
-    if provider.api == ProviderApi.ANTHROPIC:
-        from llm.providers import anthropic as impl
-
-        client: Any = impl._new_client((impl.api_root_url(provider.base_url), api_key,
-                                        CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS))
-    else:
-        from llm.providers import openai_compat as impl
-
-        client = impl._new_client((provider.base_url, api_key, CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS))
+    client: Any = sdk_client(api=provider.api, base_url=provider.base_url, api_key=api_key,
+                             connect_timeout_seconds=CONNECT_TIMEOUT_SECONDS, read_timeout_seconds=READ_TIMEOUT_SECONDS)
     try:
         ids: list[str] = []
         async for model in client.models.list():

@@ -7,7 +7,11 @@ from django.db.models import Q, QuerySet
 from documents.models import Document
 
 
-def _visible_to(*, session_id: int, user_id: int | None) -> Q:
+def document_filter_for_run(*, session_id: int, user_id: int | None) -> Q:
+    """The ``Q`` on Document of what a run of ``session_id`` started by ``user_id`` may see.
+
+    Used by the selectors below and by ``documents.services`` (writes check it too).
+    """
     # A run sees the documents of every session of its user that is not deleted (its own never
     # is while it runs: deleting a chat cancels its runs); with no user (a system run), its own
     # session's.
@@ -19,12 +23,13 @@ def _visible_to(*, session_id: int, user_id: int | None) -> Q:
 def document_get_for_run(*, document_id: int, session_id: int, user_id: int | None) -> Document | None:
     """The document if a run of ``session_id`` started by ``user_id`` may see it, else None
     (the same for missing and foreign ids). Requires tenant scope."""
-    return Document.objects.filter(_visible_to(session_id=session_id, user_id=user_id), pk=document_id).first()
+    visible = document_filter_for_run(session_id=session_id, user_id=user_id)
+    return Document.objects.filter(visible, pk=document_id).first()
 
 
 def document_list_for_run(*, session_id: int, user_id: int | None, limit: int = 100) -> list[Document]:
     """Up to ``limit`` documents a run may see, most recently updated first (content deferred)."""
-    return list(Document.objects.filter(_visible_to(session_id=session_id, user_id=user_id))
+    return list(Document.objects.filter(document_filter_for_run(session_id=session_id, user_id=user_id))
                 .defer("content").order_by("-updated_at", "-id")[:limit])
 
 

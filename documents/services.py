@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from documents import markdown
 from documents.models import MAX_CONTENT_CHARS, MAX_TITLE_CHARS, Document
-from documents.selectors import _visible_to
+from documents.selectors import document_filter_for_run
 
 
 class DocumentError(Exception):
@@ -57,7 +57,7 @@ def document_create(*, tenant_id: int, session_id: int, run_id: int | None, titl
 def _document_update(*, document_id: int, session_id: int, user_id: int | None, run_id: int | None,
                      edit: Callable[[str], str]) -> Document:
     document = (Document.objects.select_for_update(of=("self",))
-                .filter(_visible_to(session_id=session_id, user_id=user_id), pk=document_id).first())
+                .filter(document_filter_for_run(session_id=session_id, user_id=user_id), pk=document_id).first())
     if document is None:
         raise DocumentError(f"There is no document {document_id}; op 'list' shows the documents you can use.",
                             code="not_found")

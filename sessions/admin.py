@@ -34,9 +34,9 @@ class AgentFilter(admin.RelatedFieldListFilter):
 
         qs = AgentInstance.all_tenants.all()  # tenant-bypass: narrowed to the admin's tenants below
         if not request.user.is_superuser:
-            from tenants.admin_scoping import _admin_tenants
+            from tenants.admin_scoping import admin_tenants
 
-            qs = qs.filter(tenant_id__in=_admin_tenants(request))
+            qs = qs.filter(tenant_id__in=admin_tenants(request))
         return [(a.pk, a.name) for a in qs.order_by("name")]
 
 

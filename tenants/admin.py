@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model, password_validation
 from django.http import HttpRequest
 
-from tenants.admin_scoping import TenantScopedModelAdmin, _admin_tenants
+from tenants.admin_scoping import TenantScopedModelAdmin, admin_tenants
 from tenants.audit import AuditedModelAdminMixin
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Role, Tenant
 from tenants.services import invitation_create, tenant_create
@@ -163,7 +163,7 @@ class InvitationAdmin(TenantScopedModelAdmin):
         return [f for f in self.fields if f not in self.get_exclude(request, obj)]
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        tenant_id = obj.tenant_id or _admin_tenants(request)[0]
+        tenant_id = obj.tenant_id or admin_tenants(request)[0]
         tenant = Tenant.objects.get(pk=tenant_id)
         inviter_role = None
         if not request.user.is_superuser:

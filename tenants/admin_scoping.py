@@ -24,7 +24,11 @@ from tenants.models import Membership, Tenant
 from tenants.selectors import admin_tenant_ids
 
 
-def _admin_tenants(request: HttpRequest) -> list[int]:
+def admin_tenants(request: HttpRequest) -> list[int]:
+    """Ids of the tenants the request's user administers (empty when signed out), cached on the request.
+
+    The admin pages of every app scope their querysets and choices with it.
+    """
     cached = getattr(request, "_admin_tenant_ids", None)
     if cached is None:
         cached = admin_tenant_ids(user=request.user) if request.user.is_authenticated else []
@@ -45,11 +49,11 @@ def _limited_foreign_key(db_field: Any, request: HttpRequest, kwargs: dict[str, 
     if request.user.is_superuser:
         return
     if related is Tenant:
-        kwargs["queryset"] = Tenant.objects.filter(pk__in=_admin_tenants(request))
+        kwargs["queryset"] = Tenant.objects.filter(pk__in=admin_tenants(request))
     elif related is get_user_model():
-        kwargs["queryset"] = users_of_tenants(_admin_tenants(request))
+        kwargs["queryset"] = users_of_tenants(admin_tenants(request))
     elif hasattr(related, "all_tenants"):
-        kwargs["queryset"] = related.all_tenants.filter(tenant_id__in=_admin_tenants(request))
+        kwargs["queryset"] = related.all_tenants.filter(tenant_id__in=admin_tenants(request))
 
 
 class TenantScopedModelAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
@@ -61,11 +65,11 @@ class TenantScopedModelAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
         qs = self.model.all_tenants.all()  # tenant-bypass: filtered just below
         if request.user.is_superuser:
             return qs
-        return qs.filter(tenant_id__in=_admin_tenants(request))
+        return qs.filter(tenant_id__in=admin_tenants(request))
 
     def _allowed(self, request: HttpRequest) -> bool:
         return request.user.is_active and request.user.is_staff and (
-            request.user.is_superuser or bool(_admin_tenants(request))
+            request.user.is_superuser or bool(admin_tenants(request))
         )
 
     def has_module_permission(self, request: HttpRequest) -> bool:
@@ -86,11 +90,11 @@ class TenantScopedModelAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
         return self.has_view_permission(request, obj)
 
     def _owns(self, request: HttpRequest, obj: Any) -> bool:
-        return request.user.is_superuser or obj.tenant_id in _admin_tenants(request)
+        return request.user.is_superuser or obj.tenant_id in admin_tenants(request)
 
     def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
         exclude = list(super().get_exclude(request, obj) or [])
-        if not request.user.is_superuser and len(_admin_tenants(request)) == 1:
+        if not request.user.is_superuser and len(admin_tenants(request)) == 1:
             exclude.append("tenant")
         return exclude
 
@@ -100,7 +104,7 @@ class TenantScopedModelAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         if not getattr(obj, "tenant_id", None):
-            obj.tenant_id = _admin_tenants(request)[0]
+            obj.tenant_id = admin_tenants(request)[0]
         super().save_model(request, obj, form, change)
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
@@ -124,10 +128,10 @@ class TenantScopedInline(admin.TabularInline):
         qs = self.model.all_tenants.all()  # tenant-bypass: the parent admin already scoped
         if request.user.is_superuser:
             return qs
-        return qs.filter(tenant_id__in=_admin_tenants(request))
+        return qs.filter(tenant_id__in=admin_tenants(request))
 
     def _allowed(self, request: HttpRequest) -> bool:
-        return request.user.is_staff and (request.user.is_superuser or bool(_admin_tenants(request)))
+        return request.user.is_staff and (request.user.is_superuser or bool(admin_tenants(request)))
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self._allowed(request)

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llm.errors import ModelCallError
 
@@ -73,4 +73,30 @@ def _openai_model_class() -> type[Model]:
     return _OPENAI_MODEL[0]
 
 
-__all__ = ["UnavailableModel", "model_for"]
+def sdk_client(*, api: str, base_url: str, api_key: str, connect_timeout_seconds: float,
+               read_timeout_seconds: float) -> Any:
+    """A new SDK client for a provider, built as the adapters build theirs (not cached).
+
+    Every connect is checked against the outbound address rules; the SDK reads no credential
+    from the environment; no retries. The caller closes it (``await client.close()``).
+
+    Args:
+        api: ``"anthropic"`` (an ``anthropic.AsyncAnthropic``; ``base_url`` may end in
+            ``/v1``) or anything else for OpenAI-compatible (an ``openai.AsyncOpenAI``).
+        base_url: The provider's base URL as configured.
+        api_key: The decrypted key ("" for none).
+        connect_timeout_seconds: Per TCP connect. read_timeout_seconds: Per read.
+
+    Raises:
+        ImportError: ``api`` is anthropic and its SDK cannot be imported.
+    """
+    if api == "anthropic":
+        from llm.providers import anthropic as impl  # noqa: PLC0415 - lazy: the SDK only when used
+
+        return impl.client_new((impl.api_root_url(base_url), api_key, connect_timeout_seconds, read_timeout_seconds))
+    from llm.providers import openai_compat as openai_impl  # noqa: PLC0415
+
+    return openai_impl.client_new((base_url, api_key, connect_timeout_seconds, read_timeout_seconds))
+
+
+__all__ = ["UnavailableModel", "model_for", "sdk_client"]

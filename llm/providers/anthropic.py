@@ -154,7 +154,11 @@ def api_root_url(base_url: str) -> str:
     return url
 
 
-def _new_client(key: tuple[str, str, float, float]) -> anthropic.AsyncAnthropic:
+def client_new(key: tuple[str, str, float, float]) -> anthropic.AsyncAnthropic:
+    """A new ``anthropic.AsyncAnthropic`` for ``(base_url, api_key, connect_timeout_s, read_timeout_s)``.
+
+    No retries; every connect checked against the outbound address rules.
+    """
     base_url, api_key, connect_timeout, read_timeout = key
     return anthropic.AsyncAnthropic(
         # An explicit credential: the SDK then reads no credential environment variable or
@@ -171,7 +175,7 @@ def _new_client(key: tuple[str, str, float, float]) -> anthropic.AsyncAnthropic:
     )
 
 
-_clients: LoopClientCache[anthropic.AsyncAnthropic] = LoopClientCache(_new_client, max_per_loop=MAX_CLIENTS_PER_LOOP)
+_clients: LoopClientCache[anthropic.AsyncAnthropic] = LoopClientCache(client_new, max_per_loop=MAX_CLIENTS_PER_LOOP)
 
 
 def _client_for(entry: RouteEntryConfig) -> anthropic.AsyncAnthropic:

@@ -60,7 +60,11 @@ NO_API_KEY: Final[str] = "no-key"
 """Sent when an entry has no API key (local servers), so the SDK never falls back to the
 ``OPENAI_API_KEY`` environment variable and leaks it to another base URL."""
 
-def _new_client(key: tuple[str, str, float, float]) -> openai.AsyncOpenAI:
+def client_new(key: tuple[str, str, float, float]) -> openai.AsyncOpenAI:
+    """A new ``openai.AsyncOpenAI`` for ``(base_url, api_key, connect_timeout_s, read_timeout_s)``.
+
+    No retries; every connect checked against the outbound address rules.
+    """
     base_url, api_key, connect_timeout, read_timeout = key
     return openai.AsyncOpenAI(
         base_url=base_url,
@@ -74,7 +78,7 @@ def _new_client(key: tuple[str, str, float, float]) -> openai.AsyncOpenAI:
     )
 
 
-_clients: LoopClientCache[openai.AsyncOpenAI] = LoopClientCache(_new_client, max_per_loop=MAX_CLIENTS_PER_LOOP)
+_clients: LoopClientCache[openai.AsyncOpenAI] = LoopClientCache(client_new, max_per_loop=MAX_CLIENTS_PER_LOOP)
 
 
 def _client_for(entry: RouteEntryConfig) -> openai.AsyncOpenAI:

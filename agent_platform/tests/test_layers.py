@@ -1,0 +1,231 @@
+"""Dependencies point one way, and nobody reaches into another package's or a library's privates.
+
+- The import-linter contracts of ``pyproject.toml`` (``[tool.importlinter]``: the layer order
+  of ARCHITECTURE.md, "Layers") hold: ``lint-imports`` is run here so CI enforces them, not
+  only ``make lint``.
+- No product module (tests and migrations aside) imports a private name (``_x``) or a private
+  module of another top-level package or of a third-party library, uses ``module._x`` of a
+  module imported from elsewhere, or reads/writes ``obj._x`` where ``_x`` is no attribute the
+  project itself defines (then it belongs to a library's object: redis-py's
+  ``connection._reader``, httpx's ``transport._pool``, ...). :data:`ALLOWED` lists the
+  reviewed exceptions, each with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("agent_platform", "tenants", "llm", "documents", "capabilities", "agents", "browser", "sessions",
+            "console", "frontend")
+"""The project's top-level packages (import-linter's ``root_packages``)."""
+
+ALLOWED: dict[str, str] = {
+    "._meta": "Django's Model _meta API is public and documented (docs/ref/models/meta).",
+    "._default_manager": "Django documents Model._default_manager (docs/topics/db/managers) for generic code.",
+    "os._exit": "The standard library's documented immediate exit (used after a second shutdown signal).",
+    "._request": "DRF documents Request._request as the way to the wrapped Django HttpRequest "
+                 "(the CSRF check of session-authenticated API calls).",
+}
+"""Reviewed exceptions: the offence's key (``module._x`` or ``._x``) and why it is fine."""
+
+
+def _product_modules() -> list[Path]:
+    return sorted(
+        path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+        if not {"tests", "migrations"} & set(path.relative_to(ROOT).parts)
+    )
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined_private_names(trees: dict[Path, ast.Module]) -> set[str]:
+    """Every ``_x`` the project defines: functions, classes, assignments, attributes, strings."""
+    names: set[str] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = node.name
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                name = node.attr
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                name = node.id
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+                name = node.value  # __slots__ entries, getattr(obj, "_x") of our own objects
+            else:
+                continue
+            if _private(name):
+                names.add(name)
+    return names
+
+
+def _offences(path: Path, tree: ast.Module, defined: set[str]) -> list[tuple[str, str]]:
+    """``(where, key)`` of every private access in ``tree`` (``key`` is matched against ALLOWED)."""
+    own = path.relative_to(ROOT).parts[0]
+    where = str(path.relative_to(ROOT))
+    found: list[tuple[str, str]] = []
+    imported_from: dict[str, str] = {}  # local name -> top-level package it came from
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                imported_from[alias.asname or top] = top
+                if top != own and any(_private(part) for part in alias.name.split(".")[1:]):
+                    found.append((f"{where}:{node.lineno}", f"import {alias.name}"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module != "__future__":
+            top = node.module.split(".")[0]
+            for alias in node.names:
+                imported_from[alias.asname or alias.name] = top
+            if top == own:
+                continue
+            if any(_private(part) for part in node.module.split(".")[1:]):
+                found.append((f"{where}:{node.lineno}", f"from {node.module} import"))
+            found += [(f"{where}:{node.lineno}", f"from {node.module} import {alias.name}")
+                      for alias in node.names if _private(alias.name)]
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+            continue
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+            continue
+        if isinstance(value, ast.Name) and imported_from.get(value.id, own) != own:
+            found.append((f"{where}:{node.lineno}", f"{value.id}.{node.attr}"))
+        elif node.attr not in defined:
+            found.append((f"{where}:{node.lineno}", f".{node.attr}"))
+    return found
+
+
+def _allowed(key: str) -> bool:
+    """``key`` is allowed itself, or is ``name._x`` with ``._x`` allowed (``Tenant._meta``)."""
+    if key in ALLOWED:
+        return True
+    return not key.startswith(("from ", "import ")) and "." + key.rsplit(".", 1)[-1] in ALLOWED
+
+
+def test_import_contracts_hold() -> None:
+    """``lint-imports`` (import-linter) passes: every contract of ``[tool.importlinter]`` is kept.
+
+    Fails, for instance, when a tool imports ``sessions`` again instead of using its
+    ``ToolContext.store`` (capabilities sits below sessions).
+    """
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run(
+        [str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_no_private_name_of_another_package_or_library_is_used() -> None:
+    trees = {path: ast.parse(path.read_text(), str(path)) for path in _product_modules()}
+    defined = _defined_private_names(trees)
+    offenders = [
+        f"{where}: {key}" for path, tree in trees.items() for where, key in _offences(path, tree, defined)
+        if not _allowed(key)
+    ]
+    assert offenders == []
+
+
+def _self_private_names(cls_node: ast.ClassDef) -> set[str]:
+    """Every ``self._x`` / ``cls._x`` a class body reads or writes, and its ``_x`` class attributes."""
+    names = {node.attr for node in ast.walk(cls_node)
+             if isinstance(node, ast.Attribute) and _private(node.attr)
+             and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")}
+    names |= {target.id for stmt in cls_node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+              for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+              if isinstance(target, ast.Name) and _private(target.id)}
+    return names
+
+
+SUBCLASS_ALLOWED: dict[str, str] = {
+    "django.db.models.manager.BaseManager._db": "Django's custom-manager docs build querysets with "
+                                                "QuerySet(self.model, using=self._db).",
+}
+"""Reviewed exceptions of the base-class check, each with its reason."""
+
+
+def _class_source(cls: type) -> str:
+    """The source of ``cls``'s own functions (found through their code objects: a class whose
+    ``__module__`` is rewritten, as httpx's are, still has its functions' files)."""
+    parts = []
+    for value in vars(cls).values():
+        function = getattr(value, "__func__", value)
+        function = getattr(function, "fget", function)
+        if inspect.isfunction(function):
+            try:
+                parts.append(inspect.getsource(function))
+            except (OSError, TypeError):
+                continue
+    return "\n".join(parts)
+
+
+def _library_privates_used_by(cls: type, names: set[str]) -> list[str]:
+    """The ``names`` that a third-party base class of ``cls`` itself uses (its private state)."""
+    used = []
+    for base in cls.__mro__[1:]:
+        if base.__module__.split(".")[0] in PACKAGES or base.__module__ == "builtins":
+            continue
+        source = _class_source(base)
+        used += [f"{base.__module__}.{base.__qualname__}.{name}" for name in sorted(names)
+                 if name in vars(base) or re.search(rf"\b(self|cls)\.{re.escape(name)}\b", source)]
+    return [key for key in used if key not in SUBCLASS_ALLOWED]
+
+
+def test_no_subclass_touches_a_library_base_class_private_state() -> None:
+    """A subclass of a library's class uses no ``self._x`` that the library's class uses itself.
+
+    Replacing ``httpx.AsyncHTTPTransport._pool`` (how ``capabilities.netsafe`` once gave httpx
+    a network backend) is such an access: it breaks silently when the library changes.
+    """
+    offenders = []
+    for path in _product_modules():
+        tree = ast.parse(path.read_text(), str(path))
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.bases]
+        if not classes:
+            continue
+        module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for node in classes:
+            cls = getattr(module, node.name, None)
+            names = _self_private_names(node)
+            if isinstance(cls, type) and names:
+                offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {used}"
+                              for used in _library_privates_used_by(cls, names)]
+    assert offenders == []
+
+
+def test_the_base_class_check_sees_a_replaced_library_attribute() -> None:
+    import httpx
+
+    source = "class T(httpx.AsyncHTTPTransport):\n    def __init__(self):\n        self._pool = None\n"
+    names = _self_private_names(ast.parse(source).body[0])
+    assert _library_privates_used_by(type("T", (httpx.AsyncHTTPTransport,), {}), names) == [
+        "httpx.AsyncHTTPTransport._pool"]
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("from tenants.admin_scoping import _admin_tenants\n", ["from tenants.admin_scoping import _admin_tenants"]),
+    ("from redis._parsers import Encoder\n", ["from redis._parsers import"]),
+    ("import httpx._transports.default\n", ["import httpx._transports.default"]),
+    ("from llm.providers import openai_compat as impl\nimpl._new_client(1)\n", ["impl._new_client"]),
+    ("def f(connection):\n    return connection._reader\n", ["._reader"]),
+    ("class T:\n    def __init__(self):\n        self._mine = 1\n\ndef f(t):\n    return t._mine\n", []),
+    ("from capabilities.tools import ToolContext\nfrom sessions.models import _x\n", []),  # own package
+])
+def test_the_private_name_check_sees_each_kind_of_offence(source: str, expected: list[str]) -> None:
+    """The checker itself: each kind of reach into another package's privates is reported."""
+    path = ROOT / "sessions" / "example.py"
+    tree = ast.parse(source)
+    keys = [key for _, key in _offences(path, tree, _defined_private_names({path: tree}))]
+    assert keys == expected
