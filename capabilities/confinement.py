@@ -192,9 +192,11 @@ def confined_argv(argv: list[str] | tuple[str, ...], profile: SandboxProfile, *,
             full += ["--ro-bind", path, path]
     for path in ETC_FILES:
         full += ["--ro-bind-try", path, path]
+    # /proc, /dev and the /tmp tmpfs first: a read-only bind below /tmp (a checkout under /tmp,
+    # say) must land on top of the tmpfs, not be hidden by it.
+    full += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
     for path in profile.ro_binds:
         full += ["--ro-bind", path, path]
-    full += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
     if workdir is not None:
         full += ["--bind", workdir, SANDBOX_WORKDIR]
     else:

@@ -128,6 +128,33 @@ def test_the_platforms_files_keys_and_sockets_are_not_visible() -> None:
     assert json.loads(result.stdout) == [False] * 6 + [SANDBOX_PYTHON_READY], result.stderr
 
 
+def test_a_read_only_bind_below_tmp_is_visible_and_read_only() -> None:
+    """A checkout under /tmp (CI's clone, say) binds its sandbox Python from there: the bind must
+    land on top of the sandbox's own /tmp, not be hidden by it (the demo's MCP servers failed
+    with "Connection closed" from such a checkout)."""
+    import shutil
+    import tempfile
+
+    shared = tempfile.mkdtemp(prefix="ap-bind-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o755)
+        Path(shared, "hello.txt").write_text("from the host")
+        os.chmod(Path(shared, "hello.txt"), 0o644)
+        code = (
+            "import sys\n"
+            "print(open(sys.argv[1] + '/hello.txt').read())\n"
+            "try:\n"
+            "    open(sys.argv[1] + '/new.txt', 'w')\n"
+            "    print('writable')\n"
+            "except OSError as exc:\n"
+            "    print(exc.strerror)\n"
+        )
+        result = _run(code, SandboxProfile(ro_binds=(shared,)), shared)
+        assert result.stdout.splitlines() == ["from the host", "Read-only file system"], (result.stdout, result.stderr)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 # --- the network ---------------------------------------------------------------------------
 
 
