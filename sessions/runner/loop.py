@@ -4,6 +4,12 @@ Durable by construction: every step is persisted before the next, and each itera
 rebuilds its context from the database. A run redelivered after a worker died therefore
 resumes where it stopped: tool calls of the last assistant message that have no result are
 executed (those that have one never run again), then the loop goes on.
+
+This module is the run's lifecycle around the loop: :func:`execute_run` (claim, heartbeat,
+cancel watcher and run timeout in :func:`_run_loop_cancellable`, the run's end in
+:func:`_finish`). The loop itself is :func:`sessions.runner.turn.run_turns` over the turn's
+steps (prepare → model turn → resolve, each returning a typed outcome); streaming a model
+turn to clients is :mod:`sessions.runner.streaming`.
 """
 
 from __future__ import annotations
