@@ -28,7 +28,13 @@ from sessions.events import event_publish
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_ERROR
-from sessions.runner.compaction import BUDGET_RATIO, MAX_ATTEMPTS_PER_TURN, CompactionResult, compact, system_prompt_with_summary
+from sessions.runner.compaction import (
+    BUDGET_RATIO,
+    MAX_ATTEMPTS_PER_TURN,
+    CompactionResult,
+    compact,
+    system_prompt_with_summary,
+)
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import stream_model_turn
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
