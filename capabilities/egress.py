@@ -34,13 +34,12 @@ import ipaddress
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import urllib.parse
 from typing import Any
 
-from capabilities.netsafe import METADATA_HOSTNAMES, address_block_reason
+from capabilities.netsafe import FetchError, resolve_host
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +67,9 @@ def _allowed_networks() -> list[Any]:
 
 
 async def egress_check(host: str, port: int) -> list[str]:
-    """Resolve ``host`` once and return its addresses if every one may be reached.
+    """Resolve ``host`` once and return its addresses if every one may be reached: web_fetch's
+    rules (:func:`capabilities.netsafe.resolve_host`) with ``SANDBOX_EGRESS_ALLOWED_CIDRS`` as the
+    operator's allowed networks.
 
     Args:
         host: A host name or an IP literal (IPv6 with or without brackets).
@@ -83,33 +84,14 @@ async def egress_check(host: str, port: int) -> list[str]:
     """
     if not 0 < port < 65536:
         raise EgressRefused(f"Refused: port {port} is not valid.", status=400)
-    name = host.strip("[]").rstrip(".").lower()
-    if name in METADATA_HOSTNAMES:
-        raise EgressRefused(f"Refused: {host!r} is a cloud metadata service.")
-    if name == "localhost" or name.endswith(".localhost"):
-        raise EgressRefused(f"Refused: {host!r} is a loopback name.")
     try:
-        addresses = [ipaddress.ip_address(name)]
-    except ValueError:
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise EgressRefused(f"Cannot resolve host {host!r}: {exc}.", status=502) from exc
-        addresses = []
-        for info in infos:
-            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-            if ip not in addresses:
-                addresses.append(ip)
-    allowed = _allowed_networks()
-    for ip in addresses:
-        reason = address_block_reason(ip, allowed=allowed)
-        if reason:
-            raise EgressRefused(
-                f"Refused by the platform's egress rules: {host} ({ip}) is a {reason} address. "
-                "Only public internet addresses can be reached from a sandbox."
-            )
-    return [str(ip) for ip in sorted(addresses, key=lambda a: a.version)]
+        addresses = await resolve_host(host.strip("[]"), port, allowed=_allowed_networks())
+    except FetchError as exc:
+        if exc.code != "blocked_address":
+            raise EgressRefused(exc.message, status=502) from exc
+        reason = exc.message.removeprefix("Refused: ")
+        raise EgressRefused(f"Refused by the platform's egress rules: {reason}") from exc
+    return [str(ip) for ip in addresses]
 
 
 def _target(method: str, target: str) -> tuple[str, int, str]:

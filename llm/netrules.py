@@ -162,20 +162,7 @@ async def resolve_host(host: str, port: int, *, allowed: Iterable[Any] | None = 
     if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: always loopback
         raise FetchError(f"Refused: {host!r} is a loopback name.", code="blocked_address")
     literal = ip_literal(name)
-    if literal is not None:
-        addresses = [literal]
-    else:
-        try:
-            infos = await _getaddrinfo(name, port)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise FetchError(f"Cannot resolve host {host!r}: {exc}.", code="http_error") from exc
-        addresses = []
-        for info in infos:
-            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-            if ip not in addresses:
-                addresses.append(ip)
-        if not addresses:
-            raise FetchError(f"Host {host!r} has no addresses.", code="http_error")
+    addresses = await lookup_addresses(host, port)
     for ip in addresses:
         reason = address_block_reason(ip, allowed=allowed)
         if reason:
@@ -185,6 +172,31 @@ async def resolve_host(host: str, port: int, *, allowed: Iterable[Any] | None = 
                 code="blocked_address",
             )
     return sorted(addresses, key=lambda a: a.version)
+
+
+async def lookup_addresses(host: str, port: int) -> list[IPAddress]:
+    """``host``'s addresses (an IP literal, brackets allowed, is its own), unchecked, in the
+    resolver's order without duplicates: the one DNS lookup the address rules build on.
+
+    Raises:
+        FetchError(code="http_error"): The name does not resolve, or has no address.
+    """
+    name = host.strip("[]").rstrip(".").lower()
+    literal = ip_literal(name)
+    if literal is not None:
+        return [literal]
+    try:
+        infos = await _getaddrinfo(name, port)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise FetchError(f"Cannot resolve host {host!r}: {exc}.", code="http_error") from exc
+    addresses: list[IPAddress] = []
+    for info in infos:
+        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if ip not in addresses:
+            addresses.append(ip)
+    if not addresses:
+        raise FetchError(f"Host {host!r} has no addresses.", code="http_error")
+    return addresses
 
 
 def ip_literal(name: str) -> IPAddress | None:
@@ -291,25 +303,10 @@ async def resolve_outbound(host: str, port: int) -> list[IPAddress]:
     """
     if not outbound_host_allowed(host, port):
         return await resolve_host(host, port, allowed=outbound_allowed_networks())
-    name = host.strip("[]").rstrip(".").lower()
-    literal = ip_literal(name)
-    if literal is not None:
-        addresses = [literal]
-    else:
-        try:
-            infos = await _getaddrinfo(name, port)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise FetchError(f"Cannot resolve host {host!r}: {exc}.", code="http_error") from exc
-        addresses = []
-        for info in infos:
-            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-            if ip not in addresses:
-                addresses.append(ip)
+    addresses = await lookup_addresses(host, port)
     for ip in addresses:
         if ip in METADATA_ADDRESSES:
             raise FetchError(f"Refused: {host!r} resolves to a cloud metadata address.", code="blocked_address")
-    if not addresses:
-        raise FetchError(f"Host {host!r} has no addresses.", code="http_error")
     return sorted(addresses, key=lambda a: a.version)
 
 
