@@ -14,26 +14,25 @@ from urllib.parse import parse_qs, urlparse
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 
-from tenants.selectors import api_token_authenticate, membership_for_user
+from tenants.resolution import caller_resolve
 
 
 @database_sync_to_async
 def _resolve(scope: dict[str, Any]) -> tuple[Any, int | None, int | None, int | None]:
-    """(user, membership_id, tenant_id, token_id) of the handshake."""
+    """(user, membership_id, tenant_id, token_id) of the handshake (:func:`tenants.resolution.
+    caller_resolve`: ``?token=``, else the session cookie's user in ``?tenant=<slug>`` or their
+    default tenant)."""
+    from django.contrib.auth.models import AnonymousUser
+
     query = parse_qs(scope.get("query_string", b"").decode())
     raw = (query.get("token") or [""])[0]
-    if raw:
-        token = api_token_authenticate(raw=raw)
-        if token is None:
-            from django.contrib.auth.models import AnonymousUser
-
-            return AnonymousUser(), None, None, None
-        return token.membership.user, token.membership_id, token.membership.tenant_id, token.pk
-    user = scope.get("user")
-    membership = membership_for_user(user=user) if user is not None else None
-    if membership is None:
-        return user, None, None, None
-    return user, membership.pk, membership.tenant_id, None
+    caller = caller_resolve(user=scope.get("user"), raw_token=raw, tenant_slug=(query.get("tenant") or [""])[0])
+    if caller is None:
+        return (AnonymousUser() if raw else scope.get("user")), None, None, None
+    if caller.membership is None:
+        return caller.user, None, None, None
+    token_id = caller.token.pk if caller.token is not None else None
+    return caller.user, caller.membership.pk, caller.membership.tenant_id, token_id
 
 
 class _TenantScopeMiddleware:

@@ -43,7 +43,7 @@ from sessions.events import events_since, frame_text, live_channel
 from sessions.live import live_join, live_leave
 from sessions.stream_guard import InvalidAfterSeq, StreamCredential
 from tenants.scoping import tenant_scope
-from tenants.selectors import api_token_authenticate, membership_for_user
+from tenants.resolution import caller_resolve
 
 logger = logging.getLogger(__name__)
 
@@ -60,19 +60,21 @@ def _authorize(request: HttpRequest, session_id: int) -> tuple[int, str] | Strea
     from sessions.selectors import chat_session_get_for_user
 
     header = request.headers.get("Authorization", "")
-    if header.lower().startswith("bearer "):
-        token = api_token_authenticate(raw=header.split(None, 1)[1].strip())
-        if token is None:
-            return 401, "Invalid or revoked token."
-        user, membership = token.membership.user, token.membership
-        credential = StreamCredential(user_id=user.pk, membership_id=membership.pk, token_id=token.pk)
+    bearer = header.lower().startswith("bearer ")
+    parts = header.split(None, 1)
+    raw = parts[1].strip() if bearer and len(parts) == 2 else ""
+    if bearer and not raw:
+        return 401, "Invalid or revoked token."
+    caller = caller_resolve(user=None if raw else get_user(request), raw_token=raw,
+                            tenant_slug=request.headers.get("X-Tenant") or request.GET.get("tenant"))
+    if caller is None:
+        return 401, "Invalid or revoked token." if raw else "Authentication credentials were not provided."
+    user, membership = caller.user, caller.membership
+    if membership is None:
+        return 403, "You are not a member of any tenant."
+    if caller.token is not None:
+        credential = StreamCredential(user_id=user.pk, membership_id=membership.pk, token_id=caller.token.pk)
     else:
-        user = get_user(request)
-        if not user.is_authenticated:
-            return 401, "Authentication credentials were not provided."
-        membership = membership_for_user(user=user, tenant_slug=request.headers.get("X-Tenant"))
-        if membership is None:
-            return 403, "You are not a member of any tenant."
         credential = StreamCredential(user_id=user.pk, membership_id=membership.pk,
                                       session_key=request.session.session_key)
     with tenant_scope(membership.tenant_id):

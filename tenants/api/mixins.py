@@ -37,8 +37,7 @@ from tenants.audit import (
 )
 from tenants.models import ApiToken, Membership
 from tenants.scoping import Scope, enter_tenant, reset_scope
-from tenants.selectors import membership_for_user
-from tenants.services import membership_select
+from tenants.resolution import caller_resolve
 from tenants.throttling import throttles_for
 
 
@@ -53,17 +52,12 @@ class IsTenantAdmin(permissions.BasePermission):
 
 
 def resolve_membership(request: Request) -> Membership | None:
-    """The caller's membership: the API token's, else (session) the ``X-Tenant`` one, which is
-    remembered as the user's pick, else their default (:func:`membership_for_user`)."""
-    if isinstance(request.auth, ApiToken):
-        return request.auth.membership
-    if request.user and request.user.is_authenticated:
-        slug = request.headers.get("X-Tenant")
-        membership = membership_for_user(user=request.user, tenant_slug=slug)
-        if slug and membership is not None:
-            membership_select(membership=membership)
-        return membership
-    return None
+    """The caller's membership (:func:`tenants.resolution.caller_resolve`): the API token's,
+    else (session) the ``X-Tenant`` one, which is remembered as the user's pick, else their
+    default."""
+    token = request.auth if isinstance(request.auth, ApiToken) else None
+    caller = caller_resolve(user=request.user, token=token, tenant_slug=request.headers.get("X-Tenant"))
+    return caller.membership if caller is not None else None
 
 
 class TenantContextMixin:
