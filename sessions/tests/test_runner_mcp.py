@@ -166,15 +166,19 @@ async def test_a_second_run_reuses_the_pooled_stdio_session(world, fake_llm):
     assert call.status == "succeeded" and "Asia/Tokyo" in call.result
 
 
-async def test_three_servers_are_connected_in_parallel(world, fake_llm):
+async def test_three_servers_are_connected_in_parallel(world, fake_llm, settings):
     """Each confined test server waits 3 s before it answers and notes when it started: connected
-    one after the other they would start at least 3 s apart; in parallel, together."""
+    one after the other they would start at least 3 s apart; in parallel, together.
+
+    The checkout is bound read-only by the deployment's setting (a template may not bind a path
+    under /tmp, where a CI clone may live)."""
     from capabilities.tests.catalogue import template
 
+    settings.SANDBOX_RO_BINDS = [*settings.SANDBOX_RO_BINDS, str(REPO_ROOT)]
     agent = await database_sync_to_async(agent_with_route)(tenant=world.tenant, base_urls=[fake_llm.base_url])
     test_server = await database_sync_to_async(template)(
         "mcp-test-server", kind="mcp_stdio", argv=["${PYTHON}", "-m", "capabilities.tests.mcp_test_server"],
-        env={"PYTHONPATH": str(REPO_ROOT), "MCP_TEST_START_DELAY": "3"}, ro_binds=[str(REPO_ROOT)],
+        env={"PYTHONPATH": str(REPO_ROOT), "MCP_TEST_START_DELAY": "3"},
     )
     fields = {"transport": "stdio", "template": test_server, "connect_timeout_seconds": 20.0}
     await bind_servers(world, agent, [(alias, fields, None) for alias in ("one", "two", "three")])
