@@ -8,7 +8,9 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from capabilities.toolsets import approval_action as _approval_action
+# Re-exported: the first rule whose pattern matches any of the names decides; ``allow`` if none
+# (the runner's approval wrapper uses the same function).
+from capabilities.toolsets import approval_action  # noqa: F401
 from tenants.scoping import TenantOwnedModel
 
 
@@ -190,8 +192,3 @@ def approval_policy_errors(policy: object) -> list[str]:
         elif rule.get("action") not in ApprovalAction.values:
             errors.append(f"Rule {i + 1}: 'action' must be one of {', '.join(ApprovalAction.values)}.")
     return errors
-
-
-approval_action = _approval_action
-"""The action of the first rule whose pattern matches any of the names; ``allow`` if none
-(:func:`capabilities.toolsets.approval_action`, which the runner's approval wrapper uses)."""

@@ -65,14 +65,14 @@ class BenchTenant:
         bind_builtin(self.agent, "test_echo")
 
     def new_run(self, content: str = "go"):
-        from agent_platform.redis_clients import sync_redis as _sync_redis
-        from sessions.events import _keys
+        from agent_platform.redis_clients import sync_redis
+        from sessions.events import session_keys
 
         with tenant_scope(self.tenant.pk):
             session = chat_session_create(user=self.user, agent=self.agent)
             # Session ids repeat across databases (another DATABASE_URL, a reset one): drop
             # whatever an earlier benchmark left under this id so replays start empty.
-            _sync_redis().delete(*_keys(session.pk))
+            sync_redis().delete(*session_keys(session.pk))
             return message_post(session=session, user=self.user, content=content)
 
     def __enter__(self) -> "BenchTenant":

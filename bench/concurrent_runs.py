@@ -166,12 +166,12 @@ class WebServer:
 
 
 def _last_seqs(session_ids: list[int]) -> dict[int, int]:
-    from agent_platform.redis_clients import sync_redis as _sync_redis
-    from sessions.events import _keys
+    from agent_platform.redis_clients import sync_redis
+    from sessions.events import session_keys
 
-    pipe = _sync_redis().pipeline()
+    pipe = sync_redis().pipeline()
     for sid in session_ids:
-        pipe.get(_keys(sid)[0])
+        pipe.get(session_keys(sid)[0])
     return {sid: int(v or 0) for sid, v in zip(session_ids, pipe.execute())}
 
 

@@ -92,7 +92,7 @@ def main() -> None:
     asyncio.run(rounds())
     client = sync_redis()
     for sid in session_ids:
-        client.delete(*events._keys(sid))
+        client.delete(*events.session_keys(sid))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ async def main() -> None:
           f"best {min(per_event) * 1e6:.1f} µs, median {sorted(per_event)[len(per_event) // 2] * 1e6:.1f} µs")
     cleanup = sync_redis()
     for sid in session_ids:
-        cleanup.delete(*events._keys(sid))
+        cleanup.delete(*events.session_keys(sid))
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def live_channel(session_id: int) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:session:{session_id}:live"
 
 
-def _keys(session_id: int) -> list[str]:
+def session_keys(session_id: int) -> list[str]:
+    """``[seq counter key, event stream key]`` of a session in Redis (under REDIS_KEY_PREFIX)."""
     prefix = settings.REDIS_KEY_PREFIX
     return [f"{prefix}:session:{session_id}:seq", f"{prefix}:session:{session_id}:events"]
 
@@ -82,7 +83,7 @@ def _keys(session_id: int) -> list[str]:
 def _script_args(session_id: int, payload: str) -> tuple[Any, ...]:
     """``numkeys, *keys, *args`` of :data:`_PUBLISH_LUA` for one event (``payload``: the
     frame's JSON without ``seq``)."""
-    return (3, *_keys(session_id), live_channel(session_id), payload, STREAM_MAXLEN, KEY_TTL_SECONDS)
+    return (3, *session_keys(session_id), live_channel(session_id), payload, STREAM_MAXLEN, KEY_TTL_SECONDS)
 
 
 def frame_text(seq: int, body_json: str) -> str:
@@ -142,7 +143,7 @@ def event_publish_on_commit(*, session_id: int, run_id: int | None, type: str, d
 
 def events_since_sync(*, session_id: int, after_seq: int, limit: int = STREAM_MAXLEN) -> list[dict[str, Any]]:
     """Frames with ``seq > after_seq`` still in the replay stream, oldest first."""
-    rows = sync_redis().xrange(_keys(session_id)[1], min=f"({after_seq}-0", max="+", count=limit)
+    rows = sync_redis().xrange(session_keys(session_id)[1], min=f"({after_seq}-0", max="+", count=limit)
     return [_decode(entry_id, fields) for entry_id, fields in rows]
 
 
@@ -400,7 +401,7 @@ def event_publish_nowait(*, session_id: int, run_id: int | None, type: str, data
 
 async def events_since(*, session_id: int, after_seq: int, limit: int = STREAM_MAXLEN) -> list[dict[str, Any]]:
     """Async :func:`events_since_sync`."""
-    rows = await async_redis().xrange(_keys(session_id)[1], min=f"({after_seq}-0", max="+", count=limit)
+    rows = await async_redis().xrange(session_keys(session_id)[1], min=f"({after_seq}-0", max="+", count=limit)
     return [_decode(entry_id, fields) for entry_id, fields in rows]
 
 

@@ -24,6 +24,9 @@ from sessions.api.views import (
     SessionListCreateApi,
     SessionSerializer,
     _session_or_404,
+    usage_body,
+    usage_month,
+    usage_schema,
     usd,
 )
 from sessions.chat_selectors import chat_session_get_deleted_for_user, chat_session_search, session_usage, user_usage
@@ -40,7 +43,7 @@ from sessions.chat_services import (
     run_retry,
     session_regenerate,
 )
-from sessions.selectors import month_bounds, run_get_for_user
+from sessions.selectors import run_get_for_user
 from tenants.api.mixins import TenantScopedApiView
 
 
@@ -247,24 +250,9 @@ class UsageMeApi(TenantScopedApiView):
 
     @extend_schema(
         parameters=[OpenApiParameter("month", str, description="YYYY-MM, default: this month")],
-        responses=inline_serializer("MyUsage", {
-            "month": serializers.CharField(), "llm_calls": serializers.IntegerField(),
-            "prompt_tokens": serializers.IntegerField(), "completion_tokens": serializers.IntegerField(),
-            "cost_usd": serializers.CharField(), "by_agent": serializers.ListField(child=serializers.DictField()),
-        }),
+        responses=usage_schema("MyUsage"),
     )
     def get(self, request: Request) -> Response:
-        try:
-            start, end = month_bounds(request.query_params.get("month"))
-        except ValueError as exc:
-            raise ApplicationError(str(exc)) from exc
+        start, end = usage_month(request)
         usage = user_usage(user_id=request.user.pk, start=start, end=end)
-        total = usage["total"]
-        return Response({
-            "month": start.strftime("%Y-%m"),
-            "llm_calls": total["llm_calls"], "prompt_tokens": total["prompt_tokens"],
-            "completion_tokens": total["completion_tokens"], "cost_usd": usd(total["cost_usd_micros"]),
-            "by_agent": [{"agent_id": r["agent_id"], "agent": r["agent"], "llm_calls": r["llm_calls"],
-                          "prompt_tokens": r["prompt_tokens"], "completion_tokens": r["completion_tokens"],
-                          "cost_usd": usd(r["cost_usd_micros"])} for r in usage["by_agent"]],
-        })
+        return Response(usage_body(start, usage["total"], usage["by_agent"]))

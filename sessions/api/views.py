@@ -212,6 +212,40 @@ class MessagePostApi(TenantScopedApiView):
         return Response({"run": RunSerializer(run).data}, status=status.HTTP_201_CREATED)
 
 
+
+def usage_schema(name: str) -> Any:
+    """The OpenAPI shape of a month's usage answer (tenant's or the caller's own)."""
+    return inline_serializer(name, {
+        "month": serializers.CharField(), "llm_calls": serializers.IntegerField(),
+        "prompt_tokens": serializers.IntegerField(), "completion_tokens": serializers.IntegerField(),
+        "cost_usd": serializers.CharField(), "by_agent": serializers.ListField(child=serializers.DictField()),
+    })
+
+
+def usage_month(request: Request) -> tuple[Any, Any]:
+    """``(start, end)`` of the ``?month=YYYY-MM`` asked for (default: this month, UTC).
+
+    Raises:
+        ApplicationError: a malformed month (400).
+    """
+    try:
+        return month_bounds(request.query_params.get("month"))
+    except ValueError as exc:
+        raise ApplicationError(str(exc)) from exc
+
+
+def usage_body(start: Any, total: dict[str, Any], by_agent: list[dict[str, Any]]) -> dict[str, Any]:
+    """A month's usage answer: totals and per-agent rows (``agent_id``, ``agent`` and the sums),
+    costs from micro-dollars to a USD string."""
+    counts = ("llm_calls", "prompt_tokens", "completion_tokens")
+    return {
+        "month": start.strftime("%Y-%m"),
+        **{k: total[k] for k in counts},
+        "cost_usd": usd(total["cost_usd_micros"]),
+        "by_agent": [{"agent_id": r["agent_id"], "agent": r["agent"], **{k: r[k] for k in counts},
+                      "cost_usd": usd(r["cost_usd_micros"])} for r in by_agent],
+    }
+
 class UsageApi(TenantScopedApiView):
     """The tenant's model usage for a calendar month (UTC): totals and per agent.
 
@@ -222,29 +256,15 @@ class UsageApi(TenantScopedApiView):
 
     @extend_schema(
         parameters=[OpenApiParameter("month", str, description="YYYY-MM, default: this month")],
-        responses=inline_serializer("TenantUsage", {
-            "month": serializers.CharField(), "llm_calls": serializers.IntegerField(),
-            "prompt_tokens": serializers.IntegerField(), "completion_tokens": serializers.IntegerField(),
-            "cost_usd": serializers.CharField(), "by_agent": serializers.ListField(child=serializers.DictField()),
-        }),
+        responses=usage_schema("TenantUsage"),
     )
     def get(self, request: Request) -> Response:
-        try:
-            start, end = month_bounds(request.query_params.get("month"))
-        except ValueError as exc:
-            raise ApplicationError(str(exc)) from exc
+        start, end = usage_month(request)
         usage = tenant_usage(start=start, end=end)
-        return Response({
-            "month": start.strftime("%Y-%m"),
-            **{k: usage["total"][k] for k in ("llm_calls", "prompt_tokens", "completion_tokens")},
-            "cost_usd": usd(usage["total"]["cost_usd_micros"]),
-            "by_agent": [
-                {"agent_id": row["run__session__agent_id"], "agent": row["run__session__agent__name"],
-                 "llm_calls": row["llm_calls"], "prompt_tokens": row["prompt_tokens"],
-                 "completion_tokens": row["completion_tokens"], "cost_usd": usd(row["cost_usd_micros"])}
-                for row in usage["by_agent"]
-            ],
-        })
+        return Response(usage_body(start, usage["total"], [
+            {**row, "agent_id": row["run__session__agent_id"], "agent": row["run__session__agent__name"]}
+            for row in usage["by_agent"]
+        ]))
 
 
 class RunDetailApi(TenantScopedApiView):

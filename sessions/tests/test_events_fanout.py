@@ -106,10 +106,10 @@ async def _connected(world):
 
 async def _publish_without_fanout(session_id: int, type: str, data: dict) -> int:
     """An event that reaches the stream but whose live message pub/sub dropped."""
-    from sessions.events import _keys, async_redis, event_body
+    from sessions.events import session_keys, async_redis, event_body
 
     payload = json.dumps(event_body(session_id=session_id, run_id=None, type=type, data=data))
-    keys = _keys(session_id)  # published on a channel nobody listens to: "dropped"
+    keys = session_keys(session_id)  # published on a channel nobody listens to: "dropped"
     return int(await async_redis().eval(_PUBLISH_LUA, 3, *keys, f"{keys[0]}:nobody", payload, 2000, 3600))
 
 
@@ -325,7 +325,7 @@ async def test_a_failing_command_fails_alone_and_a_malformed_reply_drops_the_con
     from sessions import events
 
     session_id = _session_id()
-    key = events._keys(session_id)[1]  # the session's stream: INCR of it is a WRONGTYPE error
+    key = events.session_keys(session_id)[1]  # the session's stream: INCR of it is a WRONGTYPE error
     first = events.event_publish_nowait(session_id=session_id, run_id=1, type="content_token", data={"text": "a"})
     failing = events.pipelined_command("INCR", key)
     second = events.event_publish_nowait(session_id=session_id, run_id=1, type="content_token", data={"text": "b"})

@@ -95,9 +95,9 @@ async def test_the_publisher_and_the_live_subscription_use_the_url_s_database() 
         await publisher.aclose()
     db3 = redis.Redis.from_url(other_db)
     try:
-        key = events._keys(session_id)[1]
+        key = events.session_keys(session_id)[1]
         assert db3.xlen(key) == 1 and not redis.Redis.from_url(settings.REDIS_URL).exists(key)
-        db3.delete(*events._keys(session_id))
+        db3.delete(*events.session_keys(session_id))
     finally:
         db3.close()
 

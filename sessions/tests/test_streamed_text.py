@@ -115,7 +115,7 @@ async def test_publishes_made_without_waiting_get_seqs_in_the_order_they_were_ma
     from sessions import events
 
     session_id = 10**9 + uuid.uuid4().int % 10**9  # events only: no database row needed
-    sync_redis().delete(*events._keys(session_id))
+    sync_redis().delete(*events.session_keys(session_id))
 
     async def publish(event_type: str, data: dict) -> None:
         await events.event_publish(session_id=session_id, run_id=None, type=event_type, data=data)
@@ -127,4 +127,4 @@ async def test_publishes_made_without_waiting_get_seqs_in_the_order_they_were_ma
     await batcher.close()
     texts = [f["data"]["text"] for f in await frames(session_id)]
     assert "".join(texts) == "".join(f"{i}," for i in range(40)), "seq order is the stream's order"
-    sync_redis().delete(*events._keys(session_id))
+    sync_redis().delete(*events.session_keys(session_id))
