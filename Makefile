@@ -25,9 +25,9 @@ bench:
 	.venv/bin/python bench/cli_overhead.py
 	.venv/bin/python bench/browser_roundtrip.py
 
-## Static checks (pyflakes rules and syntax errors) and the layer contracts (import-linter, pyproject.toml)
+## Static checks (ruff: the rule set in pyproject.toml [tool.ruff]) and the layer contracts (import-linter, pyproject.toml)
 lint:
-	.venv/bin/ruff check --select F,E9 .
+	.venv/bin/ruff check .
 	PYTHONPATH=. .venv/bin/lint-imports
 
 ## Mutation testing on demand, never in CI (scripts/mutation.sh --list; TARGETS="naming router" for some)

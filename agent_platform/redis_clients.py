@@ -42,7 +42,7 @@ NOT_ENOUGH_DATA: Final[object] = object()
 is a RESP3 reply, so the reader's default is not usable)."""
 
 _sync_client: redis.Redis | None = None
-_async_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis]" = weakref.WeakKeyDictionary()
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = weakref.WeakKeyDictionary()
 
 
 def sync_redis() -> redis.Redis:

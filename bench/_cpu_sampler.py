@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-
 TICK = os.sysconf("SC_CLK_TCK")
 
 

@@ -28,18 +28,17 @@ import django  # noqa: E402
 
 django.setup()
 
+from _cpu_sampler import stat_cpu_seconds  # noqa: E402
+from _stats import percentile  # noqa: E402,F401  (re-exported for the benchmarks)
 from django.contrib.auth import get_user_model  # noqa: E402
 
-import sessions.tests.tools_for_tests  # noqa: E402,F401  (registers test_echo)
 import sessions.tasks  # noqa: E402
+import sessions.tests.tools_for_tests  # noqa: E402,F401  (registers test_echo)
 from agents.tests.factories import agent_with_route, bind_builtin  # noqa: E402
 from sessions.services import chat_session_create, message_post  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.scoping import system_scope, tenant_scope  # noqa: E402
 from tenants.services import tenant_create  # noqa: E402
-
-from _stats import percentile  # noqa: E402,F401  (re-exported for the benchmarks)
-from _cpu_sampler import stat_cpu_seconds  # noqa: E402
 
 sessions.tasks.run_enqueue = lambda run_id, tenant_id=None: None  # the benchmark executes runs itself
 
@@ -75,7 +74,7 @@ class BenchTenant:
             sync_redis().delete(*session_keys(session.pk))
             return message_post(session=session, user=self.user, content=content)
 
-    def __enter__(self) -> "BenchTenant":
+    def __enter__(self) -> BenchTenant:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -167,7 +166,7 @@ class CpuTimeline:
         kinds: dict[str, str] = {}
         used: dict[int, dict[str, float]] = {}
         spans: dict[int, float] = {}
-        for (t0, before), (t1, after) in zip(samples, samples[1:]):
+        for (t0, before), (t1, after) in zip(samples, samples[1:], strict=False):
             b = int((t0 - start) / bin_seconds)
             acc = used.setdefault(b, dict.fromkeys(self.names, 0.0))
             spans[b] = spans.get(b, 0.0) + (t1 - t0)

@@ -24,19 +24,17 @@ import time
 import uuid
 
 from _harness import summary
-
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from browser.bridge import bridge_execute
 from browser.tests.conftest import extension_browser, pair_device_sync
 from browser.tests.site import LocalSite
-from browser.tools import BrowserConfig, BrowserRun, BrowserSnapshot, BrowserNavigate, BrowserClick
+from browser.tools import BrowserClick, BrowserConfig, BrowserNavigate, BrowserRun, BrowserSnapshot
 from capabilities.tools import ToolContext
 from llm.tokens import estimate_text_tokens
-from tenants.models import Tenant
+from tenants.models import Role, Tenant
 from tenants.services import membership_create, tenant_create
-from tenants.models import Role
 
 PAGES = ["/form", "/login", "/search", "/list", "/counter"]
 

@@ -28,9 +28,10 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 from _stats import machine, percentile  # noqa: E402
+
 from capabilities.cli.sandbox import SandboxPolicy, run_command  # noqa: E402
-from capabilities.confinement import bwrap_resolve  # noqa: E402
 from capabilities.cli.tool import CliCommandConfig, CliTool  # noqa: E402
+from capabilities.confinement import bwrap_resolve  # noqa: E402
 from capabilities.tools import ToolContext  # noqa: E402
 
 ARGV = ["factor", "--", "12"]

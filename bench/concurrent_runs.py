@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _harness import ROOT, BenchTenant, CpuTimeline, cpu_seconds, fake_model, machine_busy_seconds, percentile
-
 from django.conf import settings
 
 from sessions.models import Run
@@ -172,7 +171,7 @@ def _last_seqs(session_ids: list[int]) -> dict[int, int]:
     pipe = sync_redis().pipeline()
     for sid in session_ids:
         pipe.get(session_keys(sid)[0])
-    return {sid: int(v or 0) for sid, v in zip(session_ids, pipe.execute())}
+    return {sid: int(v or 0) for sid, v in zip(session_ids, pipe.execute(), strict=False)}
 
 
 TARGET_P95_MS = 50.0
@@ -226,7 +225,7 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
     loop_cpu = cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
     result = json.loads(clients.stdout.readline())
     harness_cpu = cpu_seconds(model_pid) + cpu_seconds(clients.pid) - harness_cpu  # read before it is reaped
-    busy, total = (now - then for now, then in zip(machine_busy_seconds(), (busy, total)))
+    busy, total = (now - then for now, then in zip(machine_busy_seconds(), (busy, total), strict=False))
     clients.wait(timeout=30)
     web_cpu = cpu_seconds(web.proc.pid) - web_cpu
     statuses = list(Run.all_tenants.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True))

@@ -24,9 +24,9 @@ import os
 import threading
 import time
 
+import redis.utils
 from _harness import cpu_seconds
 
-import redis.utils
 from agent_platform.redis_clients import sync_redis
 from sessions import events
 

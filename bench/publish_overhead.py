@@ -18,8 +18,8 @@ import os
 import time
 
 from _harness import ROOT  # noqa: F401 - sets up Django and sys.path
-
 from _stats import machine
+
 from agent_platform.redis_clients import sync_redis
 from sessions import events
 

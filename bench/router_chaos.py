@@ -44,10 +44,10 @@ from typing import Any  # noqa: E402
 
 from _stats import machine, percentile  # noqa: E402
 
+from llm.config import RouteEntryConfig  # noqa: E402
 from llm.errors import LLMError  # noqa: E402
 from llm.health import RedisEntryHealth  # noqa: E402
 from llm.providers import openai_compat  # noqa: E402
-from llm.config import RouteEntryConfig  # noqa: E402
 from llm.records import AttemptRecord  # noqa: E402
 from llm.router import Router  # noqa: E402
 from llm.testing import Fail, FakeLLMServer, Hang, Reply, Step  # noqa: E402

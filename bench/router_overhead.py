@@ -34,11 +34,12 @@ from collections.abc import AsyncIterator, Callable  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from typing import Any  # noqa: E402
 
-import llm.router as router_module  # noqa: E402
 from _stats import machine, percentile  # noqa: E402
+
+import llm.router as router_module  # noqa: E402
+from llm.config import RouteEntryConfig  # noqa: E402
 from llm.health import MemoryEntryHealth, RedisEntryHealth  # noqa: E402
 from llm.providers import openai_compat  # noqa: E402
-from llm.config import RouteEntryConfig  # noqa: E402
 from llm.router import Router  # noqa: E402
 from llm.testing import FakeLLMServer, Reply  # noqa: E402
 from llm.types import ChatMessage, Completion, TextDelta, Usage  # noqa: E402

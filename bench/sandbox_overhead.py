@@ -65,7 +65,7 @@ async def main(spawns: int, calls: int, egress: bool) -> None:
     ways = configs(egress)
     print(f"stdio MCP server mcp-server-time, {'egress' if egress else 'no network'} profile; {machine()}")
     spawn_times: dict[str, list[float]] = {name: [] for name in ways}
-    for name, config in ways.items():  # warm the page cache
+    for config in ways.values():  # warm the page cache
         await spawn_once(config)
     for _ in range(spawns):
         for name, config in ways.items():

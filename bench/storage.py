@@ -29,7 +29,6 @@ from typing import Any
 
 import _bench_tools  # noqa: F401  (registers bench_read_file)
 from _harness import BenchTenant, fake_model, percentile
-
 from django.db import connection
 
 from agents.tests.factories import bind_builtin

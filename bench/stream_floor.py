@@ -25,8 +25,8 @@ import uuid
 
 from _harness import cpu_seconds, fake_model, percentile
 
-from llm.providers import openai_compat
 from llm.config import RouteEntryConfig
+from llm.providers import openai_compat
 from llm.types import ChatMessage, TextDelta
 
 MESSAGES = [ChatMessage(role="user", content="go"), ChatMessage(role="assistant", content="a"),

@@ -41,7 +41,7 @@ def main() -> None:
                 .values_list("created_at", flat=True)
             )
             assert len(stamps) == TURNS, f"run {run.pk} took {len(stamps)} turns"
-            gaps_ms += [(b - a).total_seconds() * 1000 for a, b in zip(stamps, stamps[1:])]
+            gaps_ms += [(b - a).total_seconds() * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
         wall = time.perf_counter() - started
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
     print(f"{args.runs} runs x {TURNS} turns (1 tool call per turn) in {wall:.1f} s")

@@ -37,8 +37,8 @@ settings.configure(WEB_FETCH_ALLOWED_CIDRS=["127.0.0.1/32"], INSTALLED_APPS=[])
 django.setup()
 
 import httpx  # noqa: E402
-
 from _stats import machine, percentile  # noqa: E402
+
 from capabilities import netsafe  # noqa: E402
 from llm import netrules  # noqa: E402
 

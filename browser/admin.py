@@ -1,6 +1,5 @@
 from django.contrib import admin
 
-
 from browser.models import BrowserDevice, BrowserPairing
 
 

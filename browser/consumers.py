@@ -22,10 +22,10 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from agent_platform.redis_clients import async_redis
 from browser import protocol
 from browser.bridge import REPLY_TTL_SECONDS, pending_key, presence_key
 from browser.services import device_group
-from agent_platform.redis_clients import async_redis
 from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ Limits: a frame is at most :data:`MAX_FRAME_BYTES` (screenshots travel as base64
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -63,7 +63,7 @@ class Result(_Frame):
     error: ErrorBody | None = None
 
     @model_validator(mode="after")
-    def _one_of(self) -> "Result":
+    def _one_of(self) -> Result:
         if self.ok and self.result is None:
             raise ValueError("ok results need 'result'")
         if not self.ok and self.error is None:
@@ -81,7 +81,7 @@ class Pong(_Frame):
     ts: float | None = None
 
 
-ExtensionFrame = Annotated[Union[Hello, Result, Ping, Pong], Field(discriminator="type")]
+ExtensionFrame = Annotated[Hello | Result | Ping | Pong, Field(discriminator="type")]
 _extension_frame: TypeAdapter[Any] = TypeAdapter(ExtensionFrame)
 
 

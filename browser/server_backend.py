@@ -29,6 +29,8 @@ from browser.bridge import BrowserError
 from browser.origins import origin_allowed, origin_of
 
 logger = logging.getLogger(__name__)
+_BACKGROUND: set[asyncio.Future] = set()
+"""Fire-and-forget tasks, held until they end."""
 
 SNAPSHOT_JS = (Path(__file__).resolve().parent.parent / "chrome_extension" / "snapshot.js").read_text()
 LAUNCH_ARGS = [
@@ -263,7 +265,11 @@ class ServerBrowserPool:
         try:
             self._check_origin(url or page.url, policy, redirected=True)
         except BrowserError:
-            asyncio.ensure_future(page.goto("about:blank"))  # do not leave the agent on a blocked page
+            # Do not leave the agent on a blocked page; hold the task until it ends (a dropped
+            # task may be garbage-collected mid-flight).
+            task = asyncio.ensure_future(page.goto("about:blank"))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
             raise
 
     async def _run_script(self, page: Any, op: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -294,7 +300,7 @@ class ServerBrowserPool:
             logger.debug("waiting for a navigation ended early", exc_info=True)
 
 
-_pools: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ServerBrowserPool]" = weakref.WeakKeyDictionary()
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ServerBrowserPool] = weakref.WeakKeyDictionary()
 
 
 def server_browser_pool() -> ServerBrowserPool:

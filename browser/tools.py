@@ -21,11 +21,10 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
+from browser.bridge import BrowserError, bridge_execute
 from capabilities.tools import ApprovalRequired, Tool, ToolContext, ToolError, ToolResult
 from llm.tokens import CHARS_PER_TOKEN, estimate_text_tokens
 from llm.types import ToolSpec
-
-from browser.bridge import BrowserError, bridge_execute
 
 ACTION_DEADLINE_MS = 10_000
 NAVIGATION_DEADLINE_MS = 30_000
@@ -46,7 +45,7 @@ class BrowserConfig:
     blocked_origins: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, config: dict[str, Any]) -> "BrowserConfig":
+    def from_json(cls, config: dict[str, Any]) -> BrowserConfig:
         return cls(
             backend=config.get("backend", "extension"),
             fallback_to_server=bool(config.get("fallback_to_server", False)),

@@ -174,7 +174,7 @@ class McpServerAdmin(TenantScopedModelAdmin):
         info = self.model._meta.app_label, self.model._meta.model_name
         return [
             path("<path:object_id>/test-connection/", self.admin_site.admin_view(self.test_connection_view),
-                 name="%s_%s_test_connection" % info),
+                 name="{}_{}_test_connection".format(*info)),
         ] + super().get_urls()
 
     def test_connection_view(self, request: HttpRequest, object_id: str) -> HttpResponse:

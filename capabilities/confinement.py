@@ -43,8 +43,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal
 
 SANDBOX_WORKDIR = "/home/sandbox"
 """cwd and ``$HOME`` inside the sandbox (not ``/work``: the platform may live there, and its

@@ -41,8 +41,8 @@ import functools
 import re
 import ssl
 import zlib
-from dataclasses import dataclass, field
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpcore
@@ -50,11 +50,11 @@ import httpx
 from django.conf import settings
 
 from llm.netrules import (  # the address rules, shared with the model layer (re-exported)
-    IPAddress,
     MAX_URL_LENGTH,
     METADATA_ADDRESSES,
     METADATA_HOSTNAMES,
     FetchError,
+    IPAddress,
     OutboundBackend,
     OutboundResolver,
     address_block_reason,
@@ -394,7 +394,7 @@ TEXT_MIME_TYPES = ("application/json", "application/xml", "application/javascrip
 def is_text(mime_type: str) -> bool:
     """True for MIME types whose bodies are text (``text/*``, JSON, XML, …, ``+json``/``+xml``)."""
     return (mime_type.startswith("text/") or mime_type in TEXT_MIME_TYPES
-            or mime_type.endswith("+json") or mime_type.endswith("+xml"))
+            or mime_type.endswith(("+json", "+xml")))
 
 
 __all__ = [

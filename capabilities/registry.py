@@ -22,9 +22,9 @@ the kind's key.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, ClassVar
+from typing import Any, ClassVar
 
 from capabilities.tools import Tool
 from capabilities.toolsets import KindToolset

@@ -12,16 +12,16 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from capabilities.mcp.client import McpConnection, McpServerConfig, McpToolInfo
-from capabilities.mcp.tool import cap_description
 from capabilities.catalogue import ProgramTemplate, TemplateKind, secrets_errors, template_argv, template_profile
 from capabilities.cli.models import CliCommand
 from capabilities.cli.tool import CliCommandConfig
+from capabilities.mcp.client import McpConnection, McpServerConfig, McpToolInfo
+from capabilities.mcp.tool import cap_description
 from capabilities.models import McpServer, McpTransport
-from tenants.scoping import system_scope, tenant_scope
 from capabilities.tools import ToolError
 from tenants.crypto import secret_decrypt_json, secret_encrypt_json
 from tenants.models import Tenant
+from tenants.scoping import system_scope, tenant_scope
 
 
 @transaction.atomic

@@ -20,9 +20,9 @@ No Django and no ``sessions`` imports: the runner builds its run-level ``Toolset
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from capabilities.naming import assign_exposed_names
 from capabilities.tools import Tool

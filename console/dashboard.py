@@ -163,7 +163,7 @@ def tenant_cooling_entries_or_error(*, tenant_id: int) -> tuple[list[dict[str, A
     except Exception as exc:  # Redis down: the dashboard still renders
         return [], f"The shared health state could not be read ({type(exc).__name__})."
     out = []
-    for entry, snap in zip(entries, snaps):
+    for entry, snap in zip(entries, snaps, strict=False):
         if snap.state == "closed":
             continue
         until = snap.cooldown_until
@@ -188,7 +188,7 @@ def bar_chart(values: list[float], *, labels: list[str], width: int = 620, heigh
     plot_h = height - 20
     slot = width / max(1, len(values))
     bars = []
-    for i, (v, label) in enumerate(zip(values, labels)):
+    for i, (v, label) in enumerate(zip(values, labels, strict=False)):
         h = 0 if v <= 0 else max(1.0, plot_h * v / top)
         bars.append({"x": round(i * slot + 1, 1), "y": round(plot_h - h, 1), "w": round(max(1.0, slot - 2), 1),
                      "h": round(h, 1), "label": label, "value": v,

@@ -19,7 +19,6 @@ from agents.models import ApprovalAction, CapabilityBinding, approval_policy_err
 from capabilities.registry import kind_fields
 
 
-
 def builtin_choices() -> list[tuple[str, str]]:
     """``[("", "---------"), (name, "name — what it does"), ...]`` from the built-in registry."""
     from capabilities.builtin.registry import builtin_create, builtin_names

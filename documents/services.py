@@ -7,7 +7,7 @@ the model and a ``code``: ``not_found``, ``ambiguous``, ``invalid_arguments``, `
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from django.db import transaction
 from django.db.models import F

@@ -50,7 +50,7 @@ def clean_json(value: Any) -> Any:
         return out if changed else value
     if isinstance(value, (list, tuple)):
         items = [clean_json(item) for item in value]
-        if all(a is b for a, b in zip(items, value)):
+        if all(a is b for a, b in zip(items, value, strict=False)):
             return value
         return items if isinstance(value, list) else tuple(items)
     return value

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -16,11 +15,10 @@ from django.db import transaction
 from llm.config import RouteEntryConfig
 from llm.errors import LLMError, ModelCallError
 from llm.health import RedisEntryHealth
+from llm.models import ModelProvider, ModelRoute, ModelRouteEntry
 from llm.router import Router
 from llm.selectors import entry_health_key, route_entries, route_entry_config
 from llm.types import ChatMessage
-
-from llm.models import ModelProvider, ModelRoute, ModelRouteEntry
 from tenants.crypto import secret_encrypt
 from tenants.models import Tenant
 
@@ -107,7 +105,7 @@ def route_test(*, route: ModelRoute) -> list[dict[str, Any]]:
     results = asyncio.run(probe_all())
     return [
         {"entry_id": e.pk, "position": e.position, "provider": e.provider.name, "model": e.model, **result}
-        for e, result in zip(entries, results)
+        for e, result in zip(entries, results, strict=False)
     ]
 
 
@@ -130,12 +128,12 @@ def route_health(*, route: ModelRoute) -> list[dict[str, Any]]:
             await client.aclose()
 
     out = []
-    for entry, snap in zip(entries, asyncio.run(snapshots())):
+    for entry, snap in zip(entries, asyncio.run(snapshots()), strict=False):
         until = snap.cooldown_until
         out.append({
             "entry_id": entry.pk, "position": entry.position, "provider": entry.provider.name, "model": entry.model,
             "state": snap.state,
-            "cooldown_until": datetime.fromtimestamp(until, tz=dt_timezone.utc).isoformat() if until else None,
+            "cooldown_until": datetime.fromtimestamp(until, tz=UTC).isoformat() if until else None,
             "calls_last_minute": snap.calls_last_minute, "failures_last_minute": snap.failures_last_minute,
             "last_error_class": snap.last_error_class,
         })

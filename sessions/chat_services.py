@@ -46,7 +46,7 @@ def chat_title_from(content: str) -> str:
     Returns "" for a message with no words (the chat stays "New chat")."""
     for line in str(content or "").splitlines():
         line = line.strip()
-        if not line or line.startswith("[attachment:") or line.startswith("```"):
+        if not line or line.startswith(("[attachment:", "```")):
             continue
         text = re.sub(r"\s+", " ", _MD_NOISE.sub(" ", line)).strip()
         if not text:

@@ -52,6 +52,8 @@ from sessions.stream_guard import InvalidAfterSeq, StreamCredential
 from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)
+_BACKGROUND: set[asyncio.Future] = set()
+"""Fire-and-forget tasks, held until they end."""
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
@@ -155,7 +157,10 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         """A revoked token (``{"token_id"}``, :mod:`agent_platform.revocations`): close 4401 if
         it is this socket's. ``None`` (the subscription was restored) waits for the recheck."""
         if message is not None and self.credential is not None and message.get("token_id") == self.credential.token_id:
-            asyncio.ensure_future(self.close(code=CLOSE_UNAUTHENTICATED))
+            # Held until it ends: a dropped task may be garbage-collected mid-flight.
+            task = asyncio.ensure_future(self.close(code=CLOSE_UNAUTHENTICATED))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
 
     async def _close_on_shutdown(self) -> None:
         await wait_stopping()

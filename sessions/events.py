@@ -221,11 +221,11 @@ class _Publisher:
         self._reader: asyncio.Task[None] | None = None
         self._reading: _Connection | None = None  # the connection self._reader reads
 
-    def publish(self, script_args: tuple[Any, ...]) -> "asyncio.Future[int]":
+    def publish(self, script_args: tuple[Any, ...]) -> asyncio.Future[int]:
         """Queue one run of :data:`_PUBLISH_LUA`; the future gets its ``seq`` (or its error)."""
         return self.command(("EVAL", _PUBLISH_LUA, *script_args))
 
-    def command(self, args: tuple[Any, ...]) -> "asyncio.Future[Any]":
+    def command(self, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         """Queue one Redis command (``("EVAL", script, numkeys, …)``); the future gets its
         reply as hiredis parses it (or its error)."""
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -334,7 +334,7 @@ def _fail(futures: list[asyncio.Future[Any]], exc: BaseException) -> None:
             future.cancel() if isinstance(exc, asyncio.CancelledError) else future.set_exception(exc)
 
 
-_publishers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Publisher]" = weakref.WeakKeyDictionary()
+_publishers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Publisher] = weakref.WeakKeyDictionary()
 
 
 def _publisher() -> _Publisher:
@@ -345,7 +345,7 @@ def _publisher() -> _Publisher:
     return publisher
 
 
-def pipelined_command(*args: Any) -> "asyncio.Future[Any]":
+def pipelined_command(*args: Any) -> asyncio.Future[Any]:
     """Send one Redis command on this event loop's publishing connection (:class:`_Publisher`),
     pipelined with the loop's event publishes and other such commands, in call order.
 
@@ -390,7 +390,7 @@ async def event_publish(*, session_id: int, run_id: int | None, type: str, data:
     return _frame(seq, body)
 
 
-def event_publish_nowait(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> "asyncio.Future[Any]":
+def event_publish_nowait(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> asyncio.Future[Any]:
     """:func:`event_publish` without waiting, from the event loop: the event is queued now, so
     it gets a lower ``seq`` than any publish made after this call. The returned future holds
     the event's ``seq`` once it is stored and sent, or the error (as :func:`event_publish`'s).

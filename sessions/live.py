@@ -183,7 +183,7 @@ class _Subscriber:
                     listener(None)
 
 
-_subscribers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Subscriber]" = weakref.WeakKeyDictionary()
+_subscribers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Subscriber] = weakref.WeakKeyDictionary()
 
 
 def _subscriber() -> _Subscriber:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from itertools import chain
 from typing import Any
 
@@ -17,7 +16,7 @@ from sessions.models import Approval, ApprovalStatus, Artifact, ChatSession, LLM
 def month_start(now: datetime | None = None) -> datetime:
     """The start of the current calendar month, UTC (the period of tenant budgets)."""
     now = now or timezone.now()
-    return now.astimezone(dt_timezone.utc).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
 def chat_session_list(*, user_id: int) -> QuerySet[ChatSession]:
@@ -62,7 +61,7 @@ def month_bounds(month: str | None) -> tuple[datetime, datetime]:
     """``"YYYY-MM"`` (None: this month) → [start, end) in UTC. Raises ValueError."""
     if month:
         try:
-            start = datetime.strptime(month, "%Y-%m").replace(tzinfo=dt_timezone.utc)
+            start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
         except ValueError as exc:
             raise ValueError(f"month must be YYYY-MM, got {month!r}") from exc
     else:

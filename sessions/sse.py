@@ -30,7 +30,8 @@ import asyncio
 import json
 import logging
 from collections import deque
-from typing import Any, AsyncIterator, Final
+from collections.abc import AsyncIterator
+from typing import Any, Final
 
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user
@@ -42,8 +43,8 @@ from sessions import stream_guard
 from sessions.events import events_since, frame_text, live_channel
 from sessions.live import live_join, live_leave
 from sessions.stream_guard import InvalidAfterSeq, StreamCredential
-from tenants.scoping import tenant_scope
 from tenants.resolution import caller_resolve
+from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)
 

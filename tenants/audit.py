@@ -25,11 +25,12 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from django.db import models
 

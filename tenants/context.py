@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar, Token
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -79,7 +80,7 @@ def data_key_new_wrapped() -> str:
     return _master().encrypt(Fernet.generate_key()).decode()
 
 
-def _tenant_fernet(tenant: "Tenant") -> Fernet:
+def _tenant_fernet(tenant: Tenant) -> Fernet:
     try:
         data_key = _master().decrypt(tenant.wrapped_data_key.encode())
     except InvalidToken as exc:
@@ -87,14 +88,14 @@ def _tenant_fernet(tenant: "Tenant") -> Fernet:
     return Fernet(data_key)
 
 
-def secret_encrypt(*, tenant: "Tenant", plaintext: str) -> str:
+def secret_encrypt(*, tenant: Tenant, plaintext: str) -> str:
     """Encrypt ``plaintext`` with the tenant's data key. Returns "" for "" (no secret)."""
     if plaintext == "":
         return ""
     return _tenant_fernet(tenant).encrypt(plaintext.encode()).decode()
 
 
-def secret_decrypt(*, tenant: "Tenant", ciphertext: str) -> str:
+def secret_decrypt(*, tenant: Tenant, ciphertext: str) -> str:
     """Decrypt what :func:`secret_encrypt` returned. Raises SecretDecryptError."""
     if ciphertext == "":
         return ""
@@ -104,11 +105,11 @@ def secret_decrypt(*, tenant: "Tenant", ciphertext: str) -> str:
         raise SecretDecryptError(f"cannot decrypt a secret of tenant {tenant.pk}") from exc
 
 
-def secret_encrypt_json(*, tenant: "Tenant", value: dict[str, Any]) -> str:
+def secret_encrypt_json(*, tenant: Tenant, value: dict[str, Any]) -> str:
     """Encrypt a JSON object (e.g. MCP headers or env vars). ``{}`` encrypts to ""."""
     return secret_encrypt(tenant=tenant, plaintext=json.dumps(value) if value else "")
 
 
-def secret_decrypt_json(*, tenant: "Tenant", ciphertext: str) -> dict[str, Any]:
+def secret_decrypt_json(*, tenant: Tenant, ciphertext: str) -> dict[str, Any]:
     text = secret_decrypt(tenant=tenant, ciphertext=ciphertext)
     return json.loads(text) if text else {}

@@ -75,7 +75,7 @@ class Membership(TenantOwnedModel):
         return f"{self.user} in {self.tenant_id} ({self.role})"
 
     @classmethod
-    def from_db(cls, db: Any, field_names: Any, values: Any) -> "Membership":
+    def from_db(cls, db: Any, field_names: Any, values: Any) -> Membership:
         instance = super().from_db(db, field_names, values)
         # what was loaded (a deferred field is absent and never compared)
         instance._stored_identity = {name: instance.__dict__[name] for name in cls.IMMUTABLE_FIELDS
@@ -99,13 +99,13 @@ class Membership(TenantOwnedModel):
         super().clean()
         moved = self._moved_fields()
         if moved:
-            raise ValidationError({name: "A membership's user and tenant cannot change." for name in moved})
+            raise ValidationError(dict.fromkeys(moved, "A membership's user and tenant cannot change."))
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save; refuses (ValidationError) to change the user or tenant of an existing row."""
         moved = self._moved_fields()
         if moved:
-            raise ValidationError({name: "A membership's user and tenant cannot change." for name in moved})
+            raise ValidationError(dict.fromkeys(moved, "A membership's user and tenant cannot change."))
         super().save(*args, **kwargs)
         self._stored_identity = {name: self.__dict__[name] for name in self.IMMUTABLE_FIELDS if name in self.__dict__}
 

@@ -56,7 +56,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -119,7 +120,7 @@ def wanted_state() -> tuple[str, str, str]:
     if scope is ALL_TENANTS:
         return role, "", "on"
     if isinstance(scope, int):
-        return role, "{%d}" % scope, "off"
+        return role, f"{{{scope}}}", "off"
     if isinstance(scope, frozenset):
         return role, "{" + ",".join(str(i) for i in sorted(scope)) + "}", "off"
     return role, "", "off"

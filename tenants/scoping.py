@@ -50,7 +50,7 @@ M = TypeVar("M", bound=models.Model)
 
 
 class TenantScopedQuerySet(models.QuerySet[M]):
-    def unscoped(self) -> "TenantScopedQuerySet[M]":
+    def unscoped(self) -> TenantScopedQuerySet[M]:
         """Every tenant's rows. Needs a ``# tenant-bypass:`` comment at the call site."""
         return self.model.all_tenants.all()  # type: ignore[attr-defined]
 

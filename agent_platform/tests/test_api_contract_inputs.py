@@ -27,9 +27,9 @@ def test_a_pairing_name_must_be_a_string(name):
 
 @pytest.mark.django_db(transaction=True)
 def test_an_approval_takes_exactly_one_of_decision_and_answer(world, fake_llm, no_enqueue):
-    from sessions.tests.test_approvals import _agent, _approvals, run_now
     from llm.testing import Reply, ToolCalls
     from sessions.tests.conftest import post_message_sync
+    from sessions.tests.test_approvals import _agent, _approvals, run_now
 
     agent = _agent(world, fake_llm, ("ask_user", []))
     fake_llm.script(ToolCalls([("ask_user", {"question": "Which city?"})]), Reply("Tokyo it is."))

@@ -19,7 +19,6 @@ Rate-limited answers are 429 with ``Retry-After``.
 from __future__ import annotations
 
 from django.conf import settings
-from agent_platform.api_schema import StrictCharField
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import permissions, serializers, status
 from rest_framework.request import Request
@@ -27,6 +26,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agent_platform.api_errors import NotFound
+from agent_platform.api_schema import StrictCharField
 from browser import selectors, services
 from browser.models import BrowserDevice
 from tenants.api.mixins import TenantScopedApiView

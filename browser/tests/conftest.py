@@ -13,8 +13,9 @@ import contextvars
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -51,7 +52,7 @@ def _closing_connections(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
         connections.close_all()  # back to the pool, as at the end of a request
 
 
-def submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> "concurrent.futures.Future[Any]":
+def submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
     """Start ``fn(*args, **kwargs)`` on one of the test threads, in the caller's context (its
     tenant scope); its future.
 
@@ -168,9 +169,8 @@ class ExtensionBrowser:
 
 @contextlib.contextmanager
 def extension_browser(tmp_path: Path) -> Iterator[ExtensionBrowser]:
-    from playwright.sync_api import sync_playwright
-
     from django.conf import settings
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(

@@ -12,9 +12,9 @@ Pages:
 from __future__ import annotations
 
 import threading
+from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
-from html import escape
 
 PAGES: dict[str, str] = {
     "/login": """<!doctype html><title>Login</title>
@@ -130,7 +130,7 @@ class LocalSite:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "LocalSite":
+    def __enter__(self) -> LocalSite:
         self.thread.start()
         return self
 

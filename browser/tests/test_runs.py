@@ -8,9 +8,9 @@ snapshot) and picks refs from them, as a real model would.
 
 from __future__ import annotations
 
-
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

@@ -16,7 +16,6 @@ from browser.tools import BrowserNavigate
 from capabilities.tools import ToolError
 
 
-
 def _navigate_outcomes(config: dict, urls: list[str]) -> list[str]:
     """Navigate to each of ``urls`` in turn on the server backend: ``"ok"`` or the ToolError's
     code (``origin_blocked`` with ``"redirected"`` when a redirect was refused)."""

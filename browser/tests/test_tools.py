@@ -14,7 +14,14 @@ from agents.tests.factories import AgentFactory
 from browser.server_backend import ServerBrowserPool
 from browser.tests.site import LocalSite
 from browser.tools import (
-    BrowserClick, BrowserConfig, BrowserGetText, BrowserNavigate, BrowserPress, BrowserRun, BrowserSnapshot, BrowserType,
+    BrowserClick,
+    BrowserConfig,
+    BrowserGetText,
+    BrowserNavigate,
+    BrowserPress,
+    BrowserRun,
+    BrowserSnapshot,
+    BrowserType,
     ServerBackend,
 )
 from capabilities.tools import ApprovalRequired, ToolContext, ToolError

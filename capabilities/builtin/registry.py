@@ -7,7 +7,8 @@ per run with :func:`builtin_create`.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from capabilities.tools import Tool
 

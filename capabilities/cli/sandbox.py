@@ -26,8 +26,8 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from capabilities.confinement import (
     SANDBOX_WORKDIR,

@@ -192,7 +192,7 @@ def render_argv(argv_template: list[str], schema: dict[str, Any], arguments: dic
     argv: list[str] = []
     after_double_dash = False
     for element in argv_template:
-        def substitute(match: re.Match[str], element: str = element) -> str:
+        def substitute(match: re.Match[str], element: str = element, after_double_dash: bool = after_double_dash) -> str:
             name = match.group(1)
             if name is None:
                 return match.group(0)[0]

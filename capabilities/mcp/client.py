@@ -32,16 +32,15 @@ import os
 import re
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import IO, Any, Awaitable, Callable, Literal
+from typing import IO, Any, Literal
 
 import anyio
 import httpx2
 import mcp_types
-from capabilities.confinement import SandboxProfile, confined_argv, confined_env
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
@@ -50,6 +49,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
+from capabilities.confinement import SandboxProfile, confined_argv, confined_env
 from capabilities.tools import ToolError, ToolResult
 
 logger = logging.getLogger(__name__)
@@ -436,7 +436,7 @@ def _filter_tool_list(message: Any, log: HttpStatusLog) -> Any | None:
     when nothing had to change."""
     if isinstance(message, list):
         out = [_filter_tool_list(item, log) for item in message]
-        return None if all(o is None for o in out) else [o if o is not None else m for o, m in zip(out, message)]
+        return None if all(o is None for o in out) else [o if o is not None else m for o, m in zip(out, message, strict=False)]
     if not isinstance(message, dict):
         return None
     result = message.get("result")
@@ -496,7 +496,7 @@ class _SseToolListFilter(httpx2.AsyncByteStream):
             return block
         if filtered is None:
             return block
-        others = [line for line, d in zip(lines, data) if d is None and line]
+        others = [line for line, d in zip(lines, data, strict=False) if d is None and line]
         return ("\n".join([*others, "data: " + json.dumps(filtered)]) + "\n\n").encode()
 
     async def aclose(self) -> None:

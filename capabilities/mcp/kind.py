@@ -82,7 +82,7 @@ class McpServerKind(CapabilityKind):
             ctx.stack.callback(session.lease())
         catalogues = await asyncio.gather(*(_catalogue(ctx, s) for s in sessions), return_exceptions=True)
         opened = []
-        for binding, session, catalogue in zip(specs, sessions, catalogues):
+        for binding, session, catalogue in zip(specs, sessions, catalogues, strict=False):
             toolset = await _server_toolset(binding, session, catalogue, ctx)
             if toolset is not None:
                 opened.append((binding, toolset))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
 from capabilities.catalogue import ProgramTemplate
@@ -130,5 +131,5 @@ def test_a_bad_catalogue_writes_nothing(tmp_path) -> None:
         call_command("catalogue_import", str(path))
     assert "bad" in str(caught.value) and "may not be bound" in str(caught.value)
     assert not ProgramTemplate.objects.filter(slug__in=["good", "bad"]).exists(), "all or nothing"
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         catalogue_import(data={"templates": [{"slug": "x", "kind": "cli", "argv": ["true"], "command": "sh"}]})

@@ -249,7 +249,7 @@ class _Listener:
     def __init__(self) -> None:
         self.connections = 0
 
-    async def __aenter__(self) -> "_Listener":
+    async def __aenter__(self) -> _Listener:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.connections += 1
             writer.write(b"hello\n")
@@ -443,7 +443,7 @@ async def test_output_is_streamed_as_line_batched_progress_events() -> None:
     assert all(d["message"].endswith("\n") for d, _ in progress[:-1]), "whole lines until the end"
     # 5 lines over ~0.5 s at most every 0.25 s: batched (not one event per line), yet streamed.
     assert 2 <= len(progress) <= 4, [d["message"] for d, _ in progress]
-    gaps = [b - a for (_, a), (_, b) in zip(progress, progress[1:-1])]
+    gaps = [b - a for (_, a), (_, b) in zip(progress, progress[1:-1], strict=False)]
     assert all(gap >= 0.2 for gap in gaps), gaps
 
 

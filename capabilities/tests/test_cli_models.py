@@ -16,8 +16,8 @@ from agents.tests.factories import AgentFactory
 from capabilities.confinement import bwrap_resolve
 from capabilities.models import CliCommand
 from capabilities.tests.catalogue import cli_template
-from sessions.runner._db import ClaimedRun, _spec
 from sessions.models import ChatSession, Run
+from sessions.runner._db import ClaimedRun, _spec
 from tenants.crypto import secret_decrypt_json, secret_encrypt_json
 from tenants.models import Tenant
 from tenants.scoping import tenant_scope

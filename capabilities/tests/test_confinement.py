@@ -13,8 +13,9 @@ import os
 import socket
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings

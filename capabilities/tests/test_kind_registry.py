@@ -39,7 +39,6 @@ from sessions.models import ToolCall
 from sessions.runner.loop import execute_run
 from sessions.tests.conftest import post_message, reload_run
 
-
 # --- the toy kind: everything a new kind needs ------------------------------------------------
 
 

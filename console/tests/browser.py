@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"

@@ -184,8 +184,9 @@ def test_admin_reads_the_dashboard_for_a_month(world, other_world, live_server_u
 
 
 def test_admin_tries_an_agent_in_the_playground(world, fake_llm, celery_worker, live_server_url):
-    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
     from playwright.sync_api import expect
+
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Support assistant",
                              system_prompt="You help customers.")
@@ -314,8 +315,9 @@ def test_admin_tests_a_provider_and_a_route_and_picks_a_listed_model(world, fake
 
 
 def test_admin_approves_a_tool_call_in_the_playground(world, fake_llm, celery_worker, live_server_url):
-    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
     from playwright.sync_api import expect
+
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Careful agent")
     bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_echo", "action": "ask"}])

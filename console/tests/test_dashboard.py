@@ -5,7 +5,7 @@ tenant's numbers."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import redis.asyncio as aioredis
@@ -42,7 +42,7 @@ def _run(world, agent, *, status="completed", reason="", cost=0, tokens=(0, 0), 
 def numbers(world, other_world):
     ours = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Ours")
     theirs = agent_with_route(tenant=other_world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Theirs")
-    day = datetime(2026, 3, 14, 12, tzinfo=timezone.utc)
+    day = datetime(2026, 3, 14, 12, tzinfo=UTC)
     _run(world, ours, cost=1_500_000, tokens=(100, 20), when=day)
     _run(world, ours, status="failed", reason="model_unavailable", cost=500_000, tokens=(10, 0), when=day,
          user=world.admin)
@@ -53,8 +53,8 @@ def numbers(world, other_world):
 
 
 def test_month_usage_counts_only_the_tenant(world, numbers):
-    usage = tenant_month_usage(tenant_id=world.tenant.pk, start=datetime(2026, 3, 1, tzinfo=timezone.utc),
-                               end=datetime(2026, 4, 1, tzinfo=timezone.utc))
+    usage = tenant_month_usage(tenant_id=world.tenant.pk, start=datetime(2026, 3, 1, tzinfo=UTC),
+                               end=datetime(2026, 4, 1, tzinfo=UTC))
     assert usage["runs"] == {"total": 3, "completed": 1, "failed": 1, "cancelled": 0, "active": 1}
     assert [(f["reason"], f["count"]) for f in usage["failures"]] == [("model_unavailable", 1)]
     assert usage["total"]["cost_usd_micros"] == 2_000_000
@@ -64,8 +64,8 @@ def test_month_usage_counts_only_the_tenant(world, numbers):
     assert [(a["name"], a["runs"], a["cost_usd_micros"]) for a in usage["agents"]] == [("Ours", 3, 2_000_000)]
     assert {u["username"]: u["cost_usd_micros"] for u in usage["users"]} == {
         world.member.username: 1_500_000, world.admin.username: 500_000}
-    empty = tenant_month_usage(tenant_id=world.tenant.pk, start=datetime(2026, 4, 1, tzinfo=timezone.utc),
-                               end=datetime(2026, 5, 1, tzinfo=timezone.utc))
+    empty = tenant_month_usage(tenant_id=world.tenant.pk, start=datetime(2026, 4, 1, tzinfo=UTC),
+                               end=datetime(2026, 5, 1, tzinfo=UTC))
     assert empty["runs"]["total"] == 0 and empty["total"]["cost_usd_micros"] == 0
 
 

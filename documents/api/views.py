@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from agent_platform.api_schema import paginated
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.pagination import PageNumberPagination
@@ -10,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agent_platform.api_errors import NotFound
+from agent_platform.api_schema import paginated
 from documents.models import Document
 from documents.selectors import document_get_for_user, document_list_for_user
 from tenants.api.mixins import TenantScopedApiView

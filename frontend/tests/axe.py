@@ -19,8 +19,9 @@ the page under test must not need a weaker policy to be tested.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 AXE_PATH = Path(__file__).resolve().parent / "vendor" / "axe.min.js"
 

@@ -109,8 +109,9 @@ def shot(page, name):
 
 
 def test_markdown_reply_code_block_copy_and_axe_on_the_chat(world, fake_llm, celery_worker, live_server_url):
-    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
     from playwright.sync_api import expect
+
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Planner")
     bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_echo", "action": "ask"}])
@@ -564,8 +565,9 @@ def test_a_message_sent_during_a_run_is_queued(world, fake_llm, celery_worker, l
 
 
 def test_a_message_sent_during_a_run_is_steered(world, fake_llm, celery_worker, live_server_url):
-    import sessions.tests.tools_for_tests  # noqa: F401  (test_sleep)
     from playwright.sync_api import expect
+
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_sleep)
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Steerable",
                              message_mode="steer", read_timeout_seconds=60)
@@ -587,8 +589,9 @@ def test_a_message_sent_during_a_run_is_steered(world, fake_llm, celery_worker, 
 
 
 def test_deny_with_a_reason(world, fake_llm, celery_worker, live_server_url):
-    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
     from playwright.sync_api import expect
+
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Asker")
     bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_echo", "action": "ask"}])
@@ -816,8 +819,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 def test_readme_screenshots(world, fake_llm, celery_worker, live_server_url):
     """docs/chat-markdown.png (Markdown + a code block) and docs/chat-tool-stop.png (a tool card
     and the Stop button during a run), from the running app."""
-    import sessions.tests.tools_for_tests  # noqa: F401
     from playwright.sync_api import expect
+
+    import sessions.tests.tools_for_tests  # noqa: F401
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Trip planner",
                              description="Plans trips", read_timeout_seconds=60)

@@ -102,8 +102,9 @@ def _chat_flow(page, expect, live_server_url, username):
 
 
 def test_a_failed_run_shows_its_error(world, fake_llm, celery_worker, live_server_url):
-    from llm.testing import Fail
     from playwright.sync_api import expect
+
+    from llm.testing import Fail
 
     agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Broken")
     fake_llm.script(Fail(500, body={"error": {"message": "boom"}}))
@@ -114,8 +115,9 @@ def test_a_failed_run_shows_its_error(world, fake_llm, celery_worker, live_serve
 
 
 def test_a_fallback_is_shown_to_the_user(world, fake_llm, second_fake_llm, celery_worker, live_server_url):
-    from llm.testing import Fail
     from playwright.sync_api import expect
+
+    from llm.testing import Fail
 
     agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url, second_fake_llm.base_url], name="Routed")
     fake_llm.script(Fail(500, body={"error": {"message": "down"}}))
@@ -129,8 +131,9 @@ def test_a_fallback_is_shown_to_the_user(world, fake_llm, second_fake_llm, celer
 
 
 def test_approve_a_tool_call_and_answer_a_question_in_the_chat(world, fake_llm, celery_worker, live_server_url):
-    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
     from playwright.sync_api import expect
+
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Careful")
     bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_echo", "action": "ask"}])
@@ -165,9 +168,9 @@ def test_approve_a_tool_call_and_answer_a_question_in_the_chat(world, fake_llm, 
 
 
 def test_approve_a_tool_call_asked_inside_a_skill(world, fake_llm, celery_worker, live_server_url):
-    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
     from playwright.sync_api import expect
 
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
     from sessions.tests.test_subruns import make_agent_sync
 
     make_agent_sync(world, fake_llm.base_url, name="Delegator",

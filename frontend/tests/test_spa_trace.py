@@ -22,8 +22,9 @@ def _needs_chromium():
 
 
 def test_member_opens_the_details_of_an_answer(world, fake_llm, second_fake_llm, celery_worker, live_server_url):
-    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
     from playwright.sync_api import expect
+
+    import sessions.tests.tools_for_tests  # noqa: F401  (test_echo)
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url, second_fake_llm.base_url],
                              name="Helper", system_prompt="SECRET-SYSTEM-PROMPT")

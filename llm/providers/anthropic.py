@@ -52,9 +52,9 @@ import anthropic
 import httpx
 import httpx2
 
-from llm.providers._clients import LoopClientCache, checked_httpx_transport
 from llm.errors import ErrorClass, ModelCallError, parse_retry_after
 from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings
+from llm.providers._clients import LoopClientCache, checked_httpx_transport
 from llm.tokens import usage_or_estimate
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
 

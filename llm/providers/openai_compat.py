@@ -255,7 +255,7 @@ class _Wire:
     timeout: httpx2.Timeout
 
 
-_wires: "weakref.WeakKeyDictionary[openai.AsyncOpenAI, _Wire]" = weakref.WeakKeyDictionary()
+_wires: weakref.WeakKeyDictionary[openai.AsyncOpenAI, _Wire] = weakref.WeakKeyDictionary()
 
 
 def _wire(client: openai.AsyncOpenAI) -> _Wire:

@@ -19,9 +19,9 @@ import anthropic
 import httpx2
 import pytest
 
+from llm.config import RouteEntryConfig
 from llm.errors import ModelCallError, StreamInterrupted
 from llm.providers import anthropic as adapter
-from llm.config import RouteEntryConfig
 from llm.records import AttemptRecord
 from llm.router import Router
 from llm.testing import CutAfter, Fail, FakeLLMServer, Hang, Reply, Stall, ToolCalls

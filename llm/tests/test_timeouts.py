@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from llm.clock import FakeClock
-from llm.errors import StreamInterrupted
 from llm.config import RouteEntryConfig
+from llm.errors import StreamInterrupted
 from llm.records import AttemptRecord
 from llm.router import Router
 from llm.testing import FakeLLMServer, Hang, Reply, Stall, ToolCalls

@@ -9,8 +9,8 @@ import re
 import pytest
 
 from llm.toolcall_parsing import (
-    ToolCallHoldback,
     TOOL_RESULTS_FOLLOW_UP,
+    ToolCallHoldback,
     messages_for_text_mode,
     mint_call_id,
     parse_tool_calls,

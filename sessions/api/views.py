@@ -6,7 +6,6 @@ from typing import Any
 
 from django.db.models import Prefetch
 from django.http import HttpResponse
-from agent_platform.api_schema import StrictCharField, paginated
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.pagination import PageNumberPagination
@@ -14,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agent_platform.api_errors import ApplicationError, NotFound
+from agent_platform.api_schema import StrictCharField, paginated
 from agents.api.views import AgentOutputSerializer
 from agents.selectors import agent_get_active
 from llm.errors import public_error_message

@@ -26,9 +26,10 @@ import contextvars
 import functools
 import json
 import threading
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Exists, F, OuterRef, Sum
@@ -37,9 +38,9 @@ from django.utils import timezone
 from agents.models import AgentInstance, CapabilityBinding
 from capabilities.registry import binding_specs
 from llm.models import ModelProvider, ModelRouteEntry
-from llm.selectors import route_entries, route_entry_config
 from llm.records import AttemptRecord
 from llm.sanitize import clean_json, clean_json_text, clean_text
+from llm.selectors import route_entries, route_entry_config
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import (
     ACTIVE_RUN_STATUSES,
@@ -55,11 +56,10 @@ from sessions.models import (
     ToolCall,
     ToolCallStatus,
 )
-from sessions.runner.spec import RunSpec
 from sessions.runner.pg import pg_connection, pipelined_transaction
+from sessions.runner.spec import RunSpec
 from tenants.models import Tenant
 from tenants.scoping import require_tenant_id, system_scope
-
 
 T = TypeVar("T")
 
@@ -185,7 +185,7 @@ class ClaimedRun:
     paused_seconds: float
 
     @classmethod
-    def of(cls, run: Run) -> "ClaimedRun":
+    def of(cls, run: Run) -> ClaimedRun:
         """The same columns from a Run row (its session's agent included)."""
         return cls(
             pk=run.pk, tenant_id=run.tenant_id, session_id=run.session_id, user_id=run.user_id,
@@ -411,11 +411,11 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
         pg = connection.connection
         with pg.pipeline():
             cursors = []
-            for (_model, sql), params in zip(_SPEC_SQL, _spec_params(run)):
+            for (_model, sql), params in zip(_SPEC_SQL, _spec_params(run), strict=False):
                 cursor = pg.cursor()
                 cursor.execute(sql, params)
                 cursors.append(cursor)
-            results = [_instances(model, cursor.fetchall()) for (model, _sql), cursor in zip(_SPEC_SQL, cursors)]
+            results = [_instances(model, cursor.fetchall()) for (model, _sql), cursor in zip(_SPEC_SQL, cursors, strict=False)]
     agents, tenants, entries, providers_found, bindings = results
     if not agents:
         raise AgentInstance.DoesNotExist(f"agent {run.agent_id} of tenant {run.tenant_id}")
@@ -479,12 +479,12 @@ class History:
     """The latest compaction's summary of everything before the cursor ("" if none)."""
     rows: list[HistoryRow]
     """The message rows behind ``messages`` (what a compaction may summarize)."""
-    compaction: "CompactionCursor | None" = None
+    compaction: CompactionCursor | None = None
     """The compaction the history starts after (pass it to the next :func:`history_load` of
     the same run until the run compacts again)."""
 
 
-def _effective_run(message: "HistoryRow") -> int:
+def _effective_run(message: HistoryRow) -> int:
     """The run a message belongs to in the conversation: a steered message joins the run it was handed to."""
     return message.effective_run
 

@@ -109,7 +109,7 @@ class CancelHub:
     subscription breaks, the hub logs it, keeps polling and subscribes again.
     """
 
-    _hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CancelHub]" = weakref.WeakKeyDictionary()
+    _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CancelHub] = weakref.WeakKeyDictionary()
 
     def __init__(self) -> None:
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
@@ -117,7 +117,7 @@ class CancelHub:
         self._subscribed = asyncio.Event()  # the current task's first subscribe attempt ended (ok or not)
 
     @classmethod
-    def for_running_loop(cls) -> "CancelHub":
+    def for_running_loop(cls) -> CancelHub:
         """The hub of the running event loop (created on first use)."""
         loop = asyncio.get_running_loop()
         hub = cls._hubs.get(loop)
@@ -175,7 +175,7 @@ class CancelHub:
         except redis.RedisError as exc:
             logger.warning("cannot read cancel requests (%s); retrying", exc)
             return
-        for run_id, value in zip(run_ids, values):
+        for run_id, value in zip(run_ids, values, strict=False):
             if value is not None:
                 self._resolve(run_id)
 

@@ -22,8 +22,9 @@ At most :data:`MAX_ATTEMPTS_PER_TURN` attempts per model turn, each keeping fewe
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from llm.errors import LLMError, public_error_message
 from llm.router import Router

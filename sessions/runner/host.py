@@ -11,8 +11,9 @@ import asyncio
 import logging
 import sys
 import threading
+from collections.abc import Coroutine
 from concurrent.futures import Future
-from typing import Any, Coroutine, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

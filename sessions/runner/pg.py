@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -147,8 +148,8 @@ class LoopPool:
             await self._close(conn)
 
 
-_pools: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPool]" = weakref.WeakKeyDictionary()
-_holders: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGenerator[None, None]]" = (
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPool] = weakref.WeakKeyDictionary()
+_holders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = (
     weakref.WeakKeyDictionary()
 )
 

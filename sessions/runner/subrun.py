@@ -104,7 +104,7 @@ class SkillTool(Tool):
             for name, tool in self.parent_toolset.tools.items()
         )
 
-    def bound_to(self, parent: RunSpec, parent_toolset: Toolset) -> "SkillTool":
+    def bound_to(self, parent: RunSpec, parent_toolset: Toolset) -> SkillTool:
         """This skill as offered inside the run ``parent`` (a sub-run) with its tools."""
         return SkillTool(skill=self.skill, exposed_name=self.spec.name, parent=parent, parent_toolset=parent_toolset)
 

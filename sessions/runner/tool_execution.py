@@ -21,8 +21,9 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from agents.models import ApprovalAction
 from capabilities.tools import ApprovalRequired, QuestionForUser, Tool, ToolContext, ToolError
@@ -107,7 +108,7 @@ async def execute_tool_calls(
                                       approval=approvals.get(call["pk"]))
 
     waiting = await asyncio.gather(*(one(c) for c in calls))
-    return [c["pk"] for c, w in zip(calls, waiting) if w]
+    return [c["pk"] for c, w in zip(calls, waiting, strict=False) if w]
 
 
 @dataclass(slots=True)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from capabilities.builtin.kind import renamed
 from capabilities.builtin.registry import builtin_create

@@ -227,7 +227,7 @@ def _spa_handlers() -> tuple[dict[str, set[str]], set[str]]:
     table = _block(body, body.index("{", table_start))
     rest = rest.replace(table, "")
     entries = re.split(r"\n\s*(\w+): \(run\) =>", table)
-    for name, code in zip(entries[1::2], entries[2::2]):
+    for name, code in zip(entries[1::2], entries[2::2], strict=False):
         fields = set(re.findall(r"\bdata\.(\w+)", code))
         for helper in re.findall(r"(\w+)\(run, data\)", code):
             fields |= _function_params_fields(helper)

@@ -106,7 +106,7 @@ async def _connected(world):
 
 async def _publish_without_fanout(session_id: int, type: str, data: dict) -> int:
     """An event that reaches the stream but whose live message pub/sub dropped."""
-    from sessions.events import session_keys, async_redis, event_body
+    from sessions.events import async_redis, event_body, session_keys
 
     payload = json.dumps(event_body(session_id=session_id, run_id=None, type=type, data=data))
     keys = session_keys(session_id)  # published on a channel nobody listens to: "dropped"
@@ -248,6 +248,7 @@ async def test_a_publish_does_not_wait_for_earlier_replies() -> None:
 
 async def test_a_failed_connect_fails_its_publishes_and_the_next_ones_go_through() -> None:
     import redis
+
     from sessions import events
 
     broken = events._Publisher("redis://127.0.0.1:9")
@@ -289,6 +290,7 @@ async def test_a_killed_connection_is_replaced_and_nothing_is_stored_twice() -> 
 
 async def test_a_publish_redis_never_answers_fails_after_the_reply_timeout(monkeypatch) -> None:
     import redis
+
     from sessions import events
 
     server = await _scripted_redis(eval_reply=None)  # answers the handshake, never a script
@@ -322,6 +324,7 @@ async def test_a_publish_made_without_waiting_comes_before_later_ones() -> None:
 
 async def test_a_failing_command_fails_alone_and_a_malformed_reply_drops_the_connection() -> None:
     import redis
+
     from sessions import events
 
     session_id = _session_id()

@@ -44,7 +44,7 @@ async def test_a_joined_listener_gets_every_later_publish_in_order_as_the_layer_
                   for i in range(3)]
         messages = [await _next(received) for _ in frames]
         assert [m["seq"] for m in messages] == [f["seq"] for f in frames]
-        for message, frame in zip(messages, frames):
+        for message, frame in zip(messages, frames, strict=False):
             assert message["type"] == "session.event" and type(message["seq"]) is int
             assert json.loads(frame_text(message["seq"], message["body"])) == frame
     finally:

@@ -192,7 +192,7 @@ async def test_a_provider_error_body_echoing_the_key_reaches_nobody(world, fake_
     for run in (member_run, admin_run):
         assert run.status == "failed"
         assert SECRET_KEY[:12] not in run.error and "Invalid credentials" not in run.error
-        [call] = await database_sync_to_async(lambda: list(LLMCall.all_tenants.filter(run_id=run.pk)))()
+        [call] = await database_sync_to_async(lambda run_id: list(LLMCall.all_tenants.filter(run_id=run_id)))(run.pk)
         assert call.error and SECRET_KEY[:12] not in call.error and "Authorization: [redacted]" in call.error
         events = await events_since(session_id=run.session_id, after_seq=0)
         assert SECRET_KEY[:12] not in str(events)

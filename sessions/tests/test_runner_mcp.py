@@ -19,8 +19,8 @@ from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route
 from capabilities.mcp.pool import mcp_pool
 from capabilities.models import McpServer
-from capabilities.tests.catalogue import time_template
 from capabilities.services import mcp_server_save
+from capabilities.tests.catalogue import time_template
 from capabilities.tests.mcp_test_server import PNG_BYTES, serve_mcp_http
 from llm.testing import Reply, ToolCalls
 from sessions.events import events_since

@@ -12,7 +12,13 @@ from django.db import connection
 from psycopg.pq import TransactionStatus
 
 from sessions.runner.pg import (
-    APPLICATION_NAME, PoolClosed, PoolTimeout, pg_connection, pg_pool, pg_pool_aclose, pipelined_transaction,
+    APPLICATION_NAME,
+    PoolClosed,
+    PoolTimeout,
+    pg_connection,
+    pg_pool,
+    pg_pool_aclose,
+    pipelined_transaction,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -36,8 +36,8 @@ from tenants.audit import (
     snapshot_changes,
 )
 from tenants.models import ApiToken, Membership
-from tenants.scoping import Scope, enter_tenant, reset_scope
 from tenants.resolution import caller_resolve
+from tenants.scoping import Scope, enter_tenant, reset_scope
 from tenants.throttling import throttles_for
 
 

@@ -15,7 +15,6 @@ invitations and the audit log.
 from __future__ import annotations
 
 from django.contrib.auth import authenticate, login, logout
-from agent_platform.api_schema import StrictCharField
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import permissions, serializers, status
 from rest_framework.authentication import CSRFCheck
@@ -26,6 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agent_platform.api_errors import ApplicationError, NotFound
+from agent_platform.api_schema import StrictCharField
 from tenants.api.mixins import IsTenantAdmin, TenantScopedApiView
 from tenants.audit import audit_context, context_for_request
 from tenants.lockout import LOCKED_OUT_MESSAGE, retry_after_seconds

@@ -86,7 +86,7 @@ def test_failed_login_of_an_unknown_user_is_recorded_without_a_tenant(lockout):
 
 
 def _rates(settings, **rates):
-    base = {key: "" for key in settings.API_THROTTLE_RATES}
+    base = dict.fromkeys(settings.API_THROTTLE_RATES, "")
     base.update({key.replace("__", "."): value for key, value in rates.items()})
     settings.API_THROTTLE_RATES = base
 

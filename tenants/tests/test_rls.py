@@ -135,7 +135,7 @@ def test_a_rollback_that_undoes_the_scope_is_noticed(world, other_world):
     with pytest.raises(ZeroDivisionError):
         with transaction.atomic(), tenant_scope(other_world.tenant.pk):
             assert _count_raw(table) == 1  # set inside the transaction…
-            1 / 0  # …and undone by its rollback
+            1 / 0  # noqa: B018 - …and undone by its rollback
     with tenant_scope(other_world.tenant.pk):
         with connection.cursor() as cursor:
             cursor.execute(f'SELECT DISTINCT tenant_id FROM "{table}"')

@@ -27,7 +27,6 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from agent_platform.local_secrets import PUBLISHED_DEV_ENCRYPTION_KEY
-
 from tenants.crypto import SecretDecryptError, data_key_rewrap, data_key_unwrappable
 from tenants.models import Tenant
 from tenants.scoping import system_scope
