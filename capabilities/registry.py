@@ -12,7 +12,10 @@ module, imported by its app's ``AppConfig.ready()``. Everything that used to swi
   (:meth:`CapabilityKind.spec_key` and :meth:`CapabilityKind.load_spec`);
 - the runner's toolset (``sessions.runner.toolset.toolset_open``) →
   :meth:`CapabilityKind.open_toolset`, wrapped by :mod:`capabilities.toolsets`
-  (approval policy, exposed names), the same for every kind.
+  (approval policy, exposed names), the same for every kind;
+- the run's start (``sessions.runner.run_context``) → :meth:`CapabilityKind.run_context`:
+  :class:`ContextBlock` s added to the run's model input after the system prompt
+  (retrieved passages, what the agent remembers about the user).
 
 A binding spec is the kind's own frozen dataclass; it has at least ``binding_id`` and
 ``approval_policy`` (the generic wrappers read them) and a ``kind`` class attribute equal to
@@ -59,6 +62,40 @@ class OpenContext:
     run: Any = None
     """The run's RunSpec (opaque here)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Per-run state a kind keeps between :meth:`CapabilityKind.open_toolset` and
+    :meth:`CapabilityKind.run_context` (the same OpenContext is passed to both); key it by the
+    kind's key."""
+    user_id: int | None = None
+    """The run's user (the member who sent the message)."""
+    agent_id: int | None = None
+    """The run's agent (``agents.AgentInstance`` id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContextBlock:
+    """Text a kind adds to a run's model input when the run starts, after the system prompt.
+
+    ``source``: the kind's key (``knowledge``, ``memory``); ``title``: a heading for the model
+    and the trace ("Passages from the knowledge base ..."); ``text``: the block's body, as the
+    model reads it; ``data``: JSON-serialisable details for clients (e.g. ``{"citations":
+    [...]}``), never sent to the model. Persisted with the run (``Run.context``), so a resumed
+    run sees the same blocks and the trace and the chat app show them.
+    """
+
+    source: str
+    title: str
+    text: str
+    data: Any = None
+
+    def as_json(self) -> dict[str, Any]:
+        """``{source, title, text, data}`` (how ``Run.context`` stores it)."""
+        return {"source": self.source, "title": self.title, "text": self.text, "data": self.data}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ContextBlock:
+        """The block :meth:`as_json` stored (missing keys: empty)."""
+        return cls(source=str(raw.get("source", "")), title=str(raw.get("title", "")),
+                   text=str(raw.get("text", "")), data=raw.get("data"))
 
 
 class CapabilityKind:
@@ -103,6 +140,23 @@ class CapabilityKind:
         """The tools of this kind's bound ``specs`` (in order) for the run ``ctx``:
         ``[(spec, KindToolset)]``; a spec whose capability is unreachable may be left out."""
         raise NotImplementedError
+
+    async def run_context(self, specs: Sequence[Any], ctx: OpenContext, query: str) -> list[ContextBlock]:
+        """Blocks to add to the model input of the run ``ctx`` when it starts (default: none).
+
+        Called by the runner once per run, at its first start (never again when the same run
+        resumes: the stored blocks are reused), after :meth:`open_toolset` with the same
+        ``ctx``, for the run's bound ``specs`` of this kind; ``query`` is the run's user
+        message. Runs in the run's event loop: ORM work goes through ``ctx.in_thread``. An
+        exception is logged and the run goes on without this kind's blocks.
+        """
+        return []
+
+    @classmethod
+    def has_run_context(cls) -> bool:
+        """Whether the kind overrides :meth:`run_context` (the runner skips the others
+        without a database round trip)."""
+        return cls.run_context is not CapabilityKind.run_context
 
 
 _KINDS: dict[str, CapabilityKind] = {}
