@@ -111,6 +111,11 @@ class Run(TenantOwnedModel):
         help_text="Edited or regenerated away (truncation): hidden from the chat, its messages removed from the "
                   "history; the row stays for usage and the console.",
     )
+    context = models.JSONField(
+        null=True, blank=True,
+        help_text="Blocks the bound capabilities added to the model input when the run started (retrieved passages, "
+                  "memories): [{source, title, text, data}]; null until the run first starts.",
+    )
     paused_at = models.DateTimeField(null=True, blank=True, help_text="When it began waiting for an approval.")
     paused_seconds = models.FloatField(default=0.0, help_text="Time spent waiting for approvals (not counted by the run timeout).")
     created_at = models.DateTimeField(auto_now_add=True)
