@@ -463,6 +463,7 @@ def _spec(run: ClaimedRun) -> RunSpec:
         steer=agent.message_mode == "steer",
         run_started_at=run.started_at.timestamp(),
         run_paused_seconds=run.paused_seconds,
+        agent_id=agent.pk,
     )
 
 

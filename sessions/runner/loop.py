@@ -30,6 +30,7 @@ from sessions.events import async_redis, event_publish, event_publish_nowait, pi
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_REASON, raise_if_cancelling, watch_for_cancel
+from sessions.runner.run_context import run_context_open
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
 from sessions.runner.toolset import CapabilityUnavailable, Toolset, toolset_open
@@ -256,13 +257,15 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
     (a subset of its parent's tools, already connected), else opened here from the run's
     bindings (and closed when the loop ends)."""
     async with contextlib.AsyncExitStack() as stack:
+        context: tuple = ()
         if toolset is None:
             toolset = await toolset_open(spec, stack, publish=publish)
+            context = await run_context_open(spec, toolset.context)
         if await _db.session_has_artifacts(spec.session_id):
             toolset.add_builtin("read_artifact")
         record = _LlmCallRecorder(spec, spec.loop_count)
         router = Router(spec.entries, record=record, health=entry_health(), on_event=publish)
-        state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=router, record=record)
+        state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=router, record=record, context=context)
         return await run_turns(state)
 
 

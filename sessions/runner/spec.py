@@ -62,6 +62,8 @@ class RunSpec:
     """Unix time the run first started."""
     run_paused_seconds: float = 0.0
     """Time spent waiting for approvals so far (not counted by the run timeout)."""
+    agent_id: int | None = None
+    """The run's agent (``AgentInstance`` id; capability kinds read it through OpenContext)."""
 
     def bindings_of(self, kind: str) -> tuple[Any, ...]:
         """The binding specs of kind ``kind`` (``"mcp_server"``, ``"cli"``, ...), in order."""

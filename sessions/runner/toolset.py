@@ -56,6 +56,9 @@ class Toolset:
     hidden: set[str] = field(default_factory=set)
     """Exposed names callable but not offered (skill tools past the depth limit: a call
     gets a clear error instead of "unknown tool")."""
+    context: OpenContext | None = None
+    """The OpenContext the kinds opened their tools with (None: the run has no bindings);
+    the run's start context (:mod:`sessions.runner.run_context`) is asked with the same one."""
 
     @property
     def specs(self) -> list[ToolSpec]:
@@ -106,8 +109,9 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack, *, publi
 
     ctx = OpenContext(
         tenant_id=spec.tenant_id, run_id=spec.run_id, tool_timeout_seconds=spec.tool_timeout_seconds, stack=stack,
-        publish=publish, in_thread=db, subrun_tool=subrun_tool, run=spec,
+        publish=publish, in_thread=db, subrun_tool=subrun_tool, run=spec, user_id=spec.user_id, agent_id=spec.agent_id,
     )
+    toolset.context = ctx
     by_kind: dict[str, list[Any]] = {}
     for binding in spec.bindings:
         by_kind.setdefault(binding.kind, []).append(binding)

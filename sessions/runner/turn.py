@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from capabilities.registry import ContextBlock
 from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted, public_error_message
 from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, ToolSpec
@@ -35,6 +36,7 @@ from sessions.runner.compaction import (
     compact,
     system_prompt_with_summary,
 )
+from sessions.runner.run_context import context_system_text
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import stream_model_turn
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
@@ -143,6 +145,8 @@ class RunState:
     prompt_tokens: int = 0
     message: ChatMessage | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
+    context: tuple[ContextBlock, ...] = ()
+    """The run's start context (:mod:`sessions.runner.run_context`): appended to the system message."""
 
     @property
     def no_compaction(self) -> bool:
@@ -151,9 +155,11 @@ class RunState:
         return self.spec.depth > 0
 
     @classmethod
-    def start(cls, *, spec: RunSpec, publish: Any, toolset: Toolset, model: Any, record: Any) -> RunState:
+    def start(cls, *, spec: RunSpec, publish: Any, toolset: Toolset, model: Any, record: Any,
+              context: tuple[ContextBlock, ...] = ()) -> RunState:
         """The state at the start (or resumption) of run ``spec``: turn ``spec.loop_count``."""
-        state = cls(spec=spec, publish=publish, toolset=toolset, model=model, record=record, turn=spec.loop_count)
+        state = cls(spec=spec, publish=publish, toolset=toolset, model=model, record=record, turn=spec.loop_count,
+                    context=context)
         state.compaction_exhausted = state.no_compaction
         return state
 
@@ -244,6 +250,8 @@ def _build_prompt(state: RunState) -> None:
     tool_specs = toolset.specs
     if any(t.untrusted for t in toolset.tools.values()):
         system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"
+    if state.context:
+        system = f"{system}\n\n{context_system_text(state.context)}"
     messages = [ChatMessage(role="system", content=system), *state.history.messages]
     if state.final_turn and tool_specs:
         messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
