@@ -258,6 +258,10 @@ class ToolCallSucceeded(SubRunFields):
     """The result text as recorded (truncated to the recorded maximum)."""
     duration_ms: int
     """How long the call took, in milliseconds."""
+    data: Any = None
+    """The tool's structured result (``ToolCall.result_data``), absent when the tool gave
+    none; e.g. ``knowledge_search``'s ``{"citations": [{n, knowledge_base_id, document_id,
+    document_title, chunk_id, position, heading, score, snippet}]}``."""
 
 
 @_payload

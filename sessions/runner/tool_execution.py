@@ -187,9 +187,11 @@ async def _execute_one(
     if not recorded:
         return False
     if result.status == ToolCallStatus.SUCCEEDED:
-        await publish("tool_call_succeeded",
-                      {"tool_call_id": pk, "name": name, "result": result.content[:MAX_RECORDED_CHARS],
-                       "duration_ms": duration_ms})
+        succeeded = {"tool_call_id": pk, "name": name, "result": result.content[:MAX_RECORDED_CHARS],
+                     "duration_ms": duration_ms}
+        if result.data is not None:
+            succeeded["data"] = result.data
+        await publish("tool_call_succeeded", succeeded)
     else:
         await publish("tool_call_failed", {"tool_call_id": pk, "name": name, "error": result.error,
                                            "status": result.status, "duration_ms": duration_ms})
