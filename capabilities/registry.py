@@ -64,7 +64,8 @@ class OpenContext:
     extra: dict[str, Any] = field(default_factory=dict)
     """Per-run state a kind keeps between :meth:`CapabilityKind.open_toolset` and
     :meth:`CapabilityKind.run_context` (the same OpenContext is passed to both); key it by the
-    kind's key."""
+    kind's key. The runner sets ``extra["run_context"]``: the run's start context (a tuple of
+    :class:`ContextBlock`), once it is made or, for a resumed run, read back."""
     user_id: int | None = None
     """The run's user (the member who sent the message)."""
     agent_id: int | None = None

@@ -50,7 +50,9 @@ async def run_context_open(spec: RunSpec, ctx: OpenContext | None) -> tuple[Cont
         return ()
     stored, query = await db(_context_load)(spec.run_id)
     if stored is not None:
-        return tuple(ContextBlock.from_json(b) for b in stored if isinstance(b, dict))
+        blocks = tuple(ContextBlock.from_json(b) for b in stored if isinstance(b, dict))
+        ctx.extra["run_context"] = blocks  # kinds may read what the run was given (e.g. citation numbers)
+        return blocks
     blocks: list[ContextBlock] = []
     for kind, specs in producers:
         try:
@@ -62,6 +64,7 @@ async def run_context_open(spec: RunSpec, ctx: OpenContext | None) -> tuple[Cont
             continue
         blocks.extend(b for b in made if isinstance(b, ContextBlock) and b.text.strip())
     await db(_context_save)(spec.run_id, [b.as_json() for b in blocks])
+    ctx.extra["run_context"] = tuple(blocks)
     return tuple(blocks)
 
 
