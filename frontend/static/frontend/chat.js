@@ -12,6 +12,7 @@
 // batched per animation frame (token streams can be fast).
 
 import { applyBrowserOperation, renderBrowserOperation } from './browser.js'; // browser capability
+import { renderCitations } from './citations.js'; // knowledge-base citations under the answer
 import { api, ApiError } from './api.js';
 import { SessionSocket } from './ws.js';
 import {
@@ -237,6 +238,7 @@ function normalizeTool(raw) {
     result: raw.result ?? null,
     error: raw.error ?? null,
     duration_ms: raw.duration_ms ?? null,
+    data: raw.data ?? raw.result_data ?? null, // structured result (citations.js reads its citations)
   };
 }
 
@@ -257,6 +259,7 @@ function upsertTool(run, raw) {
     if (incoming.result !== null) current.result = incoming.result;
     if (incoming.error !== null) current.error = incoming.error;
     if (incoming.duration_ms !== null) current.duration_ms = incoming.duration_ms;
+    if (incoming.data !== null) current.data = incoming.data;
   }
 }
 
@@ -678,6 +681,7 @@ class RunView {
       replaceChildren(this.replyBody, renderRichText(shown));
     }
     attach(this.el, this.reply, !!shown, this.pending);
+    renderCitations(this, run); // citations.js: sources under the answer, [n] markers linked
     this.replyName.textContent = this.agentName || 'Assistant';
     this.replyBody.classList.toggle('streaming', active && !!shown);
     this.stoppedChip.hidden = !cancelled;
@@ -1134,6 +1138,7 @@ export class ChatView {
       }
       for (const tool of raw.tool_calls || []) upsertTool(run, tool);
       for (const approval of raw.approvals || []) upsertApproval(run, approval);
+      if (Array.isArray(raw.context)) run.context = raw.context; // the run's start context (citations.js)
       this.dirty.add(run.id);
     }
     // Canonical order: the server's runs, then any only seen live so far. Runs the
@@ -1247,6 +1252,7 @@ export class ChatView {
           status: 'succeeded',
           result: data.result ?? '',
           duration_ms: data.duration_ms,
+          data: data.data, // e.g. knowledge_search's citations
         }),
       tool_call_failed: (run) =>
         upsertTool(run, {
