@@ -205,6 +205,9 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
         "created_at": _iso(run.created_at), "started_at": _iso(run.started_at), "finished_at": _iso(run.finished_at),
         "duration_ms": _ms_between(run.started_at, run.finished_at),
         "paused_seconds": run.paused_seconds,
+        # What bound capabilities added to the model input at the run's start (knowledge passages, memories).
+        "context": [{"source": b.get("source", ""), "title": b.get("title", ""), "text": b.get("text", ""),
+                     "data": b.get("data")} for b in (run.context or []) if isinstance(b, dict)],
     }
     if run.parent_tool_call_id:
         # tenant-bypass: the parent's tool call, in the same tenant.

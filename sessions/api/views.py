@@ -103,11 +103,15 @@ class RunSerializer(serializers.ModelSerializer):
 
 
 class RunWithToolCallsSerializer(RunSerializer):
+    """A run with its tool calls, approvals and ``context``: what its bound capabilities added
+    to the model input when it started (``[{source, title, text, data}]``, e.g. retrieved
+    passages with ``data.citations``; null before it started)."""
+
     tool_calls = ToolCallSerializer(many=True, read_only=True)
     approvals = ApprovalSerializer(many=True, read_only=True)
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "tool_calls", "approvals"]
+        fields = [*RunSerializer.Meta.fields, "tool_calls", "approvals", "context"]
 
 
 class SessionSerializer(serializers.ModelSerializer):
