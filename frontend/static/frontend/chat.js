@@ -13,6 +13,7 @@
 
 import { applyBrowserOperation, renderBrowserOperation } from './browser.js'; // browser capability
 import { renderCitations } from './citations.js'; // knowledge-base citations under the answer
+import { mountMemoryButton } from './memory.js'; // long-term memory: the header's "Memory" dialog
 import { api, ApiError } from './api.js';
 import { SessionSocket } from './ws.js';
 import {
@@ -1119,6 +1120,7 @@ export class ChatView {
       h('span', { class: 'chat-agent', text: this.agentName }),
       agent.description ? h('span', { class: 'chat-desc', text: ` · ${agent.description}` }) : null,
     );
+    mountMemoryButton(this, session); // --- memory (memory.js): the "Memory" button in the header ---
 
     const runs = Array.isArray(session.runs) ? [...session.runs] : [];
     // Oldest first (stable sort keeps server order for equal timestamps).
