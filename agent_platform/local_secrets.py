@@ -163,13 +163,16 @@ def encryption_key_problem(value: str) -> str | None:
 
 DEFAULT_APP_ROLE = "agent_platform_app"
 DEFAULT_DATABASE = "agent_platform"
+DEFAULT_PORT = int(os.environ.get("LOCAL_POSTGRES_PORT") or "5433")
+"""The platform's own local PostgreSQL 18 with pgvector (scripts/ensure_postgres.py), beside a
+system PostgreSQL on 5432."""
 
 
 def database_logins(file_values: Mapping[str, str], environ: Mapping[str, str] | None = None) -> tuple[dict, dict]:
     """The application's and the owner's PostgreSQL logins (``dj_database_url`` dicts).
 
-    - application: ``DATABASE_URL``; default ``postgres://<DATABASE_APP_ROLE>@127.0.0.1:5432/
-      agent_platform``. Without a password in it, its user being ``DATABASE_APP_ROLE``, the
+    - application: ``DATABASE_URL``; default ``postgres://<DATABASE_APP_ROLE>@127.0.0.1:5433/
+      agent_platform`` (the local cluster of scripts/ensure_postgres.py; :data:`DEFAULT_PORT`). Without a password in it, its user being ``DATABASE_APP_ROLE``, the
       password is ``DATABASE_APP_PASSWORD``.
     - owner: ``DATABASE_OWNER_URL``; default user ``postgres`` without password on the
       application's host and port. Its database is always the application's.
@@ -184,7 +187,7 @@ def database_logins(file_values: Mapping[str, str], environ: Mapping[str, str] |
     environ = os.environ if environ is None else environ
     role = (environ.get("DATABASE_APP_ROLE") or "").strip() or DEFAULT_APP_ROLE
     url = lookup("DATABASE_URL", file_values, environ)
-    app = dj_database_url.parse(url or f"postgres://{role}@127.0.0.1:5432/{DEFAULT_DATABASE}", conn_max_age=0)
+    app = dj_database_url.parse(url or f"postgres://{role}@127.0.0.1:{DEFAULT_PORT}/{DEFAULT_DATABASE}", conn_max_age=0)
     if not app.get("PASSWORD") and app.get("USER") == role:
         app["PASSWORD"] = lookup("DATABASE_APP_PASSWORD", file_values, environ)
     owner_url = lookup("DATABASE_OWNER_URL", file_values, environ)

@@ -13,7 +13,7 @@ Environment variables (all optional on a developer machine that ran scripts/boot
                    ``manage.py rotate_encryption_key``, then drop the old key.
     DATABASE_URL   postgres://… the application's login: a role held to row-level security
                    (NOSUPERUSER NOBYPASSRLS; tenants/rls.py). Default: DATABASE_APP_ROLE with
-                   DATABASE_APP_PASSWORD (environment or secrets file) on 127.0.0.1:5432,
+                   DATABASE_APP_PASSWORD (environment or secrets file) on 127.0.0.1:5433,
                    database ``agent_platform``
     DATABASE_OWNER_URL  postgres://… the login that owns the tables and runs ``migrate``,
                    ``flush`` and the test database's creation (default: user ``postgres`` on

