@@ -79,6 +79,9 @@ class RouteEntryConfig:
     ``base_url`` and ``model`` (see :attr:`health_key`)."""
     temperature: float | None = None
     """Sampling temperature sent with every request (0–2); None leaves the provider's default."""
+    supports_images: bool = False
+    """True when the model takes image input: the adapters then send a user message's
+    :attr:`~llm.types.ChatMessage.images` as image parts; False sends its text alone."""
 
     def __post_init__(self) -> None:
         self._check_shape()
@@ -112,8 +115,9 @@ class RouteEntryConfig:
             value = getattr(self, name)
             if not _non_negative_finite(value):
                 raise ValueError(f"{name} must be finite USD >= 0, got {value!r}")
-        if not isinstance(self.supports_tools, bool):
-            raise ValueError(f"supports_tools must be a bool, got {self.supports_tools!r}")
+        for name in ("supports_tools", "supports_images"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.temperature is not None and not (
             isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2
         ):

@@ -112,6 +112,11 @@ class ModelRouteEntry(TenantOwnedModel):
         help_text="Sampling temperature (0–2; Anthropic caps at 1); blank: the provider's default.",
     )
     supports_tools = models.BooleanField(default=True, help_text="Whether the model can take tools (native mode).")
+    supports_images = models.BooleanField(
+        default=False,
+        help_text="Whether the model takes image input: images attached in the chat are then sent to it "
+                  "(PNG, JPEG, GIF, WebP); otherwise it reads a text reference to each.",
+    )
     input_price_per_mtok = models.DecimalField(
         max_digits=12, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))],
         help_text="USD per million prompt tokens.",

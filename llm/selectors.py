@@ -38,6 +38,7 @@ def route_entry_config(entry: ModelRouteEntry, *, tenant: Tenant, index: int) ->
         input_price_per_mtok=float(entry.input_price_per_mtok),
         output_price_per_mtok=float(entry.output_price_per_mtok),
         supports_tools=entry.supports_tools,
+        supports_images=entry.supports_images,
         entry_key=entry_health_key(entry.pk),
         temperature=entry.temperature,
     )

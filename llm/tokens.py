@@ -27,6 +27,12 @@ TOOL_OVERHEAD_TOKENS: Final[int] = 8
 REPLY_PRIMING_TOKENS: Final[int] = 3
 """Tokens that open the assistant's reply in most chat templates."""
 
+IMAGE_TOKENS: Final[int] = 1600
+"""Assumed per image part: Anthropic's vision docs put an image at ``width × height / 750``
+tokens, about 1,600 for the largest image it takes without downscaling (~1.15 megapixels);
+OpenAI's high-detail tiling costs at most ~1,105 for the sizes it keeps. The larger of the two,
+so a route entry is never chosen for a prompt its images do not fit."""
+
 
 def estimate_text_tokens(text: str) -> int:
     """Estimated tokens of a bare string: ``ceil(len(text) / 4)``; 0 for ``""``."""
@@ -36,8 +42,8 @@ def estimate_text_tokens(text: str) -> int:
 def estimate_message_tokens(message: ChatMessage) -> int:
     """Estimated tokens of one message, framing included.
 
-    Counts the content, the tool calls' names and argument text, and the tool name / call id
-    of tool results.
+    Counts the content, the tool calls' names and argument text, the tool name / call id
+    of tool results, and :data:`IMAGE_TOKENS` per image part.
     """
     chars = len(message.content)
     for call in message.tool_calls:
@@ -46,7 +52,7 @@ def estimate_message_tokens(message: ChatMessage) -> int:
         chars += len(message.name)
     if message.tool_call_id:
         chars += len(message.tool_call_id)
-    return MESSAGE_OVERHEAD_TOKENS + math.ceil(chars / CHARS_PER_TOKEN)
+    return MESSAGE_OVERHEAD_TOKENS + math.ceil(chars / CHARS_PER_TOKEN) + IMAGE_TOKENS * len(message.images)
 
 
 def estimate_tool_tokens(tool: ToolSpec) -> int:
@@ -87,6 +93,7 @@ def estimate_completion_tokens(message: ChatMessage, *, reasoning: str = "") -> 
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "IMAGE_TOKENS",
     "estimate_completion_tokens",
     "estimate_message_tokens",
     "estimate_text_tokens",

@@ -147,7 +147,7 @@ def messages_for_text_mode(messages: Iterable[ChatMessage], tools: Sequence[Tool
             parts.extend(render_tool_call(c) for c in message.tool_calls)
             out.append(ChatMessage(role="assistant", content="\n".join(parts)))
         else:
-            out.append(ChatMessage(role=message.role, content=message.content))
+            out.append(ChatMessage(role=message.role, content=message.content, images=message.images))
     flush_results()
 
     prompt = render_tools_prompt(tools)

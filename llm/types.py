@@ -40,6 +40,36 @@ class ToolCallRequest:
         return value
 
 
+IMAGE_MIME_TYPES: frozenset[str] = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""Image types both APIs take as input (OpenAI vision and the Anthropic Messages API list the
+same four: PNG, JPEG, GIF, WebP)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An image given to the model with a user message, as both APIs take it inline.
+
+    Raises:
+        ValueError: (on construction) a ``mime_type`` outside :data:`IMAGE_MIME_TYPES` or
+            empty ``data``.
+    """
+
+    mime_type: str
+    """One of :data:`IMAGE_MIME_TYPES`."""
+    data: str = field(repr=False)
+    """The image's bytes, standard base64 (no ``data:`` prefix, no line breaks)."""
+
+    def __post_init__(self) -> None:
+        if self.mime_type not in IMAGE_MIME_TYPES:
+            raise ValueError(f"mime_type must be one of {sorted(IMAGE_MIME_TYPES)}, got {self.mime_type!r}")
+        if not self.data:
+            raise ValueError("an image part needs data")
+
+    def data_url(self) -> str:
+        """``data:<mime_type>;base64,<data>`` (RFC 2397), the form OpenAI's ``image_url`` takes."""
+        return f"data:{self.mime_type};base64,{self.data}"
+
+
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One message of the canonical (OpenAI chat) history."""
@@ -52,9 +82,23 @@ class ChatMessage:
     """Only on tool messages: the id of the call this result answers."""
     name: str | None = None
     """Only on tool messages: the tool's exposed name."""
+    images: tuple[ImagePart, ...] = ()
+    """Only on user messages: images for route entries that take them (``supports_images``).
+    ``content`` stays the whole text (with its ``[image: artifact:N …]`` reference lines), so an
+    entry without image input gets the text alone; the adapters add these parts beside it."""
 
-    def to_openai(self) -> dict[str, Any]:
-        """The OpenAI chat-completions wire dict for this message."""
+    def to_openai(self, *, with_images: bool = True) -> dict[str, Any]:
+        """The OpenAI chat-completions wire dict for this message.
+
+        Args:
+            with_images: Render :attr:`images` (when there are any) as content parts: the
+                content becomes ``[{"type": "text", "text": content}, {"type": "image_url",
+                "image_url": {"url": "data:…;base64,…"}}, …]``. False: the text alone.
+        """
+        if with_images and self.images:
+            parts: list[dict[str, Any]] = [{"type": "text", "text": self.content}] if self.content else []
+            parts.extend({"type": "image_url", "image_url": {"url": image.data_url()}} for image in self.images)
+            return {"role": self.role, "content": parts}
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
             out["tool_calls"] = [

@@ -46,8 +46,9 @@ class RouteEntrySerializer(serializers.ModelSerializer):
         model = ModelRouteEntry
         fields = [
             "id", "position", "provider", "model", "max_input_tokens", "max_output_tokens", "tool_calls",
-            "temperature", "supports_tools", "max_retries", "connect_timeout_seconds", "first_token_timeout_seconds",
-            "read_timeout_seconds", "stream_timeout_seconds", "input_price_per_mtok", "output_price_per_mtok",
+            "temperature", "supports_tools", "supports_images", "max_retries", "connect_timeout_seconds",
+            "first_token_timeout_seconds", "read_timeout_seconds", "stream_timeout_seconds", "input_price_per_mtok",
+            "output_price_per_mtok",
         ]
         read_only_fields = ["id", "position"]
 

@@ -10,7 +10,10 @@ Translation of the canonical history (:func:`build_request`):
 
 * ``system`` messages (wherever they are) → the top-level ``system`` string, joined by a
   blank line, in order.
-* ``user`` text → ``text`` blocks; assistant text → ``text`` blocks; assistant tool calls →
+* ``user`` text → ``text`` blocks; a user message's images → ``image`` blocks
+  (``source: {type: base64, media_type, data}``) before its text, as Anthropic's vision docs
+  advise, when the entry ``supports_images`` (else the text alone, with its
+  ``[image: artifact:N …]`` reference); assistant text → ``text`` blocks; assistant tool calls →
   ``tool_use`` blocks (``input`` is the parsed JSON arguments; text that is not a JSON object
   → ``{"_raw": "<text>"}``).
 * ``tool`` results → ``tool_result`` blocks (``tool_use_id``, ``content`` text) in a ``user``
@@ -222,14 +225,20 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"_raw": arguments}
 
 
-def _blocks_of(message: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
-    """``(anthropic_role, content_blocks)`` of one non-system canonical message."""
+def _blocks_of(message: ChatMessage, *, with_images: bool = False) -> tuple[str, list[dict[str, Any]]]:
+    """``(anthropic_role, content_blocks)`` of one non-system canonical message; a user
+    message's images first (``with_images``), then its text."""
     if message.role == "tool":
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id_for(message.tool_call_id or "")}
         if message.content:
             block["content"] = message.content
         return "user", [block]
     blocks: list[dict[str, Any]] = []
+    if with_images and message.role == "user":
+        blocks.extend(
+            {"type": "image", "source": {"type": "base64", "media_type": image.mime_type, "data": image.data}}
+            for image in message.images
+        )
     if message.content:
         blocks.append({"type": "text", "text": message.content})
     if message.role == "assistant":
@@ -246,11 +255,15 @@ def _blocks_of(message: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
     return "user", blocks
 
 
-def translate_messages(messages: Sequence[ChatMessage]) -> tuple[str, list[dict[str, Any]]]:
+def translate_messages(
+    messages: Sequence[ChatMessage], *, with_images: bool = False
+) -> tuple[str, list[dict[str, Any]]]:
     """The canonical history as Messages API ``(system, messages)``.
 
     Args:
         messages: Canonical (OpenAI chat shaped) history.
+        with_images: Send user messages' images as ``image`` blocks (an entry with
+            ``supports_images``); False: their text alone.
 
     Returns:
         ``(system, messages)``: the system prompts joined by ``"\\n\\n"`` (``""`` when none),
@@ -265,7 +278,7 @@ def translate_messages(messages: Sequence[ChatMessage]) -> tuple[str, list[dict[
             if message.content:
                 system_parts.append(message.content)
             continue
-        role, blocks = _blocks_of(message)
+        role, blocks = _blocks_of(message, with_images=with_images)
         if not blocks:
             continue
         if out and out[-1]["role"] == role:
@@ -330,8 +343,8 @@ def build_request(
     """The ``messages.create`` keyword arguments (= the JSON body) for one streaming call.
 
     Args:
-        entry: The route entry (model, output limit).
-        messages: Canonical history.
+        entry: The route entry (model, output limit, image input).
+        messages: Canonical history (user messages' images sent when ``entry.supports_images``).
         tools: Offered tools; sent as ``tools`` when non-empty.
         max_output_tokens: Caller's cap; the entry's ``max_output_tokens`` still applies.
 
@@ -339,7 +352,7 @@ def build_request(
         ``{"model", "max_tokens", "messages", "stream": True}`` plus ``system`` (when there
         are system prompts) and ``tools`` (and ``tool_choice``, for stub tools).
     """
-    system, translated = translate_messages(messages)
+    system, translated = translate_messages(messages, with_images=entry.supports_images)
     params: dict[str, Any] = {
         "model": entry.model,
         "max_tokens": output_limit(entry, max_output_tokens),

@@ -515,8 +515,10 @@ def build_request(
     """The ``chat.completions.create`` keyword arguments for one streaming call.
 
     Args:
-        entry: The route entry (model, output limit, tool-call mode).
-        messages: Canonical history.
+        entry: The route entry (model, output limit, tool-call mode, image input).
+        messages: Canonical history. A user message's images become ``image_url`` content
+            parts with a ``data:`` URL when ``entry.supports_images``; else the entry gets the
+            text alone (its ``[image: artifact:N …]`` reference).
         tools: Offered tools; sent as ``tools`` in native mode (only when non-empty), as a
             system-prompt section in text mode.
         max_output_tokens: Caller's cap; the entry's ``max_output_tokens`` still applies.
@@ -529,7 +531,7 @@ def build_request(
     sent = messages_for_text_mode(messages, tools) if text_mode else list(messages)
     params: dict[str, Any] = {
         "model": entry.model,
-        "messages": [m.to_openai() for m in sent],
+        "messages": [m.to_openai(with_images=entry.supports_images) for m in sent],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
