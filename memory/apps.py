@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class MemoryConfig(AppConfig):
+    name = "memory"
+    verbose_name = "Memory"
+
+    def ready(self) -> None:
+        from memory import kind as _kind  # noqa: F401 - registers the ``memory`` capability kind
