@@ -155,6 +155,7 @@ INSTALLED_APPS = [
     "documents",
     "frontend",
     "browser",
+    "knowledge",  # knowledge bases: documents, chunks (pgvector + full text), hybrid retrieval
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class KnowledgeConfig(AppConfig):
+    """Knowledge bases: documents, ingestion (parse → chunk → embed), hybrid retrieval."""
+
+    name = "knowledge"
+    verbose_name = "Knowledge"
+
+    def ready(self) -> None:
+        from knowledge import kind as _kind  # noqa: F401 - registers the ``knowledge`` capability kind

@@ -1,0 +1,334 @@
+"""Hybrid retrieval over knowledge bases: vector and full-text candidates fused with RRF.
+
+:func:`search` is the one entry point (the API's search endpoint, the console's "Test search",
+the ``knowledge`` capability kind's ``knowledge_search`` tool and its run-start retrieval):
+
+1. **Which chunks may be searched**: the given knowledge bases that are the tenant's and, for
+   a user's own knowledge base, only its owner's (``user_id``); optionally only some documents
+   and/or documents carrying any of some tags. Unknown or foreign ids are left out silently.
+2. **Vector list**: the query embedded with each knowledge base's embedding model, the
+   nearest chunks by cosine distance through the HNSW index of that dimension (pgvector;
+   ``hnsw.iterative_scan = relaxed_order`` so filters that remove most candidates still give
+   ``candidates`` rows, re-sorted here by distance).
+3. **Lexical list**: PostgreSQL full text, ``websearch_to_tsquery('english', query)`` with its
+   terms OR-ed when the query uses no operators (quotes, ``-word``, ``or``: a question's words
+   rarely all occur in one chunk), ranked by ``ts_rank``, through the GIN index.
+4. **Rewritten query** (optional, ``rewrite``): a callable returning another phrasing of the
+   query (e.g. the run's chat model asked for keywords or a hypothetical answer); its vector
+   list is a third list.
+5. **Fusion**: Reciprocal Rank Fusion, ``score(d) = Σ_lists 1 / (60 + rank_list(d))`` with
+   ranks from 1 (Cormack, Clarke & Büttcher, "Reciprocal Rank Fusion outperforms Condorcet
+   and individual Rank Learning Methods", SIGIR 2009; k = 60 as there).
+6. **Rerank** (optional, ``rerank``): a callable scoring ``(query, passages)``; the fused top
+   ``rerank_candidates`` are re-ordered by its scores (:mod:`knowledge.rerank` has an
+   LLM-as-reranker over a model route).
+
+Row-level security: the vector query runs under the tenant's policy like every query. The
+lexical query goes through ``knowledge_lexical_candidates`` (migration 0001), a ``SECURITY
+DEFINER`` SQL function that applies the same tenant predicate (``tenants.rls.
+policy_expression``) itself: under a policy, PostgreSQL only uses an index for a *leakproof*
+operator, and the full-text ``@@`` (``ts_match_vq``) is not, so the GIN index would never be
+used by the application's role. The function reads only ``knowledge_chunk`` and filters it by
+the connection's ``app.tenant_ids`` / ``app.all_tenants`` exactly as the policy does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from django.db import connection, transaction
+
+from knowledge.models import INDEXED_DIMENSIONS, TEXT_SEARCH_CONFIG, Document, KnowledgeBase
+from knowledge.selectors import knowledge_base_visible
+from tenants.scoping import tenant_scope
+
+RRF_K = 60
+"""The constant of Reciprocal Rank Fusion (Cormack et al. 2009)."""
+MAX_QUERY_CHARS = 2_000
+MAX_TOP_K = 50
+DEFAULT_CANDIDATES = 40
+"""Candidates per list: enough that a chunk ranked low by one list and high by the other still
+enters the fusion, few enough that each list costs a few milliseconds."""
+HNSW_EF_SEARCH = 80
+"""``hnsw.ef_search`` for the vector list (pgvector's default is 40; twice that keeps recall
+near the exact scan for ``candidates`` ≤ 40)."""
+
+Rewriter = Callable[[str], "str | None"]
+"""``rewrite(query) -> another phrasing`` (None or '' for none). Sync; may call a model."""
+Reranker = Callable[[str, Sequence[str]], Sequence[float]]
+"""``rerank(query, passages) -> one score per passage`` (higher is more relevant). Sync."""
+
+
+class SearchError(ValueError):
+    """The search's arguments are invalid (a message for the caller), or embedding the query
+    failed (``code`` ``embedding_failed``)."""
+
+    def __init__(self, message: str, *, code: str = "invalid_arguments") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One retrieved chunk."""
+
+    knowledge_base_id: int
+    document_id: int
+    document_title: str
+    chunk_id: int
+    position: int
+    """The chunk's 0-based order in its document."""
+    heading: str
+    """The heading path above the chunk (``A > B``), '' if none."""
+    text: str
+    score: float
+    """What the hits are ordered by: the rerank score when reranked, else the RRF score."""
+    rrf_score: float = 0.0
+    """Σ 1/(60 + rank) over the lists that found the chunk."""
+    vector_rank: int | None = None
+    """1-based rank in the vector list (None: not in it)."""
+    lexical_rank: int | None = None
+    """1-based rank in the full-text list (None: not in it)."""
+    rewrite_rank: int | None = None
+    """1-based rank in the rewritten query's vector list (None: not in it or no rewrite)."""
+    rerank_score: float | None = None
+    vector_distance: float | None = None
+    """Cosine distance (0 … 2) of the chunk to the query, when in the vector list."""
+
+
+@dataclass(slots=True)
+class _Candidate:
+    ranks: dict[str, int] = field(default_factory=dict)
+    distance: float | None = None
+
+
+def rrf_fuse(lists: dict[str, Sequence[int]], *, k: int = RRF_K) -> list[tuple[int, float, dict[str, int]]]:
+    """Reciprocal Rank Fusion of ranked id lists: ``[(id, Σ 1/(k + rank), {list: rank})]``,
+    best first (ties: the id found first in the lists' order, then the smaller id)."""
+    scores: dict[int, float] = defaultdict(float)
+    ranks: dict[int, dict[str, int]] = defaultdict(dict)
+    for name, ids in lists.items():
+        for rank, item in enumerate(ids, start=1):
+            if name in ranks[item]:
+                continue
+            scores[item] += 1.0 / (k + rank)
+            ranks[item][name] = rank
+    return sorted(((i, s, ranks[i]) for i, s in scores.items()), key=lambda t: (-t[1], min(t[2].values()), t[0]))
+
+
+def _vector_literal(vector: Sequence[float]) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+
+
+def _lexical_strict(query: str) -> bool:
+    """True when the query uses websearch syntax (quotes, ``-word``, ``or``): keep its AND."""
+    return bool(re.search(r'"|(^|\s)-\w|\bor\b', query, re.IGNORECASE))
+
+
+def vector_sql(dimensions: int, *, with_documents: bool) -> str:
+    """The vector list's SQL for ``dimensions``: the partial HNSW index's expression and
+    predicate (``embedding::vector(N)``, ``dimensions = N``) as literals, so the planner can
+    match the index even for a generic plan. Parameters: query vector, tenant id, knowledge base
+    ids, [document ids], limit."""
+    dims = int(dimensions)
+    expr = f"embedding::vector({dims})" if dims in INDEXED_DIMENSIONS else "embedding"
+    cast = f"::vector({dims})"
+    documents = " AND document_id = ANY(%(documents)s::bigint[])" if with_documents else ""
+    return (f"SELECT id, {expr} <=> %(vector)s{cast} AS distance FROM knowledge_chunk "
+            f"WHERE dimensions = {dims} AND tenant_id = %(tenant)s AND knowledge_base_id = ANY(%(kbs)s::bigint[])"
+            f"{documents} ORDER BY {expr} <=> %(vector)s{cast} LIMIT %(limit)s")
+
+
+def lexical_sql() -> str:
+    """The lexical list's SQL (through ``knowledge_lexical_candidates``; see the module
+    docstring). Parameters: query, knowledge base ids, document ids or NULL, limit, strict."""
+    return ("SELECT id, rank FROM knowledge_lexical_candidates(%(query)s, %(kbs)s::bigint[], "
+            "%(documents)s::bigint[], %(limit)s, %(strict)s)")
+
+
+def _validate(query: str, top_k: int, knowledge_base_ids: Sequence[int]) -> str:
+    if not isinstance(query, str) or not query.strip():
+        raise SearchError("The query is empty.")
+    if len(query) > MAX_QUERY_CHARS:
+        raise SearchError(f"The query is {len(query):,} characters; at most {MAX_QUERY_CHARS:,}.")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise SearchError(f"top_k must be an integer from 1 to {MAX_TOP_K}.")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in knowledge_base_ids):
+        raise SearchError("knowledge_base_ids must be integers.")
+    return query.strip()
+
+
+def _embed_queries(kb: KnowledgeBase, texts: list[str]) -> list[list[float]]:
+    from llm.embeddings import EmbeddingError, embed_texts
+
+    try:
+        vectors = embed_texts(kb.embedding_provider, kb.embedding_model, texts)
+    except EmbeddingError as exc:
+        raise SearchError(f"Embedding the query failed ({kb.embedding_model}): {exc}", code="embedding_failed") from exc
+    if len(vectors) != len(texts) or any(len(v) != kb.dimensions for v in vectors):
+        raise SearchError(f"The embedding model returned vectors of the wrong size (expected {kb.dimensions}).",
+                          code="embedding_failed")
+    return [list(v) for v in vectors]
+
+
+def _vector_list(cursor, vector: list[float], *, tenant_id: int, kb_ids: list[int], dimensions: int,
+                 document_ids: list[int] | None, limit: int) -> list[tuple[int, float]]:
+    cursor.execute(vector_sql(dimensions, with_documents=document_ids is not None),
+                   {"vector": _vector_literal(vector), "tenant": tenant_id, "kbs": kb_ids,
+                    "documents": document_ids, "limit": limit})
+    rows = [(int(i), float(d)) for i, d in cursor.fetchall()]
+    rows.sort(key=lambda r: (r[1], r[0]))  # relaxed_order: nearly sorted; make it exact
+    return rows
+
+
+def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, user_id: int | None = None,
+           top_k: int = 5, document_ids: Sequence[int] | None = None, tags: Sequence[str] | None = None,
+           rewrite: Rewriter | None = None, rerank: Reranker | None = None,
+           candidates: int = DEFAULT_CANDIDATES, rerank_candidates: int = 20,
+           lists: Sequence[str] = ("vector", "lexical")) -> list[Hit]:
+    """Search knowledge bases (see the module docstring for the method).
+
+    Args:
+        tenant_id: The tenant; the search runs in its scope (entered here).
+        knowledge_base_ids: Knowledge bases to search; the tenant's only, a user's own only
+            for ``user_id``; others are ignored.
+        query: 1–2,000 characters.
+        user_id: The searching user (None: tenant-wide knowledge bases only).
+        top_k: Hits to return, 1–50.
+        document_ids: Only these documents (None: all).
+        tags: Only documents carrying at least one of these tags (None or empty: all).
+        rewrite: Optional query rewriter; its vector list joins the fusion.
+        rerank: Optional reranker applied to the fused top ``rerank_candidates``.
+        candidates: Per-list candidates (≥ top_k; default 40).
+        rerank_candidates: How many fused hits the reranker sees (≥ top_k).
+        lists: Which base lists to use, ``vector`` and/or ``lexical`` (the benchmark compares
+            them alone; callers keep the default).
+
+    Returns:
+        Up to ``top_k`` hits, best first. [] when no knowledge base is searchable.
+
+    Raises:
+        SearchError: invalid arguments (``invalid_arguments``) or the query could not be
+            embedded (``embedding_failed``). A failing rewriter or reranker raises what it raises.
+
+    Blocking (ORM + SQL + one embedding request per embedding model); from async code use
+    :func:`asearch`.
+    """
+    query = _validate(query, top_k, knowledge_base_ids)
+    candidates = max(int(candidates), top_k)
+    with tenant_scope(tenant_id):
+        kbs = list(KnowledgeBase.objects.filter(knowledge_base_visible(user_id=user_id), pk__in=list(knowledge_base_ids))
+                   .select_related("embedding_provider"))
+        if not kbs:
+            return []
+        doc_filter = _document_filter([kb.pk for kb in kbs], document_ids, tags)
+        if doc_filter is not None and not doc_filter:
+            return []
+        rewritten = (rewrite(query) or "").strip() if rewrite is not None else ""
+        ranked: dict[str, list[int]] = {}
+        distances: dict[int, float] = {}
+        with transaction.atomic(), connection.cursor() as cursor:
+            if "vector" in lists or rewritten:
+                cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                cursor.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, candidates)}")
+            # One vector list per embedding model (distances of different models do not compare).
+            for number, group in enumerate(_embedding_groups(kbs)):
+                texts = [query] + ([rewritten[:MAX_QUERY_CHARS]] if rewritten else [])
+                vectors = _embed_queries(group[0], texts) if ("vector" in lists or rewritten) else []
+                kb_ids = [kb.pk for kb in group]
+                if "vector" in lists:
+                    rows = _vector_list(cursor, vectors[0], tenant_id=tenant_id, kb_ids=kb_ids,
+                                        dimensions=group[0].dimensions, document_ids=doc_filter, limit=candidates)
+                    ranked[f"vector.{number}"] = [i for i, _ in rows]
+                    distances.update(rows)
+                if rewritten:
+                    rows = _vector_list(cursor, vectors[1], tenant_id=tenant_id, kb_ids=kb_ids,
+                                        dimensions=group[0].dimensions, document_ids=doc_filter, limit=candidates)
+                    ranked[f"rewrite.{number}"] = [i for i, _ in rows]
+            if "lexical" in lists:
+                cursor.execute(lexical_sql(), {"query": query, "kbs": [kb.pk for kb in kbs], "documents": doc_filter,
+                                               "limit": candidates, "strict": _lexical_strict(query)})
+                ranked["lexical"] = [int(i) for i, _ in cursor.fetchall()]
+        fused = rrf_fuse(ranked)
+        keep = max(top_k, rerank_candidates) if rerank is not None else top_k
+        hits = _hits(fused[:keep], distances)
+        if rerank is not None and hits:
+            scores = list(rerank(query, [_passage(h) for h in hits]))
+            if len(scores) != len(hits):
+                raise SearchError(f"The reranker returned {len(scores)} scores for {len(hits)} passages.",
+                                  code="rerank_failed")
+            hits = [replace(h, score=float(s), rerank_score=float(s)) for h, s in zip(hits, scores, strict=True)]
+            hits.sort(key=lambda h: (-h.score, -h.rrf_score))
+        return hits[:top_k]
+
+
+def _passage(hit: Hit) -> str:
+    return f"{hit.document_title} > {hit.heading}\n{hit.text}" if hit.heading else f"{hit.document_title}\n{hit.text}"
+
+
+def _embedding_groups(kbs: list[KnowledgeBase]) -> list[list[KnowledgeBase]]:
+    groups: dict[tuple[int, str, int], list[KnowledgeBase]] = defaultdict(list)
+    for kb in kbs:
+        groups[(kb.embedding_provider_id, kb.embedding_model, kb.dimensions)].append(kb)
+    return list(groups.values())
+
+
+def _document_filter(kb_ids: list[int], document_ids: Sequence[int] | None,
+                     tags: Sequence[str] | None) -> list[int] | None:
+    """Document ids the search is limited to, or None for every document of the knowledge bases."""
+    if document_ids is None and not tags:
+        return None
+    qs = Document.objects.filter(knowledge_base_id__in=kb_ids)
+    if document_ids is not None:
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in document_ids):
+            raise SearchError("document_ids must be integers.")
+        qs = qs.filter(pk__in=list(document_ids))
+    if tags:
+        if not all(isinstance(t, str) for t in tags):
+            raise SearchError("tags must be strings.")
+        qs = qs.filter(tags__overlap=list(tags))
+    return list(qs.values_list("pk", flat=True))
+
+
+def _best(ranks: dict[str, int], prefix: str) -> int | None:
+    found = [rank for name, rank in ranks.items() if name.startswith(prefix)]
+    return min(found) if found else None
+
+
+def _hits(fused: list[tuple[int, float, dict[str, int]]], distances: dict[int, float]) -> list[Hit]:
+    if not fused:
+        return []
+    from knowledge.models import Chunk
+
+    rows = {c.pk: c for c in Chunk.objects.filter(pk__in=[i for i, _, _ in fused]).select_related("document")
+            .only("pk", "knowledge_base_id", "document_id", "position", "heading", "text", "document__title")}
+    hits = []
+    for chunk_id, score, ranks in fused:
+        chunk = rows.get(chunk_id)
+        if chunk is None:  # replaced by a re-ingestion between the lists and now
+            continue
+        hits.append(Hit(
+            knowledge_base_id=chunk.knowledge_base_id, document_id=chunk.document_id,
+            document_title=chunk.document.title, chunk_id=chunk.pk, position=chunk.position, heading=chunk.heading,
+            text=chunk.text, score=score, rrf_score=score, vector_rank=_best(ranks, "vector."),
+            lexical_rank=ranks.get("lexical"), rewrite_rank=_best(ranks, "rewrite."),
+            vector_distance=distances.get(chunk_id),
+        ))
+    return hits
+
+
+async def asearch(**kwargs) -> list[Hit]:
+    """:func:`search` from async code: run on a thread with the caller's context
+    (``asgiref.sync.sync_to_async``, thread-sensitive off so a run's loop is not serialised
+    behind Django's main thread). Same arguments; the callables are called on that thread."""
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(search, thread_sensitive=False)(**kwargs)
+
+
+__all__ = ["DEFAULT_CANDIDATES", "RRF_K", "Hit", "Reranker", "Rewriter", "SearchError", "asearch", "lexical_sql",
+           "rrf_fuse", "search", "vector_sql", "TEXT_SEARCH_CONFIG"]

@@ -1,0 +1,61 @@
+"""Reads of knowledge bases, documents and chunks. All need a tenant scope (the scoped
+managers fail closed).
+
+Who sees what: a member sees the tenant's tenant-wide knowledge bases (``owner`` null) and
+their own (``owner`` = them); never another user's own, whatever their role (an admin
+manages tenant-wide knowledge bases, not members' uploads). Missing, foreign-tenant and
+other users' objects are the same None (the API answers 404 alike).
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from knowledge.models import Chunk, Document, KnowledgeBase
+
+
+def knowledge_base_visible(*, user_id: int | None) -> Q:
+    """The ``Q`` on KnowledgeBase of what ``user_id`` may read: tenant-wide ones and their own
+    (``user_id`` None: tenant-wide ones only)."""
+    if user_id is None:
+        return Q(owner__isnull=True)
+    return Q(owner__isnull=True) | Q(owner_id=user_id)
+
+
+def knowledge_base_list_for_user(*, user_id: int | None) -> QuerySet[KnowledgeBase]:
+    """The knowledge bases ``user_id`` may read in the current tenant, by name."""
+    return KnowledgeBase.objects.filter(knowledge_base_visible(user_id=user_id)).order_by("name", "id")
+
+
+def knowledge_base_get_for_user(*, knowledge_base_id: int, user_id: int | None) -> KnowledgeBase | None:
+    """The knowledge base if ``user_id`` may read it in the current tenant, else None."""
+    return KnowledgeBase.objects.filter(knowledge_base_visible(user_id=user_id), pk=knowledge_base_id).first()
+
+
+def knowledge_base_may_write(*, knowledge_base: KnowledgeBase, user_id: int, is_admin: bool) -> bool:
+    """True if the user may change the knowledge base and its documents: its owner for a
+    user's own, a tenant owner/admin for a tenant-wide one."""
+    if knowledge_base.owner_id is not None:
+        return knowledge_base.owner_id == user_id
+    return is_admin
+
+
+def document_list(*, knowledge_base_id: int, status: str | None = None) -> QuerySet[Document]:
+    """The knowledge base's documents (source bytes deferred), most recently updated first."""
+    qs = Document.objects.filter(knowledge_base_id=knowledge_base_id).defer("content")
+    if status:
+        qs = qs.filter(status=status)
+    return qs.order_by("-updated_at", "-id")
+
+
+def document_get(*, knowledge_base_id: int, document_id: int) -> Document | None:
+    """The document of that knowledge base in the current tenant (source bytes deferred), else None."""
+    return Document.objects.filter(knowledge_base_id=knowledge_base_id, pk=document_id).defer("content").first()
+
+
+def chunk_get_for_user(*, chunk_id: int, user_id: int | None) -> Chunk | None:
+    """The chunk (with its document's title) if its knowledge base is one ``user_id`` may read
+    in the current tenant, else None. The embedding is deferred."""
+    visible = KnowledgeBase.objects.filter(knowledge_base_visible(user_id=user_id)).values("pk")
+    return (Chunk.objects.filter(pk=chunk_id, knowledge_base_id__in=visible)
+            .select_related("document").defer("embedding", "document__content").first())
