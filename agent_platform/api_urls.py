@@ -8,5 +8,6 @@ urlpatterns = [
     path("", include("sessions.api.urls")),
     path("", include("documents.api.urls")),
     path("", include("browser.api.urls")),
+    path("", include("knowledge.api.urls")),
     path("", include("console.api_urls")),  # the run trace for the run's user
 ]
