@@ -24,6 +24,7 @@ Environment variables (all optional on a developer machine that ran scripts/boot
     DEBUG          "0" (default) or "1"
     ALLOWED_HOSTS  comma-separated (default "127.0.0.1,localhost")
     LLM_BASE_URL   where the embedded model answers (default http://127.0.0.1:8081/v1)
+    EMBEDDINGS_BASE_URL  where the embedded embedding model answers (default http://127.0.0.1:8082/v1)
     TLS deployment: SESSION_COOKIE_SECURE, CSRF_COOKIE_SECURE, SECURE_SSL_REDIRECT,
                    SECURE_HSTS_SECONDS (+ SECURE_HSTS_INCLUDE_SUBDOMAINS, SECURE_HSTS_PRELOAD),
                    SECURE_PROXY_SSL_HEADER ("HTTP_X_FORWARDED_PROTO,https"; opt-in), and
@@ -445,6 +446,9 @@ APPROVAL_TTL_SECONDS = float(os.environ.get("APPROVAL_TTL_SECONDS", str(24 * 360
 # The embedded local model (scripts/llm_server.py) that the demo route points at.
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")
 LLM_MODEL_NAME = os.environ.get("LLM_MODEL_NAME", "qwen2.5-coder-0.5b-instruct")
+# The embedded embedding model (all-MiniLM-L6-v2; scripts/llm_server.py with LLM_ROLE=embeddings)
+# that each tenant's "Embedded embedder" provider points at (llm.embeddings).
+EMBEDDINGS_BASE_URL = os.environ.get("EMBEDDINGS_BASE_URL", "http://127.0.0.1:8082/v1")
 
 # Outbound connections made on a tenant's behalf (model providers: chat and route test; remote
 # MCP servers: streamable HTTP, SSE) follow the web_fetch address rules (capabilities/netsafe.py:
@@ -452,7 +456,8 @@ LLM_MODEL_NAME = os.environ.get("LLM_MODEL_NAME", "qwen2.5-coder-0.5b-instruct")
 # and at every connect. Operators allow internal hosts here:
 # OUTBOUND_ALLOWED_CIDRS  comma-separated networks allowed although not public (default none);
 # OUTBOUND_ALLOWED_HOSTS  comma-separated host:port reached whatever they resolve to (default:
-#                         LLM_BASE_URL's host:port, so the demo route reaches the embedded model).
+#                         LLM_BASE_URL's and EMBEDDINGS_BASE_URL's host:port, so the demo route
+#                         and the embedded embedder reach the embedded models).
 # Cloud metadata addresses stay blocked always. An invalid network fails at startup.
 OUTBOUND_ALLOWED_CIDRS: list[str] = [
     str(ipaddress.ip_network(c.strip(), strict=False))
@@ -463,12 +468,16 @@ OUTBOUND_ALLOWED_CIDRS: list[str] = [
 def _default_outbound_hosts() -> str:
     from urllib.parse import urlsplit
 
-    parts = urlsplit(LLM_BASE_URL)
-    if not parts.hostname:
-        return ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{port}"
+    hosts: list[str] = []
+    for url in (LLM_BASE_URL, EMBEDDINGS_BASE_URL):
+        parts = urlsplit(url)
+        if not parts.hostname:
+            continue
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        if f"{host}:{port}" not in hosts:
+            hosts.append(f"{host}:{port}")
+    return ",".join(hosts)
 
 
 OUTBOUND_ALLOWED_HOSTS: list[str] = [

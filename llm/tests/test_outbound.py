@@ -73,15 +73,18 @@ async def test_an_operator_allowed_host_port_is_reached(settings, transport, ser
     assert text_of(await collect(Router([entry(0, server_a.base_url)]))) == "hello"
 
 
-def test_the_default_allows_the_embedded_models_host_only(monkeypatch):
+def test_the_default_allows_the_embedded_models_hosts_only(monkeypatch):
     import os
 
     from agent_platform import settings as base
 
     monkeypatch.setattr(base, "LLM_BASE_URL", "http://127.0.0.1:8081/v1")
-    assert base._default_outbound_hosts() == "127.0.0.1:8081"  # noqa: SLF001 - the embedded model
+    monkeypatch.setattr(base, "EMBEDDINGS_BASE_URL", "http://127.0.0.1:8082/v1")
+    # The embedded chat model and the embedded embedder.
+    assert base._default_outbound_hosts() == "127.0.0.1:8081,127.0.0.1:8082"  # noqa: SLF001
     monkeypatch.setattr(base, "LLM_BASE_URL", "https://[::1]/v1")
-    assert base._default_outbound_hosts() == "[::1]:443"  # noqa: SLF001
+    monkeypatch.setattr(base, "EMBEDDINGS_BASE_URL", "https://[::1]:443/v1")
+    assert base._default_outbound_hosts() == "[::1]:443"  # noqa: SLF001 - listed once
     if "OUTBOUND_ALLOWED_CIDRS" not in os.environ:
         assert base.OUTBOUND_ALLOWED_CIDRS == []
 
