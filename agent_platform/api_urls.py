@@ -8,6 +8,7 @@ urlpatterns = [
     path("", include("sessions.api.urls")),
     path("", include("documents.api.urls")),
     path("", include("browser.api.urls")),
+    path("", include("memory.api.urls")),
     path("", include("knowledge.api.urls")),
     path("", include("console.api_urls")),  # the run trace for the run's user
 ]

@@ -157,6 +157,7 @@ INSTALLED_APPS = [
     "frontend",
     "browser",
     "knowledge",  # knowledge bases: documents, chunks (pgvector + full text), hybrid retrieval
+    "memory",  # long-term memory per user and agent (the memory capability kind)
 ]
 
 MIDDLEWARE = [
@@ -377,6 +378,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BEAT_SCHEDULE = {
     "runs-sweep": {"task": "sessions.runs_sweep", "schedule": float(os.environ.get("RUN_SWEEP_INTERVAL_SECONDS", "15"))},
+    # Long-term memory: extract idle sessions' new messages; delete memories past their retention.
+    "memory-extract-due": {"task": "memory.extract_due",
+                           "schedule": float(os.environ.get("MEMORY_EXTRACT_SCAN_SECONDS", "60"))},
+    "memory-expire": {"task": "memory.expire", "schedule": 3600.0},
 }
 
 # The worker's run host (sessions/runner/host.py): its event loop ("uvloop" or "asyncio") and
