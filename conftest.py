@@ -26,6 +26,8 @@ from tenants.models import Membership, Role, Tenant
 from tenants.scoping import outside_scope, system_scope
 from tenants.services import api_token_create, membership_create, tenant_create
 
+pytest_plugins = ["llm.testing_embeddings"]  # embedding_server: the real embedded embedding model
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _clean_test_redis_keys() -> None:

@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
-"""Run the embedded model's OpenAI-compatible server (llama-cpp-python).
+"""Run an embedded model's OpenAI-compatible server (llama-cpp-python).
+
+Two roles, one model per server process (a llama_cpp.server holds one model; serving both
+from one process would reload models back and forth):
+
+* ``LLM_ROLE=chat`` (default): the chat model (Qwen2.5-Coder-0.5B-Instruct), ``/v1/chat/completions``;
+* ``LLM_ROLE=embeddings``: the embedding model (all-MiniLM-L6-v2, GGUF made by
+  ``scripts/setup_embedder.py``), ``/v1/embeddings``, on 127.0.0.1:8082.
 
 Start the server (replaces this process with ``python -m llama_cpp.server``)::
 
-    python scripts/llm_server.py                     # 127.0.0.1:8081, /v1/...
+    python scripts/llm_server.py                     # chat, 127.0.0.1:8081, /v1/...
+    LLM_ROLE=embeddings python scripts/llm_server.py # embeddings, 127.0.0.1:8082, /v1/...
     LLM_HOST=0.0.0.0 python scripts/llm_server.py    # e.g. in docker-compose
     python scripts/llm_server.py -- --verbose False  # extra llama_cpp.server flags
 
@@ -17,6 +25,7 @@ If the model file is missing it is first produced by ``scripts/setup_model.py``
 
 Environment (all optional; default in brackets):
 
+* ``LLM_ROLE``: ``chat`` or ``embeddings`` [chat]
 * ``LLM_HOST``: listen address [127.0.0.1]
 * ``LLM_PORT``: listen port [8081]
 * ``LLM_MODEL_PATH``: the GGUF file, relative paths from the repository root
@@ -27,6 +36,19 @@ Environment (all optional; default in brackets):
 * ``LLM_N_THREADS``: CPU threads for generation and prompt processing [usable CPUs]
 * ``LLM_API_KEY``: if set, clients must send it as a Bearer token [none]
 * ``LLM_VERBOSE``: llama.cpp load and per-request timing logs on stderr [true]
+
+With ``LLM_ROLE=embeddings`` these replace the chat model's (``LLM_HOST``, ``LLM_N_THREADS``,
+``LLM_API_KEY`` and ``LLM_VERBOSE`` apply to both roles):
+
+* ``EMBEDDINGS_HOST``: listen address [``LLM_HOST``, else 127.0.0.1]
+* ``EMBEDDINGS_PORT``: listen port [8082]
+* ``EMBEDDINGS_MODEL_PATH``: the GGUF file [var/models/all-minilm-l6-v2.gguf]
+* ``EMBEDDINGS_MODEL_ALIAS``: the model id [all-minilm-l6-v2]
+
+The embeddings server runs with ``--embedding True`` and ``--n_ctx 512`` (the model's 512
+positions; also ``n_batch``: the tokens llama.cpp encodes in one pass, several short texts
+packed together). A text longer than 512 tokens is cut to its first 512 by llama-cpp-python.
+Its vectors are mean-pooled and not normalised (``llm.embeddings`` normalises them).
 
 Flags that matter and why they are set (``python -m llama_cpp.server --help``):
 
@@ -76,10 +98,48 @@ def _load_setup_model():
 
 setup_model = _load_setup_model()
 
+
+def _load_setup_embedder():
+    """The sibling script scripts/setup_embedder.py, loaded by file path."""
+    if "setup_embedder" in sys.modules:
+        return sys.modules["setup_embedder"]
+    path = Path(__file__).resolve().with_name("setup_embedder.py")
+    spec = importlib.util.spec_from_file_location("setup_embedder", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["setup_embedder"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+setup_embedder = _load_setup_embedder()
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8081
 DEFAULT_ALIAS = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_N_CTX = 8192
+ROLES = ("chat", "embeddings")
+EMBEDDINGS_DEFAULT_PORT = 8082
+EMBEDDINGS_N_CTX = setup_embedder.CONTEXT_LENGTH
+
+
+def server_role() -> str:
+    """``$LLM_ROLE`` (``chat`` or ``embeddings``; default chat). Raises ValueError otherwise."""
+    role = (os.environ.get("LLM_ROLE") or "chat").strip().lower()
+    if role not in ROLES:
+        raise ValueError(f"LLM_ROLE must be one of {', '.join(ROLES)}, got {role!r}")
+    return role
+
+
+def role_model_path(role: str) -> Path:
+    """The GGUF file the role serves (from its setup script's default / environment)."""
+    return setup_embedder.default_model_path() if role == "embeddings" else setup_model.default_model_path()
+
+
+def ensure_role_model(role: str, model_path: Path) -> Path:
+    """Produce the role's model with its setup script. Raises the script's SetupError."""
+    if role == "embeddings":
+        return setup_embedder.ensure_embedder(model_path)
+    return setup_model.ensure_model(model_path)
 
 
 def usable_cpus() -> int:
@@ -96,16 +156,30 @@ def _env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-def server_command(model_path: Path, extra_args: list[str] | None = None) -> list[str]:
-    """The argv that starts llama_cpp.server with this environment's settings."""
+def server_command(model_path: Path, extra_args: list[str] | None = None, *, role: str = "chat") -> list[str]:
+    """The argv that starts llama_cpp.server for ``role`` with this environment's settings."""
     threads = os.environ.get("LLM_N_THREADS") or str(usable_cpus())
+    host = os.environ.get("LLM_HOST") or DEFAULT_HOST
+    if role == "embeddings":
+        served = [
+            "--model_alias", os.environ.get("EMBEDDINGS_MODEL_ALIAS") or setup_embedder.MODEL_ALIAS,
+            "--host", os.environ.get("EMBEDDINGS_HOST") or host,
+            "--port", str(os.environ.get("EMBEDDINGS_PORT") or EMBEDDINGS_DEFAULT_PORT),
+            "--embedding", "True",
+            "--n_ctx", str(EMBEDDINGS_N_CTX),
+            "--n_batch", str(EMBEDDINGS_N_CTX),
+        ]  # fmt: skip
+    else:
+        served = [
+            "--model_alias", os.environ.get("LLM_MODEL_ALIAS") or DEFAULT_ALIAS,
+            "--host", host,
+            "--port", str(os.environ.get("LLM_PORT") or DEFAULT_PORT),
+            "--n_ctx", str(os.environ.get("LLM_N_CTX") or DEFAULT_N_CTX),
+        ]  # fmt: skip
     cmd = [
         sys.executable, "-m", "llama_cpp.server",
         "--model", str(model_path),
-        "--model_alias", os.environ.get("LLM_MODEL_ALIAS") or DEFAULT_ALIAS,
-        "--host", os.environ.get("LLM_HOST") or DEFAULT_HOST,
-        "--port", str(os.environ.get("LLM_PORT") or DEFAULT_PORT),
-        "--n_ctx", str(os.environ.get("LLM_N_CTX") or DEFAULT_N_CTX),
+        *served,
         "--n_threads", threads,
         "--n_threads_batch", threads,
         "--interrupt_requests", "False",
@@ -160,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="llm_server.py",
         description=(
-            "Start the embedded model's OpenAI-compatible server (llama_cpp.server), "
-            "or with --wait, wait until a server is ready. Settings come from LLM_* "
+            "Start an embedded model's OpenAI-compatible server (llama_cpp.server): the chat "
+            "model, or with LLM_ROLE=embeddings the embedding model; or with --wait, wait "
+            "until a server is ready. Settings come from LLM_* / EMBEDDINGS_* "
             "environment variables (see the module docstring); arguments after '--' "
             "are passed on to llama_cpp.server."
         ),
@@ -205,16 +280,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
 
-    model_path = setup_model.default_model_path()
+    try:
+        role = server_role()
+    except ValueError as exc:
+        print(f"llm_server: error: {exc}", file=sys.stderr)
+        return 1
+    model_path = role_model_path(role)
     if not model_path.is_file() and not args.print_command:
-        print(f"llm_server: model missing at {model_path}; running setup_model", file=sys.stderr)
+        print(f"llm_server: {role} model missing at {model_path}; running its setup", file=sys.stderr)
         try:
-            model_path = setup_model.ensure_model(model_path)
+            model_path = ensure_role_model(role, model_path)
         except setup_model.SetupError as exc:
             print(f"llm_server: error: model setup failed: {exc}", file=sys.stderr)
             return 1
 
-    cmd = server_command(model_path, extra)
+    cmd = server_command(model_path, extra, role=role)
     if args.print_command:
         print(" ".join(cmd))
         return 0

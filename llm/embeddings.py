@@ -1,0 +1,299 @@
+"""Text embeddings through any OpenAI-compatible ``POST /v1/embeddings`` endpoint.
+
+Used by knowledge bases (chunks and queries) and memories. A provider is a
+:class:`~llm.models.ModelProvider` (its base URL and encrypted key) or an already resolved
+:class:`EmbeddingEndpoint`; the model name and, for models that can shorten their vectors
+(OpenAI's ``text-embedding-3-*``), ``dimensions`` are the caller's (a knowledge base stores
+them next to its provider).
+
+* :func:`embed_texts` (sync: Celery tasks, services) and :func:`aembed_texts` (async: tool
+  calls, the run-start hook) send the texts in batches of :data:`BATCH_SIZE` through the
+  ``openai`` SDK, on a client built as the chat adapter builds its own
+  (:func:`llm.providers.sdk_client`: no SDK retries, no key read from the environment, every
+  connect checked against the outbound address rules, :mod:`llm.netrules`).
+* Every vector comes back L2-normalised (unit length; the knowledge base compares them by
+  cosine distance), in the order of the texts.
+* Every failure is an :class:`EmbeddingError` whose ``error_class`` is one of
+  :data:`llm.errors.ERROR_CLASSES` (classified as chat errors are) and whose message is
+  redacted: the provider's key and anything shaped like a secret never appear.
+
+The embedded default: ``scripts/llm_server.py`` with ``LLM_ROLE=embeddings`` serves
+all-MiniLM-L6-v2 (:data:`DEFAULT_EMBEDDING_MODEL`, 384 dimensions) with llama.cpp at
+``settings.EMBEDDINGS_BASE_URL``; :func:`default_embedding_provider` is each tenant's
+provider for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from llm.errors import ErrorClass, LLMError, classify_error, redact_secrets
+
+if TYPE_CHECKING:
+    from llm.models import ModelProvider
+    from tenants.models import Tenant
+
+DEFAULT_EMBEDDING_MODEL: Final[str] = "all-minilm-l6-v2"
+"""The embedded embedding model's id (sentence-transformers/all-MiniLM-L6-v2 on llama.cpp)."""
+DEFAULT_EMBEDDING_DIMENSIONS: Final[int] = 384
+"""Length of :data:`DEFAULT_EMBEDDING_MODEL`'s vectors."""
+DEFAULT_EMBEDDING_PROVIDER_NAME: Final[str] = "Embedded embedder"
+"""Name of each tenant's provider for the embedded model (:func:`default_embedding_provider`)."""
+
+BATCH_SIZE: Final[int] = 64
+"""Texts per request (OpenAI accepts up to 2048; llama.cpp handles a batch in one request)."""
+CONNECT_TIMEOUT_SECONDS: Final[float] = 10.0
+"""TCP/TLS connect timeout of one request."""
+READ_TIMEOUT_SECONDS: Final[float] = 120.0
+"""Longest wait for one batch's answer. The embedded model embeds ~500-character texts at
+tens per second on two cores (bench/embedding_throughput.py), so a batch of 64 takes a few
+seconds, more when the machine is busy."""
+MAX_TEXT_CHARS: Final[int] = 32_000
+"""Longest text accepted (≈ 8k tokens, OpenAI's input limit). Longer texts are a caller's
+bug (knowledge chunks are ~500 characters); the embedded model itself reads at most 512
+tokens of a text."""
+
+KEYLESS_API_KEY: Final[str] = "none"
+"""Sent when a provider has no key (local servers), as for chat (llm.selectors)."""
+
+
+class EmbeddingError(LLMError):
+    """An embeddings request failed.
+
+    Attributes:
+        error_class: One of :data:`llm.errors.ERROR_CLASSES` (``network``, ``timeout``,
+            ``auth``, ``not_found``, ``bad_request``, ``server``, ``other`` …).
+        status_code: The provider's HTTP status, or None.
+        message: What went wrong, at most ~500 characters, secrets redacted.
+    """
+
+    def __init__(self, error_class: ErrorClass, message: str, *, status_code: int | None = None) -> None:
+        message = redact_secrets(message)
+        super().__init__(message)
+        self.error_class: ErrorClass = error_class
+        self.status_code = status_code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingEndpoint:
+    """Where and how to send embeddings requests: a provider with its key decrypted."""
+
+    name: str
+    """The provider's display name (in error messages)."""
+    base_url: str
+    """OpenAI-compatible base URL, e.g. ``http://127.0.0.1:8082/v1``."""
+    api_key: str = ""
+    """Secret; "" for local servers. Never shown in ``repr``."""
+    api: str = "openai"
+    """The provider's wire API; only ``openai`` has an embeddings endpoint."""
+
+    def __repr__(self) -> str:
+        return f"EmbeddingEndpoint(name={self.name!r}, base_url={self.base_url!r}, api={self.api!r})"
+
+
+def embedding_endpoint(provider: ModelProvider) -> EmbeddingEndpoint:
+    """``provider``'s endpoint with its key decrypted (database access: sync only)."""
+    from tenants.crypto import secret_decrypt
+
+    api_key = secret_decrypt(tenant=provider.tenant, ciphertext=provider.api_key_encrypted)
+    return EmbeddingEndpoint(name=provider.name, base_url=provider.base_url, api_key=api_key, api=provider.api)
+
+
+def default_embedding_provider(tenant: Tenant, *, sync_url: bool = False) -> ModelProvider:
+    """The tenant's provider for the embedded embedding model, created if missing.
+
+    It is the provider named :data:`DEFAULT_EMBEDDING_PROVIDER_NAME`, pointing at
+    ``settings.EMBEDDINGS_BASE_URL`` when created (the tenant's admins may change it later);
+    with ``sync_url`` its base URL is set back to the setting (``seed_demo`` does).
+
+    Requires the tenant's scope (or the system scope) for the database.
+    """
+    from django.conf import settings
+
+    from llm.models import ModelProvider
+    from llm.services import provider_save
+
+    provider = ModelProvider.all_tenants.filter(tenant=tenant, name=DEFAULT_EMBEDDING_PROVIDER_NAME).first()
+    if provider is None:
+        return provider_save(tenant=tenant, name=DEFAULT_EMBEDDING_PROVIDER_NAME, base_url=settings.EMBEDDINGS_BASE_URL)
+    if sync_url and provider.base_url != settings.EMBEDDINGS_BASE_URL:
+        return provider_save(tenant=tenant, provider=provider, base_url=settings.EMBEDDINGS_BASE_URL)
+    return provider
+
+
+def _checked_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise TypeError(f"texts must be a sequence of strings, got {type(texts).__name__}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] is {type(text).__name__}, not str")
+        if not text.strip():
+            raise ValueError(f"texts[{i}] is empty: an empty text has no embedding")
+        if len(text) > MAX_TEXT_CHARS:
+            raise ValueError(f"texts[{i}] has {len(text):,} characters; at most {MAX_TEXT_CHARS:,} are accepted")
+    return list(texts)
+
+
+def _unit(vector: list[float], *, where: str) -> list[float]:
+    norm = math.sqrt(math.fsum(x * x for x in vector))
+    if not math.isfinite(norm) or norm == 0.0:
+        raise EmbeddingError("other", f"{where}: the provider returned a zero or non-finite vector")
+    return [x / norm for x in vector]
+
+
+def _vectors(response: Any, *, count: int, dimensions: int | None, where: str) -> list[list[float]]:
+    """The response's vectors in input order, each checked and L2-normalised."""
+    data = getattr(response, "data", None)
+    if not isinstance(data, list) or len(data) != count:
+        got = len(data) if isinstance(data, list) else "no"
+        raise EmbeddingError("other", f"{where}: expected {count} embeddings, got {got}")
+    by_index: dict[int, list[float]] = {}
+    for position, item in enumerate(data):
+        index = getattr(item, "index", position)
+        vector = getattr(item, "embedding", None)
+        if not isinstance(index, int) or not 0 <= index < count or index in by_index:
+            raise EmbeddingError("other", f"{where}: embedding index {index!r} is out of range or repeated")
+        if not isinstance(vector, list) or not vector or not all(isinstance(x, (int, float)) for x in vector):
+            raise EmbeddingError("other", f"{where}: embedding {index} is not a list of numbers")
+        by_index[index] = [float(x) for x in vector]
+    vectors = [by_index[i] for i in range(count)]
+    expected = dimensions or len(vectors[0])
+    for i, vector in enumerate(vectors):
+        if len(vector) != expected:
+            raise EmbeddingError(
+                "bad_request" if dimensions else "other",
+                f"{where}: embedding {i} has {len(vector)} dimensions, expected {expected}",
+            )
+    return [_unit(v, where=where) for v in vectors]
+
+
+async def _endpoint_of(provider: ModelProvider | EmbeddingEndpoint) -> EmbeddingEndpoint:
+    if isinstance(provider, EmbeddingEndpoint):
+        return provider
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(embedding_endpoint, thread_sensitive=True)(provider)
+
+
+async def aembed_texts(
+    provider: ModelProvider | EmbeddingEndpoint,
+    model: str,
+    texts: Sequence[str],
+    *,
+    dimensions: int | None = None,
+    batch_size: int = BATCH_SIZE,
+    read_timeout_seconds: float = READ_TIMEOUT_SECONDS,
+) -> list[list[float]]:
+    """Embed ``texts`` with ``model`` at ``provider``; the async variant of :func:`embed_texts`.
+
+    Args:
+        provider: A :class:`~llm.models.ModelProvider` (its key is decrypted in a thread) or
+            an :class:`EmbeddingEndpoint`.
+        model: The provider's embedding model name (e.g. :data:`DEFAULT_EMBEDDING_MODEL`,
+            ``text-embedding-3-small``).
+        texts: Non-empty strings of at most :data:`MAX_TEXT_CHARS` characters; ``[]`` → ``[]``.
+        dimensions: Sent as the API's ``dimensions`` (models that can shorten their vectors);
+            every vector must then have this length. None: the model's own length.
+        batch_size: Texts per request (positive).
+        read_timeout_seconds: Longest wait for one request's answer (positive).
+
+    Returns:
+        One unit-length vector (a list of floats) per text, in order.
+
+    Raises:
+        TypeError, ValueError: bad arguments (before any request).
+        EmbeddingError: the provider failed, could not be reached (or is not allowed, see
+            :mod:`llm.netrules`), timed out, or answered something that is not one vector
+            per text.
+    """
+    texts = _checked_texts(texts)
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
+        raise ValueError(f"dimensions must be a positive int or None, got {dimensions!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not (isinstance(read_timeout_seconds, (int, float)) and math.isfinite(read_timeout_seconds)
+            and read_timeout_seconds > 0):
+        raise ValueError(f"read_timeout_seconds must be positive finite seconds, got {read_timeout_seconds!r}")
+    if not texts:
+        return []
+    endpoint = await _endpoint_of(provider)
+    if endpoint.api != "openai":
+        raise EmbeddingError(
+            "bad_request", f"provider {endpoint.name!r} speaks the {endpoint.api} API, which has no embeddings endpoint"
+        )
+
+    from llm.providers import sdk_client
+
+    client = sdk_client(
+        api="openai", base_url=endpoint.base_url, api_key=endpoint.api_key or KEYLESS_API_KEY,
+        connect_timeout_seconds=CONNECT_TIMEOUT_SECONDS, read_timeout_seconds=float(read_timeout_seconds),
+    )
+    vectors: list[list[float]] = []
+    try:
+        for start in range(0, len(texts), batch_size):
+            batch = texts[start:start + batch_size]
+            where = f"embeddings from {endpoint.name!r} ({model})"
+            request: dict[str, Any] = {"model": model, "input": batch, "encoding_format": "float"}
+            if dimensions is not None:
+                request["dimensions"] = dimensions
+            try:
+                response = await client.embeddings.create(**request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every SDK/transport failure is classified
+                error = classify_error(exc)
+                message = redact_secrets(f"{where}: {error}", secrets=[endpoint.api_key])
+                raise EmbeddingError(error.error_class, message, status_code=error.status_code) from None
+            vectors.extend(_vectors(response, count=len(batch), dimensions=dimensions, where=where))
+    finally:
+        await client.close()
+    return vectors
+
+
+def embed_texts(
+    provider: ModelProvider | EmbeddingEndpoint,
+    model: str,
+    texts: Sequence[str],
+    *,
+    dimensions: int | None = None,
+    batch_size: int = BATCH_SIZE,
+    read_timeout_seconds: float = READ_TIMEOUT_SECONDS,
+) -> list[list[float]]:
+    """Embed ``texts`` with ``model`` at ``provider``: one unit-length vector per text, in order.
+
+    Synchronous (Celery tasks, services): runs :func:`aembed_texts` on an event loop of its
+    own, so it must not be called from inside a running event loop (await
+    :func:`aembed_texts` there). Arguments, result and errors: see :func:`aembed_texts`.
+
+    Raises:
+        RuntimeError: called inside a running event loop.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("embed_texts() was called inside a running event loop; await aembed_texts() instead")
+    endpoint = provider if isinstance(provider, EmbeddingEndpoint) else embedding_endpoint(provider)
+    return asyncio.run(aembed_texts(
+        endpoint, model, texts, dimensions=dimensions, batch_size=batch_size, read_timeout_seconds=read_timeout_seconds,
+    ))
+
+
+__all__ = [
+    "BATCH_SIZE",
+    "DEFAULT_EMBEDDING_DIMENSIONS",
+    "DEFAULT_EMBEDDING_MODEL",
+    "DEFAULT_EMBEDDING_PROVIDER_NAME",
+    "EmbeddingEndpoint",
+    "EmbeddingError",
+    "aembed_texts",
+    "default_embedding_provider",
+    "embed_texts",
+    "embedding_endpoint",
+]
