@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run`: set everything up, then start the model server, a Celery worker and the ASGI
+# `make run`: set everything up, then start the model servers (chat, embeddings), a Celery worker and the ASGI
 # server; print the URLs; stop them all on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,8 @@ HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 LLM_PORT=${LLM_PORT:-8081}
 export LLM_BASE_URL=${LLM_BASE_URL:-http://127.0.0.1:${LLM_PORT}/v1}
+EMBEDDINGS_PORT=${EMBEDDINGS_PORT:-8082}
+export EMBEDDINGS_BASE_URL=${EMBEDDINGS_BASE_URL:-http://127.0.0.1:${EMBEDDINGS_PORT}/v1}
 mkdir -p var/log
 
 $PY manage.py seed_demo
@@ -38,6 +40,15 @@ else
   LLM_PORT=$LLM_PORT $PY scripts/llm_server.py >var/log/llm.log 2>&1 &
   pids+=($!)
 fi
+# The embedded embedding model (all-MiniLM-L6-v2) in a llama.cpp server of its own: knowledge
+# bases and memories embed through it.
+if curl -fsS "http://127.0.0.1:${EMBEDDINGS_PORT}/v1/models" >/dev/null 2>&1; then
+  echo "[run] an embeddings server already answers on :${EMBEDDINGS_PORT}; using it" >&2
+else
+  $PY scripts/setup_embedder.py
+  LLM_ROLE=embeddings EMBEDDINGS_PORT=$EMBEDDINGS_PORT $PY scripts/llm_server.py >var/log/embeddings.log 2>&1 &
+  pids+=($!)
+fi
 .venv/bin/celery -A agent_platform worker -l info --pool threads >var/log/worker.log 2>&1 &
 pids+=($!)
 # Celery beat: the run sweeper (orphaned runs resume or fail, approvals expire).
@@ -47,6 +58,7 @@ $PY -m agent_platform.web --host "$HOST" --port "$PORT" --log-level warning >var
 pids+=($!)
 
 $PY scripts/llm_server.py --wait "$LLM_BASE_URL" --timeout 300 || { echo "[run] the model server did not start: see var/log/llm.log" >&2; exit 1; }
+$PY scripts/llm_server.py --wait "$EMBEDDINGS_BASE_URL" --timeout 120 || { echo "[run] the embeddings server did not start: see var/log/embeddings.log" >&2; exit 1; }
 for _ in $(seq 1 60); do curl -fsS "http://$HOST:$PORT/api/schema/" >/dev/null 2>&1 && break; sleep 0.5; done
 
 cat <<MSG
@@ -56,6 +68,7 @@ cat <<MSG
     Console      http://$HOST:$PORT/admin/      (demo-admin / demo-admin-pass)
     API docs     http://$HOST:$PORT/api/docs/
     Model        $LLM_BASE_URL
+    Embeddings   $EMBEDDINGS_BASE_URL
   Logs in var/log/. Ctrl-C stops everything.
 
 MSG
