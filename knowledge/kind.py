@@ -1,0 +1,187 @@
+"""The ``knowledge`` capability kind: an agent searches the tenant's knowledge bases.
+
+Binding ``config``::
+
+    {"knowledge_bases": [ids], "top_k": 5, "retrieve_before_first_turn": false,
+     "user_uploads": false, "rewrite": false, "rerank": false}
+
+- ``knowledge_bases``: tenant-wide knowledge bases of the agent's tenant (another tenant's,
+  or a user's own, is "not found"); may be empty only with ``user_uploads``.
+- ``top_k``: passages per search, 1–20 (a call may ask for another number in that range).
+- ``retrieve_before_first_turn``: the run's user message is searched when the run starts and
+  the passages go into the model input as a :class:`~capabilities.registry.ContextBlock`
+  (the "RAG intent" mode, for models that call tools unreliably); ``knowledge_search`` is
+  offered as well.
+- ``user_uploads``: the run's user's own knowledge bases (their chat uploads) are searched
+  too; their passages are outside data (the tool is ``untrusted``).
+- ``rewrite`` / ``rerank``: ask the retrieval for its query-rewrite list / rerank step
+  (:func:`knowledge.retrieval.search`); off by default.
+
+One binding per agent (the first; ``spec_key``). Registered by ``knowledge.apps``'s
+``ready()``. Tools and formatting: :mod:`knowledge.tools`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from capabilities.registry import CapabilityKind, ContextBlock, OpenContext, kind_register
+from capabilities.toolsets import KindToolset, ToolOrigin, ToolSource
+from knowledge.tools import MAX_TOP_K, CitationNumbers, KnowledgeSearchTool, SearchScope, context_passages
+
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "knowledge_bases": [], "top_k": 5, "retrieve_before_first_turn": False, "user_uploads": False,
+    "rewrite": False, "rerank": False,
+}
+"""Every key a ``knowledge`` binding's config may have, with its default."""
+TOOL_NAME = "knowledge_search"
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeBindingSpec:
+    """A ``knowledge`` binding, as a run needs it."""
+
+    kind: ClassVar[str] = "knowledge"
+    knowledge_base_ids: tuple[int, ...]
+    """The bound tenant-wide knowledge bases that still exist."""
+    names: tuple[str, ...]
+    """Their names (the tool's description and the context block's title)."""
+    descriptions: tuple[str, ...]
+    top_k: int = 5
+    retrieve_before_first_turn: bool = False
+    user_uploads: bool = False
+    rewrite: bool = False
+    rerank: bool = False
+    binding_id: int | None = None
+    approval_policy: tuple[dict[str, str], ...] = ()
+
+
+def config_errors(config: Any, *, tenant_id: int | None) -> list[str]:
+    """What is wrong with a ``knowledge`` binding's ``config`` ([] if fine).
+
+    ``tenant_id``: the binding's tenant; the knowledge bases must be its tenant-wide ones
+    (checked in the database: another tenant's id reads "not found", like a missing one).
+    """
+    if not isinstance(config, dict):
+        return []  # CapabilityBinding.clean reports a non-object itself
+    errors = []
+    unknown = set(config) - set(CONFIG_DEFAULTS)
+    if unknown:
+        errors.append(f"Unknown keys {sorted(unknown)}; a knowledge binding takes {sorted(CONFIG_DEFAULTS)}.")
+    merged = {**CONFIG_DEFAULTS, **config}
+    ids = merged["knowledge_bases"]
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        errors.append("knowledge_bases must be a list of knowledge base ids.")
+        ids = []
+    top_k = merged["top_k"]
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
+        errors.append(f"top_k must be an integer from 1 to {MAX_TOP_K}.")
+    for key in ("retrieve_before_first_turn", "user_uploads", "rewrite", "rerank"):
+        if not isinstance(merged[key], bool):
+            errors.append(f"{key} must be true or false.")
+    if not ids and merged["user_uploads"] is not True:
+        errors.append("Name at least one knowledge base (or allow user uploads).")
+    if ids and tenant_id is not None:
+        from knowledge.models import KnowledgeBase
+
+        # tenant-bypass: the binding's own tenant is named explicitly (the admin may act for several).
+        found = set(KnowledgeBase.all_tenants.filter(tenant_id=tenant_id, owner__isnull=True, pk__in=ids)
+                    .values_list("pk", flat=True))
+        missing = [i for i in ids if i not in found]
+        if missing:
+            errors.append(f"Knowledge base{'s' if len(missing) > 1 else ''} {missing} not found.")
+    return errors
+
+
+class KnowledgeKind(CapabilityKind):
+    """Bindings of kind ``knowledge``: ``knowledge_search`` and, optionally, passages before the first turn."""
+
+    key = "knowledge"
+    label = "Knowledge bases"
+    fields = ("approval_policy", "config")
+    position = 50
+
+    def validate(self, binding: Any) -> dict[str, Any]:
+        errors = config_errors(binding.config, tenant_id=binding.tenant_id)
+        return {"config": errors} if errors else {}
+
+    def spec_key(self, binding: Any) -> str:
+        return "knowledge"  # one knowledge binding per agent: the first
+
+    def load_spec(self, binding: Any) -> KnowledgeBindingSpec | None:
+        """The binding's spec, with the bound knowledge bases that still exist (in the run's
+        tenant); None when none is left and user uploads are off."""
+        from knowledge.models import KnowledgeBase
+
+        config = {**CONFIG_DEFAULTS, **(binding.config if isinstance(binding.config, dict) else {})}
+        ids = [i for i in config["knowledge_bases"] if isinstance(i, int)]
+        rows = {kb.pk: kb for kb in KnowledgeBase.objects.filter(pk__in=ids, owner__isnull=True)}
+        kbs = [rows[i] for i in ids if i in rows]
+        if not kbs and not config["user_uploads"]:
+            return None
+        top_k = config["top_k"] if isinstance(config["top_k"], int) and 1 <= config["top_k"] <= MAX_TOP_K else 5
+        return KnowledgeBindingSpec(
+            knowledge_base_ids=tuple(kb.pk for kb in kbs), names=tuple(kb.name for kb in kbs),
+            descriptions=tuple(kb.description for kb in kbs), top_k=top_k,
+            retrieve_before_first_turn=config["retrieve_before_first_turn"] is True,
+            user_uploads=config["user_uploads"] is True, rewrite=config["rewrite"] is True,
+            rerank=config["rerank"] is True, binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+        )
+
+    async def open_toolset(self, specs: Sequence[KnowledgeBindingSpec], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
+        opened = []
+        for spec in specs:
+            scope = run_scope(spec, ctx)
+            description = tool_description(spec)
+            opened.append((spec, KindToolset(sources=[ToolSource(
+                origin=ToolOrigin(source="knowledge", name=TOOL_NAME),
+                factory=lambda exposed, s=spec, sc=scope, d=description: KnowledgeSearchTool(
+                    exposed=exposed, scope=sc, default_top_k=s.top_k, numbers=lambda: run_numbers(ctx),
+                    in_thread=ctx.in_thread, description=d, untrusted=s.user_uploads),
+            )])))
+        return opened
+
+    async def run_context(self, specs: Sequence[KnowledgeBindingSpec], ctx: OpenContext, query: str) -> list[ContextBlock]:
+        """The passages for the user's message, for bindings with ``retrieve_before_first_turn``."""
+        blocks: list[ContextBlock] = []
+        for spec in specs:
+            if spec.retrieve_before_first_turn:
+                blocks += await context_passages(scope=run_scope(spec, ctx), query=query, top_k=spec.top_k,
+                                                 numbers=run_numbers(ctx), in_thread=ctx.in_thread, names=spec.names)
+        return blocks
+
+
+def run_scope(spec: KnowledgeBindingSpec, ctx: OpenContext) -> SearchScope:
+    """What the run ``ctx`` may search through ``spec``."""
+    return SearchScope(tenant_id=ctx.tenant_id, knowledge_base_ids=spec.knowledge_base_ids,
+                       user_id=ctx.user_id if spec.user_uploads else None)
+
+
+def run_numbers(ctx: OpenContext) -> CitationNumbers:
+    """The run's :class:`CitationNumbers` (one per run, in ``ctx.extra``), seeded from the
+    stored start context of a resumed run (``ctx.extra["run_context"]``)."""
+    numbers = ctx.extra.get("knowledge.citations")
+    if numbers is None:
+        numbers = ctx.extra["knowledge.citations"] = CitationNumbers()
+    stored = ctx.extra.get("run_context")
+    if stored is not None and not numbers.seeded:
+        numbers.seeded = True
+        for block in stored:
+            if block.source == "knowledge" and isinstance(block.data, dict):
+                numbers.seed(block.data.get("citations") or [])
+    return numbers
+
+
+def tool_description(spec: KnowledgeBindingSpec) -> str:
+    """The model's description of ``knowledge_search`` for ``spec``: what it searches."""
+    holdings = "; ".join(f"“{n}”" + (f": {d.strip()}" if d.strip() else "")
+                         for n, d in zip(spec.names, spec.descriptions, strict=True))
+    if spec.user_uploads:
+        holdings = f"{holdings}; and the user's own uploaded documents" if holdings else "the user's own uploaded documents"
+    return (f"Search the knowledge bases ({holdings}) for passages relevant to a query. Returns numbered "
+            "passages; cite the ones you use as [n]. Use it for questions these documents can answer.")
+
+
+kind_register(KnowledgeKind())

@@ -1,0 +1,248 @@
+"""``knowledge_search``: the tool the ``knowledge`` capability kind offers, and the passage
+formatting it shares with retrieval before the first turn.
+
+The model reads numbered passages (``[n] document › heading`` then the text) and a line
+asking it to cite them as ``[n]``; clients read the same passages as citations in the tool
+call's ``data`` (``{"citations": [{n, knowledge_base_id, document_id, document_title, chunk_id,
+position, heading, score, snippet}]}``), which the chat app shows under the answer.
+
+Numbers are per run (:class:`CitationNumbers`): the passages retrieved before the first turn
+are [1]…[k], a later search goes on from k + 1, and a chunk found again keeps its number, so
+every ``[n]`` of an answer names one passage.
+
+Searches run :func:`knowledge.retrieval.search` on the run's database thread (the runner's
+``in_thread`` port), under the run's tenant scope; a user's own knowledge bases are searched
+only when the binding allows user uploads, and only the run's user's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from capabilities.registry import ContextBlock
+from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
+from llm.types import ToolSpec
+
+MAX_TOP_K = 20
+"""The largest ``top_k`` a binding or a call may ask for."""
+MAX_QUERY_CHARS = 1000
+"""Longer queries are refused (a tool call) or cut (the user's message before the first turn)."""
+SNIPPET_CHARS = 240
+"""Characters of a passage kept as the citation's snippet."""
+CITE_NOTE = "Cite the passages you use by their number in square brackets, e.g. [1], right after the sentence they support."
+NO_PASSAGES = "No passages found for this query in the knowledge bases."
+
+InThread = Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]
+
+
+@dataclass(slots=True)
+class CitationNumbers:
+    """A run's citation numbers: ``{chunk_id: n}``, the next number after the highest given.
+
+    One per run (kept in ``OpenContext.extra``), shared by the retrieval before the first
+    turn and every ``knowledge_search`` call of the run.
+    """
+
+    by_chunk: dict[int, int] = field(default_factory=dict)
+    next_n: int = 1
+    seeded: bool = False
+    """The run's stored start context has been read (:func:`knowledge.kind.run_numbers`)."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def number(self, chunk_id: int) -> int:
+        """The number of ``chunk_id`` in this run (a new one the first time)."""
+        n = self.by_chunk.get(chunk_id)
+        if n is None:
+            n = self.by_chunk[chunk_id] = self.next_n
+            self.next_n += 1
+        return n
+
+    def seed(self, citations: Sequence[dict[str, Any]]) -> None:
+        """Take the numbers of ``citations`` already given in this run (a resumed run's stored
+        start context)."""
+        for c in citations:
+            try:
+                chunk_id, n = int(c["chunk_id"]), int(c["n"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            self.by_chunk.setdefault(chunk_id, n)
+            self.next_n = max(self.next_n, n + 1)
+
+
+def _snippet(text: str) -> str:
+    flat = re.sub(r"\s+", " ", text).strip()
+    return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1].rstrip() + "…"
+
+
+def passages_render(hits: Sequence[Any], numbers: CitationNumbers) -> tuple[str, list[dict[str, Any]]]:
+    """Numbered passages for the model and their citations for clients.
+
+    Args:
+        hits: :class:`knowledge.retrieval.Hit` s, best first.
+        numbers: The run's citation numbers (updated).
+
+    Returns:
+        ``(text, citations)``: ``text`` is ``[n] title › heading`` + the passage per hit, then
+        :data:`CITE_NOTE`; ``citations`` the ``{n, knowledge_base_id, document_id,
+        document_title, chunk_id, position, heading, score, snippet}`` of each hit (``score``:
+        the fused retrieval score, higher is better).
+    """
+    parts, citations = [], []
+    for hit in hits:
+        n = numbers.number(hit.chunk_id)
+        where = f"{hit.document_title} › {hit.heading}" if hit.heading else hit.document_title
+        parts.append(f"[{n}] {where}\n{hit.text.strip()}")
+        citations.append({
+            "n": n, "knowledge_base_id": hit.knowledge_base_id, "document_id": hit.document_id,
+            "document_title": hit.document_title, "chunk_id": hit.chunk_id, "position": hit.position,
+            "heading": hit.heading, "score": round(float(hit.score), 6), "snippet": _snippet(hit.text),
+        })
+    return "\n\n".join(parts) + f"\n\n{CITE_NOTE}", citations
+
+
+@dataclass(frozen=True, slots=True)
+class SearchScope:
+    """What one run may search: its tenant, the bound knowledge bases, and (with user uploads)
+    its user's own knowledge bases."""
+
+    tenant_id: int
+    knowledge_base_ids: tuple[int, ...]
+    user_id: int | None
+    """The run's user when the binding allows user uploads (their own knowledge bases are
+    searched too), else None (only tenant-wide knowledge bases)."""
+
+
+def search_sync(scope: SearchScope, *, query: str, top_k: int, document_ids: list[int] | None = None,
+                tags: list[str] | None = None) -> list[Any]:
+    """:func:`knowledge.retrieval.search` over ``scope`` (synchronous: call it on the run's
+    database thread, under its tenant scope). The user's own knowledge bases are added to the
+    bound ones when ``scope.user_id`` is set.
+
+    Returns:
+        The hits, best first (at most ``top_k``).
+    """
+    from knowledge.models import KnowledgeBase
+    from knowledge.retrieval import search
+
+    kb_ids = list(scope.knowledge_base_ids)
+    if scope.user_id is not None:
+        kb_ids += [pk for pk in KnowledgeBase.objects.filter(owner_id=scope.user_id).values_list("pk", flat=True)
+                   if pk not in kb_ids]
+    if not kb_ids:
+        return []
+    return search(tenant_id=scope.tenant_id, knowledge_base_ids=kb_ids, query=query, user_id=scope.user_id,
+                  top_k=top_k, document_ids=document_ids or None, tags=tags or None)
+
+
+def _int_list(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ToolError(f"filters.{name} must be a list of integer ids.", code="invalid_arguments")
+    return value
+
+
+def search_arguments(arguments: dict[str, Any], *, default_top_k: int) -> tuple[str, int, list[int], list[str]]:
+    """The checked ``(query, top_k, document_ids, tags)`` of a ``knowledge_search`` call.
+
+    Raises:
+        ToolError: ``invalid_arguments``, with the reason for the model.
+    """
+    query = arguments.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise ToolError("query must be a non-empty string: what to look for.", code="invalid_arguments")
+    if len(query) > MAX_QUERY_CHARS:
+        raise ToolError(f"query is too long ({len(query)} characters; at most {MAX_QUERY_CHARS}).",
+                        code="invalid_arguments")
+    top_k = arguments.get("top_k", default_top_k)
+    if top_k is None:
+        top_k = default_top_k
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
+        raise ToolError(f"top_k must be an integer from 1 to {MAX_TOP_K}.", code="invalid_arguments")
+    filters = arguments.get("filters") or {}
+    if not isinstance(filters, dict):
+        raise ToolError("filters must be an object: {document_ids?: [int], tags?: [string]}.", code="invalid_arguments")
+    unknown = set(filters) - {"document_ids", "tags"}
+    if unknown:
+        raise ToolError(f"Unknown filters {sorted(unknown)}; use document_ids and tags.", code="invalid_arguments")
+    document_ids = _int_list(filters.get("document_ids") or [], "document_ids")
+    tags = filters.get("tags") or []
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ToolError("filters.tags must be a list of strings.", code="invalid_arguments")
+    return query.strip(), top_k, document_ids, tags
+
+
+class KnowledgeSearchTool(Tool):
+    """``knowledge_search(query, filters?: {document_ids, tags}, top_k?)`` over one run's
+    knowledge bases.
+
+    Results from a user's own uploads (bindings with ``user_uploads``) are outside data: the
+    tool is then ``untrusted`` and the runner frames them; tenant-wide knowledge bases are
+    curated by the tenant's admins and are not framed.
+    """
+
+    def __init__(self, *, exposed: str, scope: SearchScope, default_top_k: int,
+                 numbers: Callable[[], CitationNumbers], in_thread: InThread, description: str, untrusted: bool) -> None:
+        self.scope = scope
+        self.default_top_k = default_top_k
+        self.numbers = numbers
+        self.in_thread = in_thread
+        self.untrusted = untrusted
+        self.spec = ToolSpec(name=exposed, description=description, parameters={
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "What to look for, in natural language or keywords."},
+                "filters": {
+                    "type": "object",
+                    "description": "Optional: only these documents and/or documents with all of these tags.",
+                    "properties": {
+                        "document_ids": {"type": "array", "items": {"type": "integer"}},
+                        "tags": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K,
+                          "description": f"How many passages (default {default_top_k})."},
+            },
+            "required": ["query"],
+        })
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        """Search; numbered passages for the model, ``{"citations": [...]}`` as data.
+
+        Raises:
+            ToolError: ``invalid_arguments`` (bad query, top_k or filters) or ``search_failed``.
+        """
+        query, top_k, document_ids, tags = search_arguments(arguments, default_top_k=self.default_top_k)
+        try:
+            hits = await self.in_thread(search_sync)(self.scope, query=query, top_k=top_k, document_ids=document_ids,
+                                                     tags=tags)
+        except ValueError as exc:  # the retrieval's own refusals (e.g. an embedding it cannot make)
+            raise ToolError(f"The search failed: {exc}", code="search_failed") from exc
+        if not hits:
+            return ToolResult(content=NO_PASSAGES, data={"citations": []})
+        numbers = self.numbers()
+        async with numbers.lock:
+            text, citations = passages_render(hits, numbers)
+        return ToolResult(content=text, data={"citations": citations})
+
+
+async def context_passages(*, scope: SearchScope, query: str, top_k: int, numbers: CitationNumbers,
+                           in_thread: InThread, names: Sequence[str]) -> list[ContextBlock]:
+    """The retrieval before the first turn: the ``top_k`` passages for the user's message
+    ``query`` as one :class:`ContextBlock` (none when nothing matches or the message is empty).
+
+    The message is cut to :data:`MAX_QUERY_CHARS`.
+    """
+    query = query.strip()[:MAX_QUERY_CHARS]
+    if not query:
+        return []
+    hits = await in_thread(search_sync)(scope, query=query, top_k=top_k)
+    if not hits:
+        return []
+    async with numbers.lock:
+        text, citations = passages_render(hits, numbers)
+    where = ", ".join(f"“{n}”" for n in names) or "the knowledge bases"
+    title = f"Passages from {where} that may answer the user's message (use them when relevant):"
+    return [ContextBlock(source="knowledge", title=title, text=text, data={"citations": citations})]
