@@ -5,8 +5,9 @@ batches; for each batch the agent's model route is asked for durable facts and p
 about the user (strict JSON, :mod:`memory.extraction`); each candidate is embedded and
 compared with the user+agent's memories by cosine similarity:
 
-- similarity ≥ :data:`DUPLICATE_SIMILARITY` to an existing memory → a near duplicate: that
-  memory is confirmed (``updated_at`` touched; retention counts from there);
+- the same text (but for case, spacing, final punctuation) or similarity ≥
+  :data:`DUPLICATE_SIMILARITY` to an existing memory → a near duplicate: that memory is
+  confirmed (``updated_at`` touched; retention counts from there);
 - some memories ≥ :data:`RELATED_SIMILARITY` → the model decides, as mem0 does, ``ADD``,
   ``UPDATE <id>`` (reworded, merged), ``DELETE <id>`` (a contradiction: replaced) or ``NONE``;
 - otherwise → added.
@@ -49,10 +50,16 @@ from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
-DUPLICATE_SIMILARITY = 0.95
-"""Cosine similarity from which a candidate is the same memory (confirmed, not asked about)."""
-RELATED_SIMILARITY = 0.55
-"""Cosine similarity from which existing memories are shown to the model for a merge decision."""
+DUPLICATE_SIMILARITY = 0.97
+"""Cosine similarity from which a candidate is the same memory (confirmed, not asked about).
+High on purpose: with all-MiniLM-L6-v2, "Prefers answers in French." is 0.82 from "... in
+English." (a contradiction) and 0.92 from "Prefers short answers in French." (a refinement);
+both must reach the model. Texts equal but for case, spacing and final punctuation count as
+duplicates whatever their similarity (the same model puts "...French." 0.945 from "...French")."""
+RELATED_SIMILARITY = 0.4
+"""Cosine similarity from which existing memories are shown to the model for a merge decision
+(all-MiniLM-L6-v2: "Lives in Lyon." / "Moved to Berlin." 0.45, "Is vegetarian." / "Eats meat
+again." 0.48; unrelated facts 0.05–0.16; measured through the embedded llama.cpp server)."""
 RELATED_LIMIT = 5
 """Existing memories shown for one decision, at most."""
 BATCH_MESSAGES = 40
@@ -278,7 +285,7 @@ def _router(agent: AgentInstance) -> Router:
 async def _ask(router: Router, system: str, user: str, *, max_output_tokens: int) -> str:
     completion = await router.complete(
         [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)], [],
-        ModelSettings(temperature=0.0), max_output_tokens=max_output_tokens,
+        ModelSettings(max_output_tokens=max_output_tokens, temperature=0.0),
     )
     return completion.message.content
 
@@ -295,7 +302,7 @@ def _plan(
     vectors = embed(provider, model, [c.text for c in candidates])
     kept: list[tuple[Candidate, list[float]]] = []
     for candidate, vector in zip(candidates, vectors, strict=True):
-        if any(_cosine(vector, v) >= DUPLICATE_SIMILARITY for _, v in kept):
+        if any(_same(candidate.text, c.text, _cosine(vector, v)) for c, v in kept):
             continue  # the same thing said twice in one batch
         kept.append((candidate, vector))
     ops: list[_Op] = []
@@ -318,7 +325,7 @@ def _decide(router: Router, candidate: Candidate, vector: list[float], related: 
     """The op for one candidate; an UPDATE is appended to ``rewordings`` instead (re-embedded later)."""
     if not related:
         return _Op("add", candidate=candidate, text=candidate.text, embedding=tuple(vector))
-    if related[0].similarity >= DUPLICATE_SIMILARITY:
+    if _same(candidate.text, related[0].memory.text, related[0].similarity):
         return _Op("touch", target_id=related[0].memory.pk)
     shown = [(str(i), s.memory) for i, s in enumerate(related, start=1)]
     answer = asyncio.run(_ask(router, extraction.DECIDE_PROMPT,
@@ -334,6 +341,15 @@ def _decide(router: Router, candidate: Candidate, vector: list[float], related: 
         return _Op("replace", candidate=candidate, target_id=target.pk, text=candidate.text, embedding=tuple(vector))
     rewordings.append((target.pk, candidate, " ".join((decision.text or "").split())))
     return None
+
+
+def _normalised(text: str) -> str:
+    return " ".join(text.casefold().split()).rstrip(".!;,: ")
+
+
+def _same(a: str, b: str, similarity: float) -> bool:
+    """Whether two memory texts say the same (see :data:`DUPLICATE_SIMILARITY`)."""
+    return similarity >= DUPLICATE_SIMILARITY or _normalised(a) == _normalised(b)
 
 
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
