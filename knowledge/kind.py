@@ -29,7 +29,15 @@ from typing import Any, ClassVar
 
 from capabilities.registry import CapabilityKind, ContextBlock, OpenContext, kind_register
 from capabilities.toolsets import KindToolset, ToolOrigin, ToolSource
-from knowledge.tools import MAX_TOP_K, CitationNumbers, KnowledgeSearchTool, SearchScope, context_passages
+from knowledge.tools import (
+    MAX_TOP_K,
+    CitationNumbers,
+    KnowledgeSearchTool,
+    Retrieval,
+    SearchScope,
+    context_passages,
+    run_model,
+)
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "knowledge_bases": [], "top_k": 5, "retrieve_before_first_turn": False, "user_uploads": False,
@@ -133,13 +141,13 @@ class KnowledgeKind(CapabilityKind):
     async def open_toolset(self, specs: Sequence[KnowledgeBindingSpec], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
         opened = []
         for spec in specs:
-            scope = run_scope(spec, ctx)
+            retrieval = run_retrieval(spec, ctx)
             description = tool_description(spec)
             opened.append((spec, KindToolset(sources=[ToolSource(
                 origin=ToolOrigin(source="knowledge", name=TOOL_NAME),
-                factory=lambda exposed, s=spec, sc=scope, d=description: KnowledgeSearchTool(
-                    exposed=exposed, scope=sc, default_top_k=s.top_k, numbers=lambda: run_numbers(ctx),
-                    in_thread=ctx.in_thread, description=d, untrusted=s.user_uploads),
+                factory=lambda exposed, s=spec, r=retrieval, d=description: KnowledgeSearchTool(
+                    exposed=exposed, retrieval=r, default_top_k=s.top_k, numbers=lambda: run_numbers(ctx),
+                    description=d, untrusted=s.user_uploads),
             )])))
         return opened
 
@@ -148,8 +156,8 @@ class KnowledgeKind(CapabilityKind):
         blocks: list[ContextBlock] = []
         for spec in specs:
             if spec.retrieve_before_first_turn:
-                blocks += await context_passages(scope=run_scope(spec, ctx), query=query, top_k=spec.top_k,
-                                                 numbers=run_numbers(ctx), in_thread=ctx.in_thread, names=spec.names)
+                blocks += await context_passages(retrieval=run_retrieval(spec, ctx), query=query, top_k=spec.top_k,
+                                                 numbers=run_numbers(ctx), names=spec.names)
         return blocks
 
 
@@ -157,6 +165,18 @@ def run_scope(spec: KnowledgeBindingSpec, ctx: OpenContext) -> SearchScope:
     """What the run ``ctx`` may search through ``spec``."""
     return SearchScope(tenant_id=ctx.tenant_id, knowledge_base_ids=spec.knowledge_base_ids,
                        user_id=ctx.user_id if spec.user_uploads else None)
+
+
+def run_retrieval(spec: KnowledgeBindingSpec, ctx: OpenContext) -> Retrieval:
+    """How the run ``ctx`` retrieves through ``spec``: its scope, its DB thread, and the run's
+    route for the optional rewrite and rerank (one router per run, shared by both)."""
+    model = None
+    if spec.rewrite or spec.rerank:
+        model = ctx.extra.get("knowledge.model")
+        if model is None:
+            model = ctx.extra["knowledge.model"] = run_model(getattr(ctx.run, "entries", ()))
+    return Retrieval(scope=run_scope(spec, ctx), in_thread=ctx.in_thread, rewrite=model if spec.rewrite else None,
+                     rerank=model if spec.rerank else None)
 
 
 def run_numbers(ctx: OpenContext) -> CitationNumbers:

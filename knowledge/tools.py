@@ -18,6 +18,7 @@ only when the binding allows user uploads, and only the run's user's.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,18 @@ SNIPPET_CHARS = 240
 """Characters of a passage kept as the citation's snippet."""
 CITE_NOTE = "Cite the passages you use by their number in square brackets, e.g. [1], right after the sentence they support."
 NO_PASSAGES = "No passages found for this query in the knowledge bases."
+REWRITE_PROMPT = (
+    "Rewrite the question below as a short search query for a documentation search: the key terms and "
+    "likely synonyms, no explanation. Reply with the query only.\n\nQuestion: {query}"
+)
+REWRITE_MAX_OUTPUT_TOKENS = 48
+RERANK_CANDIDATES = 20
+"""How many fused hits the rerank step judges (the best ``top_k`` of them are kept)."""
+
+logger = logging.getLogger(__name__)
+
+Complete = Callable[[str, int], Awaitable[str]]
+"""``await complete(prompt, max_output_tokens) -> text``: one model call on the run's route."""
 
 InThread = Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]
 
@@ -117,7 +130,7 @@ class SearchScope:
 
 
 def search_sync(scope: SearchScope, *, query: str, top_k: int, document_ids: list[int] | None = None,
-                tags: list[str] | None = None) -> list[Any]:
+                tags: list[str] | None = None, rewritten: str = "") -> list[Any]:
     """:func:`knowledge.retrieval.search` over ``scope`` (synchronous: call it on the run's
     database thread, under its tenant scope). The user's own knowledge bases are added to the
     bound ones when ``scope.user_id`` is set.
@@ -135,7 +148,71 @@ def search_sync(scope: SearchScope, *, query: str, top_k: int, document_ids: lis
     if not kb_ids:
         return []
     return search(tenant_id=scope.tenant_id, knowledge_base_ids=kb_ids, query=query, user_id=scope.user_id,
-                  top_k=top_k, document_ids=document_ids or None, tags=tags or None)
+                  top_k=top_k, document_ids=document_ids or None, tags=tags or None,
+                  rewrite=(lambda _query: rewritten) if rewritten else None)
+
+
+def run_model(entries: Sequence[Any]) -> Complete | None:
+    """A ``complete(prompt, max_output_tokens)`` over the run's route entries (retries and
+    fallback as for the run's turns), for the query rewrite and the rerank step; None without
+    entries. These calls are not recorded as the run's LLM calls (a known gap: they cost
+    tokens the run's usage does not show)."""
+    if not entries:
+        return None
+    from llm.router import Router
+    from llm.types import ChatMessage
+
+    router = Router(list(entries))
+
+    async def complete(prompt: str, max_output_tokens: int) -> str:
+        completion = await router.complete([ChatMessage(role="user", content=prompt)], [],
+                                           max_output_tokens=max_output_tokens)
+        return completion.message.content or ""
+
+    return complete
+
+
+@dataclass(frozen=True, slots=True)
+class Retrieval:
+    """How one run retrieves: where (``scope``), on which thread (``in_thread``), and with
+    the optional query rewrite and rerank step through the run's model (``rewrite`` /
+    ``rerank``: a :data:`Complete`, or None for off)."""
+
+    scope: SearchScope
+    in_thread: InThread
+    rewrite: Complete | None = None
+    rerank: Complete | None = None
+
+    async def hits(self, *, query: str, top_k: int, document_ids: list[int] | None = None,
+                   tags: list[str] | None = None) -> list[Any]:
+        """The best ``top_k`` hits for ``query`` (see :func:`search_sync`). A failing rewrite
+        or rerank call is logged and skipped (the fused order stands)."""
+        rewritten = ""
+        if self.rewrite is not None:
+            try:
+                rewritten = (await self.rewrite(REWRITE_PROMPT.format(query=query), REWRITE_MAX_OUTPUT_TOKENS)).strip()
+            except Exception:  # noqa: BLE001 - the search goes on without the third list
+                logger.warning("knowledge: the query rewrite failed", exc_info=True)
+        wanted = max(top_k, RERANK_CANDIDATES) if self.rerank is not None else top_k
+        hits = await self.in_thread(search_sync)(self.scope, query=query, top_k=wanted, document_ids=document_ids,
+                                                 tags=tags, rewritten=rewritten[:MAX_QUERY_CHARS])
+        if self.rerank is not None and len(hits) > 1:
+            hits = await self._reranked(query, hits)
+        return hits[:top_k]
+
+    async def _reranked(self, query: str, hits: list[Any]) -> list[Any]:
+        from knowledge.rerank import MAX_PASSAGE_CHARS, RERANK_MAX_OUTPUT_TOKENS, RERANK_PROMPT, parse_score
+
+        prompts = [RERANK_PROMPT.format(query=query, passage=f"{h.document_title} > {h.heading}\n{h.text}"
+                                        [:MAX_PASSAGE_CHARS]) for h in hits]
+        try:
+            answers = await asyncio.gather(*(self.rerank(p, RERANK_MAX_OUTPUT_TOKENS) for p in prompts))
+        except Exception:  # noqa: BLE001 - keep the fused order
+            logger.warning("knowledge: the rerank step failed", exc_info=True)
+            return hits
+        scores = [parse_score(a) for a in answers]
+        order = sorted(range(len(hits)), key=lambda i: (-scores[i], i))
+        return [hits[i] for i in order]
 
 
 def _int_list(value: Any, name: str) -> list[int]:
@@ -183,12 +260,11 @@ class KnowledgeSearchTool(Tool):
     curated by the tenant's admins and are not framed.
     """
 
-    def __init__(self, *, exposed: str, scope: SearchScope, default_top_k: int,
-                 numbers: Callable[[], CitationNumbers], in_thread: InThread, description: str, untrusted: bool) -> None:
-        self.scope = scope
+    def __init__(self, *, exposed: str, retrieval: Retrieval, default_top_k: int,
+                 numbers: Callable[[], CitationNumbers], description: str, untrusted: bool) -> None:
+        self.retrieval = retrieval
         self.default_top_k = default_top_k
         self.numbers = numbers
-        self.in_thread = in_thread
         self.untrusted = untrusted
         self.spec = ToolSpec(name=exposed, description=description, parameters={
             "type": "object",
@@ -216,8 +292,7 @@ class KnowledgeSearchTool(Tool):
         """
         query, top_k, document_ids, tags = search_arguments(arguments, default_top_k=self.default_top_k)
         try:
-            hits = await self.in_thread(search_sync)(self.scope, query=query, top_k=top_k, document_ids=document_ids,
-                                                     tags=tags)
+            hits = await self.retrieval.hits(query=query, top_k=top_k, document_ids=document_ids, tags=tags)
         except ValueError as exc:  # the retrieval's own refusals (e.g. an embedding it cannot make)
             raise ToolError(f"The search failed: {exc}", code="search_failed") from exc
         if not hits:
@@ -228,8 +303,8 @@ class KnowledgeSearchTool(Tool):
         return ToolResult(content=text, data={"citations": citations})
 
 
-async def context_passages(*, scope: SearchScope, query: str, top_k: int, numbers: CitationNumbers,
-                           in_thread: InThread, names: Sequence[str]) -> list[ContextBlock]:
+async def context_passages(*, retrieval: Retrieval, query: str, top_k: int, numbers: CitationNumbers,
+                           names: Sequence[str]) -> list[ContextBlock]:
     """The retrieval before the first turn: the ``top_k`` passages for the user's message
     ``query`` as one :class:`ContextBlock` (none when nothing matches or the message is empty).
 
@@ -238,7 +313,7 @@ async def context_passages(*, scope: SearchScope, query: str, top_k: int, number
     query = query.strip()[:MAX_QUERY_CHARS]
     if not query:
         return []
-    hits = await in_thread(search_sync)(scope, query=query, top_k=top_k)
+    hits = await retrieval.hits(query=query, top_k=top_k)
     if not hits:
         return []
     async with numbers.lock:

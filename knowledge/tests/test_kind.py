@@ -261,3 +261,37 @@ def test_without_user_uploads_the_users_own_knowledge_base_is_not_searched(world
     [call] = _calls(run.pk)
     assert call.status == "succeeded"
     assert {c["document_title"] for c in call.result_data["citations"]} <= {"Sailing club handbook"}
+
+
+# --- rewrite and rerank through the run's route ---------------------------------------------------
+
+
+def test_rewrite_and_rerank_ask_the_runs_model_and_rerank_reorders(world, fake_llm, embedding_server, no_enqueue,
+                                                                   no_ingest_task):
+    from llm.testing import Reply as R
+
+    kb = _kb(world.tenant, embedding_server, "Club", SAILING, KITCHEN)
+    agent = _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 1, "rewrite": True, "rerank": True})
+
+    def answer(body):
+        last = body["messages"][-1]
+        text = last.get("content") or ""
+        if text.startswith("You judge search results"):  # the rerank step: only the kitchen passage is relevant
+            return R("9" if "dishwasher" in text else "1")
+        if text.startswith("Rewrite the question"):
+            return R("boathouse hours")
+        if last["role"] == "tool":
+            return R("Done.")
+        return ToolCalls([("knowledge_search", {"query": "When does the boathouse open?"})])
+
+    fake_llm.respond(answer)
+    run = post_message_sync(agent=agent, user=world.member, content="Go")
+    run_now(run.pk)
+
+    assert Run.all_tenants.get(pk=run.pk).status == "completed"
+    [call] = _calls(run.pk)
+    # Fused, the boathouse passage comes first; the (scripted) reranker prefers the kitchen's.
+    assert [c["document_title"] for c in call.result_data["citations"]] == ["Kitchen rules"]
+    prompts = [r["messages"][-1].get("content") or "" for r in fake_llm.requests]
+    assert sum(p.startswith("Rewrite the question") for p in prompts) == 1
+    assert sum(p.startswith("You judge search results") for p in prompts) >= 2
