@@ -175,9 +175,9 @@ def _vectors(response: Any, *, count: int, dimensions: int | None, where: str) -
 async def _endpoint_of(provider: ModelProvider | EmbeddingEndpoint) -> EmbeddingEndpoint:
     if isinstance(provider, EmbeddingEndpoint):
         return provider
-    from asgiref.sync import sync_to_async
+    from channels.db import database_sync_to_async  # closes the thread's old connections around the call
 
-    return await sync_to_async(embedding_endpoint, thread_sensitive=True)(provider)
+    return await database_sync_to_async(embedding_endpoint, thread_sensitive=False)(provider)
 
 
 async def aembed_texts(
