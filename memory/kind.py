@@ -94,9 +94,18 @@ class MemoryKind(CapabilityKind):
 
 
 def _to_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``in_thread`` when the caller gave none: the function on a worker thread, context copied."""
+    """``in_thread`` when the caller gave none: the function on a worker thread (the tenant
+    scope copied with the context), the thread's database connection closed afterwards."""
+    def closing(**kwargs: Any) -> Any:
+        from django.db import connection
+
+        try:
+            return fn(**kwargs)
+        finally:
+            connection.close()
+
     async def call(**kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, **kwargs)
+        return await asyncio.to_thread(closing, **kwargs)
 
     return call
 
