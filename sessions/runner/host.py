@@ -133,7 +133,7 @@ def run_host_shutdown(timeout_seconds: float = 10.0) -> bool:
     if host is None:
         return False
     host.close(timeout_seconds)
-    from sessions.runner._db import db_executor_shutdown
+    from sessions.runner.threads import db_executor_shutdown
 
     db_executor_shutdown()
     return True

@@ -18,18 +18,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
-
-from asgiref.sync import sync_to_async
 
 from llm.health import RedisEntryHealth
 from llm.records import AttemptRecord
 from llm.router import Router
+from sessions import runs
 from sessions.events import async_redis, event_publish, event_publish_nowait, pipelined_command
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
-from sessions.runner.cancellation import CANCEL_REASON, raise_if_cancelling, watch_for_cancel
+from sessions.runner.cancellation import raise_if_cancelling, watch_for_cancel
 from sessions.runner.run_context import run_context_open
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
@@ -46,29 +44,16 @@ from sessions.runner.turn import (
     RunState,
     run_turns,
 )
-from tenants.scoping import current_tenant_id, tenant_scope
+from tenants.scoping import tenant_scope
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT", "FINAL_TURN_NOTE", "TOKEN_FLUSH_CHARS", "TOKEN_FLUSH_SECONDS", "Cancelled", "Completed",
-    "Continue", "Failed", "Outcome", "Paused", "execute_run",
+    "Continue", "Failed", "Paused", "execute_run",
 ]
 
 _StreamedTextBatcher = StreamedTextBatcher  # its old name here (tests and bench/concurrent_runs.py use it)
 
 logger = logging.getLogger(__name__)
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """A run's end as a plain record (``status``: a :class:`~sessions.models.RunStatus`
-    value; ``reason`` for ``failed``). The loop itself ends with the typed outcomes of
-    :mod:`sessions.runner.turn` (:class:`Completed`, :class:`Failed`, :class:`Paused`,
-    :class:`Cancelled`), which carry the same four attributes; the run-end path
-    (:func:`_finish`, sub-runs) reads either."""
-
-    status: str
-    reply: str = ""
-    error: str = ""
-    reason: str = ""
 
 
 async def execute_run(run_id: int, *, tenant_id: int | None = None) -> None:
@@ -87,8 +72,8 @@ async def execute_run(run_id: int, *, tenant_id: int | None = None) -> None:
             return
     with tenant_scope(tenant_id):
         try:
-            spec = await _db.db(_db.run_claim)(run_id)
-        except _db.RunNotClaimable as exc:
+            spec = await runs.run_claim(run_id, load=_db._spec)  # publishes run_running
+        except runs.RunNotClaimable as exc:
             logger.info("not starting: %s", exc)
             return
         except ValueError as exc:
@@ -104,7 +89,6 @@ async def execute_run(run_id: int, *, tenant_id: int | None = None) -> None:
         )
         # The text streamed in the current model turn (stream_model_turn keeps it): a stopped run keeps it as its reply.
         publish.streamed = []  # type: ignore[attr-defined]
-        await publish("run_running", {"attempt": spec.attempt})
         heartbeat = asyncio.create_task(_heartbeat(run_id, spec.attempt, asyncio.current_task()),
                                         name=f"run-{run_id}-heartbeat")
         try:
@@ -133,7 +117,7 @@ async def _heartbeat(run_id: int, attempt: int, owner: asyncio.Task | None) -> N
     while True:
         await asyncio.sleep(settings.RUN_HEARTBEAT_SECONDS)
         try:
-            alive = await _db.run_heartbeat(run_id, attempt)
+            alive = await runs.run_heartbeat(run_id, attempt)
         except Exception:  # noqa: BLE001 - keep beating
             logger.warning("run %s: heartbeat write failed", run_id, exc_info=True)
             continue
@@ -144,53 +128,20 @@ async def _heartbeat(run_id: int, attempt: int, owner: asyncio.Task | None) -> N
             return
 
 
-async def _finish(run_id: int, spec: RunSpec | None, outcome: RunEnd | Outcome, *, publish: Any = None) -> None:
+async def _finish(run_id: int, spec: RunSpec | None, outcome: RunEnd, *, publish: Any = None) -> None:
+    """The run's end as the loop left it: paused (:func:`sessions.runs.run_pause`) or ended
+    (:func:`sessions.runs.run_finish`); each publishes its event and starts the runs that may
+    start now."""
     if publish is None:
-        from sessions.runner._db import Run  # local: only for the session id of a run that never started
-
-        session_id = await _db.db(lambda: Run.objects.get(pk=run_id).session_id)()
+        session_id = await _db.db(lambda: _db.Run.objects.get(pk=run_id).session_id)()  # a run that never started
 
         async def publish(event_type: str, data: dict[str, Any]) -> None:
             await event_publish(session_id=session_id, run_id=run_id, type=event_type, data=data)
 
     if outcome.status == RunStatus.AWAITING_APPROVAL:
-        approvals, to_start = await _db.db(_db.run_pause)(run_id)
-        if approvals:
-            await publish("run_awaiting_approval", {"approvals": approvals})
-        await _start_runs(to_start)
-        return
-    ended = {"run_id": run_id, "status": outcome.status, "reply": outcome.reply, "error": outcome.error,
-             "reason": outcome.reason}
-    if spec is not None and spec.attempt == 1 and not spec.steer and not spec.starts_subruns:
-        finished = await _db.run_finish_alone(  # nothing steered into it, no sub-runs
-            **ended, session_id=spec.session_id, subrun=spec.depth > 0,
-        )
+        await runs.run_pause(run_id, publish=publish)
     else:
-        finished = await _db.db(_db.run_finish)(**ended)
-    for target in (run_id, *finished.steered):
-        if outcome.status == RunStatus.COMPLETED:
-            data: dict[str, Any] = {"reply": outcome.reply}
-            event_type = "run_completed"
-        elif outcome.status == RunStatus.CANCELLED:
-            data, event_type = {"reason": CANCEL_REASON}, "run_cancelled"
-        else:
-            data, event_type = {"error": outcome.error, "reason": outcome.reason}, "run_failed"
-        if target == run_id:
-            await publish(event_type, data)
-        elif spec is not None:  # a run steered into this one ends with it
-            await event_publish(session_id=spec.session_id, run_id=target, type=event_type,
-                                data={**data, "steered_into": run_id})
-    await _start_runs(finished.to_start)
-
-
-async def _start_runs(run_ids: list[int]) -> None:
-    """Hand runs to workers (each claim re-checks that it may start)."""
-    if not run_ids:
-        return
-    from sessions.tasks import run_enqueue
-
-    for next_run_id in run_ids:
-        await sync_to_async(run_enqueue)(next_run_id, current_tenant_id())  # runs of this run's tenant
+        await runs.run_finish(run_id, outcome, publish=publish, spec=spec)
 
 
 CANCELLED_OUTCOME = Cancelled()
@@ -198,14 +149,14 @@ AWAITING_APPROVAL_OUTCOME = Paused()
 """The run paused: some tool call waits for a human; no worker holds it meanwhile."""
 
 
-async def _run_loop_cancellable(spec: RunSpec, publish: Any, *, toolset: Toolset | None = None) -> RunEnd | Outcome:
+async def _run_loop_cancellable(spec: RunSpec, publish: Any, *, toolset: Toolset | None = None) -> RunEnd:
     """:func:`_run_loop`, cancelled as soon as a cancel of the run is requested.
 
     The loop runs as a task next to :func:`watch_for_cancel`. When the watcher returns
     first, the loop task is cancelled: the CancelledError goes into whatever it awaits (the
     router's HTTP stream is closed, the ``asyncio.gather`` of tool calls cancels every
     tool, the AsyncExitStack closes the MCP connections) and this waits for it to unwind.
-    Tool calls left without a result are recorded ``cancelled`` by ``run_finish``.
+    Tool calls left without a result are recorded ``cancelled`` by :func:`sessions.runs.run_finish`.
 
     The run's wall-clock limit (the agent's ``run_timeout_seconds`` from the run's first
     start, time spent awaiting approvals excluded) cancels the loop the same way and ends the
@@ -271,7 +222,7 @@ async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = No
 
 class _LlmCallRecorder:
     """The router's ``record`` callback: writes each attempt's LLMCall row as it ends, except
-    the attempt that answered a model turn, which :func:`_db.assistant_message_save` writes
+    the attempt that answered a model turn, which :func:`sessions.runs.assistant_message_save` writes
     with the answer (one transaction and one thread hop less per turn).
 
     Inside :meth:`holding_the_answer` a succeeded attempt is kept; if the turn then fails
@@ -288,7 +239,7 @@ class _LlmCallRecorder:
         if self._holding and self._answer is None and attempt.status == "succeeded":
             self._answer = attempt
             return
-        await _db.llm_call_record(spec=self.spec, turn=self.turn, record=attempt)
+        await runs.llm_call_record(spec=self.spec, turn=self.turn, record=attempt)
 
     @contextlib.asynccontextmanager
     async def holding_the_answer(self) -> Any:

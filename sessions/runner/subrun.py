@@ -12,7 +12,7 @@ with its own context:
   are no longer offered, and a call still made fails with a clear error;
 - the skill's loop limit and route (else the calling run's route entries); the parent's
   tool timeout, parallelism and run deadline; per-run budgets count the sub-run's usage plus
-  its ancestors' (:func:`sessions.runner._db.run_usage`).
+  its ancestors' (``run_usage`` of the runner's reads).
 
 Its LLMCall / ToolCall / Message rows are its own (its messages never enter the session's
 history), its events go on the session stream with its own ``run_id`` and
@@ -25,14 +25,14 @@ cancels it (recorded ``cancelled``); cancelling the sub-run alone (the API, its 
 only it, and the parent's model hears that the skill was cancelled.
 
 Durability: if the worker dies during a sub-run, the parent resumes on another worker and
-re-executes the skill call (it has no result); :func:`sessions.runner._db.subrun_open` finds
+re-executes the skill call (it has no result); :func:`sessions.runs.subrun_open` finds
 the sub-run by ``parent_tool_call`` and it resumes from its own persisted messages, like any
 run. A sub-run that already ended returns its recorded outcome without running again.
 
 Approvals: a tool call inside a sub-run that needs a human (policy ``ask``, a tool raising
 ApprovalRequired, ``ask_user``) pauses the whole tree, and no worker holds any of it. The
 Approval belongs to the user's run (``sub_run`` names this one); the sub-run's loop returns
-``awaiting_approval``, :func:`sessions.runner._db.subrun_pause` records the sub-run and the
+``awaiting_approval``, :func:`sessions.runs.subrun_pause` records the sub-run and the
 skill call as waiting, and the call raises
 :class:`sessions.runner.tool_execution.SubRunWaiting`, so its run waits too, up to the user's
 run, which pauses like any run. Once decided, the user's run resumes on any worker,
@@ -48,13 +48,15 @@ from typing import Any
 
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
+from sessions import runs
 from sessions.events import event_publish, event_publish_nowait
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
-from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON, raise_if_cancelling
+from sessions.runner.cancellation import raise_if_cancelling
 from sessions.runner.spec import RunSpec, SkillBindingSpec
 from sessions.runner.tool_execution import SubRunWaiting
 from sessions.runner.toolset import CapabilityUnavailable, Toolset
+from sessions.runner.turn import Cancelled, Failed, RunEnd
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +120,7 @@ class SkillTool(Tool):
                 "levels deep. Do this part yourself with the tools you have.",
                 code="depth_limit",
             )
-        state = await _db.db(_db.subrun_open)(
+        state = await _db.db(runs.subrun_open)(
             parent=self.parent, call_pk=context.tool_call_id, skill_id=self.skill.skill_id, task=task.strip()
         )
         if state.status == RunStatus.COMPLETED:  # ended before a worker died: its result stands
@@ -130,8 +132,8 @@ class SkillTool(Tool):
             return ToolResult(content=outcome.reply, data={"sub_run_id": state.run_id})
         raise ToolError(f"The skill {self.spec.name!r} did not finish: {outcome.error}", code="sub_run_failed")
 
-    async def _run(self, run_id: int, *, task: str, context: ToolContext) -> Any:
-        from sessions.runner.loop import Outcome, _run_loop_cancellable
+    async def _run(self, run_id: int, *, task: str, context: ToolContext) -> RunEnd:
+        from sessions.runner.loop import _run_loop_cancellable
 
         parent = self.parent
         extra = {"parent_run_id": parent.run_id, "parent_tool_call_id": context.tool_call_id}
@@ -152,10 +154,8 @@ class SkillTool(Tool):
         try:
             spec = await _db.db(_db.subrun_spec)(subrun_id=run_id, parent=parent)
         except ValueError as exc:
-            outcome = Outcome(RunStatus.FAILED, error=str(exc), reason=RunFailureReason.CONFIGURATION)
-            await _db.db(_db.subrun_finish)(run_id=run_id, status=outcome.status, error=outcome.error,
-                                            reason=outcome.reason)
-            await publish_now("run_failed", {"error": outcome.error, "reason": outcome.reason})
+            outcome = Failed(RunFailureReason.CONFIGURATION, str(exc))
+            await runs.subrun_finish(run_id, outcome, publish=publish_now)
             return outcome
         toolset = subrun_toolset(parent_toolset=self.parent_toolset, allowed=list(self.skill.allowed_tools), spec=spec)
         await publish("run_running", {"attempt": spec.attempt, "skill": self.skill.name, "depth": spec.depth,
@@ -166,37 +166,24 @@ class SkillTool(Tool):
             await asyncio.shield(self._record_cancelled(run_id, spec.attempt, publish_now))
             raise
         except CapabilityUnavailable as exc:
-            outcome = Outcome(RunStatus.FAILED, error=str(exc), reason=RunFailureReason.CAPABILITY_UNAVAILABLE)
+            outcome = Failed(RunFailureReason.CAPABILITY_UNAVAILABLE, str(exc))
         except Exception as exc:  # noqa: BLE001 - the sub-run fails, the parent goes on
             logger.exception("sub-run %s crashed", run_id)
-            outcome = Outcome(RunStatus.FAILED, error=f"Internal error: {type(exc).__name__}: {exc}",
-                              reason=RunFailureReason.INTERNAL)
+            outcome = Failed(RunFailureReason.INTERNAL, f"Internal error: {type(exc).__name__}: {exc}")
         if outcome.status == RunStatus.AWAITING_APPROVAL:
-            approvals = await _db.db(_db.subrun_pause)(run_id=run_id, attempt=spec.attempt,
-                                                       call_pk=context.tool_call_id)
-            if approvals is None:  # another worker resumed this sub-run meanwhile: it goes on there
-                raise asyncio.CancelledError()
-            await publish_now("run_awaiting_approval", {"approvals": approvals})
+            if not await runs.subrun_pause(run_id=run_id, attempt=spec.attempt, call_pk=context.tool_call_id,
+                                           publish=publish_now):
+                raise asyncio.CancelledError()  # another worker resumed this sub-run meanwhile: it goes on there
             raise SubRunWaiting(f"sub-run {run_id} waits for a human")
-        recorded = await _db.db(_db.subrun_finish)(run_id=run_id, status=outcome.status, reply=outcome.reply,
-                                                   error=outcome.error, reason=outcome.reason, attempt=spec.attempt)
-        if not recorded:  # another worker resumed this sub-run meanwhile: it reports the outcome
-            raise asyncio.CancelledError()
-        if outcome.status == RunStatus.COMPLETED:
-            await publish("run_completed", {"reply": outcome.reply})
-        elif outcome.status == RunStatus.CANCELLED:
-            await publish("run_cancelled", {"reason": CANCEL_REASON})
-        else:
-            await publish("run_failed", {"error": outcome.error, "reason": outcome.reason})
+        if not await runs.subrun_finish(run_id, outcome, publish=publish, attempt=spec.attempt):
+            raise asyncio.CancelledError()  # another worker resumed this sub-run meanwhile: it reports the outcome
         return outcome
 
     @staticmethod
     async def _record_cancelled(run_id: int, attempt: int, publish_now: Any) -> None:
         try:
-            if await _db.db(_db.subrun_finish)(run_id=run_id, status=RunStatus.CANCELLED, error=CANCEL_ERROR,
-                                               attempt=attempt):
-                await publish_now("run_cancelled", {"reason": CANCEL_REASON})
-        except Exception:  # noqa: BLE001 - run_finish of the parent ends it anyway
+            await runs.subrun_finish(run_id, Cancelled(), publish=publish_now, attempt=attempt)
+        except Exception:  # noqa: BLE001 - the end of the parent ends it anyway
             logger.warning("sub-run %s: could not record its cancellation", run_id, exc_info=True)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from agents.models import ApprovalAction
 from capabilities.tools import ApprovalRequired, QuestionForUser, Tool, ToolContext, ToolError
 from llm.sanitize import clean_json, clean_text
+from sessions import runs
 from sessions.models import ApprovalKind, ApprovalStatus, ToolCallStatus
 from sessions.runner import _db
 from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
@@ -137,7 +138,7 @@ async def _execute_one(
     shown_arguments = arguments if arguments is not None else call["arguments_raw"]
 
     async def wait_for_human(kind: str, *, reason: str = "", question: str = "") -> bool:
-        await _db.db(_db.approval_request)(spec=spec, call_pk=pk, kind=kind, tool_name=name,
+        await _db.db(runs.approval_request)(spec=spec, call_pk=pk, kind=kind, tool_name=name,
                                            arguments=shown_arguments, reason=reason, question=question)
         return True
 
@@ -152,7 +153,7 @@ async def _execute_one(
             decided = _Result(status=ToolCallStatus.FAILED,
                               error=f"The agent's policy does not allow the tool {name!r}. Do not call it again.")
 
-    await _db.tool_call_start(pk=pk)
+    await runs.tool_call_start(pk=pk)
     await publish("tool_call_started", {"tool_call_id": pk, "name": name, "arguments": shown_arguments})
     started = time.monotonic()
     if decided is not None:
@@ -180,7 +181,7 @@ async def _execute_one(
             result.model_content = f"Error: {frame_untrusted(result.error)}"
     duration_ms = int((time.monotonic() - started) * 1000)
 
-    recorded = await _db.tool_call_finish(
+    recorded = await runs.tool_call_finish(
         spec=spec, pk=pk, status=result.status, content=result.content[:MAX_RECORDED_CHARS], data=result.data,
         error=result.error, duration_ms=duration_ms, model_content=result.model_content,
     )

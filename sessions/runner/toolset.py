@@ -29,8 +29,8 @@ from capabilities.toolsets import (
     approval_action,
 )
 from llm.types import ToolSpec
-from sessions.runner._db import db
 from sessions.runner.spec import RunSpec
+from sessions.runner.threads import db
 
 __all__ = [
     "CapabilityUnavailable", "Publish", "ToolOrigin", "ToolSource", "Toolset", "renamed", "toolset_open",

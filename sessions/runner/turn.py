@@ -25,7 +25,7 @@ from capabilities.registry import ContextBlock
 from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted, public_error_message
 from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, ToolSpec
-from sessions.events import event_publish
+from sessions import runs
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_ERROR
@@ -234,11 +234,7 @@ async def _absorb_steering(spec: RunSpec) -> bool:
     per turn, so only for agents in steer mode."""
     if not spec.steer or spec.depth != 0:
         return False
-    steered = await _db.db(_db.steer_absorb)(spec.run_id)
-    for steered_run_id in steered:
-        await event_publish(session_id=spec.session_id, run_id=steered_run_id, type="run_running",
-                            data={"steered_into": spec.run_id})
-    return bool(steered)
+    return bool(await _db.db(runs.steer_absorb)(spec.run_id))  # each absorbed run: run_running
 
 
 def _build_prompt(state: RunState) -> None:
@@ -355,7 +351,7 @@ async def model_turn(state: RunState) -> StepOutcome:
     message = completion.message
     if state.final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
         message = dataclasses.replace(message, tool_calls=())
-    state.calls = await _db.assistant_message_save(spec=spec, turn=state.turn, message=message, reasoning=reasoning,
+    state.calls = await runs.assistant_message_save(spec=spec, turn=state.turn, message=message, reasoning=reasoning,
                                                    llm_call=state.record.take_answer())
     state.message = message
     state.turn += 1

@@ -69,7 +69,7 @@ def test_database_calls_run_on_their_own_bounded_threads(settings):
     import threading
     import time
 
-    from sessions.runner import _db
+    from sessions.runner import threads as _db
 
     settings.RUN_HOST_DB_THREADS = 2
     state = {"now": 0, "most": 0, "threads": set()}

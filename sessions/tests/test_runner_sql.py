@@ -1,4 +1,5 @@
-"""The runner's hand-written SQL (sessions/runner/_db.py) against the models it writes.
+"""The run lifecycle's and the runner's hand-written SQL (sessions/runs/_sql.py,
+sessions/runner/_db.py) against the models they write.
 
 The hot writes (a message per turn and per tool result, an LLM call per turn, tool call
 inserts and updates) and the history read are plain SQL for their CPU cost, run on the
@@ -16,12 +17,20 @@ import pytest
 
 from llm.records import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
+from sessions import runs
 from sessions.models import LLMCall, Message, Run, ToolCall
 from sessions.runner import _db
+from sessions.runs import _sql, lifecycle
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+
+
+def claim_sync(run_id: int):
+    """The claim's transaction and the configuration load, as :func:`sessions.runs.run_claim`
+    makes them on its thread (without its event)."""
+    return _db._spec(lifecycle._claim(run_id))
 
 
 def _columns(model) -> set[str]:
@@ -29,9 +38,9 @@ def _columns(model) -> set[str]:
 
 
 def test_the_inserts_write_every_column_of_their_models() -> None:
-    assert set(_db._MESSAGE_COLUMNS) == _columns(Message)
-    assert set(_db._LLM_CALL_COLUMNS) == _columns(LLMCall)
-    assert set(_db._TOOL_CALL_COLUMNS) == _columns(ToolCall)
+    assert set(_sql.MESSAGE_COLUMNS) == _columns(Message)
+    assert set(_sql.LLM_CALL_COLUMNS) == _columns(LLMCall)
+    assert set(_sql.TOOL_CALL_COLUMNS) == _columns(ToolCall)
 
 
 def _claimed(world, fake_llm_url: str):
@@ -40,7 +49,7 @@ def _claimed(world, fake_llm_url: str):
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm_url])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     with tenant_scope(world.tenant.pk):
-        return _db.run_claim(run.pk)
+        return claim_sync(run.pk)
 
 
 def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, other_world, fake_llm) -> None:
@@ -55,17 +64,17 @@ def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, other_worl
         ToolCallRequest(id="c2", name="echo", arguments="not json"),
     ))
     with tenant_scope(world.tenant.pk):
-        calls = asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message, reasoning="thinking", llm_call=record))
-        asyncio.run(_db.tool_call_start(pk=calls[0]["pk"]))
-        assert asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="succeeded", content="ä",
+        calls = asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message, reasoning="thinking", llm_call=record))
+        asyncio.run(runs.tool_call_start(pk=calls[0]["pk"]))
+        assert asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="succeeded", content="ä",
                                                 data={"n": 1}, error="", duration_ms=4))
-        assert not asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="failed", content="",
+        assert not asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="failed", content="",
                                                     data=None, error="late", duration_ms=1)), "recorded once"
     with tenant_scope(other_world.tenant.pk):
-        assert not asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="succeeded", content="no",
+        assert not asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="succeeded", content="no",
                                                     data=None, error="", duration_ms=1)), "another tenant's call"
     with tenant_scope(world.tenant.pk):
-        assert asyncio.run(_db.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="failed", content="", data=None,
+        assert asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="failed", content="", data=None,
                                                 error="bad arguments", duration_ms=1))
         history = asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False))
 
@@ -111,9 +120,9 @@ def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fak
     with_call = ChatMessage(role="assistant", content="x", tool_calls=(ToolCallRequest(id="c1", name="echo", arguments="{}"),))
     with tenant_scope(other_world.tenant.pk):
         with pytest.raises(Exception, match="not found"):
-            asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message))
+            asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message))
         with pytest.raises(Exception, match="not found"):
-            asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=with_call, llm_call=record))
+            asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=with_call, llm_call=record))
     assert not ToolCall.all_tenants.filter(run_id=spec.run_id).exists(), "no tool call written for another tenant's run"
     assert not LLMCall.all_tenants.filter(run_id=spec.run_id).exists()
     assert Run.all_tenants.get(pk=spec.run_id).prompt_tokens == 0 and Run.all_tenants.get(pk=spec.run_id).loop_count == 0
@@ -130,14 +139,14 @@ def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fak
 
 
 def _finish_on_a_thread(spec, **ended):
-    return _db.run_finish(**ended, may_have_steered=False, may_have_subruns=False)
+    return runs.run_end(**ended, may_have_steered=False, may_have_subruns=False)
 
 
 def _finish_on_the_loop(spec, **ended):
-    return asyncio.run(_db.run_finish_alone(**ended, session_id=spec.session_id, subrun=False))
+    return asyncio.run(lifecycle._run_end_pipelined(**ended, session_id=spec.session_id))
 
 
-@pytest.mark.parametrize("finish", [_finish_on_a_thread, _finish_on_the_loop], ids=["run_finish", "run_finish_alone"])
+@pytest.mark.parametrize("finish", [_finish_on_a_thread, _finish_on_the_loop], ids=["run_end", "run_end_pipelined"])
 def test_run_finish_ends_the_run_its_open_calls_and_hands_on_the_next_queued_run(
     world, other_world, fake_llm, finish,
 ) -> None:
@@ -146,8 +155,8 @@ def test_run_finish_ends_the_run_its_open_calls_and_hands_on_the_next_queued_run
     spec = _claimed(world, fake_llm.base_url)
     message = ChatMessage(role="assistant", content="", tool_calls=(ToolCallRequest(id="c1", name="echo", arguments="{}"),))
     with tenant_scope(world.tenant.pk):
-        [call] = asyncio.run(_db.assistant_message_save(spec=spec, turn=0, message=message))
-        approval_id = _db.approval_request(spec=spec, call_pk=call["pk"], kind="approval", tool_name="echo", arguments={})
+        [call] = asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message))
+        approval_id = runs.approval_request(spec=spec, call_pk=call["pk"], kind="approval", tool_name="echo", arguments={})
     session = ChatSession.all_tenants.get(pk=spec.session_id)
     agent = session.agent
     queued = post_message_sync(agent=agent, user=world.member, content="next", session=session)
@@ -172,11 +181,11 @@ def test_a_claim_in_another_tenants_scope_finds_no_run(world, other_world, fake_
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
-    with tenant_scope(other_world.tenant.pk), pytest.raises(_db.RunNotClaimable, match="not found"):
-        _db.run_claim(run.pk)
+    with tenant_scope(other_world.tenant.pk), pytest.raises(runs.RunNotClaimable, match="not found"):
+        claim_sync(run.pk)
     assert Run.all_tenants.get(pk=run.pk).status == "queued"
     with tenant_scope(world.tenant.pk):
-        spec = _db.run_claim(run.pk)
+        spec = claim_sync(run.pk)
     claimed = Run.all_tenants.get(pk=run.pk)
     assert (claimed.status, claimed.attempt, spec.attempt, spec.agent_name) == ("running", 1, 1, agent.name)
     assert claimed.started_at is not None and claimed.heartbeat_at == claimed.started_at
@@ -199,7 +208,7 @@ def test_a_runs_configuration_is_read_inside_its_tenant_in_route_order(world, ot
                                                  builtin_name="web_fetch")
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     with tenant_scope(world.tenant.pk):
-        spec = _db.run_claim(run.pk)
+        spec = claim_sync(run.pk)
         claimed = _db.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
     assert [e.base_url for e in spec.entries] == ["http://127.0.0.1:2/v1", "http://127.0.0.1:1/v1"]
     assert [e.provider_name for e in spec.entries] == [f"p1-{agent.route_id}", f"p0-{agent.route_id}"]

@@ -206,7 +206,7 @@ def saved(monkeypatch):
         rows.append((turn, message))
         return []
 
-    monkeypatch.setattr(turn._db, "assistant_message_save", assistant_message_save)
+    monkeypatch.setattr(turn.runs, "assistant_message_save", assistant_message_save)
     return rows
 
 

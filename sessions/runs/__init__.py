@@ -1,0 +1,85 @@
+"""The run lifecycle: every write of a Run, and of the rows a run writes (its messages, tool
+calls, LLM calls, compactions, approvals), is one named function of this package. The API
+services (:mod:`sessions.services`), the sweeper and the runner (:mod:`sessions.runner`) all
+call these; nothing else writes ``Run.status`` (``sessions/tests/test_run_lifecycle.py``
+checks the source).
+
+Status transitions (:mod:`sessions.runs.lifecycle`; each publishes its event after its commit):
+
+===========================  ===========================================  ============================  =====================
+function                     transition                                   event                         caller
+===========================  ===========================================  ============================  =====================
+``run_create``               (new) → queued                               ``run_queued {input}``        ``message_post``
+``run_claim``                queued | running (stale) → running           ``run_running {attempt}``     runner
+``steer_absorb``             queued (steer) → running (``steered_into``)  ``run_running {steered_into}`` runner
+``run_pause``                running → awaiting_approval (or → queued)    ``run_awaiting_approval``     runner
+``run_resume``               awaiting_approval → queued                   ``run_queued {resumed}``      ``approval_decide``, sub-run cancel
+``run_finish``               running → completed | failed | cancelled     ``run_completed`` / ``_failed`` / ``_cancelled``  runner
+``run_finish_unheld``        awaiting_approval | running (orphan) → failed | cancelled   ``run_failed`` / ``run_cancelled``  ``run_cancel``, ``approvals_expire``, sweeper
+``run_cancel``               queued → cancelled; running: cancel signal   ``run_cancelled``             API
+``subrun_open``              (new) → running; active → running (resume)   (the runner's ``run_running``) skill tool
+``subrun_pause``             running → awaiting_approval                  ``run_awaiting_approval``     skill tool
+``subrun_finish``            running → completed | failed | cancelled     the end event                 skill tool
+===========================  ===========================================  ============================  =====================
+
+A transition the run's status does not allow is refused and says so (False, ``None``,
+``RunFinished.ended`` False, :class:`RunNotClaimable`, a 409 ``ApplicationError``), writing and
+publishing nothing. ``run_end`` is the one place a run's end is written (``run_finish``,
+``run_finish_unheld`` and ``subrun_finish`` call it; ``run_finish``'s plain-SQL fast path runs
+the same statements pipelined on the loop's connection).
+
+Row writes (:mod:`sessions.runs.records`): ``message_insert``, ``assistant_message_save`` (a
+model turn: message, tool calls, LLM call, usage), ``tool_call_start``, ``tool_call_finish``,
+``llm_call_record``, ``compaction_save``, ``approval_request``. The statements every turn makes
+are plain SQL (:mod:`sessions.runs._sql`) on the run host loop's async connection.
+"""
+
+from sessions.runs.lifecycle import (
+    APPROVAL_EXPIRED_ERROR,
+    ClaimedRun,
+    Publish,
+    RunEnding,
+    RunFinished,
+    RunNotClaimable,
+    SubRunState,
+    approval_decide,
+    approvals_expire,
+    end_event,
+    next_queued_run_id,
+    run_cancel,
+    run_claim,
+    run_create,
+    run_end,
+    run_enqueue_on_commit,
+    run_finish,
+    run_finish_unheld,
+    run_heartbeat,
+    run_pause,
+    run_resume,
+    stale_before,
+    steer_absorb,
+    subrun_finish,
+    subrun_open,
+    subrun_pause,
+    tenant_run_limit,
+    tenant_waiting_run_ids,
+)
+from sessions.runs.records import (
+    approval_payload,
+    approval_request,
+    assistant_message_save,
+    compaction_save,
+    llm_call_record,
+    message_insert,
+    tool_call_finish,
+    tool_call_start,
+)
+
+__all__ = [
+    "APPROVAL_EXPIRED_ERROR", "ClaimedRun", "Publish", "RunEnding", "RunFinished", "RunNotClaimable", "SubRunState",
+    "approval_decide", "approval_payload", "approval_request", "approvals_expire", "assistant_message_save",
+    "compaction_save", "end_event", "llm_call_record", "message_insert", "next_queued_run_id", "run_cancel",
+    "run_claim", "run_create", "run_end", "run_enqueue_on_commit", "run_finish", "run_finish_unheld",
+    "run_heartbeat", "run_pause", "run_resume", "stale_before", "steer_absorb", "subrun_finish", "subrun_open",
+    "subrun_pause", "tenant_run_limit", "tenant_waiting_run_ids", "tool_call_finish", "tool_call_start",
+]

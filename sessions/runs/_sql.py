@@ -1,0 +1,264 @@
+"""The run lifecycle's hand-written SQL: the statements every run makes (its claim, each
+model turn's and tool call's rows, its end), kept as plain SQL because the ORM's versions were
+most of their CPU (bench/README.md). Only :mod:`sessions.runs` uses them; each is pinned
+against the models it writes by ``sessions/tests/test_runner_sql.py``.
+
+Every statement filters by ``%(tenant_id)s`` (the caller's tenant scope) besides row-level
+security.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.utils import timezone
+
+from llm.sanitize import clean_json, clean_text
+from sessions.models import (
+    ACTIVE_RUN_STATUSES,
+    Approval,
+    ApprovalStatus,
+    ChatSession,
+    LLMCall,
+    Message,
+    Run,
+    RunStatus,
+    ToolCall,
+    ToolCallStatus,
+)
+from tenants.models import Tenant
+from tenants.scoping import require_tenant_id
+
+RUN, SESSION, TENANT = Run._meta.db_table, ChatSession._meta.db_table, Tenant._meta.db_table
+M, TC, LC = Message._meta.db_table, ToolCall._meta.db_table, LLMCall._meta.db_table
+
+
+def columns_sql(columns: tuple[str, ...]) -> str:
+    """``"a", "b", …``: a column list for the hand-written INSERTs."""
+    return ", ".join(f'"{c}"' for c in columns)
+
+
+def take_position_cte(only_if: str = "") -> str:
+    """The CTE ``taken(position)`` every hand-written message INSERT starts with: the session's
+    next message position, taken with an ``UPDATE … RETURNING`` (row-locked until the
+    statement's transaction ends); ``only_if``: an extra SQL condition for taking it at all."""
+    return (
+        f'taken AS (UPDATE "{SESSION}" SET "next_position" = "next_position" + 1, "updated_at" = %(now)s '
+        f'WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s{" AND " + only_if if only_if else ""} '
+        'RETURNING "next_position" - 1 AS position)'
+    )
+
+
+CLAIM_SESSION_OF_RUN_SQL = f'SELECT "session_id" FROM "{RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
+CLAIM_LOCK_SESSION_SQL = (
+    f'SELECT "agent_id" FROM "{SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
+)
+CLAIM_LOCK_RUN_SQL = (
+    'SELECT "status", "heartbeat_at", "steered_into_id", "user_id", "loop_count", "paused_seconds" '
+    f'FROM "{RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
+)
+CLAIM_EARLIER_ACTIVE_SQL = (
+    f'SELECT EXISTS (SELECT 1 FROM "{RUN}" WHERE "session_id" = %(session_id)s AND "tenant_id" = %(tenant_id)s '
+    'AND "id" < %(run_id)s AND "status" = ANY(%(active)s))'
+)
+CLAIM_LOCK_TENANT_SQL = (
+    f'SELECT "slug", "max_concurrent_runs" FROM "{TENANT}" WHERE "id" = %(tenant_id)s FOR NO KEY UPDATE'
+)
+"""``FOR NO KEY UPDATE``, not ``FOR UPDATE``: claims of a tenant exclude each other all the
+same, but every INSERT of a tenant-owned row takes ``FOR KEY SHARE`` on this row (its
+foreign-key check, at the commit: Django's foreign keys are deferred), which ``FOR UPDATE``
+would wait for and block. With 200 runs at once, each claim waited for the commits of the
+tenant's other runs and held them up meanwhile (pg_stat_statements, bench/README.md). PostgreSQL, "Row-Level Locks": ``FOR UPDATE``
+is only needed to delete the row or change its key."""
+CLAIM_WORKING_SQL = (
+    f'SELECT COUNT(*) FROM "{RUN}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(running)s '
+    'AND "heartbeat_at" > %(stale_before)s'
+)
+CLAIM_UPDATE_SQL = (
+    f'UPDATE "{RUN}" SET "status" = %(running)s, "attempt" = "attempt" + 1, '
+    '"started_at" = COALESCE("started_at", %(now)s), "heartbeat_at" = %(now)s '
+    'WHERE "id" = %(run_id)s RETURNING "attempt", "started_at"'
+)
+
+
+
+MESSAGE_COLUMNS = ("tenant_id", "session_id", "run_id", "position", "role", "content", "reasoning", "tool_calls",
+                    "tool_call_id", "name", "created_at")
+"""Every column of a Message row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
+
+MESSAGE_INSERT_SQL = f"""
+WITH {take_position_cte()}
+INSERT INTO "{M}" ({columns_sql(MESSAGE_COLUMNS)})
+SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, %(reasoning)s,
+       %(tool_calls)s::jsonb, %(tool_call_id)s, %(name)s, %(now)s
+FROM taken
+RETURNING "id"
+"""
+
+
+def message_params(
+    *, session_id: int, run_id: int, role: str, content: str, reasoning: str = "",
+    tool_calls: list[dict[str, Any]] | None = None, tool_call_id: str = "", name: str = "",
+) -> dict[str, Any]:
+    return {
+        "now": timezone.now(), "session_id": session_id, "tenant_id": require_tenant_id(),
+        "run_id": run_id, "role": role, "content": clean_text(content), "reasoning": clean_text(reasoning),
+        "tool_calls": json.dumps(clean_json(tool_calls or [])), "tool_call_id": clean_text(tool_call_id),
+        "name": clean_text(name),
+    }
+
+
+
+TOOL_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "call_id", "name", "arguments", "arguments_raw", "status",
+                      "result", "result_data", "error", "started_at", "finished_at", "duration_ms", "created_at")
+"""Every column of a ToolCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
+
+LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "attempt", "route_entry_id", "entry_index", "provider_name", "model",
+                     "status", "error_class", "error", "latency_ms", "first_token_ms", "prompt_tokens",
+                     "completion_tokens", "usage_estimated", "cost_usd_micros", "retry_wait_ms", "created_at")
+"""Every column of an LLMCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
+
+LLM_CALL_INSERT_SQL = (
+    f'INSERT INTO "{LC}" ({columns_sql(LLM_CALL_COLUMNS)}) VALUES ({", ".join(f"%({c})s" for c in LLM_CALL_COLUMNS)})'
+)
+
+
+RUN_ADD_USAGE_SQL = (
+    f'UPDATE "{RUN}" SET "loop_count" = COALESCE(%(loop_count)s, "loop_count"), '
+    '"prompt_tokens" = "prompt_tokens" + %(prompt_tokens)s, '
+    '"completion_tokens" = "completion_tokens" + %(completion_tokens)s, '
+    '"cost_usd_micros" = "cost_usd_micros" + %(cost_usd_micros)s '
+    'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
+)
+
+
+TURN_SAVE_SQL = f"""
+WITH {take_position_cte()}, message AS (
+    INSERT INTO "{M}" ({columns_sql(MESSAGE_COLUMNS)})
+    SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, %(reasoning)s,
+           %(tool_calls)s::jsonb, '', '', %(now)s
+    FROM taken
+    RETURNING "id"
+), usage AS (
+    {RUN_ADD_USAGE_SQL} AND EXISTS (SELECT 1 FROM message)
+), calls AS (
+    INSERT INTO "{TC}" ({columns_sql(TOOL_CALL_COLUMNS)})
+    SELECT %(tenant_id)s, %(run_id)s, %(turn)s, c.call_id, c.name, c.arguments::jsonb, c.arguments_raw, %(pending)s,
+           '', NULL, '', NULL, NULL, NULL, %(now)s
+    FROM message, unnest(%(call_ids)s::text[], %(names)s::text[], %(arguments)s::text[], %(arguments_raw)s::text[])
+         AS c(call_id, name, arguments, arguments_raw)
+    RETURNING "id", "call_id"
+){{llm_call}}
+SELECT message."id", calls."id", calls."call_id" FROM message LEFT JOIN calls ON TRUE
+"""
+"""A model turn's writes in one statement (so one round trip, and atomic without a
+transaction): the assistant message at the session's next position, the run's usage and
+turn count, its tool calls, and (``{llm_call}``: :data:`TURN_LLM_CALL_CTE` or nothing) the
+answering LLM call. Every write after the message reads the ``message`` CTE, so none happens
+when the session is not the current tenant's. One row per tool call (message id, call id,
+model's call id), or one row with NULLs for none; no row: no such session."""
+
+NULLABLE_LLM_CALL_CASTS = {"route_entry_id": "::bigint", "first_token_ms": "::integer"}
+TURN_LLM_CALL_CTE = f""", llm_call AS (
+    INSERT INTO "{LC}" ({columns_sql(LLM_CALL_COLUMNS)})
+    SELECT {", ".join(f"%({c})s{NULLABLE_LLM_CALL_CASTS.get(c, '')}" for c in LLM_CALL_COLUMNS)}
+    FROM message
+)"""
+"""The LLMCall row of :data:`TURN_SAVE_SQL` (parameters named as its columns; the nullable
+ones cast, since a NULL parameter in a SELECT list has no type of its own)."""
+TURN_SAVE_WITH_LLM_CALL_SQL = TURN_SAVE_SQL.format(llm_call=TURN_LLM_CALL_CTE)
+TURN_SAVE_ONLY_SQL = TURN_SAVE_SQL.format(llm_call="")
+
+
+TOOL_CALL_START_SQL = (
+    f'UPDATE "{TC}" SET "status" = %(status)s, "started_at" = %(now)s '
+    'WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s'
+)
+
+
+
+TOOL_CALL_FINISH_SQL = f"""
+WITH done AS (
+    UPDATE "{TC}" SET "status" = %(status)s, "result" = %(result)s, "result_data" = %(result_data)s::jsonb,
+           "error" = %(error)s, "finished_at" = %(now)s, "duration_ms" = %(duration_ms)s
+    WHERE "id" = %(pk)s AND "tenant_id" = %(tenant_id)s AND "finished_at" IS NULL
+    RETURNING "call_id", "name"
+), {take_position_cte(only_if="EXISTS (SELECT 1 FROM done)")}
+INSERT INTO "{M}" ({columns_sql(MESSAGE_COLUMNS)})
+SELECT %(tenant_id)s, %(session_id)s, %(run_id)s, taken.position, %(role)s, %(content)s, '', '[]'::jsonb,
+       done."call_id", done."name", %(now)s
+FROM done, taken
+RETURNING "id"
+"""
+"""A tool call's outcome and its tool message in one statement: the call is updated only if
+it has no result yet (the row lock decides between two attempts), and only then does the
+message take the session's next position. One row: recorded; none: recorded before."""
+
+
+
+def run_end_params(*, run_id: int, status: str, reply: str, error: str, reason: str) -> dict[str, Any]:
+    """The parameters of every ``RUN_END_*`` statement (``session_id`` is added once known)."""
+    return {
+        "run_id": run_id, "tenant_id": require_tenant_id(), "status": status, "reply": clean_text(reply),
+        "error": clean_text(error[:5000]),
+        "reason": reason, "now": timezone.now(), "session_id": None,
+        "call_cancelled": ToolCallStatus.CANCELLED.value, "approval_expired": ApprovalStatus.EXPIRED.value,
+        "approval_pending": ApprovalStatus.PENDING.value, "queued": RunStatus.QUEUED.value,
+        "active": [str(s) for s in ACTIVE_RUN_STATUSES],
+    }
+
+
+def run_ended(run_id: int, row: Any) -> tuple[int, int | None, bool]:
+    """(session id, parent tool call id, whether it ended now) from ``RUN_END_SQL``'s row.
+
+    Raises:
+        Run.DoesNotExist: no row: no such run in the current tenant.
+    """
+    if row is None:
+        raise Run.DoesNotExist(f"run {run_id} not found")
+    return row[0], row[1], row[2]
+
+
+RUN_END_SQL = (
+    f'WITH ended AS (UPDATE "{RUN}" SET "status" = %(status)s, "reply" = %(reply)s, "error" = %(error)s, '
+    '"reason" = %(reason)s, "finished_at" = %(now)s, "heartbeat_at" = NULL '
+    'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "status" = ANY(%(active)s) '
+    'RETURNING "session_id", "parent_tool_call_id") '
+    'SELECT "session_id", "parent_tool_call_id", TRUE FROM ended '
+    f'UNION ALL SELECT "session_id", "parent_tool_call_id", FALSE FROM "{RUN}" '
+    'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND NOT EXISTS (SELECT 1 FROM ended)'
+)
+"""A run's end: only an active run (queued, running, awaiting approval) ends. One row: its
+session, its parent tool call (a sub-run's) and TRUE if it ended now, FALSE if it had already
+ended (the run is left as it was: a refused transition); no row: no such run. The second
+SELECT reads the statement's snapshot, from before the UPDATE."""
+SESSION_LOCK_SQL = (
+    f'SELECT 1 FROM "{SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
+)
+RUN_END_CALLS_SQL = (
+    f'UPDATE "{TC}" SET "status" = %(call_cancelled)s, "finished_at" = %(now)s '
+    'WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s AND "finished_at" IS NULL'
+)
+"""Calls left without a result (the run ended mid-turn) are recorded as cancelled."""
+RUN_END_APPROVALS_SQL = (
+    f'UPDATE "{Approval._meta.db_table}" SET "status" = %(approval_expired)s '
+    'WHERE ("run_id" = %(run_id)s OR "sub_run_id" = %(run_id)s) AND "tenant_id" = %(tenant_id)s '
+    'AND "status" = %(approval_pending)s'
+)
+"""A run's pending approvals expire when it ends: a user's run's own (``run``), or a sub-run's
+(``sub_run``; they belong to the user's run)."""
+NEXT_QUEUED_SQL = (
+    f'SELECT "id" FROM "{RUN}" WHERE "session_id" = %(session_id)s '
+    'AND "tenant_id" = %(tenant_id)s AND "status" = %(queued)s ORDER BY "id" LIMIT 1'
+)
+"""The session's next queued run (the one :func:`~sessions.runs.next_queued_run_id` and a run's
+end hand to a worker)."""
+RUN_END_NEXT_SQL = (
+    f'SELECT ({NEXT_QUEUED_SQL}), '
+    f'EXISTS (SELECT 1 FROM "{RUN}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(queued)s '
+    'AND "steered_into_id" IS NULL)'
+)
+"""The session's next queued run (:data:`NEXT_QUEUED_SQL`), and whether the tenant has any
+queued run at all (else :func:`~sessions.runs.tenant_waiting_run_ids` has nothing to find)."""
+

@@ -1,0 +1,242 @@
+"""The rows a run writes besides its own status: its messages, each model turn (the
+assistant message, its tool calls, the LLM call, the usage), each tool call's start and
+outcome, compactions and approval requests.
+
+The per-turn writes (``async def``) are one plain-SQL statement each on the run's event loop
+(:mod:`sessions.runner.pg`); the rest are ORM transactions, called from a thread
+(:func:`sessions.runner.threads.db`). Every function expects the caller's tenant scope and
+filters by it. None of them publishes: the runner publishes each row's event once the
+function returns (the statement has committed by then).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from llm.records import AttemptRecord
+from llm.sanitize import clean_json, clean_json_text, clean_text
+from llm.types import ChatMessage
+from sessions.models import Approval, ChatSession, Compaction, MessageRole, ToolCall, ToolCallStatus
+from sessions.runner.pg import pg_connection
+from sessions.runner.spec import RunSpec
+from sessions.runs import _sql as sql
+from tenants.scoping import require_tenant_id
+
+
+def message_insert(**fields: Any) -> int:
+    """Insert one message of run ``run_id`` at the session's next position (row-locked until
+    the transaction ends); returns its id. Keyword arguments: ``session_id``, ``run_id``,
+    ``role``, ``content``, and optionally ``reasoning``, ``tool_calls`` (``[{id, name,
+    arguments}]``), ``tool_call_id``, ``name``.
+
+    One statement: the position's ``UPDATE … RETURNING`` and the ``INSERT`` in one CTE (the
+    runner writes a message at every turn and every tool result; the ORM's model
+    construction, query compilation and a second round trip were most of that write's CPU).
+    The runner's own messages are written by :data:`sql.TURN_SAVE_SQL` and
+    :data:`sql.TOOL_CALL_FINISH_SQL`, which take the position the same way.
+
+    Raises:
+        ChatSession.DoesNotExist: no such session in the current tenant.
+    """
+    params = sql.message_params(**fields)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.MESSAGE_INSERT_SQL, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise ChatSession.DoesNotExist(f"session {params['session_id']} not found")
+    return row[0]
+
+
+
+async def assistant_message_save(
+    *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "", llm_call: AttemptRecord | None = None,
+) -> list[dict[str, Any]]:
+    """Persist an assistant message and its tool calls (``pending``; arguments that are not
+    a JSON object are stored as ``{}`` beside the raw text); counts the turn. With
+    ``llm_call`` (the attempt that produced the message), also its LLMCall row and usage.
+    One statement (:data:`sql.TURN_SAVE_SQL`).
+
+    Returns:
+        ``[{pk, call_id, name, arguments_raw}]`` for the tool calls, in the model's order.
+
+    Raises:
+        ChatSession.DoesNotExist: no such session in the current tenant (nothing written).
+    """
+    parsed: list[str] = []
+    for c in message.tool_calls:
+        try:
+            arguments: Any = c.parsed_arguments()
+        except ValueError:
+            arguments = {}
+        parsed.append(json.dumps(clean_json(arguments)))
+    params = sql.message_params(
+        session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content,
+        reasoning=reasoning,
+        tool_calls=[{"id": c.id, "name": c.name, "arguments": clean_json_text(c.arguments)} for c in message.tool_calls],
+    )
+    params.update(
+        turn=turn, loop_count=turn + 1, pending=ToolCallStatus.PENDING.value,
+        prompt_tokens=llm_call.prompt_tokens if llm_call else 0,
+        completion_tokens=llm_call.completion_tokens if llm_call else 0,
+        cost_usd_micros=llm_call.cost_usd_micros if llm_call else 0,
+        call_ids=[clean_text(c.id) for c in message.tool_calls], names=[clean_text(c.name) for c in message.tool_calls],
+        arguments=parsed, arguments_raw=[clean_json_text(c.arguments) for c in message.tool_calls],
+    )
+    if llm_call is not None:
+        params.update(_llm_call_params(spec=spec, turn=turn, record=llm_call))
+    async with pg_connection() as conn:
+        cursor = await conn.execute(sql.TURN_SAVE_WITH_LLM_CALL_SQL if llm_call is not None else sql.TURN_SAVE_ONLY_SQL, params)
+        rows = await cursor.fetchall()
+    if not rows:
+        raise ChatSession.DoesNotExist(f"session {spec.session_id} not found")
+    pks = {call_id: pk for _, pk, call_id in rows if pk is not None}  # call ids are unique per run
+    return [{"pk": pks[clean_text(c.id)], "call_id": clean_text(c.id), "name": clean_text(c.name),
+             "arguments_raw": clean_json_text(c.arguments)} for c in message.tool_calls]
+
+
+
+async def tool_call_start(*, pk: int) -> None:
+    """Mark the call ``running`` (started now)."""
+    async with pg_connection() as conn:
+        await conn.execute(sql.TOOL_CALL_START_SQL, {
+            "status": ToolCallStatus.RUNNING.value, "now": timezone.now(), "pk": pk, "tenant_id": require_tenant_id(),
+        })
+
+
+
+async def tool_call_finish(
+    *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int,
+    model_content: str | None = None,
+) -> bool:
+    """Record a tool call's outcome and its tool message (one statement,
+    :data:`sql.TOOL_CALL_FINISH_SQL`). Idempotent: False if already recorded.
+
+    ``content`` is the result as the tool returned it (ToolCall.result, shown in the UI);
+    ``model_content``, when given, is what the model reads instead (the tool message), e.g.
+    the result (or an outside tool's error) framed as untrusted data. Else a failed call's
+    message is ``Error: <error>``.
+    """
+    result_data = clean_json(_jsonable(data))
+    content, error = clean_text(content), clean_text(error)
+    model_content = clean_text(model_content) if model_content is not None else None
+    succeeded = status == ToolCallStatus.SUCCEEDED
+    params = {
+        "status": status, "result": content if succeeded else "",
+        "result_data": None if result_data is None else json.dumps(result_data), "error": error,
+        "now": timezone.now(), "duration_ms": duration_ms, "pk": pk, "tenant_id": require_tenant_id(),
+        "session_id": spec.session_id, "run_id": spec.run_id, "role": MessageRole.TOOL.value,
+        "content": model_content if model_content is not None else (content if succeeded else f"Error: {error}"),
+    }
+    async with pg_connection() as conn:
+        cursor = await conn.execute(sql.TOOL_CALL_FINISH_SQL, params)
+        return await cursor.fetchone() is not None
+
+
+def _jsonable(data: Any) -> Any:
+    if data is None:
+        return None
+    try:
+        json.dumps(data)
+        return data
+    except (TypeError, ValueError):
+        return {"repr": repr(data)[:10_000]}
+
+
+async def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+    """Write the LLMCall row and add its tokens and cost to the run's totals (one transaction)."""
+    async with pg_connection() as conn, conn.transaction():
+        await _run_add_usage(conn, spec=spec, record=record)
+        await _llm_call_insert(conn, spec=spec, turn=turn, record=record)
+
+
+def _llm_call_params(*, spec: RunSpec, turn: int, record: AttemptRecord) -> dict[str, Any]:
+    """The LLMCall row of ``record``, by column (:data:`_LLM_CALL_COLUMNS`)."""
+    entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
+    return {
+        "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "attempt": record.attempt,
+        "route_entry_id": entry_id, "entry_index": record.entry_index, "provider_name": record.provider_name,
+        "model": record.model, "status": record.status, "error_class": record.error_class or "",
+        "error": clean_text(record.error[:5000]), "latency_ms": max(0, record.latency_ms),
+        "first_token_ms": record.first_token_ms, "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens, "usage_estimated": record.usage_estimated,
+        "cost_usd_micros": record.cost_usd_micros, "retry_wait_ms": record.retry_wait_ms,
+        "created_at": timezone.now(),
+    }
+
+
+async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+    """One LLMCall row for ``record`` (a plain INSERT)."""
+    await conn.execute(sql.LLM_CALL_INSERT_SQL, _llm_call_params(spec=spec, turn=turn, record=record))
+
+
+async def _run_add_usage(
+    conn: Any, *, spec: RunSpec, record: AttemptRecord | None, loop_count: int | None = None,
+) -> None:
+    """Add ``record``'s tokens and cost to the run's totals; with ``loop_count``, also set it
+    (the turn is counted)."""
+    await conn.execute(sql.RUN_ADD_USAGE_SQL, {
+        "loop_count": loop_count, "run_id": spec.run_id, "tenant_id": require_tenant_id(),
+        "prompt_tokens": record.prompt_tokens if record else 0,
+        "completion_tokens": record.completion_tokens if record else 0,
+        "cost_usd_micros": record.cost_usd_micros if record else 0,
+    })
+
+
+@transaction.atomic
+def compaction_save(
+    *, spec: RunSpec, attempt: int, status: str, summary: str = "", cursor_message_id: int | None = None,
+    messages_summarized: int = 0, tokens_before: int = 0, tokens_after: int = 0, error: str = "",
+) -> int:
+    """Record a compaction attempt; a succeeded one moves the session's cursor. Returns its id."""
+    row = Compaction.objects.create(
+        tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id, attempt=attempt, status=status,
+        summary=clean_text(summary), cursor_message_id=cursor_message_id, messages_summarized=messages_summarized,
+        tokens_before=tokens_before, tokens_after=tokens_after, error=clean_text(error[:5000]),
+    )
+    return row.pk
+
+
+
+@transaction.atomic
+def approval_request(
+    *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "", question: str = "",
+) -> int:
+    """Record that tool call ``call_pk`` of run ``spec`` waits for a human (approval or
+    answer). Idempotent.
+
+    The Approval belongs to the user's run (``spec.waiting_run_id``: the run itself, or the
+    top of a sub-run's tree), with ``sub_run`` set when the call is a sub-run's.
+
+    Returns the Approval id. The call is marked ``awaiting_approval``.
+    """
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    approval, _ = Approval.objects.get_or_create(
+        tool_call_id=call_pk,
+        defaults={
+            "tenant_id": spec.tenant_id, "run_id": spec.waiting_run_id,
+            "sub_run_id": spec.run_id if spec.depth > 0 else None, "kind": kind, "tool_name": tool_name,
+            "arguments": clean_json(_jsonable(arguments)) or {}, "reason": clean_text(reason[:5000]),
+            "question": clean_text(question),
+            "expires_at": timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
+        },
+    )
+    ToolCall.objects.filter(pk=call_pk).update(status=ToolCallStatus.AWAITING_APPROVAL)
+    return approval.pk
+
+
+def approval_payload(a: Approval) -> dict[str, Any]:
+    """An approval as it appears in events: ``sub_run_id`` and ``skill`` (the skill's name) are
+    set when the call is a skill's sub-run's, else None. Load with ``select_related("sub_run__skill")``."""
+    return {
+        "approval_id": a.pk, "tool_call_id": a.tool_call_id, "kind": a.kind, "status": a.status,
+        "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
+        "expires_at": a.expires_at.isoformat(), "sub_run_id": a.sub_run_id,
+        "skill": a.skill_name,
+    }
