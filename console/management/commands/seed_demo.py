@@ -10,7 +10,11 @@ Creates (or brings back to the documented state) tenant "demo" with:
 - CLI command "factor" (template ``factor``: ``["factor", "--", "{n}"]``, GNU coreutils,
   confined, no network) and agent "Researcher" on the same route, bound to it and to
 - MCP server "fetch" (template ``mcp-server-fetch``: its ``fetch`` tool, exposed as
-  ``fetch__fetch``; public addresses only, through the egress proxy; robots.txt honoured).
+  ``fetch__fetch``; public addresses only, through the egress proxy; robots.txt honoured);
+- knowledge base "Platform documentation" (the project's README.md and ARCHITECTURE.md,
+  ingested by the Celery worker with the embedded embedder; unchanged files are not
+  re-ingested) and agent "Docs assistant" bound to it (``knowledge_search``, and the passages
+  for each message retrieved before the first turn: the 0.5B model calls tools unreliably).
 
 With ``--print-token`` the last line printed is a new API token for demo-user (with
 ``--admin``, for demo-admin).
@@ -29,7 +33,7 @@ from capabilities.models import CliCommand, McpServer, McpTransport, ProgramTemp
 from capabilities.services import catalogue_import
 from llm.models import ModelProvider, ModelRoute, ModelRouteEntry, ToolCallMode
 from tenants.models import Membership, Role, Tenant
-from tenants.scoping import system_scope
+from tenants.scoping import system_scope, tenant_scope
 from tenants.services import api_token_create, tenant_create
 
 DEMO_TENANT_SLUG = "demo"
@@ -46,6 +50,15 @@ RESEARCHER_PROMPT = (
     "You are Researcher, a careful agent that checks facts with tools instead of guessing. "
     "To factor an integer into primes, call the factor tool, then answer with its result."
 )
+DOCS_ASSISTANT_PROMPT = (
+    "You are Docs assistant. You answer questions about the Agent Platform from its documentation. "
+    "Passages from the documentation are given below, numbered. Answer in two to four sentences using only "
+    "the passages, and cite each passage you use by its number in square brackets, like [1]. If the passages "
+    "do not answer the question, say so."
+)
+DOCS_KNOWLEDGE_BASE = "Platform documentation"
+DOCS_FILES = ("README.md", "ARCHITECTURE.md")
+"""Files of the project (under BASE_DIR) the demo knowledge base is made of."""
 CATALOGUE_PATH = settings.BASE_DIR / "deploy" / "catalogue.yaml"
 """The operator catalogue the demo's capabilities come from."""
 
@@ -125,7 +138,45 @@ class Command(BaseCommand):
             defaults={"allowed_tools": ["get_current_time"], "enabled": True},
         )
         self._seed_researcher(tenant=tenant, route=route, templates=templates)
+        with tenant_scope(tenant.pk):  # the knowledge services work in the tenant's scope
+            self._seed_docs_assistant(tenant=tenant, route=route)
         return memberships
+
+    def _seed_docs_assistant(self, *, tenant: Tenant, route: ModelRoute) -> None:
+        """The demo knowledge base (the project's own documentation) and the agent that answers from it.
+
+        The documents are ingested by the Celery worker once this command's transaction commits
+        (the usual path: queued → parsing → embedding → ready); a file whose content did not
+        change since the last seed is left as it is.
+        """
+        from knowledge.models import KnowledgeBase
+        from knowledge.services import document_add, knowledge_base_create
+        from llm.embeddings import default_embedding_provider
+
+        default_embedding_provider(tenant, sync_url=True)  # the embedded embedder, at this install's URL
+        kb = KnowledgeBase.all_tenants.filter(tenant=tenant, owner__isnull=True, name=DOCS_KNOWLEDGE_BASE).first()
+        if kb is None:
+            kb = knowledge_base_create(
+                tenant=tenant, name=DOCS_KNOWLEDGE_BASE,
+                description="The Agent Platform's README and ARCHITECTURE: setup, usage, API, design.",
+            )
+        for name in DOCS_FILES:
+            document_add(knowledge_base=kb, source_kind="file", source=name,
+                         content=(settings.BASE_DIR / name).read_bytes(), mime_type="text/markdown", title=name)
+        agent, _ = AgentInstance.all_tenants.update_or_create(
+            tenant=tenant, name="Docs assistant",
+            defaults={
+                "description": "Answers questions about this platform from its documentation, with citations.",
+                "system_prompt": DOCS_ASSISTANT_PROMPT, "route": route, "max_loop_count": 4,
+                "tool_max_parallel": 2, "tool_timeout_seconds": 60.0, "is_active": True,
+            },
+        )
+        binding, _ = CapabilityBinding.all_tenants.update_or_create(
+            tenant=tenant, agent=agent, kind="knowledge",
+            defaults={"config": {"knowledge_bases": [kb.pk], "top_k": 4, "retrieve_before_first_turn": True},
+                      "enabled": True},
+        )
+        binding.full_clean()
 
     def _seed_researcher(self, *, tenant: Tenant, route: ModelRoute, templates: dict[str, ProgramTemplate]) -> None:
         """The second demo agent and its sandboxed CLI command (README, "CLI commands")."""
