@@ -173,7 +173,8 @@ def parse_markdown(data: bytes, *, charset: str | None = None) -> ParsedDocument
 
 def parse_html(data: bytes, *, charset: str | None = None, base_url: str = "") -> ParsedDocument:
     """HTML: the page's main content as Markdown (web_read's clean-up), then sections per
-    heading. The title is the page's ``<title>`` (else its first ``<h1>``)."""
+    heading, each path starting with the page's title. The title is the page's ``<title>``
+    (else its first ``<h1>``)."""
     from capabilities.builtin.web import html_to_markdown
 
     try:
@@ -181,6 +182,9 @@ def parse_html(data: bytes, *, charset: str | None = None, base_url: str = "") -
     except (ValueError, TypeError, AssertionError) as exc:  # lxml/bs4 refuse some malformed bytes
         raise ParseError(f"The HTML could not be parsed: {exc}.") from exc
     title, sections = markdown_sections(markdown)
+    if page_title:  # web_read's Markdown drops a first <h1> equal to the title: the title heads every path
+        sections = [s if s.headings[:1] == (page_title,) else Section((page_title, *s.headings), s.text)
+                    for s in sections]
     return ParsedDocument(title=page_title or title, sections=sections)
 
 

@@ -247,10 +247,12 @@ def document_add(*, knowledge_base: KnowledgeBase, source_kind: str, source: str
         if unchanged:
             existing.save(update_fields=["title", "tags", "updated_at"])
             return DocumentAdded(existing, queued=False)
-        existing.content, existing.content_sha256, existing.size_bytes = content, sha, len(content)
-        existing.mime_type = mime
-        existing.save(update_fields=["title", "tags", "content", "content_sha256", "size_bytes", "mime_type",
-                                     "updated_at"])
+        fields = ["title", "tags", "updated_at"]
+        if source_kind != SourceKind.URL:  # a URL keeps its last fetch: the task compares the next one with it
+            existing.content, existing.content_sha256, existing.size_bytes = content, sha, len(content)
+            existing.mime_type = mime
+            fields += ["content", "content_sha256", "size_bytes", "mime_type"]
+        existing.save(update_fields=fields)
         _queue(document_id=existing.pk)
         existing.refresh_from_db()
         return DocumentAdded(existing, queued=True)
