@@ -36,6 +36,7 @@ from sessions.runner.compaction import (
     compact,
     system_prompt_with_summary,
 )
+from sessions.runner.images import history_with_images
 from sessions.runner.run_context import context_system_text
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import stream_model_turn
@@ -206,6 +207,10 @@ async def prepare(state: RunState) -> StepOutcome:
         return CONTINUE
     if state.turn >= spec.max_loop_count:
         return loop_limit_reached(spec)
+    state.history = await history_with_images(  # images of the user's messages, for entries that take them
+        history, tenant_id=spec.tenant_id, session_id=spec.session_id,
+        supports_images=any(e.supports_images for e in spec.entries),
+    )
     _build_prompt(state)
     if compaction_due(state):
         return await _compact(state)
