@@ -49,9 +49,9 @@ BATCH_SIZE: Final[int] = 64
 CONNECT_TIMEOUT_SECONDS: Final[float] = 10.0
 """TCP/TLS connect timeout of one request."""
 READ_TIMEOUT_SECONDS: Final[float] = 120.0
-"""Longest wait for one batch's answer. The embedded model embeds ~500-character texts at
-tens per second on two cores (bench/embedding_throughput.py), so a batch of 64 takes a few
-seconds, more when the machine is busy."""
+"""Longest wait for one batch's answer. The embedded model spends ~150 ms of CPU on a
+~500-character text (bench/embedding_throughput.py): a batch of 64 takes ~5 s on two idle
+cores, 30 s and more when other processes share them."""
 MAX_TEXT_CHARS: Final[int] = 32_000
 """Longest text accepted (≈ 8k tokens, OpenAI's input limit). Longer texts are a caller's
 bug (knowledge chunks are ~500 characters); the embedded model itself reads at most 512
