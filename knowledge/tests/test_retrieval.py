@@ -1,0 +1,158 @@
+"""Hybrid retrieval with the real embedder: each list finds what the other misses and the
+fusion keeps both; filters; who may search what; rewrite and rerank steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from knowledge.retrieval import SearchError, rrf_fuse, search
+from knowledge.services import document_add_text, document_ingest
+from knowledge.tests import builders
+from tenants.scoping import tenant_scope
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HIBERNATION = "Bears hibernate in dens during the coldest season, living off their fat reserves."
+PARKING = "Parking permit rules: the winter schedule for animals transport vans; sleep mode for the ticket machine."
+DISTRACTORS = [
+    "Squirrels bury nuts in autumn so they survive the frosty months.",
+    "Hedgehogs curl up and stay dormant until spring returns.",
+    "Many birds migrate south once temperatures drop.",
+    "Frogs can survive being frozen solid in icy ponds.",
+    "Knead the dough for ten minutes, then let it rise.",
+    "Python lists grow by over-allocating their storage.",
+]
+
+
+@pytest.fixture
+def no_ingest_task(monkeypatch):
+    monkeypatch.setattr("knowledge.tasks.document_ingest_enqueue", lambda **kwargs: None)
+
+
+def _kb_with(tenant, url, texts, *, name="Nature", owner=None, tags_by_title=None):
+    kb = builders.knowledge_base(tenant, name, owner=owner, base_url=url)
+    docs = {}
+    with tenant_scope(tenant.pk):
+        for i, text in enumerate(texts):
+            title = f"note {i}"
+            added = document_add_text(knowledge_base=kb, title=title, text=text,
+                                      tags=(tags_by_title or {}).get(title))
+            assert document_ingest(document_id=added.document.pk, generation=added.document.generation) == "ready"
+            docs[text] = added.document
+    return kb, docs
+
+
+def test_rrf_fuse_sums_reciprocal_ranks():
+    fused = rrf_fuse({"vector": [1, 2, 3], "lexical": [3, 4]})
+    scores = {i: s for i, s, _ in fused}
+    assert scores[3] == pytest.approx(1 / 63 + 1 / 61)
+    assert scores[1] == pytest.approx(1 / 61)
+    assert [i for i, _, _ in fused] == [3, 1, 2, 4]  # 2 and 4 tie (1/62): the smaller id first
+    assert fused[0][2] == {"vector": 3, "lexical": 1}
+
+
+def test_each_list_finds_what_the_other_misses_and_the_fusion_keeps_both(world, embedding_server, no_ingest_task):
+    kb, docs = _kb_with(world.tenant, embedding_server, [HIBERNATION, PARKING, *DISTRACTORS])
+    query = "Which animals sleep through winter?"
+    vector_only = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query=query, top_k=2, candidates=2,
+                         lists=("vector",))
+    lexical_only = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query=query, top_k=2, candidates=2,
+                          lists=("lexical",))
+    assert HIBERNATION in [h.text for h in vector_only] and PARKING not in [h.text for h in vector_only]
+    assert [h.text for h in lexical_only] == [PARKING]  # the only chunk sharing a word with the query
+    hybrid = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query=query, top_k=2, candidates=2)
+    by_text = {h.text: h for h in hybrid}
+    assert HIBERNATION in by_text and PARKING in by_text
+    assert by_text[HIBERNATION].lexical_rank is None and by_text[HIBERNATION].vector_rank is not None
+    assert by_text[PARKING].vector_rank is None and by_text[PARKING].lexical_rank == 1
+    top = hybrid[0]
+    assert top.score == top.rrf_score == pytest.approx(sum(
+        1 / (60 + r) for r in (top.vector_rank, top.lexical_rank) if r is not None))
+    assert top.document_title.startswith("note ") and top.knowledge_base_id == kb.pk and top.position == 0
+
+
+def test_filters_by_document_and_tag(world, embedding_server, no_ingest_task):
+    kb, docs = _kb_with(world.tenant, embedding_server, [HIBERNATION, *DISTRACTORS[:3]],
+                        tags_by_title={"note 1": ["rodents"], "note 2": ["garden", "rodents"]})
+    query = "animals in the cold"
+    only_doc = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query=query,
+                      document_ids=[docs[HIBERNATION].pk])
+    assert {h.document_id for h in only_doc} == {docs[HIBERNATION].pk}
+    tagged = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query=query, tags=["rodents"])
+    assert {h.document_id for h in tagged} == {docs[DISTRACTORS[0]].pk, docs[DISTRACTORS[1]].pk}
+    assert search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query=query, tags=["nothing"]) == []
+
+
+def test_only_the_tenants_and_the_users_own_knowledge_bases_are_searched(world, other_world, embedding_server,
+                                                                        no_ingest_task):
+    shared, _ = _kb_with(world.tenant, embedding_server, [HIBERNATION], name="Shared")
+    mine, _ = _kb_with(world.tenant, embedding_server, [DISTRACTORS[0]], name="Mine", owner=world.member)
+    theirs, _ = _kb_with(other_world.tenant, embedding_server, [DISTRACTORS[1]], name="Theirs")
+    ids = [shared.pk, mine.pk, theirs.pk]
+
+    def kbs(**kwargs):
+        return {h.knowledge_base_id for h in search(tenant_id=world.tenant.pk, knowledge_base_ids=ids,
+                                                    query="animals in winter", top_k=10, **kwargs)}
+
+    assert kbs(user_id=world.member.pk) == {shared.pk, mine.pk}
+    assert kbs(user_id=world.admin.pk) == {shared.pk}  # an admin does not see a member's own
+    assert kbs() == {shared.pk}
+    assert search(tenant_id=other_world.tenant.pk, knowledge_base_ids=[shared.pk, mine.pk], query="winter",
+                  user_id=world.member.pk) == []
+
+
+def test_a_rewritten_query_adds_a_third_list_and_a_reranker_reorders(world, embedding_server, no_ingest_task):
+    kb, _ = _kb_with(world.tenant, embedding_server, [HIBERNATION, PARKING, *DISTRACTORS])
+    asked = []
+
+    def rewrite(query):
+        asked.append(query)
+        return "bread baking instructions"
+
+    hits = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="Which animals sleep through winter?",
+                  top_k=8, rewrite=rewrite)
+    assert asked == ["Which animals sleep through winter?"]
+    bread = next(h for h in hits if h.text == DISTRACTORS[4])
+    assert bread.rewrite_rank == 1
+
+    def rerank(query, passages):
+        return [10.0 if "Frogs" in p else 1.0 for p in passages]
+
+    reranked = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="Which animals sleep in winter?",
+                      top_k=3, rerank=rerank)
+    assert reranked[0].text == DISTRACTORS[3] and reranked[0].rerank_score == reranked[0].score == 10.0
+    assert all(h.rerank_score == 1.0 for h in reranked[1:])
+
+
+def test_the_route_reranker_asks_the_model_per_passage(world, embedding_server, fake_llm, no_ingest_task):
+    from agents.tests.factories import agent_with_route
+    from knowledge.rerank import route_reranker
+    from llm.testing import Reply
+
+    kb, _ = _kb_with(world.tenant, embedding_server, [HIBERNATION, DISTRACTORS[2]])
+    route = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url]).route
+    fake_llm.script(Reply("2"), Reply("9 - it answers"))
+    with tenant_scope(world.tenant.pk):
+        rerank = route_reranker(route=route, tenant=world.tenant)
+    hits = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="Which animals sleep in winter?",
+                  top_k=2, rerank=rerank)
+    assert [h.rerank_score for h in hits] == [9.0, 2.0]
+    assert len(fake_llm.requests) == 2 and "Which animals sleep in winter?" in str(fake_llm.requests[0])
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"query": ""}, "empty"), ({"query": "x" * 2001}, "at most"), ({"query": "q", "top_k": 0}, "top_k"),
+    ({"query": "q", "top_k": 51}, "top_k"),
+])
+def test_bad_arguments_are_refused(world, kwargs, message):
+    with pytest.raises(SearchError, match=message):
+        search(tenant_id=world.tenant.pk, knowledge_base_ids=[1], **kwargs)
+
+
+def test_an_unreachable_embedder_is_a_search_error(world, no_ingest_task):
+    from conftest import free_port
+
+    kb = builders.knowledge_base(world.tenant, base_url=f"http://127.0.0.1:{free_port()}/v1")
+    with pytest.raises(SearchError) as caught:
+        search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="anything")
+    assert caught.value.code == "embedding_failed"
