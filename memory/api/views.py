@@ -13,7 +13,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agent_platform.api_errors import ApplicationError, NotFound
-from agent_platform.api_schema import paginated
 from memory.models import Memory
 from memory.selectors import memory_agent_visible, memory_get_for_user, memory_list_for_user, memory_policy_for_agent
 from memory.services import memory_delete, memory_delete_all
@@ -47,7 +46,12 @@ class MemoryListApi(TenantScopedApiView):
 
     @extend_schema(
         parameters=[OpenApiParameter("agent", int, required=False, description="Only memories with this agent.")],
-        responses=paginated("PaginatedMemoryList", MemorySerializer()),
+        responses=inline_serializer("PaginatedMemoryList", {
+            "count": serializers.IntegerField(), "next": serializers.URLField(allow_null=True),
+            "previous": serializers.URLField(allow_null=True), "results": MemorySerializer(many=True),
+            "memory_enabled": serializers.BooleanField(
+                required=False, help_text="With ?agent=: whether that agent has memory on."),
+        }),
     )
     def get(self, request: Request) -> Response:
         agent_id = _agent_param(request, required=False)
