@@ -383,3 +383,26 @@ async def test_the_async_variant_takes_a_provider_row(tenant, embedding_server, 
     provider = await database_sync_to_async(provider_save)(tenant=tenant, name="emb", base_url=embedding_server)
     vectors = await aembed_texts(provider, DEFAULT_EMBEDDING_MODEL, ["one", "two"])
     assert len(vectors) == 2
+
+
+# --- the server command ----------------------------------------------------------------------
+
+
+def test_the_embeddings_role_serves_the_embedder_on_its_own_port(monkeypatch):
+    llm_server = _script("llm_server")
+    for name in ("EMBEDDINGS_PORT", "EMBEDDINGS_HOST", "EMBEDDINGS_MODEL_ALIAS", "EMBEDDINGS_N_THREADS", "LLM_HOST",
+                 "LLM_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LLM_ROLE", "embeddings")
+    assert llm_server.server_role() == "embeddings"
+    path = llm_server.role_model_path("embeddings")
+    cmd = llm_server.server_command(path, role="embeddings")
+    options = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert path.name == "all-minilm-l6-v2.gguf" and options["--model"] == str(path)
+    assert (options["--embedding"], options["--port"], options["--model_alias"], options["--n_ctx"]) == (
+        "True", "8082", DEFAULT_EMBEDDING_MODEL, "512")
+    chat = llm_server.server_command(llm_server.role_model_path("chat"))
+    assert "--embedding" not in chat and chat[chat.index("--port") + 1] == "8081"
+    monkeypatch.setenv("LLM_ROLE", "both")
+    with pytest.raises(ValueError, match="LLM_ROLE"):
+        llm_server.server_role()
