@@ -382,6 +382,7 @@ CELERY_BEAT_SCHEDULE = {
     "memory-extract-due": {"task": "memory.extract_due",
                            "schedule": float(os.environ.get("MEMORY_EXTRACT_SCAN_SECONDS", "60"))},
     "memory-expire": {"task": "memory.expire", "schedule": 3600.0},
+    "chats-purge": {"task": "sessions.chat_sessions_purge", "schedule": 3600.0},  # CHAT_PURGE_AFTER_DAYS
 }
 
 # The worker's run host (sessions/runner/host.py): its event loop ("uvloop" or "asyncio") and
@@ -447,6 +448,14 @@ RUNS_PER_TENANT_DEFAULT = int(os.environ.get("RUNS_PER_TENANT_DEFAULT", "50"))
 """Runs of one tenant working at once when the tenant sets no limit; more wait queued."""
 APPROVAL_TTL_SECONDS = float(os.environ.get("APPROVAL_TTL_SECONDS", str(24 * 3600)))
 """A pending approval or question expires after this; the run then fails (approval_expired)."""
+
+# The chat app (issue 25): deleted chats are purged CHAT_PURGE_AFTER_DAYS after their deletion
+# (0: never); a chat's first answer gets a title from the agent's route (CHAT_TITLES_FROM_MODEL);
+# images up to CHAT_IMAGE_MAX_BYTES go to route entries that take images (default 3.75 MiB, whose
+# base64 form is the Anthropic API's 5 MiB per-image limit).
+CHAT_PURGE_AFTER_DAYS = int(os.environ.get("CHAT_PURGE_AFTER_DAYS", "30"))
+CHAT_TITLES_FROM_MODEL = os.environ.get("CHAT_TITLES_FROM_MODEL", "1").lower() not in ("0", "false", "no", "off")
+CHAT_IMAGE_MAX_BYTES = int(os.environ.get("CHAT_IMAGE_MAX_BYTES", str(5 * 1024 * 1024 * 3 // 4)))
 
 # The embedded local model (scripts/llm_server.py) that the demo route points at.
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")
