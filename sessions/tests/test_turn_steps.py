@@ -21,7 +21,8 @@ from sessions.runner.turn import CONTINUE, Completed, Continue, Failed, Paused, 
 
 def _spec(**overrides: Any) -> Any:
     values = dict(run_id=1, session_id=1, tenant_id=1, depth=0, steer=False, loop_count=0, max_loop_count=10,
-                  system_prompt="", entries=[SimpleNamespace(max_input_tokens=1000, input_price_per_mtok=0)],
+                  system_prompt="", entries=[SimpleNamespace(max_input_tokens=1000, input_price_per_mtok=0,
+                                                           supports_images=False)],
                   max_tokens_per_run=None, max_cost_per_run_usd_micros=None, tenant_monthly_budget_usd_micros=None,
                   turn_timeout_seconds=5.0)
     values.update(overrides)
