@@ -19,6 +19,9 @@ DATABASES["default"]["TEST"]["NAME"] = f"test_agent_platform{_tag}"
 REDIS_KEY_PREFIX = f"aptest{_tag}"
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:asgi"
 CELERY_TASK_DEFAULT_QUEUE = f"agent_platform_test{_tag}"
+# No title requests after a chat's first answer (a test worker would send one more request to the
+# fake model server a test scripts); sessions/tests/test_chat_titles.py switches them on.
+CHAT_TITLES_FROM_MODEL = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 # Test-only keys (published here, so refused by settings.py anywhere but in these settings).
 SECRET_KEY = "test-only-insecure-secret-key-for-the-test-suite-000000000000"
