@@ -14,6 +14,7 @@ sees, and the (edited) message is posted again as a new run.
 
 from __future__ import annotations
 
+import logging
 import re
 
 from django.conf import settings
@@ -31,6 +32,8 @@ from sessions.models import (
     Run,
 )
 from sessions.services import artifact_create, chat_session_create, message_post, run_cancel
+
+logger = logging.getLogger(__name__)
 
 MAX_TITLE_CHARS = 200
 TITLE_TARGET_CHARS = 60
@@ -80,8 +83,8 @@ def chat_session_rename(*, session: ChatSession, title: str) -> ChatSession:
 def chat_session_delete(*, session: ChatSession) -> ChatSession:
     """Soft-delete the session: ``deleted_at`` is set, so it leaves every list and the API
     answers 404 for it, its runs, artifacts and approvals. Its active runs are cancelled
-    first. Rows are kept (the console still shows them; nothing purges them).
-    :func:`chat_session_restore` undoes it."""
+    first. Rows are kept (the console still shows them) until :func:`chat_sessions_purge` removes
+    them ``CHAT_PURGE_AFTER_DAYS`` later; :func:`chat_session_restore` undoes it until then."""
     session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
     for run in Run.objects.filter(session=session, status__in=ACTIVE_RUN_STATUSES, parent_tool_call__isnull=True,
                                   steered_into__isnull=True):
@@ -274,12 +277,14 @@ def attachment_create(*, session: ChatSession, name: str, mime_type: str, data: 
 
 def attachment_reference(artifact: Artifact, data: bytes | None = None) -> str:
     """The text put into the user's message for an attachment, which is how the model is
-    offered it (route entries have no image flag, so images go as a reference too):
+    offered it:
 
     - a text file of at most :data:`ATTACHMENT_INLINE_TEXT_CHARS` characters: a reference
       line followed by its content in a fenced block;
-    - anything else (images, binaries, long text): a reference line only; the model reads
-      text through ``read_artifact`` (offered to every run of a session with artifacts).
+    - an image: a reference line; the runner sends the image itself with the message to
+      route entries that take images (:mod:`sessions.runner.images`), the others read the line;
+    - anything else (binaries, long text): a reference line only; the model reads text
+      through ``read_artifact`` (offered to every run of a session with artifacts).
 
     The line looks like ``[attachment: artifact:12 "notes.txt", text/plain, 1.2 kB]``
     (``[image: …]`` for images).
@@ -299,3 +304,183 @@ def attachment_reference(artifact: Artifact, data: bytes | None = None) -> str:
             return f"{line}\n{fence}\n{text.rstrip()}\n{fence}"
     return line
 
+
+
+# --- titles from the first exchange -----------------------------------------------------------
+
+TITLE_MAX_OUTPUT_TOKENS = 16
+"""Output cap of the title request: a 3–6 word title is ~5–12 tokens in English."""
+TITLE_EXCERPT_CHARS = 1500
+"""The first message and the first answer are each cut to this many characters for the prompt."""
+TITLE_MAX_WORDS = 12
+"""A model's title with more words than this is not a title (the heuristic one stays)."""
+TITLE_SYSTEM_PROMPT = (
+    "You name chats. Reply with a title of 3 to 6 words for the conversation below: what it is "
+    "about, in the language of the user's message. Only the title: no quotes, no final period, "
+    "no preamble."
+)
+
+_TITLE_PREFIX = re.compile(r"^\s*(?:\*\*)?(?:chat\s+)?title\s*[:：-]\s*", re.IGNORECASE)
+_TITLE_STRIP = "\"'“”‘’«»`*_#.。!！?？:;,- \t"
+
+
+def chat_title_clean(text: str) -> str:
+    """A model's answer to the title prompt as a title: the first non-empty line, without a
+    "Title:" prefix, quotes, Markdown marks or final punctuation, whitespace collapsed, at
+    most :data:`MAX_TITLE_CHARS` characters.
+
+    Returns "" when that leaves nothing or more than :data:`TITLE_MAX_WORDS` words (the model
+    answered something else than a title)."""
+    line = next((raw.strip() for raw in str(text or "").splitlines() if raw.strip()), "")
+    line = _TITLE_PREFIX.sub("", line)
+    line = re.sub(r"\s+", " ", line.strip(_TITLE_STRIP)).strip()
+    if not line or len(line.split(" ")) > TITLE_MAX_WORDS:
+        return ""
+    return line[:MAX_TITLE_CHARS]
+
+
+def _title_exchange(session: ChatSession, run: Run) -> tuple[str, str] | None:
+    """``(first user message, its answer)`` of ``run``, or None when either is missing."""
+    first = (Message.objects.filter(session=session, run=run, role=MessageRole.USER)
+             .order_by("position").values_list("content", flat=True).first())
+    if not first or not run.reply.strip():
+        return None
+    return first, run.reply
+
+
+def _title_messages(question: str, answer: str) -> list:
+    from llm.types import ChatMessage
+
+    def cut(text: str) -> str:
+        text = text.strip()
+        return text if len(text) <= TITLE_EXCERPT_CHARS else text[:TITLE_EXCERPT_CHARS] + " […]"
+
+    return [
+        ChatMessage(role="system", content=TITLE_SYSTEM_PROMPT),
+        ChatMessage(role="user", content=f"User:\n{cut(question)}\n\nAssistant:\n{cut(answer)}\n\nTitle:"),
+    ]
+
+
+def chat_session_title_generate(*, session_id: int, run_id: int) -> str:
+    """Ask the agent's route for a 3–6 word title of the chat's first exchange (``run``: the
+    session's first completed run) and set it, unless the chat's title is no longer the one
+    made from its first message (renamed by its user, or already titled by a model).
+
+    The request: :data:`TITLE_SYSTEM_PROMPT` and the first message and answer (each cut to
+    :data:`TITLE_EXCERPT_CHARS`), no tools, at most :data:`TITLE_MAX_OUTPUT_TOKENS` output
+    tokens, through the route's entries in order with no retries (a fallback still moves on
+    to the next entry). Its attempts are not LLM calls of ``run`` (they would show in the run's
+    trace as a turn of its own): they are logged, and not counted in usage. Any failure (no
+    entry answered, an answer that is no title) keeps the current title.
+
+    Returns:
+        The new title, or "" when the title was left as it was.
+
+    Emits ``session_titled`` ``{title}`` on commit (the chat app renames the chat in its list).
+    Requires tenant scope; a deleted chat or a run of another session is left alone.
+    """
+    import asyncio
+    import dataclasses
+
+    from llm.errors import LLMError
+    from llm.router import Router
+    from llm.selectors import route_entries, route_entry_config
+    from sessions.events import event_publish_on_commit
+    from tenants.models import Tenant
+
+    session = ChatSession.objects.filter(pk=session_id, deleted_at__isnull=True).select_related("agent").first()
+    run = Run.objects.filter(pk=run_id, session_id=session_id, status="completed",
+                             parent_tool_call__isnull=True).first()
+    if session is None or run is None:
+        return ""
+    exchange = _title_exchange(session, run)
+    if exchange is None or session.title != chat_title_from(exchange[0])[:MAX_TITLE_CHARS]:
+        return ""  # renamed, titled already, or nothing to name
+    entries = route_entries(route_id=session.agent.route_id)
+    if not entries:
+        return ""
+    tenant = Tenant.objects.get(pk=session.tenant_id)
+    configs = [dataclasses.replace(route_entry_config(e, tenant=tenant, index=i), max_retries=0)
+               for i, e in enumerate(entries)]
+
+    async def record(attempt) -> None:
+        logger.info("chat %s: title request to %s:%s %s (%s prompt + %s completion tokens, %s micro-USD)",
+                    session_id, attempt.provider_name, attempt.model, attempt.status, attempt.prompt_tokens,
+                    attempt.completion_tokens, attempt.cost_usd_micros)
+
+    async def ask() -> str:
+        router = Router(configs, record=record)
+        completion = await router.complete(_title_messages(*exchange), [], max_output_tokens=TITLE_MAX_OUTPUT_TOKENS)
+        return completion.message.content
+
+    try:
+        answer = asyncio.run(ask())
+    except LLMError:
+        answer = ""
+    title = chat_title_clean(answer)
+    if not title:
+        return ""
+    with transaction.atomic():
+        locked = ChatSession.objects.select_for_update(no_key=True).filter(pk=session_id).first()
+        if locked is None or locked.title != session.title or locked.deleted_at is not None:
+            return ""  # renamed (or deleted) while the model answered
+        ChatSession.objects.filter(pk=session_id).update(title=title)  # keeps updated_at: not an activity
+        event_publish_on_commit(session_id=session_id, run_id=run_id, type="session_titled", data={"title": title})
+    return title
+
+
+# --- purging deleted chats --------------------------------------------------------------------
+
+PURGE_BATCH = 500
+"""Chats one purge hard-deletes at most (the next beat takes the rest)."""
+
+
+def chat_purge_after_days() -> int:
+    """``settings.CHAT_PURGE_AFTER_DAYS`` (default 30): days a deleted chat is kept (Undo in the
+    chat app, the console) before it is purged; 0 keeps deleted chats for ever."""
+    return int(getattr(settings, "CHAT_PURGE_AFTER_DAYS", 30))
+
+
+def chat_sessions_purge(*, now=None) -> int:
+    """Hard-delete chats soft-deleted more than :func:`chat_purge_after_days` days ago, every
+    tenant's, with everything that belongs to them (messages, runs with their tool calls, LLM
+    calls, approvals and compactions, artifacts, todos, documents: database cascades) and their
+    event stream in Redis. At most :data:`PURGE_BATCH` chats per call, oldest deletion first;
+    each in its own transaction, in its tenant's scope, re-checked under a row lock (a chat
+    restored meanwhile is kept; so is one with a run still active).
+
+    The purged runs' LLM calls go with them, so usage totals of past months lose them too.
+
+    Args:
+        now: The current time (default ``timezone.now()``).
+
+    Returns:
+        How many chats were purged. Nothing at all when the setting is 0.
+    """
+    from datetime import timedelta
+
+    from sessions.events import session_keys
+    from tenants.scoping import system_scope, tenant_scope
+
+    days = chat_purge_after_days()
+    if days <= 0:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    # tenant-bypass: the purge finds every tenant's old deleted chats, then deletes each in its tenant.
+    with system_scope():
+        due = list(ChatSession.all_tenants.filter(deleted_at__lt=cutoff).order_by("deleted_at", "pk")
+                   .values_list("pk", "tenant_id")[:PURGE_BATCH])
+    purged = []
+    for session_id, tenant_id in due:
+        with tenant_scope(tenant_id), transaction.atomic():
+            session = (ChatSession.objects.select_for_update().filter(pk=session_id, deleted_at__lt=cutoff)
+                       .first())
+            if session is None or Run.objects.filter(session=session, status__in=ACTIVE_RUN_STATUSES).exists():
+                continue
+            session.delete()
+            purged.append(session_id)
+    if purged:
+        from agent_platform.redis_clients import sync_redis
+
+        sync_redis().delete(*(key for session_id in purged for key in session_keys(session_id)))
+    return len(purged)

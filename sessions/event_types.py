@@ -434,13 +434,23 @@ class CapabilityUnavailable(SubRunFields):
     """Why (≤ 2000 characters)."""
 
 
+@_payload
+class SessionTitled(SubRunFields):
+    """The chat got its title from the model, after its first exchange (a user-renamed chat
+    never does). ``run_id``: the run of that exchange."""
+
+    type: ClassVar[Literal["session_titled"]] = "session_titled"
+    title: str
+    """The chat's new title (at most 200 characters)."""
+
+
 EVENT_PAYLOADS: dict[str, type] = {
     cls.type: cls
     for cls in (
         RunQueued, RunRunning, RunCompleted, RunFailed, RunCancelled, ContentToken, ReasoningToken,
         ToolCallStarted, ToolCallSucceeded, ToolCallFailed, TodoUpdated, ModelRetry, ModelFallback,
         CompactionRunning, CompactionCompleted, RunAwaitingApproval, ApprovalResolved, ToolCallProgress,
-        ArtifactUpdated, BrowserOperation, CapabilityUnavailable,
+        ArtifactUpdated, BrowserOperation, CapabilityUnavailable, SessionTitled,
     )
 }
 """Event type name → its payload class."""

@@ -34,3 +34,29 @@ def runs_sweep() -> dict[str, int]:
     from sessions.services import runs_sweep as sweep
 
     return sweep()
+
+
+@shared_task(name="sessions.chat_session_title_generate", ignore_result=True, soft_time_limit=60, time_limit=90)
+def chat_session_title_generate(*, session_id: int, run_id: int, tenant_id: int) -> str:
+    """Title chat ``session_id`` from its first exchange (run ``run_id``), in ``tenant_id``
+    (see :func:`sessions.chat_services.chat_session_title_generate`)."""
+    from sessions.chat_services import chat_session_title_generate as generate
+    from tenants.scoping import tenant_scope
+
+    with tenant_scope(int(tenant_id)):
+        return generate(session_id=session_id, run_id=run_id)
+
+
+def chat_title_enqueue(*, session_id: int, run_id: int, tenant_id: int) -> None:
+    """Hand a chat whose first run completed to the title task (the default queue)."""
+    chat_session_title_generate.apply_async(kwargs={"session_id": session_id, "run_id": run_id,
+                                                    "tenant_id": tenant_id})
+
+
+@shared_task(name="sessions.chat_sessions_purge", ignore_result=True, soft_time_limit=600, time_limit=660)
+def chat_sessions_purge() -> int:
+    """Purge chats deleted more than ``CHAT_PURGE_AFTER_DAYS`` ago (Celery beat, hourly; see
+    :func:`sessions.chat_services.chat_sessions_purge`)."""
+    from sessions.chat_services import chat_sessions_purge as purge
+
+    return purge()

@@ -31,6 +31,7 @@ from sessions.runner.cancellation import raise_if_cancelling, watch_for_cancel
 from sessions.runner.run_context import run_context_open
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
+from sessions.runner.titles import title_after_first_exchange
 from sessions.runner.toolset import CapabilityUnavailable, Toolset, toolset_open
 from sessions.runner.turn import (
     DEFAULT_SYSTEM_PROMPT,
@@ -141,7 +142,9 @@ async def _finish(run_id: int, spec: RunSpec | None, outcome: RunEnd, *, publish
     if outcome.status == RunStatus.AWAITING_APPROVAL:
         await runs.run_pause(run_id, publish=publish)
     else:
-        await runs.run_finish(run_id, outcome, publish=publish, spec=spec)
+        finished = await runs.run_finish(run_id, outcome, publish=publish, spec=spec)
+        if finished.ended and outcome.status == RunStatus.COMPLETED and spec is not None:
+            await title_after_first_exchange(spec)  # a chat's first answer: its title from the model (a task)
 
 
 CANCELLED_OUTCOME = Cancelled()

@@ -1110,6 +1110,14 @@ export class ChatView {
     if ((socketDown && sinceFetch > 8000) || (quiet && sinceFetch > 30000)) this.refetchSoon(0);
   }
 
+  /** A title the server gave the chat (`session_titled`): the header, the sidebar and the tab follow. */
+  applyTitle(title) {
+    if (typeof title !== 'string' || !title || !this.session) return;
+    this.session = { ...this.session, title };
+    this.titleEl.textContent = title;
+    this.onSession(this.session);
+  }
+
   mergeSession(session) {
     this.session = session;
     const agent = session.agent || {};
@@ -1191,6 +1199,10 @@ export class ChatView {
     }
     if (frame.type === 'artifact_updated') {
       if (this.filesOpen) this.loadFiles(); // a document or file of this chat changed
+      return;
+    }
+    if (frame.type === 'session_titled') {
+      this.applyTitle(data.title); // the model named the chat after its first answer
       return;
     }
     if (frame.run_id === null || frame.run_id === undefined) return;
