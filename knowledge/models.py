@@ -70,7 +70,7 @@ class KnowledgeBase(TenantOwnedModel):
         help_text="Blank: tenant-wide (admins manage it, every member can search it). Set: the user's own.",
     )
     embedding_provider = models.ForeignKey(
-        "llm.ModelProvider", on_delete=models.PROTECT, related_name="+",
+        "llm.ModelProvider", on_delete=models.RESTRICT, related_name="+",
         help_text="An OpenAI-compatible endpoint with /v1/embeddings.",
     )
     embedding_model = models.CharField(max_length=200)

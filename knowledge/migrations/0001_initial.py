@@ -70,7 +70,7 @@ class Migration(migrations.Migration):
                 ('chunk_overlap', models.PositiveIntegerField(default=50, help_text='Characters repeated between chunks (≤ half the size).')),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
-                ('embedding_provider', models.ForeignKey(help_text='An OpenAI-compatible endpoint with /v1/embeddings.', on_delete=django.db.models.deletion.PROTECT, related_name='+', to='llm.modelprovider')),
+                ('embedding_provider', models.ForeignKey(help_text='An OpenAI-compatible endpoint with /v1/embeddings.', on_delete=django.db.models.deletion.RESTRICT, related_name='+', to='llm.modelprovider')),
                 ('owner', models.ForeignKey(blank=True, help_text="Blank: tenant-wide (admins manage it, every member can search it). Set: the user's own.", null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
                 ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.tenant')),
             ],

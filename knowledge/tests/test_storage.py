@@ -129,3 +129,15 @@ def test_the_lexical_list_uses_the_gin_index(world, other_world):
     with tenant_scope(world.tenant.pk), transaction.atomic():
         app_plan = _plan(body, {"kbs": [kb.pk]})
     assert "knowledge_chunk_tsv" not in [n.get("Index Name") for n in _nodes(app_plan)]
+
+
+def test_a_tenant_with_knowledge_bases_can_be_deleted_and_a_provider_in_use_cannot(world):
+    from django.db.models import RestrictedError
+
+    kb = builders.knowledge_base(world.tenant)
+    [chunk] = builders.chunks(builders.document(kb), ["text"], [builders.unit([1.0] + [0.0] * 383)])
+    with pytest.raises(RestrictedError):
+        kb.embedding_provider.delete()
+    world.tenant.delete()
+    assert not Chunk.all_tenants.filter(pk=chunk.pk).exists()
+    assert not KnowledgeBase.all_tenants.filter(pk=kb.pk).exists()
