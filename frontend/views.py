@@ -7,4 +7,8 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 
 @ensure_csrf_cookie
 def index(request: HttpRequest) -> HttpResponse:
-    return render(request, "frontend/index.html", {"config_json": {"api_base": "/api/v1", "ws_base": "/ws"}})
+    """The SPA's page. ``authenticated`` tells the app whether this browser has a session, so a
+    signed-out visitor gets the login form without first asking ``auth/me/`` (a 401 the browser
+    would log as a console error)."""
+    config = {"api_base": "/api/v1", "ws_base": "/ws", "authenticated": request.user.is_authenticated}
+    return render(request, "frontend/index.html", {"config_json": config})

@@ -81,6 +81,7 @@ async function route() {
 
   if (current.name === 'login') {
     // On first load, skip the form if the session cookie is still valid.
+    if (!state.checkedAuth && !state.me && signedOutAtLoad()) state.checkedAuth = true;
     if (!state.checkedAuth && !state.me) {
       state.checkedAuth = true;
       try {
@@ -100,6 +101,12 @@ async function route() {
     return;
   }
 
+  if (!state.me && !state.checkedAuth && signedOutAtLoad()) {
+    state.checkedAuth = true; // the page says there is no session: straight to the form, no 401
+    rememberTarget();
+    navigate('#/login', { replace: true });
+    return;
+  }
   if (!state.me) {
     try {
       state.me = await api.me();
@@ -125,6 +132,12 @@ async function route() {
 }
 
 // ----------------------------------------------------------------- login --
+
+/** The page was served to a browser without a session (index.html's config): asking auth/me/
+ * first would only earn a 401, which the browser logs as a console error. */
+function signedOutAtLoad() {
+  return config.authenticated === false;
+}
 
 /** Remember the current route to come back to after logging in. */
 function rememberTarget() {
