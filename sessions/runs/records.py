@@ -52,6 +52,38 @@ def message_insert(**fields: Any) -> int:
 
 
 
+def _parsed_arguments(call: Any) -> str:
+    """A tool call's arguments as JSON text of an object (``{}`` when they are not valid JSON)."""
+    try:
+        arguments: Any = call.parsed_arguments()
+    except ValueError:
+        arguments = {}
+    return json.dumps(clean_json(arguments))
+
+
+def _turn_params(
+    *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str, llm_call: AttemptRecord | None,
+) -> dict[str, Any]:
+    """The parameters of :data:`sql.TURN_SAVE_SQL` (and of its LLM call, when given)."""
+    calls = message.tool_calls
+    params = sql.message_params(
+        session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content,
+        reasoning=reasoning,
+        tool_calls=[{"id": c.id, "name": c.name, "arguments": clean_json_text(c.arguments)} for c in calls],
+    )
+    params.update(
+        turn=turn, loop_count=turn + 1, pending=ToolCallStatus.PENDING.value,
+        prompt_tokens=0, completion_tokens=0, cost_usd_micros=0,
+        call_ids=[clean_text(c.id) for c in calls], names=[clean_text(c.name) for c in calls],
+        arguments=[_parsed_arguments(c) for c in calls], arguments_raw=[clean_json_text(c.arguments) for c in calls],
+    )
+    if llm_call is not None:
+        params.update(prompt_tokens=llm_call.prompt_tokens, completion_tokens=llm_call.completion_tokens,
+                      cost_usd_micros=llm_call.cost_usd_micros)
+        params.update(_llm_call_params(spec=spec, turn=turn, record=llm_call))
+    return params
+
+
 async def assistant_message_save(
     *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "", llm_call: AttemptRecord | None = None,
 ) -> list[dict[str, Any]]:
@@ -66,28 +98,7 @@ async def assistant_message_save(
     Raises:
         ChatSession.DoesNotExist: no such session in the current tenant (nothing written).
     """
-    parsed: list[str] = []
-    for c in message.tool_calls:
-        try:
-            arguments: Any = c.parsed_arguments()
-        except ValueError:
-            arguments = {}
-        parsed.append(json.dumps(clean_json(arguments)))
-    params = sql.message_params(
-        session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=message.content,
-        reasoning=reasoning,
-        tool_calls=[{"id": c.id, "name": c.name, "arguments": clean_json_text(c.arguments)} for c in message.tool_calls],
-    )
-    params.update(
-        turn=turn, loop_count=turn + 1, pending=ToolCallStatus.PENDING.value,
-        prompt_tokens=llm_call.prompt_tokens if llm_call else 0,
-        completion_tokens=llm_call.completion_tokens if llm_call else 0,
-        cost_usd_micros=llm_call.cost_usd_micros if llm_call else 0,
-        call_ids=[clean_text(c.id) for c in message.tool_calls], names=[clean_text(c.name) for c in message.tool_calls],
-        arguments=parsed, arguments_raw=[clean_json_text(c.arguments) for c in message.tool_calls],
-    )
-    if llm_call is not None:
-        params.update(_llm_call_params(spec=spec, turn=turn, record=llm_call))
+    params = _turn_params(spec=spec, turn=turn, message=message, reasoning=reasoning, llm_call=llm_call)
     async with pg_connection() as conn:
         cursor = await conn.execute(sql.TURN_SAVE_WITH_LLM_CALL_SQL if llm_call is not None else sql.TURN_SAVE_ONLY_SQL, params)
         rows = await cursor.fetchall()
