@@ -7,12 +7,14 @@ from celery import shared_task
 
 @shared_task(name="sessions.run_execute", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_execute(run_id: int, tenant_id: int | None = None) -> None:
-    """Execute (or resume) run ``run_id`` on this worker process's event loop; ``tenant_id``:
-    its tenant, if the sender knew it (see :func:`sessions.runner.loop.execute_run`)."""
+    """Execute (or resume) run ``run_id`` on this worker process's event loop, through the
+    production ports (PostgreSQL, Redis, the router, the capability kinds); ``tenant_id``: its
+    tenant, if the sender knew it (see :func:`sessions.runner.loop.execute_run`)."""
+    from sessions.runner.adapters import production_ports
     from sessions.runner.host import run_host
     from sessions.runner.loop import execute_run
 
-    run_host().run(execute_run(run_id, tenant_id=tenant_id))
+    run_host().run(execute_run(run_id, tenant_id=tenant_id, ports=production_ports()))
 
 
 def run_enqueue(run_id: int, tenant_id: int | None = None) -> None:

@@ -30,9 +30,9 @@ from llm.errors import LLMError, public_error_message
 from llm.router import Router
 from llm.tokens import estimate_text_tokens, estimate_tokens
 from llm.types import ChatMessage, ToolCallRequest
-from sessions import runs
 from sessions.models import Message, MessageRole
-from sessions.runner import _db
+from sessions.runner._db import History
+from sessions.runner.ports import RunStore
 from sessions.runner.spec import RunSpec
 
 BUDGET_RATIO = 0.7
@@ -117,7 +117,8 @@ def transcript(rows: list[Message], *, previous_summary: str) -> str:
 
 
 async def compact(
-    *, spec: RunSpec, history: _db.History, router: Router, publish: Publish, attempt: int, tokens_before: int
+    *, spec: RunSpec, history: History, router: Router, publish: Publish, store: RunStore, attempt: int,
+    tokens_before: int,
 ) -> CompactionResult:
     """One compaction attempt (see the module docstring).
 
@@ -148,7 +149,7 @@ async def compact(
         # Members read this (the event, the run's error): a provider's text stays out of it.
         error = (f"{type(exc).__name__}: {public_error_message(error_class)} ({error_class})" if error_class
                  else f"{type(exc).__name__}: {exc}")
-        compaction_id = await _db.db(runs.compaction_save)(
+        compaction_id = await store.compaction_save(
             spec=spec, attempt=attempt, status="failed", tokens_before=tokens_before, error=error
         )
         await publish("compaction_completed", {"ok": False, "compaction_id": compaction_id, "attempt": attempt,
@@ -158,7 +159,7 @@ async def compact(
         tokens_before - estimate_tokens(_as_chat(summarized), []) + estimate_text_tokens(summary)
         - (estimate_text_tokens(history.summary) if history.summary else 0)
     )
-    compaction_id = await _db.db(runs.compaction_save)(
+    compaction_id = await store.compaction_save(
         spec=spec, attempt=attempt, status="succeeded", summary=summary, cursor_message_id=summarized[-1].pk,
         messages_summarized=len(summarized), tokens_before=tokens_before, tokens_after=max(tokens_after, 0),
     )

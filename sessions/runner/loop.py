@@ -20,19 +20,14 @@ import logging
 import time
 from typing import Any
 
-from llm.health import RedisEntryHealth
 from llm.records import AttemptRecord
-from llm.router import Router
 from sessions import runs
-from sessions.events import async_redis, event_publish, event_publish_nowait, pipelined_command
 from sessions.models import RunFailureReason, RunStatus
-from sessions.runner import _db
-from sessions.runner.cancellation import raise_if_cancelling, watch_for_cancel
-from sessions.runner.run_context import run_context_open
+from sessions.runner.adapters import production_ports
+from sessions.runner.ports import Publish, RunPorts, RunStore
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
-from sessions.runner.titles import title_after_first_exchange
-from sessions.runner.toolset import CapabilityUnavailable, Toolset, toolset_open
+from sessions.runner.toolset import CapabilityUnavailable, Toolset
 from sessions.runner.turn import (
     DEFAULT_SYSTEM_PROMPT,
     FINAL_TURN_NOTE,
@@ -57,7 +52,7 @@ _StreamedTextBatcher = StreamedTextBatcher  # its old name here (tests and bench
 logger = logging.getLogger(__name__)
 
 
-async def execute_run(run_id: int, *, tenant_id: int | None = None) -> None:
+async def execute_run(run_id: int, *, tenant_id: int | None = None, ports: RunPorts | None = None) -> None:
     """Execute or resume run ``run_id`` to its end. Never raises for a run's own failure.
 
     Ends with the run ``completed``, ``failed`` (with ``reason``) or ``cancelled`` (a cancel
@@ -65,35 +60,35 @@ async def execute_run(run_id: int, *, tenant_id: int | None = None) -> None:
 
     ``tenant_id``: the run's tenant, if the task's sender knew it; else it is looked up. A
     wrong one finds no run (the claim reads the run in that tenant only), and nothing happens.
+
+    ``ports``: the run store, publisher, model, toolset opener and cancel watch the run goes
+    through (:mod:`sessions.runner.ports`); None: the production ones
+    (:func:`sessions.runner.adapters.production_ports`).
     """
+    if ports is None:
+        ports = production_ports()
+    store = ports.store
     if tenant_id is None:
-        tenant_id = await _db.run_tenant_id(run_id)
+        tenant_id = await store.tenant_of(run_id)
         if tenant_id is None:
             logger.warning("run %s does not exist", run_id)
             return
     with tenant_scope(tenant_id):
         try:
-            spec = await runs.run_claim(run_id, load=_db._spec)  # publishes run_running
+            spec = await store.claim(run_id)  # publishes run_running
         except runs.RunNotClaimable as exc:
             logger.info("not starting: %s", exc)
             return
         except ValueError as exc:
-            await _finish(run_id, None, Failed(RunFailureReason.CONFIGURATION, str(exc)))
+            await _finish(ports, run_id, None, Failed(RunFailureReason.CONFIGURATION, str(exc)))
             return
-
-        async def publish(event_type: str, data: dict[str, Any]) -> None:
-            await event_publish(session_id=spec.session_id, run_id=run_id, type=event_type, data=data)
-            raise_if_cancelling()  # redis-py may swallow a cancel of the run's loop task
-
-        publish.nowait = lambda event_type, data: event_publish_nowait(  # type: ignore[attr-defined]
-            session_id=spec.session_id, run_id=run_id, type=event_type, data=data
-        )
+        publish = ports.publisher(spec.session_id, run_id)
         # The text streamed in the current model turn (stream_model_turn keeps it): a stopped run keeps it as its reply.
         publish.streamed = []  # type: ignore[attr-defined]
-        heartbeat = asyncio.create_task(_heartbeat(run_id, spec.attempt, asyncio.current_task()),
+        heartbeat = asyncio.create_task(_heartbeat(store, run_id, spec.attempt, asyncio.current_task()),
                                         name=f"run-{run_id}-heartbeat")
         try:
-            outcome = await _run_loop_cancellable(spec, publish)
+            outcome = await _run_loop_cancellable(spec, publish, ports)
         except CapabilityUnavailable as exc:
             outcome = Failed(RunFailureReason.CAPABILITY_UNAVAILABLE, str(exc))
         except Exception as exc:  # the run must end failed with a reason, never stay running
@@ -101,10 +96,10 @@ async def execute_run(run_id: int, *, tenant_id: int | None = None) -> None:
             outcome = Failed(RunFailureReason.INTERNAL, f"Internal error: {type(exc).__name__}: {exc}")
         finally:
             heartbeat.cancel()
-        await _finish(run_id, spec, outcome, publish=publish)
+        await _finish(ports, run_id, spec, outcome, publish=publish)
 
 
-async def _heartbeat(run_id: int, attempt: int, owner: asyncio.Task | None) -> None:
+async def _heartbeat(store: RunStore, run_id: int, attempt: int, owner: asyncio.Task | None) -> None:
     """Write the run's heartbeat every ``RUN_HEARTBEAT_SECONDS`` while it works.
 
     The sweeper (:func:`sessions.services.runs_sweep`) treats a run whose heartbeat is older
@@ -118,7 +113,7 @@ async def _heartbeat(run_id: int, attempt: int, owner: asyncio.Task | None) -> N
     while True:
         await asyncio.sleep(settings.RUN_HEARTBEAT_SECONDS)
         try:
-            alive = await runs.run_heartbeat(run_id, attempt)
+            alive = await store.heartbeat(run_id, attempt)
         except Exception:  # noqa: BLE001 - keep beating
             logger.warning("run %s: heartbeat write failed", run_id, exc_info=True)
             continue
@@ -129,22 +124,20 @@ async def _heartbeat(run_id: int, attempt: int, owner: asyncio.Task | None) -> N
             return
 
 
-async def _finish(run_id: int, spec: RunSpec | None, outcome: RunEnd, *, publish: Any = None) -> None:
+async def _finish(ports: RunPorts, run_id: int, spec: RunSpec | None, outcome: RunEnd, *,
+                  publish: Publish | None = None) -> None:
     """The run's end as the loop left it: paused (:func:`sessions.runs.run_pause`) or ended
     (:func:`sessions.runs.run_finish`); each publishes its event and starts the runs that may
-    start now."""
-    if publish is None:
-        session_id = await _db.db(lambda: _db.Run.objects.get(pk=run_id).session_id)()  # a run that never started
-
-        async def publish(event_type: str, data: dict[str, Any]) -> None:
-            await event_publish(session_id=session_id, run_id=run_id, type=event_type, data=data)
-
+    start now. A chat's first completed run then gets its title (``after_completed``)."""
+    store = ports.store
+    if publish is None:  # a run that never started
+        publish = ports.publisher(await store.session_of(run_id), run_id)
     if outcome.status == RunStatus.AWAITING_APPROVAL:
-        await runs.run_pause(run_id, publish=publish)
+        await store.pause(run_id, publish=publish)
     else:
-        finished = await runs.run_finish(run_id, outcome, publish=publish, spec=spec)
+        finished = await store.finish(run_id, outcome, publish=publish, spec=spec)
         if finished.ended and outcome.status == RunStatus.COMPLETED and spec is not None:
-            await title_after_first_exchange(spec)  # a chat's first answer: its title from the model (a task)
+            await store.after_completed(spec)
 
 
 CANCELLED_OUTCOME = Cancelled()
@@ -152,7 +145,8 @@ AWAITING_APPROVAL_OUTCOME = Paused()
 """The run paused: some tool call waits for a human; no worker holds it meanwhile."""
 
 
-async def _run_loop_cancellable(spec: RunSpec, publish: Any, *, toolset: Toolset | None = None) -> RunEnd:
+async def _run_loop_cancellable(spec: RunSpec, publish: Publish, ports: RunPorts, *,
+                                toolset: Toolset | None = None) -> RunEnd:
     """:func:`_run_loop`, cancelled as soon as a cancel of the run is requested.
 
     The loop runs as a task next to :func:`watch_for_cancel`. When the watcher returns
@@ -173,8 +167,8 @@ async def _run_loop_cancellable(spec: RunSpec, publish: Any, *, toolset: Toolset
         Whatever ``_run_loop`` raises. If the watcher itself fails (Redis down), the run goes
         on without cancellation rather than failing.
     """
-    loop_task = asyncio.create_task(_run_loop(spec, publish, toolset=toolset), name=f"run-{spec.run_id}-loop")
-    watcher = asyncio.create_task(watch_for_cancel(spec.run_id), name=f"run-{spec.run_id}-cancel-watch")
+    loop_task = asyncio.create_task(_run_loop(spec, publish, ports, toolset=toolset), name=f"run-{spec.run_id}-loop")
+    watcher = asyncio.create_task(ports.cancel_watch(spec.run_id), name=f"run-{spec.run_id}-cancel-watch")
     timeout = max(0.0, spec.run_seconds_left(time.time()))
     try:
         await asyncio.wait({loop_task, watcher}, return_when=asyncio.FIRST_COMPLETED, timeout=timeout)
@@ -205,21 +199,22 @@ async def _run_loop_cancellable(spec: RunSpec, publish: Any, *, toolset: Toolset
             logger.warning("run %s: the cancel watcher did not stop", spec.run_id)
 
 
-async def _run_loop(spec: RunSpec, publish: Any, *, toolset: Toolset | None = None) -> RunEnd:
+async def _run_loop(spec: RunSpec, publish: Publish, ports: RunPorts, *, toolset: Toolset | None = None) -> RunEnd:
     """The loop of run ``spec``: turn after turn of :mod:`sessions.runner.turn`'s steps
     (prepare → model turn → resolve) until one ends the run. ``toolset``: given for a sub-run
-    (a subset of its parent's tools, already connected), else opened here from the run's
-    bindings (and closed when the loop ends)."""
+    (a subset of its parent's tools, already connected), else opened here by the ports'
+    toolset opener (and closed when the loop ends)."""
+    store = ports.store
     async with contextlib.AsyncExitStack() as stack:
         context: tuple = ()
         if toolset is None:
-            toolset = await toolset_open(spec, stack, publish=publish)
-            context = await run_context_open(spec, toolset.context)
-        if await _db.session_has_artifacts(spec.session_id):
+            toolset, context = await ports.toolsets(spec, stack, publish)
+        if await store.has_artifacts(spec.session_id):
             toolset.add_builtin("read_artifact")
-        record = _LlmCallRecorder(spec, spec.loop_count)
-        router = Router(spec.entries, record=record, health=entry_health(), on_event=publish)
-        state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=router, record=record, context=context)
+        record = _LlmCallRecorder(spec, spec.loop_count, store)
+        model = ports.model(spec, record, publish)
+        state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=model, record=record,
+                               store=store, context=context)
         return await run_turns(state)
 
 
@@ -232,9 +227,10 @@ class _LlmCallRecorder:
     anyway (a publish error, the turn timeout, a cancel), it is written on the way out.
     """
 
-    def __init__(self, spec: RunSpec, turn: int) -> None:
+    def __init__(self, spec: RunSpec, turn: int, store: RunStore) -> None:
         self.spec = spec
         self.turn = turn
+        self._store = store
         self._holding = False
         self._answer: AttemptRecord | None = None
 
@@ -242,7 +238,7 @@ class _LlmCallRecorder:
         if self._holding and self._answer is None and attempt.status == "succeeded":
             self._answer = attempt
             return
-        await runs.llm_call_record(spec=self.spec, turn=self.turn, record=attempt)
+        await self._store.llm_call_record(spec=self.spec, turn=self.turn, record=attempt)
 
     @contextlib.asynccontextmanager
     async def holding_the_answer(self) -> Any:
@@ -263,10 +259,3 @@ class _LlmCallRecorder:
         answer, self._answer = self._answer, None
         return answer
 
-
-def entry_health() -> RedisEntryHealth:
-    """Route-entry health shared by every worker (cooldowns, circuit breaker) in Redis, its
-    scripts pipelined on the loop's publishing connection (``pipelined_command``)."""
-    from django.conf import settings
-
-    return RedisEntryHealth(async_redis(), prefix=f"{settings.REDIS_KEY_PREFIX}:health", execute=pipelined_command)

@@ -133,6 +133,7 @@ class SkillTool(Tool):
         raise ToolError(f"The skill {self.spec.name!r} did not finish: {outcome.error}", code="sub_run_failed")
 
     async def _run(self, run_id: int, *, task: str, context: ToolContext) -> RunEnd:
+        from sessions.runner.adapters import production_ports  # a skill is a production capability
         from sessions.runner.loop import _run_loop_cancellable
 
         parent = self.parent
@@ -161,7 +162,7 @@ class SkillTool(Tool):
         await publish("run_running", {"attempt": spec.attempt, "skill": self.skill.name, "depth": spec.depth,
                                       "task": task})
         try:
-            outcome = await _run_loop_cancellable(spec, publish, toolset=toolset)
+            outcome = await _run_loop_cancellable(spec, publish, production_ports(), toolset=toolset)
         except asyncio.CancelledError:  # the parent was cancelled (or timed out): so is this sub-run
             await asyncio.shield(self._record_cancelled(run_id, spec.attempt, publish_now))
             raise

@@ -28,10 +28,10 @@ from typing import Any
 from agents.models import ApprovalAction
 from capabilities.tools import ApprovalRequired, QuestionForUser, Tool, ToolContext, ToolError
 from llm.sanitize import clean_json, clean_text
-from sessions import runs
 from sessions.models import ApprovalKind, ApprovalStatus, ToolCallStatus
-from sessions.runner import _db
+from sessions.runner._db import ApprovalState
 from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
+from sessions.runner.ports import RunStore
 from sessions.runner.spec import RunSpec
 from sessions.runner.toolset import Toolset
 from sessions.tool_store import SESSION_TOOL_STORE
@@ -84,7 +84,8 @@ Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
 async def execute_tool_calls(
-    *, spec: RunSpec, calls: list[dict[str, Any]], toolset: Toolset, publish: Publish, resumed: bool = False
+    *, spec: RunSpec, calls: list[dict[str, Any]], toolset: Toolset, publish: Publish, store: RunStore,
+    resumed: bool = False,
 ) -> list[int]:
     """Execute ``calls`` (``[{pk, call_id, name, arguments_raw}]``) and record each outcome.
 
@@ -94,18 +95,19 @@ async def execute_tool_calls(
 
     ``resumed``: the calls were left without a result by an earlier attempt (a pause for
     approval, a dead worker); only such calls can have Approval rows, so only then are they
-    loaded (fresh calls of a model turn cost no query for it).
+    loaded (fresh calls of a model turn cost no query for it). ``store``: where the calls'
+    approvals, starts and results are read and written (:class:`sessions.runner.ports.RunStore`).
 
     Returns:
         Primary keys of the calls now waiting for a human (approval or answer); empty when
         every call has a result.
     """
     semaphore = asyncio.Semaphore(spec.tool_max_parallel)
-    approvals = await _db.db(_db.approvals_for_calls)(call_pks=[c["pk"] for c in calls]) if resumed else {}
+    approvals = await store.approvals_for_calls(call_pks=[c["pk"] for c in calls]) if resumed else {}
 
     async def one(call: dict[str, Any]) -> bool:
         async with semaphore:
-            return await _execute_one(spec=spec, call=call, toolset=toolset, publish=publish,
+            return await _execute_one(spec=spec, call=call, toolset=toolset, publish=publish, store=store,
                                       approval=approvals.get(call["pk"]))
 
     waiting = await asyncio.gather(*(one(c) for c in calls))
@@ -124,7 +126,8 @@ class _Result:
 
 
 async def _execute_one(
-    *, spec: RunSpec, call: dict[str, Any], toolset: Toolset, publish: Publish, approval: _db.ApprovalState | None
+    *, spec: RunSpec, call: dict[str, Any], toolset: Toolset, publish: Publish, store: RunStore,
+    approval: ApprovalState | None,
 ) -> bool:
     """Run (or decide) one call. Returns True if it now waits for a human."""
     name, pk = call["name"], call["pk"]
@@ -138,7 +141,7 @@ async def _execute_one(
     shown_arguments = arguments if arguments is not None else call["arguments_raw"]
 
     async def wait_for_human(kind: str, *, reason: str = "", question: str = "") -> bool:
-        await _db.db(runs.approval_request)(spec=spec, call_pk=pk, kind=kind, tool_name=name,
+        await store.approval_request(spec=spec, call_pk=pk, kind=kind, tool_name=name,
                                            arguments=shown_arguments, reason=reason, question=question)
         return True
 
@@ -153,7 +156,7 @@ async def _execute_one(
             decided = _Result(status=ToolCallStatus.FAILED,
                               error=f"The agent's policy does not allow the tool {name!r}. Do not call it again.")
 
-    await runs.tool_call_start(pk=pk)
+    await store.tool_call_start(pk=pk)
     await publish("tool_call_started", {"tool_call_id": pk, "name": name, "arguments": shown_arguments})
     started = time.monotonic()
     if decided is not None:
@@ -181,7 +184,7 @@ async def _execute_one(
             result.model_content = f"Error: {frame_untrusted(result.error)}"
     duration_ms = int((time.monotonic() - started) * 1000)
 
-    recorded = await runs.tool_call_finish(
+    recorded = await store.tool_call_finish(
         spec=spec, pk=pk, status=result.status, content=result.content[:MAX_RECORDED_CHARS], data=result.data,
         error=result.error, duration_ms=duration_ms, model_content=result.model_content,
     )
@@ -199,7 +202,7 @@ async def _execute_one(
     return False
 
 
-def _decided_without_running(approval: _db.ApprovalState | None) -> _Result | None:
+def _decided_without_running(approval: ApprovalState | None) -> _Result | None:
     """The result of a call a human already settled: denied, expired, or a question answered."""
     if approval is None:
         return None

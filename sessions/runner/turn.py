@@ -25,9 +25,7 @@ from capabilities.registry import ContextBlock
 from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted, public_error_message
 from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, ToolSpec
-from sessions import runs
 from sessions.models import RunFailureReason, RunStatus
-from sessions.runner import _db
 from sessions.runner.cancellation import CANCEL_ERROR
 from sessions.runner.compaction import (
     BUDGET_RATIO,
@@ -37,6 +35,7 @@ from sessions.runner.compaction import (
     system_prompt_with_summary,
 )
 from sessions.runner.images import history_with_images
+from sessions.runner.ports import RunStore
 from sessions.runner.run_context import context_system_text
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import stream_model_turn
@@ -114,8 +113,9 @@ Step = Callable[["RunState"], Awaitable[StepOutcome]]
 class RunState:
     """What the loop of one run carries from step to step and turn to turn.
 
-    ``model``: the router (``stream(messages, tools, compact_first=)``), ``record``: its
-    LLM-call recorder (``turn``, ``holding_the_answer()``, ``take_answer()``). The fields
+    ``model``: the run's model route (``stream(messages, tools, compact_first=)``, a
+    :class:`sessions.runner.ports.Model`), ``record``: its LLM-call recorder (``turn``,
+    ``holding_the_answer()``, ``take_answer()``). The fields
     after ``interrupted_turns`` are set by :func:`prepare` for :func:`model_turn`, and by
     :func:`model_turn` for :func:`resolve`.
     """
@@ -125,6 +125,8 @@ class RunState:
     toolset: Toolset
     model: Any
     record: Any
+    store: RunStore
+    """The run's reads and writes (:class:`sessions.runner.ports.RunStore`)."""
     turn: int
     """Model turns this run has answered (the next one's index)."""
     current_entry: int = 0
@@ -156,11 +158,11 @@ class RunState:
         return self.spec.depth > 0
 
     @classmethod
-    def start(cls, *, spec: RunSpec, publish: Any, toolset: Toolset, model: Any, record: Any,
+    def start(cls, *, spec: RunSpec, publish: Any, toolset: Toolset, model: Any, record: Any, store: RunStore,
               context: tuple[ContextBlock, ...] = ()) -> RunState:
         """The state at the start (or resumption) of run ``spec``: turn ``spec.loop_count``."""
-        state = cls(spec=spec, publish=publish, toolset=toolset, model=model, record=record, turn=spec.loop_count,
-                    context=context)
+        state = cls(spec=spec, publish=publish, toolset=toolset, model=model, record=record, store=store,
+                    turn=spec.loop_count, context=context)
         state.compaction_exhausted = state.no_compaction
         return state
 
@@ -197,13 +199,13 @@ async def prepare(state: RunState) -> StepOutcome:
     """
     spec = state.spec
     state.record.turn = state.turn
-    history = await _db.history_load(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0,
-                                     **state.known_cursor)
+    history = await state.store.history(spec.run_id, session_id=spec.session_id, subrun=spec.depth > 0,
+                                        **state.known_cursor)
     state.history = history
     state.known_cursor = {"compaction": history.compaction}  # until this run compacts
     if history.tail is not None:
         return await _resume_tail(state, history.tail)
-    if await _absorb_steering(spec):
+    if await _absorb_steering(state.store, spec):
         return CONTINUE
     if state.turn >= spec.max_loop_count:
         return loop_limit_reached(spec)
@@ -214,7 +216,7 @@ async def prepare(state: RunState) -> StepOutcome:
     _build_prompt(state)
     if compaction_due(state):
         return await _compact(state)
-    over_budget = await budget_exceeded(spec, prompt_tokens=state.prompt_tokens, entry_index=state.current_entry)
+    over_budget = await budget_exceeded(spec, state.store, prompt_tokens=state.prompt_tokens, entry_index=state.current_entry)
     if over_budget:
         return Failed(RunFailureReason.BUDGET_EXCEEDED, over_budget)
     return None
@@ -227,19 +229,20 @@ async def _resume_tail(state: RunState, last: ChatMessage) -> StepOutcome:
     if not last.tool_calls:  # answered before a worker died: nothing left to do
         return Completed(last.content)
     spec = state.spec
-    pending = await _db.db(_db.pending_tool_calls)(run_id=spec.run_id, call_ids=[c.id for c in last.tool_calls])
-    if await execute_tool_calls(spec=spec, calls=pending, toolset=state.toolset, publish=state.publish, resumed=True):
+    pending = await state.store.pending_tool_calls(run_id=spec.run_id, call_ids=[c.id for c in last.tool_calls])
+    if await execute_tool_calls(spec=spec, calls=pending, toolset=state.toolset, publish=state.publish,
+                                store=state.store, resumed=True):
         return Paused()
     return CONTINUE
 
 
-async def _absorb_steering(spec: RunSpec) -> bool:
+async def _absorb_steering(store: RunStore, spec: RunSpec) -> bool:
     """Messages sent meanwhile (agents in steer mode, top-level runs) join this run's history
     from this turn on; each absorbed run is told so. Whether any joined. One locked query
     per turn, so only for agents in steer mode."""
     if not spec.steer or spec.depth != 0:
         return False
-    return bool(await _db.db(runs.steer_absorb)(spec.run_id))  # each absorbed run: run_running
+    return bool(await store.steer_absorb(spec.run_id))  # each absorbed run: run_running
 
 
 def _build_prompt(state: RunState) -> None:
@@ -275,7 +278,7 @@ async def _compact(state: RunState) -> StepOutcome:
     """Run one compaction attempt; :func:`after_compaction` says what follows."""
     state.compaction_attempts += 1
     result = await compact(spec=state.spec, history=state.history, router=state.model, publish=state.publish,
-                           attempt=state.compaction_attempts, tokens_before=state.prompt_tokens)
+                           store=state.store, attempt=state.compaction_attempts, tokens_before=state.prompt_tokens)
     return after_compaction(state, result)
 
 
@@ -307,7 +310,7 @@ def loop_limit_reached(spec: RunSpec) -> Failed:
     )
 
 
-async def budget_exceeded(spec: RunSpec, *, prompt_tokens: int, entry_index: int) -> str:
+async def budget_exceeded(spec: RunSpec, store: RunStore, *, prompt_tokens: int, entry_index: int) -> str:
     """Why the next model turn would exceed a budget, or "" if it would not.
 
     "Would": what the run has used so far plus the next prompt (``prompt_tokens``, the
@@ -320,7 +323,7 @@ async def budget_exceeded(spec: RunSpec, *, prompt_tokens: int, entry_index: int
         return ""
     next_prompt_tokens = prompt_tokens
     next_cost = round(next_prompt_tokens * spec.entries[entry_index].input_price_per_mtok)
-    used = await _db.run_usage(spec.run_id)
+    used = await store.usage(spec.run_id)
     if spec.max_tokens_per_run is not None and used.tokens + next_prompt_tokens > spec.max_tokens_per_run:
         return (f"The run has used {used.tokens} tokens; the next model turn (~{next_prompt_tokens} prompt tokens) "
                 f"would exceed the agent's budget of {spec.max_tokens_per_run} tokens per run.")
@@ -328,7 +331,7 @@ async def budget_exceeded(spec: RunSpec, *, prompt_tokens: int, entry_index: int
         return (f"The run has cost ${used.cost_usd_micros / 1e6:.6f}; the next model turn would exceed the agent's "
                 f"budget of ${spec.max_cost_per_run_usd_micros / 1e6:.6f} per run.")
     if spec.tenant_monthly_budget_usd_micros is not None:
-        month = await _db.db(_db.tenant_month_cost_usd_micros)(spec.tenant_id)
+        month = await store.tenant_month_cost_usd_micros(spec.tenant_id)
         if month + next_cost > spec.tenant_monthly_budget_usd_micros:
             return (f"The tenant has used ${month / 1e6:.2f} of its ${spec.tenant_monthly_budget_usd_micros / 1e6:.2f} "
                     "monthly model budget.")
@@ -356,8 +359,8 @@ async def model_turn(state: RunState) -> StepOutcome:
     message = completion.message
     if state.final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
         message = dataclasses.replace(message, tool_calls=())
-    state.calls = await runs.assistant_message_save(spec=spec, turn=state.turn, message=message, reasoning=reasoning,
-                                                   llm_call=state.record.take_answer())
+    state.calls = await state.store.assistant_message_save(spec=spec, turn=state.turn, message=message,
+                                                          reasoning=reasoning, llm_call=state.record.take_answer())
     state.message = message
     state.turn += 1
     state.current_entry = completion.entry_index
@@ -420,6 +423,7 @@ async def resolve(state: RunState) -> StepOutcome:
         if state.final_turn:
             return loop_limit_reached(state.spec)
         return Failed(RunFailureReason.MODEL_ERROR, "The model returned an empty answer.")
-    if await execute_tool_calls(spec=state.spec, calls=state.calls, toolset=state.toolset, publish=state.publish):
+    if await execute_tool_calls(spec=state.spec, calls=state.calls, toolset=state.toolset, publish=state.publish,
+                                store=state.store):
         return Paused()
     return CONTINUE

@@ -61,13 +61,43 @@ class _Model:
         yield Completion(message=item, usage=Usage(), finish_reason="stop", entry_index=0, model="m")
 
 
+class _Store:
+    """The run store's surface prepare and model_turn use: ``history`` returns
+    ``self.history_value`` (each call's keyword arguments in ``loads``); saved answers go to ``saved``."""
+
+    def __init__(self) -> None:
+        self.history_value: Any = None
+        self.loads: list[dict[str, Any]] = []
+        self.saved: list[Any] = []
+
+    async def history(self, run_id: int, **kwargs: Any) -> Any:
+        self.loads.append(kwargs)
+        return self.history_value
+
+    async def assistant_message_save(self, *, spec: Any, turn: int, message: ChatMessage, reasoning: str,
+                                     llm_call: Any) -> list:
+        self.saved.append((turn, message))
+        return []
+
+
+@pytest.fixture(autouse=True)
+def store() -> _Store:
+    """The store every ``_state()`` of the test uses."""
+    global _STORE
+    _STORE = _Store()
+    return _STORE
+
+
+_STORE = _Store()
+
+
 def _state(spec: Any = None, *, model: Any = None, published: list | None = None) -> RunState:
     async def publish(event_type: str, data: dict[str, Any]) -> None:
         if published is not None:
             published.append((event_type, data))
 
     return RunState.start(spec=spec or _spec(), publish=publish, toolset=Toolset(), model=model or _Model(),
-                          record=_Record())
+                          record=_Record(), store=_STORE)
 
 
 def _history(text: str = "hello", *, tail: ChatMessage | None = None) -> Any:
@@ -120,22 +150,35 @@ def test_ends_carry_what_the_run_end_path_reads():
 # --- prepare: the compaction decision -------------------------------------------------------
 
 
-@pytest.fixture
-def fake_store(monkeypatch):
-    """history_load returns ``store.history``; compact returns ``store.results`` in order."""
-    store = SimpleNamespace(history=_history(), results=[], compactions=[], loads=[])
+class _Compactions:
+    """``history``: what the store returns (set it to change); ``results``: what compact
+    returns, in order; ``compactions``: the attempts compact was called with."""
 
-    async def history_load(run_id: int, **kwargs: Any) -> Any:
-        store.loads.append(kwargs)
-        return store.history
+    def __init__(self, store: _Store) -> None:
+        self._store = store
+        self.results: list[CompactionResult] = []
+        self.compactions: list[int] = []
+        store.history_value = _history()
+
+    @property
+    def history(self) -> Any:
+        return self._store.history_value
+
+    @history.setter
+    def history(self, value: Any) -> None:
+        self._store.history_value = value
+
+
+@pytest.fixture
+def fake_store(monkeypatch, store):
+    fake = _Compactions(store)
 
     async def compact(**kwargs: Any) -> CompactionResult:
-        store.compactions.append(kwargs["attempt"])
-        return store.results.pop(0)
+        fake.compactions.append(kwargs["attempt"])
+        return fake.results.pop(0)
 
-    monkeypatch.setattr(turn._db, "history_load", history_load)
     monkeypatch.setattr(turn, "compact", compact)
-    return store
+    return fake
 
 
 async def test_prepare_under_the_window_goes_on_to_the_model(fake_store):
@@ -199,16 +242,9 @@ async def test_prepare_ends_a_resumed_run_that_had_answered(fake_store):
 
 
 @pytest.fixture
-def saved(monkeypatch):
-    rows: list[Any] = []
-
-    async def assistant_message_save(*, spec: Any, turn: int, message: ChatMessage, reasoning: str,
-                                     llm_call: Any) -> list:
-        rows.append((turn, message))
-        return []
-
-    monkeypatch.setattr(turn.runs, "assistant_message_save", assistant_message_save)
-    return rows
+def saved(store):
+    """The answers model_turn saved: ``[(turn, message)]``."""
+    return store.saved
 
 
 async def test_a_stream_broken_twice_in_one_turn_fails_the_run(saved):

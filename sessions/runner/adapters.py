@@ -1,0 +1,149 @@
+"""The production adapters of the runner's ports (:mod:`sessions.runner.ports`), wired in one
+place: :func:`production_ports`.
+
+- :class:`DatabaseRunStore`: PostgreSQL. Status transitions and row writes are
+  :mod:`sessions.runs`' functions; the runner's reads are :mod:`sessions.runner._db`'s (plain
+  SQL on the run host loop's async pool for what every turn reads, ORM on the runner's
+  database threads for the rest). The methods are those functions themselves (no wrapper
+  frame per call: the per-turn path costs what it cost before the ports).
+- the publisher: Redis streams (:func:`sessions.events.event_publish`), with the cancel check
+  after each publish;
+- the model: the fallback router over the run's route entries, with the route-entry health
+  shared in Redis;
+- the toolset opener: the capability kinds (:func:`sessions.runner.toolset.toolset_open`) and
+  the run's start context;
+- the cancel watch: :func:`sessions.runner.cancellation.watch_for_cancel`.
+
+Also the public names of the runner's configuration load and history read for code outside
+the runner (capabilities' tests, ``bench/storage.py``): :func:`run_spec_load`,
+:data:`HISTORY_SQL`, :class:`History`, :class:`HistoryRow`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from capabilities.registry import ContextBlock
+from llm.health import RedisEntryHealth
+from llm.router import Router
+from sessions import runs
+from sessions.events import async_redis, event_publish, event_publish_nowait, pipelined_command
+from sessions.runner import _db
+from sessions.runner.cancellation import raise_if_cancelling, watch_for_cancel
+from sessions.runner.ports import Publish, RunPorts
+from sessions.runner.run_context import run_context_open
+from sessions.runner.spec import RunSpec
+from sessions.runner.threads import db
+from sessions.runner.titles import title_after_first_exchange
+from sessions.runner.toolset import Toolset, toolset_open
+
+__all__ = [
+    "HISTORY_SQL", "DatabaseRunStore", "History", "HistoryRow", "entry_health", "production_ports", "run_spec_load",
+]
+
+run_spec_load = _db._spec
+"""``run_spec_load(claimed: sessions.runs.ClaimedRun) -> RunSpec``: a just-claimed run's
+configuration (agent, limits, route entries, binding specs), five statements in one round trip.
+ORM connection: call it on a database thread (or in a sync test). Raises ValueError for an
+unusable configuration (a route without entries, a provider outside the tenant)."""
+
+HISTORY_SQL = _db._HISTORY_SQL
+"""The history statement of a user's run (``{after_cursor}`` to format: "" or the compaction
+cursor's condition); parameters ``tenant_id``, ``session_id``, ``run_id``."""
+
+History = _db.History
+HistoryRow = _db.HistoryRow
+
+
+async def _claim(run_id: int) -> RunSpec:
+    return await runs.run_claim(run_id, load=_db._spec)
+
+
+async def _session_of(run_id: int) -> int:
+    return await db(lambda: _db.Run.objects.get(pk=run_id).session_id)()
+
+
+async def _finish(run_id: int, outcome: Any, *, publish: Publish, spec: RunSpec | None) -> Any:
+    return await runs.run_finish(run_id, outcome, publish=publish, spec=spec)
+
+
+async def _after_completed(spec: RunSpec) -> None:
+    await title_after_first_exchange(spec)  # a chat's first answer: its title from the model (a task)
+
+
+class DatabaseRunStore:
+    """:class:`~sessions.runner.ports.RunStore` on PostgreSQL (see the module docstring).
+    Stateless; one instance serves every run of the process."""
+
+    tenant_of = staticmethod(_db.run_tenant_id)
+    claim = staticmethod(_claim)
+    session_of = staticmethod(_session_of)
+    heartbeat = staticmethod(runs.run_heartbeat)
+    pause = staticmethod(runs.run_pause)
+    finish = staticmethod(_finish)
+    after_completed = staticmethod(_after_completed)
+
+    history = staticmethod(_db.history_load)
+    pending_tool_calls = staticmethod(db(_db.pending_tool_calls))
+    approvals_for_calls = staticmethod(db(_db.approvals_for_calls))
+    steer_absorb = staticmethod(db(runs.steer_absorb))  # each absorbed run: run_running
+    usage = staticmethod(_db.run_usage)
+    tenant_month_cost_usd_micros = staticmethod(db(_db.tenant_month_cost_usd_micros))
+    has_artifacts = staticmethod(_db.session_has_artifacts)
+
+    assistant_message_save = staticmethod(runs.assistant_message_save)
+    llm_call_record = staticmethod(runs.llm_call_record)
+    tool_call_start = staticmethod(runs.tool_call_start)
+    tool_call_finish = staticmethod(runs.tool_call_finish)
+    approval_request = staticmethod(db(runs.approval_request))
+    compaction_save = staticmethod(db(runs.compaction_save))
+
+
+def redis_publisher(session_id: int, run_id: int) -> Publish:
+    """The run's publisher: each event appended to the session's Redis stream; after it, a
+    pending cancel of the run's task is raised (redis-py may swallow one). ``nowait``: queued
+    on the loop's publishing connection without waiting for the reply."""
+
+    async def publish(event_type: str, data: dict[str, Any]) -> None:
+        await event_publish(session_id=session_id, run_id=run_id, type=event_type, data=data)
+        raise_if_cancelling()  # redis-py may swallow a cancel of the run's loop task
+
+    publish.nowait = lambda event_type, data: event_publish_nowait(  # type: ignore[attr-defined]
+        session_id=session_id, run_id=run_id, type=event_type, data=data
+    )
+    return publish
+
+
+def entry_health() -> RedisEntryHealth:
+    """Route-entry health shared by every worker (cooldowns, circuit breaker) in Redis, its
+    scripts pipelined on the loop's publishing connection (``pipelined_command``)."""
+    from django.conf import settings
+
+    return RedisEntryHealth(async_redis(), prefix=f"{settings.REDIS_KEY_PREFIX}:health", execute=pipelined_command)
+
+
+def router_model(spec: RunSpec, record: Any, publish: Publish) -> Router:
+    """The run's model: the fallback router over its route entries."""
+    return Router(spec.entries, record=record, health=entry_health(), on_event=publish)
+
+
+async def capability_toolsets(
+    spec: RunSpec, stack: contextlib.AsyncExitStack, publish: Publish,
+) -> tuple[Toolset, tuple[ContextBlock, ...]]:
+    """The run's tools from its bindings' capability kinds (closed with ``stack``) and its start context."""
+    toolset = await toolset_open(spec, stack, publish=publish)
+    return toolset, await run_context_open(spec, toolset.context)
+
+
+_PORTS: RunPorts | None = None
+
+
+def production_ports() -> RunPorts:
+    """The ports a worker runs runs with (one instance per process; every adapter is stateless
+    or keeps its per-loop state itself)."""
+    global _PORTS
+    if _PORTS is None:
+        _PORTS = RunPorts(store=DatabaseRunStore(), publisher=redis_publisher, model=router_model,
+                          toolsets=capability_toolsets, cancel_watch=watch_for_cancel)
+    return _PORTS

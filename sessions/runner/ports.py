@@ -1,0 +1,155 @@
+"""The runner's ports: what :func:`sessions.runner.loop.execute_run` is given to run a run.
+
+The loop and the turn's steps (:mod:`sessions.runner.turn`, :mod:`sessions.runner.tool_execution`,
+:mod:`sessions.runner.compaction`) are orchestration: every read and write of the run's rows
+goes through a :class:`RunStore`, every event through a publisher, every model turn through a
+model, and the run's tools come from a toolset opener. :class:`RunPorts` bundles them.
+
+Production adapters (PostgreSQL through :mod:`sessions.runs` and the runner's own reads,
+Redis streams, the fallback router, the capability kinds) are built in one place,
+:func:`sessions.runner.adapters.production_ports`; tests give in-memory fakes
+(``sessions/tests/test_loop_ports.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from capabilities.registry import ContextBlock
+    from llm.records import AttemptRecord
+    from llm.types import ChatMessage, Completion, ToolSpec
+    from sessions.runner.spec import RunSpec
+    from sessions.runner.toolset import Toolset
+
+Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+"""``publish(event_type, data)``: one event on the run's session stream. The loop sets a
+``streamed`` list attribute on it (the current model turn's text, kept for a stopped run),
+so a publisher returns a fresh function object; an optional ``nowait(event_type, data)``
+attribute queues an event without waiting (:class:`sessions.runner.streaming.StreamedTextBatcher`)."""
+
+
+class RunStore(Protocol):
+    """The run's reads and writes, as the loop needs them. Every method runs under the run's
+    tenant scope (set by ``execute_run``). Production: :class:`sessions.runner.adapters.DatabaseRunStore`.
+
+    Lifecycle (each transition publishes its own event through ``publish``):
+    """
+
+    async def tenant_of(self, run_id: int) -> int | None:
+        """The run's tenant (None: no such run)."""
+
+    async def claim(self, run_id: int) -> RunSpec:
+        """Mark the run running (publishes ``run_running``) and load its configuration.
+
+        Raises:
+            sessions.runs.RunNotClaimable: not the worker's to run (ended, held by another).
+            ValueError: its configuration is unusable (the run then fails ``configuration``).
+        """
+
+    async def session_of(self, run_id: int) -> int:
+        """The run's session (for a run that failed before its configuration loaded)."""
+
+    async def heartbeat(self, run_id: int, attempt: int) -> bool:
+        """Beat for ``attempt``; False if another worker took the run over."""
+
+    async def pause(self, run_id: int, *, publish: Publish) -> Any:
+        """The run waits for a human (``Paused``)."""
+
+    async def finish(self, run_id: int, outcome: Any, *, publish: Publish, spec: RunSpec | None) -> Any:
+        """End the run with ``outcome``; returns an object whose ``ended`` says whether it did."""
+
+    async def after_completed(self, spec: RunSpec) -> None:
+        """Work after a completed run's end (a chat's title from its first exchange)."""
+
+    # Per turn: reads.
+    async def history(self, run_id: int, *, session_id: int, subrun: bool, compaction: Any = ...) -> Any:
+        """The conversation a model turn is built from (:class:`sessions.runner.adapters.History`
+        shape: ``messages``, ``tail``, ``summary``, ``rows``, ``compaction``)."""
+
+    async def pending_tool_calls(self, *, run_id: int, call_ids: list[str]) -> list[dict[str, Any]]:
+        """Of ``call_ids``, the run's calls without a result (``[{pk, call_id, name, arguments_raw}]``)."""
+
+    async def approvals_for_calls(self, *, call_pks: list[int]) -> dict[int, Any]:
+        """``{call pk: ApprovalState}`` of the calls that have an approval."""
+
+    async def steer_absorb(self, run_id: int) -> list[int]:
+        """Queued steer messages join the run; the runs absorbed."""
+
+    async def usage(self, run_id: int) -> Any:
+        """Tokens and cost used so far (``tokens``, ``cost_usd_micros``)."""
+
+    async def tenant_month_cost_usd_micros(self, tenant_id: int) -> int:
+        """The tenant's model cost this calendar month."""
+
+    async def has_artifacts(self, session_id: int) -> bool:
+        """Whether the session has artifacts (``read_artifact`` is then offered)."""
+
+    # Per turn: writes.
+    async def assistant_message_save(
+        self, *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "",
+        llm_call: AttemptRecord | None = None,
+    ) -> list[dict[str, Any]]:
+        """Persist a model turn's answer; returns its tool calls ``[{pk, call_id, name, arguments_raw}]``."""
+
+    async def llm_call_record(self, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+        """Record one model attempt that did not answer the turn (or whose answer was not saved)."""
+
+    async def tool_call_start(self, *, pk: int) -> None:
+        """The call starts running."""
+
+    async def tool_call_finish(
+        self, *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int,
+        model_content: str | None = None,
+    ) -> bool:
+        """The call's result; False if it already had one (it is then not published again)."""
+
+    async def approval_request(
+        self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "",
+        question: str = "",
+    ) -> int:
+        """The call waits for a human: an Approval (publishes ``approval_requested``); its id."""
+
+    async def compaction_save(self, *, spec: RunSpec, attempt: int, status: str, **fields: Any) -> int:
+        """One compaction attempt's row; its id."""
+
+
+class Model(Protocol):
+    """A model route as the loop uses it (production: :class:`llm.router.Router`)."""
+
+    def stream(self, messages: list[ChatMessage], tools: list[ToolSpec], *,
+               compact_first: bool = False) -> AsyncIterator[Any]:
+        """Text/reasoning deltas, then one :class:`~llm.types.Completion`; raises the
+        :mod:`llm.errors` errors the turn maps to failure reasons."""
+
+    async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec], **kwargs: Any) -> Completion:
+        """One whole answer (the compaction summarizer)."""
+
+
+PublisherFactory = Callable[[int, int], Publish]
+"""``publisher(session_id, run_id)``: the run's :data:`Publish` function."""
+
+ModelFactory = Callable[["RunSpec", Any, Publish], Model]
+"""``model(spec, record, publish)``: the run's model route; ``record(attempt)`` is awaited with
+each attempt's :class:`~llm.records.AttemptRecord`, ``publish`` carries its events (``model_fallback``)."""
+
+ToolsetOpener = Callable[["RunSpec", contextlib.AsyncExitStack, Publish],
+                         Awaitable[tuple["Toolset", tuple["ContextBlock", ...]]]]
+"""``open(spec, stack, publish)``: the run's tools (closed with ``stack``) and its start context."""
+
+CancelWatch = Callable[[int], Awaitable[None]]
+"""``watch(run_id)``: returns when a cancel of the run is requested (never, if none is)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunPorts:
+    """Everything :func:`~sessions.runner.loop.execute_run` needs from outside the loop."""
+
+    store: RunStore
+    publisher: PublisherFactory
+    model: ModelFactory
+    toolsets: ToolsetOpener
+    cancel_watch: CancelWatch
