@@ -73,10 +73,10 @@ def watch_stages() -> dict[str, list[float]]:
     event is queued for Redis, where the queued events are written to Redis's socket, and
     where Redis's reply is read (same clock as the fake model)."""
     from sessions import events
-    from sessions.runner import loop
+    from sessions.runner import adapters, loop
 
     stages: dict[str, list[float]] = {"runner": [], "publish queued": [], "written": [], "reply read": []}
-    add, publish_nowait, write = loop._StreamedTextBatcher.add, loop.event_publish_nowait, events._Publisher._write
+    add, publish_nowait, write = loop._StreamedTextBatcher.add, adapters.event_publish_nowait, events._Publisher._write
     marks_of: dict[asyncio.Future, list[float]] = {}
 
     def timed_add(self, event_type: str, text: str) -> None:
@@ -109,7 +109,7 @@ def watch_stages() -> dict[str, list[float]]:
                 stages["written"].extend((now - m) * 1000 for m in marks or ())
 
     loop._StreamedTextBatcher.add = timed_add
-    loop.event_publish_nowait = timed_publish_nowait
+    adapters.event_publish_nowait = timed_publish_nowait  # the production publisher's nowait
     events._Publisher._write = timed_write
     return stages
 
