@@ -6,7 +6,8 @@ Creates (or brings back to the documented state) tenant "demo" with:
 - provider "local" → the embedded model (settings.LLM_BASE_URL), route "local";
 - the operator catalogue of ``deploy/catalogue.yaml`` (program templates, by slug);
 - MCP server "time" (template ``mcp-server-time``, stdio, confined, no network);
-- agent "Assistant" on route "local", bound to "time" (allow-list: ``get_current_time``);
+- agent "Assistant" on route "local", bound to "time" (allow-list: ``get_current_time``) and to
+  long-term memory (kind ``memory``);
 - CLI command "factor" (template ``factor``: ``["factor", "--", "{n}"]``, GNU coreutils,
   confined, no network) and agent "Researcher" on the same route, bound to it and to
 - MCP server "fetch" (template ``mcp-server-fetch``: its ``fetch`` tool, exposed as
@@ -136,6 +137,12 @@ class Command(BaseCommand):
             tenant=tenant, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=time_server,
             # The 0.5B demo model stays on task with one tool; drop the allow-list for a capable model.
             defaults={"allowed_tools": ["get_current_time"], "enabled": True},
+        )
+        # Long-term memory (README, "Memory"): the assistant remembers each user across chats.
+        CapabilityBinding.all_tenants.update_or_create(
+            tenant=tenant, agent=agent, kind="memory",
+            defaults={"config": {"retention_days": 365, "max_items": 5, "extract_after_idle_minutes": 30},
+                      "enabled": True},
         )
         self._seed_researcher(tenant=tenant, route=route, templates=templates)
         with tenant_scope(tenant.pk):  # the knowledge services work in the tenant's scope
