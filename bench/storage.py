@@ -10,7 +10,7 @@ Printed per size:
 - bytes per turn: the on-disk size of the session's rows (``pg_column_size`` of whole rows,
   TOAST-compressed values as stored; indexes not included) in messages, tool calls, LLM
   calls and the run, divided by the turns;
-- ``history_load`` (sessions/runner/_db.py) time: what every turn of a run pays before it
+- ``history_load`` (sessions/runner/adapters.py, the run store's history read) time: what every turn of a run pays before it
   calls the model, on the async pool the runner uses (sessions/runner/pg.py). ``--repeat``
   calls (default 30) after one warm-up: wall time p50/p95/max and this process's CPU time
   p50 (steadier than wall time on a shared machine; PostgreSQL's own work is not in it).
@@ -34,7 +34,7 @@ from django.db import connection
 from agents.tests.factories import bind_builtin
 from llm.models import ModelRouteEntry
 from sessions.models import LLMCall, Message, Run, ToolCall
-from sessions.runner import _db
+from sessions.runner import adapters
 from sessions.runner.loop import execute_run
 from tenants.scoping import tenant_scope
 
@@ -55,11 +55,11 @@ async def _timed_loads(run_id: int, repeat: int) -> tuple[Any, list[float], list
     """``history_load`` of run ``run_id`` as the runner calls it at a run's first turn (the run's
     session and the compaction cursor looked up too), ``repeat`` times after a warm-up (the
     pool's connection, prepared statements); wall and CPU milliseconds of each."""
-    history = await _db.history_load(run_id)
+    history = await adapters.history_load(run_id)
     times, cpu = [], []
     for _ in range(repeat):
         t0, c0 = time.perf_counter(), time.thread_time()
-        await _db.history_load(run_id)
+        await adapters.history_load(run_id)
         times.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.thread_time() - c0) * 1000)
     return history, times, cpu
@@ -89,7 +89,7 @@ def measure(turns: int, repeat: int, explain: bool) -> None:
             history, times, cpu = asyncio.run(_timed_loads(run.pk, repeat))
             if explain:
                 with connection.cursor() as cursor:
-                    cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + _db._HISTORY_SQL.format(after_cursor=""),
+                    cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + adapters.HISTORY_SQL.format(after_cursor=""),
                                    {"tenant_id": run.tenant_id, "session_id": run.session_id, "run_id": run.pk})
                     plan = "\n".join(r[0] for r in cursor.fetchall())
         print(

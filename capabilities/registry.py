@@ -8,7 +8,7 @@ module, imported by its app's ``AppConfig.ready()``. Everything that used to swi
 - ``agents.models.CapabilityBinding.clean`` → :meth:`CapabilityKind.validate`;
 - the binding serializer and the console's binding form → :attr:`CapabilityKind.fields`
   (which binding columns a kind uses) and :func:`kind_choices`;
-- the runner's configuration load (``sessions.runner._db._spec``) → :func:`binding_specs`
+- the runner's configuration load (``sessions.runner.adapters.run_spec_load``) → :func:`binding_specs`
   (:meth:`CapabilityKind.spec_key` and :meth:`CapabilityKind.load_spec`);
 - the runner's toolset (``sessions.runner.toolset.toolset_open``) →
   :meth:`CapabilityKind.open_toolset`, wrapped by :mod:`capabilities.toolsets`
@@ -55,7 +55,7 @@ class OpenContext:
     """The run's event publisher (``capability_unavailable`` and the like); None: log only."""
     in_thread: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] | None = None
     """``in_thread(fn)(**kwargs)``: run a synchronous ORM function on the run's database
-    thread, under the run's tenant scope (``sessions.runner._db.db``)."""
+    thread, under the run's tenant scope (``sessions.runner.threads.db``)."""
     subrun_tool: Callable[[Any, str], Tool] | None = None
     """``subrun_tool(binding_spec, exposed_name)`` → a Tool answered by a sub-run of this run
     over a subset of its tools (skills; sub-agents). Provided by the runner."""

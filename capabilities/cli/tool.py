@@ -2,7 +2,7 @@
 
 No Django imports at module level (the bwrap path setting is read lazily). The runner builds a
 :class:`CliTool` per bound command from a :class:`CliCommandConfig` (loaded and decrypted by
-``sessions.runner._db._spec``).
+``sessions.runner.adapters.run_spec_load``).
 
 Outcome rule: a command that ran is a *successful* tool call whatever its exit code, and
 also when it was killed for its timeout or its output; the result's first line states which

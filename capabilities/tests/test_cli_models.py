@@ -17,7 +17,8 @@ from capabilities.confinement import bwrap_resolve
 from capabilities.models import CliCommand
 from capabilities.tests.catalogue import cli_template
 from sessions.models import ChatSession, Run
-from sessions.runner._db import ClaimedRun, _spec
+from sessions.runner.adapters import run_spec_load
+from sessions.runs import ClaimedRun
 from tenants.crypto import secret_decrypt_json, secret_encrypt_json
 from tenants.models import Tenant
 from tenants.scoping import tenant_scope
@@ -147,7 +148,7 @@ def test_the_run_spec_carries_the_command_with_its_env_decrypted(world, settings
     run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="x",
                                  started_at=timezone.now())
     with tenant_scope(world.tenant.pk):
-        spec = _spec(ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
+        spec = run_spec_load(ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
     [cli] = spec.bindings_of("cli")
     profile = cli.command.profile
     assert dict(profile.env) == {"TOKEN": "t-1", "MODE": "fixed"}, "only declared secrets, plus the fixed env"

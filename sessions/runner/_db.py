@@ -46,7 +46,7 @@ from sessions.runs import ClaimedRun
 from tenants.models import Tenant
 from tenants.scoping import require_tenant_id, system_scope
 
-__all__ = ["ClaimedRun", "db", "db_executor_shutdown"]  # (tests and capabilities' CLI tests use them from here)
+__all__ = ["ClaimedRun", "db", "db_executor_shutdown"]  # (the runner's tests use them from here)
 
 _RUN, _SESSION, _TENANT = Run._meta.db_table, ChatSession._meta.db_table, Tenant._meta.db_table
 _M, _TC = Message._meta.db_table, ToolCall._meta.db_table
@@ -357,29 +357,53 @@ async def history_load(
     tenant_id = require_tenant_id()
     async with pg_connection() as conn:
         if session_id is None or subrun is None:
-            cursor = await conn.execute(_RUN_SESSION_SQL, {"run_id": run_id, "tenant_id": tenant_id})
-            found = await cursor.fetchone()
-            if found is None:
-                raise Run.DoesNotExist(f"run {run_id} not found")
-            session_id, subrun = found[0], found[1] is not None
-        if subrun:  # a sub-run: its own messages only, never compacted
-            compaction = None
-            sql, params = _HISTORY_SUBRUN_SQL, {"tenant_id": tenant_id, "run_id": run_id}
-        else:  # a user's run: sub-runs' messages are not part of the session's conversation
-            if compaction is _LOAD:
-                compaction = await latest_compaction(conn, session_id)
-            params = {"tenant_id": tenant_id, "session_id": session_id, "run_id": run_id}
-            if compaction is None or compaction.effective_run is None:
-                sql = _HISTORY_SQL.format(after_cursor="")
-            else:
-                sql = _HISTORY_SQL.format(after_cursor=_HISTORY_AFTER_CURSOR)
-                params.update(cursor_run=compaction.effective_run, cursor_position=compaction.position)
+            session_id, subrun = await _run_session(conn, run_id, tenant_id)
+        sql, params, compaction = await _history_statement(
+            conn, run_id=run_id, tenant_id=tenant_id, session_id=session_id, subrun=subrun, compaction=compaction,
+        )
         cursor = await conn.execute(sql, params)
         rows = [
             HistoryRow(pk, run, position, role, content, json.loads(tool_calls), tool_call_id, name, effective_run)
             for pk, run, position, role, content, tool_calls, tool_call_id, name, effective_run in await cursor.fetchall()
         ]
     answered = {m.tool_call_id for m in rows if m.role == MessageRole.TOOL}
+    out, kept = _conversation(rows, run_id=run_id, answered=answered)
+    out = _results_in_call_order(out)
+    return History(messages=out, tail=_resumable_tail(out, kept, run_id=run_id, answered=answered),
+                   summary=compaction.summary if compaction else "", rows=kept, compaction=compaction)
+
+
+async def _run_session(conn: Any, run_id: int, tenant_id: int) -> tuple[int, bool]:
+    """The run's session and whether it is a sub-run. Raises Run.DoesNotExist."""
+    cursor = await conn.execute(_RUN_SESSION_SQL, {"run_id": run_id, "tenant_id": tenant_id})
+    found = await cursor.fetchone()
+    if found is None:
+        raise Run.DoesNotExist(f"run {run_id} not found")
+    return found[0], found[1] is not None
+
+
+async def _history_statement(
+    conn: Any, *, run_id: int, tenant_id: int, session_id: int, subrun: bool, compaction: Any,
+) -> tuple[str, dict[str, Any], CompactionCursor | None]:
+    """The history's statement and parameters, and the compaction it starts after (read
+    here when ``compaction`` is ``_LOAD``)."""
+    if subrun:  # a sub-run: its own messages only, never compacted
+        return _HISTORY_SUBRUN_SQL, {"tenant_id": tenant_id, "run_id": run_id}, None
+    # a user's run: sub-runs' messages are not part of the session's conversation
+    if compaction is _LOAD:
+        compaction = await latest_compaction(conn, session_id)
+    params: dict[str, Any] = {"tenant_id": tenant_id, "session_id": session_id, "run_id": run_id}
+    if compaction is None or compaction.effective_run is None:
+        return _HISTORY_SQL.format(after_cursor=""), params, compaction
+    params.update(cursor_run=compaction.effective_run, cursor_position=compaction.position)
+    return _HISTORY_SQL.format(after_cursor=_HISTORY_AFTER_CURSOR), params, compaction
+
+
+def _conversation(
+    rows: list[HistoryRow], *, run_id: int, answered: set[str],
+) -> tuple[list[ChatMessage], list[HistoryRow]]:
+    """``rows`` as chat messages, and the rows kept: earlier runs' unanswered tool calls are
+    dropped (an assistant message left with neither calls nor text goes with them)."""
     out: list[ChatMessage] = []
     kept: list[HistoryRow] = []
     for m in rows:
@@ -395,21 +419,24 @@ async def history_load(
         else:
             out.append(ChatMessage(role="user", content=m.content))
         kept.append(m)
-    out = _results_in_call_order(out)
-    # This run's last assistant message, when only its own tool results follow it: a resumed run
-    # continues from it, with its answer, or with its calls that have no result yet (a worker
-    # died mid-turn next to finished calls; an approved call next to an allowed one). Tool
-    # results only move among themselves in _results_in_call_order, so ``kept`` still lines up.
-    tail = None
+    return out, kept
+
+
+def _resumable_tail(
+    out: list[ChatMessage], kept: list[HistoryRow], *, run_id: int, answered: set[str],
+) -> ChatMessage | None:
+    """This run's last assistant message, when only its own tool results follow it: a resumed
+    run continues from it, with its answer, or with its calls that have no result yet (a
+    worker died mid-turn next to finished calls; an approved call next to an allowed one).
+    Tool results only move among themselves in _results_in_call_order, so ``kept`` still
+    lines up with ``out``."""
     last = len(out) - 1
     while last >= 0 and out[last].role == "tool":
         last -= 1
     if last >= 0 and out[last].role == "assistant" and _effective_run(kept[last]) == run_id:
         if last == len(out) - 1 or any(c.id not in answered for c in out[last].tool_calls):
-            tail = out[last]
-    return History(messages=out, tail=tail, summary=compaction.summary if compaction else "", rows=kept,
-                   compaction=compaction)
-
+            return out[last]
+    return None
 
 
 def _results_in_call_order(messages: list[ChatMessage]) -> list[ChatMessage]:

@@ -16,7 +16,7 @@ place: :func:`production_ports`.
 
 Also the public names of the runner's configuration load and history read for code outside
 the runner (capabilities' tests, ``bench/storage.py``): :func:`run_spec_load`,
-:data:`HISTORY_SQL`, :class:`History`, :class:`HistoryRow`.
+:func:`history_load`, :data:`HISTORY_SQL`, :class:`History`, :class:`HistoryRow`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from sessions.runner.titles import title_after_first_exchange
 from sessions.runner.toolset import Toolset, toolset_open
 
 __all__ = [
-    "HISTORY_SQL", "DatabaseRunStore", "History", "HistoryRow", "entry_health", "production_ports", "run_spec_load",
+    "HISTORY_SQL", "DatabaseRunStore", "History", "HistoryRow", "entry_health", "history_load", "production_ports",
+    "run_spec_load",
 ]
 
 run_spec_load = _db._spec
@@ -51,6 +52,10 @@ unusable configuration (a route without entries, a provider outside the tenant).
 HISTORY_SQL = _db._HISTORY_SQL
 """The history statement of a user's run (``{after_cursor}`` to format: "" or the compaction
 cursor's condition); parameters ``tenant_id``, ``session_id``, ``run_id``."""
+
+history_load = _db.history_load
+"""``await history_load(run_id, *, session_id=None, subrun=None)``: the conversation up to
+and including the run (the store's ``history``; see :func:`sessions.runner._db.history_load`)."""
 
 History = _db.History
 HistoryRow = _db.HistoryRow
