@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sessions.api import chats, views
+from sessions.api import chats, knowledge_uploads, views
 from sessions.sse import session_events_sse
 
 urlpatterns = [
@@ -19,6 +19,10 @@ urlpatterns = [
     path("runs/<int:run_id>/cancel/", views.RunCancelApi.as_view(), name="run-cancel"),
     path("admin/usage/", views.UsageApi.as_view(), name="admin-usage"),
     path("sessions/<int:session_id>/artifacts/", views.SessionArtifactListApi.as_view(), name="session-artifacts"),
+    path("sessions/<int:session_id>/artifacts/<int:artifact_id>/add-to-knowledge/",
+         knowledge_uploads.ArtifactAddToKnowledgeApi.as_view(), name="session-artifact-add-to-knowledge"),
+    path("sessions/<int:session_id>/knowledge-uploads/", knowledge_uploads.ChatKnowledgeUploadsApi.as_view(),
+         name="session-knowledge-uploads"),
     path("artifacts/<int:artifact_id>/", views.ArtifactDetailApi.as_view(), name="artifact-detail"),
     path("artifacts/<int:artifact_id>/content", views.ArtifactContentApi.as_view(), name="artifact-content"),
     path("approvals/", views.ApprovalListApi.as_view(), name="approval-list"),
