@@ -15,7 +15,8 @@ Creates (or brings back to the documented state) tenant "demo" with:
 - knowledge base "Platform documentation" (the project's README.md and ARCHITECTURE.md,
   ingested by the Celery worker with the embedded embedder; unchanged files are not
   re-ingested) and agent "Docs assistant" bound to it (``knowledge_search``, and the passages
-  for each message retrieved before the first turn: the 0.5B model calls tools unreliably).
+  for each message retrieved before the first turn: the 0.5B model calls tools unreliably;
+  ``user_uploads``: a user's chat attachments added to their own knowledge are searched too).
 
 With ``--print-token`` the last line printed is a new API token for demo-user (with
 ``--admin``, for demo-admin).
@@ -180,7 +181,8 @@ class Command(BaseCommand):
         )
         binding, _ = CapabilityBinding.all_tenants.update_or_create(
             tenant=tenant, agent=agent, kind="knowledge",
-            defaults={"config": {"knowledge_bases": [kb.pk], "top_k": 4, "retrieve_before_first_turn": True},
+            defaults={"config": {"knowledge_bases": [kb.pk], "top_k": 4, "retrieve_before_first_turn": True,
+                                 "user_uploads": True},
                       "enabled": True},
         )
         binding.full_clean()
