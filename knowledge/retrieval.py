@@ -10,9 +10,14 @@ the ``knowledge`` capability kind's ``knowledge_search`` tool and its run-start 
    nearest chunks by cosine distance through the HNSW index of that dimension (pgvector;
    ``hnsw.iterative_scan = relaxed_order`` so filters that remove most candidates still give
    ``candidates`` rows, re-sorted here by distance).
-3. **Lexical list**: PostgreSQL full text, ``websearch_to_tsquery('english', query)`` with its
-   terms OR-ed when the query uses no operators (quotes, ``-word``, ``or``: a question's words
-   rarely all occur in one chunk), ranked by ``ts_rank``, through the GIN index.
+3. **Lexical list**: PostgreSQL full text through the GIN index, ranked by ``ts_rank``, in two
+   bounded steps (migration 0002): chunks holding *all* the query's terms
+   (``websearch_to_tsquery('english', query)``) first; only if they are fewer than
+   ``candidates`` and the query uses no operators (quotes, ``-word``, ``or``), chunks holding
+   *any* of them after those (a question's words rarely all occur in one chunk). Each step
+   ranks at most :data:`LEXICAL_MAX_RANKED` matching chunks, the first the index scan meets:
+   bounded latency, at the price that past that many matches the ranked ones are not
+   necessarily the best (the migration's docstring says what that trades).
 4. **Rewritten query** (optional, ``rewrite``): a callable returning another phrasing of the
    query (e.g. the run's chat model asked for keywords or a hypothetical answer); its vector
    list is a third list.
@@ -24,7 +29,7 @@ the ``knowledge`` capability kind's ``knowledge_search`` tool and its run-start 
    LLM-as-reranker over a model route).
 
 Row-level security: the vector query runs under the tenant's policy like every query. The
-lexical query goes through ``knowledge_lexical_candidates`` (migration 0001), a ``SECURITY
+lexical query goes through ``knowledge_lexical_candidates`` (migrations 0001, 0002), a ``SECURITY
 DEFINER`` SQL function that applies the same tenant predicate (``tenants.rls.
 policy_expression``) itself: under a policy, PostgreSQL only uses an index for a *leakproof*
 operator, and the full-text ``@@`` (``ts_match_vq``) is not, so the GIN index would never be
@@ -52,6 +57,11 @@ MAX_TOP_K = 50
 DEFAULT_CANDIDATES = 40
 """Candidates per list: enough that a chunk ranked low by one list and high by the other still
 enters the fusion, few enough that each list costs a few milliseconds."""
+LEXICAL_MAX_RANKED = 1_000
+"""Matching chunks ``ts_rank`` scores per step of the lexical list, at most (migration 0002).
+At 100,000 chunks an OR-ed question matches tens of thousands; ranking them all took ~200 ms
+(bench/knowledge_search.py), ranking 1,000 a few ms. Knowledge bases whose steps match fewer
+chunks than this get the exact ranking."""
 HNSW_EF_SEARCH = 80
 """``hnsw.ef_search`` for the vector list (pgvector's default is 40; twice that keeps recall
 near the exact scan for ``candidates`` ≤ 40)."""
@@ -145,9 +155,12 @@ def vector_sql(dimensions: int, *, with_documents: bool) -> str:
 
 def lexical_sql() -> str:
     """The lexical list's SQL (through ``knowledge_lexical_candidates``; see the module
-    docstring). Parameters: query, knowledge base ids, document ids or NULL, limit, strict."""
+    docstring), best first as the function returns them (chunks with all the terms, then
+    chunks with some). Parameters: query, knowledge base ids, document ids or NULL, limit,
+    strict (no OR step), max_ranked (:data:`LEXICAL_MAX_RANKED`)."""
     return ("SELECT id, rank FROM knowledge_lexical_candidates(%(query)s, %(kbs)s::bigint[], "
-            "%(documents)s::bigint[], %(limit)s, %(strict)s)")
+            "%(documents)s::bigint[], %(limit)s, %(strict)s, %(max_ranked)s) WITH ORDINALITY AS f(id, rank, n) "
+            "ORDER BY n")
 
 
 def _validate(query: str, top_k: int, knowledge_base_ids: Sequence[int]) -> str:
@@ -251,7 +264,8 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
                     ranked[f"rewrite.{number}"] = [i for i, _ in rows]
             if "lexical" in lists:
                 cursor.execute(lexical_sql(), {"query": query, "kbs": [kb.pk for kb in kbs], "documents": doc_filter,
-                                               "limit": candidates, "strict": _lexical_strict(query)})
+                                               "limit": candidates, "strict": _lexical_strict(query),
+                                               "max_ranked": LEXICAL_MAX_RANKED})
                 ranked["lexical"] = [int(i) for i, _ in cursor.fetchall()]
         fused = rrf_fuse(ranked)
         keep = max(top_k, rerank_candidates) if rerank is not None else top_k
@@ -330,5 +344,5 @@ async def asearch(**kwargs) -> list[Hit]:
     return await sync_to_async(search, thread_sensitive=False)(**kwargs)
 
 
-__all__ = ["DEFAULT_CANDIDATES", "RRF_K", "Hit", "Reranker", "Rewriter", "SearchError", "asearch", "lexical_sql",
+__all__ = ["DEFAULT_CANDIDATES", "LEXICAL_MAX_RANKED", "RRF_K", "Hit", "Reranker", "Rewriter", "SearchError", "asearch", "lexical_sql",
            "rrf_fuse", "search", "vector_sql", "TEXT_SEARCH_CONFIG"]

@@ -4,8 +4,9 @@ fusion keeps both; filters; who may search what; rewrite and rerank steps."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
-from knowledge.retrieval import SearchError, rrf_fuse, search
+from knowledge.retrieval import SearchError, lexical_sql, rrf_fuse, search
 from knowledge.services import document_add_text, document_ingest
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
@@ -156,3 +157,56 @@ def test_an_unreachable_embedder_is_a_search_error(world, no_ingest_task):
     with pytest.raises(SearchError) as caught:
         search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="anything")
     assert caught.value.code == "embedding_failed"
+
+
+# --- the lexical list: all terms first, any term after, at most max_ranked ranked per step ------
+
+
+def _lexical(kb, query, *, limit=40, max_ranked=1000, strict=False, tenant_id=None):
+    with tenant_scope(tenant_id or kb.tenant_id), connection.cursor() as cursor:
+        cursor.execute(lexical_sql(), {"query": query, "kbs": [kb.pk], "documents": None, "limit": limit,
+                                       "strict": strict, "max_ranked": max_ranked})
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _kb_of_texts(tenant, texts):
+    import random
+
+    kb = builders.knowledge_base(tenant)
+    rng = random.Random(3)
+    made = builders.chunks(builders.document(kb), texts, [builders.random_unit(rng) for _ in texts])
+    return kb, [c.pk for c in made]
+
+
+def test_chunks_with_all_the_terms_come_before_chunks_with_some(world):
+    repeated = " ".join(["harbour engine meadow"] * 6)
+    kb, (all_four, three_repeated, one, neither) = _kb_of_texts(world.tenant, [
+        "The harbour engine in the meadow ledger.", repeated, "An engine.", "A quiet orchard.",
+    ])
+    query = "harbour engine meadow ledger"
+    with tenant_scope(world.tenant.pk), connection.cursor() as cursor:  # what OR + ts_rank alone would say
+        cursor.execute("SELECT c.id FROM knowledge_chunk c WHERE c.knowledge_base_id = %s ORDER BY "
+                       "ts_rank(c.tsv, to_tsquery('english', 'harbour | engine | meadow | ledger')) DESC", [kb.pk])
+        assert [row[0] for row in cursor.fetchall()][:2] == [three_repeated, all_four]
+    assert _lexical(kb, query) == [all_four, three_repeated, one]  # all terms first, then any, by ts_rank
+    assert _lexical(kb, query, limit=1) == [all_four]  # enough with all the terms: no OR step
+    no_chunk_has_all = _lexical(kb, query + " orchard")  # then the OR step alone, by ts_rank
+    assert no_chunk_has_all[0] == three_repeated and set(no_chunk_has_all) == {all_four, three_repeated, one, neither}
+    assert _lexical(kb, query + " orchard", strict=True) == []  # strict: the AND only
+    hits = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query=query, top_k=3, lists=("lexical",))
+    assert [h.chunk_id for h in hits] == [all_four, three_repeated, one] and hits[0].lexical_rank == 1
+
+
+def test_each_step_ranks_at_most_max_ranked_matches(world):
+    texts = [f"harbour note {i}" for i in range(30)] + ["harbour harbour harbour harbour engine", "engine room"]
+    kb, ids = _kb_of_texts(world.tenant, texts)
+    assert len(_lexical(kb, "harbour", max_ranked=1000)) == 31  # uncapped: every match
+    capped = _lexical(kb, "harbour", max_ranked=5)
+    assert len(capped) == 5 and set(capped) <= set(ids[:31])
+    # two steps, each capped: the one chunk with both terms, then at most 5 of the others
+    two_steps = _lexical(kb, "harbour engine", max_ranked=5)
+    assert two_steps[0] == ids[30] and len(two_steps) == 6 and ids[30] not in two_steps[1:]
+    # what the cap trades: the first matches the scan meets are ranked, not the best ones;
+    # the chunk with harbour four times was inserted after the thirty and is not among them
+    assert ids[30] not in capped
+    assert _lexical(kb, "harbour", max_ranked=1000)[0] == ids[30]

@@ -80,7 +80,7 @@ def test_the_lexical_function_applies_the_tenant_predicate(world, other_world):
     made = _filled(world, other_world, per_tenant=5)
     kb_ids = [kb.pk for kb in made.values()]  # asks for both tenants' knowledge bases
     params = {"query": "harbour engine ledger meadow signal copper", "kbs": kb_ids, "documents": None, "limit": 50,
-              "strict": False}
+              "strict": False, "max_ranked": 1000}
     with tenant_scope(world.tenant.pk), connection.cursor() as cursor:
         cursor.execute(lexical_sql(), params)
         found = [row[0] for row in cursor.fetchall()]
@@ -92,9 +92,19 @@ def test_the_lexical_function_applies_the_tenant_predicate(world, other_world):
 
 
 def test_the_lexical_functions_predicate_is_the_policys():
+    """The function as installed (the latest migration's): one of that name, and each of its
+    two queries (all terms, any term: the same statement run twice) filters by the policy's
+    own predicate."""
+    expected = " ".join(rls.policy_expression("c.tenant_id").split())
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc, prosecdef FROM pg_proc WHERE proname = 'knowledge_lexical_candidates'")
+        [(source, security_definer)] = cursor.fetchall()
+    source = " ".join(source.split())
+    assert security_definer and expected in source
+    assert source.count("FROM knowledge_chunk c") == source.count(expected) == 1
+    assert source.count("EXECUTE") == 2 and source.count("step") >= 3  # both steps run that one statement
     migration = (Path(__file__).parent.parent / "migrations" / "0001_initial.py").read_text()
-    expected = rls.policy_expression("c.tenant_id")
-    assert " ".join(expected.split()) in " ".join(migration.split())
+    assert expected in " ".join(migration.split())
 
 
 def test_the_vector_list_uses_the_partial_hnsw_index(world, other_world):
