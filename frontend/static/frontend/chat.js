@@ -14,6 +14,7 @@
 import { applyBrowserOperation, renderBrowserOperation } from './browser.js'; // browser capability
 import { renderCitations } from './citations.js'; // knowledge-base citations under the answer
 import { mountMemoryButton } from './memory.js'; // long-term memory: the header's "Memory" dialog
+import { mountKnowledgeUploads } from './knowledge_uploads.js'; // "Add to knowledge" on attachments, "My knowledge"
 import { api, ApiError } from './api.js';
 import { SessionSocket } from './ws.js';
 import {
@@ -1684,6 +1685,7 @@ export class ChatView {
       h('li', {}, h('a', {
         class: 'file-item',
         testid: 'file-artifact',
+        dataset: { artifactId: String(a.id) },
         href: `/api/v1/artifacts/${encodeURIComponent(a.id)}/content`,
         target: '_blank',
         rel: 'noopener',
@@ -1703,6 +1705,7 @@ export class ChatView {
       artifactItems.length ? h('ul', { class: 'files' }, artifactItems) : h('p', { class: 'side-note', text: 'Nothing attached yet.' }),
       this.docView,
     );
+    mountKnowledgeUploads(this); // --- knowledge_uploads.js: "Add to knowledge" under attachments ---
   }
 
   async showDocument(id) {
