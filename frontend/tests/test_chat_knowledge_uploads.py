@@ -126,6 +126,9 @@ def test_add_an_attachment_to_knowledge_see_its_status_and_find_it(world, fake_l
         expect(items).to_have_count(1)
         expect(dialog.get_by_test_id("my-knowledge-message")).to_contain_text("Deleted “blank.md”")
         dialog.get_by_test_id("my-knowledge-close").click()
+        # The Files panel behind it was refreshed: the deleted file may be added again.
+        expect(panel.locator("li", has_text="blank.md").get_by_test_id("add-to-knowledge")).to_have_text(
+            "Add to knowledge", timeout=T)
 
         # An agent without user uploads: the attachment is listed, with no "Add to knowledge".
         start_chat(page, "Plain helper")

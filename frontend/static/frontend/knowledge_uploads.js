@@ -114,7 +114,7 @@ export async function mountKnowledgeUploads(view) {
     const open = h('button', { type: 'button', class: 'btn btn-ghost kn-open', testid: 'open-my-knowledge', text: 'My knowledge' });
     open.addEventListener('click', () => {
       dialog = dialog || new MyKnowledge();
-      dialog.open(view.sessionId);
+      dialog.open(view);
     });
     head.insertBefore(open, head.lastChild);
   }
@@ -148,7 +148,7 @@ let dialog = null;
 /** The "My knowledge" dialog: the user's own documents (from their chats), status, Delete. */
 class MyKnowledge {
   constructor() {
-    this.sessionId = null;
+    this.view = null;
     this.title = h('h2', { id: 'my-knowledge-title', text: 'My knowledge' });
     this.intro = h('p', {
       class: 'muted',
@@ -169,8 +169,9 @@ class MyKnowledge {
     );
   }
 
-  open(sessionId) {
-    this.sessionId = sessionId;
+  /** Open the dialog from `view` (the ChatView whose Files panel it was opened from). */
+  open(view) {
+    this.view = view;
     this.message.textContent = '';
     if (!this.el.isConnected) document.body.append(this.el);
     if (!this.el.open) this.el.showModal();
@@ -180,7 +181,7 @@ class MyKnowledge {
   async refresh() {
     let docs = [];
     try {
-      const info = await request('GET', `sessions/${enc(this.sessionId)}/knowledge-uploads/`);
+      const info = await request('GET', `sessions/${enc(this.view.sessionId)}/knowledge-uploads/`);
       if (info.knowledge_base) {
         let page = await request('GET', `knowledge-bases/${enc(info.knowledge_base)}/documents/`);
         docs = [...(page.results || [])];
@@ -235,6 +236,7 @@ class MyKnowledge {
     }
     row.remove();
     this.message.textContent = `Deleted “${doc.title || doc.source}” from your knowledge.`;
+    if (this.view.filesOpen && !this.view.destroyed) this.view.loadFiles(); // its attachment may be added again
     if (!this.list.querySelector('[data-testid="my-knowledge-item"]')) this.refresh();
   }
 }
