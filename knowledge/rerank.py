@@ -1,14 +1,22 @@
-"""Rerankers for :func:`knowledge.retrieval.search`: an LLM as a pointwise relevance judge.
+"""Rerankers for :func:`knowledge.retrieval.search`: an LLM as a relevance judge.
 
 A reranker is any ``rerank(query, passages) -> scores`` callable
-(:data:`knowledge.retrieval.Reranker`). :func:`llm_reranker` makes one from a sync
-``complete(prompt) -> text`` function: each passage is judged on its own ("how well does
-this passage answer the question, 0–10?"), as in pointwise LLM relevance grading (Liang et
-al., "Holistic Evaluation of Language Models", 2022; Sun et al., "Is ChatGPT Good at Search?",
-EMNLP 2023, compare it with listwise prompting). :func:`route_reranker` binds it to a
-tenant's model route (the router's fallback and retries apply). A passage whose answer has no
-number scores 0; an error of the model propagates (the caller decides whether a search
-without rerank is acceptable).
+(:data:`knowledge.retrieval.Reranker`), made from a sync ``complete(prompt) -> text`` function:
+
+- :func:`llm_reranker`, **pointwise**: each passage judged on its own ("how well does this
+  passage answer the question, 0–10?"), as in pointwise LLM relevance grading (Liang et al.,
+  "Holistic Evaluation of Language Models", 2022). One model call per passage: with the
+  embedded 0.5B model on two cores, ten passages take ~10–30 s.
+- :func:`listwise_reranker`, **listwise**: one call sees the question and all the passages,
+  numbered, and answers with their order (``[3] > [1] > …``), the prompt of RankGPT (Sun et
+  al., "Is ChatGPT Good at Search? Investigating Large Language Models as Re-Ranking Agents",
+  EMNLP 2023). One model call per search, whatever the number of passages (their text is
+  shortened to :data:`LISTWISE_PASSAGE_CHARS` each to bound the prompt). Passages the answer
+  leaves out keep their fused order after the ones it names.
+
+:func:`route_reranker` binds either to a tenant's model route (the router's fallback and
+retries apply). A pointwise answer without a number scores 0; an error of the model
+propagates (the caller decides whether a search without rerank is acceptable).
 """
 
 from __future__ import annotations
@@ -27,6 +35,22 @@ RERANK_PROMPT = (
 )
 MAX_PASSAGE_CHARS = 1_500
 RERANK_MAX_OUTPUT_TOKENS = 4
+
+LISTWISE_PROMPT_HEAD = (
+    "I will provide you with {count} passages, each indicated by a numerical identifier []. "
+    "Rank the passages based on their relevance to the search query: {query}\n\n"
+)
+LISTWISE_PROMPT_TAIL = (
+    "\nSearch query: {query}\n\nRank the {count} passages above based on their relevance to the search "
+    "query. All the passages should be included and listed using identifiers, in descending order of "
+    "relevance. The output format should be [] > [], e.g., [2] > [1]. Only respond with the ranking "
+    "results, do not say any word or explain."
+)
+"""RankGPT's listwise prompt (Sun et al. 2023), the passages between head and tail as ``[n] text``."""
+LISTWISE_PASSAGE_CHARS = 600
+"""Characters of each passage in the listwise prompt (a chunk is ~500 with its heading path)."""
+LISTWISE_MAX_OUTPUT_TOKENS = 80
+"""Enough for ``[n] > `` twenty times."""
 
 
 def parse_score(text: str) -> float:
@@ -52,11 +76,57 @@ def llm_reranker(complete: Callable[[str], str], *, prompt: str = RERANK_PROMPT)
     return rerank
 
 
-def route_reranker(*, route: Any, tenant: Any) -> Reranker:
-    """:func:`llm_reranker` over a tenant's model route (``llm.ModelRoute``), temperature as
-    the route entries set it, at most 4 output tokens per judgement. Requires tenant scope to
-    build (the route's entries and keys are read now); each call runs its own event loop, so
-    call the reranker from a thread without one (:func:`knowledge.retrieval.asearch` does).
+def listwise_prompt(query: str, passages: Sequence[str]) -> str:
+    """The listwise prompt for ``passages`` (numbered from 1, each shortened to
+    :data:`LISTWISE_PASSAGE_CHARS`, whitespace collapsed)."""
+    lines = [f"[{i}] {' '.join(p.split())[:LISTWISE_PASSAGE_CHARS]}" for i, p in enumerate(passages, start=1)]
+    return (LISTWISE_PROMPT_HEAD.format(count=len(passages), query=query) + "\n".join(lines)
+            + LISTWISE_PROMPT_TAIL.format(count=len(passages), query=query))
+
+
+def parse_ranking(text: str, count: int) -> list[int]:
+    """0-based passage indexes in the order the answer names them (``[3] > [1]`` or ``3, 1``),
+    each once, out-of-range numbers ignored; passages it does not name follow in their given
+    order. Always a permutation of ``range(count)``."""
+    named = re.findall(r"\[(\d+)\]", text or "") or re.findall(r"\d+", text or "")
+    order: list[int] = []
+    for number in named:
+        index = int(number) - 1
+        if 0 <= index < count and index not in order:
+            order.append(index)
+    return order + [i for i in range(count) if i not in order]
+
+
+def listwise_reranker(complete: Callable[[str], str]) -> Reranker:
+    """A reranker that asks ``complete`` once for the order of all the passages.
+
+    Args:
+        complete: Sync ``prompt -> answer text`` (one model call per search).
+
+    Returns:
+        ``rerank(query, passages) -> scores``: ``len(passages) - position`` in the model's
+        order (the first named scores highest), so the hits sort into that order.
+    """
+
+    def rerank(query: str, passages: Sequence[str]) -> list[float]:
+        if not passages:
+            return []
+        order = parse_ranking(complete(listwise_prompt(query, passages)), len(passages))
+        scores = [0.0] * len(passages)
+        for position, index in enumerate(order):
+            scores[index] = float(len(passages) - position)
+        return scores
+
+    return rerank
+
+
+def route_reranker(*, route: Any, tenant: Any, listwise: bool = False) -> Reranker:
+    """:func:`llm_reranker` (pointwise, at most 4 output tokens per judgement) or, with
+    ``listwise``, :func:`listwise_reranker` (one call, at most
+    :data:`LISTWISE_MAX_OUTPUT_TOKENS`) over a tenant's model route (``llm.ModelRoute``),
+    temperature as the route entries set it. Requires tenant scope to build (the route's
+    entries and keys are read now); each call runs its own event loop, so call the reranker
+    from a thread without one (:func:`knowledge.retrieval.asearch` does).
     """
     from llm.router import Router
     from llm.selectors import route_entries, route_entry_config
@@ -65,9 +135,11 @@ def route_reranker(*, route: Any, tenant: Any) -> Reranker:
     configs = [route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(route_entries(route_id=route.pk))]
     router = Router(configs)
 
+    max_output_tokens = LISTWISE_MAX_OUTPUT_TOKENS if listwise else RERANK_MAX_OUTPUT_TOKENS
+
     def complete(prompt: str) -> str:
         completion = asyncio.run(router.complete([ChatMessage(role="user", content=prompt)], [],
-                                                 max_output_tokens=RERANK_MAX_OUTPUT_TOKENS))
+                                                 max_output_tokens=max_output_tokens))
         return completion.message.content or ""
 
-    return llm_reranker(complete)
+    return listwise_reranker(complete) if listwise else llm_reranker(complete)

@@ -39,6 +39,7 @@ the connection's ``app.tenant_ids`` / ``app.all_tenants`` exactly as the policy 
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -188,6 +189,22 @@ def _embed_queries(kb: KnowledgeBase, texts: list[str]) -> list[list[float]]:
     return [list(v) for v in vectors]
 
 
+def _group_vectors(kb: KnowledgeBase, query: str, rewritten: str, *, query_vector: Sequence[float] | None,
+                   with_query: bool) -> tuple[list[float] | None, list[float] | None]:
+    """(the query's vector if ``with_query``, the rewritten query's if any) for ``kb``'s
+    embedding model: ``query_vector`` when given, else embedded (one request for both)."""
+    texts = ([query] if with_query and query_vector is None else []) + ([rewritten] if rewritten else [])
+    embedded = _embed_queries(kb, texts) if texts else []
+    if with_query and query_vector is not None:
+        if (isinstance(query_vector, (str, bytes)) or len(query_vector) != kb.dimensions
+                or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in query_vector)):
+            raise SearchError(f"query_vector must be {kb.dimensions} finite numbers (the knowledge base's model).")
+        query_vec = [float(x) for x in query_vector]
+    else:
+        query_vec = embedded.pop(0) if with_query else None
+    return query_vec, (embedded.pop(0) if rewritten else None)
+
+
 def _vector_list(cursor, vector: list[float], *, tenant_id: int, kb_ids: list[int], dimensions: int,
                  document_ids: list[int] | None, limit: int) -> list[tuple[int, float]]:
     cursor.execute(vector_sql(dimensions, with_documents=document_ids is not None),
@@ -202,7 +219,7 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
            top_k: int = 5, document_ids: Sequence[int] | None = None, tags: Sequence[str] | None = None,
            rewrite: Rewriter | None = None, rerank: Reranker | None = None,
            candidates: int = DEFAULT_CANDIDATES, rerank_candidates: int = 20,
-           lists: Sequence[str] = ("vector", "lexical")) -> list[Hit]:
+           lists: Sequence[str] = ("vector", "lexical"), query_vector: Sequence[float] | None = None) -> list[Hit]:
     """Search knowledge bases (see the module docstring for the method).
 
     Args:
@@ -220,6 +237,9 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
         rerank_candidates: How many fused hits the reranker sees (≥ top_k).
         lists: Which base lists to use, ``vector`` and/or ``lexical`` (the benchmark compares
             them alone; callers keep the default).
+        query_vector: The query's embedding when the caller already has it (the knowledge
+            bases' model, ``dimensions`` long; they must all share one embedding model): no
+            embedding request for the query. None: embedded here.
 
     Returns:
         Up to ``top_k`` hits, best first. [] when no knowledge base is searchable.
@@ -241,25 +261,29 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
         doc_filter = _document_filter([kb.pk for kb in kbs], document_ids, tags)
         if doc_filter is not None and not doc_filter:
             return []
-        rewritten = (rewrite(query) or "").strip() if rewrite is not None else ""
+        rewritten = (rewrite(query) or "").strip()[:MAX_QUERY_CHARS] if rewrite is not None else ""
+        # One vector list per embedding model (distances of different models do not compare);
+        # the query embedded before the transaction, which then holds no connection idle.
+        groups = _embedding_groups(kbs)
+        if query_vector is not None and len(groups) > 1:
+            raise SearchError(f"query_vector was given but the knowledge bases use {len(groups)} embedding models.")
+        vectors = [_group_vectors(group[0], query, rewritten, query_vector=query_vector,
+                                  with_query="vector" in lists) for group in groups]
         ranked: dict[str, list[int]] = {}
         distances: dict[int, float] = {}
         with transaction.atomic(), connection.cursor() as cursor:
             if "vector" in lists or rewritten:
                 cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 cursor.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, candidates)}")
-            # One vector list per embedding model (distances of different models do not compare).
-            for number, group in enumerate(_embedding_groups(kbs)):
-                texts = [query] + ([rewritten[:MAX_QUERY_CHARS]] if rewritten else [])
-                vectors = _embed_queries(group[0], texts) if ("vector" in lists or rewritten) else []
+            for number, (group, (query_vec, rewrite_vec)) in enumerate(zip(groups, vectors, strict=True)):
                 kb_ids = [kb.pk for kb in group]
-                if "vector" in lists:
-                    rows = _vector_list(cursor, vectors[0], tenant_id=tenant_id, kb_ids=kb_ids,
+                if query_vec is not None:
+                    rows = _vector_list(cursor, query_vec, tenant_id=tenant_id, kb_ids=kb_ids,
                                         dimensions=group[0].dimensions, document_ids=doc_filter, limit=candidates)
                     ranked[f"vector.{number}"] = [i for i, _ in rows]
                     distances.update(rows)
-                if rewritten:
-                    rows = _vector_list(cursor, vectors[1], tenant_id=tenant_id, kb_ids=kb_ids,
+                if rewrite_vec is not None:
+                    rows = _vector_list(cursor, rewrite_vec, tenant_id=tenant_id, kb_ids=kb_ids,
                                         dimensions=group[0].dimensions, document_ids=doc_filter, limit=candidates)
                     ranked[f"rewrite.{number}"] = [i for i, _ in rows]
             if "lexical" in lists:
