@@ -210,3 +210,20 @@ def test_each_step_ranks_at_most_max_ranked_matches(world):
     # the chunk with harbour four times was inserted after the thirty and is not among them
     assert ids[30] not in capped
     assert _lexical(kb, "harbour", max_ranked=1000)[0] == ids[30]
+
+
+def test_a_given_query_vector_is_searched_without_embedding(world):
+    """The knowledge base's embedder is unreachable: a search that embedded would fail."""
+    kb, ids = _kb_of_texts(world.tenant, ["alpha chunk", "beta chunk", "gamma chunk"])
+    from knowledge.models import Chunk
+
+    target = Chunk.all_tenants.get(pk=ids[1])
+    hits = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="beta", top_k=3,
+                  query_vector=list(target.embedding))
+    assert hits[0].chunk_id == ids[1] and hits[0].vector_rank == 1 and hits[0].lexical_rank == 1
+    assert hits[0].vector_distance == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(SearchError, match="384 finite numbers"):
+        search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="beta", query_vector=[1.0, 0.0])
+    with pytest.raises(SearchError) as caught:  # not given: embedded, and the embedder is not there
+        search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="beta")
+    assert caught.value.code == "embedding_failed"
