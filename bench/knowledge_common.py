@@ -42,7 +42,7 @@ def embedder(threads: int | None = None) -> Iterator[str]:
     env = {**os.environ, "LLM_ROLE": "embeddings", "EMBEDDINGS_PORT": str(port), "EMBEDDINGS_HOST": "127.0.0.1",
            "EMBEDDINGS_MODEL_PATH": str(setup_embedder.ensure_embedder()), "LLM_VERBOSE": "false"}
     if threads:
-        env["LLM_N_THREADS"] = str(threads)
+        env["LLM_N_THREADS"] = env["EMBEDDINGS_N_THREADS"] = str(threads)
     (ROOT / "var" / "log").mkdir(parents=True, exist_ok=True)
     with open(ROOT / "var" / "log" / "bench-knowledge-embeddings.log", "w") as log:
         proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "llm_server.py")], env=env, stdout=log,

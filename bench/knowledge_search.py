@@ -6,11 +6,17 @@
 HNSW walk does not depend on what the vectors mean) and their texts are ~400 characters of
 words drawn from this repository's README.md and ARCHITECTURE.md (so the full-text index has a
 realistic vocabulary); they are inserted with ``COPY`` with the HNSW index dropped and then
-built once (``CREATE INDEX``, as a bulk load would). Then ``--queries`` (200) searches through
-:func:`knowledge.retrieval.search` as the API calls it: the query embedded by the real
-embedded embedder, the vector list (HNSW, iterative scan), the full-text list (GIN), RRF, the
-hits read. p50/p95 of the whole call, and of its SQL alone (the two lists with a
-precomputed query vector), plus the vector query's plan.
+built once (``CREATE INDEX``, as a bulk load would). Then ``--queries`` (200) searches of each
+kind, the 14 questions below in turn, p50/p95 of each:
+
+- **retrieval** (the database's part): :func:`knowledge.retrieval.search` given the query's
+  vector (``query_vector``, embedded once beforehand by the real embedder): vector list only
+  (HNSW, iterative scan), lexical list only (GIN, two bounded steps), and both fused (RRF) —
+  each including the knowledge-base lookup, the transaction and reading the hits;
+- **end to end**: :func:`knowledge.retrieval.search` as the API calls it, the query embedded
+  by the embedded embedder (all-MiniLM-L6-v2 on llama.cpp, a kept connection);
+- the query embedding alone (``llm.embeddings.embed_texts`` of one question);
+- the two lists' SQL statements alone, and the vector query's plan (is the HNSW index used).
 
 **Ingestion.** The repository's own Markdown (README.md, ARCHITECTURE.md, bench/README.md,
 docs/*.md) ingested through the real pipeline (parse, chunk 500/50, embed in batches of 32,
@@ -41,7 +47,7 @@ from _stats import percentile  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from knowledge.models import Chunk, Document, KnowledgeBase  # noqa: E402
-from knowledge.retrieval import lexical_sql, search, vector_sql  # noqa: E402
+from knowledge.retrieval import LEXICAL_MAX_RANKED, lexical_sql, search, vector_sql  # noqa: E402
 from tenants import rls  # noqa: E402
 from tenants.scoping import tenant_scope  # noqa: E402
 
@@ -117,12 +123,12 @@ def _load(tenants, url: str, *, chunks: int, other_chunks: int) -> KnowledgeBase
     return target
 
 
-def _sql_only(kb: KnowledgeBase, queries: int, rng: random.Random) -> tuple[list[float], list[float], str]:
+def _sql_only(kb: KnowledgeBase, queries: int, vectors: list[str]) -> tuple[list[float], list[float], str]:
     vector_ms, lexical_ms = [], []
     plan = ""
     with tenant_scope(kb.tenant_id):
         for i in range(queries):
-            vector = _vector_text(rng)
+            vector = vectors[i % len(vectors)]
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 cursor.execute("SET LOCAL hnsw.ef_search = 80")
@@ -138,10 +144,43 @@ def _sql_only(kb: KnowledgeBase, queries: int, rng: random.Random) -> tuple[list
                 vector_ms.append(1000 * (time.perf_counter() - t0))
                 t0 = time.perf_counter()
                 cursor.execute(lexical_sql(), {"query": QUESTIONS[i % len(QUESTIONS)], "kbs": [kb.pk],
-                                               "documents": None, "limit": 40, "strict": False})
+                                               "documents": None, "limit": 40, "strict": False,
+                                               "max_ranked": LEXICAL_MAX_RANKED})
                 cursor.fetchall()
                 lexical_ms.append(1000 * (time.perf_counter() - t0))
     return vector_ms, lexical_ms, plan
+
+
+def _literal(vector: list[float]) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+
+
+def _timed(kb: KnowledgeBase, queries: int, **options) -> list[float]:
+    """Milliseconds of ``queries`` calls of search() (the questions in turn; with
+    ``query_vectors`` the matching precomputed vector is passed), after one warm-up call."""
+    vectors = options.pop("query_vectors", None)
+    timings = []
+    for i in range(queries + 1):
+        extra = {"query_vector": vectors[i % len(vectors)]} if vectors else {}
+        t0 = time.perf_counter()
+        hits = search(tenant_id=kb.tenant_id, knowledge_base_ids=[kb.pk], query=QUESTIONS[i % len(QUESTIONS)],
+                      **options, **extra)
+        if i:
+            timings.append(1000 * (time.perf_counter() - t0))
+        assert len(hits) == 5, (options, len(hits))
+    return timings
+
+
+def _embedding_ms(kb: KnowledgeBase, queries: int) -> list[float]:
+    """Milliseconds of embedding one question (llm.embeddings.embed_texts, as search() calls it)."""
+    from llm.embeddings import embed_texts
+
+    timings = []
+    for i in range(queries):
+        t0 = time.perf_counter()
+        embed_texts(kb.embedding_provider, kb.embedding_model, [QUESTIONS[i % len(QUESTIONS)]])
+        timings.append(1000 * (time.perf_counter() - t0))
+    return timings
 
 
 def _ingestion(tenant, url: str) -> tuple[int, float, float]:
@@ -185,10 +224,11 @@ def main() -> int:
     parser.add_argument("--other-chunks", type=int, default=5_000, help="chunks of each of the nine other tenants")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--skip-ingestion", action="store_true")
+    parser.add_argument("--embedder-threads", type=int, default=None,
+                        help="EMBEDDINGS_N_THREADS of the embedder (default: the server's, every usable CPU)")
     args = parser.parse_args()
-    rng = random.Random(1)
     print(f"load {os.getloadavg()[0]:.2f} (1-minute average, {os.cpu_count()} CPUs)", flush=True)
-    with knowledge_common.embedder() as url, knowledge_common.throwaway_tenants(10) as tenants:
+    with knowledge_common.embedder(args.embedder_threads) as url, knowledge_common.throwaway_tenants(10) as tenants:
         if not args.skip_ingestion:
             chunks, seconds, embedding = _ingestion(tenants[1], url)
             print(f"ingestion    {chunks} chunks of the repository's Markdown in {seconds:.1f} s: "
@@ -197,20 +237,29 @@ def main() -> int:
         kb = _load(tenants, url, chunks=args.chunks, other_chunks=args.other_chunks)
         total = Chunk.all_tenants.filter(dimensions=DIMENSIONS).count()
         print(f"chunks       {args.chunks:,} in the searched tenant, {total:,} in the table", flush=True)
-        vector_ms, lexical_ms, plan = _sql_only(kb, args.queries, rng)
+        from llm.embeddings import embed_texts
+
+        query_vectors = embed_texts(kb.embedding_provider, kb.embedding_model, QUESTIONS)
+        rows = []
+        load_before = os.getloadavg()
+        for name, options in (("retrieval: vector list", {"lists": ("vector",)}),
+                              ("retrieval: lexical list", {"lists": ("lexical",)}),
+                              ("retrieval: fused (RRF)", {})):
+            rows.append((name, _timed(kb, args.queries, query_vectors=query_vectors, **options)))
+        rows.append(("end to end: search() with embedding", _timed(kb, args.queries)))
+        rows.append(("of which: the query embedding alone", _embedding_ms(kb, args.queries)))
+        vector_ms, lexical_ms, plan = _sql_only(kb, args.queries, [_literal(v) for v in query_vectors])
+        rows.append(("SQL alone: vector statement", vector_ms))
+        rows.append(("SQL alone: lexical function", lexical_ms))
+        load_after = os.getloadavg()
         uses_hnsw = "knowledge_chunk_hnsw_384" in plan
-        search(tenant_id=kb.tenant_id, knowledge_base_ids=[kb.pk], query="warm-up")
-        whole_ms = []
-        for i in range(args.queries):
-            t0 = time.perf_counter()
-            hits = search(tenant_id=kb.tenant_id, knowledge_base_ids=[kb.pk], query=QUESTIONS[i % len(QUESTIONS)])
-            whole_ms.append(1000 * (time.perf_counter() - t0))
-            assert len(hits) == 5
-        print(f"vector SQL   p50 {statistics.median(vector_ms):.1f} ms, p95 {percentile(vector_ms, 0.95):.1f} ms "
-              f"(HNSW index in the plan: {uses_hnsw})")
-        print(f"lexical SQL  p50 {statistics.median(lexical_ms):.1f} ms, p95 {percentile(lexical_ms, 0.95):.1f} ms")
-        print(f"search()     p50 {statistics.median(whole_ms):.1f} ms, p95 {percentile(whole_ms, 0.95):.1f} ms "
-              f"(query embedding, both lists, RRF, hits; {args.queries} queries)")
+        print(f"\nload average {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f} before, "
+              f"{load_after[0]:.2f} / {load_after[1]:.2f} / {load_after[2]:.2f} after (1/5/15 min; {os.cpu_count()} CPUs); "
+              f"{args.queries} queries each; HNSW index in the vector plan: {uses_hnsw}; "
+              f"lexical max_ranked {LEXICAL_MAX_RANKED}; embedder threads {args.embedder_threads or 'all CPUs'}\n")
+        print("| what | p50 ms | p95 ms |\n|---|---:|---:|")
+        for name, ms in rows:
+            print(f"| {name} | {statistics.median(ms):.1f} | {percentile(ms, 0.95):.1f} |")
         print("cleaning up …", flush=True)
     return 0
 

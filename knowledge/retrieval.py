@@ -10,14 +10,15 @@ the ``knowledge`` capability kind's ``knowledge_search`` tool and its run-start 
    nearest chunks by cosine distance through the HNSW index of that dimension (pgvector;
    ``hnsw.iterative_scan = relaxed_order`` so filters that remove most candidates still give
    ``candidates`` rows, re-sorted here by distance).
-3. **Lexical list**: PostgreSQL full text through the GIN index, ranked by ``ts_rank``, in two
-   bounded steps (migration 0002): chunks holding *all* the query's terms
+3. **Lexical list**: PostgreSQL full text through the GIN index, in two bounded steps
+   (migration 0002): chunks holding *all* the query's terms
    (``websearch_to_tsquery('english', query)``) first; only if they are fewer than
    ``candidates`` and the query uses no operators (quotes, ``-word``, ``or``), chunks holding
-   *any* of them after those (a question's words rarely all occur in one chunk). Each step
-   ranks at most :data:`LEXICAL_MAX_RANKED` matching chunks, the first the index scan meets:
-   bounded latency, at the price that past that many matches the ranked ones are not
-   necessarily the best (the migration's docstring says what that trades).
+   *any* of them after those (a question's words rarely all occur in one chunk), ranked by
+   the summed IDF of the terms they hold, then ``ts_rank``. Each step ranks at most
+   :data:`LEXICAL_MAX_RANKED` matching chunks, the first the index scan meets: bounded
+   latency, at the price that past that many matches the ranked ones are not necessarily the
+   best (the migration's docstring says what that trades).
 4. **Rewritten query** (optional, ``rewrite``): a callable returning another phrasing of the
    query (e.g. the run's chat model asked for keywords or a hypothetical answer); its vector
    list is a third list.

@@ -8,15 +8,26 @@ index (see 0001), still applying the tenant policy's own predicate (``tenants.rl
 policy_expression``, frozen here as it is in that module) in both of its queries.
 
 1. **All terms** (``websearch_to_tsquery('english', query)``: AND, or the query's own operators):
-   up to ``max_ranked`` matching chunks, ranked by ``ts_rank``, the best ``max_rows``.
+   up to ``max_ranked`` matching chunks ranked, the best ``max_rows``.
 2. **Any term**, only when step 1 gave fewer than ``max_rows`` and ``strict`` is false: the
    same with the terms OR-ed, chunks of step 1 left out, appended after them (a chunk holding
-   every term outranks one holding some, whatever ``ts_rank`` says: coordination first, as
-   Lucene's ``BooleanQuery`` coord and "best fields" ranking do).
+   every term outranks one holding some: coordination first).
+
+Ranking within a step: the sum of the inverse document frequencies of the query's terms the
+chunk holds (BM25's IDF, ``ln(1 + (N - df + 0.5) / (df + 0.5))``, Robertson & Zaragoza, "The
+Probabilistic Relevance Framework: BM25 and Beyond", 2009), then ``ts_rank`` (term frequency and
+position; it has no IDF of its own). ``df`` and ``N`` are counted in the step's matched set
+``M``: in step 2, ``M`` holds every chunk that contains any query term (when not capped), so a
+term's ``df`` in ``M`` is its document frequency in the searched knowledge bases; ``N = |M|``
+instead of the knowledge bases' size keeps the terms' order by rarity (a word most of the
+matches contain weighs little: "happens", "run" in a question about runs). In step 1 every
+chunk holds every term, so the sum is equal and ``ts_rank`` decides. Without IDF a question's
+common words ranked chunks as much as its rare ones (bench/knowledge_quality.py: hybrid
+recall@5 below lexical's on the first 26 questions).
 
 What the cap trades: each step reads and ranks at most ``max_ranked`` chunks, taken in the
 order the GIN bitmap heap scan meets them (physical order, roughly insertion order), not the
-best ``max_ranked``. When a step matches more chunks than that (a common word; an OR of a
+best ``max_ranked``; past the cap the document frequencies are those of that sample. When a step matches more chunks than that (a common word; an OR of a
 question's words in a large knowledge base), a chunk past the first ``max_ranked`` is never
 ranked however well it would have scored, and older documents are preferred. The vector list
 is not capped that way, so the fusion still sees such chunks when they are semantically close.
@@ -47,25 +58,34 @@ DECLARE
     any_term tsquery;
     found_ids bigint[];
     found_ranks real[];
+    terms tsquery[];
     step text := $q$
-        SELECT m.id, ts_rank(m.tsv, $1) AS rank
-        FROM (SELECT c.id, c.tsv FROM knowledge_chunk c
-              WHERE c.tsv @@ $1
-                AND c.knowledge_base_id = ANY ($2)
-                AND ($3 IS NULL OR c.document_id = ANY ($3))
-                AND NOT (c.id = ANY ($6))
-                AND __PREDICATE__
-              LIMIT $5) m
+        WITH m AS MATERIALIZED (
+            SELECT c.id, c.tsv FROM knowledge_chunk c
+            WHERE c.tsv @@ $1
+              AND c.knowledge_base_id = ANY ($2)
+              AND ($3 IS NULL OR c.document_id = ANY ($3))
+              AND NOT (c.id = ANY ($6))
+              AND __PREDICATE__
+            LIMIT $5),
+        n AS (SELECT count(*)::float8 AS n FROM m),
+        t AS (SELECT q, ln(1 + (n.n - df + 0.5) / (df + 0.5)) AS idf
+              FROM (SELECT q, (SELECT count(*) FROM m WHERE m.tsv @@ q)::float8 AS df FROM unnest($7) AS q) d, n)
+        SELECT m.id, (coalesce(sum(t.idf), 0) + ts_rank(m.tsv, $1))::real AS rank
+        FROM m LEFT JOIN t ON m.tsv @@ t.q
+        GROUP BY m.id, m.tsv
         ORDER BY rank DESC, m.id
         LIMIT $4 $q$;
 BEGIN
     IF numnode(all_terms) = 0 OR max_rows < 1 OR max_ranked < 1 THEN
         RETURN;
     END IF;
+    SELECT coalesce(array_agg(DISTINCT quote_literal(l)::tsquery), '{}') INTO terms
+        FROM unnest(tsvector_to_array(to_tsvector('english', query))) AS l;
     EXECUTE 'SELECT coalesce(array_agg(s.id ORDER BY s.rank DESC, s.id), ''{}''), '
             'coalesce(array_agg(s.rank ORDER BY s.rank DESC, s.id), ''{}'') FROM (' || step || ') s'
         INTO found_ids, found_ranks
-        USING all_terms, kb_ids, doc_ids, max_rows, max_ranked, '{}'::bigint[];
+        USING all_terms, kb_ids, doc_ids, max_rows, max_ranked, '{}'::bigint[], terms;
     RETURN QUERY SELECT u.id, u.rank FROM unnest(found_ids, found_ranks) WITH ORDINALITY AS u(id, rank, n)
         ORDER BY u.n;
     IF strict OR cardinality(found_ids) >= max_rows THEN
@@ -76,7 +96,7 @@ BEGIN
         RETURN;  -- one term, or already OR-ed: step 2 would find the same chunks
     END IF;
     RETURN QUERY EXECUTE step USING any_term, kb_ids, doc_ids, max_rows - cardinality(found_ids), max_ranked,
-        found_ids;
+        found_ids, terms;
 END
 $fn$;
 """.replace("__PREDICATE__", PREDICATE)

@@ -190,11 +190,20 @@ def test_chunks_with_all_the_terms_come_before_chunks_with_some(world):
         assert [row[0] for row in cursor.fetchall()][:2] == [three_repeated, all_four]
     assert _lexical(kb, query) == [all_four, three_repeated, one]  # all terms first, then any, by ts_rank
     assert _lexical(kb, query, limit=1) == [all_four]  # enough with all the terms: no OR step
-    no_chunk_has_all = _lexical(kb, query + " orchard")  # then the OR step alone, by ts_rank
-    assert no_chunk_has_all[0] == three_repeated and set(no_chunk_has_all) == {all_four, three_repeated, one, neither}
+    no_chunk_has_all = _lexical(kb, query + " orchard")  # the OR step alone: most (rare) terms first
+    assert no_chunk_has_all[0] == all_four and set(no_chunk_has_all) == {all_four, three_repeated, one, neither}
     assert _lexical(kb, query + " orchard", strict=True) == []  # strict: the AND only
     hits = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query=query, top_k=3, lists=("lexical",))
     assert [h.chunk_id for h in hits] == [all_four, three_repeated, one] and hits[0].lexical_rank == 1
+
+
+def test_a_rare_term_outweighs_a_common_one(world):
+    """Among chunks holding some of the terms, the summed IDF decides: the one chunk with
+    'lantern' beats chunks with 'harbour' (in nine of ten), even one repeating it."""
+    texts = [f"harbour note {i}" for i in range(8)] + ["harbour harbour harbour harbour harbour", "a lantern"]
+    kb, ids = _kb_of_texts(world.tenant, texts)
+    ranked = _lexical(kb, "harbour lantern")
+    assert ranked[0] == ids[9] and ranked[1] == ids[8] and len(ranked) == 10  # then ts_rank among equals
 
 
 def test_each_step_ranks_at_most_max_ranked_matches(world):
