@@ -14,12 +14,12 @@ them next to its provider).
 * Nothing is rebuilt per call: a provider's resolved endpoint (its key decrypted) is kept in
   an LRU of :data:`ENDPOINT_CACHE_SIZE` keyed by what it was resolved from (the provider's id,
   tenant, name, wire API, base URL and a hash of its encrypted key, so an edited provider is
-  a new key and is resolved afresh); the SDK client, with its keep-alive connections, is kept
-  per event loop (:class:`llm.providers._clients.LoopClientCache`, at most
-  :data:`CLIENT_CACHE_SIZE` per loop), keyed by base URL, key, timeouts and the outbound
-  address rules in force (a changed rule set never reuses a connection checked under the old
-  one). :func:`embed_texts` runs its requests on one background event loop of the process
-  (:func:`_sync_loop`), so synchronous callers share those clients too. Measured
+  a new key and is resolved afresh). Every request runs on one background event loop of the
+  process (:func:`_embeddings_loop`; :func:`embed_texts` waits for it, :func:`aembed_texts`
+  awaits it from the caller's loop), which keeps the SDK clients with their keep-alive
+  connections in an LRU of :data:`CLIENT_CACHE_SIZE`, keyed by base URL, key, timeouts and the
+  outbound address rules in force (a changed rule set never reuses a connection checked under
+  the old one). Measured
   (bench/knowledge_search.py): a one-text query embedding took ~150 ms with a new client per
   call (connection set-up and the SDK's first request), ~20–25 ms on a kept one.
 * Every vector comes back L2-normalised (unit length; the knowledge base compares them by
@@ -77,7 +77,7 @@ KEYLESS_API_KEY: Final[str] = "none"
 ENDPOINT_CACHE_SIZE: Final[int] = 32
 """Resolved provider endpoints (decrypted keys) kept in memory, least recently used dropped."""
 CLIENT_CACHE_SIZE: Final[int] = 32
-"""SDK clients (each with its connection pool) kept per event loop, least recently used dropped."""
+"""SDK clients (each with its connection pool) kept, least recently used closed."""
 
 
 class EmbeddingError(LLMError):
@@ -165,38 +165,44 @@ def _client_new(key: tuple) -> Any:
                       read_timeout_seconds=read_timeout)
 
 
-_clients: Any = None
-_clients_lock = threading.Lock()
+_clients: OrderedDict[tuple, Any] = OrderedDict()
+"""The kept clients; used only on the embeddings loop's thread."""
 
 
 def _client(endpoint: EmbeddingEndpoint, read_timeout_seconds: float) -> Any:
-    """The running loop's kept ``openai.AsyncOpenAI`` for ``endpoint`` (made on first use)."""
-    global _clients
+    """The kept ``openai.AsyncOpenAI`` for ``endpoint`` (made on first use). Call on the
+    embeddings loop only; a client pushed out of the LRU is closed once a request on it would
+    have timed out."""
     from django.conf import settings
 
-    if _clients is None:
-        from llm.providers._clients import LoopClientCache
-
-        with _clients_lock:
-            if _clients is None:
-                _clients = LoopClientCache(_client_new, max_per_loop=CLIENT_CACHE_SIZE)
     rules = (tuple(getattr(settings, "OUTBOUND_ALLOWED_HOSTS", ())), tuple(getattr(settings, "OUTBOUND_ALLOWED_CIDRS", ())))
-    return _clients.get((endpoint.base_url, endpoint.api_key or KEYLESS_API_KEY, CONNECT_TIMEOUT_SECONDS,
-                         float(read_timeout_seconds), rules))
+    key = (endpoint.base_url, endpoint.api_key or KEYLESS_API_KEY, CONNECT_TIMEOUT_SECONDS, float(read_timeout_seconds),
+           rules)
+    client = _clients.get(key)
+    if client is not None:
+        _clients.move_to_end(key)
+        return client
+    client = _clients[key] = _client_new(key)
+    loop = asyncio.get_running_loop()
+    while len(_clients) > CLIENT_CACHE_SIZE:
+        _, old = _clients.popitem(last=False)
+        loop.call_later(CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS, lambda c=old: loop.create_task(c.close()))
+    return client
 
 
 _loop_state: dict[str, Any] = {}
 _loop_lock = threading.Lock()
 
 
-def _sync_loop() -> asyncio.AbstractEventLoop:
-    """The process's background event loop for :func:`embed_texts` (a daemon thread running
-    it, started on first use and again in a forked child, whose copy of the thread is gone)."""
+def _embeddings_loop() -> asyncio.AbstractEventLoop:
+    """The process's event loop for embeddings requests (a daemon thread running it, started
+    on first use and again in a forked child, whose copy of the thread is gone)."""
     with _loop_lock:
         loop = _loop_state.get("loop")
         thread = _loop_state.get("thread")
         if loop is not None and _loop_state.get("pid") == os.getpid() and thread is not None and thread.is_alive():
             return loop
+        _clients.clear()  # a forked child's copies belong to the parent's loop
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="llm-embeddings-loop", daemon=True)
         thread.start()
@@ -204,8 +210,13 @@ def _sync_loop() -> asyncio.AbstractEventLoop:
         return loop
 
 
-def _run_sync(coroutine: Coroutine[Any, Any, list[list[float]]]) -> list[list[float]]:
-    return asyncio.run_coroutine_threadsafe(coroutine, _sync_loop()).result()
+async def _on_embeddings_loop(coroutine: Coroutine[Any, Any, list[list[float]]]) -> list[list[float]]:
+    """Await ``coroutine`` run on the embeddings loop (directly when already on it); cancelling
+    the caller cancels it there."""
+    loop = _embeddings_loop()
+    if asyncio.get_running_loop() is loop:
+        return await coroutine
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
 
 
 def default_embedding_provider(tenant: Tenant, *, sync_url: bool = False) -> ModelProvider:
@@ -334,7 +345,15 @@ async def aembed_texts(
             "bad_request", f"provider {endpoint.name!r} speaks the {endpoint.api} API, which has no embeddings endpoint"
         )
 
-    client = _client(endpoint, float(read_timeout_seconds))
+    return await _on_embeddings_loop(_request_vectors(endpoint, model, texts, dimensions=dimensions,
+                                                      batch_size=batch_size,
+                                                      read_timeout_seconds=float(read_timeout_seconds)))
+
+
+async def _request_vectors(endpoint: EmbeddingEndpoint, model: str, texts: list[str], *, dimensions: int | None,
+                           batch_size: int, read_timeout_seconds: float) -> list[list[float]]:
+    """The requests of :func:`aembed_texts` (checked arguments), on the embeddings loop."""
+    client = _client(endpoint, read_timeout_seconds)
     vectors: list[list[float]] = []
     for start in range(0, len(texts), batch_size):
         batch = texts[start:start + batch_size]
@@ -366,7 +385,7 @@ def embed_texts(
     """Embed ``texts`` with ``model`` at ``provider``: one unit-length vector per text, in order.
 
     Synchronous (Celery tasks, services): runs :func:`aembed_texts` on the process's
-    background event loop (:func:`_sync_loop`, where the clients are kept) and waits for it;
+    embeddings loop (:func:`_embeddings_loop`, where the clients are kept) and waits for it;
     it must not be called from inside a running event loop, which it would block (await
     :func:`aembed_texts` there). Arguments, result and errors: see :func:`aembed_texts`.
 
@@ -380,9 +399,9 @@ def embed_texts(
     else:
         raise RuntimeError("embed_texts() was called inside a running event loop; await aembed_texts() instead")
     endpoint = provider if isinstance(provider, EmbeddingEndpoint) else embedding_endpoint(provider)
-    return _run_sync(aembed_texts(
+    return asyncio.run_coroutine_threadsafe(aembed_texts(
         endpoint, model, texts, dimensions=dimensions, batch_size=batch_size, read_timeout_seconds=read_timeout_seconds,
-    ))
+    ), _embeddings_loop()).result()
 
 
 __all__ = [

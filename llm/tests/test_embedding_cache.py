@@ -108,6 +108,9 @@ async def test_the_async_variant_uses_the_kept_endpoint(tenant, server):
                                                            api_key="sk-async-changed-0123456789")
     await aembed_texts(provider, "m", ["b"])
     assert [auth for auth, _ in s.seen] == ["Bearer sk-async-0123456789", "Bearer sk-async-changed-0123456789"]
+    await aembed_texts(provider, "m", ["c"])
+    await aembed_texts(provider, "m", ["d"])
+    assert s.seen[-1][1] == s.seen[-2][1]  # the same kept connection, from this test's own event loop
 
 
 def test_sync_calls_reuse_one_kept_connection(server):
