@@ -24,6 +24,10 @@ bench:
 	.venv/bin/python bench/web_fetch_overhead.py
 	.venv/bin/python bench/cli_overhead.py
 	.venv/bin/python bench/browser_roundtrip.py
+	.venv/bin/python bench/embedding_throughput.py
+	.venv/bin/python bench/knowledge_search.py
+	.venv/bin/python bench/knowledge_quality.py
+	.venv/bin/python bench/memory_tokens.py
 
 ## Static checks (ruff: the rule set in pyproject.toml [tool.ruff]) and the layer contracts (import-linter, pyproject.toml)
 lint:
