@@ -61,7 +61,9 @@ DECLARE
     terms tsquery[];
     step text := $q$
         WITH m AS MATERIALIZED (
-            SELECT c.id, c.tsv FROM knowledge_chunk c
+            SELECT c.id, ts_rank(c.tsv, $1) AS tr,
+                   ARRAY(SELECT i FROM generate_subscripts($7, 1) AS i WHERE c.tsv @@ ($7)[i]) AS held
+            FROM knowledge_chunk c
             WHERE c.tsv @@ $1
               AND c.knowledge_base_id = ANY ($2)
               AND ($3 IS NULL OR c.document_id = ANY ($3))
@@ -69,11 +71,11 @@ DECLARE
               AND __PREDICATE__
             LIMIT $5),
         n AS (SELECT count(*)::float8 AS n FROM m),
-        t AS (SELECT q, ln(1 + (n.n - df + 0.5) / (df + 0.5)) AS idf
-              FROM (SELECT q, (SELECT count(*) FROM m WHERE m.tsv @@ q)::float8 AS df FROM unnest($7) AS q) d, n)
-        SELECT m.id, (coalesce(sum(t.idf), 0) + ts_rank(m.tsv, $1))::real AS rank
-        FROM m LEFT JOIN t ON m.tsv @@ t.q
-        GROUP BY m.id, m.tsv
+        w AS (SELECT h.i, ln(1 + (n.n - count(*) + 0.5) / (count(*) + 0.5)) AS idf
+              FROM m, unnest(m.held) AS h(i), n GROUP BY h.i, n.n)
+        SELECT m.id, (coalesce(sum(w.idf), 0) + m.tr)::real AS rank
+        FROM m LEFT JOIN LATERAL unnest(m.held) AS h(i) ON true LEFT JOIN w ON w.i = h.i
+        GROUP BY m.id, m.tr
         ORDER BY rank DESC, m.id
         LIMIT $4 $q$;
 BEGIN
