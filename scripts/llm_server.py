@@ -44,7 +44,10 @@ With ``LLM_ROLE=embeddings`` these replace the chat model's (``LLM_HOST``, ``LLM
 * ``EMBEDDINGS_PORT``: listen port [8082]
 * ``EMBEDDINGS_MODEL_PATH``: the GGUF file [var/models/all-minilm-l6-v2.gguf]
 * ``EMBEDDINGS_MODEL_ALIAS``: the model id [all-minilm-l6-v2]
-* ``EMBEDDINGS_N_THREADS``: CPU threads [``LLM_N_THREADS``, else usable CPUs]. Measured
+* ``EMBEDDINGS_N_THREADS``: CPU threads [1]. The embedder shares its cores with the chat
+  model, the worker and the web process; one query's embedding took p50 ~19 ms with one
+  thread and ~183 ms with every CPU on a loaded 2-core machine (bench/knowledge_search.py,
+  session 17), which decides a knowledge search's latency. Measured
   (bench/embedding_throughput.py, 1-minute load ~8 on 2 cores): 1 thread 2.3 embeddings/s
   (153 ms of CPU per ~500-character chunk), 2 threads 1.5/s (212 ms: OpenMP threads waiting
   for a busy core). On idle cores 2 threads are faster; on a shared, busy machine 1 is.
@@ -150,7 +153,7 @@ def server_command(model_path: Path, extra_args: list[str] | None = None, *, rol
     threads = os.environ.get("LLM_N_THREADS") or str(usable_cpus())
     host = os.environ.get("LLM_HOST") or DEFAULT_HOST
     if role == "embeddings":
-        threads = os.environ.get("EMBEDDINGS_N_THREADS") or threads
+        threads = os.environ.get("EMBEDDINGS_N_THREADS") or "1"
         served = [
             "--model_alias", os.environ.get("EMBEDDINGS_MODEL_ALIAS") or setup_embedder.MODEL_ALIAS,
             "--host", os.environ.get("EMBEDDINGS_HOST") or host,
