@@ -401,6 +401,7 @@ def test_the_embeddings_role_serves_the_embedder_on_its_own_port(monkeypatch):
     assert path.name == "all-minilm-l6-v2.gguf" and options["--model"] == str(path)
     assert (options["--embedding"], options["--port"], options["--model_alias"], options["--n_ctx"]) == (
         "True", "8082", DEFAULT_EMBEDDING_MODEL, "512")
+    assert options["--n_threads"] == "1"  # one thread unless EMBEDDINGS_N_THREADS says otherwise
     chat = llm_server.server_command(llm_server.role_model_path("chat"))
     assert "--embedding" not in chat and chat[chat.index("--port") + 1] == "8081"
     monkeypatch.setenv("LLM_ROLE", "both")
