@@ -6,5 +6,5 @@ class BrowserConfig(AppConfig):
     verbose_name = "Browser"
 
     def ready(self) -> None:
-        from browser import kind as _kind  # noqa: F401 - registers the ``browser`` capability kind
+        import browser.kind  # noqa: F401 - registers the ``browser`` capability kind
 

@@ -8,4 +8,4 @@ class KnowledgeConfig(AppConfig):
     verbose_name = "Knowledge"
 
     def ready(self) -> None:
-        from knowledge import kind as _kind  # noqa: F401 - registers the ``knowledge`` capability kind
+        import knowledge.kind  # noqa: F401 - registers the ``knowledge`` capability kind

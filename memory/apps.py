@@ -6,4 +6,4 @@ class MemoryConfig(AppConfig):
     verbose_name = "Memory"
 
     def ready(self) -> None:
-        from memory import kind as _kind  # noqa: F401 - registers the ``memory`` capability kind
+        import memory.kind  # noqa: F401 - registers the ``memory`` capability kind
