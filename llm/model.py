@@ -14,10 +14,12 @@ OpenAI chat shape), typed stream events out. No Django, no I/O here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from llm.errors import ModelCallError
 from llm.types import ChatMessage, StreamEvent, ToolSpec
 
 if TYPE_CHECKING:
@@ -41,6 +43,12 @@ class ModelSettings:
     """For the fallback router: on a ``context_window`` rejection raise
     :class:`~llm.errors.ContextWindowExceeded` at once (the caller compacts) instead of
     trying a larger entry. Single-entry adapters ignore it."""
+    tool_choice: str = "auto"
+    """Which tool call the model must make (:data:`TOOL_CHOICE_MODES`): ``"auto"`` (it
+    decides; the default), ``"required"`` (some call of an offered tool), ``"none"`` (no
+    call: an answer in text), or an offered tool's exposed name (a call of that tool). As
+    openai-agents' ``ModelSettings.tool_choice``; each adapter sends it in its API's form
+    (:func:`tool_choice_resolve`)."""
 
     def __post_init__(self) -> None:
         if self.max_output_tokens is not None and (
@@ -52,12 +60,69 @@ class ModelSettings:
             isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2
         ):
             raise ValueError(f"temperature must be None or within [0, 2], got {self.temperature!r}")
+        if not isinstance(self.tool_choice, str) or not (
+            self.tool_choice in TOOL_CHOICE_MODES or _TOOL_NAME_RE.match(self.tool_choice)
+        ):
+            raise ValueError(
+                f"tool_choice must be one of {sorted(TOOL_CHOICE_MODES)} or a tool name, got {self.tool_choice!r}"
+            )
 
     def applied_to(self, entry: RouteEntryConfig) -> RouteEntryConfig:
         """``entry`` with this call's overrides (``temperature``); ``entry`` itself when none."""
         if self.temperature is None:
             return entry
         return replace(entry, temperature=self.temperature)
+
+
+TOOL_CHOICE_MODES: Final[frozenset[str]] = frozenset({"auto", "required", "none"})
+"""The tool choices that are not a tool's name."""
+_TOOL_NAME_RE: Final[re.Pattern[str]] = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def tool_choice_resolve(choice: str, tools: Sequence[ToolSpec]) -> str | ToolSpec:
+    """What ``choice`` asks of a call offering ``tools``, for an adapter to send.
+
+    Args:
+        choice: A :attr:`ModelSettings.tool_choice`.
+        tools: The tools the call offers.
+
+    Returns:
+        ``"auto"`` (send nothing: also for ``"none"`` when no tool is offered), ``"none"``,
+        ``"required"``, or the :class:`~llm.types.ToolSpec` a named choice names.
+
+    Raises:
+        ModelCallError: ``bad_request`` when ``"required"`` or a name is asked of a call that
+            offers no tools, or the name is not among ``tools`` (the caller's mistake: no
+            entry of the route could do better, so the router does not fall back).
+    """
+    if choice == "auto" or (choice == "none" and not tools):
+        return "auto"
+    if choice == "none":
+        return "none"
+    if not tools:
+        raise ModelCallError("bad_request", f"tool_choice {choice!r} asks for a tool call, but no tool is offered")
+    if choice == "required":
+        return "required"
+    for tool in tools:
+        if tool.name == choice:
+            return tool
+    raise ModelCallError("bad_request", f"tool_choice names {choice!r}, which is not among the offered tools "
+                                        f"{sorted(t.name for t in tools)}")
+
+
+def tool_call_schema(tool: ToolSpec) -> dict[str, Any]:
+    """The JSON Schema of one call of ``tool`` written as text: ``{"name": <tool.name>,
+    "arguments": <tool.parameters>}`` (both required, nothing else), the shape
+    :mod:`llm.toolcall_parsing` reads as a call. For constrained decoding
+    (``response_format``) on routes whose server does not parse tool calls."""
+    parameters = dict(tool.parameters) if tool.parameters else {"type": "object", "properties": {}}
+    parameters.setdefault("type", "object")
+    return {
+        "type": "object",
+        "properties": {"name": {"type": "string", "const": tool.name}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 DEFAULT_SETTINGS: Final[ModelSettings] = ModelSettings()
@@ -95,4 +160,7 @@ class Model(Protocol):
         ...
 
 
-__all__ = ["DEFAULT_SETTINGS", "FirstTokenHook", "Model", "ModelSettings"]
+__all__ = [
+    "DEFAULT_SETTINGS", "TOOL_CHOICE_MODES", "FirstTokenHook", "Model", "ModelSettings", "tool_call_schema",
+    "tool_choice_resolve",
+]

@@ -275,20 +275,21 @@ def _skip_reason(call: _CallState, entry: RouteEntryConfig) -> SkipReason | None
 
 
 def _call_settings(
-    settings: ModelSettings | None, max_output_tokens: int | None, compact_first: bool
+    settings: ModelSettings | None, max_output_tokens: int | None, compact_first: bool, tool_choice: str = "auto",
 ) -> ModelSettings:
     """The call's settings: ``settings``, or one built from the keyword shortcuts.
 
     Raises:
         TypeError: both ``settings`` and a keyword shortcut were given.
+        ValueError: a ``tool_choice`` that is neither a mode nor a tool name.
     """
     if settings is not None:
-        if max_output_tokens is not None or compact_first:
-            raise TypeError("pass max_output_tokens/compact_first inside settings, not beside it")
+        if max_output_tokens is not None or compact_first or tool_choice != "auto":
+            raise TypeError("pass max_output_tokens/compact_first/tool_choice inside settings, not beside it")
         return settings
-    if max_output_tokens is None and not compact_first:
+    if max_output_tokens is None and not compact_first and tool_choice == "auto":
         return DEFAULT_SETTINGS
-    return ModelSettings(max_output_tokens=max_output_tokens, compact_first=compact_first)
+    return ModelSettings(max_output_tokens=max_output_tokens, compact_first=compact_first, tool_choice=tool_choice)
 
 
 class FallbackModel:
@@ -461,6 +462,7 @@ class FallbackModel:
         *,
         max_output_tokens: int | None = None,
         compact_first: bool = False,
+        tool_choice: str = "auto",
         on_first_token: FirstTokenHook | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Stream one model call with retries and fallback before the first token.
@@ -475,6 +477,9 @@ class FallbackModel:
                 ``context_window`` rejection raise :class:`~llm.errors.ContextWindowExceeded`
                 at once instead of falling back to a larger entry, so the caller can compact
                 the conversation first.
+            tool_choice: Shortcut for ``settings.tool_choice`` (not with ``settings``): ``"auto"``,
+                ``"required"``, ``"none"`` or an offered tool's name; every entry gets it in its
+                API's form (a text-mode entry by constrained decoding).
             on_first_token: Called once when the committed attempt's first fragment arrives.
 
         Yields:
@@ -504,7 +509,7 @@ class FallbackModel:
                 attempt in flight is recorded with ``error_class="cancelled"``.
         """
         call = _CallState(
-            messages, tools, _call_settings(settings, max_output_tokens, compact_first),
+            messages, tools, _call_settings(settings, max_output_tokens, compact_first, tool_choice),
             estimate_tokens(messages, tools), list(self._entries), on_first_token,
         )
         while (entry := await self._next_entry(call)) is not None:

@@ -56,7 +56,7 @@ import httpx
 import httpx2
 
 from llm.errors import ErrorClass, ModelCallError, parse_retry_after
-from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings
+from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings, tool_choice_resolve
 from llm.providers._clients import LoopClientCache, checked_httpx_transport
 from llm.tokens import usage_or_estimate
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
@@ -339,6 +339,7 @@ def build_request(
     tools: Sequence[ToolSpec],
     *,
     max_output_tokens: int | None = None,
+    tool_choice: str = "auto",
 ) -> dict[str, Any]:
     """The ``messages.create`` keyword arguments (= the JSON body) for one streaming call.
 
@@ -347,11 +348,21 @@ def build_request(
         messages: Canonical history (user messages' images sent when ``entry.supports_images``).
         tools: Offered tools; sent as ``tools`` when non-empty.
         max_output_tokens: Caller's cap; the entry's ``max_output_tokens`` still applies.
+        tool_choice: A :attr:`~llm.model.ModelSettings.tool_choice`, sent as the Messages
+            API's ``tool_choice``: ``{"type": "any"}`` for ``"required"``, ``{"type": "tool",
+            "name": …}`` for a tool's name, ``{"type": "none"}`` for ``"none"``; nothing for
+            ``"auto"`` (the API's default).
 
     Returns:
         ``{"model", "max_tokens", "messages", "stream": True}`` plus ``system`` (when there
-        are system prompts) and ``tools`` (and ``tool_choice``, for stub tools).
+        are system prompts) and ``tools`` (and ``tool_choice``: the caller's, or ``none`` for
+        stub tools).
+
+    Raises:
+        ModelCallError: ``bad_request`` for a ``tool_choice`` the offered tools cannot meet
+            (:func:`~llm.model.tool_choice_resolve`).
     """
+    choice = tool_choice_resolve(tool_choice, tools)
     system, translated = translate_messages(messages, with_images=entry.supports_images)
     params: dict[str, Any] = {
         "model": entry.model,
@@ -365,6 +376,9 @@ def build_request(
         params["temperature"] = min(entry.temperature, 1.0)  # the Messages API takes 0–1
     if tools:
         params["tools"] = [_tool_param(t) for t in tools]
+        if choice != "auto":
+            params["tool_choice"] = ({"type": "any"} if choice == "required" else {"type": "none"} if choice == "none"
+                                     else {"type": "tool", "name": choice.name})
     else:
         stubs = _stub_tools(translated)
         if stubs:
@@ -601,6 +615,7 @@ async def stream_chat(
     *,
     max_output_tokens: int | None = None,
     on_first_token: Callable[[], None] | None = None,
+    tool_choice: str = "auto",
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
     """Stream one answer from an Anthropic Messages API endpoint.
 
@@ -618,6 +633,7 @@ async def stream_chat(
         on_first_token: Called once, synchronously, when the first text, thinking or
             ``tool_use`` fragment arrives (before anything is yielded for it). The router uses
             it to stop falling back.
+        tool_choice: A :attr:`~llm.model.ModelSettings.tool_choice` (see :func:`build_request`).
 
     Yields:
         ``TextDelta`` and ``ReasoningDelta`` fragments, then exactly one ``Completion`` (the
@@ -627,9 +643,10 @@ async def stream_chat(
 
     Raises:
         ModelCallError: connection, HTTP status, timeout, ``error`` event, undecodable event
-            data, or a stream that ended before ``message_stop`` (``network``).
+            data, or a stream that ended before ``message_stop`` (``network``); ``bad_request``
+            for a ``tool_choice`` the offered tools cannot meet (before any request).
     """
-    params = build_request(entry, messages, tools, max_output_tokens=max_output_tokens)
+    params = build_request(entry, messages, tools, max_output_tokens=max_output_tokens, tool_choice=tool_choice)
     client = _client_for(entry)
     try:
         stream = await client.messages.create(**params)
@@ -720,7 +737,7 @@ class AnthropicModel:
     """The :class:`~llm.model.Model` of one route entry on an Anthropic Messages API endpoint.
 
     ``stream(messages, tools, settings)`` is :func:`stream_chat` on ``entry`` with the
-    settings' output cap and temperature; it returns that generator itself (no extra layer
+    settings' output cap, temperature and tool choice; it returns that generator itself (no extra layer
     per streamed event). Events and errors: :func:`stream_chat`.
     """
 
@@ -742,6 +759,7 @@ class AnthropicModel:
         return stream_chat(
             settings.applied_to(self.entry), messages, tools,
             max_output_tokens=settings.max_output_tokens, on_first_token=on_first_token,
+            tool_choice=settings.tool_choice,
         )
 
 

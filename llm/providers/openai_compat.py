@@ -43,7 +43,7 @@ import httpx2
 import openai
 
 from llm.errors import ModelCallError, classify_error, classify_finish_reason
-from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings
+from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings, tool_call_schema, tool_choice_resolve
 from llm.providers._clients import LoopClientCache, checked_aiohttp_transport, checked_httpx_transport
 from llm.providers.aiohttp_transport import aiohttp_reader, mapped_error
 from llm.tokens import usage_or_estimate
@@ -511,6 +511,7 @@ def build_request(
     tools: Sequence[ToolSpec],
     *,
     max_output_tokens: int | None = None,
+    tool_choice: str = "auto",
 ) -> tuple[dict[str, Any], list[ChatMessage]]:
     """The ``chat.completions.create`` keyword arguments for one streaming call.
 
@@ -522,13 +523,30 @@ def build_request(
         tools: Offered tools; sent as ``tools`` in native mode (only when non-empty), as a
             system-prompt section in text mode.
         max_output_tokens: Caller's cap; the entry's ``max_output_tokens`` still applies.
+        tool_choice: A :attr:`~llm.model.ModelSettings.tool_choice`. Native mode sends it as
+            ``tool_choice`` (``"required"``, ``"none"``, or ``{"type": "function", "function":
+            {"name": …}}``; nothing for ``"auto"``). Text mode (the server parses no tool
+            calls) enforces a call by constrained decoding instead: ``response_format``
+            ``{"type": "json_object", "schema": …}`` with the JSON Schema of the call
+            (:func:`~llm.model.tool_call_schema`; ``anyOf`` the offered tools' for
+            ``"required"``), which llama.cpp's servers (llama-cpp-python's and
+            ``llama-server``) turn into a grammar; ``"none"`` leaves the tools out of the
+            prompt.
 
     Returns:
         ``(params, sent_messages)``: the request parameters and the canonical messages they
         were built from (rewritten ones in text mode).
+
+    Raises:
+        ModelCallError: ``bad_request`` for a ``tool_choice`` the offered tools cannot meet
+            (:func:`~llm.model.tool_choice_resolve`).
     """
     text_mode = entry.tool_calls == "text"
-    sent = messages_for_text_mode(messages, tools) if text_mode else list(messages)
+    choice = tool_choice_resolve(tool_choice, tools)
+    if text_mode:
+        sent = messages_for_text_mode(messages, () if choice == "none" else tools)
+    else:
+        sent = list(messages)
     params: dict[str, Any] = {
         "model": entry.model,
         "messages": [m.to_openai(with_images=entry.supports_images) for m in sent],
@@ -544,6 +562,14 @@ def build_request(
         params["temperature"] = entry.temperature
     if tools and not text_mode:
         params["tools"] = [t.to_openai() for t in tools]
+        if isinstance(choice, ToolSpec):
+            params["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+        elif choice != "auto":
+            params["tool_choice"] = choice
+    elif text_mode and choice != "auto" and choice != "none":
+        schema = (tool_call_schema(choice) if isinstance(choice, ToolSpec)
+                  else {"anyOf": [tool_call_schema(t) for t in tools]})
+        params["response_format"] = {"type": "json_object", "schema": schema}
     return params, sent
 
 
@@ -554,6 +580,7 @@ async def stream_chat(
     *,
     max_output_tokens: int | None = None,
     on_first_token: Callable[[], None] | None = None,
+    tool_choice: str = "auto",
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
     """Stream one chat completion from an OpenAI-compatible endpoint.
 
@@ -576,6 +603,9 @@ async def stream_chat(
         on_first_token: Called once, synchronously, when the first content, reasoning or
             tool-call fragment arrives (before anything is yielded for it). The router uses it
             to stop falling back.
+        tool_choice: A :attr:`~llm.model.ModelSettings.tool_choice` (see
+            :func:`build_request`); with ``"none"``, calls a text-mode model writes anyway are
+            dropped (kept out of the text all the same).
 
     Yields:
         ``TextDelta`` and ``ReasoningDelta`` fragments, then exactly one ``Completion`` (the
@@ -585,14 +615,16 @@ async def stream_chat(
     Raises:
         ModelCallError: connection, HTTP status, idle timeout or stream-decoding failure;
             ``content_policy`` when the stream finishes with ``finish_reason:
-            "content_filter"`` (raised instead of the ``Completion``).
+            "content_filter"`` (raised instead of the ``Completion``); ``bad_request`` for a
+            ``tool_choice`` the offered tools cannot meet (before any request).
     """
-    params, sent = build_request(entry, messages, tools, max_output_tokens=max_output_tokens)
+    params, sent = build_request(entry, messages, tools, max_output_tokens=max_output_tokens, tool_choice=tool_choice)
     text_mode = entry.tool_calls == "text"
     shard = _shard_for(entry)
     shard.open_streams += 1
     try:
-        async for event in _stream(entry, shard.http, params, sent, tools, text_mode, on_first_token):
+        async for event in _stream(entry, shard.http, params, sent, tools, text_mode, on_first_token,
+                                   drop_text_calls=tool_choice == "none"):
             yield event
     finally:
         shard.open_streams -= 1
@@ -600,7 +632,8 @@ async def stream_chat(
 
 async def _stream(
     entry: RouteEntryConfig, http: httpx2.AsyncClient, params: dict[str, Any], sent: list[ChatMessage],
-    tools: Sequence[ToolSpec], text_mode: bool, on_first_token: Callable[[], None] | None,
+    tools: Sequence[ToolSpec], text_mode: bool, on_first_token: Callable[[], None] | None, *,
+    drop_text_calls: bool = False,
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
     response = await _open_stream(_client_for(entry), http, params)
     payloads = _sse_payloads(response, entry.read_timeout_seconds)
@@ -674,6 +707,8 @@ async def _stream(
         if tail:
             text_parts.append(tail)
             yield TextDelta(tail)
+        if drop_text_calls:
+            text_calls = []
         calls = calls + text_calls
         if text_calls and finish_reason in (None, "stop"):
             finish_reason = "tool_calls"
@@ -704,7 +739,7 @@ class OpenAICompatModel:
     """The :class:`~llm.model.Model` of one route entry on an OpenAI-compatible chat-completions endpoint.
 
     ``stream(messages, tools, settings)`` is :func:`stream_chat` on ``entry`` with the
-    settings' output cap and temperature; it returns that generator itself (no extra layer
+    settings' output cap, temperature and tool choice; it returns that generator itself (no extra layer
     per streamed event). Events and errors: :func:`stream_chat`.
     """
 
@@ -726,6 +761,7 @@ class OpenAICompatModel:
         return stream_chat(
             settings.applied_to(self.entry), messages, tools,
             max_output_tokens=settings.max_output_tokens, on_first_token=on_first_token,
+            tool_choice=settings.tool_choice,
         )
 
 
