@@ -74,19 +74,20 @@ def _vector_text(rng: random.Random) -> str:
     return "[" + ",".join(f"{v / norm:.5f}" for v in values) + "]"
 
 
-def _copy_chunks(tenant_id: int, kb_id: int, doc_id: int, count: int, words: list[str], rng: random.Random) -> None:
+def _copy_chunks(tenant_id: int, kb_id: int, doc_id: int, count: int, words: list[str], rng: random.Random,
+                 fingerprint: str) -> None:
     """``count`` chunks into ``knowledge_chunk`` with COPY (text format), 10,000 per batch, as the
     owner (PostgreSQL refuses COPY FROM into a table under row-level security; a bulk load is
     an operator's job, like a restore)."""
     raw = connection.connection  # psycopg's connection under Django's (COPY is a psycopg API)
     columns = "(tenant_id, knowledge_base_id, document_id, position, heading, text, char_count, token_count, " \
-              "embedding, dimensions)"
+              "embedding, dimensions, embedding_fingerprint)"
     for start in range(0, count, 10_000):
         with raw.cursor() as cursor, cursor.copy(f"COPY knowledge_chunk {columns} FROM STDIN") as copy:
             for position in range(start, min(count, start + 10_000)):
                 text = " ".join(rng.choice(words) for _ in range(60))[:400]
                 copy.write_row((tenant_id, kb_id, doc_id, position, f"Section {position % 97}", text, len(text),
-                                len(text) // 4, _vector_text(rng), DIMENSIONS))
+                                len(text) // 4, _vector_text(rng), DIMENSIONS, fingerprint))
 
 
 def _load(tenants, url: str, *, chunks: int, other_chunks: int) -> KnowledgeBase:
@@ -106,7 +107,7 @@ def _load(tenants, url: str, *, chunks: int, other_chunks: int) -> KnowledgeBase
             started = time.perf_counter()
             with rls.owner_mode(), transaction.atomic():
                 connection.ensure_connection()
-                _copy_chunks(tenant.pk, kb.pk, doc.pk, count, words, rng)
+                _copy_chunks(tenant.pk, kb.pk, doc.pk, count, words, rng, kb.embedding_fingerprint)
             print(f"  tenant {i}: {count:,} chunks copied in {time.perf_counter() - started:.1f} s", flush=True)
             if i == 0:
                 target = kb
@@ -132,7 +133,8 @@ def _sql_only(kb: KnowledgeBase, queries: int, vectors: list[str]) -> tuple[list
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 cursor.execute("SET LOCAL hnsw.ef_search = 80")
-                params = {"vector": vector, "tenant": kb.tenant_id, "kbs": [kb.pk], "documents": None, "limit": 40}
+                params = {"vector": vector, "tenant": kb.tenant_id, "kbs": [kb.pk], "documents": None, "limit": 40,
+                          "fingerprint": kb.embedding_fingerprint}
                 if i == 0:
                     cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) " + vector_sql(DIMENSIONS,
                                                                                             with_documents=False), params)

@@ -1,5 +1,7 @@
 """Knowledge bases in the console: their documents with status, reason and progress; adding
-documents (upload, URL, text); "Test search" with the hits' scores and ranks.
+documents (upload, URL, text); "Test search" with the hits' scores and ranks; the embedding
+model's state ("re-embedding n/m" while a model change is being applied) and "Re-embed" (for
+when the model behind the provider entry changed).
 
 Tenant admins see the knowledge bases of the tenants they administer (members' own included,
 so an admin can see what is stored); writes go through :mod:`knowledge.services`, so a new
@@ -59,8 +61,9 @@ class KnowledgeBaseForm(forms.ModelForm):
 @admin.register(KnowledgeBase)
 class KnowledgeBaseAdmin(TenantScopedModelAdmin):
     form = KnowledgeBaseForm
-    list_display = ["name", "scope", "embedding_model", "dimensions", "chunk_size", "document_count", "updated_at",
-                    "tenant"]
+    list_display = ["name", "scope", "embedding_model", "dimensions", "embedding_status", "chunk_size",
+                    "document_count", "updated_at", "tenant"]
+    readonly_fields = ["embedding_status"]
     search_fields = ["name", "description"]
     ordering = ["name", "id"]
     inlines = [DocumentInline]
@@ -69,6 +72,20 @@ class KnowledgeBaseAdmin(TenantScopedModelAdmin):
     @admin.display(description="Scope")
     def scope(self, obj: KnowledgeBase) -> str:
         return "tenant-wide" if obj.owner_id is None else f"{obj.owner}'s own"
+
+    @admin.display(description="Embeddings")
+    def embedding_status(self, obj: KnowledgeBase | None) -> str:
+        """"current", or "re-embedding n/m" (chunks of the current model / all) while a job runs."""
+        if obj is None or obj.pk is None:
+            return "—"
+        if not obj.reembedding:
+            return "current"
+        from knowledge.selectors import knowledge_base_embedding_progress
+        from tenants.scoping import tenant_scope
+
+        with tenant_scope(obj.tenant_id):
+            progress = knowledge_base_embedding_progress(knowledge_base=obj)
+        return f"re-embedding {progress.embedded}/{progress.total}"
 
     @admin.display(description="Documents")
     def document_count(self, obj: KnowledgeBase) -> int:
@@ -82,7 +99,7 @@ class KnowledgeBaseAdmin(TenantScopedModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: KnowledgeBase, form: Any, change: bool) -> None:
         """New: saved as the form has it. Changed: through ``knowledge_base_update`` (a new
-        chunking re-ingests the documents; the embedding may not change under documents)."""
+        chunking re-ingests the documents; a new embedding model re-embeds every chunk)."""
         if not change:
             super().save_model(request, obj, form, change)
             return
@@ -91,11 +108,16 @@ class KnowledgeBaseAdmin(TenantScopedModelAdmin):
         allowed = {"name", "description", "chunk_size", "chunk_overlap", "embedding_provider", "embedding_model",
                    "dimensions"}
         stored = KnowledgeBase.all_tenants.get(pk=obj.pk)  # tenant-bypass: the admin's own row (checked by the page)
+        fingerprint = stored.embedding_fingerprint
         try:
-            knowledge_base_update(knowledge_base=stored, **{f: form.cleaned_data[f] for f in form.changed_data
-                                                            if f in allowed})
+            updated = knowledge_base_update(knowledge_base=stored, **{f: form.cleaned_data[f] for f in form.changed_data
+                                                                      if f in allowed})
         except ApplicationError as exc:
             messages.error(request, exc.message)
+            return
+        if updated.embedding_fingerprint != fingerprint:
+            messages.info(request, "The embedding model changed: every chunk is being re-embedded. Until a chunk is "
+                                   "done, searches find it by its words only.")
 
     def get_urls(self):
         urls = [
@@ -103,6 +125,8 @@ class KnowledgeBaseAdmin(TenantScopedModelAdmin):
                  name="knowledge_knowledgebase_add_documents"),
             path("<path:object_id>/test-search/", self.admin_site.admin_view(self.test_search_view),
                  name="knowledge_knowledgebase_test_search"),
+            path("<path:object_id>/reembed/", self.admin_site.admin_view(self.reembed_view),
+                 name="knowledge_knowledgebase_reembed"),
         ]
         return urls + super().get_urls()
 
@@ -132,9 +156,26 @@ class KnowledgeBaseAdmin(TenantScopedModelAdmin):
             **self._context(request, kb, f"Add documents to {kb.name}"), "form": form,
             "max_mb": MAX_DOCUMENT_BYTES // 1_000_000})
 
+    def reembed_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: what re-embedding does, and a button; POST: queue it
+        (:func:`knowledge.services.knowledge_base_reembed_request`)."""
+        from knowledge.services import knowledge_base_reembed_request
+        from tenants.scoping import tenant_scope
+
+        kb = self._kb_or_404(request, object_id, write=True)
+        if request.method == "POST":
+            with tenant_scope(kb.tenant_id):
+                knowledge_base_reembed_request(knowledge_base=kb)
+            messages.success(request, f"Re-embedding {kb.name}: every chunk is embedded again with "
+                                      f"{kb.embedding_model}.")
+            return HttpResponseRedirect(reverse("admin:knowledge_knowledgebase_change", args=[kb.pk]))
+        return TemplateResponse(request, "admin/knowledge/knowledgebase/reembed.html",
+                                self._context(request, kb, f"Re-embed {kb.name}"))
+
     def test_search_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Search the knowledge base as the agents would, and show each hit's scores and ranks."""
         from knowledge.retrieval import SearchError, search
+        from knowledge.selectors import reembedding_notice
 
         kb = self._kb_or_404(request, object_id, write=False)
         form = SearchForm(request.GET or None)
@@ -146,7 +187,8 @@ class KnowledgeBaseAdmin(TenantScopedModelAdmin):
             except SearchError as exc:
                 error = exc.message
         return TemplateResponse(request, "admin/knowledge/knowledgebase/test_search.html", {
-            **self._context(request, kb, f"Test search: {kb.name}"), "form": form, "hits": hits, "error": error})
+            **self._context(request, kb, f"Test search: {kb.name}"), "form": form, "hits": hits, "error": error,
+            "notice": reembedding_notice([kb])})
 
 
 class AddDocumentsForm(forms.Form):

@@ -8,8 +8,17 @@ Every table is tenant-owned and under row-level security like the rest (tenants/
   a model name, the vector dimensions) and the chunking (size and overlap in characters).
 - A :class:`Document` keeps its source bytes (so a re-ingest needs no re-upload), their
   SHA-256 (adding the same content again is no work) and its ingestion status.
-- A :class:`Chunk` is a piece of a document with its heading path, an embedding and a
-  full-text vector.
+- A :class:`Chunk` is a piece of a document with its heading path, an embedding, the
+  fingerprint of the embedding model that made it, and a full-text vector.
+
+Embedding fingerprints: a knowledge base's :attr:`KnowledgeBase.embedding_fingerprint` names
+its current embedding model (provider entry id, vector size, re-embedding revision, model
+name); every chunk records the fingerprint its vector was made with. When the knowledge base's
+model changes (or an admin asks for a re-embedding because the model behind the provider entry
+changed, which bumps ``embedding_revision``), the chunks whose fingerprint differs are
+re-embedded by a Celery job (:func:`knowledge.services.knowledge_base_reembed`), and the vector
+search meanwhile compares only chunks of the current fingerprint (:mod:`knowledge.retrieval`):
+two models' vectors are never compared, even when they have the same length.
 
 Vectors: the ``embedding`` column is ``vector`` without a fixed dimension (the knowledge
 base's model decides), ``dimensions`` says which; an HNSW index (cosine) per supported
@@ -77,6 +86,16 @@ class KnowledgeBase(TenantOwnedModel):
     dimensions = models.PositiveIntegerField(help_text="Length of the model's vectors (384 for all-MiniLM-L6-v2).")
     chunk_size = models.PositiveIntegerField(default=500, help_text="Characters per chunk (100–8,000).")
     chunk_overlap = models.PositiveIntegerField(default=50, help_text="Characters repeated between chunks (≤ half the size).")
+    embedding_revision = models.PositiveIntegerField(
+        default=0, editable=False,
+        help_text="Grows with every re-embedding asked for without a model change (the model behind the "
+                  "provider entry changed); part of the embedding fingerprint.",
+    )
+    reembedding = models.BooleanField(
+        default=False, editable=False,
+        help_text="A re-embedding job is (or should be) under way: some chunks are not of the current embedding "
+                  "model and are not vector-searched (knowledge.selectors.knowledge_base_embedding_progress).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -97,6 +116,21 @@ class KnowledgeBase(TenantOwnedModel):
     @property
     def is_tenant_wide(self) -> bool:
         return self.owner_id is None
+
+    @property
+    def embedding_fingerprint(self) -> str:
+        """Which embedding model makes this knowledge base's vectors now:
+        ``"<provider id>:<dimensions>:<revision>:<model name>"`` (≤ 240 characters). A chunk
+        whose :attr:`Chunk.embedding_fingerprint` differs was embedded by another model (or
+        the same model before an admin-requested re-embedding) and is not vector-searched.
+        Migration 0003 writes the same format in SQL."""
+        return embedding_fingerprint(provider_id=self.embedding_provider_id, dimensions=self.dimensions,
+                                     revision=self.embedding_revision, model=self.embedding_model)
+
+
+def embedding_fingerprint(*, provider_id: int, dimensions: int, revision: int, model: str) -> str:
+    """The fingerprint string of an embedding model (see :attr:`KnowledgeBase.embedding_fingerprint`)."""
+    return f"{int(provider_id)}:{int(dimensions)}:{int(revision)}:{model}"
 
 
 class Document(TenantOwnedModel):
@@ -122,6 +156,16 @@ class Document(TenantOwnedModel):
     char_count = models.PositiveIntegerField(default=0, help_text="Characters of extracted text.")
     chunk_count = models.PositiveIntegerField(default=0)
     embedded_count = models.PositiveIntegerField(default=0, help_text="Chunks embedded so far (progress).")
+    reembedding = models.BooleanField(
+        default=False, editable=False,
+        help_text="True while the knowledge base's re-embedding job holds the document (status embedding); "
+                  "an ingestion queued meanwhile clears it and takes over.",
+    )
+    chat_session_id = models.BigIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="The chat the document was last added from (the chat app's 'Add to knowledge'): its status "
+                  "events go to that chat's event stream. No foreign key: sessions sit above knowledge.",
+    )
     generation = models.PositiveIntegerField(
         default=0, editable=False,
         help_text="Grows with every (re-)ingestion queued; an ingestion task of an older generation stops.",
@@ -156,6 +200,8 @@ class Chunk(TenantOwnedModel):
     token_count = models.PositiveIntegerField(help_text="Estimated tokens (llm.tokens.estimate_text_tokens).")
     embedding = VectorField(help_text="L2-normalised; length = dimensions.")
     dimensions = models.PositiveSmallIntegerField()
+    embedding_fingerprint = models.CharField(
+        max_length=256, help_text="The embedding model that made ``embedding`` (KnowledgeBase.embedding_fingerprint).")
     tsv = models.GeneratedField(
         expression=SearchVector("heading", "text", config=TEXT_SEARCH_CONFIG),
         output_field=SearchVectorField(), db_persist=True,
@@ -169,6 +215,8 @@ class Chunk(TenantOwnedModel):
         indexes = [
             GinIndex(fields=["tsv"], name="knowledge_chunk_tsv"),
             models.Index(fields=["knowledge_base"], name="knowledge_chunk_kb"),
+            # the re-embedding job's stale chunks and its progress (n of m) per knowledge base
+            models.Index(fields=["knowledge_base", "embedding_fingerprint"], name="knowledge_chunk_kb_fingerprint"),
             # + one partial HNSW index per INDEXED_DIMENSIONS, created by migration 0001 as SQL:
             # Django renders an expression index with an operator class without the parentheses
             # a cast needs, ((embedding::vector(384)) vector_cosine_ops).

@@ -145,14 +145,16 @@ def vector_sql(dimensions: int, *, with_documents: bool) -> str:
     """The vector list's SQL for ``dimensions``: the partial HNSW index's expression and
     predicate (``embedding::vector(N)``, ``dimensions = N``) as literals, so the planner can
     match the index even for a generic plan. Parameters: query vector, tenant id, knowledge base
-    ids, [document ids], limit."""
+    ids, the embedding fingerprint (only chunks embedded by the knowledge bases' current model:
+    during a re-embedding the others are left out, never compared), [document ids], limit."""
     dims = int(dimensions)
     expr = f"embedding::vector({dims})" if dims in INDEXED_DIMENSIONS else "embedding"
     cast = f"::vector({dims})"
     documents = " AND document_id = ANY(%(documents)s::bigint[])" if with_documents else ""
     return (f"SELECT id, {expr} <=> %(vector)s{cast} AS distance FROM knowledge_chunk "
             f"WHERE dimensions = {dims} AND tenant_id = %(tenant)s AND knowledge_base_id = ANY(%(kbs)s::bigint[])"
-            f"{documents} ORDER BY {expr} <=> %(vector)s{cast} LIMIT %(limit)s")
+            f" AND embedding_fingerprint = %(fingerprint)s{documents}"
+            f" ORDER BY {expr} <=> %(vector)s{cast} LIMIT %(limit)s")
 
 
 def lexical_sql() -> str:
@@ -206,11 +208,12 @@ def _group_vectors(kb: KnowledgeBase, query: str, rewritten: str, *, query_vecto
     return query_vec, (embedded.pop(0) if rewritten else None)
 
 
-def _vector_list(cursor, vector: list[float], *, tenant_id: int, kb_ids: list[int], dimensions: int,
+def _vector_list(cursor, vector: list[float], *, tenant_id: int, group: list[KnowledgeBase],
                  document_ids: list[int] | None, limit: int) -> list[tuple[int, float]]:
-    cursor.execute(vector_sql(dimensions, with_documents=document_ids is not None),
-                   {"vector": _vector_literal(vector), "tenant": tenant_id, "kbs": kb_ids,
-                    "documents": document_ids, "limit": limit})
+    kb = group[0]  # one embedding model per group: the same dimensions and fingerprint
+    cursor.execute(vector_sql(kb.dimensions, with_documents=document_ids is not None),
+                   {"vector": _vector_literal(vector), "tenant": tenant_id, "kbs": [k.pk for k in group],
+                    "fingerprint": kb.embedding_fingerprint, "documents": document_ids, "limit": limit})
     rows = [(int(i), float(d)) for i, d in cursor.fetchall()]
     rows.sort(key=lambda r: (r[1], r[0]))  # relaxed_order: nearly sorted; make it exact
     return rows
@@ -277,15 +280,14 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
                 cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 cursor.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, candidates)}")
             for number, (group, (query_vec, rewrite_vec)) in enumerate(zip(groups, vectors, strict=True)):
-                kb_ids = [kb.pk for kb in group]
                 if query_vec is not None:
-                    rows = _vector_list(cursor, query_vec, tenant_id=tenant_id, kb_ids=kb_ids,
-                                        dimensions=group[0].dimensions, document_ids=doc_filter, limit=candidates)
+                    rows = _vector_list(cursor, query_vec, tenant_id=tenant_id, group=group,
+                                        document_ids=doc_filter, limit=candidates)
                     ranked[f"vector.{number}"] = [i for i, _ in rows]
                     distances.update(rows)
                 if rewrite_vec is not None:
-                    rows = _vector_list(cursor, rewrite_vec, tenant_id=tenant_id, kb_ids=kb_ids,
-                                        dimensions=group[0].dimensions, document_ids=doc_filter, limit=candidates)
+                    rows = _vector_list(cursor, rewrite_vec, tenant_id=tenant_id, group=group,
+                                        document_ids=doc_filter, limit=candidates)
                     ranked[f"rewrite.{number}"] = [i for i, _ in rows]
             if "lexical" in lists:
                 cursor.execute(lexical_sql(), {"query": query, "kbs": [kb.pk for kb in kbs], "documents": doc_filter,
@@ -310,9 +312,9 @@ def _passage(hit: Hit) -> str:
 
 
 def _embedding_groups(kbs: list[KnowledgeBase]) -> list[list[KnowledgeBase]]:
-    groups: dict[tuple[int, str, int], list[KnowledgeBase]] = defaultdict(list)
+    groups: dict[str, list[KnowledgeBase]] = defaultdict(list)
     for kb in kbs:
-        groups[(kb.embedding_provider_id, kb.embedding_model, kb.dimensions)].append(kb)
+        groups[kb.embedding_fingerprint].append(kb)
     return list(groups.values())
 
 

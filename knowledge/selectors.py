@@ -9,7 +9,10 @@ other users' objects are the same None (the API answers 404 alike).
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db.models import Count, Q, QuerySet
 
 from knowledge.models import Chunk, Document, KnowledgeBase
 
@@ -59,3 +62,37 @@ def chunk_get_for_user(*, chunk_id: int, user_id: int | None) -> Chunk | None:
     visible = KnowledgeBase.objects.filter(knowledge_base_visible(user_id=user_id)).values("pk")
     return (Chunk.objects.filter(pk=chunk_id, knowledge_base_id__in=visible)
             .select_related("document").defer("embedding", "document__content").first())
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingProgress:
+    """How many of a knowledge base's chunks its current embedding model made."""
+
+    knowledge_base_id: int
+    reembedding: bool
+    """A re-embedding job is under way (:attr:`KnowledgeBase.reembedding`)."""
+    embedded: int
+    """Chunks whose vector is of the current model (the ones the vector search compares)."""
+    total: int
+    """All its chunks (the lexical list searches them all)."""
+
+
+def knowledge_base_embedding_progress(*, knowledge_base: KnowledgeBase) -> EmbeddingProgress:
+    """``knowledge_base``'s chunks of its current embedding model against all (one counting
+    query over the knowledge base's chunks: for the console and the API, not per search)."""
+    counts = Chunk.objects.filter(knowledge_base_id=knowledge_base.pk).aggregate(
+        total=Count("pk"), embedded=Count("pk", filter=Q(embedding_fingerprint=knowledge_base.embedding_fingerprint)))
+    return EmbeddingProgress(knowledge_base_id=knowledge_base.pk, reembedding=knowledge_base.reembedding,
+                             embedded=counts["embedded"], total=counts["total"])
+
+
+def reembedding_notice(knowledge_bases: Iterable[KnowledgeBase]) -> str:
+    """A sentence for a search's reader when some of ``knowledge_bases`` are being re-embedded
+    (their flag only: no counting), else ''. Says that passages not yet re-embedded are found by
+    their words only."""
+    names = [kb.name for kb in knowledge_bases if kb.reembedding]
+    if not names:
+        return ""
+    listed = ", ".join(f"“{name}”" for name in names)
+    return (f"Note: {listed} {'is' if len(names) == 1 else 'are'} being re-embedded with a new embedding model; "
+            "until that is done, passages not yet re-embedded are found by their words only, not by meaning.")

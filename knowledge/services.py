@@ -12,6 +12,24 @@ transition of the pipeline) and by the functions that queue an ingestion. The pi
 Each queued ingestion bumps ``Document.generation``; a task whose generation is no longer the
 document's (the document was re-added or re-ingested meanwhile, or deleted) stops at its next
 step and writes nothing, so two tasks for one document never mix their chunks.
+
+Re-embedding (:func:`knowledge_base_reembed`, the Celery task ``knowledge.knowledge_base_reembed``):
+when a knowledge base's embedding model changes (:func:`knowledge_base_update`), or an admin asks
+for it because the model behind the provider entry changed (:func:`knowledge_base_reembed_request`,
+which bumps ``embedding_revision``), every chunk whose ``embedding_fingerprint`` is not the
+knowledge base's is embedded again, document by document, in batches of
+:data:`EMBED_BATCH_SIZE`: a ready document goes ``embedding`` (``embedded_count``: its chunks of
+the current model) and back to ``ready``. Documents being ingested when the model changes are
+queued again (their ingestion then uses the new model). The job is idempotent (it only touches
+stale chunks, each batch committed with its fingerprint) and resumable (``acks_late``: a lost
+worker's job is delivered again and goes on with the chunks still stale); a newer model change
+makes an older job stop. Search meanwhile compares only chunks of the current fingerprint
+(:mod:`knowledge.retrieval`); :func:`knowledge.selectors.knowledge_base_embedding_progress`
+says how far the job is.
+
+Status events: every status change (and each embedding batch's progress) is handed, once its
+transaction commits, to the listeners registered with :func:`document_status_listen` (a port:
+the sessions layer publishes it to the chat the document was added from).
 """
 
 from __future__ import annotations
@@ -20,10 +38,12 @@ import asyncio
 import hashlib
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from agent_platform.api_errors import ApplicationError
@@ -47,8 +67,81 @@ MAX_TEXT_BYTES = 5_000_000
 """A text document added through the API: at most 5 MB of UTF-8."""
 
 
+REEMBED_MAX_RETRIES = 5
+"""Times a re-embedding job whose embedding requests fail is tried again (30 s, then doubling),
+before the documents still holding old vectors end ``failed`` with the reason."""
+REEMBED_RETRY_SECONDS = 30
+
+
 class IngestError(Exception):
     """A step of the pipeline failed in a way the user should read (the status reason)."""
+
+
+class ReembedRetry(Exception):
+    """A re-embedding batch failed (the endpoint is down, timed out, refused): the task tries
+    again later (``message`` is the reason a document fails with when it stops trying)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# ------------------------------------------------------------------------------------ status events
+
+@dataclass(frozen=True, slots=True)
+class DocumentStatusChange:
+    """A document's status after a change, as :func:`document_status_listen` listeners get it
+    (after the change committed)."""
+
+    tenant_id: int
+    document_id: int
+    knowledge_base_id: int
+    chat_session_id: int | None
+    """The chat the document was last added from (:attr:`Document.chat_session_id`), or None."""
+    title: str
+    status: str
+    """A :class:`~knowledge.models.DocumentStatus` value."""
+    status_reason: str
+    """Why it failed ('' otherwise)."""
+    chunk_count: int
+    embedded_count: int
+    """Chunks embedded so far (progress while ``embedding``; = chunk_count when ready)."""
+
+
+DocumentStatusListener = Callable[[DocumentStatusChange], None]
+_status_listeners: list[DocumentStatusListener] = []
+
+
+def document_status_listen(listener: DocumentStatusListener) -> None:
+    """Call ``listener(change)`` after every committed status change of a document (queued,
+    parsing, embedding with each batch's progress, ready, failed). Registered once per process
+    (an app's ``ready()``); registering the same callable again does nothing. A listener runs
+    in the writer's thread, after the commit; what it raises is logged, never passed on (the
+    pipeline does not stop for a lost notification)."""
+    if listener not in _status_listeners:
+        _status_listeners.append(listener)
+
+
+def _status_changed(document_id: int) -> None:
+    """Tell the listeners the document's status as it is once the current transaction commits
+    (at once outside one)."""
+    if not _status_listeners:
+        return
+
+    def notify() -> None:
+        row = (Document.objects.filter(pk=document_id)
+               .values("tenant_id", "knowledge_base_id", "chat_session_id", "title", "status", "status_reason",
+                       "chunk_count", "embedded_count").first())
+        if row is None:  # deleted meanwhile
+            return
+        change = DocumentStatusChange(document_id=document_id, **row)
+        for listener in list(_status_listeners):
+            try:
+                listener(change)
+            except Exception:  # noqa: BLE001 - a notification, never the pipeline's failure
+                logger.exception("document status listener %r failed for document %s", listener, document_id)
+
+    transaction.on_commit(notify)
 
 
 # ------------------------------------------------------------------------------------ knowledge bases
@@ -108,12 +201,17 @@ def _check_name_free(*, tenant_id: int, owner_id: int | None, name: str, exclude
 @transaction.atomic
 def knowledge_base_update(*, knowledge_base: KnowledgeBase, **changes: Any) -> KnowledgeBase:
     """Change a knowledge base's ``name``, ``description``, ``chunk_size``, ``chunk_overlap``
-    or, while it has no documents, its embedding (``embedding_provider``, ``embedding_model``,
-    ``dimensions``). A new chunking re-ingests every document.
+    or its embedding model (``embedding_provider``, ``embedding_model``, ``dimensions``).
+
+    A new chunking re-ingests every document. A new embedding model re-embeds every chunk:
+    the re-embedding job is queued on commit (see the module docstring); documents being
+    ingested are queued again so that their ingestion uses the new model. Until the job is
+    done, searches compare only the chunks embedded by the new model (the lexical list still
+    covers every chunk).
 
     Raises:
-        ApplicationError: an unknown field, the embedding changed while documents exist
-            (their vectors would not compare), or a name or chunking as in create.
+        ApplicationError: an unknown field, a provider of another tenant, or a name or
+            chunking as in create.
     """
     allowed = {"name", "description", "chunk_size", "chunk_overlap", "embedding_provider", "embedding_model",
                "dimensions"}
@@ -121,26 +219,61 @@ def knowledge_base_update(*, knowledge_base: KnowledgeBase, **changes: Any) -> K
     if unknown:
         raise ApplicationError(f"Cannot change {', '.join(sorted(unknown))}.")
     kb = KnowledgeBase.objects.select_for_update().get(pk=knowledge_base.pk)
-    embedding_changed = any(
-        key in changes and getattr(kb, key if key != "embedding_provider" else "embedding_provider_id")
-        != (changes[key].pk if key == "embedding_provider" else changes[key])
-        for key in ("embedding_provider", "embedding_model", "dimensions"))
-    if embedding_changed and Document.objects.filter(knowledge_base_id=kb.pk).exists():
-        raise ApplicationError("The embedding model cannot change while the knowledge base has documents "
-                               "(their vectors would not compare); create another knowledge base.")
     if "embedding_provider" in changes and changes["embedding_provider"].tenant_id != kb.tenant_id:
         raise ApplicationError("Embedding provider not found.", extra={"fields": {"embedding_provider": ["Not found."]}})
     _check_chunking(changes.get("chunk_size", kb.chunk_size), changes.get("chunk_overlap", kb.chunk_overlap))
     if "name" in changes:
         _check_name_free(tenant_id=kb.tenant_id, owner_id=kb.owner_id, name=changes["name"], exclude_id=kb.pk)
+    if "embedding_model" in changes and not (changes["embedding_model"] or "").strip():
+        raise ApplicationError("embedding_model may not be empty.", extra={"fields": {"embedding_model": ["Required."]}})
     rechunk = any(key in changes and changes[key] != getattr(kb, key) for key in ("chunk_size", "chunk_overlap"))
+    fingerprint = kb.embedding_fingerprint
     for key, value in changes.items():
         setattr(kb, key, value)
     kb.save()
     if rechunk:
         for document in Document.objects.filter(knowledge_base_id=kb.pk).only("pk"):
             _queue(document_id=document.pk)
+    elif kb.embedding_fingerprint != fingerprint:
+        _reembed_queue(kb)
     return kb
+
+
+@transaction.atomic
+def knowledge_base_reembed_request(*, knowledge_base: KnowledgeBase) -> KnowledgeBase:
+    """Re-embed every chunk of the knowledge base with its (unchanged) embedding model: for
+    when the model behind the provider entry changed (another server, another model file under
+    the same name), which the platform cannot see. Bumps ``embedding_revision`` (a new
+    fingerprint: until each chunk is done it is not vector-searched) and queues the job on
+    commit, as a model change does.
+
+    Returns:
+        The knowledge base, with its new revision.
+    """
+    kb = KnowledgeBase.objects.select_for_update().get(pk=knowledge_base.pk)
+    kb.embedding_revision += 1
+    kb.save(update_fields=["embedding_revision", "updated_at"])
+    _reembed_queue(kb)
+    return kb
+
+
+def _reembed_queue(kb: KnowledgeBase) -> None:
+    """After ``kb``'s fingerprint changed (in the caller's transaction): queue again the
+    documents being ingested (a task that read the old model stops at its next step; the new
+    one reads the new model) and send the re-embedding job on commit."""
+    KnowledgeBase.objects.filter(pk=kb.pk).update(reembedding=True)
+    kb.reembedding = True
+    working = (DocumentStatus.QUEUED, DocumentStatus.PARSING, DocumentStatus.EMBEDDING)
+    for document in Document.objects.filter(knowledge_base_id=kb.pk, status__in=working, reembedding=False).only("pk"):
+        _queue(document_id=document.pk)
+    tenant_id, kb_id, fingerprint = kb.tenant_id, kb.pk, kb.embedding_fingerprint
+
+    def send() -> None:
+        from knowledge.tasks import knowledge_base_reembed_enqueue
+
+        knowledge_base_reembed_enqueue(tenant_id=tenant_id, knowledge_base_id=kb_id, fingerprint=fingerprint)
+
+    transaction.on_commit(send)
 
 
 @transaction.atomic
@@ -179,7 +312,8 @@ def _queue(*, document_id: int, force: bool = False) -> None:
 
     Document.objects.filter(pk=document_id).update(
         status=DocumentStatus.QUEUED, status_reason="", embedded_count=0, generation=F("generation") + 1,
-        updated_at=timezone.now())
+        reembedding=False, updated_at=timezone.now())
+    _status_changed(document_id)
     row = Document.objects.filter(pk=document_id).values("tenant_id", "generation").get()
     tenant_id, generation = row["tenant_id"], row["generation"]
 
@@ -193,7 +327,8 @@ def _queue(*, document_id: int, force: bool = False) -> None:
 
 @transaction.atomic
 def document_add(*, knowledge_base: KnowledgeBase, source_kind: str, source: str, content: bytes = b"",
-                 mime_type: str = "", title: str = "", tags: Any = None, created_by: Any = None) -> DocumentAdded:
+                 mime_type: str = "", title: str = "", tags: Any = None, created_by: Any = None,
+                 chat_session_id: int | None = None) -> DocumentAdded:
     """Add a source to a knowledge base, or update it: the same ``(source_kind, source)``
     with other content replaces the document's content (its chunks are replaced when the new
     ingestion is done); with the same content (SHA-256) and a ready document it does nothing.
@@ -208,6 +343,8 @@ def document_add(*, knowledge_base: KnowledgeBase, source_kind: str, source: str
         title: Shown in search hits; default: the document's own title, else ``source``.
         tags: Strings for filtering searches (≤ 20, each ≤ 64 characters).
         created_by: The user adding it.
+        chat_session_id: The chat it is added from (the chat app; the caller checked it is the
+            user's): the document's status events go there from now on. None keeps the last one.
 
     Returns:
         :class:`DocumentAdded`; the ingestion task is sent when the transaction commits.
@@ -244,10 +381,12 @@ def document_add(*, knowledge_base: KnowledgeBase, source_kind: str, source: str
         if title:
             existing.title = title[:300]
         existing.tags = tags_list if tags is not None else existing.tags
+        if chat_session_id is not None:
+            existing.chat_session_id = chat_session_id
         if unchanged:
-            existing.save(update_fields=["title", "tags", "updated_at"])
+            existing.save(update_fields=["title", "tags", "chat_session_id", "updated_at"])
             return DocumentAdded(existing, queued=False)
-        fields = ["title", "tags", "updated_at"]
+        fields = ["title", "tags", "chat_session_id", "updated_at"]
         if source_kind != SourceKind.URL:  # a URL keeps its last fetch: the task compares the next one with it
             existing.content, existing.content_sha256, existing.size_bytes = content, sha, len(content)
             existing.mime_type = mime
@@ -259,7 +398,7 @@ def document_add(*, knowledge_base: KnowledgeBase, source_kind: str, source: str
     document = Document.objects.create(
         tenant_id=knowledge_base.tenant_id, knowledge_base=knowledge_base, title=(title or source)[:300],
         source_kind=source_kind, source=source, mime_type=mime, content=content, content_sha256=sha,
-        size_bytes=len(content), tags=tags_list, created_by=created_by,
+        size_bytes=len(content), tags=tags_list, created_by=created_by, chat_session_id=chat_session_id,
     )
     _queue(document_id=document.pk)
     document.refresh_from_db()
@@ -298,10 +437,13 @@ def document_add_url(*, knowledge_base: KnowledgeBase, url: str, title: str = ""
 
 
 @transaction.atomic
-def document_reingest(*, document: Document) -> Document:
+def document_reingest(*, document: Document, chat_session_id: int | None = None) -> Document:
     """Queue the document's ingestion again (a URL is fetched again; a file is parsed again
-    with the knowledge base's current chunking), even if its content did not change."""
+    with the knowledge base's current chunking and embedding model), even if its content did
+    not change. ``chat_session_id``: as for :func:`document_add`."""
     Document.objects.select_for_update().filter(pk=document.pk).first()
+    if chat_session_id is not None:
+        Document.objects.filter(pk=document.pk).update(chat_session_id=chat_session_id)
     _queue(document_id=document.pk, force=True)
     return Document.objects.defer("content").get(pk=document.pk)
 
@@ -319,6 +461,8 @@ def _status_set(*, document_id: int, generation: int, status: str, reason: str =
     gone or was queued again (the caller stops)."""
     updated = Document.objects.filter(pk=document_id, generation=generation).update(
         status=status, status_reason=reason[:2000], updated_at=timezone.now(), **fields)
+    if updated:
+        _status_changed(document_id)
     return bool(updated)
 
 
@@ -399,7 +543,7 @@ def _replace_chunks(document: Document, kb: KnowledgeBase, drafts: list[ChunkDra
             Chunk(tenant_id=document.tenant_id, knowledge_base_id=kb.pk, document_id=document.pk,
                   position=d.position, heading=d.heading, text=d.text, char_count=len(d.text),
                   token_count=estimate_text_tokens(chunk_index_text(d.heading, d.text)), embedding=v,
-                  dimensions=kb.dimensions)
+                  dimensions=kb.dimensions, embedding_fingerprint=kb.embedding_fingerprint)
             for d, v in zip(drafts, vectors, strict=True)
         ], batch_size=500)
         _status_set(document_id=document.pk, generation=generation, status=DocumentStatus.READY,
@@ -412,7 +556,7 @@ def _fail(document_id: int, generation: int, reason: str) -> None:
     """Failed with ``reason``; the document's chunks go (they no longer match its content)."""
     with transaction.atomic():
         if _status_set(document_id=document_id, generation=generation, status=DocumentStatus.FAILED, reason=reason,
-                       chunk_count=0):
+                       chunk_count=0, reembedding=False):
             Chunk.objects.filter(document_id=document_id).delete()
 
 
@@ -459,7 +603,9 @@ def _ingest(document: Document, *, generation: int, force: bool) -> str:
             content=content, content_sha256=sha, size_bytes=len(content), mime_type=mime)
         if not updated:
             return "stale"
-        if unchanged and Chunk.objects.filter(document_id=document.pk).exists():
+        current = not Chunk.objects.filter(document_id=document.pk).exclude(
+            embedding_fingerprint=kb.embedding_fingerprint).exists()  # else its vectors are another model's
+        if unchanged and current and Chunk.objects.filter(document_id=document.pk).exists():
             _status_set(document_id=document.pk, generation=generation, status=DocumentStatus.READY,
                         embedded_count=document.chunk_count, ingested_at=timezone.now())
             return DocumentStatus.READY
@@ -478,3 +624,160 @@ def _ingest(document: Document, *, generation: int, force: bool) -> str:
     if not _replace_chunks(document, kb, drafts, vectors, generation=generation, char_count=parsed.char_count):
         return "stale"
     return DocumentStatus.READY
+
+
+# ------------------------------------------------------------------------------------ re-embedding
+
+REEMBED_SLICE_SECONDS = 600.0
+"""A re-embedding task works this long at most, then sends itself again to go on (a knowledge
+base of 100,000 chunks takes about an hour on the embedded model; no task holds a worker, or
+a time limit, that long)."""
+_REEMBEDDABLE = Q(status=DocumentStatus.READY) | Q(status=DocumentStatus.EMBEDDING, reembedding=True)
+"""Documents the job re-embeds: ready ones, and the ones it holds already (a resumed job)."""
+
+
+def _stale_documents(kb: KnowledgeBase, fingerprint: str, *, exclude: set[int] = frozenset()) -> Any:
+    """``kb``'s re-embeddable documents with a chunk not of ``fingerprint``, by id:
+    ``(id, generation)`` rows."""
+    stale = Chunk.objects.filter(document_id=OuterRef("pk")).exclude(embedding_fingerprint=fingerprint)
+    return (Document.objects.filter(_REEMBEDDABLE, knowledge_base_id=kb.pk).filter(Exists(stale))
+            .exclude(pk__in=list(exclude)).order_by("pk").values_list("pk", "generation"))
+
+
+def knowledge_base_reembed(*, knowledge_base_id: int, fingerprint: str, final_attempt: bool = False,
+                           slice_seconds: float = REEMBED_SLICE_SECONDS) -> str:
+    """Re-embed the chunks of knowledge base ``knowledge_base_id`` that were not embedded by
+    its current model, if that model is still ``fingerprint`` (see the module docstring).
+    Requires the knowledge base's tenant scope (the task enters it).
+
+    Document by document (lowest id first): the document goes ``embedding`` (``reembedding``
+    set; ``embedded_count`` counts its chunks of the current model), its stale chunks are
+    embedded in batches of :data:`EMBED_BATCH_SIZE`, each batch written with its fingerprint
+    in one transaction that holds the knowledge base's row (a model change waits for it, and
+    a batch after a change is not written), then the document is ``ready`` again.
+
+    Args:
+        knowledge_base_id: The knowledge base.
+        fingerprint: Its :attr:`~knowledge.models.KnowledgeBase.embedding_fingerprint` when the
+            job was queued; another one now makes this a no-op (a newer job does the work).
+        final_attempt: The task's last try: an embedding failure fails the documents still
+            holding old vectors (their reason says so; "Ingest again" retries) instead of
+            raising :class:`ReembedRetry`.
+        slice_seconds: Work at most this long (checked between batches), then return
+            ``continue`` (the task sends itself again).
+
+    Returns:
+        ``done`` (no stale chunk left), ``continue`` (time is up), ``stale`` (the model changed
+        again or the knowledge base is gone) or ``failed`` (gave up, ``final_attempt``).
+
+    Raises:
+        ReembedRetry: an embedding request failed and this is not the final attempt (the
+            documents keep their state; the next try goes on from there).
+    """
+    import time
+
+    started = time.monotonic()
+    kb = KnowledgeBase.objects.select_related("embedding_provider").filter(pk=knowledge_base_id).first()
+    if kb is None or kb.embedding_fingerprint != fingerprint:
+        return "stale"
+    seen: set[int] = set()
+    while True:
+        row = _stale_documents(kb, fingerprint, exclude=seen).first()
+        if row is None:
+            _reembed_finished(kb.pk, fingerprint)
+            return "done"
+        document_id, generation = row
+        seen.add(document_id)
+        try:
+            outcome = _reembed_document(kb, document_id=document_id, generation=generation,
+                                        deadline=started + slice_seconds)
+        except ReembedRetry as exc:
+            if not final_attempt:
+                raise
+            _reembed_give_up(kb, fingerprint, f"{exc.message} Ingest the document again to retry.")
+            _reembed_finished(kb.pk, fingerprint)
+            return "failed"
+        except Exception as exc:  # the top of the job: a document never stays in a working state
+            logger.exception("re-embedding document %s failed", document_id)
+            _fail(document_id, generation, f"Internal error while re-embedding: {type(exc).__name__}.")
+            raise
+        if outcome in ("stale", "continue"):
+            return outcome
+
+
+def _reembed_document(kb: KnowledgeBase, *, document_id: int, generation: int, deadline: float) -> str:
+    """Re-embed one document's stale chunks: ``done``, ``skipped`` (re-queued or deleted
+    meanwhile), ``stale`` (the model changed) or ``continue`` (``deadline`` passed).
+
+    Raises:
+        ReembedRetry: the embedding request failed.
+    """
+    import time
+
+    from llm.embeddings import EmbeddingError, embed_texts
+
+    fingerprint = kb.embedding_fingerprint
+    with transaction.atomic():
+        doc = (Document.objects.select_for_update().filter(_REEMBEDDABLE, pk=document_id, generation=generation)
+               .only("pk").first())
+        if doc is None:
+            return "skipped"
+        current = Chunk.objects.filter(document_id=document_id, embedding_fingerprint=fingerprint).count()
+        _status_set(document_id=document_id, generation=generation, status=DocumentStatus.EMBEDDING,
+                    reembedding=True, embedded_count=current)
+    while True:
+        batch = list(Chunk.objects.filter(document_id=document_id).exclude(embedding_fingerprint=fingerprint)
+                     .order_by("position").only("pk", "heading", "text")[:EMBED_BATCH_SIZE])
+        if not batch:
+            break
+        if time.monotonic() > deadline:
+            return "continue"
+        try:
+            vectors = embed_texts(kb.embedding_provider, kb.embedding_model,
+                                  [chunk_index_text(c.heading, c.text) for c in batch])
+        except EmbeddingError as exc:
+            raise ReembedRetry(f"Re-embedding with {kb.embedding_model} failed: {exc}") from exc
+        if len(vectors) != len(batch) or any(len(v) != kb.dimensions for v in vectors):
+            sizes = sorted({len(v) for v in vectors})
+            _fail(document_id, generation, f"Re-embedding: the embedding model returned vectors of size {sizes}; "
+                                           f"the knowledge base expects size {kb.dimensions}.")
+            return "skipped"
+        with transaction.atomic():
+            locked = KnowledgeBase.objects.select_for_update().filter(pk=kb.pk).first()
+            if locked is None or locked.embedding_fingerprint != fingerprint:
+                return "stale"
+            if not Document.objects.filter(pk=document_id, generation=generation, reembedding=True).exists():
+                return "skipped"
+            for chunk, vector in zip(batch, vectors, strict=True):
+                chunk.embedding, chunk.dimensions = _normalised(list(vector)), kb.dimensions
+                chunk.embedding_fingerprint = fingerprint
+            Chunk.objects.bulk_update(batch, ["embedding", "dimensions", "embedding_fingerprint"])
+            done = Chunk.objects.filter(document_id=document_id, embedding_fingerprint=fingerprint).count()
+            _status_set(document_id=document_id, generation=generation, status=DocumentStatus.EMBEDDING,
+                        embedded_count=done)
+    with transaction.atomic():
+        if not Document.objects.select_for_update().filter(pk=document_id, generation=generation,
+                                                           reembedding=True).exists():
+            return "skipped"
+        count = Chunk.objects.filter(document_id=document_id).count()
+        _status_set(document_id=document_id, generation=generation, status=DocumentStatus.READY, reembedding=False,
+                    chunk_count=count, embedded_count=count)
+    return "done"
+
+
+def _reembed_finished(knowledge_base_id: int, fingerprint: str) -> None:
+    """Clear the knowledge base's ``reembedding`` flag if its model is still ``fingerprint`` and
+    no ready document holds a chunk of another (a newer job's flag stays; chunks of documents
+    being ingested are replaced by their ingestion)."""
+    with transaction.atomic():
+        kb = KnowledgeBase.objects.select_for_update().filter(pk=knowledge_base_id).first()
+        if kb is None or kb.embedding_fingerprint != fingerprint:
+            return
+        if not _stale_documents(kb, fingerprint).exists():
+            KnowledgeBase.objects.filter(pk=kb.pk).update(reembedding=False)
+
+
+def _reembed_give_up(kb: KnowledgeBase, fingerprint: str, reason: str) -> None:
+    """The job stops trying: every document still holding old vectors ends failed with ``reason``."""
+    for document_id, generation in list(_stale_documents(kb, fingerprint)):
+        _fail(document_id, generation, reason)

@@ -29,3 +29,43 @@ def document_ingest_enqueue(*, tenant_id: int, document_id: int, generation: int
     document_ingest.apply_async(
         kwargs={"tenant_id": tenant_id, "document_id": document_id, "generation": generation, "force": force},
         queue=settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+REEMBED_TIME_LIMIT_SECONDS = 900
+"""One slice of a re-embedding (:data:`knowledge.services.REEMBED_SLICE_SECONDS` of work, then
+the task sends itself again) plus the batch in flight: 15 minutes at most."""
+
+
+@shared_task(bind=True, name="knowledge.knowledge_base_reembed", ignore_result=True, acks_late=True,
+             reject_on_worker_lost=True, time_limit=REEMBED_TIME_LIMIT_SECONDS + 60,
+             soft_time_limit=REEMBED_TIME_LIMIT_SECONDS)
+@with_tenant_scope
+def knowledge_base_reembed(self, *, tenant_id: int, knowledge_base_id: int, fingerprint: str) -> str:
+    """Re-embed knowledge base ``knowledge_base_id``'s stale chunks while its embedding model is
+    ``fingerprint`` (:func:`knowledge.services.knowledge_base_reembed`). ``acks_late`` and
+    ``reject_on_worker_lost``: a job whose worker died is delivered again and goes on where it
+    was. A failing embedding endpoint is retried :data:`~knowledge.services.REEMBED_MAX_RETRIES`
+    times (30 s, then doubling) before the documents left fail; after a slice of work the task
+    sends itself again."""
+    from knowledge.services import REEMBED_MAX_RETRIES, REEMBED_RETRY_SECONDS, ReembedRetry
+    from knowledge.services import knowledge_base_reembed as reembed
+
+    try:
+        outcome = reembed(knowledge_base_id=knowledge_base_id, fingerprint=fingerprint,
+                          final_attempt=self.request.retries >= REEMBED_MAX_RETRIES)
+    except ReembedRetry as exc:
+        raise self.retry(countdown=REEMBED_RETRY_SECONDS * 2 ** self.request.retries,
+                         max_retries=REEMBED_MAX_RETRIES) from exc
+    if outcome == "continue":
+        knowledge_base_reembed_enqueue(tenant_id=tenant_id, knowledge_base_id=knowledge_base_id,
+                                       fingerprint=fingerprint)
+    return outcome
+
+
+def knowledge_base_reembed_enqueue(*, tenant_id: int, knowledge_base_id: int, fingerprint: str) -> None:
+    """Send :func:`knowledge_base_reembed` to the default queue (called on commit by the services)."""
+    from django.conf import settings
+
+    knowledge_base_reembed.apply_async(
+        kwargs={"tenant_id": tenant_id, "knowledge_base_id": knowledge_base_id, "fingerprint": fingerprint},
+        queue=settings.CELERY_TASK_DEFAULT_QUEUE)

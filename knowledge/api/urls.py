@@ -6,6 +6,8 @@ urlpatterns = [
     path("knowledge-bases/", views.KnowledgeBaseListApi.as_view(), name="knowledge-base-list"),
     path("knowledge-bases/<int:knowledge_base_id>/", views.KnowledgeBaseDetailApi.as_view(),
          name="knowledge-base-detail"),
+    path("knowledge-bases/<int:knowledge_base_id>/reembed/", views.KnowledgeBaseReembedApi.as_view(),
+         name="knowledge-base-reembed"),
     path("knowledge-bases/<int:knowledge_base_id>/search/", views.KnowledgeBaseSearchApi.as_view(),
          name="knowledge-base-search"),
     path("knowledge-bases/<int:knowledge_base_id>/documents/", views.DocumentListApi.as_view(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import PageNumberPagination
@@ -29,9 +29,11 @@ from knowledge.selectors import (
     chunk_get_for_user,
     document_get,
     document_list,
+    knowledge_base_embedding_progress,
     knowledge_base_get_for_user,
     knowledge_base_list_for_user,
     knowledge_base_may_write,
+    reembedding_notice,
 )
 from knowledge.services import (
     document_add,
@@ -41,6 +43,7 @@ from knowledge.services import (
     document_reingest,
     knowledge_base_create,
     knowledge_base_delete,
+    knowledge_base_reembed_request,
     knowledge_base_update,
 )
 from llm.models import ModelProvider, ModelRoute
@@ -54,12 +57,24 @@ CHUNK_NOT_FOUND = "Chunk not found."
 class KnowledgeBaseSerializer(serializers.ModelSerializer):
     tenant_wide = serializers.BooleanField(source="is_tenant_wide", read_only=True)
     document_count = serializers.IntegerField(read_only=True, required=False)
+    embedding_progress = serializers.SerializerMethodField(
+        help_text="While re-embedding (``reembedding``): {embedded, total} chunks of the current embedding model; "
+                  "null otherwise.")
 
     class Meta:
         model = KnowledgeBase
         fields = ["id", "name", "description", "tenant_wide", "owner", "embedding_provider", "embedding_model",
-                  "dimensions", "chunk_size", "chunk_overlap", "document_count", "created_at", "updated_at"]
+                  "dimensions", "embedding_revision", "reembedding", "embedding_progress", "chunk_size",
+                  "chunk_overlap", "document_count", "created_at", "updated_at"]
         read_only_fields = fields
+
+    @extend_schema_field(inline_serializer("KnowledgeBaseEmbeddingProgress", {
+        "embedded": serializers.IntegerField(), "total": serializers.IntegerField()}, allow_null=True))
+    def get_embedding_progress(self, kb: KnowledgeBase) -> dict[str, int] | None:
+        if not kb.reembedding:
+            return None
+        progress = knowledge_base_embedding_progress(knowledge_base=kb)
+        return {"embedded": progress.embedded, "total": progress.total}
 
 
 class KnowledgeBaseCreateSerializer(serializers.Serializer):
@@ -93,7 +108,7 @@ class DocumentSerializer(serializers.ModelSerializer):
         model = Document
         fields = ["id", "knowledge_base", "title", "source_kind", "source", "mime_type", "size_bytes",
                   "content_sha256", "tags", "status", "status_reason", "char_count", "chunk_count", "embedded_count",
-                  "progress", "created_at", "updated_at", "ingested_at"]
+                  "progress", "chat_session_id", "created_at", "updated_at", "ingested_at"]
         read_only_fields = fields
 
     def get_progress(self, document: Document) -> float:
@@ -203,9 +218,10 @@ class KnowledgeBaseListApi(TenantScopedApiView):
 
 class KnowledgeBaseDetailApi(TenantScopedApiView):
     """One knowledge base: ``GET`` (any member who may search it), ``PATCH`` (name,
-    description, chunking — which re-ingests every document — or, with no documents yet, the
-    embedding model), ``DELETE`` (with its documents and chunks). Changes: its owner, or for a
-    tenant-wide one the tenant's owners/admins."""
+    description, chunking — which re-ingests every document — or the embedding model, which
+    re-embeds every chunk in a background job: ``reembedding`` and ``embedding_progress`` show
+    it), ``DELETE`` (with its documents and chunks). Changes: its owner, or for a tenant-wide
+    one the tenant's owners/admins."""
 
     @extend_schema(responses=KnowledgeBaseSerializer)
     def get(self, request: Request, knowledge_base_id: int) -> Response:
@@ -224,6 +240,19 @@ class KnowledgeBaseDetailApi(TenantScopedApiView):
     def delete(self, request: Request, knowledge_base_id: int) -> Response:
         knowledge_base_delete(knowledge_base=_kb_writable(request, knowledge_base_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class KnowledgeBaseReembedApi(TenantScopedApiView):
+    """Re-embed every chunk with the knowledge base's embedding model: for when the model behind
+    its provider entry changed (another server or model file under the same name). The chunks
+    are not vector-searched until each is re-embedded. 202 with the knowledge base
+    (``reembedding`` true, ``embedding_revision`` + 1)."""
+
+    @extend_schema(request=None, responses={202: KnowledgeBaseSerializer})
+    def post(self, request: Request, knowledge_base_id: int) -> Response:
+        kb = knowledge_base_reembed_request(knowledge_base=_kb_writable(request, knowledge_base_id))
+        return Response(KnowledgeBaseSerializer(_with_counts(KnowledgeBase.objects.filter(pk=kb.pk)).get()).data,
+                        status=status.HTTP_202_ACCEPTED)
 
 
 class DocumentListApi(TenantScopedApiView):
@@ -315,12 +344,15 @@ class DocumentReingestApi(TenantScopedApiView):
 
 class KnowledgeBaseSearchApi(TenantScopedApiView):
     """Hybrid search of one knowledge base (:func:`knowledge.retrieval.search`): ``{query,
-    top_k?, document_ids?, tags?, rerank_route?}`` → ``{hits: [...]}``, best first, each with
-    its document, chunk, position, heading, text, score and per-list ranks. For trying a
-    knowledge base in the console and for other systems."""
+    top_k?, document_ids?, tags?, rerank_route?}`` → ``{hits: [...], notice}``, best first, each
+    with its document, chunk, position, heading, text, score and per-list ranks; ``notice`` says
+    when the knowledge base is being re-embedded (its chunks not yet re-embedded are found by
+    the lexical list only), else ''. For trying a knowledge base in the console and for other
+    systems."""
 
     @extend_schema(request=SearchSerializer, responses=inline_serializer(
-        "KnowledgeSearchResult", {"hits": inline_serializer("KnowledgeHit", HIT_FIELDS, many=True)}))
+        "KnowledgeSearchResult", {"hits": inline_serializer("KnowledgeHit", HIT_FIELDS, many=True),
+                                  "notice": serializers.CharField()}))
     def post(self, request: Request, knowledge_base_id: int) -> Response:
         kb = _kb_or_404(request, knowledge_base_id)
         data = SearchSerializer(data=request.data, context={"request": request})
@@ -338,7 +370,7 @@ class KnowledgeBaseSearchApi(TenantScopedApiView):
         except SearchError as exc:
             raise ApplicationError(exc.message, extra={"code": exc.code},
                                    status_code=502 if exc.code == "embedding_failed" else 400) from exc
-        return Response({"hits": [_hit_json(h) for h in hits]})
+        return Response({"hits": [_hit_json(h) for h in hits], "notice": reembedding_notice([kb])})
 
 
 def _hit_json(hit: Any) -> dict[str, Any]:

@@ -52,6 +52,7 @@ def chunks(doc: Document, texts: list[str], vectors: list[list[float]], *, headi
     kb = doc.knowledge_base
     return Chunk.all_tenants.bulk_create([
         Chunk(tenant_id=doc.tenant_id, knowledge_base_id=kb.pk, document=doc, position=i, heading=heading, text=t,
-              char_count=len(t), token_count=len(t) // 4 + 1, embedding=v, dimensions=len(v))
+              char_count=len(t), token_count=len(t) // 4 + 1, embedding=v, dimensions=len(v),
+              embedding_fingerprint=kb.embedding_fingerprint)
         for i, (t, v) in enumerate(zip(texts, vectors, strict=True))
     ])

@@ -119,7 +119,8 @@ def test_the_vector_list_uses_the_partial_hnsw_index(world, other_world):
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL enable_sort = off")
         plan = _plan(vector_sql(384, with_documents=False),
-                     {"vector": vector, "tenant": world.tenant.pk, "kbs": [kb.pk], "documents": None, "limit": 40})
+                     {"vector": vector, "tenant": world.tenant.pk, "kbs": [kb.pk], "documents": None, "limit": 40,
+                      "fingerprint": kb.embedding_fingerprint})
     scans = [n.get("Index Name") for n in _nodes(plan) if n["Node Type"] == "Index Scan"]
     assert scans == ["knowledge_chunk_hnsw_384"], json.dumps(plan)[:2000]
 
