@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce, TruncDate
 
+from llm.metering import LLMCallPurpose
 from sessions.models import ACTIVE_RUN_STATUSES, LLMCall, Run, RunFailureReason, RunStatus
 from tenants.models import Tenant
 
@@ -59,9 +60,12 @@ def tenant_month_usage(*, tenant_id: int, start: datetime, end: datetime) -> dic
         (every day of the range, zeros included),
         "agents": [{"agent_id", "name", "runs", "tokens", "cost_usd_micros"}] (costliest first),
         "users": [{"user_id", "username", "runs", "tokens", "cost_usd_micros"}] (costliest first),
+        "purposes": [{"purpose", "label", "llm_calls", "tokens", "cost_usd_micros"}] (costliest first),
         "total": {"llm_calls", "prompt_tokens", "completion_tokens", "cost_usd_micros"}}``.
-        Runs, agents and users count the runs created in the range (tokens and cost: the
-        runs' own sums); days and ``total`` sum the LLM calls made in the range.
+        ``runs`` (and the runs of agents and users) count the runs created in the range;
+        days, tokens, costs and ``total`` sum the LLM calls made in the range, whatever their
+        purpose (run turns, chat titles, memory, query rewrites, reranks), purged chats'
+        included, by the agent and user each call was made for.
     """
     # tenant-bypass: the console chose tenant_id among the admin's own tenants.
     runs = Run.all_tenants.filter(tenant_id=tenant_id, created_at__gte=start, created_at__lt=end,
@@ -93,17 +97,21 @@ def tenant_month_usage(*, tenant_id: int, start: datetime, end: datetime) -> dic
         prompt, completion = row.get("prompt_tokens", 0), row.get("completion_tokens", 0)
         days.append({"day": day, "cost_usd_micros": row.get("cost_usd_micros", 0), "tokens": prompt + completion,
                      "prompt_tokens": prompt, "completion_tokens": completion, "runs": runs_per_day.get(day, 0)})
-    agents = [
-        {"agent_id": r["session__agent_id"], "name": r["session__agent__name"], "runs": r["runs"],
+    agents = _usage_rows(
+        calls.values("agent_id", "agent__name").annotate(**sums),
+        runs.values_list("session__agent_id", "session__agent__name").annotate(n=Count("id")),
+        key="agent_id", name=("name", "agent__name"),
+    )
+    users = _usage_rows(
+        calls.values("user_id", "user__username").annotate(**sums),
+        runs.values_list("user_id", "user__username").annotate(n=Count("id")),
+        key="user_id", name=("username", "user__username"),
+    )
+    purposes = [
+        {"purpose": r["purpose"], "label": LLMCallPurpose(r["purpose"]).label
+         if r["purpose"] in LLMCallPurpose.values else r["purpose"], "llm_calls": r["llm_calls"],
          "tokens": r["prompt_tokens"] + r["completion_tokens"], "cost_usd_micros": r["cost_usd_micros"]}
-        for r in runs.values("session__agent_id", "session__agent__name").annotate(runs=Count("id"), **sums)
-        .order_by("-cost_usd_micros", "-runs", "session__agent__name")
-    ]
-    users = [
-        {"user_id": r["user_id"], "username": r["user__username"], "runs": r["runs"],
-         "tokens": r["prompt_tokens"] + r["completion_tokens"], "cost_usd_micros": r["cost_usd_micros"]}
-        for r in runs.values("user_id", "user__username").annotate(runs=Count("id"), **sums)
-        .order_by("-cost_usd_micros", "-runs", "user__username")
+        for r in calls.values("purpose").annotate(llm_calls=Count("id"), **sums).order_by("-cost_usd_micros", "purpose")
     ]
     total = calls.aggregate(llm_calls=Count("id"), **sums)
     return {
@@ -114,8 +122,22 @@ def tenant_month_usage(*, tenant_id: int, start: datetime, end: datetime) -> dic
             "cancelled": by_status.get(RunStatus.CANCELLED, 0),
             "active": sum(by_status.get(s, 0) for s in ACTIVE_RUN_STATUSES),
         },
-        "failures": failures, "days": days, "agents": agents, "users": users, "total": total,
+        "failures": failures, "days": days, "agents": agents, "users": users, "purposes": purposes, "total": total,
     }
+
+
+def _usage_rows(calls: Any, runs: Any, *, key: str, name: tuple[str, str]) -> list[dict[str, Any]]:
+    """Per-agent or per-user rows of :func:`tenant_month_usage`: the LLM calls' sums per
+    ``key`` value (``calls``: rows with ``key``, ``name[1]`` and the sums) beside the runs
+    (``runs``: ``(id, name, count)`` tuples); an agent or user with runs but no LLM call
+    shows zeros. Costliest first, then most runs, then by name."""
+    out = {r[key]: {key: r[key], name[0]: r[name[1]], "runs": 0,
+                    "tokens": r["prompt_tokens"] + r["completion_tokens"], "cost_usd_micros": r["cost_usd_micros"]}
+           for r in calls}
+    for pk, label, count in runs:
+        row = out.setdefault(pk, {key: pk, name[0]: label, "runs": 0, "tokens": 0, "cost_usd_micros": 0})
+        row["runs"] = count
+    return sorted(out.values(), key=lambda r: (-r["cost_usd_micros"], -r["runs"], r[name[0]] or ""))
 
 
 def tenant_active_runs(*, tenant_id: int, limit: int = 20) -> list[Run]:

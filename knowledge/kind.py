@@ -169,14 +169,23 @@ def run_scope(spec: KnowledgeBindingSpec, ctx: OpenContext) -> SearchScope:
 
 def run_retrieval(spec: KnowledgeBindingSpec, ctx: OpenContext) -> Retrieval:
     """How the run ``ctx`` retrieves through ``spec``: its scope, its DB thread, and the run's
-    route for the optional rewrite and rerank (one router per run, shared by both)."""
-    model = None
-    if spec.rewrite or spec.rerank:
-        model = ctx.extra.get("knowledge.model")
-        if model is None:
-            model = ctx.extra["knowledge.model"] = run_model(getattr(ctx.run, "entries", ()))
-    return Retrieval(scope=run_scope(spec, ctx), in_thread=ctx.in_thread, rewrite=model if spec.rewrite else None,
-                     rerank=model if spec.rerank else None)
+    route for the optional rewrite and rerank (one metered caller per purpose per run: LLM
+    calls of purpose ``query_rewrite`` / ``rerank`` for the run's agent and user)."""
+    return Retrieval(scope=run_scope(spec, ctx), in_thread=ctx.in_thread,
+                     rewrite=_run_model(ctx, "query_rewrite") if spec.rewrite else None,
+                     rerank=_run_model(ctx, "rerank") if spec.rerank else None)
+
+
+def _run_model(ctx: OpenContext, purpose: str) -> Any:
+    """The run's :func:`run_model` for ``purpose`` (kept in ``ctx.extra``)."""
+    from llm.metering import CallSite
+
+    key = f"knowledge.model.{purpose}"
+    if key not in ctx.extra:
+        site = CallSite(tenant_id=ctx.tenant_id, purpose=purpose, entry_ids=tuple(getattr(ctx.run, "entry_ids", ())),
+                        agent_id=ctx.agent_id, user_id=ctx.user_id)
+        ctx.extra[key] = run_model(getattr(ctx.run, "entries", ()), site=site, in_thread=ctx.in_thread)
+    return ctx.extra[key]
 
 
 def run_numbers(ctx: OpenContext) -> CitationNumbers:

@@ -18,18 +18,20 @@ A reranker is any ``rerank(query, passages) -> scores`` callable
   the fused order stays: the step needs a capable model to change anything.
 
 :func:`route_reranker` binds either to a tenant's model route (the router's fallback and
-retries apply). A pointwise answer without a number scores 0; an error of the model
-propagates (the caller decides whether a search without rerank is acceptable).
+retries apply); its calls are LLM calls of purpose ``rerank`` (:mod:`llm.metering`), counted
+in usage and in the tenant's monthly budget. A pointwise answer without a number scores 0; an
+error of the model propagates (the caller decides whether a search without rerank is
+acceptable); a spent monthly budget is a :class:`~knowledge.retrieval.SearchError`
+(``budget_exceeded``) before any call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from knowledge.retrieval import Reranker
+from knowledge.retrieval import Reranker, SearchError
 
 RERANK_PROMPT = (
     "You judge search results. Question:\n{query}\n\nPassage:\n{passage}\n\n"
@@ -123,26 +125,40 @@ def listwise_reranker(complete: Callable[[str], str]) -> Reranker:
     return rerank
 
 
-def route_reranker(*, route: Any, tenant: Any, listwise: bool = False) -> Reranker:
+def route_reranker(
+    *, route: Any, tenant: Any, listwise: bool = False, user_id: int | None = None, agent_id: int | None = None,
+) -> Reranker:
     """:func:`llm_reranker` (pointwise, at most 4 output tokens per judgement) or, with
     ``listwise``, :func:`listwise_reranker` (one call, at most
     :data:`LISTWISE_MAX_OUTPUT_TOKENS`) over a tenant's model route (``llm.ModelRoute``),
-    temperature as the route entries set it. Requires tenant scope to build (the route's
-    entries and keys are read now); each call runs its own event loop, so call the reranker
-    from a thread without one (:func:`knowledge.retrieval.asearch` does).
+    temperature as the route entries set it. Each call's attempts are LLM calls of purpose
+    ``rerank`` for ``user_id`` / ``agent_id`` (who searched; either may be None). Requires
+    tenant scope to build (the route's entries and keys are read now) and to call (the
+    budget check and the LLMCall rows); each call runs its own event loop, so call the
+    reranker from a thread without one (:func:`knowledge.retrieval.asearch` does).
+
+    The reranker raises :class:`~knowledge.retrieval.SearchError` (``budget_exceeded``) when
+    the tenant's monthly model budget is spent (no model call made), and the model layer's
+    ``LLMError`` when the route fails.
     """
-    from llm.router import Router
+    from llm.metering import BudgetExceeded, CallSite, LLMCallPurpose, MeteredRoute
     from llm.selectors import route_entries, route_entry_config
     from llm.types import ChatMessage
 
-    configs = [route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(route_entries(route_id=route.pk))]
-    router = Router(configs)
-
+    entries = route_entries(route_id=route.pk)
+    metered = MeteredRoute(
+        [route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries)],
+        CallSite(tenant_id=tenant.pk, purpose=LLMCallPurpose.RERANK, entry_ids=tuple(e.pk for e in entries),
+                 agent_id=agent_id, user_id=user_id),
+    )
     max_output_tokens = LISTWISE_MAX_OUTPUT_TOKENS if listwise else RERANK_MAX_OUTPUT_TOKENS
 
     def complete(prompt: str) -> str:
-        completion = asyncio.run(router.complete([ChatMessage(role="user", content=prompt)], [],
-                                                 max_output_tokens=max_output_tokens))
+        try:
+            completion = metered.complete_sync([ChatMessage(role="user", content=prompt)],
+                                               max_output_tokens=max_output_tokens)
+        except BudgetExceeded as exc:
+            raise SearchError(f"Not reranked: {exc}", code="budget_exceeded") from exc
         return completion.message.content or ""
 
     return listwise_reranker(complete) if listwise else llm_reranker(complete)

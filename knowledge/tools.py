@@ -152,15 +152,29 @@ def search_sync(scope: SearchScope, *, query: str, top_k: int, document_ids: lis
                   rewrite=(lambda _query: rewritten) if rewritten else None)
 
 
-def run_model(entries: Sequence[Any]) -> Complete | None:
+def run_model(entries: Sequence[Any], *, site: Any = None, in_thread: InThread | None = None) -> Complete | None:
     """A ``complete(prompt, max_output_tokens)`` over the run's route entries (retries and
-    fallback as for the run's turns), for the query rewrite and the rerank step; None without
-    entries. These calls are not recorded as the run's LLM calls (a known gap: they cost
-    tokens the run's usage does not show)."""
+    fallback as for the run's turns), for the query rewrite or the rerank step; None without
+    entries. With ``site`` (an :class:`llm.metering.CallSite`: the run's tenant, agent, user,
+    entry ids and the purpose) and ``in_thread``, each call is refused when the tenant's
+    monthly budget is spent (``llm.metering.BudgetExceeded``) and its attempts are LLM calls
+    of that purpose (not of the run: they do not count in the run's own totals)."""
     if not entries:
         return None
-    from llm.router import Router
     from llm.types import ChatMessage
+
+    if site is not None and in_thread is not None:
+        from llm.metering import MeteredRoute
+
+        metered = MeteredRoute(list(entries), site)
+
+        async def metered_complete(prompt: str, max_output_tokens: int) -> str:
+            completion = await metered.complete([ChatMessage(role="user", content=prompt)], in_thread=in_thread,
+                                                max_output_tokens=max_output_tokens)
+            return completion.message.content or ""
+
+        return metered_complete
+    from llm.router import Router
 
     router = Router(list(entries))
 

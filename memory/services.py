@@ -17,13 +17,15 @@ applied once or not at all. An answer that is not the JSON asked for, or a faili
 embedding provider, leaves the watermark where it was and sets ``retry_after`` (backoff);
 after :data:`MAX_MALFORMED_ATTEMPTS` malformed answers for one batch the batch is skipped.
 
-Model calls go through the agent's route with :class:`llm.router.Router` (retries and fallback
-as for runs), without LLMCall rows: those belong to runs.
+Model calls go through the agent's route (retries and fallback as for runs) as
+:class:`llm.metering.MeteredRoute` calls: each attempt is an LLM call of purpose ``memory``
+for the session's agent and user, counted in usage and in the tenant's monthly budget. With
+that budget spent, a batch's call is refused (:class:`llm.metering.BudgetExceeded`, an
+``LLMError``): the batch fails like any model failure and is retried after its backoff.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,10 +36,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from agents.models import AgentInstance
 from llm.errors import LLMError
+from llm.metering import CallSite, LLMCallPurpose, MeteredRoute
 from llm.model import ModelSettings
-from llm.router import Router
 from llm.selectors import route_entries, route_entry_config
 from llm.types import ChatMessage
 from memory import extraction
@@ -275,23 +276,29 @@ def _lines(rows: Sequence[Message]) -> list[TranscriptLine]:
             for m in rows if m.role in (MessageRole.USER, MessageRole.ASSISTANT) and m.content.strip()]
 
 
-def _router(agent: AgentInstance) -> Router:
-    """The agent's model route as a Router (no LLMCall records, no shared health)."""
-    tenant = Tenant.objects.get(pk=agent.tenant_id)
-    entries = route_entries(route_id=agent.route_id)
-    return Router([route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries)])
+def _router(session: ChatSession) -> MeteredRoute:
+    """The session's agent's model route, metered as ``memory`` calls for the session's agent
+    and user (no shared health)."""
+    tenant = Tenant.objects.get(pk=session.tenant_id)
+    entries = route_entries(route_id=session.agent.route_id)
+    return MeteredRoute(
+        [route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries)],
+        CallSite(tenant_id=session.tenant_id, purpose=LLMCallPurpose.MEMORY, entry_ids=tuple(e.pk for e in entries),
+                 agent_id=session.agent_id, user_id=session.user_id),
+    )
 
 
-async def _ask(router: Router, system: str, user: str, *, max_output_tokens: int) -> str:
-    completion = await router.complete(
-        [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)], [],
-        ModelSettings(max_output_tokens=max_output_tokens, temperature=0.0),
+def _ask(router: MeteredRoute, system: str, user: str, *, max_output_tokens: int) -> str:
+    """One blocking call (its attempts recorded). Raises LLMError (BudgetExceeded included)."""
+    completion = router.complete_sync(
+        [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)],
+        settings=ModelSettings(max_output_tokens=max_output_tokens, temperature=0.0),
     )
     return completion.message.content
 
 
 def _plan(
-    *, router: Router, provider: Any, model: str, user_id: int, agent_id: int, candidates: Sequence[Candidate],
+    *, router: MeteredRoute, provider: Any, model: str, user_id: int, agent_id: int, candidates: Sequence[Candidate],
 ) -> list[_Op]:
     """The changes the candidates make to the user+agent's memories (model decisions included).
 
@@ -320,7 +327,7 @@ def _plan(
     return ops
 
 
-def _decide(router: Router, candidate: Candidate, vector: list[float], related: list[Similar],
+def _decide(router: MeteredRoute, candidate: Candidate, vector: list[float], related: list[Similar],
             rewordings: list[tuple[int, Candidate, str]]) -> _Op | None:
     """The op for one candidate; an UPDATE is appended to ``rewordings`` instead (re-embedded later)."""
     if not related:
@@ -328,9 +335,9 @@ def _decide(router: Router, candidate: Candidate, vector: list[float], related: 
     if _same(candidate.text, related[0].memory.text, related[0].similarity):
         return _Op("touch", target_id=related[0].memory.pk)
     shown = [(str(i), s.memory) for i, s in enumerate(related, start=1)]
-    answer = asyncio.run(_ask(router, extraction.DECIDE_PROMPT,
-                              extraction.decision_request(candidate, [(i, m.text) for i, m in shown]),
-                              max_output_tokens=DECIDE_MAX_OUTPUT_TOKENS))
+    answer = _ask(router, extraction.DECIDE_PROMPT,
+                  extraction.decision_request(candidate, [(i, m.text) for i, m in shown]),
+                  max_output_tokens=DECIDE_MAX_OUTPUT_TOKENS)
     decision = extraction.parse_decision(answer, shown_ids=[i for i, _ in shown])
     target = dict(shown).get(decision.id or "")
     if decision.event == "ADD":
@@ -453,12 +460,12 @@ def memory_extract_session(*, session_id: int, force: bool = False) -> Extractio
                 outcome.batches += 1
                 outcome.messages += len(rows)
                 continue
-            router = router or _router(session.agent)
+            router = router or _router(session)
             if provider is None:
                 provider, model = embedder(tenant_id=session.tenant_id)
             try:
-                answer = asyncio.run(_ask(router, extraction.EXTRACT_PROMPT, extraction.transcript(lines),
-                                          max_output_tokens=EXTRACT_MAX_OUTPUT_TOKENS))
+                answer = _ask(router, extraction.EXTRACT_PROMPT, extraction.transcript(lines),
+                              max_output_tokens=EXTRACT_MAX_OUTPUT_TOKENS)
                 candidates = extraction.parse_extraction(answer)
                 ops = _plan(router=router, provider=provider, model=model, user_id=session.user_id,
                             agent_id=session.agent_id, candidates=candidates) if candidates else []

@@ -6,11 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from sessions.models import Approval, ApprovalStatus, ChatSession, LLMCall, Message, MessageRole, Run, RunStatus
-from sessions.selectors import chat_session_list
+from sessions.selectors import USAGE_SUMS, chat_session_list
 
 MAX_QUERY_CHARS = 200
 
@@ -50,34 +49,31 @@ def chat_session_get_deleted_for_user(*, session_id: int, user_id: int) -> ChatS
     return ChatSession.objects.filter(pk=session_id, user_id=user_id).first()
 
 
-_SUMS = {
-    "llm_calls": Count("id"),
-    "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
-    "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
-    "cost_usd_micros": Coalesce(Sum("cost_usd_micros"), 0),
-}
-
-
 def user_usage(*, user_id: int, start: datetime, end: datetime) -> dict[str, Any]:
-    """The user's model usage in the current tenant in [start, end) (UTC), from the LLM calls
-    of their runs (skills' sub-runs included; deleted chats and superseded answers too: they
-    were spent).
+    """The user's model usage in the current tenant in [start, end) (UTC): every LLM call
+    made for them (their runs' turns, skills' sub-runs included; their chats' titles and
+    memory; their searches' query rewrites and reranks; deleted and purged chats and
+    superseded answers too: they were spent).
 
     Returns:
         ``{"total": {llm_calls, prompt_tokens, completion_tokens, cost_usd_micros},
-        "by_agent": [{agent_id, agent, ...same sums}]}``, most expensive agent first.
+        "by_agent": [{agent_id, agent, ...same sums}], "by_purpose": [{purpose, ...same sums}]}``,
+        most expensive first.
     """
-    calls = LLMCall.objects.filter(run__user_id=user_id, created_at__gte=start, created_at__lt=end)
-    by_agent = (calls.values("run__session__agent_id", "run__session__agent__name").annotate(**_SUMS)
-                .order_by("-cost_usd_micros", "run__session__agent__name"))
+    calls = LLMCall.objects.filter(user_id=user_id, created_at__gte=start, created_at__lt=end)
+    by_agent = (calls.values("agent_id", "agent__name").annotate(**USAGE_SUMS)
+                .order_by("-cost_usd_micros", "agent__name", "agent_id"))
+    by_purpose = calls.values("purpose").annotate(**USAGE_SUMS).order_by("-cost_usd_micros", "purpose")
     return {
-        "total": calls.aggregate(**_SUMS),
-        "by_agent": [{"agent_id": r["run__session__agent_id"], "agent": r["run__session__agent__name"],
-                      **{k: r[k] for k in _SUMS}} for r in by_agent],
+        "total": calls.aggregate(**USAGE_SUMS),
+        "by_agent": [{"agent_id": r["agent_id"], "agent": r["agent__name"], **{k: r[k] for k in USAGE_SUMS}}
+                     for r in by_agent],
+        "by_purpose": [{"purpose": r["purpose"], **{k: r[k] for k in USAGE_SUMS}} for r in by_purpose],
     }
 
 
 def session_usage(*, session_id: int) -> dict[str, int]:
-    """Every LLM call of a session (superseded answers and skills included):
-    ``{llm_calls, prompt_tokens, completion_tokens, cost_usd_micros}``."""
-    return LLMCall.objects.filter(run__session_id=session_id).aggregate(**_SUMS)
+    """Every LLM call of a session's runs (superseded answers and skills included; not its
+    title's or memory's, which have no run): ``{llm_calls, prompt_tokens, completion_tokens,
+    cost_usd_micros}``."""
+    return LLMCall.objects.filter(run__session_id=session_id).aggregate(**USAGE_SUMS)

@@ -369,9 +369,11 @@ def chat_session_title_generate(*, session_id: int, run_id: int) -> str:
     The request: :data:`TITLE_SYSTEM_PROMPT` and the first message and answer (each cut to
     :data:`TITLE_EXCERPT_CHARS`), no tools, at most :data:`TITLE_MAX_OUTPUT_TOKENS` output
     tokens, through the route's entries in order with no retries (a fallback still moves on
-    to the next entry). Its attempts are not LLM calls of ``run`` (they would show in the run's
-    trace as a turn of its own): they are logged, and not counted in usage. Any failure (no
-    entry answered, an answer that is no title) keeps the current title.
+    to the next entry). Each attempt is an LLM call of purpose ``title`` for the chat's agent
+    and user (not of ``run``: it would show in the run's trace as a turn of its own), counted
+    in usage and in the tenant's monthly budget (:mod:`llm.metering`). Any failure (the
+    tenant's monthly budget spent: nothing asked, logged; no entry answered; an answer that is
+    no title) keeps the current title.
 
     Returns:
         The new title, or "" when the title was left as it was.
@@ -379,11 +381,10 @@ def chat_session_title_generate(*, session_id: int, run_id: int) -> str:
     Emits ``session_titled`` ``{title}`` on commit (the chat app renames the chat in its list).
     Requires tenant scope; a deleted chat or a run of another session is left alone.
     """
-    import asyncio
     import dataclasses
 
     from llm.errors import LLMError
-    from llm.router import Router
+    from llm.metering import BudgetExceeded, CallSite, LLMCallPurpose, MeteredRoute
     from llm.selectors import route_entries, route_entry_config
     from sessions.events import event_publish_on_commit
     from tenants.models import Tenant
@@ -402,19 +403,15 @@ def chat_session_title_generate(*, session_id: int, run_id: int) -> str:
     tenant = Tenant.objects.get(pk=session.tenant_id)
     configs = [dataclasses.replace(route_entry_config(e, tenant=tenant, index=i), max_retries=0)
                for i, e in enumerate(entries)]
-
-    async def record(attempt) -> None:
-        logger.info("chat %s: title request to %s:%s %s (%s prompt + %s completion tokens, %s micro-USD)",
-                    session_id, attempt.provider_name, attempt.model, attempt.status, attempt.prompt_tokens,
-                    attempt.completion_tokens, attempt.cost_usd_micros)
-
-    async def ask() -> str:
-        router = Router(configs, record=record)
-        completion = await router.complete(_title_messages(*exchange), [], max_output_tokens=TITLE_MAX_OUTPUT_TOKENS)
-        return completion.message.content
-
+    route = MeteredRoute(configs, CallSite(
+        tenant_id=session.tenant_id, purpose=LLMCallPurpose.TITLE, entry_ids=tuple(e.pk for e in entries),
+        agent_id=session.agent_id, user_id=session.user_id,
+    ))
     try:
-        answer = asyncio.run(ask())
+        answer = route.complete_sync(_title_messages(*exchange), max_output_tokens=TITLE_MAX_OUTPUT_TOKENS).message.content
+    except BudgetExceeded as exc:
+        logger.info("chat %s: no title from the model: %s", session_id, exc)
+        answer = ""
     except LLMError:
         answer = ""
     title = chat_title_clean(answer)
@@ -443,13 +440,14 @@ def chat_purge_after_days() -> int:
 
 def chat_sessions_purge(*, now=None) -> int:
     """Hard-delete chats soft-deleted more than :func:`chat_purge_after_days` days ago, every
-    tenant's, with everything that belongs to them (messages, runs with their tool calls, LLM
-    calls, approvals and compactions, artifacts, todos, documents: database cascades) and their
+    tenant's, with everything that belongs to them (messages, runs with their tool calls,
+    approvals and compactions, artifacts, todos, documents: cascades) and their
     event stream in Redis. At most :data:`PURGE_BATCH` chats per call, oldest deletion first;
     each in its own transaction, in its tenant's scope, re-checked under a row lock (a chat
     restored meanwhile is kept; so is one with a run still active).
 
-    The purged runs' LLM calls go with them, so usage totals of past months lose them too.
+    The purged runs' LLM calls are kept (their ``run`` set NULL; agent, user, purpose, tokens
+    and cost stay), so usage totals and the monthly budget are the same after a purge.
 
     Args:
         now: The current time (default ``timezone.now()``).

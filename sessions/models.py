@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from llm.metering import LLMCallPurpose
 from tenants.scoping import TenantOwnedModel
 
 
@@ -195,10 +196,24 @@ class ToolCall(TenantOwnedModel):
 
 
 class LLMCall(TenantOwnedModel):
-    """One attempt at one model turn against one route entry (fallbacks are further rows)."""
+    """One attempt of one model call against one route entry (fallbacks are further rows).
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="llm_calls")
-    turn = models.PositiveIntegerField()
+    ``purpose`` says what the call was for: a run's model turn (``turn``: ``run`` and ``turn``
+    set), or a call outside a run's turns (a chat title, memory extraction, a knowledge
+    search's query rewrite or rerank: ``run`` and ``turn`` empty; ``llm.metering``). ``agent``
+    and ``user`` say whom it served, so usage by agent and by user does not need the run.
+    The row outlives its run (``run`` set NULL when a purged chat's runs are deleted), its
+    agent and its user: spent money stays in the month it was spent.
+    """
+
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls")
+    turn = models.PositiveIntegerField(null=True, blank=True, help_text="The run's 0-based turn; empty outside a run.")
+    purpose = models.CharField(max_length=16, choices=LLMCallPurpose.choices, default=LLMCallPurpose.TURN)
+    agent = models.ForeignKey(
+        "agents.AgentInstance", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="+")
     attempt = models.PositiveIntegerField(help_text="1-based within the turn, across entries.")
     route_entry = models.ForeignKey(
         "llm.ModelRouteEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -70,24 +70,48 @@ def month_bounds(month: str | None) -> tuple[datetime, datetime]:
     return start, end
 
 
-def tenant_usage(*, start: datetime, end: datetime) -> dict[str, Any]:
-    """LLM usage of the current tenant in [start, end): ``{"total": {...}, "by_agent": [...]}``.
+USAGE_SUMS = {
+    "llm_calls": Count("id"),
+    "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
+    "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
+    "cost_usd_micros": Coalesce(Sum("cost_usd_micros"), 0),
+}
+"""The sums of a usage row: LLM calls (attempts), prompt and completion tokens, micro-USD."""
 
-    Each of total / by_agent rows has llm_calls, prompt_tokens, completion_tokens,
-    cost_usd_micros; by_agent rows also ``run__session__agent_id`` and ``…agent__name``.
+
+def tenant_month_cost_usd_micros(now: datetime | None = None) -> int:
+    """Micro-USD of the current tenant's LLM calls (every purpose, purged chats' included)
+    since the start of this calendar month (UTC): what the monthly budget is held against."""
+    total = LLMCall.objects.filter(created_at__gte=month_start(now)).aggregate(total=Sum("cost_usd_micros"))["total"]
+    return int(total or 0)
+
+
+def tenant_usage(*, start: datetime, end: datetime) -> dict[str, Any]:
+    """LLM usage of the current tenant in [start, end) (UTC): every LLM call, whatever its
+    purpose, including those of purged chats (their rows outlive the runs).
+
+    Returns:
+        ``{"total": {...}, "by_agent": [{"agent_id", "agent", ...}], "by_user": [{"user_id",
+        "user", ...}], "by_purpose": [{"purpose", ...}]}``; every row has :data:`USAGE_SUMS`'
+        keys (llm_calls, prompt_tokens, completion_tokens, cost_usd_micros), most expensive
+        first. ``agent``/``user`` are names (None: a call for no agent or user, or one since
+        deleted); ``purpose`` an ``LLMCallPurpose`` value.
     """
     calls = LLMCall.objects.filter(created_at__gte=start, created_at__lt=end)
-    sums = {
-        "llm_calls": Count("id"),
-        "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
-        "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
-        "cost_usd_micros": Coalesce(Sum("cost_usd_micros"), 0),
+    by_agent = (calls.values("agent_id", "agent__name").annotate(**USAGE_SUMS)
+                .order_by("-cost_usd_micros", "agent__name", "agent_id"))
+    by_user = (calls.values("user_id", "user__username").annotate(**USAGE_SUMS)
+               .order_by("-cost_usd_micros", "user__username", "user_id"))
+    by_purpose = calls.values("purpose").annotate(**USAGE_SUMS).order_by("-cost_usd_micros", "purpose")
+    sums = tuple(USAGE_SUMS)
+    return {
+        "total": calls.aggregate(**USAGE_SUMS),
+        "by_agent": [{"agent_id": r["agent_id"], "agent": r["agent__name"], **{k: r[k] for k in sums}}
+                     for r in by_agent],
+        "by_user": [{"user_id": r["user_id"], "user": r["user__username"], **{k: r[k] for k in sums}}
+                    for r in by_user],
+        "by_purpose": [{"purpose": r["purpose"], **{k: r[k] for k in sums}} for r in by_purpose],
     }
-    by_agent = (
-        calls.values("run__session__agent_id", "run__session__agent__name").annotate(**sums)
-        .order_by("-cost_usd_micros", "run__session__agent__name")
-    )
-    return {"total": calls.aggregate(**sums), "by_agent": list(by_agent)}
 
 
 def artifact_get_for_user(*, artifact_id: int, user_id: int) -> Artifact | None:

@@ -49,6 +49,7 @@ def console_dashboard(context: dict[str, Any]) -> dict[str, Any]:
         "failures": share_bars(usage["failures"], "count"),
         "agents": share_bars(usage["agents"][:15], "cost_usd_micros"),
         "users": share_bars(usage["users"][:15], "cost_usd_micros"),
+        "purposes": share_bars(usage["purposes"], "cost_usd_micros"),
         "active_runs": tenant_active_runs(tenant_id=tenant.pk),
         "cooling": cooling, "cooling_error": cooling_error,
     }

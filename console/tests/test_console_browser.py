@@ -115,8 +115,8 @@ def _usage_rows(world, agent, users, days_back: int) -> None:
                 reason=("model_unavailable" if i % 3 else "run_timeout") if failed else "",
                 prompt_tokens=900 + 40 * i, completion_tokens=200 + 10 * j, cost_usd_micros=cost,
             )
-            LLMCall.all_tenants.create(tenant=world.tenant, run=run, turn=0, attempt=1, entry_index=0,
-                                       provider_name="p", model="m", status="succeeded",
+            LLMCall.all_tenants.create(tenant=world.tenant, run=run, turn=0, agent=agent, user=user, attempt=1,
+                                       entry_index=0, provider_name="p", model="m", status="succeeded",
                                        prompt_tokens=900 + 40 * i, completion_tokens=200 + 10 * j, cost_usd_micros=cost)
             Run.all_tenants.filter(pk=run.pk).update(created_at=day)
             LLMCall.all_tenants.filter(run=run).update(created_at=day)

@@ -29,7 +29,8 @@ def _run(world, agent, *, status="completed", reason="", cost=0, tokens=(0, 0), 
     run = Run.all_tenants.create(tenant=world.tenant, session=session, user=user, input="hi", status=status,
                                  reason=reason, cost_usd_micros=cost, prompt_tokens=tokens[0],
                                  completion_tokens=tokens[1])
-    LLMCall.all_tenants.create(tenant=world.tenant, run=run, turn=0, attempt=1, entry_index=0, provider_name="p",
+    LLMCall.all_tenants.create(tenant=world.tenant, run=run, turn=0, agent=agent, user=user, attempt=1, entry_index=0,
+                               provider_name="p",
                                model="m", status="succeeded", prompt_tokens=tokens[0], completion_tokens=tokens[1],
                                cost_usd_micros=cost)
     if when is not None:

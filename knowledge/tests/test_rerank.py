@@ -51,6 +51,6 @@ def test_the_route_reranker_listwise_makes_one_model_call(world, fake_llm):
     fake_llm.script(Reply("[3] > [1] > [2]"))
     with tenant_scope(world.tenant.pk):
         rerank = route_reranker(route=route, tenant=world.tenant, listwise=True)
-    scores = rerank("Which animals sleep in winter?", ["Birds migrate.", "Frogs freeze.", "Bears hibernate."])
+        scores = rerank("Which animals sleep in winter?", ["Birds migrate.", "Frogs freeze.", "Bears hibernate."])
     assert scores == [2.0, 1.0, 3.0]
     assert len(fake_llm.requests) == 1 and "[3] Bears hibernate." in str(fake_llm.requests[0])

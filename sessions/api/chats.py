@@ -255,4 +255,4 @@ class UsageMeApi(TenantScopedApiView):
     def get(self, request: Request) -> Response:
         start, end = usage_month(request)
         usage = user_usage(user_id=request.user.pk, start=start, end=end)
-        return Response(usage_body(start, usage["total"], usage["by_agent"]))
+        return Response(usage_body(start, usage["total"], usage["by_agent"], by_purpose=usage["by_purpose"]))

@@ -217,12 +217,14 @@ class MessagePostApi(TenantScopedApiView):
 
 
 
-def usage_schema(name: str) -> Any:
-    """The OpenAPI shape of a month's usage answer (tenant's or the caller's own)."""
+def usage_schema(name: str, *, by_user: bool = False) -> Any:
+    """The OpenAPI shape of a month's usage answer (tenant's, with ``by_user``, or the caller's own)."""
+    rows = serializers.ListField(child=serializers.DictField())
     return inline_serializer(name, {
         "month": serializers.CharField(), "llm_calls": serializers.IntegerField(),
         "prompt_tokens": serializers.IntegerField(), "completion_tokens": serializers.IntegerField(),
-        "cost_usd": serializers.CharField(), "by_agent": serializers.ListField(child=serializers.DictField()),
+        "cost_usd": serializers.CharField(), "by_agent": rows, "by_purpose": rows,
+        **({"by_user": rows} if by_user else {}),
     })
 
 
@@ -238,20 +240,28 @@ def usage_month(request: Request) -> tuple[Any, Any]:
         raise ApplicationError(str(exc)) from exc
 
 
-def usage_body(start: Any, total: dict[str, Any], by_agent: list[dict[str, Any]]) -> dict[str, Any]:
-    """A month's usage answer: totals and per-agent rows (``agent_id``, ``agent`` and the sums),
-    costs from micro-dollars to a USD string."""
+USAGE_BREAKDOWNS = {"by_agent": ("agent_id", "agent"), "by_user": ("user_id", "user"), "by_purpose": ("purpose",)}
+"""The breakdowns a usage answer may have, with the keys that name each row."""
+
+
+def usage_body(start: Any, total: dict[str, Any], by_agent: list[dict[str, Any]], **breakdowns: Any) -> dict[str, Any]:
+    """A month's usage answer: totals, per-agent rows (``agent_id``, ``agent`` and the sums)
+    and the other breakdowns given (``by_user``: ``user_id``, ``user``; ``by_purpose``:
+    ``purpose``, one of turn, title, memory, query_rewrite, rerank), costs from
+    micro-dollars to a USD string. Every LLM call counts, whatever its purpose, purged
+    chats' calls included."""
     counts = ("llm_calls", "prompt_tokens", "completion_tokens")
-    return {
-        "month": start.strftime("%Y-%m"),
-        **{k: total[k] for k in counts},
-        "cost_usd": usd(total["cost_usd_micros"]),
-        "by_agent": [{"agent_id": r["agent_id"], "agent": r["agent"], **{k: r[k] for k in counts},
-                      "cost_usd": usd(r["cost_usd_micros"])} for r in by_agent],
-    }
+    body = {"month": start.strftime("%Y-%m"), **{k: total[k] for k in counts}, "cost_usd": usd(total["cost_usd_micros"])}
+    for name, rows in {"by_agent": by_agent, **breakdowns}.items():
+        keys = USAGE_BREAKDOWNS[name]
+        body[name] = [{**{k: r[k] for k in keys}, **{k: r[k] for k in counts}, "cost_usd": usd(r["cost_usd_micros"])}
+                      for r in rows]
+    return body
+
 
 class UsageApi(TenantScopedApiView):
-    """The tenant's model usage for a calendar month (UTC): totals and per agent.
+    """The tenant's model usage for a calendar month (UTC): totals, per agent, per user and
+    per purpose (run turns, chat titles, memory, query rewrites, reranks).
 
     ``?month=YYYY-MM`` (default: the current month). Owners and admins only.
     """
@@ -260,15 +270,13 @@ class UsageApi(TenantScopedApiView):
 
     @extend_schema(
         parameters=[OpenApiParameter("month", str, description="YYYY-MM, default: this month")],
-        responses=usage_schema("TenantUsage"),
+        responses=usage_schema("TenantUsage", by_user=True),
     )
     def get(self, request: Request) -> Response:
         start, end = usage_month(request)
         usage = tenant_usage(start=start, end=end)
-        return Response(usage_body(start, usage["total"], [
-            {**row, "agent_id": row["run__session__agent_id"], "agent": row["run__session__agent__name"]}
-            for row in usage["by_agent"]
-        ]))
+        return Response(usage_body(start, usage["total"], usage["by_agent"], by_user=usage["by_user"],
+                                   by_purpose=usage["by_purpose"]))
 
 
 class RunDetailApi(TenantScopedApiView):

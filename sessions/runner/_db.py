@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
-from django.db.models import Sum
 
 from agents.models import AgentInstance, CapabilityBinding
 from capabilities.registry import binding_specs
@@ -32,7 +31,6 @@ from sessions.models import (
     Approval,
     ChatSession,
     Compaction,
-    LLMCall,
     Message,
     MessageRole,
     Run,
@@ -507,11 +505,12 @@ async def run_usage(run_id: int) -> Usage:
 
 
 def tenant_month_cost_usd_micros(tenant_id: int) -> int:
-    """Micro-USD of the tenant's LLM calls since the start of this calendar month (UTC)."""
-    from sessions.selectors import month_start
+    """Micro-USD of the tenant's LLM calls since the start of this calendar month (UTC): every
+    purpose (run turns, chat titles, memory, query rewrites, reranks) and purged chats' calls
+    (:func:`sessions.selectors.tenant_month_cost_usd_micros`). Requires ``tenant_id``'s scope."""
+    from sessions.selectors import tenant_month_cost_usd_micros as month_cost
 
-    total = LLMCall.objects.filter(created_at__gte=month_start()).aggregate(total=Sum("cost_usd_micros"))["total"]
-    return int(total or 0)
+    return month_cost()
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,9 +114,10 @@ TOOL_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "call_id", "name", "argument
                       "result", "result_data", "error", "started_at", "finished_at", "duration_ms", "created_at")
 """Every column of a ToolCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
 
-LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "attempt", "route_entry_id", "entry_index", "provider_name", "model",
-                     "status", "error_class", "error", "latency_ms", "first_token_ms", "prompt_tokens",
-                     "completion_tokens", "usage_estimated", "cost_usd_micros", "retry_wait_ms", "created_at")
+LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "purpose", "agent_id", "user_id", "attempt", "route_entry_id",
+                     "entry_index", "provider_name", "model", "status", "error_class", "error", "latency_ms",
+                     "first_token_ms", "prompt_tokens", "completion_tokens", "usage_estimated", "cost_usd_micros",
+                     "retry_wait_ms", "created_at")
 """Every column of an LLMCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
 
 LLM_CALL_INSERT_SQL = (
@@ -159,7 +160,8 @@ answering LLM call. Every write after the message reads the ``message`` CTE, so 
 when the session is not the current tenant's. One row per tool call (message id, call id,
 model's call id), or one row with NULLs for none; no row: no such session."""
 
-NULLABLE_LLM_CALL_CASTS = {"route_entry_id": "::bigint", "first_token_ms": "::integer"}
+NULLABLE_LLM_CALL_CASTS = {"route_entry_id": "::bigint", "first_token_ms": "::integer", "agent_id": "::bigint",
+                           "user_id": "::bigint"}
 TURN_LLM_CALL_CTE = f""", llm_call AS (
     INSERT INTO "{LC}" ({columns_sql(LLM_CALL_COLUMNS)})
     SELECT {", ".join(f"%({c})s{NULLABLE_LLM_CALL_CASTS.get(c, '')}" for c in LLM_CALL_COLUMNS)}

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from llm.metering import LLMCallPurpose
 from llm.records import AttemptRecord
 from llm.sanitize import clean_json, clean_json_text, clean_text
 from llm.types import ChatMessage
@@ -168,7 +169,8 @@ def _llm_call_params(*, spec: RunSpec, turn: int, record: AttemptRecord) -> dict
     """The LLMCall row of ``record``, by column (:data:`_LLM_CALL_COLUMNS`)."""
     entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
     return {
-        "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "attempt": record.attempt,
+        "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "purpose": LLMCallPurpose.TURN.value,
+        "agent_id": spec.agent_id, "user_id": spec.user_id, "attempt": record.attempt,
         "route_entry_id": entry_id, "entry_index": record.entry_index, "provider_name": record.provider_name,
         "model": record.model, "status": record.status, "error_class": record.error_class or "",
         "error": clean_text(record.error[:5000]), "latency_ms": max(0, record.latency_ms),

@@ -206,7 +206,8 @@ def test_usage_me_counts_only_the_callers_calls(world, other_world, agent, no_en
     mine, [run] = _chat(world, agent, "hello")
     theirs, [their_run] = _chat(world, agent, "hi", user=world.admin)
     for r, tokens in ((run, 100), (their_run, 7)):
-        LLMCall.all_tenants.create(tenant=world.tenant, run=r, turn=0, attempt=1, entry_index=0, provider_name="p",
+        LLMCall.all_tenants.create(tenant=world.tenant, run=r, turn=0, agent_id=r.session.agent_id, user_id=r.user_id,
+                                   attempt=1, entry_index=0, provider_name="p",
                                    model="m", status="succeeded", prompt_tokens=tokens, completion_tokens=tokens // 2,
                                    cost_usd_micros=tokens * 10)
     body = world.client().get("/api/v1/usage/me/").json()

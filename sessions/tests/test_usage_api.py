@@ -11,7 +11,8 @@ def _spend(world, agent_name, micros, tokens=(100, 10)):
     session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
     run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="x",
                                  cost_usd_micros=micros)
-    LLMCall.all_tenants.create(tenant=world.tenant, run=run, turn=0, attempt=1, entry_index=0, provider_name="p",
+    LLMCall.all_tenants.create(tenant=world.tenant, run=run, turn=0, agent=agent, user=world.member, attempt=1,
+                               entry_index=0, provider_name="p",
                                model="m", status="succeeded", prompt_tokens=tokens[0], completion_tokens=tokens[1],
                                cost_usd_micros=micros)
     return session, run
