@@ -362,7 +362,7 @@ class KnowledgeBaseSearchApi(TenantScopedApiView):
         if fields.get("rerank_route") is not None:
             from knowledge.rerank import route_reranker
 
-            rerank = route_reranker(route=fields["rerank_route"], tenant=request.tenant)
+            rerank = route_reranker(route=fields["rerank_route"], tenant=request.tenant, user_id=request.user.pk)
         try:
             hits = search(tenant_id=request.tenant.pk, knowledge_base_ids=[kb.pk], query=fields["query"],
                           user_id=request.user.pk, top_k=fields["top_k"], document_ids=fields.get("document_ids"),
