@@ -444,13 +444,37 @@ class SessionTitled(SubRunFields):
     """The chat's new title (at most 200 characters)."""
 
 
+@_payload
+class DocumentStatusChanged(SubRunFields):
+    """A document the user added to their own knowledge base from this chat ("Add to
+    knowledge") changed status, or moved on while embedding. ``run_id``: null."""
+
+    type: ClassVar[Literal["document_status_changed"]] = "document_status_changed"
+    document_id: int
+    """The document (``GET /api/v1/knowledge-bases/<knowledge_base_id>/documents/<document_id>/``)."""
+    knowledge_base_id: int
+    """Its knowledge base (the user's own)."""
+    title: str
+    """The document's title."""
+    status: Literal["queued", "parsing", "embedding", "ready", "failed"]
+    """Where its ingestion (or re-embedding) is."""
+    status_reason: str
+    """Why it failed; '' otherwise."""
+    chunk_count: int
+    """Its chunks (0 before parsing)."""
+    embedded_count: int
+    """Chunks embedded so far."""
+    progress: float
+    """``embedded_count / chunk_count`` (0–1; 1 when ready), as the document API's ``progress``."""
+
+
 EVENT_PAYLOADS: dict[str, type] = {
     cls.type: cls
     for cls in (
         RunQueued, RunRunning, RunCompleted, RunFailed, RunCancelled, ContentToken, ReasoningToken,
         ToolCallStarted, ToolCallSucceeded, ToolCallFailed, TodoUpdated, ModelRetry, ModelFallback,
         CompactionRunning, CompactionCompleted, RunAwaitingApproval, ApprovalResolved, ToolCallProgress,
-        ArtifactUpdated, BrowserOperation, CapabilityUnavailable, SessionTitled,
+        ArtifactUpdated, BrowserOperation, CapabilityUnavailable, SessionTitled, DocumentStatusChanged,
     )
 }
 """Event type name → its payload class."""

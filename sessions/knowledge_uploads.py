@@ -12,6 +12,12 @@ knowledge bases too, for that user only (:mod:`knowledge.kind`).
 - The same content (SHA-256) added again is the same document: no copy, no new ingestion
   (a failed one is ingested again). A different file with the name of an earlier one replaces
   that document's content, as an upload of the same file name through the knowledge API does.
+- Its status reaches the chat as events: the document remembers the chat it was last added
+  from (``Document.chat_session_id``), and every committed status change (and each embedding
+  batch) is published there as ``document_status_changed`` (:func:`document_status_publish`,
+  registered with :func:`knowledge.services.document_status_listen` by this app's ``ready()``);
+  the chat app updates the document's status line from it, and asks the API only while its
+  event stream is down or for documents added from another chat.
 
 This module sits in the sessions layer and calls :mod:`knowledge.services` (knowledge is below
 sessions); the run never comes through here. Every function needs the request's tenant scope.
@@ -28,6 +34,8 @@ from django.db.models import BinaryField, CharField, F, Func, QuerySet, Value
 
 from agent_platform.api_errors import ApplicationError, NotFound
 from knowledge.models import Document, DocumentStatus, KnowledgeBase, SourceKind
+from knowledge.services import DocumentStatusChange
+from sessions import events
 from sessions.models import Artifact, ChatSession
 
 UPLOADS_KNOWLEDGE_BASE = "My knowledge"
@@ -128,11 +136,14 @@ def artifact_add_to_knowledge(*, session: ChatSession, artifact_id: int, user: A
     same = (Document.objects.filter(knowledge_base_id=kb.pk, content_sha256=sha).exclude(source_kind=SourceKind.URL)
             .defer("content").order_by("id").first())
     if same is not None and same.status in WORKING_STATUSES:
+        if same.chat_session_id != session.pk:  # its events now go to this chat
+            Document.objects.filter(pk=same.pk).update(chat_session_id=session.pk)
+            same.chat_session_id = session.pk
         return KnowledgeUpload(same, queued=False)
     if same is not None:  # failed before: try again (e.g. the embedder was down)
-        return KnowledgeUpload(document_reingest(document=same), queued=True)
+        return KnowledgeUpload(document_reingest(document=same, chat_session_id=session.pk), queued=True)
     added = document_add(knowledge_base=kb, source_kind=SourceKind.FILE, source=artifact.name, content=content,
-                         mime_type=artifact.mime_type, created_by=user)
+                         mime_type=artifact.mime_type, created_by=user, chat_session_id=session.pk)
     return KnowledgeUpload(Document.objects.defer("content").get(pk=added.document.pk), queued=added.queued)
 
 
@@ -189,3 +200,26 @@ def chat_knowledge_get(*, session: ChatSession, user_id: int) -> ChatKnowledge:
             supported=bool(detect_mime_type(file_name=r["name"], declared=r["mime_type"])),
             document=documents.get(r["sha"])) for r in rows],
     )
+
+
+def document_status_publish(change: DocumentStatusChange) -> None:
+    """Publish a document's status change to the chat it was added from, as
+    ``document_status_changed`` (:class:`sessions.event_types.DocumentStatusChanged`); nothing
+    for a document not added from a chat. Called by :mod:`knowledge.services` after the change
+    committed (the listener this app registers).
+
+    Raises:
+        redis.RedisError: the publish failed (the caller logs it; the chat app's fallback
+            polling still shows the status).
+    """
+    if change.chat_session_id is None:
+        return
+    if change.status == DocumentStatus.READY:
+        progress = 1.0
+    else:
+        progress = round(change.embedded_count / change.chunk_count, 3) if change.chunk_count else 0.0
+    events.event_publish_sync(session_id=change.chat_session_id, run_id=None, type="document_status_changed", data={
+        "document_id": change.document_id, "knowledge_base_id": change.knowledge_base_id, "title": change.title,
+        "status": str(change.status), "status_reason": change.status_reason, "chunk_count": change.chunk_count,
+        "embedded_count": change.embedded_count, "progress": float(progress),
+    })

@@ -14,7 +14,7 @@
 import { applyBrowserOperation, renderBrowserOperation } from './browser.js'; // browser capability
 import { renderCitations } from './citations.js'; // knowledge-base citations under the answer
 import { mountMemoryButton } from './memory.js'; // long-term memory: the header's "Memory" dialog
-import { mountKnowledgeUploads } from './knowledge_uploads.js'; // "Add to knowledge" on attachments, "My knowledge"
+import { applyDocumentStatus, mountKnowledgeUploads } from './knowledge_uploads.js'; // "Add to knowledge" on attachments, "My knowledge"
 import { api, ApiError } from './api.js';
 import { SessionSocket } from './ws.js';
 import {
@@ -1204,6 +1204,10 @@ export class ChatView {
     }
     if (frame.type === 'session_titled') {
       this.applyTitle(data.title); // the model named the chat after its first answer
+      return;
+    }
+    if (frame.type === 'document_status_changed') {
+      applyDocumentStatus(frame); // a file added to the user's knowledge from this chat moved on
       return;
     }
     if (frame.run_id === null || frame.run_id === undefined) return;

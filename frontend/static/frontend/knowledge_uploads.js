@@ -4,8 +4,13 @@
 //   adding attachments to the user's own knowledge (the agent's knowledge binding has
 //   `user_uploads`) and which attachments are in it already; under each attachment it puts
 //   "Add to knowledge" (POST …/artifacts/<id>/add-to-knowledge/) or the document's status:
-//   queued → parsing → embedding (with progress) → ready, or failed with the reason, polled
-//   from GET /api/v1/knowledge-bases/<kb>/documents/<id>/ until it ends.
+//   queued → parsing → embedding (with progress) → ready, or failed with the reason.
+// - Status updates come as `document_status_changed` events on the chat's own event stream
+//   (chat.js hands them to applyDocumentStatus): the server publishes each status change of a
+//   document to the chat it was added from, and the stream replays what a reconnect missed.
+//   GET /api/v1/knowledge-bases/<kb>/documents/<id>/ is polled only as a fallback: while the
+//   chat's stream is not open, and for documents added from another chat (their events go
+//   there), e.g. in "My knowledge".
 // - "My knowledge" in the Files panel's head opens a dialog with the user's own documents
 //   (GET /api/v1/knowledge-bases/<kb>/documents/), their status, and Delete (after an inline
 //   confirmation; DELETE …/documents/<id>/).
@@ -13,7 +18,7 @@
 import { request } from './api.js';
 import { fullTime, h, replaceChildren } from './dom.js';
 
-const POLL_MS = 1500; // how often a document being ingested is asked for its status
+const POLL_MS = 1500; // how often a document being ingested is asked for its status (fallback only)
 const POLL_LIMIT = 800; // polls at most (20 minutes), then the status says to reopen the panel
 const PAGE_LIMIT = 10; // pages of "My knowledge" fetched at most
 const FINAL = new Set(['ready', 'failed']);
@@ -39,8 +44,55 @@ export function statusText(doc) {
 
 const docPath = (doc) => `knowledge-bases/${enc(doc.knowledge_base)}/documents/${enc(doc.id)}/`;
 
-/** Show `doc`'s status in `slot` (a status line under an attachment), polling until it ends. */
-function follow(slot, doc, retry) {
+// document id → {seq, data} of its latest `document_status_changed` frame, and the status lines
+// following it (callbacks taking the frame's data).
+const latest = new Map();
+const watchers = new Map();
+
+/** A `document_status_changed` frame from the chat's stream (chat.js's applyFrame hands it here). */
+export function applyDocumentStatus(frame) {
+  const data = frame.data || {};
+  const key = String(data.document_id);
+  const seen = latest.get(key);
+  if (seen && seen.seq >= frame.seq) return;
+  latest.set(key, { seq: frame.seq, data });
+  for (const watch of [...(watches(key))]) watch(data);
+}
+
+function watches(key) {
+  if (!watchers.has(key)) watchers.set(key, new Set());
+  return watchers.get(key);
+}
+
+/** The document API's shape from an event's data (the fields statusText and the slot use). */
+function fromEvent(doc, data) {
+  return {
+    ...doc,
+    id: data.document_id,
+    knowledge_base: data.knowledge_base_id,
+    title: data.title,
+    status: data.status,
+    status_reason: data.status_reason,
+    chunk_count: data.chunk_count,
+    embedded_count: data.embedded_count,
+    progress: data.progress,
+  };
+}
+
+/** The chat's event stream is open and carries `doc`'s events (it was added from this chat). */
+function streamed(view, doc) {
+  return Boolean(view && view.socket && view.socket.status === 'open' && String(doc.chat_session_id) === String(view.sessionId));
+}
+
+/** The chat stream's last seq now: frames after it are news to a document fetched from now on. */
+const seqNow = (view) => (view && view.socket ? view.socket.lastSeq || 0 : 0);
+
+/**
+ * Show `doc`'s status in `slot` (a status line under an attachment) and follow it until it
+ * ends: from the chat's events (those newer than `sinceSeq`, the stream's seq when `doc` was
+ * fetched), polling the API while they cannot come (see the head of this file).
+ */
+function follow(slot, doc, retry, view, sinceSeq = 0) {
   const show = (d) => {
     slot.dataset.status = d.status;
     const line = h('span', { class: `kn-status kn-${d.status}`, testid: 'knowledge-status', role: 'status', text: statusText(d) });
@@ -52,28 +104,65 @@ function follow(slot, doc, retry) {
       replaceChildren(slot, line);
     }
   };
+  const key = String(doc.id);
+  const seen = latest.get(key);
+  if (seen && seen.seq > sinceSeq) doc = fromEvent(doc, seen.data);
   show(doc);
   if (FINAL.has(doc.status)) return;
+  let done = false;
+  const watch = (data) => {
+    if (done) return;
+    if (!slot.isConnected) {
+      done = true;
+      watches(key).delete(watch);
+      return;
+    }
+    doc = fromEvent(doc, data);
+    show(doc);
+    if (FINAL.has(doc.status)) {
+      done = true;
+      watches(key).delete(watch);
+    }
+  };
+  watches(key).add(watch);
   let polls = 0;
   const tick = async () => {
-    if (!slot.isConnected) return; // the panel was redrawn or closed: its new status line polls
+    if (done) return;
+    if (!slot.isConnected) { // the panel was redrawn or closed: its new status line follows
+      done = true;
+      watches(key).delete(watch);
+      return;
+    }
+    if (streamed(view, doc)) { // the events bring the status: no request
+      setTimeout(tick, POLL_MS);
+      return;
+    }
     polls += 1;
     if (polls > POLL_LIMIT) {
       slot.lastChild.textContent = `${statusText(doc)} (reopen Files to refresh)`;
       return;
     }
     try {
-      doc = await request('GET', docPath(doc));
+      const fetched = await request('GET', docPath(doc));
+      if (done) return; // an event ended it meanwhile
+      doc = fetched;
     } catch (err) {
       if (err.status === 404) {
+        done = true;
+        watches(key).delete(watch);
         replaceChildren(slot, h('span', { class: 'kn-status', testid: 'knowledge-status', text: 'Removed from your knowledge' }));
         return;
       }
       // a network blip: keep asking
     }
-    if (!slot.isConnected) return;
+    if (!slot.isConnected || done) return;
     show(doc);
-    if (!FINAL.has(doc.status)) setTimeout(tick, POLL_MS);
+    if (FINAL.has(doc.status)) {
+      done = true;
+      watches(key).delete(watch);
+    } else {
+      setTimeout(tick, POLL_MS);
+    }
   };
   setTimeout(tick, POLL_MS);
 }
@@ -83,9 +172,10 @@ async function add(view, slot, artifactId, button) {
   button.disabled = true;
   button.textContent = 'Adding…';
   const retry = (b) => add(view, slot, artifactId, b);
+  const since = seqNow(view); // its events come after this: the add commits after the request is sent
   try {
     const doc = await request('POST', `sessions/${enc(view.sessionId)}/artifacts/${enc(artifactId)}/add-to-knowledge/`, {});
-    follow(slot, doc, retry);
+    follow(slot, doc, retry, view, since);
   } catch (err) {
     button.disabled = false;
     button.textContent = 'Add to knowledge';
@@ -103,6 +193,7 @@ export async function mountKnowledgeUploads(view) {
   if (!panel) return;
   const drawn = panel.firstChild; // the panel's head: tells whether the panel was redrawn meanwhile
   let info;
+  const since = seqNow(view);
   try {
     info = await request('GET', `sessions/${enc(view.sessionId)}/knowledge-uploads/`);
   } catch {
@@ -125,7 +216,7 @@ export async function mountKnowledgeUploads(view) {
     const slot = h('div', { class: 'kn-row', testid: 'knowledge-row', dataset: { artifactId: String(item.artifact_id) } });
     const retry = info.user_uploads ? (b) => add(view, slot, item.artifact_id, b) : null;
     if (item.document) {
-      follow(slot, item.document, retry);
+      follow(slot, item.document, retry, view, since);
     } else if (info.user_uploads && item.supported) {
       const button = h('button', {
         type: 'button',
@@ -180,6 +271,7 @@ class MyKnowledge {
 
   async refresh() {
     let docs = [];
+    this.since = seqNow(this.view);
     try {
       const info = await request('GET', `sessions/${enc(this.view.sessionId)}/knowledge-uploads/`);
       if (info.knowledge_base) {
@@ -212,7 +304,7 @@ class MyKnowledge {
       status,
       remove,
     );
-    follow(status, doc, null);
+    follow(status, doc, null, this.view, this.since);
     remove.addEventListener('click', () => {
       if (remove.dataset.confirm !== 'yes') {
         remove.dataset.confirm = 'yes';
