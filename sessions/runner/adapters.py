@@ -99,10 +99,16 @@ class DatabaseRunStore:
 
     assistant_message_save = staticmethod(runs.assistant_message_save)
     llm_call_record = staticmethod(runs.llm_call_record)
-    tool_call_start = staticmethod(runs.tool_call_start)
-    tool_call_finish = staticmethod(runs.tool_call_finish)
+    tool_call_start = staticmethod(runs.tool_call_start)  # publishes tool_call_started
+    tool_call_finish = staticmethod(runs.tool_call_finish)  # publishes tool_call_succeeded / _failed
     approval_request = staticmethod(db(runs.approval_request))
-    compaction_save = staticmethod(db(runs.compaction_save))
+    compaction_begin = staticmethod(runs.compaction_begin)  # publishes compaction_running
+    compaction_save = staticmethod(runs.compaction_save)  # publishes compaction_completed
+
+    subrun_open = staticmethod(db(runs.subrun_open))
+    subrun_spec = staticmethod(db(_db.subrun_spec))
+    subrun_pause = staticmethod(runs.subrun_pause)  # publishes run_awaiting_approval
+    subrun_finish = staticmethod(runs.subrun_finish)  # publishes the end event
 
 
 def redis_publisher(session_id: int, run_id: int) -> Publish:

@@ -124,16 +124,17 @@ async def compact(
 
     Returns:
         ``ok`` with the estimated prompt tokens after, or why not: ``nothing_to_compact``
-        (too few groups left), or the summarizer's error. Records a Compaction row for every
-        attempt that called the summarizer and publishes compaction_running/_completed.
+        (too few groups left), or the summarizer's error. Every attempt that calls the
+        summarizer goes through the store: ``compaction_begin`` (``compaction_running``)
+        before, ``compaction_save`` (its Compaction row, then ``compaction_completed``) after.
     """
     parts = groups(history.rows)
     keep = min(KEEP_GROUPS_BY_ATTEMPT[min(attempt, len(KEEP_GROUPS_BY_ATTEMPT)) - 1], len(parts) - 1)
     if keep < 1:  # the last group is never summarized: the model must see where it stands
         return CompactionResult(ok=False, nothing_to_compact=True, error="nothing left to compact")
     summarized = [m for g in parts[:-keep] for m in g]
-    await publish("compaction_running", {"attempt": attempt, "tokens_before": tokens_before,
-                                         "messages": len(summarized)})
+    await store.compaction_begin(attempt=attempt, tokens_before=tokens_before, messages=len(summarized),
+                                 publish=publish)  # compaction_running
     try:
         completion = await router.complete(
             [ChatMessage(role="system", content=SUMMARIZER_PROMPT),
@@ -149,23 +150,19 @@ async def compact(
         # Members read this (the event, the run's error): a provider's text stays out of it.
         error = (f"{type(exc).__name__}: {public_error_message(error_class)} ({error_class})" if error_class
                  else f"{type(exc).__name__}: {exc}")
-        compaction_id = await store.compaction_save(
-            spec=spec, attempt=attempt, status="failed", tokens_before=tokens_before, error=error
+        await store.compaction_save(  # compaction_completed {ok: false}
+            spec=spec, attempt=attempt, status="failed", tokens_before=tokens_before, error=error, publish=publish,
         )
-        await publish("compaction_completed", {"ok": False, "compaction_id": compaction_id, "attempt": attempt,
-                                               "error": error})
         return CompactionResult(ok=False, error=error)
     tokens_after = (
         tokens_before - estimate_tokens(_as_chat(summarized), []) + estimate_text_tokens(summary)
         - (estimate_text_tokens(history.summary) if history.summary else 0)
     )
-    compaction_id = await store.compaction_save(
+    await store.compaction_save(  # compaction_completed {ok: true}
         spec=spec, attempt=attempt, status="succeeded", summary=summary, cursor_message_id=summarized[-1].pk,
         messages_summarized=len(summarized), tokens_before=tokens_before, tokens_after=max(tokens_after, 0),
+        publish=publish,
     )
-    await publish("compaction_completed", {"ok": True, "compaction_id": compaction_id, "attempt": attempt,
-                                           "tokens_before": tokens_before, "tokens_after": max(tokens_after, 0),
-                                           "messages": len(summarized)})
     return CompactionResult(ok=True, tokens_after=max(tokens_after, 0))
 
 

@@ -24,7 +24,7 @@ from llm.records import AttemptRecord
 from sessions import runs
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner.adapters import production_ports
-from sessions.runner.ports import Publish, RunPorts, RunStore
+from sessions.runner.ports import Publish, RunPorts, RunStore, run_ports_entered
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
 from sessions.runner.toolset import CapabilityUnavailable, Toolset
@@ -203,19 +203,22 @@ async def _run_loop(spec: RunSpec, publish: Publish, ports: RunPorts, *, toolset
     """The loop of run ``spec``: turn after turn of :mod:`sessions.runner.turn`'s steps
     (prepare → model turn → resolve) until one ends the run. ``toolset``: given for a sub-run
     (a subset of its parent's tools, already connected), else opened here by the ports'
-    toolset opener (and closed when the loop ends)."""
+    toolset opener (and closed when the loop ends). A skill's sub-run started by one of its tool
+    calls runs over the same ``ports`` (:func:`sessions.runner.ports.run_ports_current`)."""
     store = ports.store
-    async with contextlib.AsyncExitStack() as stack:
-        context: tuple = ()
-        if toolset is None:
-            toolset, context = await ports.toolsets(spec, stack, publish)
-        if await store.has_artifacts(spec.session_id):
-            toolset.add_builtin("read_artifact")
-        record = _LlmCallRecorder(spec, spec.loop_count, store)
-        model = ports.model(spec, record, publish)
-        state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=model, record=record,
-                               store=store, context=context)
-        return await run_turns(state)
+    # A skill's sub-run (inside one of the tool calls) goes through these ports too.
+    with run_ports_entered(ports):
+        async with contextlib.AsyncExitStack() as stack:
+            context: tuple = ()
+            if toolset is None:
+                toolset, context = await ports.toolsets(spec, stack, publish)
+            if await store.has_artifacts(spec.session_id):
+                toolset.add_builtin("read_artifact")
+            record = _LlmCallRecorder(spec, spec.loop_count, store)
+            model = ports.model(spec, record, publish)
+            state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=model, record=record,
+                                   store=store, context=context)
+            return await run_turns(state)
 
 
 class _LlmCallRecorder:

@@ -14,7 +14,8 @@ Redis streams, the fallback router, the capability kinds) are built in one place
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,7 +37,9 @@ class RunStore(Protocol):
     """The run's reads and writes, as the loop needs them. Every method runs under the run's
     tenant scope (set by ``execute_run``). Production: :class:`sessions.runner.adapters.DatabaseRunStore`.
 
-    Lifecycle (each transition publishes its own event through ``publish``):
+    Every write clients see publishes its own event through the ``publish`` it is given, after
+    the write committed (:mod:`sessions.runs`); callers never publish those events themselves.
+    An in-memory store (``sessions/tests/fakes.py``) publishes the same events in the same order.
     """
 
     async def tenant_of(self, run_id: int) -> int | None:
@@ -98,23 +101,44 @@ class RunStore(Protocol):
     async def llm_call_record(self, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
         """Record one model attempt that did not answer the turn (or whose answer was not saved)."""
 
-    async def tool_call_start(self, *, pk: int) -> None:
-        """The call starts running."""
+    async def tool_call_start(self, *, pk: int, name: str, arguments: Any, publish: Publish) -> None:
+        """The call starts running; then publishes ``tool_call_started`` (before the tool runs)."""
 
     async def tool_call_finish(
-        self, *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int,
-        model_content: str | None = None,
+        self, *, spec: RunSpec, pk: int, name: str, status: str, content: str, data: Any, error: str,
+        duration_ms: int, publish: Publish, model_content: str | None = None,
     ) -> bool:
-        """The call's result; False if it already had one (it is then not published again)."""
+        """The call's result; then publishes ``tool_call_succeeded`` / ``tool_call_failed``.
+        False if it already had one (nothing is written or published then)."""
 
     async def approval_request(
         self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "",
         question: str = "",
     ) -> int:
-        """The call waits for a human: an Approval (publishes ``approval_requested``); its id."""
+        """The call waits for a human: an Approval; its id. Publishes nothing (the run's
+        ``pause`` announces its pending approvals)."""
 
-    async def compaction_save(self, *, spec: RunSpec, attempt: int, status: str, **fields: Any) -> int:
-        """One compaction attempt's row; its id."""
+    async def compaction_begin(self, *, attempt: int, tokens_before: int, messages: int, publish: Publish) -> None:
+        """A compaction attempt starts: publishes ``compaction_running`` (no row yet)."""
+
+    async def compaction_save(self, *, spec: RunSpec, attempt: int, status: str, publish: Publish,
+                              **fields: Any) -> int:
+        """One compaction attempt's row; then publishes ``compaction_completed``. Its id."""
+
+    # Sub-runs (a skill's tool call runs one, through its parent run's store).
+    async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> Any:
+        """The sub-run answering skill call ``call_pk``: created (``running``) or resumed; an
+        ended one as it is (:class:`sessions.runs.SubRunState` shape: ``run_id``, ``status``,
+        ``reply``, ``error``, ``created``)."""
+
+    async def subrun_spec(self, *, subrun_id: int, parent: RunSpec) -> RunSpec:
+        """The sub-run's configuration. Raises ValueError when it is unusable (the skill is gone)."""
+
+    async def subrun_pause(self, *, run_id: int, attempt: int, call_pk: int, publish: Publish) -> bool:
+        """The sub-run waits for a human (publishes ``run_awaiting_approval``); False if refused."""
+
+    async def subrun_finish(self, run_id: int, ending: Any, *, publish: Publish, attempt: int | None = None) -> bool:
+        """End the sub-run (publishes its end event); False if refused (ended, or a later attempt holds it)."""
 
 
 class Model(Protocol):
@@ -153,3 +177,23 @@ class RunPorts:
     model: ModelFactory
     toolsets: ToolsetOpener
     cancel_watch: CancelWatch
+
+
+_RUN_PORTS: ContextVar[RunPorts | None] = ContextVar("run_ports", default=None)
+
+
+@contextlib.contextmanager
+def run_ports_entered(ports: RunPorts) -> Iterator[None]:
+    """Within the block (a run's loop, :func:`sessions.runner.loop._run_loop`), and in every task
+    started from it (its tool calls), :func:`run_ports_current` is ``ports``: a skill's
+    sub-run, run inside its parent's tool call, goes through its parent's ports."""
+    token = _RUN_PORTS.set(ports)
+    try:
+        yield
+    finally:
+        _RUN_PORTS.reset(token)
+
+
+def run_ports_current() -> RunPorts | None:
+    """The ports of the run whose loop this task belongs to; None outside a run's loop."""
+    return _RUN_PORTS.get()

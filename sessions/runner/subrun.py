@@ -48,11 +48,9 @@ from typing import Any
 
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
-from sessions import runs
-from sessions.events import event_publish, event_publish_nowait
 from sessions.models import RunFailureReason, RunStatus
-from sessions.runner import _db
 from sessions.runner.cancellation import raise_if_cancelling
+from sessions.runner.ports import Publish, RunPorts, RunStore, run_ports_current
 from sessions.runner.spec import RunSpec, SkillBindingSpec
 from sessions.runner.tool_execution import SubRunWaiting
 from sessions.runner.toolset import CapabilityUnavailable, Toolset
@@ -120,51 +118,38 @@ class SkillTool(Tool):
                 "levels deep. Do this part yourself with the tools you have.",
                 code="depth_limit",
             )
-        state = await _db.db(runs.subrun_open)(
+        ports = run_ports_current() or _production_ports()  # the parent run's ports
+        state = await ports.store.subrun_open(
             parent=self.parent, call_pk=context.tool_call_id, skill_id=self.skill.skill_id, task=task.strip()
         )
         if state.status == RunStatus.COMPLETED:  # ended before a worker died: its result stands
             return ToolResult(content=state.reply, data={"sub_run_id": state.run_id})
         if state.status in (RunStatus.FAILED, RunStatus.CANCELLED):
             raise ToolError(f"The skill {self.spec.name!r} did not finish: {state.error}", code="sub_run_failed")
-        outcome = await self._run(state.run_id, task=task.strip(), context=context)
+        outcome = await self._run(state.run_id, task=task.strip(), context=context, ports=ports)
         if outcome.status == RunStatus.COMPLETED:
             return ToolResult(content=outcome.reply, data={"sub_run_id": state.run_id})
         raise ToolError(f"The skill {self.spec.name!r} did not finish: {outcome.error}", code="sub_run_failed")
 
-    async def _run(self, run_id: int, *, task: str, context: ToolContext) -> RunEnd:
-        from sessions.runner.adapters import production_ports  # a skill is a production capability
+    async def _run(self, run_id: int, *, task: str, context: ToolContext, ports: RunPorts) -> RunEnd:
         from sessions.runner.loop import _run_loop_cancellable
 
-        parent = self.parent
-        extra = {"parent_run_id": parent.run_id, "parent_tool_call_id": context.tool_call_id}
-
-        async def publish_now(event_type: str, data: dict[str, Any]) -> None:
-            await event_publish(session_id=parent.session_id, run_id=run_id, type=event_type, data={**data, **extra})
-
-        async def publish(event_type: str, data: dict[str, Any]) -> None:
-            await publish_now(event_type, data)
-            if event_type == "tool_call_started":  # the parent's call shows what its skill is doing
-                await context.progress(f"{self.skill.name}: {data.get('name')}")
-            raise_if_cancelling()
-
-        publish.nowait = lambda event_type, data: event_publish_nowait(  # type: ignore[attr-defined]
-            session_id=parent.session_id, run_id=run_id, type=event_type, data={**data, **extra}
-        )
-
+        store = ports.store
+        publish_now, publish = subrun_publishers(ports.publisher(self.parent.session_id, run_id), parent=self.parent,
+                                                 context=context, skill_name=self.skill.name)
         try:
-            spec = await _db.db(_db.subrun_spec)(subrun_id=run_id, parent=parent)
+            spec = await store.subrun_spec(subrun_id=run_id, parent=self.parent)
         except ValueError as exc:
             outcome = Failed(RunFailureReason.CONFIGURATION, str(exc))
-            await runs.subrun_finish(run_id, outcome, publish=publish_now)
+            await store.subrun_finish(run_id, outcome, publish=publish_now)
             return outcome
         toolset = subrun_toolset(parent_toolset=self.parent_toolset, allowed=list(self.skill.allowed_tools), spec=spec)
         await publish("run_running", {"attempt": spec.attempt, "skill": self.skill.name, "depth": spec.depth,
                                       "task": task})
         try:
-            outcome = await _run_loop_cancellable(spec, publish, production_ports(), toolset=toolset)
+            outcome = await _run_loop_cancellable(spec, publish, ports, toolset=toolset)
         except asyncio.CancelledError:  # the parent was cancelled (or timed out): so is this sub-run
-            await asyncio.shield(self._record_cancelled(run_id, spec.attempt, publish_now))
+            await asyncio.shield(self._record_cancelled(store, run_id, spec.attempt, publish_now))
             raise
         except CapabilityUnavailable as exc:
             outcome = Failed(RunFailureReason.CAPABILITY_UNAVAILABLE, str(exc))
@@ -172,20 +157,58 @@ class SkillTool(Tool):
             logger.exception("sub-run %s crashed", run_id)
             outcome = Failed(RunFailureReason.INTERNAL, f"Internal error: {type(exc).__name__}: {exc}")
         if outcome.status == RunStatus.AWAITING_APPROVAL:
-            if not await runs.subrun_pause(run_id=run_id, attempt=spec.attempt, call_pk=context.tool_call_id,
-                                           publish=publish_now):
+            if not await store.subrun_pause(run_id=run_id, attempt=spec.attempt, call_pk=context.tool_call_id,
+                                            publish=publish_now):
                 raise asyncio.CancelledError()  # another worker resumed this sub-run meanwhile: it goes on there
             raise SubRunWaiting(f"sub-run {run_id} waits for a human")
-        if not await runs.subrun_finish(run_id, outcome, publish=publish, attempt=spec.attempt):
+        if not await store.subrun_finish(run_id, outcome, publish=publish, attempt=spec.attempt):
             raise asyncio.CancelledError()  # another worker resumed this sub-run meanwhile: it reports the outcome
         return outcome
 
     @staticmethod
-    async def _record_cancelled(run_id: int, attempt: int, publish_now: Any) -> None:
+    async def _record_cancelled(store: RunStore, run_id: int, attempt: int, publish_now: Publish) -> None:
         try:
-            await runs.subrun_finish(run_id, Cancelled(), publish=publish_now, attempt=attempt)
+            await store.subrun_finish(run_id, Cancelled(), publish=publish_now, attempt=attempt)
         except Exception:  # noqa: BLE001 - the end of the parent ends it anyway
             logger.warning("sub-run %s: could not record its cancellation", run_id, exc_info=True)
+
+
+def _production_ports() -> RunPorts:
+    """The production ports, for a skill executed outside any run's loop (a test calling the
+    tool directly): inside a run, a sub-run always goes through its parent's ports."""
+    from sessions.runner.adapters import production_ports
+
+    return production_ports()
+
+
+def subrun_publishers(
+    base: Publish, *, parent: RunSpec, context: ToolContext, skill_name: str,
+) -> tuple[Publish, Publish]:
+    """A sub-run's publishers over ``base`` (the parent's ports' publisher for the sub-run's own
+    ``run_id``): every event carries ``parent_run_id`` and ``parent_tool_call_id``.
+
+    Returns:
+        ``(publish_now, publish)``: ``publish_now`` adds the parent's ids only (its end and
+        pause, which must be recorded even while the parent is being cancelled); ``publish``
+        also reports each ``tool_call_started`` as the parent call's progress and raises a
+        pending cancel of the current task (redis-py may swallow one). ``publish.nowait``
+        exists when ``base.nowait`` does.
+    """
+    extra = {"parent_run_id": parent.run_id, "parent_tool_call_id": context.tool_call_id}
+
+    async def publish_now(event_type: str, data: dict[str, Any]) -> None:
+        await base(event_type, {**data, **extra})
+
+    async def publish(event_type: str, data: dict[str, Any]) -> None:
+        await publish_now(event_type, data)
+        if event_type == "tool_call_started":  # the parent's call shows what its skill is doing
+            await context.progress(f"{skill_name}: {data.get('name')}")
+        raise_if_cancelling()
+
+    base_nowait = getattr(base, "nowait", None)
+    if base_nowait is not None:
+        publish.nowait = lambda event_type, data: base_nowait(event_type, {**data, **extra})  # type: ignore[attr-defined]
+    return publish_now, publish
 
 
 def subrun_toolset(*, parent_toolset: Toolset, allowed: list[str], spec: RunSpec) -> Toolset:

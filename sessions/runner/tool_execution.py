@@ -1,5 +1,6 @@
 """Executing one turn's tool calls: in parallel up to the agent's limit, each with a timeout,
-each persisted before and after, each announced on the session stream.
+each persisted before and after (the store's ``tool_call_start`` and ``tool_call_finish``,
+which announce it on the session stream once written: :mod:`sessions.runs.records`).
 
 Before a call runs, its binding's approval policy decides: ``allow`` runs it, ``deny`` fails
 it with the reason, ``ask`` records an Approval and leaves the call waiting. A tool may also
@@ -156,8 +157,7 @@ async def _execute_one(
             decided = _Result(status=ToolCallStatus.FAILED,
                               error=f"The agent's policy does not allow the tool {name!r}. Do not call it again.")
 
-    await store.tool_call_start(pk=pk)
-    await publish("tool_call_started", {"tool_call_id": pk, "name": name, "arguments": shown_arguments})
+    await store.tool_call_start(pk=pk, name=name, arguments=shown_arguments, publish=publish)  # tool_call_started
     started = time.monotonic()
     if decided is not None:
         result = decided
@@ -184,21 +184,11 @@ async def _execute_one(
             result.model_content = f"Error: {frame_untrusted(result.error)}"
     duration_ms = int((time.monotonic() - started) * 1000)
 
-    recorded = await store.tool_call_finish(
-        spec=spec, pk=pk, status=result.status, content=result.content[:MAX_RECORDED_CHARS], data=result.data,
-        error=result.error, duration_ms=duration_ms, model_content=result.model_content,
+    await store.tool_call_finish(  # tool_call_succeeded / _failed, unless recorded before (then nothing)
+        spec=spec, pk=pk, name=name, status=result.status, content=result.content[:MAX_RECORDED_CHARS],
+        data=result.data, error=result.error, duration_ms=duration_ms, model_content=result.model_content,
+        publish=publish,
     )
-    if not recorded:
-        return False
-    if result.status == ToolCallStatus.SUCCEEDED:
-        succeeded = {"tool_call_id": pk, "name": name, "result": result.content[:MAX_RECORDED_CHARS],
-                     "duration_ms": duration_ms}
-        if result.data is not None:
-            succeeded["data"] = result.data
-        await publish("tool_call_succeeded", succeeded)
-    else:
-        await publish("tool_call_failed", {"tool_call_id": pk, "name": name, "error": result.error,
-                                           "status": result.status, "duration_ms": duration_ms})
     return False
 
 

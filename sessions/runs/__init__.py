@@ -30,8 +30,12 @@ the same statements pipelined on the loop's connection).
 
 Row writes (:mod:`sessions.runs.records`): ``message_insert``, ``assistant_message_save`` (a
 model turn: message, tool calls, LLM call, usage), ``tool_call_start``, ``tool_call_finish``,
-``llm_call_record``, ``compaction_save``, ``approval_request``. The statements every turn makes
-are plain SQL (:mod:`sessions.runs._sql`) on the run host loop's async connection.
+``llm_call_record``, ``compaction_begin`` / ``compaction_save``, ``approval_request``. The
+statements every turn makes are plain SQL (:mod:`sessions.runs._sql`) on the run host loop's
+async connection. Those clients see publish their own event after their commit, through the
+run's ``publish`` (``tool_call_started``, ``tool_call_succeeded`` / ``tool_call_failed``,
+``compaction_running``, ``compaction_completed``); no other module publishes these
+(``sessions/tests/test_run_lifecycle.py`` checks the source).
 """
 
 from sessions.runs.lifecycle import (
@@ -68,18 +72,22 @@ from sessions.runs.records import (
     approval_payload,
     approval_request,
     assistant_message_save,
+    compaction_begin,
+    compaction_completed_event,
     compaction_save,
     llm_call_record,
     message_insert,
     tool_call_finish,
+    tool_call_finished_event,
     tool_call_start,
 )
 
 __all__ = [
     "APPROVAL_EXPIRED_ERROR", "ClaimedRun", "Publish", "RunEnding", "RunFinished", "RunNotClaimable", "SubRunState",
     "approval_decide", "approval_payload", "approval_request", "approvals_expire", "assistant_message_save",
-    "compaction_save", "end_event", "llm_call_record", "message_insert", "next_queued_run_id", "run_cancel",
-    "run_claim", "run_create", "run_end", "run_enqueue_on_commit", "run_finish", "run_finish_unheld",
-    "run_heartbeat", "run_pause", "run_resume", "stale_before", "steer_absorb", "subrun_finish", "subrun_open",
-    "subrun_pause", "tenant_run_limit", "tenant_waiting_run_ids", "tool_call_finish", "tool_call_start",
+    "compaction_begin", "compaction_completed_event", "compaction_save", "end_event", "llm_call_record",
+    "message_insert", "next_queued_run_id", "run_cancel", "run_claim", "run_create", "run_end",
+    "run_enqueue_on_commit", "run_finish", "run_finish_unheld", "run_heartbeat", "run_pause", "run_resume",
+    "stale_before", "steer_absorb", "subrun_finish", "subrun_open", "subrun_pause", "tenant_run_limit",
+    "tenant_waiting_run_ids", "tool_call_finish", "tool_call_finished_event", "tool_call_start",
 ]

@@ -5,13 +5,33 @@ outcome, compactions and approval requests.
 The per-turn writes (``async def``) are one plain-SQL statement each on the run's event loop
 (:mod:`sessions.runner.pg`); the rest are ORM transactions, called from a thread
 (:func:`sessions.runner.threads.db`). Every function expects the caller's tenant scope and
-filters by it. None of them publishes: the runner publishes each row's event once the
-function returns (the statement has committed by then).
+filters by it.
+
+A write that clients see publishes its own event through the run's ``publish`` (the
+runner's publisher; a sub-run's adds its parent's ids), once the write has committed: the
+plain-SQL ones after their statement returns (autocommit: it has committed by then), the
+ORM ones after their transaction on the database thread. A write that records nothing (a
+tool call's result recorded before) publishes nothing:
+
+========================  ========================================================
+function                  event (after the commit)
+========================  ========================================================
+``tool_call_start``       ``tool_call_started {tool_call_id, name, arguments}``
+``tool_call_finish``      ``tool_call_succeeded`` / ``tool_call_failed`` (only if recorded now)
+``compaction_begin``      ``compaction_running {attempt, tokens_before, messages}`` (no row yet)
+``compaction_save``       ``compaction_completed`` (``ok`` or not, with the row's id)
+``approval_request``      none: the run's pause announces its approvals
+                          (``run_awaiting_approval``, :func:`sessions.runs.run_pause`)
+``message_insert``,       none: a message's text reached clients as it streamed
+``assistant_message_save``, (``content_token``), its tool calls as they start
+``llm_call_record``
+========================  ========================================================
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.db import connection, transaction
@@ -24,8 +44,12 @@ from llm.types import ChatMessage
 from sessions.models import Approval, ChatSession, Compaction, MessageRole, ToolCall, ToolCallStatus
 from sessions.runner.pg import pg_connection
 from sessions.runner.spec import RunSpec
+from sessions.runner.threads import db
 from sessions.runs import _sql as sql
 from tenants.scoping import require_tenant_id
+
+Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+"""The run's publisher: ``await publish(event_type, data)`` (:data:`sessions.runs.Publish`)."""
 
 
 def message_insert(**fields: Any) -> int:
@@ -111,26 +135,39 @@ async def assistant_message_save(
 
 
 
-async def tool_call_start(*, pk: int) -> None:
-    """Mark the call ``running`` (started now)."""
+async def tool_call_start(*, pk: int, name: str, arguments: Any, publish: Publish) -> None:
+    """Mark tool call ``pk`` ``running`` (started now), then publish ``tool_call_started
+    {tool_call_id: pk, name, arguments}`` (``arguments``: the call's arguments as shown to
+    clients, an object, or the model's raw text when it is not JSON). One statement
+    (:data:`sql.TOOL_CALL_START_SQL`), committed before the event; the runner calls this
+    before the tool runs, so clients see the call start first.
+    """
     async with pg_connection() as conn:
         await conn.execute(sql.TOOL_CALL_START_SQL, {
             "status": ToolCallStatus.RUNNING.value, "now": timezone.now(), "pk": pk, "tenant_id": require_tenant_id(),
         })
+    await publish("tool_call_started", {"tool_call_id": pk, "name": name, "arguments": arguments})
 
 
 
 async def tool_call_finish(
-    *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str, duration_ms: int,
-    model_content: str | None = None,
+    *, spec: RunSpec, pk: int, name: str, status: str, content: str, data: Any, error: str, duration_ms: int,
+    publish: Publish, model_content: str | None = None,
 ) -> bool:
     """Record a tool call's outcome and its tool message (one statement,
-    :data:`sql.TOOL_CALL_FINISH_SQL`). Idempotent: False if already recorded.
+    :data:`sql.TOOL_CALL_FINISH_SQL`), then publish it. Idempotent: False if already recorded
+    (nothing written, nothing published).
 
     ``content`` is the result as the tool returned it (ToolCall.result, shown in the UI);
     ``model_content``, when given, is what the model reads instead (the tool message), e.g.
     the result (or an outside tool's error) framed as untrusted data. Else a failed call's
-    message is ``Error: <error>``.
+    message is ``Error: <error>``. ``name``: the tool's exposed name (for the event);
+    ``duration_ms``: how long it ran, in milliseconds.
+
+    Emits after the commit, when recorded now: ``tool_call_succeeded {tool_call_id, name,
+    result, duration_ms}`` (with ``data`` when the tool returned structured data), or
+    ``tool_call_failed {tool_call_id, name, error, status, duration_ms}`` for any other
+    ``status`` (failed, timed_out, cancelled).
     """
     result_data = clean_json(_jsonable(data))
     content, error = clean_text(content), clean_text(error)
@@ -145,7 +182,25 @@ async def tool_call_finish(
     }
     async with pg_connection() as conn:
         cursor = await conn.execute(sql.TOOL_CALL_FINISH_SQL, params)
-        return await cursor.fetchone() is not None
+        recorded = await cursor.fetchone() is not None
+    if recorded:
+        await publish(*tool_call_finished_event(pk=pk, name=name, status=status, content=content, data=result_data,
+                                                error=error, duration_ms=duration_ms))
+    return recorded
+
+
+def tool_call_finished_event(
+    *, pk: int, name: str, status: str, content: str, data: Any, error: str, duration_ms: int,
+) -> tuple[str, dict[str, Any]]:
+    """The event announcing a recorded tool call outcome: ``("tool_call_succeeded", {…})`` or
+    ``("tool_call_failed", {…})`` (see :func:`tool_call_finish`; in-memory stores use it too)."""
+    if status == ToolCallStatus.SUCCEEDED:
+        succeeded: dict[str, Any] = {"tool_call_id": pk, "name": name, "result": content, "duration_ms": duration_ms}
+        if data is not None:
+            succeeded["data"] = data
+        return "tool_call_succeeded", succeeded
+    return "tool_call_failed", {"tool_call_id": pk, "name": name, "error": error, "status": status,
+                                "duration_ms": duration_ms}
 
 
 def _jsonable(data: Any) -> Any:
@@ -199,12 +254,59 @@ async def _run_add_usage(
     })
 
 
-@transaction.atomic
-def compaction_save(
-    *, spec: RunSpec, attempt: int, status: str, summary: str = "", cursor_message_id: int | None = None,
-    messages_summarized: int = 0, tokens_before: int = 0, tokens_after: int = 0, error: str = "",
+async def compaction_begin(*, attempt: int, tokens_before: int, messages: int, publish: Publish) -> None:
+    """Announce compaction attempt ``attempt`` of the current model turn: ``compaction_running
+    {attempt, tokens_before, messages}`` (``tokens_before``: the prompt's estimated tokens;
+    ``messages``: how many are being summarized). Writes nothing: the attempt's row is written
+    when it ends (:func:`compaction_save`)."""
+    await publish("compaction_running", {"attempt": attempt, "tokens_before": tokens_before, "messages": messages})
+
+
+async def compaction_save(
+    *, spec: RunSpec, attempt: int, status: str, publish: Publish, summary: str = "",
+    cursor_message_id: int | None = None, messages_summarized: int = 0, tokens_before: int = 0,
+    tokens_after: int = 0, error: str = "",
 ) -> int:
-    """Record a compaction attempt; a succeeded one moves the session's cursor. Returns its id."""
+    """Record a compaction attempt (``status``: ``succeeded`` or ``failed``); a succeeded one
+    moves the session's cursor to ``cursor_message_id``. One ORM transaction on a database
+    thread.
+
+    Emits after its commit: ``compaction_completed {ok: true, compaction_id, attempt,
+    tokens_before, tokens_after, messages}`` (``messages``: ``messages_summarized``), or
+    ``{ok: false, compaction_id, attempt, error}`` for a failed attempt.
+
+    Returns:
+        The Compaction row's id.
+    """
+    compaction_id = await db(_compaction_insert)(
+        spec=spec, attempt=attempt, status=status, summary=summary, cursor_message_id=cursor_message_id,
+        messages_summarized=messages_summarized, tokens_before=tokens_before, tokens_after=tokens_after, error=error,
+    )
+    await publish("compaction_completed", compaction_completed_event(
+        compaction_id=compaction_id, attempt=attempt, status=status, tokens_before=tokens_before,
+        tokens_after=tokens_after, messages_summarized=messages_summarized, error=error,
+    ))
+    return compaction_id
+
+
+def compaction_completed_event(
+    *, compaction_id: int, attempt: int, status: str, tokens_before: int, tokens_after: int,
+    messages_summarized: int, error: str,
+) -> dict[str, Any]:
+    """The ``compaction_completed`` payload of a recorded attempt (see :func:`compaction_save`;
+    in-memory stores use it too)."""
+    if status == "succeeded":
+        return {"ok": True, "compaction_id": compaction_id, "attempt": attempt, "tokens_before": tokens_before,
+                "tokens_after": tokens_after, "messages": messages_summarized}
+    return {"ok": False, "compaction_id": compaction_id, "attempt": attempt, "error": error}
+
+
+@transaction.atomic
+def _compaction_insert(
+    *, spec: RunSpec, attempt: int, status: str, summary: str, cursor_message_id: int | None,
+    messages_summarized: int, tokens_before: int, tokens_after: int, error: str,
+) -> int:
+    """:func:`compaction_save`'s transaction: the Compaction row; its id."""
     row = Compaction.objects.create(
         tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id, attempt=attempt, status=status,
         summary=clean_text(summary), cursor_message_id=cursor_message_id, messages_summarized=messages_summarized,
@@ -225,6 +327,10 @@ def approval_request(
     top of a sub-run's tree), with ``sub_run`` set when the call is a sub-run's.
 
     Returns the Approval id. The call is marked ``awaiting_approval``.
+
+    Publishes nothing: the approval is announced with the run's pause (``run_awaiting_approval
+    {approvals}``, :func:`sessions.runs.run_pause` / :func:`sessions.runs.subrun_pause`), once
+    the turn's other calls are done and a human can decide it.
     """
     from datetime import timedelta
 

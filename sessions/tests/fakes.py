@@ -16,6 +16,7 @@ from capabilities.tools import Tool, ToolContext, ToolResult
 from capabilities.toolsets import ToolOrigin
 from llm.types import ChatMessage, Completion, TextDelta, ToolCallRequest, ToolSpec, Usage
 from sessions import runs
+from sessions.event_types import validate_event
 from sessions.models import ApprovalStatus, RunStatus, ToolCallStatus
 from sessions.runner._db import ApprovalState, History
 from sessions.runner.ports import RunPorts
@@ -38,11 +39,30 @@ def run_spec(**overrides: Any) -> RunSpec:
     return RunSpec(**values)
 
 
+@dataclasses.dataclass
+class MemorySubRun:
+    """A skill's sub-run in a :class:`MemoryRunStore`."""
+
+    run_id: int
+    parent_call_pk: int
+    skill_id: int
+    task: str
+    status: str = RunStatus.RUNNING
+    attempt: int = 1
+    outcome: Any = None
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
 class MemoryRunStore:
-    """One run's rows in memory, with the production store's semantics the loop relies on:
-    a claim moves queued → running (attempt + 1), a call's result is recorded once, the
-    history's ``tail`` is this run's last assistant message when only its results follow and
-    it has calls without a result (or is the last message)."""
+    """One user's run's rows (and its skills' sub-runs') in memory, with the production store's
+    semantics the loop relies on: a claim moves queued → running (attempt + 1), a call's
+    result is recorded once, the history's ``tail`` is the run's last assistant message when
+    only its results follow and it has calls without a result (or is the last message).
+
+    Like :class:`sessions.runner.adapters.DatabaseRunStore`, each write clients see publishes
+    its own event through the ``publish`` it is given, after the write (the same names and
+    payloads, from :mod:`sessions.runs`' own event builders); the store itself publishes only
+    what the production claim does without a publisher (``run_running``, into ``events``)."""
 
     def __init__(self, spec: RunSpec, *, user_message: str = "hello", events: list | None = None) -> None:
         self.spec = spec
@@ -51,11 +71,18 @@ class MemoryRunStore:
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": user_message}]
         self.calls: dict[int, dict[str, Any]] = {}
         self.approvals: dict[int, ApprovalState] = {}
+        self._approval_items: dict[int, dict[str, Any]] = {}
+        self.subruns: dict[int, MemorySubRun] = {}
+        """``{run id: sub-run}``; ids from 1001."""
         self.events = events if events is not None else []
         self.llm_calls: list[Any] = []
         self.compactions: list[dict[str, Any]] = []
         self.completed_hooks = 0
         self._pks = itertools.count(1)
+        self._subrun_ids = itertools.count(1001)
+
+    def _messages_of(self, run_id: int) -> list[dict[str, Any]]:
+        return self.subruns[run_id].messages if run_id in self.subruns else self.messages
 
     # lifecycle
     async def tenant_of(self, run_id: int) -> int | None:
@@ -75,9 +102,18 @@ class MemoryRunStore:
     async def heartbeat(self, run_id: int, attempt: int) -> bool:
         return self.status == RunStatus.RUNNING
 
+    def _pending_items(self, *, sub_run_id: int | None = None) -> list[dict[str, Any]]:
+        return [item for pk, item in self._approval_items.items()
+                if self.approvals[pk].status == ApprovalStatus.PENDING
+                and (sub_run_id is None or item["sub_run_id"] == sub_run_id)]
+
     async def pause(self, run_id: int, *, publish: Any) -> bool:
+        pending = self._pending_items()
+        if not pending:  # decided meanwhile: queued again, no event
+            self.status = RunStatus.QUEUED
+            return False
         self.status = RunStatus.AWAITING_APPROVAL
-        await publish("run_awaiting_approval", {})
+        await publish("run_awaiting_approval", {"approvals": pending})
         return True
 
     async def finish(self, run_id: int, outcome: Any, *, publish: Any, spec: Any) -> Any:
@@ -87,8 +123,7 @@ class MemoryRunStore:
         for call in self.calls.values():  # calls left without a result
             if call["status"] not in _FINISHED:
                 call["status"] = ToolCallStatus.CANCELLED
-        await publish(f"run_{outcome.status}", {"reply": outcome.reply, "error": outcome.error,
-                                                "reason": outcome.reason})
+        await publish(*runs.end_event(outcome))
         return SimpleNamespace(ended=True)
 
     async def after_completed(self, spec: RunSpec) -> None:
@@ -97,7 +132,7 @@ class MemoryRunStore:
     # reads
     async def history(self, run_id: int, *, session_id: int, subrun: bool, compaction: Any = None) -> History:
         out: list[ChatMessage] = []
-        for m in self.messages:
+        for m in self._messages_of(run_id):
             if m["role"] == "assistant":
                 out.append(ChatMessage(role="assistant", content=m["content"], tool_calls=m["tool_calls"]))
             elif m["role"] == "tool":
@@ -117,7 +152,8 @@ class MemoryRunStore:
         return History(messages=out, tail=tail, summary="", rows=[], compaction=None)
 
     async def pending_tool_calls(self, *, run_id: int, call_ids: list[str]) -> list[dict[str, Any]]:
-        by_id = {c["call_id"]: (pk, c) for pk, c in self.calls.items() if c["status"] not in _FINISHED}
+        by_id = {c["call_id"]: (pk, c) for pk, c in self.calls.items()
+                 if c["status"] not in _FINISHED and c["run_id"] == run_id}
         return [{"pk": by_id[i][0], "call_id": i, "name": by_id[i][1]["name"],
                  "arguments_raw": by_id[i][1]["arguments_raw"]} for i in call_ids if i in by_id]
 
@@ -139,31 +175,35 @@ class MemoryRunStore:
     # writes
     async def assistant_message_save(self, *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "",
                                      llm_call: Any = None) -> list[dict[str, Any]]:
-        self.messages.append({"role": "assistant", "content": message.content, "tool_calls": message.tool_calls,
-                              "turn": turn})
+        self._messages_of(spec.run_id).append({"role": "assistant", "content": message.content,
+                                               "tool_calls": message.tool_calls, "turn": turn})
         saved = []
         for c in message.tool_calls:
             pk = next(self._pks)
             self.calls[pk] = {"call_id": c.id, "name": c.name, "arguments_raw": c.arguments,
-                              "status": ToolCallStatus.PENDING}
+                              "status": ToolCallStatus.PENDING, "run_id": spec.run_id}
             saved.append({"pk": pk, "call_id": c.id, "name": c.name, "arguments_raw": c.arguments})
         return saved
 
     async def llm_call_record(self, *, spec: RunSpec, turn: int, record: Any) -> None:
         self.llm_calls.append((turn, record))
 
-    async def tool_call_start(self, *, pk: int) -> None:
+    async def tool_call_start(self, *, pk: int, name: str, arguments: Any, publish: Any) -> None:
         self.calls[pk]["status"] = ToolCallStatus.RUNNING
+        await publish("tool_call_started", {"tool_call_id": pk, "name": name, "arguments": arguments})
 
-    async def tool_call_finish(self, *, spec: RunSpec, pk: int, status: str, content: str, data: Any, error: str,
-                               duration_ms: int, model_content: str | None = None) -> bool:
+    async def tool_call_finish(self, *, spec: RunSpec, pk: int, name: str, status: str, content: str, data: Any,
+                               error: str, duration_ms: int, publish: Any, model_content: str | None = None) -> bool:
         call = self.calls[pk]
         if call["status"] in _FINISHED:
             return False
         call.update(status=status, result=content, error=error)
         text = model_content if model_content is not None else (
             content if status == ToolCallStatus.SUCCEEDED else f"Error: {error}")
-        self.messages.append({"role": "tool", "content": text, "tool_call_id": call["call_id"], "name": call["name"]})
+        self._messages_of(call["run_id"]).append({"role": "tool", "content": text, "tool_call_id": call["call_id"],
+                                                  "name": call["name"]})
+        await publish(*runs.tool_call_finished_event(pk=pk, name=name, status=status, content=content, data=data,
+                                                     error=error, duration_ms=duration_ms))
         return True
 
     async def approval_request(self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any,
@@ -171,13 +211,68 @@ class MemoryRunStore:
         approval_id = 100 + call_pk
         self.approvals[call_pk] = ApprovalState(approval_id=approval_id, kind=kind, status=ApprovalStatus.PENDING,
                                                 answer="")
+        sub = self.subruns.get(spec.run_id)
+        self._approval_items[call_pk] = {
+            "approval_id": approval_id, "tool_call_id": call_pk, "kind": kind, "status": "pending",
+            "tool_name": tool_name, "arguments": arguments, "reason": reason, "question": question,
+            "expires_at": "2100-01-01T00:00:00+00:00", "sub_run_id": sub.run_id if sub else None,
+            "skill": f"skill-{sub.skill_id}" if sub else None,
+        }
         self.calls[call_pk]["status"] = ToolCallStatus.AWAITING_APPROVAL
-        self.events.append(("approval_requested", {"approval_id": approval_id, "tool_name": tool_name}))
         return approval_id
 
-    async def compaction_save(self, *, spec: RunSpec, attempt: int, status: str, **fields: Any) -> int:
+    async def compaction_begin(self, *, attempt: int, tokens_before: int, messages: int, publish: Any) -> None:
+        await publish("compaction_running", {"attempt": attempt, "tokens_before": tokens_before, "messages": messages})
+
+    async def compaction_save(self, *, spec: RunSpec, attempt: int, status: str, publish: Any, **fields: Any) -> int:
         self.compactions.append({"attempt": attempt, "status": status, **fields})
-        return len(self.compactions)
+        compaction_id = len(self.compactions)
+        await publish("compaction_completed", runs.compaction_completed_event(
+            compaction_id=compaction_id, attempt=attempt, status=status, tokens_before=fields.get("tokens_before", 0),
+            tokens_after=fields.get("tokens_after", 0), messages_summarized=fields.get("messages_summarized", 0),
+            error=fields.get("error", ""),
+        ))
+        return compaction_id
+
+    # sub-runs
+    async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> runs.SubRunState:
+        existing = next((r for r in self.subruns.values() if r.parent_call_pk == call_pk), None)
+        if existing is not None:
+            if existing.status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
+                existing.status, existing.attempt = RunStatus.RUNNING, existing.attempt + 1
+            outcome = existing.outcome
+            return runs.SubRunState(run_id=existing.run_id, status=existing.status,
+                                    reply=outcome.reply if outcome else "", error=outcome.error if outcome else "",
+                                    created=False)
+        sub = MemorySubRun(run_id=next(self._subrun_ids), parent_call_pk=call_pk, skill_id=skill_id, task=task,
+                           messages=[{"role": "user", "content": task}])
+        self.subruns[sub.run_id] = sub
+        return runs.SubRunState(run_id=sub.run_id, status=sub.status, reply="", error="", created=True)
+
+    async def subrun_spec(self, *, subrun_id: int, parent: RunSpec) -> RunSpec:
+        sub = self.subruns[subrun_id]
+        return dataclasses.replace(parent, run_id=subrun_id, system_prompt=f"skill {sub.skill_id}", bindings=(),
+                                   depth=parent.depth + 1, parent_run_id=parent.run_id,
+                                   user_run_id=parent.waiting_run_id, attempt=sub.attempt, loop_count=0)
+
+    async def subrun_pause(self, *, run_id: int, attempt: int, call_pk: int, publish: Any) -> bool:
+        sub = self.subruns[run_id]
+        if sub.status != RunStatus.RUNNING or sub.attempt != attempt:
+            return False
+        sub.status = RunStatus.AWAITING_APPROVAL
+        self.calls[call_pk]["status"] = ToolCallStatus.AWAITING_APPROVAL
+        await publish("run_awaiting_approval", {"approvals": self._pending_items(sub_run_id=run_id)})
+        return True
+
+    async def subrun_finish(self, run_id: int, ending: Any, *, publish: Any, attempt: int | None = None) -> bool:
+        sub = self.subruns[run_id]
+        if sub.status not in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL) or (
+            attempt is not None and sub.attempt != attempt
+        ):
+            return False
+        sub.status, sub.outcome = ending.status, ending
+        await publish(*runs.end_event(ending))
+        return True
 
     # what a human does between a pause and the run's resumption
     def approve(self, call_pk: int) -> None:
@@ -260,8 +355,14 @@ class FakePorts:
                               toolsets=self._open, cancel_watch=self._watch)
 
     def _publisher(self, session_id: int, run_id: int) -> Any:
+        """The run's publisher: each event checked against its payload class (the fakes publish
+        what production does), then noted as ``(type, data)``, or ``(type, data, run_id)`` for
+        another run than the store's own (a sub-run)."""
+        own = run_id == self.store.spec.run_id
+
         async def publish(event_type: str, data: dict[str, Any]) -> None:
-            self.events.append((event_type, data))
+            validate_event(event_type, data)
+            self.events.append((event_type, data) if own else (event_type, data, run_id))
 
         return publish
 
@@ -276,4 +377,5 @@ class FakePorts:
         self._cancel.set()
 
     def types(self) -> list[str]:
-        return [t for t, _ in self.events if t not in ("content_token", "reasoning_token")]
+        """The event types published for the store's own run, tokens left out."""
+        return [e[0] for e in self.events if len(e) == 2 and e[0] not in ("content_token", "reasoning_token")]

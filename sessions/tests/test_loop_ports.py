@@ -56,7 +56,7 @@ async def test_a_call_under_an_ask_policy_pauses_and_the_approved_call_runs_on_r
     await execute_run(1, ports=fake.ports)
     store = fake.store
     assert store.status == RunStatus.AWAITING_APPROVAL and echo.calls == 0
-    assert fake.types() == ["run_running", "approval_requested", "run_awaiting_approval"]
+    assert fake.types() == ["run_running", "run_awaiting_approval"]  # the pause announces the approval
     (pk,) = store.calls
     store.approve(pk)  # a human approves; the run is queued again
     await execute_run(1, ports=fake.ports)
@@ -69,7 +69,7 @@ async def test_a_cancel_mid_answer_ends_the_run_cancelled_with_the_streamed_text
     fake = _ports(blocked)
 
     async def cancel_soon() -> None:
-        while not any(t == "content_token" for t, _ in fake.events):
+        while not any(e[0] == "content_token" for e in fake.events):
             await asyncio.sleep(0.005)
         fake.cancel()
 
@@ -112,3 +112,73 @@ async def test_an_unknown_run_does_nothing():
     fake = _ports(reply("never asked"))
     await execute_run(2, ports=fake.ports)
     assert fake.events == [] and fake.store.status == RunStatus.QUEUED
+
+
+# --- a skill's sub-run goes through its parent run's ports ---------------------------------
+
+
+def _with_skill(toolset, *, allowed=("echo",)):
+    """``toolset`` plus the skill ``helper`` (id 7) allowed ``allowed``, bound to run 1."""
+    from capabilities.toolsets import ToolOrigin
+    from sessions.runner.spec import SkillBindingSpec
+    from sessions.runner.subrun import SkillTool
+
+    skill = SkillBindingSpec(skill_id=7, name="helper", description="Helps.", allowed_tools=allowed)
+    toolset.tools["helper"] = SkillTool(skill=skill, exposed_name="helper", parent=run_spec(), parent_toolset=toolset)
+    toolset.origins["helper"] = ToolOrigin(source="skill", name="helper", binding_id=2)
+    return toolset
+
+
+def _sub_events(fake, run_id=1001):
+    """The events published for sub-run ``run_id``, tokens left out."""
+    return [(t, data) for t, data, *rest in fake.events
+            if rest == [run_id] and t not in ("content_token", "reasoning_token")]
+
+
+async def test_a_skill_runs_its_sub_run_over_the_parent_runs_ports():
+    """No database: a sub-run going through the production ports would fail here."""
+    echo = EchoTool()
+    fake = _ports(tool_call("helper", '{"task": "say hi"}'), tool_call("echo", '{"text": "hi"}', call_id="s1"),
+                  reply("The echo said hi."), reply("done"), toolset=_with_skill(toolset_of(echo)))
+    await execute_run(1, ports=fake.ports)
+    store = fake.store
+    assert store.status == RunStatus.COMPLETED and store.outcome.reply == "done" and echo.calls == 1
+    [sub] = store.subruns.values()
+    assert (sub.run_id, sub.status, sub.outcome.reply) == (1001, RunStatus.COMPLETED, "The echo said hi.")
+    assert [m["role"] for m in sub.messages] == ["user", "assistant", "tool", "assistant"]  # its own rows
+    assert sub.messages[0]["content"] == "say hi" and sub.messages[2]["content"] == "echo: hi"
+    # the skill's result is the parent's tool message; the parent's history never saw the sub-run's rows
+    assert [m["role"] for m in store.messages] == ["user", "assistant", "tool", "assistant"]
+    assert store.messages[2]["content"] == "The echo said hi."
+    assert fake.types() == ["run_running", "tool_call_started", "tool_call_progress", "tool_call_succeeded",
+                            "run_completed"]
+    parent_ids = {"parent_run_id": 1, "parent_tool_call_id": 1}
+    sub_events = _sub_events(fake)
+    assert [t for t, _ in sub_events] == ["run_running", "tool_call_started", "tool_call_succeeded", "run_completed"]
+    assert all(data.items() >= parent_ids.items() for _, data in sub_events)
+    assert sub_events[0][1] == {"attempt": 1, "skill": "helper", "depth": 1, "task": "say hi", **parent_ids}
+    # the sub-run ended before its skill call's result was published
+    ends = [i for i, e in enumerate(fake.events) if e[0] == "run_completed" and e[2:] == (1001,)]
+    succeeded = [i for i, e in enumerate(fake.events) if e[0] == "tool_call_succeeded" and e[1]["name"] == "helper"]
+    assert ends < succeeded
+
+
+async def test_a_sub_runs_approval_pauses_the_parent_and_the_same_sub_run_resumes():
+    echo = EchoTool()
+    fake = _ports(tool_call("helper", '{"task": "say hi"}'), tool_call("echo", '{"text": "hi"}', call_id="s1"),
+                  reply("The echo said hi."), reply("done"), toolset=_with_skill(toolset_of(echo, ask=("echo",))))
+    await execute_run(1, ports=fake.ports)
+    store = fake.store
+    [sub] = store.subruns.values()
+    assert store.status == RunStatus.AWAITING_APPROVAL and sub.status == RunStatus.AWAITING_APPROVAL
+    assert echo.calls == 0
+    [(sub_pause, data)] = [(t, d) for t, d in _sub_events(fake) if t == "run_awaiting_approval"]
+    [approval] = data["approvals"]
+    assert approval["tool_name"] == "echo" and approval["sub_run_id"] == 1001
+    assert fake.types()[-1] == "run_awaiting_approval"  # the user's run pauses with the sub-run's approval
+    assert [a["approval_id"] for a in fake.events[-1][1]["approvals"]] == [approval["approval_id"]]
+
+    store.approve(approval["tool_call_id"])
+    await execute_run(1, ports=fake.ports)
+    assert store.status == RunStatus.COMPLETED and store.outcome.reply == "done" and echo.calls == 1
+    assert list(store.subruns) == [1001] and (sub.status, sub.attempt) == (RunStatus.COMPLETED, 2)

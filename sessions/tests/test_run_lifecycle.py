@@ -168,6 +168,79 @@ def test_the_checker_leaves_other_writes_and_reads_alone(snippet: str) -> None:
     assert run_status_writes(snippet, "x.py") == []
 
 
+# --- the source: the lifecycle's events are published in sessions/runs/ only ---------------
+
+LIFECYCLE_EVENTS = frozenset({"tool_call_started", "tool_call_succeeded", "tool_call_failed"})
+"""Events of rows :mod:`sessions.runs` writes, besides every ``compaction_*`` and ``approval_*``
+event (``tool_call_progress`` is a tool's own report, not a row's)."""
+
+
+def _lifecycle_event(node: ast.AST) -> str | None:
+    text = _text(node)
+    if text is not None and (text in LIFECYCLE_EVENTS or text.startswith(("compaction_", "approval_"))):
+        return text
+    return None
+
+
+def lifecycle_event_publishes(source: str, where: str) -> list[str]:
+    """``where:line: event`` for each call of a publisher (``publish``, ``event_publish``,
+    ``event_publish_on_commit``, ``context.publish``, ``publish.nowait``…) whose event type, the first argument or
+    ``type=``/``event_type=``, is a literal naming one of the lifecycle's events."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = ast.unparse(node.func)
+        if "publish" not in name:
+            continue
+        candidates = node.args[:1] + [k.value for k in node.keywords if k.arg in ("type", "event_type")]
+        for candidate in candidates:
+            event = _lifecycle_event(candidate)
+            if event is not None:
+                found.append(f"{where}:{node.lineno}: {name}({event!r}, …)")
+    return found
+
+
+def test_no_module_outside_the_lifecycle_package_publishes_a_row_event() -> None:
+    offenders = [
+        hit for path in _product_sources() if LIFECYCLE not in path.parents
+        for hit in lifecycle_event_publishes(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert offenders == [], "a tool call's, compaction's or approval's event is published by its write in sessions/runs/"
+
+
+def test_the_publish_checker_sees_the_lifecycle_packages_own_publishes() -> None:
+    """Not vacuous: the records' and the approvals' own publishes are found."""
+    found = " ".join(w for path in sorted(LIFECYCLE.glob("*.py"))
+                     for w in lifecycle_event_publishes(path.read_text(), path.name))
+    for event in ("tool_call_started", "compaction_running", "compaction_completed", "approval_resolved"):
+        assert repr(event) in found, event
+
+
+@pytest.mark.parametrize("snippet", [
+    'await publish("tool_call_started", {"tool_call_id": pk})',
+    "await state.publish('tool_call_failed', data)",
+    'await publish(event_type="tool_call_succeeded", data={})',
+    'await publish("compaction_running", {})',
+    'event_publish_on_commit(session_id=1, run_id=2, type="approval_resolved", data={})',
+    'await event_publish(session_id=1, run_id=2, type="approval_requested", data={})',
+    'publish.nowait("compaction_completed", {})',
+])
+def test_the_publish_checker_finds_each_form(snippet: str) -> None:
+    assert lifecycle_event_publishes(snippet, "x.py")
+
+
+@pytest.mark.parametrize("snippet", [
+    'await context.publish("tool_call_progress", {})',
+    'await publish("run_running", {"attempt": 1})',
+    'if event_type == "tool_call_started": pass',
+    'await publish(*tool_call_finished_event(pk=1))',
+    'log("compaction_running")',
+])
+def test_the_publish_checker_leaves_other_events_alone(snippet: str) -> None:
+    assert lifecycle_event_publishes(snippet, "x.py") == []
+
+
 # --- the transitions -----------------------------------------------------------------------
 
 pytestmark_db = pytest.mark.django_db(transaction=True)
@@ -403,3 +476,86 @@ def test_subrun_finish_is_refused_for_an_attempt_that_no_longer_holds_the_sub_ru
         assert asyncio.run(runs.subrun_finish(opened.run_id, Completed("again"), publish=publish)) is False
     assert publish.events == [("run_completed", {"reply": "new"}, "completed")]
     assert (Run.all_tenants.get(pk=opened.run_id).reply, Run.all_tenants.get(pk=opened.run_id).attempt) == ("new", 2)
+
+
+class _RowRecorder:
+    """A run's ``publish`` that notes each event with ``observe()``, read on another
+    connection (so only what has committed) at that moment."""
+
+    def __init__(self, observe) -> None:
+        self.observe = observe
+        self.events: list[tuple[str, dict, object]] = []
+
+    async def __call__(self, event_type: str, data: dict) -> None:
+        self.events.append((event_type, data, await sync_to_async(self.observe)()))
+
+
+def _spec_with_call(world, fake_llm) -> tuple[Run, object, int]:
+    from llm.types import ChatMessage, ToolCallRequest
+
+    run = _claimed(world, fake_llm)
+    with tenant_scope(world.tenant.pk):
+        spec = _db._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
+        message = ChatMessage(role="assistant", content="", tool_calls=(ToolCallRequest("c1", "echo", "{}"),))
+        [call] = asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message))
+    return run, spec, call["pk"]
+
+
+@pytestmark_db
+def test_tool_call_start_and_finish_publish_after_their_commit_and_a_second_finish_publishes_nothing(
+    world, fake_llm, no_enqueue,
+) -> None:
+    run, spec, pk = _spec_with_call(world, fake_llm)
+    publish = _RowRecorder(lambda: ToolCall.all_tenants.get(pk=pk).status)
+    with tenant_scope(world.tenant.pk):
+        asyncio.run(runs.tool_call_start(pk=pk, name="echo", arguments={"text": "hi"}, publish=publish))
+        assert asyncio.run(runs.tool_call_finish(
+            spec=spec, pk=pk, name="echo", status="succeeded", content="echo: hi", data={"n": 1}, error="",
+            duration_ms=5, publish=publish,
+        )) is True
+        assert asyncio.run(runs.tool_call_finish(  # a second attempt's result: refused, not published
+            spec=spec, pk=pk, name="echo", status="failed", content="", data=None, error="late", duration_ms=9,
+            publish=publish,
+        )) is False
+    assert publish.events == [
+        ("tool_call_started", {"tool_call_id": pk, "name": "echo", "arguments": {"text": "hi"}}, "running"),
+        ("tool_call_succeeded", {"tool_call_id": pk, "name": "echo", "result": "echo: hi", "duration_ms": 5,
+                                 "data": {"n": 1}}, "succeeded"),
+    ]
+
+
+@pytestmark_db
+def test_a_failed_tool_call_publishes_tool_call_failed_with_its_status(world, fake_llm, no_enqueue) -> None:
+    run, spec, pk = _spec_with_call(world, fake_llm)
+    publish = _RowRecorder(lambda: ToolCall.all_tenants.get(pk=pk).status)
+    with tenant_scope(world.tenant.pk):
+        assert asyncio.run(runs.tool_call_finish(
+            spec=spec, pk=pk, name="echo", status="timed_out", content="", data=None, error="too slow",
+            duration_ms=3000, publish=publish,
+        )) is True
+    assert publish.events == [("tool_call_failed", {"tool_call_id": pk, "name": "echo", "error": "too slow",
+                                                    "status": "timed_out", "duration_ms": 3000}, "timed_out")]
+
+
+@pytestmark_db
+def test_compaction_begin_writes_nothing_and_compaction_save_publishes_after_its_commit(
+    world, fake_llm, no_enqueue,
+) -> None:
+    from sessions.models import Compaction
+
+    run, spec, _ = _spec_with_call(world, fake_llm)
+    publish = _RowRecorder(lambda: list(Compaction.all_tenants.filter(run_id=run.pk).order_by("id")
+                                        .values_list("status", flat=True)))
+    with tenant_scope(world.tenant.pk):
+        asyncio.run(runs.compaction_begin(attempt=1, tokens_before=900, messages=3, publish=publish))
+        failed_id = asyncio.run(runs.compaction_save(spec=spec, attempt=1, status="failed", tokens_before=900,
+                                                     error="boom", publish=publish))
+        ok_id = asyncio.run(runs.compaction_save(spec=spec, attempt=2, status="succeeded", summary="s",
+                                                 messages_summarized=3, tokens_before=900, tokens_after=200,
+                                                 publish=publish))
+    assert publish.events == [
+        ("compaction_running", {"attempt": 1, "tokens_before": 900, "messages": 3}, []),
+        ("compaction_completed", {"ok": False, "compaction_id": failed_id, "attempt": 1, "error": "boom"}, ["failed"]),
+        ("compaction_completed", {"ok": True, "compaction_id": ok_id, "attempt": 2, "tokens_before": 900,
+                                  "tokens_after": 200, "messages": 3}, ["failed", "succeeded"]),
+    ]

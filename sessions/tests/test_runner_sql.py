@@ -63,19 +63,27 @@ def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, other_worl
         ToolCallRequest(id="c1", name="echo", arguments='{"text": "ä"}'),
         ToolCallRequest(id="c2", name="echo", arguments="not json"),
     ))
+    published: list[tuple[str, dict]] = []
+
+    async def publish(event_type: str, data: dict) -> None:
+        published.append((event_type, data))
+
     with tenant_scope(world.tenant.pk):
         calls = asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message, reasoning="thinking", llm_call=record))
-        asyncio.run(runs.tool_call_start(pk=calls[0]["pk"]))
-        assert asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="succeeded", content="ä",
-                                                data={"n": 1}, error="", duration_ms=4))
-        assert not asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[0]["pk"], status="failed", content="",
-                                                    data=None, error="late", duration_ms=1)), "recorded once"
+        asyncio.run(runs.tool_call_start(pk=calls[0]["pk"], name="echo", arguments={"text": "ä"}, publish=publish))
+        assert asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[0]["pk"], name="echo", status="succeeded",
+                                                content="ä", data={"n": 1}, error="", duration_ms=4, publish=publish))
+        assert not asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[0]["pk"], name="echo", status="failed",
+                                                    content="", data=None, error="late", duration_ms=1,
+                                                    publish=publish)), "recorded once"
     with tenant_scope(other_world.tenant.pk):
-        assert not asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="succeeded", content="no",
-                                                    data=None, error="", duration_ms=1)), "another tenant's call"
+        assert not asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[1]["pk"], name="echo", status="succeeded",
+                                                    content="no", data=None, error="", duration_ms=1,
+                                                    publish=publish)), "another tenant's call"
     with tenant_scope(world.tenant.pk):
-        assert asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[1]["pk"], status="failed", content="", data=None,
-                                                error="bad arguments", duration_ms=1))
+        assert asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[1]["pk"], name="echo", status="failed",
+                                                content="", data=None, error="bad arguments", duration_ms=1,
+                                                publish=publish))
         history = asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False))
 
     rows = list(Message.all_tenants.filter(run_id=spec.run_id).order_by("position"))
@@ -97,6 +105,9 @@ def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, other_worl
     assert [c["pk"] for c in calls] == [first.pk, second.pk], "returned in the model's order"
     assert (second.call_id, second.arguments, second.arguments_raw) == ("c2", {}, "not json")
     assert (second.status, second.result_data, second.error) == ("failed", None, "bad arguments")
+    # each write published its event; the refused ones (recorded before, another tenant's) nothing
+    assert [(t, d["tool_call_id"]) for t, d in published] == [
+        ("tool_call_started", first.pk), ("tool_call_succeeded", first.pk), ("tool_call_failed", second.pk)]
 
     llm_call = LLMCall.all_tenants.get(run_id=spec.run_id)
     assert (llm_call.tenant_id, llm_call.turn, llm_call.prompt_tokens, llm_call.first_token_ms, llm_call.cost_usd_micros) == (
