@@ -1,4 +1,4 @@
-"""A fake OpenAI-compatible ``POST /v1/embeddings`` server for the re-embedding tests: models
+"""A fake OpenAI-compatible ``POST /v1/embeddings`` server for tests that need no real model: models
 named ``hash-<seed>-<dimensions>`` give deterministic bag-of-words vectors (each word a
 pseudo-random direction drawn from ``(seed, word)``), so two seeds are two unrelated vector
 spaces of any size, and texts sharing words are near each other in one space. It can be told
@@ -26,15 +26,10 @@ def _word_vector(seed: str, dimensions: int, word: str) -> tuple[float, ...]:
 
 
 def fake_embedding(model: str, text: str) -> list[float]:
-    """The unit vector the fake server returns for ``text`` with ``model`` (``hash-<seed>-<dims>``).
-
-    Raises:
-        ValueError: a model name of another shape.
-    """
+    """The unit vector the fake server returns for ``text`` with ``model``: ``hash-<seed>-<dims>``,
+    or any other name as a seed of 384 dimensions (e.g. the embedded model's name)."""
     match = re.fullmatch(r"hash-(\w+)-(\d+)", model)
-    if match is None:
-        raise ValueError(f"unknown fake model {model!r}")
-    seed, dimensions = match.group(1), int(match.group(2))
+    seed, dimensions = (match.group(1), int(match.group(2))) if match else (model, 384)
     total = [0.0] * dimensions
     for word in re.findall(r"\w+", text.lower()):
         for i, x in enumerate(_word_vector(seed, dimensions, word)):
