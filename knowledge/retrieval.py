@@ -29,6 +29,13 @@ the ``knowledge`` capability kind's ``knowledge_search`` tool and its run-start 
    ``rerank_candidates`` are re-ordered by its scores (:mod:`knowledge.rerank` has an
    LLM-as-reranker over a model route).
 
+Overlap: the embedding requests are sent first (:func:`llm.embeddings.embed_texts_start`)
+and answered while the lexical list's statement runs (it needs no vector), then the vector
+lists run in one transaction; no transaction is open while the embedding is awaited. A search
+costs about max(embedding, lexical list) + vector list rather than their sum
+(bench/knowledge_search.py); the results are those of the sequential order (the lists enter
+the fusion in the same order).
+
 Row-level security: the vector query runs under the tenant's policy like every query. The
 lexical query goes through ``knowledge_lexical_candidates`` (migrations 0001, 0002), a ``SECURITY
 DEFINER`` SQL function that applies the same tenant predicate (``tenants.rls.
@@ -179,33 +186,64 @@ def _validate(query: str, top_k: int, knowledge_base_ids: Sequence[int]) -> str:
     return query.strip()
 
 
-def _embed_queries(kb: KnowledgeBase, texts: list[str]) -> list[list[float]]:
-    from llm.embeddings import EmbeddingError, embed_texts
+class _PendingVectors:
+    """One embedding group's vectors, maybe still being embedded: ``result()`` waits for them
+    and returns ``(the query's vector or None, the rewritten query's or None)``."""
 
-    try:
-        vectors = embed_texts(kb.embedding_provider, kb.embedding_model, texts)
-    except EmbeddingError as exc:
-        raise SearchError(f"Embedding the query failed ({kb.embedding_model}): {exc}", code="embedding_failed") from exc
-    if len(vectors) != len(texts) or any(len(v) != kb.dimensions for v in vectors):
-        raise SearchError(f"The embedding model returned vectors of the wrong size (expected {kb.dimensions}).",
-                          code="embedding_failed")
-    return [list(v) for v in vectors]
+    def __init__(self, kb: KnowledgeBase, texts: list[str], *, query_vec: list[float] | None, with_query: bool,
+                 with_rewrite: bool) -> None:
+        from llm.embeddings import EmbeddingError, embed_texts_start
+
+        self._kb, self._texts, self._query_vec = kb, texts, query_vec
+        self._with_query, self._with_rewrite = with_query, with_rewrite
+        self._future = None
+        if texts:
+            try:
+                self._future = embed_texts_start(kb.embedding_provider, kb.embedding_model, texts)
+            except EmbeddingError as exc:
+                raise _embedding_failed(kb, exc) from exc
+
+    def cancel(self) -> None:
+        if self._future is not None:
+            self._future.cancel()
+
+    def result(self) -> tuple[list[float] | None, list[float] | None]:
+        from llm.embeddings import EmbeddingError
+
+        embedded: list[list[float]] = []
+        if self._future is not None:
+            try:
+                vectors = self._future.result()
+            except EmbeddingError as exc:
+                raise _embedding_failed(self._kb, exc) from exc
+            if len(vectors) != len(self._texts) or any(len(v) != self._kb.dimensions for v in vectors):
+                raise SearchError(f"The embedding model returned vectors of the wrong size (expected "
+                                  f"{self._kb.dimensions}).", code="embedding_failed")
+            embedded = [list(v) for v in vectors]
+        query_vec = self._query_vec
+        if self._with_query and query_vec is None:
+            query_vec = embedded.pop(0)
+        return query_vec, (embedded.pop(0) if self._with_rewrite else None)
 
 
-def _group_vectors(kb: KnowledgeBase, query: str, rewritten: str, *, query_vector: Sequence[float] | None,
-                   with_query: bool) -> tuple[list[float] | None, list[float] | None]:
-    """(the query's vector if ``with_query``, the rewritten query's if any) for ``kb``'s
-    embedding model: ``query_vector`` when given, else embedded (one request for both)."""
-    texts = ([query] if with_query and query_vector is None else []) + ([rewritten] if rewritten else [])
-    embedded = _embed_queries(kb, texts) if texts else []
+def _embedding_failed(kb: KnowledgeBase, exc: Exception) -> SearchError:
+    return SearchError(f"Embedding the query failed ({kb.embedding_model}): {exc}", code="embedding_failed")
+
+
+def _start_group_vectors(kb: KnowledgeBase, query: str, rewritten: str, *, query_vector: Sequence[float] | None,
+                         with_query: bool) -> _PendingVectors:
+    """Start embedding what ``kb``'s embedding model must embed (the query if ``with_query``
+    and no ``query_vector`` is given, the rewritten query if any; one request for both) and
+    return at once; the request runs on the embeddings loop (:func:`llm.embeddings.
+    embed_texts_start`) while the caller queries the database."""
+    query_vec = None
     if with_query and query_vector is not None:
         if (isinstance(query_vector, (str, bytes)) or len(query_vector) != kb.dimensions
                 or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in query_vector)):
             raise SearchError(f"query_vector must be {kb.dimensions} finite numbers (the knowledge base's model).")
         query_vec = [float(x) for x in query_vector]
-    else:
-        query_vec = embedded.pop(0) if with_query else None
-    return query_vec, (embedded.pop(0) if rewritten else None)
+    texts = ([query] if with_query and query_vector is None else []) + ([rewritten] if rewritten else [])
+    return _PendingVectors(kb, texts, query_vec=query_vec, with_query=with_query, with_rewrite=bool(rewritten))
 
 
 def _vector_list(cursor, vector: list[float], *, tenant_id: int, group: list[KnowledgeBase],
@@ -217,6 +255,15 @@ def _vector_list(cursor, vector: list[float], *, tenant_id: int, group: list[Kno
     rows = [(int(i), float(d)) for i, d in cursor.fetchall()]
     rows.sort(key=lambda r: (r[1], r[0]))  # relaxed_order: nearly sorted; make it exact
     return rows
+
+
+def _lexical_list(query: str, kbs: list[KnowledgeBase], doc_filter: list[int] | None, candidates: int) -> list[int]:
+    """The lexical list's chunk ids, best first (one statement, no transaction of its own)."""
+    with connection.cursor() as cursor:
+        cursor.execute(lexical_sql(), {"query": query, "kbs": [kb.pk for kb in kbs], "documents": doc_filter,
+                                       "limit": candidates, "strict": _lexical_strict(query),
+                                       "max_ranked": LEXICAL_MAX_RANKED})
+        return [int(i) for i, _ in cursor.fetchall()]
 
 
 def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, user_id: int | None = None,
@@ -252,7 +299,8 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
         SearchError: invalid arguments (``invalid_arguments``) or the query could not be
             embedded (``embedding_failed``). A failing rewriter or reranker raises what it raises.
 
-    Blocking (ORM + SQL + one embedding request per embedding model); from async code use
+    Blocking (ORM + SQL + one embedding request per embedding model, sent before the lexical
+    list's statement and awaited after it, so the two overlap); from async code use
     :func:`asearch`.
     """
     query = _validate(query, top_k, knowledge_base_ids)
@@ -266,19 +314,28 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
         if doc_filter is not None and not doc_filter:
             return []
         rewritten = (rewrite(query) or "").strip()[:MAX_QUERY_CHARS] if rewrite is not None else ""
-        # One vector list per embedding model (distances of different models do not compare);
-        # the query embedded before the transaction, which then holds no connection idle.
+        # One vector list per embedding model (distances of different models do not compare).
         groups = _embedding_groups(kbs)
         if query_vector is not None and len(groups) > 1:
             raise SearchError(f"query_vector was given but the knowledge bases use {len(groups)} embedding models.")
-        vectors = [_group_vectors(group[0], query, rewritten, query_vector=query_vector,
-                                  with_query="vector" in lists) for group in groups]
+        # The query is embedded (on the embeddings loop) while the lexical list, which does not
+        # need its vector, is read; then the vector lists. No transaction is open while waiting.
+        pending: list[_PendingVectors] = []
+        try:
+            for group in groups:
+                pending.append(_start_group_vectors(group[0], query, rewritten, query_vector=query_vector,
+                                                    with_query="vector" in lists))
+            lexical = _lexical_list(query, kbs, doc_filter, candidates) if "lexical" in lists else None
+            vectors = [p.result() for p in pending]
+        finally:
+            for p in pending:
+                p.cancel()
         ranked: dict[str, list[int]] = {}
         distances: dict[int, float] = {}
         with transaction.atomic(), connection.cursor() as cursor:
             if "vector" in lists or rewritten:
-                cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-                cursor.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, candidates)}")
+                cursor.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                               "set_config('hnsw.ef_search', %s, true)", [str(max(HNSW_EF_SEARCH, candidates))])
             for number, (group, (query_vec, rewrite_vec)) in enumerate(zip(groups, vectors, strict=True)):
                 if query_vec is not None:
                     rows = _vector_list(cursor, query_vec, tenant_id=tenant_id, group=group,
@@ -289,11 +346,8 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
                     rows = _vector_list(cursor, rewrite_vec, tenant_id=tenant_id, group=group,
                                         document_ids=doc_filter, limit=candidates)
                     ranked[f"rewrite.{number}"] = [i for i, _ in rows]
-            if "lexical" in lists:
-                cursor.execute(lexical_sql(), {"query": query, "kbs": [kb.pk for kb in kbs], "documents": doc_filter,
-                                               "limit": candidates, "strict": _lexical_strict(query),
-                                               "max_ranked": LEXICAL_MAX_RANKED})
-                ranked["lexical"] = [int(i) for i, _ in cursor.fetchall()]
+        if lexical is not None:
+            ranked["lexical"] = lexical  # last, as ever: RRF's ties go to the list met first
         fused = rrf_fuse(ranked)
         keep = max(top_k, rerank_candidates) if rerank is not None else top_k
         hits = _hits(fused[:keep], distances)

@@ -37,6 +37,7 @@ provider for it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import math
 import os
@@ -373,6 +374,43 @@ async def _request_vectors(endpoint: EmbeddingEndpoint, model: str, texts: list[
     return vectors
 
 
+def embed_texts_start(
+    provider: ModelProvider | EmbeddingEndpoint,
+    model: str,
+    texts: Sequence[str],
+    *,
+    dimensions: int | None = None,
+    batch_size: int = BATCH_SIZE,
+    read_timeout_seconds: float = READ_TIMEOUT_SECONDS,
+) -> concurrent.futures.Future[list[list[float]]]:
+    """Start :func:`embed_texts` and return at once: the request runs on the process's
+    embeddings loop while the caller does something else (knowledge search runs its lexical
+    query meanwhile, :mod:`knowledge.retrieval`).
+
+    A :class:`~llm.models.ModelProvider`'s key is resolved (database, decryption) here, on the
+    caller's thread, before the request starts; everything else happens on the loop.
+
+    Returns:
+        A :class:`concurrent.futures.Future` whose ``result()`` is one unit-length vector per
+        text, in order, or raises what :func:`aembed_texts` raises (``TypeError`` /
+        ``ValueError`` for bad arguments, :class:`EmbeddingError` for a failed request).
+        ``cancel()`` cancels the request. Arguments: see :func:`aembed_texts`.
+
+    Raises:
+        RuntimeError: called inside a running event loop (await :func:`aembed_texts` there).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("embed_texts() was called inside a running event loop; await aembed_texts() instead")
+    endpoint = provider if isinstance(provider, EmbeddingEndpoint) else embedding_endpoint(provider)
+    return asyncio.run_coroutine_threadsafe(aembed_texts(
+        endpoint, model, texts, dimensions=dimensions, batch_size=batch_size, read_timeout_seconds=read_timeout_seconds,
+    ), _embeddings_loop())
+
+
 def embed_texts(
     provider: ModelProvider | EmbeddingEndpoint,
     model: str,
@@ -385,23 +423,16 @@ def embed_texts(
     """Embed ``texts`` with ``model`` at ``provider``: one unit-length vector per text, in order.
 
     Synchronous (Celery tasks, services): runs :func:`aembed_texts` on the process's
-    embeddings loop (:func:`_embeddings_loop`, where the clients are kept) and waits for it;
-    it must not be called from inside a running event loop, which it would block (await
-    :func:`aembed_texts` there). Arguments, result and errors: see :func:`aembed_texts`.
+    embeddings loop (:func:`_embeddings_loop`, where the clients are kept) and waits for it
+    (:func:`embed_texts_start` without the wait); it must not be called from inside a running
+    event loop, which it would block (await :func:`aembed_texts` there). Arguments, result and
+    errors: see :func:`aembed_texts`.
 
     Raises:
         RuntimeError: called inside a running event loop.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError("embed_texts() was called inside a running event loop; await aembed_texts() instead")
-    endpoint = provider if isinstance(provider, EmbeddingEndpoint) else embedding_endpoint(provider)
-    return asyncio.run_coroutine_threadsafe(aembed_texts(
-        endpoint, model, texts, dimensions=dimensions, batch_size=batch_size, read_timeout_seconds=read_timeout_seconds,
-    ), _embeddings_loop()).result()
+    return embed_texts_start(provider, model, texts, dimensions=dimensions, batch_size=batch_size,
+                             read_timeout_seconds=read_timeout_seconds).result()
 
 
 __all__ = [
@@ -414,5 +445,6 @@ __all__ = [
     "aembed_texts",
     "default_embedding_provider",
     "embed_texts",
+    "embed_texts_start",
     "embedding_endpoint",
 ]

@@ -1,17 +1,43 @@
 """The cross-tenant matrix: every endpoint, called with another tenant's token, answers 404
-(never data, never 403 that would confirm the object exists)."""
+(never data, never 403 that would confirm the object exists).
+
+``theirs`` holds one row of every tenant-owned model, owned by the other tenant;
+:func:`test_every_tenant_owned_model_is_in_the_matrix` fails when a new tenant-owned model is
+neither there nor in :data:`EXEMPT` with a reason. Underneath the endpoints,
+:func:`test_row_level_security_hides_every_row_of_theirs` reads and writes each of those rows
+with raw SQL in this tenant's scope and gets nothing. ``test_tenant_isolation_app_layer.py``
+runs the same matrix again with row-level security opened (the application layer alone).
+"""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
+from django.apps import apps
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
 
 from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import AgentFactory, ProviderFactory, RouteEntryFactory
+from capabilities.cli.models import CliCommand
 from capabilities.models import McpServer, Skill
 from documents.models import Document
-from sessions.models import Artifact, ChatSession, Message, Run
+from knowledge.models import Chunk as KnowledgeChunk
+from knowledge.models import Document as KnowledgeDocument
+from knowledge.models import KnowledgeBase
+from knowledge.tests import builders as kb_builders
+from memory.models import Memory, MemoryExtraction
+from memory.tests.factories import memory_make
+from sessions.models import Approval, Artifact, ChatSession, Compaction, LLMCall, Message, Run, Todo, ToolCall
+from tenants.models import AuditEvent, Invitation
+from tenants.scoping import TenantOwnedModel, tenant_scope
 
 pytestmark = pytest.mark.django_db
+
+EXEMPT: dict[type, str] = {}
+"""Tenant-owned models that ``theirs`` does not make, each with the reason (none today)."""
 
 
 @pytest.fixture
@@ -31,11 +57,64 @@ def theirs(other_world):
                                            mime_type="text/plain", size_bytes=6, content=b"secret")
     document = Document.all_tenants.create(tenant=t, session=session, created_by_run=run, title="secret doc",
                                            content="secret content")
+    tool_call = ToolCall.all_tenants.create(tenant=t, run=run, turn=0, call_id="c1", name="secret_tool")
+    soon = timezone.now() + datetime.timedelta(hours=1)
+    knowledge_base = kb_builders.knowledge_base(t, "secret kb")
+    kb_document = kb_builders.document(knowledge_base, "secret kb doc")
+    [chunk] = kb_builders.chunks(kb_document, ["secret chunk text"], [kb_builders.unit([1.0] + [0.0] * 383)])
+    from browser.models import BrowserDevice
+
     return {
         "provider": entry.provider, "route": entry.route, "agent": agent, "server": server,
         "binding": binding, "session": session, "run": run, "artifact": artifact, "document": document,
-        "skill": skill,
+        "skill": skill, "route_entry": entry, "tool_call": tool_call,
+        "message": Message.all_tenants.get(run=run),
+        "llm_call": LLMCall.all_tenants.create(tenant=t, run=run, turn=0, attempt=1, route_entry=entry, entry_index=0,
+                                               provider_name="p", model="m", status="ok"),
+        "todo": Todo.all_tenants.create(tenant=t, session=session, position=0, content="secret todo"),
+        "compaction": Compaction.all_tenants.create(tenant=t, session=session, run=run, attempt=1, status="done",
+                                                    summary="secret summary"),
+        "approval": Approval.all_tenants.create(tenant=t, run=run, tool_call=tool_call, tool_name="secret_tool",
+                                                expires_at=soon),
+        "cli_command": CliCommand.all_tenants.create(tenant=t, name="secret-cli"),
+        "invitation": Invitation.all_tenants.create(tenant=t, username="secret-invitee", token_hash="1" * 64,
+                                                    prefix="api_1", expires_at=soon),
+        "membership": other_world.member_membership,
+        "api_token": other_world.member_membership.api_tokens.first(),
+        "audit_event": AuditEvent.all_tenants.create(tenant=t, action="secret.action", source="system"),
+        "browser_device": BrowserDevice.all_tenants.create(tenant=t, user=other_world.member, name="secret laptop",
+                                                           token_prefix="apd_y", token_hash="2" * 64),
+        "knowledge_base": knowledge_base, "kb_document": kb_document, "chunk": chunk,
+        "memory": memory_make(tenant=t, user=other_world.member, agent=agent, text="secret memory"),
+        "memory_extraction": MemoryExtraction.all_tenants.create(tenant=t, session=session, last_message_id=1),
     }
+
+
+def _tenant_owned_models() -> set[type]:
+    return {m for m in apps.get_models() if issubclass(m, TenantOwnedModel) and not m._meta.abstract}
+
+
+def test_every_tenant_owned_model_is_in_the_matrix(theirs):
+    """A new tenant-owned model must get a row in ``theirs`` (so the row-level test below reads
+    it, and its endpoints get a test here) or an entry in ``EXEMPT`` saying why not."""
+    covered = {type(obj) for obj in theirs.values()}
+    missing = {m._meta.label for m in _tenant_owned_models() - covered - set(EXEMPT)}
+    assert not missing, f"tenant-owned models not in the cross-tenant matrix (add them to `theirs`): {sorted(missing)}"
+    assert not covered & set(EXEMPT), "a model is both covered and exempt"
+    assert all(reason.strip() for reason in EXEMPT.values())
+    assert {KnowledgeBase, KnowledgeDocument, KnowledgeChunk, Memory, MemoryExtraction} <= covered
+
+
+def test_row_level_security_hides_every_row_of_theirs(world, theirs):
+    """Underneath the application: in this tenant's scope, raw SQL (no ORM filter) neither sees
+    nor changes any of the other tenant's rows, table by table."""
+    with tenant_scope(world.tenant.pk), connection.cursor() as cursor:
+        for name, obj in theirs.items():
+            table = type(obj)._meta.db_table
+            cursor.execute(f'SELECT COUNT(*) FROM "{table}" WHERE "id" = %s', [obj.pk])
+            assert cursor.fetchone()[0] == 0, f"{name} ({table}) is visible"
+            cursor.execute(f'UPDATE "{table}" SET "tenant_id" = "tenant_id" WHERE "id" = %s', [obj.pk])
+            assert cursor.rowcount == 0, f"{name} ({table}) is writable"
 
 
 def _assert_404(response):
@@ -61,6 +140,150 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     listed = client.get("/api/v1/agents/").json()["results"]
     assert theirs["agent"].pk not in [a["id"] for a in listed]
     assert client.get("/api/v1/sessions/").json()["results"] == []
+
+
+KB_NOT_FOUND = {"message": "Knowledge base not found.", "extra": {}}
+
+
+def _knowledge_calls(client, kb, doc, chunk) -> list[tuple[str, object]]:
+    """Every knowledge endpoint on ``kb``/``doc``/``chunk``: ``[(what, response)]``."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    base = f"/api/v1/knowledge-bases/{kb.pk}/"
+    upload = SimpleUploadedFile("secret.md", b"# Secret\n\nuploaded", content_type="text/markdown")
+    return [
+        ("kb detail", client.get(base)),
+        ("kb update", client.patch(base, {"name": "hijacked"}, format="json")),
+        ("document list", client.get(base + "documents/")),
+        ("document add (text)", client.post(base + "documents/", {"text": "x", "title": "t"}, format="json")),
+        ("document upload (file)", client.post(base + "documents/", {"file": upload}, format="multipart")),
+        ("document detail", client.get(base + f"documents/{doc.pk}/")),
+        ("document reingest", client.post(base + f"documents/{doc.pk}/reingest/")),
+        ("document delete", client.delete(base + f"documents/{doc.pk}/")),
+        ("search", client.post(base + "search/", {"query": "secret"}, format="json")),
+        ("chunk", client.get(f"/api/v1/knowledge/chunks/{chunk.pk}/")),
+        ("kb delete", client.delete(base)),
+    ]
+
+
+def _assert_knowledge_hidden(client, kb, doc, chunk) -> None:
+    for what, response in _knowledge_calls(client, kb, doc, chunk):
+        _assert_404(response)
+        expected = "Chunk not found." if what == "chunk" else "Knowledge base not found."
+        assert response.json()["message"] == expected, what
+    listed = client.get("/api/v1/knowledge-bases/").json()["results"]
+    assert kb.pk not in [k["id"] for k in listed]
+
+
+def _assert_knowledge_untouched(kb, doc, chunk) -> None:
+    kb.refresh_from_db()
+    assert kb.name != "hijacked"
+    assert KnowledgeDocument.all_tenants.filter(knowledge_base=kb).count() == 1
+    assert KnowledgeDocument.all_tenants.get(pk=doc.pk).generation == doc.generation  # no re-ingestion queued
+    assert KnowledgeChunk.all_tenants.filter(pk=chunk.pk).exists()
+
+
+@pytest.fixture
+def no_ingest_task(monkeypatch):
+    """Ingestion is not handed to Celery (none may be queued here anyway)."""
+    sent = []
+    monkeypatch.setattr("knowledge.tasks.document_ingest_enqueue", lambda **kwargs: sent.append(kwargs))
+    return sent
+
+
+def test_knowledge_endpoints_hide_other_tenants_objects(world, theirs, no_ingest_task):
+    kb, doc, chunk = theirs["knowledge_base"], theirs["kb_document"], theirs["chunk"]
+    for client in (world.client(), world.client(admin=True)):
+        _assert_knowledge_hidden(client, kb, doc, chunk)
+    _assert_knowledge_untouched(kb, doc, chunk)
+    assert no_ingest_task == []
+
+
+def test_knowledge_search_filters_naming_other_tenants_documents_find_nothing(world, theirs, no_ingest_task):
+    """A search of one's own knowledge base limited to another tenant's document ids: no hit
+    (and no embedding request: the filter leaves nothing to search)."""
+    mine = kb_builders.knowledge_base(world.tenant, "mine")
+    kb_builders.chunks(kb_builders.document(mine, "my doc"), ["secret chunk text"],
+                       [kb_builders.unit([1.0] + [0.0] * 383)])
+    response = world.client(admin=True).post(f"/api/v1/knowledge-bases/{mine.pk}/search/",
+                                             {"query": "secret", "document_ids": [theirs["kb_document"].pk]},
+                                             format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["hits"] == []
+
+
+def test_console_test_search_hides_other_tenants_knowledge_base(world, theirs):
+    console = Client()
+    console.force_login(world.admin)
+    kb = theirs["knowledge_base"]
+    for url in (f"/admin/knowledge/knowledgebase/{kb.pk}/change/",
+                f"/admin/knowledge/knowledgebase/{kb.pk}/test-search/?query=secret",
+                f"/admin/knowledge/knowledgebase/{kb.pk}/add-documents/"):
+        response = console.get(url)
+        assert response.status_code in (302, 404), url  # the admin redirects a missing object to its list
+        assert b"secret" not in response.content, url
+    assert b"secret kb" not in console.get("/admin/knowledge/knowledgebase/").content
+
+
+def test_memory_endpoints_hide_other_tenants_memories(world, theirs, monkeypatch):
+    sent = []
+    monkeypatch.setattr("memory.tasks.memory_extract_session.delay", lambda *args: sent.append(args))
+    memory, agent = theirs["memory"], theirs["agent"]
+    for client in (world.client(), world.client(admin=True)):
+        _assert_404(client.delete(f"/api/v1/memories/{memory.pk}/"))
+        assert client.get("/api/v1/memories/").json()["results"] == []
+        _assert_404(client.get(f"/api/v1/memories/?agent={agent.pk}"))
+        _assert_404(client.delete(f"/api/v1/memories/?agent={agent.pk}"))
+        _assert_404(client.post("/api/v1/memories/extract/", {"session": theirs["session"].pk}, format="json"))
+    assert Memory.all_tenants.filter(pk=memory.pk).exists()
+    assert sent == []
+
+
+def test_another_members_own_knowledge_base_and_memories_are_hidden(world, no_ingest_task):
+    """Within one tenant: a member's own knowledge base (its documents, chunks) and their
+    memories are 404 to another member, whatever that member's role; the list leaves them out."""
+    agent = AgentFactory(tenant=world.tenant)
+    for owner, other in ((world.member, world.client(admin=True)), (world.admin, world.client())):
+        kb = kb_builders.knowledge_base(world.tenant, f"secret own of {owner.username}", owner=owner)
+        doc = kb_builders.document(kb, "secret own doc")
+        [chunk] = kb_builders.chunks(doc, ["secret own text"], [kb_builders.unit([1.0] + [0.0] * 383)])
+        _assert_knowledge_hidden(other, kb, doc, chunk)
+        _assert_knowledge_untouched(kb, doc, chunk)
+        memory = memory_make(tenant=world.tenant, user=owner, agent=agent, text=f"secret of {owner.username}")
+        _assert_404(other.delete(f"/api/v1/memories/{memory.pk}/"))
+        assert memory.pk not in [m["id"] for m in other.get("/api/v1/memories/").json()["results"]]
+        assert memory.pk not in [m["id"] for m in other.get(f"/api/v1/memories/?agent={agent.pk}").json()["results"]]
+        other.delete(f"/api/v1/memories/?agent={agent.pk}")  # forgets the caller's own only
+        assert Memory.all_tenants.filter(pk=memory.pk).exists()
+    assert no_ingest_task == []
+
+
+def test_knowledge_search_filters_naming_another_members_documents_find_nothing(world):
+    """The ``knowledge_search`` tool's path (``knowledge.tools.search_sync``): a member's run may
+    search the tenant-wide knowledge base and their own; document ids (and knowledge base ids)
+    of another member's own knowledge base are ignored, never searched."""
+    from knowledge.retrieval import search
+    from knowledge.tools import SearchScope, search_sync
+
+    vector = kb_builders.unit([1.0] + [0.0] * 383)
+    shared = kb_builders.knowledge_base(world.tenant, "shared")
+    shared_doc = kb_builders.document(shared, "shared doc")
+    kb_builders.chunks(shared_doc, ["public passage about backups"], [vector])
+    admins = kb_builders.knowledge_base(world.tenant, "admin's own", owner=world.admin)
+    admins_doc = kb_builders.document(admins, "admin's doc")
+    kb_builders.chunks(admins_doc, ["secret passage about backups"], [vector])
+
+    scope = SearchScope(tenant_id=world.tenant.pk, knowledge_base_ids=(shared.pk,), user_id=world.member.pk)
+    with tenant_scope(world.tenant.pk):
+        assert search_sync(scope, query="backups", top_k=5, document_ids=[admins_doc.pk]) == []
+    hits = search(tenant_id=world.tenant.pk, knowledge_base_ids=[shared.pk, admins.pk], query="backups",
+                  user_id=world.member.pk, document_ids=[shared_doc.pk, admins_doc.pk], query_vector=vector)
+    assert [h.document_id for h in hits] == [shared_doc.pk]
+    assert "secret" not in repr(hits)
+    # the admin's own run finds their own passage through the same call (the filter is not just empty)
+    hits = search(tenant_id=world.tenant.pk, knowledge_base_ids=[shared.pk, admins.pk], query="backups",
+                  user_id=world.admin.pk, document_ids=[shared_doc.pk, admins_doc.pk], query_vector=vector)
+    assert sorted(h.document_id for h in hits) == sorted([shared_doc.pk, admins_doc.pk])
 
 
 def test_browser_device_endpoints_hide_other_tenants_devices(world, other_world):
