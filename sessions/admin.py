@@ -141,9 +141,10 @@ class ToolCallAdmin(ReadOnlyAdmin):
 
 @admin.register(LLMCall)
 class LLMCallAdmin(ReadOnlyAdmin):
-    list_display = ["id", "run_link", "turn", "attempt", "provider_name", "model", "status", "error_class", "latency_ms",
-                    "prompt_tokens", "completion_tokens", "cost", "created_at"]
-    list_filter = ["status", "error_class", "provider_name"]
+    list_display = ["id", "purpose", "run_link", "turn", "agent", "user", "attempt", "provider_name", "model", "status",
+                    "error_class", "latency_ms", "prompt_tokens", "completion_tokens", "cost", "created_at"]
+    list_select_related = ["agent", "user"]
+    list_filter = ["purpose", "status", "error_class", "provider_name"]
     search_fields = ["model", "provider_name", "error_class", "error"]
     ordering = ["-created_at", "-id"]
     date_hierarchy = "created_at"
@@ -166,6 +167,9 @@ class LLMCallAdmin(ReadOnlyAdmin):
 
     @admin.display(description="run")
     def run_link(self, obj):
+        """The run's trace; "-" for a call outside a run (a title, memory, rewrite, rerank) or a purged run's."""
+        if obj.run_id is None:
+            return "-"
         return format_html('<a href="{}">Run {}</a>', reverse("admin:agent_sessions_run_trace", args=[obj.run_id]),
                            obj.run_id)
 

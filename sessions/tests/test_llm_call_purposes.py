@@ -351,3 +351,23 @@ def test_purging_deleted_chats_keeps_their_llm_calls_and_the_months_totals(world
     assert world.client().get("/api/v1/usage/me/").json() == mine_before
     with tenant_scope(world.tenant.pk):
         assert tenant_month_cost_usd_micros() == 3_500_000
+
+
+def test_the_consoles_llm_call_list_shows_calls_without_a_run_to_their_tenants_admin_only(client, world,
+                                                                                         other_world):
+    _calls_of_every_purpose(world)
+    client.force_login(world.admin)
+    page = client.get("/admin/agent_sessions/llmcall/?purpose=title").content.decode()
+    assert "Total of the 1 calls listed" in page and "cost $1.000000" in page and "Chat title" in page
+    client.force_login(other_world.admin)
+    page = client.get("/admin/agent_sessions/llmcall/").content.decode()
+    assert "Total of the 0 calls listed" in page
+
+
+def test_row_level_security_hides_the_calls_from_another_tenants_scope(world, other_world):
+    _calls_of_every_purpose(world)
+    with tenant_scope(other_world.tenant.pk):
+        # tenant-bypass: no ORM filter here on purpose; PostgreSQL's policy must hide the rows.
+        assert not LLMCall.all_tenants.filter(tenant_id=world.tenant.pk).exists()
+    with tenant_scope(world.tenant.pk):
+        assert LLMCall.all_tenants.filter(tenant_id=world.tenant.pk, run__isnull=True).count() == 2
