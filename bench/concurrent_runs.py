@@ -48,6 +48,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# Before _harness loads the settings (the web process inherits this environment too): the fake
+# model listens on loopback, which the outbound address rules refuse unless allowed (a run
+# would fail with model_unavailable), and every session's WebSocket client is the same user,
+# whom STREAMS_PER_USER_MAX (20) would close with 4429 beyond 20 streams.
+os.environ.setdefault("OUTBOUND_ALLOWED_CIDRS", "127.0.0.0/8")
+os.environ.setdefault("STREAMS_PER_USER_MAX", "1000000")
+
 from _harness import ROOT, BenchTenant, CpuTimeline, cpu_seconds, fake_model, machine_busy_seconds, percentile
 from django.conf import settings
 
