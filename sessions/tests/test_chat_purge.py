@@ -1,6 +1,7 @@
 """Deleted chats are purged after the retention period (issue 25): the beat task hard-deletes
-them with their runs, messages, LLM calls, artifacts and documents, in every tenant; chats
-deleted more recently, restored ones and live ones stay."""
+them with their runs, messages, artifacts and documents, in every tenant (their LLM calls stay,
+without a run: test_llm_call_purposes.py); chats deleted more recently, restored ones and live
+ones stay."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _left(session) -> dict[str, int]:
         "runs": Run.all_tenants.filter(session_id=session.pk).count(),
         "messages": Message.all_tenants.filter(session_id=session.pk).count(),
         "tool_calls": ToolCall.all_tenants.filter(run__session_id=session.pk).count(),
-        "llm_calls": LLMCall.all_tenants.filter(run__session_id=session.pk).count(),
+        "llm_calls": LLMCall.all_tenants.filter(run__session_id=session.pk).count(),  # of its runs (kept, run NULL)
         "artifacts": Artifact.all_tenants.filter(session_id=session.pk).count(),
         "documents": Document.all_tenants.filter(session_id=session.pk).count(),
         "redis_keys": sync_redis().exists(*session_keys(session.pk)),
