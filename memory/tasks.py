@@ -25,7 +25,8 @@ def memory_extract_session(session_id: int, tenant_id: int, force: bool = False)
     Returns:
         ``{"status": "done" | "missing" | "off" | "busy", ...counts}``; never raises for a
         missing session, memory switched off, a busy session or a failed batch (logged,
-        retried by the next scan after its backoff).
+        retried by the next scan after its backoff; a model call refused because the tenant's
+        monthly budget is spent is such a failure, ``error`` starting ``BudgetExceeded``).
     """
     from memory.services import ExtractionBusy, MemoryOff
     from memory.services import memory_extract_session as extract
