@@ -96,3 +96,14 @@ def reembedding_notice(knowledge_bases: Iterable[KnowledgeBase]) -> str:
     listed = ", ".join(f"“{name}”" for name in names)
     return (f"Note: {listed} {'is' if len(names) == 1 else 'are'} being re-embedded with a new embedding model; "
             "until that is done, passages not yet re-embedded are found by their words only, not by meaning.")
+
+
+def reembedding_notice_for(*, knowledge_base_ids: Iterable[int], user_id: int | None) -> str:
+    """:func:`reembedding_notice` for a search over ``knowledge_base_ids`` and, with
+    ``user_id``, that user's own knowledge bases (as the ``knowledge_search`` tool searches):
+    one query for the flagged ones. Requires the tenant scope."""
+    wanted = Q(pk__in=list(knowledge_base_ids))
+    if user_id is not None:
+        wanted |= Q(owner_id=user_id)
+    flagged = KnowledgeBase.objects.filter(wanted, knowledge_base_visible(user_id=user_id), reembedding=True)
+    return reembedding_notice(flagged.order_by("name", "id").only("name", "reembedding"))

@@ -309,12 +309,19 @@ class KnowledgeSearchTool(Tool):
             hits = await self.retrieval.hits(query=query, top_k=top_k, document_ids=document_ids, tags=tags)
         except ValueError as exc:  # the retrieval's own refusals (e.g. an embedding it cannot make)
             raise ToolError(f"The search failed: {exc}", code="search_failed") from exc
+        # A knowledge base being re-embedded (a new embedding model): the model is told that
+        # part of it was searched by words only.
+        from knowledge.selectors import reembedding_notice_for
+
+        scope = self.retrieval.scope
+        notice = await self.retrieval.in_thread(reembedding_notice_for)(knowledge_base_ids=scope.knowledge_base_ids,
+                                                                       user_id=scope.user_id)
         if not hits:
-            return ToolResult(content=NO_PASSAGES, data={"citations": []})
+            return ToolResult(content="\n\n".join(filter(None, [NO_PASSAGES, notice])), data={"citations": []})
         numbers = self.numbers()
         async with numbers.lock:
             text, citations = passages_render(hits, numbers)
-        return ToolResult(content=text, data={"citations": citations})
+        return ToolResult(content="\n\n".join(filter(None, [text, notice])), data={"citations": citations})
 
 
 async def context_passages(*, retrieval: Retrieval, query: str, top_k: int, numbers: CitationNumbers,

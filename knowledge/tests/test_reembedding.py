@@ -337,3 +337,31 @@ def test_console_shows_re_embedding_progress_and_re_embeds(world, fake_embedder,
     assert _reembed(kb) == "done"
     assert f"re-embedding 0/{total}" not in console.get(
         f"/admin/knowledge/knowledgebase/{kb.pk}/change/").content.decode()
+
+
+def test_knowledge_search_tells_the_model_while_a_knowledge_base_is_re_embedded(
+        world, fake_llm, fake_embedder, queued, no_enqueue):
+    from knowledge.tests.test_kind import _agent, _calls, run_now
+    from llm.testing import Reply, ToolCalls
+    from sessions.models import Run
+    from sessions.tests.conftest import post_message_sync
+
+    kb = _kb(world, fake_embedder)
+    _ingested(kb, "Boats", BOATS)
+    agent = _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 2})
+    question = "When do sailing lessons start?"
+    fake_llm.script(ToolCalls([("knowledge_search", {"query": question})]), Reply("In May [1]."),
+                    ToolCalls([("knowledge_search", {"query": question})]), Reply("In May [2]."))
+    run = post_message_sync(agent=agent, user=world.member, content=question)
+    run_now(run.pk)
+    [call] = _calls(run.pk)
+    assert call.status == "succeeded" and "re-embedded" not in call.result
+
+    _change_model(kb, "hash-b-64", 64)
+    run = post_message_sync(agent=agent, user=world.member, content=question)
+    run_now(run.pk)
+    assert Run.all_tenants.get(pk=run.pk).status == "completed"
+    [call] = _calls(run.pk)
+    assert call.status == "succeeded" and "Sailing lessons start" in call.result  # the words still find it
+    assert call.result.endswith("“Leisure” is being re-embedded with a new embedding model; until that is done, "
+                                "passages not yet re-embedded are found by their words only, not by meaning.")
