@@ -110,13 +110,23 @@ def tool_choice_resolve(choice: str, tools: Sequence[ToolSpec]) -> str | ToolSpe
                                         f"{sorted(t.name for t in tools)}")
 
 
-def tool_call_schema(tool: ToolSpec) -> dict[str, Any]:
+def tool_call_schema(tool: ToolSpec, *, required_only: bool = False) -> dict[str, Any]:
     """The JSON Schema of one call of ``tool`` written as text: ``{"name": <tool.name>,
     "arguments": <tool.parameters>}`` (both required, nothing else), the shape
     :mod:`llm.toolcall_parsing` reads as a call. For constrained decoding
-    (``response_format``) on routes whose server does not parse tool calls."""
+    (``response_format``) on routes whose server does not parse tool calls.
+
+    Args:
+        tool: The tool.
+        required_only: Keep only the parameters' ``required`` properties (and no others):
+            the call then takes the tool's defaults for the rest.
+    """
     parameters = dict(tool.parameters) if tool.parameters else {"type": "object", "properties": {}}
     parameters.setdefault("type", "object")
+    if required_only and isinstance(parameters.get("properties"), dict):
+        required = [k for k in parameters.get("required") or () if k in parameters["properties"]]
+        parameters["properties"] = {k: parameters["properties"][k] for k in required}
+        parameters["additionalProperties"] = False
     return {
         "type": "object",
         "properties": {"name": {"type": "string", "const": tool.name}, "arguments": parameters},

@@ -100,6 +100,27 @@ def render_tool_response(content: str) -> str:
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
+def render_tool_choice_note(tool_choice: str) -> str:
+    """The sentence that tells a text-mode model its reply must be a call (its reply is
+    constrained to one as well: :func:`llm.providers.openai_compat.build_request`).
+
+    Args:
+        tool_choice: ``"required"``, a tool's name, or anything else (``"auto"``: no note).
+
+    Returns:
+        The note, or ``""``.
+
+    Measured on Qwen2.5-Coder-0.5B-Instruct (constrained to a ``knowledge_search`` call):
+    without a note it wrote an unrelated query, or copied the parameter's description, in
+    6 of 6 questions ("What is the latest news about technology trends?"); with this note
+    after the tools, 3 of 4 queries were the user's question or close to it.
+    """
+    if tool_choice in ("auto", "none", ""):
+        return ""
+    target = "one of the functions" if tool_choice == "required" else tool_choice
+    return f"You must call {target} now. Use the words of the user's last message as its arguments."
+
+
 TOOL_RESULTS_FOLLOW_UP = "Now answer my question in plain text using these results, unless you need another tool."
 """Appended after the ``<tool_response>`` blocks of a text-mode history.
 
@@ -110,12 +131,15 @@ times.
 """
 
 
-def messages_for_text_mode(messages: Iterable[ChatMessage], tools: Sequence[ToolSpec]) -> list[ChatMessage]:
+def messages_for_text_mode(
+    messages: Iterable[ChatMessage], tools: Sequence[ToolSpec], *, tool_choice: str = "auto",
+) -> list[ChatMessage]:
     """The canonical history rewritten for a model that writes tool calls as text.
 
     * The tools prompt (:func:`render_tools_prompt`) is appended to the first system message,
       or becomes a new system message at the front when there is none (nothing is added when
-      ``tools`` is empty).
+      ``tools`` is empty); a ``tool_choice`` that forces a call adds
+      :func:`render_tool_choice_note` after it.
     * Assistant messages with ``tool_calls`` become plain assistant text: the content, then one
       ``<tool_call>`` block per call.
     * Tool results become user messages of ``<tool_response>`` blocks; consecutive results are
@@ -125,6 +149,8 @@ def messages_for_text_mode(messages: Iterable[ChatMessage], tools: Sequence[Tool
     Args:
         messages: Canonical history (not modified).
         tools: Tools offered in this request.
+        tool_choice: ``"required"`` or a tool's name when the reply must be a call (the
+            caller constrains it); else ``"auto"``.
 
     Returns:
         New messages with roles ``system``/``user``/``assistant`` only and no ``tool_calls``.
@@ -151,6 +177,9 @@ def messages_for_text_mode(messages: Iterable[ChatMessage], tools: Sequence[Tool
     flush_results()
 
     prompt = render_tools_prompt(tools)
+    note = render_tool_choice_note(tool_choice) if tools else ""
+    if note:
+        prompt = f"{prompt}\n\n{note}"
     if prompt:
         for i, message in enumerate(out):
             if message.role == "system":
@@ -611,6 +640,7 @@ __all__ = [
     "mint_call_id",
     "parse_tool_calls",
     "render_tool_call",
+    "render_tool_choice_note",
     "render_tool_response",
     "render_tools_prompt",
 ]

@@ -528,10 +528,14 @@ def build_request(
             {"name": …}}``; nothing for ``"auto"``). Text mode (the server parses no tool
             calls) enforces a call by constrained decoding instead: ``response_format``
             ``{"type": "json_object", "schema": …}`` with the JSON Schema of the call
-            (:func:`~llm.model.tool_call_schema`; ``anyOf`` the offered tools' for
-            ``"required"``), which llama.cpp's servers (llama-cpp-python's and
-            ``llama-server``) turn into a grammar; ``"none"`` leaves the tools out of the
-            prompt.
+            (:func:`~llm.model.tool_call_schema`, required arguments only; ``anyOf`` the
+            offered tools' for ``"required"``), which llama.cpp's servers (llama-cpp-python's
+            and ``llama-server``) turn into a grammar, and says so in the system message
+            (:func:`~llm.toolcall_parsing.render_tool_choice_note`); ``"none"`` leaves the
+            tools out of the prompt. Why required arguments only: given the whole schema, the
+            embedded 0.5B model filled every optional argument with invented values
+            (``knowledge_search``'s ``filters.document_ids: [1, 2]``, which matched no
+            document); the tool's defaults are better.
 
     Returns:
         ``(params, sent_messages)``: the request parameters and the canonical messages they
@@ -544,7 +548,8 @@ def build_request(
     text_mode = entry.tool_calls == "text"
     choice = tool_choice_resolve(tool_choice, tools)
     if text_mode:
-        sent = messages_for_text_mode(messages, () if choice == "none" else tools)
+        forced = choice.name if isinstance(choice, ToolSpec) else choice if choice == "required" else "auto"
+        sent = messages_for_text_mode(messages, () if choice == "none" else tools, tool_choice=forced)
     else:
         sent = list(messages)
     params: dict[str, Any] = {
@@ -567,8 +572,8 @@ def build_request(
         elif choice != "auto":
             params["tool_choice"] = choice
     elif text_mode and choice != "auto" and choice != "none":
-        schema = (tool_call_schema(choice) if isinstance(choice, ToolSpec)
-                  else {"anyOf": [tool_call_schema(t) for t in tools]})
+        schema = (tool_call_schema(choice, required_only=True) if isinstance(choice, ToolSpec)
+                  else {"anyOf": [tool_call_schema(t, required_only=True) for t in tools]})
         params["response_format"] = {"type": "json_object", "schema": schema}
     return params, sent
 

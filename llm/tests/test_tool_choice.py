@@ -64,6 +64,12 @@ def test_the_call_schema_is_name_and_the_tools_parameters() -> None:
     }
     bare = ToolSpec(name="ping", description="", parameters={})
     assert tool_call_schema(bare)["properties"]["arguments"] == {"type": "object", "properties": {}}
+    # Required arguments only (for a small model's constrained call): the optional ones are left out.
+    assert tool_call_schema(SEARCH, required_only=True)["properties"]["arguments"] == {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"],
+        "additionalProperties": False,
+    }
+    assert SEARCH.parameters["properties"].keys() == {"query", "top_k"}  # not modified
 
 
 # --- OpenAI-compatible, native tool calls -------------------------------------------------------
@@ -98,14 +104,20 @@ def test_text_mode_enforces_a_named_or_required_call_with_a_json_schema() -> Non
     assert "response_format" not in params and "tool_choice" not in params and "tools" not in params
     assert "<tools>" in sent[0].content
 
+    assert "You must call" not in sent[0].content
+
     params, sent = build("knowledge_search")
-    assert params["response_format"] == {"type": "json_object", "schema": tool_call_schema(SEARCH)}
+    assert params["response_format"] == {"type": "json_object",
+                                         "schema": tool_call_schema(SEARCH, required_only=True)}
     assert "tool_choice" not in params and "tools" not in params  # the server would not parse them
     assert "<tools>" in sent[0].content  # the model still reads what the tool does
+    assert sent[0].content.endswith("</tool_call>\n\nYou must call knowledge_search now. "
+                                    "Use the words of the user's last message as its arguments.")
 
-    params, _ = build("required")
-    assert params["response_format"] == {"type": "json_object",
-                                         "schema": {"anyOf": [tool_call_schema(SEARCH), tool_call_schema(TIME)]}}
+    params, sent = build("required")
+    assert params["response_format"] == {"type": "json_object", "schema": {"anyOf": [
+        tool_call_schema(SEARCH, required_only=True), tool_call_schema(TIME, required_only=True)]}}
+    assert "You must call one of the functions now." in sent[0].content
 
     params, sent = build("none")  # no call possible: the tools are not announced
     assert "response_format" not in params
@@ -183,7 +195,7 @@ async def test_the_router_passes_the_choice_to_each_entry_in_its_form(server_a, 
     events = [e async for e in router.stream(USER, TOOLS, tool_choice="knowledge_search")]
 
     assert server_a.requests[0]["tool_choice"] == {"type": "function", "function": {"name": "knowledge_search"}}
-    assert server_b.requests[0]["response_format"]["schema"] == tool_call_schema(SEARCH)
+    assert server_b.requests[0]["response_format"]["schema"] == tool_call_schema(SEARCH, required_only=True)
     assert [c.name for c in events[-1].message.tool_calls] == ["knowledge_search"]
 
 
