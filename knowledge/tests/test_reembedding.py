@@ -365,3 +365,23 @@ def test_knowledge_search_tells_the_model_while_a_knowledge_base_is_re_embedded(
     assert call.status == "succeeded" and "Sailing lessons start" in call.result  # the words still find it
     assert call.result.endswith("“Leisure” is being re-embedded with a new embedding model; until that is done, "
                                 "passages not yet re-embedded are found by their words only, not by meaning.")
+
+
+def test_the_task_retries_a_failing_endpoint_then_fails_the_documents_left(world, fake_embedder, queued):
+    """``knowledge.knowledge_base_reembed`` is late-acknowledged (a lost worker's job is
+    delivered again) and retries a failing endpoint (run eagerly here: the retries follow at
+    once) before the documents still holding old vectors end failed."""
+    from knowledge.services import REEMBED_MAX_RETRIES
+    from knowledge.tasks import knowledge_base_reembed as task
+
+    assert task.acks_late and task.reject_on_worker_lost
+    kb = _kb(world, fake_embedder)
+    boats = _ingested(kb, "Boats", BOATS)
+    kb = _change_model(kb, "hash-b-64", 64)
+    fake_embedder.fail_after = len(fake_embedder.requests)
+    before = len(fake_embedder.requests)
+    task.apply(kwargs={"tenant_id": world.tenant.pk, "knowledge_base_id": kb.pk,
+                       "fingerprint": kb.embedding_fingerprint})
+    assert len(fake_embedder.requests) - before == REEMBED_MAX_RETRIES + 1
+    boats.refresh_from_db()
+    assert boats.status == "failed" and "overloaded HTTP 503" in boats.status_reason
