@@ -188,11 +188,11 @@ def subrun_publishers(
     ``run_id``): every event carries ``parent_run_id`` and ``parent_tool_call_id``.
 
     Returns:
-        ``(publish_now, publish)``: ``publish_now`` adds the parent's ids only (its end and
-        pause, which must be recorded even while the parent is being cancelled); ``publish``
-        also reports each ``tool_call_started`` as the parent call's progress and raises a
-        pending cancel of the current task (redis-py may swallow one). ``publish.nowait``
-        exists when ``base.nowait`` does.
+        ``(publish_now, publish)``: ``publish_now`` adds the parent's ids only (for the
+        sub-run's end and pause, recorded also while the parent is being cancelled);
+        ``publish`` (the sub-run's loop's) also reports each ``tool_call_started`` as the
+        parent call's progress and raises a pending cancel of the current task (redis-py may
+        swallow one). ``publish.nowait`` exists when ``base.nowait`` does.
     """
     extra = {"parent_run_id": parent.run_id, "parent_tool_call_id": context.tool_call_id}
 
