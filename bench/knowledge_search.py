@@ -14,9 +14,18 @@ kind, the 14 questions below in turn, p50/p95 of each:
   (HNSW, iterative scan), lexical list only (GIN, two bounded steps), and both fused (RRF) —
   each including the knowledge-base lookup, the transaction and reading the hits;
 - **end to end**: :func:`knowledge.retrieval.search` as the API calls it, the query embedded
-  by the embedded embedder (all-MiniLM-L6-v2 on llama.cpp, a kept connection);
-- the query embedding alone (``llm.embeddings.embed_texts`` of one question);
-- the two lists' SQL statements alone, and the vector query's plan (is the HNSW index used).
+  by the embedded embedder (all-MiniLM-L6-v2 on llama.cpp, a kept connection) while the
+  lexical list is read; and, for comparison under the same load, the sequential order (the
+  query embedded, then ``search()`` given the vector: what ``search()`` did before the overlap);
+- the query embedding alone (``llm.embeddings.embed_texts`` of one question), and the model's
+  compute alone (the same GGUF loaded in this process with llama-cpp-python, the embedder's
+  threads: the difference is HTTP, the server's JSON and the client);
+- the two lists' SQL statements alone, and the vector query's plan (is the HNSW index used);
+- the vector list's recall against an exact scan (the same query without the index) for
+  several ``hnsw.ef_search`` values, with the statement's latency (``--ef-search``), for the
+  questions' vectors and for vectors planted near a stored chunk. The chunks' vectors are
+  random: among random vectors every neighbour is about as far as any other (cosine ~0), the
+  HNSW graph's hardest case, so recall@40 here is a lower bound, not what real embeddings get.
 
 **Ingestion.** The repository's own Markdown (README.md, ARCHITECTURE.md, bench/README.md,
 docs/*.md) ingested through the real pipeline (parse, chunk 500/50, embed in batches of 32,
@@ -173,6 +182,112 @@ def _timed(kb: KnowledgeBase, queries: int, **options) -> list[float]:
     return timings
 
 
+def _paired_end_to_end(kb: KnowledgeBase, queries: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of ``queries`` end-to-end searches each way, paired (the same question both
+    ways, one right after the other, which first alternating) so that both see the same load:
+    (search() as the API calls it: the embedding overlapped with the lexical list; the
+    sequential order: embed the question with embed_texts, then search() given the vector,
+    which is what search() did before the overlap). One warm-up pair first."""
+    from llm.embeddings import embed_texts
+
+    def overlapped(question: str) -> float:
+        t0 = time.perf_counter()
+        hits = search(tenant_id=kb.tenant_id, knowledge_base_ids=[kb.pk], query=question)
+        assert len(hits) == 5
+        return 1000 * (time.perf_counter() - t0)
+
+    def sequential(question: str) -> float:
+        t0 = time.perf_counter()
+        [vector] = embed_texts(kb.embedding_provider, kb.embedding_model, [question])
+        hits = search(tenant_id=kb.tenant_id, knowledge_base_ids=[kb.pk], query=question, query_vector=vector)
+        assert len(hits) == 5
+        return 1000 * (time.perf_counter() - t0)
+
+    overlapped_ms, sequential_ms = [], []
+    for i in range(queries + 1):
+        question = QUESTIONS[i % len(QUESTIONS)]
+        if i % 2:
+            first, second = overlapped(question), sequential(question)
+            pair = (first, second)
+        else:
+            second, first = sequential(question), overlapped(question)
+            pair = (first, second)
+        if i:
+            overlapped_ms.append(pair[0])
+            sequential_ms.append(pair[1])
+    return overlapped_ms, sequential_ms
+
+
+def _ef_search_recall(kb: KnowledgeBase, vectors: list[str], ef_values: list[int], *, limit: int = 40,
+                      ) -> list[tuple[int, float, float, float, float]]:
+    """``[(ef_search, recall@limit, recall@5, p50 ms, p95 ms)]`` of the vector statement
+    against the exact ``limit`` nearest (the same rows ordered by ``embedding <=> v`` without the
+    index's cast expression: a sequential scan), over ``vectors``."""
+    params = {"tenant": kb.tenant_id, "kbs": [kb.pk], "documents": None, "limit": limit}
+    sql = vector_sql(DIMENSIONS, with_documents=False)
+    if "%(fingerprint)s" in sql:
+        params["fingerprint"] = kb.embedding_fingerprint
+    exact_sql = sql.replace(f"embedding::vector({DIMENSIONS})", "embedding")
+    out = []
+    with tenant_scope(kb.tenant_id):
+        exact = []
+        for vector in vectors:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET LOCAL enable_indexscan = off")
+                cursor.execute(exact_sql, {**params, "vector": vector})
+                exact.append([row[0] for row in sorted(cursor.fetchall(), key=lambda r: (r[1], r[0]))])
+        for ef in ef_values:
+            found40, found5, timings = 0, 0, []
+            for vector, truth in zip(vectors, exact, strict=True):
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                    cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
+                    t0 = time.perf_counter()
+                    cursor.execute(sql, {**params, "vector": vector})
+                    got = [row[0] for row in sorted(cursor.fetchall(), key=lambda r: (r[1], r[0]))]
+                    timings.append(1000 * (time.perf_counter() - t0))
+                found40 += len(set(got) & set(truth))
+                found5 += len(set(got[:5]) & set(truth[:5]))
+            out.append((ef, found40 / (limit * len(vectors)), found5 / (5 * len(vectors)),
+                        statistics.median(timings), percentile(timings, 0.95)))
+    return out
+
+
+def _compute_model(threads: int):
+    """The embedded embedding model loaded in this process as the server loads it (the same
+    GGUF, 512-token context and batch, ``threads`` threads), for timing its compute without HTTP."""
+    import llama_cpp
+    import setup_embedder
+
+    return llama_cpp.Llama(model_path=str(setup_embedder.ensure_embedder()), embedding=True, n_ctx=512,
+                           n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+
+def _compute_ms(model, queries: int) -> list[float]:
+    """Milliseconds of the model's own compute for one question (tokenising + encoding), no HTTP."""
+    model.embed(QUESTIONS[0])
+    timings = []
+    for i in range(queries):
+        t0 = time.perf_counter()
+        model.embed(QUESTIONS[i % len(QUESTIONS)])
+        timings.append(1000 * (time.perf_counter() - t0))
+    return timings
+
+
+def _near_chunks(kb: KnowledgeBase, rng: random.Random, count: int) -> list[str]:
+    """``count`` query vectors each near one stored chunk of ``kb`` (its vector plus noise, cosine
+    ~0.8 to it): a query with a clear nearest neighbour, as a question with an answering
+    passage has, unlike a random vector among random vectors."""
+    ids = list(Chunk.all_tenants.filter(knowledge_base=kb).values_list("pk", flat=True)[:5000])
+    out = []
+    for pk in rng.sample(ids, count):
+        base = [float(x) for x in Chunk.all_tenants.values_list("embedding", flat=True).get(pk=pk)]
+        noisy = [x + rng.gauss(0.0, 0.75 / DIMENSIONS ** 0.5) for x in base]
+        norm = sum(x * x for x in noisy) ** 0.5
+        out.append(_literal([x / norm for x in noisy]))
+    return out
+
+
 def _embedding_ms(kb: KnowledgeBase, queries: int) -> list[float]:
     """Milliseconds of embedding one question (llm.embeddings.embed_texts, as search() calls it)."""
     from llm.embeddings import embed_texts
@@ -226,6 +341,9 @@ def main() -> int:
     parser.add_argument("--other-chunks", type=int, default=5_000, help="chunks of each of the nine other tenants")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--skip-ingestion", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1, help="measure this many times on the one load")
+    parser.add_argument("--ef-search", default="40,80,120",
+                        help="hnsw.ef_search values whose vector-list recall is measured ('' for none)")
     parser.add_argument("--embedder-threads", type=int, default=None,
                         help="EMBEDDINGS_N_THREADS of the embedder (default: the server's, every usable CPU)")
     args = parser.parse_args()
@@ -242,26 +360,41 @@ def main() -> int:
         from llm.embeddings import embed_texts
 
         query_vectors = embed_texts(kb.embedding_provider, kb.embedding_model, QUESTIONS)
-        rows = []
-        load_before = os.getloadavg()
-        for name, options in (("retrieval: vector list", {"lists": ("vector",)}),
-                              ("retrieval: lexical list", {"lists": ("lexical",)}),
-                              ("retrieval: fused (RRF)", {})):
-            rows.append((name, _timed(kb, args.queries, query_vectors=query_vectors, **options)))
-        rows.append(("end to end: search() with embedding", _timed(kb, args.queries)))
-        rows.append(("of which: the query embedding alone", _embedding_ms(kb, args.queries)))
-        vector_ms, lexical_ms, plan = _sql_only(kb, args.queries, [_literal(v) for v in query_vectors])
-        rows.append(("SQL alone: vector statement", vector_ms))
-        rows.append(("SQL alone: lexical function", lexical_ms))
-        load_after = os.getloadavg()
-        uses_hnsw = "knowledge_chunk_hnsw_384" in plan
-        print(f"\nload average {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f} before, "
-              f"{load_after[0]:.2f} / {load_after[1]:.2f} / {load_after[2]:.2f} after (1/5/15 min; {os.cpu_count()} CPUs); "
-              f"{args.queries} queries each; HNSW index in the vector plan: {uses_hnsw}; "
-              f"lexical max_ranked {LEXICAL_MAX_RANKED}; embedder threads {args.embedder_threads or 'all CPUs'}\n")
-        print("| what | p50 ms | p95 ms |\n|---|---:|---:|")
-        for name, ms in rows:
-            print(f"| {name} | {statistics.median(ms):.1f} | {percentile(ms, 0.95):.1f} |")
+        compute_model = _compute_model(args.embedder_threads or os.cpu_count() or 1)
+        for round_number in range(1, args.rounds + 1):
+            rows = []
+            load_before = os.getloadavg()
+            for name, options in (("retrieval: vector list", {"lists": ("vector",)}),
+                                  ("retrieval: lexical list", {"lists": ("lexical",)}),
+                                  ("retrieval: fused (RRF)", {})):
+                rows.append((name, _timed(kb, args.queries, query_vectors=query_vectors, **options)))
+            overlapped_ms, sequential_ms = _paired_end_to_end(kb, args.queries)
+            rows.append(("end to end: search() with embedding (overlapped with the lexical list)", overlapped_ms))
+            rows.append(("end to end, sequential: embed, then search() with the vector", sequential_ms))
+            rows.append(("of which: the query embedding alone", _embedding_ms(kb, args.queries)))
+            rows.append(("of which: the model's compute (llama.cpp in this process, no HTTP)",
+                         _compute_ms(compute_model, args.queries)))
+            vector_ms, lexical_ms, plan = _sql_only(kb, args.queries, [_literal(v) for v in query_vectors])
+            rows.append(("SQL alone: vector statement", vector_ms))
+            rows.append(("SQL alone: lexical function", lexical_ms))
+            load_after = os.getloadavg()
+            uses_hnsw = "knowledge_chunk_hnsw_384" in plan
+            print(f"\nround {round_number} of {args.rounds}: load average {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f} before, "
+                  f"{load_after[0]:.2f} / {load_after[1]:.2f} / {load_after[2]:.2f} after (1/5/15 min; {os.cpu_count()} CPUs); "
+                  f"{args.queries} queries each; HNSW index in the vector plan: {uses_hnsw}; "
+                  f"lexical max_ranked {LEXICAL_MAX_RANKED}; embedder threads {args.embedder_threads or 'all CPUs'}\n")
+            print("| what | p50 ms | p95 ms |\n|---|---:|---:|")
+            for name, ms in rows:
+                print(f"| {name} | {statistics.median(ms):.1f} | {percentile(ms, 0.95):.1f} |")
+        ef_values = [int(v) for v in args.ef_search.split(",") if v.strip()]
+        if ef_values:
+            rng = random.Random(5)
+            probes = [_literal(v) for v in query_vectors] + _near_chunks(kb, rng, 36)
+            print("\nvector list against an exact scan (14 question vectors + 36 vectors near a stored chunk; "
+                  "limit 40; iterative scan):\n")
+            print("| hnsw.ef_search | recall@40 | recall@5 | p50 ms | p95 ms |\n|---:|---:|---:|---:|---:|")
+            for ef, recall40, recall5, p50, p95 in _ef_search_recall(kb, probes, ef_values):
+                print(f"| {ef} | {recall40:.3f} | {recall5:.3f} | {p50:.1f} | {p95:.1f} |")
         print("cleaning up …", flush=True)
     return 0
 
