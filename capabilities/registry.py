@@ -79,24 +79,32 @@ class ContextBlock:
     ``source``: the kind's key (``knowledge``, ``memory``); ``title``: a heading for the model
     and the trace ("Passages from the knowledge base ..."); ``text``: the block's body, as the
     model reads it; ``data``: JSON-serialisable details for clients (e.g. ``{"citations":
-    [...]}``), never sent to the model. Persisted with the run (``Run.context``), so a resumed
-    run sees the same blocks and the trace and the chat app show them.
+    [...]}``), never sent to the model; ``untrusted``: the text is outside data (retrieved
+    passages of uploaded files and fetched pages), framed like an untrusted tool's result
+    when the model reads it (:func:`sessions.runner.run_context.context_system_text`).
+    Persisted with the run (``Run.context``), so a resumed run sees the same blocks and the
+    trace and the chat app show them.
     """
 
     source: str
     title: str
     text: str
     data: Any = None
+    untrusted: bool = False
 
     def as_json(self) -> dict[str, Any]:
-        """``{source, title, text, data}`` (how ``Run.context`` stores it)."""
-        return {"source": self.source, "title": self.title, "text": self.text, "data": self.data}
+        """``{source, title, text, data}`` and ``untrusted: true`` when set (how ``Run.context``
+        stores it)."""
+        stored = {"source": self.source, "title": self.title, "text": self.text, "data": self.data}
+        if self.untrusted:
+            stored["untrusted"] = True
+        return stored
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ContextBlock:
         """The block :meth:`as_json` stored (missing keys: empty)."""
         return cls(source=str(raw.get("source", "")), title=str(raw.get("title", "")),
-                   text=str(raw.get("text", "")), data=raw.get("data"))
+                   text=str(raw.get("text", "")), data=raw.get("data"), untrusted=raw.get("untrusted") is True)
 
 
 class CapabilityKind:

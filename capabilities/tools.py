@@ -201,6 +201,11 @@ class Tool(abc.ABC):
     the runner then frames them as data with a per-call nonce before the model sees them
     (:func:`sessions.runner.tool_execution.frame_untrusted`)."""
 
+    call_first: bool = False
+    """True when a run's first model turn must call this tool (tool choice = its name; the
+    choice goes back to auto after that turn): e.g. ``knowledge_search`` of a binding with
+    ``search_first`` (:func:`sessions.runner.turn.turn_tool_choice`)."""
+
     @abc.abstractmethod
     async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         """Run the tool.

@@ -2,20 +2,34 @@
 
 Binding ``config``::
 
-    {"knowledge_bases": [ids], "top_k": 5, "retrieve_before_first_turn": false,
-     "user_uploads": false, "rewrite": false, "rerank": false}
+    {"knowledge_bases": [ids], "top_k": 5, "search_first": false,
+     "retrieve_before_first_turn": false, "user_uploads": false, "rewrite": false, "rerank": false}
 
 - ``knowledge_bases``: tenant-wide knowledge bases of the agent's tenant (another tenant's,
   or a user's own, is "not found"); may be empty only with ``user_uploads``.
 - ``top_k``: passages per search, 1–20 (a call may ask for another number in that range).
-- ``retrieve_before_first_turn``: the run's user message is searched when the run starts and
-  the passages go into the model input as a :class:`~capabilities.registry.ContextBlock`
-  (the "RAG intent" mode, for models that call tools unreliably); ``knowledge_search`` is
-  offered as well.
+- ``search_first``: the run's first model turn must call ``knowledge_search`` (its tool
+  choice is the tool: a native route gets ``tool_choice``, a text-mode route such as the
+  embedded model a JSON-schema constrained reply, see
+  :func:`llm.providers.openai_compat.build_request`); the model writes the query, the
+  passages come back as the tool's result, and from the next turn on the choice is
+  ``auto`` again (:func:`sessions.runner.turn.turn_tool_choice`), so it cannot loop, and a
+  run resumed after that turn does not search again. For models that call tools
+  unreliably.
+- ``retrieve_before_first_turn``: instead, the run's user message itself is searched when the
+  run starts and the passages go into the model input as a
+  :class:`~capabilities.registry.ContextBlock` (the "RAG intent" mode; no model turn is spent
+  on the search); ``knowledge_search`` is offered as well. Not together with
+  ``search_first``.
 - ``user_uploads``: the run's user's own knowledge bases (their chat uploads) are searched
-  too; their passages are outside data (the tool is ``untrusted``).
+  too.
 - ``rewrite`` / ``rerank``: ask the retrieval for its query-rewrite list / rerank step
   (:func:`knowledge.retrieval.search`); off by default.
+
+Passages are outside data whichever knowledge base they come from (a tenant-wide one holds
+fetched URLs and uploaded files too): ``knowledge_search`` is ``untrusted`` (the runner frames
+its results) and the block retrieved before the first turn is ``untrusted`` too (framed the
+same way in the system message, :func:`sessions.runner.run_context.context_system_text`).
 
 One binding per agent (the first; ``spec_key``). Registered by ``knowledge.apps``'s
 ``ready()``. Tools and formatting: :mod:`knowledge.tools`.
@@ -40,8 +54,8 @@ from knowledge.tools import (
 )
 
 CONFIG_DEFAULTS: dict[str, Any] = {
-    "knowledge_bases": [], "top_k": 5, "retrieve_before_first_turn": False, "user_uploads": False,
-    "rewrite": False, "rerank": False,
+    "knowledge_bases": [], "top_k": 5, "search_first": False, "retrieve_before_first_turn": False,
+    "user_uploads": False, "rewrite": False, "rerank": False,
 }
 """Every key a ``knowledge`` binding's config may have, with its default."""
 TOOL_NAME = "knowledge_search"
@@ -58,6 +72,7 @@ class KnowledgeBindingSpec:
     """Their names (the tool's description and the context block's title)."""
     descriptions: tuple[str, ...]
     top_k: int = 5
+    search_first: bool = False
     retrieve_before_first_turn: bool = False
     user_uploads: bool = False
     rewrite: bool = False
@@ -86,9 +101,12 @@ def config_errors(config: Any, *, tenant_id: int | None) -> list[str]:
     top_k = merged["top_k"]
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
         errors.append(f"top_k must be an integer from 1 to {MAX_TOP_K}.")
-    for key in ("retrieve_before_first_turn", "user_uploads", "rewrite", "rerank"):
+    for key in ("search_first", "retrieve_before_first_turn", "user_uploads", "rewrite", "rerank"):
         if not isinstance(merged[key], bool):
             errors.append(f"{key} must be true or false.")
+    if merged["search_first"] is True and merged["retrieve_before_first_turn"] is True:
+        errors.append("Choose one of search_first (the model's first turn calls knowledge_search) and "
+                      "retrieve_before_first_turn (the user's message is searched before it).")
     if not ids and merged["user_uploads"] is not True:
         errors.append("Name at least one knowledge base (or allow user uploads).")
     if ids and tenant_id is not None:
@@ -133,6 +151,7 @@ class KnowledgeKind(CapabilityKind):
         return KnowledgeBindingSpec(
             knowledge_base_ids=tuple(kb.pk for kb in kbs), names=tuple(kb.name for kb in kbs),
             descriptions=tuple(kb.description for kb in kbs), top_k=top_k,
+            search_first=config["search_first"] is True and config["retrieve_before_first_turn"] is not True,
             retrieve_before_first_turn=config["retrieve_before_first_turn"] is True,
             user_uploads=config["user_uploads"] is True, rewrite=config["rewrite"] is True,
             rerank=config["rerank"] is True, binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
@@ -147,7 +166,7 @@ class KnowledgeKind(CapabilityKind):
                 origin=ToolOrigin(source="knowledge", name=TOOL_NAME),
                 factory=lambda exposed, s=spec, r=retrieval, d=description: KnowledgeSearchTool(
                     exposed=exposed, retrieval=r, default_top_k=s.top_k, numbers=lambda: run_numbers(ctx),
-                    description=d, untrusted=s.user_uploads),
+                    description=d, call_first=s.search_first),
             )])))
         return opened
 

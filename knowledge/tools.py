@@ -1,8 +1,11 @@
 """``knowledge_search``: the tool the ``knowledge`` capability kind offers, and the passage
 formatting it shares with retrieval before the first turn.
 
-The model reads numbered passages (``[n] document › heading`` then the text) and a line
-asking it to cite them as ``[n]``; clients read the same passages as citations in the tool
+The model reads numbered passages (``[n] document › heading`` then the text), framed as
+outside data; the request to cite them as ``[n]`` is the platform's own text, outside the
+frame: in the tool's description, in the title of the block retrieved before the first turn,
+and, for text-mode routes, after the results (:data:`llm.toolcall_parsing.CITE_FOLLOW_UP`);
+clients read the same passages as citations in the tool
 call's ``data`` (``{"citations": [{n, knowledge_base_id, document_id, document_title, chunk_id,
 position, heading, score, snippet}]}``), which the chat app shows under the answer.
 
@@ -35,6 +38,8 @@ MAX_QUERY_CHARS = 1000
 SNIPPET_CHARS = 240
 """Characters of a passage kept as the citation's snippet."""
 CITE_NOTE = "Cite the passages you use by their number in square brackets, e.g. [1], right after the sentence they support."
+"""Not part of the passages (which are framed as outside data, so an instruction inside them
+would be data too): bench/knowledge_citations.py measured where the embedded model follows it."""
 NO_PASSAGES = "No passages found for this query in the knowledge bases."
 REWRITE_PROMPT = (
     "Rewrite the question below as a short search query for a documentation search: the key terms and "
@@ -99,8 +104,8 @@ def passages_render(hits: Sequence[Any], numbers: CitationNumbers) -> tuple[str,
         numbers: The run's citation numbers (updated).
 
     Returns:
-        ``(text, citations)``: ``text`` is ``[n] title › heading`` + the passage per hit, then
-        :data:`CITE_NOTE`; ``citations`` the ``{n, knowledge_base_id, document_id,
+        ``(text, citations)``: ``text`` is ``[n] title › heading`` + the passage per hit
+        (blank-line separated); ``citations`` the ``{n, knowledge_base_id, document_id,
         document_title, chunk_id, position, heading, score, snippet}`` of each hit (``score``:
         the fused retrieval score, higher is better).
     """
@@ -114,7 +119,7 @@ def passages_render(hits: Sequence[Any], numbers: CitationNumbers) -> tuple[str,
             "document_title": hit.document_title, "chunk_id": hit.chunk_id, "position": hit.position,
             "heading": hit.heading, "score": round(float(hit.score), 6), "snippet": _snippet(hit.text),
         })
-    return "\n\n".join(parts) + f"\n\n{CITE_NOTE}", citations
+    return "\n\n".join(parts), citations
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,17 +274,20 @@ class KnowledgeSearchTool(Tool):
     """``knowledge_search(query, filters?: {document_ids, tags}, top_k?)`` over one run's
     knowledge bases.
 
-    Results from a user's own uploads (bindings with ``user_uploads``) are outside data: the
-    tool is then ``untrusted`` and the runner frames them; tenant-wide knowledge bases are
-    curated by the tenant's admins and are not framed.
+    Its results are outside data whichever knowledge base they come from (a user's own
+    uploads, but also a tenant-wide knowledge base's fetched URLs and uploaded files, which
+    the tenant's admins did not write): the tool is ``untrusted`` and the runner frames them.
+    ``call_first``: the run's first model turn must call it (a binding with ``search_first``).
     """
 
+    untrusted = True
+
     def __init__(self, *, exposed: str, retrieval: Retrieval, default_top_k: int,
-                 numbers: Callable[[], CitationNumbers], description: str, untrusted: bool) -> None:
+                 numbers: Callable[[], CitationNumbers], description: str, call_first: bool = False) -> None:
         self.retrieval = retrieval
         self.default_top_k = default_top_k
         self.numbers = numbers
-        self.untrusted = untrusted
+        self.call_first = call_first
         self.spec = ToolSpec(name=exposed, description=description, parameters={
             "type": "object",
             "properties": {
@@ -340,5 +348,5 @@ async def context_passages(*, retrieval: Retrieval, query: str, top_k: int, numb
     async with numbers.lock:
         text, citations = passages_render(hits, numbers)
     where = ", ".join(f"“{n}”" for n in names) or "the knowledge bases"
-    title = f"Passages from {where} that may answer the user's message (use them when relevant):"
-    return [ContextBlock(source="knowledge", title=title, text=text, data={"citations": citations})]
+    title = f"Passages from {where} that may answer the user's message (use them when relevant). {CITE_NOTE}"
+    return [ContextBlock(source="knowledge", title=title, text=text, data={"citations": citations}, untrusted=True)]

@@ -22,6 +22,7 @@ from knowledge.services import document_add_text, document_ingest, knowledge_bas
 from llm.testing import Reply, ToolCalls
 from sessions.models import Run, ToolCall
 from sessions.runner.loop import execute_run
+from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
@@ -120,6 +121,9 @@ def test_a_binding_is_checked_and_another_tenants_knowledge_base_is_not_found(
         ({"knowledge_bases": ["1"]}, "knowledge_bases must be a list of knowledge base ids"),
         ({"knowledge_bases": []}, "Name at least one knowledge base"),
         ({"knowledge_bases": [ours.pk], "user_uploads": "yes"}, "user_uploads must be true or false"),
+        ({"knowledge_bases": [ours.pk], "search_first": 1}, "search_first must be true or false"),
+        ({"knowledge_bases": [ours.pk], "search_first": True, "retrieve_before_first_turn": True},
+         "Choose one of search_first"),
     ]:
         resp = bind(config)
         assert resp.status_code == 400, (config, resp.content)
@@ -127,6 +131,7 @@ def test_a_binding_is_checked_and_another_tenants_knowledge_base_is_not_found(
     resp = bind({"knowledge_bases": [ours.pk], "top_k": 3, "retrieve_before_first_turn": True})
     assert resp.status_code == 201, resp.content
     assert bind({"knowledge_bases": [], "user_uploads": True}).status_code == 201
+    assert bind({"knowledge_bases": [ours.pk], "search_first": True}).status_code == 201
 
 
 # --- knowledge_search ---------------------------------------------------------------------------
@@ -157,7 +162,8 @@ def test_knowledge_search_returns_numbered_passages_and_citations(world, fake_ll
     assert set(first) == {"n", "knowledge_base_id", "document_id", "document_title", "chunk_id", "position",
                           "heading", "score", "snippet"}
     assert call.result.startswith("[1] Sailing club handbook › ")
-    assert "Cite the passages you use" in call.result
+    assert "Cite the passages" not in call.result  # the platform asks, outside the (framed) passages
+    assert "cite the ones you use as [n]" in tool["function"]["description"]
     model_saw = fake_llm.requests[1]["messages"][-1]["content"]
     assert "[1] Sailing club handbook" in model_saw and "opens at 8 in the morning" in model_saw
     [event] = _events(run.pk, "tool_call_succeeded")
@@ -202,7 +208,8 @@ def test_passages_before_the_first_turn_are_in_the_first_request_and_numbers_con
     run = Run.all_tenants.get(pk=run.pk)
     assert run.status == "completed", run.error
     system = fake_llm.requests[0]["messages"][0]["content"]
-    assert system.startswith("Answer from the passages.\n\nPassages from “Club” that may answer")
+    assert system.startswith(f"Answer from the passages.\n\n{UNTRUSTED_SYSTEM_NOTE}\n\nPassages from “Club” that may "
+                             "answer the user's message (use them when relevant). Cite the passages you use")
     assert "[1] Sailing club handbook › " in system and "blue boathouse" in system
     [block] = run.context
     assert block["source"] == "knowledge"

@@ -9,7 +9,9 @@ instead of asking again, so it sees the same context; the console's trace and th
 read them from there too.
 
 :func:`context_system_text` is how the blocks reach the model: appended to the system
-message, after the system prompt (and the compaction summary), one section per block.
+message, after the system prompt (and the compaction summary), one section per block; the
+text of an ``untrusted`` block (retrieved passages) is framed as outside data, as an untrusted
+tool's result is (:func:`sessions.runner.tool_execution.frame_untrusted`).
 Runs whose bindings have no such kind cost nothing here (no database round trip).
 """
 
@@ -24,6 +26,7 @@ from capabilities.registry import ContextBlock, OpenContext, kinds
 from sessions.models import Run
 from sessions.runner._db import db
 from sessions.runner.spec import RunSpec
+from sessions.runner.tool_execution import frame_untrusted
 
 __all__ = ["context_system_text", "run_context_open"]
 
@@ -81,7 +84,16 @@ def _context_save(run_id: int, blocks: list[dict[str, Any]]) -> None:
     Run.objects.filter(pk=run_id, context__isnull=True).update(context=blocks)
 
 
-def context_system_text(blocks: Sequence[ContextBlock]) -> str:
+def context_system_text(blocks: Sequence[ContextBlock], *, nonce: str | None = None) -> str:
     """The blocks as the text appended to the run's system message: ``"{title}\\n{text}"``
-    per block, separated by blank lines ("" for none)."""
-    return "\n\n".join(f"{b.title}\n{b.text}" if b.title else b.text for b in blocks)
+    per block, separated by blank lines ("" for none).
+
+    An ``untrusted`` block's text is framed (:func:`~sessions.runner.tool_execution.frame_untrusted`:
+    between ``<untrusted-data nonce="…">`` markers, forged markers inside defused); its title,
+    the platform's own words, stays outside. ``nonce``: the run's (one per run, so the system
+    message, and a provider's prompt cache, stays the same from turn to turn); None: a fresh one.
+    """
+    def body(block: ContextBlock) -> str:
+        return frame_untrusted(block.text, nonce=nonce) if block.untrusted else block.text
+
+    return "\n\n".join(f"{b.title}\n{body(b)}" if b.title else body(b) for b in blocks)

@@ -126,9 +126,13 @@ class StreamedTextBatcher:
 
 
 async def stream_model_turn(
-    router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any, *, compact_first: bool = False
+    router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any, *, compact_first: bool = False,
+    tool_choice: str = "auto",
 ) -> tuple[Completion, str]:
     """Stream one model turn, publishing text and reasoning in batches (:class:`StreamedTextBatcher`).
+
+    ``tool_choice`` (:attr:`llm.model.ModelSettings.tool_choice`) is passed to the router
+    only when it is not ``"auto"``.
 
     Returns:
         The completion, and the reasoning text streamed with it (recorded, never fed back).
@@ -140,7 +144,8 @@ async def stream_model_turn(
     if streamed is not None:
         streamed.clear()
     try:
-        async for event in router.stream(messages, tool_specs, compact_first=compact_first):
+        choice = {} if tool_choice == "auto" else {"tool_choice": tool_choice}
+        async for event in router.stream(messages, tool_specs, compact_first=compact_first, **choice):
             if isinstance(event, TextDelta):
                 batcher.add("content_token", event.text)
                 if streamed is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -148,8 +149,13 @@ class RunState:
     prompt_tokens: int = 0
     message: ChatMessage | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str = "auto"
+    """This turn's tool choice (:func:`turn_tool_choice`), set by :func:`prepare`."""
     context: tuple[ContextBlock, ...] = ()
     """The run's start context (:mod:`sessions.runner.run_context`): appended to the system message."""
+    context_nonce: str = field(default_factory=lambda: secrets.token_hex(8))
+    """The nonce framing the start context's untrusted blocks (one per run: the system message
+    stays the same from turn to turn)."""
 
     @property
     def no_compaction(self) -> bool:
@@ -252,16 +258,35 @@ def _build_prompt(state: RunState) -> None:
     state.final_turn = state.turn == spec.max_loop_count - 1
     system = system_prompt_with_summary(spec.system_prompt or DEFAULT_SYSTEM_PROMPT, state.history.summary)
     tool_specs = toolset.specs
-    if any(t.untrusted for t in toolset.tools.values()):
+    if any(t.untrusted for t in toolset.tools.values()) or any(b.untrusted for b in state.context):
         system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"
     if state.context:
-        system = f"{system}\n\n{context_system_text(state.context)}"
+        system = f"{system}\n\n{context_system_text(state.context, nonce=state.context_nonce)}"
     messages = [ChatMessage(role="system", content=system), *state.history.messages]
     if state.final_turn and tool_specs:
         messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
     state.messages = messages
     state.offered = [] if state.final_turn else tool_specs
+    state.tool_choice = turn_tool_choice(state)
     state.prompt_tokens = estimate_tokens(messages, state.offered)
+
+
+def turn_tool_choice(state: RunState) -> str:
+    """The tool choice of the coming model turn (:attr:`llm.model.ModelSettings.tool_choice`).
+
+    A top-level run's first model turn (``turn == 0``: none answered yet, also after a
+    worker died before it did) must call the first offered tool marked ``call_first`` (a
+    ``knowledge`` binding with ``search_first``), by its exposed name; every other turn is
+    ``"auto"``, so the choice resets once that turn is answered and cannot loop, and a run
+    resumed after it (its ``loop_count`` stored with the turn) never forces again.
+    """
+    if state.turn != 0 or state.spec.depth > 0 or not state.offered:
+        return "auto"
+    offered = {t.name for t in state.offered}
+    for name, tool in state.toolset.tools.items():
+        if tool.call_first and name in offered:
+            return name
+    return "auto"
 
 
 def compaction_due(state: RunState) -> bool:
@@ -352,7 +377,8 @@ async def model_turn(state: RunState) -> StepOutcome:
     try:
         async with state.record.holding_the_answer(), asyncio.timeout(spec.turn_timeout_seconds):
             completion, reasoning = await stream_model_turn(
-                state.model, state.messages, state.offered, state.publish, compact_first=not state.compaction_exhausted
+                state.model, state.messages, state.offered, state.publish, compact_first=not state.compaction_exhausted,
+                tool_choice=state.tool_choice,
             )
     except (TimeoutError, ModelCallError, AllEntriesFailed, StreamInterrupted) as exc:
         return await model_failure(state, exc)

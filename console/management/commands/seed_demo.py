@@ -14,9 +14,10 @@ Creates (or brings back to the documented state) tenant "demo" with:
   ``fetch__fetch``; public addresses only, through the egress proxy; robots.txt honoured);
 - knowledge base "Platform documentation" (the project's README.md and ARCHITECTURE.md,
   ingested by the Celery worker with the embedded embedder; unchanged files are not
-  re-ingested) and agent "Docs assistant" bound to it (``knowledge_search``, and the passages
-  for each message retrieved before the first turn: the 0.5B model calls tools unreliably;
-  ``user_uploads``: a user's chat attachments added to their own knowledge are searched too).
+  re-ingested) and agent "Docs assistant" bound to it (``knowledge_search`` with
+  ``search_first``: the first model turn of each run must call it, which the 0.5B model would
+  not do by itself, enforced by constrained decoding; ``user_uploads``: a user's chat
+  attachments added to their own knowledge are searched too).
 
 With ``--print-token`` the last line printed is a new API token for demo-user (with
 ``--admin``, for demo-admin).
@@ -53,10 +54,10 @@ RESEARCHER_PROMPT = (
     "To factor an integer into primes, call the factor tool, then answer with its result."
 )
 DOCS_ASSISTANT_PROMPT = (
-    "You are Docs assistant. You answer questions about the Agent Platform from its documentation. "
-    "Passages from the documentation are given below, numbered. Answer in two to four sentences using only "
-    "the passages, and cite each passage you use by its number in square brackets, like [1]. If the passages "
-    "do not answer the question, say so."
+    "You are Docs assistant. You answer questions about the Agent Platform from its documentation, which you "
+    "search with knowledge_search. Answer in two to four sentences using only the passages it returns, and cite "
+    "each passage you use by its number in square brackets, like [1]. If the passages do not answer the "
+    "question, say so."
 )
 DOCS_KNOWLEDGE_BASE = "Platform documentation"
 DOCS_FILES = ("README.md", "ARCHITECTURE.md")
@@ -181,7 +182,7 @@ class Command(BaseCommand):
         )
         binding, _ = CapabilityBinding.all_tenants.update_or_create(
             tenant=tenant, agent=agent, kind="knowledge",
-            defaults={"config": {"knowledge_bases": [kb.pk], "top_k": 4, "retrieve_before_first_turn": True,
+            defaults={"config": {"knowledge_bases": [kb.pk], "top_k": 4, "search_first": True,
                                  "user_uploads": True},
                       "enabled": True},
         )
