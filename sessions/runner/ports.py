@@ -145,9 +145,11 @@ class Model(Protocol):
     """A model route as the loop uses it (production: :class:`llm.router.Router`)."""
 
     def stream(self, messages: list[ChatMessage], tools: list[ToolSpec], *,
-               compact_first: bool = False) -> AsyncIterator[Any]:
+               compact_first: bool = False, tool_choice: str = "auto") -> AsyncIterator[Any]:
         """Text/reasoning deltas, then one :class:`~llm.types.Completion`; raises the
-        :mod:`llm.errors` errors the turn maps to failure reasons."""
+        :mod:`llm.errors` errors the turn maps to failure reasons. ``tool_choice``
+        (:attr:`llm.model.ModelSettings.tool_choice`) is passed only when it is not ``"auto"``
+        (a run's forced first call, :func:`sessions.runner.turn.turn_tool_choice`)."""
 
     async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec], **kwargs: Any) -> Completion:
         """One whole answer (the compaction summarizer)."""
