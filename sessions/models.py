@@ -239,6 +239,40 @@ class LLMCall(TenantOwnedModel):
         indexes = [models.Index(fields=["tenant", "created_at"])]
 
 
+USAGE_MONTH_SHARDS = 8
+"""Rows per tenant and month in :class:`UsageMonth` (an LLM call counts in shard ``id % 8``)."""
+
+
+class UsageMonth(TenantOwnedModel):
+    """A tenant's LLM calls of one calendar month (UTC), summed: what the monthly budget is
+    checked against on every model turn and metered call, without reading the month's calls.
+
+    Written only by PostgreSQL: statement-level triggers on the ``LLMCall`` table (migration
+    ``0009_usage_month``) add each inserted call (every writer: the runner's plain SQL, the
+    ORM, :func:`sessions.llm_calls.llm_calls_record`, fixtures), move an updated one (tokens,
+    cost, ``created_at``, tenant) and subtract a deleted one, in the same transaction, so the
+    sums always equal the calls'. A month is spread over :data:`USAGE_MONTH_SHARDS` rows: a
+    call counts in shard ``LLMCall.id % 8``. Ids come from one sequence, so calls inserted at
+    the same moment (by different runs) have neighbouring ids and lock different rows; an
+    updated or deleted call's shard is known from its id. Read the month as the sum of its
+    shards (:func:`sessions.selectors.tenant_month_cost_usd_micros`).
+    """
+
+    month = models.DateField(help_text="The month's first day (UTC).")
+    shard = models.PositiveSmallIntegerField(help_text="LLMCall.id % 8.")
+    llm_calls = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    cost_usd_micros = models.BigIntegerField(default=0)
+
+    class Meta(TenantOwnedModel.Meta):
+        ordering = ["tenant", "-month", "shard"]
+        verbose_name = "usage month"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "month", "shard"], name="usage_month_tenant_month_shard"),
+        ]
+
+
 class TodoStatus(models.TextChoices):
     PENDING = "pending"
     IN_PROGRESS = "in_progress"

@@ -10,7 +10,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from sessions.models import Approval, ApprovalStatus, Artifact, ChatSession, LLMCall, Run, ToolCall
+from sessions.models import Approval, ApprovalStatus, Artifact, ChatSession, LLMCall, Run, ToolCall, UsageMonth
 
 
 def month_start(now: datetime | None = None) -> datetime:
@@ -81,8 +81,15 @@ USAGE_SUMS = {
 
 def tenant_month_cost_usd_micros(now: datetime | None = None) -> int:
     """Micro-USD of the current tenant's LLM calls (every purpose, purged chats' included)
-    since the start of this calendar month (UTC): what the monthly budget is held against."""
-    total = LLMCall.objects.filter(created_at__gte=month_start(now)).aggregate(total=Sum("cost_usd_micros"))["total"]
+    in the calendar month (UTC) of ``now`` (default: this one): what the monthly budget is
+    held against.
+
+    Reads the month's :class:`~sessions.models.UsageMonth` rows (at most
+    :data:`~sessions.models.USAGE_MONTH_SHARDS`, kept equal to the calls' sums by triggers),
+    not the month's calls: the same cost at 10 calls or 1M. Requires tenant scope.
+    """
+    month = month_start(now).date()
+    total = UsageMonth.objects.filter(month=month).aggregate(total=Sum("cost_usd_micros"))["total"]
     return int(total or 0)
 
 

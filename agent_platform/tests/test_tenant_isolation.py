@@ -30,7 +30,18 @@ from knowledge.models import KnowledgeBase
 from knowledge.tests import builders as kb_builders
 from memory.models import Memory, MemoryExtraction
 from memory.tests.factories import memory_make
-from sessions.models import Approval, Artifact, ChatSession, Compaction, LLMCall, Message, Run, Todo, ToolCall
+from sessions.models import (
+    Approval,
+    Artifact,
+    ChatSession,
+    Compaction,
+    LLMCall,
+    Message,
+    Run,
+    Todo,
+    ToolCall,
+    UsageMonth,
+)
 from tenants.models import AuditEvent, Invitation
 from tenants.scoping import TenantOwnedModel, tenant_scope
 
@@ -64,7 +75,7 @@ def theirs(other_world):
     [chunk] = kb_builders.chunks(kb_document, ["secret chunk text"], [kb_builders.unit([1.0] + [0.0] * 383)])
     from browser.models import BrowserDevice
 
-    return {
+    rows = {
         "provider": entry.provider, "route": entry.route, "agent": agent, "server": server,
         "binding": binding, "session": session, "run": run, "artifact": artifact, "document": document,
         "skill": skill, "route_entry": entry, "tool_call": tool_call,
@@ -88,6 +99,8 @@ def theirs(other_world):
         "memory": memory_make(tenant=t, user=other_world.member, agent=agent, text="secret memory"),
         "memory_extraction": MemoryExtraction.all_tenants.create(tenant=t, session=session, last_message_id=1),
     }
+    rows["usage_month"] = UsageMonth.all_tenants.get(tenant=t)  # written by the LLM call's trigger
+    return rows
 
 
 def _tenant_owned_models() -> set[type]:

@@ -4,7 +4,7 @@ and approvals a resumed run continues from, and a sub-run's configuration.
 
 Writes (every status transition and every row a run writes) are :mod:`sessions.runs`'.
 
-- the history read and the usage (``async def``) are plain SQL on the run's event loop,
+- the history read, the usage and the tenant's month cost (``async def``) are plain SQL on the run's event loop,
   through its async psycopg pool (:mod:`sessions.runner.pg`); awaited directly;
 - the rest (plain ``def``) are ORM code, called through
   :func:`sessions.runner.threads.db` on one of a few threads beside the loop.
@@ -36,6 +36,7 @@ from sessions.models import (
     Run,
     ToolCall,
     ToolCallStatus,
+    UsageMonth,
 )
 from sessions.runner.pg import pg_connection
 from sessions.runner.spec import RunSpec
@@ -504,13 +505,32 @@ async def run_usage(run_id: int) -> Usage:
     return Usage(tokens=tokens, cost_usd_micros=cost)
 
 
-def tenant_month_cost_usd_micros(tenant_id: int) -> int:
-    """Micro-USD of the tenant's LLM calls since the start of this calendar month (UTC): every
-    purpose (run turns, chat titles, memory, query rewrites, reranks) and purged chats' calls
-    (:func:`sessions.selectors.tenant_month_cost_usd_micros`). Requires ``tenant_id``'s scope."""
-    from sessions.selectors import tenant_month_cost_usd_micros as month_cost
+_MONTH_COST_SQL = (
+    f'SELECT coalesce(sum("cost_usd_micros"), 0)::bigint FROM "{UsageMonth._meta.db_table}" '
+    'WHERE "tenant_id" = %(tenant_id)s AND "month" = %(month)s'
+)
 
-    return month_cost()
+
+async def tenant_month_cost_usd_micros(tenant_id: int) -> int:
+    """Micro-USD of the tenant's LLM calls since the start of this calendar month (UTC): every
+    purpose (run turns, chat titles, memory, query rewrites, reranks) and purged chats' calls.
+
+    The month's :class:`~sessions.models.UsageMonth` rows summed (at most 8, whatever the
+    number of calls), in one statement on the loop's pool; the same figure as
+    :func:`sessions.selectors.tenant_month_cost_usd_micros`.
+
+    Raises:
+        ValueError: ``tenant_id`` is not the current tenant scope's (row-level security would
+            show no rows, so the budget would pass unchecked).
+    """
+    from sessions.selectors import month_start
+
+    if tenant_id != require_tenant_id():
+        raise ValueError(f"month cost of tenant {tenant_id} asked in tenant {require_tenant_id()}'s scope")
+    async with pg_connection() as conn:
+        cursor = await conn.execute(_MONTH_COST_SQL, {"tenant_id": tenant_id, "month": month_start().date()})
+        row = await cursor.fetchone()
+    return int(row[0])
 
 
 @dataclass(frozen=True, slots=True)

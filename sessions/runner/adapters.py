@@ -94,7 +94,7 @@ class DatabaseRunStore:
     approvals_for_calls = staticmethod(db(_db.approvals_for_calls))
     steer_absorb = staticmethod(db(runs.steer_absorb))  # each absorbed run: run_running
     usage = staticmethod(_db.run_usage)
-    tenant_month_cost_usd_micros = staticmethod(db(_db.tenant_month_cost_usd_micros))
+    tenant_month_cost_usd_micros = staticmethod(_db.tenant_month_cost_usd_micros)
     has_artifacts = staticmethod(_db.session_has_artifacts)
 
     assistant_message_save = staticmethod(runs.assistant_message_save)
