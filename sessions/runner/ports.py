@@ -8,7 +8,9 @@ model, and the run's tools come from a toolset opener. :class:`RunPorts` bundles
 Production adapters (PostgreSQL through :mod:`sessions.runs` and the runner's own reads,
 Redis streams, the fallback router, the capability kinds) are built in one place,
 :func:`sessions.runner.adapters.production_ports`; tests give in-memory fakes
-(``sessions/tests/test_loop_ports.py``).
+(``sessions/tests/test_loop_ports.py``). A skill's sub-run, run inside one of its parent's tool
+calls, goes through its parent's ports (:func:`run_ports_current`), with a publisher of its own
+wrapped around the parent's ports' publisher (:func:`sessions.runner.subrun.subrun_publishers`).
 """
 
 from __future__ import annotations
