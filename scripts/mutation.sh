@@ -35,6 +35,9 @@
 #                    exist in that tree. A tree with other migrations needs its own test
 #                    database: MUTATION_TAG (default: the tree's directory name when it is not
 #                    this repository) is added to the scratch directory and TEST_ISOLATION.
+#   MUTATION_PYTEST_ARGS  more pytest arguments for every test run (split on spaces), e.g.
+#                    "--deselect <test id>" for a timing-sensitive test that fails on a
+#                    saturated machine: mutmut stops at any failure of its clean runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -88,9 +91,9 @@ run_target() {
     --exclude mutants "$SRC/" "$ws/"
   mkdir -p "$ws/mutants"
   ln -s "$ROOT/var" "$ws/mutants/var"  # the settings read var/secrets.env next to the code
-  "$PYTHON" - "$ws/pyproject.toml" "$modules" "$tests" <<'EOF'
+  "$PYTHON" - "$ws/pyproject.toml" "$modules" "$tests" "${MUTATION_PYTEST_ARGS:-}" <<'EOF'
 import json, os, sys
-path, modules, tests = sys.argv[1:]
+path, modules, tests, extra = sys.argv[1:]
 modules, tests = modules.split(), tests.split()
 packages = sorted({m.split("/")[0] for m in modules})
 # Everything else at the top of the tree is copied into mutants/ as it is: a test run imports
@@ -102,7 +105,8 @@ with open(path, "a", encoding="utf-8") as f:
     f.write(f"source_paths = {json.dumps(packages)}\n")
     f.write(f"only_mutate = {json.dumps(modules)}\n")
     f.write(f"also_copy = {json.dumps(also_copy)}\n")
-    f.write('pytest_add_cli_args = ["-p", "no:cacheprovider", "--reuse-db", "-m", "not local_model"]\n')
+    args = ["-p", "no:cacheprovider", "--reuse-db", "-m", "not local_model", *extra.split()]
+    f.write(f"pytest_add_cli_args = {json.dumps(args)}\n")
     f.write(f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n")
 EOF
   local names=()
