@@ -240,7 +240,8 @@ class LLMCall(TenantOwnedModel):
 
 
 USAGE_MONTH_SHARDS = 8
-"""Rows per tenant and month in :class:`UsageMonth` (an LLM call counts in shard ``id % 8``)."""
+"""Rows per tenant and month in :class:`UsageMonth` (a transaction writes to shard
+``txid_current() % 8``)."""
 
 
 class UsageMonth(TenantOwnedModel):
@@ -251,15 +252,16 @@ class UsageMonth(TenantOwnedModel):
     ``0009_usage_month``) add each inserted call (every writer: the runner's plain SQL, the
     ORM, :func:`sessions.llm_calls.llm_calls_record`, fixtures), move an updated one (tokens,
     cost, ``created_at``, tenant) and subtract a deleted one, in the same transaction, so the
-    sums always equal the calls'. A month is spread over :data:`USAGE_MONTH_SHARDS` rows: a
-    call counts in shard ``LLMCall.id % 8``. Ids come from one sequence, so calls inserted at
-    the same moment (by different runs) have neighbouring ids and lock different rows; an
-    updated or deleted call's shard is known from its id. Read the month as the sum of its
-    shards (:func:`sessions.selectors.tenant_month_cost_usd_micros`).
+    month's sums always equal its calls'. A month is spread over :data:`USAGE_MONTH_SHARDS`
+    rows, so concurrent runs of one tenant do not queue on one row lock: a transaction writes
+    to shard ``txid_current() % 8`` (all its statements to one row, so two transactions never
+    wait for each other's rows in opposite orders; concurrent transactions have different
+    ids). One shard alone means nothing (it may even be negative after an update); read the
+    month as the sum of its shards (:func:`sessions.selectors.tenant_month_cost_usd_micros`).
     """
 
     month = models.DateField(help_text="The month's first day (UTC).")
-    shard = models.PositiveSmallIntegerField(help_text="LLMCall.id % 8.")
+    shard = models.PositiveSmallIntegerField(help_text="The writing transaction's id % 8.")
     llm_calls = models.BigIntegerField(default=0)
     prompt_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)

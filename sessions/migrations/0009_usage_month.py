@@ -3,21 +3,28 @@ LLM call table, and filled from the calls already there.
 
 The budget check of every model turn summed the month's LLM calls: 22.6 ms at 10k calls this
 month, 172 ms at 100k, 1.75 s at 1M (row-level security's filter per row plus the heap
-reads). It now reads the month's :data:`~sessions.models.USAGE_MONTH_SHARDS` rollup rows.
+reads). It now reads the month's rollup rows (at most :data:`~sessions.models.
+USAGE_MONTH_SHARDS`).
 
 Three statement-level ``AFTER`` triggers with transition tables (one per event: PostgreSQL
 allows a transition table only on a trigger of one event, and no column list), so a
-multi-row statement (``bulk_create``, a tenant's cascade) costs one upsert per rollup row it
-touches, not one per call:
+multi-row statement (``bulk_create``, a tenant's cascade) costs one write per rollup row it
+touches, not one per call. Each writes to the shard ``txid_current() % 8`` of the call's
+tenant and month: every statement of a transaction to the same row, so a transaction holds
+one rollup row lock per tenant and month whatever the number of its statements (a shard per
+call, ``id % 8``, made two transactions of several inserts lock rows in opposite orders:
+deadlocks, seen in sessions/tests/test_usage_month.py), and concurrent transactions (other
+runs) have other ids, so they mostly lock other rows.
 
-- ``INSERT``: each (tenant, month, shard) of the new calls is added (``INSERT … ON CONFLICT
-  DO UPDATE SET x = x + EXCLUDED.x``), in key order, so two statements never lock two rollup
-  rows in opposite orders;
-- ``UPDATE``: the new rows are added and the old ones subtracted; groups whose sums do not
-  change (a run or agent set NULL) are skipped, so nothing is locked for them;
-- ``DELETE``: subtracted from the rows that exist (only an ``UPDATE``: a tenant being deleted
-  may have lost its rollup rows first in the same cascade; inserting negative rows for it
-  would break the foreign key at commit).
+- ``INSERT``: the new calls' sums per (tenant, month) are added (``INSERT … ON CONFLICT DO
+  UPDATE SET x = x + EXCLUDED.x``), in key order;
+- ``UPDATE``: the new rows added and the old ones subtracted, the same way; a group whose sums
+  do not change (a run, agent or user set NULL) is skipped, so nothing is locked for it; a
+  shard may go below zero, the month's sum never does;
+- ``DELETE``: subtracted from a rollup row that exists (the transaction's shard if there is
+  one, else the lowest): only an ``UPDATE``, as a tenant being deleted may have lost its
+  rollup rows first in the same cascade, and a negative row made for it would break the
+  foreign key at commit.
 
 The functions run as the caller (``SECURITY INVOKER``, the default): row-level security
 holds the rollup rows to the same scope as the calls that change them. Creating the
@@ -34,22 +41,27 @@ ROLLUP = "agent_sessions_usagemonth"
 SHARDS = 8  # sessions.models.USAGE_MONTH_SHARDS when this was written (frozen here)
 
 
+SHARD = f"(txid_current() % {SHARDS})::smallint"
+"""The rollup shard the current transaction writes to."""
+
+
 def _keyed(rows: str, sign: str = "") -> str:
-    """A SELECT of each call of ``rows`` (a table) with its rollup key (tenant_id, month,
-    shard) and its ``sign``-ed counts (calls, prompt, completion, cost)."""
+    """A SELECT of each call of ``rows`` (a table) with its tenant and month (UTC) and its
+    ``sign``-ed counts (calls, prompt, completion, cost)."""
     return (
         f"SELECT tenant_id, (date_trunc('month', created_at AT TIME ZONE 'UTC'))::date AS month, "
-        f"(id % {SHARDS})::smallint AS shard, {sign}1 AS calls, {sign}prompt_tokens::bigint AS prompt, "
+        f"{sign}1 AS calls, {sign}prompt_tokens::bigint AS prompt, "
         f"{sign}completion_tokens::bigint AS completion, {sign}cost_usd_micros AS cost FROM {rows}"
     )
 
 
 def _grouped(rows: str, having: str = "") -> str:
-    """``rows`` (a SELECT of :func:`_keyed`'s columns) summed per rollup key, in key order."""
+    """``rows`` (a SELECT of :func:`_keyed`'s columns) summed per tenant and month, in that
+    order, with the transaction's shard."""
     return (
-        "SELECT tenant_id, month, shard, sum(calls) AS calls, sum(prompt) AS prompt, "
-        f"sum(completion) AS completion, sum(cost) AS cost FROM ({rows}) AS c GROUP BY 1, 2, 3 {having}"
-        "ORDER BY 1, 2, 3"
+        f"SELECT tenant_id, month, {SHARD} AS shard, sum(calls) AS calls, sum(prompt) AS prompt, "
+        f"sum(completion) AS completion, sum(cost) AS cost FROM ({rows}) AS c GROUP BY 1, 2 {having}"
+        "ORDER BY 1, 2"
     )
 
 
@@ -70,7 +82,8 @@ _BODIES = {
     "delete": f"""UPDATE {ROLLUP} AS u SET llm_calls = u.llm_calls - d.calls, prompt_tokens = u.prompt_tokens - d.prompt,
         completion_tokens = u.completion_tokens - d.completion, cost_usd_micros = u.cost_usd_micros - d.cost
     FROM ({_grouped(_keyed("old_calls"))}) AS d
-    WHERE u.tenant_id = d.tenant_id AND u.month = d.month AND u.shard = d.shard""",
+    WHERE u.id = (SELECT x.id FROM {ROLLUP} AS x WHERE x.tenant_id = d.tenant_id AND x.month = d.month
+                  ORDER BY x.shard = d.shard DESC, x.shard LIMIT 1)""",
 }
 _TRANSITIONS = {"insert": "NEW TABLE AS new_calls", "update": "NEW TABLE AS new_calls OLD TABLE AS old_calls",
                 "delete": "OLD TABLE AS old_calls"}
@@ -114,7 +127,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('month', models.DateField(help_text="The month's first day (UTC).")),
-                ('shard', models.PositiveSmallIntegerField(help_text='LLMCall.id % 8.')),
+                ('shard', models.PositiveSmallIntegerField(help_text="The writing transaction's id % 8.")),
                 ('llm_calls', models.BigIntegerField(default=0)),
                 ('prompt_tokens', models.BigIntegerField(default=0)),
                 ('completion_tokens', models.BigIntegerField(default=0)),

@@ -1,0 +1,328 @@
+"""The monthly usage rollup (sessions.UsageMonth) against the LLM calls it sums.
+
+Triggers on the LLM call table keep it (sessions/migrations/0009_usage_month.py); the monthly
+budget checks read it (sessions.selectors.tenant_month_cost_usd_micros, the runner's
+sessions.runner._db.tenant_month_cost_usd_micros). Every test compares the rollup, row by
+row (tenant, month, shard), with sums computed here in Python from the calls themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.utils import ProgrammingError
+
+from agents.tests.factories import agent_with_route
+from llm.metering import CallSite, LLMCallPurpose
+from llm.records import AttemptRecord
+from llm.types import ChatMessage
+from sessions import runs
+from sessions.llm_calls import llm_call_budget_refusal, llm_calls_record
+from sessions.models import USAGE_MONTH_SHARDS, LLMCall, Run, UsageMonth
+from sessions.runner import _db
+from sessions.runs import _sql, lifecycle
+from sessions.selectors import tenant_month_cost_usd_micros
+from sessions.tests.conftest import post_message_sync
+from tenants.models import Tenant
+from tenants.scoping import tenant_scope
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+
+SUMS = ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd_micros")
+
+
+def _month(when: datetime) -> datetime.date:
+    return when.astimezone(UTC).date().replace(day=1)
+
+
+def calls_summed() -> dict[tuple[int, object], tuple[int, int, int, int]]:
+    """``{(tenant_id, month): (calls, prompt, completion, cost)}`` from the LLM calls, summed
+    in Python (the month of ``created_at`` in UTC)."""
+    sums: dict[tuple[int, object], Counter] = {}
+    for call in LLMCall.all_tenants.all():
+        sums.setdefault((call.tenant_id, _month(call.created_at)), Counter()).update({
+            "llm_calls": 1, "prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
+            "cost_usd_micros": call.cost_usd_micros})
+    return {key: tuple(c[k] for k in SUMS) for key, c in sums.items()}
+
+
+def rollup() -> dict[tuple[int, object], tuple[int, int, int, int]]:
+    """The rollup's shards summed, keyed as :func:`calls_summed`'s; a month summing to
+    nothing (every call of it deleted or moved) left out."""
+    sums: dict[tuple[int, object], Counter] = {}
+    for u in UsageMonth.all_tenants.all():
+        assert 0 <= u.shard < USAGE_MONTH_SHARDS
+        sums.setdefault((u.tenant_id, u.month), Counter()).update({k: getattr(u, k) for k in SUMS})
+    return {key: tuple(c[k] for k in SUMS) for key, c in sums.items() if any(c[k] for k in SUMS)}
+
+
+def assert_rollup_exact() -> None:
+    expected = calls_summed()
+    assert expected, "the test made calls"
+    assert rollup() == expected
+
+
+def attempt(*, cost: int, tokens: tuple[int, int] = (10, 2), status: str = "succeeded") -> AttemptRecord:
+    return AttemptRecord(entry_index=0, attempt=1, provider_name="p", model="m", status=status,
+                         error_class=None if status == "succeeded" else "server", error="",
+                         latency_ms=5, first_token_ms=None, prompt_tokens=tokens[0], completion_tokens=tokens[1],
+                         usage_estimated=False, cost_usd_micros=cost, retry_wait_ms=0)
+
+
+def orm_call(tenant: Tenant, *, cost: int, tokens: tuple[int, int] = (3, 4), run: Run | None = None) -> LLMCall:
+    return LLMCall.all_tenants.create(
+        tenant=tenant, run=run, turn=0 if run else None, purpose="turn" if run else "title", attempt=1, entry_index=0,
+        provider_name="p", model="m", status="succeeded", prompt_tokens=tokens[0], completion_tokens=tokens[1],
+        cost_usd_micros=cost)
+
+
+def raw_insert(tenant: Tenant, *, at: datetime, cost: int) -> None:
+    """One LLM call written with plain SQL (the runner's INSERT), at ``at``."""
+    params = dict.fromkeys(_sql.LLM_CALL_COLUMNS) | {
+        "tenant_id": tenant.pk, "purpose": "title", "attempt": 1, "entry_index": 0, "provider_name": "p",
+        "model": "m", "status": "succeeded", "error_class": "", "error": "", "latency_ms": 1, "prompt_tokens": 1,
+        "completion_tokens": 1, "usage_estimated": False, "cost_usd_micros": cost, "retry_wait_ms": 0,
+        "created_at": at,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_sql.LLM_CALL_INSERT_SQL, params)
+
+
+def claimed_spec(world):
+    """A claimed run's spec (the runner's configuration), as the runner has it."""
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
+    run = post_message_sync(agent=agent, user=world.member, content="hi")
+    with tenant_scope(world.tenant.pk):
+        return _db._spec(lifecycle._claim(run.pk))
+
+
+# --- every writer ----------------------------------------------------------------------------------
+
+
+def test_the_rollup_equals_the_calls_written_by_every_writer(world, other_world):
+    spec = claimed_spec(world)
+    with tenant_scope(world.tenant.pk):
+        # the runner's plain SQL: a model turn's one statement (its LLM call a CTE), and a failed attempt
+        asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=ChatMessage(role="assistant", content="a"),
+                                                llm_call=attempt(cost=1_000, tokens=(100, 20))))
+        asyncio.run(runs.llm_call_record(spec=spec, turn=1, record=attempt(cost=7, tokens=(5, 0), status="failed")))
+        # calls outside a run's turns (titles, memory, rewrites, reranks): one bulk INSERT
+        llm_calls_record(site=CallSite(tenant_id=world.tenant.pk, purpose=LLMCallPurpose.MEMORY),
+                         attempts=[attempt(cost=c, tokens=(c, 1)) for c in (11, 13, 17, 19, 23, 29, 31, 37, 41)])
+    # the ORM (fixtures, the admin), either tenant
+    orm_call(world.tenant, cost=500, run=Run.all_tenants.get(pk=spec.run_id))
+    orm_call(other_world.tenant, cost=2_000)
+    LLMCall.all_tenants.bulk_create([
+        LLMCall(tenant=other_world.tenant, purpose="rerank", attempt=1, entry_index=0, provider_name="p", model="m",
+                status="succeeded", prompt_tokens=i, completion_tokens=1, cost_usd_micros=100 + i)
+        for i in range(12)
+    ])
+
+    assert_rollup_exact()
+    mine = 1_000 + 7 + sum((11, 13, 17, 19, 23, 29, 31, 37, 41)) + 500
+    theirs = 2_000 + sum(100 + i for i in range(12))
+    with tenant_scope(world.tenant.pk):
+        assert tenant_month_cost_usd_micros() == mine
+        assert asyncio.run(_db.tenant_month_cost_usd_micros(world.tenant.pk)) == mine
+    with tenant_scope(other_world.tenant.pk):
+        assert tenant_month_cost_usd_micros() == theirs
+        assert asyncio.run(_db.tenant_month_cost_usd_micros(other_world.tenant.pk)) == theirs
+
+
+def test_a_month_is_the_utc_calendar_month_whatever_the_connections_time_zone(world):
+    end_of_january = datetime(2025, 1, 31, 23, 59, 59, 999_999, tzinfo=UTC)  # Feb 1st in Kiribati
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL TIME ZONE 'Pacific/Kiritimati'")
+        raw_insert(world.tenant, at=end_of_january, cost=3)
+        raw_insert(world.tenant, at=end_of_january + timedelta(microseconds=1), cost=5)
+        raw_insert(world.tenant, at=datetime(2025, 2, 28, 23, 0, tzinfo=UTC), cost=7)
+        raw_insert(world.tenant, at=datetime(2024, 12, 31, 23, 0, tzinfo=UTC), cost=11)
+
+    assert_rollup_exact()
+    assert sorted(m for (_t, m) in rollup()) == [datetime(2024, 12, 1).date(), datetime(2025, 1, 1).date(),
+                                                       datetime(2025, 2, 1).date()]
+    with tenant_scope(world.tenant.pk):
+        assert tenant_month_cost_usd_micros(datetime(2025, 1, 15, tzinfo=UTC)) == 3
+        assert tenant_month_cost_usd_micros(datetime(2025, 2, 1, tzinfo=UTC)) == 5 + 7
+        assert tenant_month_cost_usd_micros(datetime(2024, 12, 31, 23, 30, tzinfo=UTC)) == 11
+        assert tenant_month_cost_usd_micros() == 0  # none this month
+
+
+def test_updates_move_and_deletes_subtract_their_calls(world, other_world):
+    calls = [orm_call(world.tenant, cost=100 * (i + 1)) for i in range(10)]
+    orm_call(other_world.tenant, cost=1)
+    LLMCall.all_tenants.filter(pk=calls[0].pk).update(cost_usd_micros=1_000_000, prompt_tokens=9)
+    LLMCall.all_tenants.filter(pk__in=[c.pk for c in calls[1:3]]).update(
+        created_at=datetime(2025, 3, 3, tzinfo=UTC))  # the console's tests back-date calls
+    LLMCall.all_tenants.filter(pk=calls[3].pk).delete()
+    assert_rollup_exact()
+    with tenant_scope(world.tenant.pk):
+        assert tenant_month_cost_usd_micros() == 1_000_000 + sum(100 * (i + 1) for i in range(4, 10))
+        assert tenant_month_cost_usd_micros(datetime(2025, 3, 9, tzinfo=UTC)) == 200 + 300
+
+
+def test_a_transaction_writes_its_calls_to_one_shard_of_each_month(world):
+    may = datetime(2020, 5, 9, tzinfo=UTC)
+    with transaction.atomic():
+        for cost in (1, 2, 3):  # three statements
+            raw_insert(world.tenant, at=may, cost=cost)
+        raw_insert(world.tenant, at=may + timedelta(days=30), cost=4)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT txid_current()")
+            shard = cursor.fetchone()[0] % USAGE_MONTH_SHARDS
+    rows = UsageMonth.all_tenants.filter(tenant=world.tenant).order_by("month")
+    assert [(u.month, u.shard, u.llm_calls, u.cost_usd_micros) for u in rows] == [
+        (datetime(2020, 5, 1).date(), shard, 3, 6), (datetime(2020, 6, 1).date(), shard, 1, 4)]
+
+
+def test_an_update_that_changes_no_sum_writes_no_rollup_row(world):
+    spec = claimed_spec(world)
+    run = Run.all_tenants.get(pk=spec.run_id)
+    call = orm_call(world.tenant, cost=5, run=run)
+    before = {u.pk: (u.llm_calls, u.cost_usd_micros, _xmin(u.pk)) for u in UsageMonth.all_tenants.all()}
+    LLMCall.all_tenants.filter(pk=call.pk).update(run=None, status="failed")  # a purged run: SET NULL
+    assert {u.pk: (u.llm_calls, u.cost_usd_micros, _xmin(u.pk)) for u in UsageMonth.all_tenants.all()} == before
+
+
+def _xmin(pk: int) -> str:
+    """The transaction that wrote the rollup row last (changes with every write to it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT xmin::text FROM "{UsageMonth._meta.db_table}" WHERE id = %s', [pk])
+        return cursor.fetchone()[0]
+
+
+def test_a_tenant_with_calls_can_be_deleted_whichever_table_goes_first(world, other_world):
+    for tenant in (world.tenant, other_world.tenant):
+        orm_call(tenant, cost=9)
+    calls, usage = LLMCall._meta.db_table, UsageMonth._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:  # a cascade that deletes the rollup first
+        cursor.execute(f'DELETE FROM "{usage}" WHERE tenant_id = %s', [other_world.tenant.pk])
+        cursor.execute(f'DELETE FROM "{calls}" WHERE tenant_id = %s', [other_world.tenant.pk])
+    assert not UsageMonth.all_tenants.filter(tenant=other_world.tenant).exists(), "no negative row made"
+    world.tenant.delete()  # Django's cascade, in its own order
+    assert not UsageMonth.all_tenants.exists() and not LLMCall.all_tenants.exists()
+
+
+# --- tenants and row-level security ---------------------------------------------------------------
+
+
+def test_in_a_tenants_scope_its_calls_roll_up_and_no_other_tenants_row_is_seen_or_written(world, other_world):
+    orm_call(other_world.tenant, cost=4_000)
+    with tenant_scope(world.tenant.pk):
+        # as the application's role, under row-level security: the trigger writes the rollup row
+        LLMCall.objects.create(tenant=world.tenant, purpose="title", attempt=1, entry_index=0, provider_name="p",
+                               model="m", status="succeeded", cost_usd_micros=25)
+        assert tenant_month_cost_usd_micros() == 25
+        assert set(UsageMonth.objects.values_list("tenant_id", flat=True)) == {world.tenant.pk}
+        with connection.cursor() as cursor:
+            cursor.execute(f'SELECT DISTINCT tenant_id FROM "{UsageMonth._meta.db_table}"')
+            assert cursor.fetchall() == [(world.tenant.pk,)]
+            cursor.execute(f'UPDATE "{UsageMonth._meta.db_table}" SET cost_usd_micros = 0 WHERE tenant_id = %s',
+                           [other_world.tenant.pk])
+            assert cursor.rowcount == 0
+        with pytest.raises(ProgrammingError, match="row-level security"), transaction.atomic():
+            UsageMonth.objects.create(tenant=other_world.tenant, month=_month(datetime.now(UTC)), shard=0,
+                                      cost_usd_micros=-4_000)
+        with pytest.raises(ValueError, match="scope"):
+            asyncio.run(_db.tenant_month_cost_usd_micros(other_world.tenant.pk))
+    assert_rollup_exact()
+    with tenant_scope(other_world.tenant.pk):
+        assert tenant_month_cost_usd_micros() == 4_000
+
+
+def test_a_rollup_row_is_unique_per_tenant_month_and_shard(world):
+    orm_call(world.tenant, cost=1)
+    row = UsageMonth.all_tenants.get()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        UsageMonth.all_tenants.create(tenant=world.tenant, month=row.month, shard=row.shard)
+
+
+# --- concurrency -----------------------------------------------------------------------------------
+
+
+def test_concurrent_inserts_from_several_connections_lose_no_update(world, other_world):
+    threads_per_tenant, transactions, calls_each = 4, 6, 5
+    start = threading.Barrier(2 * threads_per_tenant)
+    errors: list[BaseException] = []
+
+    def insert(tenant: Tenant, offset: int) -> None:
+        try:
+            with tenant_scope(tenant.pk):
+                start.wait(timeout=60)
+                for t in range(transactions):
+                    with transaction.atomic():  # rollup rows stay locked until each commit
+                        for i in range(calls_each):
+                            LLMCall.objects.create(tenant=tenant, purpose="rerank", attempt=1, entry_index=0,
+                                                   provider_name="p", model="m", status="succeeded",
+                                                   prompt_tokens=offset + t, completion_tokens=i,
+                                                   cost_usd_micros=1_000 * offset + 10 * t + i)
+        except BaseException as exc:  # noqa: BLE001 (reported by the test below)
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=insert, args=(tenant, n))
+               for n in range(threads_per_tenant) for tenant in (world.tenant, other_world.tenant)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert LLMCall.all_tenants.count() == 2 * threads_per_tenant * transactions * calls_each
+    assert_rollup_exact()
+
+
+def test_concurrent_turns_on_the_runners_pool_lose_no_update(world):
+    specs = [claimed_spec(world) for _ in range(3)]
+
+    async def turns() -> None:
+        await asyncio.gather(*(
+            runs.llm_call_record(spec=spec, turn=turn, record=attempt(cost=turn + 1, tokens=(turn, 1)))
+            for spec in specs for turn in range(12)
+        ))
+
+    with tenant_scope(world.tenant.pk):
+        asyncio.run(turns())
+        assert tenant_month_cost_usd_micros() == 3 * sum(range(1, 13))
+    assert_rollup_exact()
+
+
+# --- the migration's fill, the budget -------------------------------------------------------------
+
+
+def test_the_migrations_fill_sums_the_calls_already_there(world, other_world):
+    orm_call(world.tenant, cost=3)
+    raw_insert(other_world.tenant, at=datetime(2025, 6, 30, 23, 59, tzinfo=UTC), cost=8)
+    llm_calls_record_in(world.tenant, [attempt(cost=c) for c in range(1, 10)])
+    expected = rollup()
+    migration = importlib.import_module("sessions.migrations.0009_usage_month")
+    with connection.cursor() as cursor:
+        cursor.execute(f'DELETE FROM "{UsageMonth._meta.db_table}"')
+        cursor.execute(migration.FILL)
+    assert rollup() == expected
+    assert_rollup_exact()
+
+
+def llm_calls_record_in(tenant: Tenant, attempts: list[AttemptRecord]) -> None:
+    with tenant_scope(tenant.pk):
+        llm_calls_record(site=CallSite(tenant_id=tenant.pk, purpose=LLMCallPurpose.TITLE), attempts=attempts)
+
+
+def test_the_budget_refusal_counts_the_rollup_of_this_month_only(world, other_world):
+    Tenant.objects.filter(pk=world.tenant.pk).update(monthly_budget_usd=1)
+    raw_insert(world.tenant, at=datetime.now(UTC) - timedelta(days=40), cost=5_000_000)  # an earlier month
+    orm_call(other_world.tenant, cost=5_000_000)
+    llm_calls_record_in(world.tenant, [attempt(cost=999_999)])
+    with tenant_scope(world.tenant.pk):
+        assert llm_call_budget_refusal(tenant_id=world.tenant.pk) == ""
+    llm_calls_record_in(world.tenant, [attempt(cost=1)])
+    with tenant_scope(world.tenant.pk):
+        assert llm_call_budget_refusal(tenant_id=world.tenant.pk) == (
+            "The tenant has used $1.00 of its $1.00 monthly model budget.")
