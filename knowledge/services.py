@@ -129,7 +129,10 @@ def _status_changed(document_id: int) -> None:
         return
 
     def notify() -> None:
-        row = (Document.objects.filter(pk=document_id)
+        # tenant-bypass: the hook runs after the commit, in whatever scope the writer's caller
+        # is in (seed_demo: system scope around a tenant_scope that has ended); the id is the
+        # writer's own document, and row-level security still applies underneath.
+        row = (Document.all_tenants.filter(pk=document_id)
                .values("tenant_id", "knowledge_base_id", "chat_session_id", "title", "status", "status_reason",
                        "chunk_count", "embedded_count").first())
         if row is None:  # deleted meanwhile

@@ -118,3 +118,27 @@ def test_a_passage_before_the_first_turn_reaches_the_model_framed_as_outside_dat
     assert block["untrusted"] is True and "untrusted-data" not in block["text"]
     other = FRAMED.search(fake_llm.requests[1]["messages"][0]["content"])
     assert other and other.group(1) != framed.group(1)  # a fresh nonce per run
+
+
+def test_seed_demo_makes_the_docs_assistant_search_first_and_commits_its_documents(no_ingest_task, monkeypatch):
+    """seed_demo in a real transaction: its documents' status hooks run after the commit (in the
+    command's system scope, outside the tenant's) and the Docs assistant searches first."""
+    from django.core.management import call_command
+
+    from agents.models import CapabilityBinding
+    from knowledge.models import Document
+    from knowledge.services import document_status_listen
+
+    seen = []
+    document_status_listen(seen.append)
+    try:
+        call_command("seed_demo")
+    finally:
+        from knowledge import services
+
+        services._status_listeners.remove(seen.append)
+    binding = CapabilityBinding.all_tenants.get(agent__name="Docs assistant", kind="knowledge")
+    assert binding.config["search_first"] is True and "retrieve_before_first_turn" not in binding.config
+    docs = Document.all_tenants.filter(knowledge_base__name="Platform documentation")
+    assert sorted(d.source for d in docs) == ["ARCHITECTURE.md", "README.md"]
+    assert {c.document_id for c in seen} == {d.pk for d in docs}
