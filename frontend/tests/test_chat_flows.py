@@ -748,8 +748,22 @@ def test_retries_fold_into_one_quiet_line_members_switch_them_on(world, fake_llm
 def test_usage_dark_mode_skip_link_and_axe_on_settings_and_login(world, fake_llm, celery_worker, live_server_url):
     from playwright.sync_api import expect
 
-    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Counter")
+    from llm.metering import CallSite
+    from llm.records import AttemptRecord
+    from sessions.llm_calls import llm_calls_record
+    from tenants.scoping import tenant_scope
+
+    counter = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Counter")
     fake_llm.script(Reply("Counted.", usage=(1200, 34)))
+    # A chat title made by the model for this member earlier (a call outside a run's turns).
+    # (Before the page opens: Playwright's loop in this thread refuses the ORM's calls.)
+    with tenant_scope(world.tenant.pk):
+        llm_calls_record(site=CallSite(tenant_id=world.tenant.pk, purpose="title", user_id=world.member.pk,
+                                         agent_id=counter.pk),
+                         attempts=[AttemptRecord(entry_index=0, attempt=1, provider_name="p", model="m",
+                                                 status="succeeded", error_class=None, error="", latency_ms=5,
+                                                 first_token_ms=None, prompt_tokens=40, completion_tokens=6,
+                                                 usage_estimated=False, cost_usd_micros=0, retry_wait_ms=0)])
     with open_page(color_scheme="dark") as page:
         page.goto(live_server_url + "/")
         expect(page.get_by_test_id("login-username")).to_be_visible()
@@ -762,7 +776,7 @@ def test_usage_dark_mode_skip_link_and_axe_on_settings_and_login(world, fake_llm
         ask(page, "count")
         expect(page.get_by_test_id("assistant-reply").last).to_have_text("Counted.", timeout=T)
         expect(page.get_by_test_id("chat-usage")).to_have_text("1.2k tokens · $0.00", timeout=T)
-        expect(page.get_by_test_id("usage-month")).to_contain_text("1,234 tokens", timeout=T)
+        expect(page.get_by_test_id("usage-month")).to_contain_text("1,280 tokens", timeout=T)
         assert_no_serious_axe_violations(page, label="chat (dark)")
         shot(page, "chat-dark.png")
 
@@ -782,7 +796,11 @@ def test_usage_dark_mode_skip_link_and_axe_on_settings_and_login(world, fake_llm
         expect(page.locator("#main")).to_be_focused()
 
         page.get_by_test_id("open-settings").click()
-        expect(page.get_by_test_id("usage-total")).to_contain_text("1,234 tokens (1,200 in, 34 out)")
+        expect(page.get_by_test_id("usage-total")).to_contain_text("1,280 tokens (1,240 in, 40 out)")
+        expect(page.get_by_test_id("usage-by-agent").locator("tbody tr")).to_have_text(
+            [re.compile(r"^Counter1,280\$")])
+        expect(page.get_by_test_id("usage-by-purpose").locator("tbody tr")).to_have_text(  # equal costs: by purpose
+            [re.compile(r"^Chat titles46\$0\.0000$"), re.compile(r"^Answers in chats1,234\$0\.0000$")])
         assert_no_serious_axe_violations(page, label="settings (dark)")
         page.get_by_test_id("theme-light").check()
         expect(page.locator("html")).to_have_attribute("data-theme", "light")

@@ -734,6 +734,41 @@ export function MessageView(title, text, action) {
 
 // -------------------------------------------------------------- settings --
 
+/** What each `purpose` of `GET usage/me/`'s `by_purpose` rows was spent on, in words. */
+const USAGE_PURPOSES = {
+  turn: 'Answers in chats',
+  title: 'Chat titles',
+  memory: 'Remembering things from chats',
+  query_rewrite: 'Knowledge search: rewording the question',
+  rerank: 'Knowledge search: ranking the passages found',
+};
+
+/**
+ * A usage table: one row per breakdown row (its label, tokens in + out, cost in USD).
+ * @param {object} opts {caption (for screen readers), heading (first column), rows, label: row → text, testid}
+ */
+function usageTable({ caption, heading, rows, label, testid }) {
+  return h(
+    'table',
+    { class: 'usage-table', testid },
+    h('caption', { class: 'visually-hidden', text: caption }),
+    h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: heading }), h('th', { scope: 'col', text: 'Tokens' }), h('th', { scope: 'col', text: 'Cost' }))),
+    h(
+      'tbody',
+      {},
+      rows.map((row) =>
+        h(
+          'tr',
+          {},
+          h('td', { text: label(row) }),
+          h('td', { text: ((row.prompt_tokens || 0) + (row.completion_tokens || 0)).toLocaleString() }),
+          h('td', { text: `$${Number(row.cost_usd || 0).toFixed(4)}` }),
+        ),
+      ),
+    ),
+  );
+}
+
 /**
  * The settings page: theme (system / light / dark), whether model retries and fallbacks
  * show in chats, and the member's usage this month.
@@ -785,6 +820,7 @@ export function SettingsView({ me, usage = null, usageError = '' }) {
   let usageBody;
   if (usage) {
     const tokens = (usage.prompt_tokens || 0) + (usage.completion_tokens || 0);
+    const byPurpose = usage.by_purpose || [];
     usageBody = [
       h(
         'p',
@@ -793,26 +829,11 @@ export function SettingsView({ me, usage = null, usageError = '' }) {
         `${(usage.completion_tokens || 0).toLocaleString()} out) · $${Number(usage.cost_usd || 0).toFixed(4)}`,
       ),
       usage.by_agent && usage.by_agent.length
-        ? h(
-            'table',
-            { class: 'usage-table' },
-            h('caption', { class: 'visually-hidden', text: 'Usage per agent' }),
-            h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'Agent' }), h('th', { scope: 'col', text: 'Tokens' }), h('th', { scope: 'col', text: 'Cost' }))),
-            h(
-              'tbody',
-              {},
-              usage.by_agent.map((row) =>
-                h(
-                  'tr',
-                  {},
-                  h('td', { text: row.agent || '—' }),
-                  h('td', { text: ((row.prompt_tokens || 0) + (row.completion_tokens || 0)).toLocaleString() }),
-                  h('td', { text: `$${Number(row.cost_usd || 0).toFixed(4)}` }),
-                ),
-              ),
-            ),
-          )
+        ? usageTable({ caption: 'Usage per agent', heading: 'Agent', rows: usage.by_agent, label: (row) => row.agent || '—', testid: 'usage-by-agent' })
         : h('p', { class: 'muted', text: 'No model use this month yet.' }),
+      byPurpose.length
+        ? usageTable({ caption: 'Usage per kind of work', heading: 'Used for', rows: byPurpose, label: (row) => USAGE_PURPOSES[row.purpose] || row.purpose, testid: 'usage-by-purpose' })
+        : null,
     ];
   } else {
     usageBody = h('p', { class: 'muted', text: usageError || 'Loading…' });
