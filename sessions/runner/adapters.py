@@ -105,7 +105,7 @@ class DatabaseRunStore:
     compaction_begin = staticmethod(runs.compaction_begin)  # publishes compaction_running
     compaction_save = staticmethod(runs.compaction_save)  # publishes compaction_completed
 
-    subrun_open = staticmethod(db(runs.subrun_open))
+    subrun_open = staticmethod(runs.subrun_open)  # publishes run_running
     subrun_spec = staticmethod(db(_db.subrun_spec))
     subrun_pause = staticmethod(runs.subrun_pause)  # publishes run_awaiting_approval
     subrun_finish = staticmethod(runs.subrun_finish)  # publishes the end event

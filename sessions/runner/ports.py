@@ -128,10 +128,12 @@ class RunStore(Protocol):
         """One compaction attempt's row; then publishes ``compaction_completed``. Its id."""
 
     # Sub-runs (a skill's tool call runs one, through its parent run's store).
-    async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> Any:
-        """The sub-run answering skill call ``call_pk``: created (``running``) or resumed; an
-        ended one as it is (:class:`sessions.runs.SubRunState` shape: ``run_id``, ``status``,
-        ``reply``, ``error``, ``created``)."""
+    async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int, skill_name: str, task: str,
+                          publisher: Callable[[int], Publish]) -> Any:
+        """The sub-run answering skill call ``call_pk``: created (``running``) or resumed, then
+        publishes ``run_running`` through ``publisher(run_id)``; an ended one as it is, with no
+        event (:class:`sessions.runs.SubRunState` shape: ``run_id``, ``status``, ``reply``,
+        ``error``, ``created``, ``attempt``)."""
 
     async def subrun_spec(self, *, subrun_id: int, parent: RunSpec) -> RunSpec:
         """The sub-run's configuration. Raises ValueError when it is unusable (the skill is gone)."""

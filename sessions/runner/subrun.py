@@ -119,24 +119,33 @@ class SkillTool(Tool):
                 code="depth_limit",
             )
         ports = run_ports_current() or _production_ports()  # the parent run's ports
-        state = await ports.store.subrun_open(
-            parent=self.parent, call_pk=context.tool_call_id, skill_id=self.skill.skill_id, task=task.strip()
+        publishers: dict[int, tuple[Publish, Publish]] = {}
+
+        def publishers_of(run_id: int) -> tuple[Publish, Publish]:
+            if run_id not in publishers:
+                publishers[run_id] = subrun_publishers(ports.publisher(self.parent.session_id, run_id),
+                                                       parent=self.parent, context=context, skill_name=self.skill.name)
+            return publishers[run_id]
+
+        state = await ports.store.subrun_open(  # publishes the sub-run's run_running
+            parent=self.parent, call_pk=context.tool_call_id, skill_id=self.skill.skill_id, skill_name=self.skill.name,
+            task=task.strip(), publisher=lambda run_id: publishers_of(run_id)[1],
         )
         if state.status == RunStatus.COMPLETED:  # ended before a worker died: its result stands
             return ToolResult(content=state.reply, data={"sub_run_id": state.run_id})
         if state.status in (RunStatus.FAILED, RunStatus.CANCELLED):
             raise ToolError(f"The skill {self.spec.name!r} did not finish: {state.error}", code="sub_run_failed")
-        outcome = await self._run(state.run_id, task=task.strip(), context=context, ports=ports)
+        outcome = await self._run(state.run_id, context=context, ports=ports, publishers=publishers_of(state.run_id))
         if outcome.status == RunStatus.COMPLETED:
             return ToolResult(content=outcome.reply, data={"sub_run_id": state.run_id})
         raise ToolError(f"The skill {self.spec.name!r} did not finish: {outcome.error}", code="sub_run_failed")
 
-    async def _run(self, run_id: int, *, task: str, context: ToolContext, ports: RunPorts) -> RunEnd:
+    async def _run(self, run_id: int, *, context: ToolContext, ports: RunPorts,
+                   publishers: tuple[Publish, Publish]) -> RunEnd:
         from sessions.runner.loop import _run_loop_cancellable
 
         store = ports.store
-        publish_now, publish = subrun_publishers(ports.publisher(self.parent.session_id, run_id), parent=self.parent,
-                                                 context=context, skill_name=self.skill.name)
+        publish_now, publish = publishers
         try:
             spec = await store.subrun_spec(subrun_id=run_id, parent=self.parent)
         except ValueError as exc:
@@ -144,8 +153,6 @@ class SkillTool(Tool):
             await store.subrun_finish(run_id, outcome, publish=publish_now)
             return outcome
         toolset = subrun_toolset(parent_toolset=self.parent_toolset, allowed=list(self.skill.allowed_tools), spec=spec)
-        await publish("run_running", {"attempt": spec.attempt, "skill": self.skill.name, "depth": spec.depth,
-                                      "task": task})
         try:
             outcome = await _run_loop_cancellable(spec, publish, ports, toolset=toolset)
         except asyncio.CancelledError:  # the parent was cancelled (or timed out): so is this sub-run

@@ -17,7 +17,7 @@ function                     transition                                   event 
 ``run_finish``               running → completed | failed | cancelled     ``run_completed`` / ``_failed`` / ``_cancelled``  runner
 ``run_finish_unheld``        awaiting_approval | running (orphan) → failed | cancelled   ``run_failed`` / ``run_cancelled``  ``run_cancel``, ``approvals_expire``, sweeper
 ``run_cancel``               queued → cancelled; running: cancel signal   ``run_cancelled``             API
-``subrun_open``              (new) → running; active → running (resume)   (the runner's ``run_running``) skill tool
+``subrun_open``              (new) → running; active → running (resume)   ``run_running {skill, task}``  skill tool
 ``subrun_pause``             running → awaiting_approval                  ``run_awaiting_approval``     skill tool
 ``subrun_finish``            running → completed | failed | cancelled     the end event                 skill tool
 ===========================  ===========================================  ============================  =====================

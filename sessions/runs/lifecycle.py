@@ -838,10 +838,12 @@ class SubRunState:
     reply: str
     error: str
     created: bool
+    attempt: int = 1
 
 
-@transaction.atomic
-def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> SubRunState:
+async def subrun_open(
+    *, parent: RunSpec, call_pk: int, skill_id: int, skill_name: str, task: str, publisher: Callable[[int], Publish],
+) -> SubRunState:
     """The sub-run answering tool call ``call_pk`` of run ``parent``: created now (status
     ``running``, the task as its user message), or the existing one (a parent resumed after its
     worker died, or after a human answered an approval inside the sub-run, re-executes the
@@ -849,9 +851,23 @@ def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> S
     is).
 
     Sub-runs have no heartbeat of their own (the parent's covers them) and are never
-    touched by the sweeper or the tenant's run limit. Publishes nothing: the sub-run's
-    ``run_running`` carries its skill and task, which the caller knows.
+    touched by the sweeper or the tenant's run limit.
+
+    ``publisher(run_id)``: the sub-run's publisher (the caller's, which adds the parent's ids).
+
+    Emits, after the commit, when the sub-run is running now: ``run_running {attempt, skill,
+    depth, task}`` (``skill``: ``skill_name``). Nothing for an ended one.
     """
+    state = await db(_subrun_open)(parent=parent, call_pk=call_pk, skill_id=skill_id, task=task)
+    if state.status == RunStatus.RUNNING:
+        await publisher(state.run_id)("run_running", {"attempt": state.attempt, "skill": skill_name,
+                                                      "depth": parent.depth + 1, "task": task})
+    return state
+
+
+@transaction.atomic
+def _subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> SubRunState:
+    """:func:`subrun_open`'s transaction."""
     existing = Run.objects.select_for_update(no_key=True).filter(parent_tool_call_id=call_pk).first()
     if existing is not None:
         if existing.status in ACTIVE_RUN_STATUSES:
@@ -860,14 +876,14 @@ def subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> S
             existing.paused_at = None
             existing.save(update_fields=["status", "attempt", "paused_at"])
         return SubRunState(run_id=existing.pk, status=existing.status, reply=existing.reply, error=existing.error,
-                           created=False)
+                           created=False, attempt=existing.attempt)
     run = Run.objects.create(
         tenant_id=parent.tenant_id, session_id=parent.session_id, user_id=parent.user_id, input=task,
         status=RunStatus.RUNNING, attempt=1, started_at=timezone.now(), parent_tool_call_id=call_pk,
         depth=parent.depth + 1, skill_id=skill_id,
     )
     message_insert(session_id=parent.session_id, run_id=run.pk, role=MessageRole.USER, content=task)
-    return SubRunState(run_id=run.pk, status=run.status, reply="", error="", created=True)
+    return SubRunState(run_id=run.pk, status=run.status, reply="", error="", created=True, attempt=1)
 
 
 async def subrun_pause(*, run_id: int, attempt: int, call_pk: int, publish: Publish) -> bool:

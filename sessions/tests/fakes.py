@@ -235,19 +235,23 @@ class MemoryRunStore:
         return compaction_id
 
     # sub-runs
-    async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> runs.SubRunState:
+    async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int, skill_name: str, task: str,
+                          publisher: Any) -> runs.SubRunState:
         existing = next((r for r in self.subruns.values() if r.parent_call_pk == call_pk), None)
         if existing is not None:
             if existing.status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL):
                 existing.status, existing.attempt = RunStatus.RUNNING, existing.attempt + 1
-            outcome = existing.outcome
-            return runs.SubRunState(run_id=existing.run_id, status=existing.status,
-                                    reply=outcome.reply if outcome else "", error=outcome.error if outcome else "",
-                                    created=False)
-        sub = MemorySubRun(run_id=next(self._subrun_ids), parent_call_pk=call_pk, skill_id=skill_id, task=task,
-                           messages=[{"role": "user", "content": task}])
-        self.subruns[sub.run_id] = sub
-        return runs.SubRunState(run_id=sub.run_id, status=sub.status, reply="", error="", created=True)
+            sub = existing
+        else:
+            sub = MemorySubRun(run_id=next(self._subrun_ids), parent_call_pk=call_pk, skill_id=skill_id, task=task,
+                               messages=[{"role": "user", "content": task}])
+            self.subruns[sub.run_id] = sub
+        if sub.status == RunStatus.RUNNING:
+            await publisher(sub.run_id)("run_running", {"attempt": sub.attempt, "skill": skill_name,
+                                                        "depth": parent.depth + 1, "task": task})
+        outcome = sub.outcome
+        return runs.SubRunState(run_id=sub.run_id, status=sub.status, reply=outcome.reply if outcome else "",
+                                error=outcome.error if outcome else "", created=existing is None, attempt=sub.attempt)
 
     async def subrun_spec(self, *, subrun_id: int, parent: RunSpec) -> RunSpec:
         sub = self.subruns[subrun_id]

@@ -171,13 +171,14 @@ def test_the_checker_leaves_other_writes_and_reads_alone(snippet: str) -> None:
 # --- the source: the lifecycle's events are published in sessions/runs/ only ---------------
 
 LIFECYCLE_EVENTS = frozenset({"tool_call_started", "tool_call_succeeded", "tool_call_failed"})
-"""Events of rows :mod:`sessions.runs` writes, besides every ``compaction_*`` and ``approval_*``
-event (``tool_call_progress`` is a tool's own report, not a row's)."""
+"""Events of rows :mod:`sessions.runs` writes, besides every ``run_*`` (a run's status, a
+sub-run's too), ``compaction_*`` and ``approval_*`` event (``tool_call_progress`` is a tool's
+own report, not a row's)."""
 
 
 def _lifecycle_event(node: ast.AST) -> str | None:
     text = _text(node)
-    if text is not None and (text in LIFECYCLE_EVENTS or text.startswith(("compaction_", "approval_"))):
+    if text is not None and (text in LIFECYCLE_EVENTS or text.startswith(("run_", "compaction_", "approval_"))):
         return text
     return None
 
@@ -206,14 +207,15 @@ def test_no_module_outside_the_lifecycle_package_publishes_a_row_event() -> None
         hit for path in _product_sources() if LIFECYCLE not in path.parents
         for hit in lifecycle_event_publishes(path.read_text(), str(path.relative_to(ROOT)))
     ]
-    assert offenders == [], "a tool call's, compaction's or approval's event is published by its write in sessions/runs/"
+    assert offenders == [], "a run's, tool call's, compaction's or approval's event is published by its write in sessions/runs/"
 
 
 def test_the_publish_checker_sees_the_lifecycle_packages_own_publishes() -> None:
     """Not vacuous: the records' and the approvals' own publishes are found."""
     found = " ".join(w for path in sorted(LIFECYCLE.glob("*.py"))
                      for w in lifecycle_event_publishes(path.read_text(), path.name))
-    for event in ("tool_call_started", "compaction_running", "compaction_completed", "approval_resolved"):
+    for event in ("tool_call_started", "compaction_running", "compaction_completed", "approval_resolved",
+                  "run_queued", "run_running", "run_awaiting_approval", "run_cancelled"):
         assert repr(event) in found, event
 
 
@@ -222,6 +224,7 @@ def test_the_publish_checker_sees_the_lifecycle_packages_own_publishes() -> None
     "await state.publish('tool_call_failed', data)",
     'await publish(event_type="tool_call_succeeded", data={})',
     'await publish("compaction_running", {})',
+    'await publish("run_running", {"attempt": 1, "skill": "s"})',
     'event_publish_on_commit(session_id=1, run_id=2, type="approval_resolved", data={})',
     'await event_publish(session_id=1, run_id=2, type="approval_requested", data={})',
     'publish.nowait("compaction_completed", {})',
@@ -232,7 +235,7 @@ def test_the_publish_checker_finds_each_form(snippet: str) -> None:
 
 @pytest.mark.parametrize("snippet", [
     'await context.publish("tool_call_progress", {})',
-    'await publish("run_running", {"attempt": 1})',
+    'await publish("model_retry", {"turn": 1})',
     'if event_type == "tool_call_started": pass',
     'await publish(*tool_call_finished_event(pk=1))',
     'log("compaction_running")',
@@ -466,9 +469,15 @@ def test_subrun_finish_is_refused_for_an_attempt_that_no_longer_holds_the_sub_ru
         spec = _db._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
         message = ChatMessage(role="assistant", content="", tool_calls=(ToolCallRequest("c1", "helper", "{}"),))
         [call] = asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message))
-        opened = runs.subrun_open(parent=spec, call_pk=call["pk"], skill_id=skill.pk, task="t")
+        opened = asyncio.run(runs.subrun_open(parent=spec, call_pk=call["pk"], skill_id=skill.pk, skill_name="helper",
+                                              task="t", publisher=lambda run_id: _Recorder(run_id)))
         assert opened.created and opened.status == "running"
-        runs.subrun_open(parent=spec, call_pk=call["pk"], skill_id=skill.pk, task="t")  # resumed: attempt 2
+        resumed = _Recorder(opened.run_id)  # what subrun_open publishes, with the status it has meanwhile
+        again = asyncio.run(runs.subrun_open(parent=spec, call_pk=call["pk"], skill_id=skill.pk, skill_name="helper",
+                                             task="t", publisher=lambda run_id: resumed))
+        assert (again.run_id, again.created, again.attempt) == (opened.run_id, False, 2)
+        assert resumed.events == [("run_running", {"attempt": 2, "skill": "helper", "depth": 1, "task": "t"},
+                                   "running")]
         publish = _Recorder(opened.run_id)
         assert asyncio.run(runs.subrun_finish(opened.run_id, Completed("old"), publish=publish, attempt=1)) is False
         assert publish.events == []
@@ -476,6 +485,11 @@ def test_subrun_finish_is_refused_for_an_attempt_that_no_longer_holds_the_sub_ru
         assert asyncio.run(runs.subrun_finish(opened.run_id, Completed("again"), publish=publish)) is False
     assert publish.events == [("run_completed", {"reply": "new"}, "completed")]
     assert (Run.all_tenants.get(pk=opened.run_id).reply, Run.all_tenants.get(pk=opened.run_id).attempt) == ("new", 2)
+    ended = _Recorder(opened.run_id)
+    with tenant_scope(world.tenant.pk):  # an ended sub-run is returned as it is, with no event
+        state = asyncio.run(runs.subrun_open(parent=spec, call_pk=call["pk"], skill_id=skill.pk, skill_name="helper",
+                                             task="t", publisher=lambda run_id: ended))
+    assert (state.status, state.reply, state.attempt) == ("completed", "new", 2) and ended.events == []
 
 
 class _RowRecorder:
