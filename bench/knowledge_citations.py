@@ -16,8 +16,10 @@ calls, temperature 0, as seed_demo's route):
    - ``follow-up``: after the framed result, in the text-mode follow-up the platform writes
      (llm.toolcall_parsing.CITE_FOLLOW_UP), and not in the result: what the platform does;
 
-   counting answers with at least one ``[n]`` that names a passage it was given, answers with
-   an ``[n]`` naming none, and empty answers. The system prompt asks for [n] citations in
+   counting answers with at least one ``[n]`` that names a passage it was given (and that do
+   not just copy a passage's ``[n] title › heading`` line), answers that copy such a line
+   (the passages echoed, not an answer that cites), answers with an ``[n]`` naming none, and
+   empty answers. The system prompt asks for [n] citations in
    both (seed_demo's).
 
 Figures depend on the machine's load (printed first); a 0.5B model's behaviour, not a
@@ -111,7 +113,7 @@ def main() -> int:
     settings.OUTBOUND_ALLOWED_HOSTS = [*settings.OUTBOUND_ALLOWED_HOSTS, host]
     entry = _entry(url)
     cite_follow_up = parsing.CITE_FOLLOW_UP
-    tallies = {p: {"cited": 0, "wrong_n": 0, "empty": 0, "seconds": 0.0} for p in PLACEMENTS}
+    tallies = {p: {"cited": 0, "echoed": 0, "wrong_n": 0, "empty": 0, "seconds": 0.0} for p in PLACEMENTS}
     valid_calls = 0
     try:
         with knowledge_common.embedder() as embed_url, knowledge_common.throwaway_tenants(1) as (tenant,):
@@ -161,6 +163,8 @@ def main() -> int:
                     tally = tallies[placement]
                     if not answer:
                         tally["empty"] += 1
+                    elif any(f"[{c['n']}] {c['document_title']} ›" in answer for c in citations):
+                        tally["echoed"] += 1
                     elif marks & given:
                         tally["cited"] += 1
                     elif marks:
@@ -172,10 +176,10 @@ def main() -> int:
             chat.terminate()
             chat.wait(timeout=20)
     print(f"\nvalid forced calls: {valid_calls}/{len(questions)}")
-    print("| cite sentence | answers citing a given passage | [n] naming none | empty | s/answer |")
-    print("|---|---:|---:|---:|---:|")
+    print("| cite sentence | answers citing a given passage | passages echoed | [n] naming none | empty | s/answer |")
+    print("|---|---:|---:|---:|---:|---:|")
     for placement, t in tallies.items():
-        print(f"| {placement} | {t['cited']}/{valid_calls} | {t['wrong_n']} | {t['empty']} | "
+        print(f"| {placement} | {t['cited']}/{valid_calls} | {t['echoed']} | {t['wrong_n']} | {t['empty']} | "
               f"{t['seconds'] / max(valid_calls, 1):.0f} |")
     return 0
 
