@@ -31,7 +31,8 @@ the ``knowledge`` capability kind's ``knowledge_search`` tool and its run-start 
 
 Overlap: the embedding requests are sent first (:func:`llm.embeddings.embed_texts_start`)
 and answered while the lexical list's statement runs (it needs no vector), then the vector
-lists run in one transaction; no transaction is open while the embedding is awaited. A search
+lists; no transaction is open while the embedding is awaited, and none is opened for the
+vector lists (the HNSW settings are the connection's, :func:`_hnsw_settings`). A search
 costs about max(embedding, lexical list) + vector list rather than their sum
 (bench/knowledge_search.py); the results are those of the sequential order (the lists enter
 the fusion in the same order).
@@ -49,11 +50,12 @@ from __future__ import annotations
 
 import math
 import re
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from django.db import connection, transaction
+from django.db import connection
 
 from knowledge.models import INDEXED_DIMENSIONS, TEXT_SEARCH_CONFIG, Document, KnowledgeBase
 from knowledge.selectors import knowledge_base_visible
@@ -257,6 +259,32 @@ def _vector_list(cursor, vector: list[float], *, tenant_id: int, group: list[Kno
     return rows
 
 
+_hnsw_session: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+"""Per database connection (psycopg's), the ``hnsw.ef_search`` its session was given (with
+``hnsw.iterative_scan = relaxed_order``) by :func:`_hnsw_settings`."""
+
+
+def _hnsw_settings(cursor, *, ef_search: int) -> None:
+    """``hnsw.iterative_scan = relaxed_order`` and ``hnsw.ef_search`` for the vector lists.
+
+    Outside a transaction they are set for the connection's session, once per connection and
+    value (remembered in :data:`_hnsw_session`): a search then costs no transaction (BEGIN,
+    COMMIT) and no extra round trip for them. Inside a caller's transaction they are set for
+    that transaction only (``set_config(…, true)``, as ``SET LOCAL``), every time, since a
+    rollback would undo a session value set there. Only HNSW scans read them: the knowledge
+    vector lists, whose every caller wants these values (the memory search is exact)."""
+    if connection.in_atomic_block:
+        cursor.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                       "set_config('hnsw.ef_search', %s, true)", [str(ef_search)])
+        return
+    raw = connection.connection
+    if _hnsw_session.get(raw) == ef_search:
+        return
+    cursor.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', false), "
+                   "set_config('hnsw.ef_search', %s, false)", [str(ef_search)])
+    _hnsw_session[raw] = ef_search
+
+
 def _lexical_list(query: str, kbs: list[KnowledgeBase], doc_filter: list[int] | None, candidates: int) -> list[int]:
     """The lexical list's chunk ids, best first (one statement, no transaction of its own)."""
     with connection.cursor() as cursor:
@@ -332,10 +360,9 @@ def search(*, tenant_id: int, knowledge_base_ids: Sequence[int], query: str, use
                 p.cancel()
         ranked: dict[str, list[int]] = {}
         distances: dict[int, float] = {}
-        with transaction.atomic(), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             if "vector" in lists or rewritten:
-                cursor.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-                               "set_config('hnsw.ef_search', %s, true)", [str(max(HNSW_EF_SEARCH, candidates))])
+                _hnsw_settings(cursor, ef_search=max(HNSW_EF_SEARCH, candidates))
             for number, (group, (query_vec, rewrite_vec)) in enumerate(zip(groups, vectors, strict=True)):
                 if query_vec is not None:
                     rows = _vector_list(cursor, query_vec, tenant_id=tenant_id, group=group,

@@ -235,3 +235,57 @@ def test_embed_texts_start_reports_bad_input_and_refuses_a_running_loop():
 
     with pytest.raises(RuntimeError, match="await aembed_texts"):
         asyncio.run(inside_a_loop())
+
+
+# --- the HNSW settings: the session's outside a transaction (once), the transaction's inside one ----
+
+
+def _settings_statements(events_sql: list[str]) -> list[str]:
+    return [sql for sql in events_sql if "set_config('hnsw.ef_search'" in sql]
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield seen
+
+
+def _show(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SHOW {name}")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_hnsw_settings_are_set_once_per_connection(world, kb, statements):
+    retrieval._hnsw_session.clear()  # what earlier tests set on this connection is forgotten
+    vector = _axis(2)
+    first = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="restart", query_vector=vector,
+                   candidates=47)
+    assert [", false)" in sql for sql in _settings_statements(statements)] == [True]  # session-wide, once
+    assert (_show("hnsw.ef_search"), _show("hnsw.iterative_scan")) == ("80", "relaxed_order")
+    statements.clear()
+    again = search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="restart", query_vector=vector,
+                   candidates=47)
+    assert _settings_statements(statements) == [] and again == first  # no statement for them this time
+    search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="restart", query_vector=vector,
+           candidates=120)
+    assert _show("hnsw.ef_search") == "120"  # another value: set again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_transaction_the_hnsw_settings_end_with_it(world, kb, statements):
+    from django.db import transaction
+
+    with transaction.atomic():
+        search(tenant_id=world.tenant.pk, knowledge_base_ids=[kb.pk], query="restart", query_vector=_axis(2),
+               candidates=99)
+        assert _show("hnsw.ef_search") == "99"
+        assert [", true)" in sql for sql in _settings_statements(statements)] == [True]
+    assert _show("hnsw.ef_search") != "99"  # a rollback or commit of the caller's transaction: gone with it
