@@ -13,8 +13,11 @@ calls, temperature 0, as seed_demo's route):
 3. the answer turn (tool choice auto), once per placement of the "cite as [n]" sentence:
 
    - ``in-result``: inside the tool's result (so inside the untrusted-data frame), as before;
-   - ``follow-up``: after the framed result, in the text-mode follow-up the platform writes
-     (llm.toolcall_parsing.CITE_FOLLOW_UP), and not in the result: what the platform does;
+   - ``follow-up``: after the framed result, appended to the text-mode follow-up the platform
+     writes (llm.toolcall_parsing.TOOL_RESULTS_FOLLOW_UP), and not in the result.
+
+   (The platform sends neither: the passages alone, and the request to cite in the tool's
+   description and the system prompt.)
 
    counting answers with at least one ``[n]`` that names a passage it was given (and that do
    not just copy a passage's ``[n] title › heading`` line), answers that copy such a line
@@ -112,7 +115,7 @@ def main() -> int:
     host = url.split("//", 1)[1].split("/", 1)[0]
     settings.OUTBOUND_ALLOWED_HOSTS = [*settings.OUTBOUND_ALLOWED_HOSTS, host]
     entry = _entry(url)
-    cite_follow_up = parsing.CITE_FOLLOW_UP
+    follow_up = parsing.TOOL_RESULTS_FOLLOW_UP
     tallies = {p: {"cited": 0, "echoed": 0, "wrong_n": 0, "empty": 0, "seconds": 0.0} for p in PLACEMENTS}
     valid_calls = 0
     try:
@@ -150,9 +153,9 @@ def main() -> int:
                 call = ToolCallRequest(id="call_bench", name="knowledge_search", arguments=calls[0].arguments)
                 for placement in PLACEMENTS:
                     if placement == "in-result":
-                        content, parsing.CITE_FOLLOW_UP = f"{text}\n\n{CITE_NOTE}", ""
+                        content, parsing.TOOL_RESULTS_FOLLOW_UP = f"{text}\n\n{CITE_NOTE}", follow_up
                     else:
-                        content, parsing.CITE_FOLLOW_UP = text, cite_follow_up
+                        content, parsing.TOOL_RESULTS_FOLLOW_UP = text, f"{follow_up} {CITE_NOTE}"
                     messages = [*history, ChatMessage(role="assistant", content="", tool_calls=(call,)),
                                 ChatMessage(role="tool", content=frame_untrusted(content), tool_call_id=call.id,
                                             name=call.name)]
@@ -170,7 +173,7 @@ def main() -> int:
                     elif marks:
                         tally["wrong_n"] += 1
                     print(f"  {placement}: cites {sorted(marks)}: {answer[:160]!r}", flush=True)
-                parsing.CITE_FOLLOW_UP = cite_follow_up
+                parsing.TOOL_RESULTS_FOLLOW_UP = follow_up
     finally:
         if chat is not None:
             chat.terminate()

@@ -3,9 +3,8 @@ formatting it shares with retrieval before the first turn.
 
 The model reads numbered passages (``[n] document › heading`` then the text), framed as
 outside data; the request to cite them as ``[n]`` is the platform's own text, outside the
-frame: in the tool's description, in the title of the block retrieved before the first turn,
-and, for text-mode routes, after the results (:data:`llm.toolcall_parsing.CITE_FOLLOW_UP`);
-clients read the same passages as citations in the tool
+frame: in the tool's description and in the title of the block retrieved before the first
+turn (the agent's system prompt may ask too, as the demo's does); clients read the same passages as citations in the tool
 call's ``data`` (``{"citations": [{n, knowledge_base_id, document_id, document_title, chunk_id,
 position, heading, score, snippet}]}``), which the chat app shows under the answer.
 
@@ -39,7 +38,9 @@ SNIPPET_CHARS = 240
 """Characters of a passage kept as the citation's snippet."""
 CITE_NOTE = "Cite the passages you use by their number in square brackets, e.g. [1], right after the sentence they support."
 """Not part of the passages (which are framed as outside data, so an instruction inside them
-would be data too): bench/knowledge_citations.py measured where the embedded model follows it."""
+would be data too). bench/knowledge_citations.py measured the embedded 0.5B model with it
+inside the result and after the results (the text-mode follow-up): it cited in neither, and
+after the results it copied the passages out instead of answering, so it is not sent there."""
 NO_PASSAGES = "No passages found for this query in the knowledge bases."
 REWRITE_PROMPT = (
     "Rewrite the question below as a short search query for a documentation search: the key terms and "

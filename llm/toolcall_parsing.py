@@ -131,14 +131,6 @@ times.
 """
 
 
-CITE_FOLLOW_UP = "Cite the numbered passages you use as [n], e.g. [1]."
-"""Added after :data:`TOOL_RESULTS_FOLLOW_UP` when a result holds numbered passages (a line
-starting ``[n] ``, as ``knowledge_search`` writes them): the platform's own request to cite,
-outside the results, which are framed as outside data (bench/knowledge_citations.py measured
-this place against a request inside the result)."""
-_PASSAGE_LINE: Final[re.Pattern[str]] = re.compile(r"^\[\d+\] ", re.MULTILINE)
-
-
 def messages_for_text_mode(
     messages: Iterable[ChatMessage], tools: Sequence[ToolSpec], *, tool_choice: str = "auto",
 ) -> list[ChatMessage]:
@@ -152,8 +144,7 @@ def messages_for_text_mode(
       ``<tool_call>`` block per call.
     * Tool results become user messages of ``<tool_response>`` blocks; consecutive results are
       merged into one user message, as the Qwen chat template does, followed by
-      :data:`TOOL_RESULTS_FOLLOW_UP` (and :data:`CITE_FOLLOW_UP` when a result holds
-      numbered passages).
+      :data:`TOOL_RESULTS_FOLLOW_UP`.
 
     Args:
         messages: Canonical history (not modified).
@@ -169,10 +160,7 @@ def messages_for_text_mode(
 
     def flush_results() -> None:
         if pending_results:
-            follow_up = TOOL_RESULTS_FOLLOW_UP
-            if CITE_FOLLOW_UP and any(_PASSAGE_LINE.search(r) for r in pending_results):
-                follow_up = f"{follow_up} {CITE_FOLLOW_UP}"
-            out.append(ChatMessage(role="user", content="\n".join([*pending_results, follow_up])))
+            out.append(ChatMessage(role="user", content="\n".join([*pending_results, TOOL_RESULTS_FOLLOW_UP])))
             pending_results.clear()
 
     for message in messages:
@@ -646,7 +634,6 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCallRequest]]:
 
 
 __all__ = [
-    "CITE_FOLLOW_UP",
     "ToolCallHoldback",
     "calls_from_json_text",
     "messages_for_text_mode",

@@ -226,23 +226,6 @@ def test_messages_for_text_mode_rewrites_calls_and_results() -> None:
     assert _simplify(parse_tool_calls(out[2].content)[1][:1]) == [("get_current_time", {"timezone": "UTC"})]
 
 
-def test_numbered_passages_in_a_result_add_the_request_to_cite_after_the_results() -> None:
-    from llm.toolcall_parsing import CITE_FOLLOW_UP
-
-    call = ToolCallRequest(id="call_1", name="knowledge_search", arguments='{"query": "start"}')
-    passages = '<untrusted-data nonce="ab">\n[1] README.md › Quick start\nRun make run.\n</untrusted-data nonce="ab">'
-    history = [ChatMessage(role="user", content="How?"), ChatMessage(role="assistant", tool_calls=(call,)),
-               ChatMessage(role="tool", content=passages, tool_call_id="call_1")]
-
-    out = messages_for_text_mode(history, [TIME_TOOL])
-
-    assert out[-1].content == (f"<tool_response>\n{passages}\n</tool_response>\n"
-                               f"{TOOL_RESULTS_FOLLOW_UP} {CITE_FOLLOW_UP}")
-    plain = messages_for_text_mode([*history[:2], ChatMessage(role="tool", content="10:00 [1] ok",
-                                                              tool_call_id="call_1")], [TIME_TOOL])
-    assert plain[-1].content.endswith(f"</tool_response>\n{TOOL_RESULTS_FOLLOW_UP}")  # no numbered passage
-
-
 def test_messages_for_text_mode_adds_a_system_message_when_missing() -> None:
     out = messages_for_text_mode([ChatMessage(role="user", content="hi")], [TIME_TOOL])
 
