@@ -35,6 +35,8 @@
 #                    exist in that tree. A tree with other migrations needs its own test
 #                    database: MUTATION_TAG (default: the tree's directory name when it is not
 #                    this repository) is added to the scratch directory and TEST_ISOLATION.
+#   MUTATION_TESTS   the tests to run instead of the target's own (space-separated pytest
+#                    paths), e.g. the test files an earlier MUTATION_TREE had.
 #   MUTATION_PYTEST_ARGS  more pytest arguments for every test run (split on spaces), e.g.
 #                    "--deselect <test id>" for a timing-sensitive test that fails on a
 #                    saturated machine: mutmut stops at any failure of its clean runs.
@@ -68,7 +70,7 @@ TARGETS=(
   "llm-errors|llm/errors.py|llm/tests/test_errors.py"
   "router|llm/router.py llm/health.py|llm/tests/test_router.py llm/tests/test_timeouts.py llm/tests/test_health.py"
   "tenancy|tenants/context.py tenants/scoping.py tenants/rls.py tenants/api/mixins.py|tenants/tests agent_platform/tests/test_tenant_isolation.py agent_platform/tests/test_tenant_isolation_app_layer.py"
-  "run-engine|sessions/runner/loop.py sessions/runner/turn.py sessions/runner/streaming.py sessions/runner/tool_execution.py sessions/runner/compaction.py sessions/runner/cancellation.py sessions/runner/compression.py sessions/runner/toolset.py sessions/runner/subrun.py|sessions/tests/test_runner.py sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py sessions/tests/test_compaction.py sessions/tests/test_cancel_hub.py sessions/tests/test_cancel_pubsub_guard.py sessions/tests/test_cancellation.py sessions/tests/test_subruns.py sessions/tests/test_budgets.py sessions/tests/test_runner_hardening.py sessions/tests/test_turn_steps.py sessions/tests/test_streamed_text.py"
+  "run-engine|sessions/runner/loop.py sessions/runner/turn.py sessions/runner/streaming.py sessions/runner/tool_execution.py sessions/runner/compaction.py sessions/runner/cancellation.py sessions/runner/compression.py sessions/runner/toolset.py sessions/runner/subrun.py|sessions/tests/test_runner.py sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py sessions/tests/test_compaction.py sessions/tests/test_cancel_hub.py sessions/tests/test_cancel_pubsub_guard.py sessions/tests/test_cancellation.py sessions/tests/test_subruns.py sessions/tests/test_budgets.py sessions/tests/test_runner_hardening.py sessions/tests/test_turn_steps.py sessions/tests/test_streamed_text.py sessions/tests/test_loop_ports.py sessions/tests/test_run_controls.py sessions/tests/test_mutation_gaps.py"
 )
 
 list_targets() {
@@ -204,6 +206,6 @@ for t in "${TARGETS[@]}"; do
   if [[ ${#wanted[@]} -gt 0 && ! " ${wanted[*]} " == *" $name "* ]]; then
     continue
   fi
-  run_target "$name" "$modules" "$tests" || failed=1
+  run_target "$name" "$modules" "${MUTATION_TESTS:-$tests}" || failed=1
 done
 exit $failed
