@@ -17,6 +17,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agent_platform.settings")
 os.environ.setdefault("REDIS_KEY_PREFIX", "apbench")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
+# The benches' fake model servers listen on loopback, which the outbound address rules refuse
+# unless allowed (every run would fail model_unavailable).
+os.environ.setdefault("OUTBOUND_ALLOWED_CIDRS", "127.0.0.0/8")
 # Production settings unless told otherwise: with DEBUG on, Django's cursor wrapper formats
 # and keeps every SQL statement, which costs a busy worker ~10 % of its CPU. Throwaway keys:
 # a benchmark's tenant and its secrets live only as long as the benchmark.
