@@ -608,6 +608,117 @@ class _UsageState:
         )
 
 
+class _MessageState:
+    """What one streamed Messages API answer has gathered so far: text, thinking, ``tool_use``
+    blocks by index, usage, stop reason and whether ``message_stop`` came, with the first-token
+    hook fired once.
+
+    :meth:`take` handles one stream event and returns the delta to yield for it, if any;
+    :meth:`completion` builds the ``Completion``.
+    """
+
+    __slots__ = ("text_parts", "reasoning_parts", "tool_blocks", "usage", "stop_reason", "stopped",
+                 "started", "on_first_token")
+
+    def __init__(self, on_first_token: Callable[[], None] | None) -> None:
+        self.text_parts: list[str] = []
+        self.reasoning_parts: list[str] = []
+        self.tool_blocks: dict[int, _ToolBlock] = {}
+        self.usage = _UsageState()
+        self.stop_reason: str | None = None
+        self.stopped = False
+        self.started = False
+        self.on_first_token = on_first_token
+
+    def _first_fragment(self) -> None:
+        if not self.started:
+            self.started = True
+            if self.on_first_token is not None:
+                self.on_first_token()
+
+    def take(self, event: Any) -> TextDelta | ReasoningDelta | None:
+        """Handle one stream event; the ``TextDelta``/``ReasoningDelta`` to yield for it, or None.
+
+        ``message_stop`` sets :attr:`stopped` (the caller stops reading there).
+        """
+        kind = getattr(event, "type", None)
+        if kind == "content_block_delta":
+            delta = event.delta
+            delta_kind = getattr(delta, "type", None)
+            if delta_kind == "text_delta" and delta.text:
+                self._first_fragment()
+                self.text_parts.append(delta.text)
+                return TextDelta(delta.text)
+            if delta_kind == "thinking_delta" and delta.thinking:
+                self._first_fragment()
+                self.reasoning_parts.append(delta.thinking)
+                return ReasoningDelta(delta.thinking)
+            if delta_kind == "input_json_delta":
+                block = self.tool_blocks.get(event.index)
+                if block is not None and delta.partial_json:
+                    block.fragments.append(delta.partial_json)
+            # signature_delta, citations_delta: nothing to surface.
+        elif kind == "content_block_start":
+            return self._block_start(event)
+        elif kind == "message_start":
+            self.usage.update(getattr(event.message, "usage", None))
+        elif kind == "message_delta":
+            self._message_delta(event)
+        elif kind == "message_stop":
+            self.stopped = True
+        # content_block_stop and unknown event types: nothing to do.
+        return None
+
+    def _block_start(self, event: Any) -> TextDelta | ReasoningDelta | None:
+        """A ``content_block_start``: a ``tool_use`` block is opened; a text or thinking block's
+        initial text (if any) is the delta returned."""
+        content = event.content_block
+        block_kind = getattr(content, "type", None)
+        if block_kind == "tool_use":
+            self._first_fragment()
+            self.tool_blocks[event.index] = _ToolBlock(
+                id=content.id, name=content.name, initial_input=getattr(content, "input", None)
+            )
+        elif block_kind == "text" and getattr(content, "text", ""):
+            self._first_fragment()
+            self.text_parts.append(content.text)
+            return TextDelta(content.text)
+        elif block_kind == "thinking" and getattr(content, "thinking", ""):
+            self._first_fragment()
+            self.reasoning_parts.append(content.thinking)
+            return ReasoningDelta(content.thinking)
+        # redacted_thinking and server-tool blocks: not part of the canonical message.
+        return None
+
+    def _message_delta(self, event: Any) -> None:
+        reason = getattr(event.delta, "stop_reason", None)
+        if reason:
+            self.stop_reason = reason
+        self.usage.update(getattr(event, "usage", None))
+
+    def completion(
+        self, entry: RouteEntryConfig, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> Completion:
+        """The whole answer (tool calls in block order; finish reason mapped by :data:`FINISH_REASONS`).
+
+        Raises:
+            ModelCallError: ``network`` when the stream ended before ``message_stop``.
+        """
+        if not self.stopped:
+            raise ModelCallError("network", "the provider stream ended before message_stop")
+        calls = tuple(self.tool_blocks[index].request() for index in sorted(self.tool_blocks))
+        message = ChatMessage(role="assistant", content="".join(self.text_parts), tool_calls=calls)
+        reasoning = "".join(self.reasoning_parts)
+        stop_reason = self.stop_reason
+        return Completion(
+            message=message,
+            usage=self.usage.result(messages, tools, message, reasoning),
+            finish_reason=FINISH_REASONS.get(stop_reason, stop_reason) if stop_reason else None,
+            entry_index=entry.index,
+            model=entry.model,
+        )
+
+
 async def stream_chat(
     entry: RouteEntryConfig,
     messages: Sequence[ChatMessage],
@@ -653,84 +764,18 @@ async def stream_chat(
     except anthropic.AnthropicError as exc:
         raise classify_anthropic_error(exc) from exc
 
-    text_parts: list[str] = []
-    reasoning_parts: list[str] = []
-    tool_blocks: dict[int, _ToolBlock] = {}
-    usage = _UsageState()
-    stop_reason: str | None = None
-    stopped = False
-    started = False
-
-    def first_fragment() -> None:
-        nonlocal started
-        if not started:
-            started = True
-            if on_first_token is not None:
-                on_first_token()
-
+    state = _MessageState(on_first_token)
     async with stream:
         while True:
             event = await _next_event(stream, entry.read_timeout_seconds)
             if event is None:
                 break
-            kind = getattr(event, "type", None)
-            if kind == "content_block_delta":
-                delta = event.delta
-                delta_kind = getattr(delta, "type", None)
-                if delta_kind == "text_delta" and delta.text:
-                    first_fragment()
-                    text_parts.append(delta.text)
-                    yield TextDelta(delta.text)
-                elif delta_kind == "thinking_delta" and delta.thinking:
-                    first_fragment()
-                    reasoning_parts.append(delta.thinking)
-                    yield ReasoningDelta(delta.thinking)
-                elif delta_kind == "input_json_delta":
-                    block = tool_blocks.get(event.index)
-                    if block is not None and delta.partial_json:
-                        block.fragments.append(delta.partial_json)
-                # signature_delta, citations_delta: nothing to surface.
-            elif kind == "content_block_start":
-                content = event.content_block
-                block_kind = getattr(content, "type", None)
-                if block_kind == "tool_use":
-                    first_fragment()
-                    tool_blocks[event.index] = _ToolBlock(
-                        id=content.id, name=content.name, initial_input=getattr(content, "input", None)
-                    )
-                elif block_kind == "text" and getattr(content, "text", ""):
-                    first_fragment()
-                    text_parts.append(content.text)
-                    yield TextDelta(content.text)
-                elif block_kind == "thinking" and getattr(content, "thinking", ""):
-                    first_fragment()
-                    reasoning_parts.append(content.thinking)
-                    yield ReasoningDelta(content.thinking)
-                # redacted_thinking and server-tool blocks: not part of the canonical message.
-            elif kind == "message_start":
-                usage.update(getattr(event.message, "usage", None))
-            elif kind == "message_delta":
-                reason = getattr(event.delta, "stop_reason", None)
-                if reason:
-                    stop_reason = reason
-                usage.update(getattr(event, "usage", None))
-            elif kind == "message_stop":
-                stopped = True
+            delta = state.take(event)
+            if delta is not None:
+                yield delta
+            elif state.stopped:
                 break
-            # content_block_stop and unknown event types: nothing to do.
-
-    if not stopped:
-        raise ModelCallError("network", "the provider stream ended before message_stop")
-    calls = tuple(tool_blocks[index].request() for index in sorted(tool_blocks))
-    message = ChatMessage(role="assistant", content="".join(text_parts), tool_calls=calls)
-    reasoning = "".join(reasoning_parts)
-    yield Completion(
-        message=message,
-        usage=usage.result(messages, tools, message, reasoning),
-        finish_reason=FINISH_REASONS.get(stop_reason, stop_reason) if stop_reason else None,
-        entry_index=entry.index,
-        model=entry.model,
-    )
+    yield state.completion(entry, messages, tools)
 
 
 class AnthropicModel:

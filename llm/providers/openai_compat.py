@@ -635,6 +635,114 @@ async def stream_chat(
         shard.open_streams -= 1
 
 
+class _StreamState:
+    """What one streamed completion has gathered so far: text, reasoning, tool-call fragments,
+    usage and finish reason, with the first-token hook fired once.
+
+    :meth:`read` takes one read's payloads and returns that read's deltas; :meth:`end` turns the
+    whole into the tail delta and the ``Completion``.
+    """
+
+    __slots__ = ("holdback", "assembler", "text_parts", "reasoning_parts", "usage", "finish_reason",
+                 "started", "on_first_token")
+
+    def __init__(self, text_mode: bool, on_first_token: Callable[[], None] | None) -> None:
+        self.holdback = ToolCallHoldback() if text_mode else None
+        self.assembler = _ToolCallAssembler()
+        self.text_parts: list[str] = []
+        self.reasoning_parts: list[str] = []
+        self.usage: Any = None
+        self.finish_reason: str | None = None
+        self.started = False
+        self.on_first_token = on_first_token
+
+    def read(self, chunks: list[Any]) -> list[tuple[type[TextDelta] | type[ReasoningDelta], str]]:
+        """This read's ``(delta class, text)`` pieces, in order, from its parsed payloads.
+
+        Raises:
+            ModelCallError: ``other`` for a payload that is not a JSON object.
+        """
+        pieces: list[tuple[type[TextDelta] | type[ReasoningDelta], str]] = []
+        for chunk in chunks:
+            if not isinstance(chunk, dict):
+                raise ModelCallError("other", f"unexpected stream chunk: {str(chunk)[:200]}")
+            chunk_usage = chunk.get("usage")
+            if chunk_usage is not None:
+                self.usage = chunk_usage
+            for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                if choice.get("finish_reason"):
+                    self.finish_reason = choice["finish_reason"]
+                delta = choice.get("delta")
+                if isinstance(delta, dict):
+                    self._delta(delta, pieces)
+        return pieces
+
+    def _delta(self, delta: dict[str, Any], pieces: list[tuple[type[TextDelta] | type[ReasoningDelta], str]]) -> None:
+        """Take one choice's ``delta``: reasoning and text appended to ``pieces`` (text after the
+        text-mode holdback), tool-call fragments to the assembler."""
+        reasoning = _reasoning_text(delta)
+        content = delta.get("content")
+        if not isinstance(content, str):
+            content = None
+        tool_fragments = delta.get("tool_calls")
+        if not self.started and (reasoning or content or tool_fragments):
+            self.started = True
+            if self.on_first_token is not None:
+                self.on_first_token()
+        if reasoning:
+            self.reasoning_parts.append(reasoning)
+            pieces.append((ReasoningDelta, reasoning))
+        if content:
+            if self.holdback is not None:
+                content = self.holdback.feed(content)
+            if content:
+                self.text_parts.append(content)
+                pieces.append((TextDelta, content))
+        if tool_fragments and isinstance(tool_fragments, list):
+            for fragment in tool_fragments:
+                self.assembler.add(fragment)
+
+    def end(
+        self, entry: RouteEntryConfig, sent: list[ChatMessage], tools: Sequence[ToolSpec], *, drop_text_calls: bool
+    ) -> tuple[TextDelta | None, Completion]:
+        """The text the holdback still held (``None`` if none) and the ``Completion``.
+
+        Text-mode calls join the native ones (none with ``drop_text_calls``) and turn a
+        ``stop`` (or missing) finish reason into ``tool_calls``.
+
+        Raises:
+            ModelCallError: ``content_policy`` when the finish reason says so.
+        """
+        finish_reason = self.finish_reason
+        policy_failure = classify_finish_reason(finish_reason)
+        if policy_failure is not None:
+            raise policy_failure
+        calls = self.assembler.result()
+        tail_delta: TextDelta | None = None
+        if self.holdback is not None:
+            tail, text_calls = self.holdback.finish()
+            if tail:
+                self.text_parts.append(tail)
+                tail_delta = TextDelta(tail)
+            if drop_text_calls:
+                text_calls = []
+            calls = calls + text_calls
+            if text_calls and finish_reason in (None, "stop"):
+                finish_reason = "tool_calls"
+        message = ChatMessage(role="assistant", content="".join(self.text_parts), tool_calls=tuple(calls))
+        completion = Completion(
+            message=message,
+            usage=_usage(self.usage, sent, () if self.holdback is not None else tools, message,
+                         "".join(self.reasoning_parts)),
+            finish_reason=finish_reason,
+            entry_index=entry.index,
+            model=entry.model,
+        )
+        return tail_delta, completion
+
+
 async def _stream(
     entry: RouteEntryConfig, http: httpx2.AsyncClient, params: dict[str, Any], sent: list[ChatMessage],
     tools: Sequence[ToolSpec], text_mode: bool, on_first_token: Callable[[], None] | None, *,
@@ -642,56 +750,13 @@ async def _stream(
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
     response = await _open_stream(_client_for(entry), http, params)
     payloads = _sse_payloads(response, entry.read_timeout_seconds)
-
-    holdback = ToolCallHoldback() if text_mode else None
-    assembler = _ToolCallAssembler()
-    text_parts: list[str] = []
-    reasoning_parts: list[str] = []
-    usage: Any = None
-    finish_reason: str | None = None
-    started = False
-
+    state = _StreamState(text_mode, on_first_token)
     try:
         while True:
             chunks = await _next_payloads(payloads, entry.read_timeout_seconds)
             if chunks is None:
                 break
-            pieces: list[tuple[type[TextDelta] | type[ReasoningDelta], str]] = []  # this read's, in order
-            for chunk in chunks:
-                if not isinstance(chunk, dict):
-                    raise ModelCallError("other", f"unexpected stream chunk: {str(chunk)[:200]}")
-                chunk_usage = chunk.get("usage")
-                if chunk_usage is not None:
-                    usage = chunk_usage
-                for choice in chunk.get("choices") or ():
-                    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                        continue
-                    if choice.get("finish_reason"):
-                        finish_reason = choice["finish_reason"]
-                    delta = choice.get("delta")
-                    if not isinstance(delta, dict):
-                        continue
-                    reasoning = _reasoning_text(delta)
-                    content = delta.get("content")
-                    if not isinstance(content, str):
-                        content = None
-                    tool_fragments = delta.get("tool_calls")
-                    if not started and (reasoning or content or tool_fragments):
-                        started = True
-                        if on_first_token is not None:
-                            on_first_token()
-                    if reasoning:
-                        reasoning_parts.append(reasoning)
-                        pieces.append((ReasoningDelta, reasoning))
-                    if content:
-                        if holdback is not None:
-                            content = holdback.feed(content)
-                        if content:
-                            text_parts.append(content)
-                            pieces.append((TextDelta, content))
-                    if tool_fragments and isinstance(tool_fragments, list):
-                        for fragment in tool_fragments:
-                            assembler.add(fragment)
+            pieces = state.read(chunks)
             # One delta per run of the same kind in this read (most reads bring one piece).
             if len(pieces) == 1:
                 kind, text = pieces[0]
@@ -703,28 +768,10 @@ async def _stream(
         await payloads.aclose()  # closes the response (its connection goes back to the pool or is closed)
         await response.aclose()  # in case the parser never started
 
-    policy_failure = classify_finish_reason(finish_reason)
-    if policy_failure is not None:
-        raise policy_failure
-    calls = assembler.result()
-    if holdback is not None:
-        tail, text_calls = holdback.finish()
-        if tail:
-            text_parts.append(tail)
-            yield TextDelta(tail)
-        if drop_text_calls:
-            text_calls = []
-        calls = calls + text_calls
-        if text_calls and finish_reason in (None, "stop"):
-            finish_reason = "tool_calls"
-    message = ChatMessage(role="assistant", content="".join(text_parts), tool_calls=tuple(calls))
-    yield Completion(
-        message=message,
-        usage=_usage(usage, sent, () if text_mode else tools, message, "".join(reasoning_parts)),
-        finish_reason=finish_reason,
-        entry_index=entry.index,
-        model=entry.model,
-    )
+    tail, completion = state.end(entry, sent, tools, drop_text_calls=drop_text_calls)
+    if tail is not None:
+        yield tail
+    yield completion
 
 
 def _usage(

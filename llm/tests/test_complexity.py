@@ -1,6 +1,11 @@
 """Complexity guard (issue 24): every function of the fallback router and of the model-layer
 modules around it stays under radon cyclomatic complexity 15 (radon grade C starts at 11;
-``Router.stream`` was 27 before it was split into steps)."""
+``Router.stream`` was 27 before it was split into steps).
+
+The provider adapters are held to the same limit, except for the functions named in
+``NOT_YET_SPLIT`` (each with the complexity it had when listed); that list must match what radon
+finds exactly, so a new complex function fails, and so does one that was split but is still
+listed."""
 
 from __future__ import annotations
 
@@ -13,7 +18,12 @@ from radon.visitors import Class
 LLM = Path(__file__).resolve().parents[1]
 LIMIT = 15
 MODULES = ["router.py", "model.py", "config.py", "records.py", "providers/__init__.py",
-           "providers/aiohttp_transport.py"]
+           "providers/aiohttp_transport.py", "providers/openai_compat.py", "providers/anthropic.py"]
+NOT_YET_SPLIT: dict[str, dict[str, int]] = {
+    # ``_stream`` (36) and ``stream_chat`` (25) were split into per-read/per-event state objects.
+    "providers/openai_compat.py": {"_sse_payloads": 27, "_ToolCallAssembler.add": 22, "build_request": 20},
+    "providers/anthropic.py": {"_class_of": 24, "classify_anthropic_error": 24},
+}
 
 
 def _blocks(code: str) -> list[tuple[str, int]]:
@@ -29,8 +39,8 @@ def _blocks(code: str) -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_every_function_is_under_the_complexity_limit(module: str) -> None:
-    too_complex = [(name, cc) for name, cc in _blocks((LLM / module).read_text()) if cc >= LIMIT]
-    assert too_complex == []
+    too_complex = {name: cc for name, cc in _blocks((LLM / module).read_text()) if cc >= LIMIT}
+    assert too_complex == NOT_YET_SPLIT.get(module, {})
 
 
 def test_the_guard_sees_a_complex_function() -> None:
