@@ -415,10 +415,36 @@ def _error_fields(body: object) -> tuple[str, str, str]:
     )
 
 
+_STATUS_CLASSES: Final[Mapping[int, ErrorClass]] = {
+    429: "rate_limit", 529: "overloaded", 408: "timeout", 504: "timeout",
+    401: "auth", 403: "auth", 404: "not_found", 400: "bad_request", 422: "bad_request",
+}
+"""HTTP statuses with a class of their own (other 5xx: ``server``; anything else: ``other``)."""
+
+
 def _class_of(status: int | None, kind: str, message: str, code: str) -> ErrorClass:
+    """The class of an error response or event: its wording and ``error_code`` first
+    (:func:`_class_from_wording`), then ``error.type``, then the HTTP status."""
     # Wording is only trusted on the statuses that carry it (and inside a stream), never on
     # e.g. a gateway's 404/5xx HTML page.
     lowered = message.lower() if status in _WORDING_STATUSES else ""
+    by_wording = _class_from_wording(status, kind, lowered, code)
+    if by_wording is not None:
+        return by_wording
+    if kind in _ERROR_TYPES:
+        return _ERROR_TYPES[kind]
+    if status is None:
+        return "other"
+    by_status = _STATUS_CLASSES.get(status)
+    if by_status is not None:
+        return by_status
+    return "server" if status >= 500 else "other"
+
+
+def _class_from_wording(status: int | None, kind: str, lowered: str, code: str) -> ErrorClass | None:
+    """``quota_exhausted``, ``context_window`` or ``content_policy`` when the status (402, 413),
+    ``billing_error``, the ``error_code`` or the lower-cased message (``""`` when not trusted)
+    says so; else None."""
     if status == 402 or kind == "billing_error" or code in _QUOTA_CODES:
         return "quota_exhausted"
     if kind in ("", "invalid_request_error", "rate_limit_error", "permission_error") and any(
@@ -433,25 +459,7 @@ def _class_of(status: int | None, kind: str, message: str, code: str) -> ErrorCl
         marker in lowered for marker in _CONTENT_POLICY_MARKERS
     ):
         return "content_policy"
-    if kind in _ERROR_TYPES:
-        return _ERROR_TYPES[kind]
-    if status is None:
-        return "other"
-    if status == 429:
-        return "rate_limit"
-    if status == 529:
-        return "overloaded"
-    if status in (408, 504):
-        return "timeout"
-    if status >= 500:
-        return "server"
-    if status in (401, 403):
-        return "auth"
-    if status == 404:
-        return "not_found"
-    if status in (400, 422):
-        return "bad_request"
-    return "other"
+    return None
 
 
 def classify_anthropic_error(exc: BaseException) -> ModelCallError:
@@ -499,24 +507,36 @@ def classify_anthropic_error(exc: BaseException) -> ModelCallError:
         detail = f": {type(cause).__name__}: {cause}" if cause is not None and str(cause) else ""
         return ModelCallError("network", _truncate(f"{exc.message or 'connection error'}{detail}"))
     if isinstance(exc, anthropic.APIStatusError):
-        kind, message, code = _error_fields(exc.body)
-        in_stream = exc.status_code < 400
-        status = None if in_stream else exc.status_code
-        error_class = _class_of(status, kind, message, code)
-        text = _truncate(message or exc.message or f"HTTP {exc.status_code}")
-        if in_stream:
-            text = _truncate(f"error event in the stream ({kind or 'unknown'}): {text}")
-        retry_after = (
-            parse_retry_after(exc.response.headers)
-            if status is not None and error_class in _RETRY_AFTER_CLASSES
-            else None
-        )
-        return ModelCallError(error_class, text, status_code=status, retry_after_seconds=retry_after)
+        return _classify_status_error(exc)
     if isinstance(exc, anthropic.APIResponseValidationError):  # pragma: no cover - strict validation is off
         return ModelCallError("other", _truncate(f"invalid response: {exc.message}"), status_code=exc.status_code)
     if isinstance(exc, anthropic.APIError):
         kind, message, code = _error_fields(exc.body)
         return ModelCallError(_class_of(None, kind, message, code), _truncate(message or exc.message))
+    return _classify_other(exc)
+
+
+def _classify_status_error(exc: anthropic.APIStatusError) -> ModelCallError:
+    """An HTTP error response, or an ``error`` event inside an open stream (its 2xx status:
+    classified by the body alone, ``status_code=None``); see :func:`classify_anthropic_error`."""
+    kind, message, code = _error_fields(exc.body)
+    in_stream = exc.status_code < 400
+    status = None if in_stream else exc.status_code
+    error_class = _class_of(status, kind, message, code)
+    text = _truncate(message or exc.message or f"HTTP {exc.status_code}")
+    if in_stream:
+        text = _truncate(f"error event in the stream ({kind or 'unknown'}): {text}")
+    retry_after = (
+        parse_retry_after(exc.response.headers)
+        if status is not None and error_class in _RETRY_AFTER_CLASSES
+        else None
+    )
+    return ModelCallError(error_class, text, status_code=status, retry_after_seconds=retry_after)
+
+
+def _classify_other(exc: BaseException) -> ModelCallError:
+    """An exception that is not the SDK's: timeouts → ``timeout``, transport errors →
+    ``network``, anything else (e.g. undecodable event data) → ``other``."""
     described = _truncate(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, TimeoutError):
         return ModelCallError("timeout", _truncate(str(exc) or "no data from the provider within the read timeout"))
