@@ -204,6 +204,21 @@ class _ToolCallAssembler:
             return
         index = fragment.get("index")
         call_id = fragment.get("id") or ""
+        call = self._call_for(index, call_id)
+        if call_id and not call.id:
+            call.id = call_id
+        function = fragment.get("function")
+        if isinstance(function, dict):
+            name = function.get("name")
+            if name and isinstance(name, str) and name != call.name:
+                call.name += name
+            arguments = function.get("arguments")
+            if arguments and isinstance(arguments, str):
+                call.arguments.append(arguments)
+
+    def _call_for(self, index: Any, call_id: str) -> _PartialCall:
+        """The call a fragment with this ``index`` (an int, or missing) and id (``""`` if none)
+        continues, or a new one (registered under ``index`` when it is an int)."""
         call: _PartialCall | None = None
         if isinstance(index, int):
             call = self._by_index.get(index)
@@ -218,16 +233,7 @@ class _ToolCallAssembler:
             self._calls.append(call)
             if isinstance(index, int):
                 self._by_index[index] = call
-        if call_id and not call.id:
-            call.id = call_id
-        function = fragment.get("function")
-        if isinstance(function, dict):
-            name = function.get("name")
-            if name and isinstance(name, str) and name != call.name:
-                call.name += name
-            arguments = function.get("arguments")
-            if arguments and isinstance(arguments, str):
-                call.arguments.append(arguments)
+        return call
 
     def result(self) -> list[ToolCallRequest]:
         return [
@@ -565,6 +571,14 @@ def build_request(
         params["max_tokens"] = limit
     if entry.temperature is not None:
         params["temperature"] = entry.temperature
+    _add_tool_params(params, tools, choice, text_mode)
+    return params, sent
+
+
+def _add_tool_params(params: dict[str, Any], tools: Sequence[ToolSpec], choice: str | ToolSpec, text_mode: bool) -> None:
+    """Add ``tools`` and ``tool_choice`` (native mode, tools offered) or the constrained-decoding
+    ``response_format`` (text mode, a call forced) to ``params``; see :func:`build_request`.
+    ``choice``: :func:`~llm.model.tool_choice_resolve`'s result."""
     if tools and not text_mode:
         params["tools"] = [t.to_openai() for t in tools]
         if isinstance(choice, ToolSpec):
@@ -575,7 +589,6 @@ def build_request(
         schema = (tool_call_schema(choice, required_only=True) if isinstance(choice, ToolSpec)
                   else {"anyOf": [tool_call_schema(t, required_only=True) for t in tools]})
         params["response_format"] = {"type": "json_object", "schema": schema}
-    return params, sent
 
 
 async def stream_chat(
