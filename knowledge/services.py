@@ -504,27 +504,46 @@ def _normalised(vector: list[float]) -> list[float]:
     return [x / norm for x in vector] if norm > 0 else vector
 
 
+class _WrongVectors(Exception):
+    """The embedding model answered with the wrong number or size of vectors (the message says which)."""
+
+
+def _embed_batch(kb: KnowledgeBase, texts: list[str]) -> list[list[float]]:
+    """One embedding request for ``texts`` with ``kb``'s model: one unit-length vector of
+    ``kb.dimensions`` per text, in order.
+
+    Raises:
+        EmbeddingError: the request failed (:func:`llm.embeddings.embed_texts`).
+        _WrongVectors: the model returned another number of vectors or another size.
+    """
+    from llm.embeddings import embed_texts
+
+    result = embed_texts(kb.embedding_provider, kb.embedding_model, texts)
+    if len(result) != len(texts) or any(len(v) != kb.dimensions for v in result):
+        sizes = sorted({len(v) for v in result})
+        raise _WrongVectors(f"The embedding model returned {len(result)} vectors of size {sizes} for "
+                            f"{len(texts)} chunks; the knowledge base expects size {kb.dimensions}.")
+    return [_normalised(list(v)) for v in result]
+
+
 def _embed(kb: KnowledgeBase, drafts: list[ChunkDraft], *, document_id: int, generation: int) -> list[list[float]] | None:
     """Embed the chunks in batches, moving ``embedded_count``; None when the document moved on.
 
     Raises:
         IngestError: the embedding call failed or returned vectors of the wrong size.
     """
-    from llm.embeddings import EmbeddingError, embed_texts
+    from llm.embeddings import EmbeddingError
 
     vectors: list[list[float]] = []
     for start in range(0, len(drafts), EMBED_BATCH_SIZE):
         batch = drafts[start:start + EMBED_BATCH_SIZE]
         try:
-            result = embed_texts(kb.embedding_provider, kb.embedding_model,
-                                 [chunk_index_text(d.heading, d.text) for d in batch])
+            result = _embed_batch(kb, [chunk_index_text(d.heading, d.text) for d in batch])
         except EmbeddingError as exc:
             raise IngestError(f"Embedding failed ({kb.embedding_model}): {exc}") from exc
-        if len(result) != len(batch) or any(len(v) != kb.dimensions for v in result):
-            sizes = sorted({len(v) for v in result})
-            raise IngestError(f"The embedding model returned {len(result)} vectors of size {sizes} for "
-                              f"{len(batch)} chunks; the knowledge base expects size {kb.dimensions}.")
-        vectors.extend(_normalised(list(v)) for v in result)
+        except _WrongVectors as exc:
+            raise IngestError(str(exc)) from None
+        vectors.extend(result)
         if not _status_set(document_id=document_id, generation=generation, status=DocumentStatus.EMBEDDING,
                            embedded_count=len(vectors)):
             return None
@@ -717,7 +736,7 @@ def _reembed_document(kb: KnowledgeBase, *, document_id: int, generation: int, d
     """
     import time
 
-    from llm.embeddings import EmbeddingError, embed_texts
+    from llm.embeddings import EmbeddingError
 
     fingerprint = kb.embedding_fingerprint
     with transaction.atomic():
@@ -736,14 +755,11 @@ def _reembed_document(kb: KnowledgeBase, *, document_id: int, generation: int, d
         if time.monotonic() > deadline:
             return "continue"
         try:
-            vectors = embed_texts(kb.embedding_provider, kb.embedding_model,
-                                  [chunk_index_text(c.heading, c.text) for c in batch])
+            vectors = _embed_batch(kb, [chunk_index_text(c.heading, c.text) for c in batch])
         except EmbeddingError as exc:
             raise ReembedRetry(f"Re-embedding with {kb.embedding_model} failed: {exc}") from exc
-        if len(vectors) != len(batch) or any(len(v) != kb.dimensions for v in vectors):
-            sizes = sorted({len(v) for v in vectors})
-            _fail(document_id, generation, f"Re-embedding: the embedding model returned vectors of size {sizes}; "
-                                           f"the knowledge base expects size {kb.dimensions}.")
+        except _WrongVectors as exc:
+            _fail(document_id, generation, f"Re-embedding: {exc}")
             return "skipped"
         with transaction.atomic():
             locked = KnowledgeBase.objects.select_for_update().filter(pk=kb.pk).first()
@@ -752,7 +768,7 @@ def _reembed_document(kb: KnowledgeBase, *, document_id: int, generation: int, d
             if not Document.objects.filter(pk=document_id, generation=generation, reembedding=True).exists():
                 return "skipped"
             for chunk, vector in zip(batch, vectors, strict=True):
-                chunk.embedding, chunk.dimensions = _normalised(list(vector)), kb.dimensions
+                chunk.embedding, chunk.dimensions = vector, kb.dimensions
                 chunk.embedding_fingerprint = fingerprint
             Chunk.objects.bulk_update(batch, ["embedding", "dimensions", "embedding_fingerprint"])
             done = Chunk.objects.filter(document_id=document_id, embedding_fingerprint=fingerprint).count()

@@ -385,3 +385,28 @@ def test_the_task_retries_a_failing_endpoint_then_fails_the_documents_left(world
     assert len(fake_embedder.requests) - before == REEMBED_MAX_RETRIES + 1
     boats.refresh_from_db()
     assert boats.status == "failed" and "overloaded HTTP 503" in boats.status_reason
+
+
+def test_vectors_of_the_wrong_size_fail_the_ingestion_and_the_re_embedding_with_the_reason(
+        world, fake_embedder, queued):
+    # The knowledge base says 384 but its model answers with 64: ingestion fails, saying so.
+    kb = _kb(world, fake_embedder, model="hash-a-64", dimensions=384)
+    with tenant_scope(kb.tenant_id):
+        doc = document_add_text(knowledge_base=kb, title="Boats", text=BOATS).document
+        doc.refresh_from_db()
+        assert document_ingest(document_id=doc.pk, generation=doc.generation) == DocumentStatus.FAILED
+    doc = Document.all_tenants.get(pk=doc.pk)
+    assert "vectors of size [64]" in doc.status_reason and "expects size 384" in doc.status_reason
+    assert not Chunk.all_tenants.filter(document_id=doc.pk).exists()
+
+    # A re-embedding whose new model answers with another size than configured fails the
+    # document with the reason.
+    good = _kb(world, fake_embedder, name="Harbour")
+    boats = _ingested(good, "Boats", BOATS)
+    good = _change_model(good, "hash-b-384", 384)
+    KnowledgeBase.all_tenants.filter(pk=good.pk).update(embedding_model="hash-b-64")
+    KnowledgeBase.all_tenants.filter(pk=good.pk).update(embedding_revision=good.embedding_revision)
+    _reembed(good)
+    boats = Document.all_tenants.get(pk=boats.pk)
+    assert boats.status == DocumentStatus.FAILED
+    assert boats.status_reason.startswith("Re-embedding: ") and "expects size 384" in boats.status_reason
