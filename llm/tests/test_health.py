@@ -242,6 +242,19 @@ async def test_a_success_during_the_cooldown_does_not_close_early(world: World) 
     assert (await h.snapshot(KEY)).state == "open"
 
 
+async def test_a_success_after_the_cooldown_closes_even_without_a_probe(world: World) -> None:
+    # E.g. a call that took the entry when its cooldown ended, without asking for the probe
+    # (another worker's snapshot moved it on), succeeds: the breaker closes.
+    h = world.health
+    await h.record_failure(KEY, "quota_exhausted")
+    world.clock.advance(cooldown_for("quota_exhausted") + 1)
+
+    await h.record_success(KEY)
+
+    snapshot = await h.snapshot(KEY)
+    assert snapshot.state == "closed"
+
+
 async def test_failures_while_open_never_shorten_the_cooldown(world: World) -> None:
     h = world.health
     await h.record_failure(KEY, "quota_exhausted")
