@@ -671,6 +671,23 @@ async def test_retry_after_is_honoured(server_a: FakeLLMServer) -> None:
     assert [d["error_class"] for _, d in h.events.events] == ["rate_limit", "overloaded"]
 
 
+async def test_a_stream_cut_after_its_first_token_counts_against_the_entry(
+    server_a: FakeLLMServer, server_b: FakeLLMServer,
+) -> None:
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    server_a.script(CutAfter("Partial answer that never ends", n_chunks=3, chunk_size=4))
+    a = entry(0, server_a.base_url)
+    h = Harness([a, entry(1, server_b.base_url)], health=health, clock=clock)
+
+    with pytest.raises(StreamInterrupted):
+        await collect(h.router)
+
+    snap = await health.snapshot(a.health_key)
+    assert (snap.calls_last_minute, snap.failures_last_minute, snap.last_error_class) == (1, 1, "network")
+    assert server_b.requests == []
+
+
 async def test_a_long_retry_after_cools_the_entry_down_instead(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
     clock = FakeClock()
     health = MemoryEntryHealth(clock=clock)
