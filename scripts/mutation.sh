@@ -68,7 +68,7 @@ TARGETS=(
   "origins|browser/origins.py|browser/tests/test_server_origins.py"
   "cli-template|capabilities/cli/template.py|capabilities/tests/test_cli_models.py capabilities/tests/test_cli.py"
   "llm-errors|llm/errors.py|llm/tests/test_errors.py"
-  "router|llm/router.py llm/health.py|llm/tests/test_router.py llm/tests/test_timeouts.py llm/tests/test_health.py"
+  "router|llm/router.py llm/health.py|llm/tests/test_router.py llm/tests/test_timeouts.py llm/tests/test_health.py llm/tests/test_model.py"
   "tenancy|tenants/context.py tenants/scoping.py tenants/rls.py tenants/api/mixins.py|tenants/tests agent_platform/tests/test_tenant_isolation.py agent_platform/tests/test_tenant_isolation_app_layer.py"
   "run-engine|sessions/runner/loop.py sessions/runner/turn.py sessions/runner/streaming.py sessions/runner/tool_execution.py sessions/runner/compaction.py sessions/runner/cancellation.py sessions/runner/compression.py sessions/runner/toolset.py sessions/runner/subrun.py|sessions/tests/test_runner.py sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py sessions/tests/test_compaction.py sessions/tests/test_cancel_hub.py sessions/tests/test_cancel_pubsub_guard.py sessions/tests/test_cancellation.py sessions/tests/test_subruns.py sessions/tests/test_budgets.py sessions/tests/test_runner_hardening.py sessions/tests/test_turn_steps.py sessions/tests/test_streamed_text.py sessions/tests/test_loop_ports.py sessions/tests/test_run_controls.py sessions/tests/test_mutation_gaps.py"
 )
