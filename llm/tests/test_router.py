@@ -881,6 +881,42 @@ async def test_context_window_with_no_larger_entry_asks_for_compaction(
     assert server_b.requests == []
 
 
+TOO_LONG = {"error": {"message": "prompt is too long: 9000 tokens > 8192 maximum"}}
+
+
+async def test_when_every_entry_was_too_small_the_call_asks_for_compaction(
+    server_a: FakeLLMServer, server_b: FakeLLMServer
+) -> None:
+    # Both entries are tried (the larger one's window is not known to be too small) and both
+    # answer "too long": the caller is told to compact, not that the route failed.
+    server_a.script(Fail(400, body=TOO_LONG))
+    server_b.script(Fail(400, body=TOO_LONG))
+    route = [entry(0, server_a.base_url, max_input_tokens=8192), entry(1, server_b.base_url, max_input_tokens=16384)]
+    h = Harness(route)
+
+    with pytest.raises(ContextWindowExceeded) as caught:
+        await collect(h.router)
+
+    assert [a.error_class for a in caught.value.attempts] == ["context_window", "context_window"]
+    assert caught.value.largest_window_tokens == 16384
+
+
+async def test_when_an_entry_failed_otherwise_the_route_failed_and_compaction_would_not_help(
+    server_a: FakeLLMServer, server_b: FakeLLMServer
+) -> None:
+    server_a.script(Fail(400, body=TOO_LONG))
+    server_b.script(*[Fail(401)] * 3)
+    route = [entry(0, server_a.base_url, max_input_tokens=8192), entry(1, server_b.base_url, max_input_tokens=16384)]
+    h = Harness(route)
+
+    with pytest.raises(AllEntriesFailed) as caught:
+        await collect(h.router)
+
+    assert not isinstance(caught.value, ContextWindowExceeded)
+    assert [a.error_class for a in caught.value.attempts][0] == "context_window"
+    assert caught.value.attempts[-1].error_class == "auth"
+
+
 def long_history(tokens: int) -> list[ChatMessage]:
     """A history whose estimate is exactly ``tokens``."""
     base = estimate_tokens([ChatMessage(role="user", content="")], [])
