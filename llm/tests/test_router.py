@@ -1172,6 +1172,25 @@ async def test_anthropic_entries_use_the_anthropic_adapter(monkeypatch: pytest.M
     assert text_of(events) == "from claude" and calls == ["claude-x"]
 
 
+async def test_an_unexpected_error_in_the_model_layer_is_recorded_as_other_and_raised(
+    monkeypatch: pytest.MonkeyPatch, server_a: FakeLLMServer, server_b: FakeLLMServer
+) -> None:
+    from llm.providers.openai_compat import OpenAICompatModel
+
+    async def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in an adapter")
+        yield  # an async generator
+
+    monkeypatch.setattr(OpenAICompatModel, "stream", broken)
+    h = Harness([entry(0, server_a.base_url), entry(1, server_b.base_url)])
+
+    with pytest.raises(RuntimeError, match="a bug in an adapter"):
+        await collect(h.router)
+
+    assert h.recorder.summary() == [(1, 0, "failed", "other")]  # no fallback past a bug
+    assert h.recorder.records[0].error == "unexpected error in the model layer"
+
+
 async def test_an_anthropic_entry_without_its_adapter_falls_back(
     monkeypatch: pytest.MonkeyPatch, server_b: FakeLLMServer
 ) -> None:
