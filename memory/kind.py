@@ -90,7 +90,7 @@ class MemoryKind(CapabilityKind):
         from memory.extraction import recall_text
 
         return [ContextBlock(source=KEY, title=BLOCK_TITLE, text=recall_text([m.text for m in recalled]),
-                             data={"memory_ids": [m.pk for m in recalled]})]
+                             data={"memory_ids": [m.pk for m in recalled]}, untrusted=True)]
 
 
 def _to_thread(fn: Callable[..., Any]) -> Callable[..., Any]:

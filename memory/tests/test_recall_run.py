@@ -70,6 +70,10 @@ def test_a_run_starts_with_the_users_most_relevant_memories(world, other_world, 
     assert set(listed) <= set(FACTS)
     [stored] = run.context
     assert stored["source"] == "memory" and stored["title"] == BLOCK_TITLE
+    # Memories are the model's own notes of what users said (a pasted page could have planted
+    # one): data, not instructions, framed like an untrusted tool's result.
+    assert stored["untrusted"] is True
+    assert block.lstrip().startswith("<untrusted-data") and "</untrusted-data" in block
     ids = stored["data"]["memory_ids"]
     assert list(Memory.all_tenants.filter(pk__in=ids).values_list("user_id", "agent_id").order_by().distinct()) == [
         (world.member.pk, agent.pk)]
