@@ -177,7 +177,7 @@ def test_admin_reads_the_dashboard_for_a_month(world, other_world, live_server_u
         page.get_by_test_id("dashboard-month").fill(last_month)
         page.get_by_test_id("dashboard-show").click()
         expect(page.get_by_test_id("kpi-runs")).to_have_text("0")
-        expect(page.get_by_test_id("dashboard-agents")).to_contain_text("No runs this month.")
+        expect(page.get_by_test_id("dashboard-agents")).to_contain_text("No runs or model calls this month.")
         # The active run's link opens its trace.
         page.get_by_test_id("dashboard-active").get_by_role("link", name=f"Run {active.pk}").click()
         expect(page.get_by_test_id("run-trace")).to_have_attribute("data-run-status", "running")
