@@ -6,7 +6,7 @@ how much the tenant has spent this calendar month. Before: the sum of the month'
 what ``sessions.selectors.tenant_month_cost_usd_micros`` was). After: the sum of the month's
 ``UsageMonth`` rows (at most 8, kept by triggers; sessions/migrations/0009_usage_month.py),
 through the selector (ORM, the metered calls' path) and through the runner's plain SQL on its
-event loop's pool (``sessions.runner._db.tenant_month_cost_usd_micros``, the turns' path).
+event loop's pool (``DatabaseRunStore.tenant_month_cost_usd_micros``, the turns' path).
 
 A throwaway tenant gets plain-SQL inserted calls spread over this month (10k, then 90k more,
 then 900k more); the table is vacuumed and analysed (as the owner) before each measurement,
@@ -35,7 +35,7 @@ from django.db import connection
 from django.db.models import Sum
 
 from sessions.models import LLMCall, UsageMonth
-from sessions.runner import _db
+from sessions.runner.adapters import DatabaseRunStore
 from sessions.runner.pg import pg_connection
 from sessions.runs import _sql
 from sessions.selectors import month_start, tenant_month_cost_usd_micros
@@ -97,9 +97,9 @@ def measure(tenant_id: int, calls: int, repeats: int) -> None:
         old_repeats = max(5, min(repeats, 2_000_000 // max(calls, 1)))
         old = timed_ms(old_month_cost, old_repeats)
         new = timed_ms(tenant_month_cost_usd_micros, repeats)
-        runner = asyncio.run(timed_async_ms(lambda: _db.tenant_month_cost_usd_micros(tenant_id), repeats))
+        runner = asyncio.run(timed_async_ms(lambda: DatabaseRunStore.tenant_month_cost_usd_micros(tenant_id), repeats))
         assert old_month_cost() == tenant_month_cost_usd_micros() == asyncio.run(
-            _db.tenant_month_cost_usd_micros(tenant_id)), "the rollup differs from the calls"
+            DatabaseRunStore.tenant_month_cost_usd_micros(tenant_id)), "the rollup differs from the calls"
     print(f"{calls:,} calls this month:")
     print(line("before: sum of the month's calls (ORM)", old))
     print(line("after: sum of the rollup (selector, ORM)", new))
