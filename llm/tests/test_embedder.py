@@ -249,7 +249,7 @@ def test_a_blocked_address_is_refused_at_connect(settings, embedding_server):
 
 class _Scripted:
     """A one-route HTTP server on 127.0.0.1 answering POST …/embeddings with ``answer(body, headers)``
-    → ``(status, json)``; records the requests."""
+    → ``(status, json)`` (``bytes``: sent as they are); records the requests."""
 
     def __init__(self, answer: Callable[[dict, dict], tuple[int, object]]) -> None:
         self.requests: list[dict] = []
@@ -260,7 +260,7 @@ class _Scripted:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 scripted.requests.append(body)
                 status, payload = answer(body, dict(self.headers))
-                data = json.dumps(payload).encode()
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -316,6 +316,20 @@ def test_a_wrong_number_of_vectors_is_an_error(scripted):
         {"object": "embedding", "index": 0, "embedding": [0.6, 0.8]}]}))
     with pytest.raises(EmbeddingError, match="expected 2 embeddings, got 1"):
         embed_texts(EmbeddingEndpoint(name="s", base_url=server.base_url), "m", ["a", "b"])
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"<html>502 Bad Gateway</html>", "the response is not JSON"),
+    ({"data": "nope"}, "expected 1 embeddings, got no"),
+    ({"data": ["not an object"]}, "embedding 0 is not a list of numbers"),
+    ({"data": [{"index": 0, "embedding": [True, 0.5]}]}, "embedding 0 is not a list of numbers"),
+    ({"data": [{"index": 3, "embedding": [0.6, 0.8]}]}, "embedding index 3 is out of range"),
+], ids=["not-json", "data-not-a-list", "item-not-an-object", "booleans", "index-out-of-range"])
+def test_a_malformed_answer_is_an_error_with_the_reason(scripted, body, message):
+    server = scripted(lambda request, headers: (200, body))
+    with pytest.raises(EmbeddingError, match=message) as caught:
+        embed_texts(EmbeddingEndpoint(name="s", base_url=server.base_url), "m", ["a"])
+    assert caught.value.error_class == "other"
 
 
 def test_vectors_are_put_back_in_input_order_and_normalised(scripted):
