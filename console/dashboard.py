@@ -64,7 +64,7 @@ def tenant_month_usage(*, tenant_id: int, start: datetime, end: datetime) -> dic
         "total": {"llm_calls", "prompt_tokens", "completion_tokens", "cost_usd_micros"}}``.
         ``runs`` (and the runs of agents and users) count the runs created in the range;
         days, tokens, costs and ``total`` sum the LLM calls made in the range, whatever their
-        purpose (run turns, chat titles, memory, query rewrites, reranks), purged chats'
+        purpose (run turns, compactions, chat titles, memory, query rewrites, reranks), purged chats'
         included, by the agent and user each call was made for.
     """
     # tenant-bypass: the console chose tenant_id among the admin's own tenants.

@@ -1,7 +1,7 @@
 """Model calls outside a run's turns, metered as LLM calls: chat titles, memory extraction and
 merge, a knowledge search's query rewrite and rerank.
 
-A run's model turns are written by the runner (``sessions.runs.llm_call_record``). Every other
+A run's model turns and compactions are written by the runner (``sessions.runs.llm_call_record``). Every other
 model call goes through a :class:`MeteredRoute`: a route's entries (the router's retries and
 fallback) bound to a :class:`CallSite` (tenant, purpose, agent, user, the entries' ids). Before
 each call the tenant's monthly budget is asked (:class:`BudgetExceeded` when it is spent: the
@@ -48,6 +48,9 @@ class LLMCallPurpose(models.TextChoices):
     MEMORY = "memory", "Memory extraction"
     QUERY_REWRITE = "query_rewrite", "Query rewrite"
     RERANK = "rerank", "Rerank"
+    COMPACTION = "compaction", "Compaction"
+    """A run's context compaction: the summary of the conversation's oldest part, written by
+    the run's own route (``sessions.runner.compaction``), so its rows keep their run and turn."""
 
 
 class BudgetExceeded(LLMError):
@@ -62,7 +65,8 @@ class CallSite:
 
     tenant_id: int
     purpose: str
-    """An :class:`LLMCallPurpose` value other than ``turn``."""
+    """An :class:`LLMCallPurpose` value other than ``turn`` (and ``compaction``, which a run
+    records itself)."""
     entry_ids: tuple[int | None, ...] = ()
     """``ModelRouteEntry`` ids parallel to the route's entries (an attempt's ``entry_index``
     picks its row's ``route_entry``); shorter or empty: no route entry on the row."""

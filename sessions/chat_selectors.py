@@ -3,6 +3,7 @@ require a tenant scope (scoped managers) and filter by the calling user."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -49,11 +50,14 @@ def chat_session_get_deleted_for_user(*, session_id: int, user_id: int) -> ChatS
     return ChatSession.objects.filter(pk=session_id, user_id=user_id).first()
 
 
-def user_usage(*, user_id: int, start: datetime, end: datetime) -> dict[str, Any]:
+def user_usage(
+    *, user_id: int, start: datetime, end: datetime, purposes: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The user's model usage in the current tenant in [start, end) (UTC): every LLM call
-    made for them (their runs' turns, skills' sub-runs included; their chats' titles and
-    memory; their searches' query rewrites and reranks; deleted and purged chats and
-    superseded answers too: they were spent).
+    made for them (their runs' turns and compactions, skills' sub-runs included; their chats'
+    titles and memory; their searches' query rewrites and reranks; deleted and purged chats
+    and superseded answers too: they were spent); with ``purposes`` (``LLMCallPurpose``
+    values), only the calls of those purposes (totals and every breakdown).
 
     Returns:
         ``{"total": {llm_calls, prompt_tokens, completion_tokens, cost_usd_micros},
@@ -61,6 +65,8 @@ def user_usage(*, user_id: int, start: datetime, end: datetime) -> dict[str, Any
         most expensive first.
     """
     calls = LLMCall.objects.filter(user_id=user_id, created_at__gte=start, created_at__lt=end)
+    if purposes is not None:
+        calls = calls.filter(purpose__in=list(purposes))
     by_agent = (calls.values("agent_id", "agent__name").annotate(**USAGE_SUMS)
                 .order_by("-cost_usd_micros", "agent__name", "agent_id"))
     by_purpose = calls.values("purpose").annotate(**USAGE_SUMS).order_by("-cost_usd_micros", "purpose")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from itertools import chain
 from typing import Any
@@ -93,9 +94,11 @@ def tenant_month_cost_usd_micros(now: datetime | None = None) -> int:
     return int(total or 0)
 
 
-def tenant_usage(*, start: datetime, end: datetime) -> dict[str, Any]:
+def tenant_usage(*, start: datetime, end: datetime, purposes: Sequence[str] | None = None) -> dict[str, Any]:
     """LLM usage of the current tenant in [start, end) (UTC): every LLM call, whatever its
-    purpose, including those of purged chats (their rows outlive the runs).
+    purpose, including those of purged chats (their rows outlive the runs); with
+    ``purposes`` (``LLMCallPurpose`` values), only the calls of those purposes (totals and
+    every breakdown).
 
     Returns:
         ``{"total": {...}, "by_agent": [{"agent_id", "agent", ...}], "by_user": [{"user_id",
@@ -105,6 +108,8 @@ def tenant_usage(*, start: datetime, end: datetime) -> dict[str, Any]:
         deleted); ``purpose`` an ``LLMCallPurpose`` value.
     """
     calls = LLMCall.objects.filter(created_at__gte=start, created_at__lt=end)
+    if purposes is not None:
+        calls = calls.filter(purpose__in=list(purposes))
     by_agent = (calls.values("agent_id", "agent__name").annotate(**USAGE_SUMS)
                 .order_by("-cost_usd_micros", "agent__name", "agent_id"))
     by_user = (calls.values("user_id", "user__username").annotate(**USAGE_SUMS)

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from agent_platform.api_errors import ApplicationError, NotFound
 from agent_platform.api_schema import paginated
 from sessions.api.views import (
+    USAGE_PURPOSE_PARAMETER,
     ArtifactSerializer,
     RunSerializer,
     SessionDetailApi,
@@ -26,6 +27,7 @@ from sessions.api.views import (
     _session_or_404,
     usage_body,
     usage_month,
+    usage_purposes,
     usage_schema,
     usd,
 )
@@ -246,13 +248,15 @@ class AttachmentUploadApi(TenantScopedApiView):
 
 class UsageMeApi(TenantScopedApiView):
     """The caller's own model usage in this workspace for a calendar month (UTC):
-    ``?month=YYYY-MM`` (default: this month). Any member."""
+    ``?month=YYYY-MM`` (default: this month), ``?purpose=turn,compaction`` (default: every
+    purpose; an unknown one is a 400). Any member."""
 
     @extend_schema(
-        parameters=[OpenApiParameter("month", str, description="YYYY-MM, default: this month")],
+        parameters=[OpenApiParameter("month", str, description="YYYY-MM, default: this month"),
+                    USAGE_PURPOSE_PARAMETER],
         responses=usage_schema("MyUsage"),
     )
     def get(self, request: Request) -> Response:
         start, end = usage_month(request)
-        usage = user_usage(user_id=request.user.pk, start=start, end=end)
+        usage = user_usage(user_id=request.user.pk, start=start, end=end, purposes=usage_purposes(request))
         return Response(usage_body(start, usage["total"], usage["by_agent"], by_purpose=usage["by_purpose"]))

@@ -17,6 +17,7 @@ from agent_platform.api_schema import StrictCharField, paginated
 from agents.api.views import AgentOutputSerializer
 from agents.selectors import agent_get_active
 from llm.errors import public_error_message
+from llm.metering import LLMCallPurpose
 from sessions.models import Approval, Artifact, ChatSession, LLMCall, Run, RunStatus, ToolCall
 from sessions.selectors import (
     approval_get_for_user,
@@ -240,6 +241,39 @@ def usage_month(request: Request) -> tuple[Any, Any]:
         raise ApplicationError(str(exc)) from exc
 
 
+USAGE_PURPOSE_PARAMETER = OpenApiParameter(
+    "purpose", str, many=True, explode=False, enum=LLMCallPurpose.values,
+    description=(
+        "Only the LLM calls of these purposes (totals and every breakdown): comma-separated, e.g. "
+        "`turn,compaction`; repeating the parameter adds to the list. Default: every purpose. "
+        "An unknown purpose is a 400."
+    ),
+)
+"""The usage endpoints' ``?purpose=`` filter, as the OpenAPI schema shows it."""
+
+
+def usage_purposes(request: Request) -> tuple[str, ...] | None:
+    """The purposes of ``?purpose=`` (comma-separated, the parameter repeatable; blanks
+    ignored), in the order given without repeats, or None when none is given (every purpose).
+
+    Raises:
+        ApplicationError: a value that is not an ``LLMCallPurpose`` value (400; ``extra``
+        lists the known purposes).
+    """
+    asked = [p.strip() for raw in request.query_params.getlist("purpose") for p in raw.split(",")]
+    asked = [p for p in asked if p]
+    if not asked:
+        return None
+    unknown = [p for p in dict.fromkeys(asked) if p not in LLMCallPurpose.values]
+    if unknown:
+        raise ApplicationError(
+            f"Unknown purpose {', '.join(repr(p) for p in unknown)}: use one or more of "
+            f"{', '.join(LLMCallPurpose.values)}, comma-separated.",
+            extra={"purposes": list(LLMCallPurpose.values)},
+        )
+    return tuple(dict.fromkeys(asked))
+
+
 USAGE_BREAKDOWNS = {"by_agent": ("agent_id", "agent"), "by_user": ("user_id", "user"), "by_purpose": ("purpose",)}
 """The breakdowns a usage answer may have, with the keys that name each row."""
 
@@ -247,7 +281,7 @@ USAGE_BREAKDOWNS = {"by_agent": ("agent_id", "agent"), "by_user": ("user_id", "u
 def usage_body(start: Any, total: dict[str, Any], by_agent: list[dict[str, Any]], **breakdowns: Any) -> dict[str, Any]:
     """A month's usage answer: totals, per-agent rows (``agent_id``, ``agent`` and the sums)
     and the other breakdowns given (``by_user``: ``user_id``, ``user``; ``by_purpose``:
-    ``purpose``, one of turn, title, memory, query_rewrite, rerank), costs from
+    ``purpose``, one of turn, title, memory, query_rewrite, rerank, compaction), costs from
     micro-dollars to a USD string. Every LLM call counts, whatever its purpose, purged
     chats' calls included."""
     counts = ("llm_calls", "prompt_tokens", "completion_tokens")
@@ -261,20 +295,22 @@ def usage_body(start: Any, total: dict[str, Any], by_agent: list[dict[str, Any]]
 
 class UsageApi(TenantScopedApiView):
     """The tenant's model usage for a calendar month (UTC): totals, per agent, per user and
-    per purpose (run turns, chat titles, memory, query rewrites, reranks).
+    per purpose (run turns, chat titles, memory, query rewrites, reranks, compactions).
 
-    ``?month=YYYY-MM`` (default: the current month). Owners and admins only.
+    ``?month=YYYY-MM`` (default: the current month); ``?purpose=turn,compaction`` (default:
+    every purpose) counts only those purposes' calls. Owners and admins only.
     """
 
     permission_classes = [IsTenantAdmin]
 
     @extend_schema(
-        parameters=[OpenApiParameter("month", str, description="YYYY-MM, default: this month")],
+        parameters=[OpenApiParameter("month", str, description="YYYY-MM, default: this month"),
+                    USAGE_PURPOSE_PARAMETER],
         responses=usage_schema("TenantUsage", by_user=True),
     )
     def get(self, request: Request) -> Response:
         start, end = usage_month(request)
-        usage = tenant_usage(start=start, end=end)
+        usage = tenant_usage(start=start, end=end, purposes=usage_purposes(request))
         return Response(usage_body(start, usage["total"], usage["by_agent"], by_user=usage["by_user"],
                                    by_purpose=usage["by_purpose"]))
 

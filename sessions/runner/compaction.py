@@ -11,7 +11,8 @@ rejects the prompt as too long, the runner compacts before the model turn:
 2. all but the last few groups are rendered as a transcript, with old tool results masked
    (observation masking: only the last :data:`UNMASKED_TOOL_RESULTS` results are shown, each
    capped), and the previous summary in front;
-3. the route's model writes a summary with fixed sections (:data:`SUMMARY_SECTIONS`);
+3. the route's model writes a summary with fixed sections (:data:`SUMMARY_SECTIONS`); its LLM
+   calls are the run's, of purpose ``compaction`` (the caller, ``turn._compact``, says so);
 4. a Compaction row records it and moves the cursor; the next prompt is the system prompt +
    summary + the groups kept.
 

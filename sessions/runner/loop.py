@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any
 
+from llm.metering import LLMCallPurpose
 from llm.records import AttemptRecord
 from sessions import runs
 from sessions.models import RunFailureReason, RunStatus
@@ -228,6 +229,8 @@ class _LlmCallRecorder:
 
     Inside :meth:`holding_the_answer` a succeeded attempt is kept; if the turn then fails
     anyway (a publish error, the turn timeout, a cancel), it is written on the way out.
+    Inside :meth:`calls_for` the attempts are written with that purpose (a compaction's
+    summary: ``compaction``), else ``turn``.
     """
 
     def __init__(self, spec: RunSpec, turn: int, store: RunStore) -> None:
@@ -236,12 +239,26 @@ class _LlmCallRecorder:
         self._store = store
         self._holding = False
         self._answer: AttemptRecord | None = None
+        self.purpose: str = LLMCallPurpose.TURN.value
+        """The purpose the attempts ending now are written with."""
 
     async def __call__(self, attempt: AttemptRecord) -> None:
         if self._holding and self._answer is None and attempt.status == "succeeded":
             self._answer = attempt
             return
-        await self._store.llm_call_record(spec=self.spec, turn=self.turn, record=attempt)
+        await self._store.llm_call_record(spec=self.spec, turn=self.turn, record=attempt, purpose=self.purpose)
+
+    @contextlib.contextmanager
+    def calls_for(self, purpose: str) -> Any:
+        """Write the attempts that end inside the block with ``purpose`` (an
+        :class:`~llm.metering.LLMCallPurpose` value) instead of ``turn``. The run's model calls
+        are sequential (a compaction runs before its turn's model call, never beside it), so
+        no other call's attempts end inside the block."""
+        previous, self.purpose = self.purpose, str(purpose)
+        try:
+            yield
+        finally:
+            self.purpose = previous
 
     @contextlib.asynccontextmanager
     async def holding_the_answer(self) -> Any:

@@ -100,8 +100,10 @@ class RunStore(Protocol):
     ) -> list[dict[str, Any]]:
         """Persist a model turn's answer; returns its tool calls ``[{pk, call_id, name, arguments_raw}]``."""
 
-    async def llm_call_record(self, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
-        """Record one model attempt that did not answer the turn (or whose answer was not saved)."""
+    async def llm_call_record(self, *, spec: RunSpec, turn: int, record: AttemptRecord, purpose: str = "turn") -> None:
+        """Record one model attempt that did not answer the turn (or whose answer was not saved),
+        or one of a compaction's (``purpose="compaction"``); ``purpose``: an
+        ``llm.metering.LLMCallPurpose`` value."""
 
     async def tool_call_start(self, *, pk: int, name: str, arguments: Any, publish: Publish) -> None:
         """The call starts running; then publishes ``tool_call_started`` (before the tool runs)."""

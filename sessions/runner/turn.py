@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from capabilities.registry import ContextBlock
 from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted, public_error_message
+from llm.metering import LLMCallPurpose
 from llm.tokens import estimate_tokens
 from llm.types import ChatMessage, ToolSpec
 from sessions.models import RunFailureReason, RunStatus
@@ -116,7 +117,7 @@ class RunState:
 
     ``model``: the run's model route (``stream(messages, tools, compact_first=)``, a
     :class:`sessions.runner.ports.Model`), ``record``: its LLM-call recorder (``turn``,
-    ``holding_the_answer()``, ``take_answer()``). The fields
+    ``holding_the_answer()``, ``take_answer()``, ``calls_for(purpose)``). The fields
     after ``interrupted_turns`` are set by :func:`prepare` for :func:`model_turn`, and by
     :func:`model_turn` for :func:`resolve`.
     """
@@ -302,8 +303,9 @@ def compaction_due(state: RunState) -> bool:
 async def _compact(state: RunState) -> StepOutcome:
     """Run one compaction attempt; :func:`after_compaction` says what follows."""
     state.compaction_attempts += 1
-    result = await compact(spec=state.spec, history=state.history, router=state.model, publish=state.publish,
-                           store=state.store, attempt=state.compaction_attempts, tokens_before=state.prompt_tokens)
+    with state.record.calls_for(LLMCallPurpose.COMPACTION):  # its LLM calls: purpose compaction, not turn
+        result = await compact(spec=state.spec, history=state.history, router=state.model, publish=state.publish,
+                               store=state.store, attempt=state.compaction_attempts, tokens_before=state.prompt_tokens)
     return after_compaction(state, result)
 
 

@@ -213,18 +213,32 @@ def _jsonable(data: Any) -> Any:
         return {"repr": repr(data)[:10_000]}
 
 
-async def llm_call_record(*, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
-    """Write the LLMCall row and add its tokens and cost to the run's totals (one transaction)."""
+async def llm_call_record(
+    *, spec: RunSpec, turn: int, record: AttemptRecord, purpose: str = LLMCallPurpose.TURN.value,
+) -> None:
+    """Write the LLMCall row and add its tokens and cost to the run's totals (one transaction).
+
+    ``purpose``: an :class:`~llm.metering.LLMCallPurpose` value: ``turn`` for the run's model
+    turns, ``compaction`` for its context compaction's summary (the row keeps its run and
+    turn either way, so the run's totals and budgets count it).
+
+    Raises:
+        ValueError: ``purpose`` is not an ``LLMCallPurpose`` value (nothing written).
+    """
+    if purpose not in LLMCallPurpose.values:
+        raise ValueError(f"unknown LLM call purpose {purpose!r}")
     async with pg_connection() as conn, conn.transaction():
         await _run_add_usage(conn, spec=spec, record=record)
-        await _llm_call_insert(conn, spec=spec, turn=turn, record=record)
+        await _llm_call_insert(conn, spec=spec, turn=turn, record=record, purpose=purpose)
 
 
-def _llm_call_params(*, spec: RunSpec, turn: int, record: AttemptRecord) -> dict[str, Any]:
+def _llm_call_params(
+    *, spec: RunSpec, turn: int, record: AttemptRecord, purpose: str = LLMCallPurpose.TURN.value,
+) -> dict[str, Any]:
     """The LLMCall row of ``record``, by column (:data:`_LLM_CALL_COLUMNS`)."""
     entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
     return {
-        "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "purpose": LLMCallPurpose.TURN.value,
+        "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "purpose": str(purpose),
         "agent_id": spec.agent_id, "user_id": spec.user_id, "attempt": record.attempt,
         "route_entry_id": entry_id, "entry_index": record.entry_index, "provider_name": record.provider_name,
         "model": record.model, "status": record.status, "error_class": record.error_class or "",
@@ -236,9 +250,9 @@ def _llm_call_params(*, spec: RunSpec, turn: int, record: AttemptRecord) -> dict
     }
 
 
-async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: AttemptRecord) -> None:
+async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: AttemptRecord, purpose: str) -> None:
     """One LLMCall row for ``record`` (a plain INSERT)."""
-    await conn.execute(sql.LLM_CALL_INSERT_SQL, _llm_call_params(spec=spec, turn=turn, record=record))
+    await conn.execute(sql.LLM_CALL_INSERT_SQL, _llm_call_params(spec=spec, turn=turn, record=record, purpose=purpose))
 
 
 async def _run_add_usage(

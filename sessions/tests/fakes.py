@@ -76,6 +76,8 @@ class MemoryRunStore:
         """``{run id: sub-run}``; ids from 1001."""
         self.events = events if events is not None else []
         self.llm_calls: list[Any] = []
+        self.llm_call_purposes: list[str] = []
+        """The ``purpose`` of each ``llm_calls`` entry, in order."""
         self.compactions: list[dict[str, Any]] = []
         self.completed_hooks = 0
         self._pks = itertools.count(1)
@@ -185,8 +187,9 @@ class MemoryRunStore:
             saved.append({"pk": pk, "call_id": c.id, "name": c.name, "arguments_raw": c.arguments})
         return saved
 
-    async def llm_call_record(self, *, spec: RunSpec, turn: int, record: Any) -> None:
+    async def llm_call_record(self, *, spec: RunSpec, turn: int, record: Any, purpose: str = "turn") -> None:
         self.llm_calls.append((turn, record))
+        self.llm_call_purposes.append(purpose)
 
     async def tool_call_start(self, *, pk: int, name: str, arguments: Any, publish: Any) -> None:
         self.calls[pk]["status"] = ToolCallStatus.RUNNING

@@ -1,9 +1,12 @@
 """Compaction: crossing the budget, the summary replacing history, bounded attempts, the
-entry actually called, and compacting before falling back on a context-window rejection."""
+entry actually called, and compacting before falling back on a context-window rejection; the
+summarizer's calls are LLM calls of purpose ``compaction`` (of their run and turn), counted by
+the run's totals, its budgets and the tenant's monthly budget."""
 
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 import pytest
 from channels.db import database_sync_to_async
@@ -11,10 +14,13 @@ from channels.db import database_sync_to_async
 from agents.tests.factories import agent_with_route, bind_builtin
 from llm.models import ModelRouteEntry
 from llm.testing import Fail, Reply, ToolCalls
-from sessions.models import Compaction
+from sessions.models import Compaction, LLMCall, Run
 from sessions.runner.compaction import SUMMARIZER_PROMPT, SUMMARY_HEADER
 from sessions.runner.loop import execute_run
+from sessions.selectors import tenant_month_cost_usd_micros
 from sessions.tests.conftest import post_message, reload_run
+from tenants.models import Tenant
+from tenants.scoping import tenant_scope
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
 
@@ -113,3 +119,115 @@ async def test_a_context_window_rejection_compacts_before_falling_back_to_a_larg
     assert (run.status, run.reply) == ("completed", "Answered after compaction.")
     assert second_fake_llm.requests == [], "the larger entry is only for when compaction cannot help"
     assert len(await compactions(run.pk)) == 1
+
+
+# --- the compaction's model calls: LLM calls of purpose compaction (issue 26 follow-up) ----------
+
+
+@database_sync_to_async
+def llm_calls(run_id):
+    """The run's LLM calls in the order written: ``(purpose, turn, status)``."""
+    return [(c.purpose, c.turn, c.status) for c in LLMCall.all_tenants.filter(run_id=run_id).order_by("id")]
+
+
+def _two_compactions_script(fake_llm, *, summary_usage=None):
+    """The first test's run: two echo turns, two summaries (the first is not enough), an answer."""
+    fake_llm.script(
+        ToolCalls([("test_echo", {"text": "a" * 1600})]),
+        ToolCalls([("test_echo", {"text": "b" * 1600})]),
+        Reply("## Goal\n- echo two long texts\n## Progress\n- S1", usage=summary_usage),
+        Reply("## Goal\n- echo two long texts\n## Progress\n- first echoed; S2", usage=summary_usage),
+        Reply("Both echoed."),
+    )
+
+
+async def test_the_summarizer_calls_are_llm_calls_of_purpose_compaction_with_their_run_and_turn(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url], [2000])
+    _two_compactions_script(fake_llm)
+    run = await post_message(agent=agent, user=world.member, content="echo two long texts")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert run.status == "completed"
+    summarizer = [system_of(r) == SUMMARIZER_PROMPT for r in fake_llm.requests]
+    rows = await llm_calls(run.pk)
+    # One row per request, in order: the summarizer's are compaction, the others turn.
+    assert [p for p, _, _ in rows] == ["compaction" if s else "turn" for s in summarizer]
+    assert [p for p, _, _ in rows] == ["turn", "turn", "compaction", "compaction", "turn"]
+    # A compaction carries the turn it made room for (the answer's): per-run usage counts it.
+    assert [t for _, t, _ in rows] == [0, 1, 2, 2, 2]
+    assert {s for _, _, s in rows} == {"succeeded"}
+
+
+async def test_a_failing_summarizers_attempts_are_failed_compaction_calls(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url], [2000])
+    down = Fail(500, body={"error": {"message": "summarizer down"}})
+    fake_llm.script(
+        ToolCalls([("test_echo", {"text": "a" * 1600})]),
+        ToolCalls([("test_echo", {"text": "b" * 1600})]),
+        down, down, down,
+    )
+    run = await post_message(agent=agent, user=world.member, content="go")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).reason == "compaction_failed"
+    assert await llm_calls(run.pk) == [("turn", 0, "succeeded"), ("turn", 1, "succeeded")] + [
+        ("compaction", 2, "failed")] * 3
+
+
+async def test_a_rejected_prompt_stays_a_turn_call_and_the_compaction_after_it_is_not(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url], [100_000])
+    too_long = Fail(400, body={"error": {"message": "This model's maximum context length is 8192 tokens",
+                                         "code": "context_length_exceeded"}})
+    fake_llm.script(ToolCalls([("test_echo", {"text": "x"})]), too_long, Reply("## Goal\n- S"), Reply("Answered."))
+    run = await post_message(agent=agent, user=world.member, content="go")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).status == "completed"
+    assert [(p, s) for p, _, s in await llm_calls(run.pk)] == [
+        ("turn", "succeeded"), ("turn", "failed"), ("compaction", "succeeded"), ("turn", "succeeded")]
+
+
+async def test_a_compactions_tokens_count_in_the_runs_totals_and_stop_it_at_its_token_budget(world, fake_llm):
+    # Without the two summaries (50,000 prompt tokens each, as the provider reports them) the
+    # run stays far under its 60,000-token budget; with them, the answer's turn is refused.
+    agent = await make_agent(world, [fake_llm.base_url], [2000], max_tokens_per_run=60_000)
+    _two_compactions_script(fake_llm, summary_usage=(50_000, 10))
+    run = await post_message(agent=agent, user=world.member, content="echo two long texts")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert (run.status, run.reason) == ("failed", "budget_exceeded")
+    assert "budget of 60000 tokens" in run.error
+    assert len(fake_llm.requests) == 4, "the answer's turn is not called"
+
+    @database_sync_to_async
+    def sums():
+        calls = LLMCall.all_tenants.filter(run_id=run.pk)
+        compaction = calls.filter(purpose="compaction")
+        with tenant_scope(world.tenant.pk):
+            month = tenant_month_cost_usd_micros()
+        return (compaction.count(), sum(c.prompt_tokens + c.completion_tokens for c in compaction),
+                sum(c.prompt_tokens + c.completion_tokens for c in calls), sum(c.cost_usd_micros for c in calls),
+                month)
+
+    n, compaction_tokens, all_tokens, cost, month = await sums()
+    assert (n, compaction_tokens) == (2, 100_020)
+    assert run.prompt_tokens + run.completion_tokens == all_tokens
+    assert run.cost_usd_micros == cost and month == cost, "the monthly budget's sum counts them too"
+
+
+async def test_the_monthly_budget_counts_compaction_calls(world, fake_llm):
+    # The month's whole spending is one compaction call of an earlier run: the budget is spent.
+    agent = await make_agent(world, [fake_llm.base_url], [100_000])
+    run = await post_message(agent=agent, user=world.member, content="go")
+
+    @database_sync_to_async
+    def spend_the_month_on_a_compaction():
+        Tenant.objects.filter(pk=world.tenant.pk).update(monthly_budget_usd=Decimal("10"))
+        earlier = Run.all_tenants.create(tenant=world.tenant, session=run.session, user=world.member, input="old")
+        LLMCall.all_tenants.create(tenant=world.tenant, run=earlier, turn=0, purpose="compaction", attempt=1,
+                                   entry_index=0, provider_name="p", model="m", status="succeeded",
+                                   cost_usd_micros=10_000_001)  # a micro-dollar over (the route is unpriced)
+
+    await spend_the_month_on_a_compaction()
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert (run.status, run.reason) == ("failed", "budget_exceeded")
+    assert "monthly model budget" in run.error and fake_llm.requests == []

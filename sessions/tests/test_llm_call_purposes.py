@@ -311,6 +311,85 @@ def test_the_usage_api_shows_every_purpose_by_agent_user_and_purpose_to_this_ten
         assert not LLMCall.objects.exists() and tenant_month_cost_usd_micros() == 0
 
 
+def _and_a_compaction(world, agent, session) -> None:
+    """One compaction call (0.25 USD) of the member's run in ``session``, as the runner writes it."""
+    run = Run.all_tenants.get(session=session)
+    LLMCall.all_tenants.create(tenant=world.tenant, run=run, turn=1, purpose="compaction", agent=agent,
+                               user=world.member, attempt=1, entry_index=0, provider_name="p", model="m",
+                               status="succeeded", prompt_tokens=300, completion_tokens=30, cost_usd_micros=250_000)
+
+
+def _sums(body) -> tuple:
+    return (body["llm_calls"], body["cost_usd"], [(p["purpose"], p["llm_calls"], p["cost_usd"]) for p in body["by_purpose"]])
+
+
+def test_the_usage_apis_purpose_filter_counts_only_those_purposes_of_this_tenant(world, other_world):
+    agent, session = _calls_of_every_purpose(world)
+    _and_a_compaction(world, agent, session)
+    admin = world.client(admin=True)
+    everything = admin.get("/api/v1/admin/usage/").json()
+    assert _sums(everything) == (4, "3.750000", [("turn", 1, "2.000000"), ("title", 1, "1.000000"),
+                                                 ("rerank", 1, "0.500000"), ("compaction", 1, "0.250000")])
+
+    only = admin.get("/api/v1/admin/usage/?purpose=compaction").json()
+    assert _sums(only) == (1, "0.250000", [("compaction", 1, "0.250000")])
+    assert (only["prompt_tokens"], only["completion_tokens"]) == (300, 30)
+    assert [(a["agent"], a["llm_calls"], a["cost_usd"]) for a in only["by_agent"]] == [("Helper", 1, "0.250000")]
+    assert [(u["user"], u["cost_usd"]) for u in only["by_user"]] == [(world.member.username, "0.250000")]
+
+    both = admin.get("/api/v1/admin/usage/?purpose=turn,compaction").json()
+    assert _sums(both) == (2, "2.250000", [("turn", 1, "2.000000"), ("compaction", 1, "0.250000")])
+    assert admin.get("/api/v1/admin/usage/?purpose=turn&purpose=compaction").json() == both
+    assert admin.get("/api/v1/admin/usage/?purpose=compaction,turn,,compaction").json() == both
+    assert admin.get("/api/v1/admin/usage/?purpose=").json() == everything, "a blank filter is no filter"
+    assert _sums(admin.get("/api/v1/admin/usage/?purpose=memory").json()) == (0, "0.000000", [])
+
+    member = world.client()
+    assert _sums(member.get("/api/v1/usage/me/?purpose=compaction").json()) == (
+        1, "0.250000", [("compaction", 1, "0.250000")])
+    assert _sums(member.get("/api/v1/usage/me/?purpose=title,rerank").json()) == (
+        1, "1.000000", [("title", 1, "1.000000")]), "the admin's rerank is not the member's"
+    assert {p["purpose"] for p in member.get("/api/v1/usage/me/").json()["by_purpose"]} == {"turn", "title",
+                                                                                            "compaction"}
+
+    assert _sums(other_world.client(admin=True).get("/api/v1/admin/usage/?purpose=compaction").json()) == (
+        0, "0.000000", [])
+    assert _sums(other_world.client().get("/api/v1/usage/me/?purpose=compaction,turn").json()) == (0, "0.000000", [])
+    assert world.client().get("/api/v1/admin/usage/?purpose=compaction").status_code == 403
+
+
+@pytest.mark.parametrize("url", ["/api/v1/admin/usage/", "/api/v1/usage/me/"])
+@pytest.mark.parametrize("query", ["?purpose=bogus", "?purpose=turn,Compaction", "?purpose=turn&purpose=turns"])
+def test_an_unknown_purpose_is_a_400_naming_it_and_the_known_ones(world, url, query):
+    resp = world.client(admin=True).get(url + query)
+    assert resp.status_code == 400
+    body = resp.json()
+    unknown = query.rsplit("=", 1)[1].split(",")[-1]
+    assert f"Unknown purpose '{unknown}'" in body["message"] and "compaction" in body["message"]
+    assert body["extra"]["purposes"] == list(LLMCallPurpose.values)
+
+
+@pytest.mark.django_db(transaction=True)  # the runner writes on its own connection
+def test_the_runner_writes_a_compaction_call_with_its_run_and_turn_and_refuses_an_unknown_purpose(world):
+    from sessions import runs
+    from sessions.runner import _db
+    from sessions.runs import lifecycle
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
+    run = post_message_sync(agent=agent, user=world.member, content="hi")
+    with tenant_scope(world.tenant.pk):
+        spec = _db._spec(lifecycle._claim(run.pk))
+        async_to_sync(runs.llm_call_record)(spec=spec, turn=3, record=_attempt(cost=40, tokens=(7, 2)),
+                                            purpose=LLMCallPurpose.COMPACTION)
+        with pytest.raises(ValueError, match="unknown LLM call purpose 'bogus'"):
+            async_to_sync(runs.llm_call_record)(spec=spec, turn=3, record=_attempt(cost=1), purpose="bogus")
+    [row] = LLMCall.all_tenants.filter(run_id=run.pk)
+    assert (row.purpose, row.turn, row.agent_id, row.user_id, row.cost_usd_micros) == (
+        "compaction", 3, agent.pk, world.member.pk, 40)
+    run.refresh_from_db()
+    assert (run.prompt_tokens, run.completion_tokens, run.cost_usd_micros) == (7, 2, 40)
+
+
 def test_the_console_dashboard_counts_every_purpose(world, other_world):
     from console.dashboard import tenant_month_usage
     from sessions.selectors import month_bounds
@@ -327,6 +406,12 @@ def test_the_console_dashboard_counts_every_purpose(world, other_world):
         world.member.username: (1, 3_000_000), world.admin.username: (0, 500_000)}
     theirs = tenant_month_usage(tenant_id=other_world.tenant.pk, start=start, end=end)
     assert (theirs["total"]["llm_calls"], theirs["purposes"], theirs["agents"]) == (0, [], [])
+
+    _and_a_compaction(world, agent, _session)
+    usage = tenant_month_usage(tenant_id=world.tenant.pk, start=start, end=end)
+    assert [(p["purpose"], p["label"], p["llm_calls"], p["tokens"]) for p in usage["purposes"]][-1] == (
+        "compaction", "Compaction", 1, 330)
+    assert usage["total"]["cost_usd_micros"] == 3_750_000
 
 
 # --- purge ---------------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ class _Record:
     def take_answer(self) -> None:
         return None
 
+    @contextlib.contextmanager
+    def calls_for(self, purpose: str) -> Any:
+        yield
+
 
 class _Model:
     """A scripted model: each ``stream`` call plays the next script item (an exception is raised,

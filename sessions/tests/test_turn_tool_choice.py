@@ -57,6 +57,10 @@ class _Record:
     def take_answer(self) -> None:
         return None
 
+    @contextlib.contextmanager
+    def calls_for(self, purpose: str) -> Any:
+        yield
+
 
 def _state(*tools: Tool, hidden: tuple[str, ...] = (), model: _Model | None = None, **spec: Any) -> RunState:
     values = dict(run_id=1, session_id=1, tenant_id=1, depth=0, steer=False, loop_count=0, max_loop_count=10,

@@ -737,6 +737,7 @@ export function MessageView(title, text, action) {
 /** What each `purpose` of `GET usage/me/`'s `by_purpose` rows was spent on, in words. */
 const USAGE_PURPOSES = {
   turn: 'Answers in chats',
+  compaction: 'Summarizing long chats so they fit the model (compaction)',
   title: 'Chat titles',
   memory: 'Remembering things from chats',
   query_rewrite: 'Knowledge search: rewording the question',
