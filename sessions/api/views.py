@@ -50,9 +50,12 @@ def usd(micros: int | None) -> str:
 
 
 class LLMCallSerializer(serializers.ModelSerializer):
-    """One LLM call. ``error`` is the provider's (redacted) text for tenant admins
-    (``context["admin"]``) and a plain sentence for its error class for everyone else: a
-    provider's error body can quote the request or credentials."""
+    """One LLM call. ``purpose`` says what it was for (an ``llm.metering.LLMCallPurpose``
+    value: in a run's activities ``turn``, an attempt at a model turn's answer, or
+    ``compaction``, the summary of a context compaction made before that turn). ``error`` is
+    the provider's (redacted) text for tenant admins (``context["admin"]``) and a plain
+    sentence for its error class for everyone else: a provider's error body can quote the
+    request or credentials."""
 
     cost_usd = serializers.SerializerMethodField()
     error = serializers.SerializerMethodField()
@@ -60,7 +63,7 @@ class LLMCallSerializer(serializers.ModelSerializer):
     class Meta:
         model = LLMCall
         fields = [
-            "id", "turn", "attempt", "entry_index", "provider_name", "model", "status", "error_class", "error",
+            "id", "turn", "purpose", "attempt", "entry_index", "provider_name", "model", "status", "error_class", "error",
             "latency_ms", "first_token_ms", "retry_wait_ms", "prompt_tokens", "completion_tokens", "usage_estimated",
             "cost_usd", "created_at",
         ]
@@ -327,14 +330,19 @@ class RunDetailApi(TenantScopedApiView):
 class RunActivitiesApi(TenantScopedApiView):
     """LLM calls and tool calls of a run in the order they started, paginated.
 
-    Each item: ``{"kind": "llm_call" | "tool_call", "at": datetime, ...fields of the call}``, or
-    for a skill's sub-run (started by one of the run's tool calls) ``{"kind": "sub_run", "at",
+    Each item: ``{"kind": "llm_call" | "tool_call", "at": datetime, ...fields of the call}``
+    (an ``llm_call`` item's ``purpose``: ``turn`` for an attempt at a turn's answer,
+    ``compaction`` for a context compaction's summary request), or for a skill's sub-run (started by one of the run's tool calls) ``{"kind": "sub_run", "at",
     "run_id", "tool_call_id", "skill", "depth", "status", "input", "reply", "error", ...}``
     (its own activities: ``/runs/<run_id>/activities/``).
     """
 
     @extend_schema(responses=paginated("PaginatedActivityList", inline_serializer(
-        "Activity", {"kind": serializers.CharField(), "at": serializers.DateTimeField()})))
+        "Activity", {"kind": serializers.CharField(), "at": serializers.DateTimeField(),
+                     "purpose": serializers.ChoiceField(
+                         choices=[LLMCallPurpose.TURN.value, LLMCallPurpose.COMPACTION.value], required=False,
+                         help_text="llm_call items only: turn (an attempt at a model turn's answer) or "
+                                   "compaction (a context compaction's summary request).")})))
     def get(self, request: Request, run_id: int) -> Response:
         run = run_get_for_user(run_id=run_id, user_id=request.user.pk)
         if run is None:

@@ -16,6 +16,10 @@ rejects the prompt as too long, the runner compacts before the model turn:
 4. a Compaction row records it and moves the cursor; the next prompt is the system prompt +
    summary + the groups kept.
 
+Before each attempt the caller holds the run's budgets (per run, the tenant's month) against
+the summary request's estimated prompt (:func:`summary_prompt_tokens`): a run that cannot
+afford it fails ``budget_exceeded`` without calling the summarizer.
+
 At most :data:`MAX_ATTEMPTS_PER_TURN` attempts per model turn, each keeping fewer groups
 (:data:`KEEP_GROUPS_BY_ATTEMPT`); a summarizer that fails them all fails the run
 (``compaction_failed``). Nothing here loops: every attempt is counted by the caller.
@@ -117,6 +121,33 @@ def transcript(rows: list[Message], *, previous_summary: str) -> str:
     return "\n".join(lines)
 
 
+def _summarized_rows(history: History, attempt: int) -> list[Message] | None:
+    """The rows attempt ``attempt`` (1-based) summarizes: all but the last groups it keeps
+    verbatim (:data:`KEEP_GROUPS_BY_ATTEMPT`), or None when fewer than two groups are left."""
+    parts = groups(history.rows)
+    keep = min(KEEP_GROUPS_BY_ATTEMPT[min(attempt, len(KEEP_GROUPS_BY_ATTEMPT)) - 1], len(parts) - 1)
+    if keep < 1:  # the last group is never summarized: the model must see where it stands
+        return None
+    return [m for g in parts[:-keep] for m in g]
+
+
+def _summary_messages(history: History, summarized: list[Message]) -> list[ChatMessage]:
+    """The summarizer's request: its instructions and the transcript of ``summarized``."""
+    return [ChatMessage(role="system", content=SUMMARIZER_PROMPT),
+            ChatMessage(role="user", content=transcript(summarized, previous_summary=history.summary))]
+
+
+def summary_prompt_tokens(history: History, *, attempt: int) -> int | None:
+    """The estimated prompt tokens (``llm.tokens.estimate_tokens``, no tools) of the summary
+    request that compaction attempt ``attempt`` (1-based) would send for ``history``: the very
+    messages :func:`compact` builds. None when that attempt would have nothing to compact
+    (it then makes no model call). Reads nothing but ``history``."""
+    summarized = _summarized_rows(history, attempt)
+    if summarized is None:
+        return None
+    return estimate_tokens(_summary_messages(history, summarized), [])
+
+
 async def compact(
     *, spec: RunSpec, history: History, router: Router, publish: Publish, store: RunStore, attempt: int,
     tokens_before: int,
@@ -129,19 +160,14 @@ async def compact(
         summarizer goes through the store: ``compaction_begin`` (``compaction_running``)
         before, ``compaction_save`` (its Compaction row, then ``compaction_completed``) after.
     """
-    parts = groups(history.rows)
-    keep = min(KEEP_GROUPS_BY_ATTEMPT[min(attempt, len(KEEP_GROUPS_BY_ATTEMPT)) - 1], len(parts) - 1)
-    if keep < 1:  # the last group is never summarized: the model must see where it stands
+    summarized = _summarized_rows(history, attempt)
+    if summarized is None:
         return CompactionResult(ok=False, nothing_to_compact=True, error="nothing left to compact")
-    summarized = [m for g in parts[:-keep] for m in g]
     await store.compaction_begin(attempt=attempt, tokens_before=tokens_before, messages=len(summarized),
                                  publish=publish)  # compaction_running
     try:
         completion = await router.complete(
-            [ChatMessage(role="system", content=SUMMARIZER_PROMPT),
-             ChatMessage(role="user", content=transcript(summarized, previous_summary=history.summary))],
-            [],
-            max_output_tokens=SUMMARY_MAX_OUTPUT_TOKENS,
+            _summary_messages(history, summarized), [], max_output_tokens=SUMMARY_MAX_OUTPUT_TOKENS,
         )
         summary = completion.message.content.strip()
         if not summary:
@@ -172,4 +198,4 @@ def system_prompt_with_summary(system_prompt: str, summary: str) -> str:
 
 
 __all__ = ["BUDGET_RATIO", "MAX_ATTEMPTS_PER_TURN", "CompactionResult", "compact", "groups", "transcript",
-           "system_prompt_with_summary"]
+           "summary_prompt_tokens", "system_prompt_with_summary"]

@@ -34,6 +34,7 @@ from sessions.runner.compaction import (
     MAX_ATTEMPTS_PER_TURN,
     CompactionResult,
     compact,
+    summary_prompt_tokens,
     system_prompt_with_summary,
 )
 from sessions.runner.images import history_with_images
@@ -201,7 +202,8 @@ async def prepare(state: RunState) -> StepOutcome:
 
     Returns :class:`Completed` / :class:`Paused` / :class:`Continue` for a resumed run (see
     :func:`_resume_tail`), :class:`Continue` when steered messages joined or a compaction ran,
-    :class:`Failed` for the loop limit, a failed compaction or a budget, else ``None`` with
+    :class:`Failed` for the loop limit, a failed compaction or a budget (checked before a
+    compaction's summary request too, so a run over budget never compacts), else ``None`` with
     ``state.messages``, ``offered``, ``prompt_tokens`` and ``final_turn`` set for the model.
     """
     spec = state.spec
@@ -222,6 +224,9 @@ async def prepare(state: RunState) -> StepOutcome:
     )
     _build_prompt(state)
     if compaction_due(state):
+        over_budget = await compaction_budget_exceeded(state)
+        if over_budget:  # the summarizer is not called: it would spend what the run may not
+            return Failed(RunFailureReason.BUDGET_EXCEEDED, over_budget)
         return await _compact(state)
     over_budget = await budget_exceeded(spec, state.store, prompt_tokens=state.prompt_tokens, entry_index=state.current_entry)
     if over_budget:
@@ -300,6 +305,26 @@ def compaction_due(state: RunState) -> bool:
     return state.force_compaction or state.prompt_tokens > budget
 
 
+COMPACTION_REQUEST = "compacting the conversation before the next model turn"
+"""How a budget refusal names the compaction's summary request (see :func:`budget_exceeded`)."""
+
+
+async def compaction_budget_exceeded(state: RunState) -> str:
+    """Why the coming compaction attempt's summary request would exceed a budget, or "".
+
+    The request is the one :func:`~sessions.runner.compaction.compact` would send for attempt
+    ``state.compaction_attempts + 1`` (its prompt estimated by
+    :func:`~sessions.runner.compaction.summary_prompt_tokens`), held by :func:`budget_exceeded`
+    against the run's usage so far, priced like a turn's at the entry that answered last.
+    "" as well when the attempt would have nothing to compact (it makes no model call).
+    """
+    prompt_tokens = summary_prompt_tokens(state.history, attempt=state.compaction_attempts + 1)
+    if prompt_tokens is None:
+        return ""
+    return await budget_exceeded(state.spec, state.store, prompt_tokens=prompt_tokens,
+                                 entry_index=state.current_entry, request=COMPACTION_REQUEST)
+
+
 async def _compact(state: RunState) -> StepOutcome:
     """Run one compaction attempt; :func:`after_compaction` says what follows."""
     state.compaction_attempts += 1
@@ -337,12 +362,15 @@ def loop_limit_reached(spec: RunSpec) -> Failed:
     )
 
 
-async def budget_exceeded(spec: RunSpec, store: RunStore, *, prompt_tokens: int, entry_index: int) -> str:
-    """Why the next model turn would exceed a budget, or "" if it would not.
+async def budget_exceeded(spec: RunSpec, store: RunStore, *, prompt_tokens: int, entry_index: int,
+                          request: str = "the next model turn") -> str:
+    """Why the next model request would exceed a budget, or "" if it would not.
 
-    "Would": what the run has used so far plus the next prompt (``prompt_tokens``, the
-    ``llm.tokens`` estimate, priced at the input price of the entry that answered last)
-    against the agent's per-run limits and the tenant's monthly budget.
+    "Would": what the run has used so far plus the request's prompt (``prompt_tokens``, the
+    ``llm.tokens`` estimate, priced at the input price of route entry ``entry_index``: the
+    one that answered last) against the agent's per-run limits and the tenant's monthly
+    budget. ``request`` names the request in the reason (default: the next model turn; a
+    compaction's summary request: :data:`COMPACTION_REQUEST`).
     """
     if spec.max_tokens_per_run is None and spec.max_cost_per_run_usd_micros is None and (
         spec.tenant_monthly_budget_usd_micros is None
@@ -352,16 +380,16 @@ async def budget_exceeded(spec: RunSpec, store: RunStore, *, prompt_tokens: int,
     next_cost = round(next_prompt_tokens * spec.entries[entry_index].input_price_per_mtok)
     used = await store.usage(spec.run_id)
     if spec.max_tokens_per_run is not None and used.tokens + next_prompt_tokens > spec.max_tokens_per_run:
-        return (f"The run has used {used.tokens} tokens; the next model turn (~{next_prompt_tokens} prompt tokens) "
+        return (f"The run has used {used.tokens} tokens; {request} (~{next_prompt_tokens} prompt tokens) "
                 f"would exceed the agent's budget of {spec.max_tokens_per_run} tokens per run.")
     if spec.max_cost_per_run_usd_micros is not None and used.cost_usd_micros + next_cost > spec.max_cost_per_run_usd_micros:
-        return (f"The run has cost ${used.cost_usd_micros / 1e6:.6f}; the next model turn would exceed the agent's "
+        return (f"The run has cost ${used.cost_usd_micros / 1e6:.6f}; {request} would exceed the agent's "
                 f"budget of ${spec.max_cost_per_run_usd_micros / 1e6:.6f} per run.")
     if spec.tenant_monthly_budget_usd_micros is not None:
         month = await store.tenant_month_cost_usd_micros(spec.tenant_id)
         if month + next_cost > spec.tenant_monthly_budget_usd_micros:
             return (f"The tenant has used ${month / 1e6:.2f} of its ${spec.tenant_monthly_budget_usd_micros / 1e6:.2f} "
-                    "monthly model budget.")
+                    f"monthly model budget; {request} would exceed it.")
     return ""
 
 

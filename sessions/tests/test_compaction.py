@@ -14,6 +14,8 @@ from channels.db import database_sync_to_async
 from agents.tests.factories import agent_with_route, bind_builtin
 from llm.models import ModelRouteEntry
 from llm.testing import Fail, Reply, ToolCalls
+from llm.tokens import estimate_tokens
+from llm.types import ChatMessage
 from sessions.models import Compaction, LLMCall, Run
 from sessions.runner.compaction import SUMMARIZER_PROMPT, SUMMARY_HEADER
 from sessions.runner.loop import execute_run
@@ -231,3 +233,119 @@ async def test_the_monthly_budget_counts_compaction_calls(world, fake_llm):
     run = await reload_run(run.pk)
     assert (run.status, run.reason) == ("failed", "budget_exceeded")
     assert "monthly model budget" in run.error and fake_llm.requests == []
+
+
+# --- the budget before compacting: a run that may not spend more never calls the summarizer -------
+
+
+@database_sync_to_async
+def compaction_call_count(run_id):
+    return LLMCall.all_tenants.filter(run_id=run_id, purpose="compaction").count()
+
+
+def _over_at_turn_two_script(fake_llm, *, turn_usage):
+    """Two echo turns reporting ``turn_usage`` (``(prompt, completion)`` each; the run's
+    totals after them are their sums), the two summaries the third turn's compaction would
+    ask for, and the answer."""
+    fake_llm.script(
+        ToolCalls([("test_echo", {"text": "a" * 1600})], usage=turn_usage[0]),
+        ToolCalls([("test_echo", {"text": "b" * 1600})], usage=turn_usage[1]),
+        Reply("## Goal\n- S1"),
+        Reply("## Goal\n- S2"),
+        Reply("Both echoed."),
+    )
+
+
+async def test_a_run_over_its_token_budget_where_compaction_is_due_fails_without_compacting(world, fake_llm):
+    # After the second turn the run has used 70,110 tokens of its 60,000: turn 3 must compact
+    # first (its prompt passes 1,400 tokens), and that summary request is not made.
+    agent = await make_agent(world, [fake_llm.base_url], [2000], max_tokens_per_run=60_000)
+    _over_at_turn_two_script(fake_llm, turn_usage=[(100, 10), (70_000, 0)])
+    run = await post_message(agent=agent, user=world.member, content="echo two long texts")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert await compaction_call_count(run.pk) == 0 and await compactions(run.pk) == []
+    assert (run.status, run.reason) == ("failed", "budget_exceeded")
+    assert run.error.startswith("The run has used 70110 tokens; compacting the conversation before the next "
+                                "model turn (~"), run.error
+    assert "budget of 60000 tokens per run" in run.error
+    assert len(fake_llm.requests) == 2, "no summarizer request, no third turn"
+
+
+async def test_a_summary_request_that_would_pass_the_token_budget_is_not_made(world, fake_llm):
+    # 10,100 tokens used of 10,150: the run is still under its budget, but the summary request
+    # (the summarizer's instructions and the transcript, ~100+ tokens) would pass it.
+    agent = await make_agent(world, [fake_llm.base_url], [2000], max_tokens_per_run=10_150)
+    _over_at_turn_two_script(fake_llm, turn_usage=[(100, 0), (10_000, 0)])
+    run = await post_message(agent=agent, user=world.member, content="echo two long texts")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert await compaction_call_count(run.pk) == 0 and len(fake_llm.requests) == 2
+    assert (run.status, run.reason) == ("failed", "budget_exceeded")
+    assert run.error.startswith("The run has used 10100 tokens; compacting the conversation"), run.error
+    # The estimate is the request's the summarizer would have got: its instructions and the
+    # transcript of what the first attempt summarizes (the user's message; the two echo groups
+    # are kept).
+    estimate = int(run.error.split("(~")[1].split(" ")[0])
+    assert estimate == estimate_tokens([ChatMessage(role="system", content=SUMMARIZER_PROMPT),
+                                        ChatMessage(role="user", content="USER: echo two long texts")])
+    assert 10_100 + estimate > 10_150
+
+
+async def test_a_tenant_at_its_monthly_budget_where_compaction_is_due_fails_without_compacting(world, fake_llm):
+    # $1 per million input tokens: the second turn's reported 999,900 prompt tokens bring the
+    # month to exactly its $1.00 budget, so the summary request's cost would pass it.
+    agent = await make_agent(world, [fake_llm.base_url], [2000])
+
+    @database_sync_to_async
+    def price_route_and_budget_tenant():
+        ModelRouteEntry.all_tenants.filter(route=agent.route).update(
+            input_price_per_mtok=Decimal("1"), output_price_per_mtok=Decimal("0"))
+        Tenant.objects.filter(pk=world.tenant.pk).update(monthly_budget_usd=Decimal("1"))
+
+    await price_route_and_budget_tenant()
+    _over_at_turn_two_script(fake_llm, turn_usage=[(100, 0), (999_900, 0)])
+    run = await post_message(agent=agent, user=world.member, content="echo two long texts")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert await compaction_call_count(run.pk) == 0 and await compactions(run.pk) == []
+    assert (run.status, run.reason) == ("failed", "budget_exceeded")
+    assert run.error == ("The tenant has used $1.00 of its $1.00 monthly model budget; compacting the "
+                         "conversation before the next model turn would exceed it."), run.error
+    assert len(fake_llm.requests) == 2
+
+
+async def test_a_run_under_its_budgets_still_compacts(world, fake_llm):
+    # The same run with room left in both budgets: it compacts twice and answers.
+    agent = await make_agent(world, [fake_llm.base_url], [2000], max_tokens_per_run=20_000)
+
+    @database_sync_to_async
+    def price_route_and_budget_tenant():
+        ModelRouteEntry.all_tenants.filter(route=agent.route).update(
+            input_price_per_mtok=Decimal("1"), output_price_per_mtok=Decimal("0"))
+        Tenant.objects.filter(pk=world.tenant.pk).update(monthly_budget_usd=Decimal("1"))
+
+    await price_route_and_budget_tenant()
+    _over_at_turn_two_script(fake_llm, turn_usage=[(100, 10), (5_000, 10)])
+    run = await post_message(agent=agent, user=world.member, content="echo two long texts")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert (run.status, run.reply) == ("completed", "Both echoed.")
+    assert await compaction_call_count(run.pk) == 2
+    assert [c.status for c in await compactions(run.pk)] == ["succeeded", "succeeded"]
+
+
+async def test_the_run_activities_api_gives_each_llm_call_its_purpose(world, fake_llm):
+    agent = await make_agent(world, [fake_llm.base_url], [2000])
+    _two_compactions_script(fake_llm)
+    run = await post_message(agent=agent, user=world.member, content="echo two long texts")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).status == "completed"
+
+    def activities():
+        return world.client().get(f"/api/v1/runs/{run.pk}/activities/").json()["results"]
+
+    items = await database_sync_to_async(activities)()
+    calls = [(a["purpose"], a["turn"]) for a in items if a["kind"] == "llm_call"]
+    assert calls == [("turn", 0), ("turn", 1), ("compaction", 2), ("compaction", 2), ("turn", 2)]
+    assert all("purpose" not in a for a in items if a["kind"] != "llm_call")
