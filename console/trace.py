@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from llm.errors import public_error_message
+from llm.metering import LLMCallPurpose
 from sessions.models import (
     Approval,
     Compaction,
@@ -58,10 +59,14 @@ def _message(m: Message, *, admin: bool) -> dict[str, Any]:
 
 
 def _attempt(call: LLMCall, previous: LLMCall | None, *, admin: bool) -> dict[str, Any]:
+    """One LLM call of the run as a trace row; ``previous``: the call before it that it may
+    repeat (None: a first try), so the row is a retry on the same route entry or a fallback
+    to another one."""
     fallback = previous is not None and previous.entry_index != call.entry_index
     retry = previous is not None and previous.entry_index == call.entry_index
     out: dict[str, Any] = {
-        "id": call.pk, "attempt": call.attempt, "entry_index": call.entry_index, "model": call.model,
+        "id": call.pk, "purpose": call.purpose, "attempt": call.attempt, "entry_index": call.entry_index,
+        "model": call.model,
         "status": call.status, "error_class": call.error_class,
         "error": public_error_message(call.error_class) if call.error_class else "",
         "latency_ms": call.latency_ms, "first_token_ms": call.first_token_ms, "retry_wait_ms": call.retry_wait_ms,
@@ -105,6 +110,21 @@ def _tool_call(call: ToolCall, *, admin: bool, run_user_id: int, approvals: dict
     }
 
 
+def _turn_attempts(calls: list[LLMCall], *, admin: bool) -> list[dict[str, Any]]:
+    """A turn's ``turn``-purpose calls in order: every call after the first repeats the turn's
+    request (a router retry or fallback, or the turn restarted after a broken stream or a
+    compaction), so it is a retry or a fallback."""
+    return [_attempt(c, calls[i - 1] if i else None, admin=admin) for i, c in enumerate(calls)]
+
+
+def _compaction_calls(calls: list[LLMCall], *, admin: bool) -> list[dict[str, Any]]:
+    """A turn's ``compaction``-purpose calls in order. Each compaction attempt is a new summary
+    request (its first call has ``attempt`` 1, the router's count within one request), not a
+    retry of the one before: only the router's later attempts within a request are retries
+    or fallbacks."""
+    return [_attempt(c, calls[i - 1] if i and c.attempt > 1 else None, admin=admin) for i, c in enumerate(calls)]
+
+
 def _compaction(c: Compaction) -> dict[str, Any]:
     return {
         "id": c.pk, "attempt": c.attempt, "status": c.status, "messages_summarized": c.messages_summarized,
@@ -126,13 +146,18 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
             sentences (``llm.errors.public_error_message``).
 
     Returns:
-        ``{"run": {...}, "turns": [{turn, compactions: [...], attempts: [...],
-        completion: {content, tool_calls[, reasoning]} | None, tool_calls: [...][, prompt: [...]]}],
-        "totals": {llm_calls, retries, fallbacks, tool_calls, approvals, compactions,
-        prompt_tokens, completion_tokens, cost_usd}}``. Times are ISO 8601, durations ms,
-        costs decimal USD strings. Each attempt: ``{attempt, entry_index, model, status,
-        error_class, error, latency_ms, first_token_ms, retry_wait_ms, prompt_tokens,
-        completion_tokens, cost_usd, is_retry, is_fallback, at}``. Each tool call: ``{name,
+        ``{"run": {...}, "turns": [{turn, compactions: [...], compaction_calls: [...],
+        attempts: [...], completion: {content, tool_calls[, reasoning]} | None,
+        tool_calls: [...][, prompt: [...]]}], "totals": {llm_calls, retries, fallbacks,
+        compaction_calls, tool_calls, approvals, compactions, prompt_tokens,
+        completion_tokens, cost_usd}}``. Times are ISO 8601, durations ms, costs decimal USD
+        strings. ``attempts``: the turn's model calls for its answer (purpose ``turn``);
+        ``compaction_calls``: the summary requests of the compactions made before it (purpose
+        ``compaction``), never counted as the answer's retries. Each of either: ``{purpose,
+        attempt, entry_index, model, status, error_class, error, latency_ms, first_token_ms,
+        retry_wait_ms, prompt_tokens, completion_tokens, cost_usd, is_retry, is_fallback,
+        at}``. ``totals.llm_calls``, ``retries`` and ``fallbacks`` count both kinds;
+        tokens and cost count every call. Each tool call: ``{name,
         arguments, status, result, error, duration_ms, started_at, finished_at, approval:
         {status, decided_at, wait_ms, decided_by_run_user[, decided_by]} | None, sub_run}``.
 
@@ -166,14 +191,16 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
         else:
             prompts[-1].append(m)
 
+    compaction_calls = [c for c in calls if c.purpose == LLMCallPurpose.COMPACTION]
     turn_numbers = sorted({c.turn for c in calls} | {t.turn for t in tools} | set(range(len(completions))))
     turns = []
     for turn in turn_numbers:
-        attempts = [c for c in calls if c.turn == turn]
+        attempts = [c for c in calls if c.turn == turn and c.purpose != LLMCallPurpose.COMPACTION]
         first_at = attempts[0].created_at if attempts else None
         entry: dict[str, Any] = {
             "turn": turn,
-            "attempts": [_attempt(c, attempts[i - 1] if i else None, admin=admin) for i, c in enumerate(attempts)],
+            "attempts": _turn_attempts(attempts, admin=admin),
+            "compaction_calls": _compaction_calls([c for c in compaction_calls if c.turn == turn], admin=admin),
             "completion": _message(completions[turn], admin=admin) if turn < len(completions) else None,
             "tool_calls": [
                 _tool_call(t, admin=admin, run_user_id=run.user_id, approvals=approvals, sub_runs=sub_runs)
@@ -185,9 +212,15 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
             entry["prompt"] = [_message(m, admin=True) for m in prompts[turn]] if turn < len(prompts) else []
         entry["_first_at"] = first_at
         turns.append(entry)
-    # A compaction happens before the model call of the turn that needed it.
+    # A compaction happens before the model call of the turn that needed it: the turn of the
+    # summary request saved just before it, else (no such call recorded) the first turn
+    # answered after it.
     for c in compactions:
-        target = next((t for t in turns if t["_first_at"] is not None and t["_first_at"] >= c.created_at), None)
+        made_by = max((k for k in compaction_calls if k.created_at <= c.created_at),
+                      key=lambda k: (k.created_at, k.pk), default=None)
+        target = next((t for t in turns if made_by is not None and t["turn"] == made_by.turn), None)
+        if target is None:
+            target = next((t for t in turns if t["_first_at"] is not None and t["_first_at"] >= c.created_at), None)
         if target is None and turns:
             target = turns[-1]
         if target is not None:
@@ -223,11 +256,12 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
                                        position__lt=messages[0].position).count()
             if messages else 0
         )
-    all_attempts = [a for t in turns for a in t["attempts"]]
+    all_attempts = [a for t in turns for a in (*t["compaction_calls"], *t["attempts"])]
     totals = {
         "llm_calls": len(all_attempts),
         "retries": sum(1 for a in all_attempts if a["is_retry"]),
         "fallbacks": sum(1 for a in all_attempts if a["is_fallback"]),
+        "compaction_calls": len(compaction_calls),
         "tool_calls": len(tools),
         "approvals": len(approvals),
         "compactions": len(compactions),

@@ -146,3 +146,76 @@ def test_a_compaction_shows_in_the_turn_that_needed_it(traced_run):
     trace = run_trace(run=traced_run, admin=False)
     assert [len(t["compactions"]) for t in trace["turns"]] == [0, 1]
     assert trace["turns"][1]["compactions"][0]["tokens_after"] == 120 and trace["totals"]["compactions"] == 1
+
+
+# --- compaction calls are not the answer's retries --------------------------------------------
+
+
+def _compacting_run(world, fake_llm, *, summaries, max_retries=0) -> Run:
+    """A run of the member whose third turn compacts before answering: two echo turns of
+    1,600 characters each pass 0.7 × the 2,000-token window; ``summaries`` are the scripted
+    answers to the summarizer's requests (in order), then the answer "Both echoed."."""
+    from llm.models import ModelRouteEntry
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], max_retries=max_retries)
+    bind_builtin(agent, "test_echo")
+    ModelRouteEntry.all_tenants.filter(route=agent.route).update(max_input_tokens=2000)
+    fake_llm.script(ToolCalls([("test_echo", {"text": "a" * 1600})]), ToolCalls([("test_echo", {"text": "b" * 1600})]),
+                    *summaries, Reply("Both echoed."))
+    run = post_message_sync(agent=agent, user=world.member, content="echo two long texts")
+    asyncio.run(execute_run(run.pk))
+    return Run.all_tenants.select_related("session__agent", "user").get(pk=run.pk)
+
+
+def _rows(calls):
+    return [(a["purpose"], a["attempt"], a["status"], a["is_retry"], a["is_fallback"]) for a in calls]
+
+
+def test_a_turns_compaction_calls_are_not_attempts_or_retries_of_its_answer(world, fake_llm):
+    run = _compacting_run(world, fake_llm, summaries=[Reply("## Goal\n- S1"), Reply("## Goal\n- S2")])
+    assert run.status == "completed", run.error
+    trace = run_trace(run=run, admin=True)
+    third = trace["turns"][2]
+    assert _rows(third["attempts"]) == [("turn", 1, "succeeded", False, False)]
+    assert _rows(third["compaction_calls"]) == [("compaction", 1, "succeeded", False, False)] * 2
+    assert [len(t["compactions"]) for t in trace["turns"]] == [0, 0, 2]
+    assert [len(t["compaction_calls"]) for t in trace["turns"][:2]] == [0, 0]
+    totals = trace["totals"]
+    assert (totals["llm_calls"], totals["retries"], totals["fallbacks"], totals["compaction_calls"]) == (5, 0, 0, 2)
+    # The member's API shows the same split (purpose on every row).
+    body = world.client().get(f"/api/v1/runs/{run.pk}/trace/").json()
+    assert [a["purpose"] for a in body["turns"][2]["compaction_calls"]] == ["compaction", "compaction"]
+    assert [a["purpose"] for a in body["turns"][2]["attempts"]] == ["turn"]
+    assert body["totals"]["retries"] == 0
+    # The console page lists them apart, under the turn's compactions.
+    page = _console(world.admin).get(reverse("admin:agent_sessions_run_trace", args=[run.pk])).content.decode()
+    assert page.count('data-testid="trace-compaction-call" data-purpose="compaction"') == 2
+    assert page.count('data-testid="trace-attempt" data-purpose="turn"') == 3
+    assert "5 (2 for compaction, 0 retries, 0 fallbacks)" in page
+
+
+def test_a_summary_request_retried_by_the_router_is_one_retry(world, fake_llm):
+    # The summarizer's first attempt fails (500) and the entry retries it once: that retry is
+    # the run's only one; the second compaction (a new request) is not a retry.
+    down = Fail(500, body={"error": {"message": "summarizer hiccup"}})
+    run = _compacting_run(world, fake_llm, summaries=[down, Reply("## Goal\n- S1"), Reply("## Goal\n- S2")],
+                          max_retries=1)
+    assert run.status == "completed", run.error
+    trace = run_trace(run=run, admin=False)
+    third = trace["turns"][2]
+    assert _rows(third["compaction_calls"]) == [
+        ("compaction", 1, "failed", False, False), ("compaction", 2, "succeeded", True, False),
+        ("compaction", 1, "succeeded", False, False)]
+    assert _rows(third["attempts"]) == [("turn", 1, "succeeded", False, False)]
+    assert (trace["totals"]["retries"], trace["totals"]["llm_calls"]) == (1, 6)
+
+
+def test_failed_compaction_attempts_are_not_retries_and_show_in_their_turn(world, fake_llm):
+    down = Fail(500, body={"error": {"message": "summarizer down"}})
+    run = _compacting_run(world, fake_llm, summaries=[down, down, down])
+    assert run.reason == "compaction_failed"
+    trace = run_trace(run=run, admin=True)
+    third = trace["turns"][2]
+    assert third["attempts"] == [] and _rows(third["compaction_calls"]) == [("compaction", 1, "failed", False, False)] * 3
+    assert [c["status"] for c in third["compactions"]] == ["failed"] * 3
+    assert trace["totals"]["retries"] == 0

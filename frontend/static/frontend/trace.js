@@ -70,10 +70,16 @@ function renderTrace(trace) {
       item.append(el('p', { class: 'trace-line',
         text: `Summarised ${c.messages_summarized} earlier messages (${c.tokens_before} → ${c.tokens_after} tokens).` }));
     }
-    for (const a of turn.attempts) {
-      const label = a.is_fallback ? 'Switched to ' : a.is_retry ? 'Tried again: ' : 'Model ';
-      item.append(el('p', { class: 'trace-line', testid: 'trace-attempt',
-        text: `${label}${a.model}: ${words(a.status)} in ${ms(a.latency_ms)}`
+    // A compaction's model calls (purpose "compaction") wrote a summary, not this step's
+    // answer: labelled "Compaction", never counted as the answer's tries.
+    const calls = [...(turn.compaction_calls || []), ...turn.attempts];
+    for (const a of calls) {
+      const compaction = a.purpose === 'compaction';
+      const label = (compaction ? 'Compaction, ' : '')
+        + (a.is_fallback ? 'switched to ' : a.is_retry ? 'tried again: ' : compaction ? 'summary by ' : 'model ');
+      item.append(el('p', { class: 'trace-line', testid: compaction ? 'trace-compaction-call' : 'trace-attempt',
+        text: `${label[0].toUpperCase()}${label.slice(1)}${a.model}: `
+          + `${compaction && a.status === 'succeeded' ? 'done' : words(a.status)} in ${ms(a.latency_ms)}`
           + (a.first_token_ms !== null ? `, first words after ${ms(a.first_token_ms)}` : '')
           + `, ${a.prompt_tokens} + ${a.completion_tokens} tokens`
           + (a.error ? `. ${a.error}` : '') }));
