@@ -24,7 +24,7 @@ from sessions.api.views import (
     SessionDetailApi,
     SessionListCreateApi,
     SessionSerializer,
-    _session_or_404,
+    session_or_404,
     usage_body,
     usage_month,
     usage_purposes,
@@ -103,7 +103,7 @@ class ChatDetailApi(SessionDetailApi):
 
     def get(self, request: Request, session_id: int) -> Response:
         response = super().get(request, session_id)
-        session = _session_or_404(request, session_id)
+        session = session_or_404(request, session_id)
         # The chat app labels a message sent during a run "queued" or "steered" by this.
         response.data["agent"] = {**response.data["agent"], "message_mode": session.agent.message_mode}
         totals = session_usage(session_id=session_id)
@@ -115,7 +115,7 @@ class ChatDetailApi(SessionDetailApi):
 
     @extend_schema(request=RenameSerializer, responses=SessionSerializer)
     def patch(self, request: Request, session_id: int) -> Response:
-        session = _session_or_404(request, session_id)
+        session = session_or_404(request, session_id)
         data = self.RenameSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         session = chat_session_rename(session=session, title=data.validated_data["title"])
@@ -123,7 +123,7 @@ class ChatDetailApi(SessionDetailApi):
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request, session_id: int) -> Response:
-        chat_session_delete(session=_session_or_404(request, session_id))
+        chat_session_delete(session=session_or_404(request, session_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -149,7 +149,7 @@ class SessionRegenerateApi(TenantScopedApiView):
 
     @extend_schema(request=None, responses={201: _RUN_OUT})
     def post(self, request: Request, session_id: int) -> Response:
-        run = session_regenerate(session=_session_or_404(request, session_id), user=request.user)
+        run = session_regenerate(session=session_or_404(request, session_id), user=request.user)
         return Response({"run": RunSerializer(run).data}, status=status.HTTP_201_CREATED)
 
 
@@ -202,7 +202,7 @@ class SessionContinueApi(TenantScopedApiView):
     @extend_schema(request=None, responses={201: inline_serializer(
         "ChatContinueOutput", {"session": SessionSerializer(), "draft": serializers.CharField()})})
     def post(self, request: Request, session_id: int) -> Response:
-        session, draft = chat_session_continue_with_summary(session=_session_or_404(request, session_id),
+        session, draft = chat_session_continue_with_summary(session=session_or_404(request, session_id),
                                                             user=request.user)
         return Response({"session": SessionSerializer(session).data, "draft": draft}, status=status.HTTP_201_CREATED)
 
@@ -224,7 +224,7 @@ class AttachmentUploadApi(TenantScopedApiView):
                                                             "reference": serializers.CharField()}, many=True)},
     )
     def post(self, request: Request, session_id: int) -> Response:
-        session = _session_or_404(request, session_id)
+        session = session_or_404(request, session_id)
         limit = attachment_max_bytes()
         length = request.META.get("CONTENT_LENGTH") or "0"
         if length.isdigit() and int(length) > limit * MAX_ATTACHMENTS_PER_REQUEST + 1_000_000:

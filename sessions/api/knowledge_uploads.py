@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from knowledge.api.views import DocumentSerializer
-from sessions.api.views import _session_or_404
+from sessions.api.views import session_or_404
 from sessions.knowledge_uploads import artifact_add_to_knowledge, chat_knowledge_get
 from tenants.api.mixins import TenantScopedApiView
 
@@ -43,7 +43,7 @@ class ChatKnowledgeUploadsApi(TenantScopedApiView):
         "attachments": _ATTACHMENTS,
     }))
     def get(self, request: Request, session_id: int) -> Response:
-        session = _session_or_404(request, session_id)
+        session = session_or_404(request, session_id)
         info = chat_knowledge_get(session=session, user_id=request.user.pk)
         return Response({
             "user_uploads": info.user_uploads,
@@ -67,7 +67,7 @@ class ArtifactAddToKnowledgeApi(TenantScopedApiView):
 
     @extend_schema(request=None, responses={200: DocumentSerializer, 202: DocumentSerializer})
     def post(self, request: Request, session_id: int, artifact_id: int) -> Response:
-        session = _session_or_404(request, session_id)
+        session = session_or_404(request, session_id)
         upload = artifact_add_to_knowledge(session=session, artifact_id=artifact_id, user=request.user)
         return Response(DocumentSerializer(upload.document).data,
                         status=status.HTTP_202_ACCEPTED if upload.queued else status.HTTP_200_OK)

@@ -138,7 +138,13 @@ class SessionDetailSerializer(SessionSerializer):
         fields = [*SessionSerializer.Meta.fields, "runs", "usage"]
 
 
-def _session_or_404(request: Request, session_id: int) -> ChatSession:
+def session_or_404(request: Request, session_id: int) -> ChatSession:
+    """The caller's own chat session ``session_id`` (in the request's tenant scope).
+
+    Raises:
+        NotFound: no such session, or it is another user's or another tenant's (404, never
+            403: whether it exists is not told).
+    """
     session = chat_session_get_for_user(session_id=session_id, user_id=request.user.pk)
     if session is None:
         raise NotFound("Session not found.")
@@ -177,7 +183,7 @@ class SessionDetailApi(TenantScopedApiView):
 
     @extend_schema(responses=SessionDetailSerializer)
     def get(self, request: Request, session_id: int) -> Response:
-        session = _session_or_404(request, session_id)
+        session = session_or_404(request, session_id)
         # Sub-runs (skills) are not runs of the conversation: they appear in their parent's
         # activities and at /runs/<id>/; their usage is included in their parent's.
         runs = Run.objects.filter(session=session, parent_tool_call__isnull=True, superseded_at__isnull=True).order_by("created_at", "id").prefetch_related(
@@ -213,7 +219,7 @@ class MessagePostApi(TenantScopedApiView):
         responses={201: inline_serializer("MessagePostOutput", {"run": RunSerializer()})},
     )
     def post(self, request: Request, session_id: int) -> Response:
-        session = _session_or_404(request, session_id)
+        session = session_or_404(request, session_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         run = message_post(session=session, user=request.user, content=data.validated_data["content"])
@@ -398,7 +404,7 @@ class SessionArtifactListApi(TenantScopedApiView):
 
     @extend_schema(responses=ArtifactSerializer(many=True))
     def get(self, request: Request, session_id: int) -> Response:
-        session = _session_or_404(request, session_id)
+        session = session_or_404(request, session_id)
         return Response(ArtifactSerializer(artifact_list_for_session(session_id=session.pk), many=True).data)
 
 

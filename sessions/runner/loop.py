@@ -6,7 +6,7 @@ resumes where it stopped: tool calls of the last assistant message that have no 
 executed (those that have one never run again), then the loop goes on.
 
 This module is the run's lifecycle around the loop: :func:`execute_run` (claim, heartbeat,
-cancel watcher and run timeout in :func:`_run_loop_cancellable`, the run's end in
+cancel watcher and run timeout in :func:`run_loop_cancellable`, the run's end in
 :func:`_finish`). The loop itself is :func:`sessions.runner.turn.run_turns` over the turn's
 steps (prepare → model turn → resolve, each returning a typed outcome); streaming a model
 turn to clients is :mod:`sessions.runner.streaming`.
@@ -89,7 +89,7 @@ async def execute_run(run_id: int, *, tenant_id: int | None = None, ports: RunPo
         heartbeat = asyncio.create_task(_heartbeat(store, run_id, spec.attempt, asyncio.current_task()),
                                         name=f"run-{run_id}-heartbeat")
         try:
-            outcome = await _run_loop_cancellable(spec, publish, ports)
+            outcome = await run_loop_cancellable(spec, publish, ports)
         except CapabilityUnavailable as exc:
             outcome = Failed(RunFailureReason.CAPABILITY_UNAVAILABLE, str(exc))
         except Exception as exc:  # the run must end failed with a reason, never stay running
@@ -146,8 +146,8 @@ AWAITING_APPROVAL_OUTCOME = Paused()
 """The run paused: some tool call waits for a human; no worker holds it meanwhile."""
 
 
-async def _run_loop_cancellable(spec: RunSpec, publish: Publish, ports: RunPorts, *,
-                                toolset: Toolset | None = None) -> RunEnd:
+async def run_loop_cancellable(spec: RunSpec, publish: Publish, ports: RunPorts, *,
+                               toolset: Toolset | None = None) -> RunEnd:
     """:func:`_run_loop`, cancelled as soon as a cancel of the run is requested.
 
     The loop runs as a task next to :func:`watch_for_cancel`. When the watcher returns

@@ -142,7 +142,7 @@ class SkillTool(Tool):
 
     async def _run(self, run_id: int, *, context: ToolContext, ports: RunPorts,
                    publishers: tuple[Publish, Publish]) -> RunEnd:
-        from sessions.runner.loop import _run_loop_cancellable
+        from sessions.runner.loop import run_loop_cancellable
 
         store = ports.store
         publish_now, publish = publishers
@@ -154,7 +154,7 @@ class SkillTool(Tool):
             return outcome
         toolset = subrun_toolset(parent_toolset=self.parent_toolset, allowed=list(self.skill.allowed_tools), spec=spec)
         try:
-            outcome = await _run_loop_cancellable(spec, publish, ports, toolset=toolset)
+            outcome = await run_loop_cancellable(spec, publish, ports, toolset=toolset)
         except asyncio.CancelledError:  # the parent was cancelled (or timed out): so is this sub-run
             await asyncio.shield(self._record_cancelled(store, run_id, spec.attempt, publish_now))
             raise
