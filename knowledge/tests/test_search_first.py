@@ -142,3 +142,28 @@ def test_seed_demo_makes_the_docs_assistant_search_first_and_commits_its_documen
     docs = Document.all_tenants.filter(knowledge_base__name="Platform documentation")
     assert sorted(d.source for d in docs) == ["ARCHITECTURE.md", "README.md"]
     assert {c.document_id for c in seen} == {d.pk for d in docs}
+
+
+def test_a_resumed_run_frames_its_start_context_with_the_same_nonce(world, fake_llm, embedding_server, no_enqueue,
+                                                                   no_ingest_task):
+    """A run paused for an approval and resumed by a new execution (another worker's, as after a
+    crash) sends the same system message: the start context's nonce is the run's, not the
+    execution's, so a provider's prompt cache still matches after the resume."""
+    from agents.models import CapabilityBinding
+
+    kb = _kb(world.tenant, embedding_server, "Club", INJECTION)
+    agent = _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "retrieve_before_first_turn": True})
+    CapabilityBinding.all_tenants.filter(agent=agent).update(
+        approval_policy=[{"pattern": "knowledge_search", "action": "ask"}])
+    fake_llm.script(ToolCalls([("knowledge_search", {"query": "keys"})]), Reply("By the door [1]."))
+    run = post_message_sync(agent=agent, user=world.member, content="Where are the boathouse keys?")
+    run_now(run.pk)
+    assert Run.all_tenants.get(pk=run.pk).status == "awaiting_approval"
+    approval = Approval.all_tenants.get(run_id=run.pk)
+    resp = world.client().post(f"/api/v1/approvals/{approval.pk}/", {"decision": "approve"}, format="json")
+    assert resp.status_code == 200, resp.content
+    run_now(run.pk)
+
+    assert Run.all_tenants.get(pk=run.pk).status == "completed"
+    before, after = (r["messages"][0]["content"] for r in fake_llm.requests)
+    assert FRAMED.search(before) and before == after

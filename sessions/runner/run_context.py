@@ -18,6 +18,8 @@ Runs whose bindings have no such kind cost nothing here (no database round trip)
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -84,14 +86,31 @@ def _context_save(run_id: int, blocks: list[dict[str, Any]]) -> None:
     Run.objects.filter(pk=run_id, context__isnull=True).update(context=blocks)
 
 
+def context_nonce(run_id: int) -> str:
+    """The nonce framing run ``run_id``'s untrusted start-context blocks: 16 hex characters,
+    HMAC-SHA256 of the run id under ``settings.SECRET_KEY`` (64 bits, as
+    :func:`~sessions.runner.tool_execution.frame_untrusted`'s random ones).
+
+    The same for every turn and every attempt of the run, so a run resumed by another worker
+    (after a crash or an approval) sends the same system message as before, and a provider's
+    prompt cache still matches; not guessable by whoever wrote the passages (they would need
+    the key), and different for every run.
+    """
+    from django.conf import settings
+
+    digest = hmac.new(str(settings.SECRET_KEY).encode(), f"run-context-nonce:{int(run_id)}".encode(), hashlib.sha256)
+    return digest.hexdigest()[:16]
+
+
 def context_system_text(blocks: Sequence[ContextBlock], *, nonce: str | None = None) -> str:
     """The blocks as the text appended to the run's system message: ``"{title}\\n{text}"``
     per block, separated by blank lines ("" for none).
 
     An ``untrusted`` block's text is framed (:func:`~sessions.runner.tool_execution.frame_untrusted`:
     between ``<untrusted-data nonce="…">`` markers, forged markers inside defused); its title,
-    the platform's own words, stays outside. ``nonce``: the run's (one per run, so the system
-    message, and a provider's prompt cache, stays the same from turn to turn); None: a fresh one.
+    the platform's own words, stays outside. ``nonce``: the run's (:func:`context_nonce`, so the
+    system message, and a provider's prompt cache, stays the same from turn to turn and across a
+    resume); None: a fresh one.
     """
     def body(block: ContextBlock) -> str:
         return frame_untrusted(block.text, nonce=nonce) if block.untrusted else block.text

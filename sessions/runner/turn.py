@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -39,7 +38,7 @@ from sessions.runner.compaction import (
 )
 from sessions.runner.images import history_with_images
 from sessions.runner.ports import RunStore
-from sessions.runner.run_context import context_system_text
+from sessions.runner.run_context import context_nonce, context_system_text
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import stream_model_turn
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
@@ -155,9 +154,6 @@ class RunState:
     """This turn's tool choice (:func:`turn_tool_choice`), set by :func:`prepare`."""
     context: tuple[ContextBlock, ...] = ()
     """The run's start context (:mod:`sessions.runner.run_context`): appended to the system message."""
-    context_nonce: str = field(default_factory=lambda: secrets.token_hex(8))
-    """The nonce framing the start context's untrusted blocks (one per run: the system message
-    stays the same from turn to turn)."""
 
     @property
     def no_compaction(self) -> bool:
@@ -267,7 +263,7 @@ def _build_prompt(state: RunState) -> None:
     if any(t.untrusted for t in toolset.tools.values()) or any(b.untrusted for b in state.context):
         system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"
     if state.context:
-        system = f"{system}\n\n{context_system_text(state.context, nonce=state.context_nonce)}"
+        system = f"{system}\n\n{context_system_text(state.context, nonce=context_nonce(spec.run_id))}"
     messages = [ChatMessage(role="system", content=system), *state.history.messages]
     if state.final_turn and tool_specs:
         messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
