@@ -143,7 +143,10 @@ class BrowserPairingApproveApi(TenantScopedApiView):
 
 
 class BrowserDeviceListApi(TenantScopedApiView):
-    @extend_schema(responses={200: inline_serializer("DeviceList", {
+    """The caller's paired browser devices in this tenant, newest first, revoked ones included:
+    ``{results: [device]}`` (not paginated), each with ``connected`` (it has a live socket now)."""
+
+    @extend_schema(operation_id="v1_browser_devices_list", responses={200: inline_serializer("DeviceList", {
         "results": serializers.ListField(child=DeviceOutputSerializer())})})
     def get(self, request: Request) -> Response:
         from browser.bridge import connected_device_ids_sync

@@ -34,6 +34,7 @@ class DocumentListApi(TenantScopedApiView):
     ``?session=<id>`` keeps one session's."""
 
     @extend_schema(
+        operation_id="v1_documents_list",
         parameters=[OpenApiParameter("session", int, required=False, description="Only this session's documents.")],
         responses=paginated("PaginatedDocumentListList", DocumentListSerializer()),
     )

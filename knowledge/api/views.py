@@ -196,7 +196,8 @@ class KnowledgeBaseListApi(TenantScopedApiView):
     paginated. ``POST``: create one: the caller's own, or with ``tenant_wide`` the tenant's
     (owners/admins). 201 with the knowledge base."""
 
-    @extend_schema(responses=paginated("PaginatedKnowledgeBaseList", KnowledgeBaseSerializer()))
+    @extend_schema(operation_id="v1_knowledge_bases_list",
+                   responses=paginated("PaginatedKnowledgeBaseList", KnowledgeBaseSerializer()))
     def get(self, request: Request) -> Response:
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(_with_counts(knowledge_base_list_for_user(user_id=request.user.pk)),
@@ -266,6 +267,7 @@ class DocumentListApi(TenantScopedApiView):
     parser_classes = [BoundedJSONParser, MultiPartParser]
 
     @extend_schema(
+        operation_id="v1_knowledge_bases_documents_list",
         parameters=[OpenApiParameter("status", str, required=False, enum=DocumentStatus.values)],
         responses=paginated("PaginatedKnowledgeDocumentList", DocumentSerializer()),
     )

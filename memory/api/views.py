@@ -45,6 +45,7 @@ class MemoryListApi(TenantScopedApiView):
     DELETE ``?agent=<id>``: forget everything that agent remembers about the caller."""
 
     @extend_schema(
+        operation_id="v1_memories_list",
         parameters=[OpenApiParameter("agent", int, required=False, description="Only memories with this agent.")],
         responses=inline_serializer("PaginatedMemoryList", {
             "count": serializers.IntegerField(), "next": serializers.URLField(allow_null=True),
@@ -64,6 +65,7 @@ class MemoryListApi(TenantScopedApiView):
         return response
 
     @extend_schema(
+        operation_id="v1_memories_destroy_all",
         parameters=[OpenApiParameter("agent", int, required=True, description="The agent whose memories go.")],
         responses=inline_serializer("MemoryDeleteAll", {"deleted": serializers.IntegerField()}),
     )

@@ -17,11 +17,13 @@ from rest_framework.response import Response
 
 from agent_platform.api_errors import ApplicationError, NotFound
 from agent_platform.api_schema import paginated
+from agents.api.views import AgentOutputSerializer
 from sessions.api.views import (
     USAGE_PURPOSE_PARAMETER,
     ArtifactSerializer,
     RunSerializer,
     SessionDetailApi,
+    SessionDetailSerializer,
     SessionListCreateApi,
     SessionSerializer,
     session_or_404,
@@ -75,6 +77,7 @@ class ChatListCreateApi(SessionListCreateApi):
     """
 
     @extend_schema(
+        operation_id="v1_sessions_list",
         parameters=[OpenApiParameter("q", str, required=False, description="Text in the title or the messages."),
                     OpenApiParameter("activity", str, required=False, enum=["active"])],
         responses=paginated("PaginatedChatList", ChatListItemSerializer()),
@@ -89,6 +92,32 @@ class ChatListCreateApi(SessionListCreateApi):
         return paginator.get_paginated_response(ChatListItemSerializer(page, many=True).data)
 
 
+# ChatAgentSerializer and ChatDetailSerializer document ChatDetailApi.get's answer (built
+# from SessionDetailApi's); their docstrings are the schema's descriptions.
+class ChatAgentSerializer(AgentOutputSerializer):
+    """A chat's agent: ``message_mode`` says what happens to a message sent while a run is
+    busy (``queue``: answered by its own run afterwards; ``steer``: handed to the running run)."""
+
+    class Meta(AgentOutputSerializer.Meta):
+        ref_name = "ChatAgent"
+        fields = [*AgentOutputSerializer.Meta.fields, "message_mode"]
+
+
+class ChatDetailSerializer(SessionDetailSerializer):
+    """A chat: the session with its runs (oldest first) and their tool calls, its agent with
+    ``message_mode``, and ``usage`` over every LLM call of the chat, superseded answers and
+    skills included (``llm_calls``, tokens, ``cost_usd`` a decimal string of USD)."""
+
+    agent = ChatAgentSerializer(read_only=True)
+    usage = inline_serializer("ChatUsage", {
+        "llm_calls": serializers.IntegerField(), "prompt_tokens": serializers.IntegerField(),
+        "completion_tokens": serializers.IntegerField(), "cost_usd": serializers.CharField(),
+    })
+
+    class Meta(SessionDetailSerializer.Meta):
+        ref_name = "ChatDetail"
+
+
 class ChatDetailApi(SessionDetailApi):
     """A chat (GET as ``SessionDetailApi``; ``usage`` counts every LLM call of the chat, with
     ``llm_calls``; ``agent.message_mode`` is added);
@@ -101,6 +130,7 @@ class ChatDetailApi(SessionDetailApi):
 
         title = serializers.CharField(max_length=200, allow_blank=False, trim_whitespace=True)
 
+    @extend_schema(responses=ChatDetailSerializer)
     def get(self, request: Request, session_id: int) -> Response:
         response = super().get(request, session_id)
         session = session_or_404(request, session_id)

@@ -19,6 +19,9 @@ from contextvars import Token
 from typing import Any
 
 from django.db import models, transaction
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import build_basic_type
+from drf_spectacular.types import OpenApiTypes
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -188,3 +191,19 @@ class TenantPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
 
     def get_queryset(self) -> models.QuerySet:
         return self.model.objects.all()  # type: ignore[attr-defined]
+
+
+class TenantPrimaryKeyRelatedFieldSchema(OpenApiSerializerFieldExtension):
+    """OpenAPI type of a :class:`TenantPrimaryKeyRelatedField`: its model's primary key
+    (``integer`` for an integer key, as every model's ``BigAutoField`` id here; else
+    ``string``), also in a plain ``Serializer`` without a ``Meta.model``, where drf-spectacular
+    cannot tell and warns. Registered with drf-spectacular when this module is imported."""
+
+    target_class = TenantPrimaryKeyRelatedField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        """``{"type": "integer"}`` or ``{"type": "string"}``; drf-spectacular adds the field's
+        own ``nullable`` and ``description``. Never ``readOnly``: the relation is writable."""
+        integer_key = isinstance(self.target.model._meta.pk, models.IntegerField)  # AutoField, BigAutoField
+        return build_basic_type(OpenApiTypes.INT if integer_key else OpenApiTypes.STR)
