@@ -15,7 +15,10 @@ module, imported by its app's ``AppConfig.ready()``. Everything that used to swi
   (approval policy, exposed names), the same for every kind;
 - the run's start (``sessions.runner.run_context``) → :meth:`CapabilityKind.run_context`:
   :class:`ContextBlock` s added to the run's model input after the system prompt
-  (retrieved passages, what the agent remembers about the user).
+  (retrieved passages, what the agent remembers about the user);
+- the run's completion (``sessions.runner.run_context.run_attributions``) →
+  :meth:`CapabilityKind.run_completed`: attributions of the answer to what the kind gave the
+  run (the knowledge kind matches an uncited answer's sentences to its passages).
 
 A binding spec is the kind's own frozen dataclass; it has at least ``binding_id`` and
 ``approval_policy`` (the generic wrappers read them) and a ``kind`` class attribute equal to
@@ -107,6 +110,30 @@ class ContextBlock:
                    text=str(raw.get("text", "")), data=raw.get("data"), untrusted=raw.get("untrusted") is True)
 
 
+@dataclass(frozen=True, slots=True)
+class ToolResultData:
+    """The structured result of one of a run's succeeded tool calls, by the tool's origin."""
+
+    source: str
+    """The tool's :class:`~capabilities.toolsets.ToolOrigin` source (``knowledge``, ``mcp``, ...)."""
+    name: str
+    """The tool's own name at that source (``knowledge_search``)."""
+    data: Any
+    """The call's ``ToolResult.data`` as stored (JSON), e.g. ``{"citations": [...]}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunAnswer:
+    """A top-level run's final answer, as :meth:`CapabilityKind.run_completed` sees it."""
+
+    reply: str
+    """The answer's text (``Run.reply``; never changed by a kind)."""
+    context: tuple[ContextBlock, ...] = ()
+    """The run's start context."""
+    tool_results: tuple[ToolResultData, ...] = ()
+    """The data of the run's succeeded tool calls, in the order they were made."""
+
+
 class CapabilityKind:
     """A kind of capability: how its bindings are validated, loaded and opened for a run.
 
@@ -166,6 +193,29 @@ class CapabilityKind:
         """Whether the kind overrides :meth:`run_context` (the runner skips the others
         without a database round trip)."""
         return cls.run_context is not CapabilityKind.run_context
+
+    async def run_completed(self, specs: Sequence[Any], ctx: OpenContext, answer: RunAnswer) -> list[dict[str, Any]] | None:
+        """Attributions of a completed run's answer to what this kind gave the run (default: None).
+
+        Called by the runner once, when a top-level run (never a sub-run) has its answer and
+        just before it ends ``completed``, for the run's bound ``specs`` of this kind, with the
+        ``ctx`` its toolset was opened with; the run waits for the kinds at most
+        ``sessions.runner.run_context.ATTRIBUTION_TIMEOUT_SECONDS`` in all. Runs in the run's
+        event loop: ORM work goes through ``ctx.in_thread``.
+
+        Returns:
+            None: not attempted (nothing to attribute, or the answer cites already); else a
+            JSON-serialisable list of ``{sentence_start, sentence_end, n, chunk_id, score}``
+            (character offsets in ``answer.reply``), stored as ``Run.attributions`` and sent
+            with ``run_completed``. An exception (or the time limit) is logged and nothing
+            is stored; the run completes all the same.
+        """
+        return None
+
+    @classmethod
+    def has_run_completed(cls) -> bool:
+        """Whether the kind overrides :meth:`run_completed`."""
+        return cls.run_completed is not CapabilityKind.run_completed
 
 
 _KINDS: dict[str, CapabilityKind] = {}

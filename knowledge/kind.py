@@ -31,6 +31,10 @@ fetched URLs and uploaded files too): ``knowledge_search`` is ``untrusted`` (the
 its results) and the block retrieved before the first turn is ``untrusted`` too (framed the
 same way in the system message, :func:`sessions.runner.run_context.context_system_text`).
 
+When a run completes with an answer that cites none of the passages it was given,
+:meth:`KnowledgeKind.run_completed` attributes the answer's sentences to them
+(:mod:`knowledge.attribution`).
+
 One binding per agent (the first; ``spec_key``). Registered by ``knowledge.apps``'s
 ``ready()``. Tools and formatting: :mod:`knowledge.tools`.
 """
@@ -41,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from capabilities.registry import CapabilityKind, ContextBlock, OpenContext, kind_register
+from capabilities.registry import CapabilityKind, ContextBlock, OpenContext, RunAnswer, kind_register
 from capabilities.toolsets import KindToolset, ToolOrigin, ToolSource
 from knowledge.tools import (
     MAX_TOP_K,
@@ -178,6 +182,24 @@ class KnowledgeKind(CapabilityKind):
                 blocks += await context_passages(retrieval=run_retrieval(spec, ctx), query=query, top_k=spec.top_k,
                                                  numbers=run_numbers(ctx), names=spec.names)
         return blocks
+
+    async def run_completed(self, specs: Sequence[KnowledgeBindingSpec], ctx: OpenContext,
+                            answer: RunAnswer) -> list[dict[str, Any]] | None:
+        """The answer's sentences attributed to the passages the run was given (its start
+        context's and its ``knowledge_search`` results' citations) when it cites none of them
+        (:func:`knowledge.attribution.attribute`); None when it cites one, or had no passage."""
+        from knowledge.attribution import attribute
+
+        citations: list[Any] = []
+        for block in answer.context:
+            if block.source == self.key and isinstance(block.data, dict):
+                citations += block.data.get("citations") or []
+        for result in answer.tool_results:
+            if result.source == self.key and result.name == TOOL_NAME and isinstance(result.data, dict):
+                citations += result.data.get("citations") or []
+        if not citations or ctx.in_thread is None:
+            return None
+        return await attribute(answer.reply, citations, in_thread=ctx.in_thread)
 
 
 def run_scope(spec: KnowledgeBindingSpec, ctx: OpenContext) -> SearchScope:

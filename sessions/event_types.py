@@ -93,6 +93,23 @@ class TodoItem:
     """How important it is."""
 
 
+@_payload
+class AttributionItem:
+    """One answer sentence the platform matched to a passage the run was given (the answer
+    cited none), as ``run_completed`` lists it (:mod:`knowledge.attribution`)."""
+
+    sentence_start: int
+    """Where the sentence starts in ``reply`` (a character offset, 0-based)."""
+    sentence_end: int
+    """Where it ends (exclusive)."""
+    n: int
+    """The passage's citation number in the run (its ``citations``' ``n``)."""
+    chunk_id: int
+    """The passage's chunk (``GET /api/v1/knowledge/chunks/<id>/``)."""
+    score: float
+    """The cosine of the sentence's and the passage's embeddings (≥ the attribution threshold)."""
+
+
 # --- payloads ----------------------------------------------------------------------------
 
 
@@ -393,6 +410,9 @@ class RunCompleted(SubRunFields):
     type: ClassVar[Literal["run_completed"]] = "run_completed"
     reply: str
     """The final answer."""
+    attributions: list[AttributionItem] | None = None
+    """The platform's attribution of an answer that cites none of its passages (absent: not
+    attempted); also ``Run.attributions`` in the REST session detail."""
     steered_into: int | None = None
     """For a message steered into another run: that run's id."""
 

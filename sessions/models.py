@@ -117,6 +117,12 @@ class Run(TenantOwnedModel):
         help_text="Blocks the bound capabilities added to the model input when the run started (retrieved passages, "
                   "memories): [{source, title, text, data}]; null until the run first starts.",
     )
+    attributions = models.JSONField(
+        null=True, blank=True,
+        help_text="The platform's attribution of an answer that cites none of its passages: [{sentence_start, "
+                  "sentence_end, n, chunk_id, score}] (offsets in reply; knowledge.attribution); null: not attempted "
+                  "(the answer cites, there was no passage, or attribution failed).",
+    )
     paused_at = models.DateTimeField(null=True, blank=True, help_text="When it began waiting for an approval.")
     paused_seconds = models.FloatField(default=0.0, help_text="Time spent waiting for approvals (not counted by the run timeout).")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -109,13 +109,16 @@ class RunSerializer(serializers.ModelSerializer):
 class RunWithToolCallsSerializer(RunSerializer):
     """A run with its tool calls, approvals and ``context``: what its bound capabilities added
     to the model input when it started (``[{source, title, text, data}]``, e.g. retrieved
-    passages with ``data.citations``; null before it started)."""
+    passages with ``data.citations``; null before it started), and ``attributions``: the
+    platform's attribution of an answer that cites none of its passages
+    (``[{sentence_start, sentence_end, n, chunk_id, score}]``, offsets in ``reply``; null: not
+    attempted)."""
 
     tool_calls = ToolCallSerializer(many=True, read_only=True)
     approvals = ApprovalSerializer(many=True, read_only=True)
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "tool_calls", "approvals", "context"]
+        fields = [*RunSerializer.Meta.fields, "tool_calls", "approvals", "context", "attributions"]
 
 
 class SessionSerializer(serializers.ModelSerializer):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -26,6 +27,7 @@ from sessions import runs
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner.adapters import production_ports
 from sessions.runner.ports import Publish, RunPorts, RunStore, run_ports_entered
+from sessions.runner.run_context import run_attributions
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
 from sessions.runner.toolset import CapabilityUnavailable, Toolset
@@ -202,7 +204,8 @@ async def run_loop_cancellable(spec: RunSpec, publish: Publish, ports: RunPorts,
 
 async def _run_loop(spec: RunSpec, publish: Publish, ports: RunPorts, *, toolset: Toolset | None = None) -> RunEnd:
     """The loop of run ``spec``: turn after turn of :mod:`sessions.runner.turn`'s steps
-    (prepare → model turn → resolve) until one ends the run. ``toolset``: given for a sub-run
+    (prepare → model turn → resolve) until one ends the run; a top-level run's answer then gets
+    its kinds' attributions (:func:`sessions.runner.run_context.run_attributions`). ``toolset``: given for a sub-run
     (a subset of its parent's tools, already connected), else opened here by the ports'
     toolset opener (and closed when the loop ends). A skill's sub-run started by one of its tool
     calls runs over the same ``ports`` (:func:`sessions.runner.ports.run_ports_current`)."""
@@ -219,7 +222,13 @@ async def _run_loop(spec: RunSpec, publish: Publish, ports: RunPorts, *, toolset
             model = ports.model(spec, record, publish)
             state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=model, record=record,
                                    store=store, context=context)
-            return await run_turns(state)
+            outcome = await run_turns(state)
+            if isinstance(outcome, Completed) and spec.depth == 0 and toolset.context is not None:
+                # Before the run ends, so that run_completed carries them (bounded: ATTRIBUTION_TIMEOUT_SECONDS).
+                attributions = await run_attributions(spec, toolset, context, outcome.reply)
+                if attributions is not None:
+                    outcome = dataclasses.replace(outcome, attributions=attributions)
+            return outcome
 
 
 class _LlmCallRecorder:

@@ -13,6 +13,12 @@ message, after the system prompt (and the compaction summary), one section per b
 text of an ``untrusted`` block (retrieved passages) is framed as outside data, as an untrusted
 tool's result is (:func:`sessions.runner.tool_execution.frame_untrusted`).
 Runs whose bindings have no such kind cost nothing here (no database round trip).
+
+At a top-level run's completion, :func:`run_attributions` asks every bound kind that
+overrides :meth:`~capabilities.registry.CapabilityKind.run_completed` (the knowledge kind:
+an answer that cites none of its passages is matched to them, :mod:`knowledge.attribution`)
+for attributions of the answer, within :data:`ATTRIBUTION_TIMEOUT_SECONDS`, and stores them
+(``Run.attributions``) before the run ends, so that ``run_completed`` carries them.
 """
 
 from __future__ import annotations
@@ -24,13 +30,17 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from capabilities.registry import ContextBlock, OpenContext, kinds
+from capabilities.registry import ContextBlock, OpenContext, RunAnswer, ToolResultData, kinds
 from sessions.models import Run
 from sessions.runner._db import db
 from sessions.runner.spec import RunSpec
 from sessions.runner.tool_execution import frame_untrusted
 
-__all__ = ["context_system_text", "run_context_open"]
+__all__ = ["ATTRIBUTION_TIMEOUT_SECONDS", "context_system_text", "run_attributions", "run_context_open"]
+
+ATTRIBUTION_TIMEOUT_SECONDS = 2.0
+"""The longest a completed run waits for its kinds' attributions (embedding the answer's
+sentences) before it ends without them."""
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +81,65 @@ async def run_context_open(spec: RunSpec, ctx: OpenContext | None) -> tuple[Cont
     await db(_context_save)(spec.run_id, [b.as_json() for b in blocks])
     ctx.extra["run_context"] = tuple(blocks)
     return tuple(blocks)
+
+
+async def run_attributions(spec: RunSpec, toolset: Any, context: Sequence[ContextBlock], reply: str, *,
+                           timeout: float | None = None) -> list[dict[str, Any]] | None:
+    """The attributions of a completed run's ``reply`` by its bound kinds, stored on the run.
+
+    Args:
+        spec: The run (a sub-run gets none: None).
+        toolset: Its :class:`~sessions.runner.toolset.Toolset` (``context``: the OpenContext
+            the kinds opened their tools with; ``origins``: the exposed names' origins).
+        context: The run's start context.
+        reply: The answer.
+        timeout: The most this may take, in seconds (default :data:`ATTRIBUTION_TIMEOUT_SECONDS`).
+
+    Returns:
+        The kinds' attributions concatenated (each kind's in order), as stored in
+        ``Run.attributions``; None (nothing stored) when no kind attempted one, or when it
+        failed or ran out of time (logged; the run completes all the same).
+    """
+    ctx = getattr(toolset, "context", None)
+    producers = [(kind, spec.bindings_of(kind.key)) for kind in kinds() if kind.has_run_completed()]
+    producers = [(kind, specs) for kind, specs in producers if specs]
+    if not producers or ctx is None or spec.depth > 0 or not reply.strip():
+        return None
+    limit = ATTRIBUTION_TIMEOUT_SECONDS if timeout is None else timeout
+    try:
+        async with asyncio.timeout(limit):
+            results = await db(_tool_results_load)(spec.run_id)
+            origins = toolset.origins
+            answer = RunAnswer(reply=reply, context=tuple(context), tool_results=tuple(
+                ToolResultData(source=origins[name].source, name=origins[name].name, data=data)
+                for name, data in results if name in origins))
+            attributions: list[dict[str, Any]] | None = None
+            for kind, specs in producers:
+                made = await kind.run_completed(specs, ctx, answer)
+                if made is not None:
+                    attributions = [*(attributions or []), *made]
+            if attributions is not None:
+                await db(_attributions_save)(spec.run_id, attributions)
+            return attributions
+    except TimeoutError:  # (a cancel of the run itself is a CancelledError: it goes through)
+        logger.warning("run %s: attributing the answer took longer than %.1f s; the run completes without",
+                       spec.run_id, limit)
+    except Exception:  # noqa: BLE001 - attribution is an extra: the run completes without it
+        logger.warning("run %s: attributing the answer failed", spec.run_id, exc_info=True)
+    return None
+
+
+def _tool_results_load(run_id: int) -> list[tuple[str, Any]]:
+    """``[(exposed name, result_data)]`` of run ``run_id``'s succeeded tool calls with data, oldest first."""
+    from sessions.models import ToolCall, ToolCallStatus
+
+    return list(ToolCall.objects.filter(run_id=run_id, status=ToolCallStatus.SUCCEEDED, result_data__isnull=False)
+                .order_by("pk").values_list("name", "result_data"))
+
+
+def _attributions_save(run_id: int, attributions: list[dict[str, Any]]) -> None:
+    """Store ``attributions`` as the run's."""
+    Run.objects.filter(pk=run_id).update(attributions=attributions)
 
 
 def _context_load(run_id: int) -> tuple[list[Any] | None, str]:

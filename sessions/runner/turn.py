@@ -58,9 +58,12 @@ FINAL_TURN_NOTE = (
 
 @dataclass(frozen=True, slots=True)
 class Completed:
-    """The run answered: ``reply`` is its final assistant text."""
+    """The run answered: ``reply`` is its final assistant text; ``attributions``: the platform's
+    attribution of its sentences to the run's passages (:func:`sessions.runner.run_context.run_attributions`,
+    stored as ``Run.attributions``), None when not attempted."""
 
     reply: str
+    attributions: list[dict[str, Any]] | None = None
     status: ClassVar[str] = RunStatus.COMPLETED
     error: ClassVar[str] = ""
     reason: ClassVar[str] = ""

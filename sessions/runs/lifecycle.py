@@ -77,9 +77,13 @@ class RunEnding(Protocol):
 
 
 def end_event(ending: RunEnding) -> tuple[str, dict[str, Any]]:
-    """The event announcing ``ending``: ``run_completed {reply}``, ``run_cancelled {reason}``
-    or ``run_failed {error, reason}``."""
+    """The event announcing ``ending``: ``run_completed {reply}`` (``attributions`` added when
+    the ending carries the platform's attribution, not None), ``run_cancelled {reason}`` or
+    ``run_failed {error, reason}``."""
     if ending.status == RunStatus.COMPLETED:
+        attributions = getattr(ending, "attributions", None)
+        if attributions is not None:
+            return "run_completed", {"reply": ending.reply, "attributions": attributions}
         return "run_completed", {"reply": ending.reply}
     if ending.status == RunStatus.CANCELLED:
         return "run_cancelled", {"reason": CANCEL_REASON}
