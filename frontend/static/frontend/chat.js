@@ -1150,6 +1150,7 @@ export class ChatView {
       for (const tool of raw.tool_calls || []) upsertTool(run, tool);
       for (const approval of raw.approvals || []) upsertApproval(run, approval);
       if (Array.isArray(raw.context)) run.context = raw.context; // the run's start context (citations.js)
+      if (raw.attributions !== undefined) run.attributions = raw.attributions; // platform attribution (citations.js)
       this.dirty.add(run.id);
     }
     // Canonical order: the server's runs, then any only seen live so far. Runs the
@@ -1288,6 +1289,7 @@ export class ChatView {
         const wasActive = isActive(run.status);
         run.status = 'completed';
         run.reply = typeof data.reply === 'string' ? data.reply : (run.reply ?? run.stream);
+        if (Array.isArray(data.attributions)) run.attributions = data.attributions; // citations.js
         // Re-fetch for the canonical view (not for replays of finished runs).
         if (wasActive) {
           this.refetchSoon();

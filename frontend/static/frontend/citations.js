@@ -9,6 +9,13 @@
 // A citation is {n, knowledge_base_id, document_id, document_title, chunk_id, position,
 // heading, score, snippet}; numbers are unique within a run (the server numbers them so).
 // The passage itself is read from GET /api/v1/knowledge/chunks/<id>/ when it is opened.
+//
+// Platform attribution: when the answer cites none of its passages, the platform may have
+// matched its sentences to them (run.attributions, from the REST session detail or the
+// run_completed frame: [{sentence_start, sentence_end, n, chunk_id, score}], offsets in the
+// reply). Each matched sentence then gets a marker of its own, visibly not the model's
+// citation (muted, "Matched by the platform: the model did not cite this"), opening the same
+// passage panel; the sources heading says "Sources matched by the platform (k)".
 // Built with textContent only (nothing here assigns innerHTML).
 
 import { request } from './api.js';
@@ -36,6 +43,16 @@ function citedNumbers(text, citations) {
     if (citations.has(n) && !seen.includes(n)) seen.push(n);
   }
   return seen;
+}
+
+const PLATFORM_NOTE = 'Matched by the platform: the model did not cite this';
+
+/** The run's platform attributions whose passage is one of its citations, in reply order. */
+function runAttributions(run, citations) {
+  if (!Array.isArray(run.attributions)) return [];
+  return run.attributions
+    .filter((a) => a && Number.isInteger(a.n) && citations.has(a.n) && Number.isInteger(a.sentence_end))
+    .sort((a, b) => a.sentence_end - b.sentence_end);
 }
 
 function sourceLabel(c) {
@@ -123,6 +140,60 @@ function linkMarkers(root, citations) {
   }
 }
 
+/** The end of a sentence as rendered (Markdown emphasis and code ticks dropped): its last
+ *  words, at most 24 characters, cut at a word boundary. */
+function sentenceTail(sentence) {
+  const plain = sentence.replace(/[*_`]+/g, '').replace(/\s+/g, ' ').trim();
+  if (plain.length <= 24) return plain;
+  const tail = plain.slice(-24);
+  const space = tail.indexOf(' ');
+  return space > 0 && space < tail.length - 4 ? tail.slice(space + 1) : tail;
+}
+
+function textNodes(root) {
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {
+    acceptNode: (node) => (node.parentElement?.closest('a, code, pre')
+      ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT),
+  });
+  const nodes = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) nodes.push(node);
+  return nodes;
+}
+
+/** After each attributed sentence of the rendered reply, a platform marker [n] that opens the
+ *  passage (earlier ones removed first). Sentences are looked for in reply order, each after
+ *  the previous one's marker; one not found in the rendered text gets no marker. */
+function markAttributions(root, text, attributions, citations) {
+  for (const old of root.querySelectorAll('.cite-platform')) old.remove();
+  root.normalize();
+  let from = null; // the text node after the previous marker
+  for (const a of attributions) {
+    const tail = sentenceTail(String(text).slice(a.sentence_start, a.sentence_end));
+    if (!tail) continue;
+    const pattern = new RegExp(tail.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/ /g, '\\s+'));
+    const nodes = textNodes(root);
+    const start = from ? Math.max(0, nodes.indexOf(from)) : 0;
+    for (const node of nodes.slice(start)) {
+      const match = pattern.exec(node.data);
+      if (!match) continue;
+      const c = citations.get(a.n);
+      const marker = h('a', {
+        href: '#', class: 'cite-ref cite-platform', testid: 'platform-citation-marker',
+        dataset: { n: String(c.n) }, title: `${PLATFORM_NOTE} (${sourceLabel(c)})`,
+        'aria-label': `Passage ${c.n}: ${PLATFORM_NOTE}`, text: `[${c.n}]`,
+      });
+      marker.addEventListener('click', (event) => {
+        event.preventDefault();
+        openPassage(c, marker);
+      });
+      const rest = node.splitText(match.index + match[0].length);
+      rest.before(marker);
+      from = rest;
+      break;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- sources --
 
 /**
@@ -133,7 +204,8 @@ function linkMarkers(root, citations) {
 export function renderCitations(view, run) {
   const citations = runCitations(run);
   const text = view.shownReply || '';
-  const key = JSON.stringify([text, [...citations.keys()], view.renderedReply === text]);
+  const attributions = runAttributions(run, citations);
+  const key = JSON.stringify([text, [...citations.keys()], view.renderedReply === text, attributions]);
   if (key === view.citationsKey) return;
   view.citationsKey = key;
   if (!view.sourcesEl) {
@@ -148,10 +220,17 @@ export function renderCitations(view, run) {
   }
   linkMarkers(view.replyBody, citations);
   const cited = citedNumbers(text, citations);
-  const shown = (cited.length ? cited : [...citations.keys()]).map((n) => citations.get(n));
+  // The model cited none: the passages the platform matched its sentences to, if any.
+  const matched = cited.length ? [] : [...new Set(attributions.map((a) => a.n))];
+  if (!cited.length) markAttributions(view.replyBody, text, attributions, citations);
+  const numbers = cited.length ? cited : matched.length ? matched : [...citations.keys()];
+  const shown = numbers.map((n) => citations.get(n));
   view.sourcesTitle.textContent = cited.length
     ? `Sources (${shown.length})`
-    : `Passages it was given (${shown.length}, none cited)`;
+    : matched.length
+      ? `Sources matched by the platform (${shown.length})`
+      : `Passages it was given (${shown.length}, none cited)`;
+  view.sourcesEl.classList.toggle('sources-platform', !cited.length && matched.length > 0);
   replaceChildren(
     view.sourcesList,
     shown.map((c) => {
@@ -159,6 +238,7 @@ export function renderCitations(view, run) {
         type: 'button', class: 'link-btn source-open', testid: 'citation-source',
         dataset: { n: String(c.n), chunkId: String(c.chunk_id) },
       }, h('span', { class: 'source-n', text: `[${c.n}]` }), ' ', h('span', { class: 'source-label', text: sourceLabel(c) }));
+      if (!cited.length && matched.length) button.title = PLATFORM_NOTE;
       button.addEventListener('click', () => openPassage(c, button));
       return h('li', { class: 'source' }, button);
     }),

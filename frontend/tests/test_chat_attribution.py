@@ -1,0 +1,82 @@
+"""Platform attribution in the chat app, in Debian's Chromium: an answer that cites none of its
+passages shows, after each sentence the platform matched, a muted marker that says so (not the
+model's citation) and opens the passage; the sources heading says "Sources matched by the
+platform (k)"; the same after a reload (from the stored run).
+
+Real ASGI app, Celery worker, PostgreSQL with pgvector, the embedded embedder; the scripted
+model writes the reply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from frontend.tests.test_chat_citations import _agent
+from frontend.tests.test_chat_flows import ask, log_in, open_page, start_chat
+from knowledge.tests.test_attribution import HOURS, OFF_TOPIC
+from knowledge.tests.test_kind import KITCHEN, SAILING, _kb
+from llm.testing import Reply
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+
+T = 20_000
+NOTE = "Matched by the platform: the model did not cite this"
+
+
+@pytest.fixture(autouse=True)
+def _needs_chromium():
+    from frontend.tests.test_spa import CHROMIUM
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (scripts/ensure_chromium.sh installs it)")
+
+
+@pytest.fixture
+def no_ingest_task(monkeypatch):
+    monkeypatch.setattr("knowledge.tasks.document_ingest_enqueue", lambda **kwargs: None)
+
+
+@pytest.mark.timeout(300)
+def test_an_uncited_answer_shows_the_platform_s_markers_and_they_open_the_passage(
+        world, fake_llm, embedding_server, celery_worker, live_server_url, no_ingest_task):
+    from playwright.sync_api import expect
+
+    kb = _kb(world.tenant, embedding_server, "Club handbook", SAILING, KITCHEN)
+    _agent(world, fake_llm, "Club helper", kb, top_k=2, retrieve_before_first_turn=True)
+    fake_llm.script(Reply(f"{HOURS} {OFF_TOPIC}"))  # no [n]: the model cited nothing
+    with open_page() as page:
+        log_in(page, live_server_url, world.member.username)
+        start_chat(page, "Club helper")
+        ask(page, "When does the boathouse open?")
+        for reloaded in (False, True):
+            run = page.get_by_test_id("run").last
+            expect(run).to_have_attribute("data-run-status", "completed", timeout=T)
+            reply = run.get_by_test_id("assistant-reply")
+            # One platform marker, after the sentence about the opening hours (not after the pizza).
+            marker = reply.get_by_test_id("platform-citation-marker")
+            expect(marker).to_have_count(1, timeout=T)
+            expect(reply.get_by_test_id("citation-marker")).to_have_count(0)  # no model citation
+            n = marker.get_attribute("data-n")
+            expect(marker).to_have_text(f"[{n}]")
+            expect(marker).to_have_attribute("aria-label", f"Passage {n}: {NOTE}")
+            assert marker.get_attribute("title").startswith(NOTE)
+            before = marker.evaluate("m => m.previousSibling.textContent")
+            assert before.endswith("until October."), before
+            assert "cite-platform" in marker.get_attribute("class")
+            # Visibly not a model citation: muted and italic.
+            style = marker.evaluate("m => { const s = getComputedStyle(m); return [s.fontStyle, s.color]; }")
+            assert style[0] == "italic", style
+            sources = run.get_by_test_id("citation-sources")
+            expect(sources.locator("summary")).to_have_text("Sources matched by the platform (1)")
+            expect(sources.get_by_test_id("citation-source")).to_contain_text(f"[{n}] Sailing club handbook")
+            # A click opens the same passage panel as a model citation does.
+            marker.click()
+            panel = page.get_by_test_id("passage-panel")
+            expect(panel).to_be_visible()
+            expect(panel.get_by_test_id("passage-text")).to_contain_text("opens at 8 in the morning")
+            panel.get_by_test_id("passage-close").click()
+            expect(panel).to_be_hidden()
+            if not reloaded:
+                page.reload()  # the markers come back from the stored run (REST session detail)
