@@ -40,7 +40,27 @@ CITE_NOTE = "Cite the passages you use by their number in square brackets, e.g. 
 """Not part of the passages (which are framed as outside data, so an instruction inside them
 would be data too). bench/knowledge_citations.py measured the embedded 0.5B model with it
 inside the result and after the results (the text-mode follow-up): it cited in neither, and
-after the results it copied the passages out instead of answering, so it is not sent there."""
+after the results it copied the passages out instead of answering, so it is not sent there.
+Measured too (issue 26), none adopted: a few-shot example answer in the agent's prompt, the
+passage's number at the start of its text line, "Source [n]" headers (0 of the first 5
+questions cited, each), its number after each of its sentences (0 of 3); in the follow-up, an
+example sentence (the answer was that sentence, 4 of 4) and, on 8 questions: "cite them as
+[n]" (3 of 8 with an [n], 1 echoing the passages), "end each sentence with the number of the
+result … like [1]" (2 of 8, 6 echoed), that with each passage sentence numbered too (6 of 8
+with an [n], but 2 of them only markers and 2 more echoed passages), "then a Sources: line"
+(all 8 were only that line, no answer). An uncited answer with the passages shown under it
+is the better demo."""
+QUERY_DESCRIPTION = "The user's question, word for word."
+"""The ``query`` parameter's description (what the model reads about it).
+
+Small models copy a parameter's description into a forced call. bench/knowledge_citations.py,
+embedded 0.5B model: with the former "What to look for, in natural language or keywords." it
+sent that sentence as its query in 3 of 14 questions (2 of the first 6, 1 of the 8 held-out);
+with this one, in none of 16 (the first 8, the 8 held-out). But it then copied the tool's
+description (the knowledge base's) instead in 1 of the first 8 and 2 of the 8 held-out (the
+former: 1 of 14). A passage that answers was among the 4 found in 4 of the first 6 questions
+(the former: 3) and in 6 of the 8 held-out ones (the former: 6 too): no gain measured there. A
+capable model writes its own query either way."""
 NO_PASSAGES = "No passages found for this query in the knowledge bases."
 REWRITE_PROMPT = (
     "Rewrite the question below as a short search query for a documentation search: the key terms and "
@@ -292,7 +312,7 @@ class KnowledgeSearchTool(Tool):
         self.spec = ToolSpec(name=exposed, description=description, parameters={
             "type": "object",
             "properties": {
-                "query": {"type": "string", "description": "What to look for, in natural language or keywords."},
+                "query": {"type": "string", "description": QUERY_DESCRIPTION},
                 "filters": {
                     "type": "object",
                     "description": "Optional: only these documents and/or documents with all of these tags.",

@@ -117,7 +117,8 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     """seed_demo's knowledge base (README.md, ARCHITECTURE.md) ingested by the worker with the
     embedded embedder, and its "Docs assistant" (``search_first``) asked how to start the
     platform, on the embedded model: its first turn is a ``knowledge_search`` call (forced by
-    constrained decoding) that succeeds with numbered passages, the answer is not empty, and
+    constrained decoding) with a query of its own (not the parameter's description copied)
+    that succeeds with numbered passages, the answer is not empty, and
     the chat app shows the passages under it (cited ones as "Sources", else the ones it was
     given), with the reply's [n] that name a passage linked to it."""
     import re
@@ -155,6 +156,12 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     assert calls and calls[0].name == "knowledge_search", [(c.name, c.arguments) for c in calls]
     first = calls[0]
     assert first.status == "succeeded", first.error
+    # The query is the model's own, not the parameter's description copied (the 0.5B model did
+    # that with the former description; knowledge.tools.QUERY_DESCRIPTION says what was measured).
+    from knowledge.tools import QUERY_DESCRIPTION
+
+    query = str(first.arguments.get("query", ""))
+    assert query.strip() and QUERY_DESCRIPTION.rstrip(".").lower() not in query.lower(), first.arguments
     citations = first.result_data["citations"]
     assert len(citations) == 4 and [c["n"] for c in citations] == [1, 2, 3, 4]
     assert first.result.startswith("[1] ") and run.context == []
@@ -181,5 +188,8 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
         shots = ROOT / "var" / "test-artifacts"
         shots.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shots / "docs-assistant-embedded-model.png"))
-    # Reported, not asserted (a 0.5B model): the query it wrote, whether it cited, and what.
+    # Reported, not asserted (a 0.5B model): whether it cited, and what. Measured with
+    # bench/knowledge_citations.py, the 0.5B model wrote no [n] in any of 8 answers with what the
+    # platform sends (the agent's prompt and the tool's description ask for [n]): citing is not
+    # asserted; the chat app's "Passages it was given (4, none cited)" branch is the usual one.
     print("query:", first.arguments, "reply:", repr(run.reply[:400]), "cited:", cited, "known:", sorted(known))
