@@ -24,9 +24,17 @@ database; its top five differ, the comparison per sentence does not). A restated
 Prints the distributions and, per threshold, the share of restated / verbatim sentences
 attributed to the right passage, attributed to a wrong one, and of unrelated sentences
 attributed at all. No database, no Django models (only the pure chunker and sentence
-splitter)::
+splitter).
+
+``--answers N``: also the embedded chat model (Qwen2.5-Coder-0.5B, scripts/llm_server.py, a
+server of its own, temperature 0) answers the first N questions whose passage was given, from
+the 5 passages numbered [1]..[5] with the Docs assistant's instruction to cite them; printed:
+how many answers cite, how many uncited ones get an attribution at the chosen threshold
+(:data:`knowledge.attribution.ATTRIBUTION_THRESHOLD`), how many of those name the passage
+holding the answer, and the time to embed an answer's sentences::
 
     .venv/bin/python bench/attribution_threshold.py
+    .venv/bin/python bench/attribution_threshold.py --answers 20
 """
 
 from __future__ import annotations
@@ -194,10 +202,98 @@ def _percentiles(values: list[float]) -> str:
     return " / ".join(f"{v:.3f}" for v in p)
 
 
+ANSWER_PROMPT = (
+    "You answer questions about the Agent Platform from its documentation. Answer in two to four sentences "
+    "using only the passages below, and cite each passage you use by its number in square brackets, like [1]. "
+    "If the passages do not answer the question, say so."
+)
+"""The Docs assistant's instruction (console/management/commands/seed_demo.py), for a prompt
+that carries the passages itself instead of a knowledge_search call."""
+
+
+def _chat_model():
+    """Start the embedded chat model on a free port; ``(process, ask(system, user) -> text)``."""
+    import socket
+
+    import httpx
+    import llm_server
+    import setup_model
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "LLM_PORT": str(port), "LLM_HOST": "127.0.0.1", "LLM_VERBOSE": "false",
+           "LLM_MODEL_PATH": str(setup_model.ensure_model())}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "llm_server.py")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    if not llm_server.wait_ready(f"http://127.0.0.1:{port}/v1", timeout_seconds=180):
+        proc.terminate()
+        raise RuntimeError("the chat model server did not start")
+
+    def ask(system: str, user: str) -> str:
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300, json={
+            "model": "local", "temperature": 0, "max_tokens": 200,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+        reply.raise_for_status()
+        return reply.json()["choices"][0]["message"]["content"] or ""
+
+    return proc, ask
+
+
+def _answers(count: int, rows, given, chunks, chunk_vecs, embed) -> None:
+    """The 0.5B model's answers to ``count`` questions, attributed as the platform does."""
+    import numpy as np
+
+    from knowledge.attribution import ATTRIBUTION_THRESHOLD, answer_sentences, best_passages, cites_any
+
+    proc, ask = _chat_model()
+    cited = uncited = attributed = right = sentences_total = sentences_attributed = 0
+    embed_ms: list[float] = []
+    try:
+        picked = [i for i, r in enumerate(rows) if set(given[i]) & set(r[2])][:count]
+        for i in picked:
+            passages = "\n\n".join(f"[{k + 1}] {chunks[c][0]}" for k, c in enumerate(given[i]))
+            answer = ask(ANSWER_PROMPT, f"Passages:\n\n{passages}\n\nQuestion: {rows[i][1]}")
+            if cites_any(answer, range(1, 6)):
+                cited += 1
+                continue
+            uncited += 1
+            sentences = answer_sentences(answer)
+            if not sentences:
+                continue
+            started = time.perf_counter()
+            vectors = embed([s.text for s in sentences])
+            embed_ms.append((time.perf_counter() - started) * 1000)
+            matches = best_passages([list(v) for v in vectors],
+                                    [(int(c), list(chunk_vecs[c])) for c in given[i]], threshold=ATTRIBUTION_THRESHOLD)
+            sentences_total += len(sentences)
+            found = [m for m in matches if m is not None]
+            sentences_attributed += len(found)
+            if found:
+                attributed += 1
+                right += any(m[0] in rows[i][2] for m in found)
+            print(f"  - {rows[i][1]}\n    answer: {answer.strip()[:300]!r}\n    attributed: "
+                  f"{[(given[i].index(m[0]) + 1, round(m[1], 3)) for m in found]}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    print(f"\n0.5B answers to {len(picked)} questions (threshold {ATTRIBUTION_THRESHOLD}): {cited} cite a passage, "
+          f"{uncited} cite none; of these {attributed} get at least one attribution, {right} of them to the "
+          f"passage holding the answer; {sentences_attributed} of their {sentences_total} sentences attributed; "
+          f"embedding an answer's sentences took median {np.median(embed_ms) if embed_ms else 0:.0f} ms "
+          f"(max {max(embed_ms, default=0):.0f} ms)")
+
+
 def main() -> int:
+    import argparse
+
     import numpy as np
 
     from knowledge.attribution import answer_sentences
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--answers", type=int, default=0, help="also attribute N answers of the 0.5B chat model")
+    args = parser.parse_args()
 
     questions = _questions()
     if len(RESTATED) != len(questions):
@@ -268,6 +364,8 @@ def main() -> int:
                 *(f"{sum(1 for s in v if s >= t) / len(v):.1%}" for v in unrelated.values()),
             ]
             print(f"| {t:.2f} | " + " | ".join(cells) + " |")
+        if args.answers:
+            _answers(args.answers, rows, given, chunks, chunk_vecs, embed)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
