@@ -39,13 +39,19 @@ def no_ingest_task(monkeypatch):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(("hours", "marked_after"), [
+    (HOURS, "until October."),
+    # Inline code at the sentence's end (rendered as <code>): the sentence is still found and
+    # its marker goes after it (the demo's "… run the `make run` command." had none before).
+    (HOURS.replace("until October.", "until `October`."), "."),
+], ids=["plain", "inline-code"])
 def test_an_uncited_answer_shows_the_platform_s_markers_and_they_open_the_passage(
-        world, fake_llm, embedding_server, celery_worker, live_server_url, no_ingest_task):
+        world, fake_llm, embedding_server, celery_worker, live_server_url, no_ingest_task, hours, marked_after):
     from playwright.sync_api import expect
 
     kb = _kb(world.tenant, embedding_server, "Club handbook", SAILING, KITCHEN)
     _agent(world, fake_llm, "Club helper", kb, top_k=2, retrieve_before_first_turn=True)
-    fake_llm.script(Reply(f"{HOURS} {OFF_TOPIC}"))  # no [n]: the model cited nothing
+    fake_llm.script(Reply(f"{hours} {OFF_TOPIC}"))  # no [n]: the model cited nothing
     with open_page() as page:
         log_in(page, live_server_url, world.member.username)
         start_chat(page, "Club helper")
@@ -63,7 +69,7 @@ def test_an_uncited_answer_shows_the_platform_s_markers_and_they_open_the_passag
             expect(marker).to_have_attribute("aria-label", f"Passage {n}: {NOTE}")
             assert marker.get_attribute("title").startswith(NOTE)
             before = marker.evaluate("m => m.previousSibling.textContent")
-            assert before.endswith("until October."), before
+            assert before.endswith(marked_after), before
             assert "cite-platform" in marker.get_attribute("class")
             # Visibly not a model citation: muted and italic.
             style = marker.evaluate("m => { const s = getComputedStyle(m); return [s.fontStyle, s.color]; }")

@@ -150,47 +150,63 @@ function sentenceTail(sentence) {
   return space > 0 && space < tail.length - 4 ? tail.slice(space + 1) : tail;
 }
 
-function textNodes(root) {
+/** The reply's text nodes (platform markers left out) and their text joined, with each node's
+ *  offset in it: a sentence is looked for in the joined text, so one whose end spans inline
+ *  code or a link (`make run` command.) is found too. */
+function joinedText(root) {
   const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {
-    acceptNode: (node) => (node.parentElement?.closest('a, code, pre')
+    acceptNode: (node) => (node.parentElement?.closest('.cite-platform')
       ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT),
   });
   const nodes = [];
-  for (let node = walker.nextNode(); node; node = walker.nextNode()) nodes.push(node);
-  return nodes;
+  let joined = '';
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    nodes.push({ node, offset: joined.length });
+    joined += node.data;
+  }
+  return { nodes, joined };
+}
+
+function platformMarker(c) {
+  const marker = h('a', {
+    href: '#', class: 'cite-ref cite-platform', testid: 'platform-citation-marker',
+    dataset: { n: String(c.n) }, title: `${PLATFORM_NOTE} (${sourceLabel(c)})`,
+    'aria-label': `Passage ${c.n}: ${PLATFORM_NOTE}`, text: `[${c.n}]`,
+  });
+  marker.addEventListener('click', (event) => {
+    event.preventDefault();
+    openPassage(c, marker);
+  });
+  return marker;
 }
 
 /** After each attributed sentence of the rendered reply, a platform marker [n] that opens the
  *  passage (earlier ones removed first). Sentences are looked for in reply order, each after
- *  the previous one's marker; one not found in the rendered text gets no marker. */
+ *  the previous one; a sentence ending inside code, a link or a code block gets its marker
+ *  after that element; one not found in the rendered text gets no marker. */
 function markAttributions(root, text, attributions, citations) {
   for (const old of root.querySelectorAll('.cite-platform')) old.remove();
   root.normalize();
-  let from = null; // the text node after the previous marker
+  let from = 0; // offset in the joined text after the previous sentence's end
   for (const a of attributions) {
     const tail = sentenceTail(String(text).slice(a.sentence_start, a.sentence_end));
-    if (!tail) continue;
-    const pattern = new RegExp(tail.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/ /g, '\\s+'));
-    const nodes = textNodes(root);
-    const start = from ? Math.max(0, nodes.indexOf(from)) : 0;
-    for (const node of nodes.slice(start)) {
-      const match = pattern.exec(node.data);
-      if (!match) continue;
-      const c = citations.get(a.n);
-      const marker = h('a', {
-        href: '#', class: 'cite-ref cite-platform', testid: 'platform-citation-marker',
-        dataset: { n: String(c.n) }, title: `${PLATFORM_NOTE} (${sourceLabel(c)})`,
-        'aria-label': `Passage ${c.n}: ${PLATFORM_NOTE}`, text: `[${c.n}]`,
-      });
-      marker.addEventListener('click', (event) => {
-        event.preventDefault();
-        openPassage(c, marker);
-      });
-      const rest = node.splitText(match.index + match[0].length);
-      rest.before(marker);
-      from = rest;
-      break;
+    const c = citations.get(a.n);
+    if (!tail || !c) continue;
+    const pattern = new RegExp(tail.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/ /g, '\\s+'), 'g');
+    const { nodes, joined } = joinedText(root);
+    pattern.lastIndex = from;
+    const match = pattern.exec(joined);
+    if (!match) continue;
+    const end = match.index + match[0].length;
+    const hit = nodes.findLast((n) => n.offset < end) || nodes[0];
+    const marker = platformMarker(c);
+    const inside = hit.node.parentElement?.closest('a, code, pre');
+    if (inside && root.contains(inside)) {
+      inside.after(marker);
+    } else {
+      hit.node.splitText(end - hit.offset).before(marker);
     }
+    from = end; // (the joined text leaves the markers out)
   }
 }
 
