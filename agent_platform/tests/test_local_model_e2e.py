@@ -185,6 +185,9 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
         expect(sources.get_by_test_id("citation-source")).to_have_count(len(cited) or len(matched))
         expect(sources.locator("summary")).to_have_text(
             f"Sources ({len(cited)})" if cited else f"Sources matched by the platform ({len(matched)})")
+        shots = ROOT / "var" / "test-artifacts"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "docs-assistant-embedded-model.png"))
         reply = run_view.get_by_test_id("assistant-reply")
         markers = reply.get_by_test_id("citation-marker")
         if cited:  # (a [n] inside a code block stays text: at least one is linked)
@@ -199,9 +202,7 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
                 platform.first.click()
                 expect(page.get_by_test_id("passage-panel")).to_be_visible()
                 expect(page.get_by_test_id("passage-text")).not_to_be_empty(timeout=20_000)
-        shots = ROOT / "var" / "test-artifacts"
-        shots.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(shots / "docs-assistant-embedded-model.png"))
+        page.screenshot(path=str(shots / "docs-assistant-embedded-model-passage.png"))
     # Measured with bench/knowledge_citations.py, the 0.5B model wrote no [n] in any of 16 answers
     # with what the platform sends: the platform's attribution is the usual branch here.
     print("query:", first.arguments, "reply:", repr(run.reply[:400]), "cited:", cited, "matched:", matched,
