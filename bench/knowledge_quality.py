@@ -16,13 +16,17 @@ For each method, **recall@5** (questions with a relevant hit among the first fiv
   RankGPT's prompt) to the embedded chat model (Qwen2.5-Coder-0.5B, scripts/llm_server.py);
   with ``--pointwise`` also the pointwise reranker (one 0–10 grade per passage, ten calls per
   question). The 0.5B model is a weak judge: the figures say what rerank with the default
-  model gives, not what a capable model would.
+  model gives, not what a capable model would. With ``--rerank-url`` and ``--rerank-model``,
+  also hybrid + a rerank model (a cross-encoder behind ``/v1/rerank``, llm.embeddings.rerank;
+  key from ``RERANK_API_KEY``), e.g. llama.cpp's ``llama-server --reranking`` with a
+  bge-reranker GGUF, or Jina's or Cohere's API. None ships with the platform.
 
 An excerpt that is no longer in the documents (they are edited) is reported and its question
 skipped.
 
     .venv/bin/python bench/knowledge_quality.py
     .venv/bin/python bench/knowledge_quality.py --rerank
+    .venv/bin/python bench/knowledge_quality.py --rerank-url http://127.0.0.1:8083/v1 --rerank-model bge-reranker-v2-m3
 """
 
 from __future__ import annotations
@@ -136,11 +140,31 @@ def _chat_reranker(port: int, *, listwise: bool):
     return listwise_reranker(complete) if listwise else llm_reranker(complete)
 
 
+def _model_reranker(base_url: str, model: str):
+    """A rerank model at ``base_url`` (``/v1/rerank``), reached whatever its address."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    from knowledge.rerank import MAX_PASSAGE_CHARS
+    from llm.embeddings import EmbeddingEndpoint, rerank
+
+    host = urlsplit(base_url)
+    port = host.port or (443 if host.scheme == "https" else 80)
+    settings.OUTBOUND_ALLOWED_HOSTS = [*settings.OUTBOUND_ALLOWED_HOSTS, f"{host.hostname}:{port}"]
+    endpoint = EmbeddingEndpoint(name="bench reranker", base_url=base_url, api_key=os.environ.get("RERANK_API_KEY", ""))
+    return lambda query, passages: rerank(endpoint, model, query, [p[:MAX_PASSAGE_CHARS] for p in passages])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rerank", action="store_true", help="also hybrid + listwise rerank on the embedded chat model")
     parser.add_argument("--pointwise", action="store_true", help="also hybrid + pointwise rerank (ten calls a question)")
+    parser.add_argument("--rerank-url", help="also hybrid + the rerank model at this /v1 base URL")
+    parser.add_argument("--rerank-model", help="the rerank model's name at --rerank-url")
     args = parser.parse_args()
+    if bool(args.rerank_url) != bool(args.rerank_model):
+        parser.error("--rerank-url and --rerank-model go together")
     docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "ARCHITECTURE.md")}
     corpus = _norm(" ".join(docs.values()))
     questions = []
@@ -165,6 +189,9 @@ def main() -> int:
                 added = document_add_text(knowledge_base=kb, title=name, text=text)
                 assert document_ingest(document_id=added.document.pk, generation=added.document.generation) == "ready"
         methods = {"vector only": {"lists": ("vector",)}, "lexical only": {"lists": ("lexical",)}, "hybrid": {}}
+        if args.rerank_url:
+            methods[f"hybrid + rerank model ({args.rerank_model})"] = {
+                "rerank": _model_reranker(args.rerank_url, args.rerank_model), "rerank_candidates": 10}
         chat = None
         if args.rerank or args.pointwise:
             import llm_server

@@ -23,8 +23,15 @@ Binding ``config``::
   ``search_first``.
 - ``user_uploads``: the run's user's own knowledge bases (their chat uploads) are searched
   too.
-- ``rewrite`` / ``rerank``: ask the retrieval for its query-rewrite list / rerank step
+- ``rewrite``: ask the run's model for a rewritten query, a third list
   (:func:`knowledge.retrieval.search`); off by default.
+- ``rerank``: the rerank step over the best :data:`knowledge.tools.RERANK_CANDIDATES` fused
+  hits; off (``false``) by default. ``true``: the run's model judges each passage
+  (:mod:`knowledge.rerank`'s pointwise prompt, LLM calls of purpose ``rerank``).
+  ``{"provider": id, "model": "name"}``: a **rerank model** (a cross-encoder) at one of the
+  tenant's OpenAI-compatible model providers, through its ``/v1/rerank`` endpoint
+  (:func:`llm.embeddings.arerank`): one request per search, better and cheaper than a small
+  chat model's judgement. A failed rerank keeps the fused order (logged).
 
 Passages are outside data whichever knowledge base they come from (a tenant-wide one holds
 fetched URLs and uploaded files too): ``knowledge_search`` is ``untrusted`` (the runner frames
@@ -51,6 +58,7 @@ from knowledge.tools import (
     MAX_TOP_K,
     CitationNumbers,
     KnowledgeSearchTool,
+    RerankModel,
     Retrieval,
     SearchScope,
     context_passages,
@@ -81,6 +89,10 @@ class KnowledgeBindingSpec:
     user_uploads: bool = False
     rewrite: bool = False
     rerank: bool = False
+    """The run's model judges the passages (``"rerank": true``)."""
+    rerank_provider_id: int | None = None
+    """A rerank model's provider (``"rerank": {"provider": …, "model": …}``), or None."""
+    rerank_model: str = ""
     binding_id: int | None = None
     approval_policy: tuple[dict[str, str], ...] = ()
 
@@ -105,9 +117,10 @@ def config_errors(config: Any, *, tenant_id: int | None) -> list[str]:
     top_k = merged["top_k"]
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
         errors.append(f"top_k must be an integer from 1 to {MAX_TOP_K}.")
-    for key in ("search_first", "retrieve_before_first_turn", "user_uploads", "rewrite", "rerank"):
+    for key in ("search_first", "retrieve_before_first_turn", "user_uploads", "rewrite"):
         if not isinstance(merged[key], bool):
             errors.append(f"{key} must be true or false.")
+    errors += rerank_errors(merged["rerank"], tenant_id=tenant_id)
     if merged["search_first"] is True and merged["retrieve_before_first_turn"] is True:
         errors.append("Choose one of search_first (the model's first turn calls knowledge_search) and "
                       "retrieve_before_first_turn (the user's message is searched before it).")
@@ -123,6 +136,39 @@ def config_errors(config: Any, *, tenant_id: int | None) -> list[str]:
         if missing:
             errors.append(f"Knowledge base{'s' if len(missing) > 1 else ''} {missing} not found.")
     return errors
+
+
+RERANK_MODEL_MAX_CHARS = 200
+"""Longest rerank model name (as a route entry's model name)."""
+
+
+def rerank_errors(value: Any, *, tenant_id: int | None) -> list[str]:
+    """What is wrong with a binding's ``rerank`` value ([] if fine): ``true``, ``false`` or
+    ``{"provider": id, "model": "name"}`` naming an OpenAI-compatible model provider of the
+    binding's tenant (another tenant's id reads "not found", like a missing one)."""
+    if isinstance(value, bool):
+        return []
+    shape = ("rerank must be true (the run's model judges the passages), false, or "
+             '{"provider": <model provider id>, "model": "<rerank model name>"}.')
+    if not isinstance(value, dict) or set(value) != {"provider", "model"}:
+        return [shape]
+    provider_id, model = value["provider"], value["model"]
+    if isinstance(provider_id, bool) or not isinstance(provider_id, int):
+        return [shape]
+    if not isinstance(model, str) or not model.strip() or len(model) > RERANK_MODEL_MAX_CHARS:
+        return [f"rerank.model must be the provider's rerank model name (1–{RERANK_MODEL_MAX_CHARS} characters)."]
+    if tenant_id is None:
+        return []
+    from llm.models import ModelProvider, ProviderApi
+
+    # tenant-bypass: the binding's own tenant is named explicitly (the admin may act for several).
+    api = ModelProvider.all_tenants.filter(tenant_id=tenant_id, pk=provider_id).values_list("api", flat=True).first()
+    if api is None:
+        return [f"Model provider {provider_id} (rerank.provider) not found."]
+    if api != ProviderApi.OPENAI:
+        return [f"Model provider {provider_id} (rerank.provider) speaks the {api} API, which has no rerank "
+                "endpoint; choose an OpenAI-compatible provider."]
+    return []
 
 
 class KnowledgeKind(CapabilityKind):
@@ -152,13 +198,17 @@ class KnowledgeKind(CapabilityKind):
         if not kbs and not config["user_uploads"]:
             return None
         top_k = config["top_k"] if isinstance(config["top_k"], int) and 1 <= config["top_k"] <= MAX_TOP_K else 5
+        rerank = config["rerank"]
+        rerank_model = rerank if isinstance(rerank, dict) and not rerank_errors(rerank, tenant_id=None) else None
         return KnowledgeBindingSpec(
             knowledge_base_ids=tuple(kb.pk for kb in kbs), names=tuple(kb.name for kb in kbs),
             descriptions=tuple(kb.description for kb in kbs), top_k=top_k,
             search_first=config["search_first"] is True and config["retrieve_before_first_turn"] is not True,
             retrieve_before_first_turn=config["retrieve_before_first_turn"] is True,
             user_uploads=config["user_uploads"] is True, rewrite=config["rewrite"] is True,
-            rerank=config["rerank"] is True, binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+            rerank=rerank is True, rerank_provider_id=rerank_model["provider"] if rerank_model else None,
+            rerank_model=rerank_model["model"].strip() if rerank_model else "",
+            binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
         )
 
     async def open_toolset(self, specs: Sequence[KnowledgeBindingSpec], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
@@ -209,12 +259,15 @@ def run_scope(spec: KnowledgeBindingSpec, ctx: OpenContext) -> SearchScope:
 
 
 def run_retrieval(spec: KnowledgeBindingSpec, ctx: OpenContext) -> Retrieval:
-    """How the run ``ctx`` retrieves through ``spec``: its scope, its DB thread, and the run's
+    """How the run ``ctx`` retrieves through ``spec``: its scope, its DB thread, the run's
     route for the optional rewrite and rerank (one metered caller per purpose per run: LLM
-    calls of purpose ``query_rewrite`` / ``rerank`` for the run's agent and user)."""
+    calls of purpose ``query_rewrite`` / ``rerank`` for the run's agent and user), and the
+    binding's rerank model, if it names one."""
     return Retrieval(scope=run_scope(spec, ctx), in_thread=ctx.in_thread,
                      rewrite=_run_model(ctx, "query_rewrite") if spec.rewrite else None,
-                     rerank=_run_model(ctx, "rerank") if spec.rerank else None)
+                     rerank=_run_model(ctx, "rerank") if spec.rerank else None,
+                     rerank_model=(RerankModel(provider_id=spec.rerank_provider_id, model=spec.rerank_model)
+                                   if spec.rerank_provider_id is not None else None))
 
 
 def _run_model(ctx: OpenContext, purpose: str) -> Any:

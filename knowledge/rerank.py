@@ -1,7 +1,13 @@
-"""Rerankers for :func:`knowledge.retrieval.search`: an LLM as a relevance judge.
+"""Rerankers for :func:`knowledge.retrieval.search`: a rerank model, or an LLM as a relevance judge.
 
 A reranker is any ``rerank(query, passages) -> scores`` callable
-(:data:`knowledge.retrieval.Reranker`), made from a sync ``complete(prompt) -> text`` function:
+(:data:`knowledge.retrieval.Reranker`):
+
+- :func:`model_reranker`: a **rerank model** (a cross-encoder such as bge-reranker, Jina's or
+  Cohere's) behind a tenant's model provider, through the ``/v1/rerank`` API
+  (:func:`llm.embeddings.arerank`). One request per search; the scores are the model's.
+
+The others are made from a sync ``complete(prompt) -> text`` function over a chat model:
 
 - :func:`llm_reranker`, **pointwise**: each passage judged on its own ("how well does this
   passage answer the question, 0–10?"), as in pointwise LLM relevance grading (Liang et al.,
@@ -20,9 +26,9 @@ A reranker is any ``rerank(query, passages) -> scores`` callable
 :func:`route_reranker` binds either to a tenant's model route (the router's fallback and
 retries apply); its calls are LLM calls of purpose ``rerank`` (:mod:`llm.metering`), counted
 in usage and in the tenant's monthly budget. A pointwise answer without a number scores 0; an
-error of the model propagates (the caller decides whether a search without rerank is
-acceptable); a spent monthly budget is a :class:`~knowledge.retrieval.SearchError`
-(``budget_exceeded``) before any call.
+error of the model is a :class:`~knowledge.retrieval.SearchError` (``rerank_failed``, the
+caller decides whether a search without rerank is acceptable); a spent monthly budget is a
+``SearchError`` (``budget_exceeded``) before any call.
 """
 
 from __future__ import annotations
@@ -137,10 +143,11 @@ def route_reranker(
     budget check and the LLMCall rows); each call runs its own event loop, so call the
     reranker from a thread without one (:func:`knowledge.retrieval.asearch` does).
 
-    The reranker raises :class:`~knowledge.retrieval.SearchError` (``budget_exceeded``) when
-    the tenant's monthly model budget is spent (no model call made), and the model layer's
-    ``LLMError`` when the route fails.
+    The reranker raises :class:`~knowledge.retrieval.SearchError`: ``budget_exceeded`` when
+    the tenant's monthly model budget is spent (no model call made), ``rerank_failed`` with
+    the model layer's reason when the route fails.
     """
+    from llm.errors import LLMError
     from llm.metering import BudgetExceeded, CallSite, LLMCallPurpose, MeteredRoute
     from llm.selectors import route_entries, route_entry_config
     from llm.types import ChatMessage
@@ -159,6 +166,33 @@ def route_reranker(
                                                max_output_tokens=max_output_tokens)
         except BudgetExceeded as exc:
             raise SearchError(f"Not reranked: {exc}", code="budget_exceeded") from exc
+        except LLMError as exc:
+            raise SearchError(f"Not reranked: the model route {route.name!r} failed: {exc}",
+                              code="rerank_failed") from exc
         return completion.message.content or ""
 
     return listwise_reranker(complete) if listwise else llm_reranker(complete)
+
+
+def model_reranker(*, provider: Any, model: str) -> Reranker:
+    """A reranker over the rerank model ``model`` at ``provider`` (an OpenAI-compatible
+    ``llm.ModelProvider`` of the searching tenant): one ``/v1/rerank`` request per search
+    (:func:`llm.embeddings.rerank`), each passage shortened to :data:`MAX_PASSAGE_CHARS`.
+    Requires tenant scope to build (the provider's key is decrypted now). Not an LLM call:
+    like embeddings, rerank requests are not metered against the tenant's model budget.
+
+    The reranker raises :class:`~knowledge.retrieval.SearchError` (``rerank_failed``, with
+    the provider's reason, its key redacted) when the request fails.
+    """
+    from llm.embeddings import RerankError, embedding_endpoint
+    from llm.embeddings import rerank as rerank_request
+
+    endpoint = embedding_endpoint(provider)
+
+    def rerank(query: str, passages: Sequence[str]) -> list[float]:
+        try:
+            return rerank_request(endpoint, model, query, [p[:MAX_PASSAGE_CHARS] for p in passages])
+        except RerankError as exc:
+            raise SearchError(f"Not reranked: {exc.message}", code="rerank_failed") from exc
+
+    return rerank

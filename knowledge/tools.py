@@ -212,16 +212,50 @@ def run_model(entries: Sequence[Any], *, site: Any = None, in_thread: InThread |
     return complete
 
 
+def _rerank_endpoint(provider_id: int) -> Any:
+    """The provider's resolved endpoint (its key decrypted), or None when it is gone. ORM:
+    call on the run's database thread (tenant scope)."""
+    from llm.embeddings import embedding_endpoint
+    from llm.models import ModelProvider
+
+    provider = ModelProvider.objects.filter(pk=provider_id).first()
+    return embedding_endpoint(provider) if provider is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class RerankModel:
+    """A binding's rerank model: ``model`` at the tenant's provider ``provider_id``
+    (``/v1/rerank``, :func:`llm.embeddings.arerank`)."""
+
+    provider_id: int
+    model: str
+
+    async def scores(self, query: str, passages: list[str], *, in_thread: InThread) -> list[float]:
+        """One score per passage, in order.
+
+        Raises:
+            LookupError: the provider no longer exists.
+            llm.embeddings.RerankError: the request failed.
+        """
+        from llm.embeddings import arerank
+
+        endpoint = await in_thread(_rerank_endpoint)(self.provider_id)
+        if endpoint is None:
+            raise LookupError(f"the rerank model's provider {self.provider_id} no longer exists")
+        return await arerank(endpoint, self.model, query, passages)
+
+
 @dataclass(frozen=True, slots=True)
 class Retrieval:
     """How one run retrieves: where (``scope``), on which thread (``in_thread``), and with
     the optional query rewrite and rerank step through the run's model (``rewrite`` /
-    ``rerank``: a :data:`Complete`, or None for off)."""
+    ``rerank``: a :data:`Complete`, or None for off) or a rerank model (``rerank_model``)."""
 
     scope: SearchScope
     in_thread: InThread
     rewrite: Complete | None = None
     rerank: Complete | None = None
+    rerank_model: RerankModel | None = None
 
     async def hits(self, *, query: str, top_k: int, document_ids: list[int] | None = None,
                    tags: list[str] | None = None) -> list[Any]:
@@ -233,24 +267,33 @@ class Retrieval:
                 rewritten = (await self.rewrite(REWRITE_PROMPT.format(query=query), REWRITE_MAX_OUTPUT_TOKENS)).strip()
             except Exception:  # noqa: BLE001 - the search goes on without the third list
                 logger.warning("knowledge: the query rewrite failed", exc_info=True)
-        wanted = max(top_k, RERANK_CANDIDATES) if self.rerank is not None else top_k
+        reranks = self.rerank is not None or self.rerank_model is not None
+        wanted = max(top_k, RERANK_CANDIDATES) if reranks else top_k
         hits = await self.in_thread(search_sync)(self.scope, query=query, top_k=wanted, document_ids=document_ids,
                                                  tags=tags, rewritten=rewritten[:MAX_QUERY_CHARS])
-        if self.rerank is not None and len(hits) > 1:
+        if reranks and len(hits) > 1:
             hits = await self._reranked(query, hits)
         return hits[:top_k]
 
     async def _reranked(self, query: str, hits: list[Any]) -> list[Any]:
+        """``hits`` in the order of the rerank model's or the run model's scores (ties keep
+        the fused order); the fused order when the step fails (logged)."""
         from knowledge.rerank import MAX_PASSAGE_CHARS, RERANK_MAX_OUTPUT_TOKENS, RERANK_PROMPT, parse_score
 
-        prompts = [RERANK_PROMPT.format(query=query, passage=f"{h.document_title} > {h.heading}\n{h.text}"
-                                        [:MAX_PASSAGE_CHARS]) for h in hits]
+        passages = [f"{h.document_title} > {h.heading}\n{h.text}"[:MAX_PASSAGE_CHARS] for h in hits]
         try:
-            answers = await asyncio.gather(*(self.rerank(p, RERANK_MAX_OUTPUT_TOKENS) for p in prompts))
+            if self.rerank_model is not None:
+                scores = await self.rerank_model.scores(query, passages, in_thread=self.in_thread)
+            elif self.rerank is not None:
+                judge = self.rerank
+                answers = await asyncio.gather(*(judge(RERANK_PROMPT.format(query=query, passage=p),
+                                                       RERANK_MAX_OUTPUT_TOKENS) for p in passages))
+                scores = [parse_score(a) for a in answers]
+            else:
+                return hits
         except Exception:  # noqa: BLE001 - keep the fused order
             logger.warning("knowledge: the rerank step failed", exc_info=True)
             return hits
-        scores = [parse_score(a) for a in answers]
         order = sorted(range(len(hits)), key=lambda i: (-scores[i], i))
         return [hits[i] for i in order]
 

@@ -1,6 +1,8 @@
-"""Text embeddings through any OpenAI-compatible ``POST /v1/embeddings`` endpoint.
+"""Text embeddings through any OpenAI-compatible ``POST /v1/embeddings`` endpoint, and rerank
+scores through the ``POST /v1/rerank`` endpoint that rerank models are served with.
 
-Used by knowledge bases (chunks and queries) and memories. A provider is a
+Embeddings are used by knowledge bases (chunks and queries) and memories; rerank scores by a
+knowledge search's optional rerank step when it is given a rerank model (:func:`arerank`). A provider is a
 :class:`~llm.models.ModelProvider` (its base URL and encrypted key) or an already resolved
 :class:`EmbeddingEndpoint`; the model name and, for models that can shorten their vectors
 (OpenAI's ``text-embedding-3-*``), ``dimensions`` are the caller's (a knowledge base stores
@@ -46,13 +48,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from llm.errors import ErrorClass, LLMError, classify_error, redact_secrets
 
 if TYPE_CHECKING:
     from llm.models import ModelProvider
     from tenants.models import Tenant
+
+_T = TypeVar("_T")
 
 DEFAULT_EMBEDDING_MODEL: Final[str] = "all-minilm-l6-v2"
 """The embedded embedding model's id (sentence-transformers/all-MiniLM-L6-v2 on llama.cpp)."""
@@ -212,7 +216,7 @@ def _embeddings_loop() -> asyncio.AbstractEventLoop:
         return loop
 
 
-async def _on_embeddings_loop(coroutine: Coroutine[Any, Any, list[list[float]]]) -> list[list[float]]:
+async def _on_embeddings_loop(coroutine: Coroutine[Any, Any, _T]) -> _T:
     """Await ``coroutine`` run on the embeddings loop (directly when already on it); cancelling
     the caller cancels it there."""
     loop = _embeddings_loop()
@@ -446,6 +450,142 @@ def embed_texts(
                              read_timeout_seconds=read_timeout_seconds).result()
 
 
+RERANK_MAX_DOCUMENTS: Final[int] = 100
+"""Documents one rerank request may score (a knowledge search sends at most 20)."""
+
+
+class RerankError(EmbeddingError):
+    """A rerank request failed; attributes as :class:`EmbeddingError` (a subclass, so code
+    that handles a failed retrieval model catches both)."""
+
+
+def _rerank_scores(payload: Any, *, count: int, where: str) -> list[float]:
+    """The scores of ``payload`` (the parsed JSON, ``{"results": [{"index": i,
+    "relevance_score": s}, …]}``) in input order: one finite number per document."""
+    results = payload.get("results") if isinstance(payload, dict) else None
+    if not isinstance(results, list) or len(results) != count:
+        got = len(results) if isinstance(results, list) else "no"
+        raise RerankError("other", f"{where}: expected {count} results, got {got}")
+    by_index: dict[int, float] = {}
+    for position, item in enumerate(results):
+        item = item if isinstance(item, dict) else {}
+        index = item.get("index", position)
+        score = item.get("relevance_score")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count or index in by_index:
+            raise RerankError("other", f"{where}: result index {index!r} is out of range or repeated")
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+            raise RerankError("other", f"{where}: result {index} has no finite relevance_score")
+        by_index[index] = float(score)
+    return [by_index[i] for i in range(count)]
+
+
+async def arerank(
+    provider: ModelProvider | EmbeddingEndpoint,
+    model: str,
+    query: str,
+    documents: Sequence[str],
+    *,
+    read_timeout_seconds: float = READ_TIMEOUT_SECONDS,
+) -> list[float]:
+    """How relevant each of ``documents`` is to ``query``, by the rerank model ``model``.
+
+    One ``POST {base_url}/rerank`` with ``{"model", "query", "documents", "top_n"}`` (``top_n``
+    = every document), answered with ``{"results": [{"index", "relevance_score"}, …]}``: the
+    rerank API of Jina AI (``https://api.jina.ai/v1``) and Cohere (``https://api.cohere.com/v2``),
+    also served by vLLM and by llama.cpp's server started with ``--reranking`` (base URL
+    ``http://host:port/v1``). A cross-encoder reads the query and a document together, which
+    is why it judges relevance better than the distance between two separate embeddings
+    (Nogueira and Cho, "Passage Re-ranking with BERT", 2019). Sent on the same kept clients
+    and event loop as embeddings, checked against the outbound address rules alike.
+
+    Args:
+        provider: A :class:`~llm.models.ModelProvider` (OpenAI-compatible) or an
+            :class:`EmbeddingEndpoint`.
+        model: The provider's rerank model name (e.g. ``jina-reranker-v2-base-multilingual``,
+            ``rerank-v3.5``, ``BAAI/bge-reranker-v2-m3``).
+        query: A non-empty string of at most :data:`MAX_TEXT_CHARS` characters.
+        documents: At most :data:`RERANK_MAX_DOCUMENTS` non-empty strings of at most
+            :data:`MAX_TEXT_CHARS` characters each; ``[]`` → ``[]`` without a request.
+        read_timeout_seconds: Longest wait for the answer (positive).
+
+    Returns:
+        One score per document, in the order of ``documents`` (higher is more relevant; the
+        scale is the model's: Cohere and Jina give 0–1, llama.cpp raw logits).
+
+    Raises:
+        TypeError, ValueError: bad arguments (before any request).
+        RerankError: the provider failed, could not be reached (or is not allowed, see
+            :mod:`llm.netrules`), timed out, or answered something that is not one finite
+            score per document.
+    """
+    [query] = _checked_texts([query])
+    documents = _checked_texts(documents)
+    if len(documents) > RERANK_MAX_DOCUMENTS:
+        raise ValueError(f"{len(documents)} documents; at most {RERANK_MAX_DOCUMENTS} are reranked in one request")
+    if not (isinstance(read_timeout_seconds, (int, float)) and math.isfinite(read_timeout_seconds)
+            and read_timeout_seconds > 0):
+        raise ValueError(f"read_timeout_seconds must be positive finite seconds, got {read_timeout_seconds!r}")
+    if not documents:
+        return []
+    endpoint = await _endpoint_of(provider)
+    if endpoint.api != "openai":
+        raise RerankError("bad_request", f"provider {endpoint.name!r} speaks the {endpoint.api} API, which has no rerank endpoint")
+    return await _on_embeddings_loop(_request_scores(endpoint, model, query, documents,
+                                                     read_timeout_seconds=float(read_timeout_seconds)))
+
+
+async def _request_scores(endpoint: EmbeddingEndpoint, model: str, query: str, documents: list[str], *,
+                          read_timeout_seconds: float) -> list[float]:
+    """The request of :func:`arerank` (checked arguments), on the embeddings loop."""
+    import httpx
+
+    client = _client(endpoint, read_timeout_seconds)
+    where = f"rerank by {endpoint.name!r} ({model})"
+    body = {"model": model, "query": query, "documents": documents, "top_n": len(documents)}
+    try:
+        # The SDK's documented way to reach an endpoint it has no method for.
+        response = await client.post("/rerank", cast_to=httpx.Response, body=body)
+        content = response.content
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every SDK/transport failure is classified
+        error = classify_error(exc)
+        message = redact_secrets(f"{where}: {error}", secrets=[endpoint.api_key])
+        raise RerankError(error.error_class, message, status_code=error.status_code) from None
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        raise RerankError("other", f"{where}: the response is not JSON") from None
+    return _rerank_scores(payload, count=len(documents), where=where)
+
+
+def rerank(
+    provider: ModelProvider | EmbeddingEndpoint,
+    model: str,
+    query: str,
+    documents: Sequence[str],
+    *,
+    read_timeout_seconds: float = READ_TIMEOUT_SECONDS,
+) -> list[float]:
+    """:func:`arerank`, synchronous (services, the search API): runs on the process's
+    embeddings loop and waits. A :class:`~llm.models.ModelProvider`'s key is resolved on the
+    caller's thread (database). Arguments, result and errors: see :func:`arerank`.
+
+    Raises:
+        RuntimeError: called inside a running event loop (await :func:`arerank` there).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("rerank() was called inside a running event loop; await arerank() instead")
+    endpoint = provider if isinstance(provider, EmbeddingEndpoint) else embedding_endpoint(provider)
+    return asyncio.run_coroutine_threadsafe(
+        arerank(endpoint, model, query, documents, read_timeout_seconds=read_timeout_seconds), _embeddings_loop(),
+    ).result()
+
+
 __all__ = [
     "BATCH_SIZE",
     "DEFAULT_EMBEDDING_DIMENSIONS",
@@ -453,9 +593,13 @@ __all__ = [
     "DEFAULT_EMBEDDING_PROVIDER_NAME",
     "EmbeddingEndpoint",
     "EmbeddingError",
+    "RERANK_MAX_DOCUMENTS",
+    "RerankError",
     "aembed_texts",
+    "arerank",
     "default_embedding_provider",
     "embed_texts",
     "embed_texts_start",
     "embedding_endpoint",
+    "rerank",
 ]

@@ -14,6 +14,8 @@ Each ``POST …/chat/completions`` consumes one step, first in first out; with n
 ``FakeLLMServer: no scripted step left`` so the test fails loudly. ``GET …/models`` lists one
 model. Streaming requests get Server-Sent Events (with a final usage chunk when
 ``stream_options.include_usage`` is set); ``stream=false`` requests get a JSON completion.
+``POST …/rerank`` (the rerank API, :func:`llm.embeddings.arerank`) is answered by the
+function set with :meth:`FakeLLMServer.rerank_with`.
 
 The server is a small asyncio HTTP/1.1 implementation (keep-alive, chunked responses), using
 uvloop when installed, so hundreds of concurrent streams cost little. Pure Python, no Django.
@@ -124,6 +126,8 @@ class Delay:
 
 Step = Reply | ToolCalls | Fail | Hang | CutAfter | Stall | Delay
 Responder = Callable[[dict[str, Any]], "Step | None | Awaitable[Step | None]"]
+Reranker = Callable[[str, list[str]], "Sequence[float] | Fail"]
+"""``fn(query, documents) -> one score per document`` (or a :class:`Fail`), for ``POST …/rerank``."""
 
 
 # --- HTTP plumbing -------------------------------------------------------------------------
@@ -186,6 +190,8 @@ class FakeLLMServer:
         self._steps: deque[Step] = deque()
         self._responder: Responder | None = None
         self._requests: list[dict[str, Any]] = []
+        self._reranker: Reranker | None = None
+        self._rerank_requests: list[dict[str, Any]] = []
         self._disconnects = 0
         self._connections = 0
         self._ids = itertools.count(1)
@@ -268,11 +274,27 @@ class FakeLLMServer:
         with self._lock:
             self._responder = fn
 
+    def rerank_with(self, fn: Reranker | None) -> None:
+        """Answer ``POST …/rerank`` with ``fn(query, documents)``: one score per document, or a
+        :class:`Fail` for an error status. The answer lists the ``top_n`` best first, as rerank
+        servers do (a client maps them back by ``index``). ``fn`` runs on the server's thread;
+        None (the default) answers 404."""
+        with self._lock:
+            self._reranker = fn
+
+    @property
+    def rerank_requests(self) -> list[dict[str, Any]]:
+        """JSON bodies of the rerank requests received so far (a copy), in order."""
+        with self._lock:
+            return list(self._rerank_requests)
+
     def clear(self) -> None:
-        """Forget queued steps, the hook, received requests and the counters."""
+        """Forget queued steps, the hooks, received requests and the counters."""
         with self._lock:
             self._steps.clear()
             self._responder = None
+            self._reranker = None
+            self._rerank_requests.clear()
             self._requests.clear()
             self._disconnects = 0
             self._connections = 0
@@ -428,6 +450,9 @@ class FakeLLMServer:
             }
             await self._send_json(writer, 200, data)
             return True
+        if method == "POST" and path.rstrip("/").endswith("/rerank"):
+            await self._rerank(raw, writer)
+            return True
         if method != "POST" or not path.rstrip("/").endswith("/chat/completions"):
             await self._send_json(writer, 404, {"error": {"message": f"FakeLLMServer: no route {method} {path}"}})
             return True
@@ -452,6 +477,32 @@ class FakeLLMServer:
             )
             return True
         return await self._perform(step, body, reader, writer)
+
+    async def _rerank(self, raw: bytes, writer: asyncio.StreamWriter) -> None:
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            await self._send_json(writer, 400, {"error": {"message": "FakeLLMServer: body is not JSON"}})
+            return
+        body = body if isinstance(body, dict) else {"_raw": body}
+        with self._changed:
+            self._rerank_requests.append(body)
+            reranker = self._reranker
+            self._changed.notify_all()
+        if reranker is None:
+            await self._send_json(writer, 404, {"error": {"message": "FakeLLMServer: no reranker set"}})
+            return
+        answer = reranker(str(body.get("query", "")), [str(d) for d in body.get("documents") or []])
+        if isinstance(answer, Fail):
+            await self._send_json(writer, answer.status, answer.body or _error_body(answer.status),
+                                  headers=answer.headers)
+            return
+        results = sorted(({"index": i, "relevance_score": float(s)} for i, s in enumerate(answer)),
+                         key=lambda r: -r["relevance_score"])
+        top_n = body.get("top_n")
+        if isinstance(top_n, int) and not isinstance(top_n, bool):
+            results = results[:top_n]
+        await self._send_json(writer, 200, {"model": body.get("model"), "results": results})
 
     async def _perform(
         self, step: Step, body: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter

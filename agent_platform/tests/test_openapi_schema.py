@@ -104,7 +104,7 @@ def test_every_get_documents_its_answer_body(schema):
 
 @pytest.mark.parametrize(("component", "field"), [
     ("KnowledgeBaseCreate", "embedding_provider"), ("PatchedKnowledgeBaseUpdate", "embedding_provider"),
-    ("Search", "rerank_route"),  # plain Serializers: the field's own model says the type
+    ("Search", "rerank_route"), ("Search", "rerank_provider"),  # plain Serializers: the field's own model says the type
     ("AgentAdmin", "route"), ("Binding", "skill"), ("Skill", "model_route"),  # ModelSerializers
 ])
 def test_a_tenant_related_field_is_a_writable_integer_id(schema, component, field):

@@ -136,6 +136,29 @@ class SearchSerializer(serializers.Serializer):
     rerank_route = TenantPrimaryKeyRelatedField(
         ModelRoute, required=False, allow_null=True,
         help_text="A model route of the tenant to rerank the fused hits with (an LLM as reranker); default none.")
+    rerank_provider = TenantPrimaryKeyRelatedField(
+        ModelProvider, required=False, allow_null=True,
+        help_text="An OpenAI-compatible model provider of the tenant whose /v1/rerank endpoint serves a rerank "
+                  "model (a cross-encoder) to rerank the fused hits with; with rerank_model. Default none.")
+    rerank_model = serializers.CharField(
+        required=False, allow_blank=True, max_length=200, default="",
+        help_text="The rerank model's name at rerank_provider, e.g. BAAI/bge-reranker-v2-m3.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        provider, model = attrs.get("rerank_provider"), attrs.get("rerank_model", "").strip()
+        if provider is None and model:
+            raise serializers.ValidationError({"rerank_provider": "Name the provider that serves rerank_model."})
+        if provider is not None:
+            if not model:
+                raise serializers.ValidationError({"rerank_model": "Name the rerank model at rerank_provider."})
+            if attrs.get("rerank_route") is not None:
+                raise serializers.ValidationError({"rerank_route": "Rerank with a model route or a rerank model, "
+                                                                   "not both."})
+            if provider.api != "openai":
+                raise serializers.ValidationError({"rerank_provider": f"This provider speaks the {provider.api} API, "
+                                                                      "which has no rerank endpoint."})
+        attrs["rerank_model"] = model
+        return attrs
 
 
 HIT_FIELDS = {
@@ -346,11 +369,13 @@ class DocumentReingestApi(TenantScopedApiView):
 
 class KnowledgeBaseSearchApi(TenantScopedApiView):
     """Hybrid search of one knowledge base (:func:`knowledge.retrieval.search`): ``{query,
-    top_k?, document_ids?, tags?, rerank_route?}`` → ``{hits: [...], notice}``, best first, each
+    top_k?, document_ids?, tags?, rerank_route? | rerank_provider? + rerank_model?}`` →
+    ``{hits: [...], notice}``, best first, each
     with its document, chunk, position, heading, text, score and per-list ranks; ``notice`` says
     when the knowledge base is being re-embedded (its chunks not yet re-embedded are found by
     the lexical list only), else ''. For trying a knowledge base in the console and for other
-    systems."""
+    systems. A failed embedding or rerank request is a 502 with the provider's reason
+    (``extra.code`` ``embedding_failed`` / ``rerank_failed``)."""
 
     @extend_schema(request=SearchSerializer, responses=inline_serializer(
         "KnowledgeSearchResult", {"hits": inline_serializer("KnowledgeHit", HIT_FIELDS, many=True),
@@ -365,13 +390,18 @@ class KnowledgeBaseSearchApi(TenantScopedApiView):
             from knowledge.rerank import route_reranker
 
             rerank = route_reranker(route=fields["rerank_route"], tenant=request.tenant, user_id=request.user.pk)
+        elif fields.get("rerank_provider") is not None:
+            from knowledge.rerank import model_reranker
+
+            rerank = model_reranker(provider=fields["rerank_provider"], model=fields["rerank_model"])
         try:
             hits = search(tenant_id=request.tenant.pk, knowledge_base_ids=[kb.pk], query=fields["query"],
                           user_id=request.user.pk, top_k=fields["top_k"], document_ids=fields.get("document_ids"),
                           tags=fields.get("tags"), rerank=rerank)
         except SearchError as exc:
             raise ApplicationError(exc.message, extra={"code": exc.code},
-                                   status_code=502 if exc.code == "embedding_failed" else 400) from exc
+                                   status_code=502 if exc.code in {"embedding_failed", "rerank_failed"} else 400
+                                   ) from exc
         return Response({"hits": [_hit_json(h) for h in hits], "notice": reembedding_notice([kb])})
 
 
