@@ -131,6 +131,28 @@ def test_a_deleted_rerank_provider_keeps_the_fused_order(world, fake_llm, embedd
     assert fake_llm.rerank_requests == []
 
 
+def test_another_tenants_provider_written_into_a_binding_is_never_called(world, other_world, fake_llm,
+                                                                          embedding_server, no_enqueue,
+                                                                          no_ingest_task):
+    """Validation refuses it; written around validation (a raw update), the run's lookup under
+    the run's tenant scope and row-level security does not find it either."""
+    from agents.models import CapabilityBinding
+
+    kb = _kb(world.tenant, embedding_server, "Club", SAILING, KITCHEN)
+    theirs = _reranker_provider(other_world.tenant, fake_llm.base_url)
+    fake_llm.rerank_with(_prefers_kitchen)
+    agent = _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 1})
+    CapabilityBinding.all_tenants.filter(agent=agent, kind="knowledge").update(config={
+        "knowledge_bases": [kb.pk], "top_k": 1, "rerank": {"provider": theirs.pk, "model": "bge-reranker"}})
+    fake_llm.script(ToolCalls([("knowledge_search", {"query": "When does the boathouse open?"})]), Reply("Done."))
+    run = post_message_sync(agent=agent, user=world.member, content="Go")
+    run_now(run.pk)
+    [call] = _calls(run.pk)
+    assert call.status == "succeeded"
+    assert [c["document_title"] for c in call.result_data["citations"]] == ["Sailing club handbook"]
+    assert fake_llm.rerank_requests == []
+
+
 # --- the search API -----------------------------------------------------------------------------
 
 
