@@ -55,8 +55,15 @@ function runAttributions(run, citations) {
     .sort((a, b) => a.sentence_end - b.sentence_end);
 }
 
+/** "Title › Section > Subsection": the heading path without the document's own title, which
+ * a Markdown document's first heading usually repeats ("README › README > Quick start"). */
 function sourceLabel(c) {
-  return c.heading ? `${c.document_title} › ${c.heading}` : c.document_title || `Passage ${c.n}`;
+  const title = c.document_title || '';
+  let heading = c.heading || '';
+  if (title && heading === title) heading = '';
+  else if (title && heading.startsWith(`${title} > `)) heading = heading.slice(title.length + 3);
+  if (!title) return heading || `Passage ${c.n}`;
+  return heading ? `${title} › ${heading}` : title;
 }
 
 // ------------------------------------------------------------ passage panel --
