@@ -46,7 +46,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -359,6 +359,27 @@ async def aembed_texts(
                                                       read_timeout_seconds=float(read_timeout_seconds)))
 
 
+async def _json_answer(request: Callable[[], Awaitable[Any]], *, endpoint: EmbeddingEndpoint, where: str,
+                       error: type[EmbeddingError]) -> Any:
+    """The parsed JSON body of the raw response ``request()`` awaits (anything with
+    ``content``). Every SDK or transport failure is an ``error`` classified as chat errors are,
+    its message prefixed with ``where`` and the endpoint's key redacted; a body that is not
+    JSON is an ``error`` of class ``other``."""
+    try:
+        response = await request()
+        content = response.content
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every SDK/transport failure is classified
+        classified = classify_error(exc)
+        message = redact_secrets(f"{where}: {classified}", secrets=[endpoint.api_key])
+        raise error(classified.error_class, message, status_code=classified.status_code) from None
+    try:
+        return json.loads(content)
+    except ValueError:
+        raise error("other", f"{where}: the response is not JSON") from None
+
+
 async def _request_vectors(endpoint: EmbeddingEndpoint, model: str, texts: list[str], *, dimensions: int | None,
                            batch_size: int, read_timeout_seconds: float) -> list[list[float]]:
     """The requests of :func:`aembed_texts` (checked arguments), on the embeddings loop."""
@@ -370,21 +391,10 @@ async def _request_vectors(endpoint: EmbeddingEndpoint, model: str, texts: list[
         request: dict[str, Any] = {"model": model, "input": batch, "encoding_format": "float"}
         if dimensions is not None:
             request["dimensions"] = dimensions
-        try:
-            # The raw body, parsed here: the SDK's typed objects cost ~1 ms of CPU per 384
-            # floats (openai._models.construct_type per number), a query's whole client side.
-            response = await client.embeddings.with_raw_response.create(**request)
-            body = response.content
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every SDK/transport failure is classified
-            error = classify_error(exc)
-            message = redact_secrets(f"{where}: {error}", secrets=[endpoint.api_key])
-            raise EmbeddingError(error.error_class, message, status_code=error.status_code) from None
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            raise EmbeddingError("other", f"{where}: the response is not JSON") from None
+        # The raw body, parsed here: the SDK's typed objects cost ~1 ms of CPU per 384
+        # floats (openai._models.construct_type per number), a query's whole client side.
+        payload = await _json_answer(lambda r=request: client.embeddings.with_raw_response.create(**r),
+                                     endpoint=endpoint, where=where, error=EmbeddingError)
         vectors.extend(_vectors(payload, count=len(batch), dimensions=dimensions, where=where))
     return vectors
 
@@ -542,20 +552,9 @@ async def _request_scores(endpoint: EmbeddingEndpoint, model: str, query: str, d
     client = _client(endpoint, read_timeout_seconds)
     where = f"rerank by {endpoint.name!r} ({model})"
     body = {"model": model, "query": query, "documents": documents, "top_n": len(documents)}
-    try:
-        # The SDK's documented way to reach an endpoint it has no method for.
-        response = await client.post("/rerank", cast_to=httpx.Response, body=body)
-        content = response.content
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - every SDK/transport failure is classified
-        error = classify_error(exc)
-        message = redact_secrets(f"{where}: {error}", secrets=[endpoint.api_key])
-        raise RerankError(error.error_class, message, status_code=error.status_code) from None
-    try:
-        payload = json.loads(content)
-    except ValueError:
-        raise RerankError("other", f"{where}: the response is not JSON") from None
+    # The SDK's documented way to reach an endpoint it has no method for.
+    payload = await _json_answer(lambda: client.post("/rerank", cast_to=httpx.Response, body=body),
+                                 endpoint=endpoint, where=where, error=RerankError)
     return _rerank_scores(payload, count=len(documents), where=where)
 
 

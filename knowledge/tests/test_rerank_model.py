@@ -77,9 +77,13 @@ def test_a_binding_names_its_tenants_openai_compatible_provider(world, other_wor
 # --- a run's knowledge_search -------------------------------------------------------------------
 
 
-def _searching_run(world, fake_llm, kb, provider_id):
-    agent = _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 1,
-                                     "rerank": {"provider": provider_id, "model": "bge-reranker"}})
+def _rerank_agent(world, fake_llm, kb, provider_id):
+    return _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 1,
+                                    "rerank": {"provider": provider_id, "model": "bge-reranker"}})
+
+
+def _searching_run(world, fake_llm, agent):
+    """The passages' titles of the run's one ``knowledge_search`` (it completes)."""
     fake_llm.script(ToolCalls([("knowledge_search", {"query": "When does the boathouse open?"})]), Reply("Done."))
     run = post_message_sync(agent=agent, user=world.member, content="Go")
     run_now(run.pk)
@@ -95,7 +99,7 @@ def test_the_rerank_model_reorders_a_runs_passages(world, fake_llm, embedding_se
     fake_llm.rerank_with(_prefers_kitchen)
 
     # Fused, the boathouse passage comes first; the rerank model prefers the kitchen's.
-    assert _searching_run(world, fake_llm, kb, provider.pk) == ["Kitchen rules"]
+    assert _searching_run(world, fake_llm, _rerank_agent(world, fake_llm, kb, provider.pk)) == ["Kitchen rules"]
     [request] = fake_llm.rerank_requests
     assert request["model"] == "bge-reranker" and request["query"] == "When does the boathouse open?"
     assert len(request["documents"]) >= 2 and request["top_n"] == len(request["documents"])
@@ -109,7 +113,8 @@ def test_a_failing_rerank_model_keeps_the_fused_order(world, fake_llm, embedding
     provider = _reranker_provider(world.tenant, fake_llm.base_url)
     fake_llm.rerank_with(lambda query, documents: Fail(500))
 
-    assert _searching_run(world, fake_llm, kb, provider.pk) == ["Sailing club handbook"]
+    agent = _rerank_agent(world, fake_llm, kb, provider.pk)
+    assert _searching_run(world, fake_llm, agent) == ["Sailing club handbook"]
     assert len(fake_llm.rerank_requests) == 1
 
 
@@ -118,16 +123,9 @@ def test_a_deleted_rerank_provider_keeps_the_fused_order(world, fake_llm, embedd
     kb = _kb(world.tenant, embedding_server, "Club", SAILING, KITCHEN)
     provider = _reranker_provider(world.tenant, fake_llm.base_url)
     fake_llm.rerank_with(_prefers_kitchen)
-    provider_id = provider.pk
-    agent = _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 1,
-                                     "rerank": {"provider": provider_id, "model": "bge-reranker"}})
+    agent = _rerank_agent(world, fake_llm, kb, provider.pk)
     provider.delete()
-    fake_llm.script(ToolCalls([("knowledge_search", {"query": "When does the boathouse open?"})]), Reply("Done."))
-    run = post_message_sync(agent=agent, user=world.member, content="Go")
-    run_now(run.pk)
-    [call] = _calls(run.pk)
-    assert call.status == "succeeded"
-    assert [c["document_title"] for c in call.result_data["citations"]] == ["Sailing club handbook"]
+    assert _searching_run(world, fake_llm, agent) == ["Sailing club handbook"]
     assert fake_llm.rerank_requests == []
 
 
@@ -144,12 +142,7 @@ def test_another_tenants_provider_written_into_a_binding_is_never_called(world, 
     agent = _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 1})
     CapabilityBinding.all_tenants.filter(agent=agent, kind="knowledge").update(config={
         "knowledge_bases": [kb.pk], "top_k": 1, "rerank": {"provider": theirs.pk, "model": "bge-reranker"}})
-    fake_llm.script(ToolCalls([("knowledge_search", {"query": "When does the boathouse open?"})]), Reply("Done."))
-    run = post_message_sync(agent=agent, user=world.member, content="Go")
-    run_now(run.pk)
-    [call] = _calls(run.pk)
-    assert call.status == "succeeded"
-    assert [c["document_title"] for c in call.result_data["citations"]] == ["Sailing club handbook"]
+    assert _searching_run(world, fake_llm, agent) == ["Sailing club handbook"]
     assert fake_llm.rerank_requests == []
 
 
