@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels, the lifespan protocol
+"""ASGI entry point: HTTP through Django (but ``/mcp/knowledge/``, the knowledge bases' MCP
+server, :mod:`knowledge.mcp_server`), WebSockets through Channels, the lifespan protocol
 through :func:`agent_platform.shutdown.lifespan` (a stop ends the live streams first)."""
 
 import os
@@ -13,6 +14,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from agent_platform.shutdown import lifespan  # noqa: E402
 from agent_platform.ws_auth import BrowserOriginValidator, TenantWebsocketAuthMiddleware  # noqa: E402
 from browser.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
+from knowledge import mcp_server as knowledge_mcp  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
 _session_sockets = BrowserOriginValidator(TenantWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns)))
@@ -26,8 +28,16 @@ async def _websocket(scope, receive, send):
     return await _session_sockets(scope, receive, send)
 
 
+async def _http(scope, receive, send):
+    # The knowledge bases' MCP server speaks JSON-RPC over Streamable HTTP through the mcp SDK's
+    # transport, an ASGI app of its own (knowledge/mcp_server.py).
+    if knowledge_mcp.handles(scope.get("path", "")):
+        return await knowledge_mcp.application(scope, receive, send)
+    return await django_asgi_app(scope, receive, send)
+
+
 # lifespan: the stop signals end the live streams at once (agent_platform/shutdown.py).
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": _websocket, "lifespan": lifespan})
+application = ProtocolTypeRouter({"http": _http, "websocket": _websocket, "lifespan": lifespan})
 
 
 def _tune_gc() -> None:
