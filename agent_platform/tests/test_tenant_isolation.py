@@ -212,6 +212,22 @@ def test_knowledge_endpoints_hide_other_tenants_objects(world, theirs, no_ingest
     assert no_ingest_task == []
 
 
+def test_knowledge_mcp_tools_hide_other_tenants_knowledge_bases(world, theirs):
+    """The knowledge MCP server's tools (knowledge/mcp_server.py; its HTTP side is tested in
+    knowledge/tests/test_mcp_server.py): another tenant's knowledge base is neither listed nor
+    searchable, with the words of a missing one."""
+    from knowledge.mcp_server import McpCaller, knowledge_bases_list, knowledge_search_call
+
+    kb = theirs["knowledge_base"]
+    for user in (world.member, world.admin):
+        caller = McpCaller(tenant_id=world.tenant.pk, user_id=user.pk)
+        assert knowledge_bases_list(caller) == []
+        refused = knowledge_search_call(caller, {"query": "secret", "knowledge_base_ids": [kb.pk]})
+        assert refused.is_error and refused.content[0].text.startswith(f"No knowledge base with id {kb.pk} ")
+        everything = knowledge_search_call(caller, {"query": "secret"})
+        assert not everything.is_error and everything.structured_content["hits"] == []
+
+
 def test_knowledge_search_filters_naming_other_tenants_documents_find_nothing(world, theirs, no_ingest_task):
     """A search of one's own knowledge base limited to another tenant's document ids: no hit
     (and no embedding request: the filter leaves nothing to search)."""
