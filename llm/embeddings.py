@@ -343,20 +343,32 @@ async def aembed_texts(
         raise ValueError(f"dimensions must be a positive int or None, got {dimensions!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if not (isinstance(read_timeout_seconds, (int, float)) and math.isfinite(read_timeout_seconds)
-            and read_timeout_seconds > 0):
-        raise ValueError(f"read_timeout_seconds must be positive finite seconds, got {read_timeout_seconds!r}")
+    _check_timeout(read_timeout_seconds)
     if not texts:
         return []
-    endpoint = await _endpoint_of(provider)
-    if endpoint.api != "openai":
-        raise EmbeddingError(
-            "bad_request", f"provider {endpoint.name!r} speaks the {endpoint.api} API, which has no embeddings endpoint"
-        )
+    endpoint = await _openai_endpoint(provider, error=EmbeddingError, what="embeddings")
 
     return await _on_embeddings_loop(_request_vectors(endpoint, model, texts, dimensions=dimensions,
                                                       batch_size=batch_size,
                                                       read_timeout_seconds=float(read_timeout_seconds)))
+
+
+def _check_timeout(read_timeout_seconds: Any) -> None:
+    """Raises ValueError unless ``read_timeout_seconds`` is a positive finite number."""
+    if not (isinstance(read_timeout_seconds, (int, float)) and math.isfinite(read_timeout_seconds)
+            and read_timeout_seconds > 0):
+        raise ValueError(f"read_timeout_seconds must be positive finite seconds, got {read_timeout_seconds!r}")
+
+
+async def _openai_endpoint(provider: ModelProvider | EmbeddingEndpoint, *, error: type[EmbeddingError],
+                           what: str) -> EmbeddingEndpoint:
+    """The endpoint of ``provider``; an ``error`` of class ``bad_request`` when its API is not
+    OpenAI-compatible (the only one with ``what`` endpoints here)."""
+    endpoint = await _endpoint_of(provider)
+    if endpoint.api != "openai":
+        raise error("bad_request", f"provider {endpoint.name!r} speaks the {endpoint.api} API, which has no {what} "
+                                   "endpoint")
+    return endpoint
 
 
 async def _json_answer(request: Callable[[], Awaitable[Any]], *, endpoint: EmbeddingEndpoint, where: str,
@@ -424,16 +436,28 @@ def embed_texts_start(
     Raises:
         RuntimeError: called inside a running event loop (await :func:`aembed_texts` there).
     """
+    endpoint = _endpoint_off_loop(provider, "embed_texts() was called inside a running event loop; await "
+                                            "aembed_texts() instead")
+    return asyncio.run_coroutine_threadsafe(aembed_texts(
+        endpoint, model, texts, dimensions=dimensions, batch_size=batch_size, read_timeout_seconds=read_timeout_seconds,
+    ), _embeddings_loop())
+
+
+def _endpoint_off_loop(provider: ModelProvider | EmbeddingEndpoint, refusal: str) -> EmbeddingEndpoint:
+    """The endpoint of ``provider`` (its key resolved here, on the caller's thread), for a sync
+    wrapper about to hand its request to the embeddings loop.
+
+    Raises:
+        RuntimeError: ``refusal``, when called inside a running event loop (waiting on the
+            embeddings loop from one would block it).
+    """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         pass
     else:
-        raise RuntimeError("embed_texts() was called inside a running event loop; await aembed_texts() instead")
-    endpoint = provider if isinstance(provider, EmbeddingEndpoint) else embedding_endpoint(provider)
-    return asyncio.run_coroutine_threadsafe(aembed_texts(
-        endpoint, model, texts, dimensions=dimensions, batch_size=batch_size, read_timeout_seconds=read_timeout_seconds,
-    ), _embeddings_loop())
+        raise RuntimeError(refusal)
+    return provider if isinstance(provider, EmbeddingEndpoint) else embedding_endpoint(provider)
 
 
 def embed_texts(
@@ -532,14 +556,10 @@ async def arerank(
     documents = _checked_texts(documents)
     if len(documents) > RERANK_MAX_DOCUMENTS:
         raise ValueError(f"{len(documents)} documents; at most {RERANK_MAX_DOCUMENTS} are reranked in one request")
-    if not (isinstance(read_timeout_seconds, (int, float)) and math.isfinite(read_timeout_seconds)
-            and read_timeout_seconds > 0):
-        raise ValueError(f"read_timeout_seconds must be positive finite seconds, got {read_timeout_seconds!r}")
+    _check_timeout(read_timeout_seconds)
     if not documents:
         return []
-    endpoint = await _endpoint_of(provider)
-    if endpoint.api != "openai":
-        raise RerankError("bad_request", f"provider {endpoint.name!r} speaks the {endpoint.api} API, which has no rerank endpoint")
+    endpoint = await _openai_endpoint(provider, error=RerankError, what="rerank")
     return await _on_embeddings_loop(_request_scores(endpoint, model, query, documents,
                                                      read_timeout_seconds=float(read_timeout_seconds)))
 
@@ -573,13 +593,7 @@ def rerank(
     Raises:
         RuntimeError: called inside a running event loop (await :func:`arerank` there).
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError("rerank() was called inside a running event loop; await arerank() instead")
-    endpoint = provider if isinstance(provider, EmbeddingEndpoint) else embedding_endpoint(provider)
+    endpoint = _endpoint_off_loop(provider, "rerank() was called inside a running event loop; await arerank() instead")
     return asyncio.run_coroutine_threadsafe(
         arerank(endpoint, model, query, documents, read_timeout_seconds=read_timeout_seconds), _embeddings_loop(),
     ).result()
