@@ -5,7 +5,7 @@
 //   #/login          login form
 //   #/               start page (logged in)
 //   #/sessions/<id>  a chat
-//   #/settings       theme, model notices, the member's usage
+//   #/settings       theme, model notices, the member's usage, their API tokens
 // Any logged-in route first makes sure GET auth/me/ succeeds; a 401/403 sends
 // the user to #/login and brings them back to where they were afterwards.
 
@@ -14,6 +14,7 @@ import { ChatView } from './chat.js';
 import { replaceChildren, h } from './dom.js';
 import { HomeView, LoginView, MessageView, SettingsView, Shell, toast } from './views.js';
 import { applyTheme } from './settings.js';
+import { TokensPanel } from './api_tokens.js';
 import { mountBrowserDevices } from './browser.js'; // --- browser capability (browser.js) ---
 
 const APP_NAME = 'Agent Platform';
@@ -427,10 +428,11 @@ async function openSettings() {
   setTitle(`Settings · ${APP_NAME}`);
   const shell = state.shell;
   shell.setActiveSession(null);
-  shell.setMain(SettingsView({ me: state.me }));
+  const tokensPanel = TokensPanel(); // one panel (and one load) for both renders: a token shown once stays
+  shell.setMain(SettingsView({ me: state.me, tokensPanel }));
   const usage = await loadUsage();
   if (shell !== state.shell || parseRoute().name !== 'settings') return;
-  shell.setMain(SettingsView({ me: state.me, usage, usageError: usage ? '' : 'Could not load your usage.' }));
+  shell.setMain(SettingsView({ me: state.me, usage, usageError: usage ? '' : 'Could not load your usage.', tokensPanel }));
 }
 
 function openChat(id) {

@@ -6,6 +6,7 @@
 import { h, replaceChildren, spinner, shortTime, fullTime } from './dom.js';
 import { settings } from './settings.js';
 import { icon } from './icons.js';
+import { TokensPanel } from './api_tokens.js';
 
 // ---------------------------------------------------------------- toasts --
 
@@ -772,10 +773,11 @@ function usageTable({ caption, heading, rows, label, testid }) {
 
 /**
  * The settings page: theme (system / light / dark), whether model retries and fallbacks
- * show in chats, and the member's usage this month.
- * @param {object} opts {me, usage: GET usage/me/ answer or null, usageError: string}
+ * show in chats, the member's usage this month and their API tokens (api_tokens.js).
+ * @param {object} opts {me, usage: GET usage/me/ answer or null, usageError: string,
+ *   tokensPanel: a TokensPanel() to show (kept across re-renders), else a new one}
  */
-export function SettingsView({ me, usage = null, usageError = '' }) {
+export function SettingsView({ me, usage = null, usageError = '', tokensPanel = null }) {
   const isAdmin = me?.role === 'admin' || me?.role === 'owner';
   const themes = [
     ['system', 'Same as the system'],
@@ -851,6 +853,7 @@ export function SettingsView({ me, usage = null, usageError = '' }) {
       h('h2', { id: 'usage-title', text: `Your usage${usage?.month ? ` in ${usage.month}` : ' this month'}` }),
       usageBody,
     ),
+    tokensPanel || TokensPanel(),
     h('p', {}, h('a', { href: '#/', text: 'Back to chats' })),
   );
 }
