@@ -401,8 +401,7 @@ async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float |
         openai.APITimeoutError, openai.APIConnectionError: the transport failed mid-stream.
         ValueError: a payload that is not JSON.
     """
-    buffer = b""
-    data: list[bytes] = []
+    decoder = _SseDecoder()
     body = _aiohttp_body(response)
     # ``read()``: the next bytes of the body, b"" at its end (httpx2 never yields empty chunks).
     read: Callable[[], Any] = body.readany if body is not None else partial(anext, response.aiter_bytes(), b"")
@@ -418,53 +417,100 @@ async def _sse_payloads(response: httpx2.Response, idle_timeout_seconds: float |
                     raise
                 error = openai.APITimeoutError if _is_timeout(failure) else openai.APIConnectionError
                 raise _sdk_error(error(request=response.request), failure) from failure
-            if not chunk:
-                lines, buffer = [buffer, b""], b""  # end of body: the last line, then dispatch
-            else:
-                buffer += chunk
-                lines = buffer.split(b"\n")
-                buffer = lines.pop()
-            ready: list[Any] = []
-            for line in lines:
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-                if line.startswith(b"data:"):
-                    data.append(line[6:] if line[5:6] == b" " else line[5:])
-                    continue
-                if line or not data:
-                    continue  # another field, a comment, or a blank line without data
-                text = b"\n".join(data).decode()
-                data = []
-                if text.startswith("[DONE]"):
-                    if ready:
-                        yield ready
-                    await _drain(read)
-                    return
-                try:
-                    payload = json.loads(text)
-                except ValueError:
-                    if ready:  # what came before the bad event is delivered first, as it arrived
-                        yield ready
-                    raise
-                if isinstance(payload, dict) and payload.get("error"):
-                    if ready:
-                        yield ready
-                    error = payload["error"]
-                    message = error.get("message") if isinstance(error, dict) else None
-                    raise openai.APIError(
-                        message=message if isinstance(message, str) and message else "An error occurred during streaming",
-                        request=response.request, body=error,
-                    )
-                ready.append(payload)
+            try:
+                ready = decoder.feed(chunk)
+            except _BadEvent as bad:
+                if bad.ready:  # what came before the bad event is delivered first, as it arrived
+                    yield bad.ready
+                raise bad.error(response.request) from None
             if ready:
                 yield ready
                 waiting_since = clock()
-            elif idle_timeout_seconds is not None and clock() - waiting_since >= idle_timeout_seconds:
+            if decoder.done:
+                await _drain(read)
+                return
+            if not ready and idle_timeout_seconds is not None and clock() - waiting_since >= idle_timeout_seconds:
                 raise TimeoutError(f"bytes but no event for {idle_timeout_seconds:g} s")
             if not chunk:
                 return
     finally:
         await response.aclose()
+
+
+class _BadEvent(Exception):
+    """An event :class:`_SseDecoder` cannot pass on: a payload that is not JSON (the
+    ``ValueError`` is the ``__cause__``; ``payload`` None) or an ``{"error": …}`` object
+    (``payload``). ``ready``: the payloads of the same read before it."""
+
+    def __init__(self, ready: list[Any], payload: Any = None) -> None:
+        super().__init__("bad event")
+        self.ready = ready
+        self.payload = payload
+
+    def error(self, request: Any) -> Exception:
+        """What the stream raises for it: the SDK's in-stream ``APIError`` for an error
+        object, else the ``ValueError`` of the JSON parse."""
+        if self.payload is not None:
+            return _stream_error(self.payload, request)
+        return self.__cause__ if isinstance(self.__cause__, ValueError) else ValueError("an event is not JSON")
+
+
+class _SseDecoder:
+    """Server-sent events as the SDK's decoder reads them, a read at a time: ``data:`` lines
+    of one event are joined with newlines; ``event:``/``id:``/``retry:`` fields and ``:``
+    comments are ignored; lines end with ``\n`` or ``\r\n``; a blank line ends an event.
+    ``done`` once ``[DONE]`` was read (what follows it is not parsed)."""
+
+    __slots__ = ("buffer", "data", "done")
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.data: list[bytes] = []
+        self.done = False
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        """The JSON payloads of the events ``chunk`` completes, in order (``b""``: the end of
+        the body, which ends its last line).
+
+        Raises:
+            _BadEvent: an event that is not JSON, or an ``{"error": …}`` object.
+        """
+        if chunk:
+            lines = (self.buffer + chunk).split(b"\n")
+            self.buffer = lines.pop()
+        else:
+            lines, self.buffer = [self.buffer, b""], b""
+        ready: list[Any] = []
+        data = self.data
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif not line and data:
+                text = b"\n".join(data).decode()
+                data.clear()
+                if text.startswith("[DONE]"):
+                    self.done = True
+                    break
+                try:
+                    payload = json.loads(text)
+                except ValueError as exc:
+                    raise _BadEvent(ready) from exc
+                if isinstance(payload, dict) and payload.get("error"):
+                    raise _BadEvent(ready, payload)
+                ready.append(payload)
+        return ready
+
+
+def _stream_error(payload: dict[str, Any], request: Any) -> openai.APIError:
+    """The SDK's in-stream error for an ``{"error": …}`` payload (same message and body)."""
+    error = payload["error"]
+    message = error.get("message") if isinstance(error, dict) else None
+    return openai.APIError(
+        message=message if isinstance(message, str) and message else "An error occurred during streaming",
+        request=request, body=error,
+    )
 
 
 DRAIN_SECONDS: Final[float] = 0.1
