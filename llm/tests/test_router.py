@@ -1253,17 +1253,10 @@ async def test_the_events_of_one_read_become_one_list_and_one_delta(monkeypatch)
     import httpx2
 
     from llm.providers.openai_compat import _sse_payloads
+    from llm.tests.test_sse_decoder import _Stream as Stream
 
     def event(text: str) -> bytes:
         return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode() + b"\n\n"
-
-    class Stream(httpx2.AsyncByteStream):
-        def __init__(self, reads: list[bytes]) -> None:
-            self.reads = reads
-
-        async def __aiter__(self):
-            for read in self.reads:
-                yield read
 
     reads = [event("a") + event("b") + event("c")[:10], event("c")[10:] + event("d"), b"data: [DONE]\n\n"]
     response = httpx2.Response(200, stream=Stream(reads), request=httpx2.Request("POST", "http://x/v1"))
