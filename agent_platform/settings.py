@@ -287,8 +287,9 @@ CACHES = {
 # --- Abuse controls (tenants/throttling.py, tenants/lockout.py; README "Abuse controls") ----------
 # API throttles per user and per tenant, "<scope>.<user|tenant>": "<n>/<second|minute|hour|day>".
 # Scopes: tokens (POST /tokens/), messages (POST /sessions/<id>/messages/), runs (requests that
-# start or resume a run: messages, approval decisions), login.ip (POST /auth/login/ per client
-# address). An empty value turns a limit off.
+# start or resume a run: messages, approval decisions), search (knowledge searches: POST
+# /knowledge-bases/<id>/search/ and the knowledge MCP server's knowledge_search; each embeds the
+# query), login.ip (POST /auth/login/ per client address). An empty value turns a limit off.
 # A throttled caller gets 429 with Retry-After and the {message, extra} body.
 API_THROTTLE_RATES = {
     "tokens.user": os.environ.get("THROTTLE_TOKENS_USER", "20/hour"),
@@ -297,6 +298,8 @@ API_THROTTLE_RATES = {
     "messages.tenant": os.environ.get("THROTTLE_MESSAGES_TENANT", "300/minute"),
     "runs.user": os.environ.get("THROTTLE_RUNS_USER", "60/minute"),
     "runs.tenant": os.environ.get("THROTTLE_RUNS_TENANT", "600/minute"),
+    "search.user": os.environ.get("THROTTLE_SEARCH_USER", "120/minute"),
+    "search.tenant": os.environ.get("THROTTLE_SEARCH_TENANT", "1200/minute"),
     "login.ip": os.environ.get("THROTTLE_LOGIN_IP", "60/minute"),  # login attempts per client address
 }
 # Login lockout (django-axes) on /api/v1/auth/login/ and /admin/login/: after

@@ -44,5 +44,6 @@ API_THROTTLE_RATES = {
     "tokens.user": "10000/minute", "tokens.tenant": "10000/minute",
     "messages.user": "10000/minute", "messages.tenant": "10000/minute",
     "runs.user": "10000/minute", "runs.tenant": "10000/minute", "login.ip": "10000/minute",
+    "search.user": "10000/minute", "search.tenant": "10000/minute",
 }
 AXES_FAILURE_LIMIT = 1000

@@ -19,8 +19,9 @@ The token decides everything, as on the REST API (:func:`tenants.resolution.call
 its tenant (row-level security underneath), its user (their own knowledge bases, never
 another user's). A missing or revoked token is a 401 before any MCP message is read; a
 knowledge base the caller may not see is refused with the same words as one that does not
-exist. Bad arguments and failed searches are tool results with ``isError`` and the reason,
-as MCP asks (a client's model reads them), not protocol errors.
+exist. Bad arguments, failed searches and searches over the caller's budget (``search.*`` of
+``API_THROTTLE_RATES``, shared with the REST search) are tool results with ``isError`` and the
+reason, as MCP asks (a client's model reads them), not protocol errors.
 
 The transport is the ``mcp`` SDK's (``StreamableHTTPSessionManager``), stateless and with
 JSON answers: every POST is one JSON-RPC exchange that carries its own credential, so any web
@@ -35,6 +36,7 @@ anyway. The seed design's ``knowledge_query(keyword, category, maxResults)`` is 
 from __future__ import annotations
 
 import json
+import math
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final
@@ -136,13 +138,16 @@ def knowledge_search_call(caller: McpCaller, arguments: dict[str, Any]) -> types
     Returns:
         The passages (text) and ``{hits, notice}`` (structured), or an ``isError`` result with
         the reason: invalid arguments, a knowledge base the caller may not see (the same words
-        as a missing one), or a failed search (e.g. the embedding model did not answer).
+        as a missing one), too many searches (``API_THROTTLE_RATES`` ``search.*``, the budgets
+        the REST search spends too), or a failed search (e.g. the embedding model did not
+        answer).
     """
     from capabilities.tools import ToolError
     from knowledge.retrieval import SearchError, search
     from knowledge.selectors import knowledge_base_list_for_user, reembedding_notice
     from knowledge.tools import CitationNumbers, passages_render, search_arguments
     from tenants.scoping import tenant_scope
+    from tenants.throttling import throttle_wait
 
     try:
         query, top_k, document_ids, tags = search_arguments(arguments, default_top_k=DEFAULT_TOP_K)
@@ -156,6 +161,9 @@ def knowledge_search_call(caller: McpCaller, arguments: dict[str, Any]) -> types
     if wanted is not None and (not isinstance(wanted, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in wanted)):
         return _error("knowledge_base_ids must be a list of integer ids.")
+    wait = throttle_wait(scopes=("search",), user_id=caller.user_id, tenant_id=caller.tenant_id)
+    if wait is not None:
+        return _error(f"Too many searches: try again in {math.ceil(wait)} s.")
     with tenant_scope(caller.tenant_id):
         visible = {kb.pk: kb for kb in knowledge_base_list_for_user(user_id=caller.user_id)}
         if wanted:

@@ -83,3 +83,21 @@ class ClientIpThrottle(_ScopedThrottle):
 def throttles_for(scopes: tuple[str, ...] | list[str]) -> list[_ScopedThrottle]:
     """A user and a tenant throttle for each scope."""
     return [cls(scope) for scope in scopes for cls in (UserScopedThrottle, TenantScopedThrottle)]
+
+
+def throttle_wait(*, scopes: tuple[str, ...] | list[str], user_id: int, tenant_id: int) -> float | None:
+    """Spend one request of each scope's user and tenant budget, for entry points that are not
+    DRF views (the knowledge MCP server): the same budgets and counters as a view's
+    ``throttle_scopes``.
+
+    Returns:
+        None when the request is allowed (it is then counted), else the seconds to wait before
+        the tightest refusing budget has room again (DRF's ``wait()``; at least 1).
+    """
+    from types import SimpleNamespace
+
+    request = SimpleNamespace(user=SimpleNamespace(pk=user_id, is_authenticated=True),
+                              tenant=SimpleNamespace(pk=tenant_id))
+    waits = [throttle.wait() or 1.0 for throttle in throttles_for(scopes)
+             if not throttle.allow_request(request, None)]  # type: ignore[arg-type]
+    return max(waits) if waits else None

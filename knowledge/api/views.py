@@ -375,7 +375,10 @@ class KnowledgeBaseSearchApi(TenantScopedApiView):
     when the knowledge base is being re-embedded (its chunks not yet re-embedded are found by
     the lexical list only), else ''. For trying a knowledge base in the console and for other
     systems. A failed embedding or rerank request is a 502 with the provider's reason
-    (``extra.code`` ``embedding_failed`` / ``rerank_failed``)."""
+    (``extra.code`` ``embedding_failed`` / ``rerank_failed``). Throttled per user and per tenant
+    (``API_THROTTLE_RATES`` ``search.*``: each search embeds its query)."""
+
+    throttle_scopes = ("search",)
 
     @extend_schema(request=SearchSerializer, responses=inline_serializer(
         "KnowledgeSearchResult", {"hits": inline_serializer("KnowledgeHit", HIT_FIELDS, many=True),

@@ -150,3 +150,23 @@ def test_no_token_a_bad_token_and_a_revoked_token_are_401(world, live_server_url
     api_token_revoke(token=token_row)
     revoked = httpx.post(url, json=initialize, headers={**headers, "Authorization": f"Bearer {world.member_token}"})
     assert revoked.status_code == 401
+
+
+def test_searches_are_throttled_per_user_over_rest_and_mcp_alike(world, knowledge, settings):
+    """REST and MCP searches spend one budget (``search.*``): each embeds its query."""
+    from knowledge.mcp_server import McpCaller, knowledge_search_call
+
+    settings.API_THROTTLE_RATES = {**settings.API_THROTTLE_RATES, "search.user": "2/minute"}
+    url = f"/api/v1/knowledge-bases/{knowledge['handbook'].pk}/search/"
+    member = world.client()
+    mcp = McpCaller(tenant_id=world.tenant.pk, user_id=world.member.pk)
+    assert "query must be" in knowledge_search_call(mcp, {"query": ""}).content[0].text  # spends nothing
+    assert member.post(url, {"query": "moor"}, format="json").status_code == 200
+    assert not knowledge_search_call(mcp, {"query": "moor"}).is_error
+    refused = knowledge_search_call(mcp, {"query": "moor"})
+    assert refused.is_error and refused.content[0].text.startswith("Too many searches: try again in ")
+    throttled = member.post(url, {"query": "moor"}, format="json")
+    assert throttled.status_code == 429 and "Retry-After" in throttled
+    # Another user of the tenant has a budget of their own.
+    admin = McpCaller(tenant_id=world.tenant.pk, user_id=world.admin.pk)
+    assert not knowledge_search_call(admin, {"query": "moor"}).is_error
