@@ -255,6 +255,18 @@ async def test_a_success_after_the_cooldown_closes_even_without_a_probe(world: W
     assert snapshot.state == "closed"
 
 
+async def test_the_cooldown_ends_at_its_instant_for_probes_and_successes_alike(world: World) -> None:
+    # At exactly cooldown_until the entry is available (a probe) and a success closes it: the
+    # two rules share one boundary (mutation testing found the success side's untested).
+    h = world.health
+    await h.record_failure(KEY, "quota_exhausted")
+    world.clock.advance(cooldown_for("quota_exhausted"))
+
+    await h.record_success(KEY)
+
+    assert (await h.snapshot(KEY)).state == "closed"
+
+
 async def test_failures_while_open_never_shorten_the_cooldown(world: World) -> None:
     h = world.health
     await h.record_failure(KEY, "quota_exhausted")

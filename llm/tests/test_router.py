@@ -688,6 +688,21 @@ async def test_a_stream_cut_after_its_first_token_counts_against_the_entry(
     assert server_b.requests == []
 
 
+async def test_a_stream_cut_after_its_first_token_records_estimated_usage(server_a: FakeLLMServer) -> None:
+    # Tokens streamed before the cut are billed by providers: the failed attempt records the
+    # estimated prompt and the characters that arrived (mutation testing found the prompt part
+    # untested).
+    server_a.script(CutAfter("Partial answer that never ends", n_chunks=3, chunk_size=4))
+    recorder = Recorder()
+
+    with pytest.raises(StreamInterrupted):
+        await collect(Router([entry(0, server_a.base_url)], record=recorder))
+
+    (record,) = recorder.records
+    assert record.status == "failed" and record.usage_estimated
+    assert (record.prompt_tokens, record.completion_tokens) == (estimate_tokens(USER, []), 3)  # 12 characters
+
+
 async def test_a_long_retry_after_cools_the_entry_down_instead(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
     clock = FakeClock()
     health = MemoryEntryHealth(clock=clock)
@@ -712,6 +727,42 @@ async def test_a_long_retry_after_cools_the_entry_down_instead(server_a: FakeLLM
         {"from_entry_index": 0, "from_model": "model-0", "to_entry_index": 1, "to_model": "model-1",
          "error_class": "cooldown"},
     )
+
+
+async def test_a_failure_that_will_be_retried_only_counts_against_the_entry(server_a: FakeLLMServer) -> None:
+    # The router retries after the Retry-After: the breaker must stay closed, counting the
+    # failure, not open for the Retry-After (which the retry then finds over and probes,
+    # clearing the count). Found untested by mutation testing.
+    clock = FakeClock()
+    health = MemoryEntryHealth(clock=clock)
+    server_a.script(Fail(429, headers={"Retry-After": "3"}), Reply("ok"))
+    a = entry(0, server_a.base_url, max_retries=1)
+    h = Harness([a], health=health, clock=clock)
+
+    assert text_of(await collect(h.router)) == "ok"
+
+    assert h.clock.sleeps == [3.0]
+    snap = await health.snapshot(a.health_key)
+    assert (snap.state, snap.calls_last_minute, snap.failures_last_minute) == ("closed", 2, 1)
+
+
+async def test_the_callers_output_cap_lowers_the_room_an_entry_must_have(
+    server_a: FakeLLMServer, server_b: FakeLLMServer,
+) -> None:
+    # The entry's own cap (4096 output tokens) would not fit beside the prompt in its window;
+    # the caller's 50 do, so the entry takes the call (found untested by mutation testing).
+    from llm.tokens import estimate_tokens
+
+    server_a.script(Reply("from a"))
+    server_b.script(Reply("from b"))
+    window = estimate_tokens(USER, []) + 100
+    small = entry(0, server_a.base_url, max_input_tokens=window, max_output_tokens=4096)
+    h = Harness([small, entry(1, server_b.base_url)])
+
+    events = [event async for event in h.router.stream(USER, [], max_output_tokens=50)]
+
+    assert text_of(events) == "from a" and server_b.requests == []
+    assert text_of(await collect(h.router)) == "from b"  # without the caller's cap it does not fit
 
 
 async def test_retries_exhausted_then_falls_back(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
@@ -899,6 +950,21 @@ async def test_when_every_entry_was_too_small_the_call_asks_for_compaction(
 
     assert [a.error_class for a in caught.value.attempts] == ["context_window", "context_window"]
     assert caught.value.largest_window_tokens == 16384
+
+
+async def test_the_compaction_request_carries_the_providers_last_words(
+    server_a: FakeLLMServer, server_b: FakeLLMServer
+) -> None:
+    # Mutation testing found ``last_error`` untested: the caller shows it (why compaction).
+    server_a.script(Fail(400, body=TOO_LONG))
+    server_b.script(Fail(400, body=TOO_LONG))
+    route = [entry(0, server_a.base_url, max_input_tokens=8192), entry(1, server_b.base_url, max_input_tokens=16384)]
+
+    with pytest.raises(ContextWindowExceeded) as caught:
+        await collect(Harness(route).router)
+
+    last = caught.value.last_error
+    assert (last.error_class, last.message) == ("context_window", "prompt is too long: 9000 tokens > 8192 maximum")
 
 
 async def test_when_an_entry_failed_otherwise_the_route_failed_and_compaction_would_not_help(

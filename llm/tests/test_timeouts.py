@@ -236,6 +236,24 @@ async def test_total_timeout_after_the_first_token_interrupts(server_a: FakeLLMS
     assert await server_a.await_disconnects(1)
 
 
+async def test_the_total_timer_still_runs_while_tool_call_fragments_arrive(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
+    """Fragments are never yielded, so the wait that saw the first one goes on under the timer
+    rescheduled from inside it: to the total deadline, not to none (mutation testing found this
+    untested: ``reschedule(None)`` let the call run past its total limit)."""
+    server_a.script(ToolCalls([("get_current_time", {"timezone": "Asia/Tokyo"})], chunk_size=2,
+                              chunk_interval_seconds=0.1))  # ~3 s of fragments
+    router, recorder, _ = make_router([entry(0, server_a.base_url, stream_timeout_seconds=0.6,
+                                             first_token_timeout_seconds=0.3), entry(1, server_b.base_url)])
+
+    with pytest.raises(StreamInterrupted) as caught:
+        await collect(router, [TOOL])
+
+    assert caught.value.cause.message == "the stream exceeded its total time limit of 0.6 s"
+    (record,) = recorder.records
+    assert record.first_token_ms is not None and 550 <= record.latency_ms < 2500
+    assert server_b.requests == []
+
+
 async def test_total_timeout_before_the_first_token_falls_back(server_a: FakeLLMServer, server_b: FakeLLMServer) -> None:
     server_a.script(Hang(30))
     server_b.script(Reply("from b"))
