@@ -152,3 +152,32 @@ def test_the_run_hosts_pool_logs_in_as_the_role_and_refuses_a_superuser(world):
     superuser_kwargs = {**connection_kwargs(), "user": owner["USER"], "password": owner.get("PASSWORD") or None}
     with pytest.raises(ImproperlyConfigured):
         asyncio.run(login(superuser_kwargs))
+
+
+@pytest.mark.parametrize("login", [True, False], ids=["login role", "nologin role"])
+def test_a_new_role_is_made_without_privileges_and_the_owner_may_become_it(login):
+    """On a fresh database ``rls.apply`` creates the application's role (``_ensure_role``): no
+    superuser, no BYPASSRLS, no CREATEDB/CREATEROLE; LOGIN with the configured password only
+    for the application's own login user, NOLOGIN otherwise; the owner can switch to it.
+    (Mutation testing found the creation untested: the suite's role always exists already.)"""
+    import uuid
+
+    from psycopg import sql
+
+    role = f"ap_test_role_{uuid.uuid4().hex[:10]}"
+    settings_dict = {"USER": role, "PASSWORD": "pw-fresh-role-1"} if login else {"USER": "somebody_else"}
+    with rls.owner_mode(), connection.cursor() as cursor:
+        try:
+            rls._ensure_role(cursor, role, exists=False, settings_dict=settings_dict)
+            cursor.execute("SELECT rolsuper, rolbypassrls, rolcreatedb, rolcreaterole, rolcanlogin, "
+                           "rolpassword IS NOT NULL FROM pg_authid WHERE rolname = %s", [role])
+            assert cursor.fetchone() == (False, False, False, False, login, login)
+            cursor.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)).as_string(cursor.connection))
+            cursor.execute("SELECT current_user")
+            assert cursor.fetchone()[0] == role
+            cursor.execute("RESET ROLE")
+            rls._ensure_role(cursor, role, exists=True, settings_dict=settings_dict)  # an existing role: kept
+        finally:
+            cursor.execute("RESET ROLE")
+            cursor.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)).as_string(cursor.connection))
+
