@@ -334,7 +334,9 @@ def _refuse_privileged_role(cursor: Any, role: str) -> None:
 
 def _ensure_role(cursor: Any, role: str, *, exists: bool, settings_dict: dict[str, Any]) -> None:
     """Create the role unless it ``exists`` (``LOGIN`` with the application's password when it
-    is the application's login user, else ``NOLOGIN``), and let the owner switch to it."""
+    is the application's login user, else ``NOLOGIN``), and let the owner switch to it (``SET
+    ROLE``, as a login that is a member of the role does each statement): a superuser may
+    already; another owner is granted the role unless it may set it."""
     if not exists:
         statement = sql.SQL("CREATE ROLE {} NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE").format(sql.Identifier(role))
         if settings_dict.get("USER") == role:
@@ -344,8 +346,12 @@ def _ensure_role(cursor: Any, role: str, *, exists: bool, settings_dict: dict[st
         else:
             statement += sql.SQL(" NOLOGIN")
         cursor.execute(statement.as_string(cursor.connection))
-    cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
-    if not cursor.fetchone()[0]:
-        cursor.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')", [role])
+    cursor.execute("SELECT rolsuper, current_setting('server_version_num')::int >= 160000 FROM pg_roles "
+                   "WHERE rolname = current_user")
+    superuser, has_set_option = cursor.fetchone()
+    if not superuser:
+        # From PostgreSQL 16 a role's creator is made a member WITH ADMIN but SET FALSE, so
+        # "member" is not enough: it must be allowed to SET ROLE (tested as such an owner).
+        cursor.execute("SELECT pg_has_role(current_user, %s, %s)", [role, "SET" if has_set_option else "MEMBER"])
         if not cursor.fetchone()[0]:
             cursor.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(role)).as_string(cursor.connection))

@@ -181,3 +181,34 @@ def test_a_new_role_is_made_without_privileges_and_the_owner_may_become_it(login
             cursor.execute("RESET ROLE")
             cursor.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)).as_string(cursor.connection))
 
+
+
+def test_an_owner_that_is_not_a_superuser_may_set_the_role_it_creates():
+    """A managed PostgreSQL's owner is often no superuser, only CREATEROLE. From PostgreSQL 16
+    the creator of a role becomes a member of it WITH ADMIN but SET FALSE, so ``_ensure_role``
+    must grant it the role although ``pg_has_role(…, 'MEMBER')`` already says yes; without that
+    the owner (or a login that is a member, working as the role) cannot ``SET ROLE``. Run as
+    such an owner over a login of its own (``SET ROLE`` is checked against the session user)."""
+    import uuid
+
+    from psycopg import sql
+
+    settings_dict = rls.owner_settings(connection.settings_dict)
+    suffix = uuid.uuid4().hex[:10]
+    owner, role = f"ap_test_owner_{suffix}", f"ap_test_role_{suffix}"
+    with rls.owner_mode(), connection.cursor() as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(owner)).as_string(admin.connection))
+        try:
+            try:
+                login = psycopg.connect(host=settings_dict["HOST"], port=settings_dict["PORT"],
+                                        dbname=settings_dict["NAME"], user=owner, autocommit=True)
+            except psycopg.OperationalError as exc:  # a server that wants a password for new logins
+                pytest.skip(f"cannot log in as a new role here: {exc}")
+            with login, login.cursor() as cursor:
+                rls._ensure_role(cursor, role, exists=False, settings_dict={"USER": "somebody_else"})
+                cursor.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)).as_string(login))
+                cursor.execute("SELECT current_user")
+                assert cursor.fetchone()[0] == role
+        finally:
+            for name in (role, owner):
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)).as_string(admin.connection))
