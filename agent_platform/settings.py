@@ -417,7 +417,7 @@ RUN_HOST_GC_THRESHOLDS = _gc_thresholds("RUN_HOST_GC_THRESHOLDS", may_be_empty=F
 # The web process's garbage-collector thresholds, set with gc.freeze() once the ASGI app is
 # built (agent_platform/asgi.py); empty: CPython's defaults, nothing frozen.
 WEB_GC_THRESHOLDS = _gc_thresholds("WEB_GC_THRESHOLDS", may_be_empty=True)
-# Threads that run the runner's ORM calls in a worker process (sessions/runner/_db.py: a run's
+# Threads that run the runner's ORM calls in a worker process (sessions/runner/database.py: a run's
 # claim and configuration, its end, approvals, compactions).
 # Their ORM work holds the GIL the run host's loop needs for streamed tokens; with a database
 # on the same host, more than a couple add contention, not throughput (bench/README.md).

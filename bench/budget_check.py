@@ -37,7 +37,7 @@ from django.db.models import Sum
 from sessions.models import LLMCall, UsageMonth
 from sessions.runner.adapters import DatabaseRunStore
 from sessions.runner.pg import pg_connection
-from sessions.runs import _sql
+from sessions.runs import statements
 from sessions.selectors import month_start, tenant_month_cost_usd_micros
 from tenants import rls
 from tenants.models import Tenant
@@ -45,7 +45,7 @@ from tenants.scoping import tenant_scope
 from tenants.services import tenant_create
 
 _FILL_SQL = f"""
-INSERT INTO "{LLMCall._meta.db_table}" ({_sql.columns_sql(_sql.LLM_CALL_COLUMNS)})
+INSERT INTO "{LLMCall._meta.db_table}" ({statements.columns_sql(statements.LLM_CALL_COLUMNS)})
 SELECT %(tenant_id)s, NULL, NULL, 'turn', NULL, NULL, 1, NULL, 0, 'bench', 'm', 'succeeded', '', '', 10, NULL,
        100 + i %% 50, 20 + i %% 7, false, 150 + i %% 13, 0,
        %(start)s + (now() - %(start)s) * (i::float8 / %(n)s)
@@ -109,7 +109,7 @@ def measure(tenant_id: int, calls: int, repeats: int) -> None:
 def _insert_params(tenant_id: int) -> dict:
     from django.utils import timezone
 
-    return dict.fromkeys(_sql.LLM_CALL_COLUMNS) | {
+    return dict.fromkeys(statements.LLM_CALL_COLUMNS) | {
         "tenant_id": tenant_id, "purpose": "turn", "attempt": 1, "entry_index": 0, "provider_name": "bench",
         "model": "m", "status": "succeeded", "error_class": "", "error": "", "latency_ms": 1, "prompt_tokens": 10,
         "completion_tokens": 2, "usage_estimated": False, "cost_usd_micros": 3, "retry_wait_ms": 0,
@@ -121,7 +121,7 @@ async def _single_inserts(tenant_id: int, count: int) -> tuple[list[float], list
     """``count`` single-row INSERTs, each in its own transaction (autocommit), as
     ``EXPLAIN (ANALYZE)`` so PostgreSQL reports its own time: (round trip ms, server
     execution ms, of which the rollup trigger ms)."""
-    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + _sql.LLM_CALL_INSERT_SQL
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + statements.LLM_CALL_INSERT_SQL
     trip, server, trigger = [], [], []
     for i in range(count + 20):
         started = time.perf_counter()

@@ -2,7 +2,7 @@
 place: :func:`production_ports`.
 
 - :class:`DatabaseRunStore`: PostgreSQL. Status transitions and row writes are
-  :mod:`sessions.runs`' functions; the runner's reads are :mod:`sessions.runner._db`'s (plain
+  :mod:`sessions.runs`' functions; the runner's reads are :mod:`sessions.runner.database`'s (plain
   SQL on the run host loop's async pool for what every turn reads, ORM on the runner's
   database threads for the rest). The methods are those functions themselves (no wrapper
   frame per call: the per-turn path costs what it cost before the ports).
@@ -29,7 +29,7 @@ from llm.health import RedisEntryHealth
 from llm.router import Router
 from sessions import runs
 from sessions.events import async_redis, event_publish, event_publish_nowait, pipelined_command
-from sessions.runner import _db
+from sessions.runner import database
 from sessions.runner.cancellation import raise_if_cancelling, watch_for_cancel
 from sessions.runner.ports import Publish, RunPorts
 from sessions.runner.run_context import run_context_open
@@ -43,30 +43,30 @@ __all__ = [
     "run_spec_load",
 ]
 
-run_spec_load = _db._spec
+run_spec_load = database._spec
 """``run_spec_load(claimed: sessions.runs.ClaimedRun) -> RunSpec``: a just-claimed run's
 configuration (agent, limits, route entries, binding specs), five statements in one round trip.
 ORM connection: call it on a database thread (or in a sync test). Raises ValueError for an
 unusable configuration (a route without entries, a provider outside the tenant)."""
 
-HISTORY_SQL = _db._HISTORY_SQL
+HISTORY_SQL = database._HISTORY_SQL
 """The history statement of a user's run (``{after_cursor}`` to format: "" or the compaction
 cursor's condition); parameters ``tenant_id``, ``session_id``, ``run_id``."""
 
-history_load = _db.history_load
+history_load = database.history_load
 """``await history_load(run_id, *, session_id=None, subrun=None)``: the conversation up to
-and including the run (the store's ``history``; see :func:`sessions.runner._db.history_load`)."""
+and including the run (the store's ``history``; see :func:`sessions.runner.database.history_load`)."""
 
-History = _db.History
-HistoryRow = _db.HistoryRow
+History = database.History
+HistoryRow = database.HistoryRow
 
 
 async def _claim(run_id: int) -> RunSpec:
-    return await runs.run_claim(run_id, load=_db._spec)
+    return await runs.run_claim(run_id, load=database._spec)
 
 
 async def _session_of(run_id: int) -> int:
-    return await db(lambda: _db.Run.objects.get(pk=run_id).session_id)()
+    return await db(lambda: database.Run.objects.get(pk=run_id).session_id)()
 
 
 async def _finish(run_id: int, outcome: Any, *, publish: Publish, spec: RunSpec | None) -> Any:
@@ -81,7 +81,7 @@ class DatabaseRunStore:
     """:class:`~sessions.runner.ports.RunStore` on PostgreSQL (see the module docstring).
     Stateless; one instance serves every run of the process."""
 
-    tenant_of = staticmethod(_db.run_tenant_id)
+    tenant_of = staticmethod(database.run_tenant_id)
     claim = staticmethod(_claim)
     session_of = staticmethod(_session_of)
     heartbeat = staticmethod(runs.run_heartbeat)
@@ -89,13 +89,13 @@ class DatabaseRunStore:
     finish = staticmethod(_finish)
     after_completed = staticmethod(_after_completed)
 
-    history = staticmethod(_db.history_load)
-    pending_tool_calls = staticmethod(db(_db.pending_tool_calls))
-    approvals_for_calls = staticmethod(db(_db.approvals_for_calls))
+    history = staticmethod(database.history_load)
+    pending_tool_calls = staticmethod(db(database.pending_tool_calls))
+    approvals_for_calls = staticmethod(db(database.approvals_for_calls))
     steer_absorb = staticmethod(db(runs.steer_absorb))  # each absorbed run: run_running
-    usage = staticmethod(_db.run_usage)
-    tenant_month_cost_usd_micros = staticmethod(_db.tenant_month_cost_usd_micros)
-    has_artifacts = staticmethod(_db.session_has_artifacts)
+    usage = staticmethod(database.run_usage)
+    tenant_month_cost_usd_micros = staticmethod(database.tenant_month_cost_usd_micros)
+    has_artifacts = staticmethod(database.session_has_artifacts)
 
     assistant_message_save = staticmethod(runs.assistant_message_save)
     llm_call_record = staticmethod(runs.llm_call_record)
@@ -106,7 +106,7 @@ class DatabaseRunStore:
     compaction_save = staticmethod(runs.compaction_save)  # publishes compaction_completed
 
     subrun_open = staticmethod(runs.subrun_open)  # publishes run_running
-    subrun_spec = staticmethod(db(_db.subrun_spec))
+    subrun_spec = staticmethod(db(database.subrun_spec))
     subrun_pause = staticmethod(runs.subrun_pause)  # publishes run_awaiting_approval
     subrun_finish = staticmethod(runs.subrun_finish)  # publishes the end event
 

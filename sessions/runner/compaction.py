@@ -36,7 +36,7 @@ from llm.router import Router
 from llm.tokens import estimate_text_tokens, estimate_tokens
 from llm.types import ChatMessage, ToolCallRequest
 from sessions.models import Message, MessageRole
-from sessions.runner._db import History
+from sessions.runner.database import History
 from sessions.runner.ports import RunStore
 from sessions.runner.spec import RunSpec
 

@@ -158,7 +158,7 @@ def _with_images(message: ChatMessage, found: dict[int, _Found]) -> ChatMessage:
 
 
 async def history_with_images(history: Any, *, tenant_id: int, session_id: int, supports_images: bool) -> Any:
-    """``history`` (a :class:`sessions.runner._db.History`) with the images of its user
+    """``history`` (a :class:`sessions.runner.database.History`) with the images of its user
     messages attached (see the module docstring).
 
     Args:

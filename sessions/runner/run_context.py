@@ -32,7 +32,7 @@ from typing import Any
 
 from capabilities.registry import ContextBlock, OpenContext, RunAnswer, ToolResultData, kinds
 from sessions.models import Run
-from sessions.runner._db import db
+from sessions.runner.database import db
 from sessions.runner.spec import RunSpec
 from sessions.runner.tool_execution import frame_untrusted
 

@@ -30,8 +30,8 @@ from agents.models import ApprovalAction
 from capabilities.tools import ApprovalRequired, QuestionForUser, Tool, ToolContext, ToolError
 from llm.sanitize import clean_json, clean_text
 from sessions.models import ApprovalKind, ApprovalStatus, ToolCallStatus
-from sessions.runner._db import ApprovalState
 from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
+from sessions.runner.database import ApprovalState
 from sessions.runner.ports import RunStore
 from sessions.runner.spec import RunSpec
 from sessions.runner.toolset import Toolset

@@ -31,7 +31,7 @@ the same statements pipelined on the loop's connection).
 Row writes (:mod:`sessions.runs.records`): ``message_insert``, ``assistant_message_save`` (a
 model turn: message, tool calls, LLM call, usage), ``tool_call_start``, ``tool_call_finish``,
 ``llm_call_record``, ``compaction_begin`` / ``compaction_save``, ``approval_request``. The
-statements every turn makes are plain SQL (:mod:`sessions.runs._sql`) on the run host loop's
+statements every turn makes are plain SQL (:mod:`sessions.runs.statements`) on the run host loop's
 async connection. Those clients see publish their own event after their commit, through the
 run's ``publish`` (``tool_call_started``, ``tool_call_succeeded`` / ``tool_call_failed``,
 ``compaction_running``, ``compaction_completed``); no other module publishes these

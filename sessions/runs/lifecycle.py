@@ -51,7 +51,7 @@ from sessions.runner.cancellation import CANCEL_ERROR, CANCEL_REASON
 from sessions.runner.pg import pg_connection, pipelined_transaction
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
-from sessions.runs import _sql as sql
+from sessions.runs import statements as sql
 from sessions.runs.records import approval_payload, message_insert
 from tenants.audit import Action, audit_record
 from tenants.models import Tenant

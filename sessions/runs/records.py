@@ -45,7 +45,7 @@ from sessions.models import Approval, ChatSession, Compaction, MessageRole, Tool
 from sessions.runner.pg import pg_connection
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
-from sessions.runs import _sql as sql
+from sessions.runs import statements as sql
 from tenants.scoping import require_tenant_id
 
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]

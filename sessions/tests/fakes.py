@@ -18,7 +18,7 @@ from llm.types import ChatMessage, Completion, TextDelta, ToolCallRequest, ToolS
 from sessions import runs
 from sessions.event_types import validate_event
 from sessions.models import ApprovalStatus, RunStatus, ToolCallStatus
-from sessions.runner._db import ApprovalState, History
+from sessions.runner.database import ApprovalState, History
 from sessions.runner.ports import RunPorts
 from sessions.runner.spec import RunSpec
 from sessions.runner.toolset import Toolset

@@ -15,7 +15,7 @@ from agents.tests.factories import agent_with_route, bind_builtin
 from llm.testing import Reply, ToolCalls
 from sessions import runs
 from sessions.models import Artifact, Message, Run, ToolCall
-from sessions.runner import _db
+from sessions.runner import database
 from sessions.runner.loop import execute_run
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, frame_untrusted
 from sessions.runs import lifecycle
@@ -87,7 +87,7 @@ def test_tenant_run_limit_queues_runs_beyond_it(world, fake_llm):
             lifecycle._claim(b.pk)
         assert Run.objects.get(pk=b.pk).status == "queued"  # waits, not rejected
         assert runs.run_end(run_id=a.pk, status="completed", reply="ok").to_start == [b.pk]
-        assert _db._spec(lifecycle._claim(b.pk)).run_id == b.pk
+        assert database._spec(lifecycle._claim(b.pk)).run_id == b.pk
 
 
 def test_a_claim_does_not_wait_for_another_runs_uncommitted_writes(world, fake_llm):

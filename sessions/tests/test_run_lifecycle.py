@@ -25,7 +25,7 @@ from agents.tests.factories import agent_with_route
 from sessions import runs
 from sessions.events import events_since_sync
 from sessions.models import Approval, ChatSession, Run, ToolCall
-from sessions.runner import _db
+from sessions.runner import database
 from sessions.runner.turn import Completed, Failed
 from sessions.runs import lifecycle
 from sessions.tests.conftest import post_message_sync
@@ -131,7 +131,7 @@ def test_no_module_outside_the_lifecycle_package_writes_a_run_status() -> None:
 def test_the_checker_sees_the_lifecycle_packages_own_writes() -> None:
     """Not vacuous: the transitions themselves are found, in the ORM and in the SQL."""
     found = [w for path in sorted(LIFECYCLE.glob("*.py")) for w in run_status_writes(path.read_text(), path.name)]
-    assert any(w.startswith("_sql.py") and "SQL" in w for w in found)  # the claim's and the end's UPDATEs
+    assert any(w.startswith("statements.py") and "SQL" in w for w in found)  # the claim's and the end's UPDATEs
     assert any(w.startswith("lifecycle.py") and "run.status = " in w for w in found)  # pause, resume, cancel
     assert any(w.startswith("lifecycle.py") and ".update(status=" in w for w in found)  # steering, sub-runs
     assert any(w.startswith("lifecycle.py") and ".create(" in w for w in found)  # run_create, subrun_open
@@ -338,7 +338,7 @@ def test_run_finish_publishes_its_end_after_the_commit_and_a_second_end_is_refus
     no_enqueue.clear()
     publish = _Recorder(run.pk)
     with tenant_scope(world.tenant.pk):
-        spec = _db._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk))) if fast else None
+        spec = database._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk))) if fast else None
         finished = asyncio.run(runs.run_finish(run.pk, Completed("done"), publish=publish, spec=spec))
     assert finished.ended and finished.to_start == [queued.pk] and no_enqueue == [queued.pk]
     assert publish.events == [("run_completed", {"reply": "done"}, "completed")]  # committed before it
@@ -368,7 +368,7 @@ def _paused_with_approval(world, fake_llm) -> tuple[Run, Approval]:
 
     run = _claimed(world, fake_llm)
     with tenant_scope(world.tenant.pk):
-        spec = _db._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
+        spec = database._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
         message = ChatMessage(role="assistant", content="", tool_calls=(ToolCallRequest("c1", "echo", "{}"),))
         [call] = asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message))
         approval_id = runs.approval_request(spec=spec, call_pk=call["pk"], kind="approval", tool_name="echo",
@@ -466,7 +466,7 @@ def test_subrun_finish_is_refused_for_an_attempt_that_no_longer_holds_the_sub_ru
     run = _claimed(world, fake_llm)
     skill = Skill.all_tenants.create(tenant=world.tenant, name="helper", description="d", instructions="i")
     with tenant_scope(world.tenant.pk):
-        spec = _db._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
+        spec = database._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
         message = ChatMessage(role="assistant", content="", tool_calls=(ToolCallRequest("c1", "helper", "{}"),))
         [call] = asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message))
         opened = asyncio.run(runs.subrun_open(parent=spec, call_pk=call["pk"], skill_id=skill.pk, skill_name="helper",
@@ -509,7 +509,7 @@ def _spec_with_call(world, fake_llm) -> tuple[Run, object, int]:
 
     run = _claimed(world, fake_llm)
     with tenant_scope(world.tenant.pk):
-        spec = _db._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
+        spec = database._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
         message = ChatMessage(role="assistant", content="", tool_calls=(ToolCallRequest("c1", "echo", "{}"),))
         [call] = asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=message))
     return run, spec, call["pk"]

@@ -1,5 +1,5 @@
-"""The run lifecycle's and the runner's hand-written SQL (sessions/runs/_sql.py,
-sessions/runner/_db.py) against the models they write.
+"""The run lifecycle's and the runner's hand-written SQL (sessions/runs/statements.py,
+sessions/runner/database.py) against the models they write.
 
 The hot writes (a message per turn and per tool result, an LLM call per turn, tool call
 inserts and updates) and the history read are plain SQL for their CPU cost, run on the
@@ -19,8 +19,8 @@ from llm.records import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
 from sessions import runs
 from sessions.models import LLMCall, Message, Run, ToolCall
-from sessions.runner import _db
-from sessions.runs import _sql, lifecycle
+from sessions.runner import database
+from sessions.runs import lifecycle, statements
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def claim_sync(run_id: int):
     """The claim's transaction and the configuration load, as :func:`sessions.runs.run_claim`
     makes them on its thread (without its event)."""
-    return _db._spec(lifecycle._claim(run_id))
+    return database._spec(lifecycle._claim(run_id))
 
 
 def _columns(model) -> set[str]:
@@ -38,9 +38,9 @@ def _columns(model) -> set[str]:
 
 
 def test_the_inserts_write_every_column_of_their_models() -> None:
-    assert set(_sql.MESSAGE_COLUMNS) == _columns(Message)
-    assert set(_sql.LLM_CALL_COLUMNS) == _columns(LLMCall)
-    assert set(_sql.TOOL_CALL_COLUMNS) == _columns(ToolCall)
+    assert set(statements.MESSAGE_COLUMNS) == _columns(Message)
+    assert set(statements.LLM_CALL_COLUMNS) == _columns(LLMCall)
+    assert set(statements.TOOL_CALL_COLUMNS) == _columns(ToolCall)
 
 
 def _claimed(world, fake_llm_url: str):
@@ -84,7 +84,7 @@ def test_a_turn_with_tool_calls_writes_what_the_orm_reads_back(world, other_worl
         assert asyncio.run(runs.tool_call_finish(spec=spec, pk=calls[1]["pk"], name="echo", status="failed",
                                                 content="", data=None, error="bad arguments", duration_ms=1,
                                                 publish=publish))
-        history = asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False))
+        history = asyncio.run(database.history_load(spec.run_id, session_id=spec.session_id, subrun=False))
 
     rows = list(Message.all_tenants.filter(run_id=spec.run_id).order_by("position"))
     assert [(m.role, m.content, m.tenant_id) for m in rows] == [
@@ -138,14 +138,14 @@ def test_writes_and_reads_stay_inside_the_current_tenant(world, other_world, fak
     assert not LLMCall.all_tenants.filter(run_id=spec.run_id).exists()
     assert Run.all_tenants.get(pk=spec.run_id).prompt_tokens == 0 and Run.all_tenants.get(pk=spec.run_id).loop_count == 0
     with tenant_scope(other_world.tenant.pk):
-        assert asyncio.run(_db.history_load(spec.run_id, session_id=spec.session_id, subrun=False)).messages == []
+        assert asyncio.run(database.history_load(spec.run_id, session_id=spec.session_id, subrun=False)).messages == []
         with pytest.raises(Run.DoesNotExist):
-            asyncio.run(_db.history_load(spec.run_id))  # the run itself is looked up in this tenant
+            asyncio.run(database.history_load(spec.run_id))  # the run itself is looked up in this tenant
         with pytest.raises(Run.DoesNotExist):
-            asyncio.run(_db.run_usage(spec.run_id))
+            asyncio.run(database.run_usage(spec.run_id))
     with tenant_scope(world.tenant.pk):
-        assert [m.content for m in asyncio.run(_db.history_load(spec.run_id)).messages] == ["hi"]
-        assert asyncio.run(_db.run_usage(spec.run_id)).tokens == 0
+        assert [m.content for m in asyncio.run(database.history_load(spec.run_id)).messages] == ["hi"]
+        assert asyncio.run(database.run_usage(spec.run_id)).tokens == 0
     assert Message.all_tenants.filter(run_id=spec.run_id).count() == 1  # the user's message only
 
 
@@ -220,21 +220,21 @@ def test_a_runs_configuration_is_read_inside_its_tenant_in_route_order(world, ot
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     with tenant_scope(world.tenant.pk):
         spec = claim_sync(run.pk)
-        claimed = _db.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
+        claimed = database.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
     assert [e.base_url for e in spec.entries] == ["http://127.0.0.1:2/v1", "http://127.0.0.1:1/v1"]
     assert [e.provider_name for e in spec.entries] == [f"p1-{agent.route_id}", f"p0-{agent.route_id}"]
     assert [b.name for b in spec.bindings_of("builtin")] == ["test_echo"]
     assert stray.pk not in {b.binding_id for b in spec.bindings_of("builtin")}
 
     with pytest.raises(AgentInstance.DoesNotExist):
-        _db._spec_rows(dataclasses.replace(claimed, tenant_id=other_world.tenant.pk))
+        database._spec_rows(dataclasses.replace(claimed, tenant_id=other_world.tenant.pk))
 
     from agents.tests.factories import ProviderFactory
 
     foreign = ProviderFactory(tenant=other_world.tenant, name="foreign", base_url="http://127.0.0.1:3/v1")
     ModelRouteEntry.all_tenants.filter(route=agent.route, position=1).update(provider=foreign)
     with pytest.raises(ValueError, match="not in the run's tenant"):
-        _db._spec_rows(claimed)
+        database._spec_rows(claimed)
 
 
 def test_the_configuration_read_makes_the_same_instances_as_the_orm(world, fake_llm) -> None:
@@ -254,9 +254,9 @@ def test_the_configuration_read_makes_the_same_instances_as_the_orm(world, fake_
     Tenant.objects.filter(pk=world.tenant.pk).update(monthly_budget_usd=Decimal("12.50"))
     bind_builtin(agent, "test_echo", config={"nested": {"n": 1}}, approval_policy=[{"pattern": "*", "action": "ask"}])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
-    claimed = _db.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
+    claimed = database.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
     with tenant_scope(world.tenant.pk):
-        agent_row, tenant, entries, bindings = _db._spec_rows(dataclasses.replace(claimed))
+        agent_row, tenant, entries, bindings = database._spec_rows(dataclasses.replace(claimed))
         expected = [
             (agent_row, AgentInstance.all_tenants.get(pk=agent.pk)),
             (tenant, Tenant.objects.get(pk=world.tenant.pk)),
@@ -283,10 +283,10 @@ def test_the_configuration_read_survives_a_column_added_while_its_statements_are
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
-    claimed = _db.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
+    claimed = database.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
     with tenant_scope(world.tenant.pk):
         for _ in range(6):  # prepared from the 5th run on this connection
-            _db._spec_rows(claimed)
+            database._spec_rows(claimed)
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ['%"agents_agentinstance"%'])
         assert cursor.fetchone()[0] >= 1, "the read was not prepared: this test would prove nothing"
@@ -295,7 +295,7 @@ def test_the_configuration_read_survives_a_column_added_while_its_statements_are
     _ddl(connection, [f'ALTER TABLE "{t}" ADD COLUMN "added_by_a_migration" integer' for t in tables])
     try:
         with tenant_scope(world.tenant.pk):
-            agent_row, tenant, entries, bindings = _db._spec_rows(claimed)
+            agent_row, tenant, entries, bindings = database._spec_rows(claimed)
         assert agent_row.pk == agent.pk and tenant.pk == world.tenant.pk and len(entries) == 1
     finally:
         _ddl(connection, [f'ALTER TABLE "{t}" DROP COLUMN "added_by_a_migration"' for t in tables])

@@ -342,7 +342,7 @@ async def test_a_sub_run_spends_from_its_parents_budget(world, fake_llm):
 @pytest.mark.usefixtures("no_enqueue")
 async def test_re_executing_a_finished_skill_call_returns_the_recorded_outcome_without_running_again(world, fake_llm):
     from capabilities.tools import ToolContext, ToolError
-    from sessions.runner import _db
+    from sessions.runner import database
     from sessions.runner.subrun import SkillTool
     from sessions.runner.toolset import Toolset
 
@@ -352,7 +352,7 @@ async def test_re_executing_a_finished_skill_call_returns_the_recorded_outcome_w
     await execute_run(run.pk)
     [call] = await calls_of(run.pk)
     with tenant_scope(world.tenant.pk):
-        spec = await _db.db(lambda: _db._spec(_db.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk))))()
+        spec = await database.db(lambda: database._spec(database.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk))))()
         tool = SkillTool(skill=spec.bindings_of("skill")[0], exposed_name="helper", parent=spec, parent_toolset=Toolset())
         context = ToolContext(tenant_id=world.tenant.pk, session_id=run.session_id, run_id=run.pk, tool_call_id=call.pk)
         result = await tool.execute({"task": "t"}, context)  # what a resumed parent does for a call without result

@@ -2,7 +2,7 @@
 
 Triggers on the LLM call table keep it (sessions/migrations/0009_usage_month.py); the monthly
 budget checks read it (sessions.selectors.tenant_month_cost_usd_micros, the runner's
-sessions.runner._db.tenant_month_cost_usd_micros). Every test compares the rollup, row by
+sessions.runner.database.tenant_month_cost_usd_micros). Every test compares the rollup, row by
 row (tenant, month, shard), with sums computed here in Python from the calls themselves.
 """
 
@@ -25,8 +25,8 @@ from llm.types import ChatMessage
 from sessions import runs
 from sessions.llm_calls import llm_call_budget_refusal, llm_calls_record
 from sessions.models import USAGE_MONTH_SHARDS, LLMCall, Run, UsageMonth
-from sessions.runner import _db
-from sessions.runs import _sql, lifecycle
+from sessions.runner import database
+from sessions.runs import lifecycle, statements
 from sessions.selectors import tenant_month_cost_usd_micros
 from sessions.tests.conftest import post_message_sync
 from tenants.models import Tenant
@@ -84,14 +84,14 @@ def orm_call(tenant: Tenant, *, cost: int, tokens: tuple[int, int] = (3, 4), run
 
 def raw_insert(tenant: Tenant, *, at: datetime, cost: int) -> None:
     """One LLM call written with plain SQL (the runner's INSERT), at ``at``."""
-    params = dict.fromkeys(_sql.LLM_CALL_COLUMNS) | {
+    params = dict.fromkeys(statements.LLM_CALL_COLUMNS) | {
         "tenant_id": tenant.pk, "purpose": "title", "attempt": 1, "entry_index": 0, "provider_name": "p",
         "model": "m", "status": "succeeded", "error_class": "", "error": "", "latency_ms": 1, "prompt_tokens": 1,
         "completion_tokens": 1, "usage_estimated": False, "cost_usd_micros": cost, "retry_wait_ms": 0,
         "created_at": at,
     }
     with connection.cursor() as cursor:
-        cursor.execute(_sql.LLM_CALL_INSERT_SQL, params)
+        cursor.execute(statements.LLM_CALL_INSERT_SQL, params)
 
 
 def claimed_spec(world):
@@ -99,7 +99,7 @@ def claimed_spec(world):
     agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     with tenant_scope(world.tenant.pk):
-        return _db._spec(lifecycle._claim(run.pk))
+        return database._spec(lifecycle._claim(run.pk))
 
 
 # --- every writer ----------------------------------------------------------------------------------
@@ -129,10 +129,10 @@ def test_the_rollup_equals_the_calls_written_by_every_writer(world, other_world)
     theirs = 2_000 + sum(100 + i for i in range(12))
     with tenant_scope(world.tenant.pk):
         assert tenant_month_cost_usd_micros() == mine
-        assert asyncio.run(_db.tenant_month_cost_usd_micros(world.tenant.pk)) == mine
+        assert asyncio.run(database.tenant_month_cost_usd_micros(world.tenant.pk)) == mine
     with tenant_scope(other_world.tenant.pk):
         assert tenant_month_cost_usd_micros() == theirs
-        assert asyncio.run(_db.tenant_month_cost_usd_micros(other_world.tenant.pk)) == theirs
+        assert asyncio.run(database.tenant_month_cost_usd_micros(other_world.tenant.pk)) == theirs
 
 
 def test_a_month_is_the_utc_calendar_month_whatever_the_connections_time_zone(world):
@@ -231,7 +231,7 @@ def test_in_a_tenants_scope_its_calls_roll_up_and_no_other_tenants_row_is_seen_o
             UsageMonth.objects.create(tenant=other_world.tenant, month=_month(datetime.now(UTC)), shard=0,
                                       cost_usd_micros=-4_000)
         with pytest.raises(ValueError, match="scope"):
-            asyncio.run(_db.tenant_month_cost_usd_micros(other_world.tenant.pk))
+            asyncio.run(database.tenant_month_cost_usd_micros(other_world.tenant.pk))
     assert_rollup_exact()
     with tenant_scope(other_world.tenant.pk):
         assert tenant_month_cost_usd_micros() == 4_000
