@@ -183,9 +183,8 @@ def knowledge_search_call(caller: McpCaller, arguments: dict[str, Any]) -> types
             return _error(f"The search failed: {exc.message}")
         notice = reembedding_notice(kbs)
     text, citations = passages_render(hits, CitationNumbers())
-    structured = [{**citation, "text": hit.text} for citation, hit in zip(citations, hits, strict=True)]
-    for item in structured:
-        item.pop("snippet", None)
+    structured = [{**{k: v for k, v in citation.items() if k != "snippet"}, "text": hit.text}
+                  for citation, hit in zip(citations, hits, strict=True)]
     body = "\n\n".join(filter(None, [text or "No passage matched.", notice]))
     return types.CallToolResult(content=[types.TextContent(text=body)],
                                 structured_content={"hits": structured, "notice": notice})
