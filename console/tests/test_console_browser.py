@@ -101,11 +101,12 @@ def test_admin_finds_a_run_and_reads_its_trace_and_transcript(world, other_world
 
 
 def _usage_rows(world, agent, users, days_back: int) -> None:
-    now = timezone.now()
+    """``days_back`` days of runs for each of ``users``, all in the current month whatever the
+    date: a day before the month's first is the first (so the 1st of a month has every row)."""
+    now = timezone.localtime()
+    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     for i in range(days_back):
-        day = now - timedelta(days=i)
-        if day.month != now.month:
-            break
+        day = max(now - timedelta(days=i), month_start + timedelta(minutes=i))
         for j, user in enumerate(users):
             failed = (i + j) % 4 == 0
             cost = 40_000 + 13_000 * ((i * 7 + j * 3) % 9)
