@@ -3,9 +3,14 @@ documents (upload, URL, text); "Test search" with the hits' scores and ranks; th
 model's state ("re-embedding n/m" while a model change is being applied) and "Re-embed" (for
 when the model behind the provider entry changed).
 
-Tenant admins see the knowledge bases of the tenants they administer (members' own included,
-so an admin can see what is stored); writes go through :mod:`knowledge.services`, so a new
-chunking re-ingests, and re-adding the same content does nothing.
+Who sees what is the API's rule (:func:`knowledge.selectors.knowledge_base_visible`): the
+tenant-wide knowledge bases of the tenants one administers and one's own, never another
+user's own (a member's uploads), whatever the role; such a knowledge base, its documents and
+every page over them (change, Test search, Add documents, Re-embed, the document pages) are
+what a missing one is (Django's "does not exist" redirect, or a 404 for the extra pages). A
+new knowledge base is tenant-wide or the signed-in user's own. Writes go through
+:mod:`knowledge.services`, so a new chunking re-ingests, and re-adding the same content does
+nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from django.utils.html import format_html
 from agent_platform.api_errors import ApplicationError
 from knowledge.models import Document, DocumentStatus, KnowledgeBase
 from knowledge.parsing import MAX_DOCUMENT_BYTES
+from knowledge.selectors import document_visible, knowledge_base_visible
 from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
 
 
@@ -42,6 +48,9 @@ class DocumentInline(TenantScopedInline):
     fields = ["title", "source_kind", "source", "status", "status_reason", "progress", "tags", "updated_at"]
     readonly_fields = fields
     ordering = ["-updated_at", "-id"]
+
+    def get_queryset(self, request: HttpRequest):
+        return super().get_queryset(request).filter(document_visible(user_id=request.user.pk))
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # documents are added with "Add documents" (they need ingesting)
@@ -68,6 +77,19 @@ class KnowledgeBaseAdmin(TenantScopedModelAdmin):
     ordering = ["name", "id"]
     inlines = [DocumentInline]
     change_form_template = "admin/knowledge/knowledgebase/change_form.html"
+
+    def get_queryset(self, request: HttpRequest):
+        """The admin's tenants' knowledge bases that the API would show them: tenant-wide ones
+        and their own (another user's own is not there: every page over it is "missing")."""
+        return super().get_queryset(request).filter(knowledge_base_visible(user_id=request.user.pk))
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        """``owner``: blank (tenant-wide) or the signed-in user, never someone else (an
+        admin does not make or fill a member's own knowledge base)."""
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if db_field.name == "owner" and field is not None:
+            field.queryset = field.queryset.filter(pk=request.user.pk)
+        return field
 
     @admin.display(description="Scope")
     def scope(self, obj: KnowledgeBase) -> str:
@@ -260,7 +282,10 @@ class DocumentAdmin(TenantScopedModelAdmin):
         return False
 
     def get_queryset(self, request: HttpRequest):
-        return super().get_queryset(request).defer("content").select_related("knowledge_base")
+        """As :meth:`KnowledgeBaseAdmin.get_queryset`: documents of knowledge bases the signed-in
+        user may read (not of another user's own)."""
+        return (super().get_queryset(request).filter(document_visible(user_id=request.user.pk))
+                .defer("content").select_related("knowledge_base"))
 
     @admin.display(description="Reason")
     def reason(self, obj: Document) -> str:

@@ -25,6 +25,14 @@ def knowledge_base_visible(*, user_id: int | None) -> Q:
     return Q(owner__isnull=True) | Q(owner_id=user_id)
 
 
+def document_visible(*, user_id: int | None) -> Q:
+    """The ``Q`` on Document (or Chunk: any model with a ``knowledge_base`` foreign key) of
+    what ``user_id`` may read: :func:`knowledge_base_visible` through ``knowledge_base``."""
+    if user_id is None:
+        return Q(knowledge_base__owner__isnull=True)
+    return Q(knowledge_base__owner__isnull=True) | Q(knowledge_base__owner_id=user_id)
+
+
 def knowledge_base_list_for_user(*, user_id: int | None) -> QuerySet[KnowledgeBase]:
     """The knowledge bases ``user_id`` may read in the current tenant, by name."""
     return KnowledgeBase.objects.filter(knowledge_base_visible(user_id=user_id)).order_by("name", "id")
