@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from typing import Any
 
 from agents.models import ApprovalAction
 from capabilities.tools import ApprovalRequired, QuestionForUser, Tool, ToolContext, ToolError
+from capabilities.untrusted import frame_untrusted  # the one framing (the knowledge MCP server's too)
 from llm.sanitize import clean_json, clean_text
 from sessions.models import ApprovalKind, ApprovalStatus, ToolCallStatus
 from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
@@ -54,25 +53,6 @@ UNTRUSTED_SYSTEM_NOTE = (
 _OWN_ERROR_CODES = frozenset({"invalid_arguments", "unknown_tool"})
 """ToolError codes whose message the platform wrote itself (about the model's own call):
 not framed as outside data even for an untrusted tool."""
-
-_MARKER = re.compile(r"<\s*/?\s*untrusted-data", re.IGNORECASE)
-"""An opening or closing framing marker (as a forger would write it) inside outside content."""
-
-
-def frame_untrusted(content: str, *, nonce: str | None = None) -> str:
-    """Wrap outside content as data for the model, between markers carrying a random nonce.
-
-    The nonce (64 random bits, hex) is fresh per tool call, so text inside the content cannot
-    forge the closing marker; markers inside the content (``<untrusted-data…``,
-    ``</untrusted-data…``, any case) are defused besides (``<`` becomes ``&lt;``), so a
-    model that ignores nonces is not fooled either. This is the "spotlighting" by delimiting
-    defence of Hines et al., *Defending Against Indirect Prompt Injection Attacks With
-    Spotlighting* (arXiv:2403.14720).
-    """
-    nonce = nonce or secrets.token_hex(8)
-    content = _MARKER.sub(lambda m: "&lt;" + m.group(0)[1:], content)
-    return f'<untrusted-data nonce="{nonce}">\n{content}\n</untrusted-data nonce="{nonce}">'
-
 
 class SubRunWaiting(Exception):
     """Raised by a skill's tool call whose sub-run paused for a human (an approval or a
