@@ -10,7 +10,7 @@ from rest_framework.response import Response
 
 from agent_platform.api_errors import NotFound
 from console.trace import run_trace
-from sessions.models import Run
+from sessions.selectors import run_get_for_user
 from tenants.api.mixins import TenantScopedApiView
 
 
@@ -18,9 +18,10 @@ class RunTraceApi(TenantScopedApiView):
     """The timeline of one of the caller's runs, member-visible fields only.
 
     Shape: :func:`console.trace.run_trace` with ``admin=False`` (no prompts, system prompt,
-    reasoning, provider names, provider error text, user names). Only the run's own user:
-    anyone else's run (an admin's too) answers 404 "Run not found."; admins read the full
-    trace in the console.
+    reasoning, provider names, provider error text, user names). Only the run's own user, as
+    long as the chat is not deleted (:func:`sessions.selectors.run_get_for_user`): anyone
+    else's run (an admin's too) or a run of a deleted chat answers 404 "Run not found.";
+    admins read the full trace in the console.
     """
 
     @extend_schema(responses=inline_serializer("RunTrace", {
@@ -28,10 +29,7 @@ class RunTraceApi(TenantScopedApiView):
         "totals": serializers.DictField(),
     }))
     def get(self, request: Request, run_id: int) -> Response:
-        run = (
-            Run.objects.select_related("session__agent", "user")
-            .filter(pk=run_id, user_id=request.user.pk, session__user_id=request.user.pk).first()
-        )
-        if run is None:
+        run = run_get_for_user(run_id=run_id, user_id=request.user.pk)  # not in a deleted chat
+        if run is None or run.user_id != request.user.pk:
             raise NotFound("Run not found.")
         return Response(run_trace(run=run, admin=False))

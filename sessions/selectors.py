@@ -34,7 +34,9 @@ def chat_session_get_for_user(*, session_id: int, user_id: int) -> ChatSession |
 
 
 def run_get_for_user(*, run_id: int, user_id: int) -> Run | None:
-    """The run if it is in the current tenant and its session belongs to the user, else None."""
+    """The run if it is in the current tenant and its session belongs to the user and is not
+    deleted, else None (every run-level API of the user: detail, activities, trace, cancel,
+    edit, retry)."""
     return Run.objects.select_related("session").filter(
         pk=run_id, session__user_id=user_id, session__deleted_at__isnull=True
     ).first()
@@ -145,8 +147,10 @@ def approval_get_for_user(*, approval_id: int, user_id: int) -> Approval | None:
 
 
 def approval_list_pending(*, user_id: int) -> QuerySet[Approval]:
-    """The user's pending approvals and questions in the current tenant, oldest first."""
+    """The user's pending approvals and questions in the current tenant (deleted chats' left
+    out), oldest first."""
     return (
-        Approval.objects.filter(run__session__user_id=user_id, status=ApprovalStatus.PENDING)
+        Approval.objects.filter(run__session__user_id=user_id, run__session__deleted_at__isnull=True,
+                                status=ApprovalStatus.PENDING)
         .select_related("sub_run__skill").order_by("id")
     )
