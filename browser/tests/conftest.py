@@ -91,6 +91,49 @@ def wait_until(predicate: Callable[[], Any], *, timeout_seconds: float = 20.0, w
         pump()
 
 
+@pytest.fixture(autouse=True)
+def test_sites_reachable(settings) -> None:
+    """The server browser follows web_fetch's address rules: the local test pages (127.0.0.1)
+    stand in for a public site, as in web_fetch's tests; every other address is judged by the
+    real rules (browser/tests/test_server_addresses.py)."""
+    settings.WEB_FETCH_ALLOWED_CIDRS = ["127.0.0.1/32"]
+
+
+class FakeNames:
+    """The address rules' one DNS lookup, patched (:func:`test_names`)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, list[list[str]]] = {}
+        """``name -> address lists``, consumed one per lookup (the last one repeats)."""
+        self.lookups: list[str] = []
+        """The ``.test`` names looked up, in order."""
+
+    async def getaddrinfo(self, host: str, port: int, real: Callable[..., Any]) -> list[tuple[Any, ...]]:
+        if not host.endswith(".test"):
+            return await real(host, port)
+        self.lookups.append(host)
+        queue = self.answers.get(host) or [["127.0.0.1"]]
+        addresses = queue.pop(0) if len(queue) > 1 else queue[0]
+        return [(2 if ":" not in a else 10, 1, 6, "", (a, port)) for a in addresses]
+
+
+@pytest.fixture
+def test_names(monkeypatch) -> FakeNames:
+    """Names under ``.test`` resolve to 127.0.0.1 for the address rules (the server browser's
+    proxy and request interception), or to what ``answers[name]`` says; other names resolve as
+    usual. Chromium resolves nothing itself."""
+    from llm import netrules
+
+    names = FakeNames()
+    real = netrules._getaddrinfo
+
+    async def getaddrinfo(host: str, port: int) -> list[tuple[Any, ...]]:
+        return await names.getaddrinfo(host, port, real)
+
+    monkeypatch.setattr(netrules, "_getaddrinfo", getaddrinfo)
+    return names
+
+
 @pytest.fixture
 def site() -> Iterator[LocalSite]:
     with LocalSite() as s:

@@ -121,7 +121,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class LocalSite:
     """The pages on a free port. ``url(path)`` uses 127.0.0.1; ``other_url(path)`` uses
-    ``localhost`` (same server, another origin: for origin rules)."""
+    ``localhost`` (same server, another origin: for origin rules in the extension's browser);
+    ``alias_url(path)`` uses ``site.test`` (another origin for the server browser, whose
+    address rules refuse the name ``localhost``: the ``test_names`` fixture makes names under
+    ``.test`` resolve to 127.0.0.1)."""
 
     def __init__(self) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -151,3 +154,74 @@ class LocalSite:
 
     def other_url(self, path: str) -> str:
         return self.other_origin + path
+
+    @property
+    def alias_origin(self) -> str:
+        return f"http://site.test:{self.port}"
+
+    def alias_url(self, path: str) -> str:
+        return self.alias_origin + path
+
+
+class _RecordingHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _serve(self) -> None:
+        server: RecordingSite = self.server.site  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        server.seen.append((self.command, self.path, body))
+        page = server.pages.get(urlsplit(self.path).path)
+        if page is None:
+            status, headers, data = 404, {}, b"no such page"
+        elif isinstance(page, tuple):
+            status, headers, data = page[0], page[1], page[2].encode()
+        else:
+            status, headers, data = 200, {}, page.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", headers.pop("Content-Type", "text/html; charset=utf-8"))
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _serve  # noqa: N815
+
+
+class RecordingSite:
+    """A server on ``host`` (port 0 or the given one) that records every request it receives
+    as ``(method, path, body)`` in ``seen``, whatever the method.
+
+    ``pages`` maps a path to an HTML string (200) or ``(status, headers, body)``; other paths
+    answer 404. Stand-ins: 127.0.0.1 for a public site (tests allow ``127.0.0.1/32``), 127.0.0.2
+    for an internal one (refused).
+    """
+
+    def __init__(self, host: str, *, port: int = 0, pages: dict | None = None) -> None:
+        self.pages: dict = dict(pages or {})
+        self.seen: list[tuple[str, str, bytes]] = []
+        self.server = ThreadingHTTPServer((host, port), _RecordingHandler)
+        self.server.daemon_threads = True
+        self.server.site = self  # type: ignore[attr-defined]
+        self.host = host
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> RecordingSite:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def origin(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.origin + path

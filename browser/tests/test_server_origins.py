@@ -2,7 +2,9 @@
 (real headless Chromium), blocked winning over allowed, and wildcard entries (``*.host``),
 which no other test used.
 
-The local site answers on 127.0.0.1 and on ``localhost`` (two origins of one server).
+The local site answers on 127.0.0.1 and on ``site.test`` (two origins of one server; the
+``test_names`` fixture resolves the name for the server browser's address rules, which refuse
+``localhost`` itself).
 """
 
 from __future__ import annotations
@@ -33,43 +35,43 @@ def _navigate_outcomes(config: dict, urls: list[str]) -> list[str]:
 
 
 @pytest.mark.browser
-@pytest.mark.usefixtures("needs_chromium")
+@pytest.mark.usefixtures("needs_chromium", "test_names")
 def test_server_backend_refuses_a_blocked_origin_and_lets_others_through():
     """Mutation: the server backend's ``_check_origin`` ignoring ``blocked_origins``
     (``blocked=[]``): every navigation here would be ``ok``."""
     with LocalSite() as site:
         outcomes = _navigate_outcomes({"backend": "server", "blocked_origins": [site.origin]}, [
             site.url("/login"),  # blocked
-            site.other_url("/login"),  # another origin: allowed (no allow-list)
-            site.other_url("/redirect?to=" + site.url("/search")),  # redirected into the blocked origin
+            site.alias_url("/login"),  # another origin: allowed (no allow-list)
+            site.alias_url("/redirect?to=" + site.url("/search")),  # redirected into the blocked origin
         ])
     assert outcomes == ["origin_blocked", "ok", "origin_blocked redirected"]
 
 
 @pytest.mark.browser
-@pytest.mark.usefixtures("needs_chromium")
+@pytest.mark.usefixtures("needs_chromium", "test_names")
 def test_server_backend_blocked_wins_over_allowed():
     """Mutation: the same (``blocked=[]``): the allow-list alone would let it through."""
     with LocalSite() as site:
         outcomes = _navigate_outcomes(
-            {"backend": "server", "allowed_origins": [site.origin, site.other_origin], "blocked_origins": [site.origin]},
-            [site.url("/login"), site.other_url("/login")],
+            {"backend": "server", "allowed_origins": [site.origin, site.alias_origin], "blocked_origins": [site.origin]},
+            [site.url("/login"), site.alias_url("/login")],
         )
     assert outcomes == ["origin_blocked", "ok"]
 
 
 @pytest.mark.browser
-@pytest.mark.usefixtures("needs_chromium")
+@pytest.mark.usefixtures("needs_chromium", "test_names")
 def test_server_backend_wildcard_entries_match_the_host_and_its_subdomains():
-    """``*.localhost`` matches ``localhost`` itself (any scheme and port), not 127.0.0.1.
+    """``*.site.test`` matches ``site.test`` itself (any scheme and port), not 127.0.0.1.
 
     Mutation: the ``*.`` branch of ``origins._matches`` removed (the entry is then compared
     as a plain host name and matches nothing)."""
     with LocalSite() as site:
-        allowed = _navigate_outcomes({"backend": "server", "allowed_origins": ["*.localhost"]},
-                                     [site.other_url("/login"), site.url("/login")])
-        blocked = _navigate_outcomes({"backend": "server", "blocked_origins": ["*.LocalHost"]},
-                                     [site.other_url("/login"), site.url("/login")])
+        allowed = _navigate_outcomes({"backend": "server", "allowed_origins": ["*.site.test"]},
+                                     [site.alias_url("/login"), site.url("/login")])
+        blocked = _navigate_outcomes({"backend": "server", "blocked_origins": ["*.Site.Test"]},
+                                     [site.alias_url("/login"), site.url("/login")])
     assert allowed == ["ok", "origin_blocked"]
     assert blocked == ["origin_blocked", "ok"]
 

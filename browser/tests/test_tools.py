@@ -100,14 +100,14 @@ def test_typing_a_password_needs_approval_and_acts_once_approved():
         assert statuses.count("awaiting_approval") == 3
 
 
-def test_server_backend_refuses_blocked_origins_and_redirects():
+def test_server_backend_refuses_blocked_origins_and_redirects(test_names):
     with LocalSite() as site:
         async def body(run, ctx, events, pool):
             with pytest.raises(ToolError) as info:
-                await BrowserNavigate(run).execute({"url": site.other_url("/search")}, ctx())
+                await BrowserNavigate(run).execute({"url": site.alias_url("/search")}, ctx())
             assert info.value.code == "origin_blocked"
             with pytest.raises(ToolError) as info:
-                await BrowserNavigate(run).execute({"url": site.url("/redirect?to=" + site.other_url("/x"))}, ctx())
+                await BrowserNavigate(run).execute({"url": site.url("/redirect?to=" + site.alias_url("/x"))}, ctx())
             assert info.value.code == "origin_blocked" and "redirected" in info.value.message
 
         run_tools({"allowed_origins": [site.origin]}, body)
