@@ -13,13 +13,23 @@ python-docx (DOCX paragraphs, headings from the ``Heading N`` / ``Title`` styles
 
 Errors are :class:`ParseError` with a message a user can act on; nothing else escapes
 :func:`parse_document` for bad input (a corrupt PDF, a DOCX that is not a zip, binary bytes
-given as text).
+given as text, a DOCX whose XML is broken, too deep or declares entities).
+
+A DOCX is a zip, so its bytes say little about what parsing it costs: before python-docx
+reads it, :func:`check_docx_archive` looks at the members' declared sizes and compression
+ratios, then streams every member out of the archive counting the bytes it really yields,
+and stops at the first limit passed (:data:`MAX_DOCX_UNCOMPRESSED_BYTES`,
+:data:`MAX_DOCX_XML_BYTES`, :data:`MAX_DOCX_COMPRESSION_RATIO`, :data:`MAX_DOCX_MEMBERS`),
+so a zip bomb costs at most those bytes of decompression. A part that declares a DTD is
+refused there too (Word never writes one; entity definitions are how XML amplifies itself).
 """
 
 from __future__ import annotations
 
 import io
 import re
+import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +39,21 @@ MAX_TEXT_CHARS = 5_000_000
 """The most extracted text kept from one document: 5 million characters (~10,000 chunks of
 500). A longer extraction fails the document rather than silently dropping its end."""
 MAX_PDF_PAGES = 2_000
+MAX_DOCX_UNCOMPRESSED_BYTES = 100_000_000
+"""The most bytes a DOCX's zip members may hold uncompressed, all together (images included):
+100 MB. Checked on the declared sizes first, then on the bytes streamed out of the archive."""
+MAX_DOCX_XML_BYTES = 25_000_000
+"""The most uncompressed bytes of a DOCX's XML members (what the XML parser builds a tree
+from), all together: 25 MB, five times :data:`MAX_TEXT_CHARS` (Word's markup around the text)."""
+MAX_DOCX_COMPRESSION_RATIO = 200
+"""The highest compression ratio (uncompressed / compressed) accepted for a DOCX member larger
+than :data:`DOCX_RATIO_FROM_BYTES`: Word's XML compresses about 5–30:1, a zip bomb about
+1,000:1."""
+DOCX_RATIO_FROM_BYTES = 1_000_000
+MAX_DOCX_MEMBERS = 2_000
+"""The most members (files) a DOCX's zip may have."""
+_DOCX_READ_CHUNK = 1 << 16
+_DTD_MARKERS = tuple("<!DOCTYPE".encode(encoding) for encoding in ("utf-8", "utf-16-le", "utf-16-be"))
 
 
 class ParseError(ValueError):
@@ -224,25 +249,121 @@ def parse_pdf(data: bytes) -> ParsedDocument:
 _DOCX_HEADING = re.compile(r"^heading\s*(\d)$", re.I)
 
 
+class _MemberTooLarge(Exception):
+    """Raised inside :func:`check_docx_archive`'s read loop; becomes a :class:`ParseError`."""
+
+
+def _looks_like_xml(head: bytes) -> bool:
+    """True unless a member's first read shows it is not XML: XML's ``<`` after whitespace, a
+    byte order mark or UTF-16's zero bytes, or nothing but those (counted as XML, to be safe).
+    What python-docx may hand the XML parser, whatever the member's name."""
+    return head.lstrip(b" \t\r\n\x00\xef\xbb\xbf\xff\xfe")[:1] in (b"<", b"")
+
+
+def check_docx_archive(data: bytes) -> None:
+    """Refuse a DOCX whose zip would cost more than the limits to unpack, before it is parsed.
+
+    First the central directory: at most :data:`MAX_DOCX_MEMBERS` members, their declared
+    uncompressed sizes together at most :data:`MAX_DOCX_UNCOMPRESSED_BYTES`, and no member over
+    :data:`DOCX_RATIO_FROM_BYTES` compressed more than :data:`MAX_DOCX_COMPRESSION_RATIO`:1.
+    Then every member is streamed out (64 KiB reads, nothing kept) counting the bytes it really
+    yields, stopping as soon as all members pass :data:`MAX_DOCX_UNCOMPRESSED_BYTES` or the XML
+    members pass :data:`MAX_DOCX_XML_BYTES`; an XML member declaring a DTD (``<!DOCTYPE``) is
+    refused. The declared sizes also bound what python-docx decompresses afterwards (zipfile
+    stops a member at its declared size).
+
+    Args:
+        data: The DOCX's bytes.
+
+    Raises:
+        ParseError: not a zip, an unreadable or encrypted member, or a limit passed; the
+            message names the member and the limit.
+    """
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        members = archive.infolist()
+    except (zipfile.BadZipFile, zlib.error, ValueError, EOFError, OSError) as exc:
+        raise ParseError(f"The DOCX could not be read: {type(exc).__name__}: {exc}.") from exc
+    with archive:
+        if len(members) > MAX_DOCX_MEMBERS:
+            raise ParseError(f"The DOCX holds {len(members):,} files; at most {MAX_DOCX_MEMBERS:,} are accepted.")
+        declared = sum(m.file_size for m in members)
+        if declared > MAX_DOCX_UNCOMPRESSED_BYTES:
+            raise ParseError(f"The DOCX unpacks to {declared:,} bytes; at most {MAX_DOCX_UNCOMPRESSED_BYTES:,} are "
+                             "accepted (a zip bomb?).")
+        for member in members:
+            ratio = member.file_size / max(member.compress_size, 1)
+            if member.file_size > DOCX_RATIO_FROM_BYTES and ratio > MAX_DOCX_COMPRESSION_RATIO:
+                raise ParseError(f"The DOCX's part {member.filename!r} is compressed {ratio:,.0f}:1 "
+                                 f"({member.file_size:,} bytes from {member.compress_size:,}); at most "
+                                 f"{MAX_DOCX_COMPRESSION_RATIO}:1 is accepted (a zip bomb?).")
+        total = xml = 0
+        try:
+            for member in members:
+                total, xml = _stream_member(archive, member, total=total, xml=xml)
+        except _MemberTooLarge as exc:
+            raise ParseError(str(exc)) from None
+        except (zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, ValueError, EOFError,
+                OSError) as exc:
+            raise ParseError(f"The DOCX could not be read: {type(exc).__name__}: {exc}.") from exc
+
+
+def _stream_member(archive: zipfile.ZipFile, member: zipfile.ZipInfo, *, total: int, xml: int) -> tuple[int, int]:
+    """Read ``member`` out of ``archive`` in chunks, adding its bytes to ``total`` (and to
+    ``xml`` when it is XML); raise :class:`_MemberTooLarge` at the first limit passed, and
+    :class:`ParseError` for a DTD. Returns the new ``(total, xml)``."""
+    is_xml = None
+    tail = b""
+    with archive.open(member) as stream:
+        while chunk := stream.read(_DOCX_READ_CHUNK):
+            if is_xml is None:
+                is_xml = _looks_like_xml(chunk)
+            total += len(chunk)
+            if total > MAX_DOCX_UNCOMPRESSED_BYTES:
+                raise _MemberTooLarge(f"The DOCX unpacks to more than {MAX_DOCX_UNCOMPRESSED_BYTES:,} bytes (at "
+                                      f"{member.filename!r}); that many are accepted at most (a zip bomb?).")
+            if is_xml:
+                xml += len(chunk)
+                if xml > MAX_DOCX_XML_BYTES:
+                    raise _MemberTooLarge(f"The DOCX's XML unpacks to more than {MAX_DOCX_XML_BYTES:,} bytes (at "
+                                          f"{member.filename!r}); that many are accepted at most (a zip bomb?).")
+                if any(marker in tail + chunk for marker in _DTD_MARKERS):
+                    raise ParseError(f"The DOCX's part {member.filename!r} declares a DTD (<!DOCTYPE>), which Word "
+                                     "never writes; it is refused (entity definitions can expand without bound).")
+                tail = chunk[-32:]
+    return total, xml
+
+
+_DOCX_HEADING = re.compile(r"^heading\s*(\d)$", re.I)
+
+
 def parse_docx(data: bytes) -> ParsedDocument:
     """DOCX: paragraphs in order, headings from the ``Title`` and ``Heading 1…9`` paragraph
     styles, tables as one line per row (cells joined by `` | ``) at their place.
 
-    Raises:
-        ParseError: not a DOCX (not a zip, or no document part).
-    """
-    import zipfile
+    The archive is checked first (:func:`check_docx_archive`: sizes while streaming, ratios,
+    DTDs); python-docx's XML parser resolves no entities, reaches no network and refuses a
+    tree deeper than libxml2's default (256 levels), and its errors are parse failures.
 
+    Raises:
+        ParseError: not a DOCX (not a zip, or no document part), an archive over the limits,
+            or XML that cannot be parsed (broken, too deep, a DTD).
+    """
     import docx
     from docx.opc.exceptions import PackageNotFoundError
     from docx.table import Table
     from docx.text.paragraph import Paragraph
+    from lxml import etree
 
+    check_docx_archive(data)
     try:
         document = docx.Document(io.BytesIO(data))
+        title = (document.core_properties.title or "").strip()
+        blocks = list(document.iter_inner_content())
+    except etree.LxmlError as exc:
+        raise ParseError(f"The DOCX's XML could not be parsed: {exc}.") from exc
     except (PackageNotFoundError, zipfile.BadZipFile, KeyError, ValueError) as exc:
         raise ParseError(f"The DOCX could not be read: {type(exc).__name__}: {exc}.") from exc
-    title = (document.core_properties.title or "").strip()
     sections: list[Section] = []
     path: list[tuple[int, str]] = []
     body: list[str] = []
@@ -253,7 +374,7 @@ def parse_docx(data: bytes) -> ParsedDocument:
             sections.append(Section(tuple(t for _, t in path), text))
         body.clear()
 
-    for block in document.iter_inner_content():
+    for block in blocks:
         if isinstance(block, Table):
             rows = [" | ".join(cell.text.strip() for cell in row.cells) for row in block.rows]
             body.append("\n".join(r for r in rows if r.strip(" |")))
