@@ -5,6 +5,10 @@ with a leading wildcard (``*.example.com``: the host and every subdomain, any sc
 ``blocked_origins`` wins over ``allowed_origins``; an empty ``allowed_origins`` allows every
 origin not blocked. ``about:blank`` and ``data:``-less internal pages are always allowed
 (they carry no site data).
+
+These rules are the tenant's own. They never widen the platform's address rules: the server
+browser reaches only public addresses (web_fetch's rules, :mod:`browser.proxy`), whatever an
+entry here names.
 """
 
 from __future__ import annotations

@@ -143,11 +143,11 @@ def chromium_executable() -> str:
 
 
 def chromium_env() -> dict[str, str]:
-    """Chromium's environment: :data:`CHROMIUM_ENV_NAMES` of the worker's (no secrets), and a
-    ``HOME`` of its own (the wrapper of a root worker points it at the profile)."""
+    """Chromium's environment: :data:`CHROMIUM_ENV_NAMES` of the worker's (no secrets) and
+    ``HOME`` (the worker's; the wrapper of a root worker points it at the profile)."""
     env = {name: os.environ[name] for name in CHROMIUM_ENV_NAMES if name in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    env["HOME"] = tempfile.gettempdir()
+    env["HOME"] = os.environ.get("HOME") or tempfile.gettempdir()
     return env
 
 
