@@ -112,6 +112,10 @@ def extension_figures(*, tenant_id: int, user_id: int, site: LocalSite, clicks: 
 def server_figures(*, site: LocalSite, clicks: int) -> list[float]:
     from browser.server_backend import server_browser_pool
 
+    # The server browser follows web_fetch's address rules: the local page on 127.0.0.1
+    # stands in for a public site, as in the browser tests.
+    settings.WEB_FETCH_ALLOWED_CIDRS = ["127.0.0.1/32"]
+
     async def main():
         run = BrowserRun(config=BrowserConfig(backend="server"))
         calls = iter(range(1, 10**6))
