@@ -9,6 +9,9 @@ WhiteNoise, so static files get it too (an uploaded or served SVG/HTML cannot ru
 The other security headers come from Django's ``SecurityMiddleware`` (settings.py: HSTS,
 ``X-Content-Type-Options``, ``Referrer-Policy``, ``Cross-Origin-Opener-Policy``) and
 ``XFrameOptionsMiddleware``.
+
+:func:`security_headers_for` gives all of them for an ASGI app served beside Django, outside
+its middleware (the knowledge MCP server, ``/mcp/knowledge/``).
 """
 
 from __future__ import annotations
@@ -44,3 +47,28 @@ class ContentSecurityPolicyMiddleware(MiddlewareMixin):
             if policy:
                 response[HEADER] = policy
         return response
+
+
+def security_headers_for(request: HttpRequest) -> list[tuple[str, str]]:
+    """The security headers Django's middleware puts on a response to ``request``, for an app
+    that answers outside that middleware: ``SecurityMiddleware``'s (``Strict-Transport-Security``
+    on a secure request when ``SECURE_HSTS_SECONDS`` is set, ``X-Content-Type-Options``,
+    ``Referrer-Policy``, ``Cross-Origin-Opener-Policy``), :class:`ContentSecurityPolicyMiddleware`'s
+    and ``XFrameOptionsMiddleware``'s, computed by those middlewares themselves on an empty
+    response (so they follow the same settings).
+
+    Returns:
+        ``[(name, value)]`` in the order the middlewares set them.
+    """
+    from django.http import HttpResponse
+    from django.middleware.clickjacking import XFrameOptionsMiddleware
+    from django.middleware.security import SecurityMiddleware
+
+    def not_called(_request: HttpRequest) -> HttpResponseBase:  # only process_response is used
+        raise AssertionError
+
+    response: HttpResponseBase = HttpResponse()
+    untouched = set(response.headers)
+    for middleware in (SecurityMiddleware, ContentSecurityPolicyMiddleware, XFrameOptionsMiddleware):
+        response = middleware(not_called).process_response(request, response)
+    return [(name, value) for name, value in response.items() if name not in untouched]

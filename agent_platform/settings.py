@@ -289,7 +289,9 @@ CACHES = {
 # Scopes: tokens (POST /tokens/), messages (POST /sessions/<id>/messages/), runs (requests that
 # start or resume a run: messages, approval decisions), search (knowledge searches: POST
 # /knowledge-bases/<id>/search/ and the knowledge MCP server's knowledge_search; each embeds the
-# query), login.ip (POST /auth/login/ per client address). An empty value turns a limit off.
+# query), login.ip (POST /auth/login/ per client address), mcp_auth.ip (failed API-token checks
+# of the knowledge MCP server per client address; over it: 429 before the token is looked at).
+# An empty value turns a limit off.
 # A throttled caller gets 429 with Retry-After and the {message, extra} body.
 API_THROTTLE_RATES = {
     "tokens.user": os.environ.get("THROTTLE_TOKENS_USER", "20/hour"),
@@ -301,6 +303,8 @@ API_THROTTLE_RATES = {
     "search.user": os.environ.get("THROTTLE_SEARCH_USER", "120/minute"),
     "search.tenant": os.environ.get("THROTTLE_SEARCH_TENANT", "1200/minute"),
     "login.ip": os.environ.get("THROTTLE_LOGIN_IP", "60/minute"),  # login attempts per client address
+    # failed token checks per client address at /mcp/knowledge/ (knowledge/mcp_server.py)
+    "mcp_auth.ip": os.environ.get("THROTTLE_MCP_AUTH_IP", "30/minute"),
 }
 # Login lockout (django-axes) on /api/v1/auth/login/ and /admin/login/: after
 # LOGIN_LOCKOUT_FAILURES failed logins for one username from one IP address (LOGIN_LOCKOUT_BY:

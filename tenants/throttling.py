@@ -10,6 +10,9 @@ the API's exception handler answers with 429, ``Retry-After`` and the ``{message
 body. The counting is DRF's ``SimpleRateThrottle`` (a sliding window of request times).
 
 :class:`ClientIpThrottle` is the same per client address, for the login endpoint.
+:func:`failures_wait` and :func:`failure_record` count only failures per client address (the
+knowledge MCP server's failed token checks, ``mcp_auth.ip``): a client over its budget is
+refused before its credential is looked at.
 """
 
 from __future__ import annotations
@@ -101,3 +104,52 @@ def throttle_wait(*, scopes: tuple[str, ...] | list[str], user_id: int, tenant_i
     waits = [throttle.wait() or 1.0 for throttle in throttles_for(scopes)
              if not throttle.allow_request(request, None)]  # type: ignore[arg-type]
     return max(waits) if waits else None
+
+
+class _FailureThrottle(_ScopedThrottle):
+    """Failures per client address: ``API_THROTTLE_RATES["<scope>.ip"]`` (only failures are
+    counted, unlike :class:`ClientIpThrottle`, which counts every request)."""
+
+    kind = "ip"
+
+    def _ident(self, request: Any) -> Any:
+        return request.META.get("REMOTE_ADDR") or None
+
+    def load(self, address: str) -> bool:
+        """Read ``address``'s failures inside the window; False when there is no limit (no rate,
+        no address)."""
+        from types import SimpleNamespace
+
+        if self.rate is None:
+            return False
+        self.key = self.get_cache_key(SimpleNamespace(META={"REMOTE_ADDR": address}), None)  # type: ignore[arg-type]
+        if self.key is None:
+            return False
+        self.history = self.cache.get(self.key, [])
+        self.now = self.timer()
+        while self.history and self.history[-1] <= self.now - self.duration:
+            self.history.pop()
+        return True
+
+
+def failures_wait(*, scope: str, address: str) -> float | None:
+    """Whether client ``address`` may try again, under ``API_THROTTLE_RATES["<scope>.ip"]``
+    failures per window (e.g. ``"30/minute"``; empty or missing: no limit). Spends nothing: a
+    failure is counted by :func:`failure_record`. For entry points that are not DRF views (the
+    knowledge MCP server's token check); the counters are DRF's (Django's cache).
+
+    Returns:
+        None when ``address`` may try, else the seconds until its oldest failure in the window
+        expires (at least 1).
+    """
+    throttle = _FailureThrottle(scope)
+    if not throttle.load(address) or len(throttle.history) < throttle.num_requests:
+        return None
+    return throttle.wait() or 1.0
+
+
+def failure_record(*, scope: str, address: str) -> None:
+    """Count one failure of client ``address`` in ``<scope>.ip`` (see :func:`failures_wait`)."""
+    throttle = _FailureThrottle(scope)
+    if throttle.load(address):
+        throttle.throttle_success()  # DRF's name for "record this request"

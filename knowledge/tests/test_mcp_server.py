@@ -84,7 +84,7 @@ def test_a_client_lists_and_searches_what_its_token_may_see(world, knowledge, li
     assert set(titles) == {"Harbour rules", "My mooring"}  # not the admin's own, not the other tenant's
     first = found.data["hits"][0]
     assert first["n"] == 1 and first["text"] and first["chunk_id"] and "snippet" not in first
-    assert found.content.startswith("[1] ")
+    assert found.content.startswith('<untrusted-data nonce="') and '">\n[1] ' in found.content
     assert found.data["notice"] == ""
 
     only_handbook = _call(live_server_url, token, "knowledge_search",
