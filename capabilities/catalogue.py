@@ -30,7 +30,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from capabilities.confinement import SandboxProfile, bind_path_check
+from capabilities.confinement import LIMIT_FIELDS, SandboxLimits, SandboxProfile, bind_path_check
 
 TENANT_PARAMETER_RE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 """``${NAME}`` in an argv element: a tenant parameter, or ``${PYTHON}``."""
@@ -95,6 +95,12 @@ class ProgramTemplate(models.Model):
         default=30.0, help_text="CLI: the longest a call may run; MCP: the longest a tool call may take.",
     )
     max_output_bytes = models.PositiveIntegerField(default=64 * 1024, help_text="CLI: kept of stdout and of stderr.")
+    limits = models.JSONField(
+        default=dict, blank=True,
+        help_text='Resource limits of each process of the program, lowered from the operator maximum '
+                  '(SANDBOX_LIMITS; a higher value is lowered to it), e.g. {"cpu_seconds": 10, "memory_mb": 256, '
+                  '"processes": 64, "file_size_mb": 16, "open_files": 256}. Empty: the maximum.',
+    )
     tenants = models.ManyToManyField(
         "tenants.Tenant", blank=True, related_name="+",
         help_text="Tenants that may use it; none selected: every tenant.",
@@ -150,6 +156,15 @@ class ProgramTemplate(models.Model):
                     bind_path_check(path)
                 except ValueError as exc:
                     errors.setdefault("ro_binds", []).append(str(exc))
+        limits = self.limits
+        if not isinstance(limits, dict):
+            errors.setdefault("limits", []).append(f"A JSON object with some of: {', '.join(LIMIT_FIELDS)}.")
+        else:
+            for name, value in limits.items():
+                if name not in LIMIT_FIELDS:
+                    errors.setdefault("limits", []).append(f"{name!r} is not a limit ({', '.join(LIMIT_FIELDS)}).")
+                elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    errors.setdefault("limits", []).append(f"{name}: a positive integer.")
         if not (0 < float(self.timeout_seconds or 0) <= 3600):
             errors.setdefault("timeout_seconds", []).append("Between 0 and 3600 seconds.")
         if errors:
@@ -245,7 +260,8 @@ def template_profile(template: ProgramTemplate, secrets: dict[str, str]) -> Sand
 
     The deployment's settings add what is the operator's across templates: the sandbox's user,
     bubblewrap, the read-only binds every program gets (``SANDBOX_RO_BINDS``, e.g. the sandbox's
-    Python environment) and the Python of the egress bridge.
+    Python environment), the Python of the egress bridge and the maximum resource limits
+    (``SANDBOX_LIMITS``), which the template's ``limits`` may lower (:func:`template_limits`).
     """
     from django.conf import settings
 
@@ -258,4 +274,31 @@ def template_profile(template: ProgramTemplate, secrets: dict[str, str]) -> Sand
         gid=settings.SANDBOX_GID,
         bwrap_path=settings.CLI_BWRAP_PATH,
         bridge_python=settings.SANDBOX_BRIDGE_PYTHON,
+        limits=template_limits(template),
     )
+
+
+def operator_limits() -> SandboxLimits:
+    """The operator's maximum limits (``settings.SANDBOX_LIMITS``; a name it omits: the built-in default).
+
+    Raises:
+        ValueError: the setting names an unknown limit or a value that is not a positive integer.
+    """
+    from django.conf import settings
+
+    configured = dict(getattr(settings, "SANDBOX_LIMITS", {}) or {})
+    unknown = set(configured) - set(LIMIT_FIELDS)
+    if unknown:
+        raise ValueError(f"SANDBOX_LIMITS: unknown limits {sorted(unknown)}; known: {', '.join(LIMIT_FIELDS)}")
+    return SandboxLimits(**configured)
+
+
+def template_limits(template: ProgramTemplate) -> SandboxLimits:
+    """The limits of a program started from ``template``: its ``limits``, each no higher than the
+    operator's maximum (:func:`operator_limits`); a limit it does not name is the maximum. A
+    malformed ``limits`` (not a JSON object; :meth:`ProgramTemplate.clean` refuses it) counts as empty."""
+    maximum = operator_limits()
+    values = template.limits if isinstance(template.limits, dict) else {}
+    usable = {k: v for k, v in values.items()
+              if k in LIMIT_FIELDS and isinstance(v, int) and not isinstance(v, bool) and v >= 1}
+    return SandboxLimits.from_mapping(usable, maximum=maximum)

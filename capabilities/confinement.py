@@ -36,13 +36,32 @@ What a confined program gets (bubblewrap 0.8, Debian 12's ``bubblewrap``; flags 
   plus the template's variables and the tenant's secrets. It is bubblewrap's process
   environment (passed on), not ``--setenv`` arguments, so secrets never appear in a process
   listing.
+- **Resource limits** (:class:`SandboxLimits`): util-linux's ``prlimit`` sets them on itself
+  before it starts ``setpriv``/bubblewrap, and every process of the sandbox inherits them:
+  CPU time (``RLIMIT_CPU``, per process: SIGXCPU at the limit, SIGKILL a second later), memory
+  (``RLIMIT_DATA``, per process: heap and private writable mappings; allocations beyond it fail
+  with ENOMEM, Python's ``MemoryError``; not ``RLIMIT_AS``, which also counts the address space
+  runtimes only reserve: Node's WebAssembly reserves ~10 GiB, and mcp-server-fetch's Node
+  failed under a 2 GiB ``RLIMIT_AS``),
+  processes (``RLIMIT_NPROC``), file size (``RLIMIT_FSIZE``) and open files (``RLIMIT_NOFILE``).
+  ``RLIMIT_NPROC`` counts every task (threads too) of the program's host uid, across every
+  sandbox of that uid on the host (the kernel charges a user namespace's tasks to its owner
+  too): a program may start new processes while fewer than ``processes`` tasks of
+  ``SANDBOX_UID`` run on the host. So one program can hold at most ``processes`` tasks, and
+  while it holds them, programs whose own limit is not above that count cannot fork or start
+  (until its call's timeout ends it). It is only set when the worker is root (the program then
+  runs as ``SANDBOX_UID``); a non-root worker's programs run as the worker's own uid, whose
+  count includes the worker's threads. cgroups are not used: see :data:`LIMITS_MECHANISM`.
+  :func:`limit_exceeded` names the limit a program evidently hit.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -89,6 +108,63 @@ environment); bubblewrap unsets them (names only: nothing secret goes on the com
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+LIMITS_MECHANISM = "prlimit"
+"""How limits are applied: ``setrlimit`` through util-linux's ``prlimit``, per process. cgroups
+v2 would bound a program's processes together (memory, pids, CPU share); the hosts this was
+written on had no usable v2 hierarchy (``/sys/fs/cgroup/cgroup.controllers`` absent, a v1
+hierarchy with only ``hugetlb`` in the unified one), so it is not used (README, "The sandbox")."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    """Resource limits of one confined program (each process of it), applied by ``prlimit``.
+
+    The operator's maximum is ``settings.SANDBOX_LIMITS``; a template may ask for less
+    (:meth:`clamped`). All values are positive integers.
+    """
+
+    cpu_seconds: int = 300
+    """CPU time of each process, seconds (``RLIMIT_CPU``): SIGXCPU at the limit, SIGKILL 1 s later."""
+    memory_mb: int = 2048
+    """Writable memory of each process, MiB (``RLIMIT_DATA``: heap and private writable mappings,
+    thread stacks included): allocations beyond it fail (ENOMEM)."""
+    processes: int = 256
+    """Tasks (processes and threads) of the program's host uid (``RLIMIT_NPROC``; see the module
+    docstring: the count is host-wide for that uid, and it is only set for a root worker)."""
+    file_size_mb: int = 256
+    """Largest file a process may write, MiB (``RLIMIT_FSIZE``): beyond it EFBIG / SIGXFSZ."""
+    open_files: int = 1024
+    """Open file descriptors per process (``RLIMIT_NOFILE``)."""
+
+    def __post_init__(self) -> None:
+        for name in LIMIT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    def clamped(self, maximum: SandboxLimits) -> SandboxLimits:
+        """These limits, each no higher than ``maximum``'s."""
+        return SandboxLimits(**{name: min(getattr(self, name), getattr(maximum, name)) for name in LIMIT_FIELDS})
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, int], *, maximum: SandboxLimits) -> SandboxLimits:
+        """``maximum`` with the fields ``values`` names lowered to them (never raised above it).
+
+        Raises:
+            ValueError: an unknown name or a value that is not a positive integer.
+        """
+        unknown = set(values) - set(LIMIT_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown limits {sorted(unknown)}; known: {', '.join(LIMIT_FIELDS)}")
+        return cls(**{name: values.get(name, getattr(maximum, name)) for name in LIMIT_FIELDS}).clamped(maximum)
+
+
+LIMIT_FIELDS = ("cpu_seconds", "memory_mb", "processes", "file_size_mb", "open_files")
+"""The fields of :class:`SandboxLimits`, in the order of settings, templates and messages."""
+
+_MIB = 1024 * 1024
+
+
 class SandboxUnavailable(Exception):
     """``bwrap`` (or ``setpriv``, when the worker is root) is not installed where configured."""
 
@@ -114,6 +190,8 @@ class SandboxProfile:
     egress_socket: str = ""
     """Host path of the egress proxy's Unix socket; empty: this process's own proxy
     (:func:`capabilities.egress.egress_socket_path`, started on first use)."""
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    """CPU, memory, processes, file size and open files of each process of the program."""
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "egress"):
@@ -161,10 +239,10 @@ def confined_argv(argv: list[str] | tuple[str, ...], profile: SandboxProfile, *,
             :func:`workdir_prepare`), or None for a tmpfs.
 
     Returns:
-        ``[setpriv …, bwrap …, --, (bridge …,) *argv]``; run it with :func:`confined_env`.
+        ``[prlimit …, setpriv …, bwrap …, --, (bridge …,) *argv]``; run it with :func:`confined_env`.
 
     Raises:
-        SandboxUnavailable: bwrap, or setpriv for a root worker, is not installed.
+        SandboxUnavailable: bwrap, prlimit, or setpriv for a root worker, is not installed.
         ValueError: ``argv`` is empty.
     """
     if not argv:
@@ -172,12 +250,12 @@ def confined_argv(argv: list[str] | tuple[str, ...], profile: SandboxProfile, *,
     bwrap = bwrap_resolve(profile.bwrap_path)
     if bwrap is None:
         raise SandboxUnavailable(f"bubblewrap ({profile.bwrap_path!r}) is not installed")
-    prefix: list[str] = []
+    prefix = limits_argv(profile.limits)
     if drops_privileges():
         setpriv = shutil.which("setpriv")
         if setpriv is None:
             raise SandboxUnavailable("setpriv (util-linux) is not installed: cannot drop root for the sandbox")
-        prefix = [
+        prefix += [
             setpriv, f"--reuid={profile.uid}", f"--regid={profile.gid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
         ]
@@ -214,6 +292,91 @@ def confined_argv(argv: list[str] | tuple[str, ...], profile: SandboxProfile, *,
     if profile.network == "egress":
         full += [profile.bridge_python, "-I", "-S", "-c", BRIDGE_SOURCE]
     return full + list(argv)
+
+
+def limits_argv(limits: SandboxLimits) -> list[str]:
+    """``[prlimit, --cpu=…, --data=…, (--nproc=…,) --fsize=…, --nofile=…, --]``: the start of a
+    confined command line.
+
+    Soft and hard limits are equal, except CPU time (hard one second above the soft limit, so
+    the program gets SIGXCPU, not a bare SIGKILL). A worker that is not root cannot raise a hard
+    limit: each value is capped at the worker's own hard limit then, and ``RLIMIT_NPROC`` is left
+    alone (it would count the worker's own threads).
+
+    Raises:
+        SandboxUnavailable: ``prlimit`` (util-linux) is not installed.
+    """
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise SandboxUnavailable("prlimit (util-linux) is not installed: cannot limit the sandbox's resources")
+    root = drops_privileges()
+
+    def capped(kind: int, value: int) -> int:
+        if root:
+            return value
+        hard = resource.getrlimit(kind)[1]
+        return value if hard == resource.RLIM_INFINITY else min(value, hard)
+
+    cpu = capped(resource.RLIMIT_CPU, limits.cpu_seconds + 1)
+    argv = [
+        prlimit, f"--cpu={min(limits.cpu_seconds, cpu)}:{cpu}",
+        f"--data={capped(resource.RLIMIT_DATA, limits.memory_mb * _MIB)}",
+    ]
+    if root:
+        argv.append(f"--nproc={limits.processes}")
+    argv += [
+        f"--fsize={capped(resource.RLIMIT_FSIZE, limits.file_size_mb * _MIB)}",
+        f"--nofile={capped(resource.RLIMIT_NOFILE, limits.open_files)}",
+        "--",
+    ]
+    return argv
+
+
+_PROCESS_ERRORS = re.compile(
+    r"Cannot fork|\bfork(?:\(\))?: |can't start new thread|Resource temporarily unavailable|\bEAGAIN\b", re.IGNORECASE)
+_MEMORY_ERRORS = re.compile(
+    r"MemoryError|Cannot allocate memory|\bENOMEM\b|out of memory|bad_alloc|memory exhausted", re.IGNORECASE)
+_FILES_ERRORS = re.compile(r"Too many open files|\bEMFILE\b", re.IGNORECASE)
+_FILE_SIZE_ERRORS = re.compile(r"File too large|\bEFBIG\b", re.IGNORECASE)
+
+
+def limit_exceeded(*, limits: SandboxLimits, exit_code: int | None, stderr: str) -> str | None:
+    """The resource limit a confined program evidently hit, as a sentence, or None.
+
+    Evidence, in this order: the signal that ended it (bubblewrap exits with 128 + the signal
+    number; the launcher itself killed shows as the negative signal number): SIGXCPU is the CPU
+    limit, SIGXFSZ the file size limit. Otherwise, for a program that failed (non-zero exit, or
+    still running when it was killed: ``exit_code`` None or negative), the errors the program
+    itself printed on ``stderr``: a failed fork or thread (EAGAIN), a failed allocation
+    (ENOMEM, ``MemoryError``), too many open files (EMFILE), a file too large (EFBIG). A
+    program that prints such a message for another reason is attributed to the limit too.
+
+    Args:
+        limits: The program's limits (their values go into the sentence).
+        exit_code: Its exit status (None: unknown or killed by the caller).
+        stderr: What it wrote to stderr (as kept).
+
+    Returns:
+        E.g. ``"CPU time limit (10 s per process) exceeded"``, or None.
+    """
+    signum = None
+    if exit_code is not None:
+        signum = -exit_code if exit_code < 0 else (exit_code - 128 if 128 < exit_code < 160 else None)
+    if signum == signal.SIGXCPU:
+        return f"CPU time limit ({limits.cpu_seconds} s per process) exceeded"
+    if signum == signal.SIGXFSZ:
+        return f"file size limit ({limits.file_size_mb} MiB) exceeded"
+    if exit_code == 0:
+        return None
+    if _PROCESS_ERRORS.search(stderr):
+        return f"process limit ({limits.processes} tasks of the sandbox's user) reached: a fork or thread failed"
+    if _MEMORY_ERRORS.search(stderr):
+        return f"memory limit ({limits.memory_mb} MiB per process) reached: an allocation failed"
+    if _FILES_ERRORS.search(stderr):
+        return f"open files limit ({limits.open_files} per process) reached"
+    if _FILE_SIZE_ERRORS.search(stderr):
+        return f"file size limit ({limits.file_size_mb} MiB) exceeded"
+    return None
 
 
 def confined_env(profile: SandboxProfile) -> dict[str, str]:

@@ -302,7 +302,7 @@ def cli_command_save(
 
 CATALOGUE_FIELDS = (
     "name", "description", "kind", "argv", "tenant_parameters", "secrets", "env", "network", "ro_binds",
-    "parameters_schema", "timeout_seconds", "max_output_bytes", "enabled",
+    "parameters_schema", "timeout_seconds", "max_output_bytes", "limits", "enabled",
 )
 """The fields a catalogue file may set for a template (besides ``slug`` and ``tenants``)."""
 

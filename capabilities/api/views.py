@@ -19,7 +19,7 @@ class ProgramTemplateSerializer(serializers.ModelSerializer):
         model = ProgramTemplate
         fields = [
             "id", "slug", "name", "description", "kind", "argv", "tenant_parameters", "secrets", "network",
-            "parameters_schema", "timeout_seconds", "max_output_bytes",
+            "parameters_schema", "timeout_seconds", "max_output_bytes", "limits",
         ]
         read_only_fields = fields
 

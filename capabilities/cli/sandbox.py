@@ -11,6 +11,11 @@ bytes and counts the rest. When a stream passes ``KILL_FACTOR`` x the cap the pr
 killed (no point reading gigabytes to throw them away). Complete lines within the cap are
 handed to ``on_output`` in batches, at most every ``PROGRESS_INTERVAL_SECONDS``.
 
+Resource limits: the profile's :class:`~capabilities.confinement.SandboxLimits` (CPU time,
+address space, processes, file size, open files) hold for every process of the command; when
+its end shows that it hit one (:func:`~capabilities.confinement.limit_exceeded`), the result
+names it in ``limit_exceeded``.
+
 Timeout and cancellation: the whole process group of the launcher gets SIGKILL; inside the
 sandbox, bwrap's PID 1 then dies (``--die-with-parent``) and the kernel kills every process
 of the PID namespace, so children (even ``setsid`` ones) go too; the same happens when the
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -35,6 +41,7 @@ from capabilities.confinement import (
     SandboxUnavailable,
     confined_argv,
     confined_env,
+    limit_exceeded,
     workdir_prepare,
 )
 
@@ -85,6 +92,9 @@ class CommandResult:
     duration_ms: int = 0
     sandboxed: bool = True
     """Always True (kept in the result for the API's readers)."""
+    limit_exceeded: str | None = None
+    """The resource limit the command evidently hit (e.g. ``"CPU time limit (10 s per process)
+    exceeded"``), else None."""
 
     @property
     def truncated(self) -> bool:
@@ -127,8 +137,9 @@ async def run_command(argv: list[str], policy: SandboxPolicy, *, on_output: OnOu
         on_output: Receives batches of complete output lines while the command runs.
 
     Returns:
-        The result; a non-zero exit, a timeout or an over-limit kill are results, not errors
-        (a program missing inside the sandbox is bwrap's exit 1 with its message on stderr).
+        The result; a non-zero exit, a timeout, an over-limit kill or a resource limit hit
+        (``limit_exceeded``) are results, not errors (a program missing inside the sandbox is
+        bwrap's exit 1 with its message on stderr).
 
     Raises:
         SandboxUnavailable: bubblewrap (or setpriv, for a root worker) is not installed.
@@ -138,9 +149,11 @@ async def run_command(argv: list[str], policy: SandboxPolicy, *, on_output: OnOu
     try:
         workdir_prepare(workdir, policy.profile)
         full = confined_argv(argv, policy.profile, workdir=workdir)
-        return await _run(full, env=confined_env(policy.profile), cwd="/", policy=policy, on_output=on_output)
+        result = await _run(full, env=confined_env(policy.profile), cwd="/", policy=policy, on_output=on_output)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    reason = limit_exceeded(limits=policy.profile.limits, exit_code=result.exit_code, stderr=result.stderr)
+    return dataclasses.replace(result, limit_exceeded=reason) if reason else result
 
 
 async def _run(

@@ -9,7 +9,9 @@ also when it was killed for its timeout or its output; the result's first line s
 (``exit code 1``, ``timed out after 5 s…``) with the output so far, and the model decides
 what it means (``grep`` exits 1 for "no match", ``diff`` 1 for "differs"). Failed tool calls
 are reserved for what the model can fix or must hear as a refusal: invalid arguments
-(``invalid_arguments``) and no sandbox (``sandbox_unavailable``). The agent's own ``tool_timeout_seconds`` still applies on
+(``invalid_arguments``), no sandbox (``sandbox_unavailable``) and a command stopped by a
+resource limit of the sandbox (``resource_limit``: CPU time, memory, processes, file size or
+open files; the message names the limit, then the output so far). The agent's own ``tool_timeout_seconds`` still applies on
 top (the runner then records ``timed_out`` and the process group is killed on cancellation).
 """
 
@@ -71,7 +73,8 @@ class CliTool(Tool):
 
         Raises:
             ToolError: ``invalid_arguments`` (schema/option-injection message),
-                ``sandbox_unavailable`` (bubblewrap or setpriv missing on the worker).
+                ``sandbox_unavailable`` (bubblewrap, prlimit or setpriv missing on the worker),
+                ``resource_limit`` (the command hit a limit of the sandbox: the message names it).
 
         Side effects: ``tool_call_progress`` events with the output lines as they come
         (``data.stream`` = ``stdout``/``stderr``).
@@ -103,6 +106,12 @@ class CliTool(Tool):
                 code="sandbox_unavailable",
             ) from exc
         content = render_result(result, timeout_seconds=self.config.timeout_seconds)
+        if result.limit_exceeded:
+            raise ToolError(
+                f"The command {self.config.name!r} was stopped by a limit of the sandbox (the operator's): "
+                f"{result.limit_exceeded}.\n{content}",
+                code="resource_limit",
+            )
         return ToolResult(content=content, data={
             "exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
             "truncated": result.truncated, "timed_out": result.timed_out,
