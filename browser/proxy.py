@@ -181,7 +181,34 @@ async def _relay_http(method: str, path: str, headers: list[tuple[str, str]], cl
     kept = [f"{k}: {v}" for k, v in response_headers if k.lower() not in HOP_BY_HOP]
     client_writer.write(("\r\n".join([status_line, *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1"))
     await client_writer.drain()
-    await _splice(upstream_reader, client_writer)
+    body = _response_length(method, status_line, response_headers)
+    if body is None:  # until the server closes (it was asked to)
+        await _splice(upstream_reader, client_writer)
+        return
+    while body > 0:  # exactly the declared body: a server that keeps the connection open anyway is not waited for
+        data = await upstream_reader.read(min(CHUNK_BYTES, body))
+        if not data:
+            break
+        client_writer.write(data)
+        body -= len(data)
+        await client_writer.drain()
+
+
+def _response_length(method: str, status_line: str, headers: list[tuple[str, str]]) -> int | None:
+    """Bytes of body after a response head, or None when the body ends when the server closes
+    (chunked, no length, or an interim 1xx answer followed by the final one)."""
+    parts = status_line.split(" ", 2)
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    if 100 <= status < 200:
+        return None
+    if method == "HEAD" or status in (204, 304):
+        return 0
+    if any(k.lower() == "transfer-encoding" for k, _ in headers):
+        return None
+    declared = {v for k, v in headers if k.lower() == "content-length"}
+    if len(declared) == 1 and (value := declared.pop()).isdigit():
+        return int(value)
+    return None
 
 
 async def _handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:

@@ -249,6 +249,34 @@ def test_a_kept_alive_proxy_connection_never_carries_a_second_request_to_the_fir
     assert [p for _, p, _ in public.seen] == ["/"] and internal.seen == []
 
 
+def test_the_proxy_ends_the_exchange_after_the_declared_body_even_if_the_server_keeps_the_connection(public):
+    """A server that ignores ``Connection: close`` does not hold the browser's request open:
+    the proxy relays the ``Content-Length`` bytes and closes."""
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    release = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: keep-alive\r\n\r\nhello")
+        release.wait(20)  # keeps the connection open
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = listener.getsockname()[1]
+    started = time.monotonic()
+    try:
+        answer = _proxy_exchange(f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    finally:
+        release.set()
+        listener.close()
+    assert answer.endswith(b"\r\n\r\nhello") and b"Connection: close" in answer
+    assert time.monotonic() - started < 5
+
+
 # ----------------------------------------------------------------------------------- privileges
 
 def _descendants(root: int) -> list[int]:
