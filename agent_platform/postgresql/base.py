@@ -44,8 +44,12 @@ class DatabaseWrapper(base.DatabaseWrapper):
         super()._rollback()
 
     def _savepoint_rollback(self, sid: str) -> None:
+        # Sent straight on the driver's connection: this backend's cursor would first re-send the
+        # scope (forgotten: the rollback undoes a set_config made since the savepoint), which the
+        # aborted transaction refuses, and the outer transaction could never be used again.
         rls.forget(self.connection)
-        super()._savepoint_rollback(sid)
+        with self.wrap_database_errors:
+            self.connection.execute(self.ops.savepoint_rollback_sql(sid))
 
     def _close(self) -> None:
         if self.connection is not None and self.connection.info.transaction_status != TransactionStatus.IDLE:
