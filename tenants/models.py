@@ -183,8 +183,11 @@ class ApiToken(TenantOwnedModel):
 class AuditEvent(TenantOwnedModel):
     """One admin write or security event: who did what to which object, when, from where.
 
-    Written only by :func:`tenants.audit.audit_record` (append-only: no code path updates
-    or deletes a row; the console and API are read-only). ``tenant`` is null for events that
+    Written only by :func:`tenants.audit.audit_record`. Append-only: the console and API are
+    read-only, and the database refuses ``UPDATE`` and ``DELETE`` of a row to the application's
+    role (revoked, and a trigger: :data:`tenants.rls.APPEND_ONLY_MODELS`). So deleting a user
+    or a tenant leaves its events as they were: ``actor`` and ``tenant`` keep the deleted
+    row's id (no foreign key constraint; ``actor_repr`` keeps the name). ``tenant`` is null for events that
     belong to no tenant (a failed login for an unknown username, a superuser's change to a
     platform-wide object): under row-level security such rows are visible in the system
     scope only, i.e. to superusers.
@@ -195,12 +198,15 @@ class AuditEvent(TenantOwnedModel):
     the attempted username of a failed login, the role of an invitation).
     """
 
-    tenant = models.ForeignKey("tenants.Tenant", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # DO_NOTHING without a database constraint: deleting the user or tenant must not UPDATE an
+    # event (refused: the log is append-only), and the event keeps whose it was.
+    tenant = models.ForeignKey("tenants.Tenant", null=True, blank=True, on_delete=models.DO_NOTHING,
+                               db_constraint=False, related_name="+")
     at = models.DateTimeField(default=timezone.now, db_index=True)
     action = models.CharField(max_length=64, db_index=True)
     source = models.CharField(max_length=16, help_text="console, api, auth or system.")
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                              related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
+                              db_constraint=False, related_name="+")
     actor_repr = models.CharField(max_length=150, blank=True, help_text="The actor's username when it acted.")
     object_type = models.CharField(max_length=100, blank=True, help_text="app_label.model")
     object_id = models.CharField(max_length=64, blank=True)

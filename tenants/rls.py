@@ -31,6 +31,13 @@ How:
   since that connection's last one: one ``SELECT set_config(…)`` that sets the role and
   both settings. A rollback undoes a ``set_config`` made in its transaction, so the backend
   forgets what it set whenever it rolls back.
+- **The audit log is append-only for the application.** The tables of
+  :data:`APPEND_ONLY_MODELS` (``tenants_auditevent``) are granted ``SELECT, INSERT`` only:
+  :func:`apply` revokes ``UPDATE``, ``DELETE`` and ``TRUNCATE`` on them from the role, and a
+  trigger (tenants migration 0004) refuses ``UPDATE`` and ``DELETE`` to every role that is not
+  the table's owner (or a superuser), whatever the grants say. So SQL run through the
+  application's connection (a compromised tenant admin's session, an injection) cannot rewrite
+  or erase history; its foreign keys leave the rows alone when a user or tenant is deleted.
 - **Migrations run as the owner** (:func:`owner_mode`, entered by this project's ``migrate``
   and ``flush`` commands; the database backend's connection without a database, which
   creates and drops the test database, logs in as the owner too). The owner's login is
@@ -80,6 +87,10 @@ FIRST_SCOPE_SQL = SCOPE_SQL + (
 )
 """:data:`SCOPE_SQL` plus whether the login is privileged: a connection's first statement
 as the application (the check costs no round trip of its own)."""
+
+
+APPEND_ONLY_MODELS = ("tenants.AuditEvent",)
+"""Models whose rows the application adds and reads but never changes or deletes."""
 
 
 class PrivilegedLogin(ImproperlyConfigured):
@@ -243,9 +254,17 @@ def protected_tables() -> dict[str, str]:
     return dict(sorted(tables.items()))
 
 
+def append_only_tables() -> list[str]:
+    """The tables of :data:`APPEND_ONLY_MODELS`."""
+    from django.apps import apps
+
+    return sorted(apps.get_model(label)._meta.db_table for label in APPEND_ONLY_MODELS)
+
+
 def apply(connection: Any) -> list[str]:
     """Make sure the role, its grants and every protected table's policy exist
-    (:func:`protected_tables`).
+    (:func:`protected_tables`), and that the role may not change or delete the rows of the
+    append-only tables (:func:`append_only_tables`).
 
     Idempotent and cheap when nothing is missing (three catalogue queries). Every table and
     sequence of the schema is granted, not only the tenant-owned ones. Runs as the owner
@@ -265,6 +284,7 @@ def apply(connection: Any) -> list[str]:
     """
     role = app_role()
     tables = protected_tables()
+    append_only = append_only_tables()
     with connection.cursor() as cursor:
         state: dict[str, tuple[bool, bool]] = {}
         role_exists = _role_exists(cursor, role)
@@ -280,9 +300,12 @@ def apply(connection: Any) -> list[str]:
             state = {name: (rls_on, has_policy) for name, rls_on, has_policy in cursor.fetchall()}
             cursor.execute(
                 "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = current_schema() AND ((c.relkind = 'r' AND NOT has_table_privilege(%s, c.oid, 'DELETE')) "
+                "WHERE n.nspname = current_schema() AND ("
+                "  (c.relkind = 'r' AND c.relname <> ALL(%s) AND NOT has_table_privilege(%s, c.oid, 'DELETE')) "
+                "  OR (c.relkind = 'r' AND c.relname = ANY(%s) AND (NOT has_table_privilege(%s, c.oid, 'INSERT') "
+                "      OR has_table_privilege(%s, c.oid, 'UPDATE, DELETE, TRUNCATE'))) "
                 "  OR (c.relkind = 'S' AND NOT has_sequence_privilege(%s, c.oid, 'UPDATE')))",
-                [role, role],
+                [append_only, role, append_only, role, role, role],
             )
             ungranted = cursor.fetchone()[0]
             if not ungranted and len(state) == len(tables) and all(all(flags) for flags in state.values()):
@@ -297,6 +320,8 @@ def apply(connection: Any) -> list[str]:
         run(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema, role_id))
         run(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(schema, role_id))
         run(sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(schema, role_id))
+        for table in append_only:  # history is added to, never rewritten (the trigger refuses it too)
+            run(sql.SQL("REVOKE UPDATE, DELETE, TRUNCATE ON {} FROM {}").format(sql.Identifier(table), role_id))
         created = []
         for table, column in tables.items():
             rls_on, has_policy = state.get(table, (False, False))
