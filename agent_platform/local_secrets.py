@@ -1,10 +1,24 @@
-"""The per-install secrets file (``var/secrets.env``): generated once, read by the settings.
+"""The install's secrets file: generated once, kept with the data its keys open, read by the settings.
 
-``scripts/bootstrap.sh`` (``make run``, ``make test``) runs :func:`ensure` once per machine: it
-writes a ``SECRET_KEY``, an ``ENCRYPTION_KEY`` (a Fernet key) and ``DATABASE_APP_PASSWORD``
-(the password of the application's PostgreSQL login role) into a file of mode 0600, unless
-the environment gives them. The file is never overwritten: a value already in it is kept, a
-missing one is appended. ``var/`` is git-ignored.
+Where it lives (:func:`path_from_environment`):
+
+- ``SECRETS_FILE`` (environment) names it; an empty value reads none.
+- Without ``DATABASE_URL`` the platform's data is in the machine-wide embedded PostgreSQL
+  (``scripts/ensure_postgres.py``: one cluster per machine, shared by every checkout), so its
+  keys are too: ``<machine dir>/secrets.env`` beside the cluster (:func:`machine_dir`:
+  ``/var/lib/agent-platform`` as root, else ``~/.local/share/agent-platform``). Every clone
+  on the machine, and a checkout deleted and cloned again, reads the same keys as the data.
+- With ``DATABASE_URL`` (the environment's, or one written in the checkout's file) the
+  database is the operator's: the checkout's ``var/secrets.env``.
+
+``scripts/bootstrap.sh`` (``make run``, ``make test``) runs :func:`prepare`: it writes a
+``SECRET_KEY``, an ``ENCRYPTION_KEY`` (a Fernet key) and ``DATABASE_APP_PASSWORD`` (the
+password of the application's PostgreSQL login role) into that file, mode 0600, unless the
+environment gives them. The file is never overwritten: a value already in it is kept, a missing
+one is appended. A checkout's ``var/secrets.env`` from before the keys moved beside the cluster
+is copied there when the machine has no file yet (it holds the keys the data was made with).
+``scripts/ensure_database.py`` then refuses a database whose tenants' data keys this
+``ENCRYPTION_KEY`` does not open (:func:`unopened_data_keys`), naming the file that does.
 
 The settings (``agent_platform/settings.py``) read each of these names from the environment
 first, then from this file (:func:`lookup`). They stay out of the environment of ``make run``'s
@@ -12,7 +26,7 @@ processes on purpose: every child process (a model server, a CLI tool, an MCP se
 an environment and anyone with the same uid can read ``/proc/<pid>/environ``.
 
 Format: ``NAME=value`` lines; blank lines and lines starting with ``#`` are ignored; no quoting,
-no expansion. ``SECRETS_FILE`` (environment) names another file; an empty value reads none.
+no expansion.
 
 This module imports nothing from Django, so ``scripts/ensure_database.py`` can use it before
 Django is set up.
@@ -25,11 +39,15 @@ import binascii
 import os
 import secrets
 import stat
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DEFAULT_PATH = BASE_DIR / "var" / "secrets.env"
+CHECKOUT_RELATIVE_PATH = Path("var") / "secrets.env"
+"""The checkout's own file (with ``DATABASE_URL``; before the keys moved beside the cluster)."""
+MACHINE_FILE_NAME = "secrets.env"
 
 GENERATED_NAMES = ("SECRET_KEY", "ENCRYPTION_KEY", "DATABASE_APP_PASSWORD")
 """What :func:`ensure` generates when neither the environment nor the file has it."""
@@ -51,13 +69,61 @@ class SecretsFileError(Exception):
     """The secrets file cannot be used (unreadable, malformed, or readable by other users)."""
 
 
-def path_from_environment(environ: Mapping[str, str] | None = None) -> Path | None:
-    """The secrets file to read: ``SECRETS_FILE`` if set (empty: none), else ``var/secrets.env``."""
+def machine_dir(environ: Mapping[str, str] | None = None, *, euid: int | None = None) -> Path:
+    """The machine-wide directory of the embedded PostgreSQL and of the keys that open its data.
+
+    ``AGENT_PLATFORM_DATA_DIR`` if set; else ``/var/lib/agent-platform`` when ``euid``
+    (default: this process's) is root, else ``$XDG_DATA_HOME/agent-platform`` (default
+    ``~/.local/share/agent-platform``). The cluster is in ``<dir>/postgresql``
+    (``scripts/ensure_postgres.py``), the secrets file in ``<dir>/secrets.env``.
+    """
+    environ = os.environ if environ is None else environ
+    configured = (environ.get("AGENT_PLATFORM_DATA_DIR") or "").strip()
+    if configured:
+        return Path(configured)
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        return Path("/var/lib/agent-platform")
+    base = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "agent-platform"
+
+
+def checkout_path(base_dir: Path = BASE_DIR) -> Path:
+    """The checkout's ``var/secrets.env`` under ``base_dir``."""
+    return base_dir / CHECKOUT_RELATIVE_PATH
+
+
+def _names_database(path: Path) -> bool:
+    """True when ``path`` exists and has a ``DATABASE_URL=`` line (an operator's database)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return any(line.strip().startswith("DATABASE_URL=") and line.partition("=")[2].strip()
+               for line in text.splitlines())
+
+
+def path_from_environment(environ: Mapping[str, str] | None = None, *, base_dir: Path = BASE_DIR,
+                          machine: Path | None = None) -> Path | None:
+    """The secrets file to read and write (module docstring, "Where it lives").
+
+    Args:
+        environ: the environment (default ``os.environ``).
+        base_dir: the checkout (default: this one).
+        machine: the machine directory (default :func:`machine_dir`).
+
+    Returns:
+        ``SECRETS_FILE`` if set (None if empty); else the checkout's ``var/secrets.env`` when
+        ``DATABASE_URL`` is set in ``environ`` or in that file; else ``<machine>/secrets.env``.
+    """
     environ = os.environ if environ is None else environ
     value = environ.get("SECRETS_FILE")
-    if value is None:
-        return DEFAULT_PATH
-    return Path(value) if value.strip() else None
+    if value is not None:
+        return Path(value) if value.strip() else None
+    checkout = checkout_path(base_dir)
+    if (environ.get("DATABASE_URL") or "").strip() or _names_database(checkout):
+        return checkout
+    return (machine_dir(environ) if machine is None else machine) / MACHINE_FILE_NAME
 
 
 def read(path: Path | None) -> dict[str, str]:
@@ -130,11 +196,115 @@ def ensure(path: Path, environ: Mapping[str, str] | None = None) -> list[str]:
     with os.fdopen(fd, "a", encoding="utf-8") as handle:
         os.fchmod(handle.fileno(), 0o600)
         if handle.tell() == 0:
-            handle.write("# Generated by scripts/bootstrap.sh for this installation. Keep it secret; never commit it.\n"
-                         "# Losing ENCRYPTION_KEY loses every tenant's stored secrets (README, key rotation).\n")
+            handle.write("# Generated by scripts/bootstrap.sh. Keep it secret; never commit it; back it up with the\n"
+                         "# database whose keys it holds. Losing ENCRYPTION_KEY loses every tenant's stored secrets\n"
+                         "# (README, \"Key handling\").\n")
         for name in missing:
             handle.write(f"{name}={_generate(name)}\n")
     return missing
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` did."""
+
+    path: Path | None
+    """The secrets file (None: ``SECRETS_FILE`` is empty, the environment gives everything)."""
+    written: list[str] = field(default_factory=list)
+    """The names generated into it now."""
+    adopted_from: Path | None = None
+    """The checkout's ``var/secrets.env`` copied to it now (an install from before the move)."""
+    notes: list[str] = field(default_factory=list)
+    """What the operator should know (a checkout file with other keys that is not read)."""
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Write ``text`` to a new file ``path`` (mode 0600, its directory made if missing).
+    False, writing nothing, when ``path`` exists already."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(text)
+    return True
+
+
+def prepare(environ: Mapping[str, str] | None = None, *, base_dir: Path = BASE_DIR,
+            machine: Path | None = None) -> Prepared:
+    """Bootstrap's step 1c: make this install's secrets file hold every generated name.
+
+    1. The file is :func:`path_from_environment`'s (``environ``, ``base_dir``, ``machine``).
+    2. When it is the machine's file and does not exist yet while the checkout's
+       ``var/secrets.env`` does (an install from before the keys moved beside the cluster),
+       that file's content is copied to it, mode 0600: those are the keys the machine's
+       database was made with. The checkout's file is left as it is, and no longer read.
+    3. :func:`ensure` adds what is missing.
+
+    A checkout's ``var/secrets.env`` that is not the file and holds another ``ENCRYPTION_KEY``
+    is reported in ``notes``; which key opens the database is ``scripts/ensure_database.py``'s
+    check.
+
+    Raises:
+        SecretsFileError: the file or the checkout's file is unusable (as :func:`read`).
+    """
+    environ = os.environ if environ is None else environ
+    path = path_from_environment(environ, base_dir=base_dir, machine=machine)
+    if path is None:
+        return Prepared(path=None)
+    checkout = checkout_path(base_dir)
+    adopted_from = None
+    notes = []
+    machine_file = (machine_dir(environ) if machine is None else machine) / MACHINE_FILE_NAME
+    if path == machine_file and checkout.exists():
+        old = read(checkout)
+        if not path.exists() and old:
+            header = (f"# Copied by scripts/bootstrap.sh from {checkout}: the keys of the machine's database\n"
+                      f"# live beside it now. Keep it secret; back it up with the database.\n")
+            if _create_exclusive(path, header + checkout.read_text(encoding="utf-8")):
+                adopted_from = checkout
+        current = read(path)
+        if adopted_from is None and old.get("ENCRYPTION_KEY") and old.get("ENCRYPTION_KEY") != current.get("ENCRYPTION_KEY"):
+            notes.append(f"{checkout} holds another ENCRYPTION_KEY than {path}; it is not read (the keys of the "
+                         f"machine's database are in {path}). scripts/ensure_database.py checks which of the two "
+                         "opens the database.")
+    written = ensure(path, environ)
+    return Prepared(path=path, written=written, adopted_from=adopted_from, notes=notes)
+
+
+def unopened_data_keys(wrapped: Mapping[int, str], *, encryption_key: str, also: Iterable[str] = ()) -> list[int]:
+    """The tenants whose data key no configured key opens.
+
+    Args:
+        wrapped: tenant id → its wrapped data key (``tenants_tenant.wrapped_data_key``).
+        encryption_key: ``ENCRYPTION_KEY`` (comma-separated Fernet keys; an item that is not a
+            Fernet key opens nothing).
+        also: more Fernet keys that may open them (e.g. :data:`PUBLISHED_DEV_ENCRYPTION_KEY`,
+            whose data keys bootstrap re-wraps).
+
+    Returns:
+        The ids of ``wrapped`` that none of these keys unwraps, ascending.
+    """
+    from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+    fernets = []
+    for key in [*encryption_key.split(","), *also]:
+        try:
+            fernets.append(Fernet(key.strip().encode()))
+        except ValueError:  # not urlsafe base64 of 32 bytes (binascii.Error is a ValueError)
+            continue
+    if not fernets:
+        return sorted(wrapped)
+    keys = MultiFernet(fernets)
+    unopened = []
+    for tenant_id, token in wrapped.items():
+        try:
+            keys.decrypt(token.encode())
+        except InvalidToken:
+            unopened.append(tenant_id)
+    return sorted(unopened)
 
 
 def published_secret_key(value: str) -> bool:
@@ -203,21 +373,29 @@ def database_logins(file_values: Mapping[str, str], environ: Mapping[str, str] |
     return app, owner
 
 
-def main() -> int:
-    """``python -m agent_platform.local_secrets``: :func:`ensure` the secrets file
-    (``SECRETS_FILE`` or ``var/secrets.env``); prints the names it generated, one a line."""
-    import sys
+def _say(message: str) -> None:
+    print(f"\033[1m[secrets]\033[0m {message}", file=sys.stderr)  # noqa: T201 - bootstrap's messages
 
-    path = path_from_environment()
-    if path is None:
-        return 0
+
+def main() -> int:
+    """``python -m agent_platform.local_secrets``: :func:`prepare` this install's secrets file.
+
+    Prints the names it generated on stdout, one a line; says what it did on stderr. Exit
+    status 1 when a secrets file is unusable.
+    """
     try:
-        written = ensure(path)
+        result = prepare()
     except SecretsFileError as exc:
-        print(exc, file=sys.stderr)  # noqa: T201 - the module is a command (bootstrap runs it)
+        _say(str(exc))
         return 1
-    for name in written:
+    if result.adopted_from is not None:
+        _say(f"copied {result.adopted_from} to {result.path}: the keys of the machine's database live beside "
+             f"it now; {result.adopted_from} is no longer read (delete it once {result.path} is backed up)")
+    for name in result.written:
         print(name)  # noqa: T201 - the command's output: the names it generated
+        _say(f"generated {name} into {result.path} (keep it; back it up with the database)")
+    for note in result.notes:
+        _say(note)
     return 0
 
 

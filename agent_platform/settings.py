@@ -1,10 +1,11 @@
 """Settings, all from the environment with working local defaults.
 
 Environment variables (all optional on a developer machine that ran scripts/bootstrap.sh):
-    SECRET_KEY     Django's secret key. Required: from the environment, else from the per-install
-                   secrets file var/secrets.env (agent_platform/local_secrets.py; written once by
-                   scripts/bootstrap.sh, mode 0600). The keys published in this repository are
-                   refused, with DEBUG on or off.
+    SECRET_KEY     Django's secret key. Required: from the environment, else from the install's
+                   secrets file (agent_platform/local_secrets.py; written once by
+                   scripts/bootstrap.sh, mode 0600; beside the machine's local PostgreSQL, e.g.
+                   /var/lib/agent-platform/secrets.env, or var/secrets.env with DATABASE_URL).
+                   The keys published in this repository are refused, with DEBUG on or off.
     SECRET_KEY_FALLBACKS  comma-separated previous SECRET_KEYs (rotation: sessions and signed
                    values made with them stay valid until removed)
     ENCRYPTION_KEY master key(s) wrapping the per-tenant data keys: comma-separated Fernet keys
@@ -77,7 +78,8 @@ SECRET_KEY = _secret("SECRET_KEY")
 SECRET_KEY_FALLBACKS = [k.strip() for k in _secret("SECRET_KEY_FALLBACKS").split(",") if k.strip()]
 ENCRYPTION_KEY = _secret("ENCRYPTION_KEY")
 if not _TEST_SETTINGS:
-    _KEYS_HELP = ("run scripts/bootstrap.sh (make run does) to generate var/secrets.env, or set SECRET_KEY and "
+    _KEYS_HELP = ("run scripts/bootstrap.sh (make run does) to generate "
+                  f"{local_secrets.path_from_environment() or 'the secrets file'}, or set SECRET_KEY and "
                   "ENCRYPTION_KEY in the environment (README, \"Key handling\")")
     if not SECRET_KEY or not ENCRYPTION_KEY:
         raise ImproperlyConfigured(f"SECRET_KEY and ENCRYPTION_KEY are not set: {_KEYS_HELP}")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up shared by `make run` and `make test`:
-#   the virtualenv and pinned dependencies, this install's secrets (var/secrets.env, once),
+#   the virtualenv and pinned dependencies, this install's secrets (once, beside the data),
 #   PostgreSQL and Redis (started if local and down), the database and the application's
 #   login role, migrations.
 # Honours DATABASE_URL, DATABASE_OWNER_URL and REDIS_URL (defaults: the local services on
@@ -85,12 +85,15 @@ if command -v bwrap >/dev/null 2>&1 \
 fi
 
 # 1c. This install's secrets: SECRET_KEY, ENCRYPTION_KEY (a Fernet key) and the database
-#     password of the application's role, generated once into var/secrets.env (mode 0600, never
-#     overwritten; git-ignored) unless the environment gives them. The settings read that file,
-#     so `manage.py` and `make run` find them without exporting them (agent_platform/local_secrets.py).
-for name in $(.venv/bin/python -m agent_platform.local_secrets); do
-  log "generated $name into ${SECRETS_FILE:-var/secrets.env} (keep it; back it up with the database)"
-done
+#     password of the application's role, generated once (mode 0600, never overwritten) unless
+#     the environment gives them, and kept with the data they open: with the machine-wide local
+#     PostgreSQL (no DATABASE_URL) beside its cluster, in /var/lib/agent-platform/secrets.env as
+#     root (else ~/.local/share/agent-platform/), shared by every checkout on the machine; with
+#     DATABASE_URL in var/secrets.env (git-ignored); SECRETS_FILE names another. A checkout's
+#     var/secrets.env from before is copied beside the cluster when none is there yet. The
+#     settings read the file, so `manage.py` and `make run` find the keys without exporting them
+#     (agent_platform/local_secrets.py). Step 3 checks that they open the database's data.
+.venv/bin/python -m agent_platform.local_secrets >/dev/null
 
 # 2. PostgreSQL and Redis: use DATABASE_URL / REDIS_URL, else the local ones, started if down.
 #    The local PostgreSQL is the platform's own: PostgreSQL 18 with pgvector (knowledge bases and
@@ -109,8 +112,10 @@ if [ -z "${REDIS_URL:-}" ]; then
 fi
 
 # 3. The database and the application's login role (NOSUPERUSER NOBYPASSRLS, its password from
-#    var/secrets.env), migrations (run as the owner), and tenants' data keys re-wrapped from the
-#    development key this project once published to this install's own (a no-op once done).
+#    the secrets file), after checking that ENCRYPTION_KEY opens the data keys of the tenants
+#    already in it (else it stops, naming the file to restore or how to start the demo over),
+#    migrations (run as the owner), and tenants' data keys re-wrapped from the development key
+#    this project once published to this install's own (a no-op once done).
 .venv/bin/python scripts/ensure_database.py
 .venv/bin/python manage.py migrate --noinput -v 0
 .venv/bin/python manage.py rotate_encryption_key --from-published-dev-key --only-unreadable -v 0 >/dev/null \

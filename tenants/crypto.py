@@ -14,18 +14,45 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
+from rest_framework import status
+
+from agent_platform.api_errors import ApplicationError
 
 if TYPE_CHECKING:
     from tenants.models import Tenant
 
+logger = logging.getLogger(__name__)
+
 
 class SecretDecryptError(Exception):
     """A ciphertext could not be decrypted (wrong key, or tampered)."""
+
+
+class DataKeyUnavailable(SecretDecryptError, ApplicationError):
+    """The tenant's data key does not open with ``ENCRYPTION_KEY``: the platform runs with other
+    keys than the ones its database was made with (a lost or replaced secrets file). None of
+    the tenant's secrets can be read or written until the right key is configured.
+
+    An API request that meets it answers 503 with :data:`MESSAGE` (``extra.reason``
+    ``"tenant_secrets_unavailable"``), not a bare 500; code that handles
+    :class:`SecretDecryptError` handles it too.
+    """
+
+    MESSAGE = ("This tenant's stored secrets cannot be opened with the platform's configured ENCRYPTION_KEY "
+               "(the platform runs with other keys than the ones its database was made with). The operator must "
+               "restore the secrets file that was used with this database; scripts/bootstrap.sh names it "
+               "(README, \"Key handling\").")
+
+    def __init__(self, tenant_id: int | None) -> None:
+        ApplicationError.__init__(self, self.MESSAGE, extra={"reason": "tenant_secrets_unavailable"},
+                                  status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+        self.tenant_id = tenant_id
 
 
 def _master_fernets() -> list[Fernet]:
@@ -81,22 +108,36 @@ def data_key_new_wrapped() -> str:
 
 
 def _tenant_fernet(tenant: Tenant) -> Fernet:
+    """The tenant's data key. Raises :class:`DataKeyUnavailable` when no key of
+    ``ENCRYPTION_KEY`` unwraps it."""
     try:
         data_key = _master().decrypt(tenant.wrapped_data_key.encode())
     except InvalidToken as exc:
-        raise SecretDecryptError(f"cannot unwrap the data key of tenant {tenant.pk}") from exc
+        logger.error("the data key of tenant %s does not open with the configured ENCRYPTION_KEY: restore the "
+                     "secrets file that was used with this database (scripts/ensure_database.py --check-keys "
+                     "names the candidates)", tenant.pk)
+        raise DataKeyUnavailable(tenant.pk) from exc
     return Fernet(data_key)
 
 
 def secret_encrypt(*, tenant: Tenant, plaintext: str) -> str:
-    """Encrypt ``plaintext`` with the tenant's data key. Returns "" for "" (no secret)."""
+    """Encrypt ``plaintext`` with the tenant's data key. Returns "" for "" (no secret).
+
+    Raises:
+        DataKeyUnavailable: ``ENCRYPTION_KEY`` does not open the tenant's data key.
+    """
     if plaintext == "":
         return ""
     return _tenant_fernet(tenant).encrypt(plaintext.encode()).decode()
 
 
 def secret_decrypt(*, tenant: Tenant, ciphertext: str) -> str:
-    """Decrypt what :func:`secret_encrypt` returned. Raises SecretDecryptError."""
+    """Decrypt what :func:`secret_encrypt` returned.
+
+    Raises:
+        DataKeyUnavailable: ``ENCRYPTION_KEY`` does not open the tenant's data key.
+        SecretDecryptError: the ciphertext does not decrypt with it (tampered, or another tenant's).
+    """
     if ciphertext == "":
         return ""
     try:

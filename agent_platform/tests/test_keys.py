@@ -147,10 +147,12 @@ def test_the_secrets_files_are_git_ignored(relative):
     assert out.returncode == 0, f"{relative} is not ignored by git"
 
 
-def test_plain_manage_py_reads_var_secrets_env():
+def test_plain_manage_py_reads_the_secrets_file_bootstrap_wrote():
     """``manage.py`` on a developer machine finds the keys bootstrap generated, without them
-    being exported; ``SECRETS_FILE`` names another file, empty: none."""
-    assert local_secrets.path_from_environment({}) == ROOT / "var" / "secrets.env"
+    being exported: beside the machine's cluster (test_key_location.py), or the checkout's
+    ``var/secrets.env`` with DATABASE_URL; ``SECRETS_FILE`` names another file, empty: none."""
+    assert local_secrets.path_from_environment({}) == local_secrets.machine_dir({}) / "secrets.env"
+    assert local_secrets.path_from_environment({"DATABASE_URL": "postgres://u@db/ap"}) == ROOT / "var" / "secrets.env"
     assert local_secrets.path_from_environment({"SECRETS_FILE": "/etc/agent-platform/secrets.env"}) == Path(
         "/etc/agent-platform/secrets.env")
     assert local_secrets.path_from_environment({"SECRETS_FILE": ""}) is None
