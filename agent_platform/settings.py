@@ -41,6 +41,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from agent_platform import local_secrets
+from agent_platform.sandbox_paths import sandbox_venv
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -544,12 +545,29 @@ SANDBOX_UID = int(os.environ.get("SANDBOX_UID", "65534"))
 SANDBOX_GID = int(os.environ.get("SANDBOX_GID", "65534"))
 # The Python of programs that are Python modules (templates say ${PYTHON}): a virtualenv made by
 # scripts/bootstrap.sh from the system's /usr/bin/python3, so that the unprivileged sandbox user
-# can read all of it; and the host paths every sandbox sees read-only besides /usr.
-SANDBOX_PYTHON = os.environ.get("SANDBOX_PYTHON", str(BASE_DIR / "var" / "sandbox" / "venv" / "bin" / "python"))
+# can read all of it; and the host paths every sandbox sees read-only besides /usr. Where it lives
+# is agent_platform/sandbox_paths.py's answer (the bootstrap's too): machine-wide under
+# /var/lib/agent-platform/sandbox/ for root (a checkout in a 0700 directory stays closed to the
+# sandbox user), else in the checkout's var/sandbox/.
+_SANDBOX_VENV = sandbox_venv(BASE_DIR)
+SANDBOX_PYTHON = os.environ.get("SANDBOX_PYTHON", str(_SANDBOX_VENV / "bin" / "python"))
 SANDBOX_RO_BINDS = [
-    p.strip() for p in os.environ.get("SANDBOX_RO_BINDS", str(BASE_DIR / "var" / "sandbox" / "venv")).split(",")
+    p.strip() for p in os.environ.get("SANDBOX_RO_BINDS", str(_SANDBOX_VENV)).split(",")
     if p.strip()
 ]
+# The operator's maximum resource limits of each process of a confined program (prlimit;
+# capabilities/confinement.py, SandboxLimits): a template's `limits` may only lower them.
+# Environment: "name=value,...", e.g. SANDBOX_LIMITS="cpu_seconds=120,memory_mb=1024"; a name not
+# given keeps its default. processes counts every task of SANDBOX_UID on the host (README, "The sandbox").
+SANDBOX_LIMITS: dict[str, int] = {
+    "cpu_seconds": 300, "memory_mb": 2048, "processes": 256, "file_size_mb": 256, "open_files": 1024,
+}
+for _item in filter(None, (i.strip() for i in os.environ.get("SANDBOX_LIMITS", "").split(","))):
+    _name, _, _value = _item.partition("=")
+    if _name.strip() not in SANDBOX_LIMITS or not _value.strip().isdigit() or int(_value) < 1:
+        raise ImproperlyConfigured(
+            f"SANDBOX_LIMITS: {_item!r} is not name=positive integer with a name of {', '.join(SANDBOX_LIMITS)}")
+    SANDBOX_LIMITS[_name.strip()] = int(_value)
 # The Python (inside the sandbox: under /usr or a read-only bind) that runs the egress bridge.
 SANDBOX_BRIDGE_PYTHON = os.environ.get("SANDBOX_BRIDGE_PYTHON", "/usr/bin/python3")
 # Networks a sandbox's egress proxy lets through although they are not public (an operator's

@@ -53,35 +53,57 @@ if ! command -v bwrap >/dev/null 2>&1 || ! /usr/bin/python3 -c 'import ensurepip
     log "WARNING: install the 'bubblewrap' and 'python3-venv' packages, or confined programs refuse to run"
   fi
 fi
-# The sandbox's Python is a venv of the system's /usr/bin/python3 under var/sandbox/, readable by
-# the unprivileged sandbox user (the project's own Python may live where that user cannot read,
-# e.g. under /root). It holds the catalogue's Python programs (scripts/sandbox-requirements.txt).
-sandbox_venv=var/sandbox/venv
-sandbox_stamp="$sandbox_venv/.installed-$(cat scripts/sandbox-requirements.txt scripts/sandbox-constraints.txt | sha256sum | cut -c1-16)"
-if [ ! -f "$sandbox_stamp" ] && [ -x /usr/bin/python3 ]; then
-  log "creating the sandbox's Python environment ($sandbox_venv)"
-  rm -rf "$sandbox_venv"
-  mkdir -p var/sandbox
-  /usr/bin/python3 -m venv "$sandbox_venv"
-  "$sandbox_venv/bin/pip" install -q --disable-pip-version-check -c scripts/sandbox-constraints.txt \
-    -r scripts/sandbox-requirements.txt
-  # mcp-server-fetch's readabilipy runs Mozilla's Readability on Node when its JavaScript
-  # dependencies are installed, and otherwise tries `npm install` at run time: inside the
-  # sandbox (read-only, no registry) that fails the fetch. Install them now, where npm works.
-  readability_js=$(echo "$sandbox_venv"/lib/python3*/site-packages/readabilipy/javascript)
-  if command -v npm >/dev/null 2>&1 && [ -d "$readability_js" ]; then
-    (cd "$readability_js" && npm install --no-audit --no-fund --silent >/dev/null 2>&1) \
-      || log "WARNING: npm install for readabilipy failed; mcp-server-fetch may fail in the sandbox"
+# The sandbox's Python is a venv of the system's /usr/bin/python3 holding the catalogue's Python
+# programs (scripts/sandbox-requirements.txt). The sandbox user must be able to reach and read
+# all of it, so it is not built inside the checkout when this runs as root (a clone in /root, or
+# in any 0700 directory, is closed to that user): agent_platform/sandbox_paths.py names the place,
+# for this script and the settings alike: /var/lib/agent-platform/sandbox/<digest of the
+# requirements>/venv for root (machine-wide, beside the embedded PostgreSQL, shared by every
+# checkout with the same pins), else var/sandbox/<digest>/venv in the checkout.
+sandbox_venv=$(.venv/bin/python -m agent_platform.sandbox_paths)
+if [ ! -f "$sandbox_venv/.complete" ] && [ -x /usr/bin/python3 ]; then
+  sandbox_home=$(dirname "$sandbox_venv")
+  mkdir -p "$sandbox_home"
+  if [ "$(id -u)" = "0" ]; then
+    # Every directory from /var/lib/agent-platform down must let the sandbox user through.
+    for dir in /var/lib/agent-platform /var/lib/agent-platform/sandbox "$sandbox_home"; do
+      case "$sandbox_home" in "$dir"|"$dir"/*) chmod 0755 "$dir" ;; esac
+    done
   fi
-  touch "$sandbox_stamp"
+  # One build at a time (two checkouts of one machine share the environment).
+  (
+    flock 9
+    if [ ! -f "$sandbox_venv/.complete" ]; then
+      log "creating the sandbox's Python environment ($sandbox_venv)"
+      rm -rf "$sandbox_venv"
+      /usr/bin/python3 -m venv "$sandbox_venv"
+      "$sandbox_venv/bin/pip" install -q --disable-pip-version-check -c scripts/sandbox-constraints.txt \
+        -r scripts/sandbox-requirements.txt
+      # mcp-server-fetch's readabilipy runs Mozilla's Readability on Node when its JavaScript
+      # dependencies are installed, and otherwise tries `npm install` at run time: inside the
+      # sandbox (read-only, no registry) that fails the fetch. Install them now, where npm works.
+      readability_js=$(echo "$sandbox_venv"/lib/python3*/site-packages/readabilipy/javascript)
+      if command -v npm >/dev/null 2>&1 && [ -d "$readability_js" ]; then
+        (cd "$readability_js" && npm install --no-audit --no-fund --silent >/dev/null 2>&1) \
+          || log "WARNING: npm install for readabilipy failed; mcp-server-fetch may fail in the sandbox"
+      fi
+      chmod -R o+rX "$sandbox_venv"
+      touch "$sandbox_venv/.complete"
+    fi
+  ) 9>"$sandbox_home/.lock"
 fi
-# The sandbox user must be able to reach the sandbox's Python (var/ itself stays 0755; the
-# secrets in it are files of their own with mode 0600).
-chmod o+x var 2>/dev/null || true
-chmod -R o+rX var/sandbox 2>/dev/null || true
+chmod -R o+rX "$sandbox_venv" 2>/dev/null || true
 if command -v bwrap >/dev/null 2>&1 \
   && ! .venv/bin/python -c 'import sys, subprocess; sys.path.insert(0, "."); from capabilities.confinement import SandboxProfile, confined_argv, confined_env; p = SandboxProfile(); sys.exit(subprocess.run(confined_argv(["true"], p), env=confined_env(p)).returncode)' 2>/dev/null; then
   log "WARNING: bwrap is installed but cannot create a sandbox here (user namespaces restricted?); programs of the catalogue will fail"
+elif command -v bwrap >/dev/null 2>&1 && [ -z "${SANDBOX_PYTHON:-}" ] && [ -f "$sandbox_venv/.complete" ] \
+  && ! .venv/bin/python -c 'import sys, subprocess; sys.path.insert(0, "."); from capabilities.confinement import SandboxProfile, confined_argv, confined_env; p = SandboxProfile(ro_binds=(sys.argv[1],), uid=int(sys.argv[2]), gid=int(sys.argv[3])); sys.exit(subprocess.run(confined_argv([sys.argv[1] + "/bin/python", "-c", "import mcp_server_time"], p), env=confined_env(p)).returncode)' \
+    "$sandbox_venv" "${SANDBOX_UID:-65534}" "${SANDBOX_GID:-65534}"; then
+  # bubblewrap works, but not with this environment: the sandbox user cannot reach or read it.
+  log "ERROR: the sandbox user (uid ${SANDBOX_UID:-65534}) cannot run the sandbox's Python at $sandbox_venv"
+  log "       (every stdio MCP server and CLI command would fail). Every directory above it must be"
+  log "       enterable by that user (mode 0755, not 0700): check with 'namei -l $sandbox_venv/bin/python'."
+  exit 1
 fi
 
 # 1c. This install's secrets: SECRET_KEY, ENCRYPTION_KEY (a Fernet key) and the database

@@ -139,9 +139,11 @@ EOF
     )
     [[ ${#names[@]} -gt 0 ]] || { echo "no mutants to sample for $name"; return 1; }
   fi
-  # The sandbox runs programs from the real var/sandbox (bubblewrap does not follow the symlink).
-  (cd "$ws" && TEST_ISOLATION="$isolation" SANDBOX_PYTHON="$ROOT/var/sandbox/venv/bin/python" \
-     SANDBOX_RO_BINDS="$ROOT/var/sandbox/venv" "$MUTMUT" run --max-children "$JOBS" "${names[@]}") || {
+  # The sandbox runs programs from the real environment (bubblewrap does not follow the symlink):
+  # the one agent_platform/sandbox_paths.py names for this checkout.
+  sandbox_venv=$(cd "$ROOT" && "$PYTHON" -m agent_platform.sandbox_paths)
+  (cd "$ws" && TEST_ISOLATION="$isolation" SANDBOX_PYTHON="$sandbox_venv/bin/python" \
+     SANDBOX_RO_BINDS="$sandbox_venv" "$MUTMUT" run --max-children "$JOBS" "${names[@]}") || {
     echo "mutmut run failed for $name (see above)"; return 1; }
   (cd "$ws" && "$PYTHON" - "$name" <<'EOF'
 # Counts from mutmut's own per-file results (mutants/**/*.meta, exit code per mutant, read
