@@ -65,6 +65,10 @@ LAUNCH_ARGS = [
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 GUARD_RESOLVE_SECONDS = 5.0
 """How long request interception waits for a DNS answer before leaving the verdict to the proxy."""
+VERDICT_SECONDS = 10.0
+VERDICTS_KEPT = 256
+"""Request interception's verdicts per session: kept 10 s, at most 256 hosts (the proxy checks
+every connection anyway)."""
 LEAVE_TIMEOUT_MS = 5_000
 """How long a refused tab may take to go back to about:blank."""
 REFUSALS_KEPT = 50
@@ -151,13 +155,16 @@ def chromium_env() -> dict[str, str]:
     return env
 
 
-async def address_refusal(url: str) -> str | None:
+async def address_refusal(url: str, *, verdicts: dict[tuple[str, int], tuple[float, str | None]] | None = None
+                          ) -> str | None:
     """Why the server browser may not connect to ``url``'s host, or None if it may (or if only
     the proxy can tell: a name that does not resolve, a slow resolver, a scheme without a host).
 
     Uses web_fetch's rules (:func:`capabilities.netsafe.resolve_host`, with
     ``WEB_FETCH_ALLOWED_CIDRS``). The proxy checks again at connect time; this answer only
-    gives the model the reason sooner.
+    gives the model the reason sooner, so it may be reused: ``verdicts`` (a session's cache,
+    ``(host, port) -> (expiry on the monotonic clock, verdict)``) keeps each one
+    :data:`VERDICT_SECONDS` (at most :data:`VERDICTS_KEPT` entries).
 
     Returns:
         web_fetch's message, e.g. "Refused: 127.0.0.2 is a loopback address. Only public
@@ -171,13 +178,22 @@ async def address_refusal(url: str) -> str | None:
         port = parts.port or DEFAULT_PORTS[scheme]
     except ValueError:
         return None
+    key = (parts.hostname, port)
+    now = time.monotonic()
+    if verdicts is not None and key in verdicts and verdicts[key][0] > now:
+        return verdicts[key][1]
+    verdict: str | None = None
     try:
         await asyncio.wait_for(resolve_host(parts.hostname, port), GUARD_RESOLVE_SECONDS)
     except FetchError as exc:
-        return exc.message if exc.code == "blocked_address" else None
+        verdict = exc.message if exc.code == "blocked_address" else None
     except TimeoutError:
         return None
-    return None
+    if verdicts is not None:
+        verdicts[key] = (now + VERDICT_SECONDS, verdict)
+        while len(verdicts) > VERDICTS_KEPT:
+            verdicts.pop(next(iter(verdicts)))
+    return verdict
 
 
 def _main_frame_navigation(request: Any) -> bool:
@@ -200,6 +216,8 @@ class _Session:
     refusals: list[tuple[str, str]] = field(default_factory=list)
     """``(code, message)`` of the latest refused main-frame navigations (at most :data:`REFUSALS_KEPT`)."""
     refusal_count: int = 0
+    verdicts: dict[tuple[str, int], tuple[float, str | None]] = field(default_factory=dict)
+    """Request interception's recent verdicts (:func:`address_refusal`)."""
     """Refused main-frame navigations so far (an operation compares it before and after)."""
 
     def refuse(self, code: str, message: str) -> None:
@@ -323,7 +341,7 @@ class ServerBrowserPool:
         of a refused main-frame navigation), let every other one go on to the proxy."""
         request = route.request
         try:
-            reason = await address_refusal(request.url)
+            reason = await address_refusal(request.url, verdicts=session.verdicts)
             if reason is None:
                 await route.continue_()
                 return
