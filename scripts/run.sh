@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 PY=.venv/bin/python
 # Served as in production: DEBUG off (no debug pages, no SQL kept in memory). The keys come from
-# var/secrets.env, which bootstrap generated once for this install (0600; never committed); the
-# settings read it, so no key sits in these processes' environment (agent_platform/local_secrets.py).
+# the secrets file bootstrap generated once (0600; beside the machine's local PostgreSQL, e.g.
+# /var/lib/agent-platform/secrets.env, or var/secrets.env with DATABASE_URL); the settings read
+# it, so no key sits in these processes' environment (agent_platform/local_secrets.py).
 export DEBUG=${DEBUG:-0}
 if [ "$DEBUG" != 0 ]; then
   echo "[run] WARNING: DEBUG=$DEBUG: error pages show settings and code; never expose this to a network" >&2
