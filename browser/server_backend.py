@@ -31,6 +31,7 @@ Never downloads a browser through Playwright's installer: ``settings.BROWSER_CHR
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import logging
 import os
@@ -136,6 +137,7 @@ def chromium_executable() -> str:
         path = _wrappers.get(key)
         if path is None or not os.path.exists(path):
             directory = tempfile.mkdtemp(prefix="ap-chromium-")
+            atexit.register(shutil.rmtree, directory, True)
             os.chmod(directory, 0o755)
             path = os.path.join(directory, "chromium")
             with open(path, "w") as f:
