@@ -1,19 +1,25 @@
-"""End to end on the embedded model: seed_demo's "Assistant" (Qwen2.5-Coder-0.5B-Instruct via
-llama.cpp, text tool calls) asked for the time in Tokyo, through the API and a real worker,
-with the real mcp-server-time over stdio.
+"""End to end on the embedded model (Qwen2.5-Coder-0.5B-Instruct via llama.cpp, text tool
+calls), through the API and a real worker: what the README's Quick start promises of the demo.
 
-The small model's wording is not asserted: the run must end within its timeout, completed or
-failed for a reason the model's own behaviour explains (:data:`MODEL_BEHAVIOUR_REASONS`; never
-``internal_error``, ``configuration``, ``capability_unavailable``...: those are the platform's
-faults), and its LLM calls must be recorded.
+- "Assistant", asked for the time in Tokyo: the run completes, it called
+  ``time__get_current_time`` (the real mcp-server-time over stdio) and that call succeeded, and
+  the reply gives the hour the tool returned (24-hour or 12-hour forms: :func:`gives_the_hour`).
+- "Docs assistant" (``search_first``): its forced ``knowledge_search`` retrieves passages that
+  hold the fact asked for (``make run`` for "How do I start the platform?", ``8082`` for the
+  embeddings server's port), and the chat app shows the answer's sources.
+
+The small model's wording is not asserted beyond that. When the model gets one of these wrong
+the test fails: that is the finding (LOCAL-MODEL notes measured how often it does).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -22,13 +28,65 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.local_model]
+pytestmark = [pytest.mark.local_model]
+model_db = pytest.mark.django_db(transaction=True)
 
-MODEL_BEHAVIOUR_REASONS = frozenset({
-    "max_loop_count", "model_error", "turn_timeout", "run_timeout", "context_window", "compaction_failed",
-})
-"""Reasons a 0.5B model may cause by itself (looping on tools, an empty answer, slowness, a long
-history); any other reason fails the test."""
+_ISO_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})?")
+_NOT_AFTER = r"(?<![\d+\-:.])"  # not inside a number, a UTC offset (+09:00) or a longer time
+_AM = r"\s*a\.?\s?m\b\.?"
+_PM = r"\s*p\.?\s?m\b\.?"
+
+
+def tool_datetimes(call: dict) -> list[datetime]:
+    """The local date-times a ``time__get_current_time`` call returned: its structured result's
+    ``datetime`` (mcp-server-time: ``{"timezone", "datetime": "2026-12-02T15:36:05+09:00",
+    ...}``), else every ISO 8601 date-time in its text result."""
+    data = call.get("result_data")
+    texts = [data["datetime"]] if isinstance(data, dict) and isinstance(data.get("datetime"), str) else []
+    texts = texts or _ISO_DATETIME.findall(call.get("result") or "")
+    return [datetime.fromisoformat(t.replace("Z", "+00:00")) for t in texts]
+
+
+def gives_the_hour(reply: str, at: datetime) -> bool:
+    """Whether ``reply`` states the hour of ``at`` (its own local hour; any minutes): 24-hour
+    ``15:36``/``15:36:05``/``09:05``/``9:05`` (not followed by AM/PM when that makes it
+    another hour), or 12-hour ``3 PM``/``3:36 PM``/``03:36 p.m.`` (``12 AM`` is midnight,
+    ``12 PM`` noon). A UTC offset such as ``+09:00`` is not a time."""
+    hour = at.hour
+    h12, suffix = hour % 12 or 12, (_AM if hour < 12 else _PM)
+    wrong_suffix = _PM if hour < 12 else _AM
+    patterns = [rf"{_NOT_AFTER}{h12:02d}(?::\d{{2}}){{0,2}}{suffix}", rf"{_NOT_AFTER}{h12}(?::\d{{2}}){{0,2}}{suffix}"]
+    for h24 in {f"{hour:02d}", str(hour)}:  # hour 0: 00:05 or 0:05 ("12:05" alone is noon)
+        patterns.append(rf"{_NOT_AFTER}{h24}:\d{{2}}(?::\d{{2}})?(?!\d)(?!{wrong_suffix})")
+    return any(re.search(p, reply, re.IGNORECASE) for p in patterns)
+
+
+def test_gives_the_hour_accepts_the_renderings_of_the_tools_hour_and_no_other():
+    """The check the Assistant's reply must pass, against replies with the tool's hour and
+    with another one (what it catches when the model invents or mis-reads the time)."""
+    afternoon = datetime.fromisoformat("2026-12-02T15:36:05+09:00")
+    for reply in ("It is 15:36 in Tokyo.", "It's 3:36 PM in Tokyo.", "3 pm", "The time is 2026-12-02T15:36:05+09:00.",
+                  "Tokyo: 03:36 p.m. (UTC+9)", "15:00 or so"):
+        assert gives_the_hour(reply, afternoon), reply
+    for reply in ("It is 14:36 in Tokyo.", "It is 3:36 AM in Tokyo.", "It is 06:36 UTC.", "UTC+15:00", "It is 5:36 PM.",
+                  "The current time in Tokyo is 2026-12-02.", "115:36", "It is 3:36."):
+        assert not gives_the_hour(reply, afternoon), reply
+    morning = datetime.fromisoformat("2026-12-02T09:05:00+09:00")
+    assert gives_the_hour("It is 09:05 in Tokyo.", morning) and gives_the_hour("9:05 am", morning)
+    assert gives_the_hour("It is 9 AM.", morning)
+    assert not gives_the_hour("offset +09:00, it is 10:05", morning)
+    assert not gives_the_hour("It is 9:05 PM.", morning) and not gives_the_hour("It is 21:05.", morning)
+    midnight = datetime.fromisoformat("2026-12-02T00:20:00+09:00")
+    assert gives_the_hour("00:20", midnight) and gives_the_hour("12:20 AM", midnight)
+    assert not gives_the_hour("12:20", midnight) and not gives_the_hour("12:20 PM", midnight)
+    noon = datetime.fromisoformat("2026-12-02T12:20:00+09:00")
+    assert gives_the_hour("12:20", noon) and gives_the_hour("12:20 PM", noon) and not gives_the_hour("12:20 AM", noon)
+    # The mutation: the tool's hour moved by 1 to 23 hours is never found in a reply of the right hour.
+    reply = "The current time in Tokyo is 15:36 (3:36 PM)."
+    assert all(not gives_the_hour(reply, afternoon + timedelta(hours=k)) for k in range(1, 24))
+    assert tool_datetimes({"result": '{"timezone": "Asia/Tokyo", "datetime": "2026-12-02T15:36:05+09:00"}',
+                           "result_data": None}) == [afternoon]
+    assert tool_datetimes({"result": "", "result_data": {"datetime": "2026-12-02T15:36:05+09:00"}}) == [afternoon]
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +120,7 @@ def local_model_url():
         log.close()
 
 
+@model_db
 def test_demo_assistant_answers_the_time_in_tokyo(local_model_url, celery_worker):
     with override_settings(LLM_BASE_URL=local_model_url):
         call_command("seed_demo")
@@ -86,14 +145,22 @@ def test_demo_assistant_answers_the_time_in_tokyo(local_model_url, celery_worker
             break
         assert time.monotonic() < deadline, f"run still {run['status']} after 240 s"
         time.sleep(0.5)
-    assert run["status"] == "completed" or run["reason"] in MODEL_BEHAVIOUR_REASONS, run
+    # What the run did, printed first so that a failure below shows it.
+    print("run:", run["status"], run["reason"], repr(run["reply"][:300]))
+    print("tool calls:", [(c["name"], c["arguments"], c["status"], c["result"][:120]) for c in run["tool_calls"]])
     activities = client.get(f"/api/v1/runs/{run_id}/activities/").json()["results"]
     llm_calls = [a for a in activities if a["kind"] == "llm_call"]
     assert llm_calls and all(c["model"] == "qwen2.5-coder-0.5b-instruct" for c in llm_calls)
     assert llm_calls[0]["latency_ms"] > 0 and llm_calls[0]["completion_tokens"] > 0
-    # Reported, not asserted (a 0.5B model): what the run did.
-    print("run:", run["status"], run["reason"], repr(run["reply"][:200]))
-    print("tool calls:", [(c["name"], c["status"], c["result"][:80]) for c in run["tool_calls"]])
+    # The README's promise: the run calls time__get_current_time, the call succeeds, the run
+    # succeeds, and the answer gives the time the tool returned (at least its hour).
+    assert run["status"] == "completed", (run["reason"], run["error"])
+    time_calls = [c for c in run["tool_calls"] if c["name"] == "time__get_current_time" and c["status"] == "succeeded"]
+    assert time_calls, [(c["name"], c["status"], c["error"]) for c in run["tool_calls"]]
+    returned = [at for c in time_calls for at in tool_datetimes(c)]
+    assert returned, [c["result"] for c in time_calls]
+    assert any(gives_the_hour(run["reply"], at) for at in returned), (
+        "the reply does not give the hour the tool returned", run["reply"], [at.isoformat() for at in returned])
 
 
 def _wait_for_documents_ready(tenant_slug: str, timeout_seconds: float) -> list:
@@ -110,6 +177,22 @@ def _wait_for_documents_ready(tenant_slug: str, timeout_seconds: float) -> list:
         time.sleep(1)
 
 
+def _ask_docs_assistant(client: APIClient, agent_id: int, question: str, timeout_seconds: float):
+    """Open a chat with the Docs assistant, post ``question``, wait for its run to end; the run
+    and its tool calls (in order)."""
+    from sessions.models import Run, ToolCall
+
+    session = client.post("/api/v1/sessions/", {"agent": agent_id}, format="json").json()
+    posted = client.post(f"/api/v1/sessions/{session['id']}/messages/", {"content": question}, format="json").json()
+    run_id = posted["run"]["id"]
+    deadline = time.monotonic() + timeout_seconds
+    while (run := Run.all_tenants.get(pk=run_id)).status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, f"run still {run.status} after {timeout_seconds} s"
+        time.sleep(1)
+    return run, list(ToolCall.all_tenants.filter(run=run).order_by("pk"))
+
+
+@model_db
 @pytest.mark.browser
 @pytest.mark.timeout(2700)  # ingestion (~400 chunks on the embedded embedder) and a 0.5B model on 2 busy cores
 def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_sources(
@@ -121,9 +204,9 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     that succeeds with numbered passages, the answer is not empty and cites its passages: by its
     own [n], or, when the model writes none, by the platform's attribution of its sentences
     (``Run.attributions``); the chat app shows them under it ("Sources", or "Sources matched by
-    the platform" with the platform's markers opening the passage)."""
-    import re
-
+    the platform" with the platform's markers opening the passage). Then, in a new chat, a
+    fact only a few passages hold: "Which port does the embeddings server listen on?" (README:
+    127.0.0.1:8082): the forced search's passages contain 8082."""
     from playwright.sync_api import expect
 
     from frontend.tests.test_spa import CHROMIUM
@@ -131,7 +214,6 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (scripts/ensure_chromium.sh installs it)")
     from frontend.tests.test_chat_flows import log_in, open_page
-    from sessions.models import Run, ToolCall
     from tenants.models import Membership
     from tenants.services import api_token_create
 
@@ -143,20 +225,16 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     membership = Membership.all_tenants.get(user__username="demo-user")
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_token_create(membership=membership).raw}")
     [agent] = [a for a in client.get("/api/v1/agents/").json()["results"] if a["name"] == "Docs assistant"]
-    session = client.post("/api/v1/sessions/", {"agent": agent["id"]}, format="json").json()
-    posted = client.post(f"/api/v1/sessions/{session['id']}/messages/",
-                         {"content": "How do I start the platform?"}, format="json").json()
-    run_id = posted["run"]["id"]
-    deadline = time.monotonic() + 1500
-    while (run := Run.all_tenants.get(pk=run_id)).status not in ("completed", "failed"):
-        assert time.monotonic() < deadline, f"run still {run.status} after 1500 s"
-        time.sleep(1)
+    run, calls = _ask_docs_assistant(client, agent["id"], "How do I start the platform?", timeout_seconds=1500)
+    print("start question:", run.status, [(c.name, c.arguments, c.status) for c in calls], repr(run.reply[:400]))
     assert run.status == "completed", (run.reason, run.error)
     assert run.reply.strip()
-    calls = list(ToolCall.all_tenants.filter(run=run).order_by("pk"))
     assert calls and calls[0].name == "knowledge_search", [(c.name, c.arguments) for c in calls]
     first = calls[0]
     assert first.status == "succeeded", first.error
+    # The passages retrieved hold the answer the README gives (Quick start: `make run`).
+    assert "make run" in first.result, ("no retrieved passage says `make run`", first.arguments,
+                                        re.findall(r"^\[\d+\] .*$", first.result, re.MULTILINE))
     # The query is the model's own, not the parameter's description copied (the 0.5B model did
     # that with the former description; knowledge.tools.QUERY_DESCRIPTION says what was measured).
     from knowledge.tools import QUERY_DESCRIPTION
@@ -207,3 +285,20 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     # with what the platform sends: the platform's attribution is the usual branch here.
     print("query:", first.arguments, "reply:", repr(run.reply[:400]), "cited:", cited, "matched:", matched,
           "known:", sorted(known))
+
+    # A narrower fact (after the browser: Playwright's event loop is closed, the ORM may run).
+    run, calls = _ask_docs_assistant(client, agent["id"], "Which port does the embeddings server listen on?",
+                                     timeout_seconds=900)
+    print("port question:", run.status, [(c.name, c.arguments, c.status) for c in calls], repr(run.reply[:400]),
+          "reply names 8082:", "8082" in run.reply)
+    # Reported, not asserted: what the same search finds for the user's own words, to tell a
+    # model's query from the retrieval when the check below fails.
+    hits = client.post(f"/api/v1/knowledge-bases/{docs[0].knowledge_base_id}/search/",
+                       {"query": "Which port does the embeddings server listen on?", "top_k": 4}, format="json")
+    print("search of the question itself:", hits.status_code,
+          [(h["heading"], "8082" in h["text"]) for h in hits.json().get("hits", [])])
+    assert run.status == "completed", (run.reason, run.error)
+    assert calls and calls[0].name == "knowledge_search" and calls[0].status == "succeeded", [
+        (c.name, c.arguments, c.status, c.error) for c in calls]
+    assert "8082" in calls[0].result, ("no retrieved passage gives the port 8082", calls[0].arguments,
+                                       re.findall(r"^\[\d+\] .*$", calls[0].result, re.MULTILINE))
