@@ -120,3 +120,34 @@ def test_creating_a_provider_when_the_key_does_not_open_the_tenant_answers_a_cle
     assert "ENCRYPTION_KEY" in body["message"] and "restore the secrets file" in body["message"]
     assert body["extra"] == {"reason": "tenant_secrets_unavailable"}
     assert not ModelProvider.all_tenants.filter(tenant=world.tenant, name="openai").exists()
+
+
+@pytest.mark.django_db
+def test_starting_the_demo_over_drops_only_the_database_named(tmp_path):
+    """The refusal's way out (``--drop-database NAME``), on a scratch database of its own."""
+    import uuid
+
+    name = f"ap_keys_scratch_{uuid.uuid4().hex[:8]}"
+    params = connection.settings_dict
+    base = {k: v for k, v in os.environ.items() if k not in _STRIPPED}
+    env = {**base, "SECRETS_FILE": str(_secrets_file(tmp_path / "s.env", Fernet.generate_key().decode())),
+           "DATABASE_URL": f"postgres://postgres@{params['HOST'] or '127.0.0.1'}:{params['PORT']}/{name}"}
+
+    def script(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    def exists() -> bool:
+        with _owner_connection() as owner:
+            return owner.execute("SELECT count(*) FROM pg_database WHERE datname = %s", [name]).fetchone()[0] == 1
+
+    try:
+        assert script().returncode == 0 and exists()  # created (as bootstrap does)
+        refused = script("--drop-database", "agent_platform")
+        assert refused.returncode == 1 and "nothing dropped" in refused.stderr and exists()
+        dropped = script("--drop-database", name)
+        assert dropped.returncode == 0, dropped.stderr
+        assert not exists()
+    finally:
+        with _owner_connection() as owner:
+            owner.execute(f'DROP DATABASE IF EXISTS "{name}"')
