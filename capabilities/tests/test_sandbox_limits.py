@@ -63,6 +63,21 @@ FORK_LOOP = (
     "    children += 1\n"
     "print('forked', children, 'children')\n"
 )
+FORK_BOMB = (
+    "import os, sys, time\n"
+    "told = False\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.fork()\n"
+    "    except OSError as exc:\n"
+    "        if not told:\n"
+    "            sys.stderr.write('fork failed: %s\\n' % exc)\n"
+    "            sys.stderr.flush()\n"
+    "            told = True\n"
+    "        time.sleep(0.2)\n"
+)
+"""A fork bomb: every process forks for ever (a failed fork waits 0.2 s, so that the bomb at its
+limit does not also spin two cores). Only ever run with the process limit in place."""
 OPEN_FILES = (
     "files = [open('/dev/null') for _ in range(500)]\n"
     "print('opened', len(files), 'files')\n"
@@ -99,6 +114,18 @@ def _sandbox_user_tasks() -> int:
         if int(fields.get("Uid", "-1 0").split()[0]) == uid:
             total += int(fields.get("Threads", "1"))
     return total
+
+
+def _bomb_processes() -> int:
+    """Processes on the host running :data:`FORK_BOMB`."""
+    marker = FORK_BOMB.encode()
+    count = 0
+    for entry in os.listdir("/proc"):
+        try:
+            count += entry.isdigit() and marker in Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+    return count
 
 
 async def _still_serves() -> None:
@@ -141,6 +168,28 @@ async def test_a_fork_loop_ends_as_a_failed_call_naming_the_process_limit() -> N
     message = caught.value.message
     assert f"process limit ({limits.processes} tasks of the sandbox's user) reached" in message, message
     assert "forked 200" not in message
+    await _still_serves()
+
+
+@pytest.mark.skipif(not drops_privileges(), reason="RLIMIT_NPROC is only set for a root worker")
+async def test_a_fork_bomb_is_held_at_the_process_limit_and_ends_as_a_failed_call_while_others_are_served() -> None:
+    limits = SandboxLimits(**{**_fields(SMALL), "processes": _sandbox_user_tasks() + 20})
+    assert f"--nproc={limits.processes}" in confined_argv(["true"], SandboxProfile(limits=limits)), \
+        "never start a fork bomb without its limit"
+    with pytest.raises(ToolError):  # the bounded loop first: the limit holds here
+        await _tool(FORK_LOOP, limits).execute({}, CONTEXT)
+    bomb = asyncio.ensure_future(_tool(FORK_BOMB, limits, timeout_seconds=6).execute({}, CONTEXT))
+    await asyncio.sleep(2)
+    held = _bomb_processes()
+    assert 5 <= held <= limits.processes, f"{held} processes: it forked, and is held at the limit"
+    await _still_serves()  # while the bomb holds its processes
+    with pytest.raises(ToolError) as caught:
+        await bomb
+    assert caught.value.code == "resource_limit"
+    assert f"process limit ({limits.processes} tasks of the sandbox's user) reached" in caught.value.message
+    assert "timed out after 6 s" in caught.value.message, caught.value.message
+    await asyncio.sleep(0.5)
+    assert _bomb_processes() == 0, "the bomb's processes are gone"
     await _still_serves()
 
 
@@ -229,6 +278,30 @@ def test_a_templates_limits_are_clamped_to_the_operators_maximum(settings: Any) 
     assert _fields(template_limits(template)) == {
         "cpu_seconds": 5, "memory_mb": 512, "processes": 100, "file_size_mb": 8, "open_files": 128}
     assert template_limits(ProgramTemplate(slug="u", name="u", kind="cli", argv=["true"])) == operator_limits()
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("", {"cpu_seconds": 300, "memory_mb": 2048, "processes": 256, "file_size_mb": 256, "open_files": 1024}),
+    ("cpu_seconds=120, memory_mb=1024", {"cpu_seconds": 120, "memory_mb": 1024, "processes": 256,
+                                         "file_size_mb": 256, "open_files": 1024}),
+    ("wall_seconds=5", "SANDBOX_LIMITS: 'wall_seconds=5' is not name=positive integer"),
+    ("memory_mb=0", "SANDBOX_LIMITS: 'memory_mb=0' is not name=positive integer"),
+])
+def test_the_operators_maximum_comes_from_the_environment(value: str, expected: Any) -> None:
+    import base64
+    import json
+    import subprocess
+    import sys
+
+    env = {"PATH": os.environ["PATH"], "SANDBOX_LIMITS": value, "SECRETS_FILE": "", "SECRET_KEY": "k" * 60,
+           "ENCRYPTION_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode()}
+    result = subprocess.run(
+        [sys.executable, "-c", "import json; from agent_platform import settings; print(json.dumps(settings.SANDBOX_LIMITS))"],
+        env=env, cwd=str(Path(__file__).resolve().parents[2]), capture_output=True, text=True, timeout=60)
+    if isinstance(expected, dict):
+        assert json.loads(result.stdout) == expected, result.stderr
+    else:
+        assert result.returncode != 0 and expected in result.stderr, result.stderr
 
 
 @pytest.mark.django_db
