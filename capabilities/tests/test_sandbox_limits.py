@@ -323,6 +323,23 @@ def test_the_limits_are_on_the_command_line_of_every_confined_program() -> None:
     assert ("--nproc=4096" in options) == drops_privileges()
 
 
+def test_a_non_root_worker_caps_the_limits_at_its_own_and_leaves_the_process_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A non-root worker cannot raise a hard limit (prlimit would fail), and its programs share
+    its uid: RLIMIT_NPROC would count the worker's own threads."""
+    import resource
+
+    from capabilities import confinement
+
+    hard = {resource.RLIMIT_CPU: resource.RLIM_INFINITY, resource.RLIMIT_DATA: 100 * 1024 * 1024,
+            resource.RLIMIT_FSIZE: resource.RLIM_INFINITY, resource.RLIMIT_NOFILE: 32}
+    monkeypatch.setattr(confinement, "drops_privileges", lambda: False)
+    monkeypatch.setattr(confinement.resource, "getrlimit", lambda kind: (0, hard[kind]))
+    options = confinement.limits_argv(SMALL)[1:-1]
+    assert options == ["--cpu=2:3", f"--data={100 * 1024 * 1024}", f"--fsize={1024 * 1024}", "--nofile=32"]
+
+
 def test_a_template_with_malformed_limits_is_refused() -> None:
     template = ProgramTemplate(slug="t", name="t", kind="mcp_stdio", argv=["${PYTHON}"],
                                limits={"cpu_seconds": 0, "wall_seconds": 5, "memory_mb": True})
