@@ -96,16 +96,19 @@ class TenantWorld:
 
 
 def _world(slug: str) -> TenantWorld:
-    tenant = tenant_create(name=slug.title(), slug=slug)
-    User = get_user_model()
-    admin = User.objects.create_user(username=f"{slug}-admin", password="pw-admin-123", is_staff=True)
-    member = User.objects.create_user(username=f"{slug}-user", password="pw-user-123")
-    am = membership_create(tenant=tenant, user=admin, role=Role.ADMIN)
-    mm = membership_create(tenant=tenant, user=member, role=Role.MEMBER)
-    return TenantWorld(
-        tenant=tenant, admin=admin, member=member, admin_membership=am, member_membership=mm,
-        admin_token=api_token_create(membership=am).raw, member_token=api_token_create(membership=mm).raw,
-    )
+    """A tenant, its admin and member with a token each; made in the system scope (an
+    operator's setup), whatever the scope of the test that asks for it."""
+    with system_scope():
+        tenant = tenant_create(name=slug.title(), slug=slug)
+        User = get_user_model()
+        admin = User.objects.create_user(username=f"{slug}-admin", password="pw-admin-123", is_staff=True)
+        member = User.objects.create_user(username=f"{slug}-user", password="pw-user-123")
+        am = membership_create(tenant=tenant, user=admin, role=Role.ADMIN)
+        mm = membership_create(tenant=tenant, user=member, role=Role.MEMBER)
+        return TenantWorld(
+            tenant=tenant, admin=admin, member=member, admin_membership=am, member_membership=mm,
+            admin_token=api_token_create(membership=am).raw, member_token=api_token_create(membership=mm).raw,
+        )
 
 
 @pytest.fixture

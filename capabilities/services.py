@@ -348,6 +348,7 @@ def catalogue_import(*, data: Any) -> list[ProgramTemplate]:
         missing = set(slugs) - {t.slug for t in tenants}
         if missing:
             raise ValidationError(f"templates[{index}] ({item['slug']}): no tenants {sorted(missing)}.")
-        template.tenants.set(tenants)
+        with system_scope():  # set() reads the tenants offered now (through the tenants table) to drop the others
+            template.tenants.set(tenants)
         written.append(template)
     return written
