@@ -11,12 +11,19 @@ The proxy speaks HTTP/1.1 proxy requests:
   no loopback, private, link-local, CGNAT, ULA, metadata …), and the tunnel goes to the
   checked address. TLS stays end to end between the program and the server.
 - ``GET http://host/path`` and the other methods in absolute form (plain HTTP): the same
-  check, then the request goes to the checked address in origin form; ``Proxy-*`` headers
+  check, then **one request per client connection**: the request goes to the checked address
+  in origin form with ``Connection: close`` (its body by ``Content-Length``; a chunked request
+  body is refused with 411), the answer to the program says ``Connection: close`` too and ends
+  after the declared body. A kept-alive connection therefore never carries a second request
+  (for another host, with that host's cookies) to the first server unchecked: the program
+  opens a new connection and that one is checked. ``Proxy-*`` and other hop-by-hop headers
   are dropped.
 
-Anything else, a refused address, a name that does not resolve or a server that cannot be
-reached is answered with an HTTP error (403, 400 or 502) whose text says why, so the program
-(and through it the model) reads a reason instead of a hang. Networks listed in
+The connection handling is :mod:`capabilities.checked_proxy`'s (shared with the server
+browser's proxy); this module adds the egress rules and the Unix socket. Anything else, a
+refused address, a name that does not resolve or a server that cannot be reached is answered
+with an HTTP error (403, 400, 411 or 502) whose text (and ``X-Agent-Platform-Refused`` header)
+says why, so the program (and through it the model) reads a reason instead of a hang. Networks listed in
 ``settings.SANDBOX_EGRESS_ALLOWED_CIDRS`` are allowed although not public (an operator's
 decision; tests allow 127.0.0.1); cloud metadata addresses and host names stay refused.
 
@@ -30,34 +37,23 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import ipaddress
 import logging
 import os
 import shutil
 import tempfile
 import threading
-import urllib.parse
 from typing import Any
 
+from capabilities.checked_proxy import HEAD_LIMIT_BYTES, ProxyRefused, serve_connection
 from capabilities.netsafe import FetchError, resolve_host
 
 logger = logging.getLogger(__name__)
 
-HEAD_LIMIT_BYTES = 64 * 1024
-"""Largest request head (request line and headers) the proxy reads."""
-HEAD_TIMEOUT_SECONDS = 30.0
-CONNECT_TIMEOUT_SECONDS = 10.0
-"""Resolving plus connecting to the server."""
-SPLICE_CHUNK_BYTES = 64 * 1024
 
-
-class EgressRefused(Exception):
+class EgressRefused(ProxyRefused):
     """A destination the egress rules refuse; ``status`` is the HTTP status answered."""
-
-    def __init__(self, message: str, *, status: int = 403) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 def _allowed_networks() -> list[Any]:
@@ -94,101 +90,8 @@ async def egress_check(host: str, port: int) -> list[str]:
     return [str(ip) for ip in addresses]
 
 
-def _target(method: str, target: str) -> tuple[str, int, str]:
-    """``(host, port, origin-form path)`` of a request target; raises EgressRefused (400)."""
-    if method == "CONNECT":
-        host, sep, port_text = target.rpartition(":")
-        if not sep or not port_text.isdigit():
-            raise EgressRefused(f"Bad CONNECT target {target[:200]!r}.", status=400)
-        return host, int(port_text), ""
-    parts = urllib.parse.urlsplit(target)
-    if parts.scheme != "http" or not parts.hostname:
-        raise EgressRefused("Only absolute http:// URLs (or CONNECT for https) go through the egress proxy.", status=400)
-    try:
-        port = parts.port or 80
-    except ValueError as exc:
-        raise EgressRefused(f"Bad port in {target[:200]!r}.", status=400) from exc
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return parts.hostname, port, path
-
-
-async def _answer(writer: asyncio.StreamWriter, status: int, message: str) -> None:
-    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}.get(status, "Error")
-    body = (message + "\n").encode()
-    writer.write(
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
-    )
-    try:
-        await writer.drain()
-    except OSError:
-        pass
-
-
-async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(SPLICE_CHUNK_BYTES):
-            writer.write(data)
-            await writer.drain()
-    except (OSError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        try:
-            if writer.can_write_eof():
-                writer.write_eof()
-        except OSError:
-            pass
-
-
-async def _handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-    upstream_writer: asyncio.StreamWriter | None = None
-    try:
-        try:
-            head = await asyncio.wait_for(client_reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_SECONDS)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
-            return
-        lines = head.decode("latin-1").split("\r\n")
-        request = lines[0].split(" ")
-        if len(request) != 3:
-            await _answer(client_writer, 400, "Not an HTTP proxy request.")
-            return
-        method, target, version = request
-        try:
-            host, port, path = _target(method, target)
-            addresses = await asyncio.wait_for(egress_check(host, port), CONNECT_TIMEOUT_SECONDS)
-        except EgressRefused as exc:
-            logger.info("egress refused: %s %s: %s", method, target[:200], exc.message)
-            await _answer(client_writer, exc.status, exc.message)
-            return
-        except TimeoutError:
-            await _answer(client_writer, 502, f"Resolving {host!r} timed out.")
-            return
-        last_error: Exception | None = None
-        for address in addresses:
-            try:
-                upstream_reader, upstream_writer = await asyncio.wait_for(
-                    asyncio.open_connection(address, port, limit=SPLICE_CHUNK_BYTES), CONNECT_TIMEOUT_SECONDS
-                )
-                break
-            except (OSError, TimeoutError) as exc:
-                last_error = exc
-        if upstream_writer is None:
-            await _answer(client_writer, 502, f"Cannot connect to {host}:{port}: {last_error or 'no address'}.")
-            return
-        if method == "CONNECT":
-            client_writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            await client_writer.drain()
-        else:
-            kept = [line for line in lines[1:] if line and not line.lower().startswith(("proxy-",))]
-            upstream_writer.write(("\r\n".join([f"{method} {path} {version}", *kept]) + "\r\n\r\n").encode("latin-1"))
-            await upstream_writer.drain()
-        await asyncio.gather(_splice(client_reader, upstream_writer), _splice(upstream_reader, client_writer))
-    finally:
-        for writer in (client_writer, upstream_writer):
-            if writer is not None:
-                writer.close()
+_handle = functools.partial(serve_connection, check=egress_check, logger=logger, label="egress")
+"""One client connection: :func:`capabilities.checked_proxy.serve_connection` with the egress check."""
 
 
 class _Proxy:
