@@ -11,7 +11,12 @@ Argv rules (checked by :meth:`ProgramTemplate.clean`):
 
 - ``${NAME}`` is a tenant parameter (declared in ``tenant_parameters``); its value must match
   the declaration's ``pattern`` (default :data:`DEFAULT_PARAMETER_PATTERN`, no braces, no
-  spaces), and it is substituted inside its element (which stays one argv element).
+  spaces), and it is substituted inside its element (which stays one argv element). Whatever
+  the pattern allows, a tenant's value is refused (:func:`parameters_errors`) when it would
+  start an element with ``-`` (option injection; the model's rule of
+  :mod:`capabilities.cli.template`: not inside an element, nor after a literal ``--``), and
+  when it is, or holds after ``=``, ``,``, ``:`` or ``;``, a path into :data:`FORBIDDEN_PATH_PREFIXES`
+  or the platform's own tree, or a path that climbs with ``..``.
 - ``${PYTHON}`` is the sandbox's Python (``settings.SANDBOX_PYTHON``), for programs that are
   Python modules (``["${PYTHON}", "-m", "mcp_server_time"]``).
 - For CLI templates, ``{name}`` placeholders are the model's arguments, with the rules of
@@ -24,6 +29,7 @@ Every program started from a template runs confined (:mod:`capabilities.confinem
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any
 
@@ -39,6 +45,12 @@ DEFAULT_PARAMETER_PATTERN = r"[A-Za-z0-9_.,:/@+=-]{0,200}"
 """What a tenant parameter's value may be unless its declaration says otherwise."""
 
 PLATFORM_VARIABLES = frozenset({"PYTHON"})
+
+FORBIDDEN_PATH_PREFIXES = ("/proc", "/sys", "/dev", "/run", "/var/run")
+"""Where no tenant parameter may point a program: kernel interfaces (``/proc/self/environ`` is
+the program's own environment: the template's variables and the secrets), device nodes and
+sockets (the egress proxy's is ``/run/egress.sock``). The platform's tree (``BASE_DIR``) too."""
+_PATH_SEPARATORS_RE = re.compile(r"[=,:;]")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_ARGV = 256
 
@@ -217,7 +229,59 @@ def parameters_errors(template: ProgramTemplate, values: Any) -> list[str]:
         pattern = item.get("pattern", DEFAULT_PARAMETER_PATTERN)
         if not isinstance(value, str) or not re.fullmatch(pattern, value):
             problems.append(f"{name}: {str(value)[:100]!r} does not match {pattern}.")
+        elif name in values:  # the operator's own defaults are trusted
+            problem = _path_problem(name, value) or _option_problem(template, name, values)
+            if problem:
+                problems.append(problem)
     return problems
+
+
+def _option_problem(template: ProgramTemplate, name: str, values: dict[str, Any]) -> str | None:
+    """The option-injection message when the tenant's value of ``name`` starts with ``-`` and
+    would start an argv element: the placeholder opens the element (or only empty values come
+    before it), and no literal ``--`` element came earlier. The rule of a model's argument
+    (:func:`capabilities.cli.template.render_argv`)."""
+    from capabilities.cli.template import leading_dash_error
+
+    if not str(values[name]).startswith("-") or not isinstance(template.argv, list):
+        return None
+    declared = {p["name"]: p for p in template.tenant_parameters if isinstance(p, dict) and "name" in p}
+    for element in template.argv:
+        if element == "--":
+            return None
+        position = 0
+        for match in TENANT_PARAMETER_RE.finditer(str(element)):
+            if match.start() != position:
+                break  # literal text opens the element
+            current = match.group(1)
+            if current == name:
+                return leading_dash_error(name)
+            rendered = "x" if current in PLATFORM_VARIABLES else values.get(current, declared.get(current, {}).get("default"))
+            if rendered:
+                break
+            position = match.end()
+    return None
+
+
+def _path_problem(name: str, value: str) -> str | None:
+    """The message when ``value`` (or a part of it after ``=``, ``,``, ``:`` or ``;``, e.g. a
+    ``file:`` URL or ``key=/path``) is a path into :data:`FORBIDDEN_PATH_PREFIXES` or the
+    platform's tree, or climbs with ``..`` (the sandbox's cwd is ``/home/sandbox``: ``../../proc``
+    is ``/proc``)."""
+    from django.conf import settings
+
+    platform = str(settings.BASE_DIR)
+    for part in _PATH_SEPARATORS_RE.split(value):
+        if ".." in part.split("/"):
+            return f"{name}: {value!r} climbs out of its directory with '..'; give the path without it."
+        if not part.startswith("/"):
+            continue
+        path = posixpath.normpath("/" + part.lstrip("/"))
+        for prefix in (*FORBIDDEN_PATH_PREFIXES, platform):
+            if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+                where = "the platform's own files" if prefix == platform else prefix
+                return f"{name}: {value!r} points into {where}, which no program of the catalogue may be given."
+    return None
 
 
 def secrets_errors(template: ProgramTemplate, secrets: Any) -> list[str]:

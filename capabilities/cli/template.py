@@ -59,6 +59,13 @@ class ArgumentsInvalid(ValueError):
     """The model's arguments do not fit the schema or the rendering rules (message for the model)."""
 
 
+def leading_dash_error(name: str) -> str:
+    """The message refusing a value of ``name`` that would start an argv element with ``-``
+    (option injection). The same rule, and words, for a model's argument (:func:`render_argv`)
+    and a tenant's template parameter (:func:`capabilities.catalogue.parameters_errors`)."""
+    return f"{name}: the value may not start with '-' (it would be read as an option). Pass it without the leading dash."
+
+
 def placeholders(element: str) -> list[str]:
     """Placeholder names in one template element, in order (escapes ``{{``/``}}`` skipped)."""
     return [m.group(1) for m in PLACEHOLDER_RE.finditer(element) if m.group(1)]
@@ -210,10 +217,7 @@ def render_argv(argv_template: list[str], schema: dict[str, Any], arguments: dic
                 match.start() == 0 and text.startswith("-") and isinstance(values[name], str)
                 and not after_double_dash and not prop.get(ALLOW_LEADING_DASH, False)
             ):
-                raise ArgumentsInvalid(
-                    f"{name}: the value may not start with '-' (it would be read as an option). "
-                    "Pass it without the leading dash."
-                )
+                raise ArgumentsInvalid(leading_dash_error(name))
             return text
 
         argv.append(PLACEHOLDER_RE.sub(substitute, element))

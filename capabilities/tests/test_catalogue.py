@@ -77,7 +77,7 @@ def test_secrets_are_only_the_templates_names(world) -> None:
     assert good.status_code == 201, good.json()
     with tenant_scope(world.tenant.pk):
         config = mcp_server_config(server=McpServer.objects.get(alias="s"))
-    assert dict(config.sandbox.env) == {"API_TOKEN": "t"} and dict(config.env) == {}
+    assert dict(config.sandbox.env) == {"API_TOKEN": "t"}, "the secrets are the sandbox's environment, nothing else"
 
 
 def test_the_catalogue_api_lists_what_the_tenant_may_enable_and_is_read_only(world, other_world) -> None:
@@ -133,3 +133,84 @@ def test_a_bad_catalogue_writes_nothing(tmp_path) -> None:
     assert not ProgramTemplate.objects.filter(slug__in=["good", "bad"]).exists(), "all or nothing"
     with pytest.raises(ValidationError):
         catalogue_import(data={"templates": [{"slug": "x", "kind": "cli", "argv": ["true"], "command": "sh"}]})
+
+
+# --- tenant parameters: no option injection, no paths into the kernel's or the platform's files ---
+
+
+def _create(world, template_slug: str, parameters: dict[str, str], *, transport: str = "stdio"):
+    return world.client(admin=True).post("/api/v1/admin/mcp-servers/", {
+        "name": "P", "alias": "p", "transport": transport, "template": template_slug, "parameters": parameters,
+    }, format="json")
+
+
+@pytest.mark.parametrize("value", ["--help", "-h", "--local-timezone", "-/etc"])
+def test_a_parameter_value_that_would_be_read_as_an_option_is_refused(world, value: str) -> None:
+    """Issue 34 (low): ``TIMEZONE=--help`` matched the template's pattern and reached the program
+    as an option. Like a model's argument (capabilities/cli/template.py), a tenant's value may not
+    start an element with '-'."""
+    time_template()
+    resp = _create(world, "mcp-server-time", {"TIMEZONE": value})
+    assert resp.status_code == 400, resp.json()
+    [message] = resp.json()["extra"]["fields"]["parameters"]
+    assert message.startswith("TIMEZONE: ") and "may not start with '-'" in message, message
+    assert not McpServer.all_tenants.filter(alias="p").exists()
+
+
+def test_a_dash_is_fine_where_it_cannot_start_an_option(world) -> None:
+    """The model's rule: inside an element (``--offset=${N}``) or after a literal ``--``."""
+    template("dashes", kind="mcp_stdio", argv=["${PYTHON}", "-m", "x", "--offset=${OFFSET}", "--", "${NAME}"],
+             tenant_parameters=[{"name": "OFFSET"}, {"name": "NAME"}])
+    resp = _create(world, "dashes", {"OFFSET": "-5", "NAME": "-file-with-a-dash"})
+    assert resp.status_code == 201, resp.json()
+
+
+@pytest.mark.parametrize("value", [
+    "/proc/self/environ", "/proc", "//proc/1/environ", "/sys/kernel/notes", "/dev/shm/x", "/run/egress.sock",
+    "/home/sandbox/../../proc/self/environ", "../../proc/self/environ", "sub/../../x",
+    "file:///proc/self/environ", "config=/proc/self/environ",
+])
+def test_a_path_parameter_may_not_reach_into_the_kernels_files(world, value: str) -> None:
+    """Issue 34 (low): ``ROOT=/proc/self/environ`` (the program's own secrets, the template's
+    variables) matched the default pattern."""
+    template("with-root", kind="mcp_stdio", argv=["${PYTHON}", "-m", "x", "--root", "${ROOT}"],
+             tenant_parameters=[{"name": "ROOT"}])
+    resp = _create(world, "with-root", {"ROOT": value})
+    assert resp.status_code == 400, resp.json()
+    [message] = resp.json()["extra"]["fields"]["parameters"]
+    assert message.startswith("ROOT: ") and value in message, message
+
+
+def test_a_path_parameter_may_not_name_the_platforms_files(world, settings) -> None:
+    template("with-root", kind="mcp_stdio", argv=["${PYTHON}", "-m", "x", "--root", "${ROOT}"],
+             tenant_parameters=[{"name": "ROOT"}])
+    resp = _create(world, "with-root", {"ROOT": f"{settings.BASE_DIR}/var"})
+    assert resp.status_code == 400, resp.json()
+    assert "ROOT: " in resp.json()["extra"]["fields"]["parameters"][0]
+
+
+@pytest.mark.parametrize("value", ["/home/sandbox/data", "reports/2026", "notes.txt", "1..2", "/srv/share"])
+def test_ordinary_paths_and_values_are_accepted(world, value: str) -> None:
+    template("with-root", kind="mcp_stdio", argv=["${PYTHON}", "-m", "x", "--root", "${ROOT}"],
+             tenant_parameters=[{"name": "ROOT"}])
+    assert _create(world, "with-root", {"ROOT": value}).status_code == 201
+
+
+def test_a_cli_command_parameter_is_checked_alike(world) -> None:
+    from capabilities.services import cli_command_save
+    from capabilities.tests.catalogue import cli_template
+
+    lister = cli_template("lister", ["ls", "${DIR}"], tenant_parameters=[{"name": "DIR"}])
+    with pytest.raises(ValidationError) as caught:
+        cli_command_save(tenant=world.tenant, name="lister", template=lister, parameters={"DIR": "--all"})
+    assert "DIR: " in str(caught.value.message_dict["parameters"]), caught.value
+
+
+def test_a_value_stored_before_the_rule_fails_the_configuration_not_the_program(world) -> None:
+    """A row saved before this check (or written around validation) never reaches the program."""
+    server = McpServer.all_tenants.create(
+        tenant=world.tenant, name="T", alias="t", transport="stdio", template=time_template(),
+        parameters={"TIMEZONE": "--help"},
+    )
+    with tenant_scope(world.tenant.pk), pytest.raises(ValueError, match="TIMEZONE: .*may not start with '-'"):
+        mcp_server_config(server=server)
