@@ -1,6 +1,7 @@
 """MCP tool call overhead through the platform vs a direct SDK call, and warm vs cold first calls.
 
-Same stdio server for both (``mcp-server-time``, ``get_current_time`` in UTC):
+Same stdio server for both (``mcp-server-time``, ``get_current_time`` in UTC), confined the same
+way (the deployment's sandbox profile; the platform starts no stdio server unconfined):
 
 - direct: one ``mcp.Client`` over stdio, ``await client.call_tool(...)``;
 - platform: the tool as a run sees it: ``McpTool.execute`` through a pooled session
@@ -19,15 +20,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agent_platform.settings")
 
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from bench._stats import machine, percentile  # noqa: E402
+from capabilities.confinement import SandboxProfile, confined_argv, confined_env  # noqa: E402
 from capabilities.mcp.client import McpServerConfig  # noqa: E402
 from capabilities.mcp.pool import McpPool  # noqa: E402
 from capabilities.mcp.tool import McpTool  # noqa: E402
@@ -35,7 +44,10 @@ from capabilities.tools import ToolContext  # noqa: E402
 
 ARGS = ("-m", "mcp_server_time", "--local-timezone", "UTC")
 CALL = ("get_current_time", {"timezone": "UTC"})
-CONFIG = McpServerConfig(alias="time", transport="stdio", command=sys.executable, args=ARGS, connect_timeout_seconds=30)
+PROFILE = SandboxProfile(ro_binds=tuple(settings.SANDBOX_RO_BINDS), uid=settings.SANDBOX_UID, gid=settings.SANDBOX_GID)
+CONFIG = McpServerConfig(alias="time", transport="stdio", command=settings.SANDBOX_PYTHON, args=ARGS,
+                         sandbox=PROFILE, connect_timeout_seconds=30)
+CONFINED = confined_argv([settings.SANDBOX_PYTHON, *ARGS], PROFILE)
 CONTEXT = ToolContext(tenant_id=1, session_id=1, run_id=1, tool_call_id=1)
 
 
@@ -50,7 +62,8 @@ async def overhead(calls: int) -> None:
     tool = McpTool(connection=session, info=info, exposed_name="time__get_current_time", call_timeout_seconds=30)
     direct_times: list[float] = []
     platform_times: list[float] = []
-    async with Client(StdioServerParameters(command=sys.executable, args=list(ARGS)), cache=None) as client:
+    direct = StdioServerParameters(command=CONFINED[0], args=CONFINED[1:], env=confined_env(PROFILE))
+    async with Client(direct, cache=None) as client:
         await client.list_tools()
         for _ in range(20):  # warm both paths
             await client.call_tool(*CALL)

@@ -2,7 +2,9 @@
 per-call latency of ``mcp-server-time``, confined against started as it is.
 
 Both ways run the same interpreter (``SANDBOX_PYTHON``, the sandbox's virtualenv) and the
-same client (:class:`capabilities.mcp.client.McpConnection`); the confined way adds setpriv
+same client (the SDK's ``mcp.Client`` over stdio: the platform's own client has no unconfined
+way any more); the confined way starts the command line of
+:func:`capabilities.confinement.confined_argv`, which adds setpriv
 (a root worker drops to the sandbox user), bubblewrap (user, mount, PID, network, IPC and UTS
 namespaces, read-only binds, tmpfs) and, with ``--egress``, the egress bridge in front of the
 program. Spawns alternate (plain, confined, plain, …) so machine load hits both alike; calls
@@ -30,10 +32,10 @@ import django  # noqa: E402
 django.setup()
 
 from django.conf import settings  # noqa: E402
+from mcp import Client, StdioServerParameters  # noqa: E402
 
 from bench._stats import machine, percentile  # noqa: E402
-from capabilities.confinement import SandboxProfile, bwrap_resolve  # noqa: E402
-from capabilities.mcp.client import McpConnection, McpServerConfig  # noqa: E402
+from capabilities.confinement import SandboxProfile, bwrap_resolve, confined_argv, confined_env  # noqa: E402
 
 ARGS = ("-m", "mcp_server_time", "--local-timezone", "UTC")
 CALL = ("get_current_time", {"timezone": "UTC"})
@@ -43,18 +45,24 @@ def ms(values: list[float]) -> str:
     return f"p50 {percentile(values, 0.5) * 1000:7.2f} ms   p95 {percentile(values, 0.95) * 1000:7.2f} ms"
 
 
-def configs(egress: bool) -> dict[str, McpServerConfig]:
+def configs(egress: bool) -> dict[str, StdioServerParameters]:
     profile = SandboxProfile(network="egress" if egress else "none", ro_binds=tuple(settings.SANDBOX_RO_BINDS),
                              uid=settings.SANDBOX_UID, gid=settings.SANDBOX_GID)
-    common = {"alias": "time", "transport": "stdio", "command": settings.SANDBOX_PYTHON, "args": ARGS,
-              "connect_timeout_seconds": 60}
-    return {"as it is": McpServerConfig(**common), "confined": McpServerConfig(**common, sandbox=profile)}
+    confined = confined_argv([settings.SANDBOX_PYTHON, *ARGS], profile)
+    return {
+        "as it is": StdioServerParameters(command=settings.SANDBOX_PYTHON, args=list(ARGS)),
+        "confined": StdioServerParameters(command=confined[0], args=confined[1:], env=confined_env(profile)),
+    }
 
 
-async def spawn_once(config: McpServerConfig) -> float:
+def connect(params: StdioServerParameters) -> Client:
+    return Client(params, cache=None)
+
+
+async def spawn_once(params: StdioServerParameters) -> float:
     started = time.perf_counter()
-    async with McpConnection(config) as connection:
-        await connection.list_tools()
+    async with connect(params) as client:
+        await client.list_tools()
         elapsed = time.perf_counter() - started
     return elapsed
 
@@ -75,18 +83,18 @@ async def main(spawns: int, calls: int, egress: bool) -> None:
         print(f"  {name:9s} {ms(values)}")
 
     call_times: dict[str, list[float]] = {name: [] for name in ways}
-    async with McpConnection(ways["as it is"]) as plain, McpConnection(ways["confined"]) as confined:
+    async with connect(ways["as it is"]) as plain, connect(ways["confined"]) as confined:
         connections = {"as it is": plain, "confined": confined}
         for connection in connections.values():
             await connection.list_tools()
             for _ in range(20):
-                await connection.call_tool(*CALL, timeout_seconds=30)
+                await connection.call_tool(*CALL)
         block = 25
         for _ in range(max(1, calls // block)):
             for name, connection in connections.items():
                 for _ in range(block):
                     started = time.perf_counter()
-                    await connection.call_tool(*CALL, timeout_seconds=30)
+                    await connection.call_tool(*CALL)
                     call_times[name].append(time.perf_counter() - started)
     print(f"one tools/call on an open connection, {len(call_times['confined'])} each, in blocks of 25:")
     for name, values in call_times.items():

@@ -56,11 +56,6 @@ logger = logging.getLogger(__name__)
 
 _ALIAS_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 
-_SAFE_EXTRA_ENV_VARS = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
-"""Inherited by stdio servers on top of the SDK's own minimal set (HOME, LOGNAME, PATH, SHELL,
-TERM, USER). Nothing else of the worker's environment (secrets!) reaches a server unless the
-config's ``env`` names it."""
-
 _MAX_LIST_PAGES = 1_000
 """Upper bound on ``tools/list`` pages, against a server whose cursors never end."""
 
@@ -136,9 +131,6 @@ class McpServerConfig:
     """stdio: the executable to spawn (absolute path or looked up on the child's PATH)."""
     args: tuple[str, ...] = ()
     """stdio: its arguments."""
-    env: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """stdio: extra environment, merged over a minimal safe environment (PATH, HOME, LANG,
-    TZ...). Not shown in ``repr`` (it may hold credentials)."""
     url: str = ""
     """sse / streamable_http: the MCP endpoint (the SSE stream URL for ``sse``), ``http://`` or
     ``https://``."""
@@ -154,10 +146,10 @@ class McpServerConfig:
     """``auto``: probe ``server/discover`` (2026-07-28) and fall back to the ``initialize``
     handshake; ``legacy``: the handshake only (for servers that mishandle the probe)."""
     sandbox: SandboxProfile | None = None
-    """stdio: the confinement the process is started in (:mod:`capabilities.confinement`);
-    its ``env`` carries the template's variables and the tenant's secrets. The platform's
-    configurations always have one (``capabilities.services.mcp_server_config``); None starts
-    the command as it is, which only the client's own tests and benchmarks do."""
+    """stdio (required): the confinement the process is started in
+    (:mod:`capabilities.confinement`); its ``env`` is the server's whole environment on top of
+    PATH/HOME/LANG (the template's variables and the tenant's secrets). There is no way to
+    start a stdio server unconfined. None for sse / streamable_http."""
 
     def __post_init__(self) -> None:
         if not _ALIAS_RE.match(self.alias):
@@ -165,6 +157,8 @@ class McpServerConfig:
         if self.transport == "stdio":
             if not self.command:
                 raise ValueError(f"MCP server {self.alias!r}: a stdio server needs a command")
+            if self.sandbox is None:
+                raise ValueError(f"MCP server {self.alias!r}: a stdio server runs confined: it needs a sandbox profile")
         elif self.transport in ("sse", "streamable_http"):
             if not self.url.startswith(("http://", "https://")):
                 raise ValueError(
@@ -179,7 +173,6 @@ class McpServerConfig:
         check_timeout_seconds(self.call_timeout_seconds, what="call_timeout_seconds")
         # Read-only copies, so a caller mutating its dict cannot change a live config.
         object.__setattr__(self, "args", tuple(self.args))
-        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
 
     def _identity(self) -> tuple[Any, ...]:
@@ -188,7 +181,6 @@ class McpServerConfig:
             self.transport,
             self.command,
             self.args,
-            tuple(sorted(self.env.items())),
             self.url,
             tuple(sorted(self.headers.items())),
             self.connect_timeout_seconds,
@@ -219,7 +211,7 @@ class McpServerConfig:
         """Where the server is, for messages that may reach the model or logs.
 
         The URL without credentials, query or fragment (they may carry tokens), or the stdio
-        command without its arguments (same reason). Never env or headers.
+        command without its arguments (same reason). Never the environment or headers.
         """
         if self.transport != "stdio":
             parts = urllib.parse.urlsplit(self.url)
@@ -615,14 +607,16 @@ def make_client(
     """
     stderr: _StderrTail | None = None
     if config.transport == "stdio":
-        if config.sandbox is not None:
-            # Raises SandboxUnavailable (bwrap/setpriv missing): reported like a failed spawn.
-            full = confined_argv([config.command, *config.args], config.sandbox)
-            params = StdioServerParameters(command=full[0], args=full[1:], env=confined_env(config.sandbox))
-        else:
-            env = {key: os.environ[key] for key in _SAFE_EXTRA_ENV_VARS if key in os.environ}
-            env.update(config.env)
-            params = StdioServerParameters(command=config.command, args=list(config.args), env=env)
+        # Always confined (McpServerConfig requires a sandbox for stdio). Raises
+        # SandboxUnavailable (bwrap/setpriv missing): reported like a failed spawn. Lifecycle:
+        # the SDK starts the launcher in a new process group and, on close, closes its stdin,
+        # then kills that group; bubblewrap's --die-with-parent takes the sandbox's PID 1 along
+        # with the launcher (or with this worker, if it dies first), and with PID 1 the kernel
+        # kills every process of the sandbox's PID namespace, daemons included.
+        if config.sandbox is None:  # unreachable: McpServerConfig refuses it
+            raise ValueError(f"MCP server {config.alias!r}: a stdio server runs confined: it needs a sandbox profile")
+        full = confined_argv([config.command, *config.args], config.sandbox)
+        params = StdioServerParameters(command=full[0], args=full[1:], env=confined_env(config.sandbox))
         stderr = _StderrTail(config.alias)
         stack.callback(stderr.close_writer)
         transport: Any = stdio_client(params, errlog=stderr.writer)  # type: ignore[arg-type]

@@ -30,6 +30,15 @@ Env ``MCP_TEST_START_DELAY=<seconds>`` (stdio): the server waits that long befor
 then notes the time in its own ``MCP_TEST_STARTED_AT`` (read it with ``getenv``). Servers
 connected one after the other start at least the delay apart; concurrently, together. (Confined
 servers have no shared writable directory for the barrier.)
+
+Env ``MCP_TEST_STUBBORN=<seconds>`` (stdio): a server that does not go when told to, for the
+lifecycle tests (``test_mcp_lifecycle.py``). It ignores SIGTERM, SIGINT and SIGHUP, starts a
+daemon of its own (a child in a new session, ignoring the same signals, that sleeps
+``<seconds>``: no process-group kill reaches it), and after its stdin closes it sleeps
+``<seconds>`` instead of exiting. Only the sandbox going away (its PID namespace) ends them.
+
+Arguments after the module name are ignored, and passed on to the daemon's command line: tests
+put a unique tag there to find every process of one server in ``/proc``.
 """
 
 from __future__ import annotations
@@ -301,8 +310,32 @@ def _start_barrier(spec: str) -> None:
         time.sleep(0.02)
 
 
+_DAEMON_SOURCE = (
+    "import signal, sys, time\n"
+    "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+    "    signal.signal(s, signal.SIG_IGN)\n"
+    "time.sleep(float(sys.argv[1]))\n"
+)
+
+
+def _become_stubborn(seconds: float) -> None:
+    """``MCP_TEST_STUBBORN``: ignore the polite signals and leave a daemon behind (see module doc)."""
+    import signal
+    import subprocess
+
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_IGN)
+    subprocess.Popen(
+        [sys.executable, "-c", _DAEMON_SOURCE, repr(seconds), *sys.argv[1:]],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
 def main_stdio() -> None:
     """Serve the same tools over stdio (one connection, until stdin closes)."""
+    stubborn = float(os.environ.get("MCP_TEST_STUBBORN") or 0)
+    if stubborn:
+        _become_stubborn(stubborn)
     if barrier := os.environ.get("MCP_TEST_START_BARRIER"):
         _start_barrier(barrier)
     if delay := os.environ.get("MCP_TEST_START_DELAY"):
@@ -315,6 +348,8 @@ def main_stdio() -> None:
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
     anyio.run(run)
+    if stubborn:
+        time.sleep(stubborn)  # stdin closed: a well-behaved server would exit now
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from capabilities.confinement import SandboxProfile
 from capabilities.mcp.client import McpConnectError, McpConnection, McpServerConfig, McpToolInfo
 from capabilities.mcp.tool import MAX_DESCRIPTION_CHARS, McpTool, cap_description, normalize_input_schema
 from capabilities.tests.mcp_test_server import (
@@ -233,13 +234,14 @@ async def test_mcp_tool_over_http(mcp_server: RunningServer) -> None:
 @pytest.mark.parametrize(
     "fields",
     [
-        {"alias": "Bad Alias", "transport": "stdio", "command": "x"},
-        {"alias": "", "transport": "stdio", "command": "x"},
-        {"alias": "ok", "transport": "stdio"},
+        {"alias": "Bad Alias", "transport": "stdio", "command": "x", "sandbox": SandboxProfile()},
+        {"alias": "", "transport": "stdio", "command": "x", "sandbox": SandboxProfile()},
+        {"alias": "ok", "transport": "stdio", "sandbox": SandboxProfile()},
         {"alias": "ok", "transport": "streamable_http", "url": "ftp://x"},
         {"alias": "ok", "transport": "carrier_pigeon", "command": "x"},
-        {"alias": "ok", "transport": "stdio", "command": "x", "connect_timeout_seconds": 0},
-        {"alias": "ok", "transport": "stdio", "command": "x", "list_timeout_seconds": float("inf")},
+        {"alias": "ok", "transport": "stdio", "command": "x", "sandbox": SandboxProfile(), "connect_timeout_seconds": 0},
+        {"alias": "ok", "transport": "stdio", "command": "x", "sandbox": SandboxProfile(),
+         "list_timeout_seconds": float("inf")},
     ],
 )
 def test_invalid_configs_are_rejected(fields: dict[str, object]) -> None:
@@ -247,14 +249,22 @@ def test_invalid_configs_are_rejected(fields: dict[str, object]) -> None:
         McpServerConfig(**fields)  # type: ignore[arg-type]
 
 
+def test_a_stdio_server_cannot_be_configured_unconfined() -> None:
+    """Issue 34: the client had a branch that started a stdio command as it is (sandbox None),
+    used only by tests and benchmarks. A stdio configuration without a sandbox profile is refused."""
+    with pytest.raises(ValueError, match="runs confined"):
+        McpServerConfig(alias="bare", transport="stdio", command="/usr/bin/python3", args=("-m", "x"))
+
+
 def test_config_is_hashable_and_read_only() -> None:
-    env = {"A": "1"}
-    config = McpServerConfig(alias="s", transport="stdio", command="x", env=env)
-    env["A"] = "2"
-    assert config.env["A"] == "1"
-    assert hash(config) == hash(McpServerConfig(alias="s", transport="stdio", command="x", env={"A": "1"}))
+    headers = {"Authorization": "Bearer 1"}
+    config = McpServerConfig(alias="s", transport="streamable_http", url="https://mcp.example.com/", headers=headers)
+    headers["Authorization"] = "Bearer 2"
+    assert config.headers["Authorization"] == "Bearer 1"
+    assert hash(config) == hash(McpServerConfig(
+        alias="s", transport="streamable_http", url="https://mcp.example.com/", headers={"Authorization": "Bearer 1"}))
     with pytest.raises(TypeError):
-        config.env["B"] = "3"  # type: ignore[index]
+        config.headers["B"] = "3"  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
@@ -291,7 +301,7 @@ def test_description_is_capped() -> None:
 
 
 def test_mcp_tool_rejects_bad_exposed_names() -> None:
-    config = McpServerConfig(alias="s", transport="stdio", command="x")
+    config = McpServerConfig(alias="s", transport="stdio", command="x", sandbox=SandboxProfile())
     info = McpToolInfo(name="t", description="", input_schema={})
     with pytest.raises(ValueError):
         McpTool(connection=McpConnection(config), info=info, exposed_name="has space", call_timeout_seconds=1)

@@ -1,5 +1,6 @@
 """The MCP client pool against real servers: the in-test server (Streamable HTTP, legacy SSE,
-stdio), ``mcp-server-time`` and ``mcp-server-fetch`` (stdio).
+stdio), ``mcp-server-time`` and ``mcp-server-fetch`` (stdio, confined like every stdio server:
+:mod:`capabilities.tests.confined_servers`).
 
 No database. Each test closes its pool (the ``pool`` fixture), so no server process outlives it.
 """
@@ -9,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
-import os
 import random
-import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,6 +21,18 @@ import pytest
 from capabilities.mcp.client import McpConnectError, McpConnectionLost, McpServerConfig
 from capabilities.mcp.pool import CircuitBreaker, McpPool, McpServerUnavailable
 from capabilities.mcp.tool import McpTool
+from capabilities.tests.confined_servers import (
+    kill_leftovers,
+    needs_sandbox,
+    new_tag,
+    processes,
+    profile,
+    server_process,
+    server_processes,
+    stdio_test_server,
+    time_server,
+    until,
+)
 from capabilities.tests.mcp_test_server import (
     PNG_BYTES,
     TOOLS,
@@ -35,8 +46,6 @@ pytestmark = [
     pytest.mark.timeout(90),
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="inspects processes through /proc"),
 ]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeClock:
@@ -90,48 +99,16 @@ def http_config(url: str, **overrides: Any) -> McpServerConfig:
     return McpServerConfig(**fields)
 
 
-def stdio_test_server(**overrides: Any) -> McpServerConfig:
-    fields: dict[str, Any] = {
-        "alias": "stdiotest", "transport": "stdio", "command": sys.executable,
-        "args": ("-m", "capabilities.tests.mcp_test_server"), "env": {"PYTHONPATH": str(REPO_ROOT)},
-        "connect_timeout_seconds": 20.0,
-    }
-    fields.update(overrides)
-    return McpServerConfig(**fields)
+@pytest.fixture
+def tag() -> Iterator[str]:
+    tag = new_tag()
+    yield tag
+    kill_leftovers(tag)
 
 
-def time_server(**overrides: Any) -> McpServerConfig:
-    fields: dict[str, Any] = {
-        "alias": "time", "transport": "stdio", "command": sys.executable,
-        "args": ("-m", "mcp_server_time", "--local-timezone", "UTC"), "connect_timeout_seconds": 20.0,
-    }
-    fields.update(overrides)
-    return McpServerConfig(**fields)
-
-
-def children(marker: str) -> set[int]:
-    """Live (non-zombie) child processes of this process whose command line contains ``marker``."""
-    found: set[int] = set()
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == me and state != "Z" and marker in cmdline:
-            found.add(int(entry))
-    return found
-
-
-async def until(predicate: Any, *, timeout_seconds: float = 15.0) -> None:
-    """Wait for an observable state (polled every 20 ms); fail after ``timeout_seconds``."""
-    async with asyncio.timeout(timeout_seconds):
-        while not predicate():
-            await asyncio.sleep(0.02)
+def server_pids(tag: str) -> set[int]:
+    """Host pids of the servers tagged ``tag`` (inside their sandboxes)."""
+    return {p.pid for p in server_processes(tag)}
 
 
 def text(result: Any) -> str:
@@ -304,57 +281,59 @@ async def test_http_server_crash_fails_the_call_then_reconnects(pool: McpPool) -
         assert restarted.state.calls == 1
 
 
-async def test_stdio_server_crash_fails_the_call_then_respawns(pool: McpPool) -> None:
-    session = pool.session(tenant_id=1, server_id=1, config=stdio_test_server())
-    first_pid = int(text(await session.call_tool_raw("pid", {}, timeout_seconds=10)))
+@needs_sandbox
+async def test_stdio_server_crash_fails_the_call_then_respawns(pool: McpPool, tag: str) -> None:
+    session = pool.session(tenant_id=1, server_id=1, config=stdio_test_server(tag))
+    await session.call_tool_raw("pid", {}, timeout_seconds=10)
+    first_pid = server_process(tag).pid  # on the host (inside, a sandbox's pids start at 1)
     with pytest.raises(McpConnectionLost) as info:
         await session.call_tool_raw("crash", {}, timeout_seconds=10)
     assert "'stdiotest'" in info.value.message and info.value.code == "mcp_error"
-    second_pid = int(text(await session.call_tool_raw("pid", {}, timeout_seconds=10)))
-    assert second_pid != first_pid and session.connects == 2
+    await session.call_tool_raw("pid", {}, timeout_seconds=10)
+    assert server_pids(tag) - {first_pid} and session.connects == 2
 
 
 # --- reuse, eviction, edits ------------------------------------------------------------------------
 
 
-async def test_sessions_are_reused_per_tenant_and_server(pool: McpPool) -> None:
-    before = children("mcp_server_time")
-    config = time_server()
+@needs_sandbox
+async def test_sessions_are_reused_per_tenant_and_server(pool: McpPool, tag: str) -> None:
+    config = time_server(tag)
     a = pool.session(tenant_id=1, server_id=1, config=config)
     await a.call_tool_raw("get_current_time", {"timezone": "UTC"}, timeout_seconds=10)
-    again = pool.session(tenant_id=1, server_id=1, config=time_server())
+    again = pool.session(tenant_id=1, server_id=1, config=time_server(tag))
     await again.call_tool_raw("get_current_time", {"timezone": "Asia/Tokyo"}, timeout_seconds=10)
     other_tenant = pool.session(tenant_id=2, server_id=1, config=config)
     await other_tenant.catalogue()
     assert again is a and other_tenant is not a
-    assert len(children("mcp_server_time") - before) == 2, "one process per (tenant, server)"
+    assert len(server_pids(tag)) == 2, "one process per (tenant, server)"
     assert pool.connects == 2
 
 
-async def test_an_edited_server_gets_a_new_session_and_the_old_one_closes(pool: McpPool) -> None:
-    before = children("mcp_server_time")
-    old = pool.session(tenant_id=1, server_id=1, config=time_server())
+@needs_sandbox
+async def test_an_edited_server_gets_a_new_session_and_the_old_one_closes(pool: McpPool, tag: str) -> None:
+    old = pool.session(tenant_id=1, server_id=1, config=time_server(tag))
     await old.catalogue()
-    [old_pid] = children("mcp_server_time") - before
-    new = pool.session(tenant_id=1, server_id=1, config=time_server(call_timeout_seconds=5))
+    old_sandbox = set(processes(tag))
+    new = pool.session(tenant_id=1, server_id=1, config=time_server(tag, call_timeout_seconds=5))
     assert new is not old and new.key.fingerprint != old.key.fingerprint
     await new.catalogue()
-    await until(lambda: old_pid not in children("mcp_server_time"))
+    await until(lambda: not old_sandbox & set(processes(tag)))
     assert old.state == "closed" and pool.sessions == [new]
 
 
-async def test_idle_session_is_evicted_and_its_process_exits() -> None:
+@needs_sandbox
+async def test_idle_session_is_evicted_and_its_process_exits(tag: str) -> None:
     pool = McpPool(idle_timeout_seconds=0.3)
     try:
-        before = children("mcp_server_time")
-        session = pool.session(tenant_id=1, server_id=1, config=time_server())
+        session = pool.session(tenant_id=1, server_id=1, config=time_server(tag))
         release = session.lease()
         await session.call_tool_raw("get_current_time", {"timezone": "UTC"}, timeout_seconds=10)
-        [pid] = children("mcp_server_time") - before
+        sandbox = set(processes(tag))
         await asyncio.sleep(0.6)
-        assert pid in children("mcp_server_time"), "a leased session is not evicted"
+        assert sandbox <= set(processes(tag)), "a leased session is not evicted"
         release()
-        await until(lambda: pid not in children("mcp_server_time"))
+        await until(lambda: not processes(tag))
         assert session.state == "idle"
         await session.call_tool_raw("get_current_time", {"timezone": "UTC"}, timeout_seconds=10)
         assert session.connects == 2, "the next use reconnects"
@@ -444,11 +423,16 @@ def local_site() -> Iterator[str]:
         server.server_close()
 
 
-async def test_mcp_server_fetch_reads_a_local_page(pool: McpPool, local_site: str) -> None:
+@needs_sandbox
+async def test_mcp_server_fetch_reads_a_local_page(pool: McpPool, local_site: str, settings: Any) -> None:
+    """Confined with egress: the page is on the host's 127.0.0.1, which the egress proxy lets
+    through only because this test allow-lists it (``--allow-private-ips`` switches off the
+    server's own check)."""
+    settings.SANDBOX_EGRESS_ALLOWED_CIDRS = ["127.0.0.1/32"]
     config = McpServerConfig(
-        alias="fetch", transport="stdio", command=sys.executable,
+        alias="fetch", transport="stdio", command=settings.SANDBOX_PYTHON,
         args=("-m", "mcp_server_fetch", "--ignore-robots-txt", "--allow-private-ips"),
-        env={"NO_PROXY": "*", "no_proxy": "*"}, connect_timeout_seconds=30,
+        sandbox=profile(network="egress"), connect_timeout_seconds=60,
     )
     session = pool.session(tenant_id=1, server_id=1, config=config)
     catalogue = await session.catalogue()

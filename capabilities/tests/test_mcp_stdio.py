@@ -1,7 +1,9 @@
-"""McpConnection over stdio, against the real ``mcp-server-time`` (and the test server).
+"""McpConnection over stdio, against the real ``mcp-server-time`` (and the test server), confined.
 
-No Django, no database: run with ``pytest capabilities/tests -p no:django``. Linux-only where
-it inspects ``/proc`` to find and check the spawned server process.
+Every stdio server runs in the sandbox the platform starts it in (bubblewrap, the sandbox user,
+the sandbox's Python: :mod:`capabilities.tests.confined_servers`); there is no other way to start
+one. Linux-only where it inspects ``/proc`` to find and check the server's processes. The
+lifecycle against a server that does not cooperate is ``test_mcp_lifecycle.py``.
 """
 
 from __future__ import annotations
@@ -9,70 +11,49 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
+from capabilities.confinement import SANDBOX_PATH
 from capabilities.mcp.client import McpConnectError, McpConnection, McpServerConfig
 from capabilities.mcp.tool import McpTool
+from capabilities.tests.confined_servers import (
+    kill_leftovers,
+    needs_sandbox,
+    new_tag,
+    processes,
+    profile,
+    server_process,
+    stdio_test_server,
+    time_server,
+    until,
+)
 from capabilities.tools import ToolContext, ToolError
 
 pytestmark = [
-    pytest.mark.timeout(60),
+    pytest.mark.timeout(90),
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="inspects processes through /proc"),
+    needs_sandbox,
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+
+@pytest.fixture
+def tag():
+    tag = new_tag()
+    yield tag
+    kill_leftovers(tag)
 
 
-def time_server(**overrides: object) -> McpServerConfig:
-    """mcp-server-time, started as ``python -m mcp_server_time --local-timezone UTC``.
-
-    ``--local-timezone`` is optional (the server falls back to tzlocal, then UTC); we pass it
-    so the tool descriptions do not depend on the host's timezone.
-    """
-    fields: dict[str, object] = {
-        "alias": "time",
-        "transport": "stdio",
-        "command": sys.executable,
-        "args": ("-m", "mcp_server_time", "--local-timezone", "UTC"),
-        "connect_timeout_seconds": 20.0,
-    }
-    fields.update(overrides)
-    return McpServerConfig(**fields)  # type: ignore[arg-type]
-
-
-def _children(marker: str) -> set[int]:
-    """Live (non-zombie) child processes of this process whose command line contains ``marker``."""
-    found: set[int] = set()
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # exited while we looked
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == me and state != "Z" and marker in cmdline:
-            found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
+async def gone(tag: str) -> bool:
+    """True when no process of the server tagged ``tag`` is alive (waits up to 10 s for the
+    kernel to finish tearing the sandbox down)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        await until(lambda: not processes(tag), timeout_seconds=10)
+    except TimeoutError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _one_new_server(before: set[int], marker: str = "mcp_server_time") -> int:
-    new = _children(marker) - before
-    assert len(new) == 1, f"expected one spawned server, found {new}"
-    return new.pop()
+    return True
 
 
 async def test_lists_time_tools() -> None:
@@ -114,12 +95,11 @@ async def test_unknown_tool_is_an_mcp_error() -> None:
     assert "'time'" in info.value.message and "no_such_tool" in info.value.message
 
 
-async def test_call_timeout_when_the_server_hangs() -> None:
-    """SIGSTOP freezes the server, so the call cannot answer: a real hang, no racing."""
-    before = _children("mcp_server_time")
-    async with McpConnection(time_server()) as conn:
+async def test_call_timeout_when_the_server_hangs(tag: str) -> None:
+    """SIGSTOP freezes the server (inside its sandbox), so the call cannot answer: a real hang."""
+    async with McpConnection(time_server(tag)) as conn:
         await conn.list_tools()
-        pid = _one_new_server(before)
+        pid = server_process(tag).pid
         os.kill(pid, signal.SIGSTOP)
         try:
             with pytest.raises(ToolError) as info:
@@ -142,53 +122,47 @@ async def test_concurrent_calls_from_several_tasks() -> None:
     assert [result.data["timezone"] for result in results] == zones
 
 
-async def test_server_process_is_gone_after_exit() -> None:
-    before = _children("mcp_server_time")
-    async with McpConnection(time_server()) as conn:
-        pid = _one_new_server(before)
-        assert _alive(pid)
+async def test_server_process_is_gone_after_exit(tag: str) -> None:
+    async with McpConnection(time_server(tag)) as conn:
         await conn.list_tools()
-    assert not _alive(pid)
+        assert server_process(tag).uid == (settings.SANDBOX_UID if os.geteuid() == 0 else os.getuid())
+    assert await gone(tag)
 
 
-async def test_server_process_is_gone_when_the_body_raises() -> None:
-    before = _children("mcp_server_time")
+async def test_server_process_is_gone_when_the_body_raises(tag: str) -> None:
     with pytest.raises(ZeroDivisionError):
-        async with McpConnection(time_server()):
-            pid = _one_new_server(before)
+        async with McpConnection(time_server(tag)):
+            assert server_process(tag)
             1 / 0  # noqa: B018
-    assert not _alive(pid)
+    assert await gone(tag)
 
 
-async def test_server_process_is_gone_when_the_body_is_cancelled() -> None:
-    before = _children("mcp_server_time")
+async def test_server_process_is_gone_when_the_body_is_cancelled(tag: str) -> None:
     entered = asyncio.Event()
-    pids: list[int] = []
 
     async def body() -> None:
-        async with McpConnection(time_server()):
-            pids.append(_one_new_server(before))
+        async with McpConnection(time_server(tag)):
             entered.set()
             await asyncio.Event().wait()  # until cancelled
 
     task = asyncio.create_task(body())
     await entered.wait()
+    assert server_process(tag)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not _alive(pids[0])
+    assert await gone(tag)
 
 
-async def test_server_process_is_gone_after_a_hang_was_cancelled() -> None:
-    """Exit while the server is stopped mid-call: the shutdown escalates to SIGKILL."""
-    before = _children("mcp_server_time")
-    async with McpConnection(time_server()) as conn:
+async def test_server_process_is_gone_after_a_hang_was_cancelled(tag: str) -> None:
+    """Exit while the server is stopped mid-call: it cannot read its closed stdin; the launcher's
+    process group is killed and the sandbox goes with it (``--die-with-parent``)."""
+    async with McpConnection(time_server(tag)) as conn:
         await conn.list_tools()
-        pid = _one_new_server(before)
-        os.kill(pid, signal.SIGSTOP)
+        os.kill(server_process(tag).pid, signal.SIGSTOP)
         with pytest.raises(ToolError):
             await conn.call_tool("get_current_time", {"timezone": "UTC"}, timeout_seconds=0.2)
-    assert not _alive(pid)
+    assert await gone(tag)
 
 
 async def test_connect_failure_names_the_alias_and_shows_stderr() -> None:
@@ -203,48 +177,44 @@ async def test_connect_failure_names_the_alias_and_shows_stderr() -> None:
 
 
 async def test_missing_command_is_a_connect_error() -> None:
-    config = McpServerConfig(alias="ghost", transport="stdio", command="/nonexistent/mcp-server")
+    """The program is looked up inside the sandbox: bubblewrap cannot start it, and says so."""
+    config = McpServerConfig(alias="ghost", transport="stdio", command="/nonexistent/mcp-server", sandbox=profile())
     with pytest.raises(McpConnectError) as info:
         async with McpConnection(config):
             pass
     assert "'ghost'" in info.value.message
-    assert "FileNotFoundError" in info.value.message
+    assert "/nonexistent/mcp-server: No such file or directory" in info.value.message
 
 
-async def test_connect_timeout_kills_a_silent_server() -> None:
-    marker = "silent_mcp_server_marker"
+async def test_connect_timeout_kills_a_silent_server(tag: str) -> None:
     config = McpServerConfig(
         alias="silent",
         transport="stdio",
-        command=sys.executable,
-        args=("-c", f"import time  # {marker}\ntime.sleep(120)"),
-        connect_timeout_seconds=0.5,
+        command=settings.SANDBOX_PYTHON,
+        args=("-c", f"import time  # {tag}\ntime.sleep(120)"),
+        sandbox=profile(),
+        connect_timeout_seconds=1.5,
     )
     with pytest.raises(McpConnectError) as info:
         async with McpConnection(config):
             pass
     assert "'silent'" in info.value.message
-    assert "timed out after 0.5 s" in info.value.message
-    assert _children(marker) == set()
+    assert "timed out after 1.5 s" in info.value.message
+    assert await gone(tag)
 
 
-async def test_environment_is_minimal_plus_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_environment_is_the_sandboxs_plus_the_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of the worker's environment reaches the server: PATH/HOME/LANG and the profile's
+    variables (the template's and the tenant's secrets)."""
     monkeypatch.setenv("CAPABILITIES_TEST_SECRET", "do-not-leak")
-    config = McpServerConfig(
-        alias="envtest",
-        transport="stdio",
-        command=sys.executable,
-        args=("-m", "capabilities.tests.mcp_test_server"),
-        env={"PYTHONPATH": str(REPO_ROOT), "MY_SETTING": "42"},
-        connect_timeout_seconds=20.0,
-    )
+    config = stdio_test_server(alias="envtest", env={"MY_SETTING": "42"})
     async with McpConnection(config) as conn:
         secret = await conn.call_tool("getenv", {"name": "CAPABILITIES_TEST_SECRET"}, timeout_seconds=10)
         setting = await conn.call_tool("getenv", {"name": "MY_SETTING"}, timeout_seconds=10)
         path = await conn.call_tool("getenv", {"name": "PATH"}, timeout_seconds=10)
     assert secret.content == "<unset>"
     assert setting.content == "42"
-    assert path.content == os.environ["PATH"]
+    assert path.content == SANDBOX_PATH
 
 
 async def test_mcp_tool_wraps_a_listed_tool() -> None:
