@@ -374,9 +374,20 @@ class KnowledgeSearchTool(Tool):
         """Search; numbered passages for the model, ``{"citations": [...]}`` as data.
 
         Raises:
-            ToolError: ``invalid_arguments`` (bad query, top_k or filters) or ``search_failed``.
+            ToolError: ``invalid_arguments`` (bad query, top_k or filters, or past the REST
+                search's limits: ``"Invalid arguments: filters.document_ids: Ensure this field has
+                no more than 1000 elements."``) or ``search_failed``.
         """
         query, top_k, document_ids, tags = search_arguments(arguments, default_top_k=self.default_top_k)
+        # The REST search's limits (NUL characters, 1,000 document ids, 20 tags of 64
+        # characters): the one check the knowledge MCP server applies too. Past them a search
+        # would fail in PostgreSQL and the model would read a database error.
+        from knowledge.mcp_server import rest_limits_refusal
+
+        refusal = rest_limits_refusal(query=query, top_k=top_k, document_ids=document_ids, tags=tags,
+                                      knowledge_base_ids=None)
+        if refusal:
+            raise ToolError(f"Invalid arguments: {refusal}", code="invalid_arguments")
         try:
             hits = await self.retrieval.hits(query=query, top_k=top_k, document_ids=document_ids, tags=tags)
         except ValueError as exc:  # the retrieval's own refusals (e.g. an embedding it cannot make)
