@@ -16,7 +16,7 @@ from sessions.models import Approval, ApprovalStatus, Message, Run, RunStatus, T
 from sessions.services import chat_session_create, message_post
 from tenants.scoping import system_scope, tenant_scope
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_scope", "no_enqueue")]  # requests start unscoped
 
 BUDGET = 2
 
@@ -30,8 +30,8 @@ def _runs_budget(settings, kind: str) -> None:
 
 def _finished_chat(world):
     """A chat of the world's member with one completed run and its answer."""
-    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9"])
     with tenant_scope(world.tenant.pk):
+        agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9"])
         session = chat_session_create(user=world.member, agent=agent)
         run = message_post(session=session, user=world.member, content="first question")
         Run.objects.filter(pk=run.pk).update(status=RunStatus.COMPLETED, reply="first answer")
