@@ -201,3 +201,22 @@ def test_a_chunked_request_body_is_refused_with_a_reason(server_a: Any) -> None:
     assert answer.startswith(b"HTTP/1.1 411 "), answer
     assert b"Content-Length" in answer.partition(b"\r\n\r\n")[2]
     assert server_a.seen == []
+
+
+def test_a_server_that_closes_without_an_answer_is_a_502_with_the_reason() -> None:
+    """The program reads why instead of an empty reply."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        answer = _exchange(_get(f"http://127.0.0.1:{port}/", f"127.0.0.1:{port}"), wait_seconds=15)
+    finally:
+        listener.close()
+    assert answer.startswith(b"HTTP/1.1 502 "), answer
+    assert b"closed the connection without an answer" in answer
