@@ -28,6 +28,7 @@ from typing import Any
 
 from capabilities.registry import ContextBlock
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
+from knowledge.search_limits import rest_limits_refusal
 from llm.types import ToolSpec
 
 MAX_TOP_K = 20
@@ -382,8 +383,6 @@ class KnowledgeSearchTool(Tool):
         # The REST search's limits (NUL characters, 1,000 document ids, 20 tags of 64
         # characters): the one check the knowledge MCP server applies too. Past them a search
         # would fail in PostgreSQL and the model would read a database error.
-        from knowledge.mcp_server import rest_limits_refusal
-
         refusal = rest_limits_refusal(query=query, top_k=top_k, document_ids=document_ids, tags=tags,
                                       knowledge_base_ids=None)
         if refusal:
