@@ -10,7 +10,7 @@ user through. A checkout in root's home (mode 0700), or in any 0700 directory, d
 environment inside the checkout then broke every stdio MCP server and CLI command (issue 34).
 So:
 
-- **root** (a fresh VPS or container): :data:`SHARED_ROOT` ``/<digest>/venv``, machine-wide
+- **root** (a fresh VPS or container): :func:`machine_sandbox_root` ``/<digest>/venv``, machine-wide
   beside the embedded PostgreSQL (``scripts/ensure_postgres.py``), every directory mode 0755;
 - **any other user**: the same shared environment when a root bootstrap already built it, else
   ``<checkout>/var/sandbox/<digest>/venv`` (a non-root worker runs its programs as itself, and it
@@ -29,8 +29,15 @@ import os
 import sys
 from pathlib import Path
 
-SHARED_ROOT = Path("/var/lib/agent-platform/sandbox")
-"""The machine-wide home of sandbox environments (root's bootstrap builds them here)."""
+from agent_platform.local_secrets import machine_dir
+
+
+def machine_sandbox_root() -> Path:
+    """The machine-wide home of sandbox environments (root's bootstrap builds them here):
+    ``sandbox/`` in the machine directory of the cluster and its keys
+    (:func:`agent_platform.local_secrets.machine_dir` as root: ``AGENT_PLATFORM_DATA_DIR``,
+    default ``/var/lib/agent-platform``)."""
+    return machine_dir(euid=0) / "sandbox"
 
 READY_MARKER = ".complete"
 """The file a finished environment holds (written after its packages are installed)."""
@@ -49,12 +56,13 @@ def requirements_digest(base_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def sandbox_venv(base_dir: Path, *, shared_root: Path = SHARED_ROOT, as_root: bool | None = None) -> Path:
+def sandbox_venv(base_dir: Path, *, shared_root: Path | None = None, as_root: bool | None = None) -> Path:
     """The sandbox's virtualenv for the checkout at ``base_dir`` (it may not exist yet).
 
     Args:
         base_dir: The checkout (``settings.BASE_DIR``).
-        shared_root: The machine-wide directory (tests point it elsewhere).
+        shared_root: The machine-wide directory (default :func:`machine_sandbox_root`; tests point it
+            elsewhere).
         as_root: Whether the caller is root (default: ``os.geteuid() == 0``).
 
     Returns:
@@ -62,7 +70,7 @@ def sandbox_venv(base_dir: Path, *, shared_root: Path = SHARED_ROOT, as_root: bo
         ``base_dir/var/sandbox/<digest>/venv``.
     """
     digest = requirements_digest(base_dir)
-    shared = shared_root / digest / "venv"
+    shared = (shared_root or machine_sandbox_root()) / digest / "venv"
     if as_root is None:
         as_root = os.geteuid() == 0
     if as_root or (shared / READY_MARKER).exists():
