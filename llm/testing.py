@@ -723,3 +723,28 @@ __all__ = [
     "Step",
     "ToolCalls",
 ]
+
+
+def fake_dns(monkeypatch: Any, answers: Mapping[str, str | Exception]) -> None:
+    """Make ``socket.getaddrinfo`` answer the names in ``answers`` (a name -> an IP address, or an
+    exception to raise, e.g. ``socket.gaierror``) and resolve every other name as usual.
+
+    Only the names a test is about are faked: a global fake would also send the test's own
+    connections (Redis, PostgreSQL) to the fake address, a public one in some tests.
+    """
+    import socket
+
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        answer = answers.get(str(name).rstrip(".").lower()) if name is not None else None
+        if answer is None:
+            return real(host, port, *args, **kwargs)
+        if isinstance(answer, Exception):
+            raise answer
+        family = socket.AF_INET6 if ":" in answer else socket.AF_INET
+        sockaddr = (answer, int(port or 0), 0, 0) if family == socket.AF_INET6 else (answer, int(port or 0))
+        return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", sockaddr)]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)

@@ -7,6 +7,10 @@ staff user's in :func:`~tenants.scoping.tenants_scope` of the tenants they own o
 anyone else's in no scope (no tenant-owned row). It also sets the audit context (the user and
 the client address, source ``console``; :mod:`tenants.audit`). Requests outside the console
 pass through: API views and consumers set their own tenant scope.
+
+A console request that meets a tenant's data key the configured ``ENCRYPTION_KEY`` does not
+open (:class:`~tenants.crypto.DataKeyUnavailable`: saving a provider's key, a secret of an MCP
+server) answers 503 with the operator's remedy, as the API does, instead of a server error.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
+from django.utils.html import escape
 
 from tenants.audit import audit_context, context_for_request
+from tenants.crypto import DataKeyUnavailable
 from tenants.scoping import system_scope, tenants_scope
 from tenants.selectors import admin_tenant_ids
 
@@ -51,6 +57,16 @@ class ConsoleScopeMiddleware:
         if self._prefix is None:
             self._prefix = reverse("admin:index")
         return request.path.startswith(self._prefix)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        """A 503 page saying what is wrong for :class:`~tenants.crypto.DataKeyUnavailable` in
+        the console; anything else goes on to Django's handling."""
+        if not (isinstance(exception, DataKeyUnavailable) and self._is_console(request)):
+            return None
+        page = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Secrets unavailable</title>"
+                f"</head><body><main><h1>This tenant's secrets cannot be opened</h1><p>{escape(exception.message)}</p>"
+                "</main></body></html>")
+        return HttpResponse(page, status=503)
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.async_mode:

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 
 from capabilities.netsafe import FetchError, check_outbound_url, outbound_host_allowed, resolve_outbound
 from llm import netrules  # the DNS seam (_getaddrinfo) lives with the address rules
+from llm.testing import fake_dns
 
 
 @pytest.fixture(autouse=True)
@@ -35,22 +36,19 @@ def test_internal_urls_are_refused_at_save(url):
 
 
 def test_a_name_resolving_to_loopback_is_refused_at_save(monkeypatch):
-    monkeypatch.setattr(netrules.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("127.0.0.1", 80))])
+    fake_dns(monkeypatch, {"internal.example.com": "127.0.0.1"})
     with pytest.raises(FetchError, match="resolves to 127.0.0.1"):
         check_outbound_url("http://internal.example.com/v1")
 
 
 def test_public_and_operator_allowed_urls_pass(monkeypatch):
-    monkeypatch.setattr(netrules.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("93.184.215.14", 443))])
+    fake_dns(monkeypatch, {"api.example.com": "93.184.215.14"})
     check_outbound_url("https://api.example.com/v1")
     check_outbound_url("http://127.0.0.1:8081/v1")  # the embedded model (OUTBOUND_ALLOWED_HOSTS)
 
 
 def test_an_unresolvable_name_passes_at_save_and_is_checked_at_connect(monkeypatch):
-    def nxdomain(*args, **kwargs):
-        raise netrules.socket.gaierror(-2, "Name or service not known")
-
-    monkeypatch.setattr(netrules.socket, "getaddrinfo", nxdomain)
+    fake_dns(monkeypatch, {"later.example.com": netrules.socket.gaierror(-2, "Name or service not known")})
     check_outbound_url("https://later.example.com/v1")
 
 

@@ -19,7 +19,7 @@ from llm.models import ModelProvider
 from llm.providers import anthropic as anthropic_adapter
 from llm.providers import openai_compat
 from llm.router import Router
-from llm.testing import FakeLLMServer, Reply
+from llm.testing import FakeLLMServer, Reply, fake_dns
 from llm.tests.test_router import collect, entry, text_of
 
 
@@ -109,7 +109,7 @@ def test_the_admin_api_refuses_an_internal_provider_url(world, no_internal_hosts
 
 @pytest.mark.django_db
 def test_the_admin_api_accepts_a_public_provider_url(world, no_internal_hosts, monkeypatch):
-    monkeypatch.setattr(netrules.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("203.0.113.10", 443))])
+    fake_dns(monkeypatch, {"api.openai.com": "203.0.113.10"})
     monkeypatch.setattr(netrules, "address_block_reason", lambda ip, allowed=None: None)
     resp = world.client(admin=True).post("/api/v1/admin/providers/",
                                          {"name": "openai", "base_url": "https://api.openai.com/v1"}, format="json")

@@ -23,6 +23,7 @@ from django.db import connection
 
 from llm import netrules
 from llm.models import ModelProvider
+from llm.testing import fake_dns
 from tenants import rls
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +109,7 @@ def test_the_refusal_names_the_file_that_opens_the_data(tenant, tmp_path):
 def test_creating_a_provider_when_the_key_does_not_open_the_tenant_answers_a_clear_503(world, settings, monkeypatch):
     """Reproduced first as the issue saw it: the provider's key is encrypted with the tenant's
     data key, which the configured ENCRYPTION_KEY does not open (500 before)."""
-    monkeypatch.setattr(netrules.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("203.0.113.10", 443))])
+    fake_dns(monkeypatch, {"api.openai.com": "203.0.113.10"})
     monkeypatch.setattr(netrules, "address_block_reason", lambda ip, allowed=None: None)
     settings.ENCRYPTION_KEY = Fernet.generate_key().decode()  # the tenant was made with the suite's key
     client = world.client(admin=True)
@@ -151,3 +152,23 @@ def test_starting_the_demo_over_drops_only_the_database_named(tmp_path):
     finally:
         with _owner_connection() as owner:
             owner.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.mark.django_db
+def test_saving_a_provider_in_the_console_when_the_key_does_not_open_the_tenant_answers_a_clear_503(
+        world, settings, monkeypatch):
+    """The console's provider form meets the same unopened data key: a 503 page with the remedy,
+    not a server error, and nothing saved."""
+    from django.test import Client
+
+    fake_dns(monkeypatch, {"api.openai.com": "203.0.113.10"})
+    monkeypatch.setattr(netrules, "address_block_reason", lambda ip, allowed=None: None)
+    settings.ENCRYPTION_KEY = Fernet.generate_key().decode()
+    client = Client(raise_request_exception=False)
+    client.force_login(world.admin)
+    resp = client.post("/admin/llm/modelprovider/add/", {
+        "tenant": world.tenant.pk, "name": "openai", "api": "openai", "base_url": "https://api.openai.com/v1",
+        "api_key": "sk-test-1"})
+    assert resp.status_code == 503, resp.content[:2000]
+    assert "restore the secrets file" in resp.content.decode()
+    assert not ModelProvider.all_tenants.filter(tenant=world.tenant, name="openai").exists()
