@@ -70,6 +70,12 @@ TARGETS=(
   "llm-errors|llm/errors.py|llm/tests/test_errors.py"
   "router|llm/router.py llm/health.py|llm/tests/test_router.py llm/tests/test_timeouts.py llm/tests/test_health.py llm/tests/test_model.py"
   "tenancy|tenants/context.py tenants/scoping.py tenants/rls.py tenants/api/mixins.py|tenants/tests agent_platform/tests/test_tenant_isolation.py agent_platform/tests/test_tenant_isolation_app_layer.py"
+  "confinement|capabilities/confinement.py|capabilities/tests/test_confinement.py capabilities/tests/test_sandbox_limits.py capabilities/tests/test_sandbox_location.py"
+  "egress|capabilities/egress.py capabilities/checked_proxy.py|capabilities/tests/test_egress_proxy.py capabilities/tests/test_confinement.py"
+  "netsafe|capabilities/netsafe.py|capabilities/tests/test_netsafe_outbound.py capabilities/tests/test_web_fetch.py"
+  "run-lifecycle|sessions/runs/lifecycle.py|sessions/tests/test_run_lifecycle.py sessions/tests/test_run_controls.py sessions/tests/test_approvals.py sessions/tests/test_cancellation.py sessions/tests/test_durability.py sessions/tests/test_subrun_approvals.py"
+  "retrieval|knowledge/retrieval.py|knowledge/tests/test_retrieval.py knowledge/tests/test_retrieval_overlap.py knowledge/tests/test_retrieval_quality.py knowledge/tests/test_search_first.py"
+  "memory|memory/services.py|memory/tests/test_api.py memory/tests/test_extract.py memory/tests/test_extraction.py memory/tests/test_scan_retention_recall.py memory/tests/test_recall_run.py"
   "run-engine|sessions/runner/loop.py sessions/runner/turn.py sessions/runner/streaming.py sessions/runner/tool_execution.py sessions/runner/compaction.py sessions/runner/cancellation.py sessions/runner/compression.py sessions/runner/toolset.py sessions/runner/subrun.py|sessions/tests/test_runner.py sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py sessions/tests/test_compaction.py sessions/tests/test_cancel_hub.py sessions/tests/test_cancel_pubsub_guard.py sessions/tests/test_cancellation.py sessions/tests/test_subruns.py sessions/tests/test_budgets.py sessions/tests/test_runner_hardening.py sessions/tests/test_turn_steps.py sessions/tests/test_streamed_text.py sessions/tests/test_loop_ports.py sessions/tests/test_run_controls.py sessions/tests/test_mutation_gaps.py"
 )
 
