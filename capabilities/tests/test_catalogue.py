@@ -144,7 +144,7 @@ def _create(world, template_slug: str, parameters: dict[str, str], *, transport:
     }, format="json")
 
 
-@pytest.mark.parametrize("value", ["--help", "-h", "--local-timezone", "-/etc"])
+@pytest.mark.parametrize("value", ["--help", "-h", "--", "--local-timezone", "-/etc"])
 def test_a_parameter_value_that_would_be_read_as_an_option_is_refused(world, value: str) -> None:
     """Issue 34 (low): ``TIMEZONE=--help`` matched the template's pattern and reached the program
     as an option. Like a model's argument (capabilities/cli/template.py), a tenant's value may not
