@@ -24,6 +24,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import dataclasses
 import hashlib
 import json
 import logging
@@ -190,7 +191,7 @@ class McpServerConfig:
             None if self.sandbox is None else (
                 self.sandbox.network, self.sandbox.ro_binds, tuple(sorted(self.sandbox.env.items())),
                 self.sandbox.uid, self.sandbox.gid, self.sandbox.bwrap_path, self.sandbox.bridge_python,
-                self.sandbox.egress_socket,
+                self.sandbox.egress_socket, dataclasses.astuple(self.sandbox.limits),
             ),
         )
 
@@ -201,8 +202,8 @@ class McpServerConfig:
     def fingerprint(self) -> str:
         """SHA-256 hex of every field (secrets included, but only as a hash).
 
-        The pool keys sessions on it, so an edited server (new command, URL, env, headers or
-        timeouts) gets a new session instead of reusing the old one.
+        The pool keys sessions on it, so an edited server (new command, URL, env, headers,
+        timeouts or sandbox limits) gets a new session instead of reusing the old one.
         """
         return hashlib.sha256(json.dumps(self._identity(), default=list).encode()).hexdigest()
 

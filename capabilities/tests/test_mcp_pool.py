@@ -439,3 +439,16 @@ async def test_mcp_server_fetch_reads_a_local_page(pool: McpPool, local_site: st
     assert "fetch" in [t.name for t in catalogue.tools]
     result = await session.call_tool_raw("fetch", {"url": local_site}, timeout_seconds=30)
     assert "Hello offline" in text(result)
+
+
+def test_new_sandbox_limits_make_a_new_fingerprint() -> None:
+    """An operator who lowers a template's limits gets new server processes, not the pooled
+    one started under the old limits."""
+    import dataclasses
+
+    from capabilities.confinement import SandboxLimits
+
+    config = time_server("limits")
+    lowered = dataclasses.replace(config.sandbox, limits=SandboxLimits(cpu_seconds=5))
+    assert time_server("limits").fingerprint == config.fingerprint
+    assert time_server("limits", sandbox=lowered).fingerprint != config.fingerprint
