@@ -593,5 +593,10 @@ BROWSER_PAIRING_POLL_RATE_LIMIT = 600  # token polls per pairing (per its poll s
 BROWSER_PAIRING_POLL_FAILURE_LIMIT = 60  # failed polls (unknown pairing, wrong secret) per client IP per 10 minutes
 BROWSER_PAIRING_APPROVE_RATE_LIMIT = 20  # wrong codes per user per 10 minutes
 BROWSER_CHROMIUM_PATH = os.environ.get("BROWSER_CHROMIUM_PATH", "/usr/lib/chromium/chromium")
+# The host uid/gid the server browser's Chromium runs as when the worker is root: not
+# SANDBOX_UID, so that Chromium's many processes and threads do not count against the process
+# limit of confined programs (RLIMIT_NPROC is per uid, host-wide) and neither can signal the other.
+BROWSER_SERVER_UID = int(os.environ.get("BROWSER_SERVER_UID", "65533"))
+BROWSER_SERVER_GID = int(os.environ.get("BROWSER_SERVER_GID", "65533"))
 BROWSER_SERVER_IDLE_SECONDS = int(os.environ.get("BROWSER_SERVER_IDLE_SECONDS", "600"))
 BROWSER_SERVER_HEADLESS = True

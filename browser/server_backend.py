@@ -22,7 +22,7 @@ the platform's address rules hold whatever they say:
   navigation (``browser_navigate``, a link click, a form post, a redirect hop) ends the tool
   call with ``blocked_address`` and that reason; refused subresources just fail to load.
 - **Chromium runs unprivileged, with its own sandbox**: never ``--no-sandbox``; a root worker
-  starts it through ``setpriv`` as ``SANDBOX_UID``/``SANDBOX_GID`` (65534) with no
+  starts it through ``setpriv`` as ``BROWSER_SERVER_UID``/``_GID`` (65533) with no
   supplementary groups, no capabilities and ``no_new_privs`` (:func:`chromium_executable`).
 
 Never downloads a browser through Playwright's installer: ``settings.BROWSER_CHROMIUM_PATH`` names Debian's Chromium.
@@ -118,7 +118,8 @@ _wrappers_lock = threading.Lock()
 def chromium_executable() -> str:
     """What Playwright starts: ``settings.BROWSER_CHROMIUM_PATH`` itself when the worker is not
     root; for a root worker, a wrapper script (written once per process into a fresh temp
-    directory) that hands Playwright's profile directory to ``SANDBOX_UID``/``SANDBOX_GID``
+    directory) that hands Playwright's profile directory to ``BROWSER_SERVER_UID``/``_GID``
+    (65533: not the confined programs' ``SANDBOX_UID``, whose process limit is counted per uid)
     and starts Chromium through ``setpriv`` as that user (no groups, no capabilities,
     ``no_new_privs``), so no Chromium process runs as root.
 
@@ -132,7 +133,7 @@ def chromium_executable() -> str:
     if setpriv is None:
         raise BrowserError("browser_unavailable", "The server browser cannot start: the worker runs as root and "
                                                   "setpriv (util-linux) is not installed to drop root for Chromium.")
-    key = (chromium, settings.SANDBOX_UID, settings.SANDBOX_GID)
+    key = (chromium, settings.BROWSER_SERVER_UID, settings.BROWSER_SERVER_GID)
     with _wrappers_lock:
         path = _wrappers.get(key)
         if path is None or not os.path.exists(path):

@@ -330,6 +330,6 @@ def test_chromium_never_runs_as_root_and_keeps_its_own_sandbox(public):
     if os.geteuid() == 0:
         from django.conf import settings
 
-        assert {p["uids"][1] for p in processes} == {settings.SANDBOX_UID}
+        assert {p["uids"][1] for p in processes} == {settings.BROWSER_SERVER_UID}
     renderers = [p for p in processes if "--type=renderer" in p["command"]]
     assert renderers and all(p["seccomp"] == 2 for p in renderers), renderers  # Chromium's seccomp sandbox is on
