@@ -1,5 +1,5 @@
 """The event payload schema (sessions/event_types.py) against its three other holders: the
-README's "Live events" table, the SPA's frame handlers, and what the platform publishes
+API reference's "Live events" table (docs/api.md), the SPA's frame handlers, and what the platform publishes
 (the last is checked for every test by conftest.py's ``_event_payloads_checked``; here: that
 the check bites).
 """
@@ -24,7 +24,7 @@ from sessions.event_types import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+API_DOCS = ROOT / "docs" / "api.md"
 FRONTEND = ROOT / "frontend" / "static" / "frontend"
 
 
@@ -95,7 +95,7 @@ def test_a_published_event_that_does_not_match_its_schema_fails_the_test(_event_
     _event_payloads_checked.clear()  # (else this test fails at teardown, as it should in any other)
 
 
-# --- the README's table -----------------------------------------------------------------------
+# --- the API reference's table ----------------------------------------------------------------
 
 
 def _braced_groups(text: str) -> list[str]:
@@ -135,8 +135,8 @@ def _top_level_keys(group: str) -> dict[str, str]:
     return keys
 
 
-def _readme_rows() -> dict[str, str]:
-    section = README.read_text().split("### Live events", 1)[1]
+def _documented_rows() -> dict[str, str]:
+    section = API_DOCS.read_text().split("## Live events", 1)[1]
     table = section.split("| type | data |", 1)[1].split("\n\n", 1)[0]
     rows = {}
     for row in table.splitlines()[2:]:
@@ -155,8 +155,8 @@ def _item_class(cls: type, field: str) -> type | None:
     return None
 
 
-def test_the_readme_table_names_exactly_each_payload_s_fields() -> None:
-    rows = _readme_rows()
+def test_the_api_docs_table_names_exactly_each_payload_s_fields() -> None:
+    rows = _documented_rows()
     assert set(rows) == EVENT_TYPES
     wrong = {}
     for name, cell in rows.items():
@@ -164,7 +164,7 @@ def test_the_readme_table_names_exactly_each_payload_s_fields() -> None:
         for group in _braced_groups(cell.replace("`", "")):
             documented.update(_top_level_keys(group))
         if set(documented) != payload_fields(name):
-            wrong[name] = {"only in README": sorted(set(documented) - payload_fields(name)),
+            wrong[name] = {"only in docs/api.md": sorted(set(documented) - payload_fields(name)),
                            "only in event_types": sorted(payload_fields(name) - set(documented))}
             continue
         for field, value in documented.items():  # lists of objects: their items' fields too
@@ -173,15 +173,15 @@ def test_the_readme_table_names_exactly_each_payload_s_fields() -> None:
                 inner = _braced_groups(value)
                 item_fields = {f.name for f in dataclasses.fields(item)}
                 if len(inner) != 1 or set(_top_level_keys(inner[0])) != item_fields:
-                    wrong[f"{name}.{field}"] = {"README": value, "event_types": sorted(item_fields)}
+                    wrong[f"{name}.{field}"] = {"docs/api.md": value, "event_types": sorted(item_fields)}
     assert wrong == {}
 
 
-def test_the_readme_says_sub_run_events_carry_their_parent() -> None:
-    section = README.read_text().split("### Live events", 1)[1].split("\n### ", 1)[0]
+def test_the_api_docs_say_sub_run_events_carry_their_parent() -> None:
+    section = re.split(r"\n#{2,3} ", API_DOCS.read_text().split("## Live events", 1)[1], maxsplit=1)[0]
     lines = [line for line in section.split("\n\n") if "sub-run" in line and "{" in line]
     assert any(set(_top_level_keys(g)) == SUBRUN_FIELDS for line in lines
-               for g in _braced_groups(line.replace("`", ""))), "README: the sub-run fields sentence"
+               for g in _braced_groups(line.replace("`", ""))), "docs/api.md: the sub-run fields sentence"
 
 
 # --- the SPA's handlers -------------------------------------------------------------------------
