@@ -1,19 +1,19 @@
 """WebSocket ``/ws/sessions/<id>/?after_seq=N``: a session's events, replayed then live.
 
-On connect the consumer joins the session's live events *first* (the join returns once Redis
-has confirmed the subscription), then replays from the Redis stream every frame after
-``after_seq``; live frames with a ``seq`` it already sent are dropped. Live messages wait
-until the replay is done and are then handled one at a time, so nothing published after the
-join can be missed and nothing is sent twice.
+What is sent comes from :class:`sessions.event_reader.SessionEventReader`, the transport-free
+reader the SSE view (:mod:`sessions.sse`) shares; this consumer only checks the caller, encodes
+and sends. On connect the reader joins the session's live events *first* (the join returns
+once Redis has confirmed the subscription), then the replay from the Redis stream of every
+frame after ``after_seq`` is sent; live frames with a ``seq`` already sent are dropped, so
+nothing published after the join can be missed and nothing is sent twice.
 
 Live frames come from the session's Redis pub/sub channel
 (:func:`~sessions.events.live_channel`) through :mod:`sessions.live` (one subscription per web
-process); the consumer uses no channel layer. The publish script stores and PUBLISHes each
-event atomically, so frames arrive in ``seq`` order, but pub/sub may drop one (the
-subscription reconnecting). A frame past ``last_seq + 1`` therefore makes the consumer read
-the missing frames from the stream and send them in order (a late duplicate is dropped); a
-subscription restored by :mod:`sessions.live` makes the consumer read the stream at once; and a dropped *last* frame is found by a check of the stream every
-:data:`CATCH_UP_SECONDS`, so a client always ends up with every frame, in order.
+process); the consumer uses no channel layer. Pub/sub may drop a frame (the subscription
+reconnecting): the reader fills a gap from the stream, reads the stream at once after a
+restored subscription, and every ``CATCH_UP_SECONDS`` for a dropped *last* frame, so a client
+always ends up with every frame, in order. A ``{"type": "ping"}`` frame (no ``seq``) every
+``PING_SECONDS`` keeps idle connections and proxies alive.
 
 Guards (:mod:`sessions.stream_guard`): a socket opened with an API token closes as soon as
 the token is revoked (:mod:`agent_platform.revocations`); the credential the socket was
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -43,17 +44,12 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from agent_platform.api_parsers import JSONDepthError, json_loads_bounded
-from agent_platform.revocations import revocations_channel
-from agent_platform.shutdown import wait_stopping
 from sessions import stream_guard
-from sessions.events import events_since, frame_text, live_channel
-from sessions.live import live_join, live_leave
+from sessions.event_reader import Closed, Event, Item, SessionEventReader
 from sessions.stream_guard import InvalidAfterSeq, StreamCredential
 from tenants.scoping import tenant_scope
 
 logger = logging.getLogger(__name__)
-_BACKGROUND: set[asyncio.Future] = set()
-"""Fire-and-forget tasks, held until they end."""
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
@@ -61,155 +57,99 @@ CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_MANY_STREAMS = 4429
-PING_SECONDS = 15.0
-"""A ``{"type": "ping"}`` frame (no ``seq``) this often keeps idle connections and proxies alive."""
+CLOSE_CODES = {"unauthenticated": CLOSE_UNAUTHENTICATED, "server_stopping": CLOSE_GOING_AWAY}
+"""The close code of each :class:`~sessions.event_reader.Closed` reason."""
 NO_CHANNEL_LAYER = "session-events-no-layer"
 """The consumer's ``channel_layer_alias``: no layer of that name is configured, so Channels
 gives the consumer no channel (``get_channel_layer`` answers None for an alias that is not
 configured): live frames come through :mod:`sessions.live`, and nothing is sent to the socket
 through a layer."""
-CATCH_UP_SECONDS = 5.0
-"""How often a consumer reads the stream for frames the live fan-out dropped (one ``XRANGE``
-after its last ``seq``, usually empty): the longest a lost last frame waits."""
 
 
 class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
+    """The WebSocket transport of :class:`~sessions.event_reader.SessionEventReader`: checks
+    the caller, then sends what the reader yields (see the module docstring)."""
+
     channel_layer_alias = NO_CHANNEL_LAYER
-    session_id: int
-    last_seq: int = 0
-    pinger: asyncio.Task | None = None
-    live_channel: str | None = None  # the pub/sub channel joined through sessions.live
-    live: asyncio.Queue | None = None  # its messages (None: the subscription was restored), in order
-    forwarder: asyncio.Task | None = None
-    credential: StreamCredential | None = None  # re-checked while open
-    slot: str | None = None  # the stream slot leased from stream_guard
-    stopper: asyncio.Task | None = None  # closes the socket when the process stops
-    revocations: str | None = None  # the revoked-tokens channel joined (token sockets)
+    reader: SessionEventReader | None = None
+    pump: asyncio.Task | None = None  # sends the reader's items
 
     async def connect(self) -> None:
         await self.accept()
-        tenant_id = self.scope.get("tenant_id")
-        user = self.scope.get("user")
-        if tenant_id is None or user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        refusal = await self._refusal()
+        if refusal is not None:
+            await self.close(code=refusal)
             return
-        self.session_id = int(self.scope["url_route"]["kwargs"]["session_id"])
+        try:
+            await self.reader.open()
+        except BaseException:
+            await self._close_reader()  # the socket is closing: nothing must be held for it any more
+            raise
+        self.pump = asyncio.create_task(self._pump(self.reader))
+
+    async def _refusal(self) -> int | None:
+        """The close code refusing the socket, or None (then :attr:`reader` is set, holding a
+        stream slot)."""
+        tenant_id, user = self.scope.get("tenant_id"), self.scope.get("user")
+        if tenant_id is None or user is None or not user.is_authenticated:
+            return CLOSE_UNAUTHENTICATED
+        session_id = int(self.scope["url_route"]["kwargs"]["session_id"])
         query = parse_qs(self.scope.get("query_string", b"").decode(), keep_blank_values=True)
         try:
-            self.last_seq = stream_guard.parse_after_seq((query.get("after_seq") or [None])[0])
+            after_seq = stream_guard.parse_after_seq((query.get("after_seq") or [None])[0])
         except InvalidAfterSeq:
-            await self.close(code=CLOSE_BAD_REQUEST)
-            return
-        if not await _session_visible(tenant_id=tenant_id, user_id=user.pk, session_id=self.session_id):
-            await self.close(code=CLOSE_NOT_FOUND)
-            return
+            return CLOSE_BAD_REQUEST
+        if not await _session_visible(tenant_id=tenant_id, user_id=user.pk, session_id=session_id):
+            return CLOSE_NOT_FOUND
+        slot = await stream_guard.stream_slot_acquire(user_id=user.pk)
+        if slot is None:
+            return CLOSE_TOO_MANY_STREAMS
+        self.reader = SessionEventReader(session_id=session_id, after_seq=after_seq,
+                                         credential=self._credential(user.pk), slot=slot)
+        return None
+
+    def _credential(self, user_id: int) -> StreamCredential:
         token_id = self.scope.get("token_id")
         session = self.scope.get("session") if token_id is None else None
-        self.credential = StreamCredential(user_id=user.pk, membership_id=self.scope["membership_id"],
-                                           token_id=token_id,
-                                           session_key=getattr(session, "session_key", None) if session else None)
-        self.slot = await stream_guard.stream_slot_acquire(user_id=user.pk)
-        if self.slot is None:
-            await self.close(code=CLOSE_TOO_MANY_STREAMS)
-            return
-        self.stopper = asyncio.create_task(self._close_on_shutdown())
-        if token_id is not None:  # a revocation closes the socket at once
-            await live_join(revocations_channel(), self._on_revoked)
-            self.revocations = revocations_channel()
-        channel = live_channel(self.session_id)
-        self.live = asyncio.Queue()
-        await live_join(channel, self.live.put_nowait)
-        self.live_channel = channel
-        try:
-            for frame in await events_since(session_id=self.session_id, after_seq=self.last_seq):
-                await self._send_frame(frame)
-        except BaseException:
-            self._leave_live()  # the socket is closing: nothing must be queued for it any more
-            raise
-        if self.live is not None:  # what came during the replay waited in the queue
-            self.forwarder = asyncio.create_task(self._forward_live(self.live))
-        self.pinger = asyncio.create_task(self._ping_forever())
+        return StreamCredential(user_id=user_id, membership_id=self.scope["membership_id"], token_id=token_id,
+                                session_key=getattr(session, "session_key", None) if session else None)
 
-    def _leave_live(self) -> None:
-        if self.live_channel is not None and self.live is not None:
-            live_leave(self.live_channel, self.live.put_nowait)
-            self.live_channel = None
-
-    async def _forward_live(self, live: asyncio.Queue) -> None:
-        """Hand the live messages to :meth:`session_event`, one at a time, in order; on
-        ``None`` (the subscription was lost and restored) send what the stream has past
-        ``last_seq``. Ends quietly when the client has gone (see :meth:`_ping_forever`)."""
-        try:
-            while True:
-                message = await live.get()
-                if message is None:
-                    for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
-                        await self._send_frame(missed)
-                else:
-                    await self.session_event(message)
-        except OSError:
-            return
-        except Exception:  # e.g. Redis failing the gap's read: the client reconnects with after_seq
-            logger.exception("session %s: live delivery failed; closing the socket", self.session_id)
-            await self.close(code=CLOSE_INTERNAL_ERROR)
-
-    def _on_revoked(self, message: dict[str, Any] | None) -> None:
-        """A revoked token (``{"token_id"}``, :mod:`agent_platform.revocations`): close 4401 if
-        it is this socket's. ``None`` (the subscription was restored) waits for the recheck."""
-        if message is not None and self.credential is not None and message.get("token_id") == self.credential.token_id:
-            # Held until it ends: a dropped task may be garbage-collected mid-flight.
-            task = asyncio.ensure_future(self.close(code=CLOSE_UNAUTHENTICATED))
-            _BACKGROUND.add(task)
-            task.add_done_callback(_BACKGROUND.discard)
-
-    async def _close_on_shutdown(self) -> None:
-        await wait_stopping()
-        await self.close(code=CLOSE_GOING_AWAY)
-
-    async def _ping_forever(self) -> None:
-        """Ping every PING_SECONDS (and renew the stream slot); every CATCH_UP_SECONDS, send
-        what the stream has past ``last_seq``; every AUTH_RECHECK_SECONDS, close with 4401 if
-        the credential no longer authenticates.
+    async def _pump(self, reader: AsyncIterator[Item]) -> None:
+        """Send ``reader``'s items: an event as its JSON text, a ping as ``{"type": "ping"}``,
+        the end as a close (4401 unauthenticated, 1001 server stopping); 1011 if reading fails
+        (the client reconnects with ``after_seq``).
 
         Ends quietly when the client has gone: the ASGI server raises an ``OSError`` subclass
         from a send on a closed connection (ASGI spec, WebSocket "Send"; uvicorn's
         ``ClientDisconnected``), which can happen before :meth:`disconnect` cancels this task.
         """
-        loop = asyncio.get_running_loop()
-        next_ping, next_catch_up = loop.time() + PING_SECONDS, loop.time() + CATCH_UP_SECONDS
-        next_recheck = loop.time() + stream_guard.AUTH_RECHECK_SECONDS
         try:
-            while True:
-                await asyncio.sleep(max(0.0, min(next_ping, next_catch_up, next_recheck) - loop.time()))
-                now = loop.time()
-                if now >= next_recheck and self.credential is not None:
-                    next_recheck = now + stream_guard.AUTH_RECHECK_SECONDS
-                    if not await stream_guard.credential_valid(self.credential):
-                        await self.close(code=CLOSE_UNAUTHENTICATED)
-                        return
-                if now >= next_catch_up:
-                    next_catch_up = now + CATCH_UP_SECONDS
-                    for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
-                        await self._send_frame(missed)
-                if now >= next_ping:
-                    next_ping = now + PING_SECONDS
+            async for item in reader:
+                if isinstance(item, Event):
+                    await self.send(text_data=item.text)
+                elif isinstance(item, Closed):
+                    await self.close(code=CLOSE_CODES[item.reason])
+                    return
+                else:
                     await self.send_json({"type": "ping"})
-                    if self.slot is not None and self.credential is not None:
-                        await stream_guard.stream_slot_renew(user_id=self.credential.user_id, slot=self.slot)
         except OSError:
             return  # the client is gone; disconnect() cleans up
+        except Exception:  # e.g. Redis failing a gap's read
+            logger.exception("session %s: live delivery failed; closing the socket", self._session_id())
+            await self.close(code=CLOSE_INTERNAL_ERROR)
+
+    def _session_id(self) -> int | None:
+        return self.reader.session_id if self.reader is not None else None
+
+    async def _close_reader(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            await reader.close()
 
     async def disconnect(self, code: int) -> None:
-        for task in (self.pinger, self.forwarder, self.stopper):
-            if task is not None:
-                task.cancel()
-        self._leave_live()
-        if self.revocations is not None:
-            live_leave(self.revocations, self._on_revoked)
-            self.revocations = None
-        if self.slot is not None and self.credential is not None:
-            slot, self.slot = self.slot, None
-            await stream_guard.stream_slot_release(user_id=self.credential.user_id, slot=slot)
+        if self.pump is not None:
+            self.pump.cancel()
+        await self._close_reader()
 
     @classmethod
     async def decode_json(cls, text_data: str) -> Any:
@@ -232,30 +172,6 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
         # Clients only listen; a ping keeps intermediaries from closing an idle socket.
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})
-
-    async def session_event(self, message: dict[str, Any]) -> None:
-        """A live event: ``{"seq", "body"}`` (body: the frame's JSON text without ``seq``, see
-        :mod:`sessions.events`), or ``{"frame": {…}}``. Sent as text without decoding the body."""
-        if "frame" in message:
-            seq, text = message["frame"]["seq"], None
-        else:
-            seq, text = message["seq"], frame_text(message["seq"], message["body"])
-        if seq > self.last_seq + 1:  # a gap: fill it from the stream, in order
-            for missed in await events_since(session_id=self.session_id, after_seq=self.last_seq):
-                await self._send_frame(missed)
-        if seq <= self.last_seq:
-            return
-        self.last_seq = seq
-        if text is None:
-            await self.send_json(message["frame"])
-        else:
-            await self.send(text_data=text)
-
-    async def _send_frame(self, frame: dict[str, Any]) -> None:
-        if frame["seq"] <= self.last_seq:
-            return
-        self.last_seq = frame["seq"]
-        await self.send_json(frame)
 
 
 @database_sync_to_async

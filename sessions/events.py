@@ -13,9 +13,9 @@ Publishing is one atomic Redis script (:data:`_PUBLISH_LUA`), one round trip per
    (:mod:`sessions.live`), which the WebSocket consumers and SSE streams join.
 
 Pub/sub is at-most-once: a message published while a web process's subscription is
-reconnecting is lost. The consumers therefore fill gaps from the stream when a later ``seq``
-arrives, and check the stream every ``CATCH_UP_SECONDS`` for a lost last event
-(sessions/consumers.py, sessions/sse.py).
+reconnecting is lost. The reader every transport shares (:mod:`sessions.event_reader`: the
+WebSocket consumer, the SSE view) therefore fills gaps from the stream when a later ``seq``
+arrives, and checks the stream every ``CATCH_UP_SECONDS`` for a lost last event.
 
 Durable facts (messages, tool calls, run status) are PostgreSQL rows written *before* their
 event is published: events are notifications, not storage.

@@ -3,15 +3,18 @@
 The same frames as the WebSocket (`sessions.consumers`), one per SSE message with
 ``id: <seq>`` and ``event: <type>``. A client that reconnects sends ``Last-Event-ID`` (browsers'
 EventSource does it by itself) or ``?after_seq=N`` and gets everything after it from the
-replay stream, then live events; a ``: ping`` comment every :data:`PING_SECONDS` keeps
+replay stream, then live events; a ``: ping`` comment every
+:data:`sessions.event_reader.PING_SECONDS` keeps
 proxies from closing the connection, and an idle stream never times out. Authentication:
 ``Authorization: Bearer <token>`` or the session cookie; another tenant's session, or another
 user's, answers 404 like a missing one.
 
-Live events come from the web process's one Redis subscription (:mod:`sessions.live`), as
-for the WebSocket: an open stream holds no Redis connection of its own (it borrows a pooled
-one for a moment to replay, to read the stream every :data:`CATCH_UP_SECONDS` for a frame
-the pub/sub fan-out may have dropped, and to renew its slot).
+What is sent comes from :class:`sessions.event_reader.SessionEventReader`, as for the
+WebSocket (replay, gaps filled from the stream, pings, the end); this view only encodes it.
+Live events come from the web process's one Redis subscription (:mod:`sessions.live`): an
+open stream holds no Redis connection of its own (it borrows a pooled one for a moment to
+replay, to read the stream every ``CATCH_UP_SECONDS`` for a frame the pub/sub fan-out may
+have dropped, and to renew its slot).
 
 Guards (:mod:`sessions.stream_guard`): ``Last-Event-ID``/``after_seq`` must be an integer
 in 0..2**63-1 (else 400); a user holds at most ``STREAMS_PER_USER_MAX`` streams (WebSocket
@@ -26,32 +29,21 @@ A plain async Django view (DRF views are synchronous): it streams without holdin
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Final
 
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
-from agent_platform.revocations import revocations_channel
-from agent_platform.shutdown import is_stopping, wait_stopping
+from agent_platform.shutdown import is_stopping
 from sessions import stream_guard
-from sessions.events import events_since, frame_text, live_channel
-from sessions.live import live_join, live_leave
+from sessions.event_reader import Closed, Event, Item, SessionEventReader
 from sessions.stream_guard import InvalidAfterSeq, StreamCredential
 from tenants.resolution import caller_resolve
 from tenants.scoping import tenant_scope
 
-logger = logging.getLogger(__name__)
-
-PING_SECONDS: float = 15.0
-"""A ``: ping`` comment this often (seconds); the stream slot is renewed at the same time."""
-CATCH_UP_SECONDS: float = 5.0
-"""How often the stream reads the replay stream for a frame the live fan-out dropped."""
 RETRY_AFTER_SECONDS: Final[int] = 15
 
 
@@ -84,14 +76,6 @@ def _authorize(request: HttpRequest, session_id: int) -> tuple[int, str] | Strea
     return credential
 
 
-def _message(frame: dict[str, Any]) -> str:
-    return f"id: {frame['seq']}\nevent: {frame['type']}\ndata: {json.dumps(frame)}\n\n"
-
-
-def _closed(reason: str) -> str:
-    return f"event: stream_closed\ndata: {json.dumps({'reason': reason})}\n\n"
-
-
 async def session_events_sse(request: HttpRequest, session_id: int) -> HttpResponse:
     """The SSE response (see the module docstring), or a JSON ``{message, extra}`` refusal:
     405 not GET, 401/403 credentials, 404 no such session for the caller, 400 a bad
@@ -115,116 +99,29 @@ async def session_events_sse(request: HttpRequest, session_id: int) -> HttpRespo
                                  "extra": {"max_streams": limit}}, status=429)
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return response
-    response = StreamingHttpResponse(_stream(session_id=session_id, after_seq=after_seq, credential=credential,
-                                             slot=slot), content_type="text/event-stream")
+    reader = SessionEventReader(session_id=session_id, after_seq=after_seq, credential=credential, slot=slot)
+    response = StreamingHttpResponse(_stream(reader), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     return response
 
 
-async def _stream(*, session_id: int, after_seq: int, credential: StreamCredential, slot: str) -> AsyncIterator[str]:
-    """The SSE text: replay after ``after_seq``, then live frames in ``seq`` order, pings,
-    until the client leaves, the credential stops authenticating or the process stops.
-    Frees ``slot`` and leaves the live subscription when it ends (also when cancelled)."""
-    loop = asyncio.get_running_loop()
-    pending: deque[dict[str, Any] | None] = deque()
-    wake = asyncio.Event()
-    stopping = False
-    revoked = False
-
-    def listener(message: dict[str, Any] | None) -> None:
-        pending.append(message)
-        wake.set()
-
-    def on_revoked(message: dict[str, Any] | None) -> None:
-        nonlocal revoked
-        if message is not None and message.get("token_id") == credential.token_id:
-            revoked = True
-            wake.set()
-
-    async def watch_stop() -> None:
-        nonlocal stopping
-        await wait_stopping()
-        stopping = True
-        wake.set()
-
-    channel = live_channel(session_id)
-    joined = watching_revocations = False
-    stopper = asyncio.ensure_future(watch_stop())
-    last_seq = after_seq
+async def _stream(reader: SessionEventReader) -> AsyncIterator[str]:
+    """The SSE text of ``reader``'s items (:mod:`sessions.event_reader`): ``retry`` first, then
+    one message per event, a ``: ping`` comment per ping, ``stream_closed`` at the end. Closes
+    the reader when it ends (also when cancelled: the client left)."""
     try:
         yield "retry: 1000\n\n"
-        await live_join(channel, listener)
-        joined = True
-        if credential.token_id is not None:  # a revocation ends the stream at once
-            await live_join(revocations_channel(), on_revoked)
-            watching_revocations = True
-        catch_up_seconds = CATCH_UP_SECONDS
-
-        async def since_last() -> list[str]:
-            nonlocal last_seq
-            texts = []
-            for frame in await events_since(session_id=session_id, after_seq=last_seq):
-                if frame["seq"] > last_seq:
-                    last_seq = frame["seq"]
-                    texts.append(_message(frame))
-            return texts
-
-        for text in await since_last():
-            yield text
-        now = loop.time()
-        next_ping, next_catch_up = now + PING_SECONDS, now + catch_up_seconds
-        next_recheck = now + stream_guard.AUTH_RECHECK_SECONDS
-        while True:
-            if not pending and not stopping and not revoked:
-                try:
-                    async with asyncio.timeout(max(0.0, min(next_ping, next_catch_up, next_recheck) - loop.time())):
-                        await wake.wait()
-                except TimeoutError:
-                    pass
-                wake.clear()
-            if stopping:
-                yield _closed("server_stopping")
-                return
-            if revoked:
-                yield _closed("unauthenticated")
-                return
-            while pending:
-                message = pending.popleft()
-                if message is None:  # the subscription was lost and restored
-                    texts = await since_last()
-                else:
-                    frame = message["frame"] if "frame" in message else json.loads(
-                        frame_text(message["seq"], message["body"]))
-                    if frame["seq"] <= last_seq:
-                        continue
-                    texts = await since_last() if frame["seq"] > last_seq + 1 else []  # a gap: fill it in order
-                    if frame["seq"] > last_seq:
-                        last_seq = frame["seq"]
-                        texts.append(_message(frame))
-                for text in texts:
-                    yield text
-            now = loop.time()
-            if now >= next_catch_up:
-                next_catch_up = now + catch_up_seconds
-                for text in await since_last():
-                    yield text
-            if now >= next_recheck:
-                next_recheck = now + stream_guard.AUTH_RECHECK_SECONDS
-                if not await stream_guard.credential_valid(credential):
-                    yield _closed("unauthenticated")
-                    return
-            if now >= next_ping:
-                next_ping = now + PING_SECONDS
-                await stream_guard.stream_slot_renew(user_id=credential.user_id, slot=slot)
-                yield ": ping\n\n"
+        await reader.open()
+        async for item in reader:
+            yield _encoded(item)
     finally:
-        stopper.cancel()
-        if joined:
-            live_leave(channel, listener)
-        if watching_revocations:
-            live_leave(revocations_channel(), on_revoked)
-        try:
-            await stream_guard.stream_slot_release(user_id=credential.user_id, slot=slot)
-        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
-            logger.warning("session %s: could not free a stream slot (%r); it expires by itself", session_id, exc)
+        await reader.close()
+
+
+def _encoded(item: Item) -> str:
+    if isinstance(item, Event):
+        return f"id: {item.seq}\nevent: {item.type}\ndata: {item.text}\n\n"
+    if isinstance(item, Closed):
+        return f"event: stream_closed\ndata: {json.dumps({'reason': item.reason})}\n\n"
+    return ": ping\n\n"

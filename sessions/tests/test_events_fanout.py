@@ -115,9 +115,9 @@ async def _publish_without_fanout(session_id: int, type: str, data: dict) -> int
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_lost_last_frame_is_caught_up_from_the_stream(world, monkeypatch) -> None:
-    from sessions import consumers
+    from sessions import event_reader
 
-    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 0.2)
+    monkeypatch.setattr(event_reader, "CATCH_UP_SECONDS", 0.2)
     session, comm = await _connected(world)
     try:
         first = await event_publish(session_id=session.pk, run_id=None, type="run_running", data={})
@@ -132,9 +132,9 @@ async def test_a_lost_last_frame_is_caught_up_from_the_stream(world, monkeypatch
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_killed_subscription_resubscribes_and_nothing_is_lost(world, monkeypatch) -> None:
-    from sessions import consumers
+    from sessions import event_reader
 
-    monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 0.3)
+    monkeypatch.setattr(event_reader, "CATCH_UP_SECONDS", 0.3)
     session, comm = await _connected(world)
     admin = aioredis.Redis.from_url(settings.REDIS_URL)
     try:
@@ -148,7 +148,7 @@ async def test_a_killed_subscription_resubscribes_and_nothing_is_lost(world, mon
         during = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [{"content": str(1), "status": "pending", "priority": "low"}]})
         assert await comm.receive_json_from(timeout=10) == during  # live or caught up: either way, once
 
-        monkeypatch.setattr(consumers, "CATCH_UP_SECONDS", 100)  # from the next tick on: live delivery only
+        monkeypatch.setattr(event_reader, "CATCH_UP_SECONDS", 100)  # from the next tick on: live delivery only
         await asyncio.sleep(1)  # the subscription is reopened at once
         after = await event_publish(session_id=session.pk, run_id=None, type="todo_updated", data={"todos": [{"content": str(2), "status": "pending", "priority": "low"}]})
         assert await comm.receive_json_from(timeout=5) == after

@@ -71,9 +71,9 @@ async def test_the_websocket_pings_an_idle_client(world, monkeypatch):
     from channels.testing.websocket import WebsocketCommunicator
 
     from agent_platform.asgi import application
-    from sessions import consumers
+    from sessions import event_reader
 
-    monkeypatch.setattr(consumers, "PING_SECONDS", 0.1)
+    monkeypatch.setattr(event_reader, "PING_SECONDS", 0.1)
     session = await database_sync_to_async(make_session)(world)
     comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={world.member_token}")
     assert (await comm.connect())[0]
@@ -84,22 +84,25 @@ async def test_the_websocket_pings_an_idle_client(world, monkeypatch):
 async def test_the_ping_task_ends_quietly_when_the_client_is_gone(monkeypatch):
     """A ping sent after the client left raises the server's OSError subclass (uvicorn's
     ClientDisconnected) before disconnect() cancels the task: the task ends, nothing is
-    raised (it was logged as "Task exception was never retrieved")."""
+    raised (it was logged as "Task exception was never retrieved"), nothing more is sent."""
     import asyncio
 
     from uvicorn.protocols.utils import ClientDisconnected
 
     from sessions import consumers
+    from sessions.event_reader import PING
 
-    monkeypatch.setattr(consumers, "PING_SECONDS", 0.01)
     consumer = consumers.SessionEventsConsumer()
-    consumer.session_id, consumer.last_seq = 1, 0
     sent: list[dict] = []
 
     async def gone(content, close=False):
         sent.append(content)
         raise ClientDisconnected()
 
+    async def pings():
+        while True:
+            yield PING
+
     monkeypatch.setattr(consumer, "send_json", gone)
-    await asyncio.wait_for(consumer._ping_forever(), timeout=5)
+    await asyncio.wait_for(consumer._pump(pings()), timeout=5)
     assert sent == [{"type": "ping"}]

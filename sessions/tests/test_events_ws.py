@@ -146,17 +146,17 @@ async def test_browser_origin_from_another_site_is_refused(world, fake_llm):
 
 async def test_a_refused_origin_subscribes_to_nothing(world, fake_llm, monkeypatch):
     """The refusal happens before any consumer exists: nothing joins the live events."""
-    from sessions import consumers
+    from sessions import event_reader
 
     session = await make_session(world, fake_llm.base_url)
     joined: list[str] = []
-    original = consumers.live_join
+    original = event_reader.live_join
 
     async def counting_live_join(channel, listener):
         joined.append(channel)
         await original(channel, listener)
 
-    monkeypatch.setattr(consumers, "live_join", counting_live_join)
+    monkeypatch.setattr(event_reader, "live_join", counting_live_join)
     comm = WebsocketCommunicator(
         application, f"/ws/sessions/{session.pk}/?token={world.member_token}",
         headers=[(b"origin", b"https://evil.example"), (b"host", b"127.0.0.1")],

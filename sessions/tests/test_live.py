@@ -184,7 +184,7 @@ async def test_the_consumer_uses_no_channel_layer_and_gets_live_frames_from_the_
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_consumer_that_cannot_read_the_stream_after_a_lost_subscription_closes_with_1011(world, monkeypatch) -> None:
-    from sessions import consumers
+    from sessions import event_reader
     from sessions.tests.test_events_fanout import _connected
 
     session, comm = await _connected(world)
@@ -196,7 +196,7 @@ async def test_a_consumer_that_cannot_read_the_stream_after_a_lost_subscription_
     try:
         first = await event_publish(session_id=session.pk, run_id=None, type="run_running", data={})
         assert await comm.receive_json_from(timeout=5) == first
-        monkeypatch.setattr(consumers, "events_since", failing)  # the catch-up after the lost subscription fails
+        monkeypatch.setattr(event_reader, "events_since", failing)  # the catch-up after the lost subscription fails
         host, port = live._subscriber()._writer.get_extra_info("sockname")[:2]
         assert await admin.client_kill_filter(_type="pubsub", addr=f"{host}:{port}") == 1
         assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 1011}

@@ -198,7 +198,7 @@ async def test_an_idle_sse_stream_outlives_the_redis_socket_timeout_and_is_pinge
                                                                                    monkeypatch):
     """Idle for 7 s (redis-py's 5 s socket timeout broke it), then a frame still arrives;
     with PING_SECONDS shortened, ``: ping`` comments arrive while idle."""
-    from sessions import sse
+    from sessions import event_reader
 
     session = await database_sync_to_async(make_session)(world)
     url = f"{live_server_url}/api/v1/sessions/{session.pk}/events"
@@ -210,7 +210,7 @@ async def test_an_idle_sse_stream_outlives_the_redis_socket_timeout_and_is_pinge
             await database_sync_to_async(publish)(session.pk, "late")
             frame = await sse_client.next_event(timeout=10)
             assert frame is not None and frame["data"]["data"]["text"] == "late"
-    monkeypatch.setattr(sse, "PING_SECONDS", 0.2)
+    monkeypatch.setattr(event_reader, "PING_SECONDS", 0.2)
     async with httpx.AsyncClient(timeout=10) as client:
         async with client.stream("GET", url, headers={"Authorization": f"Bearer {world.member_token}"}) as response:
             sse_client = SSE(response)

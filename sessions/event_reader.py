@@ -1,0 +1,286 @@
+"""One reader of a session's events, whatever carries them to the client.
+
+:class:`SessionEventReader` is the protocol every event transport shares (the WebSocket
+consumer, :mod:`sessions.consumers`; the SSE view, :mod:`sessions.sse`): an async iterator of
+typed items, written once, which a transport only encodes and sends.
+
+- :class:`Event`: a frame, in ``seq`` order, each ``seq`` once. First the replay: every frame
+  of the session's Redis stream after ``after_seq`` (the client's ``?after_seq`` or
+  ``Last-Event-ID``); then the live frames (:mod:`sessions.live`). The live channel is joined
+  *before* the replay (:meth:`SessionEventReader.open`), and live frames wait until the replay
+  is done, so nothing published after the join is missed and nothing is yielded twice.
+- Gaps: pub/sub is at-most-once. A live frame past ``last_seq + 1`` makes the reader read the
+  missing frames from the stream first (a late duplicate is dropped); a subscription restored
+  by :mod:`sessions.live` (its listener gets ``None``) makes it read the stream at once; and a
+  lost *last* frame is found by a read of the stream every :data:`CATCH_UP_SECONDS`.
+- :class:`Ping` every :data:`PING_SECONDS` (idle connections and proxies stay open), after
+  the stream slot (:mod:`sessions.stream_guard`) has been renewed.
+- :class:`Closed` (then the iteration ends): ``"unauthenticated"`` when the token the stream
+  was opened with is revoked (:mod:`agent_platform.revocations`, at once) or the credential no
+  longer authenticates (re-checked every ``stream_guard.AUTH_RECHECK_SECONDS``: a removed
+  membership, a deactivated user, a logout, a lost revocation message); ``"server_stopping"``
+  when the web process stops (:mod:`agent_platform.shutdown`).
+
+Errors: a failed read of the stream (Redis gone) or of the credential propagates out of the
+iteration; the transport ends the connection (the client reconnects with its last ``seq``).
+
+The transport acquires the user's stream slot (its refusal differs: a 4429 close, a 429
+answer) and hands it over; :meth:`SessionEventReader.close` leaves the live channels and frees
+the slot, and must be awaited once the transport is done (also when it was cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from agent_platform.revocations import revocations_channel
+from agent_platform.shutdown import wait_stopping
+from sessions import stream_guard
+from sessions.events import events_since, frame_text, live_channel
+from sessions.live import Listener, live_join, live_leave
+from sessions.stream_guard import StreamCredential
+
+logger = logging.getLogger(__name__)
+
+PING_SECONDS: float = 15.0
+"""A :class:`Ping` this often (seconds); the stream slot is renewed at the same time."""
+CATCH_UP_SECONDS: float = 5.0
+"""How often the reader reads the stream for frames the live fan-out dropped (one ``XRANGE``
+after its last ``seq``, usually empty): the longest a lost last frame waits."""
+
+CloseReason = Literal["unauthenticated", "server_stopping"]
+
+
+class Event:
+    """A frame: its ``seq`` and its JSON text (what ``json.dumps`` of the frame gives: one
+    line). :attr:`type` is decoded from the text only when asked for (the WebSocket sends the
+    text as it is)."""
+
+    __slots__ = ("seq", "text", "_type")
+
+    def __init__(self, seq: int, text: str, type: str | None = None) -> None:
+        self.seq, self.text, self._type = seq, text, type
+
+    @property
+    def type(self) -> str:
+        """The frame's event type (``sessions.event_types``)."""
+        if self._type is None:
+            self._type = json.loads(self.text)["type"]
+        return self._type
+
+    def __repr__(self) -> str:
+        return f"Event(seq={self.seq}, text={self.text!r})"
+
+
+class Ping:
+    """Time for a keep-alive (the slot was renewed)."""
+
+    __slots__ = ()
+
+
+class Closed:
+    """The stream ends (the last item): ``reason`` is ``"unauthenticated"`` or ``"server_stopping"``."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: CloseReason) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Closed({self.reason!r})"
+
+
+PING = Ping()
+Item = Event | Ping | Closed
+
+
+def _event_of(frame: dict[str, Any]) -> Event:
+    return Event(frame["seq"], json.dumps(frame), frame["type"])
+
+
+def _live_event(message: dict[str, Any]) -> Event:
+    """A live message (``{"seq", "body"}``, body: the frame's JSON without ``seq``, or
+    ``{"frame": {…}}``) as an :class:`Event`, without decoding the body."""
+    if "frame" in message:
+        return _event_of(message["frame"])
+    return Event(message["seq"], frame_text(message["seq"], message["body"]))
+
+
+class _Deadlines:
+    """When the next ping, catch-up read and credential re-check are due (loop time)."""
+
+    __slots__ = ("loop", "ping", "catch_up", "recheck")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        now = loop.time()
+        self.ping, self.catch_up = now + PING_SECONDS, now + CATCH_UP_SECONDS
+        self.recheck = now + stream_guard.AUTH_RECHECK_SECONDS
+
+    def earliest(self) -> float:
+        return min(self.ping, self.catch_up, self.recheck)
+
+
+class SessionEventReader:
+    """A session's events for one client (see the module docstring).
+
+    Use: ``await reader.open()`` (joins the live channels; ``TimeoutError`` if Redis does not
+    confirm), then ``async for item in reader`` (once), and ``await reader.close()`` at the end.
+
+    Args:
+        session_id: The session, already checked visible to the caller.
+        after_seq: Frames with a higher ``seq`` are yielded (0: all the stream holds).
+        credential: What the stream was opened with (re-checked; a token's revocation ends it).
+        slot: The stream slot leased for it (:func:`sessions.stream_guard.stream_slot_acquire`),
+            renewed at each ping and freed by :meth:`close`.
+    """
+
+    def __init__(self, *, session_id: int, after_seq: int, credential: StreamCredential, slot: str) -> None:
+        self.session_id = session_id
+        self.last_seq = after_seq
+        self.credential = credential
+        self._slot: str | None = slot
+        self._pending: deque[dict[str, Any] | None] = deque()  # live messages not yet handled, in order
+        self._wake = asyncio.Event()
+        self._end: CloseReason | None = None
+        self._joined: list[tuple[str, Listener]] = []
+        self._stopper: asyncio.Future[None] | None = None
+
+    # --- the client's signals ----------------------------------------------------------------
+
+    def _on_live(self, message: dict[str, Any] | None) -> None:
+        self._pending.append(message)
+        self._wake.set()
+
+    def _on_revoked(self, message: dict[str, Any] | None) -> None:
+        """A revoked token (``{"token_id"}``): the end if it is this stream's. ``None`` (the
+        subscription was restored) waits for the re-check."""
+        if message is not None and message.get("token_id") == self.credential.token_id:
+            self._end_with("unauthenticated")
+
+    def _end_with(self, reason: CloseReason) -> None:
+        if self._end is None:
+            self._end = reason
+        self._wake.set()
+
+    async def _watch_stopping(self) -> None:
+        await wait_stopping()
+        self._end_with("server_stopping")
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Join the session's live channel (and, for a token, the revoked-tokens channel);
+        returns once Redis confirmed. Raises ``TimeoutError`` (:func:`sessions.live.live_join`)."""
+        self._stopper = asyncio.ensure_future(self._watch_stopping())
+        if self.credential.token_id is not None:  # a revocation ends the stream at once
+            await self._join(revocations_channel(), self._on_revoked)
+        await self._join(live_channel(self.session_id), self._on_live)
+
+    async def _join(self, channel: str, listener: Listener) -> None:
+        await live_join(channel, listener)
+        self._joined.append((channel, listener))
+
+    async def close(self) -> None:
+        """Leave the live channels and free the stream slot (idempotent; a slot that cannot be
+        freed is logged: its lease expires by itself)."""
+        if self._stopper is not None:
+            self._stopper.cancel()
+        joined, self._joined = self._joined, []
+        for channel, listener in joined:
+            live_leave(channel, listener)
+        self._pending.clear()
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return
+        try:
+            await stream_guard.stream_slot_release(user_id=self.credential.user_id, slot=slot)
+        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+            logger.warning("session %s: could not free a stream slot (%r); it expires by itself",
+                           self.session_id, exc)
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[Item]:
+        return self._items()
+
+    async def _items(self) -> AsyncIterator[Item]:
+        for event in await self._since_last():
+            yield event
+        loop = asyncio.get_running_loop()
+        deadlines = _Deadlines(loop)
+        while True:
+            for item in await self._next(loop, deadlines):
+                yield item
+                if isinstance(item, Closed):
+                    return
+
+    async def _next(self, loop: asyncio.AbstractEventLoop, deadlines: _Deadlines) -> list[Item]:
+        """The items of the next wake-up: the end, or the events the live messages bring (in
+        order) and the timed work that is due."""
+        if not self._pending and self._end is None:
+            await self._sleep_until(loop, deadlines.earliest())
+        if self._end is not None:
+            return [Closed(self._end)]
+        items: list[Item] = []
+        while self._pending and self._end is None:
+            items.extend(await self._live(self._pending.popleft()))
+        items.extend(await self._due(deadlines))
+        return items
+
+    async def _sleep_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Wait for a live message, the end, or ``deadline`` (loop time): one timer handle, no
+        timeout context (this runs once per live frame of an idle stream)."""
+        self._wake.clear()
+        timer = loop.call_at(deadline, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            timer.cancel()
+
+    async def _since_last(self) -> list[Event]:
+        """The stream's frames after ``last_seq``, in order; ``last_seq`` advanced past them."""
+        found = []
+        for frame in await events_since(session_id=self.session_id, after_seq=self.last_seq):
+            if frame["seq"] > self.last_seq:
+                self.last_seq = frame["seq"]
+                found.append(_event_of(frame))
+        return found
+
+    async def _live(self, message: dict[str, Any] | None) -> list[Event]:
+        """What one live message brings: nothing (a duplicate), the frame, or the stream's
+        frames up to it (a gap before it, or ``None``: the subscription was restored)."""
+        if message is None:
+            return await self._since_last()
+        event = _live_event(message)
+        if event.seq <= self.last_seq:
+            return []
+        found = await self._since_last() if event.seq > self.last_seq + 1 else []  # a gap: fill it in order
+        if event.seq > self.last_seq:
+            self.last_seq = event.seq
+            found.append(event)
+        return found
+
+    async def _due(self, deadlines: _Deadlines) -> list[Item]:
+        """The timed work that is due: the re-check (a :class:`Closed` if it fails), the
+        catch-up read, the ping (the slot renewed first)."""
+        now = deadlines.loop.time()
+        if now >= deadlines.recheck:
+            deadlines.recheck = now + stream_guard.AUTH_RECHECK_SECONDS
+            if not await stream_guard.credential_valid(self.credential):
+                return [Closed("unauthenticated")]
+        items: list[Item] = []
+        if now >= deadlines.catch_up:
+            deadlines.catch_up = now + CATCH_UP_SECONDS
+            items.extend(await self._since_last())
+        if now >= deadlines.ping:
+            deadlines.ping = now + PING_SECONDS
+            if self._slot is not None:
+                await stream_guard.stream_slot_renew(user_id=self.credential.user_id, slot=self._slot)
+            items.append(PING)
+        return items
