@@ -196,10 +196,10 @@ def _ask_docs_assistant(client: APIClient, agent_id: int, question: str, timeout
 
 @model_db
 @pytest.mark.browser
-@pytest.mark.timeout(2700)  # ingestion (~400 chunks on the embedded embedder) and a 0.5B model on 2 busy cores
+@pytest.mark.timeout(2700)  # ingestion (~540 chunks on the embedded embedder) and a 0.5B model on 2 busy cores
 def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_sources(
         local_model_url, embedding_server, celery_worker, live_server_url):
-    """seed_demo's knowledge base (README.md, ARCHITECTURE.md) ingested by the worker with the
+    """seed_demo's knowledge base (README.md, ARCHITECTURE.md, docs/*.md) ingested by the worker with the
     embedded embedder, and its "Docs assistant" (``search_first``) asked how to start the
     platform, on the embedded model: its first turn is a ``knowledge_search`` call (forced by
     constrained decoding) with a query of its own (not the parameter's description copied)
@@ -220,7 +220,8 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     with override_settings(LLM_BASE_URL=local_model_url, EMBEDDINGS_BASE_URL=embedding_server):
         call_command("seed_demo")
     docs = _wait_for_documents_ready("demo", timeout_seconds=900)
-    assert sorted(d.source for d in docs) == ["ARCHITECTURE.md", "README.md"]
+    assert sorted(d.source for d in docs) == sorted(
+        ["README.md", "ARCHITECTURE.md", *(f"docs/{p.name}" for p in (Path(__file__).resolve().parents[2] / "docs").glob("*.md"))])
     client = APIClient()
     membership = Membership.all_tenants.get(user__username="demo-user")
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_token_create(membership=membership).raw}")

@@ -480,7 +480,11 @@ def test_seed_demo_command(world, other_world, fake_embedder, knowledge_queued):
         others = AgentInstance.all_tenants.filter(tenant__in=[world.tenant, other_world.tenant]).count()
     assert agents == {"Assistant", "Researcher", "Docs assistant"}
     assert members == {("demo-admin", "admin"), ("demo-user", "member")}
-    assert documents == {"README.md", "ARCHITECTURE.md"} and len(knowledge_queued["ingest"]) == 2
+    guides = {f"docs/{p.name}" for p in (settings.BASE_DIR / "docs").glob("*.md")}
+    assert {"docs/user-guide.md", "docs/admin-guide.md", "docs/api.md", "docs/operations-security.md",
+            "docs/settings.md"} <= guides
+    assert documents == {"README.md", "ARCHITECTURE.md", *guides}
+    assert len(knowledge_queued["ingest"]) == len(documents)  # one ingestion per document
     assert others == 0  # the other tenants are left as they were
 
 

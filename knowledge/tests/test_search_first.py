@@ -9,6 +9,7 @@ the request's ``tool_choice`` is visible).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -140,7 +141,9 @@ def test_seed_demo_makes_the_docs_assistant_search_first_and_commits_its_documen
     binding = CapabilityBinding.all_tenants.get(agent__name="Docs assistant", kind="knowledge")
     assert binding.config["search_first"] is True and "retrieve_before_first_turn" not in binding.config
     docs = Document.all_tenants.filter(knowledge_base__name="Platform documentation")
-    assert sorted(d.source for d in docs) == ["ARCHITECTURE.md", "README.md"]
+    guides = [f"docs/{p.name}" for p in (Path(__file__).resolve().parents[2] / "docs").glob("*.md")]
+    assert "docs/admin-guide.md" in guides
+    assert sorted(d.source for d in docs) == sorted(["ARCHITECTURE.md", "README.md", *guides])
     assert {c.document_id for c in seen} == {d.pk for d in docs}
 
 

@@ -12,8 +12,8 @@ Creates (or brings back to the documented state) tenant "demo" with:
   confined, no network) and agent "Researcher" on the same route, bound to it and to
 - MCP server "fetch" (template ``mcp-server-fetch``: its ``fetch`` tool, exposed as
   ``fetch__fetch``; public addresses only, through the egress proxy; robots.txt honoured);
-- knowledge base "Platform documentation" (the project's README.md and ARCHITECTURE.md,
-  ingested by the Celery worker with the embedded embedder; unchanged files are not
+- knowledge base "Platform documentation" (the project's README.md, ARCHITECTURE.md and the
+  guides in docs/*.md, ingested by the Celery worker with the embedded embedder; unchanged files are not
   re-ingested) and agent "Docs assistant" bound to it (``knowledge_search`` with
   ``search_first``: the first model turn of each run must call it, which the 0.5B model would
   not do by itself, enforced by constrained decoding; ``user_uploads``: a user's chat
@@ -60,8 +60,11 @@ DOCS_ASSISTANT_PROMPT = (
     "question, say so."
 )
 DOCS_KNOWLEDGE_BASE = "Platform documentation"
-DOCS_FILES = ("README.md", "ARCHITECTURE.md")
-"""Files of the project (under BASE_DIR) the demo knowledge base is made of."""
+DOCS_FILES = ("README.md", "ARCHITECTURE.md",
+              *sorted(f"docs/{p.name}" for p in (settings.BASE_DIR / "docs").glob("*.md")))
+"""Files of the project (under BASE_DIR) the demo knowledge base is made of: the README, the
+maintainers' map and every guide in docs/ (sorted by name, so the order is the same on every
+machine); each is a document whose source and title are its path."""
 CATALOGUE_PATH = settings.BASE_DIR / "deploy" / "catalogue.yaml"
 """The operator catalogue the demo's capabilities come from."""
 
@@ -167,7 +170,8 @@ class Command(BaseCommand):
         if kb is None:
             kb = knowledge_base_create(
                 tenant=tenant, name=DOCS_KNOWLEDGE_BASE,
-                description="The Agent Platform's README and ARCHITECTURE: setup, usage, API, design.",
+                description=("The Agent Platform's documentation: README, user and admin guides, API and events "
+                             "reference, operations and security manual, settings, tests, ARCHITECTURE."),
             )
         for name in DOCS_FILES:
             document_add(knowledge_base=kb, source_kind="file", source=name,
