@@ -81,7 +81,7 @@ ENCRYPTION_KEY = _secret("ENCRYPTION_KEY")
 if not _TEST_SETTINGS:
     _KEYS_HELP = ("run scripts/bootstrap.sh (make run does) to generate "
                   f"{local_secrets.path_from_environment() or 'the secrets file'}, or set SECRET_KEY and "
-                  "ENCRYPTION_KEY in the environment (README, \"Key handling\")")
+                  "ENCRYPTION_KEY in the environment (docs/operations-security.md, \"Key handling\")")
     if not SECRET_KEY or not ENCRYPTION_KEY:
         raise ImproperlyConfigured(f"SECRET_KEY and ENCRYPTION_KEY are not set: {_KEYS_HELP}")
     if any(local_secrets.published_secret_key(k) for k in (SECRET_KEY, *SECRET_KEY_FALLBACKS)):
@@ -97,7 +97,7 @@ CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
 
-# --- Security headers and TLS (README, "Deployment settings") ---------------------------------
+# --- Security headers and TLS (docs/operations-security.md, "Deployment settings") ------------
 # Behind TLS set SESSION_COOKIE_SECURE=1 CSRF_COOKIE_SECURE=1 SECURE_SSL_REDIRECT=1 and
 # SECURE_HSTS_SECONDS (e.g. 31536000 once HTTPS works everywhere: browsers remember it).
 SESSION_COOKIE_SECURE = _env_bool("SESSION_COOKIE_SECURE", False)
@@ -196,7 +196,7 @@ TEMPLATES = [
 WSGI_APPLICATION = None
 ASGI_APPLICATION = "agent_platform.asgi.application"
 
-# Two PostgreSQL logins (tenants/rls.py, README "Database roles"):
+# Two PostgreSQL logins (tenants/rls.py; docs/operations-security.md, "Database roles"):
 # - DATABASE_URL, the application's: DATABASE_APP_ROLE (agent_platform_app), a LOGIN role with
 #   a password, NOSUPERUSER NOBYPASSRLS, owning nothing, so every row-level security policy
 #   applies to it; it sees only the rows of the tenant scope in context. The backend refuses a
@@ -287,7 +287,7 @@ CACHES = {
     },
 }
 
-# --- Abuse controls (tenants/throttling.py, tenants/lockout.py; README "Abuse controls") ----------
+# --- Abuse controls (tenants/throttling.py, tenants/lockout.py; docs/operations-security.md) ------
 # API throttles per user and per tenant, "<scope>.<user|tenant>": "<n>/<second|minute|hour|day>".
 # Scopes: tokens (POST /tokens/), messages (POST /sessions/<id>/messages/), runs (requests that
 # start or resume a run: messages, approval decisions), search (knowledge searches: POST
@@ -536,10 +536,10 @@ LOGGING = {
 }
 
 # CLI capabilities: the bubblewrap executable (a name on PATH or a path). Missing: sandboxed
-# CLI commands refuse to run (README, "CLI commands").
+# CLI commands refuse to run (docs/admin-guide.md, "CLI commands").
 CLI_BWRAP_PATH = os.environ.get("CLI_BWRAP_PATH", "bwrap")
 
-# --- Confinement of every program a run starts (capabilities/confinement.py, README "Security model")
+# --- Confinement of every program a run starts (capabilities/confinement.py; docs/operations-security.md)
 # The host uid/gid confined programs run as when the worker is root (65534: nobody/nogroup).
 SANDBOX_UID = int(os.environ.get("SANDBOX_UID", "65534"))
 SANDBOX_GID = int(os.environ.get("SANDBOX_GID", "65534"))
@@ -558,7 +558,8 @@ SANDBOX_RO_BINDS = [
 # The operator's maximum resource limits of each process of a confined program (prlimit;
 # capabilities/confinement.py, SandboxLimits): a template's `limits` may only lower them.
 # Environment: "name=value,...", e.g. SANDBOX_LIMITS="cpu_seconds=120,memory_mb=1024"; a name not
-# given keeps its default. processes counts every task of SANDBOX_UID on the host (README, "The sandbox").
+# given keeps its default. processes counts every task of SANDBOX_UID on the host
+# (docs/operations-security.md, "The sandbox").
 SANDBOX_LIMITS: dict[str, int] = {
     "cpu_seconds": 300, "memory_mb": 2048, "processes": 256, "file_size_mb": 256, "open_files": 1024,
 }
@@ -586,7 +587,7 @@ BROWSER_EXTENSION_IDS = [
     i.strip() for i in os.environ.get("BROWSER_EXTENSION_IDS", "mbcfbjmfgndlpbhnffdhmbecjdjpeeok").split(",") if i.strip()
 ]
 BROWSER_PAIRING_TTL_SECONDS = 600
-# Pairing limits (browser/api/views.py; README "Abuse controls"). None of them lets one client
+# Pairing limits (browser/api/views.py; docs/operations-security.md, "Abuse controls"). None of them lets one client
 # lock out the others behind its address for long:
 BROWSER_PAIRING_RATE_LIMIT = 20  # new pairings per client IP per minute (a flood blocks that IP ≤ 1 min)
 BROWSER_PAIRING_POLL_RATE_LIMIT = 600  # token polls per pairing (per its poll secret) per 10 minutes (the extension polls every 2 s)
