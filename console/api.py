@@ -9,16 +9,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agent_platform.api_errors import NotFound
-from console.trace import run_trace
 from sessions.selectors import run_get_for_user
+from sessions.trace_selectors import run_trace
 from tenants.api.mixins import TenantScopedApiView
 
 
 class RunTraceApi(TenantScopedApiView):
     """The timeline of one of the caller's runs, member-visible fields only.
 
-    Shape: :func:`console.trace.run_trace` with ``admin=False`` (no prompts, system prompt,
-    reasoning, provider names, provider error text, user names). Only the run's own user, as
+    Shape: :func:`sessions.trace_selectors.run_trace` with ``admin=False`` (no prompts, system
+    prompt, reasoning, provider names, provider error text, user names). Only the run's own user, as
     long as the chat is not deleted (:func:`sessions.selectors.run_get_for_user`): anyone
     else's run (an admin's too) or a run of a deleted chat answers 404 "Run not found.";
     admins read the full trace in the console.

@@ -13,7 +13,7 @@ from django.contrib.admin import ModelAdmin
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from console.trace import run_trace
+from sessions.trace_selectors import run_trace
 
 
 def _object_or_404(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> Any:

@@ -1,6 +1,6 @@
 """Sessions, runs and their records: read-only in the console.
 
-A run opens as its trace (``console/trace.py``: turns, model attempts, tool calls, approvals,
+A run opens as its trace (``sessions/trace_selectors.py``: turns, model attempts, tool calls, approvals,
 compactions, reply); a session links to its transcript, and each run of the transcript to
 its trace. Lists are searchable and newest first.
 """
