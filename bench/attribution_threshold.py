@@ -147,12 +147,13 @@ def _norm(text: str) -> str:
 
 
 def _chunks() -> list[tuple[str, str]]:
-    """``[(embedded text, chunk text)]`` of README.md and ARCHITECTURE.md, chunked as a knowledge base does."""
+    """``[(embedded text, chunk text)]`` of README.md, ARCHITECTURE.md and docs/*.md, chunked as a knowledge base does."""
     from knowledge.chunking import chunk_index_text, chunk_sections
     from knowledge.parsing import parse_markdown
 
     out = []
-    for name in ("README.md", "ARCHITECTURE.md"):
+    names = ("README.md", "ARCHITECTURE.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
+    for name in names:  # the demo knowledge base's files (seed_demo.DOCS_FILES)
         parsed = parse_markdown((ROOT / name).read_bytes())
         for draft in chunk_sections(parsed.sections, size=500, overlap=50):
             out.append((chunk_index_text(draft.heading, draft.text), draft.text))

@@ -59,6 +59,9 @@ from knowledge.retrieval import search  # noqa: E402
 from tenants.scoping import tenant_scope  # noqa: E402
 
 ROOT = knowledge_common.ROOT
+DOCUMENTS = ("README.md", "ARCHITECTURE.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
+"""The demo knowledge base's files (console/management/commands/seed_demo.py, DOCS_FILES): the
+README's former sections are in docs/ now."""
 
 OLD_QUERY_DESCRIPTION = "What to look for, in natural language or keywords."
 """The ``query`` parameter's description before this bench's variants (session of issue 26)."""
@@ -288,7 +291,7 @@ def main() -> int:
     print(f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}; model {args.model}")
     pool = knowledge_quality.ADDED_QUESTIONS if args.held_out else knowledge_quality.QUESTIONS
     questions = pool[: args.questions]
-    docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "ARCHITECTURE.md")}
+    docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in DOCUMENTS}
     knowledge.tasks.document_ingest_enqueue = lambda **kwargs: None
     chat = None
     url = args.chat_url

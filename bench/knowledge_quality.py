@@ -48,6 +48,9 @@ from knowledge.retrieval import search  # noqa: E402
 from tenants.scoping import tenant_scope  # noqa: E402
 
 ROOT = knowledge_common.ROOT
+DOCUMENTS = ("README.md", "ARCHITECTURE.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
+"""The demo knowledge base's files (console/management/commands/seed_demo.py, DOCS_FILES): the
+README's former sections are in docs/ now."""
 
 QUESTIONS: list[tuple[str, list[str]]] = [
     # ARCHITECTURE.md
@@ -165,7 +168,7 @@ def main() -> int:
     args = parser.parse_args()
     if bool(args.rerank_url) != bool(args.rerank_model):
         parser.error("--rerank-url and --rerank-model go together")
-    docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "ARCHITECTURE.md")}
+    docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in DOCUMENTS}
     corpus = _norm(" ".join(docs.values()))
     questions = []
     for number, (question, excerpts) in enumerate(QUESTIONS + ADDED_QUESTIONS):
