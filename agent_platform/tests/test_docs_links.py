@@ -65,3 +65,20 @@ def test_the_check_sees_a_broken_file_and_a_broken_anchor(tmp_path: Path) -> Non
     page.write_text("[ok](other.md#a-section-here) [gone](missing.md) [bad](other.md#nope) "
                     "[self](#title-here)\n\n# Title here\n\n`[code](nowhere.md)`\n")
     assert broken_links(page) == ["missing.md: no such file", "other.md#nope: no heading with that anchor in other.md"]
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    """README.md is the front page (issue 35: at most 250 lines, the rest in docs/), and keeps
+    the Quick start's `make run`, which the demo's Docs assistant is asked about."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    assert "## Quick start" in readme and "make run" in readme.split("## Quick start", 1)[1]
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_every_guide_opens_with_a_table_of_contents(page: Path) -> None:
+    """Each docs/ page lists its sections near its top, and every entry names a heading of the page."""
+    head = page.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    assert "**Contents**" in head
+    entries = re.findall(r"^\s*- \[[^\]]+\]\(#([^)]+)\)", head, flags=re.M)
+    assert entries and set(entries) <= anchors(page)
