@@ -7,8 +7,11 @@
   module of another top-level package or of a third-party library, uses ``module._x`` of a
   module imported from elsewhere, or reads/writes ``obj._x`` where ``_x`` is no attribute the
   project itself defines (then it belongs to a library's object: redis-py's
-  ``connection._reader``, httpx's ``transport._pool``, ...). :data:`ALLOWED` lists the
-  reviewed exceptions, each with its reason.
+  ``connection._reader``, httpx's ``transport._pool``, ...). The same holds for a private
+  name given as a string to ``getattr``/``hasattr``/``setattr``/``delattr`` (``getattr(client,
+  "_session", None)``): the name must be one that the module's own package defines (a string
+  alone defines nothing, except in ``__slots__`` or as ``setattr``'s name). :data:`ALLOWED`
+  lists the reviewed exceptions, each with its reason.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agent_platform", "tenants", "llm", "documents", "capabilities", "agents", "browser", "sessions",
-            "console", "frontend")
+            "console", "frontend", "knowledge", "memory")
 """The project's top-level packages (import-linter's ``root_packages``)."""
 
 ALLOWED: dict[str, str] = {
@@ -50,29 +53,60 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _defined_private_names(trees: dict[Path, ast.Module]) -> set[str]:
-    """Every ``_x`` the project defines: functions, classes, assignments, attributes, strings."""
-    names: set[str] = set()
-    for tree in trees.values():
+_ATTRIBUTE_FUNCTIONS = frozenset({"getattr", "hasattr", "setattr", "delattr"})
+"""Built-ins that take an attribute's name as a string (their second argument)."""
+
+
+def _named_attribute(node: ast.AST) -> tuple[str, ast.expr, str] | None:
+    """``(function, object, name)`` of a call ``getattr(obj, "name", ...)`` (or ``hasattr``,
+    ``setattr``, ``delattr``) whose name is a string literal, else None."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ATTRIBUTE_FUNCTIONS
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        return node.func.id, node.args[0], node.args[1].value
+    return None
+
+
+def _defined_name(node: ast.AST) -> str | None:
+    """The name that ``node`` defines, if any: a function, a class, an assignment, an
+    attribute written, a ``__slots__`` entry or ``setattr``'s name (other strings define nothing)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+        return node.attr
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        return node.id
+    named = _named_attribute(node)
+    if named is not None and named[0] == "setattr":
+        return named[2]
+    return None
+
+
+def _slots(node: ast.AST) -> list[str]:
+    """The string entries of a ``__slots__ = (...)`` assignment (empty for any other node)."""
+    if not (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets)):
+        return []
+    return [e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def _defined_private_names(trees: dict[Path, ast.Module]) -> dict[str, set[str]]:
+    """Every ``_x`` the project defines, by top-level package: functions, classes,
+    assignments, attributes written, ``__slots__`` entries, ``setattr`` names."""
+    names: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        package = names.setdefault(path.relative_to(ROOT).parts[0], set())
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = node.name
-            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-                name = node.attr
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                name = node.id
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
-                name = node.value  # __slots__ entries, getattr(obj, "_x") of our own objects
-            else:
-                continue
-            if _private(name):
-                names.add(name)
+            package.update(name for name in [_defined_name(node), *_slots(node)] if name and _private(name))
     return names
 
 
-def _offences(path: Path, tree: ast.Module, defined: set[str]) -> list[tuple[str, str]]:
-    """``(where, key)`` of every private access in ``tree`` (``key`` is matched against ALLOWED)."""
+def _offences(path: Path, tree: ast.Module, defined_by: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """``(where, key)`` of every private access in ``tree`` (``key`` is matched against ALLOWED).
+
+    ``defined_by``: :func:`_defined_private_names` (an attribute ``obj._x`` is fine if any
+    package of the project defines ``_x``; a ``getattr(obj, "_x")`` only if the module's own
+    package does)."""
     own = path.relative_to(ROOT).parts[0]
+    defined = set().union(*defined_by.values())
     where = str(path.relative_to(ROOT))
     found: list[tuple[str, str]] = []
     imported_from: dict[str, str] = {}  # local name -> top-level package it came from
@@ -103,6 +137,17 @@ def _offences(path: Path, tree: ast.Module, defined: set[str]) -> list[tuple[str
             found.append((f"{where}:{node.lineno}", f"{value.id}.{node.attr}"))
         elif node.attr not in defined:
             found.append((f"{where}:{node.lineno}", f".{node.attr}"))
+    for node in ast.walk(tree):
+        named = _named_attribute(node)
+        if named is None or not _private(named[2]):
+            continue
+        function, value, name = named
+        if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+            continue
+        if isinstance(value, ast.Name) and imported_from.get(value.id, own) != own:
+            found.append((f"{where}:{node.lineno}", f"{function}({value.id}, {name!r})"))
+        elif name not in defined_by.get(own, set()):
+            found.append((f"{where}:{node.lineno}", f"{function}(., {name!r})"))
     return found
 
 
@@ -229,3 +274,32 @@ def test_the_private_name_check_sees_each_kind_of_offence(source: str, expected:
     tree = ast.parse(source)
     keys = [key for _, key in _offences(path, tree, _defined_private_names({path: tree}))]
     assert keys == expected
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    # The pool once read the mcp SDK's state this way (issue 35).
+    ("def f(client):\n    s = getattr(client, '_session', None)\n    return getattr(s, '_dispatcher', None)\n",
+     ["getattr(., '_session')", "getattr(., '_dispatcher')"]),
+    ("def f(conn):\n    return hasattr(conn, '_reader')\n", ["hasattr(., '_reader')"]),
+    ("import redis\ndef f():\n    return getattr(redis, '_compat')\n", ["getattr(redis, '_compat')"]),
+    ("def f(conn):\n    setattr(conn, '_x', 1)\n    delattr(conn, '_x')\n", []),  # its own attribute
+    ("def f(request):\n    request._seen = 1\n    return getattr(request, '_seen', None)\n", []),
+    ("class T:\n    def f(self):\n        return getattr(self, '_anything', None)\n", []),
+    ("def f(obj):\n    return getattr(obj, 'public', None), getattr(obj, '__dict__')\n", []),
+    ("def f(obj):\n    return getattr(obj, '_x', None), getattr(obj, '_x', None)\n",  # a read defines nothing
+     ["getattr(., '_x')", "getattr(., '_x')"]),
+])
+def test_the_private_name_check_sees_a_private_name_given_as_a_string(source: str, expected: list[str]) -> None:
+    path = ROOT / "sessions" / "example.py"
+    tree = ast.parse(source)
+    keys = [key for _, key in _offences(path, tree, _defined_private_names({path: tree}))]
+    assert keys == expected
+
+
+def test_a_private_name_another_package_defines_is_not_the_getattr_callers() -> None:
+    """``getattr(obj, "_x")`` in ``sessions`` when only ``capabilities`` defines ``_x``: flagged."""
+    owner, reader = ROOT / "capabilities" / "a.py", ROOT / "sessions" / "b.py"
+    trees = {owner: ast.parse("class A:\n    def __init__(self):\n        self._x = 1\n"),
+             reader: ast.parse("def f(a):\n    return getattr(a, '_x'), a._x\n")}
+    keys = [key for _, key in _offences(reader, trees[reader], _defined_private_names(trees))]
+    assert keys == ["getattr(., '_x')"]

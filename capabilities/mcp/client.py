@@ -51,6 +51,7 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
 from capabilities.confinement import SandboxProfile, confined_argv, confined_env
+from capabilities.mcp.transport_end import TransportEnd, watched
 from capabilities.tools import ToolError, ToolResult
 
 logger = logging.getLogger(__name__)
@@ -586,6 +587,7 @@ def make_client(
     *,
     message_handler: Callable[[Any], Awaitable[None]] | None = None,
     http_log: HttpStatusLog | None = None,
+    transport_end: TransportEnd | None = None,
 ) -> tuple[Client, _StderrTail | None]:
     """Build the (unentered) SDK client for ``config``; HTTP clients and pipes go on ``stack``.
 
@@ -598,6 +600,9 @@ def make_client(
             ``ToolListChangedNotification`` on handshake-era connections) and transport
             exceptions.
         http_log: sse / streamable_http: records the HTTP error statuses of this connection.
+        transport_end: Marked when the connection's transport ends (a stdio server exits, a
+            connection drops), also while no call is in flight
+            (:mod:`capabilities.mcp.transport_end`).
 
     Remote servers (sse / streamable_http) are reached through the outbound address rules
     (``capabilities.netsafe``): a URL that resolves to loopback, a private or link-local
@@ -639,6 +644,8 @@ def make_client(
         )
         stack.push_async_callback(http_client.aclose)
         transport = streamable_http_client(config.url, http_client=http_client)
+    if transport_end is not None:
+        transport = watched(transport, transport_end)
     # cache=None: every list_tools reaches the server (we keep our own catalogue).
     client = Client(
         transport, cache=None, client_info=_CLIENT_INFO, message_handler=message_handler, mode=config.protocol_mode

@@ -63,6 +63,7 @@ from capabilities.mcp.client import (
     list_all_tools,
     make_client,
 )
+from capabilities.mcp.transport_end import TransportEnd
 from capabilities.tools import ToolError
 
 logger = logging.getLogger(__name__)
@@ -235,6 +236,7 @@ class PooledSession:
         self._owned_jobs: set[_Job] = set()
         self._ready: asyncio.Future[None] | None = None
         self._client: Client | None = None
+        self._transport_end = TransportEnd()
         self._accepting = False
         self._connect_timed_out = False
         self._closed = False
@@ -264,6 +266,12 @@ class PooledSession:
             return "connecting"
         return "idle"
 
+    @property
+    def transport_ended(self) -> bool:
+        """True when the current connection's transport has ended (the server exited, the
+        connection dropped), also with no call in flight; the next use reconnects."""
+        return self._transport_end.ended
+
     def lease(self) -> Callable[[], None]:
         """Keep the session from idle eviction until the returned release function is called.
 
@@ -288,10 +296,9 @@ class PooledSession:
     def _alive(self) -> bool:
         if not self._accepting or self._owner is None or self._owner.done():
             return False
-        # The SDK marks its dispatcher closed when the transport hit EOF (stdio server exited);
-        # noticing it here lets a new call reconnect instead of failing on a dead pipe.
-        dispatcher = getattr(getattr(self._client, "_session", None), "_dispatcher", None)
-        if getattr(dispatcher, "_closed", False):
+        # The transport ended (stdio server exited, connection dropped) while no call was in
+        # flight: noticing it here lets a new call reconnect instead of failing on a dead pipe.
+        if self._transport_end.ended:
             self._retire("the transport closed")
             return False
         return True
@@ -323,11 +330,13 @@ class PooledSession:
         jobs: asyncio.Queue[_Job | None] = asyncio.Queue()
         self._ready, self._jobs = ready, jobs
         self._owned_jobs = owned = set()
+        self._transport_end = transport_end = TransportEnd()
         self._connect_timed_out = False
         self.http_log = HttpStatusLog()
         # A fresh context: the owner outlives the run that happened to connect it.
         owner = loop.create_task(
-            self._own(ready, jobs, owned), name=f"mcp-pool:{self.config.alias}", context=contextvars.Context()
+            self._own(ready, jobs, owned, transport_end), name=f"mcp-pool:{self.config.alias}",
+            context=contextvars.Context(),
         )
         self._owner = owner
         timer = loop.call_later(self.config.connect_timeout_seconds, self._on_connect_timeout, ready, owner)
@@ -349,14 +358,16 @@ class PooledSession:
         else:
             self.breaker.record_failure()
 
-    async def _own(self, ready: asyncio.Future[None], jobs: asyncio.Queue[_Job | None], owned: set[_Job]) -> None:
+    async def _own(self, ready: asyncio.Future[None], jobs: asyncio.Queue[_Job | None], owned: set[_Job],
+                   transport_end: TransportEnd) -> None:
         """Owner task: open the client, run jobs in its task group until told to stop, close it."""
         cfg = self.config
         stderr = None
         failure: BaseException | None = None
         try:
             async with AsyncExitStack() as stack:
-                client, stderr = make_client(cfg, stack, message_handler=self._on_message, http_log=self.http_log)
+                client, stderr = make_client(cfg, stack, message_handler=self._on_message, http_log=self.http_log,
+                                             transport_end=transport_end)
                 client = await stack.enter_async_context(client)
                 if stderr is not None:
                     stderr.close_writer()  # the child holds its own copy now

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import os
 import random
+import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -291,6 +293,25 @@ async def test_stdio_server_crash_fails_the_call_then_respawns(pool: McpPool, ta
     assert "'stdiotest'" in info.value.message and info.value.code == "mcp_error"
     await session.call_tool_raw("pid", {}, timeout_seconds=10)
     assert server_pids(tag) - {first_pid} and session.connects == 2
+
+
+@needs_sandbox
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_stdio_server_that_exited_between_calls_is_respawned_by_the_next_call(
+    pool: McpPool, tag: str, mode: str,
+) -> None:
+    """The server ends while no call is in flight (nothing fails then): the next call notices
+    that the transport ended and reconnects, instead of failing on the dead pipe (issue 35:
+    the pool tracks the end of the transport itself, not through the SDK's internals). On a
+    handshake-era (legacy) connection no tool-change subscription is there to notice it first."""
+    session = pool.session(tenant_id=1, server_id=1, config=stdio_test_server(tag, protocol_mode=mode))
+    await session.call_tool_raw("pid", {}, timeout_seconds=10)
+    first_pid = server_process(tag).pid
+    os.kill(first_pid, signal.SIGKILL)
+    await until(lambda: session.transport_ended)  # the pipe's end is seen, no call in flight
+    result = await session.call_tool_raw("pid", {}, timeout_seconds=10)
+    assert not result.is_error and session.connects == 2
+    assert server_pids(tag) - {first_pid}
 
 
 # --- reuse, eviction, edits ------------------------------------------------------------------------
