@@ -93,6 +93,8 @@ if not _TEST_SETTINGS:
         raise ImproperlyConfigured(f"{_problem}: {_KEYS_HELP}")
 
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+# Comma-separated origins (https://<host>) whose POSTs pass the CSRF check: needed behind a
+# TLS-terminating proxy that does not pass the scheme on.
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
@@ -109,8 +111,8 @@ try:
     SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
 except ValueError:
     raise ImproperlyConfigured("SECURE_HSTS_SECONDS must be an integer number of seconds") from None
-SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
-SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)  # HSTS for every subdomain too
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD", False)  # HSTS "preload" (browsers' built-in lists)
 # Opt-in, only behind a proxy that sets this header itself (else a client could claim HTTPS):
 # "HTTP_X_FORWARDED_PROTO,https". (uvicorn's --proxy-headers --forwarded-allow-ips does the same
 # at the server.)
@@ -119,7 +121,7 @@ if _proxy_ssl_header and (len(_proxy_ssl_header) != 2 or not _proxy_ssl_header[0
     raise ImproperlyConfigured('SECURE_PROXY_SSL_HEADER must look like "HTTP_X_FORWARDED_PROTO,https"')
 SECURE_PROXY_SSL_HEADER = tuple(_proxy_ssl_header) if _proxy_ssl_header else None
 SECURE_CONTENT_TYPE_NOSNIFF = True  # X-Content-Type-Options: nosniff
-SECURE_REFERRER_POLICY = os.environ.get("SECURE_REFERRER_POLICY", "same-origin")
+SECURE_REFERRER_POLICY = os.environ.get("SECURE_REFERRER_POLICY", "same-origin")  # the Referrer-Policy header
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 # Content-Security-Policy on every response (agent_platform/security_headers.py). The chat app
@@ -530,6 +532,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # LOG_LEVEL: the root logger's level (DEBUG, INFO, WARNING, ERROR).
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"httpx": {"level": "WARNING"}, "httpx2": {"level": "WARNING"}, "mcp": {"level": "WARNING"},
                 "axes": {"level": "WARNING"}},  # every login's INFO lines; failures and lockouts are audit events
@@ -593,6 +596,7 @@ BROWSER_PAIRING_RATE_LIMIT = 20  # new pairings per client IP per minute (a floo
 BROWSER_PAIRING_POLL_RATE_LIMIT = 600  # token polls per pairing (per its poll secret) per 10 minutes (the extension polls every 2 s)
 BROWSER_PAIRING_POLL_FAILURE_LIMIT = 60  # failed polls (unknown pairing, wrong secret) per client IP per 10 minutes
 BROWSER_PAIRING_APPROVE_RATE_LIMIT = 20  # wrong codes per user per 10 minutes
+# The Chromium the server browser starts (Playwright with this executable; never a downloaded one).
 BROWSER_CHROMIUM_PATH = os.environ.get("BROWSER_CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 # The host uid/gid the server browser's Chromium runs as when the worker is root: not
 # SANDBOX_UID, so that Chromium's many processes and threads do not count against the process

@@ -16,9 +16,10 @@ gives every environment variable it reads, with
   else is shown as code, marked "computed");
 - the Django setting it feeds: the name assigned by the top-level statement holding the call;
 - the description: the comment block above that statement (or above the group of statements
-  it belongs to, with no blank line between), the comment lines right above the call and at
+  it belongs to, see :func:`_group_comment`), the comment lines right above the call and at
   the end of its line, a docstring right after the statement, and the variable's entry in the
-  module docstring's "Environment variables" list.
+  module docstring's "Environment variables" list; with none of these, a comment elsewhere in
+  settings.py that names the variable.
 
 Names the module docstring lists that the code reads through another module (``DATABASE_URL``,
 read by agent_platform/local_secrets.py) are listed from the docstring alone.
@@ -142,15 +143,38 @@ def _comment_block_above(lines: list[str], index: int) -> list[str]:
     return list(reversed(block))
 
 
-def _group_comment(lines: list[str], index: int) -> list[str]:
-    """The comment block above the group of code lines (no blank line between) that holds line
-    ``index``: the statement's own comment, or the one its group shares."""
-    i = index
-    while i > 0 and lines[i - 1].strip() and not lines[i - 1].lstrip().startswith("#"):
-        i -= 1
-    block = _comment_block_above(lines, i)
-    # a "# --- Section (…) ---" rule names the section, it does not describe the variable
-    return [line for line in block if not line.startswith("---")]
+def _group_comment(lines: list[str], index: int, grouped: set[int], name: str) -> list[str]:
+    """The comment that describes the statement at line ``index`` (0-based), which reads ``name``.
+
+    The comment block right above the group of statements holding it, a group being
+    statements with no blank line between that read the environment, check a value
+    (``if …: raise``) or set a private helper (``grouped``: their 0-based lines). Failing
+    that, the block above the nearest run of code lines, if it names ``name``: a comment
+    above unrelated constants is not borrowed."""
+    for strict in (True, False):
+        i = index
+        while i > 0 and lines[i - 1].strip() and not lines[i - 1].lstrip().startswith("#"):
+            if strict and i - 1 not in grouped:
+                break
+            i -= 1
+        else:
+            # a "# --- Section (…) ---" rule names the section, it does not describe the variable
+            block = [line for line in _comment_block_above(lines, i) if not line.startswith("---")]
+            if block and (strict or re.search(rf"\b{name}\b", " ".join(block))):
+                return block
+    return []
+
+
+def _all_comment_blocks(lines: list[str]) -> list[str]:
+    """Every block of whole-line comments in ``lines``, each joined into one line."""
+    blocks, current = [], []
+    for line in [*lines, ""]:
+        if line.lstrip().startswith("#"):
+            current.append(line.strip().lstrip("#").strip())
+        elif current:
+            blocks.append(" ".join(c for c in current if not c.startswith("---")))
+            current = []
+    return [b for b in blocks if b]
 
 
 def _trailing_comment(line: str) -> str:
@@ -172,15 +196,37 @@ def _docstring_entries(tree: ast.Module) -> dict[str, str]:
     entries: dict[str, str] = {}
     current = None
     for raw in (ast.get_docstring(tree, clean=False) or "").splitlines():
-        match = re.match(r"^ {4}([A-Z][A-Z0-9_]*)\s{2,}(\S.*)$", raw)
-        if match and ENV_NAME.match(match.group(1)):
+        match = re.match(r"^ {4}([A-Z][A-Z0-9_]*)(\s+)(\S.*)$", raw)
+        if match and ("_" in match.group(1) or len(match.group(2)) > 1):  # not "TLS deployment: …"
             current = match.group(1)
-            entries[current] = match.group(2).strip()
+            entries[current] = match.group(3).strip()
         elif current and raw.startswith(" " * 5) and raw.strip():
             entries[current] += " " + raw.strip()
         else:
             current = None
     return entries
+
+
+def _reads_environment(statement: ast.stmt, helpers: dict[str, _Helper]) -> bool:
+    """Whether ``statement`` reads an environment variable (directly or through a helper)."""
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Call) and (_env_read(node) or (isinstance(node.func, ast.Name)
+                                                               and node.func.id in helpers)):
+            return True
+        if isinstance(node, ast.Subscript) and _is_os_environ(node.value):
+            return True
+    return False
+
+
+def _sets_private(statement: ast.stmt) -> bool:
+    """``_x = …``: a helper value of settings.py (no setting of its own)."""
+    return isinstance(statement, ast.Assign) and all(
+        isinstance(t, ast.Name) and t.id.startswith("_") for t in statement.targets)
+
+
+def _is_check(statement: ast.stmt) -> bool:
+    """``if <condition>: raise …``: a check of a value read just before."""
+    return isinstance(statement, ast.If) and all(isinstance(s, ast.Raise) for s in statement.body) and not statement.orelse
 
 
 def collect(source: str) -> list[Variable]:
@@ -191,6 +237,9 @@ def collect(source: str) -> list[Variable]:
     helper_lines = {n for fn in tree.body if isinstance(fn, ast.FunctionDef) and fn.name in helpers
                     for n in range(fn.lineno, (fn.end_lineno or fn.lineno) + 1)}
     documented = _docstring_entries(tree)
+    grouped = {n - 1 for statement in tree.body
+               if _reads_environment(statement, helpers) or _is_check(statement) or _sets_private(statement)
+               for n in range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)}
     found: dict[str, Variable] = {}
     for index, statement in enumerate(tree.body):
         if isinstance(statement, ast.FunctionDef) and statement.name in helpers:
@@ -224,8 +273,12 @@ def collect(source: str) -> list[Variable]:
             name = name_node.value
             call_index = node.lineno - 1
             notes = []
-            if call_index != statement.lineno - 1:  # inside a multi-line statement: its own comment lines
-                notes += _comment_block_above(lines, call_index)
+            if call_index != statement.lineno - 1:  # inside a multi-line statement: the nearest comment
+                above = call_index  # lines above the call, within the statement
+                while above > statement.lineno and lines[above - 1].strip() and not lines[above - 1].lstrip().startswith("#"):
+                    above -= 1
+                if above > statement.lineno:
+                    notes += _comment_block_above(lines, above)
             if _trailing_comment(lines[call_index]):
                 notes.append(_trailing_comment(lines[call_index]))
             if docstring:
@@ -235,8 +288,12 @@ def collect(source: str) -> list[Variable]:
             if name not in found:
                 found[name] = Variable(
                     name=name, default=_render_default(default_node, source),
-                    setting=", ".join(_assigned(node, parents)), group=" ".join(_group_comment(lines, statement.lineno - 1)),
+                    setting=", ".join(_assigned(node, parents)), group=" ".join(_group_comment(lines, statement.lineno - 1, grouped, name)),
                     notes=notes, line=node.lineno)
+    blocks = _all_comment_blocks(lines)
+    for variable in found.values():  # nothing above it: a comment elsewhere that names it
+        if not variable.group and not variable.notes:
+            variable.group = next((b for b in blocks if re.search(rf"\b{variable.name}\b", b)), "")
     for name, text in documented.items():  # read through another module (local_secrets)
         if name not in found:
             found[name] = Variable(name=name, default="see the description", setting="", group="",
