@@ -1,0 +1,224 @@
+"""The session event reader (sessions/event_reader.py), without a transport: what the
+WebSocket consumer and the SSE view both send comes from here, so each behaviour is checked
+once against real Redis (the stream, the web process's live subscription): replay after
+``after_seq``, live frames in order, a duplicate dropped, a gap filled from the stream, a
+restored subscription and a lost last frame caught up, pings that renew the slot, and the
+ends (a revoked token, a failed re-check, the process stopping). The transports' own tests
+(test_events_ws.py, test_events_sse.py, test_stream_guards.py) check the encoding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+
+from agent_platform import shutdown
+from agent_platform.redis_clients import async_redis
+from agent_platform.revocations import token_revoked_publish
+from sessions import event_reader, stream_guard
+from sessions.event_reader import Closed, Event, Ping, SessionEventReader
+from sessions.events import _PUBLISH_LUA, event_body, event_publish, session_keys
+from sessions.stream_guard import StreamCredential
+
+
+@pytest.fixture
+def slots(monkeypatch) -> list[tuple[str, str]]:
+    """The slot calls the reader makes, as ``(call, slot)``."""
+    calls: list[tuple[str, str]] = []
+
+    async def renew(*, user_id: int, slot: str) -> None:
+        calls.append(("renew", slot))
+
+    async def release(*, user_id: int, slot: str) -> None:
+        calls.append(("release", slot))
+
+    monkeypatch.setattr(stream_guard, "stream_slot_renew", renew)
+    monkeypatch.setattr(stream_guard, "stream_slot_release", release)
+    return calls
+
+
+def _session_id() -> int:
+    return 10**9 + uuid.uuid4().int % 10**9  # events only: no database row needed
+
+
+def _reader(session_id: int, *, after_seq: int = 0, token_id: int | None = None) -> SessionEventReader:
+    credential = StreamCredential(user_id=1, membership_id=1, token_id=token_id)
+    return SessionEventReader(session_id=session_id, after_seq=after_seq, credential=credential, slot="slot-1")
+
+
+async def _publish(session_id: int, text: str) -> dict:
+    return await event_publish(session_id=session_id, run_id=None, type="content_token", data={"text": text})
+
+
+async def _publish_unseen(session_id: int, text: str) -> int:
+    """Stored in the stream but published on a channel nobody listens to: a dropped frame."""
+    payload = json.dumps(event_body(session_id=session_id, run_id=None, type="content_token", data={"text": text}))
+    keys = session_keys(session_id)
+    return int(await async_redis().eval(_PUBLISH_LUA, 3, *keys, f"{keys[0]}:nobody", payload, 2000, 3600))
+
+
+async def _next(items, timeout: float = 5.0):
+    return await asyncio.wait_for(anext(items), timeout)
+
+
+def _texts(events: list) -> list[str]:
+    return [json.loads(e.text)["data"]["text"] for e in events]
+
+
+async def test_it_replays_after_after_seq_then_yields_live_frames_in_order_without_duplicates(slots) -> None:
+    session_id = _session_id()
+    old = [await _publish(session_id, t) for t in ("a", "b")]
+    reader = _reader(session_id, after_seq=old[0]["seq"])
+    await reader.open()
+    items = aiter(reader)
+    try:
+        replayed = await _next(items)
+        assert isinstance(replayed, Event) and replayed.seq == old[1]["seq"]
+        assert json.loads(replayed.text) == old[1] and replayed.type == "content_token"
+        live = await _publish(session_id, "c")
+        reader._on_live({"seq": old[1]["seq"], "body": "{}"})  # a late duplicate: dropped
+        got = await _next(items)
+        assert (got.seq, json.loads(got.text)) == (live["seq"], live)
+        assert got.text == json.dumps(live), "the frame's JSON, as json.dumps gives it (one line)"
+    finally:
+        await reader.close()
+    assert slots == [("release", "slot-1")]
+    await reader.close()
+    assert slots == [("release", "slot-1")], "close is idempotent"
+
+
+async def test_a_gap_before_a_live_frame_is_filled_from_the_stream_in_order(slots) -> None:
+    session_id = _session_id()
+    reader = _reader(session_id)
+    await reader.open()
+    items = aiter(reader)
+    try:
+        first = await _publish(session_id, "a")
+        assert (await _next(items)).seq == first["seq"]
+        missed = [await _publish_unseen(session_id, t) for t in ("b", "c")]
+        last = await _publish(session_id, "d")
+        got = [await _next(items) for _ in range(3)]
+        assert [e.seq for e in got] == [*missed, last["seq"]] and _texts(got) == ["b", "c", "d"]
+    finally:
+        await reader.close()
+
+
+async def test_a_restored_subscription_makes_it_read_the_stream_at_once(slots, monkeypatch) -> None:
+    monkeypatch.setattr(event_reader, "CATCH_UP_SECONDS", 3600.0)
+    session_id = _session_id()
+    reader = _reader(session_id)
+    await reader.open()
+    items = aiter(reader)
+    try:
+        first = await _publish(session_id, "a")
+        assert (await _next(items)).seq == first["seq"]  # replayed and live from here on
+        seq = await _publish_unseen(session_id, "lost")
+        pending = asyncio.ensure_future(_next(items))
+        await asyncio.sleep(0.2)
+        assert not pending.done(), "nothing live came, and the catch-up is an hour away"
+        reader._on_live(None)  # what sessions.live tells a listener after a resubscription
+        got = await pending
+        assert (got.seq, _texts([got])) == (seq, ["lost"])
+    finally:
+        await reader.close()
+
+
+async def test_a_lost_last_frame_is_caught_up_within_catch_up_seconds(slots, monkeypatch) -> None:
+    monkeypatch.setattr(event_reader, "CATCH_UP_SECONDS", 0.2)
+    session_id = _session_id()
+    reader = _reader(session_id)
+    await reader.open()
+    items = aiter(reader)
+    try:
+        first = await _publish(session_id, "a")
+        assert (await _next(items)).seq == first["seq"]  # replayed and live from here on
+        seq = await _publish_unseen(session_id, "last")
+        got = await _next(items, timeout=3)
+        assert (got.seq, _texts([got])) == (seq, ["last"])
+    finally:
+        await reader.close()
+
+
+async def test_an_idle_reader_pings_after_renewing_its_slot(slots, monkeypatch) -> None:
+    monkeypatch.setattr(event_reader, "PING_SECONDS", 0.1)
+    reader = _reader(_session_id())
+    await reader.open()
+    items = aiter(reader)
+    try:
+        assert isinstance(await _next(items), Ping)
+        assert slots == [("renew", "slot-1")]
+        assert isinstance(await _next(items), Ping)
+    finally:
+        await reader.close()
+
+
+async def test_revoking_its_token_ends_it_at_once_another_token_does_not(slots, monkeypatch) -> None:
+    monkeypatch.setattr(stream_guard, "AUTH_RECHECK_SECONDS", 3600.0)
+    session_id = _session_id()
+    reader = _reader(session_id, token_id=424242)
+    await reader.open()
+    items = aiter(reader)
+    try:
+        await asyncio.to_thread(token_revoked_publish, token_id=424243)
+        after = await _publish(session_id, "still open")
+        assert (await _next(items)).seq == after["seq"]
+        await asyncio.to_thread(token_revoked_publish, token_id=424242)
+        ended = await _next(items, timeout=3)
+        assert isinstance(ended, Closed) and ended.reason == "unauthenticated"
+        with pytest.raises(StopAsyncIteration):
+            await _next(items)
+    finally:
+        await reader.close()
+
+
+async def test_a_failed_recheck_ends_it(slots, monkeypatch) -> None:
+    checked: list[StreamCredential] = []
+
+    async def invalid(credential: StreamCredential) -> bool:
+        checked.append(credential)
+        return False
+
+    monkeypatch.setattr(stream_guard, "AUTH_RECHECK_SECONDS", 0.2)
+    monkeypatch.setattr(stream_guard, "credential_valid", invalid)
+    reader = _reader(_session_id())
+    await reader.open()
+    items = aiter(reader)
+    try:
+        ended = await _next(items, timeout=3)
+        assert isinstance(ended, Closed) and ended.reason == "unauthenticated"
+        assert checked == [reader.credential]
+    finally:
+        await reader.close()
+
+
+async def test_the_process_stopping_ends_it(slots) -> None:
+    reader = _reader(_session_id())
+    await reader.open()
+    items = aiter(reader)
+    try:
+        pending = asyncio.ensure_future(_next(items))
+        await asyncio.sleep(0.1)
+        assert not pending.done()
+        shutdown.shutdown_begin("test")
+        ended = await pending
+        assert isinstance(ended, Closed) and ended.reason == "server_stopping"
+    finally:
+        shutdown._reset_for_tests()
+        await reader.close()
+
+
+async def test_a_failed_read_of_the_stream_propagates(slots, monkeypatch) -> None:
+    async def failing(**kwargs):
+        raise ConnectionError("Redis is gone")
+
+    reader = _reader(_session_id())
+    await reader.open()
+    items = aiter(reader)
+    try:
+        monkeypatch.setattr(event_reader, "events_since", failing)
+        with pytest.raises(ConnectionError, match="Redis is gone"):
+            await _next(items)  # the replay's read
+    finally:
+        await reader.close()
