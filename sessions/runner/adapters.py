@@ -6,8 +6,8 @@ place: :func:`production_ports`.
   SQL on the run host loop's async pool for what every turn reads, ORM on the runner's
   database threads for the rest). The methods are those functions themselves (no wrapper
   frame per call: the per-turn path costs what it cost before the ports).
-- the publisher: Redis streams (:func:`sessions.events.event_publish`), with the cancel check
-  after each publish;
+- the publisher: :class:`RedisPublisher` (a :class:`~sessions.runner.ports.Publisher`): Redis
+  streams (:func:`sessions.events.event_publish`), with the cancel check after each publish;
 - the model: the fallback router over the run's route entries, with the route-entry health
   shared in Redis;
 - the toolset opener: the capability kinds (:func:`sessions.runner.toolset.toolset_open`) and
@@ -21,6 +21,7 @@ the runner (capabilities' tests, ``bench/storage.py``): :func:`run_spec_load`,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -111,19 +112,29 @@ class DatabaseRunStore:
     subrun_finish = staticmethod(runs.subrun_finish)  # publishes the end event
 
 
-def redis_publisher(session_id: int, run_id: int) -> Publish:
-    """The run's publisher: each event appended to the session's Redis stream; after it, a
-    pending cancel of the run's task is raised (redis-py may swallow one). ``nowait``: queued
-    on the loop's publishing connection without waiting for the reply."""
+class RedisPublisher:
+    """The run's :class:`~sessions.runner.ports.Publisher`: each event appended to the
+    session's Redis stream (:func:`sessions.events.event_publish`); after it, a pending cancel
+    of the run's task is raised (redis-py may swallow one). :meth:`nowait`: queued on the
+    loop's publishing connection without waiting for the reply
+    (:func:`sessions.events.event_publish_nowait`, the streamed text's path: nothing more)."""
 
-    async def publish(event_type: str, data: dict[str, Any]) -> None:
-        await event_publish(session_id=session_id, run_id=run_id, type=event_type, data=data)
+    __slots__ = ("session_id", "run_id", "streamed")
+
+    def __init__(self, session_id: int, run_id: int) -> None:
+        self.session_id, self.run_id = session_id, run_id
+        self.streamed: list[str] | None = None
+
+    async def __call__(self, event_type: str, data: dict[str, Any]) -> None:
+        await event_publish(session_id=self.session_id, run_id=self.run_id, type=event_type, data=data)
         raise_if_cancelling()  # redis-py may swallow a cancel of the run's loop task
 
-    publish.nowait = lambda event_type, data: event_publish_nowait(  # type: ignore[attr-defined]
-        session_id=session_id, run_id=run_id, type=event_type, data=data
-    )
-    return publish
+    def nowait(self, event_type: str, data: dict[str, Any]) -> asyncio.Future[Any]:
+        return event_publish_nowait(session_id=self.session_id, run_id=self.run_id, type=event_type, data=data)
+
+
+redis_publisher = RedisPublisher
+"""The production :data:`~sessions.runner.ports.PublisherFactory`: ``redis_publisher(session_id, run_id)``."""
 
 
 def entry_health() -> RedisEntryHealth:

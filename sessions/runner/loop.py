@@ -26,7 +26,7 @@ from llm.records import AttemptRecord
 from sessions import runs
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner.adapters import production_ports
-from sessions.runner.ports import Publish, RunPorts, RunStore, run_ports_entered
+from sessions.runner.ports import Publish, Publisher, RunPorts, RunStore, run_ports_entered
 from sessions.runner.run_context import run_attributions
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
@@ -87,7 +87,7 @@ async def execute_run(run_id: int, *, tenant_id: int | None = None, ports: RunPo
             return
         publish = ports.publisher(spec.session_id, run_id)
         # The text streamed in the current model turn (stream_model_turn keeps it): a stopped run keeps it as its reply.
-        publish.streamed = []  # type: ignore[attr-defined]
+        publish.streamed = []
         heartbeat = asyncio.create_task(_heartbeat(store, run_id, spec.attempt, asyncio.current_task()),
                                         name=f"run-{run_id}-heartbeat")
         try:
@@ -148,7 +148,7 @@ AWAITING_APPROVAL_OUTCOME = Paused()
 """The run paused: some tool call waits for a human; no worker holds it meanwhile."""
 
 
-async def run_loop_cancellable(spec: RunSpec, publish: Publish, ports: RunPorts, *,
+async def run_loop_cancellable(spec: RunSpec, publish: Publisher, ports: RunPorts, *,
                                toolset: Toolset | None = None) -> RunEnd:
     """:func:`_run_loop`, cancelled as soon as a cancel of the run is requested.
 
@@ -191,7 +191,7 @@ async def run_loop_cancellable(spec: RunSpec, publish: Publish, ports: RunPorts,
                           f"The run took longer than the agent's run timeout of {spec.run_timeout_seconds:g} s.")
         # Stopped mid-answer: the text streamed so far stays as the run's reply (the chat shows it
         # marked stopped, after a reload too).
-        partial = "".join(getattr(publish, "streamed", None) or ())
+        partial = "".join(publish.streamed or ())
         return Cancelled(reply=partial) if partial.strip() else CANCELLED_OUTCOME
     finally:
         for task in (loop_task, watcher):
@@ -202,7 +202,7 @@ async def run_loop_cancellable(spec: RunSpec, publish: Publish, ports: RunPorts,
             logger.warning("run %s: the cancel watcher did not stop", spec.run_id)
 
 
-async def _run_loop(spec: RunSpec, publish: Publish, ports: RunPorts, *, toolset: Toolset | None = None) -> RunEnd:
+async def _run_loop(spec: RunSpec, publish: Publisher, ports: RunPorts, *, toolset: Toolset | None = None) -> RunEnd:
     """The loop of run ``spec``: turn after turn of :mod:`sessions.runner.turn`'s steps
     (prepare → model turn → resolve) until one ends the run; a top-level run's answer then gets
     its kinds' attributions (:func:`sessions.runner.run_context.run_attributions`). ``toolset``: given for a sub-run

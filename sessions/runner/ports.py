@@ -15,6 +15,7 @@ wrapped around the parent's ports' publisher (:func:`sessions.runner.subrun.subr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
@@ -29,10 +30,49 @@ if TYPE_CHECKING:
     from sessions.runner.toolset import Toolset
 
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
-"""``publish(event_type, data)``: one event on the run's session stream. The loop sets a
-``streamed`` list attribute on it (the current model turn's text, kept for a stopped run),
-so a publisher returns a fresh function object; an optional ``nowait(event_type, data)``
-attribute queues an event without waiting (:class:`sessions.runner.streaming.StreamedTextBatcher`)."""
+"""``publish(event_type, data)``: one event on the run's session stream (what the run store's
+writes and the router are given: they only call it). The loop's own publisher is a
+:class:`Publisher`."""
+
+
+class Publisher(Protocol):
+    """A run's events (:data:`Publish`, called), with what the loop needs beyond calling it.
+
+    Production: :class:`sessions.runner.adapters.RedisPublisher`; a skill's sub-run wraps its
+    parent's ports' one (:class:`sessions.runner.subrun.SubrunPublisher`); tests use
+    :class:`CallbackPublisher` over a function that records.
+    """
+
+    streamed: list[str] | None
+    """The current model turn's text as it streamed (:func:`sessions.runner.streaming.stream_model_turn`
+    keeps it; a run stopped mid-answer keeps it as its reply), or None: not kept."""
+
+    async def __call__(self, event_type: str, data: dict[str, Any]) -> Any:
+        """Publish one event and wait until it is stored (raises the store's error)."""
+
+    def nowait(self, event_type: str, data: dict[str, Any]) -> Awaitable[Any]:
+        """Queue one event without waiting: it goes out before any event queued or published
+        after this call (:class:`sessions.runner.streaming.StreamedTextBatcher`); the
+        awaitable gives its result or error."""
+
+
+class CallbackPublisher:
+    """A :class:`Publisher` over an async ``publish(event_type, data)`` function (tests' fakes
+    that record). :meth:`nowait` starts the publish as a task: tasks start in the order they
+    are made, so events keep the order of the calls if ``publish`` records (or queues) its
+    event before it first suspends."""
+
+    __slots__ = ("_publish", "streamed")
+
+    def __init__(self, publish: Publish) -> None:
+        self._publish = publish
+        self.streamed: list[str] | None = None
+
+    def __call__(self, event_type: str, data: dict[str, Any]) -> Awaitable[Any]:
+        return self._publish(event_type, data)
+
+    def nowait(self, event_type: str, data: dict[str, Any]) -> Awaitable[Any]:
+        return asyncio.ensure_future(self._publish(event_type, data))
 
 
 class RunStore(Protocol):
@@ -161,8 +201,8 @@ class Model(Protocol):
         """One whole answer (the compaction summarizer)."""
 
 
-PublisherFactory = Callable[[int, int], Publish]
-"""``publisher(session_id, run_id)``: the run's :data:`Publish` function."""
+PublisherFactory = Callable[[int, int], Publisher]
+"""``publisher(session_id, run_id)``: the run's :class:`Publisher` (a new one per call)."""
 
 ModelFactory = Callable[["RunSpec", Any, Publish], Model]
 """``model(spec, record, publish)``: the run's model route; ``record(attempt)`` is awaited with

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm.errors import StreamInterrupted
 from llm.router import Router
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolSpec
+
+if TYPE_CHECKING:
+    from sessions.runner.ports import Publisher
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +35,10 @@ class StreamedTextBatcher:
     has passed since the last publish, on a timer, so a pause in the stream never holds text
     back. :data:`TOKEN_FLUSH_CHARS` buffered publish at once.
 
-    A publish does not wait for the previous one to return. ``publish.nowait`` (if the
-    publish function has it: ``(event_type, data) -> awaitable``, see
-    :func:`sessions.events.event_publish_nowait`) queues the event at once, on one ordered
-    connection, so ``seq`` follows the stream's order and no task is made per event. Else
-    each publish is a task of its own; tasks start in the order they are made, and
-    ``event_publish`` queues its event before it first suspends, so the order holds too.
+    A publish does not wait for the previous one to return: :meth:`Publisher.nowait
+    <sessions.runner.ports.Publisher.nowait>` queues the event at once (production: on one
+    ordered connection, :func:`sessions.events.event_publish_nowait`, so ``seq`` follows the
+    stream's order and no task is made per event).
     Waiting for the previous reply used to hold text back by a whole Redis round trip of a
     busy loop (bench/README.md).
 
@@ -47,14 +48,13 @@ class StreamedTextBatcher:
     them (the turn is cancelled).
     """
 
-    def __init__(self, publish: Any) -> None:
-        self._publish = publish
+    def __init__(self, publish: Publisher) -> None:
         self._loop = asyncio.get_running_loop()
         self._groups: list[tuple[str, list[str]]] = []  # buffered text: (event type, pieces), in order
         self._size = 0
         self._last_publish_at = float("-inf")
         self._timer: asyncio.TimerHandle | None = None
-        self._nowait = getattr(publish, "nowait", None)
+        self._nowait = publish.nowait
         self._inflight: set[asyncio.Future[Any]] = set()
         self._error: BaseException | None = None
 
@@ -83,10 +83,7 @@ class StreamedTextBatcher:
         self._last_publish_at = self._loop.time()
         for event_type, pieces in groups:
             data = {"text": "".join(pieces)}
-            if self._nowait is not None:
-                sent = asyncio.ensure_future(self._nowait(event_type, data))
-            else:
-                sent = asyncio.ensure_future(self._publish(event_type, data))
+            sent = asyncio.ensure_future(self._nowait(event_type, data))
             self._inflight.add(sent)
             sent.add_done_callback(self._sent)
 
@@ -126,7 +123,7 @@ class StreamedTextBatcher:
 
 
 async def stream_model_turn(
-    router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Any, *, compact_first: bool = False,
+    router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Publisher, *, compact_first: bool = False,
     tool_choice: str = "auto",
 ) -> tuple[Completion, str]:
     """Stream one model turn, publishing text and reasoning in batches (:class:`StreamedTextBatcher`).
@@ -140,7 +137,7 @@ async def stream_model_turn(
     completion: Completion | None = None
     reasoning: list[str] = []
     batcher = StreamedTextBatcher(publish)
-    streamed = getattr(publish, "streamed", None)  # this turn's text, for a run stopped mid-answer
+    streamed = publish.streamed  # this turn's text, for a run stopped mid-answer
     if streamed is not None:
         streamed.clear()
     try:

@@ -44,13 +44,14 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner.cancellation import raise_if_cancelling
-from sessions.runner.ports import Publish, RunPorts, RunStore, run_ports_current
+from sessions.runner.ports import Publish, Publisher, RunPorts, RunStore, run_ports_current
 from sessions.runner.spec import RunSpec, SkillBindingSpec
 from sessions.runner.tool_execution import SubRunWaiting
 from sessions.runner.toolset import CapabilityUnavailable, Toolset
@@ -119,9 +120,9 @@ class SkillTool(Tool):
                 code="depth_limit",
             )
         ports = run_ports_current() or _production_ports()  # the parent run's ports
-        publishers: dict[int, tuple[Publish, Publish]] = {}
+        publishers: dict[int, tuple[Publish, Publisher]] = {}
 
-        def publishers_of(run_id: int) -> tuple[Publish, Publish]:
+        def publishers_of(run_id: int) -> tuple[Publish, Publisher]:
             if run_id not in publishers:
                 publishers[run_id] = subrun_publishers(ports.publisher(self.parent.session_id, run_id),
                                                        parent=self.parent, context=context, skill_name=self.skill.name)
@@ -141,7 +142,7 @@ class SkillTool(Tool):
         raise ToolError(f"The skill {self.spec.name!r} did not finish: {outcome.error}", code="sub_run_failed")
 
     async def _run(self, run_id: int, *, context: ToolContext, ports: RunPorts,
-                   publishers: tuple[Publish, Publish]) -> RunEnd:
+                   publishers: tuple[Publish, Publisher]) -> RunEnd:
         from sessions.runner.loop import run_loop_cancellable
 
         store = ports.store
@@ -188,9 +189,31 @@ def _production_ports() -> RunPorts:
     return production_ports()
 
 
+class SubrunPublisher:
+    """A sub-run's loop's :class:`~sessions.runner.ports.Publisher` over its parent's ports'
+    one (``base``): every event carries ``extra`` (the parent's ids); a ``tool_call_started``
+    is also reported as the parent call's progress, and after each publish a pending cancel of
+    the current task is raised (redis-py may swallow one). :meth:`nowait` is ``base``'s."""
+
+    __slots__ = ("_base", "_extra", "_context", "_skill_name", "streamed")
+
+    def __init__(self, base: Publisher, *, extra: dict[str, Any], context: ToolContext, skill_name: str) -> None:
+        self._base, self._extra, self._context, self._skill_name = base, extra, context, skill_name
+        self.streamed: list[str] | None = None
+
+    async def __call__(self, event_type: str, data: dict[str, Any]) -> None:
+        await self._base(event_type, {**data, **self._extra})
+        if event_type == "tool_call_started":  # the parent's call shows what its skill is doing
+            await self._context.progress(f"{self._skill_name}: {data.get('name')}")
+        raise_if_cancelling()
+
+    def nowait(self, event_type: str, data: dict[str, Any]) -> Awaitable[Any]:
+        return self._base.nowait(event_type, {**data, **self._extra})
+
+
 def subrun_publishers(
-    base: Publish, *, parent: RunSpec, context: ToolContext, skill_name: str,
-) -> tuple[Publish, Publish]:
+    base: Publisher, *, parent: RunSpec, context: ToolContext, skill_name: str,
+) -> tuple[Publish, Publisher]:
     """A sub-run's publishers over ``base`` (the parent's ports' publisher for the sub-run's own
     ``run_id``): every event carries ``parent_run_id`` and ``parent_tool_call_id``.
 
@@ -199,23 +222,14 @@ def subrun_publishers(
         sub-run's end and pause, recorded also while the parent is being cancelled);
         ``publish`` (the sub-run's loop's) also reports each ``tool_call_started`` as the
         parent call's progress and raises a pending cancel of the current task (redis-py may
-        swallow one). ``publish.nowait`` exists when ``base.nowait`` does.
+        swallow one): a :class:`SubrunPublisher`.
     """
     extra = {"parent_run_id": parent.run_id, "parent_tool_call_id": context.tool_call_id}
 
     async def publish_now(event_type: str, data: dict[str, Any]) -> None:
         await base(event_type, {**data, **extra})
 
-    async def publish(event_type: str, data: dict[str, Any]) -> None:
-        await publish_now(event_type, data)
-        if event_type == "tool_call_started":  # the parent's call shows what its skill is doing
-            await context.progress(f"{skill_name}: {data.get('name')}")
-        raise_if_cancelling()
-
-    base_nowait = getattr(base, "nowait", None)
-    if base_nowait is not None:
-        publish.nowait = lambda event_type, data: base_nowait(event_type, {**data, **extra})  # type: ignore[attr-defined]
-    return publish_now, publish
+    return publish_now, SubrunPublisher(base, extra=extra, context=context, skill_name=skill_name)
 
 
 def subrun_toolset(*, parent_toolset: Toolset, allowed: list[str], spec: RunSpec) -> Toolset:

@@ -19,7 +19,7 @@ from sessions import runs
 from sessions.event_types import validate_event
 from sessions.models import ApprovalStatus, RunStatus, ToolCallStatus
 from sessions.runner.database import ApprovalState, History
-from sessions.runner.ports import RunPorts
+from sessions.runner.ports import CallbackPublisher, RunPorts
 from sessions.runner.spec import RunSpec
 from sessions.runner.toolset import Toolset
 
@@ -371,7 +371,7 @@ class FakePorts:
             validate_event(event_type, data)
             self.events.append((event_type, data) if own else (event_type, data, run_id))
 
-        return publish
+        return CallbackPublisher(publish)
 
     async def _open(self, spec: RunSpec, stack: contextlib.AsyncExitStack, publish: Any) -> tuple[Toolset, tuple]:
         self.opened += 1

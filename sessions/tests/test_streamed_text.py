@@ -14,6 +14,7 @@ from agents.tests.factories import agent_with_route
 from llm.testing import CutAfter, Reply
 from sessions.events import events_since
 from sessions.runner.loop import _StreamedTextBatcher, execute_run
+from sessions.runner.ports import CallbackPublisher
 from sessions.tests.conftest import post_message, reload_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
@@ -71,7 +72,7 @@ async def test_close_returns_only_after_text_that_came_during_a_publish_is_out()
         await asyncio.sleep(0.05)
         published.append(data["text"])
 
-    batcher = _StreamedTextBatcher(slow_publish)
+    batcher = _StreamedTextBatcher(CallbackPublisher(slow_publish))
     batcher.add("content_token", "a")  # out at once: a publish is now in flight
     batcher.add("content_token", "b")  # within the interval: buffered
     await batcher.close()
@@ -86,7 +87,7 @@ async def test_text_does_not_wait_for_the_publish_in_flight_only_for_the_interva
         started.append((loop.time(), data["text"]))
         await asyncio.sleep(0.2)  # a slow round trip: far longer than the 25 ms interval
 
-    batcher = _StreamedTextBatcher(slow_publish)
+    batcher = _StreamedTextBatcher(CallbackPublisher(slow_publish))
     t0 = loop.time()
     batcher.add("content_token", "a")  # out at once
     await asyncio.sleep(0.01)
@@ -105,7 +106,7 @@ async def test_a_failed_publish_is_raised_by_close():
         await asyncio.sleep(0.01)
         raise ConnectionError("redis went away")
 
-    batcher = _StreamedTextBatcher(failing_publish)
+    batcher = _StreamedTextBatcher(CallbackPublisher(failing_publish))
     batcher.add("content_token", "a")
     with pytest.raises(ConnectionError, match="redis went away"):
         await batcher.close()
@@ -120,7 +121,7 @@ async def test_publishes_made_without_waiting_get_seqs_in_the_order_they_were_ma
     async def publish(event_type: str, data: dict) -> None:
         await events.event_publish(session_id=session_id, run_id=None, type=event_type, data=data)
 
-    batcher = _StreamedTextBatcher(publish)
+    batcher = _StreamedTextBatcher(CallbackPublisher(publish))
     for i in range(40):  # 40 flushes, each as soon as the 25 ms interval allows
         batcher.add("content_token", f"{i},")
         await asyncio.sleep(0.03)
@@ -128,3 +129,39 @@ async def test_publishes_made_without_waiting_get_seqs_in_the_order_they_were_ma
     texts = [f["data"]["text"] for f in await frames(session_id)]
     assert "".join(texts) == "".join(f"{i}," for i in range(40)), "seq order is the stream's order"
     sync_redis().delete(*events.session_keys(session_id))
+
+
+async def test_the_run_publisher_queues_without_a_task_per_event_in_call_order():
+    """The production Publisher's nowait is the loop's pipelined publish itself (a future, not
+    a task per event), and events keep the order of the calls."""
+    from sessions import events
+    from sessions.runner.adapters import RedisPublisher
+
+    session_id = 10**9 + uuid.uuid4().int % 10**9
+    publisher = RedisPublisher(session_id, 7)
+    assert publisher.streamed is None, "kept only when the loop asks for it"
+    sent = [publisher.nowait("content_token", {"text": t}) for t in ("a", "b", "c")]
+    assert not any(isinstance(s, asyncio.Task) for s in sent)
+    seqs = [await s for s in sent]
+    assert seqs == [seqs[0], seqs[0] + 1, seqs[0] + 2]
+    assert [(f["run_id"], f["data"]["text"]) for f in await frames(session_id)] == [(7, "a"), (7, "b"), (7, "c")]
+    sync_redis().delete(*events.session_keys(session_id))
+
+
+async def test_a_sub_run_publisher_adds_the_parent_s_ids_to_queued_events_too():
+    from types import SimpleNamespace
+
+    from sessions.runner.subrun import subrun_publishers
+
+    recorded: list[tuple[str, dict]] = []
+
+    async def record(event_type: str, data: dict) -> None:
+        recorded.append((event_type, data))
+
+    context = SimpleNamespace(tool_call_id=55)
+    _, publish = subrun_publishers(CallbackPublisher(record), parent=SimpleNamespace(run_id=9), context=context,
+                                   skill_name="s")
+    await publish.nowait("content_token", {"text": "x"})
+    await publish("model_retry", {"turn": 0})
+    ids = {"parent_run_id": 9, "parent_tool_call_id": 55}
+    assert recorded == [("content_token", {"text": "x", **ids}), ("model_retry", {"turn": 0, **ids})]

@@ -15,6 +15,7 @@ from llm.types import ChatMessage, Completion, TextDelta, ToolCallRequest, Usage
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import turn
 from sessions.runner.compaction import MAX_ATTEMPTS_PER_TURN, CompactionResult
+from sessions.runner.ports import CallbackPublisher
 from sessions.runner.toolset import Toolset
 from sessions.runner.turn import CONTINUE, Completed, Continue, Failed, Paused, RunState
 
@@ -100,7 +101,7 @@ def _state(spec: Any = None, *, model: Any = None, published: list | None = None
         if published is not None:
             published.append((event_type, data))
 
-    return RunState.start(spec=spec or _spec(), publish=publish, toolset=Toolset(), model=model or _Model(),
+    return RunState.start(spec=spec or _spec(), publish=CallbackPublisher(publish), toolset=Toolset(), model=model or _Model(),
                           record=_Record(), store=_STORE)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from capabilities.tools import Tool, ToolContext, ToolResult
 from llm.types import ChatMessage, Completion, ToolCallRequest, ToolSpec, Usage
 from sessions.runner import turn
+from sessions.runner.ports import CallbackPublisher
 from sessions.runner.toolset import Toolset
 from sessions.runner.turn import RunState
 
@@ -74,7 +75,7 @@ def _state(*tools: Tool, hidden: tuple[str, ...] = (), model: _Model | None = No
         return None
 
     toolset = Toolset(tools={t.spec.name: t for t in tools}, hidden=set(hidden))
-    return RunState.start(spec=SimpleNamespace(**values), publish=publish, toolset=toolset,
+    return RunState.start(spec=SimpleNamespace(**values), publish=CallbackPublisher(publish), toolset=toolset,
                           model=model or _Model(), record=_Record(), store=_Store())
 
 
