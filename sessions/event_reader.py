@@ -150,6 +150,8 @@ class SessionEventReader:
         self._end: CloseReason | None = None
         self._joined: list[tuple[str, Listener]] = []
         self._stopper: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None  # wakes the reader for the timed work
+        self._timer_due = False
 
     # --- the client's signals ----------------------------------------------------------------
 
@@ -212,36 +214,68 @@ class SessionEventReader:
     async def _items(self) -> AsyncIterator[Item]:
         for event in await self._since_last():
             yield event
-        loop = asyncio.get_running_loop()
-        deadlines = _Deadlines(loop)
-        while True:
-            for item in await self._next(loop, deadlines):
-                yield item
-                if isinstance(item, Closed):
-                    return
+        deadlines = _Deadlines(asyncio.get_running_loop())
+        self._timer_at(deadlines)
+        try:
+            while True:
+                if not self._pending and self._end is None and not self._timer_due:
+                    self._wake.clear()
+                    await self._wake.wait()
+                for item in self._in_order() or await self._next(deadlines):
+                    yield item
+                    if isinstance(item, Closed):
+                        return
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
 
-    async def _next(self, loop: asyncio.AbstractEventLoop, deadlines: _Deadlines) -> list[Item]:
-        """The items of the next wake-up: the end, or the events the live messages bring (in
-        order) and the timed work that is due."""
-        if not self._pending and self._end is None:
-            await self._sleep_until(loop, deadlines.earliest())
-        if self._end is not None:
-            return [Closed(self._end)]
+    def _in_order(self) -> list[Item]:
+        """The pending live frames that come next in ``seq`` order, taken without awaiting
+        anything (the usual case: one frame per wake-up); ``[]`` when anything else is to be
+        done first (the end, timed work, a gap, a duplicate, a restored subscription)."""
         items: list[Item] = []
-        while self._pending and self._end is None:
-            items.extend(await self._live(self._pending.popleft()))
-        items.extend(await self._due(deadlines))
+        pending = self._pending
+        if self._end is not None or self._timer_due:
+            return items
+        while pending and pending[0] is not None and pending[0].get("seq") == self.last_seq + 1:
+            message = pending.popleft()
+            self.last_seq = seq = message["seq"]
+            items.append(Event(seq, frame_text(seq, message["body"])))
         return items
 
-    async def _sleep_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-        """Wait for a live message, the end, or ``deadline`` (loop time): one timer handle, no
-        timeout context (this runs once per live frame of an idle stream)."""
-        self._wake.clear()
-        timer = loop.call_at(deadline, self._wake.set)
-        try:
-            await self._wake.wait()
-        finally:
-            timer.cancel()
+    def _timer_at(self, deadlines: _Deadlines) -> None:
+        """Wake the reader when the earliest timed work is due: one timer handle per ping,
+        catch-up or re-check, not one per live frame."""
+        self._timer = deadlines.loop.call_at(deadlines.earliest(), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer_due = True
+        self._wake.set()
+
+    async def _next(self, deadlines: _Deadlines) -> list[Item]:
+        """The items of a wake-up :meth:`_in_order` left: the end, or the events the live
+        messages bring (in order) and the timed work if it is due."""
+        if self._end is not None:
+            return [Closed(self._end)]
+        items = await self._drained() if self._pending else []
+        if self._timer_due:
+            self._timer_due = False
+            items.extend(await self._due(deadlines))
+            self._timer_at(deadlines)
+        return items
+
+    async def _drained(self) -> list[Item]:
+        """The events the pending live messages bring, in order (until the end comes)."""
+        items: list[Item] = []
+        while self._pending and self._end is None:
+            message = self._pending.popleft()
+            event = _live_event(message) if message is not None else None
+            if event is not None and event.seq == self.last_seq + 1:  # the usual case: nothing to await
+                self.last_seq = event.seq
+                items.append(event)
+            else:
+                items.extend(await self._live(message, event))
+        return items
 
     async def _since_last(self) -> list[Event]:
         """The stream's frames after ``last_seq``, in order; ``last_seq`` advanced past them."""
@@ -252,12 +286,12 @@ class SessionEventReader:
                 found.append(_event_of(frame))
         return found
 
-    async def _live(self, message: dict[str, Any] | None) -> list[Event]:
-        """What one live message brings: nothing (a duplicate), the frame, or the stream's
-        frames up to it (a gap before it, or ``None``: the subscription was restored)."""
-        if message is None:
+    async def _live(self, message: dict[str, Any] | None, event: Event | None) -> list[Event]:
+        """What one live message (``event``: its frame) brings: nothing (a duplicate), the
+        frame, or the stream's frames up to it (a gap before it, or ``None``: the subscription
+        was restored)."""
+        if message is None or event is None:
             return await self._since_last()
-        event = _live_event(message)
         if event.seq <= self.last_seq:
             return []
         found = await self._since_last() if event.seq > self.last_seq + 1 else []  # a gap: fill it in order

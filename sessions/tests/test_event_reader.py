@@ -63,6 +63,17 @@ async def _next(items, timeout: float = 5.0):
     return await asyncio.wait_for(anext(items), timeout)
 
 
+async def _first_live(items, session_id: int) -> None:
+    """Start the iteration (the replay: nothing), then publish a frame and take it live: from
+    here on the reader is past its replay with nothing pending."""
+    taken = asyncio.ensure_future(_next(items))
+    await asyncio.sleep(0.1)
+    assert not taken.done(), "nothing to replay"
+    first = await _publish(session_id, "a")
+    got = await taken
+    assert got.seq == first["seq"]
+
+
 def _texts(events: list) -> list[str]:
     return [json.loads(e.text)["data"]["text"] for e in events]
 
@@ -95,8 +106,7 @@ async def test_a_gap_before_a_live_frame_is_filled_from_the_stream_in_order(slot
     await reader.open()
     items = aiter(reader)
     try:
-        first = await _publish(session_id, "a")
-        assert (await _next(items)).seq == first["seq"]
+        await _first_live(items, session_id)
         missed = [await _publish_unseen(session_id, t) for t in ("b", "c")]
         last = await _publish(session_id, "d")
         got = [await _next(items) for _ in range(3)]
@@ -112,8 +122,7 @@ async def test_a_restored_subscription_makes_it_read_the_stream_at_once(slots, m
     await reader.open()
     items = aiter(reader)
     try:
-        first = await _publish(session_id, "a")
-        assert (await _next(items)).seq == first["seq"]  # replayed and live from here on
+        await _first_live(items, session_id)
         seq = await _publish_unseen(session_id, "lost")
         pending = asyncio.ensure_future(_next(items))
         await asyncio.sleep(0.2)
@@ -132,8 +141,7 @@ async def test_a_lost_last_frame_is_caught_up_within_catch_up_seconds(slots, mon
     await reader.open()
     items = aiter(reader)
     try:
-        first = await _publish(session_id, "a")
-        assert (await _next(items)).seq == first["seq"]  # replayed and live from here on
+        await _first_live(items, session_id)
         seq = await _publish_unseen(session_id, "last")
         got = await _next(items, timeout=3)
         assert (got.seq, _texts([got])) == (seq, ["last"])
