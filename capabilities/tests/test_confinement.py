@@ -339,3 +339,57 @@ async def test_mcp_server_fetch_reaches_a_server_only_through_the_egress_path(ho
         settings.SANDBOX_EGRESS_ALLOWED_CIDRS = ["127.0.0.1/32"]
         fetched = await connection.call_tool("fetch", {"url": url}, timeout_seconds=60)
     assert "hello through the proxy" in fetched.content
+
+
+# --- gaps a mutation sample found (issue 34: confinement.py's survivors, seed 3401) ----------
+
+
+def test_tmp_is_a_private_writable_tmpfs() -> None:
+    """The program gets a /tmp of its own: writable, and none of the host's /tmp in it."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(dir="/tmp", prefix="ap-host-only-") as host_file:
+        code = (
+            "import os, sys\n"
+            "open('/tmp/mine.txt', 'w').write('ok')\n"
+            "print(open('/tmp/mine.txt').read(), os.path.exists(sys.argv[1]))\n"
+        )
+        result = _run(code, _profile(), host_file.name)
+    assert result.stdout.split() == ["ok", "False"], (result.stdout, result.stderr)
+
+
+def test_egress_points_every_proxy_variable_at_the_bridge_and_bypasses_nothing() -> None:
+    """Programs read different spellings (curl: lower case http_proxy; Python: either): each one
+    names the in-sandbox bridge, and no host is exempt from it."""
+    env = confined_env(SandboxProfile(network="egress"))
+    names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+    assert {env[name] for name in names} == {"http://127.0.0.1:3128"}
+    assert env["NO_PROXY"] == env["no_proxy"] == ""
+    assert not any(name in confined_env(SandboxProfile()) for name in (*names, "NO_PROXY", "no_proxy"))
+
+
+def test_a_root_worker_without_setpriv_refuses_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from capabilities import confinement
+    from capabilities.confinement import SandboxUnavailable
+
+    which = shutil.which
+    monkeypatch.setattr(confinement, "drops_privileges", lambda: True)
+    monkeypatch.setattr(confinement.shutil, "which", lambda name: None if name == "setpriv" else which(name))
+    with pytest.raises(SandboxUnavailable, match="setpriv"):
+        confined_argv(["true"], _profile())
+
+
+@pytest.mark.parametrize("limits", [{"cpu_seconds": 2.5}, {"memory_mb": "64"}, {"processes": 0}, {"open_files": True}])
+def test_limits_are_positive_integers(limits: dict[str, Any]) -> None:
+    from capabilities.confinement import SandboxLimits
+
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        SandboxLimits(**limits)
+
+
+@pytest.mark.parametrize("path", ["relative/dir", "", 42])
+def test_read_only_binds_are_absolute_paths(path: Any) -> None:
+    with pytest.raises(ValueError, match="absolute path"):
+        SandboxProfile(ro_binds=(path,))
