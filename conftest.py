@@ -47,6 +47,18 @@ def _system_scope() -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def all_tenants_scope() -> Iterator[None]:
+    """The test body (and the fixtures it asks for after this one) may make and inspect any
+    tenant's rows: the system scope, as the sweeper has (tenants/rls.py). Opt-in, per module
+    (``pytestmark = pytest.mark.usefixtures("all_tenants_scope")``) or per test: without it a
+    test runs outside any scope, as a request, a worker's task or a management command
+    starts, so code that forgets to set its own scope finds nothing and the test fails
+    (agent_platform/tests/test_tasks_without_scope.py). ``no_scope`` takes it away again."""
+    with system_scope():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _event_payloads_checked(monkeypatch) -> Iterator[list[str]]:
     """Every event published while a test runs (by the test, the runner, a worker thread) must
