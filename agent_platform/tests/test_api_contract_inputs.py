@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.mark.parametrize("name", [0, True, ["x"], {"a": 1}])

@@ -9,6 +9,8 @@ from rest_framework.test import APIClient
 
 from agent_platform.api_parsers import MAX_JSON_DEPTH, JSONDepthError, json_loads_bounded
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 DEEP = "[" * 20_000 + "]" * 20_000
 """The attack: JSON nested 20,000 deep (RecursionError in Python's parser)."""
 

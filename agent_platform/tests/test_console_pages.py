@@ -25,7 +25,11 @@ from sessions.runner.loop import execute_run
 from sessions.tests.conftest import post_message_sync
 from tenants.models import Tenant
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ from django.db import connection
 
 from tenants.models import Tenant
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -17,7 +17,7 @@ from django.db import connection
 from tenants import rls
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _owner_params() -> dict:

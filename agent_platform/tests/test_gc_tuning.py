@@ -16,6 +16,8 @@ import pytest
 
 from agent_platform.gc_tuning import gc_freeze_and_set_thresholds
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 _PROBE = "import gc, json, agent_platform.asgi; print(json.dumps([gc.get_threshold(), gc.get_freeze_count()]))"
 

@@ -18,6 +18,8 @@ from cryptography.fernet import Fernet
 
 from agent_platform import local_secrets
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_SECRET_KEY = "k" * 10 + "-a-secret-key-for-these-tests-only-not-published-x"
 _PROBE = ("import json; from django.conf import settings as s; "

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agent_platform", "tenants", "llm", "documents", "capabilities", "agents", "browser", "sessions",
             "console", "frontend", "knowledge", "memory")

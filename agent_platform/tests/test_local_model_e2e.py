@@ -30,7 +30,7 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.local_model]
+pytestmark = [pytest.mark.local_model, pytest.mark.usefixtures("all_tenants_scope")]
 model_db = pytest.mark.django_db(transaction=True)
 
 _ISO_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})?")

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import ensure_postgres  # noqa: E402
 

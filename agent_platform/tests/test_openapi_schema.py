@@ -36,6 +36,8 @@ from sessions.models import Approval, LLMCall, Run, RunStatus, ToolCall
 from sessions.services import chat_session_create, message_post
 from tenants.scoping import tenant_scope
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 

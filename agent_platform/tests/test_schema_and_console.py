@@ -8,7 +8,7 @@ from agents.models import AgentInstance
 from agents.tests.factories import AgentFactory, RouteEntryFactory
 from sessions.models import ChatSession, Run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def test_openapi_schema_and_docs_are_served_without_a_cdn(client):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GRACE_SECONDS = 4
 """The grace period the tests give the web process (WEB_SHUTDOWN_GRACE_SECONDS)."""
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _database_url() -> str:

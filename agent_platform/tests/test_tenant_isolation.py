@@ -46,7 +46,7 @@ from tenants import rls
 from tenants.models import AuditEvent, Invitation
 from tenants.scoping import TenantOwnedModel, tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 EXEMPT: dict[type, str] = {}
 """Tenant-owned models that ``theirs`` does not make, each with the reason (none today)."""

@@ -39,7 +39,7 @@ def rls_out_of_the_way(monkeypatch):
     yield
 
 
-pytestmark = [pytest.mark.django_db]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 test_row_level_security_hides_every_row_of_theirs = None
 """Not collected here: that test is of the database layer, which this module opens (its

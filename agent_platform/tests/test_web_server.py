@@ -18,6 +18,8 @@ from websockets.asyncio.client import connect
 
 from agent_platform.web import cli_args
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

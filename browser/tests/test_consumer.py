@@ -16,7 +16,7 @@ from browser.bridge import BrowserError, bridge_execute
 from browser.protocol import SUBPROTOCOL
 from browser.tests.conftest import off_thread, pair_device_sync, run_async
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 EXTENSION_ORIGIN = f"chrome-extension://{settings.BROWSER_EXTENSION_IDS[0]}"
 

@@ -11,7 +11,7 @@ import pytest
 from browser.tests.conftest import off_thread, pair_device_sync, run_async
 from browser.tests.test_consumer import connect
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def test_deep_json_from_the_extension_is_refused_and_the_socket_stays(world, live_server_url):

@@ -10,7 +10,12 @@ import pytest
 from browser.bridge import BrowserError, bridge_execute
 from browser.tests.conftest import extension_browser, off_thread, pair_device_sync, run_async, wait_until  # noqa: F401
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.usefixtures("needs_chromium")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("needs_chromium"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 POLICY = {"allowed_origins": [], "blocked_origins": []}
 

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from browser.models import BrowserDevice, BrowserPairing
 from browser.selectors import browser_device_authenticate
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def start_pairing(name="Laptop Chrome"):

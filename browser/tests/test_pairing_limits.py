@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from agent_platform.redis_clients import sync_redis as _sync_redis
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture(autouse=True)

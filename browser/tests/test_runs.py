@@ -21,7 +21,12 @@ from llm.testing import Reply, ToolCalls
 from sessions.models import Run, ToolCall
 from sessions.tests.conftest import post_message_sync
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.usefixtures("needs_chromium")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("needs_chromium"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 def _last_tool_text(body: dict[str, Any]) -> str:

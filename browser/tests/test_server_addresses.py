@@ -25,7 +25,7 @@ from browser.tests.test_tools import ref, run_tools
 from browser.tools import BrowserClick, BrowserGetText, BrowserNavigate, BrowserSnapshot, BrowserTabs, BrowserWaitFor
 from capabilities.tools import ToolError
 
-pytestmark = [pytest.mark.browser]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("all_tenants_scope")]
 
 INTERNAL_TEXT = "INTERNAL SECRET"
 

@@ -17,6 +17,8 @@ from browser.tests.test_tools import run_tools
 from browser.tools import BrowserNavigate
 from capabilities.tools import ToolError
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def _navigate_outcomes(config: dict, urls: list[str]) -> list[str]:
     """Navigate to each of ``urls`` in turn on the server backend: ``"ok"`` or the ToolError's

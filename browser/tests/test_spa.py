@@ -14,7 +14,12 @@ from browser.tests.conftest import off_thread
 from frontend.tests.test_spa import log_in_and_ask, open_page
 from llm.testing import Reply, ToolCalls
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.usefixtures("needs_chromium")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("needs_chromium"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 SHOTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
 """Screenshots land here (not in docs/, which keeps a reviewed copy)."""

@@ -27,7 +27,11 @@ from browser.tools import (
 from capabilities.tools import ApprovalRequired, ToolContext, ToolError
 from llm.tokens import estimate_text_tokens
 
-pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("needs_chromium")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.usefixtures("needs_chromium"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 class _PoolBackend(ServerBackend):

@@ -17,7 +17,7 @@ from capabilities.services import catalogue_import, mcp_server_config
 from capabilities.tests.catalogue import template, time_template
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,6 +27,7 @@ from capabilities.tools import ToolContext, ToolError
 pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.skipif(bwrap_resolve("bwrap") is None, reason="bubblewrap is not installed (scripts/bootstrap.sh)"),
+    pytest.mark.usefixtures("all_tenants_scope"),
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

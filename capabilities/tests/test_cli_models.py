@@ -23,7 +23,7 @@ from tenants.crypto import secret_decrypt_json, secret_encrypt_json
 from tenants.models import Tenant
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 FACTOR_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]}
 

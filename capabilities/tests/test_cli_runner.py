@@ -22,6 +22,7 @@ pytestmark = [
     pytest.mark.usefixtures("no_enqueue"),
     pytest.mark.timeout(120),
     pytest.mark.skipif(bwrap_resolve("bwrap") is None, reason="bubblewrap is not installed (scripts/bootstrap.sh)"),
+    pytest.mark.usefixtures("all_tenants_scope"),
 ]
 
 SCRIPT = (

@@ -29,6 +29,7 @@ from capabilities.tools import ToolContext
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(bwrap_resolve("bwrap") is None, reason="bubblewrap is not installed (scripts/bootstrap.sh)"),
+    pytest.mark.usefixtures("all_tenants_scope"),
 ]
 
 SANDBOX_PYTHON_READY = os.path.exists(settings.SANDBOX_PYTHON)

@@ -21,7 +21,7 @@ import pytest
 from capabilities.egress import egress_socket_path
 from capabilities.tests.http_test_server import serve, text
 
-pytestmark = [pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture(autouse=True)

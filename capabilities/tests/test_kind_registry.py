@@ -39,6 +39,8 @@ from sessions.models import ToolCall
 from sessions.runner.loop import execute_run
 from sessions.tests.conftest import post_message, reload_run
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 # --- the toy kind: everything a new kind needs ------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from capabilities.models import McpServer
 from capabilities.tests.catalogue import time_template
 from capabilities.tests.mcp_test_server import serve_mcp_http
 
-pytestmark = [pytest.mark.django_db, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.django_db, pytest.mark.timeout(90), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def admin_client(world) -> Client:

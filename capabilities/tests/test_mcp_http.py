@@ -24,7 +24,7 @@ from capabilities.tests.mcp_test_server import (
 )
 from capabilities.tools import ToolContext, ToolError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
 
 CONTEXT = ToolContext(tenant_id=1, session_id=1, run_id=1, tool_call_id=1)
 

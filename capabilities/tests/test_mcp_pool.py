@@ -47,6 +47,7 @@ from capabilities.tools import ToolContext, ToolError
 pytestmark = [
     pytest.mark.timeout(90),
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="inspects processes through /proc"),
+    pytest.mark.usefixtures("all_tenants_scope"),
 ]
 
 

@@ -22,7 +22,7 @@ from capabilities.tests.raw_mcp_server import RawState, serve_raw_mcp, tool
 from capabilities.tools import ToolError
 from llm import netrules  # the DNS seam (_getaddrinfo) lives with the address rules
 
-pytestmark = [pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def http_config(url: str, **fields) -> McpServerConfig:

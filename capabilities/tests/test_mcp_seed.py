@@ -9,7 +9,7 @@ from agents.models import AgentInstance, CapabilityBinding, CapabilityKind
 from capabilities.services import mcp_server_test_connection
 from tenants.models import Tenant
 
-pytestmark = [pytest.mark.django_db, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.django_db, pytest.mark.timeout(90), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def test_seed_demo_binds_mcp_server_fetch_to_the_researcher() -> None:

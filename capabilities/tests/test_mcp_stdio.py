@@ -36,6 +36,7 @@ pytestmark = [
     pytest.mark.timeout(90),
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="inspects processes through /proc"),
     needs_sandbox,
+    pytest.mark.usefixtures("all_tenants_scope"),
 ]
 
 

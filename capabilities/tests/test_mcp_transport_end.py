@@ -10,6 +10,8 @@ import pytest
 
 from capabilities.mcp.transport_end import TransportEnd, watched
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 @asynccontextmanager
 async def _memory_transport(items: list[str]):

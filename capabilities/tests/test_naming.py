@@ -10,6 +10,8 @@ import pytest
 
 from capabilities.naming import assign_exposed_names, sanitize_tool_name
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 

@@ -16,7 +16,10 @@ import pytest
 
 from capabilities.naming import MAX_EXPOSED_NAME_LENGTH, assign_exposed_names
 
-pytestmark = pytest.mark.timeout(30)  # a salt that never changes the name loops forever
+pytestmark = [
+    pytest.mark.timeout(30),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]  # a salt that never changes the name loops forever
 
 SUFFIX_CHARS = 1 + 8  # "_" + 8 hex characters
 

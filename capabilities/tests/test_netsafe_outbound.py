@@ -16,6 +16,8 @@ from capabilities.netsafe import FetchError, check_outbound_url, outbound_host_a
 from llm import netrules  # the DNS seam (_getaddrinfo) lives with the address rules
 from llm.testing import fake_dns
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 @pytest.fixture(autouse=True)
 def production_rules(settings):

@@ -22,7 +22,7 @@ from sessions.models import Approval, Run
 from sessions.runner.loop import execute_run
 from sessions.tests.conftest import post_message_sync
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 run_now = async_to_sync(execute_run)
 

@@ -32,6 +32,7 @@ from capabilities.tools import ToolContext, ToolError
 pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.skipif(bwrap_resolve("bwrap") is None, reason="bubblewrap is not installed (scripts/bootstrap.sh)"),
+    pytest.mark.usefixtures("all_tenants_scope"),
 ]
 
 CONTEXT = ToolContext(tenant_id=1, session_id=1, run_id=1, tool_call_id=1)

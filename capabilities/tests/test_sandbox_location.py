@@ -34,6 +34,7 @@ pytestmark = [
     pytest.mark.skipif(not drops_privileges(), reason="only a root worker runs programs as another user"),
     pytest.mark.skipif(not os.path.exists(settings.SANDBOX_PYTHON),
                        reason="the sandbox's Python environment (scripts/bootstrap.sh)"),
+    pytest.mark.usefixtures("all_tenants_scope"),
 ]
 
 

@@ -18,6 +18,8 @@ from capabilities.skills.parsing import MAX_SKILL_BYTES, SkillParseError, skill_
 from capabilities.skills.services import skill_save_parsed
 from tenants.scoping import tenant_scope
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 GOOD = textwrap.dedent("""\
     ---
     name: summarize-page

@@ -11,6 +11,8 @@ import pytest
 from capabilities.builtin.registry import builtin_create
 from capabilities.tools import SessionStore, StoredArtifact, ToolContext, ToolError
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 class MemoryStore(SessionStore):
     """A SessionStore in a dict, per session."""

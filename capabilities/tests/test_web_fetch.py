@@ -22,6 +22,8 @@ from capabilities.tools import ToolContext, ToolError
 from llm import netrules  # the DNS seam (_getaddrinfo) lives with the address rules
 from tenants.scoping import tenant_scope
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 PUBLIC = ["127.0.0.1/32"]
 
 

@@ -9,6 +9,8 @@ from capabilities.builtin.web import html_to_markdown
 from capabilities.tests import http_test_server as hts
 from capabilities.tools import ToolContext, ToolError
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 PAGE = """<!doctype html>
 <html><head><title>Release Notes &amp; More</title>
 <style>body { color: red } .STYLE_TEXT {}</style>

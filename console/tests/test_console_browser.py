@@ -23,7 +23,11 @@ from sessions.services import approval_decide
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @pytest.fixture(autouse=True)

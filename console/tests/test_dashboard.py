@@ -20,7 +20,7 @@ from llm.models import ModelRouteEntry
 from llm.selectors import entry_health_key
 from sessions.models import ChatSession, LLMCall, Run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _run(world, agent, *, status="completed", reason="", cost=0, tokens=(0, 0), user=None, when=None):

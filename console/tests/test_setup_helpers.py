@@ -15,7 +15,7 @@ from console.providers import provider_models
 from llm.testing import FakeLLMServer
 from tenants.crypto import secret_encrypt
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _console(user) -> Client:

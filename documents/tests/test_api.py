@@ -8,7 +8,7 @@ from agents.tests.factories import AgentFactory
 from documents.models import Document
 from sessions.models import ChatSession
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _doc(world, user, title, content="# Hi\n\ntext", session=None):

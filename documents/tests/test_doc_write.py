@@ -12,7 +12,7 @@ from documents.models import Document
 from sessions.models import ChatSession, Run
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 class Caller:

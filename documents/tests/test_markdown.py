@@ -13,6 +13,8 @@ from documents.markdown import (
     section_text,
 )
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 DOC = """# Report
 
 Intro.

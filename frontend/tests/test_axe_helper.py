@@ -7,7 +7,7 @@ import pytest
 from frontend.tests.axe import assert_no_serious_axe_violations, axe_violations
 from frontend.tests.test_spa import CHROMIUM, open_page
 
-pytestmark = [pytest.mark.browser]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,11 @@ from knowledge.tests.test_attribution import HOURS, OFF_TOPIC
 from knowledge.tests.test_kind import KITCHEN, SAILING, _kb
 from llm.testing import Reply
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 T = 20_000
 NOTE = "Matched by the platform: the model did not cite this"

@@ -19,7 +19,11 @@ from frontend.tests.test_chat_flows import ask, log_in, open_page, start_chat
 from knowledge.tests.test_kind import KITCHEN, SAILING, _kb
 from llm.testing import Reply, ToolCalls
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 T = 20_000

@@ -19,7 +19,11 @@ from frontend.tests.axe import assert_no_serious_axe_violations
 from frontend.tests.test_spa import CHROMIUM, LAUNCH_ARGS
 from llm.testing import Fail, Reply, ToolCalls
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
 T = 20_000  # ms: how long a person would wait for an answer here

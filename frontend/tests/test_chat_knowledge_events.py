@@ -27,7 +27,11 @@ from knowledge.tests.fake_embedder import running
 from llm.testing import Reply
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 T = 20_000
 DOCUMENT_GET = re.compile(r"/api/v1/knowledge-bases/\d+/documents/\d+/$")

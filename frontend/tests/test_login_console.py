@@ -12,7 +12,11 @@ import pytest
 
 from frontend.tests.test_spa import CHROMIUM, LAUNCH_ARGS
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @pytest.fixture(autouse=True)

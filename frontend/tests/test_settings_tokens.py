@@ -20,7 +20,11 @@ import pytest
 from frontend.tests.axe import assert_no_serious_axe_violations
 from frontend.tests.test_chat_flows import log_in, open_page
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 T = 20_000  # ms
 DOCS = Path(__file__).resolve().parents[2] / "docs"

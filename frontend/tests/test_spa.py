@@ -12,7 +12,11 @@ import pytest
 from agents.tests.factories import agent_with_route, bind_builtin
 from llm.testing import Reply, ToolCalls
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/lib/chromium/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "test-artifacts"

@@ -12,7 +12,11 @@ from frontend.tests.axe import assert_no_serious_axe_violations
 from frontend.tests.test_spa import CHROMIUM, log_in_and_ask, open_page
 from llm.testing import Fail, Reply, ToolCalls
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @pytest.fixture(autouse=True)

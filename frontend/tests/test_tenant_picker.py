@@ -8,7 +8,11 @@ import pytest
 from frontend.tests.test_spa import CHROMIUM, open_page  # noqa: F401  (same browser setup)
 from tenants.services import membership_create
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @pytest.fixture(autouse=True)

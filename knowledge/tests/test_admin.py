@@ -11,7 +11,7 @@ from knowledge.services import document_ingest
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from django.test import Client
 from knowledge.models import Document, KnowledgeBase
 from knowledge.tests import builders
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 MISSING_ID = 987_654_321
 

@@ -10,7 +10,7 @@ from knowledge.services import document_ingest
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 GUIDE = b"# Guide\n\n## Backups\n\nTake a nightly dump of the database.\n\n## Upgrades\n\nRun the migrations first.\n"
 

@@ -21,6 +21,8 @@ from llm.testing import Reply, ToolCalls
 from sessions.models import Run
 from sessions.tests.conftest import post_message_sync
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 HOURS = "The boathouse opens at eight in the morning and closes at sunset from April until October."
 OFF_TOPIC = "My favourite pizza has mushrooms, olives and a lot of extra cheese on top."
 

@@ -7,6 +7,8 @@ import pytest
 from knowledge.chunking import ChunkDraft, chunk_index_text, chunk_sections, split_text
 from knowledge.parsing import Section
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def _sentences(n: int, words: int = 12) -> str:
     return " ".join(f"Sentence {i} " + " ".join(f"w{i}x{j}" for j in range(words)) + "." for i in range(n))

@@ -20,6 +20,8 @@ from knowledge.services import document_add, document_ingest
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 HEAD = f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n<w:document xmlns:w="{W}"><w:body>'.encode()
 PARAGRAPH = b"<w:p><w:r><w:t>Run the migrations first.</w:t></w:r></w:p>"

@@ -26,7 +26,7 @@ from knowledge.services import (
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 GUIDE = """# Operations guide
 

@@ -26,7 +26,7 @@ from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 run_now = async_to_sync(execute_run)
 

@@ -18,7 +18,11 @@ from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 from tenants.services import api_token_revoke
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @pytest.fixture

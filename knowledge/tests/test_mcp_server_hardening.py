@@ -21,7 +21,11 @@ from knowledge.services import document_add_text, document_ingest
 from knowledge.tests import builders, fake_embedder
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
 LISTING = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}

@@ -28,7 +28,11 @@ from knowledge.tests.fake_embedder import fake_embedding
 from sessions.services import chat_session_create
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 SLOW_SECONDS = 3.0
 """How long the slow embeddings endpoint takes to answer."""

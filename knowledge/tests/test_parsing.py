@@ -15,6 +15,8 @@ from knowledge.parsing import (
     parse_document,
 )
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def _pdf(pages: list[str], title: str = "") -> bytes:
     """A real PDF with one text line per page (pypdf's writer plus a Helvetica content stream)."""

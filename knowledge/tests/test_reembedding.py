@@ -30,7 +30,7 @@ from knowledge.tests import builders
 from knowledge.tests.fake_embedder import fake_embedding, running
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 BOATS = "# Boats\n\nThe harbour keeps twelve sailing boats. Sailing lessons start at the harbour in May."
 BIKES = "# Bikes\n\nThe garage rents mountain bikes. Bike tours leave the garage every Sunday morning."

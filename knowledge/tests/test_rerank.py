@@ -8,6 +8,8 @@ import pytest
 from knowledge.rerank import LISTWISE_PASSAGE_CHARS, listwise_prompt, listwise_reranker, parse_ranking
 from tenants.scoping import tenant_scope
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 @pytest.mark.parametrize(("answer", "order"), [
     ("[3] > [1] > [2]", [2, 0, 1]),

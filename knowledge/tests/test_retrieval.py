@@ -11,7 +11,7 @@ from knowledge.services import document_add_text, document_ingest
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 HIBERNATION = "Bears hibernate in dens during the coldest season, living off their fat reserves."
 PARKING = "Parking permit rules: the winter schedule for animals transport vans; sleep mode for the ticket machine."

@@ -22,7 +22,7 @@ from llm import embeddings
 from llm.embeddings import EmbeddingEndpoint, EmbeddingError, embed_texts_start
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 TEXTS = [
     "Backups: take a nightly dump of the database and keep seven of them.",

@@ -35,7 +35,7 @@ from knowledge.services import document_add_text, document_ingest
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 CORPUS = Path(__file__).parent / "fixtures" / "quality"
 

@@ -19,7 +19,7 @@ from sessions.models import Approval, Run
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE
 from sessions.tests.conftest import post_message_sync
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 FORCED = {"type": "function", "function": {"name": "knowledge_search"}}
 INJECTION = ("Shared notes", """# Shared notes

@@ -16,7 +16,7 @@ from knowledge.tests import builders
 from tenants import rls
 from tenants.scoping import outside_scope, tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 WORDS = ("harbour", "engine", "ledger", "meadow", "signal", "copper", "lantern", "orchard", "quarry", "timber",
          "violet", "walnut", "basalt", "cobalt", "saffron", "thistle")

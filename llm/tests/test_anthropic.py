@@ -29,7 +29,7 @@ from llm.testing_anthropic import ErrorEvent, FakeAnthropicServer, error_body
 from llm.tokens import estimate_completion_tokens, estimate_tokens
 from llm.types import ChatMessage, Completion, ReasoningDelta, StreamEvent, TextDelta, ToolCallRequest, ToolSpec
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
 
 USER = [ChatMessage(role="system", content="You are terse."), ChatMessage(role="user", content="What time is it?")]
 TIME_TOOL = ToolSpec(

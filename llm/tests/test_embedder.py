@@ -33,6 +33,8 @@ from llm.embeddings import (
 )
 from llm.tests.embedding_reference import WordPieceTokenizer, sentence_embedding
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,6 +15,8 @@ import pytest
 from llm import embeddings
 from llm.embeddings import ENDPOINT_CACHE_SIZE, EmbeddingEndpoint, EmbeddingError, aembed_texts, embed_texts
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 class _Server:
     """Answers POST …/embeddings with one 2-d vector per input, keeping connections alive

@@ -29,6 +29,8 @@ from llm.errors import (
     parse_retry_after,
 )
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 httpx2 = pytest.importorskip("httpx2")  # the openai 3.x SDK's transport
 
 URL = "http://127.0.0.1:9/v1/chat/completions"

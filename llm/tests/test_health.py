@@ -34,7 +34,7 @@ from llm.health import (
     cooldown_for,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
 
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 REPO_ROOT = Path(__file__).resolve().parents[2]

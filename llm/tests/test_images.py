@@ -19,7 +19,7 @@ from llm.testing_anthropic import FakeAnthropicServer
 from llm.tokens import IMAGE_TOKENS, estimate_message_tokens
 from llm.types import ChatMessage, Completion, ImagePart
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32).decode()
 JPEG = base64.b64encode(b"\xff\xd8\xff\xe0" + b"\x01" * 16).decode()

@@ -14,6 +14,8 @@ from llm.testing import Fail, FakeLLMServer, Reply
 from llm.tests.test_router import USER, entry, text_of
 from llm.types import Completion
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def test_adapters_and_the_router_implement_the_protocol() -> None:
     openai_entry = entry(0, "http://x/v1")

@@ -22,6 +22,8 @@ from llm.router import Router
 from llm.testing import FakeLLMServer, Reply, fake_dns
 from llm.tests.test_router import collect, entry, text_of
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 @pytest.fixture
 def no_internal_hosts(settings):

@@ -10,6 +10,8 @@ import pytest
 from llm.embeddings import RERANK_MAX_DOCUMENTS, EmbeddingEndpoint, EmbeddingError, RerankError, arerank, rerank
 from llm.testing import Fail
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def _overlap(query: str, documents: list[str]) -> list[float]:
     """Words shared with the query, a stand-in for a cross-encoder's relevance."""

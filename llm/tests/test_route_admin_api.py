@@ -7,7 +7,7 @@ import pytest
 from agents.tests.factories import agent_with_route
 from llm.testing import Fail, Reply
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def test_route_test_reports_latency_or_the_error_class_per_entry(world, fake_llm, second_fake_llm):

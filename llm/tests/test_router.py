@@ -39,7 +39,7 @@ from llm.types import (
     Usage,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
 
 USER = [ChatMessage(role="system", content="You are terse."), ChatMessage(role="user", content="What time is it?")]
 TIME_TOOL = ToolSpec(

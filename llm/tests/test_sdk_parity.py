@@ -12,6 +12,8 @@ import pytest
 from llm.errors import classify_error
 from llm.providers.openai_compat import status_error_from_response
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 BODIES = [
     json.dumps({"error": {"message": "This model's maximum context length is 4096 tokens",
                           "code": "context_length_exceeded", "type": "invalid_request_error"}}),

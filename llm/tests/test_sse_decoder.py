@@ -13,6 +13,8 @@ import pytest
 
 from llm.providers.openai_compat import _BadEvent, _sse_payloads, _SseDecoder
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def _event(payload: object, *, eol: bytes = b"\n") -> bytes:
     return b"data: " + json.dumps(payload).encode() + eol + eol

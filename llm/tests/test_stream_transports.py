@@ -11,7 +11,7 @@ from llm.router import Router
 from llm.testing import CutAfter, FakeLLMServer, Reply, Stall
 from llm.tests.test_router import Recorder, collect, entry, text_of
 
-pytestmark = pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+pytestmark = [pytest.mark.parametrize("transport", ["aiohttp", "httpx"]), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture(autouse=True)

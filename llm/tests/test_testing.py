@@ -15,7 +15,7 @@ import pytest
 
 from llm.testing import NO_STEP_LEFT, CutAfter, Delay, Fail, FakeLLMServer, Hang, Reply, ToolCalls
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _post(server: FakeLLMServer, body: dict, **kwargs) -> httpx.Response:

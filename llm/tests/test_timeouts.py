@@ -22,7 +22,7 @@ from llm.router import Router
 from llm.testing import FakeLLMServer, Hang, Reply, Stall, ToolCalls
 from llm.types import ChatMessage, Completion, StreamEvent, TextDelta, ToolSpec
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
 
 USER = [ChatMessage(role="user", content="What time is it?")]
 TOOL = ToolSpec(name="get_current_time", description="Current time.", parameters={"type": "object", "properties": {}})

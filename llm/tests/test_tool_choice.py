@@ -21,6 +21,8 @@ from llm.testing_anthropic import FakeAnthropicServer
 from llm.tests.test_router import USER, entry, text_of
 from llm.types import ChatMessage, Completion, ToolSpec
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 SEARCH = ToolSpec(name="knowledge_search", description="Search the documents.", parameters={
     "type": "object", "properties": {"query": {"type": "string"}, "top_k": {"type": "integer"}},
     "required": ["query"],

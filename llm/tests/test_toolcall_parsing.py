@@ -18,6 +18,8 @@ from llm.toolcall_parsing import (
 )
 from llm.types import ChatMessage, ToolCallRequest, ToolSpec
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 TOKYO = '{"name": "get_current_time", "arguments": {"timezone": "Asia/Tokyo"}}'
 TOKYO_CALL = ("get_current_time", {"timezone": "Asia/Tokyo"})
 

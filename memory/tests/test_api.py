@@ -15,7 +15,7 @@ from tenants.models import Role
 from tenants.scoping import tenant_scope
 from tenants.services import api_token_create, membership_create
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _assert_404(response, message):

@@ -10,7 +10,7 @@ from agents.tests.factories import AgentFactory
 from memory.models import Memory
 from memory.tests.factories import memory_make
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 LIST = "/admin/memory/memory/"
 

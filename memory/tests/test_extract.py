@@ -22,7 +22,7 @@ from memory.tests.factories import memory_binding
 from sessions.models import ChatSession, Message, Run
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture

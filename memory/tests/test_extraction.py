@@ -15,6 +15,8 @@ from memory.extraction import (
 )
 from memory.policy import MemoryPolicy, policy_errors
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def test_extraction_answer_is_read_in_order_without_repeats():
     answer = ('{"memories": [{"text": "Prefers  answers in French.", "category": "preference"},'

@@ -17,7 +17,11 @@ from frontend.tests.test_spa import CHROMIUM
 from memory.models import Memory
 from memory.tests.factories import memory_binding, memory_make
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 def _in_thread(fn):

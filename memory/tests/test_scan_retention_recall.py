@@ -17,7 +17,7 @@ from memory.tests.factories import memory_binding, memory_make, unit_vector
 from sessions.models import ChatSession, Message, Run
 from tenants.scoping import system_scope, tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _session_with_messages(tenant, agent, user, *, minutes_ago: float, count: int = 2) -> tuple[ChatSession, list]:

@@ -9,7 +9,7 @@ import pytest
 from agents.tests.factories import agent_with_route, bind_builtin
 from llm.testing import Reply, ToolCalls
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def wait_for_run(client, run_id, timeout=30.0):

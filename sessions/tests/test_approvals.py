@@ -17,7 +17,7 @@ from sessions.services import runs_sweep
 from sessions.tests import tools_for_tests
 from sessions.tests.conftest import post_message_sync
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 run_now = async_to_sync(execute_run)
 

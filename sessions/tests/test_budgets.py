@@ -14,7 +14,11 @@ from sessions.models import LLMCall, Run
 from sessions.runner.loop import execute_run
 from sessions.tests.conftest import post_message, reload_run
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @database_sync_to_async

@@ -22,6 +22,8 @@ from sessions.runner.cancellation import (
     watch_for_cancel,
 )
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 RUN_IDS = range(9_100_000, 9_100_050)
 
 

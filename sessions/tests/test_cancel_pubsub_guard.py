@@ -17,6 +17,8 @@ from sessions.events import async_redis
 from sessions.runner import cancellation
 from sessions.runner.cancellation import CancelHub, cancel_channel, cancel_key, request_cancel_sync, watch_for_cancel
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 RUN_IDS = range(9_200_000, 9_200_003)
 SLOW_POLL_SECONDS = 30.0
 

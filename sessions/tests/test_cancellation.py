@@ -20,7 +20,7 @@ from sessions.services import run_cancel
 from sessions.tests.conftest import post_message, post_message_sync, reload_run
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 CANCEL_LATENCY_LIMIT_SECONDS = 1.0
 LATENCIES: dict[str, float] = {}

@@ -14,7 +14,7 @@ from sessions.models import Approval, Artifact, ChatSession, LLMCall, Message, R
 from sessions.services import chat_session_create, message_post
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture

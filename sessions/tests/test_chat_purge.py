@@ -20,7 +20,11 @@ from sessions.models import Artifact, ChatSession, LLMCall, Message, Run, RunSta
 from sessions.services import artifact_create, chat_session_create, message_post
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 def _chat(world, *, deleted_days_ago: float | None, status=RunStatus.COMPLETED):

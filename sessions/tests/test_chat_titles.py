@@ -19,7 +19,11 @@ from sessions.runner.loop import execute_run
 from sessions.services import chat_session_create, message_post
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 QUESTION = "Please plan a **trip** to Kyoto in May, with temples and food"
 ANSWER = "Here is a five-day plan for Kyoto in May: day one, Fushimi Inari; day two, Nishiki market…"

@@ -24,7 +24,11 @@ from sessions.tests.conftest import post_message, reload_run
 from tenants.models import Tenant
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @database_sync_to_async

@@ -21,7 +21,7 @@ from sessions.models import Approval, Message, Run, ToolCall
 from sessions.services import runs_sweep
 from sessions.tests.conftest import post_message_sync
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_SECONDS = 0.3

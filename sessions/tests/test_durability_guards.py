@@ -25,7 +25,7 @@ from sessions.tests.conftest import post_message, post_message_sync
 from sessions.tests.test_durability import STALE_SECONDS, _wait_for, workers  # noqa: F401 (fixture)
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def test_sigkill_during_a_slow_call_never_reruns_the_fast_call_of_the_same_turn(world, fake_llm, workers, tmp_path):  # noqa: F811

@@ -22,6 +22,8 @@ from sessions.event_reader import Closed, Event, Ping, SessionEventReader
 from sessions.events import _PUBLISH_LUA, event_body, event_publish, session_keys
 from sessions.stream_guard import StreamCredential
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 @pytest.fixture
 def slots(monkeypatch) -> list[tuple[str, str]]:

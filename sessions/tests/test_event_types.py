@@ -23,6 +23,8 @@ from sessions.event_types import (
     validate_event,
 )
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 API_DOCS = ROOT / "docs" / "api.md"
 FRONTEND = ROOT / "frontend" / "static" / "frontend"

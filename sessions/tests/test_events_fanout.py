@@ -26,6 +26,8 @@ from sessions.events import (
     live_channel,
 )
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def _session_id() -> int:
     return 10**9 + uuid.uuid4().int % 10**9  # no database row needed: events live in Redis

@@ -13,7 +13,7 @@ from sessions.events import event_publish_sync
 from sessions.services import chat_session_create
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def make_session(world, url="http://127.0.0.1:9/v1"):

@@ -14,7 +14,11 @@ from sessions.services import chat_session_create
 from sessions.tests.conftest import post_message
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @sync_to_async

@@ -21,7 +21,7 @@ from sessions.knowledge_uploads import uploads_knowledge_base_get
 from sessions.tests.test_knowledge_uploads import _add, _agent, _attach, _chat
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 LONG = ("# Harbour guide\n\n" + "\n\n".join(
     f"## Pier {i}\n\nPier {i} has moorings for sailing boats, a fuel dock and a crane for winter storage."

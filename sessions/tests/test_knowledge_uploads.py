@@ -30,7 +30,7 @@ from sessions.tests.conftest import post_message_sync
 from tenants.models import Membership, Role
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 run_now = async_to_sync(execute_run)
 

@@ -17,6 +17,8 @@ from sessions import live
 from sessions.events import event_publish, frame_text, live_channel
 from sessions.live import live_join, live_leave
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def _session_id() -> int:
     return 10**9 + uuid.uuid4().int % 10**9  # no database row needed: events live in Redis

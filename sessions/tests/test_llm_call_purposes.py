@@ -37,7 +37,7 @@ from sessions.tests.conftest import post_message_sync
 from tenants.models import Tenant
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 QUESTION = "Please plan a trip to Kyoto in May, with temples and food"
 

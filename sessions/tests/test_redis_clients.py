@@ -16,6 +16,8 @@ from django.conf import settings
 
 from agent_platform.redis_clients import RedisAddress, redis_address, redis_stream_open
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 EVENT_PATH = [
     "agent_platform/redis_clients.py", "sessions/events.py", "sessions/live.py", "sessions/consumers.py",

@@ -12,7 +12,11 @@ from sessions.tests.conftest import post_message_sync
 from sessions.tests.test_cancellation import mcp_time_server_pids
 from sessions.tests.test_runner_mcp import agent_with_time_server
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 def test_the_run_loop_kind_follows_the_setting(settings):

@@ -31,6 +31,8 @@ from sessions.runs import lifecycle
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 LIFECYCLE = ROOT / "sessions" / "runs"
 

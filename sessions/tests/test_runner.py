@@ -14,7 +14,11 @@ from sessions.runner.loop import FINAL_TURN_NOTE, execute_run
 from sessions.tests import tools_for_tests
 from sessions.tests.conftest import post_message, reload_run
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @sync_to_async

@@ -31,7 +31,11 @@ from sessions.runner.loop import execute_run
 from sessions.tests.conftest import post_message, reload_run
 from tenants.crypto import secret_encrypt
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @pytest.fixture(autouse=True)

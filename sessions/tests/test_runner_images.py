@@ -20,7 +20,11 @@ from sessions.services import chat_session_create, message_post
 from sessions.tests.conftest import reload_run
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
 GIF = b"GIF89a" + b"\x01" * 40

@@ -21,7 +21,7 @@ from sessions.runner.pg import (
     pipelined_transaction,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _backend_pids(name: str) -> set[int]:

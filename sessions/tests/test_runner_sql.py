@@ -24,7 +24,11 @@ from sessions.runs import lifecycle, statements
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 def claim_sync(run_id: int):

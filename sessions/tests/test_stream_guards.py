@@ -25,7 +25,7 @@ from tenants.models import ApiToken
 from tenants.scoping import system_scope, tenant_scope
 from tenants.services import api_token_revoke
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 THIRTY_DIGITS = "9" * 30
 

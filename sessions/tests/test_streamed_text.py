@@ -17,7 +17,11 @@ from sessions.runner.loop import _StreamedTextBatcher, execute_run
 from sessions.runner.ports import CallbackPublisher
 from sessions.tests.conftest import post_message, reload_run
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 
 @sync_to_async

@@ -21,7 +21,7 @@ from sessions.tests.conftest import post_message_sync
 from sessions.tests.test_durability import approve_across_a_restart, workers  # noqa: F401 (fixture)
 from sessions.tests.test_subruns import _cancel, make_agent_sync
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 run_now = async_to_sync(execute_run)
 

@@ -24,7 +24,7 @@ from sessions.tests.conftest import post_message, post_message_sync, reload_run
 from sessions.tests.test_durability import STALE_SECONDS, _wait_for, workers  # noqa: F401 (fixture)
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def make_agent_sync(world, url, *, builtins=(), skills=(), **fields):

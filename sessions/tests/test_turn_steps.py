@@ -19,6 +19,8 @@ from sessions.runner.ports import CallbackPublisher
 from sessions.runner.toolset import Toolset
 from sessions.runner.turn import CONTINUE, Completed, Continue, Failed, Paused, RunState
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 def _spec(**overrides: Any) -> Any:
     values = dict(run_id=1, session_id=1, tenant_id=1, depth=0, steer=False, loop_count=0, max_loop_count=10,

@@ -3,7 +3,7 @@ import pytest
 from agents.tests.factories import AgentFactory
 from sessions.models import ChatSession, LLMCall, Run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _spend(world, agent_name, micros, tokens=(100, 10)):

@@ -32,7 +32,11 @@ from sessions.tests.conftest import post_message_sync
 from tenants.models import Tenant
 from tenants.scoping import tenant_scope
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_enqueue")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
 
 SUMS = ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd_micros")
 

@@ -14,7 +14,7 @@ from agents.tests.factories import AgentFactory
 from tenants.models import AuditEvent, Role
 from tenants.services import membership_create
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from django.test import Client
 from agents.tests.factories import ProviderFactory
 from tenants.models import AuditEvent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _console(user) -> Client:

@@ -19,7 +19,7 @@ from tenants.audit import audit_record
 from tenants.models import AuditEvent
 from tenants.scoping import system_scope, tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _event(world) -> AuditEvent:

@@ -5,6 +5,8 @@ from tenants.crypto import SecretDecryptError, secret_decrypt, secret_encrypt
 from tenants.selectors import api_token_authenticate
 from tenants.services import api_token_create, api_token_revoke
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 @pytest.mark.django_db
 def test_secrets_round_trip_and_are_tenant_bound(tenant, other_tenant):

@@ -12,7 +12,7 @@ from agent_platform.local_secrets import PUBLISHED_DEV_ENCRYPTION_KEY
 from tenants.crypto import SecretDecryptError, secret_decrypt, secret_encrypt
 from tenants.models import Tenant
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _fresh(tenant: Tenant) -> Tenant:

@@ -26,6 +26,8 @@ from llm.models import ModelProvider
 from llm.testing import fake_dns
 from tenants import rls
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ensure_database.py"
 _STRIPPED = ("SECRETS_FILE", "DATABASE_URL", "DATABASE_OWNER_URL", "SECRET_KEY", "ENCRYPTION_KEY",

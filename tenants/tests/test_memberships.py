@@ -17,7 +17,7 @@ from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Role
 from tenants.selectors import api_token_authenticate, membership_for_user
 from tenants.services import membership_create, tenant_create
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _console(user) -> Client:

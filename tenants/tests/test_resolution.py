@@ -15,7 +15,7 @@ from sessions.sse import _authorize
 from tenants.resolution import caller_resolve
 from tenants.services import membership_create, tenant_create
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 @pytest.fixture

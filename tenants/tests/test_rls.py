@@ -14,7 +14,7 @@ from sessions.models import ChatSession, Run
 from tenants import rls
 from tenants.scoping import TenantOwnedModel, outside_scope, system_scope, tenant_scope, tenants_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _count_raw(table: str) -> int:

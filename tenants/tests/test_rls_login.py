@@ -22,7 +22,7 @@ from llm.models import ModelProvider
 from tenants import rls
 from tenants.scoping import tenant_scope
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def _providers(world, other_world) -> tuple[ModelProvider, ModelProvider]:

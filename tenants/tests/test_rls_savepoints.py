@@ -17,7 +17,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from tenants.models import Tenant
 from tenants.scoping import system_scope, tenant_scope
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
 
 
 def test_the_outer_transaction_survives_an_error_in_a_savepoint(tenant):

@@ -4,6 +4,8 @@ from agents.models import AgentInstance
 from agents.tests.factories import AgentFactory
 from tenants.scoping import TenantScopeError, current_tenant_id, tenant_scope
 
+pytestmark = pytest.mark.usefixtures("all_tenants_scope")
+
 
 @pytest.mark.django_db
 def test_scoped_manager_fails_closed_without_a_tenant(tenant):
