@@ -394,3 +394,15 @@ def test_limits_are_positive_integers(limits: dict[str, Any]) -> None:
 def test_read_only_binds_are_absolute_paths(path: Any) -> None:
     with pytest.raises(ValueError, match="absolute path"):
         SandboxProfile(ro_binds=(path,))
+
+
+def test_a_variable_with_a_nul_byte_or_a_bad_name_is_refused() -> None:
+    """(Seed 3402's survivors.) A NUL would cut the value where the kernel reads it."""
+    for env in ({"TOKEN": "abc\0def"}, {"BAD NAME": "x"}, {"1ST": "x"}):
+        with pytest.raises(ValueError, match="invalid environment variable"):
+            SandboxProfile(env=env)
+
+
+def test_a_confined_command_needs_a_program() -> None:
+    with pytest.raises(ValueError, match="needs a program"):
+        confined_argv([], _profile())
