@@ -5,6 +5,9 @@
 - ``fake_llm``: a scripted OpenAI-compatible server on 127.0.0.1 (llm.testing).
 - ``celery_worker``: a real Celery worker (in-process thread) on the real Redis broker.
 - ``live_server_url``: the real ASGI application (HTTP + WebSocket) served by uvicorn.
+- ``all_tenants_scope`` (opt-in: a module's ``pytestmark`` or a test's argument): the body
+  may make and inspect any tenant's rows. Without it a test runs outside any tenant scope,
+  as production code starts; ``no_scope`` leaves the scope again after it.
 """
 
 from __future__ import annotations
@@ -35,16 +38,6 @@ def _clean_test_redis_keys() -> None:
     client = redis.Redis.from_url(settings.REDIS_URL)
     for key in client.scan_iter(f"{settings.REDIS_KEY_PREFIX}:*", count=1000):
         client.delete(key)
-
-
-@pytest.fixture(autouse=True)
-def _system_scope() -> Iterator[None]:
-    """Tests work across tenants (they make and inspect any tenant's rows), so the database
-    lets them, as it lets the sweeper (tenants/rls.py). Code under test narrows the scope
-    itself (API views, the console, consumers, tasks, the runner) or runs in threads and
-    processes of its own, which start outside it. ``no_scope`` takes this away."""
-    with system_scope():
-        yield
 
 
 @pytest.fixture
@@ -86,7 +79,8 @@ def _event_payloads_checked(monkeypatch) -> Iterator[list[str]]:
 
 @pytest.fixture
 def no_scope() -> Iterator[None]:
-    """The test body runs in no tenant scope: the database shows it no tenant-owned row."""
+    """The test body runs in no tenant scope (also after ``all_tenants_scope``): the database
+    shows it no tenant-owned row."""
     with outside_scope():
         yield
 

@@ -516,6 +516,9 @@ def test_flush_command(world, other_world):
         for w in (world, other_world):
             AgentFactory(tenant=w.tenant)
         assert Tenant.objects.count() == 2 and AgentInstance.all_tenants.count() == 2
-    as_worker(call_command, "flush", interactive=False, verbosity=0)
+    # Sequences kept, as the test runner's own flush keeps them: ids restarting at 1 would make
+    # later tests reuse ids (and the names built from them) that state outside the database
+    # (provider health, Redis) still remembers.
+    as_worker(call_command, "flush", interactive=False, reset_sequences=False, verbosity=0)
     with system_scope():
         assert (Tenant.objects.count(), AgentInstance.all_tenants.count()) == (0, 0)
