@@ -47,7 +47,7 @@ class DataKeyUnavailable(SecretDecryptError, ApplicationError):
     MESSAGE = ("This tenant's stored secrets cannot be opened with the platform's configured ENCRYPTION_KEY "
                "(the platform runs with other keys than the ones its database was made with). The operator must "
                "restore the secrets file that was used with this database; scripts/bootstrap.sh names it "
-               "(README, \"Key handling\").")
+               "(docs/operations-security.md, \"Key handling\").")
 
     def __init__(self, tenant_id: int | None) -> None:
         ApplicationError.__init__(self, self.MESSAGE, extra={"reason": "tenant_secrets_unavailable"},
