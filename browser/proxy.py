@@ -37,7 +37,13 @@ import logging
 import os
 import threading
 
-from capabilities.checked_proxy import HEAD_LIMIT_BYTES, REFUSED_HEADER, ProxyRefused, serve_connection
+from capabilities.checked_proxy import (
+    HEAD_LIMIT_BYTES,
+    REFUSED_HEADER,
+    ProxyRefused,
+    loop_thread_start,
+    serve_connection,
+)
 from capabilities.netsafe import FetchError, resolve_host
 
 logger = logging.getLogger(__name__)
@@ -73,31 +79,13 @@ _handle = functools.partial(serve_connection, check=destination_check, logger=lo
 
 class _Proxy:
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
         self.address: tuple[str, int] = ("127.0.0.1", 0)
-        ready = threading.Event()
-        errors: list[BaseException] = []
 
         async def start() -> None:
             server = await asyncio.start_server(_handle, host="127.0.0.1", port=0, limit=HEAD_LIMIT_BYTES)
             self.address = server.sockets[0].getsockname()[:2]
 
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            try:
-                self.loop.run_until_complete(start())
-            except BaseException as exc:  # reported to the starting thread
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, name="browser-proxy", daemon=True)
-        self.thread.start()
-        ready.wait(10)
-        if errors:
-            raise errors[0]
+        self.loop, self.thread = loop_thread_start(start, name="browser-proxy")
 
 
 _proxy: _Proxy | None = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
@@ -268,3 +269,38 @@ async def serve_connection(client_reader: asyncio.StreamReader, client_writer: a
         for writer in (client_writer, upstream_writer):
             if writer is not None:
                 writer.close()
+
+
+def loop_thread_start(start: Callable[[], Awaitable[None]], *, name: str,
+                      ready_seconds: float = 10) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """A new event loop running forever in a daemon thread ``name``, after ``start()`` (which
+    opens the proxy's listening socket on it) has completed.
+
+    Returns:
+        ``(loop, thread)``.
+
+    Raises:
+        BaseException: what ``start()`` raised (e.g. ``OSError`` for a socket it cannot bind),
+            in the calling thread.
+    """
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(start())
+        except BaseException as exc:  # reported to the starting thread
+            errors.append(exc)
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    ready.wait(ready_seconds)
+    if errors:
+        raise errors[0]
+    return loop, thread

@@ -46,7 +46,7 @@ import tempfile
 import threading
 from typing import Any
 
-from capabilities.checked_proxy import HEAD_LIMIT_BYTES, ProxyRefused, serve_connection
+from capabilities.checked_proxy import HEAD_LIMIT_BYTES, ProxyRefused, loop_thread_start, serve_connection
 from capabilities.netsafe import FetchError, resolve_host
 
 logger = logging.getLogger(__name__)
@@ -99,30 +99,12 @@ class _Proxy:
         self.directory = tempfile.mkdtemp(prefix="ap-egress-")
         os.chmod(self.directory, 0o755)
         self.path = os.path.join(self.directory, "egress.sock")
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        errors: list[BaseException] = []
 
         async def start() -> None:
             await asyncio.start_unix_server(_handle, path=self.path, limit=HEAD_LIMIT_BYTES)
             os.chmod(self.path, 0o666)
 
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            try:
-                self.loop.run_until_complete(start())
-            except BaseException as exc:  # reported to the starting thread
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, name="egress-proxy", daemon=True)
-        self.thread.start()
-        ready.wait(10)
-        if errors:
-            raise errors[0]
+        self.loop, self.thread = loop_thread_start(start, name="egress-proxy")
         atexit.register(shutil.rmtree, self.directory, True)
 
 
