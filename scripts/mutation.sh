@@ -148,7 +148,12 @@ EOF
   # The sandbox runs programs from the real environment (bubblewrap does not follow the symlink):
   # the one agent_platform/sandbox_paths.py names for this checkout.
   sandbox_venv=$(cd "$ROOT" && "$PYTHON" -m agent_platform.sandbox_paths)
-  (cd "$ws" && TEST_ISOLATION="$isolation" SANDBOX_PYTHON="$sandbox_venv/bin/python" \
+  # The mutated tree first on sys.path (the project is also installed editable in .venv, a .pth
+  # naming this checkout): without it the retrieval target's clean run found no rows (searches
+  # returned [], most likely a module imported from both trees, with two tenant-scope
+  # ContextVars); with it that run passes and the other targets are unchanged in kind.
+  (cd "$ws" && PYTHONPATH="$ws/mutants${PYTHONPATH:+:$PYTHONPATH}" TEST_ISOLATION="$isolation" \
+     SANDBOX_PYTHON="$sandbox_venv/bin/python" \
      SANDBOX_RO_BINDS="$sandbox_venv" "$MUTMUT" run --max-children "$JOBS" "${names[@]}") || {
     echo "mutmut run failed for $name (see above)"; return 1; }
   (cd "$ws" && "$PYTHON" - "$name" <<'EOF'
