@@ -12,7 +12,12 @@ platform attributes the answer's sentences to those passages itself (post-hoc ci
    model that made the stored chunk vectors, :mod:`llm.embeddings`);
 3. its cosine with each given passage's stored vector (``knowledge.models.Chunk.embedding``,
    unit length, so the cosine is the dot product) is computed, and the best passage is
-   attached when the cosine is at least :data:`ATTRIBUTION_THRESHOLD`.
+   attached when the cosine is at least :data:`ATTRIBUTION_THRESHOLD`;
+4. a sentence still unattributed that quotes a passage's text verbatim in inline code (a
+   command, a setting, a path: :func:`code_spans`) goes to the nearest such passage: a short
+   sentence around a quoted command scores low against a long chunk (the demo's own answer,
+   "run the `make run` command", was 0.461 against one version of the README's Quick start
+   and below the threshold against the next), yet the quote says where it came from.
 
 The reply's text is never changed: attributions are stored beside it (``Run.attributions``)
 and the chat app shows them as markers visibly different from the model's own citations
@@ -56,6 +61,17 @@ _FENCE = re.compile(r"^[ \t]*(```|~~~).*?(^[ \t]*\1[^\n]*$|\Z)", re.MULTILINE | 
 _BREAK = re.compile(r"(?<=[.!?…])(?<!e\.g\.)(?<!i\.e\.)[\"')\]]*\s+|\n\s*\n|\n(?=[ \t]*(?:[-*+•]|\d{1,3}[.)]|#{1,6})\s)")
 _LEAD = re.compile(r"(?:[-*+•]|\d{1,3}[.)]|#{1,6}|>)\s+")
 _CITATION = re.compile(r"\[(\d{1,4})\]")
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+MIN_CODE_SPAN_CHARS = 4
+"""A shorter inline-code quote (`id`, `-v`) is too common to say which passage it came from."""
+
+
+def code_spans(sentence: str) -> list[str]:
+    """The inline-code spans of ``sentence`` with at least :data:`MIN_CODE_SPAN_CHARS`
+    characters that are not all punctuation, stripped: ``"run `make run` now"`` ->
+    ``["make run"]``."""
+    spans = (m.group(1).strip() for m in _CODE_SPAN.finditer(sentence))
+    return [span for span in spans if len(span) >= MIN_CODE_SPAN_CHARS and any(c.isalnum() for c in span)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +176,7 @@ class _Group:
     endpoint: Any
     model: str
     passages: list[tuple[int, list[float]]]
+    texts: dict[int, str]
 
 
 InThread = Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]
@@ -204,9 +221,20 @@ async def attribute(reply: str, citations: Iterable[Any], *, in_thread: InThread
         for i, match in enumerate(best_passages(vectors, group.passages, threshold=threshold)):
             if match is not None and (found[i] is None or match[1] > found[i][1]):
                 found[i] = match
+        for i, sentence in enumerate(sentences):
+            if found[i] is None:
+                found[i] = _quoted_passage(code_spans(sentence.text), vectors[i], group)
     return [{"sentence_start": s.start, "sentence_end": s.end, "n": numbers[m[0]], "chunk_id": m[0],
              "score": round(m[1], 4)}
             for s, m in zip(sentences, found, strict=True) if m is not None]
+
+
+def _quoted_passage(spans: list[str], vector: Sequence[float], group: _Group) -> tuple[int, float] | None:
+    """``(chunk_id, cosine)`` of the nearest passage of ``group`` whose text holds one of
+    ``spans`` verbatim, or None."""
+    quoted = [(chunk_id, sum(a * b for a, b in zip(vector, passage, strict=True)))
+              for chunk_id, passage in group.passages if any(span in group.texts[chunk_id] for span in spans)]
+    return max(quoted, key=lambda match: match[1]) if quoted else None
 
 
 def _passage_groups(*, chunk_ids: list[int]) -> list[_Group]:
@@ -217,11 +245,11 @@ def _passage_groups(*, chunk_ids: list[int]) -> list[_Group]:
     from llm.embeddings import embedding_endpoint
 
     rows = list(Chunk.objects.filter(pk__in=chunk_ids).values_list("pk", "knowledge_base_id", "embedding",
-                                                                    "embedding_fingerprint"))
+                                                                    "embedding_fingerprint", "text"))
     kbs = {kb.pk: kb for kb in KnowledgeBase.objects.filter(pk__in={r[1] for r in rows})
            .select_related("embedding_provider", "embedding_provider__tenant")}
     by_model: dict[tuple[int, str], _Group] = {}
-    for chunk_id, kb_id, vector, fingerprint in rows:
+    for chunk_id, kb_id, vector, fingerprint, text in rows:
         kb = kbs.get(kb_id)
         if kb is None or vector is None or fingerprint != kb.embedding_fingerprint:
             continue
@@ -229,6 +257,7 @@ def _passage_groups(*, chunk_ids: list[int]) -> list[_Group]:
         group = by_model.get(key)
         if group is None:
             group = by_model[key] = _Group(endpoint=embedding_endpoint(kb.embedding_provider),
-                                           model=kb.embedding_model, passages=[])
+                                           model=kb.embedding_model, passages=[], texts={})
         group.passages.append((chunk_id, [float(x) for x in vector]))
+        group.texts[chunk_id] = text
     return list(by_model.values())

@@ -107,6 +107,26 @@ def test_an_uncited_answer_is_attributed_to_the_right_passage_and_an_unrelated_s
     assert listed["attributions"] == run.attributions
 
 
+def test_code_spans_are_the_quotes_long_enough_to_say_where_they_came_from() -> None:
+    from knowledge.attribution import code_spans
+
+    assert code_spans("Run `make run`, then `make test` (not `-v`, nor `...`).") == ["make run", "make test"]
+    assert code_spans("No code here, only `unclosed quotes.") == []
+
+
+@real_db
+def test_a_sentence_quoting_a_passage_in_code_goes_to_that_passage(
+        world, fake_llm, embedding_server, no_enqueue, no_ingest_task):
+    """A sentence far from the passage in meaning (its cosine below the threshold) that quotes
+    the passage's text verbatim in inline code is attributed to it."""
+    quoting = "My pizza order at the cheese counter, with olives, is filed under `four dinghies` today."
+    run = _searching_run(world, fake_llm, embedding_server, f"{quoting} {OFF_TOPIC}")
+    [attribution] = run.attributions
+    assert (run.reply[attribution["sentence_start"]:attribution["sentence_end"]], attribution["n"]) == (
+        quoting, _n_of(run, "four dinghies"))
+    assert attribution["score"] < ATTRIBUTION_THRESHOLD, "the quote, not the meaning, placed it"
+
+
 @real_db
 def test_an_answer_that_cites_gets_no_attribution(world, fake_llm, embedding_server, no_enqueue, no_ingest_task):
     run = _searching_run(world, fake_llm, embedding_server, f"{HOURS[:-1]} [1].")
