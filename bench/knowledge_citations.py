@@ -279,8 +279,9 @@ def main() -> int:
 
     import knowledge.tasks
     import llm.toolcall_parsing as parsing
+    from knowledge.ingestion import document_ingest
     from knowledge.kind import KnowledgeBindingSpec, tool_description
-    from knowledge.services import document_add_text, document_ingest
+    from knowledge.services import document_add_text
     from knowledge.tools import CITE_NOTE, CitationNumbers, KnowledgeSearchTool
     from llm.types import ChatMessage, ToolCallRequest
     from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, frame_untrusted

@@ -180,7 +180,8 @@ def main() -> int:
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}; {len(questions)} questions")
     import knowledge.tasks
-    from knowledge.services import document_add_text, document_ingest
+    from knowledge.ingestion import document_ingest
+    from knowledge.services import document_add_text
 
     knowledge.tasks.document_ingest_enqueue = lambda **kwargs: None  # ingested below, synchronously
     with knowledge_common.embedder() as url, knowledge_common.throwaway_tenants(1) as (tenant,):

@@ -303,7 +303,8 @@ def _embedding_ms(kb: KnowledgeBase, queries: int) -> list[float]:
 def _ingestion(tenant, url: str) -> tuple[int, float, float]:
     """Ingest the repository's Markdown; (chunks, seconds, seconds spent embedding)."""
     import llm.embeddings as embeddings
-    from knowledge.services import document_add_text, document_ingest
+    from knowledge.ingestion import document_ingest
+    from knowledge.services import document_add_text
 
     provider = knowledge_common.embedding_provider(tenant, url)
     kb = KnowledgeBase.all_tenants.create(tenant=tenant, name="ingest", embedding_provider=provider,

@@ -16,7 +16,7 @@ its current embedding model (provider entry id, vector size, re-embedding revisi
 name); every chunk records the fingerprint its vector was made with. When the knowledge base's
 model changes (or an admin asks for a re-embedding because the model behind the provider entry
 changed, which bumps ``embedding_revision``), the chunks whose fingerprint differs are
-re-embedded by a Celery job (:func:`knowledge.services.knowledge_base_reembed`), and the vector
+re-embedded by a Celery job (:func:`knowledge.reembedding.knowledge_base_reembed`), and the vector
 search meanwhile compares only chunks of the current fingerprint (:mod:`knowledge.retrieval`):
 two models' vectors are never compared, even when they have the same length.
 
@@ -137,7 +137,8 @@ class Document(TenantOwnedModel):
     """One source of a knowledge base (a file, a URL, a text) and its ingestion status.
 
     ``status`` goes queued → parsing → embedding → ready, or failed with ``status_reason``;
-    only :mod:`knowledge.services` writes it. A document is identified in its knowledge base
+    only :mod:`knowledge.document_status` and the queueing services of :mod:`knowledge.services`
+    write it. A document is identified in its knowledge base
     by ``(source_kind, source)``: adding that source again with other content replaces its
     chunks, with the same content does nothing.
     """

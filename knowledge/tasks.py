@@ -1,9 +1,13 @@
-"""Celery tasks of knowledge: thin wrappers over :mod:`knowledge.services`."""
+"""Celery tasks of knowledge: thin wrappers over :mod:`knowledge.ingestion` and
+:mod:`knowledge.reembedding` (queued on commit by :mod:`knowledge.services`)."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
+from knowledge.ingestion import document_ingest as ingest
+from knowledge.reembedding import REEMBED_MAX_RETRIES, REEMBED_RETRY_SECONDS, ReembedRetry
+from knowledge.reembedding import knowledge_base_reembed as reembed
 from tenants.scoping import with_tenant_scope
 
 INGEST_TIME_LIMIT_SECONDS = 1800
@@ -15,10 +19,8 @@ INGEST_TIME_LIMIT_SECONDS = 1800
 @with_tenant_scope
 def document_ingest(*, tenant_id: int, document_id: int, generation: int, force: bool = False) -> str:
     """Ingest document ``document_id`` of tenant ``tenant_id`` if it is still at ``generation``
-    (see :func:`knowledge.services.document_ingest`). Runs in the tenant's scope; a wrong
+    (see :func:`knowledge.ingestion.document_ingest`). Runs in the tenant's scope; a wrong
     tenant finds no document (row-level security) and does nothing."""
-    from knowledge.services import document_ingest as ingest
-
     return ingest(document_id=document_id, generation=generation, force=force)
 
 
@@ -32,7 +34,7 @@ def document_ingest_enqueue(*, tenant_id: int, document_id: int, generation: int
 
 
 REEMBED_TIME_LIMIT_SECONDS = 900
-"""One slice of a re-embedding (:data:`knowledge.services.REEMBED_SLICE_SECONDS` of work, then
+"""One slice of a re-embedding (:data:`knowledge.reembedding.REEMBED_SLICE_SECONDS` of work, then
 the task sends itself again) plus the batch in flight: 15 minutes at most."""
 
 
@@ -42,14 +44,11 @@ the task sends itself again) plus the batch in flight: 15 minutes at most."""
 @with_tenant_scope
 def knowledge_base_reembed(self, *, tenant_id: int, knowledge_base_id: int, fingerprint: str) -> str:
     """Re-embed knowledge base ``knowledge_base_id``'s stale chunks while its embedding model is
-    ``fingerprint`` (:func:`knowledge.services.knowledge_base_reembed`). ``acks_late`` and
+    ``fingerprint`` (:func:`knowledge.reembedding.knowledge_base_reembed`). ``acks_late`` and
     ``reject_on_worker_lost``: a job whose worker died is delivered again and goes on where it
-    was. A failing embedding endpoint is retried :data:`~knowledge.services.REEMBED_MAX_RETRIES`
+    was. A failing embedding endpoint is retried :data:`~knowledge.reembedding.REEMBED_MAX_RETRIES`
     times (30 s, then doubling) before the documents left fail; after a slice of work the task
     sends itself again."""
-    from knowledge.services import REEMBED_MAX_RETRIES, REEMBED_RETRY_SECONDS, ReembedRetry
-    from knowledge.services import knowledge_base_reembed as reembed
-
     try:
         outcome = reembed(knowledge_base_id=knowledge_base_id, fingerprint=fingerprint,
                           final_attempt=self.request.retries >= REEMBED_MAX_RETRIES)

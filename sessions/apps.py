@@ -19,7 +19,7 @@ class AgentSessionsConfig(AppConfig):
     def _knowledge_status_events(self) -> None:
         """Publish document status changes to the chat a document was added from
         (:func:`sessions.knowledge_uploads.document_status_publish`)."""
-        from knowledge.services import document_status_listen
+        from knowledge.document_status import document_status_listen
         from sessions.knowledge_uploads import document_status_publish
 
         document_status_listen(document_status_publish)

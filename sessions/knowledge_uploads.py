@@ -15,7 +15,7 @@ knowledge bases too, for that user only (:mod:`knowledge.kind`).
 - Its status reaches the chat as events: the document remembers the chat it was last added
   from (``Document.chat_session_id``), and every committed status change (and each embedding
   batch) is published there as ``document_status_changed`` (:func:`document_status_publish`,
-  registered with :func:`knowledge.services.document_status_listen` by this app's ``ready()``);
+  registered with :func:`knowledge.document_status.document_status_listen` by this app's ``ready()``);
   the chat app updates the document's status line from it, and asks the API only while its
   event stream is down or for documents added from another chat.
 
@@ -33,8 +33,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import BinaryField, CharField, F, Func, QuerySet, Value
 
 from agent_platform.api_errors import ApplicationError, NotFound
+from knowledge.document_status import DocumentStatusChange
 from knowledge.models import Document, DocumentStatus, KnowledgeBase, SourceKind
-from knowledge.services import DocumentStatusChange
 from sessions import events
 from sessions.models import Artifact, ChatSession
 
@@ -205,7 +205,7 @@ def chat_knowledge_get(*, session: ChatSession, user_id: int) -> ChatKnowledge:
 def document_status_publish(change: DocumentStatusChange) -> None:
     """Publish a document's status change to the chat it was added from, as
     ``document_status_changed`` (:class:`sessions.event_types.DocumentStatusChanged`); nothing
-    for a document not added from a chat. Called by :mod:`knowledge.services` after the change
+    for a document not added from a chat. Called by :mod:`knowledge.document_status` after the change
     committed (the listener this app registers).
 
     Raises:

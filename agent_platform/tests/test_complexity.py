@@ -62,8 +62,6 @@ NOT_YET_SPLIT: dict[str, int] = {
     "knowledge/mcp_server.py:knowledge_search_call": 23,
     "knowledge/parsing.py:parse_docx": 22,
     "knowledge/retrieval.py:search": 27,
-    "knowledge/services.py:_ingest": 16,
-    "knowledge/services.py:document_add": 21,
     "knowledge/tools.py:search_arguments": 16,
     "llm/embeddings.py:_rerank_scores": 15,
     "llm/embeddings.py:_vectors": 23,

@@ -358,8 +358,9 @@ def test_document_ingest(world, other_world, fake_embedder, knowledge_queued):
 
 def test_knowledge_base_reembed(world, other_world, fake_embedder, knowledge_queued):
     from knowledge import tasks
+    from knowledge.ingestion import document_ingest
     from knowledge.models import Chunk, KnowledgeBase
-    from knowledge.services import document_add_text, document_ingest, knowledge_base_update
+    from knowledge.services import document_add_text, knowledge_base_update
 
     with system_scope():
         for kb in _knowledge_bases((world, other_world), fake_embedder, model="hash-a-384"):

@@ -21,8 +21,8 @@ from django.db import connection
 
 from frontend.tests.test_chat_flows import log_in, open_page, start_chat
 from frontend.tests.test_chat_knowledge_uploads import _agent, _attach_and_send
+from knowledge.ingestion import document_ingest
 from knowledge.models import Document
-from knowledge.services import document_ingest
 from knowledge.tests.fake_embedder import running
 from llm.testing import Reply
 from tenants.scoping import tenant_scope

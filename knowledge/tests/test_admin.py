@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from knowledge.ingestion import document_ingest
 from knowledge.models import Document
-from knowledge.services import document_ingest
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 

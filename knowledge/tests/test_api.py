@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from knowledge.ingestion import document_ingest
 from knowledge.models import Chunk, Document, KnowledgeBase
-from knowledge.services import document_ingest
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 

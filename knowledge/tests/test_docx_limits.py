@@ -14,9 +14,10 @@ import zipfile
 import pytest
 
 from knowledge import parsing
+from knowledge.ingestion import document_ingest
 from knowledge.models import Chunk, Document
 from knowledge.parsing import DOCX_MIME, ParseError, parse_document
-from knowledge.services import document_add, document_ingest
+from knowledge.services import document_add
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 

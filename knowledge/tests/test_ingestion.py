@@ -13,13 +13,13 @@ import pytest
 from django.db import connection
 from django.test import override_settings
 
+from knowledge.ingestion import document_ingest
 from knowledge.models import Chunk, Document, DocumentStatus
 from knowledge.services import (
     document_add,
     document_add_text,
     document_add_url,
     document_delete,
-    document_ingest,
     document_reingest,
     knowledge_base_update,
 )

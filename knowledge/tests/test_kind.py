@@ -17,8 +17,9 @@ from asgiref.sync import async_to_sync
 
 from agents.models import CapabilityBinding
 from agents.tests.factories import agent_with_route
+from knowledge.ingestion import document_ingest
 from knowledge.models import Document, KnowledgeBase
-from knowledge.services import document_add_text, document_ingest, knowledge_base_create
+from knowledge.services import document_add_text, knowledge_base_create
 from llm.testing import Reply, ToolCalls
 from sessions.models import Run, ToolCall
 from sessions.runner.loop import execute_run

@@ -13,7 +13,8 @@ import pytest
 from capabilities.mcp.client import McpConnection, McpServerConfig
 from capabilities.tools import ToolError
 from knowledge.models import Document
-from knowledge.services import document_add_text, document_ingest
+from knowledge.ingestion import document_ingest
+from knowledge.services import document_add_text
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 from tenants.services import api_token_revoke

@@ -14,18 +14,13 @@ import math
 
 import pytest
 
-from knowledge import services
+from knowledge import document_status
+from knowledge.ingestion import document_ingest
 from knowledge.models import Chunk, Document, DocumentStatus, KnowledgeBase
+from knowledge.reembedding import ReembedRetry, knowledge_base_reembed
 from knowledge.retrieval import search
 from knowledge.selectors import knowledge_base_embedding_progress
-from knowledge.services import (
-    ReembedRetry,
-    document_add_text,
-    document_ingest,
-    knowledge_base_reembed,
-    knowledge_base_reembed_request,
-    knowledge_base_update,
-)
+from knowledge.services import document_add_text, knowledge_base_reembed_request, knowledge_base_update
 from knowledge.tests import builders
 from knowledge.tests.fake_embedder import fake_embedding, running
 from tenants.scoping import tenant_scope
@@ -56,9 +51,9 @@ def statuses(monkeypatch):
     """Every committed document status change, as the listeners get it: ``[(document_id, status,
     embedded_count)]``."""
     seen: list[tuple[int, str, int]] = []
-    monkeypatch.setattr(services, "_status_listeners",
-                        [*services._status_listeners, lambda c: seen.append((c.document_id, c.status,
-                                                                             c.embedded_count))])
+    monkeypatch.setattr(document_status, "_status_listeners",
+                        [*document_status._status_listeners,
+                         lambda c: seen.append((c.document_id, c.status, c.embedded_count))])
     return seen
 
 
@@ -371,7 +366,7 @@ def test_the_task_retries_a_failing_endpoint_then_fails_the_documents_left(world
     """``knowledge.knowledge_base_reembed`` is late-acknowledged (a lost worker's job is
     delivered again) and retries a failing endpoint (run eagerly here: the retries follow at
     once) before the documents still holding old vectors end failed."""
-    from knowledge.services import REEMBED_MAX_RETRIES
+    from knowledge.reembedding import REEMBED_MAX_RETRIES
     from knowledge.tasks import knowledge_base_reembed as task
 
     assert task.acks_late and task.reject_on_worker_lost

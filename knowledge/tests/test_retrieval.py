@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
+from knowledge.ingestion import document_ingest
 from knowledge.retrieval import SearchError, lexical_sql, rrf_fuse, search
-from knowledge.services import document_add_text, document_ingest
+from knowledge.services import document_add_text
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 

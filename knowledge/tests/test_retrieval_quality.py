@@ -29,9 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from knowledge.ingestion import document_ingest
 from knowledge.models import Chunk, KnowledgeBase
 from knowledge.retrieval import search
-from knowledge.services import document_add_text, document_ingest
+from knowledge.services import document_add_text
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope
 

@@ -127,17 +127,17 @@ def test_seed_demo_makes_the_docs_assistant_search_first_and_commits_its_documen
     from django.core.management import call_command
 
     from agents.models import CapabilityBinding
+    from knowledge.document_status import document_status_listen
     from knowledge.models import Document
-    from knowledge.services import document_status_listen
 
     seen = []
     document_status_listen(seen.append)
     try:
         call_command("seed_demo")
     finally:
-        from knowledge import services
+        from knowledge import document_status
 
-        services._status_listeners.remove(seen.append)
+        document_status._status_listeners.remove(seen.append)
     binding = CapabilityBinding.all_tenants.get(agent__name="Docs assistant", kind="knowledge")
     assert binding.config["search_first"] is True and "retrieve_before_first_turn" not in binding.config
     docs = Document.all_tenants.filter(knowledge_base__name="Platform documentation")

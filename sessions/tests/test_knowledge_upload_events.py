@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
+from knowledge.ingestion import document_ingest
 from knowledge.models import Document
-from knowledge.services import document_add_text, document_ingest, document_reingest
+from knowledge.services import document_add_text, document_reingest
 from knowledge.tests.fake_embedder import running
 from sessions.events import events_since_sync
 from sessions.knowledge_uploads import uploads_knowledge_base_get

@@ -201,7 +201,8 @@ KITCHEN = ("Kitchen rules", "# Kitchen rules\n\n## Cleaning\nWash your own cup. 
 
 
 def _knowledge_agent(world, fake_llm, embedding_server):
-    from knowledge.services import document_add_text, document_ingest, knowledge_base_create
+    from knowledge.ingestion import document_ingest
+    from knowledge.services import document_add_text, knowledge_base_create
     from llm.services import provider_save
 
     with tenant_scope(world.tenant.pk):
