@@ -8,13 +8,31 @@ class AgentSessionsConfig(AppConfig):
     verbose_name = "Sessions and runs"
 
     def ready(self) -> None:
-        """Register the meter of model calls outside a run's turns (``llm.metering``): their
-        LLMCall rows and the tenant's monthly budget (:mod:`sessions.llm_calls`)."""
+        """Fill the ports the lower layers declare: the meter of model calls outside a run's
+        turns (``llm.metering``: their LLMCall rows and the tenant's monthly budget,
+        :mod:`sessions.llm_calls`), the hand-off of runs and chat titles to workers
+        (:mod:`sessions.runs.handoff`) and the publishing of document status changes."""
         from llm.metering import meter_register
         from sessions.llm_calls import LLMCallMeter
 
         meter_register(LLMCallMeter())
+        self._worker_hand_off()
         self._knowledge_status_events()
+
+    def _worker_hand_off(self) -> None:
+        """Runs and chats are handed to workers by :mod:`sessions.tasks`' Celery senders
+        (``run_enqueue``, ``chat_title_enqueue``). Each call looks the sender up on the module,
+        so a test's or benchmark's patch of ``sessions.tasks.run_enqueue`` applies."""
+        from sessions import tasks
+        from sessions.runs.handoff import WorkerHandOff, workers_register
+
+        def run(run_id: int, tenant_id: int | None = None) -> None:
+            tasks.run_enqueue(run_id, tenant_id)
+
+        def chat_title(*, session_id: int, run_id: int, tenant_id: int) -> None:
+            tasks.chat_title_enqueue(session_id=session_id, run_id=run_id, tenant_id=tenant_id)
+
+        workers_register(WorkerHandOff(run=run, chat_title=chat_title))
 
     def _knowledge_status_events(self) -> None:
         """Publish document status changes to the chat a document was added from

@@ -31,34 +31,11 @@ from sessions.models import (
     MessageRole,
     Run,
 )
-from sessions.services import artifact_create, chat_session_create, message_post, run_cancel
+from sessions.services import artifact_create, chat_session_create, chat_title_from, message_post, run_cancel
 
 logger = logging.getLogger(__name__)
 
 MAX_TITLE_CHARS = 200
-TITLE_TARGET_CHARS = 60
-"""A title made from the first message is cut at a word boundary near this length."""
-
-_MD_NOISE = re.compile(r"[`*_#>\[\]()~|]+")
-
-
-def chat_title_from(content: str) -> str:
-    """A short chat title from the first user message: its first non-empty line, Markdown
-    marks and attachment lines removed, cut at a word boundary to about 60 characters.
-
-    Returns "" for a message with no words (the chat stays "New chat")."""
-    for line in str(content or "").splitlines():
-        line = line.strip()
-        if not line or line.startswith(("[attachment:", "```")):
-            continue
-        text = re.sub(r"\s+", " ", _MD_NOISE.sub(" ", line)).strip()
-        if not text:
-            continue
-        if len(text) <= TITLE_TARGET_CHARS:
-            return text
-        cut = text[:TITLE_TARGET_CHARS + 1].rsplit(" ", 1)[0].rstrip(" ,;:.-")
-        return (cut or text[:TITLE_TARGET_CHARS]) + "…"
-    return ""
 
 
 @transaction.atomic

@@ -4,6 +4,8 @@ call it."""
 
 from __future__ import annotations
 
+import re
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import models, transaction
 
@@ -26,6 +28,7 @@ from sessions.runs import (
     run_create,
     run_enqueue_on_commit,
     run_finish_unheld,
+    run_hand_off,
     stale_before,
 )
 
@@ -46,6 +49,32 @@ def chat_session_create(*, user: AbstractBaseUser, agent: AgentInstance, title: 
     session.full_clean()
     session.save()
     return session
+
+
+
+TITLE_TARGET_CHARS = 60
+"""A title made from the first message is cut at a word boundary near this length."""
+
+_MD_NOISE = re.compile(r"[`*_#>\[\]()~|]+")
+
+
+def chat_title_from(content: str) -> str:
+    """A short chat title from the first user message: its first non-empty line, Markdown
+    marks and attachment lines removed, cut at a word boundary to about 60 characters.
+
+    Returns "" for a message with no words (the chat stays "New chat")."""
+    for line in str(content or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith(("[attachment:", "```")):
+            continue
+        text = re.sub(r"\s+", " ", _MD_NOISE.sub(" ", line)).strip()
+        if not text:
+            continue
+        if len(text) <= TITLE_TARGET_CHARS:
+            return text
+        cut = text[:TITLE_TARGET_CHARS + 1].rsplit(" ", 1)[0].rstrip(" ,;:.-")
+        return (cut or text[:TITLE_TARGET_CHARS]) + "…"
+    return ""
 
 
 @transaction.atomic
@@ -71,8 +100,6 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) 
         raise ApplicationError(f"The message is longer than {MAX_MESSAGE_CHARS} characters.")
     session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
     if not session.title:
-        from sessions.chat_services import chat_title_from  # (it imports this module)
-
         session.title = chat_title_from(content)[:200]
     return run_create(session=session, user=user, content=content)
 
@@ -165,8 +192,6 @@ def runs_sweep() -> dict[str, int]:
             .exclude(models.Exists(earlier_active)).order_by("pk").values_list("pk", flat=True)[:100]
         )
     for run_id in waiting:
-        from sessions.tasks import run_enqueue
-
-        run_enqueue(run_id)
+        run_hand_off(run_id)
         counts["resent"] += 1
     return counts

@@ -2,7 +2,8 @@
 
 A chat is titled at once from its first message (:func:`sessions.chat_services.chat_title_from`);
 once its first run completes, :func:`title_after_first_exchange` (called by the run's end,
-:func:`sessions.runner.loop._finish`) sends ``sessions.chat_session_title_generate`` to a worker,
+:func:`sessions.runner.loop._finish`) sends ``sessions.chat_session_title_generate`` to a worker
+(through the hand-off the app registers, :func:`sessions.runs.handoff.chat_title_hand_off`),
 which asks the agent's route for a short title (:func:`sessions.chat_services.chat_session_title_generate`).
 
 One query on the loop's connection decides whether the run is the chat's first completed run;
@@ -17,6 +18,7 @@ import logging
 from sessions.models import Run, RunStatus
 from sessions.runner.pg import pg_connection
 from sessions.runner.spec import RunSpec
+from sessions.runs.handoff import chat_title_hand_off
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +57,7 @@ async def title_after_first_exchange(spec: RunSpec) -> bool:
             })
             if await cursor.fetchone() is not None:
                 return False
-        from sessions import tasks  # (it imports the runner lazily too)
-
-        await asyncio.to_thread(tasks.chat_title_enqueue, session_id=spec.session_id, run_id=spec.run_id,
+        await asyncio.to_thread(chat_title_hand_off, session_id=spec.session_id, run_id=spec.run_id,
                                 tenant_id=spec.tenant_id)  # a Celery publish: blocking I/O, no database
         return True
     except Exception:  # noqa: BLE001 - a title is never worth failing anything for

@@ -4,7 +4,11 @@ services (:mod:`sessions.services`), the sweeper and the runner (:mod:`sessions.
 call these; nothing else writes ``Run.status`` (``sessions/tests/test_run_lifecycle.py``
 checks the source).
 
-Status transitions (:mod:`sessions.runs.lifecycle`; each publishes its event after its commit):
+Status transitions (each publishes its event after its commit), one module per concern:
+:mod:`~sessions.runs.transitions` (create, steer, pause, resume), :mod:`~sessions.runs.claim`
+(the claim, the heartbeat, who may start), :mod:`~sessions.runs.ending` (the end),
+:mod:`~sessions.runs.cancellation` (a user's cancel), :mod:`~sessions.runs.approvals` (decisions
+and expiry), :mod:`~sessions.runs.subruns` (a skill's sub-run):
 
 ===========================  ===========================================  ============================  =====================
 function                     transition                                   event                         caller
@@ -28,6 +32,11 @@ publishing nothing. ``run_end`` is the one place a run's end is written (``run_f
 ``run_finish_unheld`` and ``subrun_finish`` call it; ``run_finish``'s plain-SQL fast path runs
 the same statements pipelined on the loop's connection).
 
+Runs that may start are handed to workers through a port, :mod:`sessions.runs.handoff`
+(``run_enqueue_on_commit``, ``runs_hand_to_workers``): the Celery senders of
+:mod:`sessions.tasks` are registered by :meth:`sessions.apps.AgentSessionsConfig.ready`, so
+this package never imports the tasks (they import the runner, which imports this package).
+
 Row writes (:mod:`sessions.runs.records`): ``message_insert``, ``assistant_message_save`` (a
 model turn: message, tool calls, LLM call, usage), ``tool_call_start``, ``tool_call_finish``,
 ``llm_call_record``, ``compaction_begin`` / ``compaction_save``, ``approval_request``. The
@@ -38,37 +47,29 @@ run's ``publish`` (``tool_call_started``, ``tool_call_succeeded`` / ``tool_call_
 (``sessions/tests/test_run_lifecycle.py`` checks the source).
 """
 
-from sessions.runs.lifecycle import (
-    APPROVAL_EXPIRED_ERROR,
+from sessions.runs.approvals import APPROVAL_EXPIRED_ERROR, approval_decide, approvals_expire
+from sessions.runs.cancellation import run_cancel
+from sessions.runs.claim import (
     ClaimedRun,
-    Publish,
-    RunEnding,
-    RunFinished,
     RunNotClaimable,
-    SubRunState,
-    approval_decide,
-    approvals_expire,
-    end_event,
     next_queued_run_id,
-    run_cancel,
     run_claim,
-    run_create,
-    run_end,
-    run_enqueue_on_commit,
-    run_finish,
-    run_finish_unheld,
     run_heartbeat,
-    run_pause,
-    run_resume,
     stale_before,
-    steer_absorb,
-    subrun_finish,
-    subrun_open,
-    subrun_pause,
     tenant_run_limit,
     tenant_waiting_run_ids,
 )
+from sessions.runs.ending import RunEnding, RunFinished, end_event, run_end, run_finish, run_finish_unheld
+from sessions.runs.handoff import (
+    WorkerHandOff,
+    chat_title_hand_off,
+    run_enqueue_on_commit,
+    run_hand_off,
+    runs_hand_to_workers,
+    workers_register,
+)
 from sessions.runs.records import (
+    Publish,
     approval_payload,
     approval_request,
     assistant_message_save,
@@ -81,13 +82,16 @@ from sessions.runs.records import (
     tool_call_finished_event,
     tool_call_start,
 )
+from sessions.runs.subruns import SubRunState, subrun_finish, subrun_open, subrun_pause
+from sessions.runs.transitions import run_create, run_pause, run_resume, steer_absorb
 
 __all__ = [
     "APPROVAL_EXPIRED_ERROR", "ClaimedRun", "Publish", "RunEnding", "RunFinished", "RunNotClaimable", "SubRunState",
-    "approval_decide", "approval_payload", "approval_request", "approvals_expire", "assistant_message_save",
-    "compaction_begin", "compaction_completed_event", "compaction_save", "end_event", "llm_call_record",
-    "message_insert", "next_queued_run_id", "run_cancel", "run_claim", "run_create", "run_end",
-    "run_enqueue_on_commit", "run_finish", "run_finish_unheld", "run_heartbeat", "run_pause", "run_resume",
-    "stale_before", "steer_absorb", "subrun_finish", "subrun_open", "subrun_pause", "tenant_run_limit",
-    "tenant_waiting_run_ids", "tool_call_finish", "tool_call_finished_event", "tool_call_start",
+    "WorkerHandOff", "approval_decide", "approval_payload", "approval_request", "approvals_expire",
+    "assistant_message_save", "chat_title_hand_off", "compaction_begin", "compaction_completed_event",
+    "compaction_save", "end_event", "llm_call_record", "message_insert", "next_queued_run_id", "run_cancel",
+    "run_claim", "run_create", "run_end", "run_enqueue_on_commit", "run_finish", "run_finish_unheld",
+    "run_hand_off", "run_heartbeat", "run_pause", "run_resume", "runs_hand_to_workers", "stale_before",
+    "steer_absorb", "subrun_finish", "subrun_open", "subrun_pause", "tenant_run_limit", "tenant_waiting_run_ids",
+    "tool_call_finish", "tool_call_finished_event", "tool_call_start", "workers_register",
 ]

@@ -145,7 +145,7 @@ def test_a_stale_run_that_keeps_losing_its_worker_fails_worker_lost(world, fake_
 
 def test_a_run_with_a_fresh_heartbeat_is_not_claimed_twice(world, fake_llm, no_enqueue):
     from sessions.runs import RunNotClaimable
-    from sessions.runs.lifecycle import _claim as run_claim
+    from sessions.runs.claim import _claim as run_claim
     from tenants.scoping import tenant_scope
 
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])

@@ -124,7 +124,7 @@ async def test_a_stalled_worker_whose_run_was_taken_over_stops_its_copy(world, f
     @sync_to_async
     def take_over() -> int:
         """What another worker's claim does once the heartbeat is stale (the sweeper's handoff)."""
-        from sessions.runs.lifecycle import _claim as run_claim
+        from sessions.runs.claim import _claim as run_claim
 
         settings.RUN_STALE_SECONDS = 0  # every heartbeat is stale now: the claim goes through
         with tenant_scope(world.tenant.pk):

@@ -374,12 +374,12 @@ def test_an_unknown_purpose_is_a_400_naming_it_and_the_known_ones(world, url, qu
 def test_the_runner_writes_a_compaction_call_with_its_run_and_turn_and_refuses_an_unknown_purpose(world):
     from sessions import runs
     from sessions.runner import database
-    from sessions.runs import lifecycle
+    from sessions.runs import claim
 
     agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     with tenant_scope(world.tenant.pk):
-        spec = database._spec(lifecycle._claim(run.pk))
+        spec = database._spec(claim._claim(run.pk))
         async_to_sync(runs.llm_call_record)(spec=spec, turn=3, record=_attempt(cost=40, tokens=(7, 2)),
                                             purpose=LLMCallPurpose.COMPACTION)
         with pytest.raises(ValueError, match="unknown LLM call purpose 'bogus'"):

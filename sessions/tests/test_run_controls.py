@@ -18,7 +18,7 @@ from sessions.models import Artifact, Message, Run, ToolCall
 from sessions.runner import database
 from sessions.runner.loop import execute_run
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, frame_untrusted
-from sessions.runs import lifecycle
+from sessions.runs import claim
 from sessions.tests.conftest import post_message, post_message_sync, reload_run
 from tenants.scoping import tenant_scope
 
@@ -86,12 +86,12 @@ def test_tenant_run_limit_queues_runs_beyond_it(world, fake_llm):
     a = post_message_sync(agent=agent, user=world.member, content="a")
     b = post_message_sync(agent=agent, user=world.member, content="b")  # another session
     with tenant_scope(world.tenant.pk):
-        lifecycle._claim(a.pk)
+        claim._claim(a.pk)
         with pytest.raises(runs.RunNotClaimable, match="1 of 1 runs working"):
-            lifecycle._claim(b.pk)
+            claim._claim(b.pk)
         assert Run.objects.get(pk=b.pk).status == "queued"  # waits, not rejected
         assert runs.run_end(run_id=a.pk, status="completed", reply="ok").to_start == [b.pk]
-        assert database._spec(lifecycle._claim(b.pk)).run_id == b.pk
+        assert database._spec(claim._claim(b.pk)).run_id == b.pk
 
 
 def test_a_claim_does_not_wait_for_another_runs_uncommitted_writes(world, fake_llm):
@@ -122,7 +122,7 @@ def test_a_claim_does_not_wait_for_another_runs_uncommitted_writes(world, fake_l
         with tenant_scope(world.tenant.pk), transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL lock_timeout = '2s'")  # a wait fails the claim instead of hanging
-            assert lifecycle._claim(run.pk).attempt == 1
+            assert claim._claim(run.pk).attempt == 1
     finally:
         release.set()
         writer.join(10)

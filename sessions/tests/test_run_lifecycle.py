@@ -27,7 +27,7 @@ from sessions.events import events_since_sync
 from sessions.models import Approval, ChatSession, Run, ToolCall
 from sessions.runner import database
 from sessions.runner.turn import Completed, Failed
-from sessions.runs import lifecycle
+from sessions.runs import claim
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
@@ -134,9 +134,12 @@ def test_the_checker_sees_the_lifecycle_packages_own_writes() -> None:
     """Not vacuous: the transitions themselves are found, in the ORM and in the SQL."""
     found = [w for path in sorted(LIFECYCLE.glob("*.py")) for w in run_status_writes(path.read_text(), path.name)]
     assert any(w.startswith("statements.py") and "SQL" in w for w in found)  # the claim's and the end's UPDATEs
-    assert any(w.startswith("lifecycle.py") and "run.status = " in w for w in found)  # pause, resume, cancel
-    assert any(w.startswith("lifecycle.py") and ".update(status=" in w for w in found)  # steering, sub-runs
-    assert any(w.startswith("lifecycle.py") and ".create(" in w for w in found)  # run_create, subrun_open
+    assert any(w.startswith("transitions.py") and "run.status = " in w for w in found)  # pause, resume
+    assert any(w.startswith("cancellation.py") and "run.status = " in w for w in found)  # a queued run's cancel
+    assert any(w.startswith("transitions.py") and ".update(status=" in w for w in found)  # steering
+    assert any(w.startswith("ending.py") and ".update(status=" in w for w in found)  # steered runs, sub-runs
+    assert any(w.startswith("transitions.py") and ".create(" in w for w in found)  # run_create
+    assert any(w.startswith("subruns.py") and ".create(" in w for w in found)  # subrun_open
 
 
 @pytest.mark.parametrize("snippet", [
@@ -264,7 +267,7 @@ def _queued(world, fake_llm) -> Run:
 def _claimed(world, fake_llm) -> Run:
     run = _queued(world, fake_llm)
     with tenant_scope(world.tenant.pk):
-        lifecycle._claim(run.pk)
+        claim._claim(run.pk)
     return Run.all_tenants.get(pk=run.pk)
 
 

@@ -20,7 +20,7 @@ from llm.types import ChatMessage, ToolCallRequest
 from sessions import runs
 from sessions.models import LLMCall, Message, Run, ToolCall
 from sessions.runner import database
-from sessions.runs import lifecycle, statements
+from sessions.runs import claim, ending, statements
 from sessions.tests.conftest import post_message_sync
 from tenants.scoping import tenant_scope
 
@@ -34,7 +34,7 @@ pytestmark = [
 def claim_sync(run_id: int):
     """The claim's transaction and the configuration load, as :func:`sessions.runs.run_claim`
     makes them on its thread (without its event)."""
-    return database._spec(lifecycle._claim(run_id))
+    return database._spec(claim._claim(run_id))
 
 
 def _columns(model) -> set[str]:
@@ -158,7 +158,7 @@ def _finish_on_a_thread(spec, **ended):
 
 
 def _finish_on_the_loop(spec, **ended):
-    return asyncio.run(lifecycle._run_end_pipelined(**ended, session_id=spec.session_id))
+    return asyncio.run(ending._run_end_pipelined(**ended, session_id=spec.session_id))
 
 
 @pytest.mark.parametrize("finish", [_finish_on_a_thread, _finish_on_the_loop], ids=["run_end", "run_end_pipelined"])

@@ -26,7 +26,7 @@ from sessions import runs
 from sessions.llm_calls import llm_call_budget_refusal, llm_calls_record
 from sessions.models import USAGE_MONTH_SHARDS, LLMCall, Run, UsageMonth
 from sessions.runner import database
-from sessions.runs import lifecycle, statements
+from sessions.runs import claim, statements
 from sessions.selectors import tenant_month_cost_usd_micros
 from sessions.tests.conftest import post_message_sync
 from tenants.models import Tenant
@@ -103,7 +103,7 @@ def claimed_spec(world):
     agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     with tenant_scope(world.tenant.pk):
-        return database._spec(lifecycle._claim(run.pk))
+        return database._spec(claim._claim(run.pk))
 
 
 # --- every writer ----------------------------------------------------------------------------------

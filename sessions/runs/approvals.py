@@ -1,0 +1,139 @@
+"""Approvals: a human's decision on a pending approval (the run resumes once none is
+pending, :func:`sessions.runs.transitions.run_resume`), and the expiry of those nobody
+answered in time (the run fails ``approval_expired``, :func:`sessions.runs.ending.run_finish_unheld`).
+
+An approval is requested by the runner (:func:`sessions.runs.records.approval_request`); the
+run's pause announces it (:func:`sessions.runs.transitions.run_pause`). Requires the caller's
+tenant scope.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from agent_platform.api_errors import ApplicationError
+from sessions.events import event_publish_on_commit
+from sessions.models import (
+    ACTIVE_RUN_STATUSES,
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Run,
+    RunFailureReason,
+    RunStatus,
+)
+from sessions.runs.ending import run_finish_unheld
+from sessions.runs.transitions import run_resume
+from tenants.audit import Action, audit_record
+
+
+def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str = "", reason: str = "",
+                    answer: str = "") -> Approval:
+    """Record a human's decision on a pending approval; resume the run once none is pending.
+
+    Args:
+        approval: A tool-call approval or an ``ask_user`` question of the caller's run.
+        decision: ``approve`` or ``deny`` (tool-call approvals).
+        reason: Optional, for a denial: fed back to the model with the failed call.
+        answer: The answer to a question (required, ≤ 10,000 characters).
+
+    Returns:
+        The approval as stored. When the run has no pending approval left it is queued again
+        (:func:`run_resume`).
+
+    Raises:
+        ApplicationError: 400 for a missing/invalid decision or answer; 409 when the approval
+            was already decided, has expired (the run then fails ``approval_expired``) or its
+            run is no longer waiting.
+
+    Emits ``approval_resolved`` ``{approval_id, tool_call_id, status, sub_run_id}`` on commit.
+    """
+    with transaction.atomic():  # committed before the caller gets its 409
+        expired = approvals_expire(run_ids=[approval.run_id], approval_ids=[approval.pk])
+    if expired:
+        raise ApplicationError("This approval has expired; the run has failed.", status_code=409)
+    return _approval_decide(approval=approval, user=user, decision=decision, reason=reason, answer=answer,
+                            now=timezone.now())
+
+
+def _check_decision(approval: Approval, *, decision: str, answer: str) -> str:
+    """The cleaned answer; ApplicationError (400) for a missing/invalid decision or answer."""
+    if approval.kind == ApprovalKind.QUESTION:
+        answer = (answer or "").strip()
+        if not answer:
+            raise ApplicationError("Send the answer to the question in `answer`.")
+        if len(answer) > 10_000:
+            raise ApplicationError("The answer is longer than 10000 characters.")
+    elif decision not in ("approve", "deny"):
+        raise ApplicationError("`decision` must be 'approve' or 'deny'.")
+    return answer
+
+
+@transaction.atomic
+def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str, reason: str, answer: str,
+                     now: datetime) -> Approval:
+    run = Run.objects.select_for_update(no_key=True).get(pk=approval.run_id)
+    approval = Approval.objects.select_for_update(no_key=True).get(pk=approval.pk)
+    answer = _check_decision(approval, decision=decision, answer=answer)
+    if approval.status != ApprovalStatus.PENDING:
+        raise ApplicationError(f"This approval is already {approval.status}.", status_code=409)
+    if run.status not in ACTIVE_RUN_STATUSES:  # running/queued: the worker is about to pause it
+        raise ApplicationError(f"The run is {run.status}; it no longer waits for this approval.", status_code=409)
+    if approval.expires_at <= now:
+        raise ApplicationError("This approval has expired.", status_code=409)
+    if approval.kind == ApprovalKind.QUESTION:
+        approval.status, approval.answer = ApprovalStatus.ANSWERED, answer
+    else:
+        approval.status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.DENIED
+        approval.answer = (reason or "").strip()[:2000]
+    approval.decided_by = user
+    approval.decided_at = now
+    approval.save(update_fields=["status", "answer", "decided_by", "decided_at"])
+    # the decision goes in the audit log (never the answer's or reason's text)
+    audit_record(action=Action.APPROVAL_DECIDED, obj=approval, actor=user,
+                 changes={"status": {"from": ApprovalStatus.PENDING, "to": approval.status}},
+                 detail={"run_id": run.pk, "tool_call_id": approval.tool_call_id, "kind": approval.kind})
+    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
+        "approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,
+        "sub_run_id": approval.sub_run_id,
+    })
+    run_resume(run=run, now=now)
+    return approval
+
+
+APPROVAL_EXPIRED_ERROR = "Nobody answered the approval request in time."
+
+
+def approvals_expire(*, now: datetime | None = None, run_ids: list[int] | None = None,
+                     approval_ids: list[int] | None = None) -> int:
+    """Expire pending approvals past ``expires_at``; their runs fail with ``approval_expired``
+    (:func:`run_finish_unheld`), in the caller's transaction.
+
+    Args:
+        now: The time to compare with (default: now).
+        run_ids: Only these runs (default: every run in the current tenant scope).
+        approval_ids: Only these approvals.
+
+    Returns:
+        The number of runs failed.
+    """
+    now = now or timezone.now()
+    qs = Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
+    if run_ids is not None:
+        qs = qs.filter(run_id__in=run_ids)
+    if approval_ids is not None:
+        qs = qs.filter(pk__in=approval_ids)
+    failed = 0
+    for run_id in sorted(set(qs.values_list("run_id", flat=True))):
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+        if run.status != RunStatus.AWAITING_APPROVAL:
+            continue
+        failed += run_finish_unheld(
+            run=run, status=RunStatus.FAILED, error=APPROVAL_EXPIRED_ERROR, reason=RunFailureReason.APPROVAL_EXPIRED,
+            event_data={"error": APPROVAL_EXPIRED_ERROR, "reason": RunFailureReason.APPROVAL_EXPIRED},
+        )
+    return failed
