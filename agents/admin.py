@@ -23,9 +23,9 @@ class BindingInline(TenantScopedInline):
 
 @admin.register(AgentInstance)
 class AgentInstanceAdmin(TenantScopedModelAdmin):
-    list_display = ["name", "route", "max_loop_count", "is_active", "updated_at", "tenant"]
+    list_display = ["name", "slug", "route", "max_loop_count", "is_active", "updated_at", "tenant"]
     list_filter = ["is_active", "message_mode"]
-    search_fields = ["name", "description", "system_prompt"]
+    search_fields = ["name", "slug", "description", "system_prompt"]
     ordering = ["-updated_at", "-id"]
     inlines = [BindingInline]
 

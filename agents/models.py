@@ -5,19 +5,54 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+from django.utils.text import slugify
 
 # Re-exported: the first rule whose pattern matches any of the names decides; ``allow`` if none
 # (the runner's approval wrapper uses the same function).
 from capabilities.toolsets import approval_action  # noqa: F401
 from tenants.scoping import TenantOwnedModel
 
+SLUG_MAX_LENGTH = 64
+"""An agent's slug names it in the OpenAI-compatible API (``model``), as an MCP tool and in A2A
+paths: 64 characters fits all three (MCP tool names: 1-128 characters of ``[A-Za-z0-9_.-]``,
+MCP specification 2025-11-25, "Tool names"; OpenAI function names: at most 64)."""
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9_-]*\Z",
+    "Use lowercase letters, digits, '-' and '_', starting with a letter or a digit.",
+    code="invalid_slug",
+)
+
+
+def agent_slug_from_name(name: str, taken: set[str]) -> str:
+    """A slug for an agent called ``name`` that is not in ``taken`` (the tenant's other slugs).
+
+    ``slugify(name)`` (ASCII, lowercase, hyphens) cut to fit, ``agent`` when nothing is left of
+    the name; then ``-2``, ``-3``, ... until it is free. Example: ``"Docs assistant"`` →
+    ``docs-assistant``, or ``docs-assistant-2`` when that is taken.
+    """
+    base = slugify(name)[:SLUG_MAX_LENGTH].strip("-_") or "agent"
+    slug, n = base, 1
+    while slug in taken:
+        n += 1
+        suffix = f"-{n}"
+        slug = base[: SLUG_MAX_LENGTH - len(suffix)].rstrip("-_") + suffix
+    return slug
+
 
 class AgentInstance(TenantOwnedModel):
     """An agent end users chat with: a system prompt, a model route, limits, bound capabilities."""
 
     name = models.CharField(max_length=100)
+    slug = models.CharField(
+        max_length=SLUG_MAX_LENGTH, blank=True, validators=[slug_validator],
+        help_text=(
+            "Names the agent in the OpenAI-compatible API, MCP and A2A; unique in the tenant. "
+            "Left blank: made from the name."
+        ),
+    )
     description = models.TextField(blank=True)
     system_prompt = models.TextField(blank=True)
     route = models.ForeignKey("llm.ModelRoute", on_delete=models.RESTRICT, related_name="agents")
@@ -62,15 +97,46 @@ class AgentInstance(TenantOwnedModel):
 
     class Meta(TenantOwnedModel.Meta):
         ordering = ["name"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="agent_unique_name")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="agent_unique_name"),
+            models.UniqueConstraint(fields=["tenant", "slug"], name="agent_unique_slug"),
+        ]
         verbose_name = "agent"
 
     def __str__(self) -> str:
         return self.name
 
+    def _others(self) -> models.QuerySet:
+        """The tenant's other agents (as far as the current tenant scope sees)."""
+        return type(self).all_tenants.filter(tenant_id=self.tenant_id).exclude(pk=self.pk)
+
+    def _other_slugs(self) -> set[str]:
+        return set(self._others().values_list("slug", flat=True))
+
     def clean(self) -> None:
+        """Route of the same tenant; name and slug free in the tenant (a blank slug is made from
+        the name). The uniqueness checks are here, not left to the constraints: forms that do not
+        show ``tenant`` (the console, the API) exclude it, and Django then skips every
+        constraint that names it."""
         if self.route_id and self.tenant_id and self.route.tenant_id != self.tenant_id:
             raise ValidationError({"route": "Route not found."})
+        if not self.tenant_id:
+            return
+        errors = {}
+        if self.name and self._others().filter(name=self.name).exists():
+            errors["name"] = f"Another agent of this tenant is called {self.name!r}."
+        if not self.slug:
+            self.slug = agent_slug_from_name(self.name, self._other_slugs())
+        elif self.slug in self._other_slugs():
+            errors["slug"] = f"Another agent of this tenant has the slug {self.slug!r}."
+        if errors:
+            raise ValidationError(errors)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save; a blank slug is made from the name first (rows made without ``full_clean``)."""
+        if not self.slug and self.tenant_id:
+            self.slug = agent_slug_from_name(self.name, self._other_slugs())
+        super().save(*args, **kwargs)
 
 
 def capability_kind_choices() -> list[tuple[str, str]]:

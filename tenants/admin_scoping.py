@@ -102,6 +102,25 @@ class TenantScopedModelAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
         _limited_foreign_key(db_field, request, kwargs)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """The form; when the tenant is not a field (an admin of one tenant), a new row gets that
+        tenant before the form validates, so the model's ``clean`` checks what depends on the
+        tenant (a name already taken in it, ...) and answers with a form error, not a crash."""
+        form = super().get_form(request, obj, change=change, **kwargs)
+        tenants = admin_tenants(request)
+        if obj is not None or request.user.is_superuser or len(tenants) != 1:
+            return form
+        tenant_id = tenants[0]
+
+        class _TenantForm(form):  # type: ignore[misc,valid-type]
+            def __init__(self, *args: Any, **form_kwargs: Any) -> None:
+                super().__init__(*args, **form_kwargs)
+                if hasattr(self.instance, "tenant_id") and not self.instance.tenant_id:
+                    self.instance.tenant_id = tenant_id
+
+        _TenantForm.__name__ = form.__name__
+        return _TenantForm
+
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         if not getattr(obj, "tenant_id", None):
             obj.tenant_id = admin_tenants(request)[0]

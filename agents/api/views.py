@@ -19,7 +19,7 @@ from tenants.api.mixins import TenantContextMixin, TenantPrimaryKeyRelatedField,
 class AgentOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = AgentInstance
-        fields = ["id", "name", "description"]
+        fields = ["id", "name", "slug", "description"]
 
 
 class AgentListApi(TenantContextMixin, ListAPIView):
@@ -41,7 +41,7 @@ class AgentAdminSerializer(serializers.ModelSerializer):
     class Meta:
         model = AgentInstance
         fields = [
-            "id", "name", "description", "system_prompt", "route", "max_loop_count", "tool_max_parallel",
+            "id", "name", "slug", "description", "system_prompt", "route", "max_loop_count", "tool_max_parallel",
             "tool_timeout_seconds", "turn_timeout_seconds", "run_timeout_seconds", "message_mode", "max_tokens_per_run",
             "max_cost_per_run_usd", "is_active", "created_at", "updated_at",
         ]
