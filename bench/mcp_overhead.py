@@ -37,7 +37,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 
 from bench._stats import machine, percentile  # noqa: E402
 from capabilities.confinement import SandboxProfile, confined_argv, confined_env  # noqa: E402
-from capabilities.mcp.client import McpServerConfig  # noqa: E402
+from capabilities.mcp.config import McpServerConfig  # noqa: E402
 from capabilities.mcp.pool import McpPool  # noqa: E402
 from capabilities.mcp.tool import McpTool  # noqa: E402
 from capabilities.tools import ToolContext  # noqa: E402

@@ -1,7 +1,7 @@
 """Confinement of every program a run can start: bubblewrap, a non-root user, no host view.
 
 No Django imports at module level. CLI commands (:mod:`capabilities.cli.sandbox`) and stdio MCP
-servers (:mod:`capabilities.mcp.client`) both start their program through
+servers (:mod:`capabilities.mcp.transport`) both start their program through
 :func:`confined_argv`, so there is one definition of the sandbox.
 
 What a confined program gets (bubblewrap 0.8, Debian 12's ``bubblewrap``; flags from bwrap(1)):

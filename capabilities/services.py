@@ -15,7 +15,9 @@ from django.utils import timezone
 from capabilities.catalogue import ProgramTemplate, TemplateKind, secrets_errors, template_argv, template_profile
 from capabilities.cli.models import CliCommand
 from capabilities.cli.tool import CliCommandConfig
-from capabilities.mcp.client import McpConnection, McpServerConfig, McpToolInfo
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
+from capabilities.mcp.operations import McpToolInfo
 from capabilities.mcp.tool import cap_description
 from capabilities.models import McpServer, McpTransport
 from capabilities.tools import ToolError

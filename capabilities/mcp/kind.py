@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from capabilities.mcp.client import McpServerConfig
+from capabilities.mcp.config import McpServerConfig
 from capabilities.mcp.pool import mcp_pool
 from capabilities.mcp.tool import McpTool
 from capabilities.registry import CapabilityKind, OpenContext, kind_register

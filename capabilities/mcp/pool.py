@@ -49,20 +49,11 @@ import mcp_types
 from mcp import Client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from capabilities.mcp.client import (
-    HttpStatusLog,
-    McpConnectError,
-    McpConnectionLost,
-    McpServerConfig,
-    McpToolInfo,
-    ProgressCallback,
-    _describe,
-    call_tool_raw,
-    check_timeout_seconds,
-    connect_failure_text,
-    list_all_tools,
-    make_client,
-)
+from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
+from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_failure_text, describe_exception
+from capabilities.mcp.http_log import HttpStatusLog
+from capabilities.mcp.operations import McpToolInfo, ProgressCallback, call_tool_raw, list_all_tools
+from capabilities.mcp.transport import make_client
 from capabilities.mcp.transport_end import TransportEnd
 from capabilities.tools import ToolError
 
@@ -400,7 +391,7 @@ class PooledSession:
             if not ready.done():
                 ready.set_exception(await self._connect_error(failure, stderr))
             elif failure is not None and not isinstance(failure, asyncio.CancelledError):
-                logger.warning("MCP server %r: pooled session ended with an error: %s", cfg.alias, _describe(failure))
+                logger.warning("MCP server %r: pooled session ended with an error: %s", cfg.alias, describe_exception(failure))
             # Every job handed to this owner gets an answer, also one whose task never started.
             lost = McpConnectionLost(f"The connection to MCP server {cfg.alias!r} closed; the call was not made.")
             while not jobs.empty():
@@ -444,7 +435,7 @@ class PooledSession:
                         self._retire(f"the server refused the session id ({http_log.describe()})")
                         exc = McpSessionExpired(
                             f"MCP server {self.config.alias!r} no longer knows this session "
-                            f"({http_log.describe()}): {getattr(exc, 'message', None) or _describe(exc)}"
+                            f"({http_log.describe()}): {getattr(exc, 'message', None) or describe_exception(exc)}"
                         )
                     elif isinstance(exc, McpConnectionLost) or (
                         isinstance(exc, ToolError) and any(m in exc.message for m in _SESSION_GONE_MESSAGES)
@@ -476,7 +467,7 @@ class PooledSession:
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self._mark_tools_changed()
         elif isinstance(message, Exception):
-            logger.debug("MCP server %r: transport reported %s", self.config.alias, _describe(message))
+            logger.debug("MCP server %r: transport reported %s", self.config.alias, describe_exception(message))
 
     async def _listen_for_changes(self, client: Client, scope: anyio.CancelScope) -> None:
         """2026-07-28 connections: ``tools/list_changed`` arrives on a ``subscriptions/listen`` stream.
@@ -494,10 +485,10 @@ class PooledSession:
                         self._mark_tools_changed()
         except Exception as exc:  # noqa: BLE001 - reported below; the TTL still refreshes the catalogue
             if not established:
-                logger.info("MCP server %r: no tool-change subscription: %s", self.config.alias, _describe(exc))
+                logger.info("MCP server %r: no tool-change subscription: %s", self.config.alias, describe_exception(exc))
                 return
             self._mark_tools_changed()
-            self._retire(f"the tool-change subscription was lost: {_describe(exc)}")
+            self._retire(f"the tool-change subscription was lost: {describe_exception(exc)}")
 
     def _mark_tools_changed(self) -> None:
         self._changes += 1

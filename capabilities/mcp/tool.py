@@ -14,14 +14,9 @@ from typing import Any, Protocol
 
 import mcp_types
 
-from capabilities.mcp.client import (
-    McpServerConfig,
-    McpToolInfo,
-    ProgressCallback,
-    _render_block,
-    _tool_result,
-    check_timeout_seconds,
-)
+from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
+from capabilities.mcp.operations import McpToolInfo, ProgressCallback
+from capabilities.mcp.results import render_block, tool_result
 from capabilities.naming import EXPOSED_NAME_RE
 from capabilities.tools import Tool, ToolContext, ToolResult
 from llm.types import ToolSpec
@@ -122,10 +117,10 @@ async def result_for_model(
             )
             parts.append(f"[{kind}: artifact:{artifact_id}, {block.mime_type}, {len(data)} bytes]")
             continue
-        text, is_text = _render_block(block)
+        text, is_text = render_block(block)
         has_text = has_text or is_text
         parts.append(text)
-    return _tool_result(parts, has_text=has_text, data=result.structured_content)
+    return tool_result(parts, has_text=has_text, data=result.structured_content)
 
 
 class McpTool(Tool):

@@ -30,7 +30,7 @@ import pytest
 from django.conf import settings
 
 from capabilities.confinement import SandboxProfile, bwrap_resolve
-from capabilities.mcp.client import McpServerConfig
+from capabilities.mcp.config import McpServerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,8 @@ from django.conf import settings
 from capabilities.cli.tool import CliCommandConfig, CliTool
 from capabilities.confinement import SandboxProfile, bwrap_resolve, confined_argv, confined_env, drops_privileges
 from capabilities.egress import EgressRefused, egress_check, egress_socket_path
-from capabilities.mcp.client import McpConnection, McpServerConfig
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
 from capabilities.tools import ToolContext
 
 pytestmark = [

@@ -13,7 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from capabilities.confinement import SandboxProfile
-from capabilities.mcp.client import McpConnectError, McpConnection, McpServerConfig, McpToolInfo
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
+from capabilities.mcp.errors import McpConnectError
+from capabilities.mcp.operations import McpToolInfo
 from capabilities.mcp.tool import MAX_DESCRIPTION_CHARS, McpTool, cap_description, normalize_input_schema
 from capabilities.tests.mcp_test_server import (
     TOOLS,

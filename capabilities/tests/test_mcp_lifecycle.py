@@ -162,7 +162,8 @@ async def test_closing_the_pool_at_worker_shutdown_leaves_no_process_of_a_confin
 WORKER = """
 import asyncio, json, os, sys
 from capabilities.confinement import SandboxProfile
-from capabilities.mcp.client import McpConnection, McpServerConfig
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
 
 spec = json.loads(sys.argv[1])
 

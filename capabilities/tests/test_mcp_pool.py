@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from capabilities.mcp.client import McpConnectError, McpConnectionLost, McpServerConfig
+from capabilities.mcp.config import McpServerConfig
+from capabilities.mcp.errors import McpConnectError, McpConnectionLost
 from capabilities.mcp.pool import CircuitBreaker, McpPool, McpServerUnavailable
 from capabilities.mcp.tool import McpTool
 from capabilities.tests.confined_servers import (

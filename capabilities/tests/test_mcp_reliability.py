@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from capabilities.mcp.client import McpConnectError, McpConnection, McpServerConfig
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
+from capabilities.mcp.errors import McpConnectError
 from capabilities.mcp.pool import McpPool
 from capabilities.tests.mcp_test_server import serve_mcp_http
 from capabilities.tests.raw_mcp_server import RawState, serve_raw_mcp, tool

@@ -17,7 +17,9 @@ import pytest
 from django.conf import settings
 
 from capabilities.confinement import SANDBOX_PATH
-from capabilities.mcp.client import McpConnectError, McpConnection, McpServerConfig
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
+from capabilities.mcp.errors import McpConnectError
 from capabilities.mcp.tool import McpTool
 from capabilities.tests.confined_servers import (
     kill_leftovers,

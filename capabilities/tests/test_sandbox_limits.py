@@ -26,7 +26,8 @@ from capabilities.confinement import (
     drops_privileges,
     limit_exceeded,
 )
-from capabilities.mcp.client import McpConnection, McpServerConfig
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
 from capabilities.tools import ToolContext, ToolError
 
 pytestmark = [

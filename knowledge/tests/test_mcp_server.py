@@ -10,10 +10,11 @@ import asyncio
 import httpx
 import pytest
 
-from capabilities.mcp.client import McpConnection, McpServerConfig
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
 from capabilities.tools import ToolError
-from knowledge.models import Document
 from knowledge.ingestion import document_ingest
+from knowledge.models import Document
 from knowledge.services import document_add_text
 from knowledge.tests import builders
 from tenants.scoping import tenant_scope

@@ -22,7 +22,8 @@ import websockets
 from django.core.cache import cache
 
 from agents.tests.factories import agent_with_route
-from capabilities.mcp.client import McpConnection, McpServerConfig
+from capabilities.mcp.client import McpConnection
+from capabilities.mcp.config import McpServerConfig
 from knowledge.tests import builders
 from knowledge.tests.fake_embedder import fake_embedding
 from sessions.services import chat_session_create

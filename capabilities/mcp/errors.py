@@ -1,0 +1,68 @@
+"""The errors of an MCP connection, and how a failure is put in one line.
+
+:class:`McpConnectError` (connecting failed) and :class:`McpConnectionLost` (the transport
+ended: the pool retires the session) are :class:`~capabilities.tools.ToolError` s, so a run
+shows them to the model like any tool failure. :func:`describe_exception` names the first real
+cause inside an exception group (the SDK's anyio task groups wrap every transport failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from capabilities.tools import ToolError
+
+if TYPE_CHECKING:
+    from capabilities.mcp.http_log import HttpStatusLog
+
+
+class McpConnectError(ToolError):
+    """Connecting to an MCP server (spawn, transport, handshake) failed or timed out.
+
+    Raised by ``McpConnection.__aenter__``. The message names the server alias and, for stdio
+    servers, ends with the last lines the server wrote to stderr.
+    """
+
+    def __init__(self, message: str, *, alias: str) -> None:
+        super().__init__(message, code="mcp_connect_error")
+        self.alias = alias
+        """The ``McpServerConfig.alias`` of the server that could not be reached."""
+
+
+class McpConnectionLost(ToolError):
+    """The session's transport failed (server process exited, connection dropped, session closed).
+
+    ``code`` is ``mcp_error``. The pool treats it as "this session is dead": it closes the
+    session and reconnects on next use.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="mcp_error")
+
+
+def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    """The non-group exceptions inside ``exc`` (itself when it is not a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaf_exceptions(inner)]
+    return [exc]
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line naming the first real cause inside ``exc`` (unwrapping exception groups;
+    cancellations skipped when something else is inside): ``"<type name>: <message>"``."""
+    leaves = [e for e in _leaf_exceptions(exc) if not isinstance(e, asyncio.CancelledError)] or [exc]
+    leaf = leaves[0]
+    text = str(leaf) or repr(leaf)
+    return f"{type(leaf).__name__}: {text}"
+
+
+def connect_failure_text(failure: BaseException, http_log: HttpStatusLog | None) -> str:
+    """One line for a failed connect: :func:`describe_exception` of the failure, with the HTTP
+    status of the server's last error answer when it sent one (the SDK's handshake error loses
+    it: a 401 with ``WWW-Authenticate`` would otherwise read like a server error)."""
+    text = describe_exception(failure)
+    status = http_log.describe() if http_log is not None else ""
+    if status:
+        text = f"{status} ({text})"
+    return text
