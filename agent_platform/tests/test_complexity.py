@@ -49,6 +49,7 @@ NOT_YET_SPLIT: dict[str, int] = {
     "capabilities/catalogue.py:parameters_errors": 15,
     "capabilities/cli/template.py:template_errors": 19,
     "capabilities/confinement.py:confined_argv": 16,
+    "capabilities/mcp/client.py:_filter_tool_list": 19,
     "capabilities/mcp/pool.py:PooledSession._own": 16,
     "capabilities/mcp/pool.py:PooledSession._run_job": 15,
     "capabilities/mcp/pool.py:PooledSession._submit": 15,
@@ -75,8 +76,6 @@ NOT_YET_SPLIT: dict[str, int] = {
     "llm/testing_anthropic.py:FakeAnthropicServer._perform": 21,
     "llm/toolcall_parsing.py:ToolCallHoldback._step_json": 17,
     "llm/toolcall_parsing.py:ToolCallHoldback._step_pass": 24,
-    "sessions/runner/run_context.py:run_attributions": 18,
-    "sessions/runner/run_context.py:run_context_open": 18,
     "sessions/runner/tool_execution.py:_execute_one": 21,
     "tenants/audit.py:audit_record": 18,
 }

@@ -97,6 +97,11 @@ class DatabaseRunStore:
     usage = staticmethod(database.run_usage)
     tenant_month_cost_usd_micros = staticmethod(database.tenant_month_cost_usd_micros)
     has_artifacts = staticmethod(database.session_has_artifacts)
+    images_load = staticmethod(database.images_load)
+    run_context_load = staticmethod(db(database.run_context_load))
+    run_context_save = staticmethod(db(database.run_context_save))
+    tool_results = staticmethod(db(database.tool_results))
+    attributions_save = staticmethod(db(database.attributions_save))
 
     assistant_message_save = staticmethod(runs.assistant_message_save)
     llm_call_record = staticmethod(runs.llm_call_record)
@@ -153,11 +158,13 @@ def router_model(spec: RunSpec, record: Any, publish: Publish) -> Router:
 async def capability_toolsets(
     spec: RunSpec, stack: contextlib.AsyncExitStack, publish: Publish,
 ) -> tuple[Toolset, tuple[ContextBlock, ...]]:
-    """The run's tools from its bindings' capability kinds (closed with ``stack``) and its start context."""
+    """The run's tools from its bindings' capability kinds (closed with ``stack``) and its start
+    context (read and stored through the production store)."""
     toolset = await toolset_open(spec, stack, publish=publish)
-    return toolset, await run_context_open(spec, toolset.context)
+    return toolset, await run_context_open(spec, toolset.context, store=_STORE)
 
 
+_STORE = DatabaseRunStore()
 _PORTS: RunPorts | None = None
 
 
@@ -166,6 +173,6 @@ def production_ports() -> RunPorts:
     or keeps its per-loop state itself)."""
     global _PORTS
     if _PORTS is None:
-        _PORTS = RunPorts(store=DatabaseRunStore(), publisher=redis_publisher, model=router_model,
+        _PORTS = RunPorts(store=_STORE, publisher=redis_publisher, model=router_model,
                           toolsets=capability_toolsets, cancel_watch=watch_for_cancel)
     return _PORTS

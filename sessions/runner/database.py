@@ -1,6 +1,9 @@
 """The runner's reads: a run's tenant, its configuration (the agent, route entries and
 bindings, loaded right after the claim), its history, its usage for the budgets, the calls
-and approvals a resumed run continues from, and a sub-run's configuration.
+and approvals a resumed run continues from, the images its user messages reference, its
+start context and tool results (and the writes of its start context and attributions, which
+are no transitions), and a sub-run's configuration. Used through
+:class:`sessions.runner.adapters.DatabaseRunStore`.
 
 Writes (every status transition and every row a run writes) are :mod:`sessions.runs`'.
 
@@ -26,9 +29,10 @@ from agents.models import AgentInstance, CapabilityBinding
 from capabilities.registry import binding_specs
 from llm.models import ModelProvider, ModelRouteEntry
 from llm.selectors import route_entries, route_entry_config
-from llm.types import ChatMessage, ToolCallRequest
+from llm.types import IMAGE_MIME_TYPES, ChatMessage, ToolCallRequest
 from sessions.models import (
     Approval,
+    Artifact,
     ChatSession,
     Compaction,
     Message,
@@ -39,6 +43,7 @@ from sessions.models import (
     UsageMonth,
 )
 from sessions.runner.pg import pg_connection
+from sessions.runner.ports import ArtifactImage
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db, db_executor_shutdown
 from sessions.runs import ClaimedRun
@@ -553,14 +558,63 @@ def approvals_for_calls(*, call_pks: list[int]) -> dict[int, ApprovalState]:
 
 async def session_has_artifacts(session_id: int) -> bool:
     """Whether any artifact belongs to the session (the runner then offers ``read_artifact``)."""
-    from sessions.models import Artifact
-
     async with pg_connection() as conn:
         cursor = await conn.execute(
             f'SELECT EXISTS (SELECT 1 FROM "{Artifact._meta.db_table}" WHERE "session_id" = %s AND "tenant_id" = %s)',
             [session_id, require_tenant_id()],
         )
         return (await cursor.fetchone())[0]
+
+
+# --- images and the run's start context and attributions ----------------------------------------
+
+_IMAGES_SQL = (
+    'SELECT "id", "mime_type", "size_bytes", '
+    'CASE WHEN "size_bytes" <= %(limit)s AND "mime_type" = ANY(%(types)s) THEN "content" END '
+    f'FROM "{Artifact._meta.db_table}" '
+    'WHERE "tenant_id" = %(tenant_id)s AND "session_id" = %(session_id)s AND "id" = ANY(%(ids)s)'
+)
+"""The session's artifacts among some ids, with their bytes only when they will be sent."""
+
+
+async def images_load(*, session_id: int, artifact_ids: list[int], max_bytes: int) -> list[ArtifactImage]:
+    """The store's ``images_load`` (:meth:`sessions.runner.ports.RunStore.images_load`): one
+    statement on the loop's connection; bytes read only for images models take
+    (:data:`llm.types.IMAGE_MIME_TYPES`) of at most ``max_bytes``."""
+    async with pg_connection() as conn:
+        cursor = await conn.execute(_IMAGES_SQL, {
+            "limit": max_bytes, "types": sorted(IMAGE_MIME_TYPES), "tenant_id": require_tenant_id(),
+            "session_id": session_id, "ids": artifact_ids,
+        })
+        rows = await cursor.fetchall()
+    return [ArtifactImage(pk, mime_type, size, None if data is None else bytes(data))
+            for pk, mime_type, size, data in rows]
+
+
+def run_context_load(run_id: int) -> tuple[list[Any] | None, str]:
+    """``(Run.context, Run.input)`` of run ``run_id`` (``([], "")`` for no such run). ORM: on a
+    database thread."""
+    row = Run.objects.filter(pk=run_id).values_list("context", "input").first()
+    if row is None:
+        return [], ""
+    return row[0], row[1]
+
+
+def run_context_save(run_id: int, blocks: list[dict[str, Any]]) -> None:
+    """Store ``blocks`` as the run's context unless an earlier attempt already did. ORM."""
+    Run.objects.filter(pk=run_id, context__isnull=True).update(context=blocks)
+
+
+def tool_results(run_id: int) -> list[tuple[str, Any]]:
+    """``[(exposed name, result_data)]`` of run ``run_id``'s succeeded tool calls with data,
+    oldest first. ORM."""
+    return list(ToolCall.objects.filter(run_id=run_id, status=ToolCallStatus.SUCCEEDED, result_data__isnull=False)
+                .order_by("pk").values_list("name", "result_data"))
+
+
+def attributions_save(run_id: int, attributions: list[dict[str, Any]]) -> None:
+    """Store ``attributions`` as the run's (``Run.attributions``). ORM."""
+    Run.objects.filter(pk=run_id).update(attributions=attributions)
 
 
 # --- sub-runs (skills) -------------------------------------------------------------------------

@@ -16,7 +16,9 @@ reference line gets a note saying why the model does not see it.
 
 Artifacts never change once stored, so their base64 form is kept in a small per-process cache
 (:data:`CACHE_MAX_CHARS` of base64 in all, least recently used first out): a run's turns, and
-the next runs of the chat, do not read and encode the same bytes again.
+the next runs of the chat, do not read and encode the same bytes again. The artifacts are read
+through the run's store (:meth:`sessions.runner.ports.RunStore.images_load`; production: one
+statement on the loop's connection, :func:`sessions.runner.database.images_load`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import dataclasses
 import re
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING
 
 from llm.types import IMAGE_MIME_TYPES, ChatMessage, ImagePart
-from sessions.models import Artifact
-from sessions.runner.pg import pg_connection
+
+if TYPE_CHECKING:
+    from sessions.runner.database import History
+    from sessions.runner.ports import ArtifactImage, RunStore
 
 IMAGE_REFERENCE = re.compile(r'^\[image: artifact:(\d+) "[^\n]*\]$', re.MULTILINE)
 """A reference line of an image attachment (group 1: the artifact id)."""
@@ -103,37 +107,17 @@ def _human_bytes(size: int) -> str:
     return f"{size} B" if size < 1000 else f"{size / 1000:.1f} kB" if size < 1_000_000 else f"{size / 1e6:.1f} MB"
 
 
-_ARTIFACTS_SQL = (
-    'SELECT "id", "mime_type", "size_bytes", '
-    'CASE WHEN "size_bytes" <= %(limit)s AND "mime_type" = ANY(%(types)s) THEN "content" END '
-    f'FROM "{Artifact._meta.db_table}" '
-    'WHERE "tenant_id" = %(tenant_id)s AND "session_id" = %(session_id)s AND "id" = ANY(%(ids)s)'
-)
-"""The session's artifacts among some ids, with their bytes only when they will be sent."""
-
-
-async def _load(*, tenant_id: int, session_id: int, artifact_ids: list[int], limit: int) -> dict[int, _Found]:
-    """The session's artifacts among ``artifact_ids`` as :class:`_Found` (one statement on the
-    loop's connection; bytes read only for images of at most ``limit`` bytes)."""
-    async with pg_connection() as conn:
-        cursor = await conn.execute(_ARTIFACTS_SQL, {
-            "limit": limit, "types": sorted(IMAGE_MIME_TYPES), "tenant_id": tenant_id, "session_id": session_id,
-            "ids": artifact_ids,
-        })
-        rows = await cursor.fetchall()
-    out: dict[int, _Found] = {}
-    for pk, mime_type, size, data in rows:
-        if mime_type not in IMAGE_MIME_TYPES:
-            out[pk] = _Found(None, f"(not shown to you: {mime_type} is not an image type models take; "
-                                   "PNG, JPEG, GIF and WebP are)")
-        elif size > limit:
-            out[pk] = _Found(None, f"(not shown to you: larger than the {_human_bytes(limit)} limit for images; "
-                                   "ask for a smaller one if you need to see it)")
-        elif not data:
-            out[pk] = _Found(None, "(not shown to you: the file is empty)")
-        else:
-            out[pk] = _Found(ImagePart(mime_type=mime_type, data=base64.b64encode(bytes(data)).decode("ascii")))
-    return out
+def _found(image: ArtifactImage, limit: int) -> _Found:
+    """What the model gets of ``image`` (a row of the store's ``images_load``)."""
+    if image.mime_type not in IMAGE_MIME_TYPES:
+        return _Found(None, f"(not shown to you: {image.mime_type} is not an image type models take; "
+                            "PNG, JPEG, GIF and WebP are)")
+    if image.size_bytes > limit:
+        return _Found(None, f"(not shown to you: larger than the {_human_bytes(limit)} limit for images; "
+                            "ask for a smaller one if you need to see it)")
+    if not image.content:
+        return _Found(None, "(not shown to you: the file is empty)")
+    return _Found(ImagePart(mime_type=image.mime_type, data=base64.b64encode(image.content).decode("ascii")))
 
 
 def _with_images(message: ChatMessage, found: dict[int, _Found]) -> ChatMessage:
@@ -157,31 +141,43 @@ def _with_images(message: ChatMessage, found: dict[int, _Found]) -> ChatMessage:
     return dataclasses.replace(message, content=content, images=tuple(images))
 
 
-async def history_with_images(history: Any, *, tenant_id: int, session_id: int, supports_images: bool) -> Any:
-    """``history`` (a :class:`sessions.runner.database.History`) with the images of its user
-    messages attached (see the module docstring).
+async def history_with_images(history: History, *, store: RunStore, tenant_id: int, session_id: int,
+                              supports_images: bool) -> History:
+    """``history`` with the images of its user messages attached (see the module docstring).
 
     Args:
         history: The turn's history; returned as is when no user message references an image.
+        store: The run's store: the images not cached are read through it (``images_load``).
         tenant_id: The run's tenant (the current tenant scope), a cache key.
         session_id: The run's session: only its artifacts are attached.
         supports_images: Whether some entry of the run's route takes image input; False
             returns ``history`` unchanged (no query, no parsing beyond this check).
 
     Returns:
-        A history whose ``messages`` carry ``images`` (one statement on the loop's connection
-        for the images not cached).
+        A history whose ``messages`` carry ``images`` (one ``images_load`` of the store for the
+        images not cached).
 
     Requires tenant scope.
     """
     if not supports_images:
         return history
-    wanted: set[int] = set()
-    for message in history.messages:
-        if message.role == "user" and "[image: artifact:" in message.content:
-            wanted.update(int(m.group(1)) for m in IMAGE_REFERENCE.finditer(message.content))
+    wanted = {int(m.group(1)) for message in history.messages if _references_images(message)
+              for m in IMAGE_REFERENCE.finditer(message.content)}
     if not wanted:
         return history
+    found = await _images_found(store, tenant_id=tenant_id, session_id=session_id, wanted=wanted)
+    messages = [_with_images(m, found) if _references_images(m) else m for m in history.messages]
+    return dataclasses.replace(history, messages=messages)
+
+
+def _references_images(message: ChatMessage) -> bool:
+    """Whether ``message`` is a user message that may hold image reference lines."""
+    return message.role == "user" and "[image: artifact:" in message.content
+
+
+async def _images_found(store: RunStore, *, tenant_id: int, session_id: int, wanted: set[int]) -> dict[int, _Found]:
+    """``{artifact id: _Found}`` for ``wanted``: from the cache, the others read through ``store``
+    (then cached). An id the store does not find (another chat's) is left out."""
     limit = image_max_bytes()
     found: dict[int, _Found] = {}
     missing = []
@@ -192,13 +188,9 @@ async def history_with_images(history: Any, *, tenant_id: int, session_id: int, 
         else:
             found[artifact_id] = cached
     if missing:
-        loaded = await _load(tenant_id=tenant_id, session_id=session_id, artifact_ids=sorted(missing), limit=limit)
-        for artifact_id, item in loaded.items():
-            _cache.put((tenant_id, session_id, artifact_id, limit), item)
-        found.update(loaded)
-    messages = [
-        _with_images(m, found) if m.role == "user" and "[image: artifact:" in m.content else m
-        for m in history.messages
-    ]
-    return dataclasses.replace(history, messages=messages)
-
+        rows = await store.images_load(session_id=session_id, artifact_ids=sorted(missing), max_bytes=limit)
+        for row in rows:
+            item = _found(row, limit)
+            _cache.put((tenant_id, session_id, row.artifact_id, limit), item)
+            found[row.artifact_id] = item
+    return found

@@ -225,7 +225,7 @@ async def _run_loop(spec: RunSpec, publish: Publisher, ports: RunPorts, *, tools
             outcome = await run_turns(state)
             if isinstance(outcome, Completed) and spec.depth == 0 and toolset.context is not None:
                 # Before the run ends, so that run_completed carries them (bounded: ATTRIBUTION_TIMEOUT_SECONDS).
-                attributions = await run_attributions(spec, toolset, context, outcome.reply)
+                attributions = await run_attributions(spec, toolset, context, outcome.reply, store=store)
                 if attributions is not None:
                     outcome = dataclasses.replace(outcome, attributions=attributions)
             return outcome

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from capabilities.registry import ContextBlock
@@ -73,6 +73,16 @@ class CallbackPublisher:
 
     def nowait(self, event_type: str, data: dict[str, Any]) -> Awaitable[Any]:
         return asyncio.ensure_future(self._publish(event_type, data))
+
+
+class ArtifactImage(NamedTuple):
+    """An artifact a user message references as an image (:meth:`RunStore.images_load`)."""
+
+    artifact_id: int
+    mime_type: str
+    size_bytes: int
+    content: bytes | None
+    """The bytes, or None: not an image type models take, or larger than the limit asked for."""
 
 
 class RunStore(Protocol):
@@ -132,6 +142,24 @@ class RunStore(Protocol):
 
     async def has_artifacts(self, session_id: int) -> bool:
         """Whether the session has artifacts (``read_artifact`` is then offered)."""
+
+    async def images_load(self, *, session_id: int, artifact_ids: list[int], max_bytes: int) -> list[ArtifactImage]:
+        """The session's artifacts among ``artifact_ids`` (another session's are not found), each
+        with its bytes only if it is an image models take (:data:`llm.types.IMAGE_MIME_TYPES`) of
+        at most ``max_bytes`` (:mod:`sessions.runner.images`)."""
+
+    # The run's start context and attributions (:mod:`sessions.runner.run_context`).
+    async def run_context_load(self, run_id: int) -> tuple[list[Any] | None, str]:
+        """``(the stored start context: JSON blocks, None if none was stored yet; the run's input)``."""
+
+    async def run_context_save(self, run_id: int, blocks: list[dict[str, Any]]) -> None:
+        """Store the run's start context (JSON blocks) unless an earlier attempt did."""
+
+    async def tool_results(self, run_id: int) -> list[tuple[str, Any]]:
+        """``[(exposed name, result data)]`` of the run's succeeded calls with data, oldest first."""
+
+    async def attributions_save(self, run_id: int, attributions: list[dict[str, Any]]) -> None:
+        """Store the attributions of the run's answer (before the run ends)."""
 
     # Per turn: writes.
     async def assistant_message_save(

@@ -218,7 +218,7 @@ async def prepare(state: RunState) -> StepOutcome:
     if state.turn >= spec.max_loop_count:
         return loop_limit_reached(spec)
     state.history = await history_with_images(  # images of the user's messages, for entries that take them
-        history, tenant_id=spec.tenant_id, session_id=spec.session_id,
+        history, store=state.store, tenant_id=spec.tenant_id, session_id=spec.session_id,
         supports_images=any(e.supports_images for e in spec.entries),
     )
     _build_prompt(state)

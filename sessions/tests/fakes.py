@@ -14,12 +14,12 @@ from typing import Any
 
 from capabilities.tools import Tool, ToolContext, ToolResult
 from capabilities.toolsets import ToolOrigin
-from llm.types import ChatMessage, Completion, TextDelta, ToolCallRequest, ToolSpec, Usage
+from llm.types import IMAGE_MIME_TYPES, ChatMessage, Completion, TextDelta, ToolCallRequest, ToolSpec, Usage
 from sessions import runs
 from sessions.event_types import validate_event
 from sessions.models import ApprovalStatus, RunStatus, ToolCallStatus
 from sessions.runner.database import ApprovalState, History
-from sessions.runner.ports import CallbackPublisher, RunPorts
+from sessions.runner.ports import ArtifactImage, CallbackPublisher, RunPorts
 from sessions.runner.spec import RunSpec
 from sessions.runner.toolset import Toolset
 
@@ -80,6 +80,11 @@ class MemoryRunStore:
         """The ``purpose`` of each ``llm_calls`` entry, in order."""
         self.compactions: list[dict[str, Any]] = []
         self.completed_hooks = 0
+        self.artifacts: dict[int, tuple[int, str, bytes]] = {}
+        """``{artifact id: (session id, mime type, content)}``: what ``images_load`` reads."""
+        self.context: list[Any] | None = None
+        """The run's stored start context (JSON blocks; None: none stored yet)."""
+        self.attributions: list[dict[str, Any]] | None = None
         self._pks = itertools.count(1)
         self._subrun_ids = itertools.count(1001)
 
@@ -174,6 +179,26 @@ class MemoryRunStore:
     async def has_artifacts(self, session_id: int) -> bool:
         return False
 
+    async def images_load(self, *, session_id: int, artifact_ids: list[int], max_bytes: int) -> list[ArtifactImage]:
+        return [ArtifactImage(pk, mime_type, len(content),
+                              content if mime_type in IMAGE_MIME_TYPES and len(content) <= max_bytes else None)
+                for pk, (owner, mime_type, content) in sorted(self.artifacts.items())
+                if owner == session_id and pk in artifact_ids]
+
+    async def run_context_load(self, run_id: int) -> tuple[list[Any] | None, str]:
+        return self.context, self.messages[0]["content"]
+
+    async def run_context_save(self, run_id: int, blocks: list[dict[str, Any]]) -> None:
+        if self.context is None:
+            self.context = blocks
+
+    async def tool_results(self, run_id: int) -> list[tuple[str, Any]]:
+        return [(c["name"], c["data"]) for c in self.calls.values()
+                if c["run_id"] == run_id and c["status"] == ToolCallStatus.SUCCEEDED and c.get("data") is not None]
+
+    async def attributions_save(self, run_id: int, attributions: list[dict[str, Any]]) -> None:
+        self.attributions = attributions
+
     # writes
     async def assistant_message_save(self, *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "",
                                      llm_call: Any = None) -> list[dict[str, Any]]:
@@ -200,7 +225,7 @@ class MemoryRunStore:
         call = self.calls[pk]
         if call["status"] in _FINISHED:
             return False
-        call.update(status=status, result=content, error=error)
+        call.update(status=status, result=content, error=error, data=data)
         text = model_content if model_content is not None else (
             content if status == ToolCallStatus.SUCCEEDED else f"Error: {error}")
         self._messages_of(call["run_id"]).append({"role": "tool", "content": text, "tool_call_id": call["call_id"],

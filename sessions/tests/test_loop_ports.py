@@ -182,3 +182,74 @@ async def test_a_sub_runs_approval_pauses_the_parent_and_the_same_sub_run_resume
     await execute_run(1, ports=fake.ports)
     assert store.status == RunStatus.COMPLETED and store.outcome.reply == "done" and echo.calls == 1
     assert list(store.subruns) == [1001] and (sub.status, sub.attempt) == (RunStatus.COMPLETED, 2)
+
+
+# --- images and the start context go through the store ------------------------------------
+
+_TENANT = _SESSION = 9_000_001  # ids no database row has: the per-process image cache is keyed by them
+
+
+async def test_the_images_of_a_user_message_are_read_through_the_store():
+    import base64
+    from types import SimpleNamespace
+
+    entry = SimpleNamespace(max_input_tokens=100_000, input_price_per_mtok=0, supports_images=True)
+    store = MemoryRunStore(run_spec(entries=(entry,), tenant_id=_TENANT, session_id=_SESSION), user_message=(
+        'Look\n[image: artifact:7 "cat.png", image/png, 4 B]\n[image: artifact:8 "a.pdf", application/pdf, 3 B]\n'
+        '[image: artifact:9 "theirs.png", image/png, 2 B]'))
+    store.artifacts = {7: (_SESSION, "image/png", b"\x89PNG"), 8: (_SESSION, "application/pdf", b"pdf"),
+                       9: (_SESSION + 1, "image/png", b"..")}  # 9: another chat's
+    fake = FakePorts(store, ScriptedModel(reply("A cat.")))
+    await execute_run(1, ports=fake.ports)
+    assert store.status == RunStatus.COMPLETED
+    (user,) = [m for m in fake.model_.prompts[0] if m.role == "user"]
+    assert [image.data for image in user.images] == [base64.b64encode(b"\x89PNG").decode()]
+    assert '"a.pdf", application/pdf, 3 B] (not shown to you: application/pdf is not an image type' in user.content
+    assert '"theirs.png", image/png, 2 B]\n' not in user.content and user.content.endswith('"theirs.png", image/png, 2 B]')
+
+
+class _NotesKind:
+    """A kind that adds a start context and attributes answers (as knowledge does)."""
+
+    key = "notes"
+    asked = 0
+
+    def has_run_context(self) -> bool:
+        return True
+
+    def has_run_completed(self) -> bool:
+        return True
+
+    async def run_context(self, specs, ctx, query):
+        from capabilities.registry import ContextBlock
+
+        self.asked += 1
+        return [ContextBlock(source="notes", title="Notes", text=f"notes on {query}")]
+
+    async def run_completed(self, specs, ctx, answer):
+        return [{"reply": answer.reply, "from": [r.name for r in answer.tool_results]}]
+
+
+async def test_the_start_context_and_the_attributions_are_read_and_stored_through_the_store(monkeypatch):
+    from types import SimpleNamespace
+
+    from capabilities.toolsets import ToolOrigin
+    from sessions.runner import run_context
+
+    kind = _NotesKind()
+    monkeypatch.setattr(run_context, "kinds", lambda: [kind])
+    spec = run_spec(bindings=(SimpleNamespace(kind="notes"),), attempt=1)
+    store = MemoryRunStore(spec, user_message="the plan")
+    ctx = SimpleNamespace(extra={})
+    blocks = await run_context.run_context_open(spec, ctx, store=store)
+    assert [b.text for b in blocks] == ["notes on the plan"] and ctx.extra["run_context"] == blocks
+    assert store.context == [blocks[0].as_json()]
+    # a resumed run reads what was stored, and asks no kind again
+    assert await run_context.run_context_open(spec, SimpleNamespace(extra={}), store=store) == blocks
+    assert kind.asked == 1
+
+    store.calls = {5: {"run_id": 1, "name": "echo", "status": ToolCallStatus.SUCCEEDED, "data": {"n": 1}},
+                   6: {"run_id": 1, "name": "echo", "status": ToolCallStatus.FAILED, "data": {"n": 2}}}
+    toolset = SimpleNamespace(context=ctx, origins={"echo": ToolOrigin(source="builtin", name="echo")})
+    made = await run_context.run_attributions(spec, toolset, blocks, "The plan.", store=store)
+    assert made == [{"reply": "The plan.", "from": ["echo"]}] and store.attributions == made
