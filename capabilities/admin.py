@@ -12,8 +12,8 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from capabilities.catalogue import ProgramTemplate, TemplateKind, parameters_errors, secrets_errors
+from capabilities.mcp_test_request import mcp_server_test_connection_request
 from capabilities.models import CliCommand, McpServer, McpTransport, Skill
-from capabilities.services import mcp_server_test_connection_request
 from tenants.admin_scoping import TenantScopedModelAdmin
 from tenants.crypto import secret_encrypt_json
 from tenants.models import Tenant

@@ -177,8 +177,8 @@ def mcp_server_test_connection(*, server: McpServer) -> McpConnectionTest:
     """Connect to ``server`` with its own timeouts, list every tool, store the snapshot.
 
     A fresh connection (not the pool), closed before returning; a stdio server is spawned,
-    confined, and terminated. Runs in a worker (:func:`mcp_server_test_connection_request` is
-    what the console calls: the web process never starts a tenant's program). Blocks for at
+    confined, and terminated. Runs in a worker
+    (:func:`capabilities.mcp_test_request.mcp_server_test_connection_request` is what the console calls: the web process never starts a tenant's program). Blocks for at
     most about ``connect_timeout_seconds + list_timeout_seconds`` (+ the bounded close); runs
     its own event loop, so call it from a thread without one.
 
@@ -207,47 +207,9 @@ def mcp_server_test_connection(*, server: McpServer) -> McpConnectionTest:
     return result
 
 
-def mcp_server_test_connection_request(*, server: McpServer, wait_seconds: float | None = None) -> McpConnectionTest:
-    """Have a worker test ``server`` (:func:`mcp_server_test_connection`) and wait for its answer.
-
-    The test runs in a Celery worker, never in the calling (web) process. The worker pushes its
-    result to a one-off Redis list that this call waits on (``BLPOP``).
-
-    Args:
-        server: The server (the caller already checked it is the tenant's).
-        wait_seconds: How long to wait (default ``settings.MCP_TEST_CONNECTION_WAIT_SECONDS``).
-
-    Returns:
-        The worker's result, or a failed result saying that no worker answered in time.
-    """
-    import json
-    import uuid
-
-    import redis
-    from django.conf import settings
-
-    from capabilities.tasks import mcp_server_test_connection as task
-
-    wait = settings.MCP_TEST_CONNECTION_WAIT_SECONDS if wait_seconds is None else wait_seconds
-    reply_key = f"{settings.REDIS_KEY_PREFIX}:mcp-test:{uuid.uuid4().hex}"
-    task.apply_async(kwargs={"tenant_id": server.tenant_id, "server_id": server.pk, "reply_key": reply_key})
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=wait + 5)
-    try:
-        reply = client.blpop([reply_key], timeout=max(1, int(wait)))
-    finally:
-        client.close()
-    if reply is None:
-        return McpConnectionTest(
-            ok=False, error=f"No worker answered within {wait:g} s: is a Celery worker running? "
-                            "Tests run on a worker, never in the web process.")
-    data = json.loads(reply[1])
-    tools = tuple(McpToolInfo(name=t["name"], description=t["description"], input_schema=t["input_schema"])
-                  for t in data.get("tools", ()))
-    return McpConnectionTest(ok=data["ok"], tools=tools, error=data.get("error", ""), seconds=data.get("seconds", 0.0))
-
-
 def mcp_server_test_connection_reply(*, tenant_id: int, server_id: int, reply_key: str) -> None:
-    """The worker's side of :func:`mcp_server_test_connection_request`: test, push the result.
+    """The worker's side of :func:`capabilities.mcp_test_request.mcp_server_test_connection_request`:
+    test, push the result (the task ``capabilities.mcp_server_test_connection`` calls it).
 
     A server that is gone (or not the tenant's) answers as a failed test.
     """

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from capabilities.services import mcp_server_test_connection_reply
+
 
 @shared_task(name="capabilities.mcp_server_test_connection", ignore_result=True, time_limit=300)
 def mcp_server_test_connection(*, tenant_id: int, server_id: int, reply_key: str) -> None:
     """Test MCP server ``server_id`` of tenant ``tenant_id`` on this worker and push the result
-    to the Redis list ``reply_key`` (see :func:`capabilities.services.mcp_server_test_connection_request`)."""
-    from capabilities.services import mcp_server_test_connection_reply
-
+    to the Redis list ``reply_key`` (see :func:`capabilities.mcp_test_request.mcp_server_test_connection_request`)."""
     mcp_server_test_connection_reply(tenant_id=tenant_id, server_id=server_id, reply_key=reply_key)

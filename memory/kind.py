@@ -17,11 +17,10 @@ from typing import Any, ClassVar
 
 from capabilities.registry import CapabilityKind, ContextBlock, OpenContext, kind_register
 from capabilities.toolsets import KindToolset
-from memory.policy import MemoryPolicy, policy_errors
+from memory.policy import KEY, MemoryPolicy, policy_errors
 
 logger = logging.getLogger(__name__)
 
-KEY = "memory"
 BLOCK_TITLE = "What you know about this user"
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+KEY = "memory"
+"""The capability kind's key (``CapabilityBinding.kind``): here so that the selectors, which
+find an agent's binding, need not import the kind (:mod:`memory.kind`), which calls the services."""
+
 DEFAULT_RETENTION_DAYS = 365
 DEFAULT_MAX_ITEMS = 5
 DEFAULT_EXTRACT_AFTER_IDLE_MINUTES = 30

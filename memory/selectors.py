@@ -22,9 +22,8 @@ from django.db.models.functions import Coalesce
 from pgvector.django import CosineDistance
 
 from agents.models import AgentInstance, CapabilityBinding
-from memory.kind import KEY
 from memory.models import Memory, MemoryExtraction
-from memory.policy import MemoryPolicy
+from memory.policy import KEY, MemoryPolicy
 from sessions.models import ChatSession
 
 

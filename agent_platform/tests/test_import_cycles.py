@@ -32,13 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("sessions", "capabilities", "knowledge", "memory")
 
 KNOWN_CYCLES: tuple[frozenset[str], ...] = (
-    # The built-in tools register themselves with the registry that imports them all.
-    frozenset({"capabilities.builtin.artifacts", "capabilities.builtin.ask_user", "capabilities.builtin.documents",
-               "capabilities.builtin.registry", "capabilities.builtin.todo", "capabilities.builtin.web"}),
-    # The service sends the task that calls the service back (the task imports it lazily).
-    frozenset({"capabilities.services", "capabilities.tasks"}),
-    # The memory kind calls the services, whose selectors read the kind's key.
-    frozenset({"memory.kind", "memory.selectors", "memory.services"}),
     # The toolset builds a skill's tool (sessions.runner.subrun), which runs a sub-run's loop
     # over the toolset (and the production ports when no parent's are set).
     frozenset({"sessions.runner.adapters", "sessions.runner.loop", "sessions.runner.subrun",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capabilities.builtin.registry import register_builtin
+from capabilities.builtin.registration import register_builtin
 from capabilities.tools import QuestionForUser, Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 

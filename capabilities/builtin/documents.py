@@ -11,7 +11,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from capabilities.builtin.registry import register_builtin
+from capabilities.builtin.registration import register_builtin
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 

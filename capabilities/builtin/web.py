@@ -17,7 +17,7 @@ from bs4 import BeautifulSoup, Comment
 from markdownify import MarkdownConverter
 
 from capabilities import netsafe
-from capabilities.builtin.registry import register_builtin
+from capabilities.builtin.registration import register_builtin
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 
