@@ -30,15 +30,72 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, Protocol, TypeAlias, TypeVar
 
 from capabilities.tools import Tool
 from capabilities.toolsets import KindToolset
 
+if TYPE_CHECKING:
+    from django.db.models import Model
+
+    from llm.config import RouteEntryConfig
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+JSONValue: TypeAlias = "dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None"
+"""A JSON value, as ``json.loads`` returns it."""
+
+BindingRow: TypeAlias = "Model"
+"""An ``agents.CapabilityBinding`` row (``agents`` sits above ``capabilities``, so it is named by
+its Django base class here): ``kind``, ``tenant_id`` and the columns of :data:`BINDING_FIELDS`."""
+
+
+class BindingSpec(Protocol):
+    """A kind's binding spec, as the generic code reads it: the kind's own frozen dataclass
+    (``McpBindingSpec``, ``SkillBindingSpec``, ...) with a ``kind`` class attribute equal to the
+    kind's key, the binding's id and its approval rules."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def binding_id(self) -> int | None: ...
+
+    @property
+    def approval_policy(self) -> tuple[dict[str, str], ...]:
+        """``[{pattern, action}]`` rules (:func:`capabilities.toolsets.approval_action`)."""
+
+
+class RunInfo(Protocol):
+    """What a kind may read of the run it opens tools for (the runner's
+    ``sessions.runner.spec.RunSpec`` has it; ``sessions`` sits above, so it is a protocol here)."""
+
+    @property
+    def run_id(self) -> int: ...
+
+    @property
+    def user_id(self) -> int: ...
+
+    @property
+    def entries(self) -> tuple[RouteEntryConfig, ...]:
+        """The run's route entries (a kind that asks the run's model uses them)."""
+
+    @property
+    def entry_ids(self) -> tuple[int, ...]: ...
+
+
+class InThread(Protocol):
+    """``in_thread(fn)(*args, **kwargs)``: ``fn`` run on the run's database thread under its
+    tenant scope, awaited (``sessions.runner.threads.db``)."""
+
+    def __call__(self, fn: Callable[P, R], /) -> Callable[P, Awaitable[R]]: ...
+
 BINDING_FIELDS = ("mcp_server", "builtin_name", "cli_command", "skill", "allowed_tools", "approval_policy", "config")
 """The CapabilityBinding columns a kind may use (besides ``agent``, ``kind``, ``enabled``)."""
 
-Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+Publish = Callable[[str, dict[str, Any]], Awaitable[object]]
+"""``await publish(event_type, data)``: an event of the run (``data``: its JSON payload)."""
 
 
 @dataclass(slots=True)
@@ -56,14 +113,14 @@ class OpenContext:
     stack: contextlib.AsyncExitStack
     publish: Publish | None = None
     """The run's event publisher (``capability_unavailable`` and the like); None: log only."""
-    in_thread: Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]] | None = None
+    in_thread: InThread | None = None
     """``in_thread(fn)(**kwargs)``: run a synchronous ORM function on the run's database
     thread, under the run's tenant scope (``sessions.runner.threads.db``)."""
-    subrun_tool: Callable[[Any, str], Tool] | None = None
+    subrun_tool: Callable[[BindingSpec, str], Tool] | None = None
     """``subrun_tool(binding_spec, exposed_name)`` → a Tool answered by a sub-run of this run
     over a subset of its tools (skills; sub-agents). Provided by the runner."""
-    run: Any = None
-    """The run's RunSpec (opaque here)."""
+    run: RunInfo | None = None
+    """The run's RunSpec (what kinds read of it: :class:`RunInfo`)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Per-run state a kind keeps between :meth:`CapabilityKind.open_toolset` and
     :meth:`CapabilityKind.run_context` (the same OpenContext is passed to both); key it by the
@@ -92,7 +149,7 @@ class ContextBlock:
     source: str
     title: str
     text: str
-    data: Any = None
+    data: JSONValue = None
     untrusted: bool = False
 
     def as_json(self) -> dict[str, Any]:
@@ -118,7 +175,7 @@ class ToolResultData:
     """The tool's :class:`~capabilities.toolsets.ToolOrigin` source (``knowledge``, ``mcp``, ...)."""
     name: str
     """The tool's own name at that source (``knowledge_search``)."""
-    data: Any
+    data: JSONValue
     """The call's ``ToolResult.data`` as stored (JSON), e.g. ``{"citations": [...]}``."""
 
 
@@ -154,7 +211,7 @@ class CapabilityKind:
     position: ClassVar[int] = 100
     """Kinds are listed, and their tools offered to the model, by position, then registration."""
 
-    def validate(self, binding: Any) -> dict[str, Any]:
+    def validate(self, binding: BindingRow) -> dict[str, str | list[str]]:
         """What is wrong with ``binding`` for this kind: ``{field: message(s)}``, ``{}`` if fine.
 
         Called by ``CapabilityBinding.clean`` after the common checks (agent and tenant,
@@ -163,16 +220,16 @@ class CapabilityKind:
         """
         return {}
 
-    def spec_key(self, binding: Any) -> Hashable | None:
+    def spec_key(self, binding: BindingRow) -> Hashable | None:
         """Bindings of one agent with the same non-None key load once (the first, by id)."""
         return None
 
-    def load_spec(self, binding: Any) -> Any | None:
+    def load_spec(self, binding: BindingRow) -> BindingSpec | None:
         """The binding's spec for a run (a frozen dataclass), or None to leave it out
         (a disabled server, a deleted command). Runs on a thread under the run's tenant scope."""
         raise NotImplementedError
 
-    async def open_toolset(self, specs: Sequence[Any], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
+    async def open_toolset(self, specs: Sequence[Any], ctx: OpenContext) -> list[tuple[BindingSpec, KindToolset]]:
         """The tools of this kind's bound ``specs`` (in order) for the run ``ctx``:
         ``[(spec, KindToolset)]``; a spec whose capability is unreachable may be left out."""
         raise NotImplementedError
@@ -265,7 +322,7 @@ def kind_fields() -> dict[str, list[str]]:
     return {k.key: list(k.fields) for k in _KINDS.values()}
 
 
-def binding_specs(bindings: Sequence[Any]) -> tuple[Any, ...]:
+def binding_specs(bindings: Sequence[BindingRow]) -> tuple[BindingSpec, ...]:
     """The specs of an agent's enabled ``bindings`` (ordered by id), for a run.
 
     Bindings of an unknown kind are skipped; so are those whose kind's :meth:`spec_key`
@@ -276,7 +333,7 @@ def binding_specs(bindings: Sequence[Any]) -> tuple[Any, ...]:
         The specs, grouped by kind (by position), by binding id within a kind.
     """
     seen: set[tuple[str, Hashable]] = set()
-    by_kind: dict[str, list[Any]] = {}
+    by_kind: dict[str, list[BindingSpec]] = {}
     for binding in bindings:
         kind = _KINDS.get(binding.kind)
         if kind is None:
@@ -293,6 +350,6 @@ def binding_specs(bindings: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(spec for key in _KINDS if key in by_kind for spec in by_kind[key])
 
 
-def specs_of(specs: Sequence[Any], key: str) -> tuple[Any, ...]:
+def specs_of(specs: Sequence[BindingSpec], key: str) -> tuple[BindingSpec, ...]:
     """The specs of kind ``key`` among ``specs``."""
     return tuple(s for s in specs if s.kind == key)

@@ -31,8 +31,8 @@ from capabilities.registry import (
     kind_unregister,
     kinds,
 )
-from capabilities.tools import Tool, ToolContext, ToolResult
-from capabilities.toolsets import ApprovalPolicyToolset, KindToolset, NamedToolset, ToolOrigin, ToolSource
+from capabilities.tools import ApprovalRequired, Tool, ToolContext, ToolResult
+from capabilities.toolsets import KindToolset, NamedToolset, ToolInvocation, ToolOrigin, ToolSource
 from llm.testing import Reply, ToolCalls
 from llm.types import ToolSpec
 from sessions.models import ToolCall
@@ -195,11 +195,20 @@ def test_a_key_registers_once_and_fields_are_checked():
 
 
 def _toolset(source: str, *names: str, qualified: bool = False, policy: tuple = (), binding_id: int = 1):
-    return ApprovalPolicyToolset(
-        KindToolset(sources=[ToolSource(origin=ToolOrigin(source=source, name=n), factory=lambda e: None)
-                             for n in names], qualified=qualified),
-        binding_id=binding_id, policy=policy,
-    )
+    return KindToolset(sources=[ToolSource(origin=ToolOrigin(source=source, name=n), factory=_ran_tool)
+                                for n in names], qualified=qualified).for_binding(binding_id, policy)
+
+
+class _RanTool(Tool):
+    def __init__(self, exposed: str) -> None:
+        self.spec = ToolSpec(name=exposed, description="Say it ran.")
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        return ToolResult(content=f"{self.spec.name} ran")
+
+
+def _ran_tool(exposed: str) -> Tool:
+    return _RanTool(exposed)
 
 
 def test_named_toolset_names_as_assign_exposed_names_does():
@@ -219,20 +228,29 @@ def test_named_toolset_names_as_assign_exposed_names_does():
     assert {(s.origin.source, s.origin.name): e for e, s in NamedToolset(shuffled).named()} == named
 
 
-def test_approval_wrapper_first_match_wins_on_own_or_exposed_name():
+async def test_approval_wrapper_first_match_wins_on_own_or_exposed_name():
+    """The run's toolset decides each call by its binding's rules (the approval wrapper):
+    ``ask`` raises ApprovalRequired before the tool runs, ``deny`` fails it, no rule runs it."""
     from sessions.runner.toolset import Toolset
+
+    def call(name: str, *, approved: bool = False) -> ToolInvocation:
+        context = ToolContext(tenant_id=1, session_id=1, run_id=1, tool_call_id=1, approved=approved)
+        return ToolInvocation(name=name, arguments={}, context=context)
 
     policy = ({"pattern": "time__*", "action": "ask"}, {"pattern": "get_time", "action": "deny"})
     toolset = Toolset()
-    for exposed, source in NamedToolset([_toolset("time", "get_time", qualified=True, policy=policy, binding_id=7),
-                                         _toolset("builtin", "echo")]).named():
-        toolset.origins[exposed] = source.origin
+    toolset.table.add_named([_toolset("time", "get_time", qualified=True, policy=policy, binding_id=7),
+                             _toolset("builtin", "echo")])
     assert toolset.origins["time__get_time"].binding_id == 7
-    assert toolset.approval_action("time__get_time") == "ask"  # exposed name, first rule
-    assert toolset.approval_action("echo") == "allow"  # its own binding has no rules
+    with pytest.raises(ApprovalRequired, match="asks before get_time"):  # exposed name, first rule
+        await toolset.call_tool(call("time__get_time"))
+    assert (await toolset.call_tool(call("echo"))).content == "echo ran"  # its own binding has no rules
+    assert (await toolset.call_tool(call("time__get_time", approved=True))).content == "time__get_time ran"
     reordered = (policy[1], policy[0])
     toolset.origins["time__get_time"] = ToolOrigin(source="time", name="get_time", approval_policy=reordered)
-    assert toolset.approval_action("time__get_time") == "deny"  # own name, now first
+    denied = await toolset.call_tool(call("time__get_time"))  # own name, now first
+    assert (denied.status, denied.content) == ("failed", "")
+    assert "does not allow the tool 'time__get_time'" in denied.error
 
 
 @pytest.mark.django_db

@@ -12,7 +12,9 @@ place: :func:`production_ports`.
   shared in Redis;
 - the toolset opener: the capability kinds (:func:`sessions.runner.toolset.toolset_open`) and
   the run's start context;
-- the cancel watch: :func:`sessions.runner.cancellation.watch_for_cancel`.
+- the cancel watch: :func:`sessions.runner.cancellation.watch_for_cancel`;
+- the tool store: :data:`sessions.tool_store.SESSION_TOOL_STORE` (artifacts and todos, each
+  tool call's ``ToolContext.store``).
 
 Also the public names of the runner's configuration load and history read for code outside
 the runner (capabilities' tests, ``bench/storage.py``): :func:`run_spec_load`,
@@ -38,6 +40,7 @@ from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
 from sessions.runner.titles import title_after_first_exchange
 from sessions.runner.toolset import Toolset, toolset_open
+from sessions.tool_store import SESSION_TOOL_STORE
 
 __all__ = [
     "HISTORY_SQL", "DatabaseRunStore", "History", "HistoryRow", "entry_health", "history_load", "production_ports",
@@ -174,5 +177,5 @@ def production_ports() -> RunPorts:
     global _PORTS
     if _PORTS is None:
         _PORTS = RunPorts(store=_STORE, publisher=redis_publisher, model=router_model,
-                          toolsets=capability_toolsets, cancel_watch=watch_for_cancel)
+                          toolsets=capability_toolsets, cancel_watch=watch_for_cancel, tool_store=SESSION_TOOL_STORE)
     return _PORTS

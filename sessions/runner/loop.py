@@ -221,7 +221,7 @@ async def _run_loop(spec: RunSpec, publish: Publisher, ports: RunPorts, *, tools
             record = _LlmCallRecorder(spec, spec.loop_count, store)
             model = ports.model(spec, record, publish)
             state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=model, record=record,
-                                   store=store, context=context)
+                                   store=store, context=context, tool_store=ports.tool_store)
             outcome = await run_turns(state)
             if isinstance(outcome, Completed) and spec.depth == 0 and toolset.context is not None:
                 # Before the run ends, so that run_completed carries them (bounded: ATTRIBUTION_TIMEOUT_SECONDS).

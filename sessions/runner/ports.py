@@ -20,16 +20,21 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypedDict
 
 if TYPE_CHECKING:
     from capabilities.registry import ContextBlock
-    from llm.records import AttemptRecord
-    from llm.types import ChatMessage, Completion, ToolSpec
+    from llm.records import AttemptRecord, RecordCallback
+    from llm.types import ChatMessage, Completion, StreamEvent, ToolSpec
+    from sessions.runner.database import ApprovalState, CompactionCursor, History, Usage
     from sessions.runner.spec import RunSpec
     from sessions.runner.toolset import Toolset
+    from sessions.runs import RunEnding, SubRunState
 
-Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
+JSONValue: TypeAlias = "dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None"
+"""A JSON value, as ``json.loads`` returns it (a tool call's parsed arguments, a result's data)."""
+
+Publish = Callable[[str, dict[str, Any]], Awaitable[object]]
 """``publish(event_type, data)``: one event on the run's session stream (what the run store's
 writes and the router are given: they only call it). The loop's own publisher is a
 :class:`Publisher`."""
@@ -47,10 +52,10 @@ class Publisher(Protocol):
     """The current model turn's text as it streamed (:func:`sessions.runner.streaming.stream_model_turn`
     keeps it; a run stopped mid-answer keeps it as its reply), or None: not kept."""
 
-    async def __call__(self, event_type: str, data: dict[str, Any]) -> Any:
+    async def __call__(self, event_type: str, data: dict[str, Any]) -> object:
         """Publish one event and wait until it is stored (raises the store's error)."""
 
-    def nowait(self, event_type: str, data: dict[str, Any]) -> Awaitable[Any]:
+    def nowait(self, event_type: str, data: dict[str, Any]) -> Awaitable[object]:
         """Queue one event without waiting: it goes out before any event queued or published
         after this call (:class:`sessions.runner.streaming.StreamedTextBatcher`); the
         awaitable gives its result or error."""
@@ -68,10 +73,10 @@ class CallbackPublisher:
         self._publish = publish
         self.streamed: list[str] | None = None
 
-    def __call__(self, event_type: str, data: dict[str, Any]) -> Awaitable[Any]:
+    def __call__(self, event_type: str, data: dict[str, Any]) -> Awaitable[object]:
         return self._publish(event_type, data)
 
-    def nowait(self, event_type: str, data: dict[str, Any]) -> Awaitable[Any]:
+    def nowait(self, event_type: str, data: dict[str, Any]) -> Awaitable[object]:
         return asyncio.ensure_future(self._publish(event_type, data))
 
 
@@ -83,6 +88,26 @@ class ArtifactImage(NamedTuple):
     size_bytes: int
     content: bytes | None
     """The bytes, or None: not an image type models take, or larger than the limit asked for."""
+
+
+class PendingCall(TypedDict):
+    """A tool call of the run as the loop executes it (a model turn's, or one left without a result)."""
+
+    pk: int
+    call_id: str
+    """The model's id of the call."""
+    name: str
+    """The exposed tool name."""
+    arguments_raw: str
+    """The arguments as the model wrote them (JSON text, maybe invalid)."""
+
+
+class RunFinish(Protocol):
+    """What :meth:`RunStore.finish` returns (production: :class:`sessions.runs.RunFinished`)."""
+
+    @property
+    def ended(self) -> bool:
+        """False: the run had already ended; nothing was written."""
 
 
 class RunStore(Protocol):
@@ -111,30 +136,33 @@ class RunStore(Protocol):
     async def heartbeat(self, run_id: int, attempt: int) -> bool:
         """Beat for ``attempt``; False if another worker took the run over."""
 
-    async def pause(self, run_id: int, *, publish: Publish) -> Any:
-        """The run waits for a human (``Paused``)."""
+    async def pause(self, run_id: int, *, publish: Publish) -> bool:
+        """The run waits for a human (``Paused``); False: every approval was decided meanwhile
+        and the run is queued again."""
 
-    async def finish(self, run_id: int, outcome: Any, *, publish: Publish, spec: RunSpec | None) -> Any:
-        """End the run with ``outcome``; returns an object whose ``ended`` says whether it did."""
+    async def finish(self, run_id: int, outcome: RunEnding, *, publish: Publish, spec: RunSpec | None) -> RunFinish:
+        """End the run with ``outcome``; the result's ``ended`` says whether it did."""
 
     async def after_completed(self, spec: RunSpec) -> None:
         """Work after a completed run's end (a chat's title from its first exchange)."""
 
     # Per turn: reads.
-    async def history(self, run_id: int, *, session_id: int, subrun: bool, compaction: Any = ...) -> Any:
-        """The conversation a model turn is built from (:class:`sessions.runner.adapters.History`
-        shape: ``messages``, ``tail``, ``summary``, ``rows``, ``compaction``)."""
+    async def history(self, run_id: int, *, session_id: int, subrun: bool,
+                      compaction: CompactionCursor | None = ...) -> History:
+        """The conversation a model turn is built from (``messages``, ``tail``, ``summary``,
+        ``rows``, ``compaction``). ``compaction``: the session's compaction cursor if the caller
+        knows it (None: none), else read with the history."""
 
-    async def pending_tool_calls(self, *, run_id: int, call_ids: list[str]) -> list[dict[str, Any]]:
-        """Of ``call_ids``, the run's calls without a result (``[{pk, call_id, name, arguments_raw}]``)."""
+    async def pending_tool_calls(self, *, run_id: int, call_ids: list[str]) -> list[PendingCall]:
+        """Of ``call_ids``, the run's calls without a result."""
 
-    async def approvals_for_calls(self, *, call_pks: list[int]) -> dict[int, Any]:
+    async def approvals_for_calls(self, *, call_pks: list[int]) -> dict[int, ApprovalState]:
         """``{call pk: ApprovalState}`` of the calls that have an approval."""
 
     async def steer_absorb(self, run_id: int) -> list[int]:
         """Queued steer messages join the run; the runs absorbed."""
 
-    async def usage(self, run_id: int) -> Any:
+    async def usage(self, run_id: int) -> Usage:
         """Tokens and cost used so far (``tokens``, ``cost_usd_micros``)."""
 
     async def tenant_month_cost_usd_micros(self, tenant_id: int) -> int:
@@ -149,13 +177,13 @@ class RunStore(Protocol):
         at most ``max_bytes`` (:mod:`sessions.runner.images`)."""
 
     # The run's start context and attributions (:mod:`sessions.runner.run_context`).
-    async def run_context_load(self, run_id: int) -> tuple[list[Any] | None, str]:
+    async def run_context_load(self, run_id: int) -> tuple[list[JSONValue] | None, str]:
         """``(the stored start context: JSON blocks, None if none was stored yet; the run's input)``."""
 
     async def run_context_save(self, run_id: int, blocks: list[dict[str, Any]]) -> None:
         """Store the run's start context (JSON blocks) unless an earlier attempt did."""
 
-    async def tool_results(self, run_id: int) -> list[tuple[str, Any]]:
+    async def tool_results(self, run_id: int) -> list[tuple[str, JSONValue]]:
         """``[(exposed name, result data)]`` of the run's succeeded calls with data, oldest first."""
 
     async def attributions_save(self, run_id: int, attributions: list[dict[str, Any]]) -> None:
@@ -165,26 +193,26 @@ class RunStore(Protocol):
     async def assistant_message_save(
         self, *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "",
         llm_call: AttemptRecord | None = None,
-    ) -> list[dict[str, Any]]:
-        """Persist a model turn's answer; returns its tool calls ``[{pk, call_id, name, arguments_raw}]``."""
+    ) -> list[PendingCall]:
+        """Persist a model turn's answer; returns its tool calls."""
 
     async def llm_call_record(self, *, spec: RunSpec, turn: int, record: AttemptRecord, purpose: str = "turn") -> None:
         """Record one model attempt that did not answer the turn (or whose answer was not saved),
         or one of a compaction's (``purpose="compaction"``); ``purpose``: an
         ``llm.metering.LLMCallPurpose`` value."""
 
-    async def tool_call_start(self, *, pk: int, name: str, arguments: Any, publish: Publish) -> None:
+    async def tool_call_start(self, *, pk: int, name: str, arguments: JSONValue, publish: Publish) -> None:
         """The call starts running; then publishes ``tool_call_started`` (before the tool runs)."""
 
     async def tool_call_finish(
-        self, *, spec: RunSpec, pk: int, name: str, status: str, content: str, data: Any, error: str,
+        self, *, spec: RunSpec, pk: int, name: str, status: str, content: str, data: JSONValue, error: str,
         duration_ms: int, publish: Publish, model_content: str | None = None,
     ) -> bool:
         """The call's result; then publishes ``tool_call_succeeded`` / ``tool_call_failed``.
         False if it already had one (nothing is written or published then)."""
 
     async def approval_request(
-        self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "",
+        self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: JSONValue, reason: str = "",
         question: str = "",
     ) -> int:
         """The call waits for a human: an Approval; its id. Publishes nothing (the run's
@@ -193,17 +221,17 @@ class RunStore(Protocol):
     async def compaction_begin(self, *, attempt: int, tokens_before: int, messages: int, publish: Publish) -> None:
         """A compaction attempt starts: publishes ``compaction_running`` (no row yet)."""
 
-    async def compaction_save(self, *, spec: RunSpec, attempt: int, status: str, publish: Publish,
-                              **fields: Any) -> int:
+    async def compaction_save(self, *, spec: RunSpec, attempt: int, status: str, publish: Publish, summary: str = "",
+                              cursor_message_id: int | None = None, messages_summarized: int = 0,
+                              tokens_before: int = 0, tokens_after: int = 0, error: str = "") -> int:
         """One compaction attempt's row; then publishes ``compaction_completed``. Its id."""
 
     # Sub-runs (a skill's tool call runs one, through its parent run's store).
     async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int, skill_name: str, task: str,
-                          publisher: Callable[[int], Publish]) -> Any:
+                          publisher: Callable[[int], Publish]) -> SubRunState:
         """The sub-run answering skill call ``call_pk``: created (``running``) or resumed, then
         publishes ``run_running`` through ``publisher(run_id)``; an ended one as it is, with no
-        event (:class:`sessions.runs.SubRunState` shape: ``run_id``, ``status``, ``reply``,
-        ``error``, ``created``, ``attempt``)."""
+        event."""
 
     async def subrun_spec(self, *, subrun_id: int, parent: RunSpec) -> RunSpec:
         """The sub-run's configuration. Raises ValueError when it is unusable (the skill is gone)."""
@@ -211,7 +239,8 @@ class RunStore(Protocol):
     async def subrun_pause(self, *, run_id: int, attempt: int, call_pk: int, publish: Publish) -> bool:
         """The sub-run waits for a human (publishes ``run_awaiting_approval``); False if refused."""
 
-    async def subrun_finish(self, run_id: int, ending: Any, *, publish: Publish, attempt: int | None = None) -> bool:
+    async def subrun_finish(self, run_id: int, ending: RunEnding, *, publish: Publish,
+                            attempt: int | None = None) -> bool:
         """End the sub-run (publishes its end event); False if refused (ended, or a later attempt holds it)."""
 
 
@@ -219,20 +248,21 @@ class Model(Protocol):
     """A model route as the loop uses it (production: :class:`llm.router.Router`)."""
 
     def stream(self, messages: list[ChatMessage], tools: list[ToolSpec], *,
-               compact_first: bool = False, tool_choice: str = "auto") -> AsyncIterator[Any]:
+               compact_first: bool = False, tool_choice: str = "auto") -> AsyncIterator[StreamEvent]:
         """Text/reasoning deltas, then one :class:`~llm.types.Completion`; raises the
         :mod:`llm.errors` errors the turn maps to failure reasons. ``tool_choice``
         (:attr:`llm.model.ModelSettings.tool_choice`) is passed only when it is not ``"auto"``
         (a run's forced first call, :func:`sessions.runner.turn.turn_tool_choice`)."""
 
-    async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec], **kwargs: Any) -> Completion:
+    async def complete(self, messages: list[ChatMessage], tools: list[ToolSpec], *,
+                       max_output_tokens: int | None = None) -> Completion:
         """One whole answer (the compaction summarizer)."""
 
 
 PublisherFactory = Callable[[int, int], Publisher]
 """``publisher(session_id, run_id)``: the run's :class:`Publisher` (a new one per call)."""
 
-ModelFactory = Callable[["RunSpec", Any, Publish], Model]
+ModelFactory = Callable[["RunSpec", "RecordCallback", Publish], Model]
 """``model(spec, record, publish)``: the run's model route; ``record(attempt)`` is awaited with
 each attempt's :class:`~llm.records.AttemptRecord`, ``publish`` carries its events (``model_fallback``)."""
 

@@ -87,7 +87,7 @@ class SkillTool(Tool):
 
     manages_own_timeout = True
     """The agent's per-tool timeout does not apply: a sub-run is bounded by its loop limit,
-    turn timeouts and the run's deadline (``tool_execution`` reads this)."""
+    turn timeouts and the run's deadline (:class:`capabilities.toolsets.TimeoutToolset` reads this)."""
 
     def __init__(self, *, skill: SkillBindingSpec, exposed_name: str, parent: RunSpec, parent_toolset: Toolset) -> None:
         self.skill = skill

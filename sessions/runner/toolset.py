@@ -1,10 +1,13 @@
-"""The tools of one run: every bound capability opened through its kind, named for the model.
+"""The tools of one run: every bound capability opened through its kind, named for the model,
+under the runner's registered wrappers.
 
 :func:`toolset_open` asks each registered capability kind (:mod:`capabilities.registry`) to
-open the run's bindings of that kind, wraps each binding's toolset with its approval policy
-(:class:`capabilities.toolsets.ApprovalPolicyToolset`), names all tools at once
-(:class:`capabilities.toolsets.NamedToolset`) and builds the :class:`Toolset` the loop offers
-to the model. Connections a kind opens (MCP sessions...) are entered on the run's
+open the run's bindings of that kind, gives each binding's tools its id and approval rules
+(:meth:`capabilities.toolsets.KindToolset.for_binding`), names all tools at once
+(:class:`capabilities.toolsets.NamedToolset`) and builds the run's :class:`Toolset`: those
+named tools under the wrappers of :data:`sessions.runner.interceptors.INTERCEPTORS` (approval
+policy, start record, output, timeout), through which :mod:`sessions.runner.tool_execution`
+runs every call. Connections a kind opens (MCP sessions...) are entered on the run's
 AsyncExitStack so they close with the run; MCP sessions come from the process's pool and
 are only leased by the run (they outlive it).
 """
@@ -14,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from capabilities.builtin.kind import renamed
@@ -22,13 +24,15 @@ from capabilities.builtin.registry import builtin_create
 from capabilities.registry import OpenContext, kinds
 from capabilities.tools import Tool
 from capabilities.toolsets import (
-    ApprovalPolicyToolset,
     NamedToolset,
+    ToolInvocation,
     ToolOrigin,
+    ToolOutcome,
     ToolSource,
-    approval_action,
+    WrapperToolset,
 )
 from llm.types import ToolSpec
+from sessions.runner.interceptors import intercepted
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
 
@@ -47,38 +51,62 @@ class CapabilityUnavailable(Exception):
     ``capability_unavailable`` event)."""
 
 
-@dataclass(slots=True)
-class Toolset:
-    tools: dict[str, Tool] = field(default_factory=dict)
-    """``{exposed name: Tool}``."""
-    origins: dict[str, ToolOrigin] = field(default_factory=dict)
-    """``{exposed name: ToolOrigin}``."""
-    hidden: set[str] = field(default_factory=set)
-    """Exposed names callable but not offered (skill tools past the depth limit: a call
-    gets a clear error instead of "unknown tool")."""
-    context: OpenContext | None = None
-    """The OpenContext the kinds opened their tools with (None: the run has no bindings);
-    the run's start context (:mod:`sessions.runner.run_context`) is asked with the same one."""
+class Toolset(WrapperToolset):
+    """A run's toolset: its named tools (:attr:`table`, a :class:`~capabilities.toolsets.NamedToolset`)
+    under the registered wrappers (:func:`sessions.runner.interceptors.intercepted`).
+
+    :meth:`call_tool` resolves the called tool by its exposed name and sends the call through
+    the wrappers; :attr:`tools`, :attr:`origins` and :attr:`hidden` are the table's.
+    """
+
+    def __init__(
+        self, table: NamedToolset | None = None, *, tools: dict[str, Tool] | None = None,
+        origins: dict[str, ToolOrigin] | None = None, hidden: set[str] | None = None, context: OpenContext | None = None,
+    ) -> None:
+        """``table``: the named tools (default: an empty one), to which ``tools``, ``origins`` and
+        ``hidden`` are added."""
+        self.table = table if table is not None else NamedToolset()
+        self.table.tools.update(tools or {})
+        self.table.origins.update(origins or {})
+        self.table.hidden.update(hidden or ())
+        super().__init__(intercepted(self.table))
+        self.context = context
+        """The OpenContext the kinds opened their tools with (None: the run has no bindings);
+        the run's start context (:mod:`sessions.runner.run_context`) is asked with the same one."""
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """``{exposed name: Tool}``."""
+        return self.table.tools
+
+    @property
+    def origins(self) -> dict[str, ToolOrigin]:
+        """``{exposed name: ToolOrigin}``."""
+        return self.table.origins
+
+    @property
+    def hidden(self) -> set[str]:
+        """Exposed names callable but not offered (skill tools past the depth limit: a call
+        gets a clear error instead of "unknown tool")."""
+        return self.table.hidden
 
     @property
     def specs(self) -> list[ToolSpec]:
         """The ToolSpecs offered to the model (exposed names)."""
         return [t.spec for name, t in self.tools.items() if name not in self.hidden]
 
-    def approval_action(self, exposed: str) -> str:
-        """``allow``, ``ask`` or ``deny``: what the approval policy its binding wrapped the tool
-        ``exposed`` with says about a call (first match wins; rules match the tool's own name
-        and its exposed name; no rule or no binding: ``allow``)."""
-        origin = self.origins.get(exposed)
-        if origin is None or not origin.approval_policy:
-            return "allow"
-        return approval_action(origin.approval_policy, origin.name, exposed)
-
     def add_builtin(self, name: str) -> None:
         """Offer the built-in tool ``name`` from now on (no-op if it is already offered)."""
         if name not in self.tools:
             self.tools[name] = builtin_create(name)
             self.origins[name] = ToolOrigin(source="builtin", name=name)
+
+    async def call_tool(self, call: ToolInvocation) -> ToolOutcome:
+        """Run ``call`` (``call.name``: an exposed name) through the wrappers; see
+        :meth:`capabilities.toolsets.AbstractToolset.call_tool` for the outcome and what it raises."""
+        call.tool, call.origin = self.tools.get(call.name), self.origins.get(call.name)
+        call.offer_tool = self.add_builtin
+        return await self.wrapped.call_tool(call)
 
 
 async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack, *, publish: Publish | None = None) -> Toolset:
@@ -115,14 +143,11 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack, *, publi
     by_kind: dict[str, list[Any]] = {}
     for binding in spec.bindings:
         by_kind.setdefault(binding.kind, []).append(binding)
-    wrapped = []
+    bound = []
     for kind in kinds():
         specs = by_kind.get(kind.key)
         if specs:
             for binding, opened in await kind.open_toolset(specs, ctx):
-                wrapped.append(ApprovalPolicyToolset(opened, binding_id=binding.binding_id,
-                                                     policy=tuple(binding.approval_policy)))
-    for exposed, source in NamedToolset(wrapped).named():
-        toolset.tools[exposed] = source.factory(exposed)
-        toolset.origins[exposed] = source.origin
+                bound.append(opened.for_binding(binding.binding_id, binding.approval_policy))
+    toolset.table.add_named(bound)
     return toolset

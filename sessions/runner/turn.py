@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from capabilities.registry import ContextBlock
+from capabilities.tools import SessionStore
 from llm.errors import AllEntriesFailed, ContextWindowExceeded, ModelCallError, StreamInterrupted, public_error_message
 from llm.metering import LLMCallPurpose
 from llm.tokens import estimate_tokens
@@ -157,6 +158,8 @@ class RunState:
     """This turn's tool choice (:func:`turn_tool_choice`), set by :func:`prepare`."""
     context: tuple[ContextBlock, ...] = ()
     """The run's start context (:mod:`sessions.runner.run_context`): appended to the system message."""
+    tool_store: SessionStore | None = None
+    """The session data its tools may touch (the ports' ``tool_store``: each call's ``ToolContext.store``)."""
 
     @property
     def no_compaction(self) -> bool:
@@ -166,10 +169,10 @@ class RunState:
 
     @classmethod
     def start(cls, *, spec: RunSpec, publish: Any, toolset: Toolset, model: Any, record: Any, store: RunStore,
-              context: tuple[ContextBlock, ...] = ()) -> RunState:
+              context: tuple[ContextBlock, ...] = (), tool_store: SessionStore | None = None) -> RunState:
         """The state at the start (or resumption) of run ``spec``: turn ``spec.loop_count``."""
         state = cls(spec=spec, publish=publish, toolset=toolset, model=model, record=record, store=store,
-                    turn=spec.loop_count, context=context)
+                    turn=spec.loop_count, context=context, tool_store=tool_store)
         state.compaction_exhausted = state.no_compaction
         return state
 
@@ -242,7 +245,7 @@ async def _resume_tail(state: RunState, last: ChatMessage) -> StepOutcome:
     spec = state.spec
     pending = await state.store.pending_tool_calls(run_id=spec.run_id, call_ids=[c.id for c in last.tool_calls])
     if await execute_tool_calls(spec=spec, calls=pending, toolset=state.toolset, publish=state.publish,
-                                store=state.store, resumed=True):
+                                store=state.store, resumed=True, tool_store=state.tool_store):
         return Paused()
     return CONTINUE
 
@@ -479,6 +482,6 @@ async def resolve(state: RunState) -> StepOutcome:
             return loop_limit_reached(state.spec)
         return Failed(RunFailureReason.MODEL_ERROR, "The model returned an empty answer.")
     if await execute_tool_calls(spec=state.spec, calls=state.calls, toolset=state.toolset, publish=state.publish,
-                                store=state.store):
+                                store=state.store, tool_store=state.tool_store):
         return Paused()
     return CONTINUE

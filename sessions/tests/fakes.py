@@ -1,5 +1,5 @@
 """In-memory fakes of the runner's ports (:mod:`sessions.runner.ports`): a run store, a
-publisher, a scripted model, a toolset opener and a cancel switch. No database, no Redis, no
+publisher, a scripted model, a toolset opener, a cancel switch and a tool store. No database, no Redis, no
 model server: the loop's orchestration (:func:`sessions.runner.loop.execute_run`) runs over them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from capabilities.tools import Tool, ToolContext, ToolResult
+from capabilities.tools import SessionStore, StoredArtifact, Tool, ToolContext, ToolResult
 from capabilities.toolsets import ToolOrigin
 from llm.types import IMAGE_MIME_TYPES, ChatMessage, Completion, TextDelta, ToolCallRequest, ToolSpec, Usage
 from sessions import runs
@@ -373,9 +373,36 @@ def toolset_of(*tools: Tool, ask: tuple[str, ...] = ()) -> Toolset:
     return toolset
 
 
+class MemoryToolStore(SessionStore):
+    """The session data tools may touch (:class:`capabilities.tools.SessionStore`) in memory:
+    ``artifacts`` ``{artifact id (from 500): (session id, name, mime type, data)}``, ``todos``
+    ``{session id: todos}``."""
+
+    def __init__(self) -> None:
+        self.artifacts: dict[int, tuple[int, str, str, bytes]] = {}
+        self.todos: dict[int, list[dict[str, str]]] = {}
+
+    async def artifact_create(self, *, tenant_id: int, session_id: int, run_id: int | None,
+                              tool_call_id: int | None, name: str, mime_type: str, data: bytes) -> StoredArtifact:
+        artifact_id = 500 + len(self.artifacts)
+        self.artifacts[artifact_id] = (session_id, name, mime_type, data)
+        return StoredArtifact(artifact_id=artifact_id, name=name, mime_type=mime_type, size_bytes=len(data))
+
+    async def artifact_text(self, *, session_id: int, artifact_id: int) -> tuple[str, str, str | None] | None:
+        found = self.artifacts.get(artifact_id)
+        if found is None or found[0] != session_id:
+            return None
+        return found[1], found[2], found[3].decode("utf-8", errors="replace")
+
+    async def todos_replace(self, *, session_id: int, todos: list[dict[str, str]]) -> list[dict[str, str]]:
+        self.todos[session_id] = list(todos)
+        return self.todos[session_id]
+
+
 class FakePorts:
     """The ports over the fakes: ``ports`` to pass to ``execute_run``; ``events``: what was
-    published, in order; ``cancel``: request a cancel of the run."""
+    published, in order; ``cancel``: request a cancel of the run; ``tool_store``: the
+    artifacts and todos the run's tools stored (a :class:`MemoryToolStore`)."""
 
     def __init__(self, store: MemoryRunStore, model: ScriptedModel, toolset: Toolset | None = None) -> None:
         self.store, self.model_ = store, model
@@ -383,8 +410,9 @@ class FakePorts:
         self.toolset = toolset or Toolset()
         self.opened = 0
         self._cancel = asyncio.Event()
+        self.tool_store = MemoryToolStore()
         self.ports = RunPorts(store=store, publisher=self._publisher, model=lambda spec, record, publish: model,
-                              toolsets=self._open, cancel_watch=self._watch)
+                              toolsets=self._open, cancel_watch=self._watch, tool_store=self.tool_store)
 
     def _publisher(self, session_id: int, run_id: int) -> Any:
         """The run's publisher: each event checked against its payload class (the fakes publish
