@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypedDic
 
 if TYPE_CHECKING:
     from capabilities.registry import ContextBlock
+    from capabilities.tools import SessionStore
     from llm.records import AttemptRecord, RecordCallback
     from llm.types import ChatMessage, Completion, StreamEvent, ToolSpec
     from sessions.runner.database import ApprovalState, CompactionCursor, History, Usage
@@ -283,6 +284,10 @@ class RunPorts:
     model: ModelFactory
     toolsets: ToolsetOpener
     cancel_watch: CancelWatch
+    tool_store: SessionStore | None = None
+    """The session data tools may touch (artifacts, todos), given to each tool call as
+    ``ToolContext.store`` (production: :data:`sessions.tool_store.SESSION_TOOL_STORE`; None:
+    tools that need it fail ``unavailable``, and a result too large for the model fails the run)."""
 
 
 _RUN_PORTS: ContextVar[RunPorts | None] = ContextVar("run_ports", default=None)
