@@ -49,7 +49,6 @@ NOT_YET_SPLIT: dict[str, int] = {
     "capabilities/catalogue.py:parameters_errors": 15,
     "capabilities/cli/template.py:template_errors": 19,
     "capabilities/confinement.py:confined_argv": 16,
-    "capabilities/mcp/client.py:_filter_tool_list": 19,
     "capabilities/mcp/pool.py:PooledSession._own": 16,
     "capabilities/mcp/pool.py:PooledSession._run_job": 15,
     "capabilities/mcp/pool.py:PooledSession._submit": 15,
