@@ -273,8 +273,9 @@ class NamedToolset(AbstractToolset):
         return [(names[(s.origin.source, s.origin.name)], s) for s in sources]
 
     def add_named(self, toolsets: Iterable[AbstractToolset]) -> None:
-        """Name the tools of ``toolsets`` (together with those named before) and add each one
-        (``factory(exposed name)``)."""
+        """Name the tools of ``toolsets`` and add each one (``factory(exposed name)``). Once per
+        table (a run's kinds all at once, :func:`sessions.runner.toolset.toolset_open`): names are
+        assigned over every toolset given so far, and a tool added before keeps its name."""
         self.toolsets += list(toolsets)
         for exposed, source in self.named():
             if exposed not in self.tools:
