@@ -8,5 +8,7 @@ urlpatterns = [
     # The split view serves Swagger UI's start-up script as a file: no inline script under the CSP.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("agent_platform.api_urls")),
+    # The OpenAI-compatible API: the tenant's agents as models (docs/api.md, "OpenAI-compatible API").
+    path("api/openai/v1/", include("sessions.api.openai_compat.urls")),
     path("", include("frontend.urls")),
 ]

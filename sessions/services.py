@@ -17,6 +17,8 @@ from sessions.models import (
     ApprovalStatus,
     Artifact,
     ChatSession,
+    Message,
+    MessageRole,
     Run,
     RunFailureReason,
     RunStatus,
@@ -34,7 +36,8 @@ from sessions.runs import (
 
 __all__ = [
     "MAX_ARTIFACT_BYTES", "MAX_MESSAGE_CHARS", "QUEUED_RESEND_SECONDS", "approval_decide", "approvals_expire",
-    "artifact_create", "chat_session_create", "message_post", "run_cancel", "run_enqueue_on_commit", "runs_sweep",
+    "artifact_create", "chat_from_conversation", "chat_session_create", "message_post", "run_cancel",
+    "run_enqueue_on_commit", "runs_sweep",
 ]
 
 MAX_MESSAGE_CHARS = 100_000
@@ -102,6 +105,48 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) 
     if not session.title:
         session.title = chat_title_from(content)[:200]
     return run_create(session=session, user=user, content=content)
+
+
+CONVERSATION_ROLES = (MessageRole.USER, MessageRole.ASSISTANT)
+"""The roles a conversation given whole (:func:`chat_from_conversation`) may hold before its
+last message."""
+
+
+@transaction.atomic
+def chat_from_conversation(
+    *, user: AbstractBaseUser, agent: AgentInstance, history: list[tuple[str, str]], content: str,
+) -> Run:
+    """A new chat with ``agent`` holding a conversation a caller gave whole (the OpenAI chat
+    completions API sends every message each time), and a queued run answering its last message.
+
+    Args:
+        history: The messages before the last one, in order: ``[(role, text)]``, role ``user`` or
+            ``assistant`` (:data:`CONVERSATION_ROLES`). They are written as messages of the new
+            run, before its own user message, so the run's history is the conversation as given.
+        content: The last user message (what the run answers; the run's ``input``).
+
+    Returns:
+        The run (queued; handed to a worker on commit, like :func:`message_post`'s).
+
+    Raises:
+        ApplicationError: an inactive agent, an empty or over-long message, a role outside
+            :data:`CONVERSATION_ROLES`.
+    """
+    for role, text in history:
+        if role not in CONVERSATION_ROLES:
+            raise ApplicationError(f"A message of role {role!r} cannot be part of a chat's history.")
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise ApplicationError(f"A message is longer than {MAX_MESSAGE_CHARS} characters.")
+    first_user = next((text for role, text in history if role == MessageRole.USER), content)
+    session = chat_session_create(user=user, agent=agent, title=chat_title_from(first_user))
+    session.next_position = len(history)
+    session.save(update_fields=["next_position"])
+    run = message_post(session=session, user=user, content=content)
+    Message.objects.bulk_create([
+        Message(tenant_id=session.tenant_id, session=session, run=run, position=position, role=role, content=text)
+        for position, (role, text) in enumerate(history)
+    ])
+    return run
 
 
 MAX_ARTIFACT_BYTES = 20 * 1024 * 1024

@@ -160,6 +160,25 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     assert client.get("/api/v1/sessions/").json()["results"] == []
 
 
+@pytest.mark.django_db(transaction=True)  # async views: their database work runs in another thread
+def test_openai_compatible_endpoints_hide_other_tenants_agents_and_chats(world, theirs):
+    """/api/openai/v1: their agent's slug is "not found" like a missing one, as a model and to
+    chat with; their chat cannot be continued, even through an agent of ours with the same slug."""
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {world.member_token}")
+    slug = theirs["agent"].slug
+    assert slug not in [m["id"] for m in client.get("/api/openai/v1/models").json()["data"]]
+    ask = {"model": slug, "messages": [{"role": "user", "content": "hi"}]}
+    for response in (client.get(f"/api/openai/v1/models/{slug}"),
+                     client.post("/api/openai/v1/chat/completions", ask, content_type="application/json")):
+        assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+        assert "secret" not in response.content.decode()
+    AgentFactory(tenant=world.tenant, slug=slug)
+    continued = client.post("/api/openai/v1/chat/completions", {**ask, "metadata": {"chat_id": str(theirs["session"].pk)}},
+                            content_type="application/json")
+    assert continued.status_code == 404 and continued.json()["error"]["code"] == "chat_not_found"
+    assert list(Run.all_tenants.filter(session=theirs["session"])) == [theirs["run"]]
+
+
 KB_NOT_FOUND = {"message": "Knowledge base not found.", "extra": {}}
 
 

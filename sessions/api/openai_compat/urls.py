@@ -1,0 +1,11 @@
+"""``/api/openai/v1/``: the OpenAI-compatible API (:mod:`sessions.api.openai_compat`)."""
+
+from django.urls import path
+
+from sessions.api.openai_compat import views
+
+urlpatterns = [
+    path("models", views.models_list, name="openai-models"),
+    path("models/<str:model_id>", views.model_get, name="openai-model"),
+    path("chat/completions", views.chat_completions, name="openai-chat-completions"),
+]

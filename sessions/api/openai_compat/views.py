@@ -1,0 +1,256 @@
+"""The views of ``/api/openai/v1``: ``GET /models``, ``GET /models/<slug>``, ``POST /chat/completions``.
+
+Plain async Django views (a streamed answer holds no thread while the run works). Every
+request authenticates with an API token (``Authorization: Bearer <token>``: a token is one
+membership, so it decides the tenant); a member sees the active agents of that tenant only,
+and another tenant's slug is the same ``model_not_found`` as a missing one.
+
+A chat completion is a run: the request's ``messages`` become a new chat of the token's user
+(:func:`sessions.services.chat_from_conversation`), or, with ``metadata.chat_id`` / the
+``X-Chat-Id`` header, the last message is posted to that chat (its stored history applies). The
+answer is read from the session's events through :class:`sessions.event_reader.SessionEventReader`,
+the reader the WebSocket and the SSE view use, and encoded by :mod:`.completion`. The run
+counts against the ``messages`` and ``runs`` throttles and the user's open streams, like a
+message posted in the app.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from agent_platform.api_errors import ApplicationError
+from agents.models import AgentInstance
+from sessions import stream_guard
+from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
+from sessions.api.openai_compat.completion import Completion, RunEnd, frame_delta, usage_of
+from sessions.api.openai_compat.errors import OpenAIError
+from sessions.event_reader import Closed, Event, SessionEventReader
+from sessions.models import ACTIVE_RUN_STATUSES, Run
+from sessions.selectors import chat_session_get_for_user
+from sessions.services import chat_from_conversation, message_post
+from sessions.stream_guard import StreamCredential
+from tenants.resolution import Caller, caller_resolve
+from tenants.scoping import tenant_scope
+from tenants.throttling import throttle_wait
+
+THROTTLE_SCOPES = ("messages", "runs")
+"""The budgets a chat completion spends (those of posting a message in the app)."""
+
+
+def _model_not_found(slug: str) -> OpenAIError:
+    return OpenAIError(404, f"The model `{slug}` does not exist or you do not have access to it.",
+                       code="model_not_found", param="model")
+
+
+@database_sync_to_async
+def _authenticate(request: HttpRequest) -> Caller:
+    """The token's caller. Raises OpenAIError 401 (no, malformed or revoked token; no membership)."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise OpenAIError(401, "Send your API token as `Authorization: Bearer <token>`.", code="invalid_api_key")
+    caller = caller_resolve(raw_token=raw.strip())
+    if caller is None or caller.membership is None:
+        raise OpenAIError(401, "Invalid or revoked API token.", code="invalid_api_key")
+    return caller
+
+
+def _model(agent: AgentInstance) -> dict[str, Any]:
+    return {"id": agent.slug, "object": "model", "created": int(agent.created_at.timestamp()),
+            "owned_by": agent.tenant.slug, "name": agent.name, "description": agent.description}
+
+
+@database_sync_to_async
+def _models(caller: Caller, slug: str | None = None) -> list[dict[str, Any]]:
+    with tenant_scope(caller.membership.tenant_id):
+        agents = AgentInstance.objects.filter(is_active=True).select_related("tenant").order_by("slug")
+        if slug is not None:
+            agents = agents.filter(slug=slug)
+        return [_model(agent) for agent in agents]
+
+
+def _method_not_allowed(allowed: str) -> JsonResponse:
+    response = OpenAIError(405, f"Use {allowed}.", code="method_not_allowed").response()
+    response["Allow"] = allowed
+    return response
+
+
+@csrf_exempt
+async def models_list(request: HttpRequest) -> HttpResponse:
+    """``GET /models``: ``{"object": "list", "data": [model...]}``, one per active agent of the
+    token's tenant (``id``: the agent's slug)."""
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        caller = await _authenticate(request)
+    except OpenAIError as exc:
+        return exc.response()
+    return JsonResponse({"object": "list", "data": await _models(caller)})
+
+
+@csrf_exempt
+async def model_get(request: HttpRequest, model_id: str) -> HttpResponse:
+    """``GET /models/<slug>``: one model, or 404 ``model_not_found``."""
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        caller = await _authenticate(request)
+        found = await _models(caller, slug=model_id)
+        if not found:
+            raise _model_not_found(model_id)
+    except OpenAIError as exc:
+        return exc.response()
+    return JsonResponse(found[0])
+
+
+@database_sync_to_async
+def _start(caller: Caller, chat: ChatRequest) -> tuple[int, int]:
+    """Post the request as a run of the agent ``chat.model``: ``(session id, run id)``.
+
+    Raises:
+        OpenAIError: 404 no such active agent (or chat) for the caller, 429 a throttle, 409 the
+            chat has a run in progress, 400 a message the chat refuses.
+    """
+    membership = caller.membership
+    with tenant_scope(membership.tenant_id):
+        agent = AgentInstance.objects.filter(slug=chat.model, is_active=True).first()
+        if agent is None:
+            raise _model_not_found(chat.model)
+        wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=caller.user.pk, tenant_id=membership.tenant_id)
+        if wait is not None:
+            raise OpenAIError(429, "Too many requests; try again later.", type="rate_limit_error",
+                              code="rate_limit_exceeded", retry_after=max(1, int(wait + 0.999)))
+        try:
+            run = _post(caller, agent, chat)
+        except ApplicationError as exc:
+            raise OpenAIError(exc.status_code, exc.message) from exc
+        return run.session_id, run.pk
+
+
+def _post(caller: Caller, agent: AgentInstance, chat: ChatRequest) -> Run:
+    if chat.chat_id is None:
+        return chat_from_conversation(user=caller.user, agent=agent, history=chat.history, content=chat.content)
+    session = chat_session_get_for_user(session_id=chat.chat_id, user_id=caller.user.pk)
+    if session is None or session.agent_id != agent.pk:
+        raise OpenAIError(404, f"No chat {chat.chat_id} with `{chat.model}` is yours.", param="metadata.chat_id",
+                          code="chat_not_found")
+    if Run.objects.filter(session=session, status__in=ACTIVE_RUN_STATUSES).exists():
+        raise OpenAIError(409, "This chat has a run in progress; wait for it to end.", code="chat_busy")
+    return message_post(session=session, user=caller.user, content=chat.content)
+
+
+@database_sync_to_async
+def _usage(tenant_id: int, run_id: int) -> dict[str, int]:
+    with tenant_scope(tenant_id):
+        tokens = Run.objects.filter(pk=run_id).values_list("prompt_tokens", "completion_tokens").first()
+    return usage_of(*(tokens or (0, 0)))
+
+
+async def _run_items(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, str] | RunEnd | None]:
+    """The run's deltas, then its :class:`RunEnd` (the last item); ``None`` for a keep-alive.
+
+    Raises:
+        OpenAIError: 503 when the stream ends first (the token was revoked, the server stops).
+    """
+    async for item in reader:
+        if isinstance(item, Event):
+            found = frame_delta(json.loads(item.text), run_id=run_id)
+            if found is not None:
+                yield found
+                if isinstance(found, RunEnd):
+                    return
+        elif isinstance(item, Closed):
+            raise OpenAIError(503, f"The answer's stream ended: {item.reason.replace('_', ' ')}.", type="server_error",
+                              code=item.reason)
+        else:
+            yield None
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    """``POST /chat/completions``: a run of the agent ``model``; its answer as one
+    ``chat.completion`` or, with ``stream: true``, as Server-Sent Events of
+    ``chat.completion.chunk`` ending with ``data: [DONE]``. Errors in OpenAI's shape: 400 bad
+    or unsupported input (``param`` names the field), 401, 404 ``model_not_found``, 409
+    ``chat_busy``, 429 (``Retry-After``), and for a run that did not complete the error of
+    :meth:`RunEnd.failure`."""
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    try:
+        caller = await _authenticate(request)
+        chat = chat_request_parse(request.body, chat_id_header=request.headers.get("X-Chat-Id"))
+        session_id, run_id = await _start(caller, chat)
+        slot = await stream_guard.stream_slot_acquire(user_id=caller.user.pk)
+        if slot is None:
+            raise OpenAIError(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
+                              type="rate_limit_error", code="too_many_streams", retry_after=15)
+    except OpenAIError as exc:
+        return exc.response()
+    credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk, token_id=caller.token.pk)
+    reader = SessionEventReader(session_id=session_id, after_seq=0, credential=credential, slot=slot)
+    completion = Completion(run_id=run_id, model=chat.model, chat_id=session_id)
+    tenant_id = caller.membership.tenant_id
+    if chat.stream:
+        response = StreamingHttpResponse(_streamed(reader, completion, tenant_id, include_usage=chat.include_usage),
+                                         content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+    else:
+        response = await _whole(reader, completion, tenant_id)
+    response["X-Chat-Id"] = str(session_id)
+    return response
+
+
+async def _whole(reader: SessionEventReader, completion: Completion, tenant_id: int) -> JsonResponse:
+    try:
+        await reader.open()
+        async for item in _run_items(reader, completion.run_id):
+            if isinstance(item, RunEnd):
+                failure = item.failure()
+                if failure is not None:
+                    return failure.response()
+                return JsonResponse(completion.whole(item, await _usage(tenant_id, completion.run_id)))
+            if item is not None:
+                completion.gather(item)
+    except OpenAIError as exc:
+        return exc.response()
+    finally:
+        await reader.close()
+    return OpenAIError(502, "The answer ended early.", type="server_error").response()
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+async def _streamed(reader: SessionEventReader, completion: Completion, tenant_id: int, *,
+                    include_usage: bool) -> AsyncIterator[str]:
+    """The SSE text: the role chunk, one chunk per delta, a ``: ping`` comment per keep-alive,
+    the finish chunk (or an ``{"error"}`` data line), the usage chunk if asked, ``[DONE]``."""
+    try:
+        await reader.open()
+        yield _sse(completion.chunk({"role": "assistant", "content": ""}))
+        async for item in _run_items(reader, completion.run_id):
+            if item is None:
+                yield ": ping\n\n"
+            elif isinstance(item, RunEnd):
+                failure = item.failure()
+                if failure is not None:
+                    yield _sse(failure.body())
+                else:
+                    yield _sse(completion.chunk({}, finish_reason="stop"))
+                    if include_usage:
+                        yield _sse(completion.usage_chunk(await _usage(tenant_id, completion.run_id)))
+            else:
+                yield _sse(completion.chunk(item))
+    except OpenAIError as exc:
+        yield _sse(exc.body())
+    finally:
+        await reader.close()
+    yield "data: [DONE]\n\n"
