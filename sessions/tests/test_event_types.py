@@ -214,9 +214,9 @@ def _function_params_fields(name: str) -> set[str]:
 
 def _spa_handlers() -> tuple[dict[str, set[str]], set[str]]:
     """``({event type: data fields its handler reads}, fields read for every frame)`` of
-    chat.js's ``applyFrame``: its ``if (frame.type === 'x')`` branches and its ``handlers``
+    chat_state.js's ``applyFrame``: its ``if (frame.type === 'x')`` branches and its ``handlers``
     object; a handler that hands ``data`` to another function reads what that function reads."""
-    text = (FRONTEND / "chat.js").read_text()
+    text = (FRONTEND / "chat_state.js").read_text()
     start = text.index("applyFrame(frame) {")
     body = _block(text, text.index("{", start))
     handlers: dict[str, set[str]] = {}
@@ -240,7 +240,7 @@ def _spa_handlers() -> tuple[dict[str, set[str]], set[str]]:
 
 def test_the_spa_handles_only_known_event_types_and_reads_only_their_fields() -> None:
     handlers, common = _spa_handlers()
-    assert len(handlers) >= 15, "chat.js's applyFrame handlers were not found"
+    assert len(handlers) >= 15, "chat_state.js's applyFrame handlers were not found"
     assert set(handlers) - EVENT_TYPES == set(), "the SPA handles event types that are never published"
     assert common <= SUBRUN_FIELDS, "fields read for every frame must be in every payload"
     unknown = {name: sorted(fields - payload_fields(name) - SUBRUN_FIELDS)

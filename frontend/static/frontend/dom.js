@@ -83,3 +83,16 @@ export function formatDuration(ms) {
 export function formatSize(chars) {
   return chars < 1000 ? `${chars} chars` : `${(chars / 1000).toFixed(1)}k chars`;
 }
+
+/** Insert `node` into `parent` (before `before`) when `show`, else detach it. */
+export function attach(parent, node, show, before) {
+  if (show && node.parentNode !== parent) parent.insertBefore(node, before);
+  else if (!show && node.parentNode) node.remove();
+}
+
+/** "512 B", "1.2 kB", "3.4 MB". */
+export function formatBytes(n) {
+  if (n < 1000) return `${n} B`;
+  if (n < 1e6) return `${(n / 1000).toFixed(1)} kB`;
+  return `${(n / 1e6).toFixed(1)} MB`;
+}

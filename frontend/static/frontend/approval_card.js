@@ -1,0 +1,102 @@
+// An approval card in a run: a pending tool call to Approve / Deny (with an optional reason),
+// or an ask_user question with an answer box, then its outcome.
+
+import { api, ApiError } from './api.js';
+import { h, replaceChildren } from './dom.js';
+import { pretty } from './tool_card.js';
+
+/** A pending approval (Approve / Deny) or an ask_user question (answer box), then its outcome. */
+export class ApprovalView {
+  constructor(id) {
+    this.id = id;
+    this.title = h('div', { class: 'approval-title' });
+    this.detail = h('pre', { class: 'tool-pre approval-args' });
+    this.reason = h('div', { class: 'approval-reason' });
+    this.answer = h('textarea', { class: 'approval-answer', rows: 2, testid: 'approval-answer-input', 'aria-label': 'Your answer' });
+    this.error = h('div', { class: 'approval-error', role: 'alert', hidden: true });
+    this.approveBtn = h('button', { type: 'button', class: 'btn btn-primary', testid: 'approval-approve', text: 'Approve' });
+    this.denyBtn = h('button', { type: 'button', class: 'btn', testid: 'approval-deny', text: 'Deny' });
+    this.sendBtn = h('button', { type: 'button', class: 'btn btn-primary', testid: 'approval-answer-send', text: 'Send answer' });
+    this.approveBtn.addEventListener('click', () => this.decide({ decision: 'approve' }));
+    this.denyReason = h('input', {
+      type: 'text',
+      class: 'approval-deny-reason',
+      testid: 'approval-deny-reason',
+      maxlength: '2000',
+      placeholder: 'Reason (optional)',
+      'aria-label': 'Reason for denying (optional)',
+    });
+    this.denyBtn.addEventListener('click', () => {
+      const reason = this.denyReason.value.trim();
+      this.decide(reason ? { decision: 'deny', reason } : { decision: 'deny' });
+    });
+    this.sendBtn.addEventListener('click', () => this.decide({ answer: this.answer.value.trim() }));
+    this.actions = h('div', { class: 'approval-actions' });
+    this.outcome = h('div', { class: 'approval-outcome', testid: 'approval-outcome' });
+    this.el = h(
+      'div',
+      { class: 'approval-card', testid: 'approval-card' },
+      this.title,
+      this.reason,
+      this.detail,
+      this.actions,
+      this.error,
+      this.outcome,
+    );
+    this.key = '';
+    this.busy = false;
+  }
+
+  async decide(body) {
+    if (this.busy) return;
+    if ('answer' in body && !body.answer) {
+      this.showError('Type an answer first.');
+      return;
+    }
+    this.busy = true;
+    this.showError('');
+    for (const b of [this.approveBtn, this.denyBtn, this.sendBtn]) b.disabled = true;
+    try {
+      const decided = await api.decideApproval(this.id, body);
+      this.update({ ...this.approval, status: decided.status, answer: decided.answer || '' });
+    } catch (err) {
+      this.showError(err instanceof ApiError ? err.message : 'Could not send the decision.');
+    } finally {
+      this.busy = false;
+      for (const b of [this.approveBtn, this.denyBtn, this.sendBtn]) b.disabled = false;
+    }
+  }
+
+  showError(text) {
+    this.error.textContent = text;
+    this.error.hidden = !text;
+  }
+
+  update(approval) {
+    this.approval = approval;
+    const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill, approval.answer]);
+    if (key === this.key) return;
+    this.key = key;
+    const question = approval.kind === 'question';
+    const pending = approval.status === 'pending';
+    this.el.dataset.status = approval.status;
+    this.el.classList.toggle('is-pending', pending);
+    // A skill's sub-run asks through its user's run: say which skill.
+    const inSkill = approval.skill ? ` (in the skill ${approval.skill})` : '';
+    this.title.textContent = question
+      ? `${approval.question}`
+      : `Allow ${approval.tool_name || 'this tool'}${inSkill}?`;
+    this.reason.textContent = question ? `The agent asks${inSkill}:` : approval.reason;
+    this.reason.hidden = !this.reason.textContent;
+    this.detail.textContent = question ? '' : pretty(approval.arguments) || '{}';
+    this.detail.hidden = question;
+    replaceChildren(
+      this.actions,
+      pending ? (question ? [this.answer, this.sendBtn] : [this.approveBtn, this.denyReason, this.denyBtn]) : [],
+    );
+    const labels = { approved: 'Approved', denied: 'Denied', answered: 'Answered', expired: 'Expired' };
+    const why = approval.status === 'denied' && approval.answer ? ` — ${approval.answer}` : '';
+    this.outcome.textContent = pending ? '' : `${labels[approval.status] || approval.status}${why}`;
+    this.outcome.hidden = pending;
+  }
+}
