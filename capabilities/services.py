@@ -178,9 +178,10 @@ def mcp_server_test_connection(*, server: McpServer) -> McpConnectionTest:
 
     A fresh connection (not the pool), closed before returning; a stdio server is spawned,
     confined, and terminated. Runs in a worker
-    (:func:`capabilities.mcp_test_request.mcp_server_test_connection_request` is what the console calls: the web process never starts a tenant's program). Blocks for at
-    most about ``connect_timeout_seconds + list_timeout_seconds`` (+ the bounded close); runs
-    its own event loop, so call it from a thread without one.
+    (:func:`capabilities.mcp_test_request.mcp_server_test_connection_request` is what the
+    console calls: the web process never starts a tenant's program). Blocks for at most about
+    ``connect_timeout_seconds + list_timeout_seconds`` (+ the bounded close); runs its own
+    event loop, so call it from a thread without one.
 
     Side effects: ``tools_snapshot``/``tools_snapshot_at`` on success, ``last_error`` always.
     """
