@@ -30,10 +30,12 @@ from sessions import stream_guard
 from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
 from sessions.api.openai_compat.completion import Completion, RunEnd, frame_delta, usage_of
 from sessions.api.openai_compat.errors import OpenAIError
+from sessions.api.openai_compat.responses import ResponseStream, response_body, run_id_of
+from sessions.api.openai_compat.responses_request import ResponsesRequest, responses_request_parse
 from sessions.event_reader import Closed, Event, SessionEventReader
 from sessions.models import ACTIVE_RUN_STATUSES, Run
-from sessions.selectors import chat_session_get_for_user
-from sessions.services import chat_from_conversation, message_post
+from sessions.selectors import chat_session_get_for_user, run_get_for_user
+from sessions.services import chat_from_conversation, message_post, run_cancel
 from sessions.stream_guard import StreamCredential
 from tenants.resolution import Caller, caller_resolve
 from tenants.scoping import tenant_scope
@@ -254,3 +256,204 @@ async def _streamed(reader: SessionEventReader, completion: Completion, tenant_i
     finally:
         await reader.close()
     yield "data: [DONE]\n\n"
+
+
+# --- the Responses API -------------------------------------------------------------------------
+
+
+@database_sync_to_async
+def _start_response(caller: Caller, request: ResponsesRequest) -> tuple[int, int]:
+    """Post a ``POST /responses`` as a run: ``(session id, run id)``. Raises OpenAIError (404
+    model or previous response, 429, 409 chat busy, 400)."""
+    membership = caller.membership
+    with tenant_scope(membership.tenant_id):
+        agent = AgentInstance.objects.filter(slug=request.model, is_active=True).first()
+        if agent is None:
+            raise _model_not_found(request.model)
+        wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=caller.user.pk, tenant_id=membership.tenant_id)
+        if wait is not None:
+            raise OpenAIError(429, "Too many requests; try again later.", type="rate_limit_error",
+                              code="rate_limit_exceeded", retry_after=max(1, int(wait + 0.999)))
+        try:
+            run = _post_response(caller, agent, request)
+        except ApplicationError as exc:
+            raise OpenAIError(exc.status_code, exc.message) from exc
+        return run.session_id, run.pk
+
+
+def _post_response(caller: Caller, agent: AgentInstance, request: ResponsesRequest) -> Run:
+    if request.previous_run_id is None:
+        return chat_from_conversation(user=caller.user, agent=agent, history=request.history,
+                                      content=request.content)
+    previous = run_get_for_user(run_id=request.previous_run_id, user_id=caller.user.pk)
+    if previous is None or previous.session.agent_id != agent.pk:
+        raise OpenAIError(404, f"No response {request.previous_response_id!r} of `{request.model}` is yours.",
+                          param="previous_response_id", code="previous_response_not_found")
+    if Run.objects.filter(session_id=previous.session_id, status__in=ACTIVE_RUN_STATUSES).exists():
+        raise OpenAIError(409, "This conversation has a run in progress; wait for it to end.", code="chat_busy")
+    return message_post(session=previous.session, user=caller.user, content=request.content)
+
+
+@database_sync_to_async
+def _stored_response(tenant_id: int, run_id: int, *, user_id: int,
+                     previous_response_id: str | None = None) -> dict[str, Any] | None:
+    """The response object of the caller's run ``run_id`` as stored, or None (not theirs)."""
+    with tenant_scope(tenant_id):
+        run = run_get_for_user(run_id=run_id, user_id=user_id)
+        if run is None:
+            return None
+        return response_body(run, model=run.session.agent.slug, previous_response_id=previous_response_id)
+
+
+async def _response_frames(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, Any] | None]:
+    """The session's frames until the run's end or pause (that frame last); ``None`` for a
+    keep-alive. Raises OpenAIError 503 when the stream ends first."""
+    async for item in reader:
+        if isinstance(item, Event):
+            frame = json.loads(item.text)
+            yield frame
+            if ResponseStream.ends(frame, run_id):
+                return
+        elif isinstance(item, Closed):
+            raise OpenAIError(503, f"The answer's stream ended: {item.reason.replace('_', ' ')}.", type="server_error",
+                              code=item.reason)
+        else:
+            yield None
+
+
+@csrf_exempt
+async def responses_create(request: HttpRequest) -> HttpResponse:
+    """``POST /responses``: a run of the agent ``model``, answered as the response object once
+    the run ends or pauses for a person, or with ``stream: true`` as the Responses streaming
+    events (:class:`.responses.ResponseStream`). Errors in OpenAI's shape, as for chat
+    completions; a run that fails is a response with ``status: failed`` and its ``error``."""
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    try:
+        caller = await _authenticate(request)
+        parsed = responses_request_parse(request.body)
+        session_id, run_id = await _start_response(caller, parsed)
+        slot = await stream_guard.stream_slot_acquire(user_id=caller.user.pk)
+        if slot is None:
+            raise OpenAIError(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
+                              type="rate_limit_error", code="too_many_streams", retry_after=15)
+    except OpenAIError as exc:
+        return exc.response()
+    credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk, token_id=caller.token.pk)
+    reader = SessionEventReader(session_id=session_id, after_seq=0, credential=credential, slot=slot)
+    ctx = _ResponseContext(reader=reader, run_id=run_id, tenant_id=caller.membership.tenant_id, user_id=caller.user.pk,
+                           previous_response_id=parsed.previous_response_id)
+    if parsed.stream:
+        response = StreamingHttpResponse(_response_events(ctx), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    return await _response_whole(ctx)
+
+
+class _ResponseContext:
+    """What answering one ``POST /responses`` needs."""
+
+    def __init__(self, *, reader: SessionEventReader, run_id: int, tenant_id: int, user_id: int,
+                 previous_response_id: str | None) -> None:
+        self.reader, self.run_id, self.tenant_id, self.user_id = reader, run_id, tenant_id, user_id
+        self.previous_response_id = previous_response_id
+
+    async def stored(self) -> dict[str, Any]:
+        found = await _stored_response(self.tenant_id, self.run_id, user_id=self.user_id,
+                                       previous_response_id=self.previous_response_id)
+        if found is None:  # the chat was deleted meanwhile
+            raise OpenAIError(404, "The response's chat was deleted.", code="response_not_found")
+        return found
+
+
+async def _response_whole(ctx: _ResponseContext) -> HttpResponse:
+    try:
+        await ctx.reader.open()
+        async for _frame in _response_frames(ctx.reader, ctx.run_id):
+            pass
+        return JsonResponse(await ctx.stored())
+    except OpenAIError as exc:
+        return exc.response()
+    finally:
+        await ctx.reader.close()
+
+
+def _sse_event(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+
+
+async def _response_events(ctx: _ResponseContext) -> AsyncIterator[str]:
+    """The streaming events: created and in progress, the output as it is made, then
+    ``response.completed`` / ``.failed`` / ``.incomplete`` with the stored response (or an
+    ``error`` event when the stream ends first)."""
+    stream = ResponseStream(run_id=ctx.run_id)
+    try:
+        await ctx.reader.open()
+        for event in stream.opening(await ctx.stored()):
+            yield _sse_event(event)
+        async for frame in _response_frames(ctx.reader, ctx.run_id):
+            if frame is None:
+                yield ": ping\n\n"
+                continue
+            for event in stream.frame_events(frame):
+                yield _sse_event(event)
+        yield _sse_event(stream.final(await ctx.stored()))
+    except OpenAIError as exc:
+        yield _sse_event(stream.event("error", **exc.body()["error"]))
+    finally:
+        await ctx.reader.close()
+
+
+async def _caller_or_error(request: HttpRequest, method: str) -> Caller | HttpResponse:
+    if request.method != method:
+        return _method_not_allowed(method)
+    try:
+        return await _authenticate(request)
+    except OpenAIError as exc:
+        return exc.response()
+
+
+def _response_not_found(response_id_: str) -> JsonResponse:
+    return OpenAIError(404, f"No response {response_id_!r} is yours.", code="response_not_found").response()
+
+
+@csrf_exempt
+async def response_detail(request: HttpRequest, response_id_: str) -> HttpResponse:
+    """``GET /responses/<id>``: the caller's response as stored (404 ``response_not_found``
+    for another user's or tenant's, or a missing one)."""
+    caller = await _caller_or_error(request, "GET")
+    if isinstance(caller, HttpResponse):
+        return caller
+    run_id = run_id_of(response_id_)
+    found = None if run_id is None else await _stored_response(caller.membership.tenant_id, run_id,
+                                                                user_id=caller.user.pk)
+    return _response_not_found(response_id_) if found is None else JsonResponse(found)
+
+
+@database_sync_to_async
+def _cancel(caller: Caller, run_id: int) -> dict[str, Any] | None:
+    with tenant_scope(caller.membership.tenant_id):
+        run = run_get_for_user(run_id=run_id, user_id=caller.user.pk)
+        if run is None:
+            return None
+        try:
+            run = run_cancel(run=run)
+        except ApplicationError as exc:
+            raise OpenAIError(exc.status_code, exc.message, code="response_finished") from exc
+        return response_body(run, model=run.session.agent.slug)
+
+
+@csrf_exempt
+async def response_cancel(request: HttpRequest, response_id_: str) -> HttpResponse:
+    """``POST /responses/<id>/cancel``: cancel the run (a running one stops within about a
+    second: the answer may still say ``in_progress``); 409 ``response_finished`` once it ended."""
+    caller = await _caller_or_error(request, "POST")
+    if isinstance(caller, HttpResponse):
+        return caller
+    run_id = run_id_of(response_id_)
+    try:
+        found = None if run_id is None else await _cancel(caller, run_id)
+    except OpenAIError as exc:
+        return exc.response()
+    return _response_not_found(response_id_) if found is None else JsonResponse(found)
