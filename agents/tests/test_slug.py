@@ -117,3 +117,12 @@ def test_migration_fills_existing_agents(world, all_tenants_scope):
         cursor.execute(f'UPDATE "{AgentInstance._meta.db_table}" SET "slug" = %s || "id"', ["tmp-"])
     migration._fill_slugs(django_apps, None)
     assert {AgentInstance.all_tenants.get(pk=a.pk).slug for a in (first, second)} == {"same-name", "same-name-2"}
+
+
+def test_the_agent_page_shows_how_to_call_it(client, world, all_tenants_scope):
+    agent = AgentFactory(tenant=world.tenant, name="Docs assistant")
+    client.force_login(world.admin)
+    page = client.get(f"/admin/agents/agentinstance/{agent.pk}/change/").content.decode()
+    assert 'data-testid="call-agent"' in page
+    assert "http://testserver/api/openai/v1" in page and 'model="docs-assistant"' in page
+    assert 'data-testid="call-agent"' not in client.get("/admin/agents/agentinstance/add/").content.decode()
