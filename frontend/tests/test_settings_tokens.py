@@ -98,6 +98,11 @@ def test_create_use_list_and_revoke_a_token_from_settings(world, live_server_url
         expect(box.get_by_test_id("token-copy-status")).to_have_text("Copied to the clipboard.")
         assert page.evaluate("() => navigator.clipboard.readText()") == raw
 
+        # The OpenAI client's snippet too (its base URL on this origin).
+        expect(panel.get_by_test_id("openai-url")).to_have_text(live_server_url + "/api/openai/v1")
+        snippet = panel.get_by_test_id("openai-snippet").inner_text()
+        assert f'OpenAI(base_url="{live_server_url}/api/openai/v1", api_key="{raw}")' in snippet, snippet
+
         # The configuration now carries the new token.
         config = json.loads(panel.get_by_test_id("mcp-config").inner_text())
         assert config["mcpServers"]["agent-platform-knowledge"]["headers"] == {"Authorization": f"Bearer {raw}"}

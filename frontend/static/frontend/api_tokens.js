@@ -41,6 +41,23 @@ export function mcpServerUrl() {
   return `${window.location.origin}/mcp/knowledge/`;
 }
 
+/** The base URL of the OpenAI-compatible API on this origin (agents are its models). */
+export function openaiBaseUrl() {
+  return `${window.location.origin}/api/openai/v1`;
+}
+
+/** A Python snippet that calls an agent through the OpenAI-compatible API with `token`. */
+export function openaiSnippet(baseUrl, token = PLACEHOLDER) {
+  return [
+    'from openai import OpenAI',
+    '',
+    `client = OpenAI(base_url="${baseUrl}", api_key="${token}")`,
+    'print([m.id for m in client.models.list()])  # your agents, by slug',
+    'answer = client.chat.completions.create(model="<agent slug>", messages=[{"role": "user", "content": "Hello"}])',
+    'print(answer.choices[0].message.content)',
+  ].join('\n');
+}
+
 /** The `mcpServers` JSON most MCP clients that connect by URL accept. */
 export function mcpConfig(url, token = PLACEHOLDER) {
   const config = {
@@ -143,8 +160,15 @@ export function TokensPanel({ api = tokensApi } = {}) {
   const configCopyStatus = h('p', { class: 'muted', role: 'status', 'aria-live': 'polite' });
   const configCopy = h('button', { type: 'button', class: 'btn', testid: 'mcp-config-copy', text: 'Copy configuration' });
   configCopy.addEventListener('click', () => copyFrom(configPre, configCopyStatus));
+  // ---- calling agents with an OpenAI client
+  const openaiUrl = openaiBaseUrl();
+  const openaiPre = h('pre', { class: 'tokens-config', testid: 'openai-snippet' });
+  const openaiCopyStatus = h('p', { class: 'muted', role: 'status', 'aria-live': 'polite' });
+  const openaiCopy = h('button', { type: 'button', class: 'btn', testid: 'openai-snippet-copy', text: 'Copy snippet' });
+  openaiCopy.addEventListener('click', () => copyFrom(openaiPre, openaiCopyStatus));
   const showConfig = () => {
     configPre.textContent = mcpConfig(url, created ? created.token : PLACEHOLDER);
+    openaiPre.textContent = openaiSnippet(openaiUrl, created ? created.token : PLACEHOLDER);
   };
   showConfig();
   const mcpBlock = h(
@@ -174,13 +198,28 @@ export function TokensPanel({ api = tokensApi } = {}) {
     configCopyStatus,
   );
 
+  const openaiBlock = h(
+    'div',
+    { class: 'tokens-mcp', testid: 'openai-connect' },
+    h('h3', { text: 'Call your agents with an OpenAI client' }),
+    h(
+      'p',
+      {},
+      'Apps written for the OpenAI API reach this tenant’s agents with a token: the model is the agent’s slug. Base URL:',
+    ),
+    h('p', {}, h('code', { class: 'inline-code tokens-url', testid: 'openai-url', text: openaiUrl })),
+    openaiPre,
+    h('div', { class: 'tokens-actions' }, openaiCopy),
+    openaiCopyStatus,
+  );
+
   const section = h(
     'section',
     { class: 'settings-group tokens-panel', 'aria-labelledby': 'tokens-title', testid: 'tokens-panel' },
     h('h2', { id: 'tokens-title', text: 'API tokens' }),
     h('p', {
       class: 'muted',
-      text: 'A token lets another program act as you in this tenant: the REST API (/api/v1/) and the knowledge MCP server. Keep it secret like a password; revoke it when it is no longer used.',
+      text: 'A token lets another program act as you in this tenant: the REST API (/api/v1/), the OpenAI-compatible API (/api/openai/v1/) and the knowledge MCP server. Keep it secret like a password; revoke it when it is no longer used.',
     }),
     error,
     form,
@@ -188,6 +227,7 @@ export function TokensPanel({ api = tokensApi } = {}) {
     h('h3', { id: 'tokens-list-title', text: 'Your tokens' }),
     list,
     status,
+    openaiBlock,
     mcpBlock,
   );
 
