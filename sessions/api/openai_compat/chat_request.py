@@ -47,12 +47,13 @@ class ChatRequest:
     """``metadata.chat_id`` or the ``X-Chat-Id`` header: continue that chat with ``content``."""
 
 
-def chat_request_parse(raw: bytes, *, chat_id_header: str | None = None) -> ChatRequest:
-    """Parse and check a request body.
+def body_common(raw: bytes, accepted: frozenset[str]) -> tuple[dict[str, Any], str, bool]:
+    """The checks every request body of this API shares: a JSON object with only ``accepted``
+    fields, ``model`` a non-empty string, ``stream`` a boolean. Returns ``(body, model, stream)``.
 
     Raises:
-        OpenAIError: 400 with ``param`` naming the field at fault: not JSON, a missing or
-            malformed field, an unsupported field or value.
+        OpenAIError: 400 (``invalid_json``, ``unsupported_parameter`` naming the first field
+            refused, ``missing_required_parameter``).
     """
     try:
         body = json.loads(raw or b"null")
@@ -60,27 +61,38 @@ def chat_request_parse(raw: bytes, *, chat_id_header: str | None = None) -> Chat
         raise bad_request(f"The body is not valid JSON: {exc}.", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.", code="invalid_json")
-    _refuse_unsupported(body)
+    unsupported = sorted(set(body) - accepted)
+    if unsupported:
+        names = ", ".join(f"`{n}`" for n in unsupported)
+        raise OpenAIError(400, f"Unsupported parameter(s): {names}. An agent's instructions, model, sampling and "
+                               "tools are set by its configuration; this API does not apply them.",
+                          param=unsupported[0], code="unsupported_parameter")
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise bad_request("`model` is required: the slug of one of your agents (GET /models lists them).",
                           param="model", code="missing_required_parameter")
-    history, content = _messages(body.get("messages"))
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("`stream` must be true or false.", param="stream")
-    return ChatRequest(model=model.strip(), history=history, content=content, stream=stream,
+    return body, model.strip(), stream
+
+
+def chat_request_parse(raw: bytes, *, chat_id_header: str | None = None) -> ChatRequest:
+    """Parse and check a request body.
+
+    Raises:
+        OpenAIError: 400 with ``param`` naming the field at fault: not JSON, a missing or
+            malformed field, an unsupported field or value.
+    """
+    body, model, stream = body_common(raw, ACCEPTED_FIELDS)
+    _refuse_unsupported_values(body)
+    history, content = _messages(body.get("messages"))
+    return ChatRequest(model=model, history=history, content=content, stream=stream,
                        include_usage=_include_usage(body.get("stream_options"), stream=stream),
                        chat_id=_chat_id(body.get("metadata"), chat_id_header))
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    unsupported = sorted(set(body) - ACCEPTED_FIELDS)
-    if unsupported:
-        names = ", ".join(f"`{n}`" for n in unsupported)
-        raise OpenAIError(400, f"Unsupported parameter(s): {names}. An agent's model, sampling and tools are set "
-                               "by its configuration; this API does not apply them.",
-                          param=unsupported[0], code="unsupported_parameter")
+def _refuse_unsupported_values(body: dict[str, Any]) -> None:
     for name, allowed in NO_OP_VALUES.items():
         if name in body and body[name] not in allowed:
             raise OpenAIError(400, f"Unsupported value for `{name}`: {body[name]!r} (only {allowed[0]!r}).",

@@ -10,10 +10,10 @@ model, its instructions, sampling and tools.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from sessions.api.openai_compat.chat_request import body_common
 from sessions.api.openai_compat.errors import OpenAIError, bad_request
 from sessions.api.openai_compat.responses import run_id_of
 
@@ -38,27 +38,10 @@ class ResponsesRequest:
 
 def responses_request_parse(raw: bytes) -> ResponsesRequest:
     """Parse and check a request body. Raises OpenAIError (400, ``param`` naming the field)."""
-    try:
-        body = json.loads(raw or b"null")
-    except ValueError as exc:
-        raise bad_request(f"The body is not valid JSON: {exc}.", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise bad_request("The body must be a JSON object.", code="invalid_json")
-    unsupported = sorted(set(body) - ACCEPTED_FIELDS)
-    if unsupported:
-        raise OpenAIError(400, f"Unsupported parameter(s): {', '.join(f'`{n}`' for n in unsupported)}. An agent's "
-                               "instructions, model, sampling and tools are set by its configuration.",
-                          param=unsupported[0], code="unsupported_parameter")
+    body, model, stream = body_common(raw, ACCEPTED_FIELDS)
     if body.get("store", True) is not True:
         raise OpenAIError(400, "Every response is stored (it is a run of the agent): `store` can only be true.",
                           param="store", code="unsupported_value")
-    model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise bad_request("`model` is required: the slug of one of your agents.", param="model",
-                          code="missing_required_parameter")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("`stream` must be true or false.", param="stream")
     messages = _input(body.get("input"))
     previous = body.get("previous_response_id")
     previous_run_id = None
@@ -67,7 +50,7 @@ def responses_request_parse(raw: bytes) -> ResponsesRequest:
         if previous_run_id is None:
             raise OpenAIError(404, f"No response {previous!r} is yours.", param="previous_response_id",
                               code="previous_response_not_found")
-    return ResponsesRequest(model=model.strip(), history=messages[:-1], content=messages[-1][1], stream=stream,
+    return ResponsesRequest(model=model, history=messages[:-1], content=messages[-1][1], stream=stream,
                             previous_run_id=previous_run_id, previous_response_id=previous)
 
 

@@ -17,7 +17,7 @@ message posted in the app.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -111,9 +111,9 @@ async def model_get(request: HttpRequest, model_id: str) -> HttpResponse:
     return JsonResponse(found[0])
 
 
-@database_sync_to_async
-def _start(caller: Caller, chat: ChatRequest) -> tuple[int, int]:
-    """Post the request as a run of the agent ``chat.model``: ``(session id, run id)``.
+def _start_run(caller: Caller, model: str, post: Callable[[AgentInstance], Run]) -> tuple[int, int]:
+    """Post a request as a run of the agent ``model``: ``(session id, run id)``. ``post(agent)``
+    writes it (a new chat, or the next message of one), in the caller's tenant scope.
 
     Raises:
         OpenAIError: 404 no such active agent (or chat) for the caller, 429 a throttle, 409 the
@@ -121,18 +121,24 @@ def _start(caller: Caller, chat: ChatRequest) -> tuple[int, int]:
     """
     membership = caller.membership
     with tenant_scope(membership.tenant_id):
-        agent = AgentInstance.objects.filter(slug=chat.model, is_active=True).first()
+        agent = AgentInstance.objects.filter(slug=model, is_active=True).first()
         if agent is None:
-            raise _model_not_found(chat.model)
+            raise _model_not_found(model)
         wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=caller.user.pk, tenant_id=membership.tenant_id)
         if wait is not None:
             raise OpenAIError(429, "Too many requests; try again later.", type="rate_limit_error",
                               code="rate_limit_exceeded", retry_after=max(1, int(wait + 0.999)))
         try:
-            run = _post(caller, agent, chat)
+            run = post(agent)
         except ApplicationError as exc:
             raise OpenAIError(exc.status_code, exc.message) from exc
         return run.session_id, run.pk
+
+
+@database_sync_to_async
+def _start(caller: Caller, chat: ChatRequest) -> tuple[int, int]:
+    """A chat completion's run (:func:`_start_run`)."""
+    return _start_run(caller, chat.model, lambda agent: _post(caller, agent, chat))
 
 
 def _post(caller: Caller, agent: AgentInstance, chat: ChatRequest) -> Run:
@@ -263,22 +269,8 @@ async def _streamed(reader: SessionEventReader, completion: Completion, tenant_i
 
 @database_sync_to_async
 def _start_response(caller: Caller, request: ResponsesRequest) -> tuple[int, int]:
-    """Post a ``POST /responses`` as a run: ``(session id, run id)``. Raises OpenAIError (404
-    model or previous response, 429, 409 chat busy, 400)."""
-    membership = caller.membership
-    with tenant_scope(membership.tenant_id):
-        agent = AgentInstance.objects.filter(slug=request.model, is_active=True).first()
-        if agent is None:
-            raise _model_not_found(request.model)
-        wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=caller.user.pk, tenant_id=membership.tenant_id)
-        if wait is not None:
-            raise OpenAIError(429, "Too many requests; try again later.", type="rate_limit_error",
-                              code="rate_limit_exceeded", retry_after=max(1, int(wait + 0.999)))
-        try:
-            run = _post_response(caller, agent, request)
-        except ApplicationError as exc:
-            raise OpenAIError(exc.status_code, exc.message) from exc
-        return run.session_id, run.pk
+    """A response's run (:func:`_start_run`; 404 also for a previous response not the caller's)."""
+    return _start_run(caller, request.model, lambda agent: _post_response(caller, agent, request))
 
 
 def _post_response(caller: Caller, agent: AgentInstance, request: ResponsesRequest) -> Run:
