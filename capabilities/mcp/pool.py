@@ -362,24 +362,7 @@ class PooledSession:
                 client = await stack.enter_async_context(client)
                 if stderr is not None:
                     stderr.close_writer()  # the child holds its own copy now
-                try:
-                    async with anyio.create_task_group() as tg:
-                        self._client = client
-                        self.protocol_version = client.protocol_version
-                        caps = client.server_capabilities.tools
-                        listen_scope = anyio.CancelScope()
-                        if client.protocol_version in MODERN_PROTOCOL_VERSIONS and caps and caps.list_changed:
-                            tg.start_soon(self._listen_for_changes, client, listen_scope)
-                        self._accepting = True
-                        ready.set_result(None)
-                        while (job := await jobs.get()) is not None:
-                            tg.start_soon(self._run_job, client, job)
-                        # Stop: no new jobs; calls in flight finish (disconnect() bounds the wait).
-                        self._accepting = False
-                        listen_scope.cancel()
-                finally:
-                    self._accepting = False
-                    self._client = None
+                await self._serve(client, ready, jobs)
         except asyncio.CancelledError as exc:
             failure = exc
             if not self._connect_timed_out and ready.done():
@@ -392,14 +375,41 @@ class PooledSession:
                 ready.set_exception(await self._connect_error(failure, stderr))
             elif failure is not None and not isinstance(failure, asyncio.CancelledError):
                 logger.warning("MCP server %r: pooled session ended with an error: %s", cfg.alias, describe_exception(failure))
-            # Every job handed to this owner gets an answer, also one whose task never started.
-            lost = McpConnectionLost(f"The connection to MCP server {cfg.alias!r} closed; the call was not made.")
-            while not jobs.empty():
-                jobs.get_nowait()
-            for job in owned:
-                if not job.future.done():
-                    job.future.set_exception(lost)
-            owned.clear()
+            self._answer_lost_jobs(jobs, owned)
+
+    async def _serve(self, client: Client, ready: asyncio.Future[None], jobs: asyncio.Queue[_Job | None]) -> None:
+        """The owner's work on an entered client: run each job in the client's task group (and,
+        on a 2026-07-28 connection that offers it, the tool-change subscription) until told to
+        stop (a None job); calls in flight finish (``disconnect()`` bounds the wait)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._client = client
+                self.protocol_version = client.protocol_version
+                caps = client.server_capabilities.tools
+                listen_scope = anyio.CancelScope()
+                if client.protocol_version in MODERN_PROTOCOL_VERSIONS and caps and caps.list_changed:
+                    tg.start_soon(self._listen_for_changes, client, listen_scope)
+                self._accepting = True
+                ready.set_result(None)
+                while (job := await jobs.get()) is not None:
+                    tg.start_soon(self._run_job, client, job)
+                # Stop: no new jobs; calls in flight finish (disconnect() bounds the wait).
+                self._accepting = False
+                listen_scope.cancel()
+        finally:
+            self._accepting = False
+            self._client = None
+
+    def _answer_lost_jobs(self, jobs: asyncio.Queue[_Job | None], owned: set[_Job]) -> None:
+        """Every job handed to an owner that ended gets an answer, also one whose task never
+        started: :class:`McpConnectionLost` (the call was not made)."""
+        lost = McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed; the call was not made.")
+        while not jobs.empty():
+            jobs.get_nowait()
+        for job in owned:
+            if not job.future.done():
+                job.future.set_exception(lost)
+        owned.clear()
 
     async def _connect_error(self, failure: BaseException | None, stderr: Any) -> McpConnectError:
         cfg = self.config
@@ -421,30 +431,16 @@ class PooledSession:
         """Run one caller's job in the owner's task group; its result goes to the job's future."""
         if job.future.done():  # the caller gave up before the job started
             return
-        http_log = self.http_log
-        rejections = http_log.session_rejections
+        rejections = self.http_log.session_rejections
         try:
             with anyio.CancelScope() as scope:
                 job.scope = scope
                 try:
                     result = await job.fn(client)
                 except Exception as exc:  # noqa: BLE001 - handed to the caller
-                    if http_log.session_rejections > rejections and not isinstance(exc, McpSessionExpired):
-                        # The server refused our session id (it restarted): this session
-                        # is dead although its transport is not; the caller retries once.
-                        self._retire(f"the server refused the session id ({http_log.describe()})")
-                        exc = McpSessionExpired(
-                            f"MCP server {self.config.alias!r} no longer knows this session "
-                            f"({http_log.describe()}): {getattr(exc, 'message', None) or describe_exception(exc)}"
-                        )
-                    elif isinstance(exc, McpConnectionLost) or (
-                        isinstance(exc, ToolError) and any(m in exc.message for m in _SESSION_GONE_MESSAGES)
-                    ):
-                        self._retire(exc.message)
-                        if not isinstance(exc, McpConnectionLost):
-                            exc = McpConnectionLost(exc.message)
+                    failure = self._job_failure(exc, rejections_before=rejections)
                     if not job.future.done():
-                        job.future.set_exception(exc)
+                        job.future.set_exception(failure)
                 else:
                     if not job.future.done():
                         job.future.set_result(result)
@@ -453,6 +449,29 @@ class PooledSession:
                 job.future.set_exception(
                     McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed during the call.")
                 )
+
+    def _job_failure(self, exc: Exception, *, rejections_before: int) -> Exception:
+        """What a job's caller gets for ``exc``, retiring the session when it is dead.
+
+        The server refused our session id during the job (more HTTP session rejections than
+        ``rejections_before``: it restarted): :class:`McpSessionExpired`, and the caller retries
+        once on a new session; the transport ended or the server said the session is gone:
+        :class:`McpConnectionLost`; else ``exc`` itself.
+        """
+        http_log = self.http_log
+        if http_log.session_rejections > rejections_before and not isinstance(exc, McpSessionExpired):
+            # This session is dead although its transport is not.
+            self._retire(f"the server refused the session id ({http_log.describe()})")
+            return McpSessionExpired(
+                f"MCP server {self.config.alias!r} no longer knows this session "
+                f"({http_log.describe()}): {getattr(exc, 'message', None) or describe_exception(exc)}"
+            )
+        if isinstance(exc, McpConnectionLost) or (
+            isinstance(exc, ToolError) and any(m in exc.message for m in _SESSION_GONE_MESSAGES)
+        ):
+            self._retire(exc.message)
+            return exc if isinstance(exc, McpConnectionLost) else McpConnectionLost(exc.message)
+        return exc
 
     def _retire(self, reason: str) -> None:
         """Stop accepting jobs and let the owner close the session (reconnect on next use)."""
@@ -506,18 +525,7 @@ class PooledSession:
         """
         self.breaker.before_attempt(self.config.alias)
         await self.connect(_breaker_checked=True)
-        jobs, owner = self._jobs, self._owner
-        if jobs is None or owner is None or owner.done() or not self._accepting:
-            # The session died between its handshake and this call.
-            raise McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed; the call was not made.")
-        job = _Job(fn=fn, future=asyncio.get_running_loop().create_future())
-        owned = self._owned_jobs
-        owned.add(job)
-        job.future.add_done_callback(lambda _f: owned.discard(job))
-        job.future.add_done_callback(lambda f: job.scope.cancel() if f.cancelled() and job.scope else None)
-        self._in_flight += 1
-        self._cancel_idle_timer()
-        jobs.put_nowait(job)
+        job, owner = self._enqueue(fn)
         try:
             result = await job.future
         except asyncio.CancelledError:
@@ -544,6 +552,26 @@ class PooledSession:
         if owner is not None and not owner.done():
             await asyncio.wait({owner}, timeout=_CLOSE_TIMEOUT_SECONDS)
         return await self._submit(fn, _retry_expired=False)
+
+    def _enqueue(self, fn: Callable[[Client], Awaitable[T]]) -> tuple[_Job, asyncio.Task[None]]:
+        """Hand ``fn`` to the owner as a job (counted in flight; the idle timer stops): the job
+        (its future answers the caller; cancelling the future cancels the job) and the owner.
+
+        Raises:
+            McpConnectionLost: the session died between its handshake and this call.
+        """
+        jobs, owner = self._jobs, self._owner
+        if jobs is None or owner is None or owner.done() or not self._accepting:
+            raise McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed; the call was not made.")
+        job = _Job(fn=fn, future=asyncio.get_running_loop().create_future())
+        owned = self._owned_jobs
+        owned.add(job)
+        job.future.add_done_callback(lambda _f: owned.discard(job))
+        job.future.add_done_callback(lambda f: job.scope.cancel() if f.cancelled() and job.scope else None)
+        self._in_flight += 1
+        self._cancel_idle_timer()
+        jobs.put_nowait(job)
+        return job, owner
 
     async def call_tool_raw(
         self,
