@@ -12,12 +12,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
@@ -30,6 +34,90 @@ from tenants.scoping import outside_scope, system_scope
 from tenants.services import api_token_create, membership_create, tenant_create
 
 pytest_plugins = ["llm.testing_embeddings"]  # embedding_server: the real embedded embedding model
+
+XDIST_GROUPS = {"local_model": "local_model"}
+"""Marker -> xdist group: under ``make test``'s workers (pytest-xdist, ``--dist loadgroup``)
+the tests with the marker all run on one worker, so its session fixture (the embedded model's
+server, ~0.5 GB, and its log file) starts once (docs/testing.md)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the tests of :data:`XDIST_GROUPS` in their group (when pytest-xdist is loaded)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        for marker, group in XDIST_GROUPS.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+class WorkerTurns:
+    """Turns of the pytest-xdist workers of one run, on two lock files in ``directory`` that every
+    worker opens: any number of workers may hold a :meth:`shared` turn at once; an
+    :meth:`exclusive` turn waits until the shared turns being held end, and no new turn starts
+    while it waits or runs (the gate lock). A readers-writer lock across processes (``flock``:
+    a lock belongs to an open file, so two instances conflict in one process too)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._gate = os.open(directory / "host-exclusive.gate", os.O_RDWR | os.O_CREAT, 0o600)
+        self._turn = os.open(directory / "host-exclusive.turn", os.O_RDWR | os.O_CREAT, 0o600)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        fcntl.flock(self._gate, fcntl.LOCK_SH)
+        fcntl.flock(self._turn, fcntl.LOCK_SH)
+        fcntl.flock(self._gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._turn, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._turn, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._turn, fcntl.LOCK_UN)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self._gate)
+        os.close(self._turn)
+
+
+@pytest.fixture(scope="session")
+def _worker_turns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerTurns | None]:
+    """Under pytest-xdist: the turns of this run's workers (their lock files in the run's
+    temporary directory, which holds each worker's own); else None."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield None
+        return
+    turns = WorkerTurns(tmp_path_factory.getbasetemp().parent)
+    try:
+        yield turns
+    finally:
+        turns.close()
+
+
+@pytest.fixture(autouse=True)
+def _host_exclusive(request: pytest.FixtureRequest, _worker_turns: WorkerTurns | None) -> Iterator[None]:
+    """A test marked ``host_exclusive`` runs while no other xdist worker runs a test: for tests
+    that count something host-wide that a test of another worker changes (the sandbox user's
+    tasks, which ``RLIMIT_NPROC`` counts). Every other test takes a shared turn
+    (:class:`WorkerTurns`). Without xdist it does nothing."""
+    if _worker_turns is None:
+        yield
+    elif request.node.get_closest_marker("host_exclusive") is not None:
+        with _worker_turns.exclusive():
+            yield
+    else:
+        with _worker_turns.shared():
+            yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,7 +1,12 @@
 """Test settings: the real PostgreSQL and Redis, with a database, keys and a queue of their own.
 
 ``TEST_ISOLATION=<name>`` gives a suite its own test database, Redis key prefix and Celery
-queue, so two suites can run on one machine at once.
+queue, so two suites can run on one machine at once. Under pytest-xdist (``make test`` runs
+the suite on several workers, docs/testing.md) each worker is a suite of its own: the worker's
+id (``PYTEST_XDIST_WORKER``, e.g. ``gw0``) extends the Redis key prefix and the queue here, and
+pytest-django appends it to the test database's name itself (``test_agent_platform_<tag>_gw0``).
+A program a test starts with these settings inherits both variables, so it finds its worker's
+keys and queue.
 
 Complete on its own: the keys are set here (test-only keys, which agent_platform/settings.py
 refuses outside these settings), whatever the environment or var/secrets.env hold.
@@ -14,11 +19,14 @@ from agent_platform.settings import CHANNEL_LAYERS, DATABASES
 
 _suffix = os.environ.get("TEST_ISOLATION", "")
 _tag = f"_{_suffix}" if _suffix else ""
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+_worker_tag = f"{_tag}_{_worker}" if _worker else _tag
 
+# pytest-django adds "_<worker>" to this name in each xdist worker (not repeated here).
 DATABASES["default"]["TEST"]["NAME"] = f"test_agent_platform{_tag}"
-REDIS_KEY_PREFIX = f"aptest{_tag}"
+REDIS_KEY_PREFIX = f"aptest{_worker_tag}"
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}:asgi"
-CELERY_TASK_DEFAULT_QUEUE = f"agent_platform_test{_tag}"
+CELERY_TASK_DEFAULT_QUEUE = f"agent_platform_test{_worker_tag}"
 # No title requests after a chat's first answer (a test worker would send one more request to the
 # fake model server a test scripts); sessions/tests/test_chat_titles.py switches them on.
 CHAT_TITLES_FROM_MODEL = False

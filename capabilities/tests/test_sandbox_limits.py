@@ -160,6 +160,7 @@ async def test_a_memory_hog_ends_as_a_failed_call_naming_the_memory_limit() -> N
 
 
 @pytest.mark.skipif(not drops_privileges(), reason="RLIMIT_NPROC is only set for a root worker")
+@pytest.mark.host_exclusive  # another xdist worker's confined programs would take its room (conftest.py)
 async def test_a_fork_loop_ends_as_a_failed_call_naming_the_process_limit() -> None:
     # RLIMIT_NPROC counts every task of the sandbox user on the host (other sandboxes' too):
     # room for 20 more than run now, far below the loop's 200 children.
@@ -174,6 +175,7 @@ async def test_a_fork_loop_ends_as_a_failed_call_naming_the_process_limit() -> N
 
 
 @pytest.mark.skipif(not drops_privileges(), reason="RLIMIT_NPROC is only set for a root worker")
+@pytest.mark.host_exclusive  # another xdist worker's confined programs would take its room (conftest.py)
 async def test_a_fork_bomb_is_held_at_the_process_limit_and_ends_as_a_failed_call_while_others_are_served() -> None:
     limits = SandboxLimits(**{**_fields(SMALL), "processes": _sandbox_user_tasks() + 20})
     assert f"--nproc={limits.processes}" in confined_argv(["true"], SandboxProfile(limits=limits)), \
