@@ -18,6 +18,16 @@ class AgentSessionsConfig(AppConfig):
         meter_register(LLMCallMeter())
         self._worker_hand_off()
         self._knowledge_status_events()
+        self._subrun_engine()
+
+    def _subrun_engine(self) -> None:
+        """A skill's sub-run runs on the run loop, with the production ports outside a run
+        (:class:`sessions.runner.subrun.SubrunEngine`; the sub-run's module imports neither)."""
+        from sessions.runner.adapters import production_ports
+        from sessions.runner.loop import run_loop_cancellable
+        from sessions.runner.subrun import SubrunEngine, subrun_engine_register
+
+        subrun_engine_register(SubrunEngine(run_loop=run_loop_cancellable, production_ports=production_ports))
 
     def _worker_hand_off(self) -> None:
         """Runs and chats are handed to workers by :mod:`sessions.tasks`' Celery senders

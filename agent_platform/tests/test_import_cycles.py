@@ -31,12 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("sessions", "capabilities", "knowledge", "memory")
 
-KNOWN_CYCLES: tuple[frozenset[str], ...] = (
-    # The toolset builds a skill's tool (sessions.runner.subrun), which runs a sub-run's loop
-    # over the toolset (and the production ports when no parent's are set).
-    frozenset({"sessions.runner.adapters", "sessions.runner.loop", "sessions.runner.subrun",
-               "sessions.runner.tool_execution", "sessions.runner.toolset", "sessions.runner.turn"}),
-)
+KNOWN_CYCLES: tuple[frozenset[str], ...] = ()
 """Cycles that exist and are to be broken (each the set of its modules, with what closes it).
 Only shrinks: a cycle broken is removed from here (the test says so)."""
 

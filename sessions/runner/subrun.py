@@ -44,7 +44,8 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
@@ -105,6 +106,12 @@ class SkillTool(Tool):
             for name, tool in self.parent_toolset.tools.items()
         )
 
+    @classmethod
+    def for_run(cls, skill: SkillBindingSpec, exposed_name: str, parent: RunSpec, parent_toolset: Toolset) -> SkillTool:
+        """The skill ``skill`` offered as ``exposed_name`` in the run ``parent`` (the toolset's
+        factory of skill tools: :func:`sessions.runner.toolset.toolset_open`)."""
+        return cls(skill=skill, exposed_name=exposed_name, parent=parent, parent_toolset=parent_toolset)
+
     def bound_to(self, parent: RunSpec, parent_toolset: Toolset) -> SkillTool:
         """This skill as offered inside the run ``parent`` (a sub-run) with its tools."""
         return SkillTool(skill=self.skill, exposed_name=self.spec.name, parent=parent, parent_toolset=parent_toolset)
@@ -143,8 +150,6 @@ class SkillTool(Tool):
 
     async def _run(self, run_id: int, *, context: ToolContext, ports: RunPorts,
                    publishers: tuple[Publish, Publisher]) -> RunEnd:
-        from sessions.runner.loop import run_loop_cancellable
-
         store = ports.store
         publish_now, publish = publishers
         try:
@@ -155,7 +160,7 @@ class SkillTool(Tool):
             return outcome
         toolset = subrun_toolset(parent_toolset=self.parent_toolset, allowed=list(self.skill.allowed_tools), spec=spec)
         try:
-            outcome = await run_loop_cancellable(spec, publish, ports, toolset=toolset)
+            outcome = await subrun_engine().run_loop(spec, publish, ports, toolset=toolset)
         except asyncio.CancelledError:  # the parent was cancelled (or timed out): so is this sub-run
             await asyncio.shield(self._record_cancelled(store, run_id, spec.attempt, publish_now))
             raise
@@ -181,12 +186,40 @@ class SkillTool(Tool):
             logger.warning("sub-run %s: could not record its cancellation", run_id, exc_info=True)
 
 
-def _production_ports() -> RunPorts:
-    """The production ports, for a skill executed outside any run's loop (a test calling the
-    tool directly): inside a run, a sub-run always goes through its parent's ports."""
-    from sessions.runner.adapters import production_ports
+@dataclass(frozen=True, slots=True)
+class SubrunEngine:
+    """What a sub-run needs from the layers that import this module: the loop that runs it
+    and the production ports (for a skill executed outside any run's loop, a test calling the
+    tool directly; inside a run, a sub-run always goes through its parent's ports). Given once
+    by ``AgentSessionsConfig.ready`` (:func:`subrun_engine_register`), so that this module
+    imports neither the loop nor the adapters, which reach it through the toolset."""
 
-    return production_ports()
+    run_loop: Callable[..., Awaitable[RunEnd]]
+    """``run_loop(spec, publish, ports, toolset=...)`` → the sub-run's end
+    (:func:`sessions.runner.loop.run_loop_cancellable`)."""
+    production_ports: Callable[[], RunPorts]
+    """:func:`sessions.runner.adapters.production_ports`."""
+
+
+_engine: SubrunEngine | None = None
+
+
+def subrun_engine_register(engine: SubrunEngine) -> None:
+    """Give the sub-runs their loop and production ports (the app's ``ready``)."""
+    global _engine
+    _engine = engine
+
+
+def subrun_engine() -> SubrunEngine:
+    """The registered :class:`SubrunEngine`. Raises RuntimeError when none was registered
+    (Django not set up: the sessions app's ``ready`` registers it)."""
+    if _engine is None:
+        raise RuntimeError("no sub-run engine registered: the sessions app's ready() registers it")
+    return _engine
+
+
+def _production_ports() -> RunPorts:
+    return subrun_engine().production_ports()
 
 
 class SubrunPublisher:

@@ -109,7 +109,16 @@ class Toolset(WrapperToolset):
         return await self.wrapped.call_tool(call)
 
 
-async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack, *, publish: Publish | None = None) -> Toolset:
+SkillToolFactory = Callable[[Any, str, RunSpec, "Toolset"], Tool]
+"""``factory(skill binding spec, exposed name, parent run, parent toolset)`` → the Tool a bound
+skill is offered as (:meth:`sessions.runner.subrun.SkillTool.for_run`, given by the adapters:
+this module does not import the sub-run's module, which runs the loop over a toolset)."""
+
+
+async def toolset_open(
+    spec: RunSpec, stack: contextlib.AsyncExitStack, *, publish: Publish | None = None,
+    skill_tool: SkillToolFactory | None = None,
+) -> Toolset:
     """Open the run's bound capabilities (in this task: it also closes them) and build its tools.
 
     Each registered kind opens its bindings (``spec.bindings`` of that kind), in the kinds'
@@ -131,9 +140,9 @@ async def toolset_open(spec: RunSpec, stack: contextlib.AsyncExitStack, *, publi
         return toolset
 
     def subrun_tool(skill: Any, exposed: str) -> Tool:
-        from sessions.runner.subrun import SkillTool
-
-        return SkillTool(skill=skill, exposed_name=exposed, parent=spec, parent_toolset=toolset)
+        if skill_tool is None:
+            raise RuntimeError("this run's toolset was opened without a factory of skill tools")
+        return skill_tool(skill, exposed, spec, toolset)
 
     ctx = OpenContext(
         tenant_id=spec.tenant_id, run_id=spec.run_id, tool_timeout_seconds=spec.tool_timeout_seconds, stack=stack,
