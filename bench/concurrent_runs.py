@@ -30,7 +30,7 @@ within issue 4's 50 ms.
 web process, the WebSocket clients, the fake model, Redis, PostgreSQL) used per 250 ms: whether
 a slow round was the worker's own work or a machine with every core busy.
 
-Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--timeline] [--db-threads K] [--pg-connections K] [--profile out.txt]``
+Run: ``.venv/bin/python bench/concurrent_runs.py [--n 50 100 200] [--stages] [--timeline] [--db-threads K] [--pg-connections K] [--db [TOP]] [--analyze] [--profile out.txt]``
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ os.environ.setdefault("OUTBOUND_ALLOWED_CIDRS", "127.0.0.0/8")
 os.environ.setdefault("STREAMS_PER_USER_MAX", "1000000")
 
 from _harness import ROOT, BenchTenant, CpuTimeline, cpu_seconds, fake_model, machine_busy_seconds, percentile
+from _pg_stats import DatabaseWatch, analyze
 from django.conf import settings
 
 from sessions.models import Run
@@ -64,6 +65,8 @@ from sessions.runner.loop import execute_run
 from tenants.services import api_token_create, membership_create
 
 TOKENS_PER_RUN = 50
+TURNS_PER_RUN = 3
+"""Model turns of every run (``timed3``: two tool calls, then the answer)."""
 
 
 TIMELINE_GROUPS = {"agent_platform.web": "web", "_ws_clients": "clients", "_fake_model": "model", "redis-server": "redis",
@@ -196,8 +199,11 @@ class RoundResult:
 
 
 def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n: int, profile: str | None,
-              timeline: CpuTimeline | None = None) -> RoundResult:
+              timeline: CpuTimeline | None = None, db: DatabaseWatch | None = None,
+              analyze_first: bool = False) -> RoundResult:
     runs = [bench.new_run() for _ in range(n)]
+    if analyze_first:
+        analyze()  # plans for the round's rows, as in a populated database (_pg_stats.analyze)
     sessions = [r.session_id for r in runs]
     clients = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_ws_clients.py"))],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -209,6 +215,8 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
     web_cpu = cpu_seconds(web.proc.pid)
     harness_cpu = cpu_seconds(model_pid) + cpu_seconds(clients.pid)
     busy, total = machine_busy_seconds()
+    if db is not None:
+        db.start()
     cpu = time.process_time()
     loop_cpu = cpu_seconds(os.getpid(), threading.get_native_id())  # asyncio.run runs the loop on this thread
     started = time.perf_counter()
@@ -231,6 +239,8 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
     cpu = time.process_time() - cpu
     loop_cpu = cpu_seconds(os.getpid(), threading.get_native_id()) - loop_cpu
     result = json.loads(clients.stdout.readline())
+    if db is not None:
+        db.stop()
     harness_cpu = cpu_seconds(model_pid) + cpu_seconds(clients.pid) - harness_cpu  # read before it is reaped
     busy, total = (now - then for now, then in zip(machine_busy_seconds(), (busy, total), strict=False))
     clients.wait(timeout=30)
@@ -263,6 +273,8 @@ def one_round(bench: BenchTenant, token: str, web: WebServer, model_pid: int, n:
         ), flush=True)
         for xs in STAGES.values():
             xs.clear()
+    if db is not None:
+        print(db.report(n), flush=True)
     if timeline is not None:
         print("        CPU by process, % of one core per 250 ms (2 cores = 200 %):", flush=True)
         print("\n".join("        " + line for line in timeline.table().splitlines()), flush=True)
@@ -299,6 +311,13 @@ def main() -> None:
     parser.add_argument("--timeline", action="store_true",
                         help="print each process group's CPU (worker, web, clients, model, Redis, PostgreSQL) "
                              "per 250 ms of the last round")
+    parser.add_argument("--db", type=int, nargs="?", const=25, metavar="TOP",
+                        help="also print PostgreSQL's CPU per run and turn (the whole cluster: a throwaway one tells "
+                             "this benchmark's) and, if pg_stat_statements is loaded, its TOP statements per run")
+    parser.add_argument("--analyze", action="store_true",
+                        help="ANALYZE the run tables (as the owner) after creating each round's runs, so the round's "
+                             "statements are planned for its rows: on a database the benchmarks emptied, statements "
+                             "by id are sequential scans that read every run of the round (bench/README.md)")
     args = parser.parse_args()
     if args.db_threads:
         settings.RUN_HOST_DB_THREADS = args.db_threads
@@ -318,13 +337,15 @@ def main() -> None:
         try:
             if args.warmup:  # first connections, imports, pools: not part of any figure
                 print(f"warm-up round ({args.warmup} runs):", flush=True)
-                one_round(bench, token, web, base_url.pid, args.warmup, None)
+                one_round(bench, token, web, base_url.pid, args.warmup, None, analyze_first=args.analyze)
             results: dict[int, list[RoundResult]] = {}
             for i, n in enumerate(args.n):
                 last = i == len(args.n) - 1
                 results.setdefault(n, []).append(
                     one_round(bench, token, web, base_url.pid, n, args.profile if last else None,
-                              CpuTimeline(TIMELINE_GROUPS) if args.timeline and last else None))
+                              CpuTimeline(TIMELINE_GROUPS) if args.timeline and last else None,
+                              DatabaseWatch(turns_per_run=TURNS_PER_RUN, top=args.db) if args.db is not None else None,
+                              args.analyze))
             for n, rounds in results.items():
                 if len(rounds) > 1:
                     print_pooled(n, rounds)

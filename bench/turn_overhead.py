@@ -18,6 +18,7 @@ import platform
 import time
 
 from _harness import BenchTenant, fake_model, summary
+from _pg_stats import DatabaseWatch
 
 from sessions.models import Message
 from sessions.runner.loop import execute_run
@@ -29,13 +30,23 @@ TURNS = 20
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--db", type=int, nargs="?", const=25, metavar="TOP",
+                        help="also print PostgreSQL's CPU per run and turn over the runs' execution (the whole "
+                             "cluster: a throwaway one tells this benchmark's) and, if pg_stat_statements is "
+                             "loaded, its TOP statements per run")
     args = parser.parse_args()
     with fake_model("turns20") as base_url, BenchTenant(base_url, max_loop_count=TURNS + 1) as bench:
         gaps_ms: list[float] = []
+        db = DatabaseWatch(turns_per_run=TURNS, top=args.db) if args.db is not None else None
         started = time.perf_counter()
-        for _ in range(args.runs):
-            run = bench.new_run()
+        runs = [bench.new_run() for _ in range(args.runs)]  # made first, so --db counts the runs' execution only
+        if db is not None:
+            db.start()
+        for run in runs:
             asyncio.run(execute_run(run.pk))
+        if db is not None:
+            db.stop()
+        for run in runs:
             stamps = list(
                 Message.all_tenants.filter(run_id=run.pk, role="assistant").order_by("position")
                 .values_list("created_at", flat=True)
@@ -46,6 +57,8 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
     print(f"{args.runs} runs x {TURNS} turns (1 tool call per turn) in {wall:.1f} s")
     print(f"per-turn overhead: {summary(gaps_ms)}")
+    if db is not None:
+        print(db.report(args.runs))
 
 
 if __name__ == "__main__":
