@@ -35,23 +35,6 @@ from tenants.services import api_token_create, membership_create, tenant_create
 
 pytest_plugins = ["llm.testing_embeddings"]  # embedding_server: the real embedded embedding model
 
-XDIST_GROUPS = {"local_model": "local_model"}
-"""Marker -> xdist group: under ``make test``'s workers (pytest-xdist, ``--dist loadgroup``)
-the tests with the marker all run on one worker, so its session fixture (the embedded model's
-server, ~0.5 GB, and its log file) starts once (docs/testing.md)."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put the tests of :data:`XDIST_GROUPS` in their group (when pytest-xdist is loaded)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        for marker, group in XDIST_GROUPS.items():
-            if item.get_closest_marker(marker) is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
-
-
 class WorkerTurns:
     """Turns of the pytest-xdist workers of one run, on two lock files in ``directory`` that every
     worker opens: any number of workers may hold a :meth:`shared` turn at once; an
