@@ -15,6 +15,9 @@ from typing import Any
 
 from sessions.api.openai_compat.errors import OpenAIError
 
+RUN_END_TYPES = frozenset({"run_completed", "run_failed", "run_cancelled"})
+"""The events that end a run (:func:`frame_delta` turns them into a :class:`RunEnd`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RunEnd:
@@ -54,7 +57,7 @@ def frame_delta(frame: dict[str, Any], *, run_id: int) -> dict[str, str] | RunEn
         return {"content": data["text"]}
     if kind == "reasoning_token":
         return {"reasoning_content": data["text"]}
-    if kind in ("run_completed", "run_failed", "run_cancelled"):
+    if kind in RUN_END_TYPES:
         return RunEnd(status=kind.removeprefix("run_"), reply=data.get("reply", ""), reason=data.get("reason", ""),
                       error=data.get("error", ""))
     note = _activity_note(kind, data)

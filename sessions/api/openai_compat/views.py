@@ -28,7 +28,7 @@ from agent_platform.api_errors import ApplicationError
 from agents.models import AgentInstance
 from sessions import stream_guard
 from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
-from sessions.api.openai_compat.completion import Completion, RunEnd, frame_delta, usage_of
+from sessions.api.openai_compat.completion import RUN_END_TYPES, Completion, RunEnd, frame_delta, usage_of
 from sessions.api.openai_compat.errors import OpenAIError
 from sessions.api.openai_compat.responses import ResponseStream, response_body, run_id_of
 from sessions.api.openai_compat.responses_request import ResponsesRequest, responses_request_parse
@@ -160,24 +160,34 @@ def _usage(tenant_id: int, run_id: int) -> dict[str, int]:
     return usage_of(*(tokens or (0, 0)))
 
 
-async def _run_items(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, str] | RunEnd | None]:
-    """The run's deltas, then its :class:`RunEnd` (the last item); ``None`` for a keep-alive.
+async def _frames_until(reader: SessionEventReader, last: Callable[[dict[str, Any]], bool],
+                        ) -> AsyncIterator[dict[str, Any] | None]:
+    """The session's frames (decoded) until the one ``last`` says is the last (yielded too);
+    ``None`` for a keep-alive.
 
     Raises:
         OpenAIError: 503 when the stream ends first (the token was revoked, the server stops).
     """
     async for item in reader:
         if isinstance(item, Event):
-            found = frame_delta(json.loads(item.text), run_id=run_id)
-            if found is not None:
-                yield found
-                if isinstance(found, RunEnd):
-                    return
+            frame = json.loads(item.text)
+            yield frame
+            if last(frame):
+                return
         elif isinstance(item, Closed):
             raise OpenAIError(503, f"The answer's stream ended: {item.reason.replace('_', ' ')}.", type="server_error",
                               code=item.reason)
         else:
             yield None
+
+
+async def _run_items(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, str] | RunEnd | None]:
+    """The run's deltas, then its :class:`RunEnd` (the last item); ``None`` for a keep-alive.
+    Raises OpenAIError 503 (:func:`_frames_until`)."""
+    async for frame in _frames_until(reader, lambda f: f.get("run_id") == run_id and f.get("type") in RUN_END_TYPES):
+        found = None if frame is None else frame_delta(frame, run_id=run_id)
+        if frame is None or found is not None:
+            yield found
 
 
 @csrf_exempt
@@ -297,20 +307,10 @@ def _stored_response(tenant_id: int, run_id: int, *, user_id: int,
         return response_body(run, model=run.session.agent.slug, previous_response_id=previous_response_id)
 
 
-async def _response_frames(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, Any] | None]:
+def _response_frames(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, Any] | None]:
     """The session's frames until the run's end or pause (that frame last); ``None`` for a
     keep-alive. Raises OpenAIError 503 when the stream ends first."""
-    async for item in reader:
-        if isinstance(item, Event):
-            frame = json.loads(item.text)
-            yield frame
-            if ResponseStream.ends(frame, run_id):
-                return
-        elif isinstance(item, Closed):
-            raise OpenAIError(503, f"The answer's stream ended: {item.reason.replace('_', ' ')}.", type="server_error",
-                              code=item.reason)
-        else:
-            yield None
+    return _frames_until(reader, lambda frame: ResponseStream.ends(frame, run_id))
 
 
 @csrf_exempt
