@@ -75,9 +75,10 @@ def test_an_uncited_answer_shows_the_platform_s_markers_and_they_open_the_passag
             before = marker.evaluate("m => m.previousSibling.textContent")
             assert before.endswith(marked_after), before
             assert "cite-platform" in marker.get_attribute("class")
-            # Visibly not a model citation: muted and italic.
-            style = marker.evaluate("m => { const s = getComputedStyle(m); return [s.fontStyle, s.color]; }")
-            assert style[0] == "italic", style
+            # Visibly not a model citation: muted and italic. A retrying assertion: the reply may
+            # be rendered again just after the run completes (the marker read while detached has
+            # no computed style: a fresh clone's CI saw ['', ''] once).
+            expect(marker).to_have_css("font-style", "italic")
             sources = run.get_by_test_id("citation-sources")
             expect(sources.locator("summary")).to_have_text("Sources matched by the platform (1)")
             expect(sources.get_by_test_id("citation-source")).to_contain_text(f"[{n}] Sailing club handbook")
