@@ -9,33 +9,10 @@ from typing import Any
 import pytest
 
 from capabilities.builtin.registry import builtin_create
-from capabilities.tools import SessionStore, StoredArtifact, ToolContext, ToolError
+from capabilities.tests.memory_store import MemoryToolStore
+from capabilities.tools import SessionStore, ToolContext, ToolError
 
 pytestmark = pytest.mark.usefixtures("all_tenants_scope")
-
-
-class MemoryStore(SessionStore):
-    """A SessionStore in a dict, per session."""
-
-    def __init__(self) -> None:
-        self.artifacts: dict[int, tuple[int, str, str, bytes]] = {}
-        self.todos: dict[int, list[dict[str, str]]] = {}
-
-    async def artifact_create(self, *, tenant_id: int, session_id: int, run_id: int | None,
-                              tool_call_id: int | None, name: str, mime_type: str, data: bytes) -> StoredArtifact:
-        artifact_id = 500 + len(self.artifacts)
-        self.artifacts[artifact_id] = (session_id, name, mime_type, data)
-        return StoredArtifact(artifact_id=artifact_id, name=name, mime_type=mime_type, size_bytes=len(data))
-
-    async def artifact_text(self, *, session_id: int, artifact_id: int) -> tuple[str, str, str | None] | None:
-        found = self.artifacts.get(artifact_id)
-        if found is None or found[0] != session_id:
-            return None
-        return found[1], found[2], found[3].decode()
-
-    async def todos_replace(self, *, session_id: int, todos: list[dict[str, str]]) -> list[dict[str, str]]:
-        self.todos[session_id] = list(todos)
-        return todos
 
 
 def _context(store: SessionStore | None, events: list[tuple[str, dict[str, Any]]], session_id: int = 7) -> ToolContext:
@@ -46,7 +23,7 @@ def _context(store: SessionStore | None, events: list[tuple[str, dict[str, Any]]
 
 
 async def test_todo_write_replaces_the_list_through_the_store_and_publishes_it() -> None:
-    store, events = MemoryStore(), []
+    store, events = MemoryToolStore(), []
     todos = [{"content": "plan", "status": "in_progress", "priority": "high"}]
     result = await builtin_create("todo_write").execute({"todos": todos}, _context(store, events))
     assert store.todos == {7: todos}
@@ -55,7 +32,7 @@ async def test_todo_write_replaces_the_list_through_the_store_and_publishes_it()
 
 
 async def test_artifact_save_and_read_artifact_go_through_the_store() -> None:
-    store, events = MemoryStore(), []
+    store, events = MemoryToolStore(), []
     context = _context(store, events)
     artifact_id = await context.artifact_save(name="out.txt", mime_type="text/plain", data=b"0123456789")
     assert events == [("artifact_updated", {"artifact_id": artifact_id, "name": "out.txt", "mime_type": "text/plain",
