@@ -190,6 +190,18 @@ async def _run_items(reader: SessionEventReader, run_id: int) -> AsyncIterator[d
             yield found
 
 
+async def _reader(caller: Caller, session_id: int) -> SessionEventReader:
+    """The reader of the session's events for the caller's answer, on one of the caller's
+    stream slots (open answers count like open event streams). Raises OpenAIError 429 when the
+    caller holds them all."""
+    slot = await stream_guard.stream_slot_acquire(user_id=caller.user.pk)
+    if slot is None:
+        raise OpenAIError(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
+                          type="rate_limit_error", code="too_many_streams", retry_after=15)
+    credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk, token_id=caller.token.pk)
+    return SessionEventReader(session_id=session_id, after_seq=0, credential=credential, slot=slot)
+
+
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     """``POST /chat/completions``: a run of the agent ``model``; its answer as one
@@ -204,14 +216,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         caller = await _authenticate(request)
         chat = chat_request_parse(request.body, chat_id_header=request.headers.get("X-Chat-Id"))
         session_id, run_id = await _start(caller, chat)
-        slot = await stream_guard.stream_slot_acquire(user_id=caller.user.pk)
-        if slot is None:
-            raise OpenAIError(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
-                              type="rate_limit_error", code="too_many_streams", retry_after=15)
+        reader = await _reader(caller, session_id)
     except OpenAIError as exc:
         return exc.response()
-    credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk, token_id=caller.token.pk)
-    reader = SessionEventReader(session_id=session_id, after_seq=0, credential=credential, slot=slot)
     completion = Completion(run_id=run_id, model=chat.model, chat_id=session_id)
     tenant_id = caller.membership.tenant_id
     if chat.stream:
@@ -325,14 +332,9 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
         caller = await _authenticate(request)
         parsed = responses_request_parse(request.body)
         session_id, run_id = await _start_response(caller, parsed)
-        slot = await stream_guard.stream_slot_acquire(user_id=caller.user.pk)
-        if slot is None:
-            raise OpenAIError(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
-                              type="rate_limit_error", code="too_many_streams", retry_after=15)
+        reader = await _reader(caller, session_id)
     except OpenAIError as exc:
         return exc.response()
-    credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk, token_id=caller.token.pk)
-    reader = SessionEventReader(session_id=session_id, after_seq=0, credential=credential, slot=slot)
     ctx = _ResponseContext(reader=reader, run_id=run_id, tenant_id=caller.membership.tenant_id, user_id=caller.user.pk,
                            previous_response_id=parsed.previous_response_id)
     if parsed.stream:
