@@ -92,6 +92,13 @@ class AgentInstance(TenantOwnedModel):
         help_text="Budget: USD per run; blank: no limit.",
     )
     is_active = models.BooleanField(default=True)
+    a2a_public = models.BooleanField(
+        default=False,
+        help_text=(
+            "A2A: anyone may read the agent's card (/a2a/<slug>/.well-known/agent-card.json) without a token; "
+            "calling the agent still needs one of this tenant's API tokens."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
