@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django (but ``/mcp/knowledge/``, the knowledge bases' MCP
-server, :mod:`knowledge.mcp_server`), WebSockets through Channels, the lifespan protocol
+server, :mod:`knowledge.mcp_server`, and ``/a2a/``, the agents' A2A servers,
+:mod:`sessions.api.a2a.app`), WebSockets through Channels, the lifespan protocol
 through :func:`agent_platform.shutdown.lifespan` (a stop ends the live streams first)."""
 
 import os
@@ -15,6 +16,7 @@ from agent_platform.shutdown import lifespan  # noqa: E402
 from agent_platform.ws_auth import BrowserOriginValidator, TenantWebsocketAuthMiddleware  # noqa: E402
 from browser.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
 from knowledge import mcp_server as knowledge_mcp  # noqa: E402
+from sessions.api.a2a import app as a2a  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
 _session_sockets = BrowserOriginValidator(TenantWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns)))
@@ -33,6 +35,9 @@ async def _http(scope, receive, send):
     # transport, an ASGI app of its own (knowledge/mcp_server.py).
     if knowledge_mcp.handles(scope.get("path", "")):
         return await knowledge_mcp.application(scope, receive, send)
+    # Each agent's A2A server: the a2a-sdk's Starlette routes (sessions/api/a2a/app.py).
+    if a2a.handles(scope.get("path", "")):
+        return await a2a.application(scope, receive, send)
     return await django_asgi_app(scope, receive, send)
 
 

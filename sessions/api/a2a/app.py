@@ -1,0 +1,258 @@
+"""The ASGI app of ``/a2a/<slug>/``: each agent an A2A 1.0 server, on the a2a-sdk's Starlette routes.
+
+Per agent (``<slug>``: the agent's slug in the caller's tenant):
+
+- ``GET /a2a/<slug>/.well-known/agent-card.json`` (and ``/.well-known/agent.json``, the older
+  clients' path): the card (:mod:`.cards`, with ETag).
+- ``POST /a2a/<slug>/``: the JSON-RPC binding (``SendMessage``, ``GetTask``…, and the 0.3
+  methods ``message/send``… for older clients).
+- ``/a2a/<slug>/rest/…``: the HTTP+JSON binding (``POST /message:send``, ``GET /tasks/<id>``…,
+  and the 0.3 paths under ``/v1/``).
+
+Authentication before the SDK sees anything: ``Authorization: Bearer <API token>`` (a token is
+one membership: its tenant and user; :func:`tenants.resolution.caller_resolve`). A missing or
+bad token is a 401 (``WWW-Authenticate: Bearer``) for every call; for the card too, unless the
+agent is ``a2a_public`` (then the card is served without a token, found by its slug among the
+public agents; two tenants' public agents of one slug make it ambiguous: 401, ask for a token).
+With a token, ``<slug>`` is looked up in the token's tenant only: another tenant's agent is the
+same 404 as a missing one. The SDK checks ``A2A-Version`` (1.0; none means 0.3, served by its
+0.3 adapter) and answers every A2A error in the binding's shape; the platform's own refusals
+(401, 404, 400 bad host, 429 throttled, with ``Retry-After``) are ``{"message", "extra"}`` like
+the rest of the platform, with Django's security headers on every answer.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.routes import (
+    DefaultServerCallContextBuilder,
+    create_agent_card_routes,
+    create_jsonrpc_routes,
+    create_rest_routes,
+)
+from a2a.types.a2a_pb2 import AgentCard
+from channels.db import database_sync_to_async
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount
+
+from agents.models import AgentInstance
+from sessions.api.a2a.cards import PATH_PREFIX, REST_SUFFIX, agent_card
+from sessions.api.a2a.handler import PlatformRequestHandler
+from sessions.api.a2a.tasks import CALLER_KEY, A2ACaller
+from tenants.scoping import system_scope, tenant_scope
+
+logger = logging.getLogger(__name__)
+
+CARD_PATHS = frozenset({".well-known/agent-card.json", ".well-known/agent.json"})
+"""The card's paths under the agent's prefix (1.0 and 0.3's; the 0.2 ``agent.json``)."""
+SCOPE_KEY = "platform_a2a_caller"
+"""Where the ASGI scope carries the :class:`.tasks.A2ACaller` to the SDK's context builder."""
+_SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+WWW_AUTHENTICATE = ("WWW-Authenticate", 'Bearer realm="agent-platform"')
+
+
+@dataclass(frozen=True, slots=True)
+class _CardFor:
+    """What the card of this request describes."""
+
+    base_url: str
+    slug: str
+    name: str
+    description: str
+    tenant_name: str
+
+
+_card_for: ContextVar[_CardFor | None] = ContextVar("a2a_card_for", default=None)
+
+
+async def _current_card(_static: AgentCard) -> AgentCard:
+    """The card of the agent this request names (the SDK's ``card_modifier``)."""
+    found = _card_for.get()
+    if found is None:  # the app sets it before every request it passes on
+        raise HTTPException(404, "No agent.")
+    return agent_card(base_url=found.base_url, slug=found.slug, name=found.name, description=found.description,
+                      tenant_name=found.tenant_name)
+
+
+class _ContextBuilder(DefaultServerCallContextBuilder):
+    """The SDK's call context plus the caller the app authenticated (``state[CALLER_KEY]``)."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        context.state[CALLER_KEY] = request.scope.get(SCOPE_KEY)
+        return context
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """An HTTPException raised under the SDK's routes (429 throttled; 404) as ``{message, extra}``."""
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"message": exc.detail, "extra": {}}, status_code=exc.status_code, headers=exc.headers)
+
+
+def _build() -> Starlette:
+    handler = PlatformRequestHandler()
+    builder = _ContextBuilder()
+    placeholder = agent_card(base_url="http://localhost", slug="agent", name="agent", description="An agent.",
+                             tenant_name="tenant")
+    routes = [
+        *[route for path in sorted(CARD_PATHS)
+          for route in create_agent_card_routes(placeholder, card_modifier=_current_card, card_url=f"/{path}")],
+        *create_jsonrpc_routes(handler, rpc_url="/", context_builder=builder, enable_v0_3_compat=True),
+        Mount(f"/{REST_SUFFIX}", routes=create_rest_routes(handler, context_builder=builder, enable_v0_3_compat=True)),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+
+_sdk_app: Starlette | None = None
+
+
+def _sdk() -> Starlette:
+    global _sdk_app
+    if _sdk_app is None:
+        _sdk_app = _build()
+    return _sdk_app
+
+
+def handles(path: str) -> bool:
+    """True for the paths :func:`application` answers (everything under ``/a2a/``)."""
+    return path.startswith(PATH_PREFIX)
+
+
+def _split(path: str) -> tuple[str, str] | None:
+    """``(slug, rest)`` of ``/a2a/<slug>/<rest>`` (``/a2a/<slug>`` too), or None."""
+    slug, _, rest = path[len(PATH_PREFIX):].partition("/")
+    return (slug, rest) if _SLUG.fullmatch(slug) else None
+
+
+def _bearer(scope: dict[str, Any]) -> str | None:
+    """The bearer token of the request; None without an Authorization header, "" for a malformed one."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return None
+
+
+@database_sync_to_async
+def _caller(raw_token: str, slug: str, base_url: str) -> tuple[A2ACaller | None, _CardFor | None]:
+    """``(caller, card)`` for a token and a slug: ``(None, None)`` for a bad token, ``(caller,
+    None)`` when the token's tenant has no active agent ``slug``."""
+    from tenants.resolution import caller_resolve
+
+    resolved = caller_resolve(raw_token=raw_token)
+    if resolved is None or resolved.membership is None or resolved.token is None:
+        return None, None
+    membership = resolved.membership
+    with tenant_scope(membership.tenant_id):
+        agent = AgentInstance.objects.select_related("tenant").filter(slug=slug, is_active=True).first()
+    caller = A2ACaller(tenant_id=membership.tenant_id, user_id=resolved.user.pk, membership_id=membership.pk,
+                       token_id=resolved.token.pk, agent_id=agent.pk if agent else 0, agent_slug=slug,
+                       base_url=base_url)
+    if agent is None:
+        return caller, None
+    return caller, _CardFor(base_url=base_url, slug=slug, name=agent.name, description=agent.description,
+                            tenant_name=agent.tenant.name)
+
+
+@database_sync_to_async
+def _public_card(slug: str, base_url: str) -> _CardFor | None:
+    """The card of the one active public agent called ``slug`` (None: none, or several)."""
+    with system_scope():  # tenant-bypass: public cards are looked up by slug across tenants, and only they
+        agents = list(AgentInstance.all_tenants.select_related("tenant")
+                      .filter(slug=slug, is_active=True, a2a_public=True)[:2])
+    if len(agents) != 1:
+        return None
+    agent = agents[0]
+    return _CardFor(base_url=base_url, slug=slug, name=agent.name, description=agent.description,
+                    tenant_name=agent.tenant.name)
+
+
+def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+
+
+async def _refuse(send: Any, status: int, message: str, headers: list[tuple[str, str]]) -> None:
+    body = json.dumps({"message": message, "extra": {}}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *_encoded(headers)]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _with_headers(send: Any, headers: list[tuple[str, str]]) -> Any:
+    """``send`` that adds ``headers`` to the response's start (those it does not set itself)."""
+    added = _encoded(headers)
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            present = {name.lower() for name, _ in message.get("headers", [])}
+            message = {**message, "headers": [*message.get("headers", []),
+                                              *[(n, v) for n, v in added if n not in present]]}
+        await send(message)
+
+    return sending
+
+
+async def _resolve(scope: dict[str, Any], slug: str, rest: str, base_url: str,
+                   ) -> tuple[A2ACaller | None, _CardFor | None, tuple[int, str] | None]:
+    """Who calls and which agent: ``(caller, card, None)``, or ``(…, (status, message))`` to refuse."""
+    raw = _bearer(scope)
+    if raw is None and rest in CARD_PATHS and scope.get("method") in ("GET", "HEAD"):
+        card = await _public_card(slug, base_url)
+        if card is not None:
+            return None, card, None
+    if not raw:
+        return None, None, (401, "Send an API token of the agent's tenant as 'Authorization: Bearer <token>'.")
+    caller, card = await _caller(raw, slug, base_url)
+    if caller is None:
+        return None, None, (401, "Invalid or revoked API token.")
+    if card is None:
+        return caller, None, (404, f"No agent {slug!r}.")
+    return caller, card, None
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The ASGI app for ``/a2a/…`` (HTTP): 400 for a ``Host`` outside ``ALLOWED_HOSTS``, 404
+    for a path that names no agent, 401/404 as the module docstring says, else the a2a-sdk's
+    routes for the agent, with Django's security headers on every answer."""
+    from django.core.exceptions import DisallowedHost
+    from django.core.handlers.asgi import ASGIRequest
+
+    from agent_platform.security_headers import security_headers_for
+
+    request = ASGIRequest(scope, io.BytesIO())
+    headers = security_headers_for(request)
+    try:
+        base_url = request.build_absolute_uri("/").rstrip("/")
+    except DisallowedHost as exc:
+        logging.getLogger("django.security.DisallowedHost").warning("%s", exc)  # as Django logs it
+        await _refuse(send, 400, "Invalid Host header.", headers)
+        return
+    split = _split(scope.get("path", ""))
+    if split is None:
+        await _refuse(send, 404, "No agent here: A2A agents are at /a2a/<slug>/.", headers)
+        return
+    slug, rest = split
+    caller, card, refusal = await _resolve(scope, slug, rest, base_url)
+    if refusal is not None:
+        status, message = refusal
+        await _refuse(send, status, message, [*headers, WWW_AUTHENTICATE] if status == 401 else headers)
+        return
+    prefix = f"{PATH_PREFIX}{slug}"
+    path = scope["path"] if scope["path"] != prefix else f"{prefix}/"
+    inner = {**scope, "path": path, "root_path": prefix, SCOPE_KEY: caller}
+    token = _card_for.set(card)
+    try:
+        await _sdk()(inner, receive, _with_headers(send, headers))
+    finally:
+        _card_for.reset(token)

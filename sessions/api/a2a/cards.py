@@ -1,0 +1,63 @@
+"""An agent's A2A agent card (the a2a-sdk's ``AgentCard``), built per request.
+
+``supportedInterfaces``: JSON-RPC at ``<base>/a2a/<slug>/`` and HTTP+JSON at
+``<base>/a2a/<slug>/rest``, each for protocol 1.0 and for 0.3 (the SDK serves the 0.3 methods on
+the same endpoints); the 0.3 entries make the SDK add the 0.3 card's ``url``,
+``preferredTransport`` and ``additionalInterfaces`` for older clients. One skill (the agent
+itself: its name and description); text and JSON in, text out; streaming yes, push
+notifications and an extended card no. ``securitySchemes``: ``bearer``, the platform's API
+token, required by every call (the card itself is public only with the agent's ``a2a_public``).
+"""
+
+from __future__ import annotations
+
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentProvider,
+    AgentSkill,
+    HTTPAuthSecurityScheme,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
+)
+from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
+
+PATH_PREFIX = "/a2a/"
+"""Every agent's A2A endpoints are under ``/a2a/<slug>/``."""
+REST_SUFFIX = "rest"
+"""The HTTP+JSON binding's base, under the agent's prefix."""
+SECURITY_SCHEME = "bearer"
+
+
+def agent_base_url(base_url: str, slug: str) -> str:
+    """The agent's JSON-RPC endpoint (its A2A base URL): ``<base>/a2a/<slug>/``."""
+    return f"{base_url}{PATH_PREFIX}{slug}/"
+
+
+def agent_card(*, base_url: str, slug: str, name: str, description: str, tenant_name: str) -> AgentCard:
+    """The card of agent ``slug`` as served at ``base_url`` (``scheme://host``)."""
+    jsonrpc_url = agent_base_url(base_url, slug)
+    rest_url = f"{jsonrpc_url}{REST_SUFFIX}"
+    interfaces = [
+        AgentInterface(url=url, protocol_binding=binding, protocol_version=version)
+        for version in (PROTOCOL_VERSION_1_0, PROTOCOL_VERSION_0_3)
+        for binding, url in ((TransportProtocol.JSONRPC, jsonrpc_url), (TransportProtocol.HTTP_JSON, rest_url))
+    ]
+    about = description.strip() or f"The {name} agent of {tenant_name}."
+    card = AgentCard(
+        name=name, description=about, version="1.0", supported_interfaces=interfaces,
+        provider=AgentProvider(organization=tenant_name, url=base_url),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False, extended_agent_card=False),
+        default_input_modes=["text/plain", "application/json"], default_output_modes=["text/plain"],
+        skills=[AgentSkill(id=slug, name=name, description=about, tags=["agent", "chat"],
+                           input_modes=["text/plain", "application/json"], output_modes=["text/plain"])],
+    )
+    card.security_schemes[SECURITY_SCHEME].CopyFrom(SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(
+        scheme="Bearer", bearer_format="API token",
+        description="An API token of the agent's tenant (Settings → API tokens, or POST /api/v1/tokens/).")))
+    requirement = SecurityRequirement()
+    requirement.schemes[SECURITY_SCHEME].CopyFrom(StringList())
+    card.security_requirements.append(requirement)
+    return card

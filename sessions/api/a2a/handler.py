@@ -1,0 +1,472 @@
+"""The a2a-sdk ``RequestHandler`` of the platform's agents: every A2A operation over runs.
+
+The SDK's transports (JSON-RPC and HTTP+JSON, :mod:`.app`) parse and validate each request,
+check ``A2A-Version`` and turn the errors raised here into the spec's codes; this handler does
+the work, over the same services as the chat app and the OpenAI-compatible API:
+
+- ``SendMessage`` / ``SendStreamingMessage``: a message without ``taskId`` starts a run of the
+  URL's agent (a new chat, or with ``contextId`` the next message of that chat of the caller's),
+  counted against the ``messages`` and ``runs`` throttles like a message posted in the app. A
+  message *with* ``taskId`` answers that task's pending approval (it must be input-required). The
+  blocking form answers once the run ends or pauses (``returnImmediately``: at once, submitted);
+  the streaming one sends the task, then status updates and the reply as chunks of the ``reply``
+  artifact, until the run ends or pauses.
+- ``GetTask``, ``ListTasks``: :class:`.tasks.RunTaskStore`.
+- ``CancelTask``: :func:`sessions.runs.run_cancel` (a running run stops within about a second:
+  the answer waits up to :data:`CANCEL_WAIT_SECONDS` for it); a terminal task is
+  ``TaskNotCancelableError``.
+- ``SubscribeToTask``: the task, then its updates as for a stream; a terminal task is
+  ``UnsupportedOperationError`` (as the SDK's own handler answers).
+- Push notifications and the extended card: not offered (``PushNotificationNotSupportedError``,
+  ``UnsupportedOperationError``); the card says so.
+
+The events are read through :class:`sessions.event_reader.SessionEventReader` (the one reader
+of a session's events), on one of the caller's stream slots: an open A2A answer counts like an
+open event stream. Why not the SDK's ``DefaultRequestHandler`` with an ``AgentExecutor``: it
+keeps each task's live state in the web process that started it (``ActiveTaskRegistry``) and
+makes task ids before anything runs, whereas a run executes on a Celery worker, its id is made
+by the database, and any web process must answer for any task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers import RequestHandler, validate_request_params
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
+    ListTaskPushNotificationConfigsResponse,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskPushNotificationConfig,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import (
+    ContentTypeNotSupportedError,
+    InternalError,
+    InvalidParamsError,
+    PushNotificationNotSupportedError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+from a2a.utils.task import apply_history_length, validate_history_length
+from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
+from google.protobuf.json_format import MessageToDict
+from starlette.exceptions import HTTPException
+
+from agent_platform.api_errors import ApplicationError
+from agent_platform.redis_clients import async_redis
+from agents.models import AgentInstance
+from sessions import stream_guard
+from sessions.api.a2a.tasks import (
+    TERMINAL_STATES,
+    A2ACaller,
+    RunTaskStore,
+    caller_of,
+    caller_runs,
+    reply_artifact,
+    run_id_of,
+    task_get_sync,
+)
+from sessions.event_reader import Closed, Event, SessionEventReader
+from sessions.events import session_keys
+from sessions.models import Approval, ApprovalKind, ApprovalStatus, Run, RunStatus
+from sessions.runs.approvals import approval_decide
+from sessions.selectors import chat_session_get_for_user
+from sessions.services import chat_from_conversation, message_post, run_cancel
+from sessions.stream_guard import StreamCredential
+from tenants.scoping import tenant_scope
+from tenants.throttling import throttle_wait
+
+THROTTLE_SCOPES = ("messages", "runs")
+"""The budgets a new A2A message spends (those of posting a message in the app)."""
+CANCEL_WAIT_SECONDS = 5.0
+"""How long ``CancelTask`` waits for a running run's worker to record the cancellation."""
+RUN_END_TYPES = frozenset({"run_completed", "run_failed", "run_cancelled"})
+PAUSE_TYPE = "run_awaiting_approval"
+MAX_MESSAGE_PARTS = 64
+"""Most parts one message may have."""
+
+
+def _message_text(message: Message) -> str:
+    """The run's input from an A2A message: its text parts, and its data parts as JSON, joined
+    by blank lines. Raises ContentTypeNotSupportedError for a file part (by URL or bytes),
+    InvalidParamsError for a message with no text or too many parts."""
+    if len(message.parts) > MAX_MESSAGE_PARTS:
+        raise InvalidParamsError(message=f"A message has at most {MAX_MESSAGE_PARTS} parts.")
+    texts = []
+    for index, part in enumerate(message.parts):
+        kind = part.WhichOneof("content")
+        if kind == "text":
+            texts.append(part.text)
+        elif kind == "data":
+            texts.append(json.dumps(MessageToDict(part.data)))
+        else:
+            raise ContentTypeNotSupportedError(
+                message=f"message.parts[{index}]: only text and data parts are accepted, not files.")
+    text = "\n\n".join(t for t in texts if t.strip())
+    if not text.strip():
+        raise InvalidParamsError(message="The message has no text.")
+    return text
+
+
+def _start_sync(caller: A2ACaller, context_id: str, text: str) -> Run:
+    """A run of the caller's agent answering ``text``: the next message of the chat
+    ``context_id`` (the caller's, with this agent), or of a new chat.
+
+    Raises:
+        InvalidParamsError: no such chat of the caller's with this agent; a message the chat
+            refuses (empty, too long).
+        HTTPException: 429 over the ``messages``/``runs`` throttles (``Retry-After``).
+    """
+    with tenant_scope(caller.tenant_id):
+        agent = AgentInstance.objects.filter(pk=caller.agent_id, is_active=True).first()
+        if agent is None:
+            raise TaskNotFoundError(message="This agent is no longer active.")
+        session = None
+        if context_id:
+            session = (chat_session_get_for_user(session_id=int(context_id), user_id=caller.user_id)
+                       if context_id.isdigit() and len(context_id) <= 18 else None)
+            if session is None or session.agent_id != agent.pk:
+                raise InvalidParamsError(message=f"No conversation {context_id!r} with this agent is yours.")
+        wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=caller.user_id, tenant_id=caller.tenant_id)
+        if wait is not None:
+            raise HTTPException(429, "Too many requests; try again later.",
+                                headers={"Retry-After": str(max(1, int(wait + 0.999)))})
+        user = get_user_model().objects.get(pk=caller.user_id)
+        try:
+            if session is None:
+                return chat_from_conversation(user=user, agent=agent, history=[], content=text)
+            return message_post(session=session, user=user, content=text)
+        except ApplicationError as exc:
+            raise InvalidParamsError(message=exc.message) from exc
+
+
+def _decision(approval: Approval, text: str) -> dict[str, str]:
+    """``approval_decide``'s arguments from the caller's answer: a question's answer is the
+    text; a tool call's is ``approve``, or ``deny`` with an optional reason after it."""
+    if approval.kind == ApprovalKind.QUESTION:
+        return {"answer": text}
+    word, _, rest = text.strip().partition(" ")
+    word = word.lower().rstrip(".!:,")
+    if word in ("approve", "approved", "yes"):
+        return {"decision": "approve"}
+    if word in ("deny", "denied", "no"):
+        return {"decision": "deny", "reason": rest.strip()}
+    raise InvalidParamsError(message=f"Approval {approval.pk} is for a tool call: answer `approve` or "
+                                     "`deny <reason>`.")
+
+
+def _answer_sync(caller: A2ACaller, task_id: str, context_id: str, text: str) -> Run:
+    """Decide the first pending approval of the caller's input-required task with ``text``.
+
+    Raises:
+        TaskNotFoundError: not the caller's task.
+        InvalidParamsError: ``contextId`` is not the task's; the answer does not fit the approval
+            or was refused (decided or expired meanwhile).
+        UnsupportedOperationError: the task is not waiting for input.
+    """
+    run_id = run_id_of(task_id)
+    with tenant_scope(caller.tenant_id):
+        run = None if run_id is None else caller_runs(caller).filter(pk=run_id).first()
+        if run is None:
+            raise TaskNotFoundError(message=f"Task {task_id} not found.")
+        if context_id and context_id != str(run.session_id):
+            raise InvalidParamsError(message=f"Context {context_id} is not the context of task {task_id}.")
+        approval = Approval.objects.filter(run=run, status=ApprovalStatus.PENDING).order_by("id").first()
+        if run.status != RunStatus.AWAITING_APPROVAL or approval is None:
+            raise UnsupportedOperationError(
+                message=f"Task {task_id} is not waiting for input (it is {run.status}); send a new message with "
+                        "its contextId to continue the conversation.")
+        user = get_user_model().objects.get(pk=caller.user_id)
+        try:
+            approval_decide(approval=approval, user=user, **_decision(approval, text))
+        except ApplicationError as exc:
+            raise InvalidParamsError(message=exc.message) from exc
+        run.refresh_from_db()
+        return run
+
+
+def _cancel_sync(caller: A2ACaller, task_id: str) -> str:
+    """Cancel the caller's task; its run's status after the call. Raises TaskNotFoundError,
+    TaskNotCancelableError (already ended)."""
+    run_id = run_id_of(task_id)
+    with tenant_scope(caller.tenant_id):
+        run = None if run_id is None else caller_runs(caller).filter(pk=run_id).first()
+        if run is None:
+            raise TaskNotFoundError(message=f"Task {task_id} not found.")
+        try:
+            return run_cancel(run=run).status
+        except ApplicationError as exc:
+            raise TaskNotCancelableError(message=f"Task {task_id} has already ended.") from exc
+
+
+def _run_status_sync(caller: A2ACaller, run_id: int) -> str | None:
+    with tenant_scope(caller.tenant_id):
+        return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+
+
+async def _session_seq(session_id: int) -> int:
+    """The ``seq`` of the session's last event so far (0 for none)."""
+    raw = await async_redis().get(session_keys(session_id)[0])
+    return int(raw or 0)
+
+
+async def _reader(caller: A2ACaller, session_id: int) -> SessionEventReader:
+    """The session's event reader on one of the caller's stream slots (429 when they hold
+    them all)."""
+    slot = await stream_guard.stream_slot_acquire(user_id=caller.user_id)
+    if slot is None:
+        raise HTTPException(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
+                            headers={"Retry-After": "15"})
+    credential = StreamCredential(user_id=caller.user_id, membership_id=caller.membership_id,
+                                  token_id=caller.token_id)
+    return SessionEventReader(session_id=session_id, after_seq=0, credential=credential, slot=slot)
+
+
+def _status_event(task: Task, state: int, *, message: Message | None = None) -> TaskStatusUpdateEvent:
+    status = TaskStatus(state=state)
+    status.timestamp.GetCurrentTime()
+    if message is not None:
+        status.message.CopyFrom(message)
+    return TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=status)
+
+
+@dataclass(slots=True)
+class _RunWatch:
+    """One run followed through its session's frames: turns them into A2A events."""
+
+    caller: A2ACaller
+    task: Task
+    """The task as it stood when the watch began."""
+    paused_before: int = 0
+    """Pauses at or before this ``seq`` are history (the run has resumed since)."""
+    streamed: list[str] = field(default_factory=list)
+    """The reply's text so far."""
+
+    @property
+    def run_id(self) -> int:
+        return int(self.task.id)
+
+    def chunk(self, text: str) -> TaskArtifactUpdateEvent:
+        event = TaskArtifactUpdateEvent(task_id=self.task.id, context_id=self.task.context_id,
+                                        artifact=reply_artifact(text), append=bool(self.streamed))
+        self.streamed.append(text)
+        return event
+
+    def last_chunk(self, reply: str) -> TaskArtifactUpdateEvent:
+        """The reply artifact's last chunk: empty when the chunks already make the reply, else
+        the whole reply replacing them."""
+        whole = "".join(self.streamed)
+        if self.streamed and whole == reply:
+            return TaskArtifactUpdateEvent(task_id=self.task.id, context_id=self.task.context_id,
+                                           artifact=reply_artifact(""), append=True, last_chunk=True)
+        return TaskArtifactUpdateEvent(task_id=self.task.id, context_id=self.task.context_id,
+                                       artifact=reply_artifact(reply), append=False, last_chunk=True)
+
+    def ends(self, frame: dict[str, Any]) -> bool:
+        """Whether ``frame`` ends the watch: the run's end, or a pause after :attr:`paused_before`."""
+        if frame.get("run_id") != self.run_id:
+            return False
+        kind = frame.get("type")
+        return kind in RUN_END_TYPES or (kind == PAUSE_TYPE and frame.get("seq", 0) > self.paused_before)
+
+    async def final(self) -> Task:
+        """The task as stored now."""
+        task = await database_sync_to_async(task_get_sync)(self.caller, self.task.id)
+        if task is None:  # the chat was deleted meanwhile
+            raise TaskNotFoundError(message=f"Task {self.task.id} was deleted.")
+        return task
+
+    async def events(self, frame: dict[str, Any]) -> AsyncIterator[Any]:
+        """The A2A events of one frame of this run (none for another run's frame)."""
+        if frame.get("run_id") != self.run_id:
+            return
+        kind, data = frame.get("type"), frame.get("data") or {}
+        if kind == "content_token" and data.get("text"):
+            yield self.chunk(data["text"])
+        elif kind == "run_running":
+            yield _status_event(self.task, TaskState.TASK_STATE_WORKING)
+        elif kind == "run_completed":
+            yield self.last_chunk(data.get("reply") or "".join(self.streamed))
+        if self.ends(frame):
+            final = await self.final()
+            yield _status_event(final, final.status.state,
+                                message=final.status.message if final.status.HasField("message") else None)
+
+
+async def _frames(reader: SessionEventReader, watch: _RunWatch) -> AsyncIterator[dict[str, Any]]:
+    """The session's frames (decoded) until the one that ends ``watch`` (yielded too).
+
+    Raises:
+        InternalError: the event stream ended first (the token was revoked, the server stops).
+    """
+    async for item in reader:
+        if isinstance(item, Event):
+            frame = json.loads(item.text)
+            yield frame
+            if watch.ends(frame):
+                return
+        elif isinstance(item, Closed):
+            raise InternalError(message=f"The task's event stream ended: {item.reason.replace('_', ' ')}.")
+
+
+class PlatformRequestHandler(RequestHandler):
+    """The A2A operations of the agent named by the URL, for the caller of the call context
+    (module docstring). One instance serves every agent and tenant: everything it needs is in
+    the context (:func:`.tasks.caller_of`)."""
+
+    def __init__(self) -> None:
+        self.task_store = RunTaskStore()
+
+    async def _prepare(self, params: SendMessageRequest, context: ServerCallContext) -> _RunWatch:
+        """Start the run (or answer the task's approval) a message asks for; the watch of it,
+        opened after the task's current events."""
+        caller = caller_of(context)
+        validate_history_length(params.configuration)
+        message = params.message
+        text = _message_text(message)
+        if message.task_id:
+            run = await database_sync_to_async(_answer_sync)(caller, message.task_id, message.context_id, text)
+            paused_before = await _session_seq(run.session_id)
+        else:
+            run = await database_sync_to_async(_start_sync)(caller, message.context_id, text)
+            paused_before = 0
+        task = await database_sync_to_async(task_get_sync)(caller, str(run.pk))
+        if task is None:
+            raise TaskNotFoundError(message=f"Task {run.pk} was deleted.")
+        return _RunWatch(caller=caller, task=task, paused_before=paused_before)
+
+    @validate_request_params
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
+        """``SendMessage``: the task once its run ends or pauses (or at once with
+        ``returnImmediately``)."""
+        watch = await self._prepare(params, context)
+        if params.configuration.return_immediately:
+            return apply_history_length(watch.task, params.configuration)
+        reader = await _reader(watch.caller, int(watch.task.context_id))
+        try:
+            await reader.open()
+            async for _frame in _frames(reader, watch):
+                pass
+        finally:
+            await reader.close()
+        return apply_history_length(await watch.final(), params.configuration)
+
+    async def _stream(self, watch: _RunWatch) -> AsyncGenerator[Any, None]:
+        reader = await _reader(watch.caller, int(watch.task.context_id))
+        try:
+            await reader.open()
+            async for frame in _frames(reader, watch):
+                async for event in watch.events(frame):
+                    yield event
+        finally:
+            await reader.close()
+
+    @validate_request_params
+    async def on_message_send_stream(self, params: SendMessageRequest,
+                                     context: ServerCallContext) -> AsyncGenerator[Any, None]:
+        """``SendStreamingMessage``: the task (submitted), then its updates until the run ends or
+        pauses (the last event is the final status)."""
+        watch = await self._prepare(params, context)
+        yield apply_history_length(watch.task, params.configuration)
+        async for event in self._stream(watch):
+            yield event
+
+    @validate_request_params
+    async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        """``GetTask``: the caller's task with at most ``historyLength`` messages."""
+        validate_history_length(params)
+        task = await self.task_store.get(params.id, context)
+        if task is None:
+            raise TaskNotFoundError(message=f"Task {params.id} not found.")
+        return apply_history_length(task, params)
+
+    @validate_request_params
+    async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        """``ListTasks``: :func:`.tasks.tasks_list_sync`."""
+        return await self.task_store.list(params, context)
+
+    @validate_request_params
+    async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
+        """``CancelTask``: cancel the run; the task after the cancellation took (or after
+        :data:`CANCEL_WAIT_SECONDS`, still working, if the worker has not stopped yet)."""
+        caller = caller_of(context)
+        status = await database_sync_to_async(_cancel_sync)(caller, params.id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CANCEL_WAIT_SECONDS
+        while status == RunStatus.RUNNING and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+            status = await database_sync_to_async(_run_status_sync)(caller, int(params.id))
+        task = await self.task_store.get(params.id, context)
+        if task is None:
+            raise TaskNotFoundError(message=f"Task {params.id} not found.")
+        return task
+
+    @validate_request_params
+    async def on_subscribe_to_task(self, params: SubscribeToTaskRequest,
+                                   context: ServerCallContext) -> AsyncGenerator[Any, None]:
+        """``SubscribeToTask``: the task, then (unless it waits for input) its updates until its
+        run ends or pauses, the reply's chunks from its start. A terminal task is
+        UnsupportedOperationError."""
+        caller = caller_of(context)
+        task = await self.task_store.get(params.id, context)
+        if task is None:
+            raise TaskNotFoundError(message=f"Task {params.id} not found.")
+        if task.status.state in TERMINAL_STATES:
+            raise UnsupportedOperationError(
+                message=f"Task {params.id} is in a terminal state ({TaskState.Name(task.status.state)}).")
+        paused_before = await _session_seq(int(task.context_id))
+        task = await self.task_store.get(params.id, context) or task  # read after the seq: no update missed
+        yield task
+        if task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            return
+        async for event in self._stream(_RunWatch(caller=caller, task=task, paused_before=paused_before)):
+            yield event
+
+    async def on_create_task_push_notification_config(self, params: TaskPushNotificationConfig,
+                                                      context: ServerCallContext) -> TaskPushNotificationConfig:
+        """Not offered: PushNotificationNotSupportedError."""
+        raise PushNotificationNotSupportedError
+
+    async def on_get_task_push_notification_config(self, params: GetTaskPushNotificationConfigRequest,
+                                                   context: ServerCallContext) -> TaskPushNotificationConfig:
+        """Not offered: PushNotificationNotSupportedError."""
+        raise PushNotificationNotSupportedError
+
+    async def on_list_task_push_notification_configs(
+        self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext,
+    ) -> ListTaskPushNotificationConfigsResponse:
+        """Not offered: PushNotificationNotSupportedError."""
+        raise PushNotificationNotSupportedError
+
+    async def on_delete_task_push_notification_config(self, params: DeleteTaskPushNotificationConfigRequest,
+                                                      context: ServerCallContext) -> None:
+        """Not offered: PushNotificationNotSupportedError."""
+        raise PushNotificationNotSupportedError
+
+    async def on_get_extended_agent_card(self, params: GetExtendedAgentCardRequest,
+                                         context: ServerCallContext) -> AgentCard:
+        """Not offered (the public card is the whole card): UnsupportedOperationError."""
+        raise UnsupportedOperationError(message="This agent has no extended card.")
+
