@@ -104,7 +104,9 @@ def test_the_card_is_for_the_tenants_callers_or_public_with_the_switch(world, ot
     assert theirs.json() == {"message": "No agent 'helper'.", "extra": {}}
     assert missing.json()["message"] == "No agent 'nope'." and their_own.status_code == 200
 
-    AgentInstance.all_tenants.filter(pk=agent.pk).update(a2a_public=True)
+    switched = world.client(admin=True).patch(f"/api/v1/admin/agents/{agent.pk}/", {"a2a_public": True}, format="json")
+    assert switched.status_code == 200 and switched.json()["a2a_public"] is True
+    assert AgentInstance.all_tenants.get(pk=agent.pk).a2a_public
 
     async def public():
         async with _http(None) as anonymous:
