@@ -131,6 +131,12 @@ def event_publish_sync(*, session_id: int, run_id: int | None, type: str, data: 
     return _frame(seq, body)
 
 
+def session_seq_sync(session_id: int) -> int:
+    """The ``seq`` of the session's last published event (0: none yet): a reader opened with
+    ``after_seq`` set to it sees only what is published from now on."""
+    return int(sync_redis().get(session_keys(session_id)[0]) or 0)
+
+
 def event_publish_on_commit(*, session_id: int, run_id: int | None, type: str, data: dict[str, Any]) -> None:
     """Publish once the current transaction commits (nothing if it rolls back). The type and
     the JSON-serialisability of ``data`` are checked now (ValueError, TypeError)."""

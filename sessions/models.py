@@ -123,6 +123,12 @@ class Run(TenantOwnedModel):
                   "sentence_end, n, chunk_id, score}] (offsets in reply; knowledge.attribution); null: not attempted "
                   "(the answer cites, there was no passage, or attribution failed).",
     )
+    request_options = models.JSONField(
+        null=True, blank=True,
+        help_text="What the API caller asked of this run beside the agent's configuration (the OpenAI-compatible "
+                  "API): {client_tools: [{name, description, parameters}], instructions, response_format}; null: "
+                  "nothing (sessions.runner.spec.RunRequestOptions).",
+    )
     paused_at = models.DateTimeField(null=True, blank=True, help_text="When it began waiting for an approval.")
     paused_seconds = models.FloatField(default=0.0, help_text="Time spent waiting for approvals (not counted by the run timeout).")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -371,6 +377,7 @@ TEXT_MIME_TYPES = frozenset({"application/json", "application/xml", "application
 class ApprovalKind(models.TextChoices):
     TOOL_CALL = "tool_call", "Approve a tool call"
     QUESTION = "question", "Answer the agent's question (ask_user)"
+    CLIENT_TOOL = "client_tool", "Run by the API client (its next request brings the result)"
 
 
 class ApprovalStatus(models.TextChoices):

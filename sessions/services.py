@@ -5,6 +5,7 @@ call it."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import models, transaction
@@ -26,6 +27,7 @@ from sessions.models import (
 from sessions.runs import (
     approval_decide,
     approvals_expire,
+    client_tool_outputs_submit,
     run_cancel,
     run_create,
     run_enqueue_on_commit,
@@ -36,7 +38,8 @@ from sessions.runs import (
 
 __all__ = [
     "MAX_ARTIFACT_BYTES", "MAX_MESSAGE_CHARS", "QUEUED_RESEND_SECONDS", "approval_decide", "approvals_expire",
-    "artifact_create", "chat_from_conversation", "chat_session_create", "message_post", "run_cancel",
+    "artifact_create", "chat_from_conversation", "chat_session_create", "client_tool_outputs_submit", "message_post",
+    "run_cancel",
     "run_enqueue_on_commit", "runs_sweep",
 ]
 
@@ -81,9 +84,10 @@ def chat_title_from(content: str) -> str:
 
 
 @transaction.atomic
-def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) -> Run:
+def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str,
+                 request_options: dict[str, Any] | None = None) -> Run:
     """Post a user message: records it, creates a queued Run, and queues the run
-    (:func:`sessions.runs.run_create`).
+    (:func:`sessions.runs.run_create`; ``request_options``: an API caller's, kept with the run).
 
     Messages posted while another run of the session is active queue behind it and run next,
     in order (the worker that finishes a run starts the next queued one). If the agent's
@@ -104,7 +108,7 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str) 
     session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
     if not session.title:
         session.title = chat_title_from(content)[:200]
-    return run_create(session=session, user=user, content=content)
+    return run_create(session=session, user=user, content=content, request_options=request_options)
 
 
 CONVERSATION_ROLES = (MessageRole.USER, MessageRole.ASSISTANT)
@@ -115,6 +119,7 @@ last message."""
 @transaction.atomic
 def chat_from_conversation(
     *, user: AbstractBaseUser, agent: AgentInstance, history: list[tuple[str, str]], content: str,
+    request_options: dict[str, Any] | None = None,
 ) -> Run:
     """A new chat with ``agent`` holding a conversation a caller gave whole (the OpenAI chat
     completions API sends every message each time), and a queued run answering its last message.
@@ -124,6 +129,8 @@ def chat_from_conversation(
             ``assistant`` (:data:`CONVERSATION_ROLES`). They are written as messages of the new
             run, before its own user message, so the run's history is the conversation as given.
         content: The last user message (what the run answers; the run's ``input``).
+        request_options: What the caller asked of the run (``Run.request_options``: client
+            tools, instructions, response format), or None.
 
     Returns:
         The run (queued; handed to a worker on commit, like :func:`message_post`'s).
@@ -141,7 +148,7 @@ def chat_from_conversation(
     session = chat_session_create(user=user, agent=agent, title=chat_title_from(first_user))
     session.next_position = len(history)
     session.save(update_fields=["next_position"])
-    run = message_post(session=session, user=user, content=content)
+    run = message_post(session=session, user=user, content=content, request_options=request_options)
     Message.objects.bulk_create([
         Message(tenant_id=session.tenant_id, session=session, run=run, position=position, role=role, content=text)
         for position, (role, text) in enumerate(history)

@@ -44,7 +44,7 @@ from sessions.models import (
 )
 from sessions.runner.pg import pg_connection
 from sessions.runner.ports import ArtifactImage
-from sessions.runner.spec import RunSpec
+from sessions.runner.spec import RunRequestOptions, RunSpec
 from sessions.runner.threads import db, db_executor_shutdown
 from sessions.runs import ClaimedRun
 from tenants.models import Tenant
@@ -214,6 +214,7 @@ def _spec(run: ClaimedRun) -> RunSpec:
         run_started_at=run.started_at.timestamp(),
         run_paused_seconds=run.paused_seconds,
         agent_id=agent.pk,
+        request_options=RunRequestOptions.from_json(run.request_options),
     )
 
 

@@ -6,12 +6,14 @@ else the tool runs). Each entry is a :class:`capabilities.toolsets.WrapperToolse
 built as ``cls(wrapped)``; its ``call_tool`` may act before the call goes on, decide it
 instead, or change its outcome:
 
-1. :class:`~capabilities.toolsets.ApprovalPolicyToolset`: the binding's rules allow, ask
+1. :class:`ClientToolset`: a tool the API client runs itself (:class:`ClientTool`) is not run
+   here: the call waits for the client's next request (:class:`ClientToolRequested`);
+2. :class:`~capabilities.toolsets.ApprovalPolicyToolset`: the binding's rules allow, ask
    (the call waits for a human, nothing recorded as started) or deny;
-2. :class:`CallStartToolset`: the call is recorded as started (``tool_call_started``);
-3. :class:`OutputToolset`: NULs cleaned, the result compressed, stored as an artifact when
+3. :class:`CallStartToolset`: the call is recorded as started (``tool_call_started``);
+4. :class:`OutputToolset`: NULs cleaned, the result compressed, stored as an artifact when
    still large, framed when untrusted;
-4. :class:`~capabilities.toolsets.TimeoutToolset`: the agent's per-tool timeout.
+5. :class:`~capabilities.toolsets.TimeoutToolset`: the agent's per-tool timeout.
 
 A new behaviour around tool calls is one such class plus its line here (the order is the
 order calls go through them). The list is read when a run's toolset is built
@@ -20,6 +22,9 @@ order calls go through them). The list is read when a run's toolset is built
 
 from __future__ import annotations
 
+from typing import Any
+
+from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from capabilities.toolsets import (
     SUCCEEDED,
     AbstractToolset,
@@ -31,11 +36,47 @@ from capabilities.toolsets import (
 )
 from capabilities.untrusted import frame_untrusted  # the one framing (the knowledge MCP server's too)
 from llm.sanitize import clean_json, clean_text
+from llm.types import ToolSpec
 from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
 
 OWN_ERROR_CODES = frozenset({"invalid_arguments", "unknown_tool"})
 """ToolError codes whose message the platform wrote itself (about the model's own call): not
 framed as outside data even for an untrusted tool."""
+
+
+CLIENT_SOURCE = "client"
+"""The :class:`~capabilities.toolsets.ToolOrigin` source of a tool the API client runs."""
+
+
+class ClientToolRequested(Exception):
+    """A call of a tool the API client runs itself: the call waits (an Approval of kind
+    ``client_tool``, :func:`sessions.runner.tool_execution.execute_tool_calls`) and the run
+    pauses until the client's next request brings its output (as an approval's decision)."""
+
+
+class ClientTool(Tool):
+    """A tool the API client declared (``tools`` of a chat completion or a response): offered
+    to the model as an ordinary function (``spec``), never executed on the server
+    (:class:`ClientToolset` stops its calls first)."""
+
+    def __init__(self, spec: ToolSpec) -> None:
+        self.spec = spec
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        raise ToolError(f"The tool {self.spec.name!r} runs in the API client, not on the server.")
+
+
+class ClientToolset(WrapperToolset):
+    """Outermost: a call of a :class:`ClientTool` (origin source :data:`CLIENT_SOURCE`) with
+    arguments that parse raises :class:`ClientToolRequested` (nothing is recorded as started:
+    the client runs it). A call whose arguments are not a JSON object goes on and fails below,
+    so the model can correct it without a round trip to the client."""
+
+    async def call_tool(self, call: ToolInvocation) -> ToolOutcome:
+        origin = call.origin
+        if origin is not None and origin.source == CLIENT_SOURCE and call.arguments_error is None:
+            raise ClientToolRequested(call.name)
+        return await self.wrapped.call_tool(call)
 
 
 class CallStartToolset(WrapperToolset):
@@ -92,6 +133,7 @@ async def _for_model(call: ToolInvocation, content: str, *, untrusted: bool) -> 
 
 
 INTERCEPTORS: tuple[type[WrapperToolset], ...] = (
+    ClientToolset,
     ApprovalPolicyToolset,
     CallStartToolset,
     OutputToolset,

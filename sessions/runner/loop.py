@@ -30,7 +30,7 @@ from sessions.runner.ports import Publish, Publisher, RunPorts, RunStore, run_po
 from sessions.runner.run_context import run_attributions
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
-from sessions.runner.toolset import CapabilityUnavailable, Toolset
+from sessions.runner.toolset import CapabilityUnavailable, ClientToolClash, Toolset
 from sessions.runner.turn import (
     DEFAULT_SYSTEM_PROMPT,
     FINAL_TURN_NOTE,
@@ -94,6 +94,8 @@ async def execute_run(run_id: int, *, tenant_id: int | None = None, ports: RunPo
             outcome = await run_loop_cancellable(spec, publish, ports)
         except CapabilityUnavailable as exc:
             outcome = Failed(RunFailureReason.CAPABILITY_UNAVAILABLE, str(exc))
+        except ClientToolClash as exc:
+            outcome = Failed(RunFailureReason.CONFIGURATION, str(exc))
         except Exception as exc:  # the run must end failed with a reason, never stay running
             logger.exception("run %s crashed", run_id)
             outcome = Failed(RunFailureReason.INTERNAL, f"Internal error: {type(exc).__name__}: {exc}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,12 +12,57 @@ from capabilities.mcp.kind import McpBindingSpec
 from capabilities.registry import kind_get, specs_of
 from capabilities.skills.kind import SkillBindingSpec
 from llm.config import RouteEntryConfig
+from llm.types import ToolSpec
 
 __all__ = [
-    "BuiltinBindingSpec", "CliBindingSpec", "McpBindingSpec", "RunSpec", "SkillBindingSpec",
+    "BuiltinBindingSpec", "CliBindingSpec", "McpBindingSpec", "RunRequestOptions", "RunSpec", "SkillBindingSpec",
 ]
 """The per-kind binding specs live with their kinds (``capabilities/*/kind.py``, ``browser/kind.py``);
 those of ``capabilities`` are re-exported here for callers that name them."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequestOptions:
+    """What an API caller asked of one run beside the agent's configuration (``Run.request_options``,
+    written by the OpenAI-compatible API, :mod:`sessions.api.openai_compat`)."""
+
+    client_tools: tuple[ToolSpec, ...] = ()
+    """Tools the caller runs itself, offered to the model beside the agent's own: a call of one
+    pauses the run until the caller's next request brings its result
+    (:class:`sessions.runner.interceptors.ClientToolset`)."""
+    instructions: str = ""
+    """Added after the agent's own system prompt for this run ("": nothing)."""
+    response_format: dict[str, Any] | None = None
+    """``{"type": "json_object"}`` or ``{"type": "json_schema", "name", "schema", "strict"}``: the
+    answer must be JSON (valid against ``schema``); None: free text."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | str | None) -> RunRequestOptions:
+        """From the stored JSON (None or ``{}``: no options; its text, as a raw SQL read of the
+        ``jsonb`` column gives it through Django's connection, is decoded)."""
+        if isinstance(data, str):
+            data = json.loads(data)
+        data = data or {}
+        tools = tuple(ToolSpec(name=t["name"], description=t.get("description", ""),
+                               parameters=t.get("parameters") or {"type": "object", "properties": {}})
+                      for t in data.get("client_tools") or ())
+        return cls(client_tools=tools, instructions=data.get("instructions") or "",
+                   response_format=data.get("response_format"))
+
+    def to_json(self) -> dict[str, Any] | None:
+        """The JSON stored in ``Run.request_options`` (None when there is nothing to keep)."""
+        data: dict[str, Any] = {}
+        if self.client_tools:
+            data["client_tools"] = [{"name": t.name, "description": t.description, "parameters": t.parameters}
+                                    for t in self.client_tools]
+        if self.instructions:
+            data["instructions"] = self.instructions
+        if self.response_format is not None:
+            data["response_format"] = self.response_format
+        return data or None
+
+
+NO_REQUEST_OPTIONS = RunRequestOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +110,8 @@ class RunSpec:
     """Time spent waiting for approvals so far (not counted by the run timeout)."""
     agent_id: int | None = None
     """The run's agent (``AgentInstance`` id; capability kinds read it through OpenContext)."""
+    request_options: RunRequestOptions = NO_REQUEST_OPTIONS
+    """What the API caller asked of this run (client tools, instructions, response format)."""
 
     def bindings_of(self, kind: str) -> tuple[Any, ...]:
         """The binding specs of kind ``kind`` (``"mcp_server"``, ``"cli"``, ...), in order."""

@@ -52,6 +52,7 @@ from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner.cancellation import raise_if_cancelling
+from sessions.runner.interceptors import ClientTool
 from sessions.runner.ports import Publish, Publisher, RunPorts, RunStore, run_ports_current
 from sessions.runner.spec import RunSpec, SkillBindingSpec
 from sessions.runner.tool_execution import SubRunWaiting
@@ -275,9 +276,9 @@ def subrun_toolset(*, parent_toolset: Toolset, allowed: list[str], spec: RunSpec
     """
     toolset = Toolset()
     for exposed, tool in parent_toolset.tools.items():
-        if not _matches(exposed, parent_toolset, allowed):
-            continue
         origin = parent_toolset.origins.get(exposed)
+        if isinstance(tool, ClientTool) or not _matches(exposed, parent_toolset, allowed):
+            continue  # the API client's tools are offered to the user's run only
         if isinstance(tool, SkillTool):
             tool = tool.bound_to(spec, toolset)
             if spec.depth >= SKILL_MAX_DEPTH:

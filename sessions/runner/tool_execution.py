@@ -34,6 +34,7 @@ from capabilities.untrusted import frame_untrusted  # noqa: F401 - its import pl
 from llm.sanitize import clean_json
 from sessions.models import ApprovalKind, ApprovalStatus
 from sessions.runner.database import ApprovalState
+from sessions.runner.interceptors import ClientToolRequested
 from sessions.runner.ports import RunStore
 from sessions.runner.spec import RunSpec
 from sessions.runner.toolset import Toolset
@@ -152,6 +153,8 @@ async def _execute_one(
             return await record.wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason)
         except QuestionForUser as exc:
             return await record.wait_for_human(ApprovalKind.QUESTION, question=exc.question)
+        except ClientToolRequested:  # the API client runs it: its next request brings the output
+            return await record.wait_for_human(ApprovalKind.CLIENT_TOOL)
         except CallWaiting:  # the skill's sub-run paused for a human: this call waits with it
             return True
     await record.finish(outcome)
@@ -183,6 +186,10 @@ def _settled(approval: ApprovalState | None) -> ToolOutcome | None:
         return None
     if approval.kind == ApprovalKind.QUESTION and approval.status == ApprovalStatus.ANSWERED:
         return ToolOutcome(content=f"The user answered: {approval.answer}")
+    if approval.kind == ApprovalKind.CLIENT_TOOL:
+        if approval.status == ApprovalStatus.ANSWERED:
+            return ToolOutcome(content=approval.answer)
+        return ToolOutcome.failure("The API client did not send this tool call's output in time.")
     if approval.status == ApprovalStatus.DENIED:
         why = f" Their reason: {approval.answer}" if approval.answer else ""
         return ToolOutcome.failure(f"The user denied this tool call.{why} Do not retry it unchanged.")

@@ -32,12 +32,12 @@ from capabilities.toolsets import (
     WrapperToolset,
 )
 from llm.types import ToolSpec
-from sessions.runner.interceptors import intercepted
+from sessions.runner.interceptors import CLIENT_SOURCE, ClientTool, intercepted
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
 
 __all__ = [
-    "CapabilityUnavailable", "Publish", "ToolOrigin", "ToolSource", "Toolset", "renamed", "toolset_open",
+    "CapabilityUnavailable", "ClientToolClash", "Publish", "ToolOrigin", "ToolSource", "Toolset", "renamed", "toolset_open",
 ]
 
 logger = logging.getLogger(__name__)
@@ -136,8 +136,36 @@ async def toolset_open(
         The Toolset: ``{exposed name: Tool}`` and ``{exposed name: ToolOrigin}``.
     """
     toolset = Toolset()
-    if not spec.bindings:
-        return toolset
+    if spec.bindings:
+        await _open_bindings(spec, stack, toolset, publish=publish, skill_tool=skill_tool)
+    client_tools_add(toolset, spec.request_options.client_tools)
+    return toolset
+
+
+class ClientToolClash(ValueError):
+    """A tool the API client declared has the exposed name of one of the agent's own tools
+    (the API refuses the names it can tell in advance; this is the run's own check)."""
+
+
+def client_tools_add(toolset: Toolset, specs: tuple[ToolSpec, ...]) -> None:
+    """Offer the API client's tools (:class:`~sessions.runner.interceptors.ClientTool`, origin
+    source ``client``) beside the agent's.
+
+    Raises:
+        ClientToolClash: a name is taken by one of the agent's tools (the run fails
+            ``configuration``: which of two tools the model meant could not be told).
+    """
+    for tool_spec in specs:
+        if tool_spec.name in toolset.tools:
+            raise ClientToolClash(f"The client tool {tool_spec.name!r} has the name of one of the agent's tools; "
+                                  "rename it.")
+        toolset.tools[tool_spec.name] = ClientTool(tool_spec)
+        toolset.origins[tool_spec.name] = ToolOrigin(source=CLIENT_SOURCE, name=tool_spec.name)
+
+
+async def _open_bindings(spec: RunSpec, stack: contextlib.AsyncExitStack, toolset: Toolset, *,
+                         publish: Publish | None, skill_tool: SkillToolFactory | None) -> None:
+    """Open the run's bindings, each kind in turn, and name their tools into ``toolset``."""
 
     def subrun_tool(skill: Any, exposed: str) -> Tool:
         if skill_tool is None:
@@ -159,4 +187,3 @@ async def toolset_open(
             for binding, opened in await kind.open_toolset(specs, ctx):
                 bound.append(opened.for_binding(binding.binding_id, binding.approval_policy))
     toolset.table.add_named(bound)
-    return toolset

@@ -259,12 +259,20 @@ async def _absorb_steering(store: RunStore, spec: RunSpec) -> bool:
     return bool(await store.steer_absorb(spec.run_id))  # each absorbed run: run_running
 
 
+CALLER_INSTRUCTIONS_HEADING = "Instructions from the application calling you for this conversation:"
+"""Heads the instructions an API caller added (``system`` / ``developer`` messages, a response's
+``instructions``) in the system prompt, after the agent's own."""
+
+
 def _build_prompt(state: RunState) -> None:
-    """Set the turn's ``messages`` (system prompt with the compaction summary, the untrusted
-    note, the history, the final-turn note), ``offered`` tools and ``prompt_tokens`` estimate."""
+    """Set the turn's ``messages`` (system prompt with the compaction summary, the API caller's
+    instructions, the untrusted note, the history, the final-turn note), ``offered`` tools and
+    ``prompt_tokens`` estimate."""
     spec, toolset = state.spec, state.toolset
     state.final_turn = state.turn == spec.max_loop_count - 1
     system = system_prompt_with_summary(spec.system_prompt or DEFAULT_SYSTEM_PROMPT, state.history.summary)
+    if spec.request_options.instructions:  # the API caller's, after the agent's own (never instead)
+        system = f"{system}\n\n{CALLER_INSTRUCTIONS_HEADING}\n{spec.request_options.instructions}"
     tool_specs = toolset.specs
     if any(t.untrusted for t in toolset.tools.values()) or any(b.untrusted for b in state.context):
         system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"

@@ -47,7 +47,12 @@ run's ``publish`` (``tool_call_started``, ``tool_call_succeeded`` / ``tool_call_
 (``sessions/tests/test_run_lifecycle.py`` checks the source).
 """
 
-from sessions.runs.approvals import APPROVAL_EXPIRED_ERROR, approval_decide, approvals_expire
+from sessions.runs.approvals import (
+    APPROVAL_EXPIRED_ERROR,
+    approval_decide,
+    approvals_expire,
+    client_tool_outputs_submit,
+)
 from sessions.runs.cancellation import run_cancel
 from sessions.runs.claim import (
     ClaimedRun,
@@ -88,7 +93,7 @@ from sessions.runs.transitions import run_create, run_pause, run_resume, steer_a
 __all__ = [
     "APPROVAL_EXPIRED_ERROR", "ClaimedRun", "Publish", "RunEnding", "RunFinished", "RunNotClaimable", "SubRunState",
     "WorkerHandOff", "approval_decide", "approval_payload", "approval_request", "approvals_expire",
-    "assistant_message_save", "chat_title_hand_off", "compaction_begin", "compaction_completed_event",
+    "assistant_message_save", "chat_title_hand_off", "client_tool_outputs_submit", "compaction_begin", "compaction_completed_event",
     "compaction_save", "end_event", "llm_call_record", "message_insert", "next_queued_run_id", "run_cancel",
     "run_claim", "run_create", "run_end", "run_enqueue_on_commit", "run_finish", "run_finish_unheld",
     "run_hand_off", "run_heartbeat", "run_pause", "run_resume", "runs_hand_to_workers", "stale_before",

@@ -62,6 +62,9 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
 
 def _check_decision(approval: Approval, *, decision: str, answer: str) -> str:
     """The cleaned answer; ApplicationError (400) for a missing/invalid decision or answer."""
+    if approval.kind == ApprovalKind.CLIENT_TOOL:
+        raise ApplicationError("This tool runs in the API client: its next request brings the output.",
+                               status_code=409)
     if approval.kind == ApprovalKind.QUESTION:
         answer = (answer or "").strip()
         if not answer:
@@ -103,6 +106,64 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
     })
     run_resume(run=run, now=now)
     return approval
+
+
+CLIENT_OUTPUT_MAX_CHARS = 1_000_000
+"""The longest output of a client tool kept (the rest is cut, as a server tool's result is)."""
+
+
+def client_tool_outputs_submit(*, run: Run, outputs: dict[int, str], user: AbstractBaseUser) -> Run:
+    """The API client's outputs of the calls of its own tools that paused ``run`` (Approvals of
+    kind ``client_tool``): each becomes its call's result, and the run resumes once nothing
+    else is pending (:func:`run_resume`), as after a human's decision.
+
+    Args:
+        run: The caller's paused user run (tenant scope of the caller).
+        outputs: ``{tool call pk: output text}``, one for every pending client call of the run.
+        user: Who sent them (``decided_by``).
+
+    Returns:
+        The run as stored (``queued`` when it resumed).
+
+    Raises:
+        ApplicationError: 409 when the run waits for no client output (finished, running) or
+            its wait expired (the run then fails ``approval_expired``); 400 with
+            ``extra={"unknown": [pk...]}`` for outputs of calls that do not wait, or
+            ``extra={"missing": [pk...]}`` when a waiting call has no output.
+
+    Emits ``approval_resolved`` per call on commit.
+    """
+    with transaction.atomic():  # committed before the caller gets its 409
+        expired = approvals_expire(run_ids=[run.pk])
+    if expired:
+        raise ApplicationError("The run waited too long for the tools' outputs and has failed.", status_code=409)
+    return _client_tool_outputs_submit(run_id=run.pk, outputs=outputs, user=user, now=timezone.now())
+
+
+@transaction.atomic
+def _client_tool_outputs_submit(*, run_id: int, outputs: dict[int, str], user: AbstractBaseUser,
+                                now: datetime) -> Run:
+    run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+    if run.status != RunStatus.AWAITING_APPROVAL:
+        raise ApplicationError(f"The run is {run.status}; it waits for no tool output.", status_code=409)
+    pending = {a.tool_call_id: a for a in Approval.objects.select_for_update(no_key=True).filter(
+        run=run, kind=ApprovalKind.CLIENT_TOOL, status=ApprovalStatus.PENDING)}
+    unknown = sorted(set(outputs) - set(pending))
+    if unknown:
+        raise ApplicationError("These tool calls do not wait for an output.", extra={"unknown": unknown})
+    missing = sorted(set(pending) - set(outputs))
+    if missing:
+        raise ApplicationError("Every waiting tool call needs its output.", extra={"missing": missing})
+    for call_pk, approval in pending.items():
+        approval.status, approval.answer = ApprovalStatus.ANSWERED, outputs[call_pk][:CLIENT_OUTPUT_MAX_CHARS]
+        approval.decided_by, approval.decided_at = user, now
+        approval.save(update_fields=["status", "answer", "decided_by", "decided_at"])
+        event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
+            "approval_id": approval.pk, "tool_call_id": call_pk, "status": approval.status,
+            "sub_run_id": approval.sub_run_id,
+        })
+    run_resume(run=run, now=now)
+    return run
 
 
 APPROVAL_EXPIRED_ERROR = "Nobody answered the approval request in time."

@@ -55,7 +55,8 @@ CLAIM_LOCK_SESSION_SQL = (
     f'SELECT "agent_id" FROM "{SESSION}" WHERE "id" = %(session_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
 )
 CLAIM_LOCK_RUN_SQL = (
-    'SELECT "status", "heartbeat_at", "steered_into_id", "user_id", "loop_count", "paused_seconds" '
+    'SELECT "status", "heartbeat_at", "steered_into_id", "user_id", "loop_count", "paused_seconds", '
+    '"request_options" '
     f'FROM "{RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
 )
 CLAIM_EARLIER_ACTIVE_SQL = (

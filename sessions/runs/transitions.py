@@ -35,8 +35,10 @@ from sessions.runs.handoff import run_enqueue_on_commit, runs_hand_to_workers
 from sessions.runs.records import Publish, approval_payload
 
 
-def run_create(*, session: ChatSession, user: AbstractBaseUser, content: str) -> Run:
-    """A new run (``queued``) answering ``content``, the user's message written with it.
+def run_create(*, session: ChatSession, user: AbstractBaseUser, content: str,
+               request_options: dict[str, Any] | None = None) -> Run:
+    """A new run (``queued``) answering ``content``, the user's message written with it
+    (``request_options``: what an API caller asked of it, ``Run.request_options``).
 
     ``session`` must be locked by the caller (``select_for_update``) inside its transaction;
     its next message position is taken and saved (with any ``title`` the caller set on it).
@@ -48,7 +50,8 @@ def run_create(*, session: ChatSession, user: AbstractBaseUser, content: str) ->
     steer = session.agent.message_mode == "steer" and Run.objects.filter(
         session=session, status__in=ACTIVE_RUN_STATUSES
     ).exists()
-    run = Run.objects.create(tenant_id=session.tenant_id, session=session, user=user, input=content, steer=steer)
+    run = Run.objects.create(tenant_id=session.tenant_id, session=session, user=user, input=content, steer=steer,
+                             request_options=request_options)
     Message.objects.create(
         tenant_id=session.tenant_id, session=session, run=run, role=MessageRole.USER,
         content=content, position=session.next_position,

@@ -16,6 +16,7 @@ from sessions.models import RunFailureReason, RunStatus
 from sessions.runner import turn
 from sessions.runner.compaction import MAX_ATTEMPTS_PER_TURN, CompactionResult
 from sessions.runner.ports import CallbackPublisher
+from sessions.runner.spec import RunRequestOptions
 from sessions.runner.toolset import Toolset
 from sessions.runner.turn import CONTINUE, Completed, Continue, Failed, Paused, RunState
 
@@ -27,7 +28,7 @@ def _spec(**overrides: Any) -> Any:
                   system_prompt="", entries=[SimpleNamespace(max_input_tokens=1000, input_price_per_mtok=0,
                                                            supports_images=False)],
                   max_tokens_per_run=None, max_cost_per_run_usd_micros=None, tenant_monthly_budget_usd_micros=None,
-                  turn_timeout_seconds=5.0)
+                  turn_timeout_seconds=5.0, request_options=RunRequestOptions())
     values.update(overrides)
     return SimpleNamespace(**values)
 

@@ -13,6 +13,7 @@ from capabilities.tools import Tool, ToolContext, ToolResult
 from llm.types import ChatMessage, Completion, ToolCallRequest, ToolSpec, Usage
 from sessions.runner import turn
 from sessions.runner.ports import CallbackPublisher
+from sessions.runner.spec import RunRequestOptions
 from sessions.runner.toolset import Toolset
 from sessions.runner.turn import RunState
 
@@ -68,7 +69,7 @@ def _state(*tools: Tool, hidden: tuple[str, ...] = (), model: _Model | None = No
                   system_prompt="", entries=[SimpleNamespace(max_input_tokens=10_000, input_price_per_mtok=0,
                                                            supports_images=False)],
                   max_tokens_per_run=None, max_cost_per_run_usd_micros=None, tenant_monthly_budget_usd_micros=None,
-                  turn_timeout_seconds=5.0)
+                  turn_timeout_seconds=5.0, request_options=RunRequestOptions())
     values.update(spec)
 
     async def publish(event_type: str, data: dict[str, Any]) -> None:
