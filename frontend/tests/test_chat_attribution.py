@@ -42,6 +42,30 @@ def no_ingest_task(monkeypatch):
     monkeypatch.setattr("knowledge.tasks.document_ingest_enqueue", lambda **kwargs: None)
 
 
+_TEXT_BEFORE_MARKER = """() => {
+    const runs = document.querySelectorAll('[data-testid=run]');
+    const reply = runs.length ? runs[runs.length - 1].querySelector('[data-testid=assistant-reply]') : null;
+    const marker = reply ? reply.querySelector('[data-testid=platform-citation-marker]') : null;
+    return marker && marker.previousSibling ? marker.previousSibling.textContent : null;
+}"""
+
+
+def _expect_text_before_marker(page, suffix: str) -> None:
+    """Wait until the text node just before the last reply's platform marker ends with
+    ``suffix``, re-reading the page each time: the reply may be rendered again just after the
+    run completes, and a marker read once while detached has no previous sibling (a fresh
+    clone's CI read ``null`` there in two of four runs)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    check = f"(suffix) => {{ const t = ({_TEXT_BEFORE_MARKER})(); return t !== null && t.endsWith(suffix); }}"
+    try:
+        page.wait_for_function(check, arg=suffix, timeout=T)
+    except PlaywrightTimeout:
+        raise AssertionError(
+            f"text before the marker: {page.evaluate(_TEXT_BEFORE_MARKER)!r}, expected it to end with {suffix!r}"
+        ) from None
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("hours", "marked_after"), [
     (HOURS, "until October."),
@@ -72,8 +96,7 @@ def test_an_uncited_answer_shows_the_platform_s_markers_and_they_open_the_passag
             expect(marker).to_have_text(f"[{n}]")
             expect(marker).to_have_attribute("aria-label", f"Passage {n}: {NOTE}")
             assert marker.get_attribute("title").startswith(NOTE)
-            before = marker.evaluate("m => m.previousSibling.textContent")
-            assert before.endswith(marked_after), before
+            _expect_text_before_marker(page, marked_after)
             assert "cite-platform" in marker.get_attribute("class")
             # Visibly not a model citation: muted and italic. A retrying assertion: the reply may
             # be rendered again just after the run completes (the marker read while detached has
