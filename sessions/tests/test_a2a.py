@@ -149,13 +149,14 @@ def test_send_message_blocking_is_a_run_and_context_continues_the_chat(binding, 
         ("user", "Capital of France?"), ("assistant", "Paris."), ("user", "And now?")]
 
 
-def test_streaming_sends_the_task_working_the_reply_in_chunks_then_completed(world, fake_llm, celery_worker,
+@pytest.mark.parametrize("binding", [JSONRPC, REST])
+def test_streaming_sends_the_task_working_the_reply_in_chunks_then_completed(binding, world, fake_llm, celery_worker,
                                                                              live_server_url):
     agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
     fake_llm.script(Reply("A fairly long answer, in chunks.", chunk_size=5))
 
     async def scenario():
-        client = await _client(live_server_url, world.member_token, streaming=True)
+        client = await _client(live_server_url, world.member_token, binding=binding, streaming=True)
         try:
             return await _send(client, _message("Talk to me"))
         finally:
@@ -326,6 +327,7 @@ def test_errors_have_the_specs_codes_and_the_version_is_negotiated(world, fake_l
     assert code("CreateTaskPushNotificationConfig", {"taskId": "1", "url": "https://x/hook"}) == -32003
     assert code("GetExtendedAgentCard", {}) == -32004  # unsupported operation
     assert code("SendMessage", {"message": {"messageId": "m2", "role": "ROLE_USER", "parts": []}}) == -32602
+    assert code("SendMessage", {"message": {**text, "role": "ROLE_AGENT"}}) == -32602
     assert code("SendMessage", {"message": text}, version="2.0") == -32009  # VersionNotSupported
     assert code("SendMessage", {"message": text}, version=None) == -32009  # none means 0.3: not 1.0's methods
     assert not Run.all_tenants.exists()
@@ -369,3 +371,70 @@ def test_a_foreign_token_reaches_no_task_of_ours_over_either_binding(world, othe
     ours = httpx.post(f"{url}rest/tasks/{task.id}:cancel", timeout=10,
                       headers={**headers, "Authorization": f"Bearer {world.member_token}"})
     assert ours.status_code == 200 and ours.json()["status"]["state"] == "TASK_STATE_CANCELED"
+
+
+def test_a_question_is_answered_and_a_tool_call_denied_by_a_message_to_the_task(world, fake_llm, celery_worker,
+                                                                              live_server_url):
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    bind_builtin(agent, "ask_user")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("ask_user", {"question": "Which city?"})]),
+                    ToolCalls([("test_echo", {"text": "Tokyo"})]), Reply("Not echoed, then."))
+
+    async def scenario():
+        client = await _client(live_server_url, world.member_token)
+        try:
+            [asked] = await _send(client, _message("plan a trip"))
+            [confirm] = await _send(client, _message("Tokyo", task_id=asked.task.id))
+            [unclear] = [None]
+            try:
+                await _send(client, _message("maybe?", task_id=asked.task.id))
+            except Exception as exc:  # neither approve nor deny
+                unclear = exc
+            [denied] = await _send(client, _message("deny not now", task_id=asked.task.id))
+        finally:
+            await client.close()
+        return asked.task, confirm.task, unclear, denied.task
+
+    asked, confirm, unclear, denied = _run(scenario)
+    assert asked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED and "Which city?" in asked.status.message.parts[0].text
+    assert confirm.status.state == TaskState.TASK_STATE_INPUT_REQUIRED and "`test_echo`" in confirm.status.message.parts[0].text
+    assert type(unclear).__name__ == "InvalidParamsError" and "approve" in str(unclear)
+    assert denied.id == asked.id and denied.status.state == TaskState.TASK_STATE_COMPLETED and _reply(denied) == (
+        "Not echoed, then.")
+    assert [(a.kind, a.status, a.answer) for a in Approval.all_tenants.filter(run_id=int(asked.id)).order_by("id")] == [
+        ("question", "answered", "Tokyo"), ("tool_call", "denied", "not now")]
+
+
+def test_over_the_throttles_a_message_is_a_429_with_retry_after(world, live_server_url, monkeypatch):
+    agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper")
+    monkeypatch.setattr("sessions.api.a2a.handler.throttle_wait", lambda **kwargs: 3.2)
+    headers = {"Authorization": f"Bearer {world.member_token}", "A2A-Version": "1.0"}
+    body = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+    rpc = httpx.post(f"{live_server_url}/a2a/helper/", headers=headers, timeout=10,
+                     json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": body})
+    rest = httpx.post(f"{live_server_url}/a2a/helper/rest/message:send", headers=headers, json=body, timeout=10)
+    for response in (rpc, rest):
+        assert response.status_code == 429 and response.headers["Retry-After"] == "4", response.text
+        assert response.json()["message"] == "Too many requests; try again later."
+    assert not Run.all_tenants.exists()
+
+
+def test_without_a_free_stream_slot_a_waiting_or_streamed_answer_is_a_429_and_starts_no_run(world, live_server_url,
+                                                                                          monkeypatch):
+    agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper")
+
+    async def no_slot(*, user_id):
+        return None
+
+    monkeypatch.setattr("sessions.stream_guard.stream_slot_acquire", no_slot)
+    headers = {"Authorization": f"Bearer {world.member_token}", "A2A-Version": "1.0"}
+    body = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+    for method in ("SendMessage", "SendStreamingMessage"):
+        response = httpx.post(f"{live_server_url}/a2a/helper/", headers=headers, timeout=10,
+                              json={"jsonrpc": "2.0", "id": 1, "method": method, "params": body})
+        assert response.status_code == 429 and response.headers["Retry-After"] == "15", (method, response.text)
+        assert response.json()["message"].startswith("Too many open answers")
+    streamed = httpx.post(f"{live_server_url}/a2a/helper/rest/message:stream", headers=headers, json=body, timeout=10)
+    assert streamed.status_code == 429
+    assert not Run.all_tenants.exists()

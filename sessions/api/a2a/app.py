@@ -49,7 +49,7 @@ from starlette.routing import Mount
 from agents.models import AgentInstance
 from sessions.api.a2a.cards import PATH_PREFIX, REST_SUFFIX, agent_card
 from sessions.api.a2a.handler import PlatformRequestHandler
-from sessions.api.a2a.tasks import CALLER_KEY, A2ACaller
+from sessions.api.a2a.tasks import CALLER_KEY, REFUSAL_KEY, A2ACaller, RefusalBox
 from tenants.scoping import system_scope, tenant_scope
 
 logger = logging.getLogger(__name__)
@@ -91,11 +91,12 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
     def build(self, request: Request) -> ServerCallContext:
         context = super().build(request)
         context.state[CALLER_KEY] = request.scope.get(SCOPE_KEY)
+        context.state[REFUSAL_KEY] = request.scope.get(REFUSAL_KEY)
         return context
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    """An HTTPException raised under the SDK's routes (429 throttled; 404) as ``{message, extra}``."""
+    """An HTTPException raised under the SDK's routes (a card of no agent: 404) as ``{message, extra}``."""
     assert isinstance(exc, HTTPException)
     return JSONResponse({"message": exc.detail, "extra": {}}, status_code=exc.status_code, headers=exc.headers)
 
@@ -189,11 +190,22 @@ async def _refuse(send: Any, status: int, message: str, headers: list[tuple[str,
     await send({"type": "http.response.body", "body": body})
 
 
-def _with_headers(send: Any, headers: list[tuple[str, str]]) -> Any:
-    """``send`` that adds ``headers`` to the response's start (those it does not set itself)."""
+def _answering(send: Any, headers: list[tuple[str, str]], box: RefusalBox) -> Any:
+    """``send`` for the SDK's answer: ``headers`` added to the response's start (those it does
+    not set itself); a refusal the handler recorded (:class:`.tasks.PlatformRefusal`) answered
+    instead of the SDK's rendering of it (an internal error), as its status with ``Retry-After``."""
     added = _encoded(headers)
+    replaced = False
 
     async def sending(message: dict[str, Any]) -> None:
+        nonlocal replaced
+        if replaced:
+            return
+        if message["type"] == "http.response.start" and box.refusal is not None:
+            replaced = True
+            refusal = box.refusal
+            await _refuse(send, refusal.status, refusal.message, [*headers, ("Retry-After", str(refusal.retry_after))])
+            return
         if message["type"] == "http.response.start":
             present = {name.lower() for name, _ in message.get("headers", [])}
             message = {**message, "headers": [*message.get("headers", []),
@@ -250,9 +262,10 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     prefix = f"{PATH_PREFIX}{slug}"
     path = scope["path"] if scope["path"] != prefix else f"{prefix}/"
-    inner = {**scope, "path": path, "root_path": prefix, SCOPE_KEY: caller}
+    box = RefusalBox()
+    inner = {**scope, "path": path, "root_path": prefix, SCOPE_KEY: caller, REFUSAL_KEY: box}
     token = _card_for.set(card)
     try:
-        await _sdk()(inner, receive, _with_headers(send, headers))
+        await _sdk()(inner, receive, _answering(send, headers, box))
     finally:
         _card_for.reset(token)

@@ -50,6 +50,7 @@ from a2a.types.a2a_pb2 import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -72,7 +73,6 @@ from a2a.utils.task import apply_history_length, validate_history_length
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 from google.protobuf.json_format import MessageToDict
-from starlette.exceptions import HTTPException
 
 from agent_platform.api_errors import ApplicationError
 from agent_platform.redis_clients import async_redis
@@ -81,9 +81,11 @@ from sessions import stream_guard
 from sessions.api.a2a.tasks import (
     TERMINAL_STATES,
     A2ACaller,
+    PlatformRefusal,
     RunTaskStore,
     caller_of,
     caller_runs,
+    refusal_record,
     reply_artifact,
     run_id_of,
     task_get_sync,
@@ -111,7 +113,9 @@ MAX_MESSAGE_PARTS = 64
 def _message_text(message: Message) -> str:
     """The run's input from an A2A message: its text parts, and its data parts as JSON, joined
     by blank lines. Raises ContentTypeNotSupportedError for a file part (by URL or bytes),
-    InvalidParamsError for a message with no text or too many parts."""
+    InvalidParamsError for a message that is not the user's, has no text or too many parts."""
+    if message.role != Role.ROLE_USER:
+        raise InvalidParamsError(message="message.role: the caller's messages are ROLE_USER.")
     if len(message.parts) > MAX_MESSAGE_PARTS:
         raise InvalidParamsError(message=f"A message has at most {MAX_MESSAGE_PARTS} parts.")
     texts = []
@@ -137,7 +141,7 @@ def _start_sync(caller: A2ACaller, context_id: str, text: str) -> Run:
     Raises:
         InvalidParamsError: no such chat of the caller's with this agent; a message the chat
             refuses (empty, too long).
-        HTTPException: 429 over the ``messages``/``runs`` throttles (``Retry-After``).
+        PlatformRefusal: 429 over the ``messages``/``runs`` throttles (``Retry-After``).
     """
     with tenant_scope(caller.tenant_id):
         agent = AgentInstance.objects.filter(pk=caller.agent_id, is_active=True).first()
@@ -151,8 +155,7 @@ def _start_sync(caller: A2ACaller, context_id: str, text: str) -> Run:
                 raise InvalidParamsError(message=f"No conversation {context_id!r} with this agent is yours.")
         wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=caller.user_id, tenant_id=caller.tenant_id)
         if wait is not None:
-            raise HTTPException(429, "Too many requests; try again later.",
-                                headers={"Retry-After": str(max(1, int(wait + 0.999)))})
+            raise PlatformRefusal(429, "Too many requests; try again later.", retry_after=max(1, int(wait + 0.999)))
         user = get_user_model().objects.get(pk=caller.user_id)
         try:
             if session is None:
@@ -232,13 +235,24 @@ async def _session_seq(session_id: int) -> int:
     return int(raw or 0)
 
 
-async def _reader(caller: A2ACaller, session_id: int) -> SessionEventReader:
-    """The session's event reader on one of the caller's stream slots (429 when they hold
-    them all)."""
+async def _slot(context: ServerCallContext) -> str:
+    """One of the caller's stream slots, for an answer that waits for or streams a run.
+
+    Raises:
+        PlatformRefusal: 429 (recorded for the app) when the caller holds them all.
+    """
+    caller = caller_of(context)
     slot = await stream_guard.stream_slot_acquire(user_id=caller.user_id)
     if slot is None:
-        raise HTTPException(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
-                            headers={"Retry-After": "15"})
+        refusal = PlatformRefusal(
+            429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).", retry_after=15)
+        refusal_record(context, refusal)
+        raise refusal
+    return slot
+
+
+def _reader(caller: A2ACaller, session_id: int, slot: str) -> SessionEventReader:
+    """The session's event reader on ``slot`` (freed by its ``close()``)."""
     credential = StreamCredential(user_id=caller.user_id, membership_id=caller.membership_id,
                                   token_id=caller.token_id)
     return SessionEventReader(session_id=session_id, after_seq=0, credential=credential, slot=slot)
@@ -350,7 +364,11 @@ class PlatformRequestHandler(RequestHandler):
             run = await database_sync_to_async(_answer_sync)(caller, message.task_id, message.context_id, text)
             paused_before = await _session_seq(run.session_id)
         else:
-            run = await database_sync_to_async(_start_sync)(caller, message.context_id, text)
+            try:
+                run = await database_sync_to_async(_start_sync)(caller, message.context_id, text)
+            except PlatformRefusal as refusal:
+                refusal_record(context, refusal)
+                raise
             paused_before = 0
         task = await database_sync_to_async(task_get_sync)(caller, str(run.pk))
         if task is None:
@@ -361,10 +379,9 @@ class PlatformRequestHandler(RequestHandler):
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         """``SendMessage``: the task once its run ends or pauses (or at once with
         ``returnImmediately``)."""
-        watch = await self._prepare(params, context)
         if params.configuration.return_immediately:
-            return apply_history_length(watch.task, params.configuration)
-        reader = await _reader(watch.caller, int(watch.task.context_id))
+            return apply_history_length((await self._prepare(params, context)).task, params.configuration)
+        watch, reader = await self._prepare_read(params, context)
         try:
             await reader.open()
             async for _frame in _frames(reader, watch):
@@ -373,8 +390,21 @@ class PlatformRequestHandler(RequestHandler):
             await reader.close()
         return apply_history_length(await watch.final(), params.configuration)
 
-    async def _stream(self, watch: _RunWatch) -> AsyncGenerator[Any, None]:
-        reader = await _reader(watch.caller, int(watch.task.context_id))
+    async def _prepare_read(self, params: SendMessageRequest,
+                            context: ServerCallContext) -> tuple[_RunWatch, SessionEventReader]:
+        """:meth:`_prepare` on a stream slot taken first (a refused slot starts no run); the
+        watch and its reader (not yet open; its ``close()`` frees the slot)."""
+        slot = await _slot(context)
+        try:
+            watch = await self._prepare(params, context)
+        except BaseException:
+            await stream_guard.stream_slot_release(user_id=caller_of(context).user_id, slot=slot)
+            raise
+        return watch, _reader(watch.caller, int(watch.task.context_id), slot)
+
+    @staticmethod
+    async def _stream(watch: _RunWatch, reader: SessionEventReader) -> AsyncGenerator[Any, None]:
+        """The run's A2A events (after the task itself) until it ends or pauses; closes ``reader``."""
         try:
             await reader.open()
             async for frame in _frames(reader, watch):
@@ -388,9 +418,13 @@ class PlatformRequestHandler(RequestHandler):
                                      context: ServerCallContext) -> AsyncGenerator[Any, None]:
         """``SendStreamingMessage``: the task (submitted), then its updates until the run ends or
         pauses (the last event is the final status)."""
-        watch = await self._prepare(params, context)
-        yield apply_history_length(watch.task, params.configuration)
-        async for event in self._stream(watch):
+        watch, reader = await self._prepare_read(params, context)
+        try:
+            yield apply_history_length(watch.task, params.configuration)
+        except BaseException:
+            await reader.close()
+            raise
+        async for event in self._stream(watch, reader):
             yield event
 
     @validate_request_params
@@ -438,10 +472,16 @@ class PlatformRequestHandler(RequestHandler):
                 message=f"Task {params.id} is in a terminal state ({TaskState.Name(task.status.state)}).")
         paused_before = await _session_seq(int(task.context_id))
         task = await self.task_store.get(params.id, context) or task  # read after the seq: no update missed
-        yield task
         if task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            yield task  # nothing follows until someone answers
             return
-        async for event in self._stream(_RunWatch(caller=caller, task=task, paused_before=paused_before)):
+        reader = _reader(caller, int(task.context_id), await _slot(context))
+        try:
+            yield task
+        except BaseException:
+            await reader.close()
+            raise
+        async for event in self._stream(_RunWatch(caller=caller, task=task, paused_before=paused_before), reader):
             yield event
 
     async def on_create_task_push_notification_config(self, params: TaskPushNotificationConfig,

@@ -41,7 +41,7 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
 )
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE, MAX_LIST_TASKS_PAGE_SIZE
-from a2a.utils.errors import InvalidParamsError, UnsupportedOperationError
+from a2a.utils.errors import InternalError, InvalidParamsError, UnsupportedOperationError
 from a2a.utils.task import apply_history_length, validate_history_length, validate_page_size
 from channels.db import database_sync_to_async
 from django.db.models import QuerySet
@@ -83,6 +83,35 @@ class A2ACaller:
     agent_slug: str
     base_url: str
     """``scheme://host`` of the request (the artifacts' download URLs start with it)."""
+
+
+REFUSAL_KEY = "platform_a2a_refusal"
+"""Where the call context's ``state`` (and the ASGI scope) hold the request's :class:`RefusalBox`."""
+
+
+class PlatformRefusal(InternalError):
+    """A refusal of the platform's own, not the protocol's: over a throttle, too many open
+    answers. The handler records it in the request's :class:`RefusalBox` and :mod:`.app` answers
+    it as the HTTP ``status`` with ``Retry-After`` (seconds) and ``{"message", "extra"}``,
+    whatever the binding (A2A has no error code for it; the SDK would answer an internal error)."""
+
+    def __init__(self, status: int, message: str, retry_after: int) -> None:
+        super().__init__(message=message)
+        self.status, self.retry_after = status, retry_after
+
+
+@dataclass(slots=True)
+class RefusalBox:
+    """The refusal of one request, if any (set by the handler, read by the app)."""
+
+    refusal: PlatformRefusal | None = None
+
+
+def refusal_record(context: ServerCallContext, refusal: PlatformRefusal) -> None:
+    """Keep ``refusal`` for the app to answer (the request's :class:`RefusalBox`)."""
+    box = context.state.get(REFUSAL_KEY)
+    if isinstance(box, RefusalBox):
+        box.refusal = refusal
 
 
 def caller_of(context: ServerCallContext) -> A2ACaller:
