@@ -64,11 +64,30 @@ async def _send(client, request: SendMessageRequest) -> list:
     return [event async for event in client.send_message(request)]
 
 
+@pytest.fixture(params=["rls", "app-layer-only"])
+def tenant_walls(request, monkeypatch) -> str:
+    """The cross-tenant tests run twice: with PostgreSQL's row-level security, and with it out
+    of the way (``app.all_tenants = on``, as agent_platform/tests/test_tenant_isolation_app_layer.py
+    does), so a leak in the application layer is not hidden by the database."""
+    if request.param == "app-layer-only":
+        from tenants import rls
+
+        real_wanted_state = rls.wanted_state
+
+        def every_tenant() -> tuple[str, str, str]:
+            role, _tenant_ids, _all = real_wanted_state()
+            return role, "", "on"
+
+        monkeypatch.setattr(rls, "wanted_state", every_tenant)
+    return request.param
+
+
 def _reply(task) -> str:
     return "".join(p.text for a in task.artifacts if a.artifact_id == "reply" for p in a.parts)
 
 
-def test_the_card_is_for_the_tenants_callers_or_public_with_the_switch(world, other_world, live_server_url):
+def test_the_card_is_for_the_tenants_callers_or_public_with_the_switch(world, other_world, live_server_url,
+                                                                       tenant_walls):
     agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper",
                              description="Answers questions.")
     AgentFactory(tenant=other_world.tenant, name="Secret")
@@ -177,7 +196,7 @@ def test_streaming_sends_the_task_working_the_reply_in_chunks_then_completed(bin
 
 
 def test_get_and_list_tasks_are_the_callers_runs_of_the_agent(world, other_world, fake_llm, celery_worker,
-                                                              live_server_url):
+                                                              live_server_url, tenant_walls):
     agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
     agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Other")
     agent_with_route(tenant=other_world.tenant, base_urls=[fake_llm.base_url], name="Helper")
@@ -340,7 +359,7 @@ def test_errors_have_the_specs_codes_and_the_version_is_negotiated(world, fake_l
 
 
 def test_a_foreign_token_reaches_no_task_of_ours_over_either_binding(world, other_world, fake_llm, celery_worker,
-                                                                     live_server_url):
+                                                                     live_server_url, tenant_walls):
     agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
     agent_with_route(tenant=other_world.tenant, base_urls=[fake_llm.base_url], name="Helper")
     fake_llm.script(Delay(30, Reply("never")))
