@@ -457,3 +457,37 @@ def test_without_a_free_stream_slot_a_waiting_or_streamed_answer_is_a_429_and_st
     streamed = httpx.post(f"{live_server_url}/a2a/helper/rest/message:stream", headers=headers, json=body, timeout=10)
     assert streamed.status_code == 429
     assert not Run.all_tenants.exists()
+
+
+@pytest.mark.parametrize("binding", [JSONRPC, REST])
+def test_an_a2a_0_3_client_is_served_by_the_sdks_0_3_adapter(binding, world, fake_llm, celery_worker, live_server_url):
+    """The a2a-sdk client picks its 0.3 transport for a card offering only 0.3 interfaces: it
+    sends the 0.3 methods and paths (``message/send``, ``/v1/message:send``) and reads 0.3
+    answers, which the server's 0.3 adapter turns into the same runs."""
+    from a2a.client import ClientFactory
+    from a2a.types.a2a_pb2 import AgentCard
+
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    fake_llm.script(Reply("Hello from 1.0."))
+
+    async def scenario():
+        http = _http(world.member_token)
+        card = await A2ACardResolver(http, f"{live_server_url}/a2a/helper/").get_agent_card()
+        legacy = AgentCard()
+        legacy.CopyFrom(card)
+        del legacy.supported_interfaces[:]
+        legacy.supported_interfaces.extend(i for i in card.supported_interfaces if i.protocol_version == "0.3")
+        client = ClientFactory(ClientConfig(httpx_client=http, supported_protocol_bindings=[binding],
+                                            streaming=False)).create(legacy)
+        try:
+            [sent] = await _send(client, _message("hi"))
+            got = await client.get_task(GetTaskRequest(id=sent.task.id))
+        finally:
+            await client.close()
+            await http.aclose()
+        return type(client._transport).__name__, sent.task, got
+
+    transport, sent, got = _run(scenario)
+    assert transport.startswith("Compat")
+    assert sent.status.state == TaskState.TASK_STATE_COMPLETED and _reply(sent) == "Hello from 1.0."
+    assert got.id == sent.id and Run.all_tenants.get(pk=int(sent.id)).reply == "Hello from 1.0."
