@@ -491,3 +491,27 @@ def test_an_a2a_0_3_client_is_served_by_the_sdks_0_3_adapter(binding, world, fak
     assert transport.startswith("Compat")
     assert sent.status.state == TaskState.TASK_STATE_COMPLETED and _reply(sent) == "Hello from 1.0."
     assert got.id == sent.id and Run.all_tenants.get(pk=int(sent.id)).reply == "Hello from 1.0."
+
+
+def test_a_file_the_run_stores_is_an_artifact_streamed_and_stored_with_its_download(world, fake_llm, celery_worker,
+                                                                                    live_server_url):
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    bind_builtin(agent, "test_big")
+    fake_llm.script(ToolCalls([("test_big", {"chars": 60000})]), Reply("Stored it."))
+
+    async def scenario():
+        client = await _client(live_server_url, world.member_token, streaming=True)
+        try:
+            events = await _send(client, _message("make something big"))
+            task = await client.get_task(GetTaskRequest(id=events[0].task.id))
+        finally:
+            await client.close()
+        return events, task
+
+    events, task = _run(scenario)
+    files = [e.artifact_update.artifact for e in events
+             if e.HasField("artifact_update") and e.artifact_update.artifact.artifact_id.startswith("artifact-")]
+    assert len(files) == 1 and files[0].parts[0].url.startswith(f"{live_server_url}/api/v1/artifacts/")
+    assert [a.artifact_id for a in task.artifacts] == ["reply", files[0].artifact_id] and _reply(task) == "Stored it."
+    download = httpx.get(files[0].parts[0].url, headers={"Authorization": f"Bearer {world.member_token}"}, timeout=10)
+    assert download.status_code == 200 and len(download.content) == 60000

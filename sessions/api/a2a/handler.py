@@ -85,6 +85,7 @@ from sessions.api.a2a.tasks import (
     RunTaskStore,
     caller_of,
     caller_runs,
+    file_artifact,
     refusal_record,
     reply_artifact,
     run_id_of,
@@ -321,6 +322,12 @@ class _RunWatch:
             yield self.chunk(data["text"])
         elif kind == "run_running":
             yield _status_event(self.task, TaskState.TASK_STATE_WORKING)
+        elif kind == "artifact_updated" and data.get("artifact_id"):
+            artifact = file_artifact(artifact_id=data["artifact_id"], name=data.get("name") or "artifact",
+                                     mime_type=data.get("mime_type") or "application/octet-stream",
+                                     base_url=self.caller.base_url)
+            yield TaskArtifactUpdateEvent(task_id=self.task.id, context_id=self.task.context_id, artifact=artifact,
+                                          last_chunk=True)
         elif kind == "run_completed":
             yield self.last_chunk(data.get("reply") or "".join(self.streamed))
         if self.ends(frame):

@@ -178,10 +178,12 @@ def _status(run: Run, approvals: list[Approval]) -> TaskStatus:
     return status
 
 
-def _file_artifact(artifact: Artifact, base_url: str) -> A2AArtifact:
-    url = f"{base_url}/api/v1/artifacts/{artifact.pk}/content"
-    return A2AArtifact(artifact_id=f"artifact-{artifact.pk}", name=artifact.name,
-                       parts=[Part(url=url, filename=artifact.name, media_type=artifact.mime_type)])
+def file_artifact(*, artifact_id: int, name: str, mime_type: str, base_url: str) -> A2AArtifact:
+    """The A2A artifact of a file the run stored: ``artifact-<id>``, one part whose ``url`` is
+    its download (``<base_url>/api/v1/artifacts/<id>/content``, the same API token)."""
+    url = f"{base_url}/api/v1/artifacts/{artifact_id}/content"
+    return A2AArtifact(artifact_id=f"artifact-{artifact_id}", name=name,
+                       parts=[Part(url=url, filename=name, media_type=mime_type)])
 
 
 def reply_artifact(text: str) -> A2AArtifact:
@@ -201,7 +203,8 @@ def task_of_run(run: Run, caller: A2ACaller) -> Task:
                                           run=run))
         task.artifacts.append(reply_artifact(run.reply))
     files = Artifact.objects.filter(run=run).only("pk", "name", "mime_type").order_by("id")
-    task.artifacts.extend(_file_artifact(artifact, caller.base_url) for artifact in files)
+    task.artifacts.extend(file_artifact(artifact_id=a.pk, name=a.name, mime_type=a.mime_type, base_url=caller.base_url)
+                          for a in files)
     task.metadata.update({"run_status": run.status, **({"reason": run.reason} if run.reason else {})})
     return task
 
