@@ -368,8 +368,12 @@ class PlatformRequestHandler(RequestHandler):
         message = params.message
         text = _message_text(message)
         if message.task_id:
+            found = await database_sync_to_async(task_get_sync)(caller, message.task_id)
+            if found is None:
+                raise TaskNotFoundError(message=f"Task {message.task_id} not found.")
+            # read before the answer: a pause after it (the next approval) is then always past this seq
+            paused_before = await _session_seq(int(found.context_id))
             run = await database_sync_to_async(_answer_sync)(caller, message.task_id, message.context_id, text)
-            paused_before = await _session_seq(run.session_id)
         else:
             try:
                 run = await database_sync_to_async(_start_sync)(caller, message.context_id, text)
