@@ -64,8 +64,8 @@ if [[ $SRC == "$ROOT" ]]; then TAG=${MUTATION_TAG:-}; else TAG=${MUTATION_TAG:-$
 # target | modules mutated (space-separated) | tests (space-separated pytest paths/node ids)
 TARGETS=(
   "naming|capabilities/naming.py|capabilities/tests/test_naming.py capabilities/tests/test_naming_guards.py"
-  "approval-policy|agents/models.py capabilities/toolsets.py|sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py capabilities/tests/test_cli_models.py capabilities/tests/test_kind_registry.py capabilities/tests/test_toolsets.py"
-  "origins|browser/origins.py|browser/tests/test_server_origins.py"
+  "approval-policy|agents/models.py capabilities/toolsets.py|sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py capabilities/tests/test_cli_models.py capabilities/tests/test_kind_registry.py capabilities/tests/test_toolsets.py agents/tests/test_agent_checks.py"
+  "origins|browser/origins.py|browser/tests/test_server_origins.py browser/tests/test_origin_rules.py"
   "cli-template|capabilities/cli/template.py|capabilities/tests/test_cli_models.py capabilities/tests/test_cli.py"
   "llm-errors|llm/errors.py|llm/tests/test_errors.py"
   "router|llm/router.py llm/health.py|llm/tests/test_router.py llm/tests/test_timeouts.py llm/tests/test_health.py llm/tests/test_model.py"
@@ -73,7 +73,7 @@ TARGETS=(
   "confinement|capabilities/confinement.py|capabilities/tests/test_confinement.py capabilities/tests/test_sandbox_limits.py capabilities/tests/test_sandbox_location.py"
   "egress|capabilities/egress.py capabilities/checked_proxy.py|capabilities/tests/test_egress_proxy.py capabilities/tests/test_confinement.py"
   "netsafe|capabilities/netsafe.py|capabilities/tests/test_netsafe_outbound.py capabilities/tests/test_web_fetch.py"
-  "run-lifecycle|sessions/runs/transitions.py sessions/runs/claim.py sessions/runs/ending.py sessions/runs/cancellation.py sessions/runs/approvals.py sessions/runs/subruns.py sessions/runs/handoff.py|sessions/tests/test_run_lifecycle.py sessions/tests/test_run_controls.py sessions/tests/test_approvals.py sessions/tests/test_cancellation.py sessions/tests/test_durability.py sessions/tests/test_subrun_approvals.py"
+  "run-lifecycle|sessions/runs/transitions.py sessions/runs/claim.py sessions/runs/ending.py sessions/runs/cancellation.py sessions/runs/approvals.py sessions/runs/subruns.py sessions/runs/handoff.py|sessions/tests/test_run_lifecycle.py sessions/tests/test_run_controls.py sessions/tests/test_approvals.py sessions/tests/test_cancellation.py sessions/tests/test_durability.py sessions/tests/test_subrun_approvals.py sessions/tests/test_run_handoff.py"
   "retrieval|knowledge/retrieval.py|knowledge/tests/test_retrieval.py knowledge/tests/test_retrieval_overlap.py knowledge/tests/test_retrieval_quality.py knowledge/tests/test_search_first.py"
   "memory|memory/services.py|memory/tests/test_api.py memory/tests/test_extract.py memory/tests/test_extraction.py memory/tests/test_scan_retention_recall.py memory/tests/test_recall_run.py"
   "run-engine|sessions/runner/loop.py sessions/runner/turn.py sessions/runner/streaming.py sessions/runner/tool_execution.py sessions/runner/compaction.py sessions/runner/cancellation.py sessions/runner/compression.py sessions/runner/toolset.py sessions/runner/interceptors.py sessions/runner/subrun.py|sessions/tests/test_runner.py sessions/tests/test_refactor_guards.py sessions/tests/test_approvals.py sessions/tests/test_compaction.py sessions/tests/test_cancel_hub.py sessions/tests/test_cancel_pubsub_guard.py sessions/tests/test_cancellation.py sessions/tests/test_subruns.py sessions/tests/test_budgets.py sessions/tests/test_runner_hardening.py sessions/tests/test_turn_steps.py sessions/tests/test_streamed_text.py sessions/tests/test_loop_ports.py sessions/tests/test_run_controls.py sessions/tests/test_mutation_gaps.py sessions/tests/test_tool_interceptors.py"

@@ -27,6 +27,7 @@ from llm.errors import (
     classify_finish_reason,
     classify_http_error,
     parse_retry_after,
+    redact_secrets,
 )
 
 pytestmark = pytest.mark.usefixtures("all_tenants_scope")
@@ -311,3 +312,45 @@ def test_stream_interrupted_from_a_message() -> None:
 
     assert err.error_class == "other" and err.entry_index is None
     assert "ended without a completion" in str(err)
+
+
+# --- facts read from the body (make mutation's llm-errors survivors, issue 35) -----------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"error": {"code": "1261", "message": "Request rejected"}}, "context_window"),  # Zhipu's code
+        ({"error": {"code": 1301, "message": "Request rejected"}}, "content_policy"),  # a number
+        # Azure's innererror.code, Anthropic's details.error_code: the text names no marker
+        (
+            {"error": {"message": "The response was filtered", "innererror": {"code": "ResponsibleAIPolicyViolation"}}},
+            "content_policy",
+        ),
+        (
+            {"error": {"message": "Request rejected", "details": {"error_code": "insufficient_balance"}}},
+            "quota_exhausted",
+        ),
+    ],
+)
+def test_a_code_alone_classifies_a_body_whose_text_names_no_marker(body: dict[str, Any], expected: str) -> None:
+    assert classify_http_error(status_code=400, body=body).error_class == expected
+
+
+def test_the_human_message_is_the_bodys_message_before_its_detail() -> None:
+    err = classify_http_error(status_code=400, body={"error": {"message": "Primary text", "detail": "secondary"}})
+    assert err.message == "Primary text"
+
+
+def test_a_body_in_bytes_is_decoded_even_when_not_utf8() -> None:
+    err = classify_http_error(status_code=429, body=b'{"error": {"message": "Rate limit reached \xff"}}')
+    assert (err.error_class, err.message) == ("rate_limit", "Rate limit reached \ufffd")
+
+
+def test_known_secrets_and_their_fragments_are_redacted() -> None:
+    key = "zq7Vx9kLmN3pQr2s"
+    assert redact_secrets(f"bad credentials {key} at /v1", secrets=[key, "abc"]) == "bad credentials [redacted] at /v1"
+    assert redact_secrets(f"cut: {key[:12]}", secrets=[key]) == "cut: [redacted]"
+    assert redact_secrets("abc abcd", secrets=["abc"]) == "abc abcd"  # under 4 characters: ignored
+    err = ModelCallError("auth", f"upstream echoed {key}").redact([key])
+    assert (err.message, err.args) == ("upstream echoed [redacted]", ("upstream echoed [redacted]",))
