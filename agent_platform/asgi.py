@@ -1,5 +1,6 @@
-"""ASGI entry point: HTTP through Django (but ``/mcp/knowledge/``, the knowledge bases' MCP
-server, :mod:`knowledge.mcp_server`, and ``/a2a/``, the agents' A2A servers,
+"""ASGI entry point: HTTP through Django (but the MCP servers: ``/mcp/knowledge/``, the
+knowledge bases', :mod:`knowledge.mcp_server`; ``/mcp/agents/``, the agents',
+:mod:`sessions.api.mcp_agents`; and ``/a2a/``, the agents' A2A servers,
 :mod:`sessions.api.a2a.app`), WebSockets through Channels, the lifespan protocol
 through :func:`agent_platform.shutdown.lifespan` (a stop ends the live streams first)."""
 
@@ -16,6 +17,7 @@ from agent_platform.shutdown import lifespan  # noqa: E402
 from agent_platform.ws_auth import BrowserOriginValidator, TenantWebsocketAuthMiddleware  # noqa: E402
 from browser.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
 from knowledge import mcp_server as knowledge_mcp  # noqa: E402
+from sessions.api import mcp_agents  # noqa: E402
 from sessions.api.a2a import app as a2a  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
@@ -31,12 +33,15 @@ async def _websocket(scope, receive, send):
 
 
 async def _http(scope, receive, send):
-    # The knowledge bases' MCP server speaks JSON-RPC over Streamable HTTP through the mcp SDK's
-    # transport, an ASGI app of its own (knowledge/mcp_server.py).
-    if knowledge_mcp.handles(scope.get("path", "")):
+    # The MCP servers speak JSON-RPC over Streamable HTTP through the mcp SDK's transport, an
+    # ASGI app of its own (knowledge/mcp_server.py, sessions/api/mcp_agents.py).
+    path = scope.get("path", "")
+    if knowledge_mcp.handles(path):
         return await knowledge_mcp.application(scope, receive, send)
+    if mcp_agents.handles(path):
+        return await mcp_agents.application(scope, receive, send)
     # Each agent's A2A server: the a2a-sdk's Starlette routes (sessions/api/a2a/app.py).
-    if a2a.handles(scope.get("path", "")):
+    if a2a.handles(path):
         return await a2a.application(scope, receive, send)
     return await django_asgi_app(scope, receive, send)
 

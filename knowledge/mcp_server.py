@@ -32,19 +32,19 @@ clients), so each request enters a manager of its own: a stateless request keeps
 anyway. The seed design's ``knowledge_query(keyword, category, maxResults)`` is this
 ``knowledge_search(query, filters.tags, top_k)`` under the platform's one name.
 
-It answers outside Django's middleware, so it keeps that middleware's rules itself: ``Host``
-must be one of ``ALLOWED_HOSTS`` (else 400), every answer carries Django's security headers
-(:func:`agent_platform.security_headers.security_headers_for`), and only POST is served (405
-otherwise: stateless, the server never sends a message of its own, so a GET stream would only
-hold a connection). Failed token checks are counted per client address (``mcp_auth.ip`` of
-``API_THROTTLE_RATES``); over that budget a request is a 429 with ``Retry-After`` before its
-token is looked at. Arguments are checked with the REST search's serializer (the same limits:
+It answers outside Django's middleware, so it keeps that middleware's rules itself, with the
+agents' MCP server, in :func:`agent_platform.mcp_http.serve`: ``Host`` must be one of
+``ALLOWED_HOSTS`` (else 400), every answer carries Django's security headers, and only POST is
+served (405 otherwise: stateless, the server never sends a message of its own, so a GET stream
+would only hold a connection). Failed token checks are counted per client address
+(``mcp_auth.ip`` of ``API_THROTTLE_RATES``); over that budget a request is a 429 with
+``Retry-After`` before its token is looked at. Arguments are checked with the REST search's serializer (the same limits:
 no NUL characters, at most 1,000 ``document_ids``, 20 tags of 64 characters), and the
 passages' text is framed as outside data (:func:`capabilities.untrusted.frame_untrusted`, as
 the runner frames them for its own model).
 
 Blocking work (the token check, the ORM, the search with its embedding request) runs on the
-server's own bounded thread pools (:data:`AUTH_THREADS`, :data:`CALL_THREADS`), never on the
+bounded thread pools (:data:`agent_platform.mcp_http.AUTH_THREADS`, :data:`CALL_THREADS`), never on the
 one thread that ``sync_to_async``/Channels' ``database_sync_to_async`` share by default, which
 authenticates every WebSocket (a 12 s embedding endpoint stalled every tenant's handshakes);
 one tenant runs at most :data:`SEARCHES_PER_TENANT` searches at once per web process, so it
@@ -54,23 +54,21 @@ cannot hold the whole pool either.
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import mcp_types as types
-from asgiref.sync import sync_to_async
 from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 
+from agent_platform import mcp_http
 from knowledge.search_limits import rest_limits_refusal
 
 PATH: Final[str] = "/mcp/knowledge/"
@@ -79,10 +77,6 @@ SERVER_NAME: Final[str] = "agent-platform-knowledge"
 DEFAULT_TOP_K: Final[int] = 5
 NOT_FOUND: Final[str] = "No knowledge base with id {ids} (ask knowledge_bases for the ones you may search)."
 
-AUTH_THROTTLE_SCOPE: Final[str] = "mcp_auth"
-"""Failed token checks per client address: ``API_THROTTLE_RATES["mcp_auth.ip"]``."""
-AUTH_THREADS: Final[int] = 2
-"""Threads for the token checks (one database query and a cache read each)."""
 CALL_THREADS: Final[int] = 4
 """Threads for the tool calls: at most this many run at once in one web process, each holding
 one connection of the database pool (``DB_POOL_MAX_SIZE``) while it runs."""
@@ -100,30 +94,11 @@ INSTRUCTIONS = (
 )
 
 logger = logging.getLogger(__name__)
-R = TypeVar("R")
 
-_auth_pool = ThreadPoolExecutor(max_workers=AUTH_THREADS, thread_name_prefix="mcp-knowledge-auth")
 _call_pool = ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="mcp-knowledge-call")
 _searches_lock = threading.Lock()
 _searches: dict[int, int] = {}
 """Running ``knowledge_search`` calls per tenant id."""
-
-
-async def _off_shared_thread(pool: ThreadPoolExecutor, fn: Callable[..., R], *args: Any) -> R:
-    """``fn(*args)`` on a thread of ``pool``, its database connection handled as Channels'
-    ``database_sync_to_async`` does (``close_old_connections`` before and after: with the
-    connection pool, it goes back to the pool). Not the shared thread of ``sync_to_async``'s
-    default (``thread_sensitive=True``), which authenticates every WebSocket."""
-    from django.db import close_old_connections
-
-    def call() -> R:
-        close_old_connections()
-        try:
-            return fn(*args)
-        finally:
-            close_old_connections()
-
-    return await sync_to_async(call, thread_sensitive=False, executor=pool)()
 
 
 @contextlib.contextmanager
@@ -303,13 +278,13 @@ async def _on_call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRe
         raise MCPError(code=types.INTERNAL_ERROR, message="No authenticated caller.")
     arguments = params.arguments or {}
     if params.name == "knowledge_bases":
-        kbs = await _off_shared_thread(_call_pool, knowledge_bases_list, caller)
+        kbs = await mcp_http.off_thread(_call_pool, knowledge_bases_list, caller)
         lines = [f"{kb['id']}: {kb['name']} ({kb['documents']} documents)"
                  + (f" - {kb['description']}" if kb["description"] else "") for kb in kbs]
         return types.CallToolResult(content=[types.TextContent(text="\n".join(lines) or "No knowledge bases.")],
                                     structured_content={"knowledge_bases": kbs})
     if params.name == "knowledge_search":
-        return await _off_shared_thread(_call_pool, _limited_search, caller, arguments)
+        return await mcp_http.off_thread(_call_pool, _limited_search, caller, arguments)
     raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
 
 
@@ -318,111 +293,21 @@ SERVER: Final[Server[Any]] = Server(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class _Login:
-    caller: McpCaller | None
-    """The token's caller, or None (no such token, revoked, or no membership)."""
-    retry_after: float | None = None
-    """Seconds the client address must wait (too many failed logins); the token was not looked at."""
-
-
-def _login(raw_token: str, address: str) -> _Login:
-    """Check ``raw_token`` for a request from ``address``: refused unseen when the address is
-    over its failed-login budget (``mcp_auth.ip``); a failure is counted. Blocking (cache, ORM)."""
-    from tenants.resolution import caller_resolve
-    from tenants.throttling import failure_record, failures_wait
-
-    wait = failures_wait(scope=AUTH_THROTTLE_SCOPE, address=address)
-    if wait is not None:
-        return _Login(caller=None, retry_after=wait)
-    caller = caller_resolve(raw_token=raw_token)
-    if caller is None or caller.membership is None:
-        failure_record(scope=AUTH_THROTTLE_SCOPE, address=address)
-        return _Login(caller=None)
-    return _Login(caller=McpCaller(tenant_id=caller.membership.tenant_id, user_id=caller.user.pk))
-
-
-def _bearer(scope: dict[str, Any]) -> str:
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            parts = value.decode("latin-1").split(None, 1)
-            if len(parts) == 2 and parts[0].lower() == "bearer":
-                return parts[1].strip()
-            return ""
-    return ""
-
-
-def _encoded(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
-
-
-async def _refuse(send: Any, status: int, message: str, headers: list[tuple[str, str]],
-                  extra: dict[str, Any] | None = None) -> None:
-    """Answer ``{message, extra}`` with ``status`` and ``headers`` (the security headers and
-    any of the status's own)."""
-    body = json.dumps({"message": message, "extra": extra or {}}).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *_encoded(headers)]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _with_headers(send: Any, headers: list[tuple[str, str]]) -> Any:
-    """``send`` that adds ``headers`` to the response's start (those it does not set itself)."""
-    added = _encoded(headers)
-
-    async def sending(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            present = {name.lower() for name, _ in message.get("headers", [])}
-            message = {**message, "headers": [*message.get("headers", []),
-                                              *[(n, v) for n, v in added if n not in present]]}
-        await send(message)
-
-    return sending
-
-
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """The ASGI app for :data:`PATH` (HTTP only), in this order: 400 for a ``Host`` outside
-    ``ALLOWED_HOSTS``; 405 for any method but POST; 401 without a token; 429 with
-    ``Retry-After`` when the client address is over its failed-login budget; 401 for a bad
-    token; else the MCP exchange (Streamable HTTP, stateless, JSON answers). Every answer
-    carries Django's security headers; refusals are ``{message, extra}``."""
-    from django.core.exceptions import DisallowedHost
-    from django.core.handlers.asgi import ASGIRequest
+    """The ASGI app for :data:`PATH` (HTTP only): the shared checks of
+    :func:`agent_platform.mcp_http.serve` (``Host``, POST only, the bearer token and the
+    per-address failed-login budget, Django's security headers), then the MCP exchange
+    (Streamable HTTP, stateless, JSON answers)."""
+    await mcp_http.serve(scope, receive, send, path=PATH, handler=_exchange)
 
-    from agent_platform.security_headers import security_headers_for
 
-    request = ASGIRequest(scope, io.BytesIO())
-    headers = security_headers_for(request)
-    try:
-        request.get_host()
-    except DisallowedHost as exc:
-        logging.getLogger("django.security.DisallowedHost").warning("%s", exc)  # as Django logs it
-        await _refuse(send, 400, "Invalid Host header.", headers)
-        return
-    if request.method != "POST":
-        await _refuse(send, 405, "Only POST: this MCP server is stateless and opens no stream.",
-                      [*headers, ("Allow", "POST")])
-        return
-    raw = _bearer(scope)
-    if not raw:
-        await _refuse(send, 401, "Authentication credentials were not provided: send 'Authorization: Bearer <API "
-                      "token>'.", [*headers, ("WWW-Authenticate", 'Bearer realm="agent-platform"')])
-        return
-    login = await _off_shared_thread(_auth_pool, _login, raw, request.META.get("REMOTE_ADDR") or "")
-    if login.retry_after is not None:
-        seconds = max(1, math.ceil(login.retry_after))
-        await _refuse(send, 429, f"Too many failed logins from this address: try again in {seconds} s.",
-                      [*headers, ("Retry-After", str(seconds))], extra={"retry_after": seconds})
-        return
-    if login.caller is None:
-        await _refuse(send, 401, "Invalid or revoked token.",
-                      [*headers, ("WWW-Authenticate", 'Bearer realm="agent-platform"')])
-        return
-    token = _caller.set(login.caller)
+async def _exchange(request: mcp_http.McpRequest, scope: dict[str, Any], receive: Any) -> None:
+    caller = request.caller
+    token = _caller.set(McpCaller(tenant_id=caller.membership.tenant_id, user_id=caller.user.pk))
     try:
         manager = StreamableHTTPSessionManager(SERVER, json_response=True, stateless=True)
         async with manager.run():
-            await manager.handle_request(scope, receive, _with_headers(send, headers))
+            await manager.handle_request(scope, receive, request.send)
     finally:
         _caller.reset(token)
 
@@ -430,4 +315,4 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def handles(path: str) -> bool:
     """True for the paths :func:`application` answers (``/mcp/knowledge`` with or without a
     trailing slash)."""
-    return path == PATH or path == PATH.rstrip("/")
+    return mcp_http.handles(path, PATH)

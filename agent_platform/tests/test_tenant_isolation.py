@@ -446,3 +446,29 @@ def test_deleting_a_route_in_use_is_a_409_with_a_message(world):
     resp = world.client(admin=True).delete(f"/api/v1/admin/routes/{agent.route_id}/")
     assert resp.status_code == 409
     assert resp.json() == {"message": "This object is in use and cannot be deleted.", "extra": {"used_by": [f"agent {agent.pk}"]}}
+
+
+def test_agents_mcp_server_hides_other_tenants_agents_and_chats(world, theirs):
+    """The agents' MCP server (sessions/api/mcp_agents.py; its HTTP side with the mcp SDK in
+    sessions/tests/test_mcp_agents.py): their agent is not a tool of ours and cannot be called
+    (the protocol's unknown tool), their chat cannot be continued, even through an agent of ours
+    with the same slug, and their token's calls are not ours to cancel."""
+    from sessions.api.agent_runs import AGENT_NOT_FOUND, RunRefused
+    from sessions.api.mcp_agents import CallAsk, agent_tools, agent_usable, call_start, cancelled_notification
+    from tenants.resolution import caller_resolve
+
+    slug = theirs["agent"].slug
+    for token in (world.member_token, world.admin_token):
+        caller = caller_resolve(raw_token=token)
+        assert slug not in [tool.name for tool in agent_tools(caller)] and not agent_usable(caller, slug)
+        with pytest.raises(RunRefused) as refused:
+            call_start(caller, slug, CallAsk(message="hi", chat_id=None))
+        assert refused.value.code == AGENT_NOT_FOUND and "secret" not in refused.value.message
+        assert cancelled_notification(caller, 1) is False
+    AgentFactory(tenant=world.tenant, slug=slug)
+    caller = caller_resolve(raw_token=world.member_token)
+    assert slug in [tool.name for tool in agent_tools(caller)]
+    with pytest.raises(RunRefused) as refused:
+        call_start(caller, slug, CallAsk(message="hi", chat_id=theirs["session"].pk))
+    assert refused.value.code == "chat_not_found"
+    assert list(Run.all_tenants.filter(session=theirs["session"])) == [theirs["run"]]

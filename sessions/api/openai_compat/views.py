@@ -26,7 +26,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from agent_platform.api_errors import ApplicationError
 from agents.models import AgentInstance
-from sessions import stream_guard
+from sessions.api import agent_runs
+from sessions.api.agent_runs import AGENT_NOT_FOUND, RunRefused, agent_run_start, answer_reader_open, chat_continue
 from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
 from sessions.api.openai_compat.completion import RUN_END_TYPES, Completion, RunEnd, frame_delta, usage_of
 from sessions.api.openai_compat.errors import OpenAIError
@@ -34,14 +35,12 @@ from sessions.api.openai_compat.responses import ResponseStream, response_body, 
 from sessions.api.openai_compat.responses_request import ResponsesRequest, responses_request_parse
 from sessions.event_reader import Closed, Event, SessionEventReader
 from sessions.models import ACTIVE_RUN_STATUSES, Run
-from sessions.selectors import chat_session_get_for_user, run_get_for_user
+from sessions.selectors import run_get_for_user
 from sessions.services import chat_from_conversation, message_post, run_cancel
-from sessions.stream_guard import StreamCredential
 from tenants.resolution import Caller, caller_resolve
 from tenants.scoping import tenant_scope
-from tenants.throttling import throttle_wait
 
-THROTTLE_SCOPES = ("messages", "runs")
+THROTTLE_SCOPES = agent_runs.THROTTLE_SCOPES
 """The budgets a chat completion spends (those of posting a message in the app)."""
 
 
@@ -112,27 +111,22 @@ async def model_get(request: HttpRequest, model_id: str) -> HttpResponse:
 
 
 def _start_run(caller: Caller, model: str, post: Callable[[AgentInstance], Run]) -> tuple[int, int]:
-    """Post a request as a run of the agent ``model``: ``(session id, run id)``. ``post(agent)``
-    writes it (a new chat, or the next message of one), in the caller's tenant scope.
+    """:func:`sessions.api.agent_runs.agent_run_start` of the agent ``model``, its refusal in
+    OpenAI's shape (:func:`_refusal`)."""
+    try:
+        return agent_run_start(caller, model, post)
+    except RunRefused as exc:
+        raise _refusal(exc, model) from exc
 
-    Raises:
-        OpenAIError: 404 no such active agent (or chat) for the caller, 429 a throttle, 409 the
-            chat has a run in progress, 400 a message the chat refuses.
-    """
-    membership = caller.membership
-    with tenant_scope(membership.tenant_id):
-        agent = AgentInstance.objects.filter(slug=model, is_active=True).first()
-        if agent is None:
-            raise _model_not_found(model)
-        wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=caller.user.pk, tenant_id=membership.tenant_id)
-        if wait is not None:
-            raise OpenAIError(429, "Too many requests; try again later.", type="rate_limit_error",
-                              code="rate_limit_exceeded", retry_after=max(1, int(wait + 0.999)))
-        try:
-            run = post(agent)
-        except ApplicationError as exc:
-            raise OpenAIError(exc.status_code, exc.message) from exc
-        return run.session_id, run.pk
+
+def _refusal(exc: RunRefused, model: str) -> OpenAIError:
+    """A refused run in OpenAI's shape: 404 ``model_not_found``, 429 ``rate_limit_error`` (with
+    ``Retry-After``), else the refusal's status, message, code and param."""
+    if exc.code == AGENT_NOT_FOUND:
+        return _model_not_found(model)
+    if exc.status == 429:
+        return OpenAIError(429, exc.message, type="rate_limit_error", code=exc.code, retry_after=exc.retry_after)
+    return OpenAIError(exc.status, exc.message, code=exc.code, param=exc.param)
 
 
 @database_sync_to_async
@@ -144,13 +138,7 @@ def _start(caller: Caller, chat: ChatRequest) -> tuple[int, int]:
 def _post(caller: Caller, agent: AgentInstance, chat: ChatRequest) -> Run:
     if chat.chat_id is None:
         return chat_from_conversation(user=caller.user, agent=agent, history=chat.history, content=chat.content)
-    session = chat_session_get_for_user(session_id=chat.chat_id, user_id=caller.user.pk)
-    if session is None or session.agent_id != agent.pk:
-        raise OpenAIError(404, f"No chat {chat.chat_id} with `{chat.model}` is yours.", param="metadata.chat_id",
-                          code="chat_not_found")
-    if Run.objects.filter(session=session, status__in=ACTIVE_RUN_STATUSES).exists():
-        raise OpenAIError(409, "This chat has a run in progress; wait for it to end.", code="chat_busy")
-    return message_post(session=session, user=caller.user, content=chat.content)
+    return chat_continue(caller, agent, chat_id=chat.chat_id, content=chat.content, param="metadata.chat_id")
 
 
 @database_sync_to_async
@@ -191,15 +179,14 @@ async def _run_items(reader: SessionEventReader, run_id: int) -> AsyncIterator[d
 
 
 async def _reader(caller: Caller, session_id: int) -> SessionEventReader:
-    """The reader of the session's events for the caller's answer, on one of the caller's
-    stream slots (open answers count like open event streams). Raises OpenAIError 429 when the
-    caller holds them all."""
-    slot = await stream_guard.stream_slot_acquire(user_id=caller.user.pk)
-    if slot is None:
-        raise OpenAIError(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
-                          type="rate_limit_error", code="too_many_streams", retry_after=15)
-    credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk, token_id=caller.token.pk)
-    return SessionEventReader(session_id=session_id, after_seq=0, credential=credential, slot=slot)
+    """The reader of the session's events for the caller's answer
+    (:func:`sessions.api.agent_runs.answer_reader_open`). Raises OpenAIError 429 when the
+    caller holds every stream slot."""
+    try:
+        return await answer_reader_open(caller, session_id)
+    except RunRefused as exc:
+        raise OpenAIError(429, exc.message, type="rate_limit_error", code=exc.code,
+                          retry_after=exc.retry_after) from exc
 
 
 @csrf_exempt
