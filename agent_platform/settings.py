@@ -308,7 +308,8 @@ API_THROTTLE_RATES = {
     "search.user": os.environ.get("THROTTLE_SEARCH_USER", "120/minute"),
     "search.tenant": os.environ.get("THROTTLE_SEARCH_TENANT", "1200/minute"),
     "login.ip": os.environ.get("THROTTLE_LOGIN_IP", "60/minute"),  # login attempts per client address
-    # failed token checks per client address at /mcp/knowledge/ (knowledge/mcp_server.py)
+    # failed token checks per client address at the MCP servers, /mcp/knowledge/ and /mcp/agents/
+    # (agent_platform/mcp_http.py)
     "mcp_auth.ip": os.environ.get("THROTTLE_MCP_AUTH_IP", "30/minute"),
 }
 # Login lockout (django-axes) on /api/v1/auth/login/ and /admin/login/: after

@@ -4,14 +4,15 @@ Every model turn (and every metered call outside runs: titles, memory, rewrites,
 how much the tenant has spent this calendar month. Before: the sum of the month's LLM calls
 (``LLMCall.objects.filter(created_at__gte=month_start).aggregate(Sum("cost_usd_micros"))``,
 what ``sessions.selectors.tenant_month_cost_usd_micros`` was). After: the sum of the month's
-``UsageMonth`` rows (at most 8, kept by triggers; sessions/migrations/0009_usage_month.py),
+``UsageMonth`` rows (at most 8, kept by triggers and the runner's turn save;
+sessions/migrations/0009_usage_month.py, 0013_usage_month_runner_counts.py),
 through the selector (ORM, the metered calls' path) and through the runner's plain SQL on its
 event loop's pool (``DatabaseRunStore.tenant_month_cost_usd_micros``, the turns' path).
 
 A throwaway tenant gets plain-SQL inserted calls spread over this month (10k, then 90k more,
 then 900k more); the table is vacuumed and analysed (as the owner) before each measurement,
 the old query's best case. Each check runs in the tenant's scope, as the application's role,
-under row-level security. Also printed: the time of each bulk INSERT (its trigger included).
+under row-level security. Also printed: the time of each bulk INSERT (its rollup write included).
 
 ``--insert-overhead`` also times single-row LLM call INSERTs on the runner's pool (the
 runner's statement, autocommit; round trip, and PostgreSQL's own execution time and the
@@ -45,13 +46,19 @@ from tenants.scoping import tenant_scope
 from tenants.services import tenant_create
 
 _FILL_SQL = f"""
-INSERT INTO "{LLMCall._meta.db_table}" ({statements.columns_sql(statements.LLM_CALL_COLUMNS)})
-SELECT %(tenant_id)s, NULL, NULL, 'turn', NULL, NULL, 1, NULL, 0, 'bench', 'm', 'succeeded', '', '', 10, NULL,
-       100 + i %% 50, 20 + i %% 7, false, 150 + i %% 13, 0,
-       %(start)s + (now() - %(start)s) * (i::float8 / %(n)s)
-FROM generate_series(1, %(n)s) AS i
+WITH filled AS (
+    INSERT INTO "{LLMCall._meta.db_table}" ({statements.columns_sql(statements.LLM_CALL_COLUMNS)})
+    SELECT %(tenant_id)s, NULL, NULL, 'turn', NULL, NULL, 1, NULL, 0, 'bench', 'm', 'succeeded', '', '', 10, NULL,
+           100 + i %% 50, 20 + i %% 7, false, 150 + i %% 13, 0, true,
+           %(start)s + (now() - %(start)s) * (i::float8 / %(n)s)
+    FROM generate_series(1, %(n)s) AS i
+    RETURNING "tenant_id", "created_at", "prompt_tokens", "completion_tokens", "cost_usd_micros"
+)
+{statements.rollup_add_sql("filled")}
 """
-"""``n`` calls of the tenant, spread evenly from the month's start to now."""
+"""``n`` calls of the tenant, spread evenly from the month's start to now, written
+``rolled_up`` and added to the rollup in the same statement (the row-level trigger would
+write the rollup row once per call: sessions/migrations/0013_usage_month_runner_counts.py)."""
 
 
 def old_month_cost() -> int:
@@ -113,7 +120,7 @@ def _insert_params(tenant_id: int) -> dict:
         "tenant_id": tenant_id, "purpose": "turn", "attempt": 1, "entry_index": 0, "provider_name": "bench",
         "model": "m", "status": "succeeded", "error_class": "", "error": "", "latency_ms": 1, "prompt_tokens": 10,
         "completion_tokens": 2, "usage_estimated": False, "cost_usd_micros": 3, "retry_wait_ms": 0,
-        "created_at": timezone.now(),
+        "rolled_up": False, "created_at": timezone.now(),
     }
 
 
@@ -182,7 +189,7 @@ def main() -> None:
             started = time.perf_counter()
             with tenant_scope(tenant.pk), connection.cursor() as cursor:
                 cursor.execute(_FILL_SQL, {"tenant_id": tenant.pk, "start": month_start(), "n": size - have})
-            print(f"inserted {size - have:,} calls in one statement (trigger included): "
+            print(f"inserted {size - have:,} calls in one statement (rollup included): "
                   f"{time.perf_counter() - started:.2f} s")
             have = size
             vacuum_analyze()

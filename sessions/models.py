@@ -243,6 +243,11 @@ class LLMCall(TenantOwnedModel):
     usage_estimated = models.BooleanField(default=False)
     cost_usd_micros = models.BigIntegerField(default=0, help_text="Tokens × the entry's prices, micro-USD.")
     retry_wait_ms = models.PositiveIntegerField(default=0, help_text="Backoff waited before this attempt.")
+    rolled_up = models.BooleanField(
+        default=False, db_default=False, editable=False,
+        help_text="Added to UsageMonth by the statement that wrote it (the runner's turn save); "
+                  "the INSERT trigger adds every other call.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta(TenantOwnedModel.Meta):
@@ -260,11 +265,14 @@ class UsageMonth(TenantOwnedModel):
     """A tenant's LLM calls of one calendar month (UTC), summed: what the monthly budget is
     checked against on every model turn and metered call, without reading the month's calls.
 
-    Written only by PostgreSQL: statement-level triggers on the ``LLMCall`` table (migration
-    ``0009_usage_month``) add each inserted call (every writer: the runner's plain SQL, the
-    ORM, :func:`sessions.llm_calls.llm_calls_record`, fixtures), move an updated one (tokens,
-    cost, ``created_at``, tenant) and subtract a deleted one, in the same transaction, so the
-    month's sums always equal its calls'. A month is spread over :data:`USAGE_MONTH_SHARDS`
+    Written by PostgreSQL, in the writer's transaction, so the month's sums always equal its
+    calls': the runner's turn save adds its LLM call in the same statement (a CTE of
+    :data:`sessions.runs.statements.TURN_SAVE_SQL`; the row is written ``rolled_up``), a
+    row-level trigger adds every other inserted call (``WHEN NOT rolled_up``: the runner's
+    failed attempts, the ORM, :func:`sessions.llm_calls.llm_calls_record`, fixtures; migration
+    ``0013_usage_month_runner_counts``), and statement-level triggers move an updated call
+    (tokens, cost, ``created_at``, tenant) and subtract a deleted one (migration
+    ``0009_usage_month``). A month is spread over :data:`USAGE_MONTH_SHARDS`
     rows, so concurrent runs of one tenant do not queue on one row lock: a transaction writes
     to shard ``txid_current() % 8`` (all its statements to one row, so two transactions never
     wait for each other's rows in opposite orders; concurrent transactions have different

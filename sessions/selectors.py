@@ -88,7 +88,7 @@ def tenant_month_cost_usd_micros(now: datetime | None = None) -> int:
     held against.
 
     Reads the month's :class:`~sessions.models.UsageMonth` rows (at most
-    :data:`~sessions.models.USAGE_MONTH_SHARDS`, kept equal to the calls' sums by triggers),
+    :data:`~sessions.models.USAGE_MONTH_SHARDS`, kept equal to the calls' sums by the database: triggers and the runner's turn save),
     not the month's calls: the same cost at 10 calls or 1M. Requires tenant scope.
     """
     month = month_start(now).date()

@@ -235,7 +235,9 @@ async def llm_call_record(
 def _llm_call_params(
     *, spec: RunSpec, turn: int, record: AttemptRecord, purpose: str = LLMCallPurpose.TURN.value,
 ) -> dict[str, Any]:
-    """The LLMCall row of ``record``, by column (:data:`_LLM_CALL_COLUMNS`)."""
+    """The LLMCall row of ``record``, by column (:data:`sql.LLM_CALL_COLUMNS`); ``rolled_up``
+    false: the rollup's trigger counts the row, unless :data:`sql.TURN_LLM_CALL_CTE` writes it
+    (which writes the column ``TRUE`` and counts the row itself)."""
     entry_id = spec.entry_ids[record.entry_index] if record.entry_index < len(spec.entry_ids) else None
     return {
         "tenant_id": require_tenant_id(), "run_id": spec.run_id, "turn": turn, "purpose": str(purpose),
@@ -246,7 +248,7 @@ def _llm_call_params(
         "first_token_ms": record.first_token_ms, "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens, "usage_estimated": record.usage_estimated,
         "cost_usd_micros": record.cost_usd_micros, "retry_wait_ms": record.retry_wait_ms,
-        "created_at": timezone.now(),
+        "rolled_up": False, "created_at": timezone.now(),
     }
 
 

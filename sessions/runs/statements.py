@@ -17,6 +17,7 @@ from django.utils import timezone
 from llm.sanitize import clean_json, clean_text
 from sessions.models import (
     ACTIVE_RUN_STATUSES,
+    USAGE_MONTH_SHARDS,
     Approval,
     ApprovalStatus,
     ChatSession,
@@ -26,12 +27,14 @@ from sessions.models import (
     RunStatus,
     ToolCall,
     ToolCallStatus,
+    UsageMonth,
 )
 from tenants.models import Tenant
 from tenants.scoping import require_tenant_id
 
 RUN, SESSION, TENANT = Run._meta.db_table, ChatSession._meta.db_table, Tenant._meta.db_table
 M, TC, LC = Message._meta.db_table, ToolCall._meta.db_table, LLMCall._meta.db_table
+UM = UsageMonth._meta.db_table
 
 
 def columns_sql(columns: tuple[str, ...]) -> str:
@@ -118,7 +121,7 @@ TOOL_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "call_id", "name", "argument
 LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "purpose", "agent_id", "user_id", "attempt", "route_entry_id",
                      "entry_index", "provider_name", "model", "status", "error_class", "error", "latency_ms",
                      "first_token_ms", "prompt_tokens", "completion_tokens", "usage_estimated", "cost_usd_micros",
-                     "retry_wait_ms", "created_at")
+                     "retry_wait_ms", "rolled_up", "created_at")
 """Every column of an LLMCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
 
 LLM_CALL_INSERT_SQL = (
@@ -143,7 +146,7 @@ WITH {take_position_cte()}, message AS (
     FROM taken
     RETURNING "id"
 ), usage AS (
-    {RUN_ADD_USAGE_SQL} AND EXISTS (SELECT 1 FROM message)
+    {RUN_ADD_USAGE_SQL} AND EXISTS (SELECT 1 FROM message) RETURNING "id"
 ), calls AS (
     INSERT INTO "{TC}" ({columns_sql(TOOL_CALL_COLUMNS)})
     SELECT %(tenant_id)s, %(run_id)s, %(turn)s, c.call_id, c.name, c.arguments::jsonb, c.arguments_raw, %(pending)s,
@@ -157,19 +160,54 @@ SELECT message."id", calls."id", calls."call_id" FROM message LEFT JOIN calls ON
 """A model turn's writes in one statement (so one round trip, and atomic without a
 transaction): the assistant message at the session's next position, the run's usage and
 turn count, its tool calls, and (``{llm_call}``: :data:`TURN_LLM_CALL_CTE` or nothing) the
-answering LLM call. Every write after the message reads the ``message`` CTE, so none happens
+answering LLM call and its count in the month's usage rollup. Every write after the message reads the ``message`` CTE, so none happens
 when the session is not the current tenant's. One row per tool call (message id, call id,
 model's call id), or one row with NULLs for none; no row: no such session."""
 
 NULLABLE_LLM_CALL_CASTS = {"route_entry_id": "::bigint", "first_token_ms": "::integer", "agent_id": "::bigint",
                            "user_id": "::bigint"}
+
+
+def rollup_add_sql(calls: str) -> str:
+    """An ``INSERT … ON CONFLICT DO UPDATE`` adding the rows of ``calls`` (a table or CTE with
+    an LLM call's ``tenant_id``, ``created_at``, ``prompt_tokens``, ``completion_tokens`` and
+    ``cost_usd_micros``) to the monthly usage rollup: summed per tenant and month (UTC), in
+    that order, into the transaction's shard ``txid_current() % USAGE_MONTH_SHARDS``, as the
+    rollup's trigger adds any other call (sessions/migrations/0013_usage_month_runner_counts.py).
+    The calls must be written ``rolled_up`` (``TRUE``), or the trigger counts them a second time.
+    For a statement sent with parameters (its ``%`` is written ``%%``)."""
+    return f"""INSERT INTO "{UM}" AS u ("tenant_id", "month", "shard", "llm_calls", "prompt_tokens", "completion_tokens",
+                                     "cost_usd_micros")
+    SELECT c."tenant_id", (date_trunc('month', c."created_at" AT TIME ZONE 'UTC'))::date,
+           (txid_current() %% {USAGE_MONTH_SHARDS})::smallint, count(*), sum(c."prompt_tokens"),
+           sum(c."completion_tokens"), sum(c."cost_usd_micros")
+    FROM {calls} AS c GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT ("tenant_id", "month", "shard") DO UPDATE SET "llm_calls" = u."llm_calls" + EXCLUDED."llm_calls",
+        "prompt_tokens" = u."prompt_tokens" + EXCLUDED."prompt_tokens",
+        "completion_tokens" = u."completion_tokens" + EXCLUDED."completion_tokens",
+        "cost_usd_micros" = u."cost_usd_micros" + EXCLUDED."cost_usd_micros\""""
+
+
+TURN_LLM_CALL_VALUES = {**{c: f"%({c})s{NULLABLE_LLM_CALL_CASTS.get(c, '')}" for c in LLM_CALL_COLUMNS},
+                        "rolled_up": "TRUE"}
 TURN_LLM_CALL_CTE = f""", llm_call AS (
     INSERT INTO "{LC}" ({columns_sql(LLM_CALL_COLUMNS)})
-    SELECT {", ".join(f"%({c})s{NULLABLE_LLM_CALL_CASTS.get(c, '')}" for c in LLM_CALL_COLUMNS)}
-    FROM message
+    SELECT {", ".join(TURN_LLM_CALL_VALUES[c] for c in LLM_CALL_COLUMNS)}
+    FROM message WHERE (SELECT count(*) FROM usage) >= 0
+    RETURNING "tenant_id", "created_at", "prompt_tokens", "completion_tokens", "cost_usd_micros"
+), counted AS (
+    {rollup_add_sql("llm_call")}
 )"""
 """The LLMCall row of :data:`TURN_SAVE_SQL` (parameters named as its columns; the nullable
-ones cast, since a NULL parameter in a SELECT list has no type of its own)."""
+ones cast, since a NULL parameter in a SELECT list has no type of its own) and its count in
+the usage rollup (:func:`rollup_add_sql` over the row it wrote, so both are written or
+neither). Locks in the order the rollup's trigger took them when it counted this row at the
+statement's end: the session, the run, then the rollup row (the ``WHERE`` on ``usage``, always
+true, makes the run's update run before the call's rows are produced; without it a
+concurrent transaction of the same run, its run then its rollup row, deadlocked with this
+statement: sessions/tests/test_usage_month.py). The row is written ``rolled_up``, which the rollup's ``INSERT`` trigger skips
+(``WHEN (NOT NEW.rolled_up)``: no trigger function call, no transition table on the turn's
+save; bench/README.md, "What PostgreSQL spends per run")."""
 TURN_SAVE_WITH_LLM_CALL_SQL = TURN_SAVE_SQL.format(llm_call=TURN_LLM_CALL_CTE)
 TURN_SAVE_ONLY_SQL = TURN_SAVE_SQL.format(llm_call="")
 

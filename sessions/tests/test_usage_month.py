@@ -1,6 +1,8 @@
 """The monthly usage rollup (sessions.UsageMonth) against the LLM calls it sums.
 
-Triggers on the LLM call table keep it (sessions/migrations/0009_usage_month.py); the monthly
+Triggers on the LLM call table keep it (sessions/migrations/0009_usage_month.py, 0013: a
+row-level INSERT trigger that skips the calls written ``rolled_up``), and the runner's turn
+save adds its own call in the same statement (sessions.runs.statements.TURN_SAVE_SQL); the monthly
 budget checks read it (sessions.selectors.tenant_month_cost_usd_micros, the runner's
 sessions.runner.database.tenant_month_cost_usd_micros). Every test compares the rollup, row by
 row (tenant, month, shard), with sums computed here in Python from the calls themselves.
@@ -26,9 +28,10 @@ from sessions import runs
 from sessions.llm_calls import llm_call_budget_refusal, llm_calls_record
 from sessions.models import USAGE_MONTH_SHARDS, LLMCall, Run, UsageMonth
 from sessions.runner import database
-from sessions.runs import claim, statements
+from sessions.runs import claim, records, statements
 from sessions.selectors import tenant_month_cost_usd_micros
 from sessions.tests.conftest import post_message_sync
+from tenants import rls
 from tenants.models import Tenant
 from tenants.scoping import tenant_scope
 
@@ -92,7 +95,7 @@ def raw_insert(tenant: Tenant, *, at: datetime, cost: int) -> None:
         "tenant_id": tenant.pk, "purpose": "title", "attempt": 1, "entry_index": 0, "provider_name": "p",
         "model": "m", "status": "succeeded", "error_class": "", "error": "", "latency_ms": 1, "prompt_tokens": 1,
         "completion_tokens": 1, "usage_estimated": False, "cost_usd_micros": cost, "retry_wait_ms": 0,
-        "created_at": at,
+        "rolled_up": False, "created_at": at,
     }
     with connection.cursor() as cursor:
         cursor.execute(statements.LLM_CALL_INSERT_SQL, params)
@@ -116,6 +119,9 @@ def test_the_rollup_equals_the_calls_written_by_every_writer(world, other_world)
         asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=ChatMessage(role="assistant", content="a"),
                                                 llm_call=attempt(cost=1_000, tokens=(100, 20))))
         asyncio.run(runs.llm_call_record(spec=spec, turn=1, record=attempt(cost=7, tokens=(5, 0), status="failed")))
+        # a run's compaction summary (the runner's plain INSERT, purpose compaction)
+        asyncio.run(runs.llm_call_record(spec=spec, turn=1, record=attempt(cost=3, tokens=(40, 8)),
+                                         purpose=LLMCallPurpose.COMPACTION))
         # calls outside a run's turns (titles, memory, rewrites, reranks): one bulk INSERT
         llm_calls_record(site=CallSite(tenant_id=world.tenant.pk, purpose=LLMCallPurpose.MEMORY),
                          attempts=[attempt(cost=c, tokens=(c, 1)) for c in (11, 13, 17, 19, 23, 29, 31, 37, 41)])
@@ -129,7 +135,9 @@ def test_the_rollup_equals_the_calls_written_by_every_writer(world, other_world)
     ])
 
     assert_rollup_exact()
-    mine = 1_000 + 7 + sum((11, 13, 17, 19, 23, 29, 31, 37, 41)) + 500
+    assert list(LLMCall.all_tenants.filter(rolled_up=True).values_list("purpose", "cost_usd_micros")) == [
+        ("turn", 1_000)], "only the turn save counts its own call"
+    mine = 1_000 + 7 + 3 + sum((11, 13, 17, 19, 23, 29, 31, 37, 41)) + 500
     theirs = 2_000 + sum(100 + i for i in range(12))
     with tenant_scope(world.tenant.pk):
         assert tenant_month_cost_usd_micros() == mine
@@ -214,6 +222,95 @@ def test_a_tenant_with_calls_can_be_deleted_whichever_table_goes_first(world, ot
     assert not UsageMonth.all_tenants.exists() and not LLMCall.all_tenants.exists()
 
 
+# --- the runner's turn save counts its own call ------------------------------------------------------
+
+
+def turn_save_explained(spec, *, turn: int, record: AttemptRecord, at: datetime | None = None) -> dict[str, int]:
+    """The runner's turn save with its LLM call (``TURN_SAVE_SQL``, the runner's parameters;
+    ``at``: the call's ``created_at``) on this thread's connection, as ``EXPLAIN ANALYZE``: it
+    runs, and PostgreSQL reports the triggers it fired: ``{trigger name: calls}``, foreign-key
+    checks left out."""
+    params = records._turn_params(spec=spec, turn=turn, message=ChatMessage(role="assistant", content="x"),
+                                  reasoning="", llm_call=record)
+    if at is not None:
+        params["created_at"] = at
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statements.TURN_SAVE_WITH_LLM_CALL_SQL, params)
+        plan = cursor.fetchone()[0]
+    plan = plan[0] if isinstance(plan, list) else plan
+    return {t["Trigger Name"]: t["Calls"] for t in plan.get("Triggers", [])
+            if not t["Trigger Name"].startswith("RI_ConstraintTrigger")}
+
+
+def test_the_turn_save_counts_its_call_once_in_its_own_statement_and_fires_no_rollup_trigger(world):
+    spec = claimed_spec(world)
+    with tenant_scope(world.tenant.pk):
+        asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=ChatMessage(role="assistant", content="a"),
+                                                llm_call=attempt(cost=1_500, tokens=(120, 30))))
+        assert tenant_month_cost_usd_micros() == 1_500
+        assert asyncio.run(database.tenant_month_cost_usd_micros(world.tenant.pk)) == 1_500
+        fired = turn_save_explained(spec, turn=1, record=attempt(cost=250, tokens=(9, 4)))
+        assert fired == {}, "the rollup's INSERT trigger skips the call the turn save counts"
+        failed = "EXPLAIN (ANALYZE, FORMAT JSON) " + statements.LLM_CALL_INSERT_SQL
+        with connection.cursor() as cursor:  # any other insert: the trigger counts it
+            cursor.execute(failed, records._llm_call_params(spec=spec, turn=2, record=attempt(cost=5, status="failed")))
+            plan = cursor.fetchone()[0]
+        plan = plan[0] if isinstance(plan, list) else plan
+        assert {t["Trigger Name"]: t["Calls"] for t in plan["Triggers"]}.get("usage_month_on_insert") == 1
+        assert tenant_month_cost_usd_micros() == 1_500 + 250 + 5
+    assert LLMCall.all_tenants.filter(rolled_up=True).count() == 2
+    assert LLMCall.all_tenants.filter(rolled_up=False).count() == 1
+    assert_rollup_exact()
+
+
+def test_the_turn_saves_month_is_the_utc_month_of_its_call_and_its_shard_the_transactions(world):
+    spec = claimed_spec(world)
+    end_of_january = datetime(2025, 1, 31, 23, 59, 59, 999_999, tzinfo=UTC)  # Feb 1st in Kiribati
+    with tenant_scope(world.tenant.pk), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL TIME ZONE 'Pacific/Kiritimati'")
+        turn_save_explained(spec, turn=0, record=attempt(cost=3), at=end_of_january)
+        turn_save_explained(spec, turn=1, record=attempt(cost=5), at=end_of_january + timedelta(microseconds=1))
+        raw_insert(world.tenant, at=end_of_january, cost=7)  # the trigger: the same transaction's shard
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT txid_current()")
+            shard = cursor.fetchone()[0] % USAGE_MONTH_SHARDS
+    rows = UsageMonth.all_tenants.filter(tenant=world.tenant).order_by("month")
+    assert [(u.month, u.shard, u.llm_calls, u.cost_usd_micros) for u in rows] == [
+        (datetime(2025, 1, 1).date(), shard, 2, 10), (datetime(2025, 2, 1).date(), shard, 1, 5)]
+    assert_rollup_exact()
+
+
+def test_a_turn_save_that_writes_no_message_writes_no_call_and_no_count(world, other_world):
+    spec = claimed_spec(world)
+    with tenant_scope(other_world.tenant.pk), pytest.raises(Exception, match="not found"):  # not its tenant's session
+        asyncio.run(runs.assistant_message_save(spec=spec, turn=0, message=ChatMessage(role="assistant", content="a"),
+                                                llm_call=attempt(cost=9)))
+    assert not LLMCall.all_tenants.exists()
+    assert not UsageMonth.all_tenants.exists()
+
+
+def test_the_migration_reverses_to_the_statement_trigger_and_back(world):
+    migration = importlib.import_module("sessions.migrations.0013_usage_month_runner_counts")
+
+    class Rollback(Exception):
+        pass
+
+    def definition(cursor) -> str:
+        cursor.execute("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'usage_month_on_insert'")
+        return cursor.fetchone()[0]
+
+    with rls.owner_mode(), pytest.raises(Rollback), transaction.atomic(), connection.cursor() as cursor:
+        assert "FOR EACH ROW WHEN ((NOT new.rolled_up))" in definition(cursor)
+        for statement in migration.DROP_ROW_TRIGGER:
+            cursor.execute(statement)
+        assert "FOR EACH STATEMENT" in definition(cursor)
+        for statement in migration.CREATE_ROW_TRIGGER:
+            cursor.execute(statement)
+        assert "FOR EACH ROW WHEN ((NOT new.rolled_up))" in definition(cursor)
+        raise Rollback
+
+
 # --- tenants and row-level security ---------------------------------------------------------------
 
 
@@ -296,6 +393,60 @@ def test_concurrent_turns_on_the_runners_pool_lose_no_update(world):
         asyncio.run(turns())
         assert tenant_month_cost_usd_micros() == 3 * sum(range(1, 13))
     assert_rollup_exact()
+
+
+def test_concurrent_turn_saves_and_other_writers_lose_no_update_and_count_nothing_twice(world):
+    """Turn saves (their own count), the runner's other inserts of the same runs and metered
+    calls, at once. A turn save that locked its rollup row before its run's row deadlocked
+    with an insert of the same run (its run's row, then its rollup row) when both
+    transactions had the same shard: seen here in 1 of 4 runs before the turn save's order
+    was fixed."""
+    specs = [claimed_spec(world) for _ in range(4)]
+    turns = 10
+    start = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    async def saves() -> None:
+        await asyncio.gather(*(
+            runs.assistant_message_save(spec=spec, turn=turn, message=ChatMessage(role="assistant", content=f"{turn}"),
+                                        llm_call=attempt(cost=100 + turn, tokens=(turn, 2)))
+            for spec in specs for turn in range(turns)
+        ))
+
+    def in_thread(work) -> None:
+        try:
+            with tenant_scope(world.tenant.pk):
+                start.wait(timeout=60)
+                work()
+        except BaseException as exc:  # noqa: BLE001 (reported by the test below)
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def metered() -> None:  # titles, memory, rewrites, reranks: llm_calls_record, one transaction each
+        for i in range(15):
+            llm_calls_record(site=CallSite(tenant_id=world.tenant.pk, purpose=LLMCallPurpose.MEMORY),
+                             attempts=[attempt(cost=i, tokens=(i, 1)), attempt(cost=1, status="failed")])
+
+    def failed_attempts() -> None:  # the runner's own plain INSERTs (failed attempts), on its pool
+        async def inserts() -> None:  # each in a transaction: its run's row, then its rollup row
+            await asyncio.gather(*(runs.llm_call_record(spec=spec, turn=t, record=attempt(cost=7, status="failed"))
+                                   for spec in specs for t in range(turns)))
+        asyncio.run(inserts())
+
+    threads = [threading.Thread(target=in_thread, args=(work,))
+               for work in (lambda: asyncio.run(saves()), metered, failed_attempts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert LLMCall.all_tenants.filter(rolled_up=True).count() == 4 * turns
+    assert LLMCall.all_tenants.count() == 4 * turns + 15 * 2 + 4 * turns
+    assert_rollup_exact()
+    with tenant_scope(world.tenant.pk):
+        assert tenant_month_cost_usd_micros() == (4 * sum(100 + t for t in range(turns)) + sum(range(15)) + 15
+                                                  + 4 * 7 * turns)
 
 
 # --- the migration's fill, the budget -------------------------------------------------------------
