@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import ipaddress
 import time
+import zlib
 
 import httpcore
 import pytest
@@ -226,6 +227,18 @@ async def test_a_compressed_body_is_cut_after_decompression(origin, settings):
     assert (data["bytes"], data["truncated"]) == (2000, True)
     content, data = await fetch({"url": origin.url + "/small"})
     assert "hello gzip" in content and data["truncated"] is False
+
+
+async def test_a_deflate_body_is_decoded_zlib_wrapped_or_raw(origin, settings):
+    """``Content-Encoding: deflate`` is zlib-wrapped (RFC 9110) but some servers send raw
+    deflate: both decode. (Mutation: the raw fallback never tried, issue 35's netsafe sample.)"""
+    settings.WEB_FETCH_ALLOWED_CIDRS = PUBLIC
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    origin.routes["/wrapped"] = hts.text(zlib.compress(b"hello zlib"), headers={"Content-Encoding": "deflate"})
+    origin.routes["/raw"] = hts.text(raw.compress(b"hello raw") + raw.flush(), headers={"Content-Encoding": "deflate"})
+    for path, text in (("/wrapped", "hello zlib"), ("/raw", "hello raw")):
+        content, data = await fetch({"url": origin.url + path})
+        assert text in content and data["truncated"] is False
 
 
 @pytest.mark.parametrize("max_bytes", [0, -1, 5_000_001, "big", True])
