@@ -10,5 +10,6 @@ urlpatterns = [
     path("", include("browser.api.urls")),
     path("", include("memory.api.urls")),
     path("", include("knowledge.api.urls")),
+    path("", include("evaluation.api.urls")),  # admin: datasets, experiments
     path("", include("console.api_urls")),  # the run trace for the run's user
 ]

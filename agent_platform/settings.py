@@ -163,6 +163,7 @@ INSTALLED_APPS = [
     "browser",
     "knowledge",  # knowledge bases: documents, chunks (pgvector + full text), hybrid retrieval
     "memory",  # long-term memory per user and agent (the memory capability kind)
+    "evaluation",  # datasets and experiments: how good an agent's answers are (issue 38)
 ]
 
 MIDDLEWARE = [
@@ -365,6 +366,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "sessions.models.RunStatus",
         "ToolCallStatusEnum": "sessions.models.ToolCallStatus",
+        "ExperimentStatusEnum": "evaluation.models.ExperimentStatus",
+        "ExperimentResultStatusEnum": "evaluation.models.ResultStatus",
     },
     # Every /api/v1/ operation documents its {message, extra} error answers (agent_platform/api_schema.py).
     "POSTPROCESSING_HOOKS": [

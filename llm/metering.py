@@ -1,5 +1,5 @@
 """Model calls outside a run's turns, metered as LLM calls: chat titles, memory extraction and
-merge, a knowledge search's query rewrite and rerank.
+merge, a knowledge search's query rewrite and rerank, an experiment's LLM judge.
 
 A run's model turns and compactions are written by the runner (``sessions.runs.llm_call_record``). Every other
 model call goes through a :class:`MeteredRoute`: a route's entries (the router's retries and
@@ -51,6 +51,8 @@ class LLMCallPurpose(models.TextChoices):
     COMPACTION = "compaction", "Compaction"
     """A run's context compaction: the summary of the conversation's oldest part, written by
     the run's own route (``sessions.runner.compaction``), so its rows keep their run and turn."""
+    EVALUATION = "evaluation", "Evaluation"
+    """An experiment's LLM judge grading an answer (``evaluation.scoring``; no run or turn)."""
 
 
 class BudgetExceeded(LLMError):

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("all_tenants_scope")
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agent_platform", "tenants", "llm", "documents", "capabilities", "agents", "browser", "sessions",
-            "console", "frontend", "knowledge", "memory")
+            "console", "frontend", "knowledge", "memory", "evaluation")
 """The project's top-level packages (import-linter's ``root_packages``)."""
 
 ALLOWED: dict[str, str] = {

@@ -101,6 +101,14 @@ def theirs(other_world):
         "memory_extraction": MemoryExtraction.all_tenants.create(tenant=t, session=session, last_message_id=1),
     }
     rows["usage_month"] = UsageMonth.all_tenants.get(tenant=t)  # written by the LLM call's trigger
+    from evaluation.models import Dataset, DatasetItem, Experiment, ExperimentResult
+
+    rows["dataset"] = Dataset.all_tenants.create(tenant=t, name="secret dataset")
+    rows["dataset_item"] = DatasetItem.all_tenants.create(tenant=t, dataset=rows["dataset"], input="secret question")
+    rows["experiment"] = Experiment.all_tenants.create(tenant=t, dataset=rows["dataset"], agent=agent,
+                                                       created_by=other_world.admin)
+    rows["experiment_result"] = ExperimentResult.all_tenants.create(
+        tenant=t, experiment=rows["experiment"], item=rows["dataset_item"], run=run, output="secret answer")
     return rows
 
 
@@ -359,10 +367,10 @@ def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
     assert foreign == missing == {"message": "Run not found.", "extra": {}}
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "datasets"])
 def test_admin_endpoints_hide_other_tenants_objects(world, theirs, kind):
     key = {"providers": "provider", "routes": "route", "agents": "agent", "mcp-servers": "server",
-           "bindings": "binding", "skills": "skill"}[kind]
+           "bindings": "binding", "skills": "skill", "datasets": "dataset"}[kind]
     client = world.client(admin=True)
     url = f"/api/v1/admin/{kind}/{theirs[key].pk}/"
     _assert_404(client.get(url))
