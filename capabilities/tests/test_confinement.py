@@ -21,7 +21,14 @@ import pytest
 from django.conf import settings
 
 from capabilities.cli.tool import CliCommandConfig, CliTool
-from capabilities.confinement import SandboxProfile, bwrap_resolve, confined_argv, confined_env, drops_privileges
+from capabilities.confinement import (
+    SandboxProfile,
+    bind_path_check,
+    bwrap_resolve,
+    confined_argv,
+    confined_env,
+    drops_privileges,
+)
 from capabilities.egress import EgressRefused, egress_check, egress_socket_path
 from capabilities.mcp.client import McpConnection
 from capabilities.mcp.config import McpServerConfig
@@ -395,6 +402,19 @@ def test_limits_are_positive_integers(limits: dict[str, Any]) -> None:
 def test_read_only_binds_are_absolute_paths(path: Any) -> None:
     with pytest.raises(ValueError, match="absolute path"):
         SandboxProfile(ro_binds=(path,))
+
+
+@pytest.mark.parametrize("path", ["/etc", "/etc/shadow", "/home/someone/.ssh", "/proc/self", "/run/secrets", "/root"])
+def test_read_only_binds_below_a_forbidden_prefix_are_refused(path: str) -> None:
+    """The prefix itself and every path below it (mutation: only the prefix itself checked,
+    issue 35's confinement sample)."""
+    with pytest.raises(ValueError, match="may not be bound into a sandbox"):
+        bind_path_check(path)
+
+
+@pytest.mark.parametrize("path", ["/etcetera", "/srv/share", "/opt/tools/bin", "/homework"])
+def test_read_only_binds_elsewhere_are_accepted(path: str) -> None:
+    bind_path_check(path)  # a name that only starts like a forbidden prefix is not under it
 
 
 def test_a_variable_with_a_nul_byte_or_a_bad_name_is_refused() -> None:
