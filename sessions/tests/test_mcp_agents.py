@@ -58,7 +58,7 @@ def wait_until(check: Callable[[], bool], timeout_seconds: float = 20) -> bool:
     return False
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "auto"])
 def test_the_tools_are_the_callers_active_agents(world, other_world, live_server_url, mode):
     agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Docs assistant",
                      description="Answers from the handbook.")
@@ -70,7 +70,7 @@ def test_the_tools_are_the_callers_active_agents(world, other_world, live_server
             return client.session.protocol_version, (await client.list_tools()).tools
 
     version, tools = run_async(listed)
-    assert version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+    assert version == ("2025-11-25" if mode == "legacy" else "2026-07-28")  # auto: server/discover finds 2026-07-28
     assert [tool.name for tool in tools] == ["docs-assistant"]
     tool = tools[0]
     assert (tool.title, tool.description) == ("Docs assistant", "Answers from the handbook.")
@@ -278,3 +278,28 @@ def test_a_cancel_notification_on_another_connection_cancels_the_call_of_its_tok
     assert wait_until(lambda: Run.all_tenants.get(pk=run.pk).status == "cancelled")
     thread.join(timeout=30)
     assert '"isError":true' in answer[0] and "The run was cancelled." in answer[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_throttled_and_over_budget_are_tool_errors_with_the_reason(world, fake_llm, celery_worker, live_server_url,
+                                                                   settings, mode):
+    rates = dict.fromkeys(settings.API_THROTTLE_RATES, "")
+    rates["runs.user"] = "2/minute"
+    settings.API_THROTTLE_RATES = rates
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Frugal", max_tokens_per_run=5)
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    fake_llm.script(Reply("fine"))
+
+    async def calls():
+        async with connected(live_server_url, world.member_token, mode) as client:
+            over = await client.call_tool("frugal", {"message": "a question long enough to cost more than five tokens"})
+            fine = await client.call_tool("helper", {"message": "hi"})
+            throttled = await client.call_tool("helper", {"message": "hi again"})
+            return over, fine, throttled
+
+    over, fine, throttled = run_async(calls)
+    assert over.is_error and over.content[0].text.startswith("Over budget:") and "5 tokens" in over.content[0].text
+    assert not fine.is_error and fine.structured_content["reply"] == "fine"
+    assert throttled.is_error and throttled.content[0].text.startswith("Too many requests")
+    assert "Try again in" in throttled.content[0].text
+    assert Run.all_tenants.filter(session__agent__slug="helper").count() == 1
