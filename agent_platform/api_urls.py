@@ -12,4 +12,5 @@ urlpatterns = [
     path("", include("knowledge.api.urls")),
     path("", include("evaluation.api.urls")),  # admin: datasets, experiments
     path("", include("console.api_urls")),  # the run trace for the run's user
+    path("", include("oauth_server.api_urls")),  # the user's OAuth grants (Settings)
 ]

@@ -21,11 +21,11 @@ Every answer carries Django's security headers
 WebSocket handshake; :func:`off_thread` gives each server's tool calls the same treatment on
 its own pool.
 
-Authentication is :func:`authenticate` alone: today API tokens
-(:func:`tenants.resolution.caller_resolve`); an OAuth access token issued for an MCP endpoint is
-one more credential that function resolves to the same :class:`tenants.resolution.Caller`, and
-:func:`www_authenticate` the one place the 401's challenge is written (where a resource-metadata
-pointer goes).
+Authentication is :func:`authenticate` alone, through :func:`tenants.resolution.caller_resolve`:
+an API token (``ap_…``, any endpoint), or an OAuth access token the platform issued for this
+endpoint (``oauth_server``: bound to one membership and to the endpoint as its RFC 8707
+resource; refused at the other endpoint). :func:`www_authenticate` writes the 401's challenge,
+RFC 9728's ``resource_metadata`` pointer from which OAuth clients discover the rest.
 """
 
 from __future__ import annotations
@@ -96,16 +96,24 @@ def authenticate(raw_token: str, address: str, path: str) -> Login:
     wait = failures_wait(scope=AUTH_THROTTLE_SCOPE, address=address)
     if wait is not None:
         return Login(caller=None, retry_after=wait)
-    caller = caller_resolve(raw_token=raw_token)
+    caller = caller_resolve(raw_token=raw_token, resource_path=path)
     if caller is None or caller.membership is None:
         failure_record(scope=AUTH_THROTTLE_SCOPE, address=address)
         return Login(caller=None)
     return Login(caller=caller)
 
 
-def www_authenticate(path: str) -> str:
-    """The ``WWW-Authenticate`` challenge of a 401 at the MCP endpoint ``path``."""
-    return 'Bearer realm="agent-platform"'
+def www_authenticate(path: str, base_url: str) -> str:
+    """The ``WWW-Authenticate`` challenge of a 401 at the MCP endpoint ``path`` reached at
+    ``base_url`` (``scheme://host``): RFC 9728's pointer to the endpoint's protected-resource
+    metadata (``oauth_server``: ``/.well-known/oauth-protected-resource/mcp/<name>/``), on the
+    origin ``settings.OAUTH_ISSUER`` names, else ``base_url``. An OAuth client (the MCP
+    authorization spec) discovers the authorization server from there."""
+    from django.conf import settings
+
+    origin = (getattr(settings, "OAUTH_ISSUER", "") or base_url).rstrip("/")
+    mount = path if path.endswith("/") else f"{path}/"
+    return f'Bearer resource_metadata="{origin}/.well-known/oauth-protected-resource{mount}"'
 
 
 def bearer(scope: dict[str, Any]) -> str:
@@ -188,10 +196,11 @@ async def serve(scope: dict[str, Any], receive: Any, send: Any, *, path: str, ha
                      [*headers, ("Allow", "POST")])
         return
     raw = bearer(scope)
-    challenge = ("WWW-Authenticate", www_authenticate(path))
+    base_url = f"{request.scheme}://{host}"
+    challenge = ("WWW-Authenticate", www_authenticate(path, base_url))
     if not raw:
         await refuse(send, 401, "Authentication credentials were not provided: send 'Authorization: Bearer <API "
-                     "token>'.", [*headers, challenge])
+                     "token or OAuth access token>'.", [*headers, challenge])
         return
     address = request.META.get("REMOTE_ADDR") or ""
     login = await off_thread(_auth_pool, authenticate, raw, address, path)
@@ -203,7 +212,7 @@ async def serve(scope: dict[str, Any], receive: Any, send: Any, *, path: str, ha
     if login.caller is None:
         await refuse(send, 401, "Invalid or revoked token.", [*headers, challenge])
         return
-    mcp_request = McpRequest(caller=login.caller, address=address, base_url=f"{request.scheme}://{host}",
+    mcp_request = McpRequest(caller=login.caller, address=address, base_url=base_url,
                              send=with_headers(send, headers))
     await handler(mcp_request, scope, receive)
 

@@ -164,6 +164,8 @@ INSTALLED_APPS = [
     "knowledge",  # knowledge bases: documents, chunks (pgvector + full text), hybrid retrieval
     "memory",  # long-term memory per user and agent (the memory capability kind)
     "evaluation",  # datasets and experiments: how good an agent's answers are (issue 38)
+    "oauth2_provider",  # django-oauth-toolkit: the OAuth 2.1 authorization server of the MCP endpoints
+    "oauth_server",  # its configuration for MCP: consent with a tenant choice, resource-bound tokens
 ]
 
 MIDDLEWARE = [
@@ -312,6 +314,8 @@ API_THROTTLE_RATES = {
     # failed token checks per client address at the MCP servers, /mcp/knowledge/ and /mcp/agents/
     # (agent_platform/mcp_http.py)
     "mcp_auth.ip": os.environ.get("THROTTLE_MCP_AUTH_IP", "30/minute"),
+    # OAuth client registrations (RFC 7591, POST /oauth/register/) per client address (oauth_server)
+    "oauth_register.ip": os.environ.get("THROTTLE_OAUTH_REGISTER_IP", "20/hour"),
 }
 # Login lockout (django-axes) on /api/v1/auth/login/ and /admin/login/: after
 # LOGIN_LOCKOUT_FAILURES failed logins for one username from one IP address (LOGIN_LOCKOUT_BY:
@@ -609,3 +613,48 @@ BROWSER_SERVER_UID = int(os.environ.get("BROWSER_SERVER_UID", "65533"))
 BROWSER_SERVER_GID = int(os.environ.get("BROWSER_SERVER_GID", "65533"))
 BROWSER_SERVER_IDLE_SECONDS = int(os.environ.get("BROWSER_SERVER_IDLE_SECONDS", "600"))
 BROWSER_SERVER_HEADLESS = True
+
+
+# --- OAuth 2.1 for MCP clients (oauth_server; docs/operations-security.md, "OAuth for MCP clients") ---
+# OAUTH_ISSUER: the public origin (https://agents.example.com, no path) that names this
+# authorization server and its MCP resources in metadata and tokens. Empty: the origin each
+# request reached (fine on one host name; set it behind a proxy or with several names).
+OAUTH_ISSUER = os.environ.get("OAUTH_ISSUER", "").rstrip("/")
+OAUTH_ACCESS_TOKEN_SECONDS = int(os.environ.get("OAUTH_ACCESS_TOKEN_SECONDS", "3600"))  # an access token's life
+# a refresh token's life (each refresh replaces it: the used one is revoked)
+OAUTH_REFRESH_TOKEN_SECONDS = int(os.environ.get("OAUTH_REFRESH_TOKEN_SECONDS", str(30 * 24 * 3600)))
+# DOT's own models (named here: Django's migrations read these swappable settings).
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
+OAUTH2_PROVIDER_ACCESS_TOKEN_MODEL = "oauth2_provider.AccessToken"
+OAUTH2_PROVIDER_REFRESH_TOKEN_MODEL = "oauth2_provider.RefreshToken"
+OAUTH2_PROVIDER_GRANT_MODEL = "oauth2_provider.Grant"
+OAUTH2_PROVIDER_ID_TOKEN_MODEL = "oauth2_provider.IDToken"
+OAUTH2_PROVIDER = {
+    "OAUTH2_VALIDATOR_CLASS": "oauth_server.validator.McpOAuth2Validator",
+    "SCOPES": {"mcp": "Use the MCP server as you: list and call its tools in the tenant you choose"},
+    "DEFAULT_SCOPES": ["mcp"],
+    "OIDC_ISS_ENDPOINT": OAUTH_ISSUER,
+    "PKCE_REQUIRED": True,
+    "AUTHORIZATION_CODE_EXPIRE_SECONDS": 60,
+    "ACCESS_TOKEN_EXPIRE_SECONDS": OAUTH_ACCESS_TOKEN_SECONDS,
+    "REFRESH_TOKEN_EXPIRE_SECONDS": OAUTH_REFRESH_TOKEN_SECONDS,
+    "ROTATE_REFRESH_TOKEN": True,  # every refresh issues a new refresh token; the used one is revoked
+    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": 0,
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,  # a revoked refresh token presented again revokes its family
+    "REQUEST_APPROVAL_PROMPT": "force",  # the consent page every time (it is where the tenant is chosen)
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"],
+    # RFC 9700 (OAuth security BCP): enforced, not only warned about.
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,  # S256 only
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,  # RFC 9207 `iss` on the redirect
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,  # tokens stored as SHA-256 checksums only
+    "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
+    "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "refresh_token"],
+    "OAUTH2_TOKEN_ENDPOINT_AUTH_METHODS_SUPPORTED": ["none", "client_secret_basic", "client_secret_post"],
+    "DCR_ENABLED": True,  # RFC 7591, open (MCP clients register themselves), rate-limited per address
+    "DCR_REGISTRATION_PERMISSION_CLASSES": ("oauth2_provider.dcr.AllowAllDCRPermission",),
+    "CIMD_ENABLED": True,  # a client_id that is an https URL: its metadata document, fetched address-checked
+    "CIMD_METADATA_FETCHER": "oauth_server.cimd.NetsafeMetadataFetcher",
+}

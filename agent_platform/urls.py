@@ -10,5 +10,7 @@ urlpatterns = [
     path("api/v1/", include("agent_platform.api_urls")),
     # The OpenAI-compatible API: the tenant's agents as models (docs/api.md, "OpenAI-compatible API").
     path("api/openai/v1/", include("sessions.api.openai_compat.urls")),
+    # The OAuth 2.1 authorization server of the MCP endpoints: /.well-known/oauth-*, /oauth/ (oauth_server).
+    path("", include("oauth_server.urls")),
     path("", include("frontend.urls")),
 ]

@@ -72,6 +72,8 @@ class StreamCredential:
         user_id: The caller.
         membership_id: The membership the stream is scoped by.
         token_id: The API token's id; None for a session-cookie stream.
+        oauth_grant_id: The OAuth grant's id (``oauth_server.McpGrant``) for a stream opened
+            with an OAuth access token (an MCP client); None otherwise.
         session_key: The login session's key (cookie streams); None for a token stream.
     """
 
@@ -79,12 +81,13 @@ class StreamCredential:
     membership_id: int
     token_id: int | None = None
     session_key: str | None = None
+    oauth_grant_id: int | None = None
 
 
 def credential_valid_sync(credential: StreamCredential) -> bool:
-    """Whether ``credential`` would still authenticate: the token unrevoked (or the login
-    session still logged in as the same user, its password unchanged), the membership still
-    there, the user active. One or two queries; no tenant scope needed."""
+    """Whether ``credential`` would still authenticate: the token unrevoked (or the OAuth grant
+    not revoked, or the login session still logged in as the same user, its password unchanged),
+    the membership still there, the user active. One or two queries; no tenant scope needed."""
     from django.contrib.auth import get_user
 
     from tenants.models import ApiToken, Membership
@@ -98,6 +101,11 @@ def credential_valid_sync(credential: StreamCredential) -> bool:
         if credential.token_id is not None:
             return ApiToken.all_tenants.filter(pk=credential.token_id, membership_id=credential.membership_id,
                                                revoked_at__isnull=True).exists()
+        if credential.oauth_grant_id is not None:
+            from oauth_server.models import McpGrant
+
+            return McpGrant.all_tenants.filter(pk=credential.oauth_grant_id,
+                                               membership_id=credential.membership_id).exists()
     if not credential.session_key:
         return False
     from importlib import import_module

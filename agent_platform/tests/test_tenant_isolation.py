@@ -109,6 +109,15 @@ def theirs(other_world):
                                                        created_by=other_world.admin)
     rows["experiment_result"] = ExperimentResult.all_tenants.create(
         tenant=t, experiment=rows["experiment"], item=rows["dataset_item"], run=run, output="secret answer")
+    from oauth2_provider.models import Application
+
+    from oauth_server.models import McpGrant
+
+    client = Application.objects.create(name="secret client", client_type="public", redirect_uris="http://127.0.0.1:9/cb",
+                                        authorization_grant_type="authorization-code")
+    rows["oauth_grant"] = McpGrant.all_tenants.create(
+        tenant=t, membership=other_world.member_membership, application=client, scope="mcp",
+        resource="http://testserver/mcp/agents/", token_family="2f1c2a3e-0000-4000-8000-000000000001")
     return rows
 
 
@@ -480,3 +489,16 @@ def test_agents_mcp_server_hides_other_tenants_agents_and_chats(world, theirs):
         call_start(caller, slug, CallAsk(message="hi", chat_id=theirs["session"].pk))
     assert refused.value.code == "chat_not_found"
     assert list(Run.all_tenants.filter(session=theirs["session"])) == [theirs["run"]]
+
+
+def test_oauth_grants_hide_other_tenants_grants(world, theirs):
+    """Settings' connected apps (/api/v1/oauth-grants/): another tenant's grant is neither listed
+    nor revocable, for a member or an admin; it stays. (Its tokens at the MCP endpoints:
+    oauth_server/tests/test_mcp_sdk_oauth.py.)"""
+    from oauth_server.models import McpGrant
+
+    grant = theirs["oauth_grant"]
+    for client in (world.client(), world.client(admin=True)):
+        assert client.get("/api/v1/oauth-grants/").json() == []
+        _assert_404(client.delete(f"/api/v1/oauth-grants/{grant.pk}/"))
+    assert McpGrant.all_tenants.filter(pk=grant.pk).exists()

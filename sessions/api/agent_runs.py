@@ -118,5 +118,7 @@ async def answer_reader_open(caller: Caller, session_id: int, *, after_seq: int 
     if slot is None:
         raise RunRefused(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
                          code="too_many_streams", retry_after=15)
-    credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk, token_id=caller.token.pk)
+    credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk,
+                                  token_id=caller.token.pk if caller.token is not None else None,
+                                  oauth_grant_id=caller.oauth_grant_id)
     return SessionEventReader(session_id=session_id, after_seq=after_seq, credential=credential, slot=slot)

@@ -5,7 +5,7 @@
 //   #/login          login form
 //   #/               start page (logged in)
 //   #/sessions/<id>  a chat
-//   #/settings       theme, model notices, the member's usage, their API tokens
+//   #/settings       theme, model notices, the member's usage, their API tokens, their connected (OAuth) apps
 // Any logged-in route first makes sure GET auth/me/ succeeds; a 401/403 sends
 // the user to #/login and brings them back to where they were afterwards.
 
@@ -15,6 +15,7 @@ import { replaceChildren, h } from './dom.js';
 import { HomeView, LoginView, MessageView, SettingsView, Shell, toast } from './views.js';
 import { applyTheme } from './settings.js';
 import { TokensPanel } from './api_tokens.js';
+import { GrantsPanel } from './oauth_grants.js';
 import { mountBrowserDevices } from './browser.js'; // --- browser capability (browser.js) ---
 
 const APP_NAME = 'Agent Platform';
@@ -429,10 +430,11 @@ async function openSettings() {
   const shell = state.shell;
   shell.setActiveSession(null);
   const tokensPanel = TokensPanel(); // one panel (and one load) for both renders: a token shown once stays
-  shell.setMain(SettingsView({ me: state.me, tokensPanel }));
+  const grantsPanel = GrantsPanel();
+  shell.setMain(SettingsView({ me: state.me, tokensPanel, grantsPanel }));
   const usage = await loadUsage();
   if (shell !== state.shell || parseRoute().name !== 'settings') return;
-  shell.setMain(SettingsView({ me: state.me, usage, usageError: usage ? '' : 'Could not load your usage.', tokensPanel }));
+  shell.setMain(SettingsView({ me: state.me, usage, usageError: usage ? '' : 'Could not load your usage.', tokensPanel, grantsPanel }));
 }
 
 function openChat(id) {

@@ -7,6 +7,7 @@ import { h, replaceChildren, spinner, shortTime, fullTime } from './dom.js';
 import { settings } from './settings.js';
 import { icon } from './icons.js';
 import { TokensPanel } from './api_tokens.js';
+import { GrantsPanel } from './oauth_grants.js';
 
 // ---------------------------------------------------------------- toasts --
 
@@ -773,11 +774,13 @@ function usageTable({ caption, heading, rows, label, testid }) {
 
 /**
  * The settings page: theme (system / light / dark), whether model retries and fallbacks
- * show in chats, the member's usage this month and their API tokens (api_tokens.js).
+ * show in chats, the member's usage this month, their API tokens (api_tokens.js) and the apps
+ * they connected with OAuth (oauth_grants.js).
  * @param {object} opts {me, usage: GET usage/me/ answer or null, usageError: string,
- *   tokensPanel: a TokensPanel() to show (kept across re-renders), else a new one}
+ *   tokensPanel: a TokensPanel() to show (kept across re-renders), else a new one;
+ *   grantsPanel: a GrantsPanel() likewise}
  */
-export function SettingsView({ me, usage = null, usageError = '', tokensPanel = null }) {
+export function SettingsView({ me, usage = null, usageError = '', tokensPanel = null, grantsPanel = null }) {
   const isAdmin = me?.role === 'admin' || me?.role === 'owner';
   const themes = [
     ['system', 'Same as the system'],
@@ -854,6 +857,7 @@ export function SettingsView({ me, usage = null, usageError = '', tokensPanel = 
       usageBody,
     ),
     tokensPanel || TokensPanel(),
+    grantsPanel || GrantsPanel(),
     h('p', {}, h('a', { href: '#/', text: 'Back to chats' })),
   );
 }

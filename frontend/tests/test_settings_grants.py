@@ -1,0 +1,64 @@
+"""Connected (OAuth) apps on the chat app's Settings page, in Debian's Chromium: an app the
+member allowed on the consent page is listed with its MCP endpoint; revoking it (after a
+confirmation) removes it, and its access token is refused at once; the panel shows the MCP URLs
+an OAuth client needs. Real ASGI app (uvicorn, ``live_server_url``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from frontend.tests.axe import assert_no_serious_axe_violations
+from frontend.tests.test_chat_flows import log_in, open_page
+from oauth_server.tests import flow
+from tenants.resolution import caller_resolve
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.browser,
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
+
+T = 20_000  # ms
+
+
+@pytest.fixture(autouse=True)
+def _needs_chromium():
+    from frontend.tests.test_spa import CHROMIUM
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (scripts/ensure_chromium.sh installs it)")
+
+
+def test_a_connected_app_is_listed_and_revoked_from_settings(world, other_world, live_server_url):
+    from playwright.sync_api import expect
+
+    _, token = flow.tokens_for(Client(), world.member_membership, resource="http://testserver/mcp/agents/",
+                               name="Claude Desktop")
+    flow.tokens_for(Client(), other_world.member_membership, resource="http://testserver/mcp/agents/",
+                    name="Their secret IDE")
+    assert caller_resolve(raw_token=token["access_token"], resource_path="/mcp/agents/") is not None
+    with open_page() as page:  # (its event loop: no ORM calls inside)
+        log_in(page, live_server_url, world.member.username)
+        page.get_by_test_id("open-settings").click()
+        panel = page.get_by_test_id("grants-panel")
+        expect(panel.get_by_role("heading", name="Connected apps", level=2)).to_be_visible(timeout=T)
+        item = panel.get_by_test_id("grant-item")
+        expect(item).to_have_count(1, timeout=T)
+        expect(item.get_by_test_id("grant-client")).to_have_text("Claude Desktop")
+        expect(item.get_by_test_id("grant-resource")).to_have_text("Agents (MCP)")
+        expect(panel).not_to_contain_text("Their secret IDE")
+        expect(panel.get_by_test_id("oauth-agents-url")).to_have_text(live_server_url + "/mcp/agents/")
+        expect(panel.get_by_test_id("oauth-knowledge-url")).to_have_text(live_server_url + "/mcp/knowledge/")
+        assert_no_serious_axe_violations(page, label="settings with a connected app")
+
+        item.get_by_test_id("grant-revoke").click()
+        item.get_by_test_id("grant-revoke-cancel").click()
+        expect(item.get_by_test_id("grant-revoke")).to_be_focused()
+        item.get_by_test_id("grant-revoke").click()
+        item.get_by_test_id("grant-revoke-confirm").click()
+        expect(panel.get_by_test_id("grants-empty")).to_be_visible(timeout=T)
+        expect(panel.get_by_test_id("grants-status")).to_have_text("Revoked “Claude Desktop”.")
+    assert caller_resolve(raw_token=token["access_token"], resource_path="/mcp/agents/") is None

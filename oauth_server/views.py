@@ -1,0 +1,237 @@
+"""The authorization server's pages and documents.
+
+- :class:`ConsentView` (``/oauth/authorize/``): DOT's authorization view with the platform's
+  rules: PKCE ``S256`` only, exactly one ``resource`` naming one of our MCP endpoints, a login,
+  and the user's choice of ONE membership (tenant) for the grant.
+- :class:`OAuthLoginView` (``/oauth/login/``): the sign-in in front of it (Django's login form
+  through the platform's authentication backends: the login lockout applies).
+- :class:`ProtectedResourceMetadataView`: RFC 9728 documents, one per MCP endpoint.
+- :class:`RegistrationView` (``/oauth/register/``): RFC 7591 registration (open, as MCP clients
+  need), rate-limited per client address (``API_THROTTLE_RATES["oauth_register.ip"]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django import forms
+from django.contrib.auth.views import LoginView
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse_lazy
+from oauth2_provider.exceptions import OAuthToolkitError
+from oauth2_provider.forms import AllowForm
+from oauth2_provider.views import AuthorizationView, OAuthProtectedResourceMetadataView, TokenView
+from oauth2_provider.views.dynamic_client_registration import DynamicClientRegistrationView
+from oauthlib.oauth2.rfc6749 import errors
+
+from oauth_server.resources import MCP_RESOURCES, SCOPES, mount_of, origin, resource_mount, resource_url
+from tenants.models import Membership
+from tenants.scoping import system_scope
+
+REGISTER_THROTTLE_SCOPE = "oauth_register"
+"""Registrations per client address: ``API_THROTTLE_RATES["oauth_register.ip"]``."""
+
+
+def _user_memberships(user: Any) -> list[Membership]:
+    """The user's memberships with their tenants, oldest first."""
+    # tenant-bypass: the signed-in user's own memberships (the choice offered on the consent page).
+    with system_scope():
+        return list(Membership.all_tenants.select_related("tenant").filter(user=user).order_by("created_at", "id"))
+
+
+class ConsentForm(AllowForm):
+    """DOT's form plus the membership the grant acts in (one of the user's)."""
+
+    membership = forms.TypedChoiceField(
+        coerce=int,
+        required=False,
+        widget=forms.RadioSelect,
+        error_messages={"invalid_choice": "Choose the tenant this client acts in (one of yours)."},
+    )
+
+    def __init__(self, *args: Any, memberships: list[Membership] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
+        super().__init__(*args, **kwargs)
+        self.memberships = {m.pk: m for m in memberships}
+        self.fields["membership"].choices = [(m.pk, m.tenant.name) for m in memberships]
+        if memberships:
+            self.fields["membership"].initial = memberships[0].pk
+
+
+def _target_error(description: str, redirect_uri: str | None, state: str | None) -> OAuthToolkitError:
+    return OAuthToolkitError(
+        error=errors.CustomOAuth2Error(error="invalid_target", description=description, state=state),
+        redirect_uri=redirect_uri,
+    )
+
+
+def _request_error(description: str, redirect_uri: str | None, state: str | None) -> OAuthToolkitError:
+    return OAuthToolkitError(
+        error=errors.InvalidRequestError(description=description, state=state), redirect_uri=redirect_uri
+    )
+
+
+class ConsentView(AuthorizationView):
+    """The authorization endpoint and its consent page (GET shows it, POST decides).
+
+    Refused before the page (an error redirect to the client's checked ``redirect_uri``):
+    a ``code_challenge_method`` other than ``S256`` (``invalid_request``), no ``resource`` or
+    more than one, or one that is not our MCP endpoint at this origin (``invalid_target``).
+    A user without memberships gets the page saying so and cannot allow.
+    """
+
+    template_name = "oauth_server/consent.html"
+    form_class = ConsentForm
+    login_url = reverse_lazy("oauth-login")
+
+    def _check_extensions(self, params: Any, credentials: dict[str, Any]) -> None:
+        """Our rules on an authorization request (``params``: its GET or POST data)."""
+        redirect_uri, state = credentials.get("redirect_uri"), credentials.get("state")
+        if params.get("code_challenge_method") != "S256":
+            raise _request_error(
+                "PKCE is required with code_challenge_method=S256 (plain is refused).", redirect_uri, state
+            )
+        resources = params.getlist("resource") if hasattr(params, "getlist") else [params.get("resource")]
+        resources = [r for value in resources if value for r in value.split()]
+        if len(resources) != 1:
+            raise _target_error("Name exactly one MCP endpoint as `resource` (RFC 8707).", redirect_uri, state)
+        if resource_mount(resources[0], origin(self.request)) is None:
+            raise _target_error(f"{resources[0]!r} is not an MCP endpoint of this server.", redirect_uri, state)
+
+    def validate_authorization_request(self, request: HttpRequest) -> tuple[list[str], dict[str, Any]]:
+        """DOT's validation (client, redirect URI, scopes), then :meth:`_check_extensions`."""
+        scopes, credentials = super().validate_authorization_request(request)
+        self._check_extensions(request.GET, credentials)
+        return scopes, credentials
+
+    def get_form_kwargs(self) -> dict[str, Any]:
+        return {**super().get_form_kwargs(), "memberships": _user_memberships(self.request.user)}
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        resource = kwargs.get("resource") or self.oauth2_data.get("resource") or ""
+        mount = mount_of(urlsplit(resource).path) if resource else None
+        application = kwargs.get("application")
+        redirect = urlsplit(kwargs.get("redirect_uri") or "")
+        context.update(
+            {
+                "client_name": (application.name or application.client_id) if application else "",
+                "client_id": application.client_id if application else "",
+                "redirect_host": redirect.netloc,
+                "resource_url": resource,
+                "resource_description": MCP_RESOURCES.get(mount or "", ""),
+                "memberships": _user_memberships(self.request.user),
+                "scope_descriptions": [SCOPES.get(s, s) for s in kwargs.get("scopes", [])],
+            }
+        )
+        return context
+
+    def form_valid(self, form: ConsentForm) -> HttpResponse:
+        """The user decided: allow (with a membership of theirs) or deny (an ``access_denied``
+        redirect)."""
+        data = form.cleaned_data
+        credentials = {"redirect_uri": data.get("redirect_uri"), "state": data.get("state")}
+        application = None
+        try:
+            self._check_extensions(self.request.POST, credentials)
+        except OAuthToolkitError as error:
+            return self.error_response(error, application)
+        self._mcp_membership = form.memberships.get(data.get("membership") or 0)
+        if data.get("allow") and self._mcp_membership is None:
+            form.add_error("membership", "Choose the tenant this client acts in.")
+            return self.form_invalid(form)
+        return super().form_valid(form)
+
+    def create_authorization_response(
+        self, request: HttpRequest, scopes: str, credentials: dict[str, Any], allow: bool
+    ) -> Any:
+        if allow:
+            credentials = {**credentials, "mcp_membership": self._mcp_membership}
+        return super().create_authorization_response(request, scopes, credentials, allow)
+
+    def form_invalid(self, form: ConsentForm) -> HttpResponse:
+        data = form.data
+        return self.render_to_response(
+            self.get_context_data(
+                form=form,
+                resource=data.get("resource", ""),
+                redirect_uri=data.get("redirect_uri", ""),
+                scopes=(data.get("scope") or "").split(),
+            )
+        )
+
+
+class OAuthLoginView(LoginView):
+    """Sign in before the consent page (``?next=`` back to it; only local redirects)."""
+
+    template_name = "oauth_server/login.html"
+    redirect_authenticated_user = True
+
+
+class ProtectedResourceMetadataView(OAuthProtectedResourceMetadataView):
+    """RFC 9728 metadata of one MCP endpoint (``mount``, from the URL), at
+    ``/.well-known/oauth-protected-resource/mcp/<name>/``: its identifier, this server as its
+    authorization server, the scope, the header bearer method."""
+
+    mount = ""
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        self.mount = mount_of("/" + kwargs.get("resource_path", "").strip("/")) or ""
+        if not self.mount:
+            return JsonResponse({"error": "not_found", "error_description": "No such protected resource."}, status=404)
+        return super().get(request, *args, **kwargs)
+
+    def get_resource(self, request: HttpRequest) -> str:
+        return resource_url(self.mount, origin(request))
+
+    def get_authorization_servers(self, request: HttpRequest) -> list[str]:
+        return [origin(request)]
+
+    def get_scopes_supported(self) -> list[str]:
+        return sorted(SCOPES)
+
+    def get_resource_name(self) -> str:
+        return f"Agent Platform: {MCP_RESOURCES[self.mount].lower()}"
+
+
+class McpTokenView(TokenView):
+    """DOT's token endpoint; an error raised while saving the tokens (e.g. ``invalid_target``
+    when the token request names a resource the code was not granted for) comes back from DOT
+    as a JSON body labelled ``text/html``: labelled ``application/json`` here, as RFC 6749
+    §5.2 wants."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = super().post(request, *args, **kwargs)
+        if (
+            response.status_code >= 400
+            and response.content.startswith(b"{")
+            and not response.get("Content-Type", "").startswith("application/json")
+        ):
+            response["Content-Type"] = "application/json"
+            response["Cache-Control"] = "no-store"
+        return response
+
+
+class RegistrationView(DynamicClientRegistrationView):
+    """RFC 7591 registration, open to anyone (``AllowAllDCRPermission``) but at most
+    ``API_THROTTLE_RATES["oauth_register.ip"]`` per client address: over it, 429 with
+    ``Retry-After`` and an RFC 7591-shaped error body."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        from types import SimpleNamespace
+
+        from tenants.throttling import ClientIpThrottle
+
+        throttle = ClientIpThrottle()
+        if not throttle.allow_request(request, SimpleNamespace(throttle_scope=REGISTER_THROTTLE_SCOPE)):  # type: ignore[arg-type]
+            seconds = max(1, int(throttle.wait() or 1))
+            response = JsonResponse(
+                {
+                    "error": "too_many_requests",
+                    "error_description": f"Too many client registrations from this address: try again in {seconds} s.",
+                },
+                status=429,
+            )
+            response["Retry-After"] = str(seconds)
+            return response
+        return super().post(request, *args, **kwargs)
