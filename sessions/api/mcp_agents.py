@@ -29,9 +29,9 @@ written, a keep-alive), so the answer comes on an SSE stream.
 - Cancellation cancels the run: on 2026-07-28 the client closes the request's stream (the
   handler is cancelled); on 2025-11-25 it posts ``notifications/cancelled`` with the request's
   id, which any web process answers: the call's run is found under the token and the request id
-  in the cache (:func:`_call_key`), so only the token that made the call can cancel it. A
-  handler cancelled for any other reason (the client went away) cancels the run too: nobody is
-  left to read its answer here (it is still in the chat).
+  in the cache (:func:`_call_key`), so only the token that made the call can cancel it. At
+  2025-11-25 a client that goes away has not cancelled (the specification's rule): the run goes
+  on and its answer lands in the chat.
 
 Both protocol revisions the SDK serves are answered by its ``StreamableHTTPSessionManager``,
 stateless (every POST carries its own credential; any web process answers): a request with
@@ -204,10 +204,9 @@ def _cancel(caller: Any, run_id: int) -> None:
 
 
 def _call_key(caller: Any, request_id: Any) -> str:
-    """The cache key of a call in flight: the credential's (API token or OAuth grant) and the
-    request's id (a request id is the client's own, so only the credential that made the call
-    finds it)."""
-    return f"mcp-agents:call:{caller.credential_key}:{json.dumps(request_id)}"
+    """The cache key of a call in flight: the token's and the request's id (a request id is the
+    client's own, so only the token that made the call finds it)."""
+    return f"mcp-agents:call:{caller.token.pk}:{json.dumps(request_id)}"
 
 
 def _remember(key: str, run_id: int | None) -> None:
@@ -335,7 +334,11 @@ async def _answer(ctx: ServerRequestContext[Any], request: mcp_http.McpRequest, 
         await reader.open()
         return await _read(reader, _Answer(run_id=run_id, chat_id=session_id), ctx, request.base_url)
     except asyncio.CancelledError:
-        await asyncio.shield(mcp_http.off_thread(_call_pool, _cancel, caller, run_id))
+        # 2026-07-28: closing the request's stream is the client's cancellation. Earlier
+        # revisions cancel with notifications/cancelled alone; a client gone is no cancellation
+        # there (the run goes on, its answer in the chat).
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            await asyncio.shield(mcp_http.off_thread(_call_pool, _cancel, caller, run_id))
         raise
     finally:
         await asyncio.shield(_close(reader, key))

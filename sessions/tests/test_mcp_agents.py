@@ -303,3 +303,23 @@ def test_throttled_and_over_budget_are_tool_errors_with_the_reason(world, fake_l
     assert throttled.is_error and throttled.content[0].text.startswith("Too many requests")
     assert "Try again in" in throttled.content[0].text
     assert Run.all_tenants.filter(session__agent__slug="helper").count() == 1
+
+
+def test_a_2025_client_that_goes_away_has_not_cancelled(world, fake_llm, celery_worker, live_server_url):
+    """2025-11-25: a disconnection is not a cancellation (the client cancels with
+    notifications/cancelled): the run goes on and its answer lands in the chat."""
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Slow")
+    fake_llm.script(Delay(2, Reply("done anyway")))
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "slow", "arguments": {"message": "take your time"}}}
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25",
+               "Authorization": f"Bearer {world.member_token}"}
+
+    def calling() -> None:
+        with httpx.stream("POST", f"{live_server_url}/mcp/agents/", json=call, headers=headers, timeout=60):
+            assert fake_llm.wait_for_requests(1, timeout_seconds=20)  # then the connection closes
+
+    calling()
+    run = Run.all_tenants.get(session__agent__slug="slow")
+    assert wait_until(lambda: Run.all_tenants.get(pk=run.pk).status == "completed"), Run.all_tenants.get(pk=run.pk)
+    assert Run.all_tenants.get(pk=run.pk).reply == "done anyway"
