@@ -204,9 +204,10 @@ def _cancel(caller: Any, run_id: int) -> None:
 
 
 def _call_key(caller: Any, request_id: Any) -> str:
-    """The cache key of a call in flight: the token's and the request's id (a request id is the
-    client's own, so only the token that made the call finds it)."""
-    return f"mcp-agents:call:{caller.token.pk}:{json.dumps(request_id)}"
+    """The cache key of a call in flight: the credential's (API token or OAuth grant) and the
+    request's id (a request id is the client's own, so only the credential that made the call
+    finds it)."""
+    return f"mcp-agents:call:{caller.credential_key}:{json.dumps(request_id)}"
 
 
 def _remember(key: str, run_id: int | None) -> None:
