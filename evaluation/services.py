@@ -15,6 +15,7 @@ calls have purpose ``evaluation``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -416,7 +417,8 @@ def experiment_cancel(*, experiment: Experiment) -> Experiment:
         running = ExperimentResult.objects.filter(experiment=experiment, status=ResultStatus.RUNNING)
         for result in running.select_related("run"):
             if result.run is not None and result.run.status not in TERMINAL_RUN_STATUSES:
-                run_cancel(run=result.run)
+                with contextlib.suppress(ApplicationError):  # it ended meanwhile (409)
+                    run_cancel(run=result.run)
         running.update(status=ResultStatus.SKIPPED, passed=None, error="Skipped: the experiment was canceled.")
         _finish(experiment)
     return experiment
