@@ -30,15 +30,19 @@ import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers.response_helpers import build_error_response
 from a2a.server.routes import (
     DefaultServerCallContextBuilder,
     create_agent_card_routes,
     create_jsonrpc_routes,
     create_rest_routes,
 )
-from a2a.types.a2a_pb2 import AgentCard
+from a2a.types.a2a_pb2 import AgentCard, TaskState
+from a2a.utils.error_handlers import build_rest_error_payload
+from a2a.utils.errors import InvalidParamsError
 from channels.db import database_sync_to_async
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -233,6 +237,78 @@ async def _resolve(scope: dict[str, Any], slug: str, rest: str, base_url: str,
     return caller, card, None
 
 
+def _bad_list_status(status: Any) -> str | None:
+    """Why ``status`` is no ``TaskState`` for ``ListTasks`` (None: it is one, or absent).
+
+    The SDK parses requests with ``ignore_unknown_fields``, which turns an unknown enum value into
+    0 (no filter): a typo would list every task. The A2A TCK (protocol/test_tasks_list_method.py::
+    test_invalid_status_error) requires -32602 for it, so the raw value is checked here."""
+    if status is None:
+        return None
+    names = TaskState.keys()
+    if (isinstance(status, str) and status in names) or (type(status) is int and status in TaskState.values()):
+        return None
+    return f"status: {status!r} is not a task state ({', '.join(n for n in names if n != 'TASK_STATE_UNSPECIFIED')})."
+
+
+async def _body(receive: Any) -> tuple[bytes, Any]:
+    """The request's whole body, and a ``receive`` that replays it, then passes on (a disconnect)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), receive
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body, replayed = b"".join(chunks), False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return body, replay
+
+
+async def _checked(scope: dict[str, Any], rest: str, receive: Any) -> tuple[tuple[int, dict] | None, Any]:
+    """Checks the SDK's parsing cannot make (:func:`_bad_list_status`): ``(refusal, receive)``,
+    the refusal ``(status, body)`` the binding's invalid-params answer, built by the SDK's own
+    helpers (JSON-RPC: 200 with error -32602; HTTP+JSON: 400 ``INVALID_ARGUMENT``)."""
+    method = scope.get("method")
+    if rest == f"{REST_SUFFIX}/tasks" and method == "GET":
+        statuses = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("status", [])
+        why = next((w for w in map(_bad_list_status, statuses) if w), None)
+        refusal = build_rest_error_payload(InvalidParamsError(message=why)) if why else None
+        return ((400, refusal) if refusal else None), receive
+    if rest != "" or method != "POST":
+        return None, receive
+    body, receive = await _body(receive)
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None, receive  # the SDK answers -32700
+    if not (isinstance(request, dict) and request.get("method") == "ListTasks"
+            and isinstance(request.get("params"), dict)):
+        return None, receive
+    why = _bad_list_status(request["params"].get("status"))
+    if why is None:
+        return None, receive
+    request_id = request.get("id")
+    request_id = request_id if isinstance(request_id, (str, int)) else None
+    return (200, build_error_response(request_id, InvalidParamsError(message=why))), receive
+
+
+async def _invalid_params(send: Any, status: int, payload: dict[str, Any], headers: list[tuple[str, str]]) -> None:
+    """The refusal of :func:`_checked`, with the platform's headers."""
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *_encoded(headers)]})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """The ASGI app for ``/a2a/…`` (HTTP): 400 for a ``Host`` outside ``ALLOWED_HOSTS``, 404
     for a path that names no agent, 401/404 as the module docstring says, else the a2a-sdk's
@@ -259,6 +335,10 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if refusal is not None:
         status, message = refusal
         await _refuse(send, status, message, [*headers, WWW_AUTHENTICATE] if status == 401 else headers)
+        return
+    invalid, receive = await _checked(scope, rest, receive)
+    if invalid is not None:
+        await _invalid_params(send, *invalid, headers)
         return
     prefix = f"{PATH_PREFIX}{slug}"
     path = scope["path"] if scope["path"] != prefix else f"{prefix}/"
