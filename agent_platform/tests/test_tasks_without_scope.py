@@ -16,6 +16,7 @@ fails for a task or command of the project that has none (add its test and its e
 from __future__ import annotations
 
 import contextvars
+import io
 import json
 import threading
 from collections.abc import Callable
@@ -51,6 +52,7 @@ TESTS: dict[str, str] = {
     "knowledge.document_ingest": "test_document_ingest",
     "knowledge.knowledge_base_reembed": "test_knowledge_base_reembed",
     "capabilities.mcp_server_test_connection": "test_mcp_server_test_connection",
+    "evaluation.experiment_advance": "test_experiment_advance",
     # management commands of the project's apps
     "skills_import": "test_skills_import_command",
     "catalogue_import": "test_catalogue_import_command",
@@ -58,6 +60,7 @@ TESTS: dict[str, str] = {
     "seed_demo": "test_seed_demo_command",
     "migrate": "test_migrate_command",
     "flush": "test_flush_command",
+    "evaluate": "test_evaluate_command",
 }
 
 
@@ -523,3 +526,59 @@ def test_flush_command(world, other_world):
     as_worker(call_command, "flush", interactive=False, reset_sequences=False, verbosity=0)
     with system_scope():
         assert (Tenant.objects.count(), AgentInstance.all_tenants.count()) == (0, 0)
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+
+def _dataset_for(world, agent, question: str):
+    from evaluation.models import Dataset, DatasetItem
+
+    dataset = Dataset.all_tenants.create(tenant=world.tenant, name="qa")
+    DatasetItem.all_tenants.create(tenant=world.tenant, dataset=dataset, input=question,
+                                   expected={"facts": [world.tenant.slug]})
+    return dataset
+
+
+def test_experiment_advance(world, other_world, no_enqueue, monkeypatch):
+    from evaluation import tasks
+    from evaluation.models import ExperimentResult
+    from evaluation.services import experiment_create
+
+    resent = []
+    monkeypatch.setattr(tasks.experiment_advance, "apply_async", lambda args, **kw: resent.append(args))
+    experiments = []
+    for w in (world, other_world):
+        with tenant_scope(w.tenant.pk):
+            agent = AgentFactory(tenant=w.tenant)
+            dataset = _dataset_for(w, agent, f"Question of {w.tenant.slug}?")
+            experiments.append(experiment_create(dataset=dataset, agent=agent, user=w.admin, start=False))
+    for experiment in experiments:
+        assert run_task(tasks.experiment_advance, experiment.pk, experiment.tenant_id) == "more"
+    assert resent == [(e.pk, e.tenant_id) for e in experiments]  # it goes on after the poll interval
+    with system_scope():
+        started = {(r.experiment.tenant_id, r.status, r.run.input)
+                   for r in ExperimentResult.all_tenants.select_related("experiment", "run")}
+    assert started == {(world.tenant.pk, "running", "Question of acme?"),
+                       (other_world.tenant.pk, "running", "Question of globex?")}
+
+
+def test_evaluate_command(world, other_world, fake_llm):
+    from evaluation.models import Experiment
+    from sessions.runner.host import run_host_shutdown
+
+    fake_llm.script(Reply("acme it is."), Reply("globex it is."))
+    for w in (world, other_world):
+        with tenant_scope(w.tenant.pk):
+            agent = agent_with_route(tenant=w.tenant, base_urls=[fake_llm.base_url], slug="qa-agent")
+            _dataset_for(w, agent, "Whose?")
+    try:
+        for w in (world, other_world):
+            as_worker(call_command, "evaluate", "--dataset", "qa", "--agent", "qa-agent", "--tenant", w.tenant.slug,
+                      "--fail-under", "1", stdout=io.StringIO())
+    finally:
+        run_host_shutdown(timeout_seconds=15)
+    with system_scope():
+        ended = set(Experiment.all_tenants.values_list("tenant_id", "status", "summary__pass_rate"))
+    assert ended == {(world.tenant.pk, "completed", 1.0), (other_world.tenant.pk, "completed", 1.0)}
+
