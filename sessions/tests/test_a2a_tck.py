@@ -525,10 +525,51 @@ def test_tck_transport_security():
     """Not applicable (see the skip reason)."""
 
 
-def test_tck_agent_card_security(sut, world, live_server_url):
-    # TCK security/test_agent_card_security.py: the card carries no secret (no token, no
-    # credentials, no internal address) and a caller of another tenant does not see it
-    card = sut.card()
-    flat = json.dumps(card)
-    assert world.member_token not in flat and "password" not in flat.lower() and "secret" not in flat.lower()
-    assert all(i["url"].startswith(live_server_url) for i in card["supportedInterfaces"])
+SENSITIVE_PATTERNS = [  # TCK security/test_agent_card_security.py::test_sensitive_information_protection
+    r"(?i)(api[_-]?key|secret|token|password|credential)",
+    r"(?i)(private[_-]?key|secret[_-]?key)",
+    r"(?i)(access[_-]?token|bearer[_-]?token)",
+    r"(?i)(client[_-]?secret|app[_-]?secret)",
+    r"(?i)(127\.0\.0\.1|192\.168\.|10\.|172\.1[6-9]\.|172\.2[0-9]\.|172\.3[01]\.)",
+    r"(?i)(internal|private|admin|debug|test).*(?:url|endpoint|host)",
+    r"(?i)(database|db)[_-]?(url|host|connection)",
+    r"(?i)(redis|mongo|sql)[_-]?(url|host|connection)",
+]
+
+
+def test_tck_agent_card_security(world, live_server_url):
+    import re
+
+    agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper",
+                     description="Answers questions.", a2a_public=True)
+    # as a deployment serves it (the TCK allows localhost; 127.0.0.1 is on its list of internal hosts)
+    card_url = f"{live_server_url}/a2a/helper/.well-known/agent-card.json"
+    host = {"Host": live_server_url.removeprefix("http://").replace("127.0.0.1", "localhost")}
+    # TCK security/test_agent_card_security.py::test_public_agent_card_access_control: a public
+    # card (the agent's a2a_public switch; without it the card is for the tenant's callers, see
+    # test_tck_authentication_enforced) is served without authentication, with the public fields
+    response = httpx.get(card_url, headers=host, timeout=10)
+    assert response.status_code == 200, response.text
+    card = response.json()
+    for field in ("name", "description", "supportedInterfaces", "version", "capabilities", "defaultInputModes",
+                  "defaultOutputModes", "skills"):
+        assert field in card, field
+    # TCK security/test_agent_card_security.py::test_sensitive_information_protection, over the
+    # card but its securitySchemes: the TCK's first pattern flags the word "token" anywhere, and
+    # the bearer scheme's bearerFormat/description ("API token") are there to say which token to
+    # send (the scheme's shape is checked in test_tck_agent_card)
+    described = {k: v for k, v in card.items() if k != "securitySchemes"}
+    flagged = [m for pattern in SENSITIVE_PATTERNS for m in re.findall(pattern, str(described).lower())]
+    assert flagged == [], flagged
+    assert not {"adminUrl", "internalUrl", "debugEndpoint", "privateConfig", "secrets", "credentials"} & set(card)
+    # TCK security/test_agent_card_security.py::test_security_scheme_consistency: as in
+    # test_tck_agent_card (authentication/test_auth_enforcement.py::test_authentication_scheme_consistency)
+    assert set(card["securitySchemes"]) == {"bearer"}
+
+
+@pytest.mark.skip(reason="TCK security/test_agent_card_security.py::test_extended_card_access_controls, "
+                         "::test_authentication_scheme_validation; protocol/test_extended_agent_card.py: the card "
+                         "declares no extended card (capabilities.extendedAgentCard false), for which the TCK "
+                         "skips them; GetExtendedAgentCard's -32004 is in test_tck_extended_agent_card_method_exists")
+def test_tck_extended_card_access_controls():
+    """Not applicable (see the skip reason)."""
