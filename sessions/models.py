@@ -65,6 +65,7 @@ class RunFailureReason(models.TextChoices):
     RUN_TIMEOUT = "run_timeout", "The run took longer than the agent's run timeout"
     WORKER_LOST = "worker_lost", "The worker running it died too many times"
     APPROVAL_EXPIRED = "approval_expired", "An approval was not given in time"
+    OUTPUT_INVALID = "output_invalid", "The answer did not match the requested format after the repair turns"
     INTERNAL = "internal_error", "Internal error"
 
 

@@ -42,6 +42,13 @@ from sessions.runner.ports import RunStore
 from sessions.runner.run_context import context_nonce, context_system_text
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import stream_model_turn
+from sessions.runner.structured_output import (
+    MAX_REPAIR_TURNS,
+    format_system_note,
+    output_problem,
+    repair_note,
+    unfenced,
+)
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
 from sessions.runner.toolset import Toolset
 
@@ -160,6 +167,10 @@ class RunState:
     """The run's start context (:mod:`sessions.runner.run_context`): appended to the system message."""
     tool_store: SessionStore | None = None
     """The session data its tools may touch (the ports' ``tool_store``: each call's ``ToolContext.store``)."""
+    output_repairs: int = 0
+    """Repair turns spent on answers that did not match the caller's format (:mod:`.structured_output`)."""
+    repair: str = ""
+    """The note of the coming repair turn ("" when none), added after the history by :func:`prepare`."""
 
     @property
     def no_compaction(self) -> bool:
@@ -214,7 +225,8 @@ async def prepare(state: RunState) -> StepOutcome:
                                         **state.known_cursor)
     state.history = history
     state.known_cursor = {"compaction": history.compaction}  # until this run compacts
-    if history.tail is not None:
+    repairing = bool(state.repair) and history.tail is not None and not history.tail.tool_calls
+    if history.tail is not None and not repairing:  # (the answer being repaired is no resumed tail)
         return await _resume_tail(state, history.tail)
     if await _absorb_steering(state.store, spec):
         return CONTINUE
@@ -240,8 +252,8 @@ async def _resume_tail(state: RunState, last: ChatMessage) -> StepOutcome:
     """A run resumed after its worker died, at its last assistant message ``last``: answered
     (:class:`Completed`), or its calls without a result run now (those with one never run
     again), then :class:`Paused` if one waits for approval, else :class:`Continue`."""
-    if not last.tool_calls:  # answered before a worker died: nothing left to do
-        return Completed(last.content)
+    if not last.tool_calls:  # answered before a worker died: nothing left to do (if it is in the format asked)
+        return checked_answer(state, last.content)
     spec = state.spec
     pending = await state.store.pending_tool_calls(run_id=spec.run_id, call_ids=[c.id for c in last.tool_calls])
     if await execute_tool_calls(spec=spec, calls=pending, toolset=state.toolset, publish=state.publish,
@@ -278,7 +290,11 @@ def _build_prompt(state: RunState) -> None:
         system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"
     if state.context:
         system = f"{system}\n\n{context_system_text(state.context, nonce=context_nonce(spec.run_id))}"
+    if spec.request_options.response_format is not None:
+        system = f"{system}\n\n{format_system_note(spec.request_options.response_format)}"
     messages = [ChatMessage(role="system", content=system), *state.history.messages]
+    if state.repair:
+        messages.append(ChatMessage(role="user", content=state.repair))
     if state.final_turn and tool_specs:
         messages.append(ChatMessage(role="user", content=FINAL_TURN_NOTE))
     state.messages = messages
@@ -475,6 +491,28 @@ async def _stream_broke(state: RunState, exc: StreamInterrupted) -> Failed | Con
 # --- resolve --------------------------------------------------------------------------------
 
 
+def checked_answer(state: RunState, text: str) -> Completed | Failed | Continue:
+    """The answer ``text`` in the format the caller asked for (``request_options.response_format``):
+    :class:`Completed` with it (without a code fence around it) when it matches or no format
+    was asked; else a repair turn (:class:`Continue`, the problem noted for the next prompt) while
+    :data:`~.structured_output.MAX_REPAIR_TURNS` allow and the loop limit is not reached, then
+    :class:`Failed` ``output_invalid`` naming the problem."""
+    response_format = state.spec.request_options.response_format
+    if response_format is None:
+        return Completed(text)
+    problem = output_problem(response_format, text)
+    if problem is None:
+        state.repair = ""
+        return Completed(unfenced(text))
+    if state.output_repairs >= MAX_REPAIR_TURNS or state.final_turn:
+        return Failed(RunFailureReason.OUTPUT_INVALID, f"The answer did not match the requested format after "
+                      f"{state.output_repairs} repair turn(s): {problem}")
+    state.output_repairs += 1
+    state.repair = repair_note(problem)
+    return CONTINUE
+
+
+
 async def resolve(state: RunState) -> StepOutcome:
     """Act on the saved assistant message: no tool calls is the answer (:class:`Completed`;
     empty text fails, or reaches the loop limit on the final turn); else its calls run, and
@@ -485,7 +523,7 @@ async def resolve(state: RunState) -> StepOutcome:
         raise RuntimeError("resolve runs after model_turn saved a message")
     if not message.tool_calls:
         if message.content.strip():
-            return Completed(message.content)
+            return checked_answer(state, message.content)
         if state.final_turn:
             return loop_limit_reached(state.spec)
         return Failed(RunFailureReason.MODEL_ERROR, "The model returned an empty answer.")

@@ -2,9 +2,9 @@
 every response object and streaming event validated against the Open Responses specification's
 models (the `openresponses-types` package). Ported from the Open Responses compliance cases:
 basic, streaming, multi-turn (input items), previous_response_id, and tool calling (the agent's
-own tools run on the server: function_call / function_call_output items). The system-prompt and
-image-input cases are refused by name here (a 400): agents' instructions are their own, and
-images are not accepted yet."""
+own tools run on the server: function_call / function_call_output items; the client's own tools
+and the system prompt (instructions) are in test_openai_client_tools.py). The image-input case is
+refused by name here (a 400): images are not accepted yet."""
 
 from __future__ import annotations
 
@@ -139,14 +139,16 @@ def test_a_failed_run_is_a_failed_response(world, fake_llm, celery_worker, live_
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"instructions": "Be brief."}, "instructions"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"instructions": 5}, "instructions"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": "required"}, "tool_choice"),
     ({"temperature": 0.1}, "temperature"),
     ({"store": False}, "store"),
-    ({"input": [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]}, "input[0].role"),
+    ({"input": [{"role": "critic", "content": "x"}, {"role": "user", "content": "hi"}]}, "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input[0].content[0]"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].call_id"),
+    ({"input": [{"type": "reasoning", "summary": []}, {"role": "user", "content": "hi"}]}, "input[0]"),
     ({"input": ""}, "input"),
 ])
 def test_unsupported_input_is_a_400_naming_the_field(world, live_server_url, fields, param):
@@ -164,7 +166,7 @@ def test_cancel_and_unknown_responses(world, fake_llm, celery_worker, live_serve
     finished = client.responses.create(model="helper", input="hi")
     with pytest.raises(openai.ConflictError):
         client.responses.cancel(finished.id)
-    for missing in ("resp_999999999", "resp_x", "chatcmpl-1"):
+    for missing in ("resp_999999999", "resp_x", "chatcmpl-1", f"{finished.id}_1", f"{finished.id}_0"):
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(missing)
     TypeAdapter(ort.ResponseResource).validate_python(client.responses.retrieve(finished.id).model_dump())

@@ -4,24 +4,42 @@ The fields follow OpenAI's Chat Completions API. What this API does not do is re
 (a 400 ``unsupported_parameter`` naming the field), never ignored: a client must not believe
 that a temperature, a second choice or its own tools were applied when they were not.
 
-Accepted: ``model`` (the agent's slug), ``messages`` (``user`` and ``assistant`` text; the
-last one the user's), ``stream``, ``stream_options.include_usage``, ``user`` (OpenAI's end-user
+Accepted: ``model`` (the agent's slug), ``messages`` (``system`` / ``developer`` text, added
+after the agent's own system prompt; ``user`` and ``assistant`` text, the last one the user's;
+or, last, ``tool`` messages answering the calls of the client's tools that paused a run),
+``tools`` (function tools the client runs, :mod:`.client_tools`) with ``tool_choice``
+``auto`` / ``none``, ``stream``, ``stream_options.include_usage``, ``user`` (OpenAI's end-user
 id for abuse monitoring; the caller is the token's user, so it is informational only),
-``metadata`` (string pairs; ``chat_id`` continues a chat), and the defaults that change nothing:
-``n: 1``, ``logprobs: false``, ``response_format: {"type": "text"}``.
+``metadata`` (string pairs; ``chat_id`` continues a chat), ``response_format`` (``text``,
+``json_object``, ``json_schema``: :mod:`.formats`), and the defaults that change nothing:
+``n: 1``, ``logprobs: false``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from llm.types import ToolSpec
+from sessions.api.openai_compat.client_tools import client_tools_parse, tool_choice_offers
 from sessions.api.openai_compat.errors import OpenAIError, bad_request
+from sessions.api.openai_compat.formats import format_parse
+from sessions.runner.spec import RunRequestOptions
 
 ACCEPTED_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "user", "metadata", "n", "logprobs",
-                             "response_format"})
+                             "response_format", "tools", "tool_choice"})
 """Top-level fields this API reads (the others are refused by name)."""
+
+INSTRUCTION_ROLES = frozenset({"system", "developer"})
+"""Roles whose text is added to the agent's own system prompt for the run (after it)."""
+
+MESSAGE_FIELDS = {
+    "user": frozenset({"role", "content", "name"}),
+    "assistant": frozenset({"role", "content", "name", "refusal", "tool_calls"}),
+    "tool": frozenset({"role", "content", "tool_call_id"}),
+}
+"""The fields each history message may have (others are refused by name)."""
 
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"n": (1, None), "logprobs": (False, None)}
 """Accepted fields whose other values are not supported."""
@@ -45,6 +63,22 @@ class ChatRequest:
     """``stream_options.include_usage``: a usage chunk after the finish chunk."""
     chat_id: int | None
     """``metadata.chat_id`` or the ``X-Chat-Id`` header: continue that chat with ``content``."""
+    client_tools: tuple[ToolSpec, ...] = ()
+    """The client's own tools (:mod:`.client_tools`), offered to the model beside the agent's."""
+    tool_outputs: dict[str, str] = field(default_factory=dict)
+    """``{tool_call_id: output}`` of the trailing ``tool`` messages: the request resumes the
+    run those calls paused (``content`` and ``history`` are then empty)."""
+    tool_output_params: dict[str, str] = field(default_factory=dict)
+    """``{tool_call_id: "messages[i].tool_call_id"}``: where each output was sent (for errors)."""
+    instructions: str = ""
+    """The ``system`` / ``developer`` messages' text, added after the agent's system prompt."""
+    response_format: dict[str, Any] | None = None
+    """``response_format`` as kept with the run (:mod:`.formats`); None: text."""
+
+    def request_options(self) -> dict[str, Any] | None:
+        """What the run keeps of the request (``Run.request_options``), or None."""
+        return RunRequestOptions(client_tools=self.client_tools, instructions=self.instructions,
+                                 response_format=self.response_format).to_json()
 
 
 def body_common(raw: bytes, accepted: frozenset[str]) -> tuple[dict[str, Any], str, bool]:
@@ -86,10 +120,16 @@ def chat_request_parse(raw: bytes, *, chat_id_header: str | None = None) -> Chat
     """
     body, model, stream = body_common(raw, ACCEPTED_FIELDS)
     _refuse_unsupported_values(body)
-    history, content = _messages(body.get("messages"))
-    return ChatRequest(model=model, history=history, content=content, stream=stream,
+    conversation = _messages(body.get("messages"))
+    tools = client_tools_parse(body.get("tools"), nested=True)
+    offered = tool_choice_offers(body.get("tool_choice"))
+    return ChatRequest(model=model, history=conversation.history, content=conversation.content, stream=stream,
                        include_usage=_include_usage(body.get("stream_options"), stream=stream),
-                       chat_id=_chat_id(body.get("metadata"), chat_id_header))
+                       chat_id=_chat_id(body.get("metadata"), chat_id_header),
+                       client_tools=tools if offered else (), tool_outputs=conversation.tool_outputs,
+                       tool_output_params=conversation.params, instructions=conversation.instructions,
+                       response_format=format_parse(body.get("response_format"), param="response_format",
+                                                    nested=True))
 
 
 def _refuse_unsupported_values(body: dict[str, Any]) -> None:
@@ -97,40 +137,100 @@ def _refuse_unsupported_values(body: dict[str, Any]) -> None:
         if name in body and body[name] not in allowed:
             raise OpenAIError(400, f"Unsupported value for `{name}`: {body[name]!r} (only {allowed[0]!r}).",
                               param=name, code="unsupported_value")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise OpenAIError(400, "Unsupported `response_format`: only {\"type\": \"text\"} is supported.",
-                          param="response_format", code="unsupported_value")
 
 
-def _messages(messages: Any) -> tuple[list[tuple[str, str]], str]:
+@dataclass(frozen=True, slots=True)
+class _Conversation:
+    history: list[tuple[str, str]]
+    content: str
+    tool_outputs: dict[str, str]
+    instructions: str
+    params: dict[str, str] = field(default_factory=dict)
+    """``{tool_call_id: the field that carries its output}``."""
+
+
+def _messages(messages: Any) -> _Conversation:
+    """The conversation: a new run's history, last user message and instructions (the
+    ``system`` / ``developer`` messages), or, when it ends with ``tool`` messages, the outputs
+    that resume the run their calls paused (the earlier messages are that run's chat's)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("`messages` must be a non-empty array.", param="messages",
                           code="missing_required_parameter")
-    texts = [_message(i, m) for i, m in enumerate(messages)]
-    role, content = texts[-1]
-    if role != "user":
-        raise bad_request("The last message must be the user's.", param=f"messages[{len(texts) - 1}].role")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad_request(f"`messages[{i}]` must be an object.", param=f"messages[{i}]")
+    first_output = len(messages)
+    while first_output > 0 and messages[first_output - 1].get("role") == "tool":
+        first_output -= 1
+    if first_output < len(messages):
+        return _outputs(messages, first_output)
+    return _conversation(messages)
+
+
+def _outputs(messages: list[dict[str, Any]], first: int) -> _Conversation:
+    """The trailing ``tool`` messages from ``first`` on, as the outputs that resume a run."""
+    outputs = dict(_tool_output(i, messages[i]) for i in range(first, len(messages)))
+    params = {messages[i]["tool_call_id"]: f"messages[{i}].tool_call_id" for i in range(first, len(messages))}
+    return _Conversation(history=[], content="", tool_outputs=outputs, instructions="", params=params)
+
+
+def _conversation(messages: list[dict[str, Any]]) -> _Conversation:
+    """A new run's conversation: the last message the user's, the instructions apart."""
+    instructions = [_content(f"messages[{i}]", m.get("content")) for i, m in enumerate(messages)
+                    if m.get("role") in INSTRUCTION_ROLES]
+    texts = [_message(i, m) for i, m in enumerate(messages) if m.get("role") not in INSTRUCTION_ROLES]
+    last = len(messages) - 1
+    if not texts or messages[last].get("role") != "user":
+        raise bad_request("The last message must be the user's.", param=f"messages[{last}].role")
+    content = texts[-1][1]
     if not content.strip():
-        raise bad_request("The last message is empty.", param=f"messages[{len(texts) - 1}].content")
-    return texts[:-1], content
+        raise bad_request("The last message is empty.", param=f"messages[{last}].content")
+    return _Conversation(history=texts[:-1], content=content, tool_outputs={},
+                         instructions="\n\n".join(t for t in instructions if t.strip()))
 
 
-def _message(index: int, message: Any) -> tuple[str, str]:
+def _tool_output(index: int, message: dict[str, Any]) -> tuple[str, str]:
+    """``(tool_call_id, output text)`` of a ``tool`` message."""
     where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise bad_request(f"`{where}` must be an object.", param=where)
+    call = message.get("tool_call_id")
+    if not isinstance(call, str) or not call:
+        raise bad_request(f"`{where}.tool_call_id` is required: the id of the call it answers.",
+                          param=f"{where}.tool_call_id", code="missing_required_parameter")
+    return call, _content(where, message.get("content"))
+
+
+def _message(index: int, message: dict[str, Any]) -> tuple[str, str]:
+    """A history message as ``(role, text)``: a ``tool`` message and an assistant's tool calls
+    of an earlier round become the assistant's text (the new chat records no calls of its own)."""
+    where = f"messages[{index}]"
     role = message.get("role")
-    if role in ("system", "developer", "tool"):
-        raise OpenAIError(400, f"`{where}.role` {role!r} is not supported: the agent's own system prompt applies, "
-                               "and its tools run on the server.", param=f"{where}.role", code="unsupported_value")
-    if role not in ("user", "assistant"):
-        raise bad_request(f"`{where}.role` must be 'user' or 'assistant'.", param=f"{where}.role")
-    extra = sorted(set(message) - {"role", "content", "name"} - ({"refusal"} if role == "assistant" else set()))
+    if role not in ("user", "assistant", "tool"):
+        raise bad_request(f"`{where}.role` must be 'system', 'developer', 'user', 'assistant' or 'tool'.",
+                          param=f"{where}.role")
+    allowed = MESSAGE_FIELDS[role]
+    extra = sorted(set(message) - allowed)
     if extra:
         raise OpenAIError(400, f"Unsupported field(s) in `{where}`: {', '.join(extra)}.", param=f"{where}.{extra[0]}",
                           code="unsupported_parameter")
-    return role, _content(where, message.get("content"))
+    text = _content(where, message.get("content"))
+    if role == "tool":
+        return "assistant", f"[Output of tool call {message.get('tool_call_id')}]: {text}"
+    if role == "assistant" and message.get("tool_calls"):
+        text = "\n".join([text, *_calls_text(where, message["tool_calls"])]).strip()
+    return role, text
+
+
+def _calls_text(where: str, calls: Any) -> list[str]:
+    if not isinstance(calls, list):
+        raise bad_request(f"`{where}.tool_calls` must be an array.", param=f"{where}.tool_calls")
+    lines = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad_request(f"`{where}.tool_calls[{j}].function.name` is required.",
+                              param=f"{where}.tool_calls[{j}].function")
+        lines.append(f"[Called tool {function['name']} ({call.get('id')}) with {function.get('arguments') or '{}'}]")
+    return lines
 
 
 def _content(where: str, content: Any) -> str:

@@ -1,20 +1,28 @@
 """The Responses API (OpenAI's, and the Open Responses specification) over runs.
 
-A response is a run: its id is ``resp_<run id>``. :func:`response_body` builds the response
-object of a run from what is stored (``GET /responses/<id>``, the answer of a non-streamed
-``POST /responses``, the final event of a stream); :class:`ResponseStream` turns the run's
-events into the streaming events (``response.created``, ``response.output_item.added``,
-``response.output_text.delta``, ``response.function_call_arguments.done``,
-``response.completed``, ...), numbered by ``sequence_number``.
+A response is a run, or one segment of it: its id is ``resp_<run id>``. A run that called
+the client's own tools (``tools`` of the request, :mod:`.client_tools`) is split after each
+such turn: the response ends there (``completed``, with the calls as ``function_call`` items)
+and the request bringing their outputs continues the same run as the next response,
+``resp_<run id>_<k>`` (segment ``k``, 1-based). :func:`response_body` builds the response
+object of a run (segment) from what is stored (``GET /responses/<id>``, the answer of a
+non-streamed ``POST /responses``, the final event of a stream); :class:`ResponseStream` turns
+the run's events into the streaming events (``response.created``,
+``response.output_item.added``, ``response.output_text.delta``,
+``response.function_call_arguments.done``, ``response.completed``, ...), numbered by
+``sequence_number``.
 
 Output items, in the order the run made them: the assistant's text of each turn (a
-``message`` item ``msg_<run>_<n>``), and for each server-side tool call a ``function_call``
-item (``fc_<tool call id>``) followed by its ``function_call_output`` (``fco_<tool call id>``).
+``message`` item ``msg_<run>_<n>``, ``msg_<run>_<k>_<n>`` in segment ``k``), for each
+server-side tool call a ``function_call`` item (``fc_<tool call id>``) followed by its
+``function_call_output`` (``fco_<tool call id>``), and for each call of the client's tools a
+``function_call`` item alone (``call_id`` ``call_<tool call id>``: the client answers it).
 
-Status: ``queued`` and ``running`` → ``queued`` / ``in_progress``; ``completed``;
-``failed`` (``error.code``: the run's failure reason); ``cancelled``; a run waiting for a
-person's decision → ``incomplete`` with ``incomplete_details.reason`` ``approval_required``
-(the run stays paused; decide it in the chat app, then ``GET`` the response again).
+Status: ``queued`` and ``running`` → ``queued`` / ``in_progress``; ``completed`` (also a
+segment that ended with calls of the client's tools); ``failed`` (``error.code``: the run's
+failure reason); ``cancelled``; a run waiting for a person's decision → ``incomplete`` with
+``incomplete_details.reason`` ``approval_required`` (the run stays paused; decide it in the
+chat app, then ``GET`` the response again). ``usage`` is the whole run's.
 """
 
 from __future__ import annotations
@@ -23,7 +31,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sessions.models import Message, MessageRole, Run, RunStatus, ToolCall, ToolCallStatus
+from sessions.api.openai_compat.completion import client_calls
+from sessions.api.openai_compat.formats import VALIDATION_FAILED_CODE, format_echo
+from sessions.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Message,
+    MessageRole,
+    Run,
+    RunFailureReason,
+    RunStatus,
+    ToolCall,
+    ToolCallStatus,
+)
 
 STATUS = {RunStatus.QUEUED: "queued", RunStatus.RUNNING: "in_progress", RunStatus.COMPLETED: "completed",
           RunStatus.FAILED: "failed", RunStatus.CANCELLED: "cancelled", RunStatus.AWAITING_APPROVAL: "incomplete"}
@@ -33,14 +54,27 @@ ENDED = frozenset({"completed", "failed", "cancelled", "incomplete"})
 """Response statuses after which a stream ends."""
 
 
-def response_id(run_id: int) -> str:
-    return f"resp_{run_id}"
+def response_id(run_id: int, segment: int = 0) -> str:
+    """``resp_<run id>``, or ``resp_<run id>_<segment>`` for a later segment."""
+    return f"resp_{run_id}" if segment == 0 else f"resp_{run_id}_{segment}"
+
+
+def response_ref_of(response_id_: str) -> tuple[int, int] | None:
+    """``(run id, segment)`` of ``resp_<id>`` / ``resp_<id>_<k>``, or None when it is not one of ours."""
+    if not isinstance(response_id_, str) or not response_id_.startswith("resp_"):
+        return None
+    run, _, segment = response_id_.removeprefix("resp_").partition("_")
+    if not (run.isdigit() and len(run) <= 18) or (segment and not (segment.isdigit() and len(segment) <= 6)):
+        return None
+    if segment and int(segment) == 0:
+        return None
+    return int(run), int(segment or 0)
 
 
 def run_id_of(response_id_: str) -> int | None:
-    """The run id in ``resp_<id>``, or None when it is not one of ours."""
-    raw = response_id_.removeprefix("resp_")
-    return int(raw) if response_id_.startswith("resp_") and raw.isdigit() and len(raw) <= 18 else None
+    """The run id in ``resp_<id>`` (or ``resp_<id>_<k>``), or None when it is not one of ours."""
+    ref = response_ref_of(response_id_)
+    return None if ref is None else ref[0]
 
 
 def message_item(item_id: str, text: str, *, status: str = "completed") -> dict[str, Any]:
@@ -77,49 +111,128 @@ def _call_output(call: ToolCall) -> str:
     return f"Error: {call.error}" if call.error else ""
 
 
-def stored_output(run: Run) -> list[dict[str, Any]]:
-    """The run's output items from its messages and tool calls (see the module docstring)."""
-    calls = {c.call_id: c for c in ToolCall.objects.filter(run=run)}
-    items: list[dict[str, Any]] = []
-    texts = 0
-    # A conversation given whole is stored before the run's own message: the output starts after it.
-    inputs = Message.objects.filter(run=run, role=MessageRole.USER, content=run.input).order_by("-position")
-    start = inputs.values_list("position", flat=True).first() or 0
-    answers = Message.objects.filter(run=run, role=MessageRole.ASSISTANT, position__gt=start).order_by("position")
-    for message in answers:
-        if message.content:
-            items.append(message_item(f"msg_{run.pk}_{texts}", message.content))
-            texts += 1
-        for requested in message.tool_calls:
-            call = calls.get(requested["id"])
-            if call is None:
-                continue
-            items.append(call_item(call.pk, name=call.name, arguments=arguments_text(call.arguments_raw)))
-            if call.status not in (ToolCallStatus.PENDING, ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.RUNNING):
-                items.append(output_item(call.pk, output=_call_output(call)))
-    if run.status == RunStatus.COMPLETED and run.reply and not any(
-        i["type"] == "message" and i["content"][0]["text"] == run.reply for i in items[-1:]
-    ):
-        items.append(message_item(f"msg_{run.pk}_{texts}", run.reply))
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """A run's answers (its assistant messages after its input), split after each one that
+    called the client's tools."""
+
+    parts: list[list[Message]]
+    """The segments' messages; the last is left out while its calls still wait."""
+    client_calls: set[str]
+    """The model's ids (``ToolCall.call_id``) of the calls of the client's tools."""
+    waiting: bool
+    """Whether the last segment ended with calls of the client's tools that still wait."""
+
+    @classmethod
+    def of(cls, run: Run) -> Segments:
+        approvals = list(Approval.objects.filter(run=run, kind=ApprovalKind.CLIENT_TOOL)
+                         .values_list("tool_call__call_id", "status"))
+        client = {call for call, _status in approvals}
+        pending = {call for call, status in approvals if status == ApprovalStatus.PENDING}
+        # A conversation given whole is stored before the run's own message: the output starts after it.
+        inputs = Message.objects.filter(run=run, role=MessageRole.USER, content=run.input).order_by("-position")
+        start = inputs.values_list("position", flat=True).first() or 0
+        parts: list[list[Message]] = [[]]
+        for message in Message.objects.filter(run=run, role=MessageRole.ASSISTANT, position__gt=start).order_by(
+                "position"):
+            parts[-1].append(message)
+            if any(c["id"] in client for c in message.tool_calls):
+                parts.append([])
+        waiting = any(c["id"] in pending for m in parts[-2] for c in m.tool_calls) if len(parts) > 1 else False
+        return cls(parts=parts[:-1] if waiting else parts, client_calls=client, waiting=waiting)
+
+    def ends_with_calls(self, segment: int) -> bool:
+        """Whether segment ``segment`` ended with calls of the client's tools."""
+        return segment < len(self.parts) - 1 or self.waiting
+
+
+def _message_items(run: Run, segment: int, message: Message, texts: int) -> list[dict[str, Any]]:
+    if not message.content:
+        return []
+    item_id = f"msg_{run.pk}_{texts}" if segment == 0 else f"msg_{run.pk}_{segment}_{texts}"
+    return [message_item(item_id, message.content)]
+
+
+def _call_items(call: ToolCall, *, client: bool) -> list[dict[str, Any]]:
+    items = [call_item(call.pk, name=call.name, arguments=arguments_text(call.arguments_raw))]
+    if not client and call.status not in (ToolCallStatus.PENDING, ToolCallStatus.AWAITING_APPROVAL,
+                                          ToolCallStatus.RUNNING):
+        items.append(output_item(call.pk, output=_call_output(call)))
     return items
 
 
-def response_body(run: Run, *, model: str, previous_response_id: str | None = None) -> dict[str, Any]:
-    """The response object of ``run`` (requires the run's tenant scope)."""
-    status = STATUS[run.status]
+def stored_output(run: Run, segment: int = 0, segments: Segments | None = None) -> list[dict[str, Any]] | None:
+    """The output items of the run's segment ``segment`` from its messages and tool calls (see
+    the module docstring); None when the run has no such segment (yet). With a format asked
+    (``text.format``), the text is the run's checked reply only (the answers that failed the
+    check and were repaired are left out)."""
+    segments = segments or Segments.of(run)
+    if segment >= len(segments.parts):
+        return None
+    calls = {c.call_id: c for c in ToolCall.objects.filter(run=run)}
+    items: list[dict[str, Any]] = []
+    texts = 0
+    for message in segments.parts[segment]:
+        found = _message_items(run, segment, message, texts)
+        texts += len(found)
+        items += found
+        for requested in message.tool_calls:
+            if requested["id"] in calls:
+                items += _call_items(calls[requested["id"]], client=requested["id"] in segments.client_calls)
+    if structured(run):  # the text is the checked reply alone (numbered as the segment's first)
+        items, texts = [i for i in items if i["type"] != "message"], 0
+    if segment == len(segments.parts) - 1 and not segments.waiting:
+        items += _reply_items(run, segment, items, texts)
+    return items
+
+
+def _reply_items(run: Run, segment: int, items: list[dict[str, Any]], texts: int) -> list[dict[str, Any]]:
+    """The run's reply as the last message item of its last segment, when no item says it yet
+    (a steered run's, a structured answer's)."""
+    if run.status != RunStatus.COMPLETED or not run.reply or any(
+        i["type"] == "message" and i["content"][0]["text"] == run.reply for i in items[-1:]
+    ):
+        return []
+    return _message_items(run, segment, Message(content=run.reply), texts)
+
+
+def structured(run: Run) -> bool:
+    """Whether the run's caller asked for a format (JSON)."""
+    return bool((run.request_options or {}).get("response_format"))
+
+
+def _options_fields(run: Run) -> dict[str, Any]:
+    """``instructions``, ``tools`` and ``text`` as the request that started the run gave them."""
+    options = run.request_options or {}
+    tools = [{"type": "function", "name": t["name"], "description": t.get("description") or None,
+              "parameters": t.get("parameters"), "strict": False} for t in options.get("client_tools", [])]
+    return {"instructions": options.get("instructions") or None, "tools": tools,
+            "text": {"format": format_echo(options.get("response_format"))}}
+
+
+def response_body(run: Run, *, model: str, previous_response_id: str | None = None,
+                  segment: int = 0) -> dict[str, Any] | None:
+    """The response object of ``run``'s segment ``segment`` (requires the run's tenant scope);
+    None when the run has no such segment (yet)."""
+    segments = Segments.of(run)
+    output = stored_output(run, segment, segments)
+    if output is None:
+        return None
+    status = "completed" if segments.ends_with_calls(segment) else STATUS[run.status]
     error = None
-    if run.status == RunStatus.FAILED:
-        error = {"code": run.reason or "run_failed", "message": run.error or "The run failed."}
+    if status == "failed":
+        code = VALIDATION_FAILED_CODE if run.reason == RunFailureReason.OUTPUT_INVALID else run.reason
+        error = {"code": code or "run_failed", "message": run.error or "The run failed."}
     usage = {"input_tokens": run.prompt_tokens, "output_tokens": run.completion_tokens,
              "total_tokens": run.prompt_tokens + run.completion_tokens,
              "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
     return {
-        "id": response_id(run.pk), "object": "response", "created_at": int(run.created_at.timestamp()),
+        "id": response_id(run.pk, segment), "object": "response", "created_at": int(run.created_at.timestamp()),
         "completed_at": int(run.finished_at.timestamp()) if run.finished_at else None, "status": status,
         "incomplete_details": {"reason": "approval_required"} if status == "incomplete" else None,
-        "model": model, "previous_response_id": previous_response_id, "instructions": None,
-        "output": stored_output(run), "error": error, "tools": [], "tool_choice": "auto", "truncation": "disabled",
-        "parallel_tool_calls": True, "text": {"format": {"type": "text"}}, "top_p": 1.0, "presence_penalty": 0.0,
+        "model": model, "previous_response_id": previous_response_id, **_options_fields(run),
+        "output": output, "error": error, "tool_choice": "auto", "truncation": "disabled",
+        "parallel_tool_calls": True, "top_p": 1.0, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "top_logprobs": 0, "temperature": 1.0, "reasoning": None,
         "usage": usage if status in ENDED else None, "max_output_tokens": None, "max_tool_calls": None,
         "store": True, "background": False, "service_tier": "default", "metadata": {}, "safety_identifier": None,
@@ -137,11 +250,16 @@ class ResponseStream:
     """
 
     run_id: int
+    segment: int = 0
+    """The run's segment this response is (0 for a new run; the resumed one for a request that
+    brought the client's tool outputs)."""
     sequence: int = 0
     output_index: int = 0
     texts: int = 0
     open_text: list[str] | None = None
     """The text of the message item being streamed (None: none is open)."""
+    structured: bool = False
+    """A format was asked: the text is sent once checked, from the stored response (:meth:`final`)."""
 
     def event(self, type_: str, **fields: Any) -> dict[str, Any]:
         """One event with the next ``sequence_number``."""
@@ -159,12 +277,16 @@ class ResponseStream:
             return []
         kind, data = frame.get("type"), frame.get("data") or {}
         if kind == "content_token":
-            return self._text(data["text"])
+            return [] if self.structured else self._text(data["text"])
         if kind == "tool_call_started":
             return self._close_text() + self._call_started(data)
         if kind in ("tool_call_succeeded", "tool_call_failed"):
             return self._close_text() + self._call_finished(kind, data)
-        if kind in ("run_completed", "run_failed", "run_cancelled", "run_awaiting_approval"):
+        if kind == "run_awaiting_approval":
+            return self._close_text() + [e for call in client_calls(frame) for e in self._call_started(
+                {"tool_call_id": call["tool_call_id"], "name": call["tool_name"],
+                 "arguments": call.get("arguments") if call.get("arguments") is not None else {}})]
+        if kind in ("run_completed", "run_failed", "run_cancelled"):
             return self._close_text()
         return []
 
@@ -173,16 +295,26 @@ class ResponseStream:
         return frame.get("run_id") == run_id and frame.get("type") in (
             "run_completed", "run_failed", "run_cancelled", "run_awaiting_approval")
 
-    def final(self, response: dict[str, Any]) -> dict[str, Any]:
-        """The last event: ``response.completed``, ``.failed`` or ``.incomplete`` (also for a
-        cancelled run, whose status says ``cancelled``)."""
+    def final(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        """The last events: a structured answer's checked text (its message item), then
+        ``response.completed``, ``.failed`` or ``.incomplete`` (also for a cancelled run, whose
+        status says ``cancelled``)."""
+        events = []
+        messages = [i for i in response["output"] if i["type"] == "message"]
+        if self.structured and messages:
+            self.output_index = response["output"].index(messages[-1])
+            events += self._text(messages[-1]["content"][0]["text"]) + self._close_text()
         kind = {"completed": "response.completed", "failed": "response.failed"}.get(response["status"],
                                                                                    "response.incomplete")
-        return self.event(kind, response=response)
+        return [*events, self.event(kind, response=response)]
+
+    def _text_id(self) -> str:
+        base = f"msg_{self.run_id}" if self.segment == 0 else f"msg_{self.run_id}_{self.segment}"
+        return f"{base}_{self.texts}"
 
     def _text(self, text: str) -> list[dict[str, Any]]:
         events = []
-        item_id = f"msg_{self.run_id}_{self.texts}"
+        item_id = self._text_id()
         if self.open_text is None:
             self.open_text = []
             events.append(self.event("response.output_item.added", output_index=self.output_index,
@@ -198,7 +330,7 @@ class ResponseStream:
     def _close_text(self) -> list[dict[str, Any]]:
         if self.open_text is None:
             return []
-        text, item_id = "".join(self.open_text), f"msg_{self.run_id}_{self.texts}"
+        text, item_id = "".join(self.open_text), self._text_id()
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         events = [
             self.event("response.output_text.done", item_id=item_id, output_index=self.output_index, content_index=0,

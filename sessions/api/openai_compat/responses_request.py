@@ -1,24 +1,35 @@
 """The body of ``POST /api/openai/v1/responses``, validated.
 
-Accepted: ``model`` (the agent's slug), ``input`` (a string, or message items: ``role``
-``user`` or ``assistant``, ``content`` a string or ``input_text`` / ``output_text`` parts; the
-last one the user's), ``previous_response_id`` (continues that response's chat), ``stream``,
-``store: true`` (every run is stored), ``user``. Everything else is refused by name (a 400
-``unsupported_parameter``), as for chat completions: the agent's configuration decides the
-model, its instructions, sampling and tools.
+Accepted: ``model`` (the agent's slug), ``input`` (a string, or items: messages of ``role``
+``user`` or ``assistant`` with ``content`` a string or ``input_text`` / ``output_text`` parts,
+``system`` / ``developer`` messages added to the instructions; earlier ``function_call`` /
+``function_call_output`` items of a conversation given whole, kept as text; the last item the
+user's message, or ``function_call_output`` items answering the calls of the client's tools
+that paused a run), ``instructions`` (added after the agent's own system prompt), ``tools``
+(function tools the client runs, :mod:`.client_tools`) with ``tool_choice`` ``auto`` /
+``none``, ``text.format`` (``text``, ``json_object``, ``json_schema``: :mod:`.formats`),
+``previous_response_id`` (continues that response's chat, or the run its tool outputs
+resume), ``stream``, ``store: true`` (every run is stored), ``user``. Everything else is refused
+by name (a 400 ``unsupported_parameter``), as for chat completions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from llm.types import ToolSpec
 from sessions.api.openai_compat.chat_request import body_common
+from sessions.api.openai_compat.client_tools import client_tools_parse, tool_choice_offers
 from sessions.api.openai_compat.errors import OpenAIError, bad_request
-from sessions.api.openai_compat.responses import run_id_of
+from sessions.api.openai_compat.formats import responses_text_parse
+from sessions.api.openai_compat.responses import response_ref_of
+from sessions.runner.spec import RunRequestOptions
 
-ACCEPTED_FIELDS = frozenset({"model", "input", "previous_response_id", "stream", "store", "user"})
+ACCEPTED_FIELDS = frozenset({"model", "input", "previous_response_id", "stream", "store", "user", "instructions",
+                             "tools", "tool_choice", "text"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+INSTRUCTION_ROLES = frozenset({"system", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +40,27 @@ class ResponsesRequest:
     history: list[tuple[str, str]]
     """The messages before the last: ``[(role, text)]``."""
     content: str
-    """The last (user) message."""
+    """The last (user) message ("" when the request brings tool outputs)."""
     stream: bool
     previous_run_id: int | None
     """The run of ``previous_response_id`` (its chat is continued), or None."""
     previous_response_id: str | None
+    client_tools: tuple[ToolSpec, ...] = ()
+    """The client's own tools, offered to the model beside the agent's."""
+    tool_outputs: dict[str, str] = field(default_factory=dict)
+    """``{call_id: output}`` of the trailing ``function_call_output`` items: the request resumes
+    the run those calls paused."""
+    tool_output_params: dict[str, str] = field(default_factory=dict)
+    """``{call_id: "input[i].call_id"}`` (for errors)."""
+    instructions: str = ""
+    """``instructions`` and the ``system`` / ``developer`` items, added after the agent's prompt."""
+    response_format: dict[str, Any] | None = None
+    """``text.format`` as kept with the run (:mod:`.formats`); None: text."""
+
+    def request_options(self) -> dict[str, Any] | None:
+        """What the run keeps of the request (``Run.request_options``), or None."""
+        return RunRequestOptions(client_tools=self.client_tools, instructions=self.instructions,
+                                 response_format=self.response_format).to_json()
 
 
 def responses_request_parse(raw: bytes) -> ResponsesRequest:
@@ -42,52 +69,111 @@ def responses_request_parse(raw: bytes) -> ResponsesRequest:
     if body.get("store", True) is not True:
         raise OpenAIError(400, "Every response is stored (it is a run of the agent): `store` can only be true.",
                           param="store", code="unsupported_value")
-    messages = _input(body.get("input"))
+    parsed = _input(body.get("input"))
     previous = body.get("previous_response_id")
     previous_run_id = None
     if previous is not None:
-        previous_run_id = run_id_of(previous) if isinstance(previous, str) else None
-        if previous_run_id is None:
+        ref = response_ref_of(previous) if isinstance(previous, str) else None
+        if ref is None:
             raise OpenAIError(404, f"No response {previous!r} is yours.", param="previous_response_id",
                               code="previous_response_not_found")
-    return ResponsesRequest(model=model, history=messages[:-1], content=messages[-1][1], stream=stream,
-                            previous_run_id=previous_run_id, previous_response_id=previous)
+        previous_run_id = ref[0]
+    tools = client_tools_parse(body.get("tools"), nested=False)
+    offered = tool_choice_offers(body.get("tool_choice"))
+    return ResponsesRequest(model=model, history=parsed.history, content=parsed.content, stream=stream,
+                            previous_run_id=previous_run_id, previous_response_id=previous,
+                            client_tools=tools if offered else (), tool_outputs=parsed.outputs,
+                            tool_output_params=parsed.params,
+                            instructions=_instructions(body.get("instructions"), parsed.instructions),
+                            response_format=responses_text_parse(body.get("text")))
 
 
-def _input(value: Any) -> list[tuple[str, str]]:
+def _instructions(value: Any, from_items: list[str]) -> str:
+    if value is not None and not isinstance(value, str):
+        raise bad_request("`instructions` must be a string.", param="instructions")
+    return "\n\n".join(t for t in [value or "", *from_items] if t.strip())
+
+
+@dataclass(slots=True)
+class _Input:
+    history: list[tuple[str, str]] = field(default_factory=list)
+    content: str = ""
+    outputs: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    instructions: list[str] = field(default_factory=list)
+
+
+def _input(value: Any) -> _Input:
     if isinstance(value, str):
         if not value.strip():
             raise bad_request("`input` is empty.", param="input")
-        return [("user", value)]
+        return _Input(content=value)
     if not isinstance(value, list) or not value:
-        raise bad_request("`input` must be a string or a non-empty array of messages.", param="input",
+        raise bad_request("`input` must be a string or a non-empty array of items.", param="input",
                           code="missing_required_parameter")
-    messages = [_item(i, item) for i, item in enumerate(value)]
-    if messages[-1][0] != "user" or not messages[-1][1].strip():
-        raise bad_request("The last input item must be a non-empty user message.", param=f"input[{len(value) - 1}]")
-    return messages
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise bad_request(f"`input[{index}]` must be an object.", param=f"input[{index}]")
+    first_output = len(value)
+    while first_output > 0 and value[first_output - 1].get("type") == "function_call_output":
+        first_output -= 1
+    if first_output < len(value):
+        return _outputs(value, first_output)
+    parsed = _Input()
+    for index, item in enumerate(value):
+        _history_item(parsed, index, item)
+    last = len(value) - 1
+    if not parsed.history or value[last].get("role") != "user" or not parsed.history[-1][1].strip():
+        raise bad_request("The last input item must be a non-empty user message.", param=f"input[{last}]")
+    parsed.content = parsed.history.pop()[1]
+    return parsed
 
 
-def _item(index: int, item: Any) -> tuple[str, str]:
+def _outputs(items: list[dict[str, Any]], first: int) -> _Input:
+    """The trailing ``function_call_output`` items (the earlier items are the paused run's chat's)."""
+    parsed = _Input()
+    for index in range(first, len(items)):
+        call, output = items[index].get("call_id"), items[index].get("output")
+        if not isinstance(call, str) or not call:
+            raise bad_request(f"`input[{index}].call_id` is required: the id of the call it answers.",
+                              param=f"input[{index}].call_id", code="missing_required_parameter")
+        parsed.outputs[call] = _text(f"input[{index}].output", output, parts=TEXT_PARTS)
+        parsed.params[call] = f"input[{index}].call_id"
+    return parsed
+
+
+def _history_item(parsed: _Input, index: int, item: dict[str, Any]) -> None:
     where = f"input[{index}]"
-    if not isinstance(item, dict) or item.get("type", "message") != "message":
-        kind = item.get("type") if isinstance(item, dict) else type(item).__name__
-        raise OpenAIError(400, f"`{where}`: only message items are supported (got {kind!r}).", param=where,
-                          code="unsupported_value")
-    role = item.get("role")
-    if role not in ("user", "assistant"):
-        raise OpenAIError(400, f"`{where}.role` {role!r} is not supported: 'user' or 'assistant' (the agent's own "
-                               "instructions apply).", param=f"{where}.role", code="unsupported_value")
-    content = item.get("content")
+    kind = item.get("type", "message")
+    if kind == "function_call":
+        parsed.history.append(("assistant", f"[Called tool {item.get('name')} ({item.get('call_id')}) with "
+                                            f"{item.get('arguments') or '{}'}]"))
+    elif kind == "function_call_output":
+        output = _text(f"{where}.output", item.get("output"), parts=TEXT_PARTS)
+        parsed.history.append(("assistant", f"[Output of tool call {item.get('call_id')}]: {output}"))
+    elif kind != "message":
+        raise OpenAIError(400, f"`{where}`: only message and function call items are supported (got {kind!r}).",
+                          param=where, code="unsupported_value")
+    elif item.get("role") in INSTRUCTION_ROLES:
+        parsed.instructions.append(_text(f"{where}.content", item.get("content"), parts=TEXT_PARTS))
+    elif item.get("role") in ("user", "assistant"):
+        parsed.history.append((item["role"], _text(f"{where}.content", item.get("content"), parts=TEXT_PARTS)))
+    else:
+        raise bad_request(f"`{where}.role` must be 'system', 'developer', 'user' or 'assistant'.",
+                          param=f"{where}.role")
+
+
+def _text(where: str, content: Any, *, parts: frozenset[str]) -> str:
+    """A string, or the text of an array of text parts."""
     if isinstance(content, str):
-        return role, content
+        return content
     if not isinstance(content, list):
-        raise bad_request(f"`{where}.content` must be a string or an array of parts.", param=f"{where}.content")
+        raise bad_request(f"`{where}` must be a string or an array of parts.", param=where)
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise OpenAIError(400, f"`{where}.content[{j}]`: only text parts are supported (got {kind!r}).",
-                              param=f"{where}.content[{j}]", code="unsupported_value")
+        if kind not in parts or not isinstance(part.get("text"), str):
+            raise OpenAIError(400, f"`{where}[{j}]`: only text parts are supported (got {kind!r}).",
+                              param=f"{where}[{j}]", code="unsupported_value")
         texts.append(part["text"])
-    return role, "\n".join(texts)
+    return "\n".join(texts)

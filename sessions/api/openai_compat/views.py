@@ -29,10 +29,11 @@ from agents.models import AgentInstance
 from sessions.api import agent_runs
 from sessions.api.agent_runs import AGENT_NOT_FOUND, RunRefused, agent_run_start, answer_reader_open, chat_continue
 from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
-from sessions.api.openai_compat.completion import RUN_END_TYPES, Completion, RunEnd, frame_delta, usage_of
+from sessions.api.openai_compat.completion import Completion, RunEnd, ends_answer, frame_delta, usage_of
 from sessions.api.openai_compat.errors import OpenAIError
-from sessions.api.openai_compat.responses import ResponseStream, response_body, run_id_of
+from sessions.api.openai_compat.responses import ResponseStream, response_body, response_ref_of
 from sessions.api.openai_compat.responses_request import ResponsesRequest, responses_request_parse
+from sessions.api.openai_compat.resume import Started, run_resume_with_outputs
 from sessions.event_reader import Closed, Event, SessionEventReader
 from sessions.models import ACTIVE_RUN_STATUSES, Run
 from sessions.selectors import run_get_for_user
@@ -130,15 +131,28 @@ def _refusal(exc: RunRefused, model: str) -> OpenAIError:
 
 
 @database_sync_to_async
-def _start(caller: Caller, chat: ChatRequest) -> tuple[int, int]:
-    """A chat completion's run (:func:`_start_run`)."""
-    return _start_run(caller, chat.model, lambda agent: _post(caller, agent, chat))
+def _start(caller: Caller, chat: ChatRequest) -> Started:
+    """A chat completion's run (:func:`_start_run`): a new one, or the run the request's tool
+    outputs resume (its answer's events come after ``after_seq``)."""
+    resumed: list[Started] = []
+
+    def post(agent: AgentInstance) -> Run:
+        if not chat.tool_outputs:
+            return _post(caller, agent, chat)
+        resumed.append(run_resume_with_outputs(user=caller.user, agent=agent, outputs=chat.tool_outputs,
+                                               params=chat.tool_output_params, outputs_param="messages"))
+        return resumed[0].run
+
+    session_id, run_id = _start_run(caller, chat.model, post)
+    return Started(session_id=session_id, run_id=run_id, after_seq=resumed[0].after_seq if resumed else 0)
 
 
 def _post(caller: Caller, agent: AgentInstance, chat: ChatRequest) -> Run:
     if chat.chat_id is None:
-        return chat_from_conversation(user=caller.user, agent=agent, history=chat.history, content=chat.content)
-    return chat_continue(caller, agent, chat_id=chat.chat_id, content=chat.content, param="metadata.chat_id")
+        return chat_from_conversation(user=caller.user, agent=agent, history=chat.history, content=chat.content,
+                                      request_options=chat.request_options())
+    return chat_continue(caller, agent, chat_id=chat.chat_id, content=chat.content, param="metadata.chat_id",
+                         request_options=chat.request_options())
 
 
 @database_sync_to_async
@@ -170,20 +184,20 @@ async def _frames_until(reader: SessionEventReader, last: Callable[[dict[str, An
 
 
 async def _run_items(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, str] | RunEnd | None]:
-    """The run's deltas, then its :class:`RunEnd` (the last item); ``None`` for a keep-alive.
-    Raises OpenAIError 503 (:func:`_frames_until`)."""
-    async for frame in _frames_until(reader, lambda f: f.get("run_id") == run_id and f.get("type") in RUN_END_TYPES):
+    """The run's deltas, then its :class:`RunEnd` (the last item: its end, or its pause on the
+    client's tools); ``None`` for a keep-alive. Raises OpenAIError 503 (:func:`_frames_until`)."""
+    async for frame in _frames_until(reader, lambda f: ends_answer(f, run_id)):
         found = None if frame is None else frame_delta(frame, run_id=run_id)
         if frame is None or found is not None:
             yield found
 
 
-async def _reader(caller: Caller, session_id: int) -> SessionEventReader:
-    """The reader of the session's events for the caller's answer
+async def _reader(caller: Caller, session_id: int, after_seq: int = 0) -> SessionEventReader:
+    """The reader of the session's events after ``after_seq`` for the caller's answer
     (:func:`sessions.api.agent_runs.answer_reader_open`). Raises OpenAIError 429 when the
     caller holds every stream slot."""
     try:
-        return await answer_reader_open(caller, session_id)
+        return await answer_reader_open(caller, session_id, after_seq=after_seq)
     except RunRefused as exc:
         raise OpenAIError(429, exc.message, type="rate_limit_error", code=exc.code,
                           retry_after=exc.retry_after) from exc
@@ -202,11 +216,13 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     try:
         caller = await _authenticate(request)
         chat = chat_request_parse(request.body, chat_id_header=request.headers.get("X-Chat-Id"))
-        session_id, run_id = await _start(caller, chat)
-        reader = await _reader(caller, session_id)
+        started = await _start(caller, chat)
+        reader = await _reader(caller, started.session_id, started.after_seq)
     except OpenAIError as exc:
         return exc.response()
-    completion = Completion(run_id=run_id, model=chat.model, chat_id=session_id)
+    session_id = started.session_id
+    completion = Completion(run_id=started.run_id, model=chat.model, chat_id=session_id,
+                            structured=chat.response_format is not None)
     tenant_id = caller.membership.tenant_id
     if chat.stream:
         response = StreamingHttpResponse(_streamed(reader, completion, tenant_id, include_usage=chat.include_usage),
@@ -241,6 +257,23 @@ def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
+async def _end_chunks(end: RunEnd, completion: Completion, tenant_id: int, *, include_usage: bool) -> list[str]:
+    """The stream's last data lines: the error of a run that did not complete; else the checked
+    content of a structured answer, the client's tool calls, the finish chunk, the usage chunk."""
+    failure = end.failure()
+    if failure is not None:
+        return [_sse(failure.body())]
+    lines = []
+    if completion.structured and end.reply:
+        lines.append(_sse(completion.chunk({"content": end.reply})))
+    if end.tool_calls:
+        lines.append(_sse(completion.tool_calls_chunk(end)))
+    lines.append(_sse(completion.chunk({}, finish_reason=end.finish_reason)))
+    if include_usage:
+        lines.append(_sse(completion.usage_chunk(await _usage(tenant_id, completion.run_id))))
+    return lines
+
+
 async def _streamed(reader: SessionEventReader, completion: Completion, tenant_id: int, *,
                     include_usage: bool) -> AsyncIterator[str]:
     """The SSE text: the role chunk, one chunk per delta, a ``: ping`` comment per keep-alive,
@@ -252,14 +285,9 @@ async def _streamed(reader: SessionEventReader, completion: Completion, tenant_i
             if item is None:
                 yield ": ping\n\n"
             elif isinstance(item, RunEnd):
-                failure = item.failure()
-                if failure is not None:
-                    yield _sse(failure.body())
-                else:
-                    yield _sse(completion.chunk({}, finish_reason="stop"))
-                    if include_usage:
-                        yield _sse(completion.usage_chunk(await _usage(tenant_id, completion.run_id)))
-            else:
+                for text in await _end_chunks(item, completion, tenant_id, include_usage=include_usage):
+                    yield text
+            elif not (completion.structured and "content" in item):
                 yield _sse(completion.chunk(item))
     except OpenAIError as exc:
         yield _sse(exc.body())
@@ -272,33 +300,59 @@ async def _streamed(reader: SessionEventReader, completion: Completion, tenant_i
 
 
 @database_sync_to_async
-def _start_response(caller: Caller, request: ResponsesRequest) -> tuple[int, int]:
-    """A response's run (:func:`_start_run`; 404 also for a previous response not the caller's)."""
-    return _start_run(caller, request.model, lambda agent: _post_response(caller, agent, request))
+def _start_response(caller: Caller, request: ResponsesRequest) -> Started:
+    """A response's run (:func:`_start_run`; 404 also for a previous response not the caller's):
+    a new one, or the run the request's tool outputs resume (a later segment of it)."""
+    resumed: list[Started] = []
+
+    def post(agent: AgentInstance) -> Run:
+        if not request.tool_outputs:
+            return _post_response(caller, agent, request)
+        if request.previous_run_id is not None:
+            _previous_run(caller, agent, request)
+        resumed.append(run_resume_with_outputs(user=caller.user, agent=agent, outputs=request.tool_outputs,
+                                               params=request.tool_output_params, outputs_param="input",
+                                               run_id=request.previous_run_id))
+        return resumed[0].run
+
+    session_id, run_id = _start_run(caller, request.model, post)
+    if resumed:
+        return resumed[0]
+    return Started(session_id=session_id, run_id=run_id)
+
+
+def _previous_run(caller: Caller, agent: AgentInstance, request: ResponsesRequest) -> Run:
+    """The run of ``previous_response_id``. Raises OpenAIError 404 when it is not the caller's
+    run of ``agent``."""
+    previous = run_get_for_user(run_id=request.previous_run_id, user_id=caller.user.pk)
+    if previous is None or previous.session.agent_id != agent.pk:
+        raise OpenAIError(404, f"No response {request.previous_response_id!r} of `{request.model}` is yours.",
+                          param="previous_response_id", code="previous_response_not_found")
+    return previous
 
 
 def _post_response(caller: Caller, agent: AgentInstance, request: ResponsesRequest) -> Run:
     if request.previous_run_id is None:
         return chat_from_conversation(user=caller.user, agent=agent, history=request.history,
-                                      content=request.content)
-    previous = run_get_for_user(run_id=request.previous_run_id, user_id=caller.user.pk)
-    if previous is None or previous.session.agent_id != agent.pk:
-        raise OpenAIError(404, f"No response {request.previous_response_id!r} of `{request.model}` is yours.",
-                          param="previous_response_id", code="previous_response_not_found")
+                                      content=request.content, request_options=request.request_options())
+    previous = _previous_run(caller, agent, request)
     if Run.objects.filter(session_id=previous.session_id, status__in=ACTIVE_RUN_STATUSES).exists():
         raise OpenAIError(409, "This conversation has a run in progress; wait for it to end.", code="chat_busy")
-    return message_post(session=previous.session, user=caller.user, content=request.content)
+    return message_post(session=previous.session, user=caller.user, content=request.content,
+                        request_options=request.request_options())
 
 
 @database_sync_to_async
-def _stored_response(tenant_id: int, run_id: int, *, user_id: int,
-                     previous_response_id: str | None = None) -> dict[str, Any] | None:
-    """The response object of the caller's run ``run_id`` as stored, or None (not theirs)."""
+def _stored_response(tenant_id: int, run_id: int, *, user_id: int, previous_response_id: str | None = None,
+                     segment: int = 0) -> dict[str, Any] | None:
+    """The response object of the caller's run ``run_id`` (its segment ``segment``) as stored,
+    or None (not theirs, or no such segment)."""
     with tenant_scope(tenant_id):
         run = run_get_for_user(run_id=run_id, user_id=user_id)
         if run is None:
             return None
-        return response_body(run, model=run.session.agent.slug, previous_response_id=previous_response_id)
+        return response_body(run, model=run.session.agent.slug, previous_response_id=previous_response_id,
+                             segment=segment)
 
 
 def _response_frames(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, Any] | None]:
@@ -318,12 +372,13 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
     try:
         caller = await _authenticate(request)
         parsed = responses_request_parse(request.body)
-        session_id, run_id = await _start_response(caller, parsed)
-        reader = await _reader(caller, session_id)
+        started = await _start_response(caller, parsed)
+        reader = await _reader(caller, started.session_id, started.after_seq)
     except OpenAIError as exc:
         return exc.response()
-    ctx = _ResponseContext(reader=reader, run_id=run_id, tenant_id=caller.membership.tenant_id, user_id=caller.user.pk,
-                           previous_response_id=parsed.previous_response_id)
+    ctx = _ResponseContext(reader=reader, run_id=started.run_id, tenant_id=caller.membership.tenant_id,
+                           user_id=caller.user.pk, previous_response_id=parsed.previous_response_id,
+                           segment=started.segment)
     if parsed.stream:
         response = StreamingHttpResponse(_response_events(ctx), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
@@ -336,13 +391,13 @@ class _ResponseContext:
     """What answering one ``POST /responses`` needs."""
 
     def __init__(self, *, reader: SessionEventReader, run_id: int, tenant_id: int, user_id: int,
-                 previous_response_id: str | None) -> None:
+                 previous_response_id: str | None, segment: int = 0) -> None:
         self.reader, self.run_id, self.tenant_id, self.user_id = reader, run_id, tenant_id, user_id
-        self.previous_response_id = previous_response_id
+        self.previous_response_id, self.segment = previous_response_id, segment
 
     async def stored(self) -> dict[str, Any]:
         found = await _stored_response(self.tenant_id, self.run_id, user_id=self.user_id,
-                                       previous_response_id=self.previous_response_id)
+                                       previous_response_id=self.previous_response_id, segment=self.segment)
         if found is None:  # the chat was deleted meanwhile
             raise OpenAIError(404, "The response's chat was deleted.", code="response_not_found")
         return found
@@ -368,10 +423,12 @@ async def _response_events(ctx: _ResponseContext) -> AsyncIterator[str]:
     """The streaming events: created and in progress, the output as it is made, then
     ``response.completed`` / ``.failed`` / ``.incomplete`` with the stored response (or an
     ``error`` event when the stream ends first)."""
-    stream = ResponseStream(run_id=ctx.run_id)
+    stream = ResponseStream(run_id=ctx.run_id, segment=ctx.segment)
     try:
         await ctx.reader.open()
-        for event in stream.opening(await ctx.stored()):
+        opening = await ctx.stored()
+        stream.structured = opening["text"]["format"]["type"] != "text"  # kept with the run, also when resumed
+        for event in stream.opening(opening):
             yield _sse_event(event)
         async for frame in _response_frames(ctx.reader, ctx.run_id):
             if frame is None:
@@ -379,7 +436,8 @@ async def _response_events(ctx: _ResponseContext) -> AsyncIterator[str]:
                 continue
             for event in stream.frame_events(frame):
                 yield _sse_event(event)
-        yield _sse_event(stream.final(await ctx.stored()))
+        for event in stream.final(await ctx.stored()):
+            yield _sse_event(event)
     except OpenAIError as exc:
         yield _sse_event(stream.event("error", **exc.body()["error"]))
     finally:
@@ -406,14 +464,14 @@ async def response_detail(request: HttpRequest, response_id_: str) -> HttpRespon
     caller = await _caller_or_error(request, "GET")
     if isinstance(caller, HttpResponse):
         return caller
-    run_id = run_id_of(response_id_)
-    found = None if run_id is None else await _stored_response(caller.membership.tenant_id, run_id,
-                                                                user_id=caller.user.pk)
+    ref = response_ref_of(response_id_)
+    found = None if ref is None else await _stored_response(caller.membership.tenant_id, ref[0],
+                                                             user_id=caller.user.pk, segment=ref[1])
     return _response_not_found(response_id_) if found is None else JsonResponse(found)
 
 
 @database_sync_to_async
-def _cancel(caller: Caller, run_id: int) -> dict[str, Any] | None:
+def _cancel(caller: Caller, run_id: int, segment: int = 0) -> dict[str, Any] | None:
     with tenant_scope(caller.membership.tenant_id):
         run = run_get_for_user(run_id=run_id, user_id=caller.user.pk)
         if run is None:
@@ -422,7 +480,7 @@ def _cancel(caller: Caller, run_id: int) -> dict[str, Any] | None:
             run = run_cancel(run=run)
         except ApplicationError as exc:
             raise OpenAIError(exc.status_code, exc.message, code="response_finished") from exc
-        return response_body(run, model=run.session.agent.slug)
+        return response_body(run, model=run.session.agent.slug, segment=segment)
 
 
 @csrf_exempt
@@ -432,9 +490,9 @@ async def response_cancel(request: HttpRequest, response_id_: str) -> HttpRespon
     caller = await _caller_or_error(request, "POST")
     if isinstance(caller, HttpResponse):
         return caller
-    run_id = run_id_of(response_id_)
+    ref = response_ref_of(response_id_)
     try:
-        found = None if run_id is None else await _cancel(caller, run_id)
+        found = None if ref is None else await _cancel(caller, *ref)
     except OpenAIError as exc:
         return exc.response()
     return _response_not_found(response_id_) if found is None else JsonResponse(found)
