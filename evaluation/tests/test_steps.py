@@ -155,3 +155,28 @@ def test_comparison_puts_regressions_first(world, agent, no_enqueue):
         (items[3].pk, "same", 0.0),
     ]
     assert compared["counts"] == {"regression": 2, "improvement": 2, "missing": 0, "same": 1}
+
+
+def test_an_item_with_a_conversation_runs_in_a_chat_holding_it(world, agent, no_enqueue):
+    from evaluation.models import DatasetItem
+    from sessions.models import Message
+
+    dataset = dataset_with(world.tenant, [], name="chats")
+    DatasetItem.all_tenants.create(
+        tenant=world.tenant,
+        dataset=dataset,
+        input="And in Tokyo?",
+        messages=[
+            {"role": "user", "content": "Time in Paris?"},
+            {"role": "assistant", "content": "14:05."},
+            {"role": "user", "content": "And in Tokyo?"},
+        ],
+    )
+    with tenant_scope(world.tenant.pk):
+        experiment = experiment_create(dataset=dataset, agent=agent, user=world.admin, start=False)
+    _step(experiment)
+    run = Run.all_tenants.select_related("session").get(pk=_running(experiment)[0])
+    history = list(Message.all_tenants.filter(session=run.session).order_by("position").values_list("role", "content"))
+    assert history == [("user", "Time in Paris?"), ("assistant", "14:05."), ("user", "And in Tokyo?")]
+    assert run.input == "And in Tokyo?" and run.user_id == world.admin.pk
+    assert run.session.title.startswith(f"Evaluation {experiment.pk} · item ")
