@@ -323,3 +323,25 @@ def test_a_2025_client_that_goes_away_has_not_cancelled(world, fake_llm, celery_
     run = Run.all_tenants.get(session__agent__slug="slow")
     assert wait_until(lambda: Run.all_tenants.get(pk=run.pk).status == "completed"), Run.all_tenants.get(pk=run.pk)
     assert Run.all_tenants.get(pk=run.pk).reply == "done anyway"
+
+
+def test_the_passages_a_run_searched_are_its_citations(world, fake_llm, embedding_server, celery_worker,
+                                                       live_server_url, monkeypatch):
+    from knowledge.tests.test_kind import KITCHEN, SAILING, _agent, _kb
+
+    monkeypatch.setattr("knowledge.tasks.document_ingest_enqueue", lambda **kwargs: None)
+    kb = _kb(world.tenant, embedding_server, "Club", SAILING, KITCHEN)
+    _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 2}, name="Club helper")
+    fake_llm.script(ToolCalls([("knowledge_search", {"query": "When does the boathouse open?"})]),
+                    Reply("It opens at 8 [1]."))
+
+    async def call():
+        async with connected(live_server_url, world.member_token, "2026-07-28") as client:
+            return await client.call_tool("club-helper", {"message": "When does the boathouse open?"})
+
+    result = run_async(call)
+    data = result.structured_content
+    assert data["reply"] == "It opens at 8 [1]."
+    assert [c["n"] for c in data["citations"]] == [1, 2]
+    assert data["citations"][0]["document_title"] == "Sailing club handbook"
+    assert {"chunk_id", "knowledge_base_id", "heading", "score"} <= set(data["citations"][0])
