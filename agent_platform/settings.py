@@ -298,7 +298,8 @@ CACHES = {
 # start or resume a run: messages, approval decisions), search (knowledge searches: POST
 # /knowledge-bases/<id>/search/ and the knowledge MCP server's knowledge_search; each embeds the
 # query), login.ip (POST /auth/login/ per client address), mcp_auth.ip (failed API-token checks
-# of the knowledge MCP server per client address; over it: 429 before the token is looked at).
+# of the knowledge MCP server per client address; over it: 429 before the token is looked at),
+# a2a_auth.ip (the same at the A2A servers).
 # An empty value turns a limit off.
 # A throttled caller gets 429 with Retry-After and the {message, extra} body.
 API_THROTTLE_RATES = {
@@ -314,6 +315,8 @@ API_THROTTLE_RATES = {
     # failed token checks per client address at the MCP servers, /mcp/knowledge/ and /mcp/agents/
     # (agent_platform/mcp_http.py)
     "mcp_auth.ip": os.environ.get("THROTTLE_MCP_AUTH_IP", "30/minute"),
+    # failed token checks per client address at the agents' A2A servers, /a2a/<slug>/ (sessions/api/a2a/app.py)
+    "a2a_auth.ip": os.environ.get("THROTTLE_A2A_AUTH_IP", "30/minute"),
     # OAuth client registrations (RFC 7591, POST /oauth/register/) per client address (oauth_server)
     "oauth_register.ip": os.environ.get("THROTTLE_OAUTH_REGISTER_IP", "20/hour"),
 }

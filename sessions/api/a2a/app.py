@@ -18,7 +18,9 @@ With a token, ``<slug>`` is looked up in the token's tenant only: another tenant
 same 404 as a missing one. The SDK checks ``A2A-Version`` (1.0; none means 0.3, served by its
 0.3 adapter) and answers every A2A error in the binding's shape; the platform's own refusals
 (401, 404, 400 bad host, 429 throttled, with ``Retry-After``) are ``{"message", "extra"}`` like
-the rest of the platform, with Django's security headers on every answer.
+the rest of the platform, with Django's security headers on every answer. Failed token checks
+are counted per client address (``API_THROTTLE_RATES["a2a_auth.ip"]``, as the MCP servers'
+``mcp_auth.ip``): over the budget, a 429 with ``Retry-After`` before the token is looked at.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -64,6 +67,8 @@ SCOPE_KEY = "platform_a2a_caller"
 """Where the ASGI scope carries the :class:`.tasks.A2ACaller` to the SDK's context builder."""
 _SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 WWW_AUTHENTICATE = ("WWW-Authenticate", 'Bearer realm="agent-platform"')
+AUTH_THROTTLE_SCOPE = "a2a_auth"
+"""Failed token checks per client address: ``API_THROTTLE_RATES["a2a_auth.ip"]``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +154,33 @@ def _bearer(scope: dict[str, Any]) -> str | None:
     return None
 
 
-@database_sync_to_async
-def _caller(raw_token: str, slug: str, base_url: str) -> tuple[A2ACaller | None, _CardFor | None]:
-    """``(caller, card)`` for a token and a slug: ``(None, None)`` for a bad token, ``(caller,
-    None)`` when the token's tenant has no active agent ``slug``."""
-    from tenants.resolution import caller_resolve
+@dataclass(frozen=True, slots=True)
+class _Login:
+    """What :func:`_caller` decided: the caller (None: a bad token, or ``retry_after`` set) and
+    the card of its agent (None: the tenant has no active agent of the slug)."""
 
+    caller: A2ACaller | None
+    card: _CardFor | None = None
+    retry_after: float | None = None
+    """Seconds the client address must wait (too many failed token checks); the token was not looked at."""
+
+
+@database_sync_to_async
+def _caller(raw_token: str, slug: str, base_url: str, address: str) -> _Login:
+    """Who ``raw_token`` is and the card of agent ``slug`` of its tenant, for a request from
+    client ``address``: refused unseen when the address is over its failed-token budget
+    (``API_THROTTLE_RATES["a2a_auth.ip"]``, as the MCP servers' ``mcp_auth.ip``:
+    :func:`tenants.throttling.failures_wait`); a bad token is counted as a failure."""
+    from tenants.resolution import caller_resolve
+    from tenants.throttling import failure_record, failures_wait
+
+    wait = failures_wait(scope=AUTH_THROTTLE_SCOPE, address=address)
+    if wait is not None:
+        return _Login(caller=None, retry_after=wait)
     resolved = caller_resolve(raw_token=raw_token)
     if resolved is None or resolved.membership is None or resolved.token is None:
-        return None, None
+        failure_record(scope=AUTH_THROTTLE_SCOPE, address=address)
+        return _Login(caller=None)
     membership = resolved.membership
     with tenant_scope(membership.tenant_id):
         agent = AgentInstance.objects.select_related("tenant").filter(slug=slug, is_active=True).first()
@@ -165,9 +188,9 @@ def _caller(raw_token: str, slug: str, base_url: str) -> tuple[A2ACaller | None,
                        token_id=resolved.token.pk, agent_id=agent.pk if agent else 0, agent_slug=slug,
                        base_url=base_url)
     if agent is None:
-        return caller, None
-    return caller, _CardFor(base_url=base_url, slug=slug, name=agent.name, description=agent.description,
-                            tenant_name=agent.tenant.name)
+        return _Login(caller=caller)
+    return _Login(caller=caller, card=_CardFor(base_url=base_url, slug=slug, name=agent.name,
+                                               description=agent.description, tenant_name=agent.tenant.name))
 
 
 @database_sync_to_async
@@ -219,22 +242,28 @@ def _answering(send: Any, headers: list[tuple[str, str]], box: RefusalBox) -> An
     return sending
 
 
-async def _resolve(scope: dict[str, Any], slug: str, rest: str, base_url: str,
-                   ) -> tuple[A2ACaller | None, _CardFor | None, tuple[int, str] | None]:
-    """Who calls and which agent: ``(caller, card, None)``, or ``(…, (status, message))`` to refuse."""
+async def _resolve(scope: dict[str, Any], slug: str, rest: str, base_url: str, address: str,
+                   ) -> tuple[A2ACaller | None, _CardFor | None, tuple[int, str, list[tuple[str, str]]] | None]:
+    """Who calls and which agent: ``(caller, card, None)``, or ``(…, (status, message,
+    headers))`` to refuse (401 with ``WWW-Authenticate``, 429 with ``Retry-After``, 404)."""
     raw = _bearer(scope)
     if raw is None and rest in CARD_PATHS and scope.get("method") in ("GET", "HEAD"):
         card = await _public_card(slug, base_url)
         if card is not None:
             return None, card, None
     if not raw:
-        return None, None, (401, "Send an API token of the agent's tenant as 'Authorization: Bearer <token>'.")
-    caller, card = await _caller(raw, slug, base_url)
-    if caller is None:
-        return None, None, (401, "Invalid or revoked API token.")
-    if card is None:
-        return caller, None, (404, f"No agent {slug!r}.")
-    return caller, card, None
+        return None, None, (401, "Send an API token of the agent's tenant as 'Authorization: Bearer <token>'.",
+                            [WWW_AUTHENTICATE])
+    login = await _caller(raw, slug, base_url, address)
+    if login.retry_after is not None:
+        seconds = max(1, math.ceil(login.retry_after))
+        return None, None, (429, f"Too many failed logins from this address: try again in {seconds} s.",
+                            [("Retry-After", str(seconds))])
+    if login.caller is None:
+        return None, None, (401, "Invalid or revoked API token.", [WWW_AUTHENTICATE])
+    if login.card is None:
+        return login.caller, None, (404, f"No agent {slug!r}.", [])
+    return login.caller, login.card, None
 
 
 def _bad_list_status(status: Any) -> str | None:
@@ -331,10 +360,10 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _refuse(send, 404, "No agent here: A2A agents are at /a2a/<slug>/.", headers)
         return
     slug, rest = split
-    caller, card, refusal = await _resolve(scope, slug, rest, base_url)
+    caller, card, refusal = await _resolve(scope, slug, rest, base_url, request.META.get("REMOTE_ADDR") or "")
     if refusal is not None:
-        status, message = refusal
-        await _refuse(send, status, message, [*headers, WWW_AUTHENTICATE] if status == 401 else headers)
+        status, message, own_headers = refusal
+        await _refuse(send, status, message, [*headers, *own_headers])
         return
     invalid, receive = await _checked(scope, rest, receive)
     if invalid is not None:
