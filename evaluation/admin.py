@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from agent_platform.api_errors import ApplicationError
 from evaluation.models import Dataset, DatasetItem, Experiment, ExperimentResult
 from evaluation.selectors import experiments_compare
-from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
+from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin, admin_tenants
 from tenants.scoping import tenant_scope
 
 CHART_BAR_WIDTH = 10
@@ -43,6 +43,66 @@ class DatasetAdmin(TenantScopedModelAdmin):
     @admin.display(description="items", ordering="item_count")
     def items(self, obj: Dataset) -> int:
         return obj.item_count
+
+    def get_urls(self) -> list[Any]:
+        urls = [
+            path(
+                "add-run/<int:run_id>/",
+                self.admin_site.admin_view(self.add_run_view),
+                name="evaluation_dataset_add_run",
+            )
+        ]
+        return urls + super().get_urls()
+
+    def add_run_view(self, request: HttpRequest, run_id: int) -> HttpResponse:
+        """ "Add to a dataset" from a run's trace: GET a choice of the run's tenant's datasets (or
+        a new one's name); POST adds the run as an item (input: the user's message, reference:
+        the reply; :func:`evaluation.services.dataset_item_from_run`). 404 for a run the user
+        may not administer."""
+        from sessions.models import Run
+
+        runs = Run.all_tenants.filter(pk=run_id)  # tenant-bypass: limited to the user's tenants below
+        if not request.user.is_superuser:
+            runs = runs.filter(tenant_id__in=admin_tenants(request))
+        run = runs.first()
+        if run is None:
+            raise Http404("Not found.")
+        datasets = self.get_queryset(request).filter(tenant_id=run.tenant_id).order_by("name")
+        if request.method == "POST":
+            return self._add_run(request, run, datasets)
+        return TemplateResponse(
+            request,
+            "evaluation/add_run.html",
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": f"Add run {run.pk} to a dataset",
+                "run": run,
+                "datasets": datasets,
+            },
+        )
+
+    def _add_run(self, request: HttpRequest, run: Any, datasets: Any) -> HttpResponse:
+        from evaluation.services import dataset_item_from_run, dataset_save
+        from tenants.models import Tenant
+
+        back = redirect("admin:evaluation_dataset_add_run", run.pk)
+        with tenant_scope(run.tenant_id):
+            try:
+                name = (request.POST.get("new_name") or "").strip()
+                if name:
+                    dataset = dataset_save(tenant=Tenant.objects.get(pk=run.tenant_id), name=name[:200])
+                else:
+                    dataset = datasets.filter(pk=request.POST.get("dataset") or 0).first()
+                if dataset is None:
+                    self.message_user(request, "Pick a dataset or name a new one.", messages.ERROR)
+                    return back
+                item = dataset_item_from_run(dataset=dataset, run=run)
+            except ApplicationError as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+                return back
+        self.message_user(request, f"Run {run.pk} added to “{dataset.name}” as item {item.pk}.", messages.SUCCESS)
+        return redirect("admin:evaluation_dataset_change", dataset.pk)
 
 
 def _pct(value: float | None) -> str:

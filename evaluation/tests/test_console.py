@@ -98,3 +98,22 @@ def test_another_tenants_admin_gets_404_in_the_console(world, other_world, exper
     assert client.get("/admin/evaluation/experiment/compare/", {"a": a.pk, "b": b.pk}).status_code == 404
     listed = client.get("/admin/evaluation/experiment/").content.decode()
     assert f"Experiment {a.pk}" not in listed
+
+
+def test_add_to_a_dataset_from_a_runs_trace(world, other_world, experiments):
+    from evaluation.models import Dataset, DatasetItem
+
+    run = experiments["run"]
+    client = _console(world.admin)
+    trace = client.get(f"/admin/agent_sessions/run/{run.pk}/trace/").content.decode()
+    assert f'href="/admin/evaluation/dataset/add-run/{run.pk}/"' in trace
+    url = f"/admin/evaluation/dataset/add-run/{run.pk}/"
+    assert "Add to the dataset" in client.get(url).content.decode()
+    added = client.post(url, {"new_name": "from the trace"})
+    dataset = Dataset.all_tenants.get(tenant=world.tenant, name="from the trace")
+    assert added.status_code == 302 and added.url.endswith(f"/admin/evaluation/dataset/{dataset.pk}/change/")
+    item = DatasetItem.all_tenants.get(dataset=dataset)
+    assert (item.input, item.expected, item.source_run_id) == ("Which port?", {"reference": "8081"}, run.pk)
+    assert _console(other_world.admin).get(url).status_code == 404
+    assert _console(other_world.admin).post(url, {"dataset": dataset.pk}).status_code == 404
+    assert DatasetItem.all_tenants.filter(dataset=dataset).count() == 1
