@@ -40,7 +40,7 @@ from evaluation.models import (
 from evaluation.scorers import InvalidExpectation, scorers_validate
 from evaluation.scoring import ScoringInput, result_score
 from evaluation.summary import experiment_summary
-from sessions.models import TERMINAL_RUN_STATUSES, Message, MessageRole, Run, RunStatus, ToolCall
+from sessions.models import TERMINAL_RUN_STATUSES, ChatSession, Message, MessageRole, Run, RunStatus, ToolCall
 from tenants.models import Tenant
 
 MAX_RESULTS_PER_EXPERIMENT = 10_000
@@ -297,7 +297,7 @@ def _run_start(experiment: Experiment, result: ExperimentResult) -> Run:
     if item.messages and len(item.messages) > 1:
         history = [(m["role"], m["content"]) for m in item.messages[:-1]]
         run = chat_from_conversation(user=user, agent=agent, history=history, content=item.input)
-        run.session.__class__.objects.filter(pk=run.session_id).update(title=title)
+        ChatSession.objects.filter(pk=run.session_id).update(title=title)
         return run
     session = chat_session_create(user=user, agent=agent, title=title)
     return message_post(session=session, user=user, content=item.input)
