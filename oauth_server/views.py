@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse_lazy
 from oauth2_provider.exceptions import OAuthToolkitError
 from oauth2_provider.forms import AllowForm
+from oauth2_provider.models import get_application_model
 from oauth2_provider.views import AuthorizationView, OAuthProtectedResourceMetadataView, TokenView
 from oauth2_provider.views.dynamic_client_registration import DynamicClientRegistrationView
 from oauthlib.oauth2.rfc6749 import errors
@@ -131,7 +132,11 @@ class ConsentView(AuthorizationView):
         redirect)."""
         data = form.cleaned_data
         credentials = {"redirect_uri": data.get("redirect_uri"), "state": data.get("state")}
-        application = None
+        application = get_application_model().objects.filter(client_id=data.get("client_id") or "").first()
+        if application is None:  # a tampered form (DOT would raise DoesNotExist: a 500)
+            return self.error_response(OAuthToolkitError(error=errors.InvalidClientIdError()), None)
+        if not application.redirect_uri_allowed(data.get("redirect_uri") or ""):  # never redirect there
+            return self.error_response(OAuthToolkitError(error=errors.MismatchingRedirectURIError()), None)
         try:
             self._check_extensions(self.request.POST, credentials)
         except OAuthToolkitError as error:

@@ -223,3 +223,26 @@ def test_a_cimd_client_id_on_a_private_address_is_refused(client, world):
     assert response.status_code == 400
     assert "invalid_client" in response.content.decode() or "invalid_request" in response.content.decode()
     assert not response.has_header("Location")
+
+
+def test_a_tampered_consent_post_is_a_400_not_a_500(client, world):
+    client.force_login(world.member)
+    registered = flow.register(client)
+    codes = flow.pkce()
+    params = flow.authorize_params(registered["client_id"], AGENTS, codes.challenge)
+    fields = flow.hidden_fields(client.get("/oauth/authorize/", params).content.decode())
+    for change in (
+        {"client_id": "no-such-client"},
+        {"redirect_uri": "https://attacker.example/cb"},
+        {"code_challenge_method": "plain"},
+        {"resource": "https://elsewhere.example/mcp/agents/"},
+        {"redirect_uri": "https://attacker.example/cb", "code_challenge_method": "plain"},
+    ):
+        response = client.post(
+            "/oauth/authorize/", {**fields, **change, "allow": "on", "membership": str(world.member_membership.pk)}
+        )
+        assert response.status_code in (302, 400), (change, response.status_code)
+        assert "attacker.example" not in response.get("Location", "")
+        if response.status_code == 302:
+            assert "code=" not in response["Location"], change
+    assert not McpGrant.all_tenants.exists()

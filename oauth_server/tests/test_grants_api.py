@@ -90,3 +90,35 @@ def test_an_inactive_user_and_an_expired_token_are_refused(world, settings):
 
     AccessToken.objects.update(expires=timezone.now())
     assert caller_resolve(raw_token=token["access_token"], resource_path="/mcp/agents/") is None
+
+
+def test_a_client_deleting_its_registration_takes_its_grants_along(world, no_scope):
+    """RFC 7592 DELETE by the client itself, outside any tenant scope (as in production): its
+    grants go (row-level security hides them from Django's own cascade: the receiver deletes
+    them in the system scope) and the answer is no error."""
+    from tenants.scoping import system_scope
+
+    client = Client()
+    client.force_login(world.member)
+    registered = flow.register(client)
+    codes = flow.pkce()
+    answer = flow.redirect_query(
+        flow.consent(
+            client,
+            flow.authorize_params(registered["client_id"], AGENTS, codes.challenge),
+            membership_id=world.member_membership.pk,
+        )
+    )
+    token = flow.exchange(
+        client, client_id=registered["client_id"], code=answer["code"], verifier=codes.verifier, resource=AGENTS
+    ).json()
+    with system_scope():
+        assert McpGrant.all_tenants.filter(token_family__isnull=False).count() == 1
+    deleted = Client().delete(
+        f"/oauth/register/{registered['client_id']}/",
+        HTTP_AUTHORIZATION=f"Bearer {registered['registration_access_token']}",
+    )
+    assert deleted.status_code == 204, deleted.content
+    with system_scope():
+        assert not McpGrant.all_tenants.exists()
+        assert caller_resolve(raw_token=token["access_token"], resource_path="/mcp/agents/") is None
