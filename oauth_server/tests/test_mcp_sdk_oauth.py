@@ -226,3 +226,47 @@ def test_another_tenants_token_sees_only_its_own_tenant(world, other_world, live
         person = Person(username, password)
         _, result = asyncio.run(_session(server_url, _provider(server_url, person, MemoryStorage()), _list_and_call))
         assert [kb["name"] for kb in result.structured_content["knowledge_bases"]] == expected
+
+
+def test_the_sdk_client_identifies_itself_with_a_metadata_document(world, live_server_url, monkeypatch):
+    """CIMD end to end: the SDK client, given ``client_metadata_url`` and seeing
+    ``client_id_metadata_document_supported``, registers nothing and uses the URL as its
+    client_id; the server fetches the document (the fetch is faked here: an https host the
+    address check would let through is not available to a test) and the flow completes."""
+    import json
+
+    from oauth2_provider.models import Application
+
+    from capabilities.netsafe import FetchResult
+
+    url = "https://ide.example.com/oauth/sdk-client.json"
+    fetched: list[str] = []
+
+    async def fake_fetch(address: str, **kwargs) -> FetchResult:
+        fetched.append(address)
+        document = {
+            "client_id": url,
+            "client_name": "SDK client by CIMD",
+            "redirect_uris": [REDIRECT_URI],
+            "grant_types": ["authorization_code", "refresh_token"],
+            "token_endpoint_auth_method": "none",
+        }
+        return FetchResult(
+            status_code=200,
+            reason="OK",
+            url=address,
+            content_type="application/json",
+            body=json.dumps(document).encode(),
+            truncated=False,
+        )
+
+    monkeypatch.setattr("oauth_server.cimd.safe_fetch", fake_fetch)
+    server_url = f"{live_server_url}/mcp/knowledge/"
+    person, storage = Person("acme-user", "pw-user-123"), MemoryStorage()
+    provider = _provider(server_url, person, storage)
+    provider.context.client_metadata_url = url
+    names, _ = asyncio.run(_session(server_url, provider, _list_and_call))
+    assert names == ["knowledge_bases", "knowledge_search"]
+    assert storage.client_info.client_id == url and fetched == [url]
+    assert Application.objects.get(client_id=url).name == "SDK client by CIMD"
+    assert McpGrant.all_tenants.get().application.client_id == url
