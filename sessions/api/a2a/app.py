@@ -302,32 +302,42 @@ async def _body(receive: Any) -> tuple[bytes, Any]:
     return body, replay
 
 
-async def _checked(scope: dict[str, Any], rest: str, receive: Any) -> tuple[tuple[int, dict] | None, Any]:
-    """Checks the SDK's parsing cannot make (:func:`_bad_list_status`): ``(refusal, receive)``,
-    the refusal ``(status, body)`` the binding's invalid-params answer, built by the SDK's own
-    helpers (JSON-RPC: 200 with error -32602; HTTP+JSON: 400 ``INVALID_ARGUMENT``)."""
-    method = scope.get("method")
-    if rest == f"{REST_SUFFIX}/tasks" and method == "GET":
-        statuses = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("status", [])
-        why = next((w for w in map(_bad_list_status, statuses) if w), None)
-        refusal = build_rest_error_payload(InvalidParamsError(message=why)) if why else None
-        return ((400, refusal) if refusal else None), receive
-    if rest != "" or method != "POST":
-        return None, receive
-    body, receive = await _body(receive)
+def _rest_list_refusal(scope: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """HTTP+JSON ``GET …/tasks?status=<not a state>``: 400 ``INVALID_ARGUMENT`` (the SDK's shape)."""
+    statuses = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("status", [])
+    why = next((w for w in map(_bad_list_status, statuses) if w), None)
+    return (400, build_rest_error_payload(InvalidParamsError(message=why))) if why else None
+
+
+def _rpc_list_refusal(body: bytes) -> tuple[int, dict[str, Any]] | None:
+    """JSON-RPC ``ListTasks`` with ``params.status`` not a state: error -32602 (the SDK's shape)."""
     try:
         request = json.loads(body)
     except ValueError:
-        return None, receive  # the SDK answers -32700
+        return None  # the SDK answers -32700
     if not (isinstance(request, dict) and request.get("method") == "ListTasks"
             and isinstance(request.get("params"), dict)):
-        return None, receive
+        return None
     why = _bad_list_status(request["params"].get("status"))
     if why is None:
-        return None, receive
+        return None
     request_id = request.get("id")
     request_id = request_id if isinstance(request_id, (str, int)) else None
-    return (200, build_error_response(request_id, InvalidParamsError(message=why))), receive
+    return 200, build_error_response(request_id, InvalidParamsError(message=why))
+
+
+async def _checked(scope: dict[str, Any], rest: str, receive: Any) -> tuple[tuple[int, dict] | None, Any]:
+    """Checks the SDK's parsing cannot make (:func:`_bad_list_status`): ``(refusal, receive)``,
+    the refusal ``(status, body)`` the binding's invalid-params answer, built by the SDK's own
+    helpers (JSON-RPC: 200 with error -32602; HTTP+JSON: 400 ``INVALID_ARGUMENT``); ``receive``
+    replays a JSON-RPC body read for the check."""
+    method = scope.get("method")
+    if rest == f"{REST_SUFFIX}/tasks" and method == "GET":
+        return _rest_list_refusal(scope), receive
+    if rest != "" or method != "POST":
+        return None, receive
+    body, receive = await _body(receive)
+    return _rpc_list_refusal(body), receive
 
 
 async def _invalid_params(send: Any, status: int, payload: dict[str, Any], headers: list[tuple[str, str]]) -> None:
