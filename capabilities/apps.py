@@ -6,6 +6,7 @@ class CapabilitiesConfig(AppConfig):
 
     def ready(self) -> None:
         # Each module registers its capability kind (capabilities.registry).
+        import capabilities.a2a.kind  # noqa: F401
         import capabilities.builtin.kind  # noqa: F401
         import capabilities.cli.kind  # noqa: F401
         import capabilities.mcp.kind  # noqa: F401

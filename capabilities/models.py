@@ -116,6 +116,7 @@ class McpServer(TenantOwnedModel):
             raise ValidationError({"alias": f"{self.alias!r} names the platform's own tools; choose another alias."})
 
 
-from capabilities.catalogue import ProgramTemplate  # noqa: E402,F401  (registers the model in this app)
+from capabilities.a2a.models import A2aAgent  # noqa: E402,F401  (registers the model in this app)
+from capabilities.catalogue import ProgramTemplate  # noqa: E402,F401
 from capabilities.cli.models import CliCommand  # noqa: E402,F401
 from capabilities.skills.models import Skill  # noqa: E402,F401

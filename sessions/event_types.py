@@ -446,10 +446,10 @@ class CapabilityUnavailable(SubRunFields):
     """A bound capability could not be reached at the run's start and is left out of it."""
 
     type: ClassVar[Literal["capability_unavailable"]] = "capability_unavailable"
-    source: Literal["mcp"]
-    """The capability kind."""
+    source: Literal["mcp", "a2a"]
+    """The capability kind (``a2a``: a remote A2A agent whose card could not be fetched)."""
     alias: str
-    """The capability's alias (the MCP server's)."""
+    """The capability's alias (the MCP server's; the remote A2A agent's name)."""
     error: str
     """Why (≤ 2000 characters)."""
 

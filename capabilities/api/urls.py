@@ -1,9 +1,10 @@
 from rest_framework.routers import SimpleRouter
 
-from capabilities.api.views import McpServerViewSet, ProgramTemplateViewSet, SkillViewSet
+from capabilities.api.views import A2aAgentViewSet, McpServerViewSet, ProgramTemplateViewSet, SkillViewSet
 
 router = SimpleRouter()
 router.register("admin/mcp-servers", McpServerViewSet, basename="admin-mcp-server")
+router.register("admin/a2a-agents", A2aAgentViewSet, basename="admin-a2a-agent")
 router.register("admin/skills", SkillViewSet, basename="admin-skill")
 router.register("admin/program-templates", ProgramTemplateViewSet, basename="admin-program-template")
 urlpatterns = router.urls

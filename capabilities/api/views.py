@@ -1,9 +1,12 @@
-"""Tenant-admin CRUD for MCP servers (``env`` and ``headers`` are write-only, encrypted) and skills."""
+"""Tenant-admin CRUD for MCP servers (``env`` and ``headers`` are write-only, encrypted), remote
+A2A agents (``headers`` write-only, encrypted) and skills."""
 
 from __future__ import annotations
 
 from rest_framework import permissions, serializers, viewsets
 
+from capabilities.a2a.models import A2aAgent
+from capabilities.a2a.services import a2a_agent_save
 from capabilities.catalogue import ProgramTemplate, TemplateKind
 from capabilities.models import McpServer, Skill
 from capabilities.services import mcp_server_save
@@ -133,3 +136,37 @@ class SkillViewSet(TenantScopedViewSet):
     def perform_update(self, serializer: SkillSerializer) -> None:
         serializer.instance = skill_save(tenant=self.request.tenant, skill=serializer.instance,
                                          **serializer.validated_data)
+
+
+class A2aAgentSerializer(serializers.ModelSerializer):
+    headers = serializers.DictField(
+        child=serializers.CharField(allow_blank=True), write_only=True, required=False,
+        help_text="Sent with the card's request and every call, e.g. {\"Authorization\": \"Bearer …\"} "
+                  "(write-only, stored encrypted; omit to keep, {} to remove).",
+    )
+    has_headers = serializers.SerializerMethodField()
+
+    class Meta:
+        model = A2aAgent
+        fields = ["id", "name", "card_url", "headers", "has_headers", "call_timeout_seconds", "enabled", "created_at",
+                  "card_snapshot", "last_error"]
+        read_only_fields = ["card_snapshot", "last_error"]
+
+    def get_has_headers(self, agent: A2aAgent) -> bool:
+        return bool(agent.headers_encrypted)
+
+
+class A2aAgentViewSet(TenantScopedViewSet):
+    """``/api/v1/admin/a2a-agents/``: remote A2A agents, bound to our agents with the ``a2a`` kind."""
+
+    model = A2aAgent
+    serializer_class = A2aAgentSerializer
+
+    def perform_create(self, serializer: A2aAgentSerializer) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = a2a_agent_save(tenant=self.request.tenant, headers=data.pop("headers", None), **data)
+
+    def perform_update(self, serializer: A2aAgentSerializer) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = a2a_agent_save(tenant=self.request.tenant, agent=serializer.instance,
+                                             headers=data.pop("headers", None), **data)
