@@ -101,6 +101,12 @@ def theirs(other_world):
         "memory_extraction": MemoryExtraction.all_tenants.create(tenant=t, session=session, last_message_id=1),
     }
     rows["usage_month"] = UsageMonth.all_tenants.get(tenant=t)  # written by the LLM call's trigger
+    from capabilities.a2a.models import A2aAgent
+
+    rows["a2a_agent"] = A2aAgent.all_tenants.create(tenant=t, name="secret remote",
+                                                    card_url="https://agents.example.com/.well-known/agent-card.json")
+    rows["a2a_binding"] = CapabilityBinding.all_tenants.create(tenant=t, agent=agent, kind="a2a",
+                                                               config={"a2a_agent": rows["a2a_agent"].pk})
     from evaluation.models import Dataset, DatasetItem, Experiment, ExperimentResult
 
     rows["dataset"] = Dataset.all_tenants.create(tenant=t, name="secret dataset")
@@ -376,10 +382,11 @@ def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
     assert foreign == missing == {"message": "Run not found.", "extra": {}}
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "datasets"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "datasets",
+                                  "a2a-agents"])
 def test_admin_endpoints_hide_other_tenants_objects(world, theirs, kind):
     key = {"providers": "provider", "routes": "route", "agents": "agent", "mcp-servers": "server",
-           "bindings": "binding", "skills": "skill", "datasets": "dataset"}[kind]
+           "bindings": "binding", "skills": "skill", "datasets": "dataset", "a2a-agents": "a2a_agent"}[kind]
     client = world.client(admin=True)
     url = f"/api/v1/admin/{kind}/{theirs[key].pk}/"
     _assert_404(client.get(url))
@@ -405,13 +412,17 @@ def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
                        format="json")
     assert resp.status_code == 400
     assert "skill" in resp.json()["extra"]["fields"] and "secret" not in resp.content.decode()
+    resp = client.post("/api/v1/admin/bindings/", {"agent": mine.pk, "kind": "a2a",
+                                                   "config": {"a2a_agent": theirs["a2a_agent"].pk}}, format="json")
+    assert resp.status_code == 400
+    assert "config" in resp.json()["extra"]["fields"] and "secret" not in resp.content.decode()
     resp = client.post("/api/v1/admin/skills/", {"name": "s", "description": "d", "instructions": "i",
                                                  "model_route": theirs["route"].pk}, format="json")
     assert resp.status_code == 400
     assert "model_route" in resp.json()["extra"]["fields"]
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "a2a-agents"])
 def test_members_get_403_on_admin_endpoints(world, kind):
     resp = world.client().get(f"/api/v1/admin/{kind}/")
     assert resp.status_code == 403
