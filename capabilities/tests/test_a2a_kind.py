@@ -144,3 +144,47 @@ def test_a_card_on_a_loopback_address_is_refused_unless_the_operator_allows_it(w
     assert [u["source"] for u in unavailable] == ["a2a"] and "loopback" in unavailable[0]["error"].lower()
     assert "loopback" in A2aAgent.all_tenants.get(pk=remote["id"]).last_error.lower()
     assert not Run.all_tenants.filter(session__agent__slug="paris-expert").exists()
+
+
+def test_a_remote_agent_over_its_time_is_a_failed_call_with_the_reason(world, fake_llm, celery_worker,
+                                                                        live_server_url):
+    from llm.testing import Delay
+
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Paris Expert")
+    asker = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Asker")
+    remote = _remote(world, live_server_url)
+    patched = world.client(admin=True).patch(f"/api/v1/admin/a2a-agents/{remote['id']}/",
+                                             {"call_timeout_seconds": 1.0}, format="json")
+    assert patched.status_code == 200 and patched.json()["has_headers"] is True  # the headers are kept
+    _bind(world, asker, remote["id"])
+    fake_llm.script(ToolCalls([("paris-expert", {"message": "Take your time"})]),
+                    Delay(20, Reply("far too late")), Reply("The expert was too slow."))
+    started = time.monotonic()
+    run = _wait_run(post_message_sync(agent=asker, user=world.member, content="Ask").pk)
+    [call] = ToolCall.all_tenants.filter(run__session__agent=asker)
+    assert call.status in ("failed", "timed_out"), (call.status, call.result, call.error)
+    assert "did not answer within 1 s" in (call.error or call.result)
+    assert run.reply == "The expert was too slow." and time.monotonic() - started < 15
+
+
+def test_a_card_without_streaming_is_called_blocking(world, fake_llm, celery_worker, live_server_url, monkeypatch):
+    from capabilities.a2a import kind
+
+    real_card = kind._card
+
+    async def no_streaming(spec):
+        card = await real_card(spec)
+        card.capabilities.streaming = False
+        return card
+
+    monkeypatch.setattr(kind, "_card", no_streaming)
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Paris Expert")
+    asker = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Asker")
+    _bind(world, asker, _remote(world, live_server_url)["id"])
+    fake_llm.script(ToolCalls([("paris-expert", {"message": "Capital?"})]),
+                    Reply("Paris, in one piece.", chunk_size=4), Reply("Paris."))
+    run = _wait_run(post_message_sync(agent=asker, user=world.member, content="Ask").pk)
+    [call] = ToolCall.all_tenants.filter(run__session__agent=asker)
+    assert (call.status, call.result, run.reply) == ("succeeded", "Paris, in one piece.", "Paris.")
+    progress = [e["data"]["message"] for e in _events(run.session_id) if e["type"] == "tool_call_progress"]
+    assert not any("characters received" in p for p in progress)  # one answer, no chunks
