@@ -336,6 +336,11 @@ export class Conversation {
           arguments: data.arguments,
           status: 'running',
         }),
+      tool_call_progress: (run) => {
+        // What a running tool says it is doing (a remote A2A agent's status and chunks, a CLI's output).
+        const tool = run.tools.get(String(data.tool_call_id));
+        if (tool && isActive(tool.status) && typeof data.message === 'string') tool.progress = data.message;
+      },
       tool_call_succeeded: (run) =>
         upsertTool(run, {
           id: data.tool_call_id,

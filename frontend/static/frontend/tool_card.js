@@ -113,6 +113,7 @@ export class ToolCardView {
     this.rawNameEl = h('code', { class: 'tool-raw-name' });
     this.docLink = h('button', { type: 'button', class: 'link-btn tool-doc-open', testid: 'tool-doc-open', hidden: true, text: 'Open document' });
     this.durationEl = h('span', { class: 'tool-duration' });
+    this.progressEl = h('div', { class: 'tool-progress', testid: 'tool-progress', hidden: true });
     this.argsPreview = h('span', { class: 'tool-preview' });
     this.argsPre = h('pre', { class: 'tool-pre' });
     this.args = h(
@@ -148,6 +149,7 @@ export class ToolCardView {
         this.statusEl,
         this.durationEl,
       ),
+      this.progressEl,
       this.docLink,
       this.args,
       this.out,
@@ -161,7 +163,8 @@ export class ToolCardView {
 
   update(tool) {
     // Skip work when nothing changed (cheap string key).
-    const key = JSON.stringify([tool.name, tool.status, tool.duration_ms, tool.result, tool.error, tool.browser]);
+    const key = JSON.stringify([tool.name, tool.status, tool.duration_ms, tool.result, tool.error, tool.browser,
+      tool.progress]);
     renderBrowserOperation(this.browserEl, tool.browser); // browser.js
     const argsText = pretty(tool.arguments);
     if (key === this.key && argsText === this.argsPre.textContent) return;
@@ -188,6 +191,9 @@ export class ToolCardView {
     );
     this.statusEl.className = `tool-status status-${failed ? 'failed' : running ? 'running' : 'ok'}`;
     this.durationEl.textContent = formatDuration(tool.duration_ms);
+    // The tool's last progress line, while it runs (tool_call_progress).
+    this.progressEl.textContent = running && tool.progress ? tool.progress : '';
+    this.progressEl.hidden = !(running && tool.progress);
 
     this.argsPre.textContent = argsText || '{}';
     this.argsPreview.textContent = compact(tool.arguments) || '{}';
