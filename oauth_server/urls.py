@@ -3,7 +3,8 @@
 Under DOT's namespace ``oauth2_provider`` (its metadata view reverses ``authorize``, ``token``,
 ``revoke-token``, ``dcr-register``): ``/.well-known/oauth-authorization-server`` (RFC 8414),
 ``/.well-known/oauth-protected-resource/mcp/<name>/`` (RFC 9728), ``/oauth/authorize/``,
-``/oauth/token/``, ``/oauth/revoke_token/``, ``/oauth/register/`` (RFC 7591). ``/oauth/login/``.
+``/oauth/token/``, ``/oauth/revoke_token/``, ``/oauth/register/`` (RFC 7591). The sign-in is
+the chat app's (``/?next=…``).
 """
 
 from django.urls import include, path, re_path
@@ -31,5 +32,4 @@ _patterns = [
 
 urlpatterns = [
     path("", include((_patterns, "oauth2_provider"), namespace="oauth2_provider")),
-    path("oauth/login/", views.OAuthLoginView.as_view(), name="oauth-login"),
 ]

@@ -1,10 +1,9 @@
 """The authorization server's pages and documents.
 
 - :class:`ConsentView` (``/oauth/authorize/``): DOT's authorization view with the platform's
-  rules: PKCE ``S256`` only, exactly one ``resource`` naming one of our MCP endpoints, a login,
-  and the user's choice of ONE membership (tenant) for the grant.
-- :class:`OAuthLoginView` (``/oauth/login/``): the sign-in in front of it (Django's login form
-  through the platform's authentication backends: the login lockout applies).
+  rules: PKCE ``S256`` only, exactly one ``resource`` naming one of our MCP endpoints, a login
+  (the chat app's own sign-in: ``/?next=<this request>``, which returns here), and the user's
+  choice of ONE membership (tenant) for the grant.
 - :class:`ProtectedResourceMetadataView`: RFC 9728 documents, one per MCP endpoint.
 - :class:`RegistrationView` (``/oauth/register/``): RFC 7591 registration (open, as MCP clients
   need), rate-limited per client address (``API_THROTTLE_RATES["oauth_register.ip"]``).
@@ -12,13 +11,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
-from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.urls import reverse_lazy
 from oauth2_provider.exceptions import OAuthToolkitError
 from oauth2_provider.forms import AllowForm
 from oauth2_provider.models import get_application_model
@@ -26,6 +24,8 @@ from oauth2_provider.views import AuthorizationView, OAuthProtectedResourceMetad
 from oauth2_provider.views.dynamic_client_registration import DynamicClientRegistrationView
 from oauthlib.oauth2.rfc6749 import errors
 
+from agent_platform.security_headers import HEADER as CSP_HEADER
+from agent_platform.security_headers import policy_for_path
 from oauth_server.resources import MCP_RESOURCES, SCOPES, mount_of, origin, resource_mount, resource_url
 from tenants.models import Membership
 from tenants.scoping import system_scope
@@ -72,6 +72,17 @@ def _request_error(description: str, redirect_uri: str | None, state: str | None
     )
 
 
+def _redirect_source(application: Any, redirect_uri: str) -> str:
+    """``scheme://host[:port]`` of ``redirect_uri`` when it is one of ``application``'s
+    registered redirect URIs and a plain host (a CSP source expression), else ''."""
+    if application is None or not redirect_uri or not application.redirect_uri_allowed(redirect_uri):
+        return ""
+    parts = urlsplit(redirect_uri)
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", parts.scheme) or not re.fullmatch(r"[A-Za-z0-9.:\[\]-]+", parts.netloc):
+        return ""
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 class ConsentView(AuthorizationView):
     """The authorization endpoint and its consent page (GET shows it, POST decides).
 
@@ -83,7 +94,7 @@ class ConsentView(AuthorizationView):
 
     template_name = "oauth_server/consent.html"
     form_class = ConsentForm
-    login_url = reverse_lazy("oauth-login")
+    login_url = "/"  # the chat app's sign-in; after it, the app goes to ``next`` (app.js: oauthReturnPath)
 
     def _check_extensions(self, params: Any, credentials: dict[str, Any]) -> None:
         """Our rules on an authorization request (``params``: its GET or POST data)."""
@@ -154,23 +165,28 @@ class ConsentView(AuthorizationView):
             credentials = {**credentials, "mcp_membership": self._mcp_membership}
         return super().create_authorization_response(request, scopes, credentials, allow)
 
+    def render_to_response(self, context: dict[str, Any], **kwargs: Any) -> HttpResponse:
+        """The page, with the site's CSP widened for this form only: ``form-action`` also allows
+        the client's redirect URI (checked against the client's registered ones), since the
+        browser applies ``form-action`` to the redirect that answers the form."""
+        response = super().render_to_response(context, **kwargs)
+        source = _redirect_source(context.get("application"), context.get("redirect_uri") or "")
+        policy = policy_for_path(self.request.path)
+        if source and "form-action 'self'" in policy:
+            response[CSP_HEADER] = policy.replace("form-action 'self'", f"form-action 'self' {source}", 1)
+        return response
+
     def form_invalid(self, form: ConsentForm) -> HttpResponse:
         data = form.data
         return self.render_to_response(
             self.get_context_data(
                 form=form,
+                application=get_application_model().objects.filter(client_id=data.get("client_id") or "").first(),
                 resource=data.get("resource", ""),
                 redirect_uri=data.get("redirect_uri", ""),
                 scopes=(data.get("scope") or "").split(),
             )
         )
-
-
-class OAuthLoginView(LoginView):
-    """Sign in before the consent page (``?next=`` back to it; only local redirects)."""
-
-    template_name = "oauth_server/login.html"
-    redirect_authenticated_user = True
 
 
 class ProtectedResourceMetadataView(OAuthProtectedResourceMetadataView):

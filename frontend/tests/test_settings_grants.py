@@ -62,3 +62,36 @@ def test_a_connected_app_is_listed_and_revoked_from_settings(world, other_world,
         expect(panel.get_by_test_id("grants-empty")).to_be_visible(timeout=T)
         expect(panel.get_by_test_id("grants-status")).to_have_text("Revoked “Claude Desktop”.")
     assert caller_resolve(raw_token=token["access_token"], resource_path="/mcp/agents/") is None
+
+
+def test_the_consent_flow_in_the_browser_signs_in_on_the_chat_app(world, other_world, live_server_url):
+    """An MCP client sends the browser to the authorization URL: signed out, the chat app's own
+    sign-in appears, and after it the consent page (the app, the endpoint, the tenants to choose
+    from, in the chat app's look); Allow returns to the client's redirect URI with a code."""
+    from urllib.parse import parse_qs, urlencode, urlsplit
+
+    from playwright.sync_api import expect
+
+    from tenants.services import membership_create
+
+    membership_create(tenant=other_world.tenant, user=world.member)
+    registered = flow.register(Client(), name="Example IDE")
+    resource = f"{live_server_url}/mcp/agents/"
+    params = flow.authorize_params(registered["client_id"], resource, flow.pkce().challenge)
+    with open_page() as page:
+        page.route(flow.REDIRECT_URI + "*", lambda route: route.fulfill(status=200, body="the client got it"))
+        page.goto(f"{live_server_url}/oauth/authorize/?{urlencode(params)}")
+        page.get_by_test_id("login-username").fill(world.member.username)
+        page.get_by_test_id("login-password").fill("pw-user-123")
+        page.get_by_test_id("login-submit").click()
+        heading = page.get_by_role("heading", level=1)
+        expect(heading).to_have_text("Example IDE wants to use Agent Platform as you", timeout=T)
+        expect(page.locator("main")).to_contain_text(resource)
+        tenants = page.get_by_role("radio")
+        expect(tenants).to_have_count(2)
+        assert_no_serious_axe_violations(page, label="the OAuth consent page")
+        page.get_by_label("Globex").check()
+        page.get_by_role("button", name="Allow").click()
+        page.wait_for_url(flow.REDIRECT_URI + "*", timeout=T)
+        answer = parse_qs(urlsplit(page.url).query)
+    assert answer["state"] == ["st-1"] and answer["code"] and answer["iss"] == [live_server_url]

@@ -106,16 +106,20 @@ def test_another_users_membership_cannot_be_chosen(client, world, other_world):
 
 
 def test_login_is_required_first(client, world):
+    """A signed-out user is sent to the chat app's sign-in with ``next`` = the authorization
+    request; signed in there (its API, as the app does), that request shows the consent page."""
     registered = flow.register(client)
     params = flow.authorize_params(registered["client_id"], AGENTS, flow.pkce().challenge)
     response = client.get("/oauth/authorize/", params)
-    assert response.status_code == 302 and response["Location"].startswith("/oauth/login/?next=/oauth/authorize/")
-    login_page = client.get(response["Location"])
-    assert login_page.status_code == 200 and "Sign in to Agent Platform" in login_page.content.decode()
+    assert response.status_code == 302 and response["Location"].startswith("/?next=/oauth/authorize/")
     back_to = parse_qs(urlsplit(response["Location"]).query)["next"][0]
-    signed_in = client.post(response["Location"], {"username": "acme-user", "password": "pw-user-123", "next": back_to})
-    assert signed_in.status_code == 302 and signed_in["Location"] == back_to
-    assert client.get(signed_in["Location"]).status_code == 200  # the consent page, now
+    assert parse_qs(urlsplit(back_to).query)["client_id"] == [registered["client_id"]]
+    assert client.get(response["Location"]).status_code == 200  # the chat app (its sign-in form)
+    signed_in = client.post(
+        "/api/v1/auth/login/", {"username": "acme-user", "password": "pw-user-123"}, content_type="application/json"
+    )
+    assert signed_in.status_code == 200, signed_in.content
+    assert client.get(back_to).status_code == 200  # the consent page, now
 
 
 def test_deny_redirects_with_access_denied(client, world):
@@ -246,3 +250,21 @@ def test_a_tampered_consent_post_is_a_400_not_a_500(client, world):
         if response.status_code == 302:
             assert "code=" not in response["Location"], change
     assert not McpGrant.all_tenants.exists()
+
+
+def test_the_consent_page_lets_its_form_lead_to_the_registered_redirect_uri_only(client, world):
+    client.force_login(world.member)
+    registered = flow.register(client)
+    page = client.get(
+        "/oauth/authorize/", flow.authorize_params(registered["client_id"], AGENTS, flow.pkce().challenge)
+    )
+    policy = page["Content-Security-Policy"]
+    assert "form-action 'self' http://127.0.0.1:33418;" in policy + ";"
+    assert "frame-ancestors 'none'" in policy  # the rest of the site's policy stays
+    elsewhere = client.get(
+        "/oauth/authorize/",
+        flow.authorize_params(
+            registered["client_id"], AGENTS, flow.pkce().challenge, redirect_uri="https://attacker.example/cb"
+        ),
+    )
+    assert "attacker.example" not in elsewhere.get("Content-Security-Policy", "")

@@ -1,7 +1,7 @@
 """End to end with the ``mcp`` SDK's own OAuth client (``mcp.client.auth.OAuthClientProvider``)
 against the platform on a real socket: the 401's ``WWW-Authenticate`` pointer, protected-resource
 and authorization-server discovery, dynamic registration, the authorization redirect (a person
-signs in and consents: :class:`Person`, through the real pages), PKCE S256, the code's exchange
+signs in on the chat app and consents: :class:`Person`, through the real pages and API), PKCE S256, the code's exchange
 with the resource, then MCP calls with the token; a refresh rotates the refresh token. A token
 for /mcp/knowledge/ is refused at /mcp/agents/ and the other way round; another tenant's token
 sees only its own tenant."""
@@ -53,7 +53,7 @@ class MemoryStorage(TokenStorage):
 
 
 class Person:
-    """The user at the browser: follows the authorization URL, signs in on the login page,
+    """The user at the browser: follows the authorization URL, signs in on the chat app,
     chooses a tenant on the consent page and allows; the client's redirect target is where the
     final redirect points (never fetched: its query is the callback)."""
 
@@ -64,6 +64,19 @@ class Person:
 
     def _form_post(self, browser: httpx.Client, url: str, page: str, data: dict[str, str]) -> httpx.Response:
         return browser.post(url, data={**hidden_fields(page), **data}, headers={"Referer": url})
+
+    def _sign_in(self, browser: httpx.Client, url: str) -> httpx.Response:
+        """What the chat app does on its sign-in form (app.js): POST /api/v1/auth/login/ with the
+        CSRF cookie, then go to the ``next`` of its URL (a 302 here, to keep the loop simple)."""
+        origin = f"{urlsplit(url).scheme}://{urlsplit(url).netloc}"
+        answer = browser.post(
+            f"{origin}/api/v1/auth/login/",
+            json={"username": self.username, "password": self.password},
+            headers={"X-CSRFToken": browser.cookies["csrftoken"], "Origin": origin, "Referer": url},
+        )
+        assert answer.status_code == 200, answer.text
+        back = parse_qs(urlsplit(url).query)["next"][0]
+        return httpx.Response(302, headers={"location": back}, request=httpx.Request("GET", url))
 
     def _consent(self, browser: httpx.Client, url: str, page: str) -> httpx.Response:
         choices = dict(re.findall(r'name="membership" value="(\d+)"[^>]*> ([^<]+?) <span', page))
@@ -78,10 +91,8 @@ class Person:
                 page = browser.get(url)
                 self.pages.append(urlsplit(url).path)
                 text = page.text
-                if "/oauth/login/" in url:
-                    response = self._form_post(
-                        browser, url, text, {"username": self.username, "password": self.password}
-                    )
+                if urlsplit(url).path == "/":  # the chat app's sign-in; its script does this, then goes to next
+                    response = self._sign_in(browser, url)
                 elif page.status_code == 200:
                     response = self._consent(browser, url, text)
                 else:
@@ -136,7 +147,7 @@ def test_the_sdk_client_connects_with_oauth_and_refreshes(world, live_server_url
 
     assert names == ["knowledge_bases", "knowledge_search"]
     assert not result.is_error and result.structured_content == {"knowledge_bases": []}
-    assert person.pages[0] == "/oauth/login/" and person.pages[-1] == "/oauth/authorize/"
+    assert person.pages == ["/", "/oauth/authorize/"]  # the chat app's sign-in, then the consent page
     assert person.callback["iss"] == live_server_url
     assert storage.client_info.client_id and storage.tokens.refresh_token
     grant = McpGrant.all_tenants.get()

@@ -141,6 +141,15 @@ function signedOutAtLoad() {
   return config.authenticated === false;
 }
 
+/**
+ * The OAuth consent page to return to after signing in: the `next` of `/?next=/oauth/authorize/…`
+ * (where the authorization endpoint sends a signed-out user), only that same-origin path; else null.
+ */
+function oauthReturnPath() {
+  const next = new URLSearchParams(window.location.search).get('next') || '';
+  return next.startsWith('/oauth/authorize/') ? next : null;
+}
+
 /** Remember the current route to come back to after logging in. */
 function rememberTarget() {
   const hash = window.location.hash;
@@ -156,6 +165,11 @@ function showLogin() {
       onLogin: async (username, password) => {
         await api.login(username, password); // throws ApiError with the server message
         state.me = await api.me();
+        const back = oauthReturnPath();
+        if (back) {
+          window.location.assign(back); // the OAuth consent page that sent the user here
+          return;
+        }
         const target = state.afterLogin || '#/'; // never '#/login' (see rememberTarget)
         state.afterLogin = null;
         navigate(target);
