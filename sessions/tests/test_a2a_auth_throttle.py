@@ -1,6 +1,7 @@
 """Failed token checks at ``/a2a/<slug>/`` are counted per client address (``a2a_auth.ip``, as
 the MCP servers' ``mcp_auth.ip``): a token-guessing burst from one address ends in 429s with
-``Retry-After``, before the token is even looked at, over both bindings and the card."""
+``Retry-After``, before the token is even looked at, over both bindings and the card. A body over
+the platform's request size limit is a 413 before the SDK reads it."""
 
 from __future__ import annotations
 
@@ -62,3 +63,19 @@ def test_a_token_guessing_burst_is_refused_with_429_and_retry_after(world, live_
 
     cache.delete("throttle_a2a_auth_ip_127.0.0.1")  # the window passes
     assert httpx.post(url, json=call, headers=good, timeout=10).status_code == 200
+
+
+def test_a_body_over_the_platforms_limit_is_a_413_before_the_sdk_reads_it(world, live_server_url, settings):
+    agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper")
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    headers = {"Authorization": f"Bearer {world.member_token}", "A2A-Version": "1.0"}
+    big = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "x" * 20_000}]}}
+    url = f"{live_server_url}/a2a/helper/"
+    for response in (httpx.post(url, headers=headers, timeout=10,
+                                json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": big}),
+                     httpx.post(f"{url}rest/message:send", headers=headers, json=big, timeout=10)):
+        assert response.status_code == 413, response.text
+        assert response.json()["message"] == "The request body is larger than 10000 bytes."
+    small = httpx.post(url, headers=headers, timeout=10,
+                       json={"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": "1"}})
+    assert small.status_code == 200 and small.json()["error"]["code"] == -32001

@@ -21,6 +21,7 @@ same 404 as a missing one. The SDK checks ``A2A-Version`` (1.0; none means 0.3, 
 the rest of the platform, with Django's security headers on every answer. Failed token checks
 are counted per client address (``API_THROTTLE_RATES["a2a_auth.ip"]``, as the MCP servers'
 ``mcp_auth.ip``): over the budget, a 429 with ``Retry-After`` before the token is looked at.
+A POST body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is a 413 before the SDK reads it.
 """
 
 from __future__ import annotations
@@ -280,14 +281,20 @@ def _bad_list_status(status: Any) -> str | None:
     return f"status: {status!r} is not a task state ({', '.join(n for n in names if n != 'TASK_STATE_UNSPECIFIED')})."
 
 
-async def _body(receive: Any) -> tuple[bytes, Any]:
-    """The request's whole body, and a ``receive`` that replays it, then passes on (a disconnect)."""
+async def _body(receive: Any, limit: int) -> tuple[bytes | None, Any]:
+    """The request's whole body (None: over ``limit`` bytes, reading stopped there), and a
+    ``receive`` that replays it, then passes on (a disconnect)."""
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             return b"".join(chunks), receive
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None, receive
+        chunks.append(chunk)
         if not message.get("more_body", False):
             break
     body, replayed = b"".join(chunks), False
@@ -327,21 +334,31 @@ def _rpc_list_refusal(body: bytes) -> tuple[int, dict[str, Any]] | None:
 
 
 async def _checked(scope: dict[str, Any], rest: str, receive: Any) -> tuple[tuple[int, dict] | None, Any]:
-    """Checks the SDK's parsing cannot make (:func:`_bad_list_status`): ``(refusal, receive)``,
-    the refusal ``(status, body)`` the binding's invalid-params answer, built by the SDK's own
-    helpers (JSON-RPC: 200 with error -32602; HTTP+JSON: 400 ``INVALID_ARGUMENT``); ``receive``
-    replays a JSON-RPC body read for the check."""
+    """Checks before the SDK: ``(refusal, receive)``, the refusal ``(status, body)``:
+
+    - a POST body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (Django's limit for the platform's other
+      APIs; the SDK reads a body whole, with no limit of its own): 413 ``{message, extra}``;
+    - what the SDK's parsing cannot see (:func:`_bad_list_status`): the binding's invalid-params
+      answer, built by the SDK's own helpers (JSON-RPC: 200 with error -32602; HTTP+JSON: 400
+      ``INVALID_ARGUMENT``).
+
+    ``receive`` replays a POST body read for the checks."""
+    from django.conf import settings
+
     method = scope.get("method")
     if rest == f"{REST_SUFFIX}/tasks" and method == "GET":
         return _rest_list_refusal(scope), receive
-    if rest != "" or method != "POST":
+    if method != "POST":
         return None, receive
-    body, receive = await _body(receive)
-    return _rpc_list_refusal(body), receive
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 2_621_440
+    body, receive = await _body(receive, limit)
+    if body is None:
+        return (413, {"message": f"The request body is larger than {limit} bytes.", "extra": {}}), receive
+    return (_rpc_list_refusal(body) if rest == "" else None), receive
 
 
 async def _invalid_params(send: Any, status: int, payload: dict[str, Any], headers: list[tuple[str, str]]) -> None:
-    """The refusal of :func:`_checked`, with the platform's headers."""
+    """The refusal of :func:`_checked` (``payload`` as JSON), with the platform's headers."""
     body = json.dumps(payload).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *_encoded(headers)]})
