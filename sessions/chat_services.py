@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -250,6 +251,28 @@ def attachment_create(*, session: ChatSession, name: str, mime_type: str, data: 
     mime_type = (mime_type or "application/octet-stream").split(";")[0].strip().lower()[:100]
     return artifact_create(tenant_id=session.tenant_id, session_id=session.pk, name=clean_name,
                            mime_type=mime_type, data=data)
+
+
+@transaction.atomic
+def run_images_attach(*, run: Run, images: Sequence[tuple[str, str, bytes]]) -> Run:
+    """Attach ``images`` (``[(name, mime type, bytes)]``) to the user message a just-created,
+    still uncommitted run answers, as the chat app's attachments are: each stored as an artifact
+    of the session (:func:`attachment_create`), its reference line
+    (:func:`attachment_reference`) added to the message and the run's ``input``, so the runner
+    sends the image with the message to route entries that take images
+    (:mod:`sessions.runner.images`). Call it in the transaction that created the run (the run
+    is handed to a worker on commit). Requires the run's tenant scope.
+
+    Raises:
+        ApplicationError: 413 an image over :func:`attachment_max_bytes`, 400 an empty one.
+    """
+    references = [attachment_reference(attachment_create(session=run.session, name=name, mime_type=mime_type,
+                                                         data=data)) for name, mime_type, data in images]
+    content = "\n".join([run.input, *references])
+    Message.objects.filter(run=run, role=MessageRole.USER, content=run.input).update(content=content)
+    run.input = content
+    run.save(update_fields=["input"])
+    return run
 
 
 def attachment_reference(artifact: Artifact, data: bytes | None = None) -> str:

@@ -3,8 +3,8 @@ every response object and streaming event validated against the Open Responses s
 models (the `openresponses-types` package). Ported from the Open Responses compliance cases:
 basic, streaming, multi-turn (input items), previous_response_id, and tool calling (the agent's
 own tools run on the server: function_call / function_call_output items; the client's own tools
-and the system prompt (instructions) are in test_openai_client_tools.py). The image-input case is
-refused by name here (a 400): images are not accepted yet."""
+and the system prompt (instructions) are in test_openai_client_tools.py, the image-input case in
+test_openai_images.py; an image by http(s) URL is refused by name here)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_a_failed_run_is_a_failed_response(world, fake_llm, celery_worker, live_
     ({"store": False}, "store"),
     ({"input": [{"role": "critic", "content": "x"}, {"role": "user", "content": "hi"}]}, "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
-     "input[0].content[0]"),
+     "input[0].content[0].image_url"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].call_id"),
     ({"input": [{"type": "reasoning", "summary": []}, {"role": "user", "content": "hi"}]}, "input[0]"),
     ({"input": ""}, "input"),

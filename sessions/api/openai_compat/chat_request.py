@@ -25,6 +25,7 @@ from llm.types import ToolSpec
 from sessions.api.openai_compat.client_tools import client_tools_parse, tool_choice_offers
 from sessions.api.openai_compat.errors import OpenAIError, bad_request
 from sessions.api.openai_compat.formats import format_parse
+from sessions.api.openai_compat.images import IMAGES_ONLY_TEXT, ImageInput, image_of, images_check
 from sessions.runner.spec import RunRequestOptions
 
 ACCEPTED_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "user", "metadata", "n", "logprobs",
@@ -72,6 +73,8 @@ class ChatRequest:
     """``{tool_call_id: "messages[i].tool_call_id"}``: where each output was sent (for errors)."""
     instructions: str = ""
     """The ``system`` / ``developer`` messages' text, added after the agent's system prompt."""
+    images: tuple[ImageInput, ...] = ()
+    """The last message's images (``data:`` URLs, :mod:`.images`)."""
     response_format: dict[str, Any] | None = None
     """``response_format`` as kept with the run (:mod:`.formats`); None: text."""
 
@@ -128,6 +131,7 @@ def chat_request_parse(raw: bytes, *, chat_id_header: str | None = None) -> Chat
                        chat_id=_chat_id(body.get("metadata"), chat_id_header),
                        client_tools=tools if offered else (), tool_outputs=conversation.tool_outputs,
                        tool_output_params=conversation.params, instructions=conversation.instructions,
+                       images=tuple(conversation.images),
                        response_format=format_parse(body.get("response_format"), param="response_format",
                                                     nested=True))
 
@@ -147,6 +151,8 @@ class _Conversation:
     instructions: str
     params: dict[str, str] = field(default_factory=dict)
     """``{tool_call_id: the field that carries its output}``."""
+    images: list[ImageInput] = field(default_factory=list)
+    """The last (user) message's images."""
 
 
 def _messages(messages: Any) -> _Conversation:
@@ -178,15 +184,19 @@ def _conversation(messages: list[dict[str, Any]]) -> _Conversation:
     """A new run's conversation: the last message the user's, the instructions apart."""
     instructions = [_content(f"messages[{i}]", m.get("content")) for i, m in enumerate(messages)
                     if m.get("role") in INSTRUCTION_ROLES]
-    texts = [_message(i, m) for i, m in enumerate(messages) if m.get("role") not in INSTRUCTION_ROLES]
     last = len(messages) - 1
-    if not texts or messages[last].get("role") != "user":
+    if messages[last].get("role") != "user":
         raise bad_request("The last message must be the user's.", param=f"messages[{last}].role")
-    content = texts[-1][1]
+    history = [_message(i, m) for i, m in enumerate(messages[:-1]) if m.get("role") not in INSTRUCTION_ROLES]
+    images: list[ImageInput] = []
+    content = _message(last, messages[last], images=images)[1]
+    if not content.strip() and images:
+        content = IMAGES_ONLY_TEXT
     if not content.strip():
         raise bad_request("The last message is empty.", param=f"messages[{last}].content")
-    return _Conversation(history=texts[:-1], content=content, tool_outputs={},
-                         instructions="\n\n".join(t for t in instructions if t.strip()))
+    return _Conversation(history=history, content=content, tool_outputs={},
+                         instructions="\n\n".join(t for t in instructions if t.strip()),
+                         images=images_check(images, param=f"messages[{last}].content"))
 
 
 def _tool_output(index: int, message: dict[str, Any]) -> tuple[str, str]:
@@ -199,7 +209,7 @@ def _tool_output(index: int, message: dict[str, Any]) -> tuple[str, str]:
     return call, _content(where, message.get("content"))
 
 
-def _message(index: int, message: dict[str, Any]) -> tuple[str, str]:
+def _message(index: int, message: dict[str, Any], *, images: list[ImageInput] | None = None) -> tuple[str, str]:
     """A history message as ``(role, text)``: a ``tool`` message and an assistant's tool calls
     of an earlier round become the assistant's text (the new chat records no calls of its own)."""
     where = f"messages[{index}]"
@@ -212,7 +222,7 @@ def _message(index: int, message: dict[str, Any]) -> tuple[str, str]:
     if extra:
         raise OpenAIError(400, f"Unsupported field(s) in `{where}`: {', '.join(extra)}.", param=f"{where}.{extra[0]}",
                           code="unsupported_parameter")
-    text = _content(where, message.get("content"))
+    text = _content(where, message.get("content"), images=images)
     if role == "tool":
         return "assistant", f"[Output of tool call {message.get('tool_call_id')}]: {text}"
     if role == "assistant" and message.get("tool_calls"):
@@ -233,7 +243,8 @@ def _calls_text(where: str, calls: Any) -> list[str]:
     return lines
 
 
-def _content(where: str, content: Any) -> str:
+def _content(where: str, content: Any, *, images: list[ImageInput] | None = None) -> str:
+    """A message's text; its ``image_url`` parts go to ``images`` (None: images are refused here)."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -242,12 +253,25 @@ def _content(where: str, content: Any) -> str:
         raise bad_request(f"`{where}.content` must be a string or an array of parts.", param=f"{where}.content")
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
-            raise OpenAIError(400, f"`{where}.content[{j}]`: only text parts are supported (got {kind!r}).",
-                              param=f"{where}.content[{j}]", code="unsupported_value")
-        texts.append(part["text"])
+        text = _part(f"{where}.content[{j}]", part, images)
+        if text is not None:
+            texts.append(text)
     return "\n".join(texts)
+
+
+def _part(where: str, part: Any, images: list[ImageInput] | None) -> str | None:
+    """A text part's text, or None for an image part (added to ``images``)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "image_url" and images is not None:
+        image_url = part.get("image_url")
+        url = image_url.get("url") if isinstance(image_url, dict) else image_url
+        images.append(image_of(url, param=f"{where}.image_url.url", index=len(images)))
+        return None
+    if kind != "text" or not isinstance(part.get("text"), str):
+        where_images = " (images: in the last user message only)" if kind == "image_url" else ""
+        raise OpenAIError(400, f"`{where}`: only text parts are supported here{where_images} (got {kind!r}).",
+                          param=where, code="unsupported_value")
+    return part["text"]
 
 
 def _include_usage(options: Any, *, stream: bool) -> bool:

@@ -23,6 +23,7 @@ from sessions.api.openai_compat.chat_request import body_common
 from sessions.api.openai_compat.client_tools import client_tools_parse, tool_choice_offers
 from sessions.api.openai_compat.errors import OpenAIError, bad_request
 from sessions.api.openai_compat.formats import responses_text_parse
+from sessions.api.openai_compat.images import IMAGES_ONLY_TEXT, ImageInput, image_of, images_check
 from sessions.api.openai_compat.responses import response_ref_of
 from sessions.runner.spec import RunRequestOptions
 
@@ -56,6 +57,8 @@ class ResponsesRequest:
     """``instructions`` and the ``system`` / ``developer`` items, added after the agent's prompt."""
     response_format: dict[str, Any] | None = None
     """``text.format`` as kept with the run (:mod:`.formats`); None: text."""
+    images: tuple[ImageInput, ...] = ()
+    """The last user message's images (``input_image`` with a ``data:`` URL, :mod:`.images`)."""
 
     def request_options(self) -> dict[str, Any] | None:
         """What the run keeps of the request (``Run.request_options``), or None."""
@@ -85,7 +88,7 @@ def responses_request_parse(raw: bytes) -> ResponsesRequest:
                             client_tools=tools if offered else (), tool_outputs=parsed.outputs,
                             tool_output_params=parsed.params,
                             instructions=_instructions(body.get("instructions"), parsed.instructions),
-                            response_format=responses_text_parse(body.get("text")))
+                            response_format=responses_text_parse(body.get("text")), images=tuple(parsed.images))
 
 
 def _instructions(value: Any, from_items: list[str]) -> str:
@@ -101,6 +104,7 @@ class _Input:
     outputs: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     instructions: list[str] = field(default_factory=list)
+    images: list[ImageInput] = field(default_factory=list)
 
 
 def _input(value: Any) -> _Input:
@@ -119,13 +123,21 @@ def _input(value: Any) -> _Input:
         first_output -= 1
     if first_output < len(value):
         return _outputs(value, first_output)
+    return _conversation(value)
+
+
+def _conversation(value: list[dict[str, Any]]) -> _Input:
+    """A new run's input items: the last one the user's message (its images kept apart)."""
     parsed = _Input()
-    for index, item in enumerate(value):
-        _history_item(parsed, index, item)
     last = len(value) - 1
+    for index, item in enumerate(value):
+        _history_item(parsed, index, item, images=parsed.images if index == last else None)
+    if parsed.images and not parsed.history[-1][1].strip():
+        parsed.history[-1] = ("user", IMAGES_ONLY_TEXT)
     if not parsed.history or value[last].get("role") != "user" or not parsed.history[-1][1].strip():
         raise bad_request("The last input item must be a non-empty user message.", param=f"input[{last}]")
     parsed.content = parsed.history.pop()[1]
+    images_check(parsed.images, param=f"input[{last}].content")
     return parsed
 
 
@@ -142,7 +154,9 @@ def _outputs(items: list[dict[str, Any]], first: int) -> _Input:
     return parsed
 
 
-def _history_item(parsed: _Input, index: int, item: dict[str, Any]) -> None:
+def _history_item(parsed: _Input, index: int, item: dict[str, Any], *, images: list[ImageInput] | None) -> None:
+    """Add one input item to the conversation (``images``: where the item's images go; None:
+    images are refused in it)."""
     where = f"input[{index}]"
     kind = item.get("type", "message")
     if kind == "function_call":
@@ -157,14 +171,16 @@ def _history_item(parsed: _Input, index: int, item: dict[str, Any]) -> None:
     elif item.get("role") in INSTRUCTION_ROLES:
         parsed.instructions.append(_text(f"{where}.content", item.get("content"), parts=TEXT_PARTS))
     elif item.get("role") in ("user", "assistant"):
-        parsed.history.append((item["role"], _text(f"{where}.content", item.get("content"), parts=TEXT_PARTS)))
+        parsed.history.append((item["role"], _text(f"{where}.content", item.get("content"), parts=TEXT_PARTS,
+                                                   images=images if item["role"] == "user" else None)))
     else:
         raise bad_request(f"`{where}.role` must be 'system', 'developer', 'user' or 'assistant'.",
                           param=f"{where}.role")
 
 
-def _text(where: str, content: Any, *, parts: frozenset[str]) -> str:
-    """A string, or the text of an array of text parts."""
+def _text(where: str, content: Any, *, parts: frozenset[str], images: list[ImageInput] | None = None) -> str:
+    """A string, or the text of an array of text parts; ``input_image`` parts go to ``images``
+    (None: refused here)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -172,8 +188,12 @@ def _text(where: str, content: Any, *, parts: frozenset[str]) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images is not None:
+            images.append(image_of(part.get("image_url"), param=f"{where}[{j}].image_url", index=len(images)))
+            continue
         if kind not in parts or not isinstance(part.get("text"), str):
-            raise OpenAIError(400, f"`{where}[{j}]`: only text parts are supported (got {kind!r}).",
+            where_images = " (images: in the last user message only)" if kind == "input_image" else ""
+            raise OpenAIError(400, f"`{where}[{j}]`: only text parts are supported here{where_images} (got {kind!r}).",
                               param=f"{where}[{j}]", code="unsupported_value")
         texts.append(part["text"])
     return "\n".join(texts)

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -31,9 +32,11 @@ from sessions.api.agent_runs import AGENT_NOT_FOUND, RunRefused, agent_run_start
 from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
 from sessions.api.openai_compat.completion import Completion, RunEnd, ends_answer, frame_delta, usage_of
 from sessions.api.openai_compat.errors import OpenAIError
+from sessions.api.openai_compat.images import ImageInput
 from sessions.api.openai_compat.responses import ResponseStream, response_body, response_ref_of
 from sessions.api.openai_compat.responses_request import ResponsesRequest, responses_request_parse
 from sessions.api.openai_compat.resume import Started, run_resume_with_outputs
+from sessions.chat_services import run_images_attach
 from sessions.event_reader import Closed, Event, SessionEventReader
 from sessions.models import ACTIVE_RUN_STATUSES, Run
 from sessions.selectors import run_get_for_user
@@ -147,12 +150,20 @@ def _start(caller: Caller, chat: ChatRequest) -> Started:
     return Started(session_id=session_id, run_id=run_id, after_seq=resumed[0].after_seq if resumed else 0)
 
 
+@transaction.atomic  # the images are attached before the run is handed to a worker (on commit)
 def _post(caller: Caller, agent: AgentInstance, chat: ChatRequest) -> Run:
     if chat.chat_id is None:
-        return chat_from_conversation(user=caller.user, agent=agent, history=chat.history, content=chat.content,
-                                      request_options=chat.request_options())
-    return chat_continue(caller, agent, chat_id=chat.chat_id, content=chat.content, param="metadata.chat_id",
-                         request_options=chat.request_options())
+        run = chat_from_conversation(user=caller.user, agent=agent, history=chat.history, content=chat.content,
+                                     request_options=chat.request_options())
+    else:
+        run = chat_continue(caller, agent, chat_id=chat.chat_id, content=chat.content, param="metadata.chat_id",
+                            request_options=chat.request_options())
+    return _with_images(run, chat.images)
+
+
+def _with_images(run: Run, images: tuple[ImageInput, ...]) -> Run:
+    """``run`` with ``images`` attached to its message (:func:`sessions.chat_services.run_images_attach`)."""
+    return run_images_attach(run=run, images=[i.as_tuple() for i in images]) if images else run
 
 
 @database_sync_to_async
@@ -331,15 +342,17 @@ def _previous_run(caller: Caller, agent: AgentInstance, request: ResponsesReques
     return previous
 
 
+@transaction.atomic  # the images are attached before the run is handed to a worker (on commit)
 def _post_response(caller: Caller, agent: AgentInstance, request: ResponsesRequest) -> Run:
     if request.previous_run_id is None:
-        return chat_from_conversation(user=caller.user, agent=agent, history=request.history,
-                                      content=request.content, request_options=request.request_options())
+        return _with_images(chat_from_conversation(user=caller.user, agent=agent, history=request.history,
+                                                   content=request.content, request_options=request.request_options()),
+                            request.images)
     previous = _previous_run(caller, agent, request)
     if Run.objects.filter(session_id=previous.session_id, status__in=ACTIVE_RUN_STATUSES).exists():
         raise OpenAIError(409, "This conversation has a run in progress; wait for it to end.", code="chat_busy")
-    return message_post(session=previous.session, user=caller.user, content=request.content,
-                        request_options=request.request_options())
+    return _with_images(message_post(session=previous.session, user=caller.user, content=request.content,
+                                     request_options=request.request_options()), request.images)
 
 
 @database_sync_to_async
