@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
@@ -101,6 +102,14 @@ class AgentInstance(TenantOwnedModel):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    published_version = models.ForeignKey(
+        "agents.AgentVersion", null=True, blank=True, editable=False, on_delete=models.SET_NULL, related_name="+",
+        help_text="What the chat app, the APIs and schedules run (agents.versions); blank: the draft.",
+    )
+    draft_version = models.ForeignKey(
+        "agents.AgentVersion", null=True, blank=True, editable=False, on_delete=models.SET_NULL, related_name="+",
+        help_text="The latest version (the configuration as saved now).",
+    )
 
     class Meta(TenantOwnedModel.Meta):
         ordering = ["name"]
@@ -144,6 +153,29 @@ class AgentInstance(TenantOwnedModel):
         if not self.slug and self.tenant_id:
             self.slug = agent_slug_from_name(self.name, self._other_slugs())
         super().save(*args, **kwargs)
+
+
+class AgentVersion(TenantOwnedModel):
+    """An immutable snapshot of an agent's configuration (:mod:`agents.versions`): ``config`` is
+    :func:`agents.versions.agent_config` (fields, route and bindings by name; no secrets),
+    ``content_hash`` the sha256 of its canonical JSON, ``number`` 1, 2, ... per agent."""
+
+    agent = models.ForeignKey(AgentInstance, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    content_hash = models.CharField(max_length=64)
+    config = models.JSONField()
+    note = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta(TenantOwnedModel.Meta):
+        ordering = ["agent", "-number"]
+        constraints = [models.UniqueConstraint(fields=["agent", "number"], name="agent_version_unique_number")]
+
+    def __str__(self) -> str:
+        return f"{self.agent.name} v{self.number}"
 
 
 def capability_kind_choices() -> list[tuple[str, str]]:

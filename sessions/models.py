@@ -130,6 +130,10 @@ class Run(TenantOwnedModel):
                   "API): {client_tools: [{name, description, parameters}], instructions, response_format}; null: "
                   "nothing (sessions.runner.spec.RunRequestOptions).",
     )
+    agent_version = models.ForeignKey(
+        "agents.AgentVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The agent's version this run runs, resolved once when the run is created (agents.versions).",
+    )
     paused_at = models.DateTimeField(null=True, blank=True, help_text="When it began waiting for an approval.")
     paused_seconds = models.FloatField(default=0.0, help_text="Time spent waiting for approvals (not counted by the run timeout).")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -1,0 +1,29 @@
+"""Every saved change of an agent or of its bindings records a version (:mod:`agents.versions`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from agents.models import AgentInstance, CapabilityBinding
+
+
+@receiver(post_save, sender=AgentInstance, dispatch_uid="agent_version_on_save")
+def _agent_saved(sender: type, instance: AgentInstance, raw: bool = False, **kwargs: Any) -> None:
+    if raw:  # loaddata
+        return
+    from agents.versions import agent_changed
+
+    agent_changed(instance.pk)
+
+
+@receiver(post_save, sender=CapabilityBinding, dispatch_uid="agent_version_on_binding_save")
+@receiver(post_delete, sender=CapabilityBinding, dispatch_uid="agent_version_on_binding_delete")
+def _binding_changed(sender: type, instance: CapabilityBinding, raw: bool = False, **kwargs: Any) -> None:
+    if raw or isinstance(kwargs.get("origin"), AgentInstance):  # loaddata; the agent's own deletion
+        return
+    from agents.versions import agent_changed
+
+    agent_changed(instance.agent_id)

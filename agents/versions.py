@@ -1,0 +1,254 @@
+"""Agent versions: immutable snapshots of an agent's configuration, publish and rollback.
+
+The configuration (:func:`agent_config`) is every concrete field of :class:`AgentInstance`
+but its identity and bookkeeping (:data:`AGENT_EXCLUDED`), the route by name, and the
+enabled-or-not bindings, each by its capability's name (an MCP server, CLI command or skill
+is named, never copied: their secrets stay with them). Its content hash is the sha256 of its
+canonical JSON (sorted keys, no spaces).
+
+Every saved change of an agent or of one of its bindings records a version when the
+content hash differs from the agent's latest (:func:`version_record`, run by the signals
+of :mod:`agents.signals`); several writes inside :func:`versions_batch` record one. The
+latest version is the **draft**; ``AgentInstance.published_version`` is what the chat app,
+the APIs and schedules run. An agent never published (None) follows its draft, so an agent
+runs as saved until someone publishes a version: the first publish (or rollback) pins it. A run resolves its version
+once, when it is created (:func:`run_version_id`), and the runner reads that snapshot once
+at the claim (``sessions.runner.database``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import difflib
+import hashlib
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+from django.db import models, transaction
+
+from agents.models import AgentInstance, AgentVersion, CapabilityBinding
+
+AGENT_EXCLUDED = frozenset({"id", "tenant", "created_at", "updated_at", "published_version", "draft_version"})
+"""AgentInstance fields that are not configuration."""
+BINDING_EXCLUDED = frozenset({"id", "tenant", "agent", "created_at"})
+"""CapabilityBinding fields that are not configuration."""
+
+
+def _value(field: models.Field, obj: models.Model) -> Any:
+    """A field's value as JSON: a foreign key by its target's ``name`` (None when unset), a
+    Decimal as its string."""
+    if field.is_relation:
+        target_id = getattr(obj, field.attname)
+        if target_id is None:
+            return None
+        return getattr(obj, field.name).name
+    value = getattr(obj, field.attname)
+    if isinstance(value, Decimal):
+        return str(value)
+    return value
+
+
+def config_fields(model: type[models.Model], excluded: frozenset[str]) -> list[models.Field]:
+    """The concrete configuration fields of ``model`` (all but ``excluded``), in model order."""
+    return [f for f in model._meta.concrete_fields if f.name not in excluded]
+
+
+def binding_config(binding: CapabilityBinding) -> dict[str, Any]:
+    """One binding's configuration: ``{kind, enabled, mcp_server: name, ..., config, ...}``."""
+    return {f.name: _value(f, binding) for f in config_fields(type(binding), BINDING_EXCLUDED)}
+
+
+def agent_config(agent: AgentInstance, bindings: list[CapabilityBinding] | None = None) -> dict[str, Any]:
+    """The agent's configuration as JSON: its fields (:data:`AGENT_EXCLUDED` left out), ``route``
+    by name and ``bindings`` (each :func:`binding_config`, in binding id order).
+
+    ``bindings``: the agent's bindings if already read (else read here, across tenants by the
+    agent's tenant id).
+    """
+    data = {f.name: _value(f, agent) for f in config_fields(type(agent), AGENT_EXCLUDED)}
+    if bindings is None:
+        bindings = list(
+            type(agent)
+            .bindings.rel.related_model.all_tenants.filter(agent_id=agent.pk, tenant_id=agent.tenant_id)
+            .order_by("id")
+        )
+    data["bindings"] = [binding_config(b) for b in bindings]
+    return data
+
+
+def content_hash(config: dict[str, Any]) -> str:
+    """sha256 (hex) of ``config``'s canonical JSON (sorted keys, ``,``/``:`` separators)."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+_batch: contextvars.ContextVar[dict[int, tuple[Any, str]] | None] = contextvars.ContextVar(
+    "agent_versions_batch", default=None
+)
+
+
+@contextlib.contextmanager
+def versions_batch(*, user: Any = None, note: str = "") -> Iterator[None]:
+    """Record one version per changed agent for all the writes inside (a console form with its
+    binding rows, an import), by ``user`` with ``note``, when the block ends without error."""
+    if _batch.get() is not None:
+        yield
+        return
+    pending: dict[int, tuple[Any, str]] = {}
+    token = _batch.set(pending)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+    for agent_id in pending:
+        agent = AgentInstance.all_tenants.filter(pk=agent_id).first()
+        if agent is not None:
+            version_record(agent, user=user, note=note)
+
+
+def agent_changed(agent_id: int) -> None:
+    """A write of the agent ``agent_id`` or of one of its bindings (the signals): record a
+    version now, or when the current :func:`versions_batch` ends."""
+    pending = _batch.get()
+    if pending is not None:
+        pending[agent_id] = (None, "")
+        return
+    agent = AgentInstance.all_tenants.filter(pk=agent_id).first()
+    if agent is not None:
+        version_record(agent)
+
+
+@transaction.atomic
+def version_record(agent: AgentInstance, *, user: Any = None, note: str = "") -> AgentVersion | None:
+    """Record the agent's current configuration as its next version, unless its content hash
+    is the latest version's (then None). Sets ``draft_version``; ``published_version`` is left
+    alone (an agent never published follows its draft: each new version is what runs)."""
+    config = agent_config(agent)
+    digest = content_hash(config)
+    list(AgentInstance.all_tenants.select_for_update().filter(pk=agent.pk).values_list("pk", flat=True))  # lock
+    latest = AgentVersion.all_tenants.filter(agent_id=agent.pk).order_by("-number").first()
+    if latest is not None and latest.content_hash == digest:
+        return None
+    version = AgentVersion.all_tenants.create(
+        tenant_id=agent.tenant_id,
+        agent_id=agent.pk,
+        number=(latest.number + 1) if latest else 1,
+        content_hash=digest,
+        config=config,
+        note=note[:500],
+        created_by=user if getattr(user, "pk", None) else None,
+    )
+    AgentInstance.all_tenants.filter(pk=agent.pk).update(draft_version=version)
+    agent.draft_version = version
+    return version
+
+
+class VersionError(Exception):
+    """A publish or rollback that cannot be done (no such version); ``str()`` says why."""
+
+
+@transaction.atomic
+def version_publish(
+    agent: AgentInstance, *, number: int | None = None, user: Any = None, note: str = ""
+) -> AgentVersion:
+    """Publish version ``number`` of the agent (None: its draft, the latest version): new runs
+    of the chat app, the APIs and schedules use it. ``note`` is kept on the version when it
+    has none.
+
+    Raises:
+        VersionError: the agent has no such version.
+    """
+    versions = AgentVersion.all_tenants.filter(agent_id=agent.pk, tenant_id=agent.tenant_id)
+    version = (versions.filter(number=number) if number is not None else versions.order_by("-number")).first()
+    if version is None:
+        raise VersionError(
+            f"Agent {agent.name!r} has no version {number}."
+            if number is not None
+            else f"Agent {agent.name!r} has no version yet."
+        )
+    if note and not version.note:
+        AgentVersion.all_tenants.filter(pk=version.pk).update(note=note[:500])
+        version.note = note[:500]
+    AgentInstance.all_tenants.filter(pk=agent.pk).update(published_version=version)
+    agent.published_version = version
+    return version
+
+
+def version_rollback(agent: AgentInstance, *, number: int, user: Any = None) -> AgentVersion:
+    """Publish the earlier version ``number`` again (the draft is left as it is).
+
+    Raises:
+        VersionError: the agent has no such version.
+    """
+    return version_publish(agent, number=number, user=user)
+
+
+def run_version_id(agent: AgentInstance, *, pinned: int | None = None, draft: bool = False) -> int | None:
+    """The version a new run of ``agent`` uses: ``pinned`` (a version's number, ``slug@n``), the
+    draft (``draft``: the console's playground), else the published one (else the draft).
+
+    Raises:
+        VersionError: ``pinned`` is not a version of the agent.
+    """
+    if pinned is not None:
+        found = (
+            AgentVersion.all_tenants.filter(agent_id=agent.pk, tenant_id=agent.tenant_id, number=pinned)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if found is None:
+            raise VersionError(f"Agent {agent.slug!r} has no version {pinned}.")
+        return found
+    if draft:
+        return agent.draft_version_id
+    return agent.published_version_id or agent.draft_version_id
+
+
+_run_pin: contextvars.ContextVar[tuple[int | None, bool]] = contextvars.ContextVar(
+    "agent_run_pin", default=(None, False)
+)
+
+
+@contextlib.contextmanager
+def run_pin(*, number: int | None = None, draft: bool = False) -> Iterator[None]:
+    """Inside: new runs use version ``number`` of their agent, or its draft (``draft``)."""
+    token = _run_pin.set((number, draft))
+    try:
+        yield
+    finally:
+        _run_pin.reset(token)
+
+
+def run_version_for(agent: AgentInstance) -> int | None:
+    """:func:`run_version_id` under the current :func:`run_pin` (what ``run_create`` records)."""
+    number, draft = _run_pin.get()
+    return run_version_id(agent, pinned=number, draft=draft)
+
+
+def split_pinned_slug(model: str) -> tuple[str, int | None]:
+    """``"slug@3"`` → ``("slug", 3)``; ``"slug"`` → ``("slug", None)``; a suffix that is not a
+    positive integer stays part of the slug (and so matches no agent)."""
+    slug, sep, number = model.rpartition("@")
+    if sep and number.isdigit() and int(number) > 0 and slug:
+        return slug, int(number)
+    return model, None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False, indent=1)
+
+
+def config_diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per field that differs: ``{field, before, after, diff}`` (``diff``: a unified diff of the
+    two values' text, lines), bindings compared as one field, in sorted field order."""
+    out = []
+    for name in sorted(set(before) | set(after)):
+        a, b = before.get(name), after.get(name)
+        if a == b:
+            continue
+        lines = list(difflib.unified_diff(_text(a).splitlines(), _text(b).splitlines(), "before", "after", lineterm=""))
+        out.append({"field": name, "before": a, "after": b, "diff": lines})
+    return out
