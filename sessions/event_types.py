@@ -62,7 +62,9 @@ class ApprovalItem:
     tool_call_id: int | None
     """The tool call waiting for it."""
     kind: str
-    """``tool_call`` (approve or deny a call) or ``question`` (the model asks the user)."""
+    """``tool_call`` (approve or deny a call), ``question`` (the model asks the user) or
+    ``client_tool`` (a call of a tool the OpenAI-compatible API's client runs: its next request
+    brings the output; the approval endpoint refuses it)."""
     status: str
     """``pending`` when published."""
     tool_name: str
