@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import difflib
 import hashlib
 import json
@@ -252,3 +253,68 @@ def config_diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str,
         lines = list(difflib.unified_diff(_text(a).splitlines(), _text(b).splitlines(), "before", "after", lineterm=""))
         out.append({"field": name, "before": a, "after": b, "diff": lines})
     return out
+
+
+def _named(field: models.Field, tenant_id: int, name: Any) -> Any:
+    """The tenant's row of ``field``'s target model called ``name`` (None: none, or no name)."""
+    if name is None:
+        return None
+    return field.related_model.all_tenants.filter(tenant_id=tenant_id, name=name).first()
+
+
+def binding_from_config(data: dict[str, Any], *, agent: AgentInstance) -> CapabilityBinding | None:
+    """An unsaved binding of ``agent`` made from :func:`binding_config`'s JSON, each capability
+    found by name in the agent's tenant (None: a named capability no longer exists)."""
+    binding = CapabilityBinding(tenant_id=agent.tenant_id, agent=agent)
+    for field in config_fields(CapabilityBinding, BINDING_EXCLUDED):
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.is_relation:
+            target = _named(field, agent.tenant_id, value)
+            if value is not None and target is None:
+                return None
+            setattr(binding, field.name, target)
+        else:
+            setattr(binding, field.attname, value)
+    return binding
+
+
+def _identity(binding: CapabilityBinding) -> tuple[Any, ...]:
+    return (
+        binding.kind,
+        binding.builtin_name,
+        *(getattr(binding, f.attname) for f in config_fields(CapabilityBinding, BINDING_EXCLUDED) if f.is_relation),
+    )
+
+
+def version_materialize(
+    version: AgentVersion, agent: AgentInstance, live_bindings: list[CapabilityBinding]
+) -> tuple[AgentInstance, list[CapabilityBinding]]:
+    """What a run of ``version`` runs: a copy of ``agent`` (never saved) with the version's field
+    values and route, and its enabled bindings (unsaved; each takes the id of the live binding
+    with the same kind and capability, so approvals and traces keep naming it). A binding whose
+    capability was deleted since is left out; so is the route when it is gone (the live one
+    stays). One read per named capability and one for the route, once per run."""
+    config = version.config
+    pinned = copy.copy(agent)
+    for field in config_fields(AgentInstance, AGENT_EXCLUDED):
+        if field.name not in config:
+            continue
+        if field.is_relation:
+            if config[field.name] is not None:
+                target = _named(field, agent.tenant_id, config[field.name])
+                if target is not None:
+                    setattr(pinned, field.name, target)
+        else:
+            setattr(pinned, field.attname, field.to_python(config[field.name]))
+    by_identity = {_identity(b): b.pk for b in live_bindings}
+    bindings = []
+    for data in config.get("bindings", []):
+        if not data.get("enabled", True):
+            continue
+        binding = binding_from_config(data, agent=pinned)
+        if binding is not None:
+            binding.pk = by_identity.get(_identity(binding))
+            bindings.append(binding)
+    return pinned, bindings

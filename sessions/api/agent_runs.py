@@ -22,6 +22,7 @@ from typing import Any
 
 from agent_platform.api_errors import ApplicationError
 from agents.models import AgentInstance
+from agents.versions import VersionError, run_pin, split_pinned_slug
 from sessions import stream_guard
 from sessions.event_reader import SessionEventReader
 from sessions.models import ACTIVE_RUN_STATUSES, Run
@@ -61,6 +62,8 @@ class RunRefused(Exception):
 
 def agent_run_start(caller: Caller, slug: str, post: Callable[[AgentInstance], Run]) -> tuple[int, int]:
     """Post a request as a run of the caller's active agent ``slug``: ``(session id, run id)``.
+    ``slug@<n>`` runs the agent's version ``n`` (:func:`agents.versions.split_pinned_slug`),
+    else its published version.
     ``post(agent)`` writes it (a new chat, or the next message of one), in the caller's tenant
     scope. Blocking (ORM, cache).
 
@@ -70,8 +73,9 @@ def agent_run_start(caller: Caller, slug: str, post: Callable[[AgentInstance], R
             becomes a RunRefused of its status and message).
     """
     membership = caller.membership
+    base_slug, number = split_pinned_slug(slug)
     with tenant_scope(membership.tenant_id):
-        agent = AgentInstance.objects.filter(slug=slug, is_active=True).first()
+        agent = AgentInstance.objects.filter(slug=base_slug, is_active=True).first()
         if agent is None:
             raise RunRefused(404, f"No agent `{slug}` is yours to use.", code=AGENT_NOT_FOUND)
         wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=caller.user.pk, tenant_id=membership.tenant_id)
@@ -79,7 +83,10 @@ def agent_run_start(caller: Caller, slug: str, post: Callable[[AgentInstance], R
             raise RunRefused(429, "Too many requests; try again later.", code="rate_limit_exceeded",
                              retry_after=max(1, int(wait + 0.999)))
         try:
-            run = post(agent)
+            with run_pin(number=number):
+                run = post(agent)
+        except VersionError as exc:
+            raise RunRefused(404, f"No agent `{slug}` is yours to use ({exc})", code=AGENT_NOT_FOUND) from exc
         except ApplicationError as exc:
             raise RunRefused(exc.status_code, exc.message) from exc
         return run.session_id, run.pk

@@ -8,6 +8,7 @@ from django.db.models import Prefetch
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,6 +17,7 @@ from agent_platform.api_errors import ApplicationError, NotFound
 from agent_platform.api_schema import StrictCharField, paginated
 from agents.api.views import AgentOutputSerializer
 from agents.selectors import agent_get_active
+from agents.versions import run_pin
 from llm.errors import public_error_message
 from llm.metering import LLMCallPurpose
 from sessions.models import Approval, Artifact, ChatSession, LLMCall, Run, RunStatus, ToolCall
@@ -216,6 +218,11 @@ class MessagePostApi(TenantScopedApiView):
             ref_name = "MessagePostInput"
 
         content = serializers.CharField(allow_blank=False, trim_whitespace=True)
+        draft = serializers.BooleanField(
+            required=False, default=False,
+            help_text="Run the agent's draft (its latest version) rather than its published one: the console's "
+                      "playground. Tenant admins only (403 otherwise).",
+        )
 
     @extend_schema(
         request=InputSerializer,
@@ -225,7 +232,11 @@ class MessagePostApi(TenantScopedApiView):
         session = session_or_404(request, session_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        run = message_post(session=session, user=request.user, content=data.validated_data["content"])
+        draft = data.validated_data["draft"]
+        if draft and not (getattr(request, "membership", None) and request.membership.is_admin):
+            raise PermissionDenied("Only tenant owners and admins may run an agent's draft.")
+        with run_pin(draft=draft):
+            run = message_post(session=session, user=request.user, content=data.validated_data["content"])
         return Response({"run": RunSerializer(run).data}, status=status.HTTP_201_CREATED)
 
 

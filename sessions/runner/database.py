@@ -25,7 +25,8 @@ from typing import Any
 
 from django.db import connection
 
-from agents.models import AgentInstance, CapabilityBinding
+from agents.models import AgentInstance, AgentVersion, CapabilityBinding
+from agents.versions import version_materialize
 from capabilities.registry import binding_specs
 from llm.models import ModelProvider, ModelRouteEntry
 from llm.selectors import route_entries, route_entry_config
@@ -179,10 +180,27 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
     return agents[0], tenants[0], entries, bindings
 
 
+def _spec_of_version(run: ClaimedRun, agent: AgentInstance, entries: list[ModelRouteEntry],
+                     bindings: list[CapabilityBinding]) -> tuple[AgentInstance, list[ModelRouteEntry], list[CapabilityBinding]]:
+    """The run's agent version when it is not the draft the rows above are (a published one
+    behind the draft, ``slug@n``): its fields, route entries and bindings
+    (:func:`agents.versions.version_materialize`). Read once per run attempt, at the claim."""
+    version = AgentVersion.all_tenants.get(pk=run.agent_version_id, tenant_id=run.tenant_id)
+    pinned, pinned_bindings = version_materialize(version, agent, bindings)
+    if pinned.route_id != agent.route_id:
+        entries = list(ModelRouteEntry.all_tenants.filter(route_id=pinned.route_id, tenant_id=run.tenant_id)
+                       .select_related("provider").order_by("position", "id"))
+        if any(e.provider.tenant_id != run.tenant_id for e in entries):
+            raise ValueError(f"a provider of route {pinned.route_id} is not in the run's tenant")
+    return pinned, entries, pinned_bindings
+
+
 def _spec(run: ClaimedRun) -> RunSpec:
     """The RunSpec of a just-claimed run: its agent, limits, route entries and the specs of its
     enabled bindings, each loaded by its capability kind (:func:`capabilities.registry.binding_specs`)."""
     agent, tenant, entries, bindings = _spec_rows(run)
+    if run.agent_version_id is not None and run.agent_version_id != agent.draft_version_id:
+        agent, entries, bindings = _spec_of_version(run, agent, entries, bindings)
     if not entries:
         raise ValueError(f"the route {agent.route.name!r} of agent {agent.name!r} has no entries")
     configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))

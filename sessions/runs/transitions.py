@@ -18,6 +18,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from agents.versions import run_version_for
 from sessions.events import event_publish_on_commit
 from sessions.models import (
     ACTIVE_RUN_STATUSES,
@@ -45,13 +46,19 @@ def run_create(*, session: ChatSession, user: AbstractBaseUser, content: str,
     If the agent is in ``steer`` mode and a run of the session is active, the run is marked
     ``steer`` (the running run may absorb it, :func:`steer_absorb`).
 
+    The run's agent version is resolved here, once (:func:`agents.versions.run_version_for`:
+    the published one, or what the caller pinned, ``slug@n`` or the playground's draft).
+
+    Raises:
+        agents.versions.VersionError: a pinned version the agent does not have.
+
     Emits ``run_queued {input}`` on commit and hands the run to a worker on commit.
     """
     steer = session.agent.message_mode == "steer" and Run.objects.filter(
         session=session, status__in=ACTIVE_RUN_STATUSES
     ).exists()
     run = Run.objects.create(tenant_id=session.tenant_id, session=session, user=user, input=content, steer=steer,
-                             request_options=request_options)
+                             request_options=request_options, agent_version_id=run_version_for(session.agent))
     Message.objects.create(
         tenant_id=session.tenant_id, session=session, run=run, role=MessageRole.USER,
         content=content, position=session.next_position,

@@ -1,7 +1,7 @@
 // The console's playground ("Try this agent"): a chat with the agent as the admin user,
 // through the same REST API and WebSocket as the chat app, with the run's trace beside it.
 //  - POST /api/v1/sessions/ {agent}  (X-Tenant: the agent's tenant; CSRF token from the cookie)
-//  - POST /api/v1/sessions/<id>/messages/ {content} -> {run: {id}}
+//  - POST /api/v1/sessions/<id>/messages/ {content, draft: true} -> {run: {id}} (the agent's draft)
 //  - WS /ws/sessions/<id>/: content_token frames stream the reply; run_* frames end it
 //  - GET /api/v1/runs/<id>/ every 1.5 s as a safety net (a lost socket still ends the run)
 //  - GET <console>/agent_sessions/run/<id>/trace/?fragment=1: the trace, re-read on each event
@@ -190,7 +190,7 @@
     bubble("user", text);
     input.value = "";
     ensureSession().then(function (sid) {
-      return call("POST", "sessions/" + sid + "/messages/", { content: text });
+      return call("POST", "sessions/" + sid + "/messages/", { content: text, draft: true });
     }).then(function (data) {
       state.runId = data.run.id;
       state.streamed = "";

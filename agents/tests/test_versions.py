@@ -1,0 +1,141 @@
+"""Agent versions: recorded on save, publish / rollback / diff over the admin API, what a run uses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from django.utils import timezone
+
+from agents.models import AgentInstance, AgentVersion, CapabilityBinding
+from agents.tests.factories import AgentFactory, agent_with_route, bind_builtin
+from agents.versions import run_pin, version_publish
+from sessions.models import ChatSession, Run
+from sessions.runner import database
+from sessions.runs.claim import ClaimedRun
+from sessions.services import message_post
+from tenants.scoping import tenant_scope
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
+
+
+def _numbers(agent: AgentInstance) -> list[int]:
+    return list(AgentVersion.all_tenants.filter(agent=agent).order_by("number").values_list("number", flat=True))
+
+
+def test_each_saved_change_is_a_version_and_the_same_content_is_not(world):
+    agent = AgentFactory(tenant=world.tenant, system_prompt="one")
+    assert _numbers(agent) == [1]
+    agent.save()
+    agent.refresh_from_db()
+    assert _numbers(agent) == [1], "a save that changes nothing makes no version"
+    agent.system_prompt = "two"
+    agent.save()
+    binding = bind_builtin(agent, "todo_write")
+    assert _numbers(agent) == [1, 2, 3]
+    binding.delete()
+    agent.refresh_from_db()
+    latest = AgentVersion.all_tenants.get(agent=agent, number=4)
+    assert agent.draft_version_id == latest.pk and agent.published_version_id is None
+    v3 = AgentVersion.all_tenants.get(agent=agent, number=3)
+    assert v3.config["system_prompt"] == "two" and v3.config["route"] == agent.route.name
+    assert v3.config["bindings"][0]["kind"] == "builtin" and v3.config["bindings"][0]["builtin_name"] == "todo_write"
+    canonical = json.dumps(v3.config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert v3.content_hash == hashlib.sha256(canonical.encode()).hexdigest()
+    assert latest.content_hash == AgentVersion.all_tenants.get(agent=agent, number=2).content_hash, (
+        "v4 (binding removed) has v2's content; it is still a new version (the draft moved)"
+    )
+
+
+def test_publish_rollback_versions_and_diff_over_the_admin_api(world):
+    agent = AgentFactory(tenant=world.tenant, system_prompt="first")
+    api = world.client(admin=True)
+    base = f"/api/v1/admin/agents/{agent.pk}"
+    resp = api.post(f"{base}/publish/", {"note": "go live"}, format="json")
+    assert resp.status_code == 200 and resp.json() == {"published": 1, "draft": 1}
+    resp = api.patch(f"{base}/", {"system_prompt": "second", "max_loop_count": 5}, format="json")
+    assert resp.status_code == 200
+    listed = api.get(f"{base}/versions/").json()
+    assert (listed["published"], listed["draft"]) == (1, 2)
+    assert [v["number"] for v in listed["versions"]] == [2, 1]
+    assert listed["versions"][0]["created_by"] == world.admin.username and listed["versions"][1]["note"] == "go live"
+    diff = api.get(f"{base}/versions/2/diff/?against=1").json()
+    assert diff["from"] == 1 and diff["to"] == 2
+    assert {c["field"]: (c["before"], c["after"]) for c in diff["changes"]} == {
+        "system_prompt": ("first", "second"),
+        "max_loop_count": (16, 5),
+    }
+    assert "-first" in diff["changes"][1]["diff"] and "+second" in diff["changes"][1]["diff"]
+    assert api.post(f"{base}/publish/", {}, format="json").json() == {"published": 2, "draft": 2}
+    assert api.post(f"{base}/rollback/", {"version": 1}, format="json").json() == {"published": 1, "draft": 2}
+    resp = api.post(f"{base}/rollback/", {"version": 9}, format="json")
+    assert resp.status_code == 404 and "no version 9" in resp.json()["message"]
+    assert api.post(f"{base}/rollback/", {}, format="json").status_code == 400
+    assert api.get(f"{base}/versions/2/diff/?against=x").status_code == 400
+    assert world.client().post(f"{base}/publish/", {}, format="json").status_code == 403, "members may not publish"
+
+
+def test_another_tenants_admin_cannot_see_or_publish_our_versions(world, other_world):
+    agent = AgentFactory(tenant=world.tenant, system_prompt="first")
+    agent.system_prompt = "second"
+    agent.save()
+    theirs = other_world.client(admin=True)
+    base = f"/api/v1/admin/agents/{agent.pk}"
+    assert theirs.get(f"{base}/versions/").status_code == 404
+    assert theirs.get(f"{base}/versions/2/diff/").status_code == 404
+    assert theirs.post(f"{base}/publish/", {}, format="json").status_code == 404
+    assert theirs.post(f"{base}/rollback/", {"version": 1}, format="json").status_code == 404
+    agent.refresh_from_db()
+    assert agent.published_version_id is None
+
+
+def _spec_of(run: Run):
+    """The RunSpec the runner builds at the claim (started as a claim would)."""
+    Run.all_tenants.filter(pk=run.pk).update(started_at=timezone.now())
+    with tenant_scope(run.tenant_id):
+        return database._spec(ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
+
+
+def test_a_new_chat_runs_the_published_version_and_the_playground_the_draft(world, no_enqueue):
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], system_prompt="published")
+    bind_builtin(agent, "todo_write")
+    v_published = version_publish(agent)
+    agent.system_prompt = "draft"
+    agent.max_loop_count = 3
+    agent.save()
+    CapabilityBinding.all_tenants.filter(agent=agent).delete()
+    agent.refresh_from_db()
+    session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
+    with tenant_scope(world.tenant.pk):
+        chat_run = message_post(session=session, user=world.member, content="hi")
+    assert chat_run.agent_version_id == v_published.pk, "the run records the version it runs"
+    spec = _spec_of(chat_run)
+    assert (spec.system_prompt, spec.max_loop_count) == ("published", 16)
+    [builtin] = spec.bindings_of("builtin")
+    assert builtin.name == "todo_write"
+    Run.all_tenants.filter(pk=chat_run.pk).update(status="completed", finished_at=timezone.now())
+    with tenant_scope(world.tenant.pk), run_pin(draft=True):
+        playground_run = message_post(session=session, user=world.member, content="hi")
+    assert playground_run.agent_version_id == agent.draft_version_id
+    spec = _spec_of(playground_run)
+    assert (spec.system_prompt, spec.max_loop_count, spec.bindings) == ("draft", 3, ())
+
+
+def test_the_chat_api_runs_the_draft_for_admins_only(world, no_enqueue):
+    agent = AgentFactory(tenant=world.tenant, system_prompt="published")
+    published = version_publish(agent)
+    agent.system_prompt = "draft"
+    agent.save()
+    agent.refresh_from_db()
+    for who, admin in ((world.admin, True), (world.member, False)):
+        api = world.client(admin=admin)
+        sid = api.post("/api/v1/sessions/", {"agent": agent.pk}, format="json").json()["id"]
+        resp = api.post(f"/api/v1/sessions/{sid}/messages/", {"content": "hi", "draft": True}, format="json")
+        if admin:
+            assert resp.status_code == 201
+            assert Run.all_tenants.get(pk=resp.json()["run"]["id"]).agent_version_id == agent.draft_version_id
+        else:
+            assert resp.status_code == 403, who
+            resp = api.post(f"/api/v1/sessions/{sid}/messages/", {"content": "hi"}, format="json")
+            assert Run.all_tenants.get(pk=resp.json()["run"]["id"]).agent_version_id == published.pk
