@@ -11,7 +11,17 @@ from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from sessions.models import Approval, ApprovalStatus, Artifact, ChatSession, LLMCall, Run, ToolCall, UsageMonth
+from sessions.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Artifact,
+    ChatSession,
+    LLMCall,
+    Run,
+    ToolCall,
+    UsageMonth,
+)
 
 
 def month_start(now: datetime | None = None) -> datetime:
@@ -148,9 +158,11 @@ def approval_get_for_user(*, approval_id: int, user_id: int) -> Approval | None:
 
 def approval_list_pending(*, user_id: int) -> QuerySet[Approval]:
     """The user's pending approvals and questions in the current tenant (deleted chats' left
-    out), oldest first."""
+    out), oldest first. A pause for a tool the API client runs (kind ``client_tool``) is not
+    listed: the client that offered the tool answers it, not a person."""
     return (
         Approval.objects.filter(run__session__user_id=user_id, run__session__deleted_at__isnull=True,
                                 status=ApprovalStatus.PENDING)
+        .exclude(kind=ApprovalKind.CLIENT_TOOL)
         .select_related("sub_run__skill").order_by("id")
     )

@@ -78,6 +78,9 @@ export class ApprovalView {
     if (key === this.key) return;
     this.key = key;
     const question = approval.kind === 'question';
+    // A tool the API client offered (OpenAI-compatible API): that client runs it and answers,
+    // not a person here, so the card only says what the run waits for.
+    const clientTool = approval.kind === 'client_tool';
     const pending = approval.status === 'pending';
     this.el.dataset.status = approval.status;
     this.el.classList.toggle('is-pending', pending);
@@ -85,14 +88,18 @@ export class ApprovalView {
     const inSkill = approval.skill ? ` (in the skill ${approval.skill})` : '';
     this.title.textContent = question
       ? `${approval.question}`
-      : `Allow ${approval.tool_name || 'this tool'}${inSkill}?`;
+      : clientTool
+        ? `Waiting for the API client to run ${approval.tool_name}`
+        : `Allow ${approval.tool_name || 'this tool'}${inSkill}?`;
     this.reason.textContent = question ? `The agent asks${inSkill}:` : approval.reason;
     this.reason.hidden = !this.reason.textContent;
     this.detail.textContent = question ? '' : pretty(approval.arguments) || '{}';
     this.detail.hidden = question;
     replaceChildren(
       this.actions,
-      pending ? (question ? [this.answer, this.sendBtn] : [this.approveBtn, this.denyReason, this.denyBtn]) : [],
+      pending && !clientTool
+        ? (question ? [this.answer, this.sendBtn] : [this.approveBtn, this.denyReason, this.denyBtn])
+        : [],
     );
     const labels = { approved: 'Approved', denied: 'Denied', answered: 'Answered', expired: 'Expired' };
     const why = approval.status === 'denied' && approval.answer ? ` — ${approval.answer}` : '';
