@@ -166,6 +166,7 @@ INSTALLED_APPS = [
     "evaluation",  # datasets and experiments: how good an agent's answers are (issue 38)
     "oauth2_provider",  # django-oauth-toolkit: the OAuth 2.1 authorization server of the MCP endpoints
     "oauth_server",  # its configuration for MCP: consent with a tenant choice, resource-bound tokens
+    "automations",  # schedules (cron per agent) and inbound webhook triggers (issue 40)
 ]
 
 MIDDLEWARE = [
@@ -406,6 +407,8 @@ CELERY_BEAT_SCHEDULE = {
                            "schedule": float(os.environ.get("MEMORY_EXTRACT_SCAN_SECONDS", "60"))},
     "memory-expire": {"task": "memory.expire", "schedule": 3600.0},
     "chats-purge": {"task": "sessions.chat_sessions_purge", "schedule": 3600.0},  # CHAT_PURGE_AFTER_DAYS
+    # Schedules: fire due slots (exactly one run per slot, however many beats run; automations/services.py).
+    "schedules-tick": {"task": "automations.schedules_tick", "schedule": 60.0},
 }
 
 # The worker's run host (sessions/runner/host.py): its event loop ("uvloop" or "asyncio") and

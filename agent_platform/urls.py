@@ -2,12 +2,16 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from automations.hooks import inbound_webhook
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file: no inline script under the CSP.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("agent_platform.api_urls")),
+    # Inbound webhook triggers, signed per Standard Webhooks (automations/hooks.py).
+    path("hooks/<str:trigger_id>/", inbound_webhook, name="inbound-webhook"),
     # The OpenAI-compatible API: the tenant's agents as models (docs/api.md, "OpenAI-compatible API").
     path("api/openai/v1/", include("sessions.api.openai_compat.urls")),
     # The OAuth 2.1 authorization server of the MCP endpoints: /.well-known/oauth-*, /oauth/ (oauth_server).

@@ -124,6 +124,15 @@ def theirs(other_world):
     rows["oauth_grant"] = McpGrant.all_tenants.create(
         tenant=t, membership=other_world.member_membership, application=client, scope="mcp",
         resource="http://testserver/mcp/agents/", token_family="2f1c2a3e-0000-4000-8000-000000000001")
+    from automations.models import InboundWebhook, Schedule, ScheduleSlot, WebhookTrigger
+
+    rows["schedule"] = Schedule.all_tenants.create(tenant=t, agent=agent, owner=other_world.member, cron="0 8 * * *",
+                                                   timezone="Europe/Berlin", message="secret schedule")
+    rows["schedule_slot"] = ScheduleSlot.all_tenants.create(tenant=t, schedule=rows["schedule"], slot_time=soon, run=run)
+    rows["webhook_trigger"] = WebhookTrigger.all_tenants.create(tenant=t, agent=agent, owner=other_world.member,
+                                                                secret_encrypted="secret")
+    rows["inbound_webhook"] = InboundWebhook.all_tenants.create(tenant=t, trigger=rows["webhook_trigger"],
+                                                                webhook_id="msg_secret", run=run, chat=session)
     return rows
 
 

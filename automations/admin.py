@@ -1,0 +1,53 @@
+"""The console's pages for schedules (with the slots they fired) and webhook triggers (with the
+requests they accepted); the trigger's secret is never shown here (the API shows it once)."""
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.utils import timezone
+
+from automations.models import InboundWebhook, Schedule, ScheduleSlot, WebhookTrigger
+from automations.services import schedule_next_slot
+from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
+
+
+class ScheduleSlotInline(TenantScopedInline):
+    model = ScheduleSlot
+    extra = 0
+    can_delete = False
+    fields = ("slot_time", "catch_up", "status", "run", "error")
+    readonly_fields = fields
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(TenantScopedModelAdmin):
+    list_display = ("__str__", "tenant", "agent", "owner", "cron", "timezone", "paused", "next_slot_at")
+    list_filter = ("paused", "missed_policy", "chat_mode")
+    readonly_fields = ("next_slot_at", "created_at", "updated_at")
+    inlines = [ScheduleSlotInline]
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        """Save, with the next slot computed from now (as the API's save does)."""
+        obj.next_slot_at = schedule_next_slot(obj, after=timezone.now())
+        super().save_model(request, obj, form, change)
+
+
+class InboundWebhookInline(TenantScopedInline):
+    model = InboundWebhook
+    extra = 0
+    can_delete = False
+    fields = ("webhook_id", "received_at", "run", "chat")
+    readonly_fields = fields
+
+
+@admin.register(WebhookTrigger)
+class WebhookTriggerAdmin(TenantScopedModelAdmin):
+    list_display = ("__str__", "tenant", "agent", "owner", "is_active", "created_at")
+    list_filter = ("is_active",)
+    exclude = ("secret_encrypted",)
+    readonly_fields = ("id", "created_at")
+    inlines = [InboundWebhookInline]
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return False  # made through the API, which shows the new secret once

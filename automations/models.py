@@ -1,0 +1,141 @@
+"""Schedules (a cron expression in an IANA time zone, per agent) with one row per slot that
+fired, and inbound webhook triggers (per agent, with a Standard Webhooks secret) with one row
+per accepted ``webhook-id``. docs/admin-guide.md, "Schedules and webhooks"."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from tenants.scoping import TenantOwnedModel
+
+
+class ChatMode(models.TextChoices):
+    NEW = "new", "A new chat each time"
+    FIXED = "fixed", "One fixed chat"
+
+
+class MissedPolicy(models.TextChoices):
+    SKIP = "skip", "Skip slots missed while the platform was down"
+    RUN_ONCE = "run_once", "Run once for all slots missed while the platform was down"
+
+
+class Schedule(TenantOwnedModel):
+    """An agent run every time ``cron`` matches the wall clock of ``timezone``.
+
+    ``next_slot_at`` (UTC) is the next slot the scheduler will look at; None while paused.
+    """
+
+    agent = models.ForeignKey("agents.AgentInstance", on_delete=models.CASCADE, related_name="+")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="The user the runs act as (their chats, their rights).",
+    )
+    name = models.CharField(max_length=200, blank=True)
+    cron = models.CharField(max_length=120, help_text="Five fields: minute hour day-of-month month day-of-week.")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="An IANA time zone, e.g. Europe/Berlin.")
+    message = models.TextField(help_text="The message posted to the agent at each slot.")
+    chat_mode = models.CharField(max_length=8, choices=ChatMode.choices, default=ChatMode.NEW)
+    chat = models.ForeignKey(
+        "agent_sessions.ChatSession",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The chat of chat_mode 'fixed'.",
+    )
+    missed_policy = models.CharField(max_length=8, choices=MissedPolicy.choices, default=MissedPolicy.SKIP)
+    paused = models.BooleanField(default=False)
+    next_slot_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name or f"{self.cron} ({self.timezone})"
+
+    def clean(self) -> None:
+        """A cron expression cronsim accepts and a known IANA zone (else ValidationError)."""
+        from automations.cron import CronInvalid, cron_check, zone_get
+
+        errors = {}
+        try:
+            self.cron = cron_check(self.cron)
+        except CronInvalid as exc:
+            errors["cron"] = str(exc)
+        try:
+            zone_get(self.timezone)
+        except CronInvalid as exc:
+            errors["timezone"] = str(exc)
+        if errors:
+            raise ValidationError(errors)
+
+
+class SlotStatus(models.TextChoices):
+    STARTED = "started", "Run started"
+    FAILED = "failed", "Start failed"
+
+
+class ScheduleSlot(TenantOwnedModel):
+    """One slot of a schedule that fired: the unique (schedule, slot_time) pair is what makes
+    a slot start at most one run however many schedulers look at it."""
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="slots")
+    slot_time = models.DateTimeField(help_text="The slot's instant (UTC).")
+    catch_up = models.BooleanField(default=False, help_text="Fired late for missed slots (policy run_once).")
+    status = models.CharField(max_length=8, choices=SlotStatus.choices, default=SlotStatus.STARTED)
+    run = models.ForeignKey("agent_sessions.Run", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-slot_time"]
+        constraints = [models.UniqueConstraint(fields=["schedule", "slot_time"], name="schedule_slot_unique")]
+
+
+class WebhookTrigger(TenantOwnedModel):
+    """An agent started by a signed HTTP request to ``/hooks/<id>/`` (Standard Webhooks)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey("agents.AgentInstance", on_delete=models.CASCADE, related_name="+")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", help_text="The user the runs act as."
+    )
+    name = models.CharField(max_length=200, blank=True)
+    template = models.TextField(
+        default="Webhook received:\n{{ payload }}",
+        help_text="The message: {{ field.sub }} is the payload's field, {{ payload }} all of it.",
+    )
+    secret_encrypted = models.TextField(editable=False, help_text="The whsec_ secret, encrypted with the tenant's key.")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return self.name or str(self.id)
+
+
+class InboundWebhook(TenantOwnedModel):
+    """One accepted request of a trigger, by its ``webhook-id``: a replay of the id starts no
+    second run (the unique pair)."""
+
+    trigger = models.ForeignKey(WebhookTrigger, on_delete=models.CASCADE, related_name="received")
+    webhook_id = models.CharField(max_length=255)
+    run = models.ForeignKey("agent_sessions.Run", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    chat = models.ForeignKey(
+        "agent_sessions.ChatSession", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-received_at"]
+        constraints = [models.UniqueConstraint(fields=["trigger", "webhook_id"], name="inbound_webhook_unique_id")]
