@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from agents.models import AgentVersion
 from llm.errors import public_error_message
 from llm.metering import LLMCallPurpose
 from sessions.models import (
@@ -248,6 +249,7 @@ def _run_summary(run: Run, *, messages: list[Message], admin: bool) -> dict[str,
         "reason_label": RunFailureReason(run.reason).label if run.reason in RunFailureReason.values else "",
         "error": run.error, "input": run.input, "reply": run.reply, "loop_count": run.loop_count,
         "agent": {"id": agent.pk, "name": agent.name},
+        "agent_version": None,  # the number of the agent's version the run ran (None: a run from before versions)
         "parent_run_id": None, "depth": run.depth,
         "created_at": _iso(run.created_at), "started_at": _iso(run.started_at), "finished_at": _iso(run.finished_at),
         "duration_ms": _ms_between(run.started_at, run.finished_at),
@@ -256,6 +258,11 @@ def _run_summary(run: Run, *, messages: list[Message], admin: bool) -> dict[str,
         "context": [{"source": b.get("source", ""), "title": b.get("title", ""), "text": b.get("text", ""),
                      "data": b.get("data")} for b in (run.context or []) if isinstance(b, dict)],
     }
+    version = None
+    if run.agent_version_id:
+        # tenant-bypass: the run's own agent version, in the same tenant.
+        version = AgentVersion.all_tenants.filter(tenant_id=run.tenant_id, pk=run.agent_version_id).first()
+        out["agent_version"] = version.number if version else None
     if run.parent_tool_call_id:
         # tenant-bypass: the parent's tool call, in the same tenant.
         out["parent_run_id"] = ToolCall.all_tenants.filter(
@@ -263,7 +270,7 @@ def _run_summary(run: Run, *, messages: list[Message], admin: bool) -> dict[str,
     if admin:
         out["user"] = run.user.get_username()
         out["worker_attempts"] = run.attempt
-        out["system_prompt"] = agent.system_prompt
+        out["system_prompt"] = version.config.get("system_prompt", "") if version else agent.system_prompt
         out["context_messages_before"] = (
             # tenant-bypass: the same session, same tenant.
             Message.all_tenants.filter(tenant_id=run.tenant_id, session_id=run.session_id,

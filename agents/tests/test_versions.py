@@ -15,6 +15,7 @@ from sessions.models import ChatSession, Run
 from sessions.runner import database
 from sessions.runs.claim import ClaimedRun
 from sessions.services import message_post
+from sessions.trace_selectors import run_trace
 from tenants.scoping import tenant_scope
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("all_tenants_scope")]
@@ -115,6 +116,9 @@ def test_a_new_chat_runs_the_published_version_and_the_playground_the_draft(worl
     [builtin] = spec.bindings_of("builtin")
     assert builtin.name == "todo_write"
     Run.all_tenants.filter(pk=chat_run.pk).update(status="completed", finished_at=timezone.now())
+    with tenant_scope(world.tenant.pk):
+        trace = run_trace(run=Run.objects.get(pk=chat_run.pk), admin=True)["run"]
+    assert (trace["agent_version"], trace["system_prompt"]) == (v_published.number, "published")
     with tenant_scope(world.tenant.pk), run_pin(draft=True):
         playground_run = message_post(session=session, user=world.member, content="hi")
     assert playground_run.agent_version_id == agent.draft_version_id
