@@ -101,6 +101,9 @@ def theirs(other_world):
         "memory_extraction": MemoryExtraction.all_tenants.create(tenant=t, session=session, last_message_id=1),
     }
     rows["usage_month"] = UsageMonth.all_tenants.get(tenant=t)  # written by the LLM call's trigger
+    from agents.models import AgentVersion
+
+    rows["agent_version"] = AgentVersion.all_tenants.get(tenant=t, agent=agent, number=1)  # recorded on save
     from capabilities.a2a.models import A2aAgent
 
     rows["a2a_agent"] = A2aAgent.all_tenants.create(tenant=t, name="secret remote",
@@ -382,6 +385,17 @@ def test_browser_device_endpoints_hide_other_tenants_devices(world, other_world)
         assert client.get("/api/v1/browser/devices/").json()["results"] == []
     device.refresh_from_db()
     assert device.revoked_at is None
+
+
+def test_agent_version_endpoints_hide_other_tenants_agents(world, theirs):
+    client = world.client(admin=True)
+    base = f"/api/v1/admin/agents/{theirs['agent'].pk}"
+    _assert_404(client.get(f"{base}/versions/"))
+    _assert_404(client.get(f"{base}/versions/1/diff/?against=1"))
+    _assert_404(client.post(f"{base}/publish/", {}, format="json"))
+    _assert_404(client.post(f"{base}/rollback/", {"version": 1}, format="json"))
+    theirs["agent"].refresh_from_db()
+    assert theirs["agent"].published_version_id is None
 
 
 def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
