@@ -1,6 +1,7 @@
 """Agents and their capability bindings in the console.
 
-The agent page has "Try this agent" (the playground: ``console/views.py``); bindings use
+The agent page has "Try this agent" (the playground: ``console/views.py``) and "Versions"
+(list, diff, publish, roll back: ``console.views.agent_versions_view``); bindings use
 :class:`console.forms.BindingForm` (built-in tools from a list, allowed tools from the MCP
 server's tool list, the approval policy as rows, only the fields of the chosen kind).
 """
@@ -9,6 +10,7 @@ from django.contrib import admin
 from django.urls import path
 
 from agents.models import AgentInstance, CapabilityBinding
+from agents.versions import versions_batch
 from capabilities.registry import BINDING_FIELDS
 from console.forms import BindingForm
 from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
@@ -30,12 +32,20 @@ class AgentInstanceAdmin(TenantScopedModelAdmin):
     inlines = [BindingInline]
 
     def get_urls(self):
-        from console.views import agent_playground_view
+        from console.views import agent_playground_view, agent_versions_view
 
         urls = [path("<path:object_id>/playground/",
                      self.admin_site.admin_view(lambda request, object_id: agent_playground_view(self, request, object_id)),
-                     name="agents_agentinstance_playground")]
+                     name="agents_agentinstance_playground"),
+                path("<path:object_id>/versions/",
+                     self.admin_site.admin_view(lambda request, object_id: agent_versions_view(self, request, object_id)),
+                     name="agents_agentinstance_versions")]
         return urls + super().get_urls()
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        """The agent form with its binding rows: one version for the whole save, by the admin user."""
+        with versions_batch(user=request.user):
+            return super().changeform_view(request, object_id, form_url, extra_context)
 
 
 @admin.register(CapabilityBinding)

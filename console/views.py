@@ -95,3 +95,48 @@ def agent_playground_view(model_admin: ModelAdmin, request: HttpRequest, object_
         **_context(model_admin, request, agent, f"Try {agent.name}"),
         "agent": agent, "tenant": tenant, "has_membership": has_membership,
     })
+
+
+def agent_versions_view(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """The agent's versions, newest first, which is published and which the draft; a POST
+    ``{action: publish | rollback, version, note?}`` publishes one (change permission needed)
+    and returns here. ``?diff=<n>&against=<m>``: the per-field diff of version ``n`` against
+    ``m`` (default n - 1) above the list. 404 for an agent of another tenant."""
+    from django.contrib import messages
+    from django.core.exceptions import PermissionDenied
+    from django.shortcuts import redirect
+
+    from agents.models import AgentVersion
+    from agents.versions import VersionError, config_diff, version_publish
+    from tenants.audit import Action, audit_record
+
+    agent = _object_or_404(model_admin, request, object_id)
+    versions = list(AgentVersion.all_tenants.filter(tenant_id=agent.tenant_id, agent=agent)
+                    .select_related("created_by").order_by("-number"))
+    if request.method == "POST":
+        if not model_admin.has_change_permission(request, agent):
+            raise PermissionDenied
+        number = request.POST.get("version", "")
+        try:
+            version = version_publish(agent, number=int(number) if number.isdigit() else None, user=request.user,
+                                      note=request.POST.get("note", "")[:500])
+        except VersionError as exc:
+            messages.error(request, str(exc))
+        else:
+            audit_record(action=Action.UPDATE, obj=agent, changes={"published_version": {"to": version.number}},
+                         detail={"action": request.POST.get("action", "publish")[:20]})
+            messages.success(request, f"Version {version.number} is published.")
+        return redirect(request.path)
+    by_number = {v.number: v for v in versions}
+    diff = None
+    shown = request.GET.get("diff", "")
+    if shown.isdigit() and int(shown) in by_number:
+        against = request.GET.get("against", str(int(shown) - 1))
+        before = by_number.get(int(against)) if against.isdigit() else None
+        diff = {"to": int(shown), "from": before.number if before else None,
+                "changes": config_diff(before.config if before else {}, by_number[int(shown)].config)}
+    return TemplateResponse(request, "console/agent_versions.html", {
+        **_context(model_admin, request, agent, f"{agent.name}: versions"),
+        "agent": agent, "versions": versions, "diff": diff,
+        "can_publish": model_admin.has_change_permission(request, agent),
+    })

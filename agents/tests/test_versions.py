@@ -143,3 +143,39 @@ def test_the_chat_api_runs_the_draft_for_admins_only(world, no_enqueue):
             assert resp.status_code == 403, who
             resp = api.post(f"/api/v1/sessions/{sid}/messages/", {"content": "hi"}, format="json")
             assert Run.all_tenants.get(pk=resp.json()["run"]["id"]).agent_version_id == published.pk
+
+
+def test_the_console_lists_diffs_publishes_and_rolls_back(world, other_world):
+    from django.test import Client
+    from django.urls import reverse
+
+    agent = AgentFactory(tenant=world.tenant, system_prompt="first")
+    client = Client()
+    client.force_login(world.admin)
+    change_url = reverse("admin:agents_agentinstance_change", args=[agent.pk])
+    page = client.get(change_url)
+    versions_url = reverse("admin:agents_agentinstance_versions", args=[agent.pk])
+    assert versions_url in page.content.decode()
+    form = page.context["adminform"].form
+    data = {k: ("" if v is None else v) for k, v in form.initial.items() if k not in ("route",)}
+    data.update({"route": agent.route_id, "system_prompt": "second", "bindings-TOTAL_FORMS": 0,
+                 "bindings-INITIAL_FORMS": 0, "bindings-MIN_NUM_FORMS": 0, "bindings-MAX_NUM_FORMS": 1000})
+    data = {k: v for k, v in data.items() if not isinstance(v, bool) or v}
+    resp = client.post(change_url, data)
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    v2 = AgentVersion.all_tenants.get(agent=agent, number=2)
+    assert v2.created_by == world.admin and v2.config["system_prompt"] == "second"
+    html = client.get(f"{versions_url}?diff=2&against=1").content.decode()
+    assert 'data-testid="version-diff"' in html and "-first" in html and "+second" in html
+    assert client.post(versions_url, {"version": "2", "action": "publish", "note": "ship"}).status_code == 302
+    agent.refresh_from_db()
+    assert agent.published_version.number == 2 and agent.published_version.note == "ship"
+    client.post(versions_url, {"version": "1", "action": "rollback"})
+    agent.refresh_from_db()
+    assert agent.published_version.number == 1
+    theirs = Client()
+    theirs.force_login(other_world.admin)
+    assert theirs.get(versions_url).status_code == 404
+    assert theirs.post(versions_url, {"version": "2"}).status_code == 404
+    agent.refresh_from_db()
+    assert agent.published_version.number == 1
