@@ -18,6 +18,7 @@ from oauth2_provider.oauth2_validators import OAuth2Validator
 from oauthlib.oauth2.rfc6749 import errors
 
 from oauth_server.models import McpGrant
+from oauth_server.redirects import redirect_uri_problem
 from tenants.scoping import system_scope
 
 
@@ -27,6 +28,13 @@ def _checksum(raw: str) -> str:
 
 class McpOAuth2Validator(OAuth2Validator):
     """:class:`oauth2_provider.oauth2_validators.OAuth2Validator` plus the membership binding."""
+
+    def validate_redirect_uri(self, client_id: str, redirect_uri: str, request: Any, *args: Any, **kwargs: Any) -> bool:
+        """:func:`oauth_server.redirects.redirect_uri_problem` (a client stored before the rule
+        may list a URI it refuses), then DOT's exact match against the registered URIs."""
+        if redirect_uri_problem(redirect_uri) is not None:
+            return False
+        return super().validate_redirect_uri(client_id, redirect_uri, request, *args, **kwargs)
 
     def save_authorization_code(
         self, client_id: str, code: dict[str, Any], request: Any, *args: Any, **kwargs: Any

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +25,7 @@ from oauthlib.oauth2.rfc6749 import errors
 
 from agent_platform.security_headers import HEADER as CSP_HEADER
 from agent_platform.security_headers import policy_for_path
+from oauth_server.redirects import csp_source, redirect_uri_problem
 from oauth_server.resources import MCP_RESOURCES, SCOPES, mount_of, origin, resource_mount, resource_url
 from tenants.models import Membership
 from tenants.scoping import system_scope
@@ -73,14 +73,14 @@ def _request_error(description: str, redirect_uri: str | None, state: str | None
 
 
 def _redirect_source(application: Any, redirect_uri: str) -> str:
-    """``scheme://host[:port]`` of ``redirect_uri`` when it is one of ``application``'s
-    registered redirect URIs and a plain host (a CSP source expression), else ''."""
-    if application is None or not redirect_uri or not application.redirect_uri_allowed(redirect_uri):
+    """The CSP source expression of ``redirect_uri`` (:func:`oauth_server.redirects.csp_source`:
+    ``scheme://host[:port]``, or ``scheme:`` for a private-use scheme) when it is one of
+    ``application``'s registered redirect URIs and passes the redirect rule, else ''."""
+    if application is None or not redirect_uri or redirect_uri_problem(redirect_uri) is not None:
         return ""
-    parts = urlsplit(redirect_uri)
-    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", parts.scheme) or not re.fullmatch(r"[A-Za-z0-9.:\[\]-]+", parts.netloc):
+    if not application.redirect_uri_allowed(redirect_uri):
         return ""
-    return f"{parts.scheme}://{parts.netloc}"
+    return csp_source(redirect_uri)
 
 
 class ConsentView(AuthorizationView):
@@ -146,7 +146,9 @@ class ConsentView(AuthorizationView):
         application = get_application_model().objects.filter(client_id=data.get("client_id") or "").first()
         if application is None:  # a tampered form (DOT would raise DoesNotExist: a 500)
             return self.error_response(OAuthToolkitError(error=errors.InvalidClientIdError()), None)
-        if not application.redirect_uri_allowed(data.get("redirect_uri") or ""):  # never redirect there
+        redirect_uri = data.get("redirect_uri") or ""
+        if redirect_uri_problem(redirect_uri) is not None or not application.redirect_uri_allowed(redirect_uri):
+            # never redirect there
             return self.error_response(OAuthToolkitError(error=errors.MismatchingRedirectURIError()), None)
         try:
             self._check_extensions(self.request.POST, credentials)
