@@ -2,7 +2,8 @@
 
 Under DOT's namespace ``oauth2_provider`` (its metadata view reverses ``authorize``, ``token``,
 ``revoke-token``, ``dcr-register``): ``/.well-known/oauth-authorization-server`` (RFC 8414),
-``/.well-known/oauth-protected-resource/mcp/<name>/`` (RFC 9728), ``/oauth/authorize/``,
+``/.well-known/oauth-protected-resource/mcp/<name>/`` (RFC 9728; the root one and
+``/.well-known/openid-configuration`` are JSON 404s), ``/oauth/authorize/``,
 ``/oauth/token/``, ``/oauth/revoke_token/``, ``/oauth/register/`` (RFC 7591). The sign-in is
 the chat app's (``/?next=…``).
 """
@@ -14,6 +15,12 @@ from oauth_server import views
 
 _patterns = [
     path(".well-known/oauth-authorization-server", dot.OAuthServerMetadataView.as_view(), name="oauth-server-metadata"),
+    re_path(
+        r"^\.well-known/oauth-protected-resource/?$",
+        views.root_protected_resource_metadata,
+        name="oauth-resource-metadata-root",
+    ),
+    path(".well-known/openid-configuration", views.openid_configuration, name="openid-configuration"),
     re_path(
         r"^\.well-known/oauth-protected-resource/(?P<resource_path>.+)$",
         views.ProtectedResourceMetadataView.as_view(),

@@ -26,7 +26,15 @@ from oauthlib.oauth2.rfc6749 import errors
 from agent_platform.security_headers import HEADER as CSP_HEADER
 from agent_platform.security_headers import policy_for_path
 from oauth_server.redirects import csp_source, redirect_uri_problem
-from oauth_server.resources import MCP_RESOURCES, SCOPES, mount_of, origin, resource_mount, resource_url
+from oauth_server.resources import (
+    MCP_RESOURCES,
+    SCOPES,
+    metadata_url,
+    mount_of,
+    origin,
+    resource_mount,
+    resource_url,
+)
 from tenants.models import Membership
 from tenants.scoping import system_scope
 
@@ -215,6 +223,41 @@ class ProtectedResourceMetadataView(OAuthProtectedResourceMetadataView):
 
     def get_resource_name(self) -> str:
         return f"Agent Platform: {MCP_RESOURCES[self.mount].lower()}"
+
+
+def root_protected_resource_metadata(request: HttpRequest) -> HttpResponse:
+    """``/.well-known/oauth-protected-resource`` (no path): a JSON 404 naming the per-endpoint
+    documents (``resource_metadata``).
+
+    This server protects two resources (``/mcp/agents/``, ``/mcp/knowledge/``), each with its
+    own identifier; RFC 9728 §3.1 puts a resource's document at the path-inserted URL, which an
+    MCP client (2025-11-25) tries before the root one. A root document would have to name one
+    resource (or the origin, which the authorization endpoint refuses as ``invalid_target``),
+    and RFC 9728 §3.3 has a client reject a document whose ``resource`` is not what it dialled.
+    """
+    base = origin(request)
+    return JsonResponse(
+        {
+            "error": "not_found",
+            "error_description": "Each MCP endpoint has its own protected resource metadata: see resource_metadata.",
+            "resource_metadata": [metadata_url(mount, base) for mount in MCP_RESOURCES],
+        },
+        status=404,
+    )
+
+
+def openid_configuration(request: HttpRequest) -> HttpResponse:
+    """``/.well-known/openid-configuration``: a JSON 404 (this is an OAuth 2.1 authorization
+    server, not an OpenID provider: no ID tokens); MCP clients try the RFC 8414 document,
+    ``/.well-known/oauth-authorization-server``, first, and a JSON 404 lets one that tries this
+    URL move on instead of failing on the chat app's HTML."""
+    return JsonResponse(
+        {
+            "error": "not_found",
+            "error_description": "Not an OpenID provider: see /.well-known/oauth-authorization-server (RFC 8414).",
+        },
+        status=404,
+    )
 
 
 class McpTokenView(TokenView):
