@@ -409,6 +409,8 @@ CELERY_BEAT_SCHEDULE = {
     "chats-purge": {"task": "sessions.chat_sessions_purge", "schedule": 3600.0},  # CHAT_PURGE_AFTER_DAYS
     # Schedules: fire due slots (exactly one run per slot, however many beats run; automations/services.py).
     "schedules-tick": {"task": "automations.schedules_tick", "schedule": 60.0},
+    # Outbound webhooks: retry the deliveries whose backoff is over (automations/outbound.py).
+    "webhook-deliveries-due": {"task": "automations.deliveries_due", "schedule": 60.0},
 }
 
 # The worker's run host (sessions/runner/host.py): its event loop ("uvloop" or "asyncio") and

@@ -7,7 +7,17 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils import timezone
 
-from automations.models import InboundWebhook, Schedule, ScheduleSlot, WebhookTrigger
+from agent_platform.api_errors import ApplicationError
+from automations.models import (
+    DeliveryAttempt,
+    InboundWebhook,
+    Schedule,
+    ScheduleSlot,
+    WebhookDelivery,
+    WebhookSubscription,
+    WebhookTrigger,
+)
+from automations.outbound import delivery_redeliver
 from automations.services import schedule_next_slot
 from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
 
@@ -51,3 +61,67 @@ class WebhookTriggerAdmin(TenantScopedModelAdmin):
 
     def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
         return False  # made through the API, which shows the new secret once
+
+
+class DeliveryAttemptInline(TenantScopedInline):
+    model = DeliveryAttempt
+    extra = 0
+    can_delete = False
+    fields = ("attempted_at", "status_code", "error", "duration_ms")
+    readonly_fields = fields
+
+
+@admin.register(WebhookSubscription)
+class WebhookSubscriptionAdmin(TenantScopedModelAdmin):
+    list_display = ("url", "tenant", "event_types", "is_active", "disabled_reason", "created_at")
+    list_filter = ("is_active",)
+    exclude = ("secret_encrypted",)
+    readonly_fields = ("disabled_reason", "created_at")
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return False  # made through the admin API, which checks the URL and shows the secret once
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(TenantScopedModelAdmin):
+    """The delivery log; the action "Redeliver" queues one more attempt of each selected one."""
+
+    list_display = (
+        "message_id",
+        "tenant",
+        "subscription",
+        "event_type",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "created_at",
+    )
+    list_filter = ("status", "event_type")
+    readonly_fields = (
+        "subscription",
+        "event_type",
+        "message_id",
+        "payload",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "retry_until",
+        "created_at",
+        "delivered_at",
+    )
+    inlines = [DeliveryAttemptInline]
+    actions = ["redeliver"]
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return False
+
+    @admin.action(description="Redeliver")
+    def redeliver(self, request: HttpRequest, queryset: Any) -> None:
+        done = 0
+        for delivery in queryset.select_related("subscription"):
+            try:
+                delivery_redeliver(delivery=delivery)
+                done += 1
+            except ApplicationError as exc:
+                self.message_user(request, f"{delivery.message_id}: {exc.message}", level="error")
+        self.message_user(request, f"{done} queued for delivery.")

@@ -139,3 +139,69 @@ class InboundWebhook(TenantOwnedModel):
     class Meta:
         ordering = ["-received_at"]
         constraints = [models.UniqueConstraint(fields=["trigger", "webhook_id"], name="inbound_webhook_unique_id")]
+
+
+class EventType(models.TextChoices):
+    """The events an outbound subscription may receive (names are API)."""
+
+    RUN_COMPLETED = "run.completed", "A run completed"
+    RUN_FAILED = "run.failed", "A run failed"
+    SCHEDULE_FAILED = "schedule.failed", "A schedule's slot could not start its run"
+
+
+class WebhookSubscription(TenantOwnedModel):
+    """An endpoint of another system that receives the tenant's events, signed per Standard
+    Webhooks with ``secret_encrypted`` (shown once, stored encrypted)."""
+
+    url = models.URLField(max_length=2000)
+    event_types = models.JSONField(default=list, help_text='Event names, e.g. ["run.completed"].')
+    description = models.CharField(max_length=200, blank=True)
+    secret_encrypted = models.TextField(editable=False)
+    is_active = models.BooleanField(default=True)
+    disabled_reason = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Waiting for its next attempt"
+    DELIVERED = "delivered", "Delivered (2xx)"
+    FAILED = "failed", "Given up (24 hours of retries, or the endpoint answered 410)"
+
+
+class WebhookDelivery(TenantOwnedModel):
+    """One event for one subscription: its ``message_id`` is the ``webhook-id`` every attempt
+    sends (the receiver's idempotency key)."""
+
+    subscription = models.ForeignKey(WebhookSubscription, on_delete=models.CASCADE, related_name="deliveries")
+    event_type = models.CharField(max_length=40)
+    message_id = models.CharField(max_length=64, unique=True)
+    payload = models.JSONField()
+    status = models.CharField(max_length=10, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    retry_until = models.DateTimeField(help_text="Failed attempts are retried until then (24 hours).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class DeliveryAttempt(TenantOwnedModel):
+    """One HTTP attempt of a delivery: the status code, or the error (refused address,
+    timeout, connection failure)."""
+
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_log")
+    attempted_at = models.DateTimeField(auto_now_add=True)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-attempted_at", "-id"]

@@ -30,6 +30,7 @@ from agents.models import AgentInstance
 from automations.cron import CronInvalid, cron_check, last_slot_between, next_slots, zone_get
 from automations.models import (
     ChatMode,
+    EventType,
     InboundWebhook,
     MissedPolicy,
     Schedule,
@@ -37,6 +38,7 @@ from automations.models import (
     SlotStatus,
     WebhookTrigger,
 )
+from automations.outbound import event_emit
 from sessions.models import ChatSession, Run
 from sessions.services import chat_session_create, message_post
 from tenants.crypto import secret_encrypt
@@ -190,6 +192,11 @@ def schedule_fire(*, schedule_id: int, now: datetime) -> ScheduleSlot | None:
                 slot.run = _start_run(schedule)
         except ApplicationError as exc:
             slot.status, slot.error = SlotStatus.FAILED, exc.message
+            event_emit(
+                tenant_id=schedule.tenant_id,
+                event_type=EventType.SCHEDULE_FAILED,
+                data={"schedule_id": schedule.pk, "slot_time": slot_time.isoformat(), "error": exc.message},
+            )
             logger.info("schedule %s slot %s not started: %s", schedule.pk, slot_time.isoformat(), exc.message)
         slot.save(update_fields=["run", "status", "error"])
         return slot

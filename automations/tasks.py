@@ -15,3 +15,22 @@ def schedules_tick() -> dict[str, int]:
     from automations.services import schedules_tick as tick
 
     return tick()
+
+
+@shared_task(name="automations.delivery_attempt", ignore_result=True, soft_time_limit=60, time_limit=90)
+def delivery_attempt(delivery_id: int, tenant_id: int) -> str | None:
+    """One attempt of outbound delivery ``delivery_id`` (:func:`automations.outbound.delivery_attempt`):
+    its status after it, or None when it was not due or another attempt held it."""
+    from automations.outbound import delivery_attempt as attempt
+    from tenants.scoping import tenant_scope
+
+    with tenant_scope(int(tenant_id)):
+        return attempt(delivery_id=delivery_id)
+
+
+@shared_task(name="automations.deliveries_due", ignore_result=True, soft_time_limit=300, time_limit=330)
+def deliveries_due() -> int:
+    """Retry the outbound deliveries whose next attempt is due (beat, every minute)."""
+    from automations.outbound import deliveries_due as due
+
+    return due()

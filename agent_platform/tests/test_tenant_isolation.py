@@ -136,6 +136,15 @@ def theirs(other_world):
                                                                 secret_encrypted="secret")
     rows["inbound_webhook"] = InboundWebhook.all_tenants.create(tenant=t, trigger=rows["webhook_trigger"],
                                                                 webhook_id="msg_secret", run=run, chat=session)
+    from automations.models import DeliveryAttempt, WebhookDelivery, WebhookSubscription
+
+    rows["webhook_subscription"] = WebhookSubscription.all_tenants.create(
+        tenant=t, url="https://hooks.example.com/secret", event_types=["run.completed"], secret_encrypted="secret")
+    rows["webhook_delivery"] = WebhookDelivery.all_tenants.create(
+        tenant=t, subscription=rows["webhook_subscription"], event_type="run.completed", message_id="msg_secret_out",
+        payload={"secret": True}, retry_until=soon)
+    rows["delivery_attempt"] = DeliveryAttempt.all_tenants.create(tenant=t, delivery=rows["webhook_delivery"],
+                                                                  status_code=200)
     return rows
 
 

@@ -7,7 +7,14 @@ from rest_framework import serializers
 
 from agents.models import AgentInstance
 from automations.cron import zone_get
-from automations.models import Schedule, ScheduleSlot, WebhookTrigger
+from automations.models import (
+    DeliveryAttempt,
+    Schedule,
+    ScheduleSlot,
+    WebhookDelivery,
+    WebhookSubscription,
+    WebhookTrigger,
+)
 from automations.services import schedule_upcoming
 from sessions.models import ChatSession
 from tenants.api.mixins import TenantPrimaryKeyRelatedField
@@ -78,3 +85,50 @@ class TriggerSecretSerializer(WebhookTriggerSerializer):
 
     class Meta(WebhookTriggerSerializer.Meta):
         fields = [*WebhookTriggerSerializer.Meta.fields, "secret"]
+
+
+class WebhookSubscriptionSerializer(serializers.ModelSerializer):
+    """An outbound subscription; ``secret`` only in the create answer."""
+
+    event_types = serializers.ListField(child=serializers.CharField(max_length=40), allow_empty=False)
+
+    class Meta:
+        model = WebhookSubscription
+        fields = ["id", "url", "event_types", "description", "is_active", "disabled_reason", "created_at"]
+        read_only_fields = ["id", "disabled_reason", "created_at"]
+
+
+class SubscriptionSecretSerializer(WebhookSubscriptionSerializer):
+    secret = serializers.CharField(read_only=True, help_text="whsec_…: shown once; store it now.")
+
+    class Meta(WebhookSubscriptionSerializer.Meta):
+        fields = [*WebhookSubscriptionSerializer.Meta.fields, "secret"]
+
+
+class DeliveryAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DeliveryAttempt
+        fields = ["attempted_at", "status_code", "error", "duration_ms"]
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    """A delivery with its attempts (newest first)."""
+
+    attempt_log = DeliveryAttemptSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = WebhookDelivery
+        fields = [
+            "id",
+            "subscription",
+            "event_type",
+            "message_id",
+            "payload",
+            "status",
+            "attempts",
+            "next_attempt_at",
+            "retry_until",
+            "created_at",
+            "delivered_at",
+            "attempt_log",
+        ]

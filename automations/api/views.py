@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import models, transaction
 from drf_spectacular.utils import extend_schema
-from rest_framework import permissions, serializers, status
+from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,12 +16,16 @@ from rest_framework.response import Response
 from automations.api.serializers import (
     ScheduleSerializer,
     ScheduleSlotSerializer,
+    SubscriptionSecretSerializer,
     TriggerSecretSerializer,
+    WebhookDeliverySerializer,
+    WebhookSubscriptionSerializer,
     WebhookTriggerSerializer,
 )
-from automations.models import Schedule, WebhookTrigger
+from automations.models import Schedule, WebhookDelivery, WebhookSubscription, WebhookTrigger
+from automations.outbound import delivery_redeliver, subscription_create, subscription_update
 from automations.services import schedule_save, template_check, trigger_create, trigger_rotate_secret
-from tenants.api.mixins import TenantScopedViewSet
+from tenants.api.mixins import IsTenantAdmin, TenantContextMixin, TenantScopedViewSet
 
 
 class _OwnOrAdminViewSet(TenantScopedViewSet):
@@ -134,3 +138,53 @@ class WebhookTriggerViewSet(_OwnOrAdminViewSet):
         with transaction.atomic():
             trigger.secret = trigger_rotate_secret(trigger=trigger)  # type: ignore[attr-defined]
         return Response(TriggerSecretSerializer(trigger).data, status=status.HTTP_200_OK)
+
+
+class WebhookSubscriptionViewSet(TenantScopedViewSet):
+    """Outbound webhook subscriptions of the tenant (owners and admins): CRUD; the secret is in
+    the create answer only. ``deliveries/``: the subscription's delivery log."""
+
+    model = WebhookSubscription
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer]:
+        return SubscriptionSecretSerializer if self.action == "create" else WebhookSubscriptionSerializer
+
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        data = serializer.validated_data
+        subscription, secret = subscription_create(
+            tenant=self.request.tenant,
+            url=data["url"],
+            event_types=data["event_types"],  # type: ignore[attr-defined]
+            description=data.get("description", ""),
+        )
+        subscription.secret = secret  # type: ignore[attr-defined]
+        serializer.instance = subscription
+
+    def perform_update(self, serializer: serializers.BaseSerializer) -> None:
+        serializer.instance = subscription_update(subscription=serializer.instance, **serializer.validated_data)
+
+    @extend_schema(responses={200: WebhookDeliverySerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def deliveries(self, request: Request, pk: str | None = None) -> Response:
+        subscription = self.get_object()
+        rows = subscription.deliveries.prefetch_related("attempt_log").order_by("-created_at", "-id")[:100]
+        return Response(WebhookDeliverySerializer(rows, many=True).data)
+
+
+class WebhookDeliveryViewSet(TenantContextMixin, viewsets.ReadOnlyModelViewSet):
+    """The tenant's outbound deliveries (owners and admins), newest first; ``redeliver/``
+    queues one more attempt."""
+
+    permission_classes = [permissions.IsAuthenticated, IsTenantAdmin]
+    serializer_class = WebhookDeliverySerializer
+
+    def get_queryset(self) -> models.QuerySet:
+        if getattr(self, "swagger_fake_view", False):
+            return WebhookDelivery.all_tenants.none()
+        return WebhookDelivery.objects.prefetch_related("attempt_log").order_by("-created_at", "-id")
+
+    @extend_schema(request=None, responses={202: WebhookDeliverySerializer})
+    @action(detail=True, methods=["post"])
+    def redeliver(self, request: Request, pk: str | None = None) -> Response:
+        delivery = delivery_redeliver(delivery=self.get_object())
+        return Response(WebhookDeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)

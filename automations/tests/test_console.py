@@ -22,10 +22,22 @@ def _console(user) -> Client:
 
 def test_schedule_and_trigger_pages(world, other_world):
     agent = AgentFactory(tenant=world.tenant)
-    schedule = Schedule.all_tenants.create(tenant=world.tenant, agent=agent, owner=world.member, cron="0 8 * * *",
-                                           timezone="Europe/Berlin", message="report", name="Morning report")
-    ScheduleSlot.all_tenants.create(tenant=world.tenant, schedule=schedule, slot_time="2026-12-07T07:00:00Z",
-                                    status="failed", error="The schedule's agent is not active.")
+    schedule = Schedule.all_tenants.create(
+        tenant=world.tenant,
+        agent=agent,
+        owner=world.member,
+        cron="0 8 * * *",
+        timezone="Europe/Berlin",
+        message="report",
+        name="Morning report",
+    )
+    ScheduleSlot.all_tenants.create(
+        tenant=world.tenant,
+        schedule=schedule,
+        slot_time="2026-12-07T07:00:00Z",
+        status="failed",
+        error="The schedule's agent is not active.",
+    )
     trigger, secret = trigger_create(tenant=world.tenant, owner=world.member, agent=agent, name="issues")
     InboundWebhook.all_tenants.create(tenant=world.tenant, trigger=trigger, webhook_id="msg_console_1")
     mine = _console(world.admin)
@@ -44,18 +56,41 @@ def test_schedule_and_trigger_pages(world, other_world):
 def test_saving_in_the_console_sets_the_next_slot(world):
     agent = AgentFactory(tenant=world.tenant)
     client = _console(world.admin)
-    resp = client.post("/admin/automations/schedule/add/", {
-        "agent": agent.pk, "owner": world.member.pk, "name": "nightly", "cron": "30 2 * * *",
-        "timezone": "Europe/Berlin", "message": "nightly digest", "chat_mode": "new", "missed_policy": "skip",
-        "slots-TOTAL_FORMS": "0", "slots-INITIAL_FORMS": "0", "slots-MIN_NUM_FORMS": "0", "slots-MAX_NUM_FORMS": "0",
-    })
+    resp = client.post(
+        "/admin/automations/schedule/add/",
+        {
+            "agent": agent.pk,
+            "owner": world.member.pk,
+            "name": "nightly",
+            "cron": "30 2 * * *",
+            "timezone": "Europe/Berlin",
+            "message": "nightly digest",
+            "chat_mode": "new",
+            "missed_policy": "skip",
+            "slots-TOTAL_FORMS": "0",
+            "slots-INITIAL_FORMS": "0",
+            "slots-MIN_NUM_FORMS": "0",
+            "slots-MAX_NUM_FORMS": "0",
+        },
+    )
     assert resp.status_code == 302, resp.content.decode()[:3000]
     schedule = Schedule.all_tenants.get(name="nightly")
     assert schedule.next_slot_at is not None and schedule.next_slot_at.minute == 30
-    bad = client.post("/admin/automations/schedule/add/", {
-        "agent": agent.pk, "owner": world.member.pk, "cron": "99 2 * * *", "timezone": "Nowhere/Land",
-        "message": "x", "chat_mode": "new", "missed_policy": "skip",
-        "slots-TOTAL_FORMS": "0", "slots-INITIAL_FORMS": "0", "slots-MIN_NUM_FORMS": "0", "slots-MAX_NUM_FORMS": "0",
-    })
+    bad = client.post(
+        "/admin/automations/schedule/add/",
+        {
+            "agent": agent.pk,
+            "owner": world.member.pk,
+            "cron": "99 2 * * *",
+            "timezone": "Nowhere/Land",
+            "message": "x",
+            "chat_mode": "new",
+            "missed_policy": "skip",
+            "slots-TOTAL_FORMS": "0",
+            "slots-INITIAL_FORMS": "0",
+            "slots-MIN_NUM_FORMS": "0",
+            "slots-MAX_NUM_FORMS": "0",
+        },
+    )
     assert bad.status_code == 200 and "Invalid cron expression" in bad.content.decode()
     assert "Unknown time zone" in bad.content.decode()
