@@ -19,6 +19,7 @@ from oauthlib.oauth2.rfc6749 import errors
 
 from oauth_server.models import McpGrant
 from oauth_server.redirects import redirect_uri_problem
+from tenants.audit import Action, audit_record
 from tenants.scoping import system_scope
 
 
@@ -56,7 +57,7 @@ class McpOAuth2Validator(OAuth2Validator):
         super().save_authorization_code(client_id, code, request, *args, **kwargs)
         # tenant-bypass: the membership (the consenting user's own, checked by the view) decides it.
         with system_scope():
-            McpGrant.all_tenants.create(
+            grant = McpGrant.all_tenants.create(
                 tenant_id=membership.tenant_id,
                 membership=membership,
                 application=request.client,
@@ -64,6 +65,19 @@ class McpOAuth2Validator(OAuth2Validator):
                 scope=" ".join(request.scopes or []),
                 code_hash=_checksum(code["code"]),
             )
+        application = request.client
+        audit_record(
+            action=Action.OAUTH_CONSENT_GIVEN,
+            obj=grant,
+            actor=membership.user,
+            detail={
+                "client_id": application.client_id,
+                "client_name": application.name[:100],
+                "resource": grant.resource,
+                "scope": grant.scope,
+                "redirect_uri": (getattr(request, "redirect_uri", "") or "")[:200],
+            },
+        )
 
     def validate_code(self, client_id: str, code: str, client: Any, request: Any, *args: Any, **kwargs: Any) -> bool:
         """DOT's check, and the code must carry an :class:`McpGrant` (remembered on ``request``)."""

@@ -35,6 +35,7 @@ from oauth_server.resources import (
     resource_mount,
     resource_url,
 )
+from tenants.audit import audit_context, context_for_request
 from tenants.models import Membership
 from tenants.scoping import system_scope
 
@@ -173,7 +174,9 @@ class ConsentView(AuthorizationView):
     ) -> Any:
         if allow:
             credentials = {**credentials, "mcp_membership": self._mcp_membership}
-        return super().create_authorization_response(request, scopes, credentials, allow)
+        # the consent's audit event (McpOAuth2Validator.save_authorization_code) gets the address
+        with audit_context(context_for_request(request, source="auth")):
+            return super().create_authorization_response(request, scopes, credentials, allow)
 
     def render_to_response(self, context: dict[str, Any], **kwargs: Any) -> HttpResponse:
         """The page, with the site's CSP widened for this form only: ``form-action`` also allows

@@ -5,8 +5,8 @@ classes' ``log_addition`` / ``log_change`` / ``log_deletions``, :class:`AuditedM
 with a fallback on Django's own ``LogEntry`` for admin classes without the mixin) and from the
 admin API (:class:`tenants.api.mixins.TenantScopedViewSet`'s create/update/destroy), and the
 security events: failed logins and lockouts (signals, :func:`connect_signals`), API tokens
-issued and revoked, membership and invitation changes, device pairing, approval decisions
-(the services that make them call :func:`audit_record`).
+issued and revoked, membership and invitation changes, device pairing, approval decisions,
+OAuth consents and grant revocations (the services that make them call :func:`audit_record`).
 
 Who acted and from where comes from the *audit context* (a ContextVar set by the entry points:
 the API base classes, the console's middleware) unless the caller passes it. Secret values
@@ -66,6 +66,8 @@ class Action:
     DEVICE_REVOKED = "device_revoked"
     APPROVAL_DECIDED = "approval_decided"
     TENANT_SELECTED = "tenant_selected"
+    OAUTH_CONSENT_GIVEN = "oauth_consent_given"
+    OAUTH_GRANT_REVOKED = "oauth_grant_revoked"
 
 
 @dataclass(frozen=True)
