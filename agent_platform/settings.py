@@ -409,6 +409,8 @@ CELERY_BEAT_SCHEDULE = {
     "chats-purge": {"task": "sessions.chat_sessions_purge", "schedule": 3600.0},  # CHAT_PURGE_AFTER_DAYS
     # Schedules: fire due slots (exactly one run per slot, however many beats run; automations/services.py).
     "schedules-tick": {"task": "automations.schedules_tick", "schedule": 60.0},
+    # OAuth: DOT's clear_expired, dead consents, unused registered clients (oauth_server/services.py).
+    "oauth-cleanup": {"task": "oauth_server.cleanup", "schedule": 3600.0},
     # Outbound webhooks: retry the deliveries whose backoff is over (automations/outbound.py).
     "webhook-deliveries-due": {"task": "automations.deliveries_due", "schedule": 60.0},
 }
@@ -637,6 +639,8 @@ OAUTH2_PROVIDER_ACCESS_TOKEN_MODEL = "oauth2_provider.AccessToken"
 OAUTH2_PROVIDER_REFRESH_TOKEN_MODEL = "oauth2_provider.RefreshToken"
 OAUTH2_PROVIDER_GRANT_MODEL = "oauth2_provider.Grant"
 OAUTH2_PROVIDER_ID_TOKEN_MODEL = "oauth2_provider.IDToken"
+# A dynamically registered OAuth client with no token after this many days is deleted (oauth-cleanup).
+OAUTH_UNUSED_CLIENT_DAYS = int(os.environ.get("OAUTH_UNUSED_CLIENT_DAYS", "30"))
 OAUTH2_PROVIDER = {
     "OAUTH2_VALIDATOR_CLASS": "oauth_server.validator.McpOAuth2Validator",
     "SCOPES": {"mcp": "Use the MCP server as you: list and call its tools in the tenant you choose"},
@@ -650,7 +654,12 @@ OAUTH2_PROVIDER = {
     "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": 0,
     "REFRESH_TOKEN_REUSE_PROTECTION": True,  # a revoked refresh token presented again revokes its family
     "REQUEST_APPROVAL_PROMPT": "force",  # the consent page every time (it is where the tenant is chosen)
+    # Redirect URIs: https anywhere, http to loopback only, private-use schemes of native apps,
+    # never javascript:/data:/file:/… or a fragment (oauth_server/redirects.py, one rule for
+    # registration, metadata documents and the authorization request). This list is only DOT's
+    # fallback when no client is known; a client's allowed schemes come from its own URIs.
     "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"],
+    "ALLOW_LOCALHOST_LOOPBACK": True,  # http://localhost:<any port>, like 127.0.0.1 (RFC 8252 §7.3)
     # RFC 9700 (OAuth security BCP): enforced, not only warned about.
     "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
     "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
