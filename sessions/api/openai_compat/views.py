@@ -27,6 +27,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from agent_platform.api_errors import ApplicationError
 from agents.models import AgentInstance
+from agents.versions import split_pinned_slug
 from sessions.api import agent_runs
 from sessions.api.agent_runs import AGENT_NOT_FOUND, RunRefused, agent_run_start, answer_reader_open, chat_continue
 from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
@@ -73,10 +74,18 @@ def _model(agent: AgentInstance) -> dict[str, Any]:
 
 @database_sync_to_async
 def _models(caller: Caller, slug: str | None = None) -> list[dict[str, Any]]:
+    """The caller's active agents as models (``slug``: only that one; ``slug@n``: version ``n``
+    of it, when the agent has that version, ``id`` ``slug@n``)."""
+    number = None
+    if slug is not None:
+        slug, number = split_pinned_slug(slug)
     with tenant_scope(caller.membership.tenant_id):
         agents = AgentInstance.objects.filter(is_active=True).select_related("tenant").order_by("slug")
         if slug is not None:
             agents = agents.filter(slug=slug)
+        if number is not None:
+            agents = agents.filter(versions__number=number)
+            return [{**_model(agent), "id": f"{agent.slug}@{number}"} for agent in agents]
         return [_model(agent) for agent in agents]
 
 
