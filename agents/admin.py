@@ -32,9 +32,13 @@ class AgentInstanceAdmin(TenantScopedModelAdmin):
     inlines = [BindingInline]
 
     def get_urls(self):
-        from console.views import agent_playground_view, agent_versions_view
+        from console.views import agent_playground_view, agent_versions_view, agents_export_view, agents_import_view
 
-        urls = [path("<path:object_id>/playground/",
+        urls = [path("export/", self.admin_site.admin_view(lambda request: agents_export_view(self, request)),
+                     name="agents_agentinstance_export"),
+                path("import/", self.admin_site.admin_view(lambda request: agents_import_view(self, request)),
+                     name="agents_agentinstance_import"),
+                path("<path:object_id>/playground/",
                      self.admin_site.admin_view(lambda request, object_id: agent_playground_view(self, request, object_id)),
                      name="agents_agentinstance_playground"),
                 path("<path:object_id>/versions/",

@@ -42,10 +42,14 @@ from agents.versions import (
 from tenants.models import Tenant
 
 
-def agents_export(*, tenant_slug: str | None = None, agent_slug: str | None = None) -> str:
-    """YAML of the agents (every tenant's, or ``tenant_slug``'s; all, or the one ``agent_slug``),
-    ordered by tenant then slug."""
+def agents_export(
+    *, tenant_slug: str | None = None, agent_slug: str | None = None, tenant_ids: list[int] | None = None
+) -> str:
+    """YAML of the agents (every tenant's, or ``tenant_slug``'s; all, or the one ``agent_slug``;
+    ``tenant_ids``: only those tenants', the console's), ordered by tenant then slug."""
     agents = AgentInstance.all_tenants.select_related("tenant", "route").order_by("tenant__slug", "slug")
+    if tenant_ids is not None:
+        agents = agents.filter(tenant_id__in=tenant_ids)
     if tenant_slug:
         agents = agents.filter(tenant__slug=tenant_slug)
     if agent_slug:
@@ -119,11 +123,19 @@ def _apply(tenant: Tenant, agent: AgentInstance, doc: dict[str, Any]) -> None:
 
 
 def agents_import(
-    text: str, *, dry_run: bool = False, tenant_slug: str | None = None, note: str = "Imported"
+    text: str,
+    *,
+    dry_run: bool = False,
+    tenant_slug: str | None = None,
+    note: str = "Imported",
+    user: Any = None,
+    tenant_ids: list[int] | None = None,
 ) -> list[ImportPlan]:
     """Import the YAML ``text`` (:func:`agents_export`'s shape): per agent, its plan (created or
     the fields that change). ``dry_run``: nothing is written. ``tenant_slug``: only that
-    tenant's agents of the document. All agents or none (one transaction).
+    tenant's agents of the document. ``tenant_ids``: the tenants the caller may write (the console's
+    admin; another tenant is refused as unknown). ``user``: the versions' author. All agents or
+    none (one transaction).
 
     Raises:
         ImportError_: not the expected shape, an unknown tenant, route or capability, or a
@@ -131,17 +143,17 @@ def agents_import(
     """
     docs = _documents(text)
     with transaction.atomic():
-        with versions_batch(note=note):
-            plans = [_import_one(doc) for doc in docs if not tenant_slug or doc["tenant"] == tenant_slug]
+        with versions_batch(note=note, user=user):
+            plans = [_import_one(doc, tenant_ids) for doc in docs if not tenant_slug or doc["tenant"] == tenant_slug]
         if dry_run:
             transaction.set_rollback(True)
     return plans
 
 
-def _import_one(doc: dict[str, Any]) -> ImportPlan:
+def _import_one(doc: dict[str, Any], tenant_ids: list[int] | None) -> ImportPlan:
     """Import one agent's document (inside :func:`agents_import`'s transaction)."""
     tenant = Tenant.objects.filter(slug=doc["tenant"]).first()
-    if tenant is None:
+    if tenant is None or (tenant_ids is not None and tenant.pk not in tenant_ids):
         raise ImportError_(f"No tenant {doc['tenant']!r}.")
     agent = AgentInstance.all_tenants.filter(tenant=tenant, slug=doc["slug"]).first()
     before = agent_config(agent) if agent else {}

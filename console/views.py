@@ -140,3 +140,45 @@ def agent_versions_view(model_admin: ModelAdmin, request: HttpRequest, object_id
         "agent": agent, "versions": versions, "diff": diff,
         "can_publish": model_admin.has_change_permission(request, agent),
     })
+
+
+def agents_export_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """The agents of the tenants the admin user administers (a superuser: all) as a YAML
+    download (:func:`agents.as_code.agents_export`; no secrets)."""
+    from agents.as_code import agents_export
+    from tenants.admin_scoping import admin_tenants
+
+    if not model_admin.has_view_permission(request):
+        raise Http404("Not found.")
+    tenant_ids = None if request.user.is_superuser else admin_tenants(request)
+    response = HttpResponse(agents_export(tenant_ids=tenant_ids), content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="agents.yaml"'
+    return response
+
+
+def agents_import_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """Import agents from YAML (a file or pasted text): "Preview" shows the dry run's per-field
+    diff, "Import" applies it (:func:`agents.as_code.agents_import`), for the admin user's
+    tenants only (another tenant named in the file is refused as unknown)."""
+    from agents.as_code import ImportError_, agents_import
+    from tenants.admin_scoping import admin_tenants
+
+    if not model_admin.has_add_permission(request):
+        raise Http404("Not found.")
+    context: dict[str, Any] = {"text": "", "plans": None, "error": "", "applied": False}
+    if request.method == "POST":
+        upload = request.FILES.get("file")
+        text = upload.read(2_000_000).decode("utf-8", "replace") if upload else request.POST.get("text", "")
+        dry_run = "apply" not in request.POST
+        tenant_ids = None if request.user.is_superuser else admin_tenants(request)
+        try:
+            plans = agents_import(text, dry_run=dry_run, user=request.user, tenant_ids=tenant_ids,
+                                  note="Imported in the console")
+        except ImportError_ as exc:
+            context.update(error=str(exc), text=text)
+        else:
+            context.update(plans=plans, text=text, applied=not dry_run)
+    return TemplateResponse(request, "console/agents_import.html", {
+        **model_admin.admin_site.each_context(request), "opts": model_admin.model._meta,
+        "title": "Import agents", **context,
+    })

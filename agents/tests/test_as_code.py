@@ -150,3 +150,37 @@ def test_an_import_naming_what_the_tenant_lacks_is_refused_whole(world, other_wo
     path.write_text("agents: 3")
     with pytest.raises(CommandError, match="list `agents`"):
         _import(path)
+
+
+def test_the_console_exports_its_tenants_agents_and_imports_with_a_preview(world, other_world):
+    from django.test import Client
+    from django.urls import reverse
+
+    _agent_with_every_field(world.tenant)
+    AgentFactory(tenant=other_world.tenant, name="Theirs", slug="theirs")
+    client = Client()
+    client.force_login(world.admin)
+    assert (
+        reverse("admin:agents_agentinstance_export")
+        in client.get(reverse("admin:agents_agentinstance_changelist")).content.decode()
+    )
+    resp = client.get(reverse("admin:agents_agentinstance_export"))
+    assert resp.status_code == 200 and resp["Content-Disposition"] == 'attachment; filename="agents.yaml"'
+    doc = yaml.safe_load(resp.content)
+    assert [a["slug"] for a in doc["agents"]] == ["round-trip"], "only the admin's own tenant's agents"
+    doc["agents"][0]["system_prompt"] = "From the console."
+    text = yaml.safe_dump(doc)
+    url = reverse("admin:agents_agentinstance_import")
+    html = client.post(url, {"text": text, "preview": "1"}).content.decode()
+    assert "Preview: nothing written yet" in html and "+From the console." in html
+    assert AgentInstance.all_tenants.get(slug="round-trip").system_prompt == AGENT_VALUES["system_prompt"]
+    html = client.post(url, {"text": text, "apply": "1"}).content.decode()
+    assert "Imported" in html
+    agent = AgentInstance.all_tenants.get(slug="round-trip")
+    assert agent.system_prompt == "From the console."
+    assert agent.draft_version.created_by == world.admin and agent.draft_version.note == "Imported in the console"
+    # Another tenant named in the file is refused as unknown; nothing of theirs changes.
+    theirs_doc = {"agents": [{**doc["agents"][0], "tenant": other_world.tenant.slug, "slug": "theirs"}]}
+    html = client.post(url, {"text": yaml.safe_dump(theirs_doc), "apply": "1"}).content.decode()
+    assert f"No tenant &#x27;{other_world.tenant.slug}&#x27;" in html
+    assert AgentInstance.all_tenants.get(slug="theirs").system_prompt != "From the console."
