@@ -1,7 +1,7 @@
 """Connected (OAuth) apps on the chat app's Settings page, in Debian's Chromium: an app the
 member allowed on the consent page is listed with its MCP endpoint; revoking it (after a
 confirmation) removes it, and its access token is refused at once; the panel shows the MCP URLs
-an OAuth client needs. Real ASGI app (uvicorn, ``live_server_url``)."""
+an OAuth client needs. The consent page returns to a native app's private-use scheme. Real ASGI app (uvicorn, ``live_server_url``)."""
 
 from __future__ import annotations
 
@@ -95,3 +95,33 @@ def test_the_consent_flow_in_the_browser_signs_in_on_the_chat_app(world, other_w
         page.wait_for_url(flow.REDIRECT_URI + "*", timeout=T)
         answer = parse_qs(urlsplit(page.url).query)
     assert answer["state"] == ["st-1"] and answer["code"] and answer["iss"] == [live_server_url]
+
+
+def test_allow_returns_to_a_native_apps_private_use_scheme(world, live_server_url):
+    """A native app's private-use redirect URI (RFC 8252 §7.1): the consent page's CSP
+    ``form-action`` names its scheme (``com.example.ide:``), so Chromium follows Allow's
+    redirect to it (no handler here: it reports the launch) instead of refusing it under
+    the CSP (``open_page`` fails the test on a CSP report)."""
+    from urllib.parse import urlencode
+
+    from playwright.sync_api import expect
+
+    redirect_uri = "com.example.ide:/oauth/callback"
+    registered = flow.register(Client(), name="Native IDE", redirect_uri=redirect_uri)
+    params = flow.authorize_params(
+        registered["client_id"], f"{live_server_url}/mcp/agents/", flow.pkce().challenge, redirect_uri=redirect_uri
+    )
+    with open_page() as page:
+        seen: list[str] = []
+        page.on("console", lambda msg: seen.append(msg.text))
+        page.on("request", lambda request: seen.append(request.url))
+        page.goto(f"{live_server_url}/oauth/authorize/?{urlencode(params)}")
+        page.get_by_test_id("login-username").fill(world.member.username)
+        page.get_by_test_id("login-password").fill("pw-user-123")
+        page.get_by_test_id("login-submit").click()
+        expect(page.get_by_role("heading", level=1)).to_have_text(
+            "Native IDE wants to use Agent Platform as you", timeout=T
+        )
+        page.get_by_role("button", name="Allow").click()
+        page.wait_for_timeout(1500)  # the navigation to the scheme has no load event to wait for
+        assert any(text.startswith(redirect_uri + "?code=") for text in seen), seen[-3:]
