@@ -6,13 +6,15 @@ from typing import Any
 
 from django.apps import AppConfig
 
-RUN_EVENTS = {"run_completed": "run.completed", "run_failed": "run.failed"}
-"""The session events of a run's end that outbound subscriptions receive, by their names there."""
+RUN_EVENTS = {"run_completed": "run.completed", "run_failed": "run.failed",
+              "run_awaiting_approval": "approval.requested"}
+"""The session events of a run that outbound subscriptions receive, by their names there."""
 
 
-def run_end_to_subscribers(tenant_id: int, run_id: int, event_type: str, data: dict[str, Any]) -> None:
-    """The run-end observer (:data:`sessions.runs.ending.run_end_observers`): a completed or
-    failed run becomes a ``run.completed`` / ``run.failed`` event of its tenant."""
+def run_event_to_subscribers(tenant_id: int, run_id: int, event_type: str, data: dict[str, Any]) -> None:
+    """The run-event observer (:data:`sessions.runs.records.run_event_observers`): a completed
+    or failed run, or one waiting for approvals, becomes a ``run.completed`` / ``run.failed`` /
+    ``approval.requested`` event of its tenant."""
     name = RUN_EVENTS.get(event_type)
     if name is None:
         return
@@ -26,7 +28,7 @@ class AutomationsConfig(AppConfig):
     verbose_name = "Schedules and webhooks"
 
     def ready(self) -> None:
-        from sessions.runs.ending import run_end_observers
+        from sessions.runs.records import run_event_observers
 
-        if run_end_to_subscribers not in run_end_observers:
-            run_end_observers.append(run_end_to_subscribers)
+        if run_event_to_subscribers not in run_event_observers:
+            run_event_observers.append(run_event_to_subscribers)

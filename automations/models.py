@@ -146,6 +146,7 @@ class EventType(models.TextChoices):
 
     RUN_COMPLETED = "run.completed", "A run completed"
     RUN_FAILED = "run.failed", "A run failed"
+    APPROVAL_REQUESTED = "approval.requested", "A run waits for approvals"
     SCHEDULE_FAILED = "schedule.failed", "A schedule's slot could not start its run"
 
 

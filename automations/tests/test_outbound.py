@@ -218,3 +218,39 @@ def test_completed_run_reaches_the_receiver(world, fake_llm, celery_worker, rece
     assert payload["type"] == "run.completed"
     assert payload["data"]["run_id"] == run["id"] and payload["data"]["reply"] == "All green."
     assert json.loads(receiver.requests[0][1])["data"]["run_id"] == run["id"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("all_tenants_scope")
+def test_approval_request_and_run_end_become_events(world, fake_llm, no_enqueue, receiver, monkeypatch):
+    """The runner's pause for an approval and the run's end reach the sessions port: an
+    ``approval.requested`` and then a ``run.completed`` delivery (attempted here, not queued)."""
+    from asgiref.sync import async_to_sync
+
+    from agents.tests.factories import bind_builtin
+    from llm.testing import ToolCalls
+    from sessions.runner.loop import execute_run
+    from sessions.runs.approvals import approval_decide
+    from sessions.tests.conftest import post_message_sync
+
+    monkeypatch.setattr("automations.outbound._enqueue", lambda ids, tenant_id: None)
+    _, secret = _subscribe(world, receiver, types=["approval.requested", "run.completed"])
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "ping"})]), Reply("The echo said ping."))
+    run = post_message_sync(agent=agent, user=world.member, content="Echo ping")
+    async_to_sync(execute_run)(run.pk)
+    [requested] = WebhookDelivery.all_tenants.filter(event_type="approval.requested")
+    approval = requested.payload["data"]["approvals"][0]
+    assert requested.payload["data"]["run_id"] == run.pk and approval["tool_name"] == "test_echo"
+    from sessions.models import Approval
+
+    with tenant_scope(world.tenant.pk):
+        approval_decide(approval=Approval.objects.get(pk=approval["approval_id"]), user=world.member,
+                        decision="approve")
+    async_to_sync(execute_run)(run.pk)
+    [completed] = WebhookDelivery.all_tenants.filter(event_type="run.completed")
+    assert completed.payload["data"] == {"run_id": run.pk, "reply": "The echo said ping."}
+    with tenant_scope(world.tenant.pk):
+        assert delivery_attempt(delivery_id=requested.pk) == DeliveryStatus.DELIVERED
+    assert receiver.verified(secret)["type"] == "approval.requested"

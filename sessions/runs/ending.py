@@ -13,7 +13,6 @@ and no sub-runs runs the same statements pipelined on the loop's own connection
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -29,30 +28,10 @@ from sessions.runner.threads import db
 from sessions.runs import statements as sql
 from sessions.runs.claim import tenant_waiting_run_ids
 from sessions.runs.handoff import run_enqueue_on_commit, runs_hand_to_workers
-from sessions.runs.records import Publish
+from sessions.runs.records import Publish, run_event_observe, run_event_observers
 from tenants.scoping import require_tenant_id
 
 logger = logging.getLogger(__name__)
-
-
-RunEndObserver = Callable[[int, int, str, dict[str, Any]], None]
-"""Told of a run's committed end: ``(tenant_id, run_id, event type, event data)`` (the end
-event :func:`end_event` publishes: ``run_completed``, ``run_failed``, ``run_cancelled``)."""
-
-run_end_observers: list[RunEndObserver] = []
-"""The port through which apps above sessions learn that runs ended (filled by their
-``AppConfig.ready()``: automations' outbound webhooks), so sessions imports none of them.
-Called on a database thread (:func:`run_finish`) or on the commit (:func:`run_finish_unheld`);
-an observer must be quick (write a row, queue a task) and its error is logged, never raised."""
-
-
-def run_end_observe(tenant_id: int, run_id: int, event_type: str, data: dict[str, Any]) -> None:
-    """Call every :data:`run_end_observers` entry; an error is logged and the next is called."""
-    for observer in run_end_observers:
-        try:
-            observer(tenant_id, run_id, event_type, data)
-        except Exception:
-            logger.exception("a run-end observer failed for run %s", run_id)
 
 
 class RunEnding(Protocol):
@@ -129,8 +108,8 @@ async def run_finish(run_id: int, ending: RunEnding, *, publish: Publish, spec: 
         return finished
     event_type, data = end_event(ending)
     await publish(event_type, data)
-    if run_end_observers:
-        await db(run_end_observe)(require_tenant_id(), run_id, event_type, data)
+    if run_event_observers:
+        await db(run_event_observe)(require_tenant_id(), run_id, event_type, data)
     if finished.steered:
         session_id = spec.session_id if spec is not None else await db(_session_of)(run_id)
         for steered_id in finished.steered:  # a run steered into this one ends with it
@@ -247,9 +226,9 @@ def run_finish_unheld(*, run: Run, status: str, error: str, reason: str = "", ev
         event_publish_on_commit(session_id=run.session_id, run_id=steered_id, type=event_type,
                                 data={**event_data, "steered_into": run.pk})
     event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type=event_type, data=event_data)
-    if run_end_observers:
+    if run_event_observers:
         tenant_id = run.tenant_id
-        transaction.on_commit(lambda: run_end_observe(tenant_id, run.pk, event_type, event_data))
+        transaction.on_commit(lambda: run_event_observe(tenant_id, run.pk, event_type, event_data))
     for run_id in finished.to_start:
         run_enqueue_on_commit(run_id=run_id)
     return True

@@ -31,6 +31,7 @@ function                  event (after the commit)
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -50,6 +51,28 @@ from tenants.scoping import require_tenant_id
 
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 """The run's publisher: ``await publish(event_type, data)`` (:data:`sessions.runs.Publish`)."""
+
+
+RunEventObserver = Callable[[int, int, str, dict[str, Any]], None]
+"""Told of a run's committed end or pause: ``(tenant_id, run_id, event type, event data)``, the
+event the run's transition publishes: ``run_completed``, ``run_failed``, ``run_cancelled``
+(:func:`sessions.runs.ending.end_event`) or ``run_awaiting_approval {approvals}``
+(:func:`sessions.runs.transitions.run_pause`)."""
+
+run_event_observers: list[RunEventObserver] = []
+"""The port through which apps above sessions learn that runs ended or wait for approvals
+(filled by their ``AppConfig.ready()``: automations' outbound webhooks), so sessions imports
+none of them. Called on a database thread or on the commit, in no particular tenant scope; an
+observer must be quick (write a row, queue a task) and its error is logged, never raised."""
+
+
+def run_event_observe(tenant_id: int, run_id: int, event_type: str, data: dict[str, Any]) -> None:
+    """Call every :data:`run_event_observers` entry; an error is logged and the next is called."""
+    for observer in run_event_observers:
+        try:
+            observer(tenant_id, run_id, event_type, data)
+        except Exception:
+            logging.getLogger(__name__).exception("a run-event observer failed for run %s", run_id)
 
 
 def message_insert(**fields: Any) -> int:

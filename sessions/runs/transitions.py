@@ -33,7 +33,8 @@ from sessions.models import (
 from sessions.runner.threads import db
 from sessions.runs.claim import tenant_waiting_run_ids
 from sessions.runs.handoff import run_enqueue_on_commit, runs_hand_to_workers
-from sessions.runs.records import Publish, approval_payload
+from sessions.runs.records import Publish, approval_payload, run_event_observe, run_event_observers
+from tenants.scoping import require_tenant_id
 
 
 def run_create(*, session: ChatSession, user: AbstractBaseUser, content: str,
@@ -130,6 +131,9 @@ async def run_pause(run_id: int, *, publish: Publish) -> bool:
     approvals, to_start = await db(_pause)(run_id)
     if approvals:
         await publish("run_awaiting_approval", {"approvals": approvals})
+        if run_event_observers:
+            await db(run_event_observe)(require_tenant_id(), run_id, "run_awaiting_approval",
+                                        {"approvals": approvals})
     await runs_hand_to_workers(to_start)
     return bool(approvals)
 
