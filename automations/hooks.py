@@ -34,6 +34,8 @@ from tenants.throttling import throttle_wait
 logger = logging.getLogger(__name__)
 
 THROTTLE_SCOPES = ("messages", "runs")
+MAX_WEBHOOK_ID_CHARS = 255
+"""The longest ``webhook-id`` kept (the idempotency row's column)."""
 
 
 def _error(status: int, message: str, **extra: object) -> JsonResponse:
@@ -84,6 +86,8 @@ def inbound_webhook(request: HttpRequest, trigger_id: str) -> JsonResponse:
             payload = json.loads(body)
         except ValueError:
             return _error(400, "The body is not JSON.")
+        if len(request.headers["webhook-id"]) > MAX_WEBHOOK_ID_CHARS:
+            return _error(400, f"The webhook-id is longer than {MAX_WEBHOOK_ID_CHARS} characters.")
         wait = throttle_wait(scopes=THROTTLE_SCOPES, user_id=trigger.owner_id, tenant_id=trigger.tenant_id)
         if wait is not None:
             response = _error(429, "Too many requests; try again later.")

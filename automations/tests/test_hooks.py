@@ -100,6 +100,8 @@ class TestInbound:
         assert resp.status_code == 400 and resp.json()["message"] == "The body is not JSON."
         resp = _post(trigger, secret, {"action": "opened"}, msg_id="msg_b")
         assert resp.status_code == 400 and "no field 'issue.title'" in resp.json()["message"]
+        resp = _post(trigger, secret, PAYLOAD, msg_id="m" * 256)
+        assert resp.status_code == 400 and "webhook-id is longer" in resp.json()["message"]
         assert _runs() == []
 
     def test_unknown_or_inactive_trigger_is_404(self, world):
