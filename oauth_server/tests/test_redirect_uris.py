@@ -167,3 +167,24 @@ def test_a_metadata_document_is_held_to_the_rule(world, monkeypatch, uri, allowe
         assert response.status_code == 200, response.content[:300]
     else:
         assert response.status_code == 400 and not response.has_header("Location")
+
+
+def test_a_registration_update_is_held_to_the_rule():
+    """RFC 7592 PUT (``/oauth/register/<client_id>/``) goes through the same rule."""
+    client = Client()
+    registered = flow.register(client)
+    url = f"/oauth/register/{registered['client_id']}/"
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {registered['registration_access_token']}"}
+    body = {
+        "redirect_uris": ["http://attacker.example/cb"],
+        "client_name": "IDE",
+        "token_endpoint_auth_method": "none",
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+    }
+    refused = client.put(url, data=json.dumps(body), content_type="application/json", **auth)
+    assert refused.status_code == 400 and refused.json()["error"] == "invalid_client_metadata"
+    body["redirect_uris"] = ["vscode://example.ide/callback"]
+    accepted = client.put(url, data=json.dumps(body), content_type="application/json", **auth)
+    assert accepted.status_code == 200, accepted.content
+    assert accepted.json()["redirect_uris"] == ["vscode://example.ide/callback"]
