@@ -19,10 +19,19 @@ def _agent_saved(sender: type, instance: AgentInstance, raw: bool = False, **kwa
     agent_changed(instance.pk)
 
 
+def _deleting_the_agent(origin: Any) -> bool:
+    """The deletion that removed a binding also removes its agent: it started at an agent or a
+    tenant (an instance or a queryset). No version then: the agent's rows are going."""
+    from tenants.models import Tenant
+
+    model = getattr(origin, "model", type(origin))
+    return isinstance(model, type) and issubclass(model, AgentInstance | Tenant)
+
+
 @receiver(post_save, sender=CapabilityBinding, dispatch_uid="agent_version_on_binding_save")
 @receiver(post_delete, sender=CapabilityBinding, dispatch_uid="agent_version_on_binding_delete")
 def _binding_changed(sender: type, instance: CapabilityBinding, raw: bool = False, **kwargs: Any) -> None:
-    if raw or isinstance(kwargs.get("origin"), AgentInstance):  # loaddata; the agent's own deletion
+    if raw or _deleting_the_agent(kwargs.get("origin")):  # loaddata; the agent (or tenant) goes too
         return
     from agents.versions import agent_changed
 

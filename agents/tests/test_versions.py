@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from agents.models import AgentInstance, AgentVersion, CapabilityBinding
@@ -179,3 +180,27 @@ def test_the_console_lists_diffs_publishes_and_rolls_back(world, other_world):
     assert theirs.post(versions_url, {"version": "2"}).status_code == 404
     agent.refresh_from_db()
     assert agent.published_version.number == 1
+
+
+def test_deleting_an_agent_or_its_tenant_with_versions_and_runs_works(world, other_world):
+    agent = AgentFactory(tenant=world.tenant)
+    bind_builtin(agent, "todo_write")
+    version_publish(agent)
+    session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
+    run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="x",
+                                 agent_version=agent.published_version)
+    mine = AgentFactory(tenant=world.tenant)
+    bind_builtin(mine, "todo_write")
+    CapabilityBinding.all_tenants.filter(agent=mine).delete()
+    assert _numbers(mine) == [1, 2, 3], "a binding deleted on its own is a version"
+    ChatSession.all_tenants.filter(pk=session.pk).delete()
+    AgentInstance.all_tenants.filter(pk=agent.pk).delete()
+    assert not AgentVersion.all_tenants.filter(agent_id=agent.pk).exists()
+    assert not Run.all_tenants.filter(pk=run.pk).exists()
+    theirs = AgentFactory(tenant=other_world.tenant)
+    bind_builtin(theirs, "todo_write")
+    from tenants.models import Tenant
+
+    Tenant.objects.filter(pk=other_world.tenant.pk).delete()
+    assert not AgentVersion.all_tenants.filter(tenant_id=other_world.tenant.pk).exists()
+    connection.check_constraints()  # the deferred foreign keys hold (no version made for a deleted agent)
