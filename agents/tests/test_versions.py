@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from agents.models import AgentInstance, AgentVersion, CapabilityBinding
 from agents.tests.factories import AgentFactory, agent_with_route, bind_builtin
-from agents.versions import run_pin, version_publish
+from agents.versions import agent_config, content_hash, run_pin, version_publish
 from sessions.models import ChatSession, Run
 from sessions.runner import database
 from sessions.runs.claim import ClaimedRun
@@ -204,3 +204,22 @@ def test_deleting_an_agent_or_its_tenant_with_versions_and_runs_works(world, oth
     Tenant.objects.filter(pk=other_world.tenant.pk).delete()
     assert not AgentVersion.all_tenants.filter(tenant_id=other_world.tenant.pk).exists()
     connection.check_constraints()  # the deferred foreign keys hold (no version made for a deleted agent)
+
+
+def test_the_migration_gives_existing_agents_version_1_as_their_unpublished_draft(world):
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("agents.migrations.0008_agent_versions")
+    agent = AgentFactory(tenant=world.tenant, system_prompt="before versions")
+    bind_builtin(agent, "todo_write")
+    AgentInstance.all_tenants.filter(pk=agent.pk).update(draft_version=None)
+    AgentVersion.all_tenants.filter(agent=agent).delete()  # as before the migration
+    migration._first_versions(apps, None)
+    agent.refresh_from_db()
+    [v1] = AgentVersion.all_tenants.filter(agent=agent)
+    assert (v1.number, agent.draft_version_id, agent.published_version_id) == (1, v1.pk, None)
+    assert v1.config == agent_config(agent) and v1.content_hash == content_hash(agent_config(agent))
+    agent.save()
+    assert _numbers(agent) == [1], "the next save with the same content makes no version"
