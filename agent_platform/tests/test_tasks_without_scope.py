@@ -53,6 +53,9 @@ TESTS: dict[str, str] = {
     "knowledge.knowledge_base_reembed": "test_knowledge_base_reembed",
     "capabilities.mcp_server_test_connection": "test_mcp_server_test_connection",
     "evaluation.experiment_advance": "test_experiment_advance",
+    "automations.schedules_tick": "test_schedules_tick",
+    "automations.delivery_attempt": "test_webhook_delivery_attempt",
+    "automations.deliveries_due": "test_webhook_deliveries_due",
     # management commands of the project's apps
     "skills_import": "test_skills_import_command",
     "catalogue_import": "test_catalogue_import_command",
@@ -582,3 +585,51 @@ def test_evaluate_command(world, other_world, fake_llm):
         ended = set(Experiment.all_tenants.values_list("tenant_id", "status", "summary__pass_rate"))
     assert ended == {(world.tenant.pk, "completed", 1.0), (other_world.tenant.pk, "completed", 1.0)}
 
+
+# --- automations: schedules and outbound webhooks ----------------------------------------------
+
+
+def test_schedules_tick(world, other_world, no_enqueue):
+    from automations import tasks
+    from automations.models import Schedule, ScheduleSlot
+
+    slot = timezone.now().replace(second=0, microsecond=0)
+    with system_scope():
+        for w in (world, other_world):
+            Schedule.all_tenants.create(tenant=w.tenant, agent=AgentFactory(tenant=w.tenant), owner=w.member,
+                                        cron="* * * * *", message="tick", next_slot_at=slot)
+    assert run_task(tasks.schedules_tick)["started"] == 2
+    with system_scope():
+        assert sorted(ScheduleSlot.all_tenants.values_list("tenant_id", flat=True)) == sorted(
+            [world.tenant.pk, other_world.tenant.pk])
+
+
+def _webhook_delivery(w):
+    from automations.models import WebhookDelivery, WebhookSubscription
+
+    with system_scope():
+        subscription = WebhookSubscription.all_tenants.create(
+            tenant=w.tenant, url="http://127.0.0.1:9/unreachable", event_types=["run.failed"], secret_encrypted="")
+        return WebhookDelivery.all_tenants.create(
+            tenant=w.tenant, subscription=subscription, event_type="run.failed", message_id=f"msg_{w.tenant.pk}",
+            payload={}, next_attempt_at=timezone.now(), retry_until=timezone.now() + timedelta(hours=1))
+
+
+def test_webhook_delivery_attempt(world, other_world, monkeypatch):
+    from automations import outbound, tasks
+
+    monkeypatch.setattr(outbound, "_send", lambda delivery: (200, ""))
+    for w in (world, other_world):
+        delivery = _webhook_delivery(w)
+        assert run_task(tasks.delivery_attempt, delivery.pk, w.tenant.pk) == "delivered"
+
+
+def test_webhook_deliveries_due(world, other_world, monkeypatch):
+    from automations import outbound, tasks
+    from automations.models import WebhookDelivery
+
+    monkeypatch.setattr(outbound, "_send", lambda delivery: (200, ""))
+    ids = [_webhook_delivery(w).pk for w in (world, other_world)]
+    assert run_task(tasks.deliveries_due) == 2
+    with system_scope():
+        assert set(WebhookDelivery.all_tenants.filter(pk__in=ids).values_list("status", flat=True)) == {"delivered"}
