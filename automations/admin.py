@@ -20,6 +20,7 @@ from automations.models import (
 from automations.outbound import delivery_redeliver
 from automations.services import schedule_next_slot
 from tenants.admin_scoping import TenantScopedInline, TenantScopedModelAdmin
+from tenants.scoping import tenant_scope
 
 
 class ScheduleSlotInline(TenantScopedInline):
@@ -120,7 +121,8 @@ class WebhookDeliveryAdmin(TenantScopedModelAdmin):
         done = 0
         for delivery in queryset.select_related("subscription"):
             try:
-                delivery_redeliver(delivery=delivery)
+                with tenant_scope(delivery.tenant_id):  # the console sets the database's scope, not the ORM's
+                    delivery_redeliver(delivery=delivery)
                 done += 1
             except ApplicationError as exc:
                 self.message_user(request, f"{delivery.message_id}: {exc.message}", level="error")

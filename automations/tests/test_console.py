@@ -94,3 +94,24 @@ def test_saving_in_the_console_sets_the_next_slot(world):
     )
     assert bad.status_code == 200 and "Invalid cron expression" in bad.content.decode()
     assert "Unknown time zone" in bad.content.decode()
+
+
+def test_delivery_log_pages_and_redeliver_action(world, other_world):
+    from automations.models import DeliveryAttempt, WebhookDelivery, WebhookSubscription
+
+    subscription = WebhookSubscription.all_tenants.create(tenant=world.tenant, url="https://hooks.example.com/x",
+                                                          event_types=["run.failed"], secret_encrypted="cipher-xyz")
+    delivery = WebhookDelivery.all_tenants.create(tenant=world.tenant, subscription=subscription,
+                                                  event_type="run.failed", message_id="msg_console_out", payload={},
+                                                  status="failed", retry_until="2026-12-08T00:00:00Z")
+    DeliveryAttempt.all_tenants.create(tenant=world.tenant, delivery=delivery, status_code=503)
+    mine = _console(world.admin)
+    assert "cipher-xyz" not in mine.get(f"/admin/automations/webhooksubscription/{subscription.pk}/change/").content.decode()
+    page = mine.get(f"/admin/automations/webhookdelivery/{delivery.pk}/change/").content.decode()
+    assert "msg_console_out" in page and "503" in page
+    resp = mine.post("/admin/automations/webhookdelivery/", {"action": "redeliver", "_selected_action": [delivery.pk]})
+    assert resp.status_code == 302
+    delivery.refresh_from_db()
+    assert delivery.status == "pending"
+    theirs = _console(other_world.admin)
+    assert "msg_console_out" not in theirs.get("/admin/automations/webhookdelivery/").content.decode()
