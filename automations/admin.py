@@ -33,6 +33,7 @@ class ScheduleSlotInline(TenantScopedInline):
 
 @admin.register(Schedule)
 class ScheduleAdmin(TenantScopedModelAdmin):
+    search_fields = ("name", "cron", "message", "agent__name")
     list_display = ("__str__", "tenant", "agent", "owner", "cron", "timezone", "paused", "next_slot_at")
     list_filter = ("paused", "missed_policy", "chat_mode")
     readonly_fields = ("next_slot_at", "created_at", "updated_at")
@@ -54,6 +55,7 @@ class InboundWebhookInline(TenantScopedInline):
 
 @admin.register(WebhookTrigger)
 class WebhookTriggerAdmin(TenantScopedModelAdmin):
+    search_fields = ("name", "agent__name")
     list_display = ("__str__", "tenant", "agent", "owner", "is_active", "created_at")
     list_filter = ("is_active",)
     exclude = ("secret_encrypted",)
@@ -74,6 +76,7 @@ class DeliveryAttemptInline(TenantScopedInline):
 
 @admin.register(WebhookSubscription)
 class WebhookSubscriptionAdmin(TenantScopedModelAdmin):
+    search_fields = ("url", "description")
     list_display = ("url", "tenant", "event_types", "is_active", "disabled_reason", "created_at")
     list_filter = ("is_active",)
     exclude = ("secret_encrypted",)
@@ -85,6 +88,7 @@ class WebhookSubscriptionAdmin(TenantScopedModelAdmin):
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(TenantScopedModelAdmin):
+    search_fields = ("event_type", "message_id", "subscription__url")
     """The delivery log; the action "Redeliver" queues one more attempt of each selected one."""
 
     list_display = (

@@ -128,6 +128,7 @@ def compare_chart(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 @admin.register(Experiment)
 class ExperimentAdmin(TenantScopedModelAdmin):
+    search_fields = ["dataset__name", "agent__name", "status"]
     read_only_model = True
     list_display = [
         "id",

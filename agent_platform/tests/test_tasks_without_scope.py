@@ -56,6 +56,7 @@ TESTS: dict[str, str] = {
     "automations.schedules_tick": "test_schedules_tick",
     "automations.delivery_attempt": "test_webhook_delivery_attempt",
     "automations.deliveries_due": "test_webhook_deliveries_due",
+    "oauth_server.cleanup": "test_oauth_cleanup",
     # management commands of the project's apps
     "skills_import": "test_skills_import_command",
     "catalogue_import": "test_catalogue_import_command",
@@ -64,6 +65,8 @@ TESTS: dict[str, str] = {
     "migrate": "test_migrate_command",
     "flush": "test_flush_command",
     "evaluate": "test_evaluate_command",
+    "agents_export": "test_agents_export_and_import_commands",
+    "agents_import": "test_agents_export_and_import_commands",
 }
 
 
@@ -633,3 +636,30 @@ def test_webhook_deliveries_due(world, other_world, monkeypatch):
     assert run_task(tasks.deliveries_due) == 2
     with system_scope():
         assert set(WebhookDelivery.all_tenants.filter(pk__in=ids).values_list("status", flat=True)) == {"delivered"}
+
+
+# --- agents as code, the OAuth server's cleanup -------------------------------------------------
+
+
+def test_agents_export_and_import_commands(world, other_world, tmp_path):
+    from agents.models import AgentInstance
+
+    with system_scope():
+        for w in (world, other_world):
+            AgentFactory(tenant=w.tenant, name="Coder", system_prompt=f"You help {w.tenant.slug}.")
+    exported = io.StringIO()
+    as_worker(call_command, "agents_export", "--tenant", world.tenant.slug, stdout=exported)
+    text = exported.getvalue()
+    assert f"You help {world.tenant.slug}." in text and other_world.tenant.slug not in text
+    path = tmp_path / "agents.yaml"
+    path.write_text(text.replace(f"You help {world.tenant.slug}.", "You help everyone."))
+    as_worker(call_command, "agents_import", str(path), "--tenant", world.tenant.slug, stdout=io.StringIO())
+    with system_scope():
+        prompts = dict(AgentInstance.all_tenants.filter(name="Coder").values_list("tenant_id", "system_prompt"))
+    assert prompts == {world.tenant.pk: "You help everyone.", other_world.tenant.pk: f"You help {other_world.tenant.slug}."}
+
+
+def test_oauth_cleanup():
+    from oauth_server import tasks
+
+    assert set(run_task(tasks.oauth_cleanup)) == {"consents", "grants", "clients"}

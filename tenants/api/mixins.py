@@ -83,8 +83,12 @@ class TenantContextMixin:
         self.perform_authentication(request)  # type: ignore[attr-defined]
         self._audit_token = enter_audit_context(context_for_request(request, source="api"))
         membership = resolve_membership(request)
-        request.membership = membership  # type: ignore[attr-defined]
-        request.tenant = membership.tenant if membership else None  # type: ignore[attr-defined]
+        # Also on the Django request underneath: DRF's OPTIONS metadata builds a clone of the
+        # DRF request (rest_framework.request.clone_request) that reads through to it, so a
+        # view's get_queryset sees the caller there too (without it: an AttributeError, a 500).
+        for target in (request, request._request):
+            target.membership = membership  # type: ignore[attr-defined]
+            target.tenant = membership.tenant if membership else None  # type: ignore[attr-defined]
         if membership is not None:
             self._tenant_token = enter_tenant(membership.tenant_id)
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
