@@ -150,14 +150,16 @@ def _lexical_strict(query: str) -> bool:
     return bool(re.search(r'"|(^|\s)-\w|\bor\b', query, re.IGNORECASE))
 
 
-def vector_sql(dimensions: int, *, with_documents: bool) -> str:
+def vector_sql(dimensions: int, *, with_documents: bool, exact: bool = False) -> str:
     """The vector list's SQL for ``dimensions``: the partial HNSW index's expression and
     predicate (``embedding::vector(N)``, ``dimensions = N``) as literals, so the planner can
     match the index even for a generic plan. Parameters: query vector, tenant id, knowledge base
     ids, the embedding fingerprint (only chunks embedded by the knowledge bases' current model:
-    during a re-embedding the others are left out, never compared), [document ids], limit."""
+    during a re-embedding the others are left out, never compared), [document ids], limit.
+    ``exact``: order by the column itself, which no index matches: an exact scan of the
+    filtered rows (the fallback of :func:`_vector_list`)."""
     dims = int(dimensions)
-    expr = f"embedding::vector({dims})" if dims in INDEXED_DIMENSIONS else "embedding"
+    expr = f"embedding::vector({dims})" if dims in INDEXED_DIMENSIONS and not exact else "embedding"
     cast = f"::vector({dims})"
     documents = " AND document_id = ANY(%(documents)s::bigint[])" if with_documents else ""
     return (f"SELECT id, {expr} <=> %(vector)s{cast} AS distance FROM knowledge_chunk "
@@ -250,11 +252,22 @@ def _start_group_vectors(kb: KnowledgeBase, query: str, rewritten: str, *, query
 
 def _vector_list(cursor, vector: list[float], *, tenant_id: int, group: list[KnowledgeBase],
                  document_ids: list[int] | None, limit: int) -> list[tuple[int, float]]:
+    """The vector list: ``[(chunk id, cosine distance)]``, nearest first, at most ``limit``.
+
+    The HNSW index answers first. When it returns fewer than ``limit`` rows, an exact scan of
+    the filtered rows answers instead: either the knowledge bases hold fewer chunks than that
+    (the scan is small) or the index missed live rows. pgvector 0.8.6's HNSW graph keeps
+    deleted and rolled-back rows until a VACUUM, and a few dozen of them (a document
+    re-ingested a few times) left 8 live chunks unreachable in the index, with iterative scans
+    on or off (knowledge/tests/test_retrieval_dead_rows.py)."""
     kb = group[0]  # one embedding model per group: the same dimensions and fingerprint
-    cursor.execute(vector_sql(kb.dimensions, with_documents=document_ids is not None),
-                   {"vector": _vector_literal(vector), "tenant": tenant_id, "kbs": [k.pk for k in group],
-                    "fingerprint": kb.embedding_fingerprint, "documents": document_ids, "limit": limit})
+    params = {"vector": _vector_literal(vector), "tenant": tenant_id, "kbs": [k.pk for k in group],
+              "fingerprint": kb.embedding_fingerprint, "documents": document_ids, "limit": limit}
+    cursor.execute(vector_sql(kb.dimensions, with_documents=document_ids is not None), params)
     rows = [(int(i), float(d)) for i, d in cursor.fetchall()]
+    if len(rows) < limit and int(kb.dimensions) in INDEXED_DIMENSIONS:
+        cursor.execute(vector_sql(kb.dimensions, with_documents=document_ids is not None, exact=True), params)
+        rows = [(int(i), float(d)) for i, d in cursor.fetchall()]
     rows.sort(key=lambda r: (r[1], r[0]))  # relaxed_order: nearly sorted; make it exact
     return rows
 
