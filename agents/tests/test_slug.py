@@ -3,11 +3,17 @@ admin API, the end users' agent list and the console (issue 36)."""
 
 from __future__ import annotations
 
+import html
 import importlib
+import json
+import re
+import shlex
 
 import pytest
+from a2a.types.a2a_pb2 import Role, SendMessageRequest
 from django.apps import apps as django_apps
 from django.db import connection
+from google.protobuf import json_format
 
 from agents.models import SLUG_MAX_LENGTH, AgentInstance, agent_slug_from_name
 from agents.tests.factories import AgentFactory, RouteEntryFactory
@@ -119,10 +125,35 @@ def test_migration_fills_existing_agents(world, all_tenants_scope):
     assert {AgentInstance.all_tenants.get(pk=a.pk).slug for a in (first, second)} == {"same-name", "same-name-2"}
 
 
+def _snippets(page: str) -> dict[str, str]:
+    """The text of the agent page's copyable snippets, by protocol ("openai", "mcp", "a2a")."""
+    found = re.findall(r'<pre class="call-snippet" id="call-snippet-(\w+)"[^>]*>(.*?)</pre>', page, re.S)
+    return {name: html.unescape(text) for name, text in found}
+
+
 def test_the_agent_page_shows_how_to_call_it(client, world, all_tenants_scope):
     agent = AgentFactory(tenant=world.tenant, name="Docs assistant")
     client.force_login(world.admin)
     page = client.get(f"/admin/agents/agentinstance/{agent.pk}/change/").content.decode()
     assert 'data-testid="call-agent"' in page
     assert "http://testserver/api/openai/v1" in page and 'model="docs-assistant"' in page
+    snippets = _snippets(page)
+    assert set(snippets) == {"openai", "mcp", "a2a"}
+    for name in snippets:  # each with its copy button (console.js copies the element it names)
+        assert f'data-copy="call-snippet-{name}" data-testid="call-copy-{name}"' in page
+    # MCP: the agents' server, the bearer header; the tool is the slug.
+    assert json.loads(snippets["mcp"]) == {"mcpServers": {"agent-platform-agents": {
+        "type": "http", "url": "http://testserver/mcp/agents/", "headers": {"Authorization": "Bearer <API token>"}}}}
+    assert '<code data-testid="call-mcp-tool">docs-assistant</code>' in page
+    # A2A: the card and JSON-RPC URLs, and a curl SendMessage whose body the a2a-sdk's own types accept.
+    assert "http://testserver/a2a/docs-assistant/.well-known/agent-card.json</code>" in page
+    assert '<code data-testid="call-a2a-jsonrpc">http://testserver/a2a/docs-assistant/</code>' in page
+    words = shlex.split(snippets["a2a"].replace("\\\n", " "))
+    assert words[:3] == ["curl", "-s", "http://testserver/a2a/docs-assistant/"]
+    headers = [words[i + 1] for i, word in enumerate(words) if word == "-H"]
+    assert {"Authorization: Bearer <API token>", "A2A-Version: 1.0", "Content-Type: application/json"} == set(headers)
+    body = json.loads(words[words.index("-d") + 1])
+    assert (body["jsonrpc"], body["method"]) == ("2.0", "SendMessage")
+    request = json_format.ParseDict(body["params"], SendMessageRequest())
+    assert request.message.role == Role.ROLE_USER and request.message.parts[0].text == "Hello"
     assert 'data-testid="call-agent"' not in client.get("/admin/agents/agentinstance/add/").content.decode()

@@ -368,3 +368,29 @@ def test_the_trace_of_a_working_run_follows_it_until_it_ends(world, live_server_
         worker.join()
         expect(page.get_by_test_id("run-status")).to_have_text("Completed", timeout=10_000)
         expect(page.get_by_test_id("trace-reply")).to_have_text("All done.")
+
+
+@pytest.mark.usefixtures("no_enqueue")
+def test_admin_copies_how_to_call_an_agent_from_each_protocol(world, live_server_url):
+    """The agent page's "Call this agent" snippets (OpenAI API, MCP, A2A) each copy with their
+    button (console.js, under the console's CSP)."""
+    from playwright.sync_api import expect
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Docs assistant")
+    with open_page(height=1400) as page:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server_url)
+        log_in(page, live_server_url, world.admin.username)
+        page.goto(f"{live_server_url}/admin/agents/agentinstance/{agent.pk}/change/")
+        box = page.get_by_test_id("call-agent")
+        expect(box.get_by_test_id("call-mcp-url")).to_have_text(live_server_url + "/mcp/agents/")
+        expect(box.get_by_test_id("call-a2a-card")).to_have_text(
+            live_server_url + "/a2a/docs-assistant/.well-known/agent-card.json")
+        for name in ("openai", "mcp", "a2a"):
+            box.get_by_test_id(f"call-copy-{name}").click()
+            expect(box.get_by_test_id("call-copy-status")).to_have_text("Copied to the clipboard.")
+            copied = page.evaluate("() => navigator.clipboard.readText()")
+            assert copied == box.get_by_test_id(f"call-snippet-{name}").inner_text(), name
+            page.evaluate("() => navigator.clipboard.writeText('')")
+        assert '"method": "SendMessage"' in copied and "A2A-Version: 1.0" in copied
+        assert not [e for e in page.console_errors if "Content Security Policy" in e], page.console_errors
+        check_axe(page, "agent page with the call snippets")

@@ -3,6 +3,8 @@
 //  - binding forms: show only the fields of the chosen kind (select[data-binding-kind])
 //  - allowed tools: checkboxes from the chosen MCP server's tool list (input.tool-list-input)
 //  - approval policy: an "Add a rule" button under the rows (.policy-editor)
+//  - copy buttons (button[data-copy="<id>"]): the text of element #id to the clipboard, else the
+//    text is selected for Ctrl+C; the outcome in the fieldset's .call-copy-status
 "use strict";
 
 (function () {
@@ -152,7 +154,33 @@
       .catch(function () { note.textContent = "The provider's model list could not be read."; });
   }
 
+  function selectText(el) {
+    var range = document.createRange();
+    range.selectNodeContents(el);
+    var selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+  }
+
+  function copyButton(button) {
+    button.addEventListener("click", function () {
+      var source = document.getElementById(button.getAttribute("data-copy"));
+      var box = button.closest("fieldset");
+      var status = box && box.querySelector(".call-copy-status");
+      if (!source) return;
+      var say = function (text) { if (status) status.textContent = text; };
+      var refuse = function () {
+        selectText(source);
+        say("Could not copy automatically: the text is selected, press Ctrl+C (⌘C on a Mac).");
+      };
+      if (!navigator.clipboard) { refuse(); return; }
+      navigator.clipboard.writeText(source.textContent)
+        .then(function () { say("Copied to the clipboard."); }, refuse);
+    });
+  }
+
   function init(root) {
+    root.querySelectorAll("button[data-copy]").forEach(copyButton);
     root.querySelectorAll('.inline-related select[name$="-provider"]').forEach(function (select) {
       if (select.name.indexOf("__prefix__") >= 0) return;
       offerModels(select);
