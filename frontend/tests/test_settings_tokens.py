@@ -1,6 +1,7 @@
 """API tokens on the chat app's Settings page, in Debian's Chromium: a member creates a token,
 sees the raw token once, the token works against the real API, it is listed, revoked and then
-refused; the page shows the knowledge MCP server's URL and a configuration to paste; an API
+refused; the page shows the knowledge and agents MCP servers' URLs and configurations to paste and
+the A2A card URL pattern; an API
 error (the token-issuing throttle) shows its message in the panel's alert region.
 
 Real ASGI app (uvicorn, the `live_server_url` fixture); the token checks are plain HTTP
@@ -79,6 +80,16 @@ def test_create_use_list_and_revoke_a_token_from_settings(world, live_server_url
         config = json.loads(panel.get_by_test_id("mcp-config").inner_text())
         assert config == {"mcpServers": {"agent-platform-knowledge": {
             "url": live_server_url + "/mcp/knowledge/", "headers": {"Authorization": "Bearer <your token>"}}}}
+        # The agents' MCP server beside it, and the A2A URLs of an agent (the slug a placeholder).
+        expect(panel.get_by_test_id("agents-mcp-url")).to_have_text(live_server_url + "/mcp/agents/")
+        config = json.loads(panel.get_by_test_id("agents-mcp-config").inner_text())
+        assert config == {"mcpServers": {"agent-platform-agents": {
+            "url": live_server_url + "/mcp/agents/", "headers": {"Authorization": "Bearer <your token>"}}}}
+        expect(panel.get_by_test_id("agents-connect")).to_contain_text("one tool per agent, named by the agent’s slug")
+        expect(panel.get_by_test_id("a2a-card-url")).to_have_text(
+            live_server_url + "/a2a/<agent slug>/.well-known/agent-card.json")
+        expect(panel.get_by_test_id("a2a-jsonrpc-url")).to_have_text(live_server_url + "/a2a/<agent slug>/")
+        expect(panel.get_by_test_id("agents-connect")).to_contain_text("A2A-Version: 1.0")
 
         # Create a token: the raw token shows once, with the warning and a Copy button.
         name_input = panel.get_by_label("Token name")
@@ -106,6 +117,11 @@ def test_create_use_list_and_revoke_a_token_from_settings(world, live_server_url
         # The configuration now carries the new token.
         config = json.loads(panel.get_by_test_id("mcp-config").inner_text())
         assert config["mcpServers"]["agent-platform-knowledge"]["headers"] == {"Authorization": f"Bearer {raw}"}
+        config = json.loads(panel.get_by_test_id("agents-mcp-config").inner_text())
+        assert config["mcpServers"]["agent-platform-agents"]["headers"] == {"Authorization": f"Bearer {raw}"}
+        panel.get_by_test_id("agents-mcp-config-copy").click()
+        expect(panel.get_by_test_id("agents-connect")).to_contain_text("Copied to the clipboard.")
+        assert json.loads(page.evaluate("() => navigator.clipboard.readText()")) == config
 
         # Listed first (newest first), with its prefix, never used, active.
         items = panel.get_by_test_id("token-item")

@@ -6,7 +6,10 @@
 //   with a Copy button (the clipboard, else the text is selected for Ctrl+C);
 // - "Revoke" after an inline confirmation (POST /api/v1/tokens/<id>/revoke/);
 // - how to connect an MCP client to the knowledge MCP server (<origin>/mcp/knowledge/, Streamable
-//   HTTP, `Authorization: Bearer <token>`): its URL and a JSON configuration to paste.
+//   HTTP, `Authorization: Bearer <token>`): its URL and a JSON configuration to paste;
+// - the same for the agents' MCP server (<origin>/mcp/agents/: one tool per agent, named by its
+//   slug), and the A2A URLs of an agent (<origin>/a2a/<slug>/, its card under
+//   .well-known/agent-card.json).
 // API errors (e.g. 429 when too many tokens were issued) show their `message` in an alert region.
 
 import { request } from './api.js';
@@ -41,6 +44,17 @@ export function mcpServerUrl() {
   return `${window.location.origin}/mcp/knowledge/`;
 }
 
+/** The agents' MCP server's URL on this origin (one tool per active agent, named by its slug). */
+export function agentsMcpUrl() {
+  return `${window.location.origin}/mcp/agents/`;
+}
+
+/** The A2A URLs of the agent `slug` on this origin: {card, jsonrpc} (JSON-RPC at the agent's root). */
+export function a2aUrls(slug = '<agent slug>') {
+  const jsonrpc = `${window.location.origin}/a2a/${slug}/`;
+  return { card: `${jsonrpc}.well-known/agent-card.json`, jsonrpc };
+}
+
 /** The base URL of the OpenAI-compatible API on this origin (agents are its models). */
 export function openaiBaseUrl() {
   return `${window.location.origin}/api/openai/v1`;
@@ -58,11 +72,11 @@ export function openaiSnippet(baseUrl, token = PLACEHOLDER) {
   ].join('\n');
 }
 
-/** The `mcpServers` JSON most MCP clients that connect by URL accept. */
-export function mcpConfig(url, token = PLACEHOLDER) {
+/** The `mcpServers` JSON most MCP clients that connect by URL accept (`name`: the server's key). */
+export function mcpConfig(url, token = PLACEHOLDER, name = 'agent-platform-knowledge') {
   const config = {
     mcpServers: {
-      'agent-platform-knowledge': { url, headers: { Authorization: `Bearer ${token}` } },
+      [name]: { url, headers: { Authorization: `Bearer ${token}` } },
     },
   };
   return JSON.stringify(config, null, 2);
@@ -160,6 +174,12 @@ export function TokensPanel({ api = tokensApi } = {}) {
   const configCopyStatus = h('p', { class: 'muted', role: 'status', 'aria-live': 'polite' });
   const configCopy = h('button', { type: 'button', class: 'btn', testid: 'mcp-config-copy', text: 'Copy configuration' });
   configCopy.addEventListener('click', () => copyFrom(configPre, configCopyStatus));
+  // ---- calling agents over MCP
+  const agentsUrl = agentsMcpUrl();
+  const agentsPre = h('pre', { class: 'tokens-config', testid: 'agents-mcp-config' });
+  const agentsCopyStatus = h('p', { class: 'muted', role: 'status', 'aria-live': 'polite' });
+  const agentsCopy = h('button', { type: 'button', class: 'btn', testid: 'agents-mcp-config-copy', text: 'Copy configuration' });
+  agentsCopy.addEventListener('click', () => copyFrom(agentsPre, agentsCopyStatus));
   // ---- calling agents with an OpenAI client
   const openaiUrl = openaiBaseUrl();
   const openaiPre = h('pre', { class: 'tokens-config', testid: 'openai-snippet' });
@@ -169,6 +189,7 @@ export function TokensPanel({ api = tokensApi } = {}) {
   const showConfig = () => {
     configPre.textContent = mcpConfig(url, created ? created.token : PLACEHOLDER);
     openaiPre.textContent = openaiSnippet(openaiUrl, created ? created.token : PLACEHOLDER);
+    agentsPre.textContent = mcpConfig(agentsUrl, created ? created.token : PLACEHOLDER, 'agent-platform-agents');
   };
   showConfig();
   const mcpBlock = h(
@@ -213,13 +234,41 @@ export function TokensPanel({ api = tokensApi } = {}) {
     openaiCopyStatus,
   );
 
+  const a2a = a2aUrls();
+  const agentsBlock = h(
+    'div',
+    { class: 'tokens-mcp', testid: 'agents-connect' },
+    h('h3', { text: 'Call your agents over MCP or A2A' }),
+    h(
+      'p',
+      {},
+      'MCP clients see one tool per agent, named by the agent’s slug, with the argument ',
+      h('code', { class: 'inline-code', text: 'message' }),
+      '. Server URL (Streamable HTTP, the same token header):',
+    ),
+    h('p', {}, h('code', { class: 'inline-code tokens-url', testid: 'agents-mcp-url', text: agentsUrl })),
+    agentsPre,
+    h('div', { class: 'tokens-actions' }, agentsCopy),
+    agentsCopyStatus,
+    h(
+      'p',
+      {},
+      'Each agent is also an A2A 1.0 server (send the header ',
+      h('code', { class: 'inline-code', text: 'A2A-Version: 1.0' }),
+      ' and the token). Its agent card:',
+    ),
+    h('p', {}, h('code', { class: 'inline-code tokens-url', testid: 'a2a-card-url', text: a2a.card })),
+    h('p', {}, 'JSON-RPC (', h('code', { class: 'inline-code', text: 'SendMessage' }), ', …):'),
+    h('p', {}, h('code', { class: 'inline-code tokens-url', testid: 'a2a-jsonrpc-url', text: a2a.jsonrpc })),
+  );
+
   const section = h(
     'section',
     { class: 'settings-group tokens-panel', 'aria-labelledby': 'tokens-title', testid: 'tokens-panel' },
     h('h2', { id: 'tokens-title', text: 'API tokens' }),
     h('p', {
       class: 'muted',
-      text: 'A token lets another program act as you in this tenant: the REST API (/api/v1/), the OpenAI-compatible API (/api/openai/v1/) and the knowledge MCP server. Keep it secret like a password; revoke it when it is no longer used.',
+      text: 'A token lets another program act as you in this tenant: the REST API (/api/v1/), the OpenAI-compatible API (/api/openai/v1/), your agents over MCP and A2A, and the knowledge MCP server. Keep it secret like a password; revoke it when it is no longer used.',
     }),
     error,
     form,
@@ -228,6 +277,7 @@ export function TokensPanel({ api = tokensApi } = {}) {
     list,
     status,
     openaiBlock,
+    agentsBlock,
     mcpBlock,
   );
 
