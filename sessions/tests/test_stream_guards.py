@@ -271,6 +271,11 @@ async def test_one_user_holds_at_most_streams_per_user_max_streams(world, live_s
             assert (await first_reader.next())["retry"] == "1000"
             comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/?token={world.member_token}")
             assert (await comm.connect())[0]
+            # The socket is accepted before its slot is leased (a refusal is a close code); its
+            # connect handler has finished, slot held, once it answers a ping (a fresh clone's CI
+            # on a loaded machine saw the third stream win the slot and stream: ReadTimeout).
+            await comm.send_json_to({"type": "ping"})
+            assert await comm.receive_json_from(timeout=5) == {"type": "pong"}
             third = await client.get(url, headers=headers)
             assert third.status_code == 429
             assert third.json() == {"message": "Too many open event streams (at most 2 per user).",
