@@ -104,6 +104,7 @@ class WebhookDeliveryAdmin(TenantScopedModelAdmin):
     list_filter = ("status", "event_type")
     readonly_fields = (
         "subscription",
+        "push_config",
         "event_type",
         "message_id",
         "payload",

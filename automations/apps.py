@@ -23,6 +23,21 @@ def run_event_to_subscribers(tenant_id: int, run_id: int, event_type: str, data:
     event_emit(tenant_id=tenant_id, event_type=name, data={"run_id": run_id, **data})
 
 
+A2A_PUSH_EVENTS = frozenset({"run_completed", "run_failed", "run_cancelled", "run_awaiting_approval"})
+"""The session events of a run that are an A2A task's state change (completed, failed, canceled,
+input-required): each is a push notification to the task's configs."""
+
+
+def run_event_to_a2a_push(tenant_id: int, run_id: int, event_type: str, data: dict[str, Any]) -> None:
+    """The run-event observer of A2A push notifications: the run's task as it stands now, to each
+    push-notification config of the task (:func:`automations.outbound.task_push_emit`)."""
+    if event_type not in A2A_PUSH_EVENTS:
+        return
+    from automations.outbound import task_push_emit
+
+    task_push_emit(tenant_id=tenant_id, run_id=run_id)
+
+
 class AutomationsConfig(AppConfig):
     name = "automations"
     verbose_name = "Schedules and webhooks"
@@ -30,5 +45,6 @@ class AutomationsConfig(AppConfig):
     def ready(self) -> None:
         from sessions.runs.records import run_event_observers
 
-        if run_event_to_subscribers not in run_event_observers:
-            run_event_observers.append(run_event_to_subscribers)
+        for observer in (run_event_to_subscribers, run_event_to_a2a_push):
+            if observer not in run_event_observers:
+                run_event_observers.append(observer)

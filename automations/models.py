@@ -150,6 +150,10 @@ class EventType(models.TextChoices):
     SCHEDULE_FAILED = "schedule.failed", "A schedule's slot could not start its run"
 
 
+A2A_PUSH_EVENT = "a2a.task"
+"""The ``event_type`` of an A2A push notification's delivery (not a subscription's event)."""
+
+
 class WebhookSubscription(TenantOwnedModel):
     """An endpoint of another system that receives the tenant's events, signed per Standard
     Webhooks with ``secret_encrypted`` (shown once, stored encrypted)."""
@@ -176,10 +180,17 @@ class DeliveryStatus(models.TextChoices):
 
 
 class WebhookDelivery(TenantOwnedModel):
-    """One event for one subscription: its ``message_id`` is the ``webhook-id`` every attempt
-    sends (the receiver's idempotency key)."""
+    """One event for one subscription, or one A2A push notification for one task's
+    push-notification config (``push_config``; none of either once that config was deleted):
+    its ``message_id`` is the ``webhook-id`` every attempt sends (the receiver's idempotency key)."""
 
-    subscription = models.ForeignKey(WebhookSubscription, on_delete=models.CASCADE, related_name="deliveries")
+    subscription = models.ForeignKey(
+        WebhookSubscription, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    push_config = models.ForeignKey(
+        "agent_sessions.TaskPushConfig", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="An A2A push notification: the task's config it is sent to (sessions.api.a2a.push).",
+    )
     event_type = models.CharField(max_length=40)
     message_id = models.CharField(max_length=64, unique=True)
     payload = models.JSONField()

@@ -10,6 +10,11 @@ does not get a 2xx is retried after ``min(60 s · 2^(n-1), 6 h)`` times a random
 disables the subscription (``disabled_reason``) and fails the delivery. Every attempt is a
 :class:`DeliveryAttempt` row (the delivery log); ``redeliver`` queues one more attempt.
 
+A2A push notifications (:mod:`sessions.api.a2a.push`) travel the same way: a run's end or pause
+is one delivery per push-notification config of its task (:func:`task_push_emit`, event type
+``a2a.task``), retried and logged as above; instead of the Standard Webhooks signature the
+request authenticates as the A2A config says (``X-A2A-Notification-Token``, ``Authorization``).
+
 Addresses: the URL is checked when saved (:func:`llm.netrules.check_outbound_url`) and at
 every connect of every attempt (:func:`capabilities.a2a.http.checked_client`: the outbound
 rules of ``capabilities.netsafe``, no redirects, no proxies from the environment).
@@ -34,7 +39,14 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
 from agent_platform.api_errors import ApplicationError
-from automations.models import DeliveryAttempt, DeliveryStatus, EventType, WebhookDelivery, WebhookSubscription
+from automations.models import (
+    A2A_PUSH_EVENT,
+    DeliveryAttempt,
+    DeliveryStatus,
+    EventType,
+    WebhookDelivery,
+    WebhookSubscription,
+)
 from capabilities.a2a.http import checked_client
 from capabilities.netsafe import FetchError, check_outbound_url
 from tenants.crypto import secret_decrypt, secret_encrypt
@@ -168,6 +180,38 @@ def event_emit(*, tenant_id: int, event_type: str, data: dict[str, Any]) -> list
     return ids
 
 
+def task_push_emit(*, tenant_id: int, run_id: int) -> list[int]:
+    """Write one ``a2a.task`` delivery per A2A push-notification config of run ``run_id``
+    (its body: the task as it stands now, :func:`sessions.api.a2a.push.push_targets`) and queue
+    their first attempts on commit. In the caller's transaction (if any) and any scope; one
+    query when the run has no config.
+
+    Returns:
+        The new deliveries' ids.
+    """
+    from sessions.api.a2a.push import push_targets
+
+    with tenant_scope(tenant_id):
+        targets = push_targets(run_id)
+        if not targets:
+            return []
+        now = timezone.now()
+        ids = [
+            WebhookDelivery.objects.create(
+                tenant_id=tenant_id,
+                push_config=config,
+                event_type=A2A_PUSH_EVENT,
+                message_id=f"msg_{uuid.uuid4().hex}",
+                payload=body,
+                next_attempt_at=now,
+                retry_until=now + RETRY_FOR,
+            ).pk
+            for config, body in targets
+        ]
+    transaction.on_commit(lambda: _enqueue(ids, tenant_id))
+    return ids
+
+
 def _enqueue(delivery_ids: list[int], tenant_id: int) -> None:
     from automations.tasks import delivery_attempt as task
 
@@ -191,23 +235,54 @@ async def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
         return response.status_code
 
 
+def _push_headers(delivery: WebhookDelivery) -> dict[str, str]:
+    """An A2A push notification's authentication, as its config says: the token in
+    ``X-A2A-Notification-Token`` (the a2a-sdk's header; also ``A2A-Notification-Token``, a2a-go's)
+    and ``Authorization: <scheme> <credentials>``."""
+    config = delivery.push_config
+    headers = {}
+    if config.token_encrypted:
+        token = secret_decrypt(tenant=config.tenant, ciphertext=config.token_encrypted)
+        headers["x-a2a-notification-token"] = headers["a2a-notification-token"] = token
+    if config.auth_scheme and config.auth_credentials_encrypted:
+        credentials = secret_decrypt(tenant=config.tenant, ciphertext=config.auth_credentials_encrypted)
+        headers["authorization"] = f"{config.auth_scheme} {credentials}"
+    return headers
+
+
+def _request(delivery: WebhookDelivery, body: str) -> tuple[str, dict[str, str]]:
+    """The URL and headers of one attempt: a subscription's signed per Standard Webhooks, an A2A
+    push notification's with its config's authentication (:func:`_push_headers`)."""
+    now = timezone.now()
+    headers = {
+        "content-type": "application/json",
+        "user-agent": "AgentPlatform-webhooks/1",
+        "webhook-id": delivery.message_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+    }
+    if delivery.push_config_id is not None:
+        return delivery.push_config.url, {**headers, **_push_headers(delivery)}
+    subscription = delivery.subscription
+    secret = secret_decrypt(tenant=subscription.tenant, ciphertext=subscription.secret_encrypted)
+    headers["webhook-signature"] = Webhook(secret).sign(delivery.message_id, now, body)
+    return subscription.url, headers
+
+
+def _inactive(delivery: WebhookDelivery) -> str:
+    """Why ``delivery`` may not be sent ("" when it may): its subscription is disabled, or its
+    push-notification config was deleted."""
+    if delivery.subscription_id is not None:
+        return "" if delivery.subscription.is_active else "The subscription is disabled."
+    return "" if delivery.push_config_id is not None else "The task's push-notification config was deleted."
+
+
 def _send(delivery: WebhookDelivery) -> tuple[int | None, str]:
     """One POST of ``delivery``: ``(status code, "")`` or ``(None, error)``."""
-    subscription = delivery.subscription
     body = json.dumps(delivery.payload, separators=(",", ":"), ensure_ascii=False)
     try:
-        check_outbound_url(subscription.url)
-        secret = secret_decrypt(tenant=subscription.tenant, ciphertext=subscription.secret_encrypted)
-        now = timezone.now()
-        signature = Webhook(secret).sign(delivery.message_id, now, body)
-        headers = {
-            "content-type": "application/json",
-            "user-agent": "AgentPlatform-webhooks/1",
-            "webhook-id": delivery.message_id,
-            "webhook-timestamp": str(int(now.timestamp())),
-            "webhook-signature": signature,
-        }
-        return asyncio.run(_post(subscription.url, body.encode(), headers)), ""
+        url, headers = _request(delivery, body)
+        check_outbound_url(url)
+        return asyncio.run(_post(url, body.encode(), headers)), ""
     except FetchError as exc:
         return None, exc.message
     except httpx.HTTPError as exc:
@@ -224,7 +299,7 @@ def delivery_attempt(*, delivery_id: int, now: datetime | None = None) -> str | 
     with transaction.atomic():
         delivery = (
             WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("subscription", "subscription__tenant")
+            .select_related("subscription", "subscription__tenant", "push_config", "push_config__tenant")
             .filter(pk=delivery_id, status=DeliveryStatus.PENDING)
             .first()
         )
@@ -232,8 +307,9 @@ def delivery_attempt(*, delivery_id: int, now: datetime | None = None) -> str | 
         if delivery is None or (delivery.next_attempt_at and delivery.next_attempt_at > now):
             return None
         started = time.monotonic()
-        if not delivery.subscription.is_active:
-            code, error = None, "The subscription is disabled."
+        inactive = _inactive(delivery)
+        if inactive:
+            code, error = None, inactive
         else:
             code, error = _send(delivery)
         DeliveryAttempt.objects.create(
@@ -253,13 +329,17 @@ def _after_attempt(delivery: WebhookDelivery, code: int | None, error: str, now:
         delivery.status, delivery.delivered_at, delivery.next_attempt_at = DeliveryStatus.DELIVERED, now, None
     elif code == 410:
         delivery.status, delivery.next_attempt_at = DeliveryStatus.FAILED, None
+        if delivery.push_config_id is not None:  # the receiver is gone: the task's config goes too
+            from sessions.models import TaskPushConfig
+
+            TaskPushConfig.objects.filter(pk=delivery.push_config_id).delete()
         WebhookSubscription.objects.filter(pk=delivery.subscription_id).update(
             is_active=False, disabled_reason=f"The endpoint answered 410 Gone on {now.isoformat()}."
         )
         _subscribes.pop(delivery.tenant_id, None)
     else:
         retry_at = now + timedelta(seconds=backoff_seconds(delivery.attempts))
-        if retry_at > delivery.retry_until or not delivery.subscription.is_active:
+        if retry_at > delivery.retry_until or _inactive(delivery):
             delivery.status, delivery.next_attempt_at = DeliveryStatus.FAILED, None
         else:
             delivery.next_attempt_at = retry_at
@@ -272,9 +352,11 @@ def _after_attempt(delivery: WebhookDelivery, code: int | None, error: str, now:
 def delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
     """Queue one more attempt of ``delivery`` now (also a delivered or failed one; retries
     follow for 24 hours from now if it fails). Raises :class:`ApplicationError` when its
-    subscription is disabled."""
-    if not delivery.subscription.is_active:
-        raise ApplicationError("The subscription is disabled; enable it first.")
+    subscription is disabled or its push-notification config was deleted."""
+    inactive = _inactive(delivery)
+    if inactive:
+        raise ApplicationError(f"{inactive[:-1]}; it cannot be redelivered." if delivery.subscription_id is None
+                               else "The subscription is disabled; enable it first.")
     now = timezone.now()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(
         status=DeliveryStatus.PENDING, next_attempt_at=now, retry_until=now + RETRY_FOR

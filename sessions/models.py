@@ -451,3 +451,29 @@ class Approval(TenantOwnedModel):
         if self.sub_run_id is None or self.sub_run.skill is None:
             return None
         return self.sub_run.skill.name
+
+
+class TaskPushConfig(TenantOwnedModel):
+    """An A2A push-notification config of a task (a run, :mod:`sessions.api.a2a.push`): where
+    the task's state changes are POSTed (``url``, checked by the outbound address rules when
+    set and at every delivery) and how the request authenticates to that receiver (``token``,
+    sent as ``X-A2A-Notification-Token``; ``authentication``: ``Authorization: <scheme>
+    <credentials>``). Token and credentials are encrypted with the tenant's data key. Set by the
+    run's user through A2A; the deliveries are automations' :class:`WebhookDelivery` rows."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="push_configs")
+    config_id = models.CharField(max_length=200, help_text="The config's id within its task (the task id if none).")
+    url = models.URLField(max_length=2000)
+    token_encrypted = models.TextField(blank=True)
+    auth_scheme = models.CharField(max_length=64, blank=True, help_text="e.g. Bearer; blank: no Authorization.")
+    auth_credentials_encrypted = models.TextField(blank=True)
+    base_url = models.CharField(max_length=300, help_text="scheme://host of the A2A request (artifact links).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta(TenantOwnedModel.Meta):
+        ordering = ["run", "id"]
+        constraints = [models.UniqueConstraint(fields=["run", "config_id"], name="task_push_config_unique_id")]
+
+    def __str__(self) -> str:
+        return f"push config {self.config_id} of task {self.run_id}"

@@ -145,6 +145,13 @@ def theirs(other_world):
         payload={"secret": True}, retry_until=soon)
     rows["delivery_attempt"] = DeliveryAttempt.all_tenants.create(tenant=t, delivery=rows["webhook_delivery"],
                                                                   status_code=200)
+    from sessions.models import TaskPushConfig
+
+    rows["task_push_config"] = TaskPushConfig.all_tenants.create(
+        tenant=t, run=run, config_id="secret", url="https://hooks.example.com/a2a", base_url="http://testserver")
+    rows["a2a_push_delivery"] = WebhookDelivery.all_tenants.create(
+        tenant=t, push_config=rows["task_push_config"], event_type="a2a.task", message_id="msg_secret_push",
+        payload={"task": {"id": str(run.pk)}}, retry_until=soon)
     return rows
 
 

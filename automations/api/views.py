@@ -172,8 +172,9 @@ class WebhookSubscriptionViewSet(TenantScopedViewSet):
 
 
 class WebhookDeliveryViewSet(TenantContextMixin, viewsets.ReadOnlyModelViewSet):
-    """The tenant's outbound deliveries (owners and admins), newest first; ``redeliver/``
-    queues one more attempt."""
+    """The tenant's outbound deliveries of its subscriptions (owners and admins), newest first;
+    ``redeliver/`` queues one more attempt. A2A push notifications (deliveries of a member's own
+    task) are not listed here: they carry that member's conversation."""
 
     permission_classes = [permissions.IsAuthenticated, IsTenantAdmin]
     serializer_class = WebhookDeliverySerializer
@@ -181,7 +182,8 @@ class WebhookDeliveryViewSet(TenantContextMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> models.QuerySet:
         if getattr(self, "swagger_fake_view", False):
             return WebhookDelivery.all_tenants.none()
-        return WebhookDelivery.objects.prefetch_related("attempt_log").order_by("-created_at", "-id")
+        return (WebhookDelivery.objects.filter(subscription__isnull=False).prefetch_related("attempt_log")
+                .order_by("-created_at", "-id"))
 
     @extend_schema(request=None, responses={202: WebhookDeliverySerializer})
     @action(detail=True, methods=["post"])
