@@ -43,6 +43,22 @@ def agent_slug_from_name(name: str, taken: set[str]) -> str:
     return slug
 
 
+def output_schema_problem(schema: object) -> str:
+    """What is wrong with ``schema`` as an agent's output JSON Schema ("" when usable): it must
+    be an object that its own ``$schema``'s metaschema accepts (draft 2020-12 when it names none;
+    ``jsonschema``'s ``check_schema``)."""
+    from jsonschema import exceptions, validators
+
+    if not isinstance(schema, dict):
+        return "A JSON Schema is a JSON object, e.g. {\"type\": \"object\", \"properties\": {...}}."
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return f"Not a valid JSON Schema{f' at /{where}' if where else ''}: {exc.message}"
+    return ""
+
+
 class AgentInstance(TenantOwnedModel):
     """An agent end users chat with: a system prompt, a model route, limits, bound capabilities."""
 
@@ -92,6 +108,29 @@ class AgentInstance(TenantOwnedModel):
         max_digits=12, decimal_places=6, null=True, blank=True, validators=[MinValueValidator(0)],
         help_text="Budget: USD per run; blank: no limit.",
     )
+    output_schema = models.JSONField(
+        null=True, blank=True,
+        help_text=(
+            "Structured output: a JSON Schema the final answer must be valid against (the model is told it; route "
+            "entries with native JSON-schema mode enforce it). Blank: free text. An API caller's response_format "
+            "replaces it for that run."
+        ),
+    )
+    output_repairs = models.PositiveSmallIntegerField(
+        default=2, validators=[MaxValueValidator(5)],
+        help_text="Structured output: repair turns an invalid answer gets (with the validation error) before the "
+                  "run fails output_invalid.",
+    )
+    routing_rules = models.JSONField(
+        default=list, blank=True,
+        help_text=(
+            'Ordered rules choosing the model route of a turn, first match wins, else the route above: '
+            '[{"name": "vision", "route": "<route name>", "images": true}, ...]. Conditions (all given must hold): '
+            '"regex" (on the latest user message), "keywords" (a list; any, case-insensitive), "images" (true: the '
+            'conversation has images), "min_tokens" (the prompt\'s estimated tokens), "min_budget_share" '
+            "(0-1: share of max_cost_per_run_usd spent). See docs/admin-guide.md."
+        ),
+    )
     is_active = models.BooleanField(default=True)
     a2a_public = models.BooleanField(
         default=False,
@@ -138,7 +177,7 @@ class AgentInstance(TenantOwnedModel):
             raise ValidationError({"route": "Route not found."})
         if not self.tenant_id:
             return
-        errors = {}
+        errors = self._output_and_routing_errors()
         if self.name and self._others().filter(name=self.name).exists():
             errors["name"] = f"Another agent of this tenant is called {self.name!r}."
         if not self.slug:
@@ -147,6 +186,21 @@ class AgentInstance(TenantOwnedModel):
             errors["slug"] = f"Another agent of this tenant has the slug {self.slug!r}."
         if errors:
             raise ValidationError(errors)
+
+    def _output_and_routing_errors(self) -> dict[str, Any]:
+        """``{field: message}`` for an ``output_schema`` that is no JSON Schema and for
+        ``routing_rules`` that are malformed or name a route this tenant does not have."""
+        from agents.routing import routing_rules_errors
+
+        errors: dict[str, Any] = {}
+        if self.output_schema is not None:
+            problem = output_schema_problem(self.output_schema)
+            if problem:
+                errors["output_schema"] = problem
+        rule_errors = routing_rules_errors(self.routing_rules, tenant_id=self.tenant_id)
+        if rule_errors:
+            errors["routing_rules"] = rule_errors
+        return errors
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save; a blank slug is made from the name first (rows made without ``full_clean``)."""

@@ -82,7 +82,7 @@ class RouteEntryInline(TenantScopedInline):
     template = "admin/edit_inline/stacked.html"  # too many fields for a table row
     fieldsets = [
         (None, {"fields": [("position", "provider", "model"),
-                           ("tool_calls", "supports_tools", "supports_images", "temperature")]}),
+                           ("tool_calls", "supports_tools", "supports_images", "json_schema_mode", "temperature")]}),
         ("Limits and retries", {"fields": [("max_input_tokens", "max_output_tokens", "max_retries")]}),
         ("Timeouts (seconds)", {"fields": [("connect_timeout_seconds", "first_token_timeout_seconds"),
                                            ("read_timeout_seconds", "stream_timeout_seconds")]}),

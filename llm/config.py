@@ -82,6 +82,10 @@ class RouteEntryConfig:
     supports_images: bool = False
     """True when the model takes image input: the adapters then send a user message's
     :attr:`~llm.types.ChatMessage.images` as image parts; False sends its text alone."""
+    json_schema_mode: bool = False
+    """True when the provider constrains decoding to a JSON Schema given as the request's
+    ``response_format`` (OpenAI, vLLM, llama.cpp's ``llama-server``): an output format
+    (:attr:`~llm.model.ModelSettings.response_format`) is then sent; False: it is only prompted."""
 
     def __post_init__(self) -> None:
         self._check_shape()
@@ -115,7 +119,7 @@ class RouteEntryConfig:
             value = getattr(self, name)
             if not _non_negative_finite(value):
                 raise ValueError(f"{name} must be finite USD >= 0, got {value!r}")
-        for name in ("supports_tools", "supports_images"):
+        for name in ("supports_tools", "supports_images", "json_schema_mode"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.temperature is not None and not (

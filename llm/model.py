@@ -49,6 +49,13 @@ class ModelSettings:
     call: an answer in text), or an offered tool's exposed name (a call of that tool). As
     openai-agents' ``ModelSettings.tool_choice``; each adapter sends it in its API's form
     (:func:`tool_choice_resolve`)."""
+    response_format: dict[str, Any] | None = None
+    """The answer's required JSON format in the OpenAI chat completions shape (``{"type":
+    "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``),
+    sent as ``response_format`` by adapters whose entry has native JSON-schema mode
+    (:attr:`~llm.config.RouteEntryConfig.json_schema_mode`) and only on calls where it cannot
+    stop a tool call (native tool calls, or no tools offered); other entries ignore it (the
+    caller prompts for the format and checks the answer). None: free text."""
 
     def __post_init__(self) -> None:
         if self.max_output_tokens is not None and (

@@ -117,6 +117,13 @@ class ModelRouteEntry(TenantOwnedModel):
         help_text="Whether the model takes image input: images attached in the chat are then sent to it "
                   "(PNG, JPEG, GIF, WebP); otherwise it reads a text reference to each.",
     )
+    json_schema_mode = models.BooleanField(
+        default=False,
+        help_text="Native JSON-schema mode: an agent's output schema (or an API caller's response_format) is sent "
+                  "as the request's response_format, and the provider constrains the answer to it (OpenAI, vLLM, "
+                  "llama.cpp's llama-server; OpenAI-compatible providers only). Off: the format is asked for in the "
+                  "prompt; the answer is checked either way.",
+    )
     input_price_per_mtok = models.DecimalField(
         max_digits=12, decimal_places=4, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))],
         help_text="USD per million prompt tokens.",

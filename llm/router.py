@@ -276,6 +276,7 @@ def _skip_reason(call: _CallState, entry: RouteEntryConfig) -> SkipReason | None
 
 def _call_settings(
     settings: ModelSettings | None, max_output_tokens: int | None, compact_first: bool, tool_choice: str = "auto",
+    response_format: dict[str, Any] | None = None,
 ) -> ModelSettings:
     """The call's settings: ``settings``, or one built from the keyword shortcuts.
 
@@ -284,12 +285,14 @@ def _call_settings(
         ValueError: a ``tool_choice`` that is neither a mode nor a tool name.
     """
     if settings is not None:
-        if max_output_tokens is not None or compact_first or tool_choice != "auto":
-            raise TypeError("pass max_output_tokens/compact_first/tool_choice inside settings, not beside it")
+        if max_output_tokens is not None or compact_first or tool_choice != "auto" or response_format is not None:
+            raise TypeError("pass max_output_tokens/compact_first/tool_choice/response_format inside settings, "
+                            "not beside it")
         return settings
-    if max_output_tokens is None and not compact_first and tool_choice == "auto":
+    if max_output_tokens is None and not compact_first and tool_choice == "auto" and response_format is None:
         return DEFAULT_SETTINGS
-    return ModelSettings(max_output_tokens=max_output_tokens, compact_first=compact_first, tool_choice=tool_choice)
+    return ModelSettings(max_output_tokens=max_output_tokens, compact_first=compact_first, tool_choice=tool_choice,
+                         response_format=response_format)
 
 
 class FallbackModel:
@@ -463,6 +466,7 @@ class FallbackModel:
         max_output_tokens: int | None = None,
         compact_first: bool = False,
         tool_choice: str = "auto",
+        response_format: dict[str, Any] | None = None,
         on_first_token: FirstTokenHook | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Stream one model call with retries and fallback before the first token.
@@ -480,6 +484,8 @@ class FallbackModel:
             tool_choice: Shortcut for ``settings.tool_choice`` (not with ``settings``): ``"auto"``,
                 ``"required"``, ``"none"`` or an offered tool's name; every entry gets it in its
                 API's form (a text-mode entry by constrained decoding).
+            response_format: Shortcut for ``settings.response_format`` (not with ``settings``):
+                the answer's JSON format, sent to entries with native JSON-schema mode.
             on_first_token: Called once when the committed attempt's first fragment arrives.
 
         Yields:
@@ -509,7 +515,7 @@ class FallbackModel:
                 attempt in flight is recorded with ``error_class="cancelled"``.
         """
         call = _CallState(
-            messages, tools, _call_settings(settings, max_output_tokens, compact_first, tool_choice),
+            messages, tools, _call_settings(settings, max_output_tokens, compact_first, tool_choice, response_format),
             estimate_tokens(messages, tools), list(self._entries), on_first_token,
         )
         while (entry := await self._next_entry(call)) is not None:

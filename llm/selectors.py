@@ -39,6 +39,7 @@ def route_entry_config(entry: ModelRouteEntry, *, tenant: Tenant, index: int) ->
         output_price_per_mtok=float(entry.output_price_per_mtok),
         supports_tools=entry.supports_tools,
         supports_images=entry.supports_images,
+        json_schema_mode=entry.json_schema_mode and provider.api == "openai",
         entry_key=entry_health_key(entry.pk),
         temperature=entry.temperature,
     )

@@ -134,6 +134,16 @@ class Run(TenantOwnedModel):
         "agents.AgentVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
         help_text="The agent's version this run runs, resolved once when the run is created (agents.versions).",
     )
+    routing = models.JSONField(
+        null=True, blank=True,
+        help_text="Runs of agents with routing rules: the model route chosen, each time it changed: [{turn, rule, "
+                  "route}] (rule \"\": none matched, the agent's own route; agents.routing).",
+    )
+    structured = models.JSONField(
+        null=True, blank=True,
+        help_text="A completed run with an output format (the agent's output schema or the caller's response_format): "
+                  "its answer parsed (sessions.runner.structured_output); null otherwise.",
+    )
     paused_at = models.DateTimeField(null=True, blank=True, help_text="When it began waiting for an approval.")
     paused_seconds = models.FloatField(default=0.0, help_text="Time spent waiting for approvals (not counted by the run timeout).")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -46,7 +46,7 @@ class RouteEntrySerializer(serializers.ModelSerializer):
         model = ModelRouteEntry
         fields = [
             "id", "position", "provider", "model", "max_input_tokens", "max_output_tokens", "tool_calls",
-            "temperature", "supports_tools", "supports_images", "max_retries", "connect_timeout_seconds",
+            "temperature", "supports_tools", "supports_images", "json_schema_mode", "max_retries", "connect_timeout_seconds",
             "first_token_timeout_seconds", "read_timeout_seconds", "stream_timeout_seconds", "input_price_per_mtok",
             "output_price_per_mtok",
         ]

@@ -564,6 +564,7 @@ def build_request(
     *,
     max_output_tokens: int | None = None,
     tool_choice: str = "auto",
+    response_format: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[ChatMessage]]:
     """The ``chat.completions.create`` keyword arguments for one streaming call.
 
@@ -588,6 +589,11 @@ def build_request(
             embedded 0.5B model filled every optional argument with invented values
             (``knowledge_search``'s ``filters.document_ids: [1, 2]``, which matched no
             document); the tool's defaults are better.
+        response_format: The answer's JSON format (:attr:`~llm.model.ModelSettings.response_format`),
+            sent as ``response_format`` only when ``entry.json_schema_mode`` and it cannot stop
+            a tool call: native mode, or text mode with no tools offered (a text-mode model
+            writes its calls as text, which a schema would forbid); a forced call's own
+            constrained decoding (text mode) wins.
 
     Returns:
         ``(params, sent_messages)``: the request parameters and the canonical messages they
@@ -618,6 +624,10 @@ def build_request(
     if entry.temperature is not None:
         params["temperature"] = entry.temperature
     _add_tool_params(params, tools, choice, text_mode)
+    if response_format is not None and entry.json_schema_mode and "response_format" not in params and (
+        not text_mode or not tools or choice == "none"
+    ):
+        params["response_format"] = response_format
     return params, sent
 
 
@@ -645,6 +655,7 @@ async def stream_chat(
     max_output_tokens: int | None = None,
     on_first_token: Callable[[], None] | None = None,
     tool_choice: str = "auto",
+    response_format: dict[str, Any] | None = None,
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
     """Stream one chat completion from an OpenAI-compatible endpoint.
 
@@ -670,6 +681,8 @@ async def stream_chat(
         tool_choice: A :attr:`~llm.model.ModelSettings.tool_choice` (see
             :func:`build_request`); with ``"none"``, calls a text-mode model writes anyway are
             dropped (kept out of the text all the same).
+        response_format: The answer's JSON format for entries with native JSON-schema mode
+            (see :func:`build_request`).
 
     Yields:
         ``TextDelta`` and ``ReasoningDelta`` fragments, then exactly one ``Completion`` (the
@@ -682,7 +695,8 @@ async def stream_chat(
             "content_filter"`` (raised instead of the ``Completion``); ``bad_request`` for a
             ``tool_choice`` the offered tools cannot meet (before any request).
     """
-    params, sent = build_request(entry, messages, tools, max_output_tokens=max_output_tokens, tool_choice=tool_choice)
+    params, sent = build_request(entry, messages, tools, max_output_tokens=max_output_tokens, tool_choice=tool_choice,
+                                 response_format=response_format)
     text_mode = entry.tool_calls == "text"
     shard = _shard_for(entry)
     shard.open_streams += 1
@@ -872,7 +886,7 @@ class OpenAICompatModel:
         return stream_chat(
             settings.applied_to(self.entry), messages, tools,
             max_output_tokens=settings.max_output_tokens, on_first_token=on_first_token,
-            tool_choice=settings.tool_choice,
+            tool_choice=settings.tool_choice, response_format=settings.response_format,
         )
 
 
