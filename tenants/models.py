@@ -26,6 +26,11 @@ class Tenant(models.Model):
         null=True, blank=True,
         help_text="Runs of this tenant working at once; more wait queued. Blank: the RUNS_PER_TENANT_DEFAULT setting.",
     )
+    trace_content = models.BooleanField(
+        default=False,
+        help_text="Traces: export message content (the run's input and answer, tool call arguments and results) "
+                  "on this tenant's spans. Off: spans carry names, models, tokens, timings and outcomes only.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
