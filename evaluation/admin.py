@@ -1,9 +1,11 @@
 """The console's evaluation pages (Django admin, tenant-scoped): datasets with their items,
-experiments with their results (each linked to its run's trace), and the comparison of two
-experiments with a chart. Starting an experiment is the API's or ``manage.py evaluate``'s."""
+experiments started from the console (or the API, or ``manage.py evaluate``) with their results
+(each linked to its run's trace), and the comparison of two experiments with a chart."""
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.contrib import admin, messages
@@ -33,9 +35,15 @@ class DatasetItemInline(TenantScopedInline):
 
 @admin.register(Dataset)
 class DatasetAdmin(TenantScopedModelAdmin):
-    list_display = ["name", "items", "description", "updated_at", "tenant"]
+    list_display = ["name", "items", "description", "updated_at", "start_link", "tenant"]
     search_fields = ["name", "description"]
     inlines = [DatasetItemInline]
+
+    @admin.display(description="experiment")
+    def start_link(self, obj: Dataset) -> str:
+        return format_html(
+            '<a href="{}?dataset={}">Start an experiment</a>', reverse("admin:evaluation_experiment_start"), obj.pk
+        )
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).annotate(item_count=Count("items"))
@@ -105,6 +113,42 @@ class DatasetAdmin(TenantScopedModelAdmin):
         return redirect("admin:evaluation_dataset_change", dataset.pk)
 
 
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _start_options(form: Any) -> dict[str, Any]:
+    """The start form's numbers and scorers as :func:`experiment_create` takes them.
+
+    Raises:
+        ApplicationError: a number that is not one, or scorers that are not a JSON list.
+    """
+    options: dict[str, Any] = {}
+    for name, default, low, high in (("repetitions", 1, 1, 20), ("max_concurrency", 4, 1, 64)):  # the model's bounds
+        value = _int_or_none(form.get(name) or default)
+        if value is None or not low <= value <= high:
+            raise ApplicationError(f"{name.replace('_', ' ').capitalize()}: a whole number from {low} to {high}.")
+        options[name] = value
+    cap = (form.get("max_cost_usd") or "").strip()
+    if cap:
+        try:
+            options["max_cost_usd"] = Decimal(cap)
+        except InvalidOperation:
+            raise ApplicationError("Cost cap: a number of US dollars, e.g. 0.50.") from None
+        if options["max_cost_usd"] <= 0:
+            raise ApplicationError("Cost cap: more than 0 US dollars, or empty for none.")
+    scorers = (form.get("scorers") or "").strip()
+    if scorers:
+        try:
+            options["scorers"] = json.loads(scorers)
+        except ValueError as exc:
+            raise ApplicationError(f"Scorers: not JSON ({exc}).") from None
+    return options
+
+
 def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value * 100:.0f} %"
 
@@ -155,8 +199,61 @@ class ExperimentAdmin(TenantScopedModelAdmin):
                 name="evaluation_experiment_results",
             ),
             path("compare/", self.admin_site.admin_view(self.compare_view), name="evaluation_experiment_compare"),
+            path("start/", self.admin_site.admin_view(self.start_view), name="evaluation_experiment_start"),
         ]
         return urls + super().get_urls()
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The list, with a "Start an experiment" link above it."""
+        return super().changelist_view(
+            request, {**(extra_context or {}), "start_url": reverse("admin:evaluation_experiment_start")}
+        )
+
+    def start_view(self, request: HttpRequest) -> HttpResponse:
+        """Start an experiment: GET a form (the user's tenants' datasets and active agents,
+        ``?dataset=`` preselects one), POST starts it (:func:`evaluation.services.experiment_create`)
+        and opens its results page. A dataset or agent of a tenant the user does not administer is
+        a 404; bad numbers, invalid scorers or an agent of another tenant than the dataset's are
+        the form again with the message."""
+        from agents.models import AgentInstance
+
+        tenants = admin_tenants(request)
+        datasets = Dataset.all_tenants.order_by("name")  # tenant-bypass: limited to the user's tenants below
+        agents = AgentInstance.all_tenants.filter(is_active=True).order_by("name")  # tenant-bypass: as datasets
+        if not request.user.is_superuser:
+            datasets, agents = datasets.filter(tenant_id__in=tenants), agents.filter(tenant_id__in=tenants)
+        values = request.POST if request.method == "POST" else request.GET
+        if request.method == "POST":
+            started = self._start(request, datasets, agents)
+            if started is not None:
+                return started
+        return TemplateResponse(
+            request,
+            "evaluation/experiment_start.html",
+            {
+                **self._context(request, "Start an experiment"),
+                "datasets": datasets,
+                "agents": agents,
+                "values": values,
+            },
+        )
+
+    def _start(self, request: HttpRequest, datasets: Any, agents: Any) -> HttpResponse | None:
+        from evaluation.services import experiment_create
+
+        dataset = datasets.filter(pk=_int_or_none(request.POST.get("dataset"))).first()
+        agent = agents.filter(pk=_int_or_none(request.POST.get("agent"))).first()
+        if dataset is None or agent is None:
+            raise Http404("Not found.")
+        try:
+            options = _start_options(request.POST)
+            with tenant_scope(dataset.tenant_id):
+                experiment = experiment_create(dataset=dataset, agent=agent, user=request.user, **options)
+        except ApplicationError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+            return None
+        self.message_user(request, f"Experiment {experiment.pk} started.", messages.SUCCESS)
+        return redirect("admin:evaluation_experiment_results", experiment.pk)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None

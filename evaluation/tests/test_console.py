@@ -4,6 +4,8 @@ gets 404."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from django.test import Client
 
@@ -117,3 +119,50 @@ def test_add_to_a_dataset_from_a_runs_trace(world, other_world, experiments):
     assert _console(other_world.admin).get(url).status_code == 404
     assert _console(other_world.admin).post(url, {"dataset": dataset.pk}).status_code == 404
     assert DatasetItem.all_tenants.filter(dataset=dataset).count() == 1
+
+
+def test_start_an_experiment_from_the_console(world, other_world, experiments, no_enqueue):
+    from evaluation.models import Experiment
+
+    dataset = experiments["a"].dataset
+    agent = experiments["a"].agent
+    client = _console(world.admin)
+    listed = client.get("/admin/evaluation/experiment/").content.decode()
+    assert 'href="/admin/evaluation/experiment/start/"' in listed
+    assert f'/admin/evaluation/experiment/start/?dataset={dataset.pk}"' in client.get(
+        "/admin/evaluation/dataset/"
+    ).content.decode()
+    form = client.get("/admin/evaluation/experiment/start/", {"dataset": dataset.pk}).content.decode()
+    assert f'<option value="{dataset.pk}" selected>' in form and f'<option value="{agent.pk}"' in form
+    before = Experiment.all_tenants.count()
+    bad = client.post(
+        "/admin/evaluation/experiment/start/",
+        {"dataset": dataset.pk, "agent": agent.pk, "repetitions": "0", "scorers": ""},
+    )
+    assert bad.status_code == 200 and "Repetitions: a whole number from 1 to 20." in bad.content.decode()
+    bad = client.post(
+        "/admin/evaluation/experiment/start/", {"dataset": dataset.pk, "agent": agent.pk, "scorers": "[{"}
+    )
+    assert "Scorers: not JSON" in bad.content.decode()
+    bad = client.post(
+        "/admin/evaluation/experiment/start/", {"dataset": dataset.pk, "agent": agent.pk, "scorers": '["nope"]'}
+    )
+    assert bad.status_code == 200 and Experiment.all_tenants.count() == before
+    started = client.post(
+        "/admin/evaluation/experiment/start/",
+        {"dataset": dataset.pk, "agent": agent.pk, "repetitions": "2", "max_concurrency": "3",
+         "max_cost_usd": "0.25", "scorers": '["facts"]'},
+    )
+    experiment = Experiment.all_tenants.latest("pk")
+    assert started.status_code == 302 and started.url.endswith(f"/admin/evaluation/experiment/{experiment.pk}/results/")
+    assert (experiment.dataset_id, experiment.agent_id, experiment.repetitions, experiment.max_concurrency) == (
+        dataset.pk, agent.pk, 2, 3
+    )
+    assert experiment.max_cost_usd == Decimal("0.25") and [s["type"] for s in experiment.scorers] == ["facts"]
+    assert experiment.results.count() == 4 and experiment.created_by_id == world.admin.pk
+    other = _console(other_world.admin)
+    assert f'<option value="{dataset.pk}"' not in other.get("/admin/evaluation/experiment/start/").content.decode()
+    assert other.post(
+        "/admin/evaluation/experiment/start/", {"dataset": dataset.pk, "agent": agent.pk}
+    ).status_code == 404
+    assert Experiment.all_tenants.count() == before + 1
