@@ -13,6 +13,8 @@ bench:
 	scripts/bootstrap.sh
 	.venv/bin/python bench/turn_overhead.py
 	.venv/bin/python bench/concurrent_runs.py
+	.venv/bin/python bench/door_overhead.py
+	.venv/bin/python bench/openai_stream_fanout.py
 	.venv/bin/python bench/stream_floor.py
 	.venv/bin/python bench/fanout_receive.py
 	.venv/bin/python bench/publish_overhead.py

@@ -6,7 +6,9 @@ stdin closes. Responders: ``turns20`` (19 tool-call turns, then an answer, no de
 ``slow3`` (1 s before each of 2 tool-call turns and a 50-token answer, sent at once) and
 ``timed3`` (the same 3 turns, but every chunk is streamed 10 ms after the previous one, and
 the answer's 50 tokens are one chunk each whose text is the wall-clock time it was sent,
-``%.6f`` seconds since the epoch, so a client can measure token → client latency).
+``%.6f`` seconds since the epoch, so a client can measure token → client latency) and ``door``
+(one tool-call turn, then a 20-word answer in 20 chunks 5 ms apart: the same short run behind
+every entry point of ``door_overhead.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ def slow3(body: dict):
     if n < 2:
         return Delay(1.0, ToolCalls([("test_echo", {"text": str(n)})]))
     return Delay(1.0, Reply(ANSWER, chunk_size=6))
+
+
+DOOR_REPLY = " ".join(f"word{i}" for i in range(20))
+
+
+def door(body: dict):
+    if _turns_done(body) < 1:
+        return ToolCalls([("test_echo", {"text": "door"})])
+    return Reply(DOOR_REPLY, chunk_size=len(DOOR_REPLY) // 20 + 1, chunk_interval_seconds=0.005)
 
 
 TIME_MARK = "@T@"
@@ -100,7 +111,7 @@ def main() -> None:
     if name.startswith("tools:"):
         responder = tool100(int(name.split(":", 1)[1]))
     else:
-        responder = {"turns20": turns20, "slow3": slow3, "timed3": timed3}.get(name) or {"tool100": tool100}[name]()
+        responder = {"turns20": turns20, "slow3": slow3, "timed3": timed3, "door": door}.get(name) or {"tool100": tool100}[name]()
     with (TimestampingServer() if sys.argv[1] == "timed3" else FakeLLMServer()) as server:
         server.respond(responder)
         print(server.base_url, flush=True)
