@@ -3,6 +3,9 @@
 // error text). A separate module: it watches the chat for run articles
 // (article[data-testid="run"][data-run-id]) and adds a Details button next to the answer's
 // Copy (or the error's actions); the trace opens in a modal dialog, built with textContent only.
+// For the tenant's admins (GET admin/datasets/ answers them, 403 for members), a completed run's
+// dialog ends with "Add to a dataset" (POST admin/datasets/<id>/items/from-run/, or a new
+// dataset first): the evaluation datasets of docs/admin-guide.md.
 import { request } from './api.js';
 
 const STATUS_WORDS = {
@@ -103,16 +106,73 @@ function renderTrace(trace) {
   return parts;
 }
 
+async function datasetsOrNull() {
+  try {
+    const page = await request('GET', 'admin/datasets/');
+    return Array.isArray(page) ? page : page.results || [];
+  } catch (err) {
+    if (err.status === 403) return null; // a member: evaluation is for the tenant's admins
+    throw err;
+  }
+}
+
+async function addToDataset(runId, select, nameInput, status) {
+  const name = nameInput.value.trim();
+  status.textContent = 'Adding…';
+  try {
+    let datasetId = select.value;
+    if (name) {
+      const created = await request('POST', 'admin/datasets/', { name });
+      datasetId = String(created.id);
+      select.append(el('option', { value: datasetId, text: created.name }));
+      select.value = datasetId;
+      nameInput.value = '';
+    }
+    if (!datasetId) {
+      status.textContent = 'Pick a dataset or name a new one.';
+      return;
+    }
+    const item = await request('POST', `admin/datasets/${datasetId}/items/from-run/`, { run: Number(runId) });
+    const label = select.selectedOptions[0]?.textContent || 'the dataset';
+    status.textContent = `Added to “${label}” as item ${item.id}.`;
+  } catch (err) {
+    status.textContent = `Not added: ${err.message || err}`;
+  }
+}
+
+async function datasetSection(runId) {
+  const datasets = await datasetsOrNull();
+  if (datasets === null) return null;
+  const select = el('select', { id: 'trace-dataset', testid: 'trace-dataset' }, el('option', { value: '', text: '—' }));
+  for (const d of datasets) select.append(el('option', { value: String(d.id), text: d.name }));
+  const nameInput = el('input', { type: 'text', id: 'trace-dataset-new', maxlength: '200',
+    placeholder: "or a new dataset's name", testid: 'trace-dataset-new' });
+  const status = el('p', { class: 'trace-line', role: 'status', testid: 'trace-dataset-status' });
+  const add = el('button', { type: 'button', class: 'btn', text: 'Add', testid: 'trace-dataset-add' });
+  add.addEventListener('click', () => addToDataset(runId, select, nameInput, status));
+  return el('section', { class: 'trace-dataset', testid: 'trace-add-to-dataset' },
+    el('h3', { text: 'Add to a dataset' }),
+    el('p', { class: 'trace-line', text: "For evaluation: this question becomes an item, this answer its reference." }),
+    el('label', { for: 'trace-dataset', text: 'Dataset ' }), select, ' ',
+    el('label', { for: 'trace-dataset-new', class: 'visually-hidden', text: "New dataset's name" }), nameInput, ' ',
+    add, status);
+}
+
 async function openTrace(runId, opener) {
   const d = ensureDialog();
   const body = d.querySelector('.trace-body');
   body.textContent = 'Loading…';
+  d.dataset.runId = runId;
   if (!d.open) d.showModal();
   d.addEventListener('close', () => opener.focus(), { once: true });
   try {
     const trace = await request('GET', `runs/${runId}/trace/`);
     body.textContent = '';
     body.append(...renderTrace(trace));
+    if (trace.run.status === 'completed') {
+      const section = await datasetSection(runId).catch(() => null);
+      if (section && d.open && d.dataset.runId === runId) body.append(section);
+    }
   } catch (err) {
     body.textContent = `The details could not be loaded: ${err.message || err}`;
   }
