@@ -6,7 +6,11 @@ an API token of this platform (``Authorization: Bearer ap_…``) and gets one to
 of the token's tenant, the agents ``GET /api/v1/agents/`` and the OpenAI-compatible ``/models``
 list for the same caller: the tool's name is the agent's slug (a slug is already within MCP's
 tool-name rules, 1-128 characters of ``[A-Za-z0-9_.-]``), its title the agent's name, its
-description the agent's description; input ``{message: string, chat_id?: string}``.
+description the agent's description; input ``{message: string, chat_id?: string, version?: integer}``.
+A call runs the agent's published version; ``version`` pins one of its versions (the number the
+console's Versions tab shows, as ``slug@<n>`` does on the OpenAI-compatible API: ``@`` is outside
+MCP's tool-name characters, so a pin is an argument, not a tool of its own). A version the agent
+does not have is a tool error naming it.
 
 Calling a tool is an ordinary run of that agent (:mod:`sessions.api.agent_runs`, the starter the
 OpenAI-compatible API uses: purpose ``api`` budgets, the ``messages``/``runs`` throttles, the
@@ -85,6 +89,9 @@ INPUT_SCHEMA: Final[dict[str, Any]] = {
         "message": {"type": "string", "minLength": 1, "description": "What to ask or tell the agent."},
         "chat_id": {"type": "string", "pattern": "^[0-9]{1,18}$",
                     "description": "Continue this chat (the chat_id of an earlier answer) instead of starting one."},
+        "version": {"type": "integer", "minimum": 1,
+                    "description": "Run this version of the agent (its number in the console) instead of the "
+                                   "published one."},
     },
     "required": ["message"],
     "additionalProperties": False,
@@ -144,24 +151,34 @@ class CallAsk:
     """What to ask the agent (not yet stripped; the post refuses an empty or over-long one)."""
     chat_id: int | None
     """The chat to continue, or None for a new chat."""
+    version: int | None = None
+    """The agent's version to run (its number), or None for the published one."""
+
+
+def _positive(value: Any, digits: int) -> int | None:
+    """``value`` as a positive integer (an int, or a string of at most ``digits`` digits), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 10**digits:
+        return value
+    if isinstance(value, str) and re.fullmatch(rf"[0-9]{{1,{digits}}}", value) and int(value) > 0:
+        return int(value)
+    return None
 
 
 def call_arguments(arguments: dict[str, Any]) -> CallAsk | str:
     """A tool call's ``arguments`` checked (``message`` a non-empty string, ``chat_id`` digits
-    or a positive integer, nothing else), or what is wrong with them."""
-    unknown = set(arguments) - {"message", "chat_id"}
+    or a positive integer, ``version`` a positive integer, nothing else), or what is wrong with them."""
+    unknown = set(arguments) - {"message", "chat_id", "version"}
     if unknown:
-        return f"Unknown arguments {sorted(unknown)}; use message and chat_id."
-    message, chat_id = arguments.get("message"), arguments.get("chat_id")
+        return f"Unknown arguments {sorted(unknown)}; use message, chat_id and version."
+    message, chat_id, version = arguments.get("message"), arguments.get("chat_id"), arguments.get("version")
     if not isinstance(message, str) or not message.strip():
         return "message must be a non-empty string."
-    if chat_id is None:
-        return CallAsk(message=message, chat_id=None)
-    if isinstance(chat_id, int) and not isinstance(chat_id, bool) and chat_id > 0:
-        return CallAsk(message=message, chat_id=chat_id)
-    if isinstance(chat_id, str) and re.fullmatch(r"[0-9]{1,18}", chat_id) and int(chat_id) > 0:
-        return CallAsk(message=message, chat_id=int(chat_id))
-    return "chat_id must be the chat_id of an earlier answer (digits)."
+    if chat_id is not None and _positive(chat_id, 18) is None:
+        return "chat_id must be the chat_id of an earlier answer (digits)."
+    if version is not None and _positive(version, 9) is None:
+        return "version must be a positive integer: a version number of the agent."
+    return CallAsk(message=message, chat_id=None if chat_id is None else _positive(chat_id, 18),
+                   version=None if version is None else _positive(version, 9))
 
 
 def call_start(caller: Any, slug: str, ask: CallAsk) -> tuple[int, int]:
@@ -183,7 +200,7 @@ def call_start(caller: Any, slug: str, ask: CallAsk) -> tuple[int, int]:
             return chat_from_conversation(user=caller.user, agent=agent, history=[], content=ask.message)
         return chat_continue(caller, agent, chat_id=ask.chat_id, content=ask.message, param="chat_id")
 
-    return agent_run_start(caller, slug, post)
+    return agent_run_start(caller, f"{slug}@{ask.version}" if ask.version else slug, post)
 
 
 def _cancel(caller: Any, run_id: int) -> None:
@@ -377,7 +394,7 @@ async def _on_call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRe
     try:
         session_id, run_id = await mcp_http.off_thread(_call_pool, call_start, request.caller, params.name, ask)
     except RunRefused as exc:
-        if exc.code == AGENT_NOT_FOUND:
+        if exc.code == AGENT_NOT_FOUND and ask.version is None:
             raise _unknown_tool(params.name) from exc
         wait = f" Try again in {exc.retry_after} s." if exc.retry_after else ""
         return _error(f"{exc.message}{wait}")

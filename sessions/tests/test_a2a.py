@@ -343,8 +343,8 @@ def test_errors_have_the_specs_codes_and_the_version_is_negotiated(world, fake_l
     assert code("GetTask", {"id": "424242"}) == -32001  # TaskNotFound
     assert code("NoSuchMethod", {}) == -32601
     assert code("SendMessage", {"message": {**text, "parts": [{"url": "https://x/y.png"}]}}) == -32005
-    assert code("CreateTaskPushNotificationConfig", {"taskId": "1", "url": "https://x/hook"}) == -32003
-    assert code("GetExtendedAgentCard", {}) == -32004  # unsupported operation
+    assert code("CreateTaskPushNotificationConfig", {"taskId": "1", "url": "https://x/hook"}) == -32001  # no task
+    assert _rpc(url, token, "GetExtendedAgentCard", {}, "1.0")["result"]["name"] == "Helper"
     assert code("SendMessage", {"message": {"messageId": "m2", "role": "ROLE_USER", "parts": []}}) == -32602
     assert code("SendMessage", {"message": {**text, "role": "ROLE_AGENT"}}) == -32602
     assert code("SendMessage", {"message": text}, version="2.0") == -32009  # VersionNotSupported

@@ -1,6 +1,8 @@
 """The ASGI app of ``/a2a/<slug>/``: each agent an A2A 1.0 server, on the a2a-sdk's Starlette routes.
 
-Per agent (``<slug>``: the agent's slug in the caller's tenant):
+Per agent (``<slug>``: the agent's slug in the caller's tenant; ``<slug>@<n>``: its version
+``n``, as on the OpenAI-compatible API: new tasks there run that version, not the published one;
+its card names the pinned URLs; the tasks are the agent's either way):
 
 - ``GET /a2a/<slug>/.well-known/agent-card.json`` (and ``/.well-known/agent.json``, the older
   clients' path): the card (:mod:`.cards`, with ETag).
@@ -55,6 +57,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount
 
 from agents.models import AgentInstance
+from agents.versions import split_pinned_slug
 from sessions.api.a2a.cards import PATH_PREFIX, REST_SUFFIX, agent_card
 from sessions.api.a2a.handler import PlatformRequestHandler
 from sessions.api.a2a.tasks import CALLER_KEY, REFUSAL_KEY, A2ACaller, RefusalBox
@@ -66,7 +69,7 @@ CARD_PATHS = frozenset({".well-known/agent-card.json", ".well-known/agent.json"}
 """The card's paths under the agent's prefix (1.0 and 0.3's; the 0.2 ``agent.json``)."""
 SCOPE_KEY = "platform_a2a_caller"
 """Where the ASGI scope carries the :class:`.tasks.A2ACaller` to the SDK's context builder."""
-_SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+_SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}(@[1-9][0-9]{0,8})?")
 WWW_AUTHENTICATE = ("WWW-Authenticate", 'Bearer realm="agent-platform"')
 AUTH_THROTTLE_SCOPE = "a2a_auth"
 """Failed token checks per client address: ``API_THROTTLE_RATES["a2a_auth.ip"]``."""
@@ -183,11 +186,14 @@ def _caller(raw_token: str, slug: str, base_url: str, address: str) -> _Login:
         failure_record(scope=AUTH_THROTTLE_SCOPE, address=address)
         return _Login(caller=None)
     membership = resolved.membership
+    base_slug, number = split_pinned_slug(slug)
     with tenant_scope(membership.tenant_id):
-        agent = AgentInstance.objects.select_related("tenant").filter(slug=slug, is_active=True).first()
+        agent = AgentInstance.objects.select_related("tenant").filter(slug=base_slug, is_active=True).first()
+        if agent is not None and number is not None and not agent.versions.filter(number=number).exists():
+            agent = None  # no such version: the same 404 as no such agent
     caller = A2ACaller(tenant_id=membership.tenant_id, user_id=resolved.user.pk, membership_id=membership.pk,
                        token_id=resolved.token.pk, agent_id=agent.pk if agent else 0, agent_slug=slug,
-                       base_url=base_url)
+                       base_url=base_url, version=number)
     if agent is None:
         return _Login(caller=caller)
     return _Login(caller=caller, card=_CardFor(base_url=base_url, slug=slug, name=agent.name,
@@ -196,12 +202,14 @@ def _caller(raw_token: str, slug: str, base_url: str, address: str) -> _Login:
 
 @database_sync_to_async
 def _public_card(slug: str, base_url: str) -> _CardFor | None:
-    """The card of the one active public agent called ``slug`` (None: none, or several)."""
+    """The card of the one active public agent called ``slug`` (None: none, or several; with
+    ``@<n>``: also when it has no version ``n``)."""
+    base_slug, number = split_pinned_slug(slug)
     with system_scope():  # tenant-bypass: public cards are looked up by slug across tenants, and only they
         agents = list(AgentInstance.all_tenants.select_related("tenant")
-                      .filter(slug=slug, is_active=True, a2a_public=True)[:2])
-    if len(agents) != 1:
-        return None
+                      .filter(slug=base_slug, is_active=True, a2a_public=True)[:2])
+        if len(agents) != 1 or (number is not None and not agents[0].versions.filter(number=number).exists()):
+            return None
     agent = agents[0]
     return _CardFor(base_url=base_url, slug=slug, name=agent.name, description=agent.description,
                     tenant_name=agent.tenant.name)

@@ -4,12 +4,16 @@
 ``<base>/a2a/<slug>/rest``, each for protocol 1.0 and for 0.3 (the SDK serves the 0.3 methods on
 the same endpoints); the 0.3 entries make the SDK add the 0.3 card's ``url``,
 ``preferredTransport`` and ``additionalInterfaces`` for older clients. One skill (the agent
-itself: its name and description); text and JSON in, text out; streaming yes, push
-notifications and an extended card no. ``securitySchemes``: ``bearer``, the platform's API
-token, required by every call (the card itself is public only with the agent's ``a2a_public``).
+itself: its name and description); text and JSON in, text out; streaming, push notifications
+and an authenticated extended card (:func:`extended_agent_card`) yes. ``securitySchemes``:
+``bearer``, the platform's API token, required by every call (the card itself is public only
+with the agent's ``a2a_public``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
@@ -49,7 +53,7 @@ def agent_card(*, base_url: str, slug: str, name: str, description: str, tenant_
     card = AgentCard(
         name=name, description=about, version="1.0", supported_interfaces=interfaces,
         provider=AgentProvider(organization=tenant_name, url=base_url),
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False, extended_agent_card=False),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=True, extended_agent_card=True),
         default_input_modes=["text/plain", "application/json"], default_output_modes=["text/plain"],
         skills=[AgentSkill(id=slug, name=name, description=about, tags=["agent", "chat"],
                            input_modes=["text/plain", "application/json"], output_modes=["text/plain"])],
@@ -61,3 +65,41 @@ def agent_card(*, base_url: str, slug: str, name: str, description: str, tenant_
     requirement.schemes[SECURITY_SCHEME].CopyFrom(StringList())
     card.security_requirements.append(requirement)
     return card
+
+
+@dataclass(frozen=True, slots=True)
+class CardTool:
+    """One capability an agent is bound to, as the extended card lists it."""
+
+    key: str
+    """A stable id within the agent (``<kind>-<binding id>``)."""
+    name: str
+    kind_label: str
+    tools: Sequence[str] = ()
+    """The tool names the binding allows (empty: all the capability offers)."""
+    asks_approval: bool = False
+    """Whether some of its calls wait for a person's approval."""
+
+
+def extended_agent_card(card: AgentCard, *, version: int | None, tools: Sequence[CardTool],
+                        limits: Sequence[str]) -> AgentCard:
+    """The authenticated extended card (A2A ``GetExtendedAgentCard``, for callers with a token of
+    the agent's tenant): ``card`` (the public one) plus the published configuration's number as
+    ``version`` (``"draft"`` before any is published), one skill per bound capability (its tools,
+    whether calls may wait for approval) and the agent's limits in the agent skill's
+    description."""
+    extended = AgentCard()
+    extended.CopyFrom(card)
+    extended.version = str(version) if version is not None else "draft"
+    if limits:
+        agent_skill = extended.skills[0]
+        agent_skill.description = f"{agent_skill.description}\n\nLimits: {'; '.join(limits)}."
+    for tool in tools:
+        about = f"{tool.kind_label} {tool.name!r}"
+        if tool.tools:
+            about += f" (tools: {', '.join(tool.tools)})"
+        if tool.asks_approval:
+            about += "; some calls wait for a person's approval (the task is then input-required)"
+        extended.skills.append(AgentSkill(id=tool.key, name=tool.name, description=about + ".",
+                                          tags=["tool", tool.kind_label.lower()]))
+    return extended

@@ -17,8 +17,13 @@ the work, over the same services as the chat app and the OpenAI-compatible API:
   ``TaskNotCancelableError``.
 - ``SubscribeToTask``: the task, then its updates as for a stream; a terminal task is
   ``UnsupportedOperationError`` (as the SDK's own handler answers).
-- Push notifications and the extended card: not offered (``PushNotificationNotSupportedError``,
-  ``UnsupportedOperationError``); the card says so.
+- Push-notification configs (create, get, list, delete; and ``SendMessage``'s
+  ``configuration.taskPushNotificationConfig``): :mod:`.push` (stored per task, URL
+  address-checked; the notifications are sent by automations' deliveries on the run's end
+  and pause).
+- ``GetExtendedAgentCard``: :func:`.cards.extended_agent_card` for a caller of the agent's
+  tenant (the app authenticates every call): the public card plus the agent's tools as skills,
+  its published version and limits.
 
 The events are read through :class:`sessions.event_reader.SessionEventReader` (the one reader
 of a session's events), on one of the caller's stream slots: an open A2A answer counts like an
@@ -64,7 +69,6 @@ from a2a.utils.errors import (
     ContentTypeNotSupportedError,
     InternalError,
     InvalidParamsError,
-    PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
@@ -72,12 +76,19 @@ from a2a.utils.errors import (
 from a2a.utils.task import apply_history_length, validate_history_length
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
+from django.db import transaction
 from google.protobuf.json_format import MessageToDict
 
 from agent_platform.api_errors import ApplicationError
 from agent_platform.redis_clients import async_redis
-from agents.models import AgentInstance
+from agents.models import AgentInstance, CapabilityBinding
+from agents.versions import VersionError, run_pin
 from sessions import stream_guard
+from sessions.api.a2a.cards import CardTool, agent_card, extended_agent_card
+from sessions.api.a2a.push import (
+    RunPushConfigStore,
+    push_config_save,
+)
 from sessions.api.a2a.tasks import (
     TERMINAL_STATES,
     A2ACaller,
@@ -135,15 +146,27 @@ def _message_text(message: Message) -> str:
     return text
 
 
-def _start_sync(caller: A2ACaller, context_id: str, text: str) -> Run:
+def _start_sync(caller: A2ACaller, context_id: str, text: str, push: TaskPushNotificationConfig | None = None) -> Run:
     """A run of the caller's agent answering ``text``: the next message of the chat
-    ``context_id`` (the caller's, with this agent), or of a new chat.
+    ``context_id`` (the caller's, with this agent), or of a new chat; with ``push``, that
+    push-notification config stored for it in the same transaction (before any worker sees the
+    run, so no state change goes unnotified).
 
     Raises:
         InvalidParamsError: no such chat of the caller's with this agent; a message the chat
-            refuses (empty, too long).
+            refuses (empty, too long); a bad ``push`` config (then no run starts).
         PlatformRefusal: 429 over the ``messages``/``runs`` throttles (``Retry-After``).
     """
+    with transaction.atomic():
+        run = _start_run(caller, context_id, text)
+        if push is not None:
+            with tenant_scope(caller.tenant_id):
+                push_config_save(run=run, config=push, base_url=caller.base_url)
+        return run
+
+
+def _start_run(caller: A2ACaller, context_id: str, text: str) -> Run:
+    """:func:`_start_sync`'s run."""
     with tenant_scope(caller.tenant_id):
         agent = AgentInstance.objects.filter(pk=caller.agent_id, is_active=True).first()
         if agent is None:
@@ -159,11 +182,14 @@ def _start_sync(caller: A2ACaller, context_id: str, text: str) -> Run:
             raise PlatformRefusal(429, "Too many requests; try again later.", retry_after=max(1, int(wait + 0.999)))
         user = get_user_model().objects.get(pk=caller.user_id)
         try:
-            if session is None:
-                return chat_from_conversation(user=user, agent=agent, history=[], content=text)
-            return message_post(session=session, user=user, content=text)
+            with run_pin(number=caller.version):  # /a2a/<slug>@<n>/: that version; else the published one
+                if session is None:
+                    return chat_from_conversation(user=user, agent=agent, history=[], content=text)
+                return message_post(session=session, user=user, content=text)
         except ApplicationError as exc:
             raise InvalidParamsError(message=exc.message) from exc
+        except VersionError as exc:  # the pinned version was deleted since the URL was checked
+            raise InvalidParamsError(message=str(exc)) from exc
 
 
 def _decision(approval: Approval, text: str) -> dict[str, str]:
@@ -181,8 +207,11 @@ def _decision(approval: Approval, text: str) -> dict[str, str]:
                                      "`deny <reason>`.")
 
 
-def _answer_sync(caller: A2ACaller, task_id: str, context_id: str, text: str) -> Run:
-    """Decide the first pending approval of the caller's input-required task with ``text``.
+def _answer_sync(caller: A2ACaller, task_id: str, context_id: str, text: str,
+                 push: TaskPushNotificationConfig | None = None) -> Run:
+    """Decide the first pending approval of the caller's input-required task with ``text``
+    (with ``push``: that push-notification config stored for the task first, in the same
+    transaction).
 
     Raises:
         TaskNotFoundError: not the caller's task.
@@ -191,7 +220,7 @@ def _answer_sync(caller: A2ACaller, task_id: str, context_id: str, text: str) ->
         UnsupportedOperationError: the task is not waiting for input.
     """
     run_id = run_id_of(task_id)
-    with tenant_scope(caller.tenant_id):
+    with tenant_scope(caller.tenant_id), transaction.atomic():
         run = None if run_id is None else caller_runs(caller).filter(pk=run_id).first()
         if run is None:
             raise TaskNotFoundError(message=f"Task {task_id} not found.")
@@ -203,8 +232,11 @@ def _answer_sync(caller: A2ACaller, task_id: str, context_id: str, text: str) ->
                 message=f"Task {task_id} is not waiting for input (it is {run.status}); send a new message with "
                         "its contextId to continue the conversation.")
         user = get_user_model().objects.get(pk=caller.user_id)
+        decision = _decision(approval, text)
+        if push is not None:
+            push_config_save(run=run, config=push, base_url=caller.base_url)
         try:
-            approval_decide(approval=approval, user=user, **_decision(approval, text))
+            approval_decide(approval=approval, user=user, **decision)
         except ApplicationError as exc:
             raise InvalidParamsError(message=exc.message) from exc
         run.refresh_from_db()
@@ -223,6 +255,44 @@ def _cancel_sync(caller: A2ACaller, task_id: str) -> str:
             return run_cancel(run=run).status
         except ApplicationError as exc:
             raise TaskNotCancelableError(message=f"Task {task_id} has already ended.") from exc
+
+
+def _card_tool(binding: CapabilityBinding) -> CardTool:
+    from capabilities.registry import kind_get
+
+    kind = kind_get(binding.kind)
+    name = (binding.mcp_server.name if binding.mcp_server_id else binding.cli_command.name if binding.cli_command_id
+            else binding.skill.name if binding.skill_id else binding.builtin_name or binding.kind)
+    policy = binding.approval_policy if isinstance(binding.approval_policy, list) else []
+    return CardTool(key=f"{binding.kind}-{binding.pk}", name=name, kind_label=kind.label if kind else binding.kind,
+                    tools=[t for t in binding.allowed_tools if isinstance(t, str)],
+                    asks_approval=any(isinstance(r, dict) and r.get("action") == "ask" for r in policy))
+
+
+def _limits(agent: AgentInstance) -> list[str]:
+    limits = [f"at most {agent.max_loop_count} model turns", f"{agent.run_timeout_seconds:g} s of work"]
+    if agent.max_tokens_per_run:
+        limits.append(f"{agent.max_tokens_per_run} tokens")
+    if agent.max_cost_per_run_usd is not None:
+        limits.append(f"USD {agent.max_cost_per_run_usd.normalize():f}")
+    return [f"{limit} per task" for limit in limits]
+
+
+def _extended_card_sync(caller: A2ACaller) -> AgentCard | None:
+    """The extended card of the caller's agent (:func:`.cards.extended_agent_card`: its enabled
+    bindings as skills, the number of the version the URL pins or else of the published one, its
+    limits); None when it is no longer active."""
+    with tenant_scope(caller.tenant_id):
+        agent = (AgentInstance.objects.select_related("tenant", "published_version")
+                 .filter(pk=caller.agent_id, is_active=True).first())
+        if agent is None:
+            return None
+        bindings = list(CapabilityBinding.objects.filter(agent=agent, enabled=True)
+                        .select_related("mcp_server", "cli_command", "skill").order_by("id"))
+    card = agent_card(base_url=caller.base_url, slug=caller.agent_slug, name=agent.name,
+                      description=agent.description, tenant_name=agent.tenant.name)
+    version = caller.version or (agent.published_version.number if agent.published_version_id else None)
+    return extended_agent_card(card, version=version, tools=[_card_tool(b) for b in bindings], limits=_limits(agent))
 
 
 def _run_status_sync(caller: A2ACaller, run_id: int) -> str | None:
@@ -359,6 +429,7 @@ class PlatformRequestHandler(RequestHandler):
 
     def __init__(self) -> None:
         self.task_store = RunTaskStore()
+        self.push_config_store = RunPushConfigStore()
 
     async def _prepare(self, params: SendMessageRequest, context: ServerCallContext) -> _RunWatch:
         """Start the run (or answer the task's approval) a message asks for; the watch of it,
@@ -367,16 +438,18 @@ class PlatformRequestHandler(RequestHandler):
         validate_history_length(params.configuration)
         message = params.message
         text = _message_text(message)
+        push = (params.configuration.task_push_notification_config
+                if params.configuration.HasField("task_push_notification_config") else None)
         if message.task_id:
             found = await database_sync_to_async(task_get_sync)(caller, message.task_id)
             if found is None:
                 raise TaskNotFoundError(message=f"Task {message.task_id} not found.")
             # read before the answer: a pause after it (the next approval) is then always past this seq
             paused_before = await _session_seq(int(found.context_id))
-            run = await database_sync_to_async(_answer_sync)(caller, message.task_id, message.context_id, text)
+            run = await database_sync_to_async(_answer_sync)(caller, message.task_id, message.context_id, text, push)
         else:
             try:
-                run = await database_sync_to_async(_start_sync)(caller, message.context_id, text)
+                run = await database_sync_to_async(_start_sync)(caller, message.context_id, text, push)
             except PlatformRefusal as refusal:
                 refusal_record(context, refusal)
                 raise
@@ -495,29 +568,46 @@ class PlatformRequestHandler(RequestHandler):
         async for event in self._stream(_RunWatch(caller=caller, task=task, paused_before=paused_before), reader):
             yield event
 
+    @validate_request_params
     async def on_create_task_push_notification_config(self, params: TaskPushNotificationConfig,
                                                       context: ServerCallContext) -> TaskPushNotificationConfig:
-        """Not offered: PushNotificationNotSupportedError."""
-        raise PushNotificationNotSupportedError
+        """``CreateTaskPushNotificationConfig``: store the config for the caller's task (the same
+        id replaces it; no id: the task's id); the stored config. Raises TaskNotFoundError,
+        InvalidParamsError (a URL the outbound rules refuse, a field too long, too many configs)."""
+        return await self.push_config_store.set_info(params.task_id, params, context)
 
+    @validate_request_params
     async def on_get_task_push_notification_config(self, params: GetTaskPushNotificationConfigRequest,
                                                    context: ServerCallContext) -> TaskPushNotificationConfig:
-        """Not offered: PushNotificationNotSupportedError."""
-        raise PushNotificationNotSupportedError
+        """``GetTaskPushNotificationConfig``: config ``id`` of the caller's task. Raises
+        TaskNotFoundError (no such task of the caller's, or no such config: as the SDK's handler)."""
+        for config in await self.push_config_store.get_info(params.task_id, context):
+            if config.id == params.id:
+                return config
+        raise TaskNotFoundError(message=f"Task {params.task_id} has no push-notification config {params.id!r}.")
 
+    @validate_request_params
     async def on_list_task_push_notification_configs(
         self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext,
     ) -> ListTaskPushNotificationConfigsResponse:
-        """Not offered: PushNotificationNotSupportedError."""
-        raise PushNotificationNotSupportedError
+        """``ListTaskPushNotificationConfigs``: every config of the caller's task (at most
+        :data:`.push.MAX_CONFIGS_PER_TASK`: one page). Raises TaskNotFoundError."""
+        return ListTaskPushNotificationConfigsResponse(
+            configs=await self.push_config_store.get_info(params.task_id, context))
 
+    @validate_request_params
     async def on_delete_task_push_notification_config(self, params: DeleteTaskPushNotificationConfigRequest,
                                                       context: ServerCallContext) -> None:
-        """Not offered: PushNotificationNotSupportedError."""
-        raise PushNotificationNotSupportedError
+        """``DeleteTaskPushNotificationConfig``: delete config ``id`` of the caller's task (no
+        such config: nothing to do, as the SDK's stores answer). Raises TaskNotFoundError."""
+        await self.push_config_store.delete_info(params.task_id, context, params.id)
 
     async def on_get_extended_agent_card(self, params: GetExtendedAgentCardRequest,
                                          context: ServerCallContext) -> AgentCard:
-        """Not offered (the public card is the whole card): UnsupportedOperationError."""
-        raise UnsupportedOperationError(message="This agent has no extended card.")
-
+        """``GetExtendedAgentCard``: :func:`.cards.extended_agent_card` of the URL's agent for the
+        authenticated caller."""
+        caller = caller_of(context)
+        card = await database_sync_to_async(_extended_card_sync)(caller)
+        if card is None:
+            raise TaskNotFoundError(message="This agent is no longer active.")
+        return card

@@ -83,6 +83,8 @@ class A2ACaller:
     agent_slug: str
     base_url: str
     """``scheme://host`` of the request (the artifacts' download URLs start with it)."""
+    version: int | None = None
+    """The agent's version the URL pins (``/a2a/<slug>@<n>/``): new runs use it; None: the published one."""
 
 
 REFUSAL_KEY = "platform_a2a_refusal"

@@ -26,7 +26,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from agent_platform.api_errors import ApplicationError
-from agents.models import AgentInstance
+from agents.models import AgentInstance, AgentVersion
 from agents.versions import split_pinned_slug
 from sessions.api import agent_runs
 from sessions.api.agent_runs import AGENT_NOT_FOUND, RunRefused, agent_run_start, answer_reader_open, chat_continue
@@ -45,6 +45,9 @@ from sessions.services import chat_from_conversation, message_post, run_cancel
 from tenants.resolution import Caller, caller_resolve
 from tenants.scoping import tenant_scope
 
+VERSIONS_LISTED = 3
+"""``GET /models`` lists, after each agent, its newest versions as ``slug@<n>`` (at most this
+many, newest first, plus the published one if older); any version can be named, listed or not."""
 THROTTLE_SCOPES = agent_runs.THROTTLE_SCOPES
 """The budgets a chat completion spends (those of posting a message in the app)."""
 
@@ -72,6 +75,30 @@ def _model(agent: AgentInstance) -> dict[str, Any]:
             "owned_by": agent.tenant.slug, "name": agent.name, "description": agent.description}
 
 
+def _version_model(agent: AgentInstance, version: AgentVersion) -> dict[str, Any]:
+    """Version ``version`` of ``agent`` as a model: ``id`` ``slug@<n>``, ``created`` the version's."""
+    return {**_model(agent), "id": f"{agent.slug}@{version.number}", "created": int(version.created_at.timestamp()),
+            "version": version.number, "published": version.pk == agent.published_version_id}
+
+
+def _listed_versions(agents: list[AgentInstance]) -> dict[int, list[AgentVersion]]:
+    """Per agent id: its :data:`VERSIONS_LISTED` newest versions and its published one, newest
+    first (one query; two when a published version is older). Requires the tenant's scope."""
+    from django.db.models import F, Window
+    from django.db.models.functions import RowNumber
+
+    newest = list(AgentVersion.objects.filter(agent_id__in=[a.pk for a in agents]).defer("config").annotate(
+        rank=Window(RowNumber(), partition_by=[F("agent_id")], order_by=F("number").desc()),
+    ).filter(rank__lte=VERSIONS_LISTED))
+    older = {a.published_version_id for a in agents if a.published_version_id} - {v.pk for v in newest}
+    if older:
+        newest += AgentVersion.objects.filter(pk__in=older).defer("config")
+    by_agent: dict[int, list[AgentVersion]] = {}
+    for version in sorted(newest, key=lambda v: (v.agent_id, -v.number)):
+        by_agent.setdefault(version.agent_id, []).append(version)
+    return by_agent
+
+
 @database_sync_to_async
 def _models(caller: Caller, slug: str | None = None) -> list[dict[str, Any]]:
     """The caller's active agents as models (``slug``: only that one; ``slug@n``: version ``n``
@@ -84,9 +111,15 @@ def _models(caller: Caller, slug: str | None = None) -> list[dict[str, Any]]:
         if slug is not None:
             agents = agents.filter(slug=slug)
         if number is not None:
-            agents = agents.filter(versions__number=number)
-            return [{**_model(agent), "id": f"{agent.slug}@{number}"} for agent in agents]
-        return [_model(agent) for agent in agents]
+            versions = (AgentVersion.objects.filter(agent__in=agents, number=number).defer("config")
+                        .select_related("agent__tenant"))
+            return [_version_model(version.agent, version) for version in versions]
+        agents = list(agents)
+        if slug is not None:
+            return [_model(agent) for agent in agents]
+        versions = _listed_versions(agents)
+        return [model for agent in agents
+                for model in (_model(agent), *(_version_model(agent, v) for v in versions.get(agent.pk, [])))]
 
 
 def _method_not_allowed(allowed: str) -> JsonResponse:
@@ -98,7 +131,9 @@ def _method_not_allowed(allowed: str) -> JsonResponse:
 @csrf_exempt
 async def models_list(request: HttpRequest) -> HttpResponse:
     """``GET /models``: ``{"object": "list", "data": [model...]}``, one per active agent of the
-    token's tenant (``id``: the agent's slug)."""
+    token's tenant (``id``: the agent's slug), each followed by its newest versions
+    (:data:`VERSIONS_LISTED`, and the published one) as ``slug@<n>`` (``version``: n,
+    ``published``: whether it is the one ``slug`` runs)."""
     if request.method != "GET":
         return _method_not_allowed("GET")
     try:

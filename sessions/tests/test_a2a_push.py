@@ -1,0 +1,263 @@
+"""A2A push notifications (sessions/api/a2a/push.py, delivered by automations/outbound.py) and
+the authenticated extended card, with the official a2a-sdk client against the live server and a
+receiver on 127.0.0.1 (allowed by the test settings' OUTBOUND_ALLOWED_CIDRS, as for the outbound
+webhooks' tests): the four config operations, a config given with SendMessage, the notification
+of a task's end and of its pause for approval (its token and Authorization, the task in the
+body), retries with backoff, a private address refused, another tenant's token refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from a2a.client import ClientConfig, create_client
+from a2a.types.a2a_pb2 import (
+    AuthenticationInfo,
+    DeleteTaskPushNotificationConfigRequest,
+    GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
+    ListTaskPushNotificationConfigsRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    StreamResponse,
+    TaskPushNotificationConfig,
+    TaskState,
+)
+from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
+from django.utils import timezone
+from google.protobuf.json_format import ParseDict
+
+from agents.tests.factories import agent_with_route, bind_builtin
+from automations.models import DeliveryStatus, WebhookDelivery
+from automations.outbound import delivery_attempt, task_push_emit
+from llm.testing import Reply, ToolCalls
+from sessions.models import ChatSession, Run, TaskPushConfig
+from tenants.scoping import tenant_scope
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
+
+
+class Receiver:
+    """A local push-notification receiver: records each POST (headers, JSON body), answers the
+    next of ``statuses`` (then 200)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], dict]] = []
+        self.statuses: list[int] = []
+        self.arrived = threading.Condition()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                with receiver.arrived:
+                    receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, json.loads(body)))
+                    receiver.arrived.notify_all()
+                self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/a2a-hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, count: int, timeout: float = 15.0) -> list[tuple[dict[str, str], dict]]:
+        """The first ``count`` requests, once they arrived (fails after ``timeout`` seconds)."""
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.requests) >= count, timeout), self.requests
+            return self.requests[:count]
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+
+
+def _message(text: str, *, task_id: str = "", context_id: str = "",
+             push: TaskPushNotificationConfig | None = None) -> SendMessageRequest:
+    request = SendMessageRequest(message=Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER,
+                                                 parts=[Part(text=text)], task_id=task_id, context_id=context_id))
+    if push is not None:
+        request.configuration.CopyFrom(SendMessageConfiguration(task_push_notification_config=push))
+    return request
+
+
+async def _client(base: str, token: str, slug: str = "helper"):
+    http = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    return await create_client(f"{base}/a2a/{slug}/", client_config=ClientConfig(
+        httpx_client=http, supported_protocol_bindings=["JSONRPC"], streaming=False))
+
+
+def _task(body: dict):
+    return ParseDict(body, StreamResponse()).task
+
+
+def test_push_configs_over_the_sdk_client_and_notifications_of_the_end_and_the_pause(
+        world, other_world, fake_llm, celery_worker, live_server_url, receiver):
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+    agent_with_route(tenant=other_world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    fake_llm.script(ToolCalls([("test_echo", {"text": "hi"})]), Reply("Echoed."))
+    push = TaskPushNotificationConfig(id="mine", url=receiver.url, token="task-token-1",
+                                      authentication=AuthenticationInfo(scheme="Bearer", credentials="receiver-secret"))
+
+    async def scenario():
+        client = await _client(live_server_url, world.member_token)
+        foreign = await _client(live_server_url, other_world.member_token)
+        try:
+            [paused] = await _send(client, _message("echo hi", push=push))
+            task_id = paused.task.id
+            second = await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=task_id, url=receiver.url + "?second"))
+            got = await client.get_task_push_notification_config(
+                GetTaskPushNotificationConfigRequest(task_id=task_id, id="mine"))
+            listed = await client.list_task_push_notification_configs(
+                ListTaskPushNotificationConfigsRequest(task_id=task_id))
+            for call in (
+                foreign.create_task_push_notification_config(TaskPushNotificationConfig(task_id=task_id,
+                                                                                        url=receiver.url)),
+                foreign.list_task_push_notification_configs(ListTaskPushNotificationConfigsRequest(task_id=task_id)),
+                foreign.get_task_push_notification_config(GetTaskPushNotificationConfigRequest(task_id=task_id,
+                                                                                              id="mine")),
+                foreign.delete_task_push_notification_config(
+                    DeleteTaskPushNotificationConfigRequest(task_id=task_id, id="mine")),
+            ):
+                with pytest.raises(TaskNotFoundError):
+                    await call
+            await client.delete_task_push_notification_config(
+                DeleteTaskPushNotificationConfigRequest(task_id=task_id, id=second.id))
+            after_delete = await client.list_task_push_notification_configs(
+                ListTaskPushNotificationConfigsRequest(task_id=task_id))
+            [answered] = await _send(client, _message("approve", task_id=task_id))
+        finally:
+            await client.close()
+            await foreign.close()
+        return paused.task, second, got, listed, after_delete, answered.task
+
+    paused, second, got, listed, after_delete, answered = asyncio.run(scenario())
+    assert paused.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert (second.id, second.task_id) == (paused.id, paused.id)  # no id: the task's id
+    assert (got.id, got.url, got.token, got.authentication.scheme, got.authentication.credentials) == (
+        "mine", receiver.url, "task-token-1", "Bearer", "receiver-secret")
+    assert [c.id for c in listed.configs] == ["mine", paused.id]
+    assert [c.id for c in after_delete.configs] == ["mine"]
+    assert answered.status.state == TaskState.TASK_STATE_COMPLETED
+    # two state changes (input-required, then completed), each one notification to the config left
+    (pause_headers, pause_body), (end_headers, end_body) = receiver.wait_for(2)
+    assert len(receiver.requests) == 2  # the deleted config got none
+    assert _task(pause_body).status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert "`test_echo`" in _task(pause_body).status.message.parts[0].text
+    ended = _task(end_body)
+    assert (ended.id, ended.status.state, ended.artifacts[0].parts[0].text) == (
+        paused.id, TaskState.TASK_STATE_COMPLETED, "Echoed.")
+    for headers in (pause_headers, end_headers):
+        assert headers["x-a2a-notification-token"] == "task-token-1"
+        assert headers["authorization"] == "Bearer receiver-secret"
+        assert headers["content-type"] == "application/json"
+    assert pause_headers["webhook-id"] != end_headers["webhook-id"]
+    row = TaskPushConfig.all_tenants.get(config_id="mine")
+    assert "task-token-1" not in row.token_encrypted and "receiver-secret" not in row.auth_credentials_encrypted
+    deliveries = WebhookDelivery.all_tenants.filter(push_config=row).order_by("pk")
+    deadline = time.monotonic() + 10  # the receiver answered; the attempt's row commits just after
+    while deliveries.exclude(status="delivered").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [(d.event_type, d.status) for d in deliveries] == [("a2a.task", "delivered")] * 2
+
+
+async def _send(client, request):
+    return [event async for event in client.send_message(request)]
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.7/hook", "http://169.254.169.254/latest/meta-data", "ftp://x/y"])
+def test_a_push_url_the_outbound_rules_refuse_is_invalid_params_and_starts_no_run(
+        url, world, fake_llm, celery_worker, live_server_url):
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    fake_llm.script(Reply("ok"))
+
+    async def scenario():
+        client = await _client(live_server_url, world.member_token)
+        try:
+            with pytest.raises(InvalidParamsError) as refused_with_message:
+                await _send(client, _message("hello", push=TaskPushNotificationConfig(url=url)))
+            started = await asyncio.to_thread(Run.all_tenants.count)
+            [done] = await _send(client, _message("hello"))
+            with pytest.raises(InvalidParamsError) as refused:
+                await client.create_task_push_notification_config(
+                    TaskPushNotificationConfig(task_id=done.task.id, url=url))
+        finally:
+            await client.close()
+        return started, refused_with_message.value, refused.value
+
+    started, with_message, created = asyncio.run(scenario())
+    assert started == 0  # the refused config started no run
+    assert "url:" in str(with_message) and "url:" in str(created)
+    assert not TaskPushConfig.all_tenants.exists()
+
+
+def test_a_failed_notification_is_retried_with_backoff_and_the_same_webhook_id(world, receiver):
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper")
+    session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
+    run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="hi",
+                                 status="completed", reply="Done.")
+    with tenant_scope(world.tenant.pk):
+        TaskPushConfig.objects.create(tenant=world.tenant, run=run, config_id="c", url=receiver.url,
+                                      base_url="http://testserver")
+        [pk] = task_push_emit(tenant_id=world.tenant.pk, run_id=run.pk)
+    receiver.statuses = [503]
+    now = timezone.now()
+    with tenant_scope(world.tenant.pk):
+        assert delivery_attempt(delivery_id=pk, now=now) == DeliveryStatus.PENDING
+        retry_at = WebhookDelivery.objects.get(pk=pk).next_attempt_at
+        assert now + timedelta(seconds=30) <= retry_at < now + timedelta(seconds=90)
+        assert delivery_attempt(delivery_id=pk, now=retry_at) == DeliveryStatus.DELIVERED
+    assert len({headers["webhook-id"] for headers, _ in receiver.requests}) == 1 and len(receiver.requests) == 2
+    assert _task(receiver.requests[1][1]).status.state == TaskState.TASK_STATE_COMPLETED
+    assert "x-a2a-notification-token" not in receiver.requests[0][0]  # no token in this config
+
+
+def test_the_extended_card_is_for_the_tenants_callers_and_lists_the_tools(world, other_world, live_server_url):
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper",
+                             description="Answers.", a2a_public=True)
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+
+    async def scenario():
+        client = await _client(live_server_url, world.member_token)
+        try:
+            extended = await client.get_extended_agent_card(GetExtendedAgentCardRequest())
+        finally:
+            await client.close()
+        async with httpx.AsyncClient(timeout=10) as http:
+            anonymous = await http.get(f"{live_server_url}/a2a/helper/rest/extendedAgentCard",
+                                       headers={"A2A-Version": "1.0"})
+            card = await http.get(f"{live_server_url}/a2a/helper/.well-known/agent-card.json")
+            foreign = await http.post(f"{live_server_url}/a2a/helper/", headers={
+                "Authorization": f"Bearer {other_world.member_token}", "A2A-Version": "1.0"},
+                json={"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard", "params": {}})
+        return extended, anonymous, card, foreign
+
+    extended, anonymous, card, foreign = asyncio.run(scenario())
+    assert card.status_code == 200
+    capabilities = card.json()["capabilities"]
+    assert capabilities["pushNotifications"] is True and capabilities["extendedAgentCard"] is True
+    assert len(card.json()["skills"]) == 1
+    assert anonymous.status_code == 401 and anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+    assert foreign.status_code == 404  # another tenant's token: no agent 'helper' there
+    assert extended.name == "Helper" and extended.version == "draft"
+    assert [s.id for s in extended.skills] == ["helper", f"builtin-{agent.bindings.get().pk}"]
+    assert "person's approval" in extended.skills[1].description and "model turns per task" in (
+        extended.skills[0].description)
