@@ -413,6 +413,8 @@ CELERY_BEAT_SCHEDULE = {
     "oauth-cleanup": {"task": "oauth_server.cleanup", "schedule": 3600.0},
     # Outbound webhooks: retry the deliveries whose backoff is over (automations/outbound.py).
     "webhook-deliveries-due": {"task": "automations.deliveries_due", "schedule": 60.0},
+    # Webhook rows past WEBHOOK_LOG_RETENTION_DAYS (automations/retention.py).
+    "webhook-rows-purge": {"task": "automations.webhook_rows_purge", "schedule": 3600.0},
 }
 
 # The worker's run host (sessions/runner/host.py): its event loop ("uvloop" or "asyncio") and
@@ -484,6 +486,9 @@ APPROVAL_TTL_SECONDS = float(os.environ.get("APPROVAL_TTL_SECONDS", str(24 * 360
 # images up to CHAT_IMAGE_MAX_BYTES go to route entries that take images (default 3.75 MiB, whose
 # base64 form is the Anthropic API's 5 MiB per-image limit).
 CHAT_PURGE_AFTER_DAYS = int(os.environ.get("CHAT_PURGE_AFTER_DAYS", "30"))
+# Outbound deliveries that ended (with their attempts) and inbound webhook requests are deleted
+# this many days after they were made (0: kept forever; automations/retention.py).
+WEBHOOK_LOG_RETENTION_DAYS = int(os.environ.get("WEBHOOK_LOG_RETENTION_DAYS", "30"))
 CHAT_TITLES_FROM_MODEL = os.environ.get("CHAT_TITLES_FROM_MODEL", "1").lower() not in ("0", "false", "no", "off")
 CHAT_IMAGE_MAX_BYTES = int(os.environ.get("CHAT_IMAGE_MAX_BYTES", str(5 * 1024 * 1024 * 3 // 4)))
 

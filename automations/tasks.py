@@ -2,6 +2,8 @@
 
 - ``automations.schedules_tick`` (beat, every minute): fires the due slots of every tenant's
   schedules, exactly one run per slot however many beats send it.
+- ``automations.webhook_rows_purge`` (beat, hourly): webhook rows past
+  ``WEBHOOK_LOG_RETENTION_DAYS`` (:mod:`automations.retention`).
 """
 
 from __future__ import annotations
@@ -34,3 +36,11 @@ def deliveries_due() -> int:
     from automations.outbound import deliveries_due as due
 
     return due()
+
+
+@shared_task(name="automations.webhook_rows_purge", ignore_result=True, soft_time_limit=300, time_limit=330)
+def webhook_rows_purge() -> dict[str, int]:
+    """:func:`automations.retention.webhook_rows_purge` now: ``{"deliveries", "inbound"}`` deleted."""
+    from automations.retention import webhook_rows_purge as purge
+
+    return purge()
