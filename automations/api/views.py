@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import models, transaction
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -43,12 +43,34 @@ class _OwnOrAdminViewSet(TenantScopedViewSet):
         return queryset.select_related("agent").order_by("pk")
 
 
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter("agent", int, description="Only this agent's schedules."),
+            OpenApiParameter("mine", bool, description="true: only the caller's own (an admin sees everyone's)."),
+        ]
+    )
+)
 class ScheduleViewSet(_OwnOrAdminViewSet):
-    """Schedules: CRUD, and ``slots/`` (the slots that fired, newest first, with their run or
-    the reason the start failed)."""
+    """Schedules: CRUD (the list filtered by ``?agent=<id>`` and ``?mine=true``: the chat
+    app's "Scheduled" on an agent), and ``slots/`` (the slots that fired, newest first, with
+    their run or the reason the start failed)."""
 
     model = Schedule
     serializer_class = ScheduleSerializer
+
+    def get_queryset(self) -> models.QuerySet:
+        queryset = super().get_queryset()
+        if self.action != "list":
+            return queryset
+        agent = self.request.query_params.get("agent", "")
+        if agent:
+            if not agent.isdigit():
+                raise serializers.ValidationError({"agent": ["An agent's id (a whole number)."]})
+            queryset = queryset.filter(agent_id=int(agent))
+        if self.request.query_params.get("mine", "").lower() in ("1", "true"):
+            queryset = queryset.filter(owner_id=self.request.user.pk)
+        return queryset
 
     def _save(self, serializer: serializers.BaseSerializer, schedule: Schedule | None) -> None:
         data: dict[str, Any] = dict(serializer.validated_data)

@@ -82,6 +82,13 @@ def test_members_see_their_own_admins_see_all(world):
     assert {s["id"] for s in admin.get("/api/v1/schedules/").json()["results"]} == {member_id, admin_id}
     assert admin.patch(f"/api/v1/schedules/{member_id}/", {"message": "Changed"}, format="json").status_code == 200
     assert Schedule.all_tenants.get(pk=member_id).owner_id == world.member.pk  # the owner stays
+    other_agent = AgentFactory(tenant=world.tenant)
+    other_id = admin.post("/api/v1/schedules/", _body(other_agent), format="json").json()["id"]
+    listed = admin.get("/api/v1/schedules/", {"agent": agent.pk, "mine": "true"}).json()["results"]
+    assert [s["id"] for s in listed] == [admin_id]  # the chat app's "Scheduled" on an agent
+    assert [s["id"] for s in admin.get("/api/v1/schedules/", {"agent": other_agent.pk}).json()["results"]] == [other_id]
+    bad = admin.get("/api/v1/schedules/", {"agent": "x"})
+    assert bad.status_code == 400 and "agent" in bad.json()["message"] + str(bad.json().get("extra"))
 
 
 def test_slots_show_the_reason_a_start_failed(world):

@@ -10,6 +10,7 @@
 // animation frame (token streams can be fast): a run marked dirty is rendered at the next frame.
 
 import { mountMemoryButton } from './memory.js'; // long-term memory: the header's "Memory" dialog
+import { mountSchedulesButton } from './schedules.js'; // the header's "Scheduled" dialog (schedules.js)
 import { api, ApiError } from './api.js';
 import { ChatConnection } from './chat_connection.js';
 import { Conversation } from './chat_state.js';
@@ -267,6 +268,7 @@ export class ChatView {
       agent.description ? h('span', { class: 'chat-desc', text: ` · ${agent.description}` }) : null,
     );
     mountMemoryButton(this, session); // --- memory (memory.js): the "Memory" button in the header ---
+    mountSchedulesButton(this, session); // --- schedules (schedules.js): the "Scheduled" button ---
     // Runs the server no longer lists (edited or regenerated away) leave the chat.
     this.dropViews(this.conversation.mergeRuns(session.runs));
     this.messageMode = agent.message_mode || 'queue';
