@@ -12,6 +12,7 @@ urlpatterns = [
     path("", include("knowledge.api.urls")),
     path("", include("evaluation.api.urls")),  # admin: datasets, experiments
     path("", include("automations.api.urls")),  # schedules, webhook triggers
+    path("", include("guardrails.api.urls")),  # admin: agents' guardrails
     path("", include("console.api_urls")),  # the run trace for the run's user
     path("", include("oauth_server.api_urls")),  # the user's OAuth grants (Settings)
 ]

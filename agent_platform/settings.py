@@ -167,6 +167,7 @@ INSTALLED_APPS = [
     "oauth2_provider",  # django-oauth-toolkit: the OAuth 2.1 authorization server of the MCP endpoints
     "oauth_server",  # its configuration for MCP: consent with a tenant choice, resource-bound tokens
     "automations",  # schedules (cron per agent) and inbound webhook triggers (issue 40)
+    "guardrails",  # per-agent checks of a run's input, tool calls, tool results and output (issue 39)
 ]
 
 MIDDLEWARE = [

@@ -17,7 +17,8 @@ The document::
 
 Importing an agent whose slug the tenant already has changes it (a new version when its
 content changed); an unknown slug creates one. Each agent's bindings are replaced by the
-document's. Nothing secret is written: an agent's configuration holds none (routes, MCP
+document's, and so are its guardrails (``guardrails``; absent: none). Nothing secret is
+written: an agent's configuration holds none (routes, MCP
 servers, CLI commands and skills are named; their keys and environments are not exported).
 """
 
@@ -39,6 +40,7 @@ from agents.versions import (
     config_fields,
     versions_batch,
 )
+from guardrails.specs import guardrails_replace
 from tenants.models import Tenant
 
 
@@ -120,6 +122,10 @@ def _apply(tenant: Tenant, agent: AgentInstance, doc: dict[str, Any]) -> None:
         except ValidationError as exc:
             raise ImportError_(f"{where}: bindings[{i}]: {exc.message_dict}") from exc
         binding.save()
+    guardrails = doc.get("guardrails") or []
+    problems = guardrails_replace(agent, guardrails) if isinstance(guardrails, list) else ["`guardrails` must be a list."]
+    if problems:
+        raise ImportError_(f"{where}: {problems[0]}")
 
 
 def agents_import(

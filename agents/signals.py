@@ -8,6 +8,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from agents.models import AgentInstance, CapabilityBinding
+from guardrails.models import Guardrail
 
 
 @receiver(post_save, sender=AgentInstance, dispatch_uid="agent_version_on_save")
@@ -32,6 +33,17 @@ def _deleting_the_agent(origin: Any) -> bool:
 @receiver(post_delete, sender=CapabilityBinding, dispatch_uid="agent_version_on_binding_delete")
 def _binding_changed(sender: type, instance: CapabilityBinding, raw: bool = False, **kwargs: Any) -> None:
     if raw or _deleting_the_agent(kwargs.get("origin")):  # loaddata; the agent (or tenant) goes too
+        return
+    from agents.versions import agent_changed
+
+    agent_changed(instance.agent_id)
+
+
+@receiver(post_save, sender=Guardrail, dispatch_uid="agent_version_on_guardrail_save")
+@receiver(post_delete, sender=Guardrail, dispatch_uid="agent_version_on_guardrail_delete")
+def _guardrail_changed(sender: type, instance: Guardrail, raw: bool = False, **kwargs: Any) -> None:
+    """A guardrail added, changed or removed is a change of its agent (a new version)."""
+    if raw or _deleting_the_agent(kwargs.get("origin")):
         return
     from agents.versions import agent_changed
 

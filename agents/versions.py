@@ -31,6 +31,7 @@ from typing import Any
 from django.db import models, transaction
 
 from agents.models import AgentInstance, AgentVersion, CapabilityBinding
+from guardrails.specs import agent_guardrails_config
 
 AGENT_EXCLUDED = frozenset({"id", "tenant", "created_at", "updated_at", "published_version", "draft_version"})
 """AgentInstance fields that are not configuration."""
@@ -64,7 +65,8 @@ def binding_config(binding: CapabilityBinding) -> dict[str, Any]:
 
 def agent_config(agent: AgentInstance, bindings: list[CapabilityBinding] | None = None) -> dict[str, Any]:
     """The agent's configuration as JSON: its fields (:data:`AGENT_EXCLUDED` left out), ``route``
-    by name and ``bindings`` (each :func:`binding_config`, in binding id order).
+    by name and ``bindings`` (each :func:`binding_config`, in binding id order), and ``guardrails``
+    when it has any (:func:`guardrails.specs.guardrail_config`, in run order).
 
     ``bindings``: the agent's bindings if already read (else read here, across tenants by the
     agent's tenant id).
@@ -77,6 +79,9 @@ def agent_config(agent: AgentInstance, bindings: list[CapabilityBinding] | None 
             .order_by("id")
         )
     data["bindings"] = [binding_config(b) for b in bindings]
+    guardrails = agent_guardrails_config(agent.pk, agent.tenant_id) if agent.pk else []
+    if guardrails:  # (absent when none: the versions of agents without guardrails keep their hash)
+        data["guardrails"] = guardrails
     return data
 
 

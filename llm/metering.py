@@ -53,6 +53,9 @@ class LLMCallPurpose(models.TextChoices):
     the run's own route (``sessions.runner.compaction``), so its rows keep their run and turn."""
     EVALUATION = "evaluation", "Evaluation"
     """An experiment's LLM judge grading an answer (``evaluation.scoring``; no run or turn)."""
+    GUARDRAIL = "guardrail", "Guardrail"
+    """A guardrail's model check of a run's text (``guardrails.checks``, asked by
+    ``sessions.runner.guarding``; its rows carry the run's agent and user, no run or turn)."""
 
 
 class BudgetExceeded(LLMError):

@@ -490,10 +490,28 @@ class DocumentStatusChanged(SubRunFields):
     """``embedded_count / chunk_count`` (0–1; 1 when ready), as the document API's ``progress``."""
 
 
+@_payload
+class GuardrailTripped(SubRunFields):
+    """A guardrail of the agent stopped the run (``run_failed`` with reason ``guardrail_tripped``
+    follows); ``retracted``: the answer streamed so far is withdrawn (an output guardrail)."""
+
+    type: ClassVar[Literal["guardrail_tripped"]] = "guardrail_tripped"
+    guardrail: str
+    """The guardrail's name."""
+    point: Literal["input", "tool_call", "tool_result", "output"]
+    """Where it checked."""
+    kind: str
+    """Its kind (``deny_list``, ``regex``, ``pii``, ``max_length``, ``json_schema``, ``model_check``)."""
+    message: str
+    """The plain-language message for the user (the run's ``error``)."""
+    retracted: bool
+    """True when the streamed answer text is withdrawn: clients replace it with a retraction notice."""
+
+
 EVENT_PAYLOADS: dict[str, type] = {
     cls.type: cls
     for cls in (
-        RunQueued, RunRunning, RunCompleted, RunFailed, RunCancelled, ContentToken, ReasoningToken,
+        GuardrailTripped, RunQueued, RunRunning, RunCompleted, RunFailed, RunCancelled, ContentToken, ReasoningToken,
         ToolCallStarted, ToolCallSucceeded, ToolCallFailed, TodoUpdated, ModelRetry, ModelFallback,
         CompactionRunning, CompactionCompleted, RunAwaitingApproval, ApprovalResolved, ToolCallProgress,
         ArtifactUpdated, BrowserOperation, CapabilityUnavailable, SessionTitled, DocumentStatusChanged,

@@ -66,6 +66,7 @@ class RunFailureReason(models.TextChoices):
     WORKER_LOST = "worker_lost", "The worker running it died too many times"
     APPROVAL_EXPIRED = "approval_expired", "An approval was not given in time"
     OUTPUT_INVALID = "output_invalid", "The answer did not match the requested format after the repair turns"
+    GUARDRAIL_TRIPPED = "guardrail_tripped", "A guardrail of the agent stopped the run"
     INTERNAL = "internal_error", "Internal error"
 
 

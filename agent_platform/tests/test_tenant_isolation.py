@@ -152,6 +152,10 @@ def theirs(other_world):
     rows["a2a_push_delivery"] = WebhookDelivery.all_tenants.create(
         tenant=t, push_config=rows["task_push_config"], event_type="a2a.task", message_id="msg_secret_push",
         payload={"task": {"id": str(run.pk)}}, retry_until=soon)
+    from guardrails.models import Guardrail
+
+    rows["guardrail"] = Guardrail.all_tenants.create(tenant=t, agent=agent, name="secret guardrail", point="output",
+                                                     kind="deny_list", config={"words": ["secret"]})
     return rows
 
 
@@ -422,10 +426,11 @@ def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
 
 
 @pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "datasets",
-                                  "a2a-agents"])
+                                  "a2a-agents", "guardrails"])
 def test_admin_endpoints_hide_other_tenants_objects(world, theirs, kind):
     key = {"providers": "provider", "routes": "route", "agents": "agent", "mcp-servers": "server",
-           "bindings": "binding", "skills": "skill", "datasets": "dataset", "a2a-agents": "a2a_agent"}[kind]
+           "bindings": "binding", "skills": "skill", "datasets": "dataset", "a2a-agents": "a2a_agent",
+           "guardrails": "guardrail"}[kind]
     client = world.client(admin=True)
     url = f"/api/v1/admin/{kind}/{theirs[key].pk}/"
     _assert_404(client.get(url))
@@ -437,6 +442,9 @@ def test_admin_endpoints_hide_other_tenants_objects(world, theirs, kind):
 
 def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
     client = world.client(admin=True)
+    resp = client.post("/api/v1/admin/guardrails/", {"agent": theirs["agent"].pk, "name": "g", "point": "output",
+                                                     "kind": "max_length", "config": {"max_chars": 9}}, format="json")
+    assert resp.status_code == 400 and "agent" in resp.json()["extra"]["fields"]
     resp = client.post("/api/v1/admin/agents/", {"name": "x", "route": theirs["route"].pk}, format="json")
     assert resp.status_code == 400
     assert "route" in resp.json()["extra"]["fields"]
@@ -461,7 +469,8 @@ def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
     assert "model_route" in resp.json()["extra"]["fields"]
 
 
-@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "a2a-agents"])
+@pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "a2a-agents",
+                                  "guardrails"])
 def test_members_get_403_on_admin_endpoints(world, kind):
     resp = world.client().get(f"/api/v1/admin/{kind}/")
     assert resp.status_code == 403

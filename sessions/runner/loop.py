@@ -26,6 +26,7 @@ from llm.records import AttemptRecord
 from sessions import runs
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner.adapters import production_ports
+from sessions.runner.guarding import GuardrailStop, run_guarded
 from sessions.runner.ports import Publish, Publisher, RunPorts, RunStore, run_ports_entered
 from sessions.runner.run_context import run_attributions
 from sessions.runner.spec import RunSpec
@@ -224,7 +225,11 @@ async def _run_loop(spec: RunSpec, publish: Publisher, ports: RunPorts, *, tools
             model = ports.model(spec, record, publish)
             state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=model, record=record,
                                    store=store, context=context, tool_store=ports.tool_store)
-            outcome = await run_turns(state)
+            try:
+                with run_guarded(spec, publish):  # the agent's guardrails (sessions.runner.guarding)
+                    outcome = await run_turns(state)
+            except GuardrailStop as stop:
+                outcome = Failed(stop.reason, stop.error)
             if isinstance(outcome, Completed) and spec.depth == 0 and toolset.context is not None:
                 # Before the run ends, so that run_completed carries them (bounded: ATTRIBUTION_TIMEOUT_SECONDS).
                 attributions = await run_attributions(spec, toolset, context, outcome.reply, store=store)

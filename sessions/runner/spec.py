@@ -112,6 +112,9 @@ class RunSpec:
     """The run's agent (``AgentInstance`` id; capability kinds read it through OpenContext)."""
     request_options: RunRequestOptions = NO_REQUEST_OPTIONS
     """What the API caller asked of this run (client tools, instructions, response format)."""
+    guardrails: tuple[Any, ...] = ()
+    """The agent's enabled guardrails (:class:`guardrails.checks.GuardrailSpec`), in their order
+    (:mod:`sessions.runner.guarding` applies them)."""
 
     def bindings_of(self, kind: str) -> tuple[Any, ...]:
         """The binding specs of kind ``kind`` (``"mcp_server"``, ``"cli"``, ...), in order."""

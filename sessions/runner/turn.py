@@ -37,6 +37,7 @@ from sessions.runner.compaction import (
     summary_prompt_tokens,
     system_prompt_with_summary,
 )
+from sessions.runner.guarding import guard_input, guard_output, guard_tripped
 from sessions.runner.images import history_with_images
 from sessions.runner.ports import RunStore
 from sessions.runner.run_context import context_nonce, context_system_text
@@ -430,6 +431,7 @@ async def model_turn(state: RunState) -> StepOutcome:
     what :func:`model_failure` makes of the router's error.
     """
     spec = state.spec
+    await guard_input(state)  # the input guardrails, before the run's first model call
     try:
         async with state.record.holding_the_answer(), asyncio.timeout(spec.turn_timeout_seconds):
             completion, reasoning = await stream_model_turn(
@@ -441,6 +443,7 @@ async def model_turn(state: RunState) -> StepOutcome:
     message = completion.message
     if state.final_turn and message.tool_calls:  # tools were withheld: ignore calls the model still wrote
         message = dataclasses.replace(message, tool_calls=())
+    await guard_output(state, message)  # the output guardrails, before the answer is saved
     state.calls = await state.store.assistant_message_save(spec=spec, turn=state.turn, message=message,
                                                           reasoning=reasoning, llm_call=state.record.take_answer())
     state.message = message
@@ -527,7 +530,9 @@ async def resolve(state: RunState) -> StepOutcome:
         if state.final_turn:
             return loop_limit_reached(state.spec)
         return Failed(RunFailureReason.MODEL_ERROR, "The model returned an empty answer.")
-    if await execute_tool_calls(spec=state.spec, calls=state.calls, toolset=state.toolset, publish=state.publish,
-                                store=state.store, tool_store=state.tool_store):
+    waiting = await execute_tool_calls(spec=state.spec, calls=state.calls, toolset=state.toolset,
+                                       publish=state.publish, store=state.store, tool_store=state.tool_store)
+    guard_tripped(state)  # a guardrail stopped one of the calls: the run ends here
+    if waiting:
         return Paused()
     return CONTINUE

@@ -368,6 +368,16 @@ export class Conversation {
         if (Array.isArray(data.attributions)) run.attributions = data.attributions; // citations.js
         if (wasActive) this.hooks.runEnded(run, 'completed', { steered: !!data.steered_into }); // not for replays
       },
+      guardrail_tripped: (run) => {
+        // A guardrail stopped the run (run_failed follows). An output guardrail withdraws the
+        // answer streamed so far: the run view shows a retraction notice in its place.
+        if (data.retracted) {
+          run.stream = '';
+          run.retracted = data.message || 'A guardrail withdrew this answer.';
+        }
+        run.error = data.message || run.error;
+        run.reason = 'guardrail_tripped';
+      },
       run_failed: (run) => {
         const wasActive = isActive(run.status);
         run.status = 'failed';

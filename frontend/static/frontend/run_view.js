@@ -24,6 +24,7 @@ export const FAILURE_HELP = {
   capability_unavailable: ['A tool this agent needs could not be reached.', 'Try again later, or tell your workspace admin.'],
   worker_lost: ['The server working on this stopped unexpectedly.', 'Try again.'],
   approval_expired: ['Nobody answered the approval request in time.', 'Try again and answer the request when it appears.'],
+  guardrail_tripped: ['A guardrail of this agent stopped this request.', 'Rephrase your message, or ask your workspace admin about the rule.'],
   internal_error: ['Something went wrong on the server.', 'Try again. If it keeps happening, tell your workspace admin.'],
 };
 
@@ -100,6 +101,7 @@ export class RunView {
     this.stoppedRetry = h('button', { type: 'button', class: 'msg-action', testid: 'retry-stopped', text: 'Ask again' });
     this.stoppedRetry.addEventListener('click', () => this.actions.retry(this.run));
     this.stopped = h('div', { class: 'run-stopped', testid: 'run-stopped' }, this.stoppedText, ' ', this.stoppedRetry);
+    this.retraction = h('div', { class: 'run-retracted', testid: 'run-retracted', role: 'status' });
     this.el = h(
       'article',
       { class: 'run', testid: 'run' },
@@ -223,6 +225,9 @@ export class RunView {
       replaceChildren(this.replyBody, renderRichText(shown));
     }
     attach(this.el, this.reply, !!shown, this.pending);
+    // An output guardrail withdrew the streamed answer: a notice in its place (guardrail_tripped).
+    attach(this.el, this.retraction, !!run.retracted && !shown, this.pending);
+    if (run.retracted) this.retraction.textContent = `Answer withdrawn. ${run.retracted}`;
     renderCitations(this, run); // citations.js: sources under the answer, [n] markers linked
     this.replyName.textContent = this.agentName || 'Assistant';
     this.replyBody.classList.toggle('streaming', active && !!shown);
@@ -254,7 +259,8 @@ export class RunView {
     this.el.classList.toggle('is-cancelled', cancelled);
     if (showError) {
       const [what, next] = FAILURE_HELP[run.reason] || ['The agent could not answer this message.', 'Try again.'];
-      this.errorTitle.textContent = what;
+      // A guardrail's own plain-language message (it names the guardrail) is the title.
+      this.errorTitle.textContent = run.reason === 'guardrail_tripped' && run.error ? run.error : what;
       this.errorNext.textContent = next;
       this.errorText.textContent = `${run.error || 'No details.'}${run.reason ? ` (${run.reason})` : ''}`;
       const tooLong = run.reason === 'context_window' || run.reason === 'compaction_failed';
