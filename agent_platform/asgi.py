@@ -9,6 +9,18 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agent_platform.settings")
+
+
+def _configure_tracing() -> None:
+    """Traces when OTEL_EXPORTER_OTLP_ENDPOINT is set (agent_platform/telemetry.py), before the
+    app loads its middleware (the Django instrumentation adds its own)."""
+    from agent_platform import telemetry
+    from tenants.context import current_tenant_id
+
+    telemetry.configure(service_name="agent-platform-web", tenant_of=current_tenant_id)
+
+
+_configure_tracing()
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

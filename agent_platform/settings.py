@@ -171,6 +171,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "agent_platform.metrics.HttpMetricsMiddleware",  # request latency by view (agent_platform/metrics.py)
     "django.middleware.security.SecurityMiddleware",
     "agent_platform.security_headers.ContentSecurityPolicyMiddleware",  # CSP, static files included
     "agent_platform.api_errors.ApiErrorShapeMiddleware",  # /api/: every error in {message, extra}
@@ -681,3 +682,7 @@ OAUTH2_PROVIDER = {
     "CIMD_ENABLED": True,  # a client_id that is an https URL: its metadata document, fetched address-checked
     "CIMD_METADATA_FETCHER": "oauth_server.cimd.NetsafeMetadataFetcher",
 }
+
+# Observability (docs/observability.md): traces are on when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+METRICS_BEARER_TOKEN = os.environ.get("METRICS_BEARER_TOKEN", "")
+"""The bearer token GET /metrics (Prometheus) asks for; empty: /metrics answers 404."""

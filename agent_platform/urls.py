@@ -2,10 +2,13 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from agent_platform.metrics_view import metrics_endpoint
 from automations.hooks import inbound_webhook
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Prometheus metrics for the operator: 404 unless METRICS_BEARER_TOKEN is set, then a bearer token (docs/observability.md).
+    path("metrics", metrics_endpoint, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file: no inline script under the CSP.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),

@@ -20,6 +20,11 @@ export LLM_BASE_URL=${LLM_BASE_URL:-http://127.0.0.1:${LLM_PORT}/v1}
 EMBEDDINGS_PORT=${EMBEDDINGS_PORT:-8082}
 export EMBEDDINGS_BASE_URL=${EMBEDDINGS_BASE_URL:-http://127.0.0.1:${EMBEDDINGS_PORT}/v1}
 mkdir -p var/log
+# Prometheus multiprocess mode (docs/observability.md): the worker and the web process write their
+# metrics here and /metrics sums them; emptied before they start (an operator's own directory too).
+export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/prometheus}
+mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+find "$PROMETHEUS_MULTIPROC_DIR" -maxdepth 1 -name '*.db' -delete
 
 $PY manage.py seed_demo
 

@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from agent_platform import metrics
 from capabilities.confinement import (
     SANDBOX_WORKDIR,
     SandboxProfile,
@@ -149,6 +150,7 @@ async def run_command(argv: list[str], policy: SandboxPolicy, *, on_output: OnOu
     try:
         workdir_prepare(workdir, policy.profile)
         full = confined_argv(argv, policy.profile, workdir=workdir)
+        metrics.sandbox_spawned("cli")
         result = await _run(full, env=confined_env(policy.profile), cwd="/", policy=policy, on_output=on_output)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -49,6 +49,7 @@ import mcp_types
 from mcp import Client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from agent_platform import metrics, telemetry
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_failure_text, describe_exception
 from capabilities.mcp.http_log import HttpStatusLog
@@ -342,6 +343,7 @@ class PooledSession:
         if ready.cancelled():
             return
         if ready.exception() is None:
+            metrics.mcp_session_opened()
             self.connects += 1
             self.pool.connects += 1
             self.breaker.record_success()
@@ -371,6 +373,8 @@ class PooledSession:
             failure = exc
         finally:
             self._accepting = False
+            if ready.done() and not ready.cancelled() and ready.exception() is None:
+                metrics.mcp_session_closed()
             if not ready.done():
                 ready.set_exception(await self._connect_error(failure, stderr))
             elif failure is not None and not isinstance(failure, asyncio.CancelledError):
@@ -563,7 +567,8 @@ class PooledSession:
         jobs, owner = self._jobs, self._owner
         if jobs is None or owner is None or owner.done() or not self._accepting:
             raise McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed; the call was not made.")
-        job = _Job(fn=fn, future=asyncio.get_running_loop().create_future())
+        # in_caller_trace: the owner's task runs the job in the caller's trace context (MCP _meta.traceparent).
+        job = _Job(fn=telemetry.in_caller_trace(fn), future=asyncio.get_running_loop().create_future())
         owned = self._owned_jobs
         owned.add(job)
         job.future.add_done_callback(lambda _f: owned.discard(job))

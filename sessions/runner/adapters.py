@@ -41,6 +41,7 @@ from sessions.runner.subrun import SkillTool
 from sessions.runner.threads import db
 from sessions.runner.titles import title_after_first_exchange
 from sessions.runner.toolset import Toolset, toolset_open
+from sessions.runner.tracing import model_observed
 from sessions.tool_store import SESSION_TOOL_STORE
 
 __all__ = [
@@ -155,8 +156,10 @@ def entry_health() -> RedisEntryHealth:
 
 
 def router_model(spec: RunSpec, record: Any, publish: Publish) -> Router:
-    """The run's model: the fallback router over its route entries."""
-    return Router(spec.entries, record=record, health=entry_health(), on_event=publish)
+    """The run's model: the fallback router over its route entries, its attempts observed
+    (metrics; ``chat`` spans while tracing: :func:`sessions.runner.tracing.model_observed`)."""
+    return model_observed(spec, record, lambda observed: Router(spec.entries, record=observed, health=entry_health(),
+                                                                on_event=publish))
 
 
 async def capability_toolsets(

@@ -1,0 +1,231 @@
+"""Traces: OpenTelemetry, configured only when the operator points it at a receiver.
+
+Nothing here is configured, and nothing exported, unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set in the process's environment: then
+:func:`configure` installs an SDK ``TracerProvider`` exporting over OTLP/HTTP with protobuf
+(the exporter reads the standard ``OTEL_EXPORTER_OTLP_*`` variables: headers, timeout,
+compression) and instruments Django, Celery, psycopg, redis and httpx. ``make run`` and CI stay
+offline.
+
+The run engine checks :data:`TRACING` (a module-level flag) before it builds anything for a
+span, so a process without tracing creates no span objects at all: the hot path costs one
+attribute read (``bench/turn_overhead.py --tracing``).
+
+Span names and attributes follow the OpenTelemetry semantic conventions for generative AI,
+version :data:`SEMCONV_VERSION` (schema :data:`SCHEMA_URL`; the GenAI conventions are still
+"Development" status there, so the version is pinned and stated on every span's scope). The
+names are spelled out below rather than imported from ``opentelemetry.semconv._incubating``
+(a private module). Every span the platform starts carries the tenant's id (:data:`TENANT_ID`);
+library spans (HTTP, Celery, SQL, Redis) get it when they start inside a tenant's scope.
+
+This module is project infrastructure: no app imports. The GenAI spans of a run are made by
+:mod:`sessions.runner.tracing`; the tenant scope reaches the span processor through the
+``tenant_of`` callable given to :func:`configure`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+from opentelemetry.sdk.trace import SpanProcessor
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SEMCONV_VERSION: Final = "1.44.0"
+"""The OpenTelemetry semantic conventions version the platform's spans and metrics follow."""
+SCHEMA_URL: Final = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+INSTRUMENTATION_NAME: Final = "agent_platform"
+
+# --- GenAI semantic-convention names (v1.44.0) ------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+ERROR_TYPE: Final = "error.type"
+OP_CHAT: Final = "chat"
+OP_INVOKE_AGENT: Final = "invoke_agent"
+OP_EXECUTE_TOOL: Final = "execute_tool"
+
+# --- the platform's own attributes ------------------------------------------------------------
+TENANT_ID: Final = "tenant.id"
+"""The tenant's id (an int), on every span the platform starts."""
+RUN_ID: Final = "agent_platform.run.id"
+RUN_DEPTH: Final = "agent_platform.run.depth"
+"""0 for a user's run, 1+ for a sub-run (a skill's or a sub-agent's)."""
+RUN_STATUS: Final = "agent_platform.run.status"
+ATTEMPT_NUMBER: Final = "agent_platform.model.attempt"
+"""The attempt's number within one model call (1-based, retries and fallbacks counted)."""
+ROUTE_ENTRY_INDEX: Final = "agent_platform.route.entry_index"
+
+TRACING: bool = False
+"""True once a tracer provider is installed (:func:`configure` or :func:`enable`). Read it
+before building anything for a span: off, the run engine makes no span objects."""
+
+_tracer: Any = None
+_instrumented = False
+
+
+def endpoint_configured(environ: dict[str, str] | None = None) -> bool:
+    """Whether the environment names an OTLP receiver (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, non-empty); ``OTEL_SDK_DISABLED=true`` wins."""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+                or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
+
+
+def configure(*, service_name: str, tenant_of: Callable[[], int | None] | None = None) -> bool:
+    """Install tracing for this process if an OTLP endpoint is configured; else do nothing.
+
+    Args:
+        service_name: ``service.name`` of the resource (``agent-platform-web``,
+            ``agent-platform-worker``); ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``
+            still override it, as the SDK reads them.
+        tenant_of: Returns the tenant id in context (or None); stamped on each span as it starts.
+
+    Returns:
+        Whether tracing is now on. Idempotent: a second call changes nothing.
+
+    The exporter is OTLP over HTTP with protobuf (``opentelemetry-exporter-otlp-proto-http``),
+    spans batched by ``BatchSpanProcessor``; Django, Celery, psycopg, redis and httpx are
+    instrumented. ``OTEL_EXPORTER_OTLP_PROTOCOL`` other than ``http/protobuf`` is logged and
+    ignored (the gRPC exporter is not installed).
+    """
+    if TRACING or not endpoint_configured():
+        return TRACING
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    if protocol != "http/protobuf":
+        logger.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; exporting over http/protobuf", protocol)
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if tenant_of is not None:
+        provider.add_span_processor(TenantSpanProcessor(tenant_of))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    instrument_libraries()
+    enable(provider)
+    logger.info("tracing on: OTLP/HTTP to %s", os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    return True
+
+
+def instrument_libraries() -> None:
+    """Instrument Django (server spans), Celery (task spans; the trace context travels in each
+    message's headers), psycopg (SQL spans), redis and httpx (client spans). Once per process."""
+    global _instrumented
+    if _instrumented:
+        return
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    DjangoInstrumentor().instrument()
+    CeleryInstrumentor().instrument()
+    PsycopgInstrumentor().instrument(enable_commenter=False)
+    RedisInstrumentor().instrument()
+    HTTPXClientInstrumentor().instrument()
+    _instrumented = True
+
+
+def enable(provider: Any) -> None:
+    """Trace the platform's spans through ``provider`` (an SDK ``TracerProvider``) and turn
+    :data:`TRACING` on. :func:`configure` calls it; tests call it with an in-memory exporter."""
+    global TRACING, _tracer
+    _tracer = provider.get_tracer(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL)
+    TRACING = True
+
+
+def disable() -> None:
+    """Turn the platform's spans off again (tests; the library instrumentations stay)."""
+    global TRACING, _tracer
+    TRACING = False
+    _tracer = None
+
+
+def tracer() -> Any:
+    """The platform's tracer (only while :data:`TRACING`).
+
+    Raises:
+        RuntimeError: tracing is off.
+    """
+    if _tracer is None:
+        raise RuntimeError("tracing is off: check telemetry.TRACING before making spans")
+    return _tracer
+
+
+class TenantSpanProcessor(SpanProcessor):
+    """A span processor that stamps :data:`TENANT_ID` on each span starting inside a tenant's
+    scope (``tenant_of()`` not None). Exports nothing itself."""
+
+    def __init__(self, tenant_of: Callable[[], int | None]) -> None:
+        self._tenant_of = tenant_of
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        tenant_id = self._tenant_of()
+        if tenant_id is not None:
+            span.set_attribute(TENANT_ID, tenant_id)
+
+
+
+def current_span_tenant(tenant_id: int) -> None:
+    """Stamp ``tenant_id`` on the span current now (an HTTP request's or a Celery task's span,
+    which started before the request or task knew its tenant). Nothing when tracing is off."""
+    if not TRACING:
+        return
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute(TENANT_ID, tenant_id)
+
+
+def in_caller_trace(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """``fn`` made to run in the trace context current now (the caller's), wherever it is
+    awaited: an MCP pool's owner task runs each caller's call, and the mcp SDK injects the
+    current span into the request's ``_meta.traceparent``. ``fn`` itself when tracing is off."""
+    if not TRACING:
+        return fn
+    from opentelemetry import context as otel_context
+
+    caller = otel_context.get_current()
+
+    async def in_context(*args: Any, **kwargs: Any) -> T:
+        token = otel_context.attach(caller)
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            otel_context.detach(token)
+
+    return in_context
+
+
+__all__ = [
+    "SCHEMA_URL", "SEMCONV_VERSION", "TENANT_ID", "TRACING", "TenantSpanProcessor", "configure", "current_span_tenant",
+    "disable", "enable", "endpoint_configured", "in_caller_trace", "instrument_libraries", "tracer",
+]

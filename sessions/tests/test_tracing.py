@@ -1,0 +1,194 @@
+"""Golden spans of runs (OpenTelemetry GenAI conventions, agent_platform/telemetry.py and
+sessions/runner/tracing.py), recorded with the SDK's InMemorySpanExporter: a run with a model
+fallback and a tool call, a skill's sub-run, the tenant's content opt-in, and tracing off."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+from channels.db import database_sync_to_async as sync_to_async
+from opentelemetry import trace
+from opentelemetry.propagate import inject
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from agent_platform import telemetry
+from agents.tests.factories import agent_with_route, bind_builtin
+from llm.testing import Fail, Reply, ToolCalls
+from sessions.runner import tracing
+from sessions.runner.loop import execute_run
+from sessions.tests.conftest import post_message, reload_run
+from sessions.tests.test_subruns import make_agent
+from tenants.models import Tenant
+
+runs = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def spans():
+    """The platform's spans of the test, in end order (tracing on with an in-memory exporter)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.enable(provider)
+    tracing._content_cache.clear()
+    try:
+        yield exporter
+    finally:
+        telemetry.disable()
+        tracing._content_cache.clear()
+
+
+def _by_name(finished):
+    return {s.name: s for s in finished}
+
+
+def _set_trace_content(tenant, on: bool):
+    Tenant.objects.filter(pk=tenant.pk).update(trace_content=on)
+
+
+@runs
+@pytest.mark.usefixtures("all_tenants_scope", "no_enqueue")
+async def test_a_run_with_a_fallback_and_a_tool_call(world, fake_llm, spans):
+    agent = await sync_to_async(agent_with_route)(tenant=world.tenant, base_urls=[fake_llm.base_url] * 2,
+                                                  name="Helper")
+    await sync_to_async(bind_builtin)(agent, "test_echo")
+    await sync_to_async(_set_trace_content)(world.tenant, True)
+    fake_llm.script(Fail(503), ToolCalls([("test_echo", {"text": "hi"})]), Reply("All done."))
+    run = await post_message(agent=agent, user=world.member, content="Say hi")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).status == "completed"
+
+    finished = spans.get_finished_spans()
+    names = [s.name for s in finished]
+    [root] = [s for s in finished if s.name == "invoke_agent Helper"]
+    chats = [s for s in finished if s.name.startswith("chat ")]
+    [tool] = [s for s in finished if s.name == "execute_tool test_echo"]
+    assert len(finished) == 5, names
+    # One trace, everything under invoke_agent.
+    assert root.parent is None
+    assert {s.context.trace_id for s in finished} == {root.context.trace_id}
+    assert all(s.parent.span_id == root.context.span_id for s in [*chats, tool])
+    assert all(s.attributes["tenant.id"] == world.tenant.pk for s in finished)
+
+    assert dict(root.attributes) == {
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "Helper", "gen_ai.agent.id": str(agent.pk),
+        "gen_ai.conversation.id": str(run.session_id), "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "model-0", "tenant.id": world.tenant.pk, "agent_platform.run.id": run.pk,
+        "agent_platform.run.depth": 0, "agent_platform.run.status": "completed",
+        "gen_ai.input.messages": '[{"role": "user", "parts": [{"type": "text", "content": "Say hi"}]}]',
+        "gen_ai.output.messages": '[{"role": "assistant", "parts": [{"type": "text", "content": "All done."}]}]',
+    }
+    # The fallback: the first attempt failed on entry 0, the second answered on entry 1.
+    failed, answered, last = sorted(chats, key=lambda s: s.start_time)
+    assert failed.name == "chat model-0" and failed.attributes["error.type"] == "overloaded"
+    assert failed.status.status_code == trace.StatusCode.ERROR
+    assert (failed.attributes["agent_platform.model.attempt"], answered.attributes["agent_platform.model.attempt"]) == (1, 2)
+    assert answered.name == "chat model-1" and "error.type" not in answered.attributes
+    assert answered.attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert answered.attributes["gen_ai.operation.name"] == "chat"
+    assert answered.attributes["gen_ai.provider.name"] == "openai"
+    assert answered.attributes["gen_ai.request.model"] == "model-1"
+    assert answered.attributes["gen_ai.usage.input_tokens"] > 0 and answered.attributes["gen_ai.usage.output_tokens"] > 0
+    assert answered.attributes["gen_ai.conversation.id"] == str(run.session_id)
+    assert answered.kind == trace.SpanKind.CLIENT and answered.start_time <= answered.end_time
+    assert last.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    # The tool call, with its arguments and result (the tenant opted in to content).
+    assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert tool.attributes["gen_ai.tool.name"] == "test_echo"
+    assert tool.attributes["gen_ai.tool.call.arguments"] == '{"text": "hi"}'
+    assert tool.attributes["gen_ai.tool.call.result"] == "echo: hi"
+    assert answered.end_time <= tool.start_time <= tool.end_time <= last.start_time
+
+
+@runs
+@pytest.mark.usefixtures("all_tenants_scope", "no_enqueue")
+async def test_a_sub_run_is_a_child_of_its_tool_call_and_content_stays_off_by_default(world, fake_llm, spans):
+    agent = await make_agent(world, fake_llm.base_url, builtins=["test_echo"], skills=[("researcher", ["test_e*"], {})],
+                             name="Lead")
+    fake_llm.script(
+        ToolCalls([("researcher", {"task": "Find out about X"})]),
+        Reply("X is a letter."),  # the sub-run
+        Reply("The skill says: X is a letter."),
+    )
+    run = await post_message(agent=agent, user=world.member, content="Tell me about X")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).status == "completed"
+
+    finished = spans.get_finished_spans()
+    [root] = [s for s in finished if s.parent is None]
+    assert root.name == "invoke_agent Lead"
+    [skill_call] = [s for s in finished if s.name == "execute_tool researcher"]
+    [sub] = [s for s in finished if s.name.startswith("invoke_agent ") and s is not root]
+    assert skill_call.parent.span_id == root.context.span_id
+    assert sub.parent.span_id == skill_call.context.span_id
+    assert sub.attributes["agent_platform.run.depth"] == 1 and sub.attributes["agent_platform.run.status"] == "completed"
+    [sub_chat] = [s for s in finished if s.name.startswith("chat ") and s.parent.span_id == sub.context.span_id]
+    assert sub_chat.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert len([s for s in finished if s.name.startswith("chat ")]) == 3
+    assert all(s.attributes["tenant.id"] == world.tenant.pk for s in finished)
+    assert {s.context.trace_id for s in finished} == {root.context.trace_id}
+    # No content unless the tenant opts in.
+    content_keys = {"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments",
+                    "gen_ai.tool.call.result"}
+    assert not any(content_keys & set(s.attributes) for s in finished)
+
+
+@runs
+@pytest.mark.usefixtures("all_tenants_scope", "no_enqueue")
+async def test_a_failed_run_sets_error_type_to_its_reason(world, fake_llm, spans):
+    agent = await sync_to_async(agent_with_route)(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Solo")
+    fake_llm.script(Fail(503))
+    run = await post_message(agent=agent, user=world.member, content="Hello")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).status == "failed"
+    finished = spans.get_finished_spans()
+    [root] = [s for s in finished if s.name == "invoke_agent Solo"]
+    assert root.attributes["error.type"] == "model_unavailable"
+    assert root.status.status_code == trace.StatusCode.ERROR
+
+
+@runs
+@pytest.mark.usefixtures("all_tenants_scope", "no_enqueue")
+async def test_tracing_off_makes_no_span(world, fake_llm):
+    """Off, the run path asks for no tracer (``telemetry.tracer()`` raises then: a span made
+    anyway would end the run failed ``internal``) and adds no wrapper around the loop."""
+    assert not telemetry.TRACING
+    agent = await sync_to_async(agent_with_route)(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Quiet")
+    fake_llm.script(Reply("Hi."))
+
+    async def loop():
+        return "outcome"
+
+    coro = loop()
+    assert tracing.run_traced(None, coro) is coro  # the loop's coroutine itself: no wrapper, no span
+    await coro
+    run = await post_message(agent=agent, user=world.member, content="Hello")
+    await execute_run(run.pk)
+    assert (await reload_run(run.pk)).status == "completed"
+
+
+async def test_a_pooled_mcp_call_carries_its_callers_traceparent(spans):
+    """The MCP pool's owner task (a fresh context) runs each call in its caller's trace context,
+    so the mcp SDK's injection into ``_meta`` names the caller's span."""
+    seen = {}
+
+    async def job():
+        inject(seen)  # what the SDK does for a request's _meta
+
+    with telemetry.tracer().start_as_current_span("execute_tool remote") as span:
+        wrapped = telemetry.in_caller_trace(job)
+    owner = asyncio.get_running_loop().create_task(wrapped(), context=contextvars.Context())
+    await owner
+    assert seen["traceparent"].split("-")[2] == format(span.get_span_context().span_id, "016x")
+    # Without the wrapper the owner's fresh context has no span: nothing would be injected.
+    bare = {}
+
+    async def bare_job():
+        inject(bare)
+
+    await asyncio.get_running_loop().create_task(bare_job(), context=contextvars.Context())
+    assert "traceparent" not in bare
