@@ -10,10 +10,14 @@ instead, or change its outcome:
    here: the call waits for the client's next request (:class:`ClientToolRequested`);
 2. :class:`~capabilities.toolsets.ApprovalPolicyToolset`: the binding's rules allow, ask
    (the call waits for a human, nothing recorded as started) or deny;
-3. :class:`CallStartToolset`: the call is recorded as started (``tool_call_started``);
-4. :class:`OutputToolset`: NULs cleaned, the result compressed, stored as an artifact when
+3. :class:`~sessions.runner.guarding.GuardrailCallToolset`: the agent's tool-call guardrails
+   (block the call, or mask its arguments);
+4. :class:`CallStartToolset`: the call is recorded as started (``tool_call_started``);
+5. :class:`OutputToolset`: NULs cleaned, the result compressed, stored as an artifact when
    still large, framed when untrusted;
-5. :class:`~capabilities.toolsets.TimeoutToolset`: the agent's per-tool timeout.
+6. :class:`~sessions.runner.guarding.GuardrailResultToolset`: the agent's tool-result guardrails
+   (block the result, or mask it: what the output wrapper stores and frames is checked);
+7. :class:`~capabilities.toolsets.TimeoutToolset`: the agent's per-tool timeout.
 
 A new behaviour around tool calls is one such class plus its line here (the order is the
 order calls go through them). The list is read when a run's toolset is built
@@ -38,6 +42,7 @@ from capabilities.untrusted import frame_untrusted  # the one framing (the knowl
 from llm.sanitize import clean_json, clean_text
 from llm.types import ToolSpec
 from sessions.runner.compression import ARTIFACT_MIN_CHARS, artifact_preview, compress_result
+from sessions.runner.guarding import GuardrailCallToolset, GuardrailResultToolset
 from sessions.runner.tracing import TracingToolset
 
 OWN_ERROR_CODES = frozenset({"invalid_arguments", "unknown_tool"})
@@ -137,8 +142,10 @@ INTERCEPTORS: tuple[type[WrapperToolset], ...] = (
     ClientToolset,
     ApprovalPolicyToolset,
     TracingToolset,  # execute_tool spans while tracing (sessions/runner/tracing.py)
+    GuardrailCallToolset,
     CallStartToolset,
     OutputToolset,
+    GuardrailResultToolset,
     TimeoutToolset,
 )
 """The wrappers every call of a run goes through, outermost first (see the module docstring)."""
