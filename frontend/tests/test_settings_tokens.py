@@ -135,7 +135,10 @@ def test_create_use_list_and_revoke_a_token_from_settings(world, live_server_url
         assert_no_serious_axe_violations(page, label="settings with a new API token")
         if os.environ.get("SCREENSHOTS"):  # docs/*.png are rewritten only on request
             DOCS.mkdir(exist_ok=True)
-            page.set_viewport_size({"width": 1280, "height": 1700})  # the panel whole, not cut by the shell
+            # The panel whole and unscrolled: taller than it (~2,000 px with the MCP and A2A
+            # snippets), else the element screenshot scrolls it under the shell's sticky header.
+            page.set_viewport_size({"width": 1280, "height": 2800})
+            page.evaluate("() => window.scrollTo(0, 0)")
             panel.screenshot(path=str(DOCS / "chat-settings-tokens.png"))
             page.set_viewport_size({"width": 1280, "height": 800})
 
