@@ -6,6 +6,7 @@ The agent page has "Try this agent" (the playground: ``console/views.py``) and "
 server's tool list, the approval policy as rows, only the fields of the chosen kind).
 """
 
+from django import forms
 from django.contrib import admin
 from django.urls import path
 
@@ -23,8 +24,34 @@ class BindingInline(TenantScopedInline):
     fields = ["kind", *BINDING_FIELDS, "enabled"]  # the form shows the chosen kind's (CapabilityKind.fields)
 
 
+class AgentForm(forms.ModelForm):
+    """The agent form: structured output and routing rules as JSON (checked by the model's
+    ``clean``: a valid JSON Schema; rules naming this tenant's routes); left out or blank, they
+    take their defaults (2 repairs, no rules) rather than an error."""
+
+    class Meta:
+        model = AgentInstance
+        fields = "__all__"
+        widgets = {"output_schema": forms.Textarea(attrs={"rows": 6, "class": "vLargeTextField"}),
+                   "routing_rules": forms.Textarea(attrs={"rows": 6, "class": "vLargeTextField"})}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "output_repairs" in self.fields:
+            self.fields["output_repairs"].required = False
+
+    def clean_output_repairs(self):
+        value = self.cleaned_data.get("output_repairs")
+        return AgentInstance._meta.get_field("output_repairs").default if value is None else value
+
+    def clean_routing_rules(self):
+        value = self.cleaned_data.get("routing_rules")
+        return [] if value is None else value
+
+
 @admin.register(AgentInstance)
 class AgentInstanceAdmin(TenantScopedModelAdmin):
+    form = AgentForm
     list_display = ["name", "slug", "route", "max_loop_count", "is_active", "updated_at", "tenant"]
     list_filter = ["is_active", "message_mode"]
     search_fields = ["name", "slug", "description", "system_prompt"]

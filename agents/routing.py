@@ -116,29 +116,43 @@ def _rule_errors(i: int, rule: object) -> list[str]:
     return errors
 
 
-def _condition_errors(where: str, rule: dict[str, Any]) -> list[str]:
-    errors = []
-    if "regex" in rule:
-        pattern = rule["regex"]
-        if not isinstance(pattern, str) or not pattern:
-            errors.append(f"{where}: 'regex' must be a non-empty regular expression.")
-        else:
-            try:
-                regex.compile(pattern)
-            except regex.error as exc:
-                errors.append(f"{where}: 'regex' is not a regular expression: {exc}.")
+def _regex_error(rule: dict[str, Any]) -> str:
+    pattern = rule.get("regex")
+    if "regex" not in rule:
+        return ""
+    if not isinstance(pattern, str) or not pattern:
+        return "'regex' must be a non-empty regular expression."
+    try:
+        regex.compile(pattern)
+    except regex.error as exc:
+        return f"'regex' is not a regular expression: {exc}."
+    return ""
+
+
+def _keywords_error(rule: dict[str, Any]) -> str:
     keywords = rule.get("keywords", ["x"])
     if not isinstance(keywords, list) or not keywords or not all(isinstance(k, str) and k.strip() for k in keywords):
-        errors.append(f"{where}: 'keywords' must be a non-empty list of non-empty strings.")
+        return "'keywords' must be a non-empty list of non-empty strings."
+    return ""
+
+
+def _number_errors(rule: dict[str, Any]) -> list[str]:
+    errors = []
     if not isinstance(rule.get("images", True), bool):
-        errors.append(f"{where}: 'images' must be true or false.")
+        errors.append("'images' must be true or false.")
     tokens = rule.get("min_tokens", 0)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        errors.append(f"{where}: 'min_tokens' must be a whole number of tokens >= 0.")
+        errors.append("'min_tokens' must be a whole number of tokens >= 0.")
     share = rule.get("min_budget_share", 0)
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
-        errors.append(f"{where}: 'min_budget_share' must be a number from 0 to 1.")
+        errors.append("'min_budget_share' must be a number from 0 to 1.")
     return errors
+
+
+def _condition_errors(where: str, rule: dict[str, Any]) -> list[str]:
+    """The problems of the rule's conditions, each prefixed with ``where``."""
+    found = [_regex_error(rule), _keywords_error(rule), *_number_errors(rule)]
+    return [f"{where}: {e}" for e in found if e]
 
 
 def routing_rules_errors(rules: object, *, tenant_id: int | None) -> list[str]:

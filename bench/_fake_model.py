@@ -33,6 +33,14 @@ def turns20(body: dict):
     return ToolCalls([("test_echo", {"text": f"turn {n}"})]) if n < 19 else Reply("All twenty turns done.")
 
 
+JSON_ANSWER = '{"done": true, "turns": 20, "summary": "All twenty turns done."}'
+
+
+def turns20json(body: dict):
+    """``turns20`` whose answer is JSON (for an agent with an output schema: ``turn_overhead.py --output-schema``)."""
+    return turns20(body) if _turns_done(body) < 19 else Reply(JSON_ANSWER)
+
+
 def slow3(body: dict):
     n = _turns_done(body)
     if n < 2:
@@ -111,7 +119,7 @@ def main() -> None:
     if name.startswith("tools:"):
         responder = tool100(int(name.split(":", 1)[1]))
     else:
-        responder = {"turns20": turns20, "slow3": slow3, "timed3": timed3, "door": door}.get(name) or {"tool100": tool100}[name]()
+        responder = {"turns20": turns20, "turns20json": turns20json, "slow3": slow3, "timed3": timed3, "door": door}.get(name) or {"tool100": tool100}[name]()
     with (TimestampingServer() if sys.argv[1] == "timed3" else FakeLLMServer()) as server:
         server.respond(responder)
         print(server.base_url, flush=True)

@@ -30,7 +30,7 @@ from sessions.models import (
 # offered: admins use the console). Members never get these keys at all.
 ADMIN_ONLY_FIELDS = frozenset({
     "prompt", "system_prompt", "reasoning", "provider_name", "raw_error", "user", "worker_attempts",
-    "decided_by", "context_messages_before",
+    "decided_by", "context_messages_before", "routing", "route",
 })
 
 
@@ -214,7 +214,15 @@ def _turn(turn: int, rows: _RunRows, *, completions: list[Message], prompts: lis
     }
     if admin:
         entry["prompt"] = [_message(m, admin=True) for m in prompts[turn]] if turn < len(prompts) else []
+        # Routing rules: the route chosen from this turn on, when it changed here (agents.routing).
+        entry["route"] = _route_chosen_at(run, turn)
     return entry, attempts[0].created_at if attempts else None
+
+
+def _route_chosen_at(run: Run, turn: int) -> dict[str, Any] | None:
+    """``{turn, rule, route}``: the model route the routing rules chose from ``turn`` on, when
+    the choice changed at that turn (``Run.routing``), else None."""
+    return next((c for c in run.routing or () if isinstance(c, dict) and c.get("turn") == turn), None)
 
 
 def _turns(rows: _RunRows, *, run: Run, admin: bool) -> tuple[list[dict[str, Any]], list[datetime | None]]:
@@ -270,6 +278,7 @@ def _run_summary(run: Run, *, messages: list[Message], admin: bool) -> dict[str,
     if admin:
         out["user"] = run.user.get_username()
         out["worker_attempts"] = run.attempt
+        out["routing"] = run.routing or []  # [{turn, rule, route}]: the routing rules' choices
         out["system_prompt"] = version.config.get("system_prompt", "") if version else agent.system_prompt
         out["context_messages_before"] = (
             # tenant-bypass: the same session, same tenant.

@@ -49,7 +49,8 @@ class AgentAdminSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "slug", "description", "system_prompt", "route", "max_loop_count", "tool_max_parallel",
             "tool_timeout_seconds", "turn_timeout_seconds", "run_timeout_seconds", "message_mode", "max_tokens_per_run",
-            "max_cost_per_run_usd", "is_active", "a2a_public", "created_at", "updated_at",
+            "max_cost_per_run_usd", "is_active", "a2a_public", "output_schema", "output_repairs", "routing_rules",
+            "created_at", "updated_at",
         ]
 
 

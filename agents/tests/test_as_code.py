@@ -32,6 +32,9 @@ AGENT_VALUES = {
     "max_cost_per_run_usd": Decimal("1.250000"),
     "is_active": False,
     "a2a_public": True,
+    "output_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "output_repairs": 4,
+    "routing_rules": [{"name": "pictures", "route": "main-route", "images": True, "keywords": ["photo"]}],
 }
 """A value, not the default, for every configuration field but ``route`` (set separately)."""
 

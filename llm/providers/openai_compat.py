@@ -624,11 +624,17 @@ def build_request(
     if entry.temperature is not None:
         params["temperature"] = entry.temperature
     _add_tool_params(params, tools, choice, text_mode)
-    if response_format is not None and entry.json_schema_mode and "response_format" not in params and (
-        not text_mode or not tools or choice == "none"
-    ):
-        params["response_format"] = response_format
+    if response_format is not None and entry.json_schema_mode:
+        _add_response_format(params, response_format, tools_as_text=text_mode and bool(tools) and choice != "none")
     return params, sent
+
+
+def _add_response_format(params: dict[str, Any], response_format: dict[str, Any], *, tools_as_text: bool) -> None:
+    """Add the answer's JSON format (an entry with native JSON-schema mode) to ``params``, unless
+    a forced text-mode call's own format is there or the model writes its tool calls as text
+    (``tools_as_text``: a schema would forbid them); see :func:`build_request`."""
+    if "response_format" not in params and not tools_as_text:
+        params["response_format"] = response_format
 
 
 def _add_tool_params(params: dict[str, Any], tools: Sequence[ToolSpec], choice: str | ToolSpec, text_mode: bool) -> None:

@@ -100,9 +100,13 @@ class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "session", "status", "input", "reply", "error", "reason", "loop_count", "attempt", "steered_into",
-            "prompt_tokens", "completion_tokens", "cost_usd", "created_at", "started_at", "finished_at",
+            "id", "session", "status", "input", "reply", "structured", "error", "reason", "loop_count", "attempt",
+            "steered_into", "prompt_tokens", "completion_tokens", "cost_usd", "created_at", "started_at", "finished_at",
         ]
+        extra_kwargs = {
+            "structured": {"help_text": "A completed run with an output format (the agent's output schema or the "
+                                        "caller's response_format): its answer as parsed JSON; null otherwise."},
+        }
 
     def get_cost_usd(self, obj: Run) -> str:
         return usd(obj.cost_usd_micros)

@@ -107,6 +107,8 @@ class DatabaseRunStore:
     run_context_save = staticmethod(db(database.run_context_save))
     tool_results = staticmethod(db(database.tool_results))
     attributions_save = staticmethod(db(database.attributions_save))
+    route_choice_save = staticmethod(database.route_choice_save)
+    structured_save = staticmethod(db(database.structured_save))
 
     assistant_message_save = staticmethod(runs.assistant_message_save)
     llm_call_record = staticmethod(runs.llm_call_record)

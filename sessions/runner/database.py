@@ -26,11 +26,10 @@ from typing import Any
 from django.db import connection
 
 from agents.models import AgentInstance, AgentVersion, CapabilityBinding
+from agents.routing import rules_compile
 from agents.versions import version_materialize
 from capabilities.registry import binding_specs
-from guardrails.models import Guardrail
-from guardrails.specs import specs_of_config, specs_of_rows
-from llm.models import ModelProvider, ModelRouteEntry
+from llm.models import ModelProvider, ModelRoute, ModelRouteEntry
 from llm.selectors import route_entries, route_entry_config
 from llm.types import IMAGE_MIME_TYPES, ChatMessage, ToolCallRequest
 from sessions.models import (
@@ -100,18 +99,14 @@ _SPEC_SQL = (
     (CapabilityBinding, (
         f'{_select_all_sql(CapabilityBinding)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" ORDER BY "id"'
     )),
-    (Guardrail, (
-        f'{_select_all_sql(Guardrail)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" '
-        'ORDER BY "point", "position", "id"'
-    )),
 )
-"""The six reads of :func:`_spec_rows`, each with the model its rows are; none needs another's
+"""The five reads of :func:`_spec_rows`, each with the model its rows are; none needs another's
 result (the route and the providers are found by subqueries), so all go in one round trip."""
 
 
 def _spec_params(run: ClaimedRun) -> tuple[list[int], ...]:
     agent, tenant = run.agent_id, run.tenant_id
-    return [agent, tenant], [tenant], [agent, tenant, tenant], [agent, tenant, tenant, tenant], [agent, tenant], [agent, tenant]
+    return [agent, tenant], [tenant], [agent, tenant, tenant], [agent, tenant, tenant, tenant], [agent, tenant]
 
 
 _converters: dict[tuple[str, type], list[tuple[int, Any, list[Callable[..., Any]]]]] = {}
@@ -147,12 +142,11 @@ def _instances(model: type, rows: list[tuple[Any, ...]]) -> list[Any]:
     return instances
 
 
-def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteEntry], list[CapabilityBinding],
-                                         tuple[Any, ...]]:
+def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteEntry], list[CapabilityBinding]]:
     """The agent, tenant, route entries (providers attached, in route order) and enabled
-    bindings (by id) a run's configuration is built from, and its enabled guardrails (in run order).
+    bindings (by id) a run's configuration is built from.
 
-    Six hand-written statements, each filtered by the run's tenant, sent in one psycopg
+    Five hand-written statements, each filtered by the run's tenant, sent in one psycopg
     pipeline (one round trip) on the thread's Django connection, after a Django cursor has
     applied the tenant scope to it (:mod:`agent_platform.postgresql`); rows become instances
     through the fields' converters and ``Model.from_db``, as the ORM's own do. On a thread
@@ -174,7 +168,7 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
                 cursor.execute(sql, params)
                 cursors.append(cursor)
             results = [_instances(model, cursor.fetchall()) for (model, _sql), cursor in zip(_SPEC_SQL, cursors, strict=False)]
-    agents, tenants, entries, providers_found, bindings, guardrails = results
+    agents, tenants, entries, providers_found, bindings = results
     if not agents:
         raise AgentInstance.DoesNotExist(f"agent {run.agent_id} of tenant {run.tenant_id}")
     if not tenants:
@@ -184,7 +178,7 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
         if entry.provider_id not in providers:
             raise ValueError(f"the provider of route entry {entry.pk} is not in the run's tenant")
         entry.provider = providers[entry.provider_id]
-    return agents[0], tenants[0], entries, bindings, specs_of_rows(guardrails)
+    return agents[0], tenants[0], entries, bindings
 
 
 def _spec_of_version(run: ClaimedRun, agent: AgentInstance, entries: list[ModelRouteEntry],
@@ -202,24 +196,16 @@ def _spec_of_version(run: ClaimedRun, agent: AgentInstance, entries: list[ModelR
     return pinned, entries, pinned_bindings
 
 
-def _guardrails_of_version(run: ClaimedRun) -> tuple[Any, ...]:
-    """The enabled guardrails of the run's version's snapshot (``config["guardrails"]``; none in a
-    version saved before guardrails existed). One read of that key, for a run not on the draft."""
-    items = (AgentVersion.all_tenants.filter(pk=run.agent_version_id, tenant_id=run.tenant_id)
-             .values_list("config__guardrails", flat=True).first())
-    return specs_of_config(items or ())
-
-
 def _spec(run: ClaimedRun) -> RunSpec:
     """The RunSpec of a just-claimed run: its agent, limits, route entries and the specs of its
     enabled bindings, each loaded by its capability kind (:func:`capabilities.registry.binding_specs`)."""
-    agent, tenant, entries, bindings, guardrails = _spec_rows(run)
+    agent, tenant, entries, bindings = _spec_rows(run)
     if run.agent_version_id is not None and run.agent_version_id != agent.draft_version_id:
         agent, entries, bindings = _spec_of_version(run, agent, entries, bindings)
-        guardrails = _guardrails_of_version(run)
     if not entries:
         raise ValueError(f"the route {agent.route.name!r} of agent {agent.name!r} has no entries")
     configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
+    rules, routes, route_name = _routing(agent, tenant) if agent.routing_rules else ((), None, "")
     return RunSpec(
         run_id=run.pk,
         tenant_id=run.tenant_id,
@@ -249,8 +235,31 @@ def _spec(run: ClaimedRun) -> RunSpec:
         run_paused_seconds=run.paused_seconds,
         agent_id=agent.pk,
         request_options=RunRequestOptions.from_json(run.request_options),
-        guardrails=guardrails,
+        output_schema=agent.output_schema,
+        output_repairs=agent.output_repairs,
+        routing_rules=rules,
+        routes=routes,
+        route_name=route_name,
     )
+
+
+def _routing(agent: AgentInstance, tenant: Tenant) -> tuple[tuple[Any, ...], dict[str, Any], str]:
+    """The agent's routing rules (compiled), the routes they name (``{name: (entry configs,
+    entry ids)}``, each read in the agent's tenant only: a rule naming a route the tenant does
+    not have, or one without entries, is left out) and the agent's own route's name. Read once
+    per run attempt, only for agents with rules."""
+    rules = rules_compile(agent.routing_rules)
+    names = {r.route for r in rules}
+    found = (ModelRouteEntry.all_tenants.filter(tenant_id=tenant.pk, route__tenant_id=tenant.pk, route__name__in=names)
+             .select_related("provider", "route").order_by("route_id", "position", "id"))
+    by_route: dict[str, list[ModelRouteEntry]] = {}
+    for entry in found:
+        if entry.provider.tenant_id == tenant.pk:
+            by_route.setdefault(entry.route.name, []).append(entry)
+    routes = {name: (tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries)),
+                     tuple(e.pk for e in entries)) for name, entries in by_route.items()}
+    route_name = ModelRoute.all_tenants.filter(pk=agent.route_id, tenant_id=tenant.pk).values_list("name", flat=True).first()
+    return tuple(r for r in rules if r.route in routes), routes, route_name or ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -653,6 +662,26 @@ def attributions_save(run_id: int, attributions: list[dict[str, Any]]) -> None:
     Run.objects.filter(pk=run_id).update(attributions=attributions)
 
 
+_ROUTE_CHOICE_SQL = (
+    f'UPDATE "{_RUN}" SET "routing" = COALESCE("routing", \'[]\'::jsonb) || %(choice)s::jsonb '
+    'WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
+)
+
+
+async def route_choice_save(run_id: int, *, turn: int, rule: str, route: str) -> None:
+    """Append ``{turn, rule, route}`` to the run's ``routing`` (the routing rule that chose the
+    model route from turn ``turn`` on; ``rule`` "": none matched, the agent's own route). One
+    statement on the loop's connection; only runs of agents with routing rules write it."""
+    choice = json.dumps([{"turn": turn, "rule": rule, "route": route}])
+    async with pg_connection() as conn:
+        await conn.execute(_ROUTE_CHOICE_SQL, {"choice": choice, "run_id": run_id, "tenant_id": require_tenant_id()})
+
+
+def structured_save(run_id: int, value: Any) -> None:
+    """Store a completed run's parsed JSON answer as ``Run.structured`` (runs with an output format). ORM."""
+    Run.objects.filter(pk=run_id).update(structured=value)
+
+
 # --- sub-runs (skills) -------------------------------------------------------------------------
 
 
@@ -683,4 +712,7 @@ def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
         entries=configs, entry_ids=entry_ids, bindings=(),
         depth=run.depth, parent_run_id=parent.run_id, user_run_id=parent.waiting_run_id, attempt=run.attempt,
         loop_count=run.loop_count,
+        # The agent's output format and routing rules are its user's run's: a skill answers in its own words.
+        output_schema=None, routing_rules=(), routes=None,
+        request_options=dataclasses.replace(parent.request_options, response_format=None),
     )

@@ -190,6 +190,13 @@ class RunStore(Protocol):
     async def attributions_save(self, run_id: int, attributions: list[dict[str, Any]]) -> None:
         """Store the attributions of the run's answer (before the run ends)."""
 
+    # Routing rules and structured output (:mod:`sessions.runner.routing`, :mod:`sessions.runner.structured_output`).
+    async def route_choice_save(self, run_id: int, *, turn: int, rule: str, route: str) -> None:
+        """Record that routing rule ``rule`` ("" : none) chose route ``route`` from turn ``turn`` on."""
+
+    async def structured_save(self, run_id: int, value: JSONValue) -> None:
+        """Store a completed run's parsed JSON answer (before the run ends)."""
+
     # Per turn: writes.
     async def assistant_message_save(
         self, *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "",

@@ -115,6 +115,27 @@ class RunSpec:
     guardrails: tuple[Any, ...] = ()
     """The agent's enabled guardrails (:class:`guardrails.checks.GuardrailSpec`), in their order
     (:mod:`sessions.runner.guarding` applies them)."""
+    output_schema: dict[str, Any] | None = None
+    """The agent's output JSON Schema (``AgentInstance.output_schema``); None: free text."""
+    output_repairs: int = 2
+    """Repair turns an answer that does not match the output format gets (the agent's ``output_repairs``)."""
+    routing_rules: tuple[Any, ...] = ()
+    """The agent's routing rules whose route could be loaded (:class:`agents.routing.CompiledRule`, in order)."""
+    routes: Any = None
+    """``{route name: (entries, entry_ids)}`` of the routes the rules name (None: no rules)."""
+    route_name: str = ""
+    """The name of the route ``entries`` are ("" : the agent's own; else a routing rule's)."""
+
+    @property
+    def output_format(self) -> dict[str, Any] | None:
+        """The format the answer must have (:mod:`sessions.runner.structured_output`): the API
+        caller's ``response_format`` for this run, else the agent's output schema as
+        ``{"type": "json_schema", "name": "answer", "schema": ..., "strict": False}``, else None."""
+        if self.request_options.response_format is not None:
+            return self.request_options.response_format
+        if self.output_schema is not None:
+            return {"type": "json_schema", "name": "answer", "schema": self.output_schema, "strict": False}
+        return None
 
     def bindings_of(self, kind: str) -> tuple[Any, ...]:
         """The binding specs of kind ``kind`` (``"mcp_server"``, ``"cli"``, ...), in order."""

@@ -124,12 +124,13 @@ class StreamedTextBatcher:
 
 async def stream_model_turn(
     router: Router, messages: list[ChatMessage], tool_specs: list[ToolSpec], publish: Publisher, *, compact_first: bool = False,
-    tool_choice: str = "auto",
+    tool_choice: str = "auto", response_format: dict[str, Any] | None = None,
 ) -> tuple[Completion, str]:
     """Stream one model turn, publishing text and reasoning in batches (:class:`StreamedTextBatcher`).
 
     ``tool_choice`` (:attr:`llm.model.ModelSettings.tool_choice`) is passed to the router
-    only when it is not ``"auto"``.
+    only when it is not ``"auto"``; ``response_format`` (the run's output format for entries
+    with native JSON-schema mode, :attr:`llm.model.ModelSettings.response_format`) only when set.
 
     Returns:
         The completion, and the reasoning text streamed with it (recorded, never fed back).
@@ -141,7 +142,9 @@ async def stream_model_turn(
     if streamed is not None:
         streamed.clear()
     try:
-        choice = {} if tool_choice == "auto" else {"tool_choice": tool_choice}
+        choice: dict[str, Any] = {} if tool_choice == "auto" else {"tool_choice": tool_choice}
+        if response_format is not None:
+            choice["response_format"] = response_format
         async for event in router.stream(messages, tool_specs, compact_first=compact_first, **choice):
             if isinstance(event, TextDelta):
                 batcher.add("content_token", event.text)

@@ -40,14 +40,17 @@ from sessions.runner.compaction import (
 from sessions.runner.guarding import guard_input, guard_output, guard_tripped
 from sessions.runner.images import history_with_images
 from sessions.runner.ports import RunStore
+from sessions.runner.routing import route_turn
 from sessions.runner.run_context import context_nonce, context_system_text
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import stream_model_turn
 from sessions.runner.structured_output import (
-    MAX_REPAIR_TURNS,
     format_system_note,
+    native_response_format,
     output_problem,
+    parsed_answer,
     repair_note,
+    repairs_spent,
     unfenced,
 )
 from sessions.runner.tool_execution import UNTRUSTED_SYSTEM_NOTE, execute_tool_calls
@@ -67,12 +70,15 @@ FINAL_TURN_NOTE = (
 
 @dataclass(frozen=True, slots=True)
 class Completed:
-    """The run answered: ``reply`` is its final assistant text; ``attributions``: the platform's
+    """The run answered: ``reply`` is its final assistant text; ``structured``: its parsed JSON
+    value under an output format; ``attributions``: the platform's
     attribution of its sentences to the run's passages (:func:`sessions.runner.run_context.run_attributions`,
     stored as ``Run.attributions``), None when not attempted."""
 
     reply: str
     attributions: list[dict[str, Any]] | None = None
+    structured: Any = None
+    """The answer's parsed JSON value when the run had an output format (None: free text)."""
     status: ClassVar[str] = RunStatus.COMPLETED
     error: ClassVar[str] = ""
     reason: ClassVar[str] = ""
@@ -168,10 +174,19 @@ class RunState:
     """The run's start context (:mod:`sessions.runner.run_context`): appended to the system message."""
     tool_store: SessionStore | None = None
     """The session data its tools may touch (the ports' ``tool_store``: each call's ``ToolContext.store``)."""
-    output_repairs: int = 0
-    """Repair turns spent on answers that did not match the caller's format (:mod:`.structured_output`)."""
+    output_repairs: int | None = None
+    """Repair turns spent on answers that did not match the output format (:mod:`.structured_output`);
+    None until counted from the stored messages (the first :func:`prepare` of a run's attempt)."""
     repair: str = ""
     """The note of the coming repair turn ("" when none), added after the history by :func:`prepare`."""
+    model_for: Callable[[RunSpec], Any] | None = None
+    """Makes the model of another route's spec (``ports.model``): routing rules (:mod:`.routing`)."""
+    route_models: dict[str, Any] = field(default_factory=dict)
+    """Route name ("": the agent's own) → its model, made once per run; and ``spec`` per route in :attr:`route_specs`."""
+    route_specs: dict[str, RunSpec] = field(default_factory=dict)
+    """Route name → the run's spec with that route's entries (:func:`sessions.runner.routing.route_turn`)."""
+    route_rule: str | None = None
+    """The routing rule that chose the current route ("": none matched, the agent's route; None: not chosen yet)."""
 
     @property
     def no_compaction(self) -> bool:
@@ -181,10 +196,12 @@ class RunState:
 
     @classmethod
     def start(cls, *, spec: RunSpec, publish: Any, toolset: Toolset, model: Any, record: Any, store: RunStore,
-              context: tuple[ContextBlock, ...] = (), tool_store: SessionStore | None = None) -> RunState:
-        """The state at the start (or resumption) of run ``spec``: turn ``spec.loop_count``."""
+              context: tuple[ContextBlock, ...] = (), tool_store: SessionStore | None = None,
+              model_for: Callable[[RunSpec], Any] | None = None) -> RunState:
+        """The state at the start (or resumption) of run ``spec``: turn ``spec.loop_count``.
+        ``model_for``: makes a route's model (needed only when the agent has routing rules)."""
         state = cls(spec=spec, publish=publish, toolset=toolset, model=model, record=record, store=store,
-                    turn=spec.loop_count, context=context, tool_store=tool_store)
+                    turn=spec.loop_count, context=context, tool_store=tool_store, model_for=model_for)
         state.compaction_exhausted = state.no_compaction
         return state
 
@@ -226,6 +243,7 @@ async def prepare(state: RunState) -> StepOutcome:
                                         **state.known_cursor)
     state.history = history
     state.known_cursor = {"compaction": history.compaction}  # until this run compacts
+    _count_repairs_once(state)
     repairing = bool(state.repair) and history.tail is not None and not history.tail.tool_calls
     if history.tail is not None and not repairing:  # (the answer being repaired is no resumed tail)
         return await _resume_tail(state, history.tail)
@@ -233,6 +251,9 @@ async def prepare(state: RunState) -> StepOutcome:
         return CONTINUE
     if state.turn >= spec.max_loop_count:
         return loop_limit_reached(spec)
+    if spec.routing_rules:  # the turn's route (the state's spec and model follow it)
+        await route_turn(state)
+        spec = state.spec
     state.history = await history_with_images(  # images of the user's messages, for entries that take them
         history, store=state.store, tenant_id=spec.tenant_id, session_id=spec.session_id,
         supports_images=any(e.supports_images for e in spec.entries),
@@ -247,6 +268,17 @@ async def prepare(state: RunState) -> StepOutcome:
     if over_budget:
         return Failed(RunFailureReason.BUDGET_EXCEEDED, over_budget)
     return None
+
+
+def _count_repairs_once(state: RunState) -> None:
+    """Once per run attempt (the first :func:`prepare`): the repair turns a worker that died had
+    already spent, counted from the stored answers (:func:`~.structured_output.repairs_spent`)."""
+    if state.output_repairs is not None:
+        return
+    spec, history = state.spec, state.history
+    tail_is_answer = history.tail is not None and not history.tail.tool_calls
+    state.output_repairs = 0 if spec.output_format is None else repairs_spent(
+        history.rows, run_id=spec.run_id, tail_is_answer=tail_is_answer)
 
 
 async def _resume_tail(state: RunState, last: ChatMessage) -> StepOutcome:
@@ -291,8 +323,9 @@ def _build_prompt(state: RunState) -> None:
         system = f"{system}\n\n{UNTRUSTED_SYSTEM_NOTE}"
     if state.context:
         system = f"{system}\n\n{context_system_text(state.context, nonce=context_nonce(spec.run_id))}"
-    if spec.request_options.response_format is not None:
-        system = f"{system}\n\n{format_system_note(spec.request_options.response_format)}"
+    output_format = spec.output_format
+    if output_format is not None:
+        system = f"{system}\n\n{format_system_note(output_format)}"
     messages = [ChatMessage(role="system", content=system), *state.history.messages]
     if state.repair:
         messages.append(ChatMessage(role="user", content=state.repair))
@@ -431,12 +464,14 @@ async def model_turn(state: RunState) -> StepOutcome:
     what :func:`model_failure` makes of the router's error.
     """
     spec = state.spec
+    output_format = spec.output_format
     await guard_input(state)  # the input guardrails, before the run's first model call
     try:
         async with state.record.holding_the_answer(), asyncio.timeout(spec.turn_timeout_seconds):
             completion, reasoning = await stream_model_turn(
                 state.model, state.messages, state.offered, state.publish, compact_first=not state.compaction_exhausted,
                 tool_choice=state.tool_choice,
+                response_format=native_response_format(output_format) if output_format is not None else None,
             )
     except (TimeoutError, ModelCallError, AllEntriesFailed, StreamInterrupted) as exc:
         return await model_failure(state, exc)
@@ -495,25 +530,26 @@ async def _stream_broke(state: RunState, exc: StreamInterrupted) -> Failed | Con
 
 
 def checked_answer(state: RunState, text: str) -> Completed | Failed | Continue:
-    """The answer ``text`` in the format the caller asked for (``request_options.response_format``):
-    :class:`Completed` with it (without a code fence around it) when it matches or no format
-    was asked; else a repair turn (:class:`Continue`, the problem noted for the next prompt) while
-    :data:`~.structured_output.MAX_REPAIR_TURNS` allow and the loop limit is not reached, then
+    """The answer ``text`` in the run's output format (:attr:`RunSpec.output_format`: the API
+    caller's ``response_format``, else the agent's ``output_schema``): :class:`Completed` with it
+    (without a code fence around it; its parsed value in ``structured``) when it matches or no
+    format applies; else a repair turn (:class:`Continue`, the problem noted for the next prompt)
+    while the agent's ``output_repairs`` allow and the loop limit is not reached, then
     :class:`Failed` ``output_invalid`` naming the problem."""
-    response_format = state.spec.request_options.response_format
-    if response_format is None:
+    output_format = state.spec.output_format
+    if output_format is None:
         return Completed(text)
-    problem = output_problem(response_format, text)
+    problem = output_problem(output_format, text)
+    spent = state.output_repairs or 0
     if problem is None:
         state.repair = ""
-        return Completed(unfenced(text))
-    if state.output_repairs >= MAX_REPAIR_TURNS or state.final_turn:
+        return Completed(unfenced(text), structured=parsed_answer(text))
+    if spent >= state.spec.output_repairs or state.final_turn:
         return Failed(RunFailureReason.OUTPUT_INVALID, f"The answer did not match the requested format after "
-                      f"{state.output_repairs} repair turn(s): {problem}")
-    state.output_repairs += 1
+                      f"{spent} repair turn(s): {problem}")
+    state.output_repairs = spent + 1
     state.repair = repair_note(problem)
     return CONTINUE
-
 
 
 async def resolve(state: RunState) -> StepOutcome:

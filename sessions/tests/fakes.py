@@ -86,6 +86,10 @@ class MemoryRunStore:
         self.context: list[Any] | None = None
         """The run's stored start context (JSON blocks; None: none stored yet)."""
         self.attributions: list[dict[str, Any]] | None = None
+        self.route_choices: list[dict[str, Any]] = []
+        """What ``route_choice_save`` recorded (``Run.routing``)."""
+        self.structured: Any = None
+        """What ``structured_save`` stored (``Run.structured``)."""
         self._pks = itertools.count(1)
         self._subrun_ids = itertools.count(1001)
 
@@ -199,6 +203,12 @@ class MemoryRunStore:
 
     async def attributions_save(self, run_id: int, attributions: list[dict[str, Any]]) -> None:
         self.attributions = attributions
+
+    async def route_choice_save(self, run_id: int, *, turn: int, rule: str, route: str) -> None:
+        self.route_choices.append({"turn": turn, "rule": rule, "route": route})
+
+    async def structured_save(self, run_id: int, value: Any) -> None:
+        self.structured = value
 
     # writes
     async def assistant_message_save(self, *, spec: RunSpec, turn: int, message: ChatMessage, reasoning: str = "",
@@ -323,10 +333,13 @@ class ScriptedModel:
         self.script = list(script)
         self.prompts: list[list[ChatMessage]] = []
         self.offered: list[list[ToolSpec]] = []
+        self.settings: list[dict[str, Any]] = []
+        """Each call's other keyword arguments (``tool_choice``, ``response_format``) when given."""
 
-    async def stream(self, messages: Any, tools: Any, *, compact_first: bool = False) -> Any:
+    async def stream(self, messages: Any, tools: Any, *, compact_first: bool = False, **settings: Any) -> Any:
         self.prompts.append(list(messages))
         self.offered.append(list(tools))
+        self.settings.append(settings)
         item = self.script.pop(0)
         if isinstance(item, BaseException):
             raise item

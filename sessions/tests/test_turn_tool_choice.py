@@ -69,7 +69,8 @@ def _state(*tools: Tool, hidden: tuple[str, ...] = (), model: _Model | None = No
                   system_prompt="", entries=[SimpleNamespace(max_input_tokens=10_000, input_price_per_mtok=0,
                                                            supports_images=False)],
                   max_tokens_per_run=None, max_cost_per_run_usd_micros=None, tenant_monthly_budget_usd_micros=None,
-                  turn_timeout_seconds=5.0, request_options=RunRequestOptions())
+                  turn_timeout_seconds=5.0, request_options=RunRequestOptions(),
+                  output_format=None, output_repairs=2, routing_rules=())
     values.update(spec)
 
     async def publish(event_type: str, data: dict[str, Any]) -> None:

@@ -122,6 +122,18 @@ export function renderRichText(text) {
   return clean;
 }
 
+/** `text` as a ```json code block, indented, when all of it is one JSON object or array
+ * (structured output); else `text` unchanged. */
+export function jsonAsMarkdown(text) {
+  const trimmed = String(text ?? '').trim();
+  if (!/^[[{]/.test(trimmed)) return text;
+  try {
+    return '```json\n' + JSON.stringify(JSON.parse(trimmed), null, 2) + '\n```';
+  } catch {
+    return text;
+  }
+}
+
 /** Copy `text` to the clipboard; resolves true on success (falls back to execCommand). */
 export async function copyText(text) {
   try {

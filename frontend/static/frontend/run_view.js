@@ -6,7 +6,7 @@ import { ApprovalView } from './approval_card.js';
 import { renderCitations } from './citations.js'; // knowledge-base citations under the answer
 import { isActive } from './chat_state.js';
 import { h, replaceChildren, shortTime, fullTime, attach } from './dom.js';
-import { renderRichText } from './richtext.js';
+import { jsonAsMarkdown, renderRichText } from './richtext.js';
 import { ToolCardView } from './tool_card.js';
 
 /** What happened and what to do next, for a run's failure reason. */
@@ -222,7 +222,9 @@ export class RunView {
     this.shownReply = shown;
     if (shown !== this.renderedReply) {
       this.renderedReply = shown;
-      replaceChildren(this.replyBody, renderRichText(shown));
+      // A final answer that is one JSON object or array (an agent's output schema, an API caller's
+      // response_format) shows as a highlighted, indented code block.
+      replaceChildren(this.replyBody, renderRichText(run.reply ? jsonAsMarkdown(shown) : shown));
     }
     attach(this.el, this.reply, !!shown, this.pending);
     // An output guardrail withdrew the streamed answer: a notice in its place (guardrail_tripped).
