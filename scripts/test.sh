@@ -30,4 +30,5 @@ if [ -z "$workers" ]; then
     fi
   done
 fi
-exec .venv/bin/pytest -n "$workers" --dist load "$@"
+# --durations: the 30 slowest tests close every run's output, where CI's time goes (docs/testing.md).
+exec .venv/bin/pytest -n "$workers" --dist load --durations=30 "$@"
