@@ -29,6 +29,8 @@ from agents.models import AgentInstance, AgentVersion, CapabilityBinding
 from agents.routing import rules_compile
 from agents.versions import version_materialize
 from capabilities.registry import binding_specs
+from guardrails.models import Guardrail
+from guardrails.specs import specs_of_config, specs_of_rows
 from llm.models import ModelProvider, ModelRoute, ModelRouteEntry
 from llm.selectors import route_entries, route_entry_config
 from llm.types import IMAGE_MIME_TYPES, ChatMessage, ToolCallRequest
@@ -99,14 +101,18 @@ _SPEC_SQL = (
     (CapabilityBinding, (
         f'{_select_all_sql(CapabilityBinding)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" ORDER BY "id"'
     )),
+    (Guardrail, (
+        f'{_select_all_sql(Guardrail)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" '
+        'ORDER BY "point", "position", "id"'
+    )),
 )
-"""The five reads of :func:`_spec_rows`, each with the model its rows are; none needs another's
+"""The six reads of :func:`_spec_rows`, each with the model its rows are; none needs another's
 result (the route and the providers are found by subqueries), so all go in one round trip."""
 
 
 def _spec_params(run: ClaimedRun) -> tuple[list[int], ...]:
     agent, tenant = run.agent_id, run.tenant_id
-    return [agent, tenant], [tenant], [agent, tenant, tenant], [agent, tenant, tenant, tenant], [agent, tenant]
+    return [agent, tenant], [tenant], [agent, tenant, tenant], [agent, tenant, tenant, tenant], [agent, tenant], [agent, tenant]
 
 
 _converters: dict[tuple[str, type], list[tuple[int, Any, list[Callable[..., Any]]]]] = {}
@@ -142,11 +148,12 @@ def _instances(model: type, rows: list[tuple[Any, ...]]) -> list[Any]:
     return instances
 
 
-def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteEntry], list[CapabilityBinding]]:
+def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteEntry], list[CapabilityBinding],
+                                         tuple[Any, ...]]:
     """The agent, tenant, route entries (providers attached, in route order) and enabled
-    bindings (by id) a run's configuration is built from.
+    bindings (by id) a run's configuration is built from, and its enabled guardrails (in run order).
 
-    Five hand-written statements, each filtered by the run's tenant, sent in one psycopg
+    Six hand-written statements, each filtered by the run's tenant, sent in one psycopg
     pipeline (one round trip) on the thread's Django connection, after a Django cursor has
     applied the tenant scope to it (:mod:`agent_platform.postgresql`); rows become instances
     through the fields' converters and ``Model.from_db``, as the ORM's own do. On a thread
@@ -168,7 +175,7 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
                 cursor.execute(sql, params)
                 cursors.append(cursor)
             results = [_instances(model, cursor.fetchall()) for (model, _sql), cursor in zip(_SPEC_SQL, cursors, strict=False)]
-    agents, tenants, entries, providers_found, bindings = results
+    agents, tenants, entries, providers_found, bindings, guardrails = results
     if not agents:
         raise AgentInstance.DoesNotExist(f"agent {run.agent_id} of tenant {run.tenant_id}")
     if not tenants:
@@ -178,7 +185,7 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
         if entry.provider_id not in providers:
             raise ValueError(f"the provider of route entry {entry.pk} is not in the run's tenant")
         entry.provider = providers[entry.provider_id]
-    return agents[0], tenants[0], entries, bindings
+    return agents[0], tenants[0], entries, bindings, specs_of_rows(guardrails)
 
 
 def _spec_of_version(run: ClaimedRun, agent: AgentInstance, entries: list[ModelRouteEntry],
@@ -196,12 +203,21 @@ def _spec_of_version(run: ClaimedRun, agent: AgentInstance, entries: list[ModelR
     return pinned, entries, pinned_bindings
 
 
+def _guardrails_of_version(run: ClaimedRun) -> tuple[Any, ...]:
+    """The enabled guardrails of the run's version's snapshot (``config["guardrails"]``; none in a
+    version saved before guardrails existed). One read of that key, for a run not on the draft."""
+    items = (AgentVersion.all_tenants.filter(pk=run.agent_version_id, tenant_id=run.tenant_id)
+             .values_list("config__guardrails", flat=True).first())
+    return specs_of_config(items or ())
+
+
 def _spec(run: ClaimedRun) -> RunSpec:
     """The RunSpec of a just-claimed run: its agent, limits, route entries and the specs of its
     enabled bindings, each loaded by its capability kind (:func:`capabilities.registry.binding_specs`)."""
-    agent, tenant, entries, bindings = _spec_rows(run)
+    agent, tenant, entries, bindings, guardrails = _spec_rows(run)
     if run.agent_version_id is not None and run.agent_version_id != agent.draft_version_id:
         agent, entries, bindings = _spec_of_version(run, agent, entries, bindings)
+        guardrails = _guardrails_of_version(run)
     if not entries:
         raise ValueError(f"the route {agent.route.name!r} of agent {agent.name!r} has no entries")
     configs = tuple(route_entry_config(e, tenant=tenant, index=i) for i, e in enumerate(entries))
@@ -235,6 +251,7 @@ def _spec(run: ClaimedRun) -> RunSpec:
         run_paused_seconds=run.paused_seconds,
         agent_id=agent.pk,
         request_options=RunRequestOptions.from_json(run.request_options),
+        guardrails=guardrails,
         output_schema=agent.output_schema,
         output_repairs=agent.output_repairs,
         routing_rules=rules,

@@ -21,16 +21,19 @@ import logging
 import time
 from typing import Any
 
+from agent_platform import metrics
 from llm.metering import LLMCallPurpose
 from llm.records import AttemptRecord
 from sessions import runs
 from sessions.models import RunFailureReason, RunStatus
 from sessions.runner.adapters import production_ports
+from sessions.runner.guarding import GuardrailStop, run_guarded
 from sessions.runner.ports import Publish, Publisher, RunPorts, RunStore, run_ports_entered
 from sessions.runner.run_context import run_attributions
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
 from sessions.runner.toolset import CapabilityUnavailable, ClientToolClash, Toolset
+from sessions.runner.tracing import run_traced
 from sessions.runner.turn import (
     DEFAULT_SYSTEM_PROMPT,
     FINAL_TURN_NOTE,
@@ -135,6 +138,7 @@ async def _finish(ports: RunPorts, run_id: int, spec: RunSpec | None, outcome: R
     (:func:`sessions.runs.run_finish`); each publishes its event and starts the runs that may
     start now. A chat's first completed run then gets its title (``after_completed``)."""
     store = ports.store
+    metrics.run_ended(status=outcome.status, reason=outcome.reason, depth=spec.depth if spec else 0)
     if publish is None:  # a run that never started
         publish = ports.publisher(await store.session_of(run_id), run_id)
     if outcome.status == RunStatus.AWAITING_APPROVAL:
@@ -172,7 +176,8 @@ async def run_loop_cancellable(spec: RunSpec, publish: Publisher, ports: RunPort
         Whatever ``_run_loop`` raises. If the watcher itself fails (Redis down), the run goes
         on without cancellation rather than failing.
     """
-    loop_task = asyncio.create_task(_run_loop(spec, publish, ports, toolset=toolset), name=f"run-{spec.run_id}-loop")
+    loop_task = asyncio.create_task(run_traced(spec, _run_loop(spec, publish, ports, toolset=toolset)),
+                                    name=f"run-{spec.run_id}-loop")  # run_traced: invoke_agent span if tracing
     watcher = asyncio.create_task(ports.cancel_watch(spec.run_id), name=f"run-{spec.run_id}-cancel-watch")
     timeout = max(0.0, spec.run_seconds_left(time.time()))
     try:
@@ -225,7 +230,11 @@ async def _run_loop(spec: RunSpec, publish: Publisher, ports: RunPorts, *, tools
             state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=model, record=record,
                                    store=store, context=context, tool_store=ports.tool_store,
                                    model_for=lambda route_spec: ports.model(route_spec, record, publish))
-            outcome = await run_turns(state)
+            try:
+                with run_guarded(spec, publish):  # the agent's guardrails (sessions.runner.guarding)
+                    outcome = await run_turns(state)
+            except GuardrailStop as stop:
+                outcome = Failed(stop.reason, stop.error)
             if isinstance(outcome, Completed) and outcome.structured is not None and spec.depth == 0:
                 await store.structured_save(spec.run_id, outcome.structured)  # the REST API's `structured`
             if isinstance(outcome, Completed) and spec.depth == 0 and toolset.context is not None:
