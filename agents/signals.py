@@ -1,4 +1,5 @@
-"""Every saved change of an agent or of its bindings records a version (:mod:`agents.versions`)."""
+"""Every saved change of an agent, of its bindings or of its route's entries records a version
+(:mod:`agents.versions`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.dispatch import receiver
 
 from agents.models import AgentInstance, CapabilityBinding
 from guardrails.models import Guardrail
+from llm.models import ModelRouteEntry
 
 
 @receiver(post_save, sender=AgentInstance, dispatch_uid="agent_version_on_save")
@@ -48,3 +50,17 @@ def _guardrail_changed(sender: type, instance: Guardrail, raw: bool = False, **k
     from agents.versions import agent_changed
 
     agent_changed(instance.agent_id)
+
+
+@receiver(post_save, sender=ModelRouteEntry, dispatch_uid="agent_version_on_route_entry_save")
+@receiver(post_delete, sender=ModelRouteEntry, dispatch_uid="agent_version_on_route_entry_delete")
+def _route_entry_changed(sender: type, instance: ModelRouteEntry, raw: bool = False, **kwargs: Any) -> None:
+    """An edit of a route's entries (its fallback chain) is a change of every agent on that route:
+    each records a version (the entries are part of it), so a published version keeps its own."""
+    if raw or _deleting_the_agent(kwargs.get("origin")):
+        return
+    from agents.versions import agent_changed
+
+    agent_ids = AgentInstance.all_tenants.filter(route_id=instance.route_id, tenant_id=instance.tenant_id)
+    for agent_id in agent_ids.values_list("pk", flat=True):
+        agent_changed(agent_id)

@@ -1,10 +1,18 @@
 """Agent versions: immutable snapshots of an agent's configuration, publish and rollback.
 
 The configuration (:func:`agent_config`) is every concrete field of :class:`AgentInstance`
-but its identity and bookkeeping (:data:`AGENT_EXCLUDED`), the route by name, and the
-enabled-or-not bindings, each by its capability's name (an MCP server, CLI command or skill
-is named, never copied: their secrets stay with them). Its content hash is the sha256 of its
-canonical JSON (sorted keys, no spaces).
+but its identity and bookkeeping (:data:`AGENT_EXCLUDED`), the route by name with a copy of
+its entries (``route_entries``: model, position, limits, timeouts, prices, each entry's
+provider by name), and the enabled-or-not bindings, each by its capability's name (an MCP
+server, CLI command or skill is named, never copied: their secrets stay with them; so does a
+provider's key and base URL). Its content hash is the sha256 of its canonical JSON (sorted
+keys, no spaces).
+
+The route's entries are pinned: an edit of the route's entries (its fallback chain) records a
+new version of every agent on that route (the signals), so a published version keeps running
+the entries it was published with, and a rollback brings back the entries of that version
+(:func:`version_route_entries`). Providers stay shared by name: a changed key or base URL
+reaches every version at once.
 
 Every saved change of an agent or of one of its bindings records a version when the
 content hash differs from the agent's latest (:func:`version_record`, run by the signals
@@ -32,11 +40,14 @@ from django.db import models, transaction
 
 from agents.models import AgentInstance, AgentVersion, CapabilityBinding
 from guardrails.specs import agent_guardrails_config
+from llm.models import ModelProvider, ModelRouteEntry
 
 AGENT_EXCLUDED = frozenset({"id", "tenant", "created_at", "updated_at", "published_version", "draft_version"})
 """AgentInstance fields that are not configuration."""
 BINDING_EXCLUDED = frozenset({"id", "tenant", "agent", "created_at"})
 """CapabilityBinding fields that are not configuration."""
+ENTRY_EXCLUDED = frozenset({"id", "tenant", "route", "created_at", "updated_at"})
+"""ModelRouteEntry fields that are not configuration (the route is the agent's ``route``)."""
 
 
 def _value(field: models.Field, obj: models.Model) -> Any:
@@ -82,7 +93,49 @@ def agent_config(agent: AgentInstance, bindings: list[CapabilityBinding] | None 
     guardrails = agent_guardrails_config(agent.pk, agent.tenant_id) if agent.pk else []
     if guardrails:  # (absent when none: the versions of agents without guardrails keep their hash)
         data["guardrails"] = guardrails
+    data["route_entries"] = route_entries_config(agent)
     return data
+
+
+def route_entries_config(agent: Any, *, entry_model: type[models.Model] | None = None) -> list[dict[str, Any]]:
+    """The entries of the agent's route in order (position, id), each ``{provider: name, model,
+    position, ...}`` (:data:`ENTRY_EXCLUDED` left out). ``entry_model``: the ModelRouteEntry
+    model to read (a migration's historical one; default the live one)."""
+    model = entry_model if entry_model is not None else ModelRouteEntry
+    if agent.route_id is None:
+        return []
+    entries = (model._default_manager.filter(route_id=agent.route_id, tenant_id=agent.tenant_id)
+               .select_related("provider").order_by("position", "id"))
+    fields = config_fields(model, ENTRY_EXCLUDED)
+    return [{f.name: _value(f, e) for f in fields} for e in entries]
+
+
+def version_route_entries(version: AgentVersion, *, tenant_id: int,
+                          live_entries: list[ModelRouteEntry]) -> list[ModelRouteEntry] | None:
+    """The route entries ``version`` pinned, as unsaved ModelRouteEntry rows with their provider
+    (found by name in the tenant) attached, in order; each takes the id of the live entry of the
+    same provider and model (``live_entries``) so LLM calls keep naming it. An entry whose
+    provider no longer exists is left out. None: the version pinned none (recorded before
+    route entries were pinned; the route's live entries apply)."""
+    pinned = version.config.get("route_entries")
+    if pinned is None:
+        return None
+    providers = {p.name: p for p in ModelProvider.all_tenants.filter(
+        tenant_id=tenant_id, name__in=[e.get("provider") for e in pinned])}
+    live = {(e.provider_id, e.model): e.pk for e in live_entries}
+    entries = []
+    for data in pinned:
+        provider = providers.get(data.get("provider"))
+        if provider is None:
+            continue
+        entry = ModelRouteEntry(tenant_id=tenant_id)
+        for field in config_fields(ModelRouteEntry, ENTRY_EXCLUDED):
+            if field.name in data and not field.is_relation:
+                setattr(entry, field.attname, field.to_python(data[field.name]))
+        entry.provider = provider
+        entry.pk = live.get((provider.pk, entry.model))
+        entries.append(entry)
+    return entries
 
 
 def content_hash(config: dict[str, Any]) -> str:

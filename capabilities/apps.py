@@ -11,3 +11,4 @@ class CapabilitiesConfig(AppConfig):
         import capabilities.cli.kind  # noqa: F401
         import capabilities.mcp.kind  # noqa: F401
         import capabilities.skills.kind  # noqa: F401
+        import capabilities.subagents.kind  # noqa: F401

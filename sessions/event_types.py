@@ -64,8 +64,7 @@ class ApprovalItem:
     kind: str
     """``tool_call`` (approve or deny a call), ``question`` (the model asks the user) or
     ``client_tool`` (a call of a tool the OpenAI-compatible API's client runs: its next request
-    brings the output; the approval endpoint refuses it) or ``elicitation`` (an MCP server asks
-    the user for input: a form or a URL)."""
+    brings the output; the approval endpoint refuses it)."""
     status: str
     """``pending`` when published."""
     tool_name: str
@@ -76,9 +75,6 @@ class ApprovalItem:
     """Why approval is needed (the policy rule or the tool's reason); may be empty."""
     question: str
     """The question for ``kind == "question"``, else empty."""
-    elicitation: dict[str, Any] | None
-    """For ``kind == "elicitation"``: ``{mode: "form" | "url", message, schema (form: the
-    requested JSON Schema), url (url mode), server (the MCP server's alias), tool}``; else None."""
     expires_at: str
     """ISO 8601 time after which the approval expires."""
     sub_run_id: int | None
@@ -154,7 +150,9 @@ class RunRunning(SubRunFields):
     steered_into: int | None = None
     """For a message handed to a running run: that run's id (this event's ``run_id`` is the message's run)."""
     skill: str | None = None
-    """A sub-run: the skill's name."""
+    """A skill's sub-run: the skill's name."""
+    agent: str | None = None
+    """A sub-agent's sub-run (capability kind ``agent``): the called agent's name."""
     depth: int | None = None
     """A sub-run: its depth (1 for a skill called by the user's run)."""
     task: str | None = None
@@ -461,6 +459,20 @@ class CapabilityUnavailable(SubRunFields):
 
 
 @_payload
+class AgentHandoff(SubRunFields):
+    """A handoff: the run's agent handed the chat to another agent (a binding of kind ``agent``
+    with ``handoff: true``), which answered this run and answers the chat's later messages."""
+
+    type: ClassVar[Literal["agent_handoff"]] = "agent_handoff"
+    from_agent: str
+    """The name of the agent that handed the chat over."""
+    to_agent: str
+    """The name of the agent that has the chat now."""
+    to_agent_id: int
+    """Its id."""
+
+
+@_payload
 class SessionTitled(SubRunFields):
     """The chat got its title from the model, after its first exchange (a user-renamed chat
     never does). ``run_id``: the run of that exchange."""
@@ -518,7 +530,7 @@ EVENT_PAYLOADS: dict[str, type] = {
         GuardrailTripped, RunQueued, RunRunning, RunCompleted, RunFailed, RunCancelled, ContentToken, ReasoningToken,
         ToolCallStarted, ToolCallSucceeded, ToolCallFailed, TodoUpdated, ModelRetry, ModelFallback,
         CompactionRunning, CompactionCompleted, RunAwaitingApproval, ApprovalResolved, ToolCallProgress,
-        ArtifactUpdated, BrowserOperation, CapabilityUnavailable, SessionTitled, DocumentStatusChanged,
+        ArtifactUpdated, BrowserOperation, CapabilityUnavailable, SessionTitled, DocumentStatusChanged, AgentHandoff,
     )
 }
 """Event type name → its payload class."""

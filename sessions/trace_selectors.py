@@ -86,7 +86,7 @@ def _run_rows(run: Run) -> _RunRows:
         sub_runs={
             r.parent_tool_call_id: r for r in Run.all_tenants.filter(
                 tenant_id=tenant_id, parent_tool_call__run_id=run.pk,
-            ).select_related("skill")
+            ).select_related("skill", "agent_version__agent")
         },
         compactions=list(Compaction.all_tenants.filter(tenant_id=tenant_id, run_id=run.pk).order_by("id")),
         messages=list(Message.all_tenants.filter(tenant_id=tenant_id, run_id=run.pk).order_by("position")),
@@ -151,9 +151,16 @@ def _tool_call(call: ToolCall, *, admin: bool, run_user_id: int, approvals: dict
         "approval": _approval(approvals.get(call.pk), admin=admin, run_user_id=run_user_id),
         "sub_run": None if sub is None else {
             "id": sub.pk, "status": sub.status, "skill": sub.skill.name if sub.skill is not None else call.name,
-            "reply": sub.reply, "loop_count": sub.loop_count,
+            "agent": _sub_agent_name(sub), "reply": sub.reply, "loop_count": sub.loop_count,
         },
     }
+
+
+def _sub_agent_name(sub: Run) -> str | None:
+    """A sub-agent's sub-run (capability kind ``agent``): the agent's name; None for a skill's."""
+    if sub.skill_id is not None or sub.agent_version is None:
+        return None
+    return sub.agent_version.agent.name
 
 
 def _turn_attempts(calls: list[LLMCall], *, admin: bool) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from django.db import migrations, models
 def _first_versions(apps, schema_editor):
     """Version 1 of every existing agent, its draft; none is published, so each keeps running
     its configuration as saved (nothing changes for its users until someone publishes)."""
-    from agents.versions import AGENT_EXCLUDED, BINDING_EXCLUDED, _value, content_hash
+    from agents.versions import AGENT_EXCLUDED, BINDING_EXCLUDED, _value, content_hash, route_entries_config
 
     agent_model = apps.get_model("agents", "AgentInstance")
     binding_model = apps.get_model("agents", "CapabilityBinding")
@@ -20,6 +20,7 @@ def _first_versions(apps, schema_editor):
         config = {f.name: _value(f, agent) for f in agent_fields}
         bindings = binding_model._default_manager.filter(agent_id=agent.pk).order_by("id")
         config["bindings"] = [{f.name: _value(f, b) for f in binding_fields} for b in bindings]
+        config["route_entries"] = route_entries_config(agent, entry_model=apps.get_model("llm", "ModelRouteEntry"))
         version = version_model._default_manager.create(
             tenant_id=agent.tenant_id, agent_id=agent.pk, number=1, content_hash=content_hash(config),
             config=config, note="Version 1 (the configuration when versions were introduced)",

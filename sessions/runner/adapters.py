@@ -37,7 +37,7 @@ from sessions.runner.cancellation import raise_if_cancelling, watch_for_cancel
 from sessions.runner.ports import Publish, RunPorts
 from sessions.runner.run_context import run_context_open
 from sessions.runner.spec import RunSpec
-from sessions.runner.subrun import SkillTool
+from sessions.runner.subrun import subrun_tool_for
 from sessions.runner.threads import db
 from sessions.runner.titles import title_after_first_exchange
 from sessions.runner.toolset import Toolset, toolset_open
@@ -122,6 +122,7 @@ class DatabaseRunStore:
     subrun_spec = staticmethod(db(database.subrun_spec))
     subrun_pause = staticmethod(runs.subrun_pause)  # publishes run_awaiting_approval
     subrun_finish = staticmethod(runs.subrun_finish)  # publishes the end event
+    session_handoff = staticmethod(runs.session_handoff)  # publishes agent_handoff
 
 
 class RedisPublisher:
@@ -169,7 +170,7 @@ async def capability_toolsets(
 ) -> tuple[Toolset, tuple[ContextBlock, ...]]:
     """The run's tools from its bindings' capability kinds (closed with ``stack``) and its start
     context (read and stored through the production store)."""
-    toolset = await toolset_open(spec, stack, publish=publish, skill_tool=SkillTool.for_run)
+    toolset = await toolset_open(spec, stack, publish=publish, skill_tool=subrun_tool_for)
     return toolset, await run_context_open(spec, toolset.context, store=_STORE)
 
 

@@ -27,7 +27,7 @@ from django.db import connection
 
 from agents.models import AgentInstance, AgentVersion, CapabilityBinding
 from agents.routing import rules_compile
-from agents.versions import version_materialize
+from agents.versions import version_materialize, version_route_entries
 from capabilities.registry import binding_specs
 from guardrails.models import Guardrail
 from guardrails.specs import specs_of_config, specs_of_rows
@@ -191,10 +191,15 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
 def _spec_of_version(run: ClaimedRun, agent: AgentInstance, entries: list[ModelRouteEntry],
                      bindings: list[CapabilityBinding]) -> tuple[AgentInstance, list[ModelRouteEntry], list[CapabilityBinding]]:
     """The run's agent version when it is not the draft the rows above are (a published one
-    behind the draft, ``slug@n``): its fields, route entries and bindings
-    (:func:`agents.versions.version_materialize`). Read once per run attempt, at the claim."""
+    behind the draft, ``slug@n``): its fields, route entries (as the version pinned them:
+    :func:`agents.versions.version_route_entries`; a version from before they were pinned: its
+    route's live ones) and bindings (:func:`agents.versions.version_materialize`). Read once per
+    run attempt, at the claim."""
     version = AgentVersion.all_tenants.get(pk=run.agent_version_id, tenant_id=run.tenant_id)
     pinned, pinned_bindings = version_materialize(version, agent, bindings)
+    pinned_entries = version_route_entries(version, tenant_id=run.tenant_id, live_entries=entries)
+    if pinned_entries is not None:  # the route's entries as the version recorded them
+        return pinned, pinned_entries, pinned_bindings
     if pinned.route_id != agent.route_id:
         entries = list(ModelRouteEntry.all_tenants.filter(route_id=pinned.route_id, tenant_id=run.tenant_id)
                        .select_related("provider").order_by("position", "id"))
@@ -606,8 +611,6 @@ class ApprovalState:
     kind: str
     status: str
     answer: str
-    elicitation: Any = None
-    """Kind ``elicitation``: ``{request, action, content}`` (``Approval.elicitation``)."""
 
 
 def approvals_for_calls(*, call_pks: list[int]) -> dict[int, ApprovalState]:
@@ -615,8 +618,7 @@ def approvals_for_calls(*, call_pks: list[int]) -> dict[int, ApprovalState]:
 
     By call only: a sub-run's approvals belong to the user's run (``Approval.run``)."""
     return {
-        a.tool_call_id: ApprovalState(approval_id=a.pk, kind=a.kind, status=a.status, answer=a.answer,
-                                      elicitation=a.elicitation)
+        a.tool_call_id: ApprovalState(approval_id=a.pk, kind=a.kind, status=a.status, answer=a.answer)
         for a in Approval.objects.filter(tool_call_id__in=call_pks)
     }
 
@@ -714,6 +716,8 @@ def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
     """
     run = Run.objects.select_related("skill").get(pk=subrun_id)
     skill = run.skill
+    if skill is None and run.agent_version_id is not None:
+        return _sub_agent_spec(run, parent)
     if skill is None:
         raise ValueError("The skill of this sub-run no longer exists.")
     if skill.model_route_id is not None:
@@ -736,3 +740,42 @@ def subrun_spec(*, subrun_id: int, parent: RunSpec) -> RunSpec:
         output_schema=None, routing_rules=(), routes=None,
         request_options=dataclasses.replace(parent.request_options, response_format=None),
     )
+
+
+def _sub_agent_spec(run: Run, parent: RunSpec) -> RunSpec:
+    """The RunSpec of a sub-agent's sub-run (capability kind ``agent``): the agent's own
+    configuration at the sub-run's version (``Run.agent_version``: prompt, route, limits,
+    bindings), as a user's run of it would load it (:func:`_spec`); the budgets (tokens,
+    cost, tenant month) and the run deadline are the parent's, so the sub-agent spends from
+    what the calling run has left (its usage counts with its ancestors': :func:`run_usage`).
+
+    Raises:
+        ValueError: the agent or its version was deleted, or its route has no entries.
+    """
+    version = AgentVersion.objects.filter(pk=run.agent_version_id).values_list("agent_id", flat=True).first()
+    if version is None:
+        raise ValueError("The agent version of this sub-run no longer exists.")
+    claimed = ClaimedRun(
+        pk=run.pk, tenant_id=run.tenant_id, session_id=run.session_id, user_id=run.user_id, agent_id=version,
+        attempt=run.attempt, loop_count=run.loop_count, started_at=run.started_at or parent_started(parent),
+        paused_seconds=run.paused_seconds, agent_version_id=run.agent_version_id,
+    )
+    try:
+        own = _spec(claimed)
+    except (AgentInstance.DoesNotExist, Tenant.DoesNotExist) as exc:
+        raise ValueError("The agent of this sub-run no longer exists.") from exc
+    import dataclasses
+
+    return dataclasses.replace(
+        own, max_tokens_per_run=parent.max_tokens_per_run, max_cost_per_run_usd_micros=parent.max_cost_per_run_usd_micros,
+        tenant_monthly_budget_usd_micros=parent.tenant_monthly_budget_usd_micros, run_started_at=parent.run_started_at,
+        run_paused_seconds=parent.run_paused_seconds, run_timeout_seconds=parent.run_timeout_seconds, steer=False,
+        depth=run.depth, parent_run_id=parent.run_id, user_run_id=parent.waiting_run_id,
+    )
+
+
+def parent_started(parent: RunSpec) -> Any:
+    """The parent's start as a datetime (a sub-run row always has its own; a fallback)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(parent.run_started_at, tz=UTC)

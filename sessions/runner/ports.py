@@ -221,11 +221,10 @@ class RunStore(Protocol):
 
     async def approval_request(
         self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: JSONValue, reason: str = "",
-        question: str = "", elicitation: JSONValue = None,
+        question: str = "",
     ) -> int:
         """The call waits for a human: an Approval; its id. Publishes nothing (the run's
-        ``pause`` announces its pending approvals). ``elicitation``: kind ``elicitation``'s
-        ``{"request": ...}`` (a call whose server asks again gets its approval back, pending)."""
+        ``pause`` announces its pending approvals)."""
 
     async def compaction_begin(self, *, attempt: int, tokens_before: int, messages: int, publish: Publish) -> None:
         """A compaction attempt starts: publishes ``compaction_running`` (no row yet)."""
@@ -236,11 +235,11 @@ class RunStore(Protocol):
         """One compaction attempt's row; then publishes ``compaction_completed``. Its id."""
 
     # Sub-runs (a skill's tool call runs one, through its parent run's store).
-    async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int, skill_name: str, task: str,
-                          publisher: Callable[[int], Publish]) -> SubRunState:
-        """The sub-run answering skill call ``call_pk``: created (``running``) or resumed, then
-        publishes ``run_running`` through ``publisher(run_id)``; an ended one as it is, with no
-        event."""
+    async def subrun_open(self, *, parent: RunSpec, call_pk: int, skill_id: int | None, skill_name: str, task: str,
+                          publisher: Callable[[int], Publish], agent_version_id: int | None = None) -> SubRunState:
+        """The sub-run answering skill (or sub-agent: ``agent_version_id``) call ``call_pk``:
+        created (``running``) or resumed, then publishes ``run_running`` through
+        ``publisher(run_id)``; an ended one as it is, with no event."""
 
     async def subrun_spec(self, *, subrun_id: int, parent: RunSpec) -> RunSpec:
         """The sub-run's configuration. Raises ValueError when it is unusable (the skill is gone)."""
@@ -251,6 +250,10 @@ class RunStore(Protocol):
     async def subrun_finish(self, run_id: int, ending: RunEnding, *, publish: Publish,
                             attempt: int | None = None) -> bool:
         """End the sub-run (publishes its end event); False if refused (ended, or a later attempt holds it)."""
+
+    async def session_handoff(self, *, spec: RunSpec, agent_id: int, reply: str, publish: Publish) -> bool:
+        """A handoff from the user's run ``spec``: the chat's agent becomes ``agent_id``, ``reply``
+        its answer; publishes ``agent_handoff``. False if the chat has that agent already."""
 
 
 class Model(Protocol):

@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from capabilities.subagents.kind import AgentBindingSpec
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 from sessions.models import RunFailureReason, RunStatus
@@ -159,7 +161,7 @@ class SkillTool(Tool):
             outcome = Failed(RunFailureReason.CONFIGURATION, str(exc))
             await store.subrun_finish(run_id, outcome, publish=publish_now)
             return outcome
-        toolset = subrun_toolset(parent_toolset=self.parent_toolset, allowed=list(self.skill.allowed_tools), spec=spec)
+        toolset = self._toolset_for(spec)
         try:
             outcome = await subrun_engine().run_loop(spec, publish, ports, toolset=toolset)
         except asyncio.CancelledError:  # the parent was cancelled (or timed out): so is this sub-run
@@ -179,12 +181,123 @@ class SkillTool(Tool):
             raise asyncio.CancelledError()  # another worker resumed this sub-run meanwhile: it reports the outcome
         return outcome
 
+    def _toolset_for(self, spec: RunSpec) -> Toolset | None:
+        """The sub-run's tools: the allowed subset of the parent's (None: the loop opens the
+        sub-run's own bindings, :class:`AgentTool`)."""
+        return subrun_toolset(parent_toolset=self.parent_toolset, allowed=list(self.skill.allowed_tools), spec=spec)
+
     @staticmethod
     async def _record_cancelled(store: RunStore, run_id: int, attempt: int, publish_now: Publish) -> None:
         try:
             await store.subrun_finish(run_id, Cancelled(), publish=publish_now, attempt=attempt)
         except Exception:  # noqa: BLE001 - the end of the parent ends it anyway
             logger.warning("sub-run %s: could not record its cancellation", run_id, exc_info=True)
+
+
+def _task_text(arguments: dict[str, Any]) -> str:
+    """A sub-agent's user message: the ``task`` argument when the arguments are just that, else
+    the arguments as JSON ("" when there is nothing)."""
+    task = arguments.get("task")
+    if set(arguments) == {"task"} and isinstance(task, str):
+        return task.strip()
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=True) if arguments else ""
+
+
+def sub_agent_max_depth() -> int:
+    """``settings.SUB_AGENT_MAX_DEPTH``: the deepest sub-run a sub-agent call may start (default 3)."""
+    from django.conf import settings
+
+    return int(getattr(settings, "SUB_AGENT_MAX_DEPTH", 3))
+
+
+class AgentTool(SkillTool):
+    """A bound agent B (capability kind ``agent``) as a tool of the run ``parent`` (A's).
+
+    A call runs B as a sub-run of A's run, as a skill's: B's system prompt, route, limits and
+    bindings of the version the binding resolved (B's published one, else its draft), opened
+    for the sub-run itself (B's own tools, not A's); A's budgets (tokens, cost, run deadline)
+    bound it, since a sub-run's usage counts with its ancestors'. B's reply is the tool result,
+    framed as data (B may have read outside content).
+
+    A *handoff* binding (``handoff: true``) also makes B the chat's agent for the rest of the
+    session when called from the user's run (depth 0): once the turn's tool calls are recorded,
+    the switch is, with B's reply as the run's answer (:func:`sessions.runs.session_handoff`,
+    event ``agent_handoff``), and A's run ends with it, without another turn of A's model
+    (:func:`sessions.runner.turn.resolve`).
+    Called inside a sub-run, a handoff binding is an ordinary sub-agent call.
+
+    Raises (as failed tool calls): ToolError ``invalid_arguments`` (nothing to do),
+    ``depth_limit`` (the calling run is at ``settings.SUB_AGENT_MAX_DEPTH``),
+    ``sub_run_failed`` (B has no version, or its sub-run failed or was cancelled: the reason).
+    SubRunWaiting when B's sub-run paused for a human (the whole tree waits).
+    """
+
+    untrusted = True  # type: ignore[assignment]
+
+    def __init__(self, *, binding: AgentBindingSpec, exposed_name: str, parent: RunSpec, parent_toolset: Toolset) -> None:
+        self.skill = binding  # type: ignore[assignment]  (the name the progress lines show)
+        self.binding = binding
+        self.parent = parent
+        self.parent_toolset = parent_toolset
+        self.spec = ToolSpec(name=exposed_name, description=binding.description, parameters=binding.parameters)
+
+    def bound_to(self, parent: RunSpec, parent_toolset: Toolset) -> AgentTool:
+        """This tool as offered inside the run ``parent`` (a skill's sub-run given it)."""
+        return AgentTool(binding=self.binding, exposed_name=self.spec.name, parent=parent, parent_toolset=parent_toolset)
+
+    def _toolset_for(self, spec: RunSpec) -> Toolset | None:
+        return None  # B's own bindings, opened by the sub-run's loop
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        name = self.binding.agent_name
+        task = _task_text(arguments)
+        if not task:
+            raise ToolError("Say what the agent should do: `task` is required.", code="invalid_arguments")
+        max_depth = sub_agent_max_depth()
+        if self.parent.depth >= max_depth:
+            raise ToolError(
+                f"The agent {name!r} cannot be called here: agents may call agents at most {max_depth} levels deep. "
+                "Do this part yourself with the tools you have.", code="depth_limit")
+        if self.binding.version_id is None:
+            raise ToolError(f"The agent {name!r} has no saved version to run.", code="sub_run_failed")
+        ports = run_ports_current() or _production_ports()
+        publishers: dict[int, tuple[Publish, Publisher]] = {}
+
+        def publishers_of(run_id: int) -> tuple[Publish, Publisher]:
+            if run_id not in publishers:
+                publishers[run_id] = subrun_publishers(ports.publisher(self.parent.session_id, run_id),
+                                                       parent=self.parent, context=context, skill_name=name)
+            return publishers[run_id]
+
+        state = await ports.store.subrun_open(  # publishes the sub-run's run_running
+            parent=self.parent, call_pk=context.tool_call_id, skill_id=None, skill_name=name, task=task,
+            publisher=lambda run_id: publishers_of(run_id)[1], agent_version_id=self.binding.version_id,
+        )
+        if state.status == RunStatus.COMPLETED:  # ended before a worker died: its result stands
+            return await self._answered(state.run_id, state.reply, ports)
+        if state.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            raise ToolError(f"The agent {name!r} did not finish: {state.error}", code="sub_run_failed")
+        outcome = await self._run(state.run_id, context=context, ports=ports, publishers=publishers_of(state.run_id))
+        if outcome.status == RunStatus.COMPLETED:
+            return await self._answered(state.run_id, outcome.reply, ports)
+        raise ToolError(f"The agent {name!r} did not finish: {outcome.error}", code="sub_run_failed")
+
+    async def _answered(self, sub_run_id: int, reply: str, ports: RunPorts) -> ToolResult:
+        """B's reply as the tool result; for a handoff from the user's run, the switch first."""
+        data: dict[str, Any] = {"sub_run_id": sub_run_id, "agent_id": self.binding.agent_id}
+        if self.binding.handoff and self.parent.depth == 0:
+            self.parent_toolset.handoff = (self.binding.agent_id, reply)  # recorded by resolve, after the results
+            data["handoff"] = True
+        return ToolResult(content=reply, data=data)
+
+
+def subrun_tool_for(binding: Any, exposed_name: str, parent: RunSpec, parent_toolset: Toolset) -> SkillTool:
+    """The Tool a binding whose kind runs sub-runs is offered as in run ``parent``: an
+    :class:`AgentTool` for kind ``agent``, else a :class:`SkillTool` (the toolset's factory:
+    :func:`sessions.runner.toolset.toolset_open`)."""
+    if binding.kind == "agent":
+        return AgentTool(binding=binding, exposed_name=exposed_name, parent=parent, parent_toolset=parent_toolset)
+    return SkillTool.for_run(binding, exposed_name, parent, parent_toolset)
 
 
 @dataclass(frozen=True, slots=True)

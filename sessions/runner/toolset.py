@@ -73,6 +73,9 @@ class Toolset(WrapperToolset):
         self.context = context
         """The OpenContext the kinds opened their tools with (None: the run has no bindings);
         the run's start context (:mod:`sessions.runner.run_context`) is asked with the same one."""
+        self.handoff: tuple[int, str] | None = None
+        """Set by a handoff tool call that finished (``sessions.runner.subrun.AgentTool``): ``(the
+        agent taking over, its reply)``; the turn then ends the run with that reply."""
 
     @property
     def tools(self) -> dict[str, Tool]:

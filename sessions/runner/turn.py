@@ -292,7 +292,19 @@ async def _resume_tail(state: RunState, last: ChatMessage) -> StepOutcome:
     if await execute_tool_calls(spec=spec, calls=pending, toolset=state.toolset, publish=state.publish,
                                 store=state.store, resumed=True, tool_store=state.tool_store):
         return Paused()
-    return CONTINUE
+    return await handed_off(state) or CONTINUE
+
+
+async def handed_off(state: RunState) -> Completed | None:
+    """After a turn's tool calls: when a handoff call finished (``Toolset.handoff``, set by
+    ``sessions.runner.subrun.AgentTool``), the chat goes to that agent with its reply as this
+    run's answer (``store.session_handoff``, event ``agent_handoff``) and the run completes with
+    it; else None."""
+    if state.toolset.handoff is None:
+        return None
+    agent_id, reply = state.toolset.handoff
+    await state.store.session_handoff(spec=state.spec, agent_id=agent_id, reply=reply, publish=state.publish)
+    return Completed(reply)
 
 
 async def _absorb_steering(store: RunStore, spec: RunSpec) -> bool:
@@ -555,7 +567,8 @@ def checked_answer(state: RunState, text: str) -> Completed | Failed | Continue:
 async def resolve(state: RunState) -> StepOutcome:
     """Act on the saved assistant message: no tool calls is the answer (:class:`Completed`;
     empty text fails, or reaches the loop limit on the final turn); else its calls run, and
-    the run :class:`Paused` if one waits for approval, else the next turn (:class:`Continue`).
+    the run :class:`Paused` if one waits for approval, :class:`Completed` with the reply of an
+    agent a handoff call handed the chat to (``Toolset.handoff``), else the next turn (:class:`Continue`).
     """
     message = state.message
     if message is None:
@@ -571,4 +584,4 @@ async def resolve(state: RunState) -> StepOutcome:
     guard_tripped(state)  # a guardrail stopped one of the calls: the run ends here
     if waiting:
         return Paused()
-    return CONTINUE
+    return await handed_off(state) or CONTINUE  # (another agent took the conversation over and answered)

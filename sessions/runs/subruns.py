@@ -18,10 +18,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agents.models import AgentInstance
 from sessions.models import (
     ACTIVE_RUN_STATUSES,
     Approval,
     ApprovalStatus,
+    ChatSession,
     MessageRole,
     Run,
     RunStatus,
@@ -47,7 +49,8 @@ class SubRunState:
 
 
 async def subrun_open(
-    *, parent: RunSpec, call_pk: int, skill_id: int, skill_name: str, task: str, publisher: Callable[[int], Publish],
+    *, parent: RunSpec, call_pk: int, skill_id: int | None, skill_name: str, task: str,
+    publisher: Callable[[int], Publish], agent_version_id: int | None = None,
 ) -> SubRunState:
     """The sub-run answering tool call ``call_pk`` of run ``parent``: created now (status
     ``running``, the task as its user message), or the existing one (a parent resumed after its
@@ -60,18 +63,25 @@ async def subrun_open(
 
     ``publisher(run_id)``: the sub-run's publisher (the caller's, which adds the parent's ids).
 
+    A sub-agent's sub-run (capability kind ``agent``) has ``agent_version_id`` (the version of
+    the agent it runs: ``Run.agent_version``) and no skill.
+
     Emits, after the commit, when the sub-run is running now: ``run_running {attempt, skill,
-    depth, task}`` (``skill``: ``skill_name``). Nothing for an ended one.
+    depth, task}`` (``skill``: ``skill_name``; a sub-agent's: ``agent`` instead of ``skill``).
+    Nothing for an ended one.
     """
-    state = await db(_subrun_open)(parent=parent, call_pk=call_pk, skill_id=skill_id, task=task)
+    state = await db(_subrun_open)(parent=parent, call_pk=call_pk, skill_id=skill_id, task=task,
+                                   agent_version_id=agent_version_id)
     if state.status == RunStatus.RUNNING:
-        await publisher(state.run_id)("run_running", {"attempt": state.attempt, "skill": skill_name,
+        who = {"agent": skill_name} if agent_version_id is not None else {"skill": skill_name}
+        await publisher(state.run_id)("run_running", {"attempt": state.attempt, **who,
                                                       "depth": parent.depth + 1, "task": task})
     return state
 
 
 @transaction.atomic
-def _subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> SubRunState:
+def _subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int | None, task: str,
+                 agent_version_id: int | None = None) -> SubRunState:
     """:func:`subrun_open`'s transaction."""
     existing = Run.objects.select_for_update(no_key=True).filter(parent_tool_call_id=call_pk).first()
     if existing is not None:
@@ -85,7 +95,7 @@ def _subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int, task: str) -> 
     run = Run.objects.create(
         tenant_id=parent.tenant_id, session_id=parent.session_id, user_id=parent.user_id, input=task,
         status=RunStatus.RUNNING, attempt=1, started_at=timezone.now(), parent_tool_call_id=call_pk,
-        depth=parent.depth + 1, skill_id=skill_id,
+        depth=parent.depth + 1, skill_id=skill_id, agent_version_id=agent_version_id,
     )
     message_insert(session_id=parent.session_id, run_id=run.pk, role=MessageRole.USER, content=task)
     return SubRunState(run_id=run.pk, status=run.status, reply="", error="", created=True, attempt=1)
@@ -161,3 +171,38 @@ def subrun_end(
         cost_usd_micros=F("cost_usd_micros") + run.cost_usd_micros,
     )
     return True
+
+
+async def session_handoff(*, spec: RunSpec, agent_id: int, reply: str, publish: Publish) -> bool:
+    """A handoff (capability kind ``agent`` with ``handoff: true``) from the user's run ``spec``,
+    after its turn's tool results are saved: the chat's agent becomes ``agent_id`` for the rest
+    of the session (later messages run it) and the handed-to agent's ``reply`` is saved as the
+    run's answer (an assistant message after the results).
+
+    Emits ``agent_handoff {from_agent, to_agent, to_agent_id}`` after the commit.
+
+    Returns:
+        False when the chat already has that agent (a handoff call executed again after its
+        worker died): nothing written or published.
+
+    Raises:
+        AgentInstance.DoesNotExist: no such agent in the current tenant.
+    """
+    data = await db(_session_handoff)(spec=spec, agent_id=agent_id, reply=reply)
+    if data is None:
+        return False
+    await publish("agent_handoff", data)
+    return True
+
+
+@transaction.atomic
+def _session_handoff(*, spec: RunSpec, agent_id: int, reply: str) -> dict[str, Any] | None:
+    """:func:`session_handoff`'s transaction."""
+    session = ChatSession.objects.select_for_update(no_key=True).select_related("agent").get(pk=spec.session_id)
+    if session.agent_id == agent_id:
+        return None
+    to = AgentInstance.objects.get(pk=agent_id)
+    from_name = session.agent.name
+    ChatSession.objects.filter(pk=session.pk).update(agent_id=to.pk)
+    message_insert(session_id=spec.session_id, run_id=spec.run_id, role=MessageRole.ASSISTANT, content=reply)
+    return {"from_agent": from_name, "to_agent": to.name, "to_agent_id": to.pk}

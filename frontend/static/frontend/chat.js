@@ -53,6 +53,7 @@ export class ChatView {
         if (this.filesOpen) this.loadFiles();
       },
       titled: (title) => this.applyTitle(title),
+      handedOff: (agentName) => this.applyHandoff(agentName),
       runEnded: (run, status, { steered }) => this.runEnded(run, status, steered),
     });
     this.views = new Map(); // run id -> RunView
@@ -255,6 +256,13 @@ export class ChatView {
     this.session = { ...this.session, title };
     this.titleEl.textContent = title;
     this.onSession(this.session);
+  }
+
+  /** Another agent took the chat over (`agent_handoff`): say so, and show it in the header. */
+  applyHandoff(agentName) {
+    if (typeof agentName !== 'string' || !agentName) return;
+    this.toast(`${agentName} has taken over this chat and answers from now on.`, 'info');
+    this.refetchSoon();
   }
 
   mergeSession(session) {

@@ -145,12 +145,13 @@ export class Conversation {
   /**
    * @param {object} hooks what the frames mean outside the runs (all optional):
    *   todos(todos) — the plan changed; artifactsChanged() — a document or file of the chat
-   *   changed; titled(title) — the server named the chat; runEnded(run, status, {steered}) — a
+   *   changed; titled(title) — the server named the chat; handedOff(agentName) — a handoff
+   *   made another agent the chat's (it answers later messages); runEnded(run, status, {steered}) — a
    *   run that was active (not a replay) completed, failed or was cancelled (`steered`: its
    *   message was handed to another run's answer).
    */
   constructor(hooks = {}) {
-    this.hooks = { todos() {}, artifactsChanged() {}, titled() {}, runEnded() {}, ...hooks };
+    this.hooks = { todos() {}, artifactsChanged() {}, titled() {}, handedOff() {}, runEnded() {}, ...hooks };
     this.runs = new Map(); // run id -> run object
     this.order = []; // run ids, oldest first
     this.dirty = new Set(); // run ids to render again
@@ -277,6 +278,10 @@ export class Conversation {
     }
     if (frame.type === 'session_titled') {
       this.hooks.titled(data.title); // the model named the chat after its first answer
+      return false;
+    }
+    if (frame.type === 'agent_handoff') {
+      this.hooks.handedOff(data.to_agent); // another agent took the chat over: it answers from now on
       return false;
     }
     if (frame.type === 'document_status_changed') {
