@@ -44,6 +44,6 @@ def test_the_api_runs_the_published_version_and_slug_at_n_pins_one(world, fake_l
     assert caught.value.code == "model_not_found"
     assert len(fake_llm.requests) == 2
     assert client.models.retrieve("helper@2").id == "helper@2"
-    assert [m.id for m in client.models.list()] == ["helper"], "the list names each agent once"
+    assert [m.id for m in client.models.list()] == ["helper", "helper@2", "helper@1"], "each agent, then its versions"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("helper@9")

@@ -27,7 +27,7 @@ def test_models_are_the_tenants_active_agents(world, other_world, live_server_ur
     theirs = AgentFactory(tenant=other_world.tenant, name="Globex helper")
     client = sdk(live_server_url, world.member_token)
 
-    assert [m.id for m in client.models.list()] == ["docs-assistant"]
+    assert [m.id for m in client.models.list()] == ["docs-assistant", "docs-assistant@1"]  # and its version
     assert client.models.retrieve("docs-assistant").owned_by == "acme"
     for hidden in (theirs.slug, "retired", "nope"):
         with pytest.raises(openai.NotFoundError) as caught:
