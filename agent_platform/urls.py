@@ -19,5 +19,7 @@ urlpatterns = [
     path("api/openai/v1/", include("sessions.api.openai_compat.urls")),
     # The OAuth 2.1 authorization server of the MCP endpoints: /.well-known/oauth-*, /oauth/ (oauth_server).
     path("", include("oauth_server.urls")),
+    # Our MCP client's OAuth: the authorization callback and the Client ID Metadata Document.
+    path("mcp-oauth/", include("capabilities.mcp_oauth.public_urls")),
     path("", include("frontend.urls")),
 ]

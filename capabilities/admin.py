@@ -15,7 +15,7 @@ from capabilities.catalogue import ProgramTemplate, TemplateKind, parameters_err
 from capabilities.mcp_test_request import mcp_server_test_connection_request
 from capabilities.models import CliCommand, McpServer, McpTransport, Skill
 from tenants.admin_scoping import TenantScopedModelAdmin
-from tenants.crypto import secret_encrypt_json
+from tenants.crypto import secret_encrypt, secret_encrypt_json
 from tenants.models import Tenant
 
 
@@ -63,6 +63,10 @@ class _TemplateFormMixin:
 class McpServerForm(_TemplateFormMixin, forms.ModelForm):
     env = _JsonSecretField(label="Secrets (stdio)")
     headers = _JsonSecretField(label="Headers (HTTP)")
+    oauth_client_secret = forms.CharField(
+        required=False, label="OAuth client secret", widget=forms.PasswordInput(render_value=False),
+        help_text="Write-only: the secret of the OAuth client id above. Blank keeps the stored one.",
+    )
 
     class Meta:
         model = McpServer
@@ -159,8 +163,14 @@ class McpServerAdmin(TenantScopedModelAdmin):
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     list_display = ["name", "alias", "transport", "enabled", "tool_count", "tools_snapshot_at", "tenant"]
-    readonly_fields = ["tools_snapshot_table", "tools_snapshot_at", "last_error"]
+    readonly_fields = ["tools_snapshot_table", "tools_snapshot_at", "last_error", "oauth_connection"]
     change_form_template = "admin/capabilities/mcpserver/change_form.html"
+
+    @admin.display(description="OAuth connection")
+    def oauth_connection(self, obj: McpServer) -> str:
+        from capabilities.mcp_oauth.console import connection_summary
+
+        return connection_summary(obj) if obj.pk else "-"
 
     @admin.display(description="Tools")
     def tool_count(self, obj: McpServer) -> int:
@@ -175,7 +185,23 @@ class McpServerAdmin(TenantScopedModelAdmin):
         return [
             path("<path:object_id>/test-connection/", self.admin_site.admin_view(self.test_connection_view),
                  name="{}_{}_test_connection".format(*info)),
+            path("<path:object_id>/oauth-connect/", self.admin_site.admin_view(self.oauth_view("connect")),
+                 name="{}_{}_oauth_connect".format(*info)),
+            path("<path:object_id>/oauth-disconnect/", self.admin_site.admin_view(self.oauth_view("disconnect")),
+                 name="{}_{}_oauth_disconnect".format(*info)),
         ] + super().get_urls()
+
+    def oauth_view(self, action: str):
+        """Connect / Disconnect the server's OAuth account (capabilities/mcp_oauth/console.py);
+        another tenant's server is a 404 (the queryset is scoped to the admin's tenants)."""
+        from capabilities.mcp_oauth.console import console_connect, console_disconnect
+
+        def view(request: HttpRequest, object_id: str) -> HttpResponse:
+            server = self.get_object(request, object_id)
+            if server is not None and not self.has_change_permission(request, server):
+                server = None
+            return (console_connect if action == "connect" else console_disconnect)(request, server)
+        return view
 
     def test_connection_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """GET: the stored snapshot and a button; POST: test now and show the tools or the error.
@@ -212,6 +238,9 @@ class McpServerAdmin(TenantScopedModelAdmin):
             value = form.cleaned_data.get(field)
             if value is not None:
                 setattr(obj, f"{field}_encrypted", secret_encrypt_json(tenant=tenant, value=value))
+        if form.cleaned_data.get("oauth_client_secret"):
+            obj.oauth_client_secret_encrypted = secret_encrypt(tenant=tenant,
+                                                               plaintext=form.cleaned_data["oauth_client_secret"])
         super().save_model(request, obj, form, change)
 
 

@@ -14,6 +14,12 @@ class McpTransport(models.TextChoices):
     SSE = "sse", "HTTP+SSE (legacy, 2024-11-05)"
 
 
+class McpAuthMode(models.TextChoices):
+    NONE = "none", "None (or static headers)"
+    OAUTH_USER = "oauth_user", "OAuth: each user connects their own account"
+    OAUTH_TENANT = "oauth_tenant", "OAuth: an admin connects one account for the tenant"
+
+
 RESERVED_MCP_ALIASES = frozenset({"builtin", "cli", "skill", "browser"})
 """Tool sources of the platform itself (sessions/runner/toolset.py): an MCP server may not use
 one as its alias, or its tools would be named like the platform's."""
@@ -51,6 +57,20 @@ class McpServer(TenantOwnedModel):
         max_length=500, blank=True, help_text="Streamable HTTP: the endpoint URL; HTTP+SSE: the SSE stream URL."
     )
     headers_encrypted = models.TextField(blank=True, editable=False)
+    auth_mode = models.CharField(
+        max_length=20, choices=McpAuthMode.choices, default=McpAuthMode.NONE,
+        help_text="HTTP servers: OAuth 2.1 per user or per tenant (capabilities/mcp_oauth).",
+    )
+    oauth_client_id = models.CharField(
+        max_length=500, blank=True,
+        help_text="OAuth: a client an admin registered with the authorization server; empty: the platform's "
+                  "Client ID Metadata Document, else dynamic registration.",
+    )
+    oauth_client_secret_encrypted = models.TextField(blank=True, editable=False)
+    oauth_scope = models.CharField(
+        max_length=1000, blank=True,
+        help_text="OAuth: the scopes to ask for (space-separated); empty: what the server's metadata says.",
+    )
     connect_timeout_seconds = models.FloatField(
         default=30.0, validators=[MinValueValidator(0.1)],
         help_text="Seconds for spawning/dialling the server plus the MCP handshake.",
@@ -112,6 +132,8 @@ class McpServer(TenantOwnedModel):
                 check_outbound_url(self.url)
             except FetchError as exc:
                 raise ValidationError({"url": exc.message}) from exc
+        if self.auth_mode != McpAuthMode.NONE and self.transport == McpTransport.STDIO:
+            raise ValidationError({"auth_mode": "OAuth is for HTTP servers (Streamable HTTP, SSE)."})
         if self.alias in RESERVED_MCP_ALIASES:
             raise ValidationError({"alias": f"{self.alias!r} names the platform's own tools; choose another alias."})
 
@@ -119,4 +141,5 @@ class McpServer(TenantOwnedModel):
 from capabilities.a2a.models import A2aAgent  # noqa: E402,F401  (registers the model in this app)
 from capabilities.catalogue import ProgramTemplate  # noqa: E402,F401
 from capabilities.cli.models import CliCommand  # noqa: E402,F401
+from capabilities.mcp_oauth.models import McpOAuthConnection  # noqa: E402,F401
 from capabilities.skills.models import Skill  # noqa: E402,F401

@@ -21,7 +21,7 @@ from capabilities.mcp.operations import McpToolInfo
 from capabilities.mcp.tool import cap_description
 from capabilities.models import McpServer, McpTransport
 from capabilities.tools import ToolError
-from tenants.crypto import secret_decrypt_json, secret_encrypt_json
+from tenants.crypto import secret_decrypt_json, secret_encrypt, secret_encrypt_json
 from tenants.models import Tenant
 from tenants.scoping import system_scope, tenant_scope
 
@@ -33,9 +33,11 @@ def mcp_server_save(
     server: McpServer | None = None,
     env: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
+    oauth_client_secret: str | None = None,
     **fields: Any,
 ) -> McpServer:
-    """Create or update an MCP server. ``env``/``headers`` None keep the stored secrets.
+    """Create or update an MCP server. ``env``/``headers``/``oauth_client_secret`` None keep the
+    stored secrets.
 
     ``env`` (stdio) may only name the template's secrets.
 
@@ -57,6 +59,8 @@ def mcp_server_save(
         server.env_encrypted = secret_encrypt_json(tenant=tenant, value=env)
     if headers is not None:
         server.headers_encrypted = secret_encrypt_json(tenant=tenant, value=headers)
+    if oauth_client_secret is not None:
+        server.oauth_client_secret_encrypted = secret_encrypt(tenant=tenant, plaintext=oauth_client_secret)
     server.full_clean()
     server.save()
     return server

@@ -110,6 +110,14 @@ def theirs(other_world):
                                                     card_url="https://agents.example.com/.well-known/agent-card.json")
     rows["a2a_binding"] = CapabilityBinding.all_tenants.create(tenant=t, agent=agent, kind="a2a",
                                                                config={"a2a_agent": rows["a2a_agent"].pk})
+    from capabilities.mcp_oauth.models import McpOAuthConnection
+
+    rows["oauth_mcp_server"] = McpServer.all_tenants.create(
+        tenant=t, name="secret oauth server", alias="secretoauth", transport="streamable_http",
+        url="https://mcp.example.com/mcp", auth_mode="oauth_user")
+    rows["mcp_oauth_connection"] = McpOAuthConnection.all_tenants.create(
+        tenant=t, server=rows["oauth_mcp_server"], user=other_world.member, status="connected",
+        access_token_encrypted="secret", scope="secret-scope")
     from evaluation.models import Dataset, DatasetItem, Experiment, ExperimentResult
 
     rows["dataset"] = Dataset.all_tenants.create(tenant=t, name="secret dataset")
@@ -416,6 +424,19 @@ def test_agent_version_endpoints_hide_other_tenants_agents(world, theirs):
     _assert_404(client.post(f"{base}/rollback/", {"version": 1}, format="json"))
     theirs["agent"].refresh_from_db()
     assert theirs["agent"].published_version_id is None
+
+
+def test_mcp_connection_endpoints_hide_other_tenants_servers(world, theirs):
+    """The caller's OAuth connections to MCP servers (capabilities/mcp_oauth): another tenant's
+    server is neither listed nor connectable, and its connection cannot be disconnected."""
+    server, connection = theirs["oauth_mcp_server"], theirs["mcp_oauth_connection"]
+    for client in (world.client(), world.client(admin=True)):
+        assert client.get("/api/v1/mcp-connections/").json() == []
+        _assert_404(client.post(f"/api/v1/mcp-connections/{server.pk}/connect/", {}, format="json"))
+        _assert_404(client.delete(f"/api/v1/mcp-connections/{server.pk}/"))
+    assert McpServer.all_tenants.filter(pk=server.pk).exists()
+    connection.refresh_from_db()
+    assert connection.status == "connected"
 
 
 def test_missing_and_foreign_objects_get_the_same_message(world, theirs):

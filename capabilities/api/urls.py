@@ -1,3 +1,4 @@
+from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
 from capabilities.api.views import A2aAgentViewSet, McpServerViewSet, ProgramTemplateViewSet, SkillViewSet
@@ -7,4 +8,4 @@ router.register("admin/mcp-servers", McpServerViewSet, basename="admin-mcp-serve
 router.register("admin/a2a-agents", A2aAgentViewSet, basename="admin-a2a-agent")
 router.register("admin/skills", SkillViewSet, basename="admin-skill")
 router.register("admin/program-templates", ProgramTemplateViewSet, basename="admin-program-template")
-urlpatterns = router.urls
+urlpatterns = [*router.urls, path("", include("capabilities.mcp_oauth.urls"))]

@@ -76,11 +76,16 @@ class McpServerSerializer(serializers.ModelSerializer):
         child=serializers.CharField(allow_blank=True), required=False,
         help_text="stdio: values of the template's tenant parameters.",
     )
+    oauth_client_secret = serializers.CharField(
+        write_only=True, required=False, allow_blank=True,
+        help_text="OAuth: the secret of the admin-entered client (write-only, stored encrypted; omit to keep).",
+    )
 
     class Meta:
         model = McpServer
         fields = [
             "id", "name", "alias", "transport", "template", "parameters", "env", "url", "headers",
+            "auth_mode", "oauth_client_id", "oauth_client_secret", "oauth_scope",
             "connect_timeout_seconds", "list_timeout_seconds", "call_timeout_seconds", "enabled", "created_at",
             "tools_snapshot", "tools_snapshot_at", "last_error",
         ]
@@ -94,14 +99,16 @@ class McpServerViewSet(TenantScopedViewSet):
     def perform_create(self, serializer: McpServerSerializer) -> None:
         data = dict(serializer.validated_data)
         serializer.instance = mcp_server_save(
-            tenant=self.request.tenant, env=data.pop("env", None), headers=data.pop("headers", None), **data
+            tenant=self.request.tenant, env=data.pop("env", None), headers=data.pop("headers", None),
+            oauth_client_secret=data.pop("oauth_client_secret", None), **data
         )
 
     def perform_update(self, serializer: McpServerSerializer) -> None:
         data = dict(serializer.validated_data)
         serializer.instance = mcp_server_save(
             tenant=self.request.tenant, server=serializer.instance,
-            env=data.pop("env", None), headers=data.pop("headers", None), **data,
+            env=data.pop("env", None), headers=data.pop("headers", None),
+            oauth_client_secret=data.pop("oauth_client_secret", None), **data,
         )
 
 

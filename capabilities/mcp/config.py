@@ -70,6 +70,12 @@ class McpServerConfig:
     (:mod:`capabilities.confinement`); its ``env`` is the server's whole environment on top of
     PATH/HOME/LANG (the template's variables and the tenant's secrets). There is no way to
     start a stdio server unconfined. None for sse / streamable_http."""
+    auth_key: str = ""
+    """sse / streamable_http with OAuth: which connection's tokens ``auth`` sends (e.g.
+    ``oauth:17``); part of the fingerprint, so two people's connections never share a session."""
+    auth: Any = field(default=None, repr=False, compare=False)
+    """sse / streamable_http: an ``httpx2.Auth`` for every request (OAuth bearer tokens,
+    :mod:`capabilities.mcp_oauth`); not part of the fingerprint (``auth_key`` is)."""
 
     def __post_init__(self) -> None:
         if not _ALIAS_RE.match(self.alias):
@@ -107,6 +113,7 @@ class McpServerConfig:
             self.list_timeout_seconds,
             self.call_timeout_seconds,
             self.protocol_mode,
+            self.auth_key,
             None if self.sandbox is None else (
                 self.sandbox.network, self.sandbox.ro_binds, tuple(sorted(self.sandbox.env.items())),
                 self.sandbox.uid, self.sandbox.gid, self.sandbox.bwrap_path, self.sandbox.bridge_python,

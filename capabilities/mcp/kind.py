@@ -38,6 +38,9 @@ class McpBindingSpec:
     """``[{pattern, action}]`` rules (capabilities.toolsets.approval_action)."""
     server_id: int = 0
     """``McpServer`` primary key: with the tenant and ``server.fingerprint``, the MCP pool key."""
+    auth_mode: str = "none"
+    """``McpServer.auth_mode``: ``oauth_user`` / ``oauth_tenant`` servers are reached with the
+    run's user's (or the tenant's) OAuth connection (:mod:`capabilities.mcp_oauth.runs`)."""
 
 
 class McpServerKind(CapabilityKind):
@@ -64,7 +67,7 @@ class McpServerKind(CapabilityKind):
             return None
         return McpBindingSpec(
             server=mcp_server_config(server=server), server_id=server.pk, allowed_tools=frozenset(binding.allowed_tools),
-            binding_id=binding.pk, approval_policy=tuple(binding.approval_policy),
+            binding_id=binding.pk, approval_policy=tuple(binding.approval_policy), auth_mode=server.auth_mode,
         )
 
     async def open_toolset(self, specs: Sequence[McpBindingSpec], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
@@ -76,6 +79,10 @@ class McpServerKind(CapabilityKind):
         out, announced as ``capability_unavailable`` ``{source: "mcp", alias, error}``."""
         if not specs:
             return []
+        if any(spec.auth_mode != "none" for spec in specs):
+            from capabilities.mcp_oauth.runs import with_connections
+
+            specs = await with_connections(specs, ctx)
         pool = mcp_pool()
         sessions = [pool.session(tenant_id=ctx.tenant_id, server_id=b.server_id, config=b.server) for b in specs]
         for session in sessions:

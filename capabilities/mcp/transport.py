@@ -153,14 +153,14 @@ def make_client(
             timeout=config.connect_timeout_seconds,
             sse_read_timeout=_HTTP_READ_TIMEOUT_SECONDS,
             httpx_client_factory=lambda headers=None, timeout=None, auth=None: checked_http_client(
-                headers, timeout, auth, http_log),
+                headers, timeout, auth or config.auth, http_log),
         )
     else:
         # What the SDK's own default client is, plus our headers and connect timeout.
         # Redirects stay off: the SDK follows same-origin ones itself.
         http_client = checked_http_client(
-            config.headers, httpx2.Timeout(config.connect_timeout_seconds, read=_HTTP_READ_TIMEOUT_SECONDS), None,
-            http_log,
+            config.headers, httpx2.Timeout(config.connect_timeout_seconds, read=_HTTP_READ_TIMEOUT_SECONDS),
+            config.auth, http_log,
         )
         stack.push_async_callback(http_client.aclose)
         transport = streamable_http_client(config.url, http_client=http_client)

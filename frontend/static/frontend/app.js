@@ -16,6 +16,7 @@ import { HomeView, LoginView, MessageView, SettingsView, Shell, toast } from './
 import { applyTheme } from './settings.js';
 import { TokensPanel } from './api_tokens.js';
 import { GrantsPanel } from './oauth_grants.js';
+import { ConnectionsPanel } from './mcp_connections.js';
 import { mountBrowserDevices } from './browser.js'; // --- browser capability (browser.js) ---
 
 const APP_NAME = 'Agent Platform';
@@ -445,10 +446,11 @@ async function openSettings() {
   shell.setActiveSession(null);
   const tokensPanel = TokensPanel(); // one panel (and one load) for both renders: a token shown once stays
   const grantsPanel = GrantsPanel();
-  shell.setMain(SettingsView({ me: state.me, tokensPanel, grantsPanel }));
+  const connectionsPanel = ConnectionsPanel();
+  shell.setMain(SettingsView({ me: state.me, tokensPanel, grantsPanel, connectionsPanel }));
   const usage = await loadUsage();
   if (shell !== state.shell || parseRoute().name !== 'settings') return;
-  shell.setMain(SettingsView({ me: state.me, usage, usageError: usage ? '' : 'Could not load your usage.', tokensPanel, grantsPanel }));
+  shell.setMain(SettingsView({ me: state.me, usage, usageError: usage ? '' : 'Could not load your usage.', tokensPanel, grantsPanel, connectionsPanel }));
 }
 
 function openChat(id) {

@@ -8,6 +8,7 @@ import { settings } from './settings.js';
 import { icon } from './icons.js';
 import { TokensPanel } from './api_tokens.js';
 import { GrantsPanel } from './oauth_grants.js';
+import { ConnectionsPanel } from './mcp_connections.js';
 
 // ---------------------------------------------------------------- toasts --
 
@@ -778,9 +779,9 @@ function usageTable({ caption, heading, rows, label, testid }) {
  * they connected with OAuth (oauth_grants.js).
  * @param {object} opts {me, usage: GET usage/me/ answer or null, usageError: string,
  *   tokensPanel: a TokensPanel() to show (kept across re-renders), else a new one;
- *   grantsPanel: a GrantsPanel() likewise}
+ *   grantsPanel: a GrantsPanel() likewise; connectionsPanel: a ConnectionsPanel() (mcp_connections.js) likewise}
  */
-export function SettingsView({ me, usage = null, usageError = '', tokensPanel = null, grantsPanel = null }) {
+export function SettingsView({ me, usage = null, usageError = '', tokensPanel = null, grantsPanel = null, connectionsPanel = null }) {
   const isAdmin = me?.role === 'admin' || me?.role === 'owner';
   const themes = [
     ['system', 'Same as the system'],
@@ -858,6 +859,7 @@ export function SettingsView({ me, usage = null, usageError = '', tokensPanel = 
     ),
     tokensPanel || TokensPanel(),
     grantsPanel || GrantsPanel(),
+    connectionsPanel || ConnectionsPanel(),
     h('p', {}, h('a', { href: '#/', text: 'Back to chats' })),
   );
 }
