@@ -483,7 +483,11 @@ RUNS_PER_TENANT_DEFAULT = int(os.environ.get("RUNS_PER_TENANT_DEFAULT", "50"))
 SUB_AGENT_MAX_DEPTH = int(os.environ.get("SUB_AGENT_MAX_DEPTH", "3"))
 """Deepest sub-run a sub-agent call (capability kind agent) may start; a user's run is depth 0."""
 APPROVAL_TTL_SECONDS = float(os.environ.get("APPROVAL_TTL_SECONDS", str(24 * 3600)))
-"""A pending approval or question expires after this; the run then fails (approval_expired)."""
+"""A pending approval or question expires after this; the run then fails (approval_expired). An
+MCP server's request for input (elicitation) that nobody answered in time is declined instead."""
+MCP_ELICITATION_UNATTENDED_ANSWER = os.environ.get("MCP_ELICITATION_UNATTENDED_ANSWER", "decline")
+"""The answer (decline or cancel) an MCP server's request for input gets at once in a run nobody
+watches: one started through the OpenAI-compatible API, A2A or agents over MCP."""
 
 # The chat app (issue 25): deleted chats are purged CHAT_PURGE_AFTER_DAYS after their deletion
 # (0: never); a chat's first answer gets a title from the agent's route (CHAT_TITLES_FROM_MODEL);

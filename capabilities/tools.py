@@ -44,6 +44,23 @@ class QuestionForUser(Exception):
         self.question = question
 
 
+class InputForUser(Exception):
+    """Raised by a tool whose server asks the person for input (an MCP server's elicitation:
+    a form to fill in, or a URL to open).
+
+    The runner records a pending Approval of kind ``elicitation`` holding ``request`` and
+    pauses the run like an approval (no worker holds it). Once the person answered (or the
+    wait ended: a decline), the call is executed again with ``ToolContext.input_answer`` set
+    to ``{"request": request, "action": "accept" | "decline" | "cancel", "content": {...}}``.
+    """
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        super().__init__(request.get("message", ""))
+        self.request = request
+        """JSON: ``{mode: "form" | "url", message, schema, url, server, tool, ...}``
+        (:mod:`capabilities.mcp.elicitation`)."""
+
+
 class ToolError(Exception):
     """A tool failed in a way the model should hear about.
 
@@ -144,6 +161,9 @@ class ToolContext:
     the binding's policy said ``ask``)."""
     depth: int = 0
     """Sub-run depth: 0 for a user's run, 1 for a skill called from it, and so on."""
+    input_answer: dict[str, Any] | None = None
+    """The person's answer to this call's elicitation (:class:`InputForUser`), when the call is
+    executed again after it: ``{"request", "action", "content"}``; None otherwise."""
     store: SessionStore | None = None
     """The session's artifacts and todos (the runner's :class:`SessionStore`); None outside a
     run, where tools that need it fail with ToolError ``unavailable``."""

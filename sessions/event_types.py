@@ -64,7 +64,8 @@ class ApprovalItem:
     kind: str
     """``tool_call`` (approve or deny a call), ``question`` (the model asks the user) or
     ``client_tool`` (a call of a tool the OpenAI-compatible API's client runs: its next request
-    brings the output; the approval endpoint refuses it)."""
+    brings the output; the approval endpoint refuses it) or ``elicitation`` (an MCP server asks
+    the user for input: a form or a URL)."""
     status: str
     """``pending`` when published."""
     tool_name: str
@@ -75,6 +76,9 @@ class ApprovalItem:
     """Why approval is needed (the policy rule or the tool's reason); may be empty."""
     question: str
     """The question for ``kind == "question"``, else empty."""
+    elicitation: dict[str, Any] | None
+    """For ``kind == "elicitation"``: ``{mode: "form" | "url", message, schema (form: the
+    requested JSON Schema), url (url mode), server (the MCP server's alias), tool}``; else None."""
     expires_at: str
     """ISO 8601 time after which the approval expires."""
     sub_run_id: int | None

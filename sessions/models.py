@@ -402,6 +402,7 @@ class ApprovalKind(models.TextChoices):
     TOOL_CALL = "tool_call", "Approve a tool call"
     QUESTION = "question", "Answer the agent's question (ask_user)"
     CLIENT_TOOL = "client_tool", "Run by the API client (its next request brings the result)"
+    ELICITATION = "elicitation", "Answer an MCP server's request for input (a form or a URL)"
 
 
 class ApprovalStatus(models.TextChoices):
@@ -441,6 +442,11 @@ class Approval(TenantOwnedModel):
     reason = models.TextField(blank=True, help_text="Why approval is needed (the policy rule or the tool's reason).")
     question = models.TextField(blank=True, help_text="ask_user: the question for the user.")
     answer = models.TextField(blank=True, help_text="Denial reason, or the user's answer to a question.")
+    elicitation = models.JSONField(
+        null=True, blank=True,
+        help_text="Kind elicitation: {request: {mode, message, schema, url, server, tool, ...}, action, content} "
+                  "(capabilities.mcp.elicitation); action and content once answered.",
+    )
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

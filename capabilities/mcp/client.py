@@ -265,18 +265,20 @@ class McpConnection:
         *,
         timeout_seconds: float,
         progress: ProgressCallback | None = None,
+        resume: dict[str, Any] | None = None,
     ) -> mcp_types.CallToolResult:
         """Like :meth:`call_tool` but returns the SDK's successful ``CallToolResult`` unmapped.
 
-        ``progress`` is awaited for each progress notification of this call. Same errors as
-        :meth:`call_tool`.
+        ``progress`` is awaited for each progress notification of this call; ``resume``
+        answers the server's earlier request for input (:mod:`capabilities.mcp.elicitation`).
+        Same errors as :meth:`call_tool`, and ``InputForUser`` when the server asks the person.
         """
         check_timeout_seconds(timeout_seconds, what="timeout_seconds")
         self._require_client()
         await self._ensure_listed()
         return await call_tool_raw(
             self._require_client(), self.config, name, arguments, timeout_seconds=timeout_seconds, progress=progress,
-            http_log=self.http_log,
+            http_log=self.http_log, resume=resume,
         )
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_seconds: float) -> ToolResult:

@@ -18,10 +18,16 @@ import anyio
 import mcp_types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, HEADER_MISMATCH, REQUEST_TIMEOUT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from capabilities.mcp.config import McpServerConfig
+from capabilities.mcp.elicitation import (
+    URL_ELICITATION_REQUIRED,
+    elicitation_from_input_required,
+    elicitation_from_url_required,
+)
 from capabilities.mcp.errors import McpConnectionLost, describe_exception
 from capabilities.mcp.http_log import HttpStatusLog, http_error_message
 from capabilities.mcp.results import error_text
@@ -134,8 +140,14 @@ async def call_tool_raw(
     timeout_seconds: float,
     progress: ProgressCallback | None = None,
     http_log: HttpStatusLog | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> mcp_types.CallToolResult:
     """Call one tool; return its successful result unmapped.
+
+    A server that asks the person for input (2026-07-28 ``InputRequiredResult`` with an
+    elicitation, or error ``-32042`` URL elicitation required) raises
+    :class:`~capabilities.tools.InputForUser`; the call is made again later with ``resume``
+    (:func:`capabilities.mcp.elicitation.resume_arguments` of the answer).
 
     Args:
         client: An entered SDK client (call from a task of its event loop).
@@ -147,6 +159,7 @@ async def call_tool_raw(
         progress: Awaited for each progress notification the server sends for this call.
         http_log: The connection's HTTP status log: a JSON-RPC error the SDK made from an
             HTTP error keeps its status in the message (``HTTP 401: authentication required``).
+        resume: ``{input_responses, request_state}`` answering an earlier ``InputRequiredResult``.
 
     Returns:
         The ``CallToolResult`` (never one with ``isError``).
@@ -154,7 +167,9 @@ async def call_tool_raw(
     Raises:
         ToolError: ``mcp_tool_error`` when the server returned ``isError`` (message: the
             tool's error text); ``timeout`` after ``timeout_seconds``; ``mcp_error`` for a
-            protocol error (unknown tool, bad result).
+            protocol error (unknown tool, bad result, an input request other than an
+            elicitation).
+        InputForUser: The server asks the person (form or URL elicitation).
         McpConnectionLost: The transport failed or the session closed during the call.
     """
     alias = config.alias
@@ -164,12 +179,11 @@ async def call_tool_raw(
         # Two bounds: the SDK's own read timeout (sends the courtesy cancel) and an outer
         # one covering what the SDK does not time (writing the request, output validation).
         with anyio.fail_after(timeout_seconds):
-            result = await client.call_tool(
-                name, arguments, read_timeout_seconds=timeout_seconds, progress_callback=progress
-            )
+            result = await _send_call(client, name, arguments, timeout_seconds, progress, resume or {})
     except TimeoutError:
         raise ToolError(timeout_message, code="timeout") from None
     except MCPError as exc:
+        _raise_url_elicitation(exc, alias=alias, tool_name=name)
         if exc.code == REQUEST_TIMEOUT:
             raise ToolError(timeout_message, code="timeout") from None
         if exc.code == CONNECTION_CLOSED:
@@ -190,6 +204,44 @@ async def call_tool_raw(
                 f"The connection to MCP server {alias!r} is closed; tool {name!r} was not called"
             ) from exc
         raise ToolError(f"MCP server {alias!r}: tool {name!r} failed: {describe_exception(exc)}", code="mcp_error") from exc
+    if isinstance(result, mcp_types.InputRequiredResult):
+        ask = elicitation_from_input_required(result, server=alias, tool_name=name)
+        if ask is None:
+            raise ToolError(f"MCP server {alias!r}: tool {name!r} asked for input the platform does not give "
+                            "(sampling or roots); it cannot be used here.", code="mcp_error")
+        raise ask
     if result.is_error:
         raise ToolError(error_text(result, name), code="mcp_tool_error")
     return result
+
+
+def _raise_url_elicitation(exc: MCPError, *, alias: str, tool_name: str) -> None:
+    """Raise :class:`InputForUser` for a ``-32042`` error (URL elicitation required) that names
+    an http(s) URL; return for any other error."""
+    if exc.code == URL_ELICITATION_REQUIRED:
+        ask = elicitation_from_url_required(exc.error.data, server=alias, tool_name=tool_name)
+        if ask is not None:
+            raise ask from None
+
+
+async def _send_call(
+    client: Client, name: str, arguments: dict[str, Any], timeout_seconds: float, progress: ProgressCallback | None,
+    resume: dict[str, Any],
+) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+    """One ``tools/call`` round that may answer ``InputRequiredResult`` (not driven here: the
+    person's answer comes after a pause). A 2026-07-28 ``HEADER_MISMATCH`` (our listing of the
+    tool is stale) re-lists the tools and sends once more, as ``Client.call_tool`` does."""
+
+    async def send() -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+        return await client.session.call_tool(  # validates a result against the listed output schema
+            name, arguments, read_timeout_seconds=timeout_seconds, progress_callback=progress,
+            allow_input_required=True, **resume,
+        )
+
+    try:
+        return await send()
+    except MCPError as exc:
+        if exc.code != HEADER_MISMATCH or client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            raise
+        await client.list_tools(cache_mode="refresh")
+        return await send()

@@ -585,6 +585,7 @@ class PooledSession:
         *,
         timeout_seconds: float,
         progress: ProgressCallback | None = None,
+        resume: dict[str, Any] | None = None,
     ) -> mcp_types.CallToolResult:
         """Call one tool through the owner (connects first if needed).
 
@@ -595,12 +596,15 @@ class PooledSession:
                 applies too (the shorter wins).
             progress: Awaited, in the caller's task and in order, for each progress
                 notification the server sends for this call.
+            resume: The answer to the server's earlier request for input (the retried call of
+                a 2026-07-28 ``InputRequiredResult``, :mod:`capabilities.mcp.elicitation`).
 
         Returns:
             The successful ``CallToolResult``.
 
         Raises:
             ToolError: ``mcp_tool_error`` (``isError``), ``timeout``, ``mcp_error``.
+            InputForUser: The server asks the person (an elicitation).
             McpConnectionLost: The transport died during the call (the next use reconnects).
             McpConnectError: Could not connect. McpServerUnavailable: breaker open.
         """
@@ -610,7 +614,7 @@ class PooledSession:
         if progress is None:
             return await self._submit(
                 lambda client: call_tool_raw(client, self.config, name, arguments, timeout_seconds=timeout,
-                                             http_log=self.http_log)
+                                             http_log=self.http_log, resume=resume)
             )
 
         updates: asyncio.Queue[tuple[float, float | None, str | None] | None] = asyncio.Queue()
@@ -630,7 +634,7 @@ class PooledSession:
             result = await self._submit(
                 lambda client: call_tool_raw(
                     client, self.config, name, arguments, timeout_seconds=timeout, progress=on_progress,
-                    http_log=self.http_log,
+                    http_log=self.http_log, resume=resume,
                 )
             )
         except BaseException:

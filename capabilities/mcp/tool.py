@@ -15,10 +15,11 @@ from typing import Any, Protocol
 import mcp_types
 
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
+from capabilities.mcp.elicitation import resume_arguments, resume_refusal
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback
 from capabilities.mcp.results import render_block, tool_result
 from capabilities.naming import EXPOSED_NAME_RE
-from capabilities.tools import Tool, ToolContext, ToolResult
+from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class McpCaller(Protocol):
         *,
         timeout_seconds: float,
         progress: ProgressCallback | None = None,
+        resume: dict[str, Any] | None = None,
     ) -> mcp_types.CallToolResult: ...
 
 
@@ -185,15 +187,25 @@ class McpTool(Tool):
         Raises:
             ToolError: ``mcp_tool_error`` (the tool reported an error: its text), ``timeout``
                 (after ``call_timeout_seconds``), ``mcp_error`` (protocol/transport failure),
-                ``mcp_connect_error`` or ``mcp_unavailable`` (circuit breaker open).
+                ``mcp_connect_error`` or ``mcp_unavailable`` (circuit breaker open),
+                ``elicitation_declined`` (the person refused to open the page a server asked for).
+            InputForUser: The server asks the person (form or URL elicitation); the call is
+                executed again with ``context.input_answer`` once answered.
         """
 
         async def progress(done: float, total: float | None, message: str | None) -> None:
             await context.progress(message or f"{self.info.name}: {done:g}" + (f"/{total:g}" if total else ""),
                                    progress=done, total=total)
 
+        resume: dict[str, Any] = {}
+        if context.input_answer is not None:  # executed again after the person answered the server
+            refusal = resume_refusal(context.input_answer)
+            if refusal is not None:
+                raise ToolError(refusal, code="elicitation_declined")
+            resume = resume_arguments(context.input_answer)
         result = await self.connection.call_tool_raw(
-            self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress
+            self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress,
+            resume=resume or None,
         )
         return await result_for_model(
             result, alias=self.connection.config.alias, tool_name=self.info.name, context=context

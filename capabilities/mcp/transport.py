@@ -30,6 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from capabilities.confinement import confined_argv, confined_env
 from capabilities.mcp.config import McpServerConfig
+from capabilities.mcp.elicitation import answer_legacy_elicitation
 from capabilities.mcp.http_log import HttpStatusLog
 from capabilities.mcp.tool_list_filter import ToolListFilter
 from capabilities.mcp.transport_end import TransportEnd, watched
@@ -167,7 +168,10 @@ def make_client(
     if transport_end is not None:
         transport = watched(transport, transport_end)
     # cache=None: every list_tools reaches the server (we keep our own catalogue).
+    # The elicitation callback declares the capability (2026-07-28 servers then ask through
+    # InputRequiredResult: capabilities.mcp.elicitation) and declines 2025-11-25 requests.
     client = Client(
-        transport, cache=None, client_info=_CLIENT_INFO, message_handler=message_handler, mode=config.protocol_mode
+        transport, cache=None, client_info=_CLIENT_INFO, message_handler=message_handler, mode=config.protocol_mode,
+        elicitation_callback=answer_legacy_elicitation,
     )
     return client, stderr

@@ -26,6 +26,7 @@ from agents.versions import VersionError, run_pin, split_pinned_slug
 from sessions import stream_guard
 from sessions.event_reader import SessionEventReader
 from sessions.models import ACTIVE_RUN_STATUSES, Run
+from sessions.runs.transitions import unattended_runs
 from sessions.selectors import chat_session_get_for_user
 from sessions.services import message_post
 from sessions.stream_guard import StreamCredential
@@ -83,7 +84,7 @@ def agent_run_start(caller: Caller, slug: str, post: Callable[[AgentInstance], R
             raise RunRefused(429, "Too many requests; try again later.", code="rate_limit_exceeded",
                              retry_after=max(1, int(wait + 0.999)))
         try:
-            with run_pin(number=number):
+            with run_pin(number=number), unattended_runs():  # nobody watches an API run
                 run = post(agent)
         except VersionError as exc:
             raise RunRefused(404, f"No agent `{slug}` is yours to use ({exc})", code=AGENT_NOT_FOUND) from exc

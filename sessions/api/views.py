@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import Prefetch
 from django.http import HttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import PageNumberPagination
@@ -21,6 +21,7 @@ from agents.versions import run_pin
 from llm.errors import public_error_message
 from llm.metering import LLMCallPurpose
 from sessions.models import Approval, Artifact, ChatSession, LLMCall, Run, RunStatus, ToolCall
+from sessions.runs.records import elicitation_public
 from sessions.selectors import (
     approval_get_for_user,
     approval_list_pending,
@@ -80,16 +81,51 @@ class LLMCallSerializer(serializers.ModelSerializer):
 
 
 class ApprovalSerializer(serializers.ModelSerializer):
-    """``run``: the user's run that waits; ``sub_run`` / ``skill``: set when the call is a skill's."""
+    """``run``: the user's run that waits; ``sub_run`` / ``skill``: set when the call is a skill's.
+
+    Kind ``elicitation`` (an MCP server asks the user for input during ``tool_call``): ``mode``
+    (``form`` or ``url``), ``message``, ``schema`` (form: the requested JSON Schema, a flat
+    object of primitive properties), ``url`` (url mode: the page to open) and ``server`` (the
+    MCP server's alias); null for the other kinds."""
 
     skill = serializers.CharField(source="skill_name", read_only=True, allow_null=True)
+    mode = serializers.SerializerMethodField()
+    message = serializers.SerializerMethodField()
+    schema = serializers.SerializerMethodField()
+    url = serializers.SerializerMethodField()
+    server = serializers.SerializerMethodField()
 
     class Meta:
         model = Approval
         fields = [
             "id", "run", "sub_run", "skill", "tool_call", "kind", "status", "tool_name", "arguments", "reason",
             "question", "answer", "decided_by", "decided_at", "expires_at", "created_at",
+            "mode", "message", "schema", "url", "server",
         ]
+
+    @staticmethod
+    def _request(obj: Approval) -> dict:
+        return elicitation_public(obj.elicitation) or {}
+
+    @extend_schema_field(serializers.ChoiceField(choices=["form", "url"], allow_null=True))
+    def get_mode(self, obj: Approval) -> str | None:
+        return self._request(obj).get("mode")
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_message(self, obj: Approval) -> str | None:
+        return self._request(obj).get("message")
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_schema(self, obj: Approval) -> dict | None:
+        return self._request(obj).get("schema")
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_url(self, obj: Approval) -> str | None:
+        return self._request(obj).get("url") or None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_server(self, obj: Approval) -> str | None:
+        return self._request(obj).get("server")
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -468,7 +504,9 @@ class ApprovalDecideApi(TenantScopedApiView):
     """Decide a pending approval of one of the caller's runs.
 
     Tool-call approvals: ``{"decision": "approve" | "deny", "reason": "..."}`` (a denial's
-    reason goes back to the model). Questions from ``ask_user``: ``{"answer": "..."}``.
+    reason goes back to the model). Questions from ``ask_user``: ``{"answer": "..."}``. An MCP
+    server's elicitation: ``{"action": "accept" | "decline" | "cancel", "content": {...}}``
+    (form mode: ``content`` is checked against the requested schema; a 400 names the field).
     Once the run has no pending approval left it resumes on any worker. 400 for a bad body,
     404 when the approval is not the caller's, 409 when already decided, expired, or the run
     has ended.
@@ -483,11 +521,15 @@ class ApprovalDecideApi(TenantScopedApiView):
         decision = serializers.ChoiceField(choices=["approve", "deny"], required=False)
         reason = StrictCharField(required=False, allow_blank=True, max_length=2000)
         answer = StrictCharField(required=False, allow_blank=True, max_length=10_000)
+        action = serializers.ChoiceField(choices=["accept", "decline", "cancel"], required=False)
+        content = serializers.JSONField(required=False)
 
         def validate(self, attrs: dict) -> dict:
-            """Exactly one of ``decision`` (tool calls) and ``answer`` (questions)."""
-            if ("decision" in attrs) == ("answer" in attrs):
-                raise serializers.ValidationError("Send exactly one of decision (a tool call) or answer (a question).")
+            """Exactly one of ``decision`` (tool calls), ``answer`` (questions) and ``action``
+            (elicitations)."""
+            if sum(key in attrs for key in ("decision", "answer", "action")) != 1:
+                raise serializers.ValidationError("Send exactly one of decision (a tool call), answer (a question) "
+                                                  "or action (an MCP server's request for input).")
             return attrs
 
     @extend_schema(request=None, responses=ApprovalSerializer)

@@ -611,6 +611,8 @@ class ApprovalState:
     kind: str
     status: str
     answer: str
+    elicitation: Any = None
+    """Kind ``elicitation``: ``{request, action, content}`` (``Approval.elicitation``)."""
 
 
 def approvals_for_calls(*, call_pks: list[int]) -> dict[int, ApprovalState]:
@@ -618,7 +620,8 @@ def approvals_for_calls(*, call_pks: list[int]) -> dict[int, ApprovalState]:
 
     By call only: a sub-run's approvals belong to the user's run (``Approval.run``)."""
     return {
-        a.tool_call_id: ApprovalState(approval_id=a.pk, kind=a.kind, status=a.status, answer=a.answer)
+        a.tool_call_id: ApprovalState(approval_id=a.pk, kind=a.kind, status=a.status, answer=a.answer,
+                                      elicitation=a.elicitation)
         for a in Approval.objects.filter(tool_call_id__in=call_pks)
     }
 

@@ -221,10 +221,11 @@ class RunStore(Protocol):
 
     async def approval_request(
         self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: JSONValue, reason: str = "",
-        question: str = "",
+        question: str = "", elicitation: JSONValue = None,
     ) -> int:
         """The call waits for a human: an Approval; its id. Publishes nothing (the run's
-        ``pause`` announces its pending approvals)."""
+        ``pause`` announces its pending approvals). ``elicitation``: kind ``elicitation``'s
+        ``{"request": ...}`` (a call whose server asks again gets its approval back, pending)."""
 
     async def compaction_begin(self, *, attempt: int, tokens_before: int, messages: int, publish: Publish) -> None:
         """A compaction attempt starts: publishes ``compaction_running`` (no row yet)."""

@@ -35,6 +35,11 @@ class RunRequestOptions:
     response_format: dict[str, Any] | None = None
     """``{"type": "json_object"}`` or ``{"type": "json_schema", "name", "schema", "strict"}``: the
     answer must be JSON (valid against ``schema``); None: free text."""
+    unattended: str = ""
+    """Nobody watches the run (started through the OpenAI-compatible API, A2A or agents over
+    MCP): an MCP server's request for input gets this answer at once (``decline`` or
+    ``cancel``, the ``MCP_ELICITATION_UNATTENDED_ANSWER`` setting) instead of pausing the run;
+    "": a person answers (:mod:`capabilities.mcp.elicitation`)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | str | None) -> RunRequestOptions:
@@ -47,7 +52,7 @@ class RunRequestOptions:
                                parameters=t.get("parameters") or {"type": "object", "properties": {}})
                       for t in data.get("client_tools") or ())
         return cls(client_tools=tools, instructions=data.get("instructions") or "",
-                   response_format=data.get("response_format"))
+                   response_format=data.get("response_format"), unattended=data.get("unattended") or "")
 
     def to_json(self) -> dict[str, Any] | None:
         """The JSON stored in ``Run.request_options`` (None when there is nothing to keep)."""
@@ -59,6 +64,8 @@ class RunRequestOptions:
             data["instructions"] = self.instructions
         if self.response_format is not None:
             data["response_format"] = self.response_format
+        if self.unattended:
+            data["unattended"] = self.unattended
         return data or None
 
 

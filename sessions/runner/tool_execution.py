@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from capabilities.tools import ApprovalRequired, QuestionForUser, SessionStore, ToolContext, ToolError
+from capabilities.tools import ApprovalRequired, InputForUser, QuestionForUser, SessionStore, ToolContext, ToolError
 from capabilities.toolsets import CallWaiting, ToolInvocation, ToolOutcome
 from capabilities.untrusted import frame_untrusted  # noqa: F401 - its import place for the runner's readers
 from llm.sanitize import clean_json
@@ -126,12 +126,39 @@ class _CallRecord:
             duration_ms=duration_ms, model_content=outcome.model_content, publish=self.publish,
         )
 
-    async def wait_for_human(self, kind: str, *, reason: str = "", question: str = "") -> bool:
-        """Record an Approval (``kind``: a tool call to approve, or a question): the call waits."""
+    async def wait_for_human(self, kind: str, *, reason: str = "", question: str = "",
+                             elicitation: dict[str, Any] | None = None) -> bool:
+        """Record an Approval (``kind``: a tool call to approve, a question, an MCP server's
+        elicitation): the call waits."""
         await self.store.approval_request(spec=self.spec, call_pk=self.call["pk"], kind=kind,
                                           tool_name=self.call["name"], arguments=self.arguments, reason=reason,
-                                          question=question)
+                                          question=question, **({"elicitation": elicitation} if elicitation else {}))
         return True
+
+
+MAX_UNATTENDED_ROUNDS = 10
+"""How many times an MCP server may ask a run nobody watches before its call fails."""
+
+
+async def _call_answering_unattended(spec: RunSpec, toolset: Toolset, invocation: ToolInvocation) -> ToolOutcome:
+    """``toolset.call_tool(invocation)``; in a run nobody watches (``request_options.unattended``:
+    started through the OpenAI-compatible API, A2A or agents over MCP), a server's request for
+    input (:class:`InputForUser`) is answered at once with the configured answer (decline by
+    default) and the call made again, at most :data:`MAX_UNATTENDED_ROUNDS` times.
+
+    Raises:
+        InputForUser: A person watches the run: the call waits for their answer.
+    """
+    answer = spec.request_options.unattended
+    for _ in range(MAX_UNATTENDED_ROUNDS):
+        try:
+            return await toolset.call_tool(invocation)
+        except InputForUser as exc:
+            if not answer:
+                raise
+            invocation.context.input_answer = {"request": exc.request, "action": answer, "content": None}
+    return ToolOutcome.failure(f"The MCP server asked for input more than {MAX_UNATTENDED_ROUNDS} times in a run "
+                               "nobody watches; the call was given up.")
 
 
 async def _execute_one(
@@ -148,7 +175,10 @@ async def _execute_one(
     outcome = _settled(approval)
     if outcome is None:
         try:
-            outcome = await toolset.call_tool(invocation)
+            outcome = await _call_answering_unattended(spec, toolset, invocation)
+        except InputForUser as exc:  # an MCP server asks the person: the call waits for the answer
+            return await record.wait_for_human(ApprovalKind.ELICITATION, question=str(exc.request.get("message", "")),
+                                               elicitation={"request": exc.request})
         except ApprovalRequired as exc:
             return await record.wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason)
         except QuestionForUser as exc:
@@ -175,6 +205,8 @@ def _invocation(
         tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id, tool_call_id=call["pk"],
         publish=publish, user_id=spec.user_id, depth=spec.depth, store=tool_store,
         approved=approval is not None and approval.status == ApprovalStatus.APPROVED,
+        input_answer=approval.elicitation if approval is not None and approval.kind == ApprovalKind.ELICITATION
+        else None,
     )
     return ToolInvocation(name=call["name"], arguments=arguments, arguments_error=arguments_error, context=context,
                           timeout_seconds=spec.tool_timeout_seconds)
@@ -182,7 +214,7 @@ def _invocation(
 
 def _settled(approval: ApprovalState | None) -> ToolOutcome | None:
     """The outcome of a call a human already settled: denied, expired, or a question answered."""
-    if approval is None:
+    if approval is None or approval.kind == ApprovalKind.ELICITATION:  # executed again with the answer
         return None
     if approval.kind == ApprovalKind.QUESTION and approval.status == ApprovalStatus.ANSWERED:
         return ToolOutcome(content=f"The user answered: {approval.answer}")

@@ -10,12 +10,15 @@ tenant scope.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
 from agent_platform.api_errors import ApplicationError
+from capabilities.mcp.elicitation import ACTIONS as ELICITATION_ACTIONS
+from capabilities.mcp.elicitation import content_errors
 from sessions.events import event_publish_on_commit
 from sessions.models import (
     ACTIVE_RUN_STATUSES,
@@ -32,7 +35,7 @@ from tenants.audit import Action, audit_record
 
 
 def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str = "", reason: str = "",
-                    answer: str = "") -> Approval:
+                    answer: str = "", action: str = "", content: Any = None) -> Approval:
     """Record a human's decision on a pending approval; resume the run once none is pending.
 
     Args:
@@ -40,13 +43,17 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
         decision: ``approve`` or ``deny`` (tool-call approvals).
         reason: Optional, for a denial: fed back to the model with the failed call.
         answer: The answer to a question (required, ≤ 10,000 characters).
+        action: Kind ``elicitation``: ``accept``, ``decline`` or ``cancel``.
+        content: Kind ``elicitation`` accepted in form mode: the form's values, checked against
+            the server's requested schema (:func:`capabilities.mcp.elicitation.content_errors`).
 
     Returns:
         The approval as stored. When the run has no pending approval left it is queued again
         (:func:`run_resume`).
 
     Raises:
-        ApplicationError: 400 for a missing/invalid decision or answer; 409 when the approval
+        ApplicationError: 400 for a missing/invalid decision, answer, action or content (an
+            invalid field: ``extra={"errors": {field: reason}}``, the message names it); 409 when the approval
             was already decided, has expired (the run then fails ``approval_expired``) or its
             run is no longer waiting.
 
@@ -57,11 +64,29 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
     if expired:
         raise ApplicationError("This approval has expired; the run has failed.", status_code=409)
     return _approval_decide(approval=approval, user=user, decision=decision, reason=reason, answer=answer,
-                            now=timezone.now())
+                            now=timezone.now(), action=action, content=content)
+
+
+def _check_elicitation(approval: Approval, *, action: str, content: Any) -> dict[str, Any]:
+    """The stored answer ``{request, action, content}``; ApplicationError (400) for a bad
+    action or content (naming the field)."""
+    if action not in ELICITATION_ACTIONS:
+        raise ApplicationError("`action` must be 'accept', 'decline' or 'cancel'.")
+    request = (approval.elicitation or {}).get("request") or {}
+    if action != "accept" or request.get("mode") != "form":
+        return {"request": request, "action": action, "content": None}
+    content = {} if content is None else content
+    errors = content_errors(request.get("schema"), content)
+    if errors:
+        raise ApplicationError("The form is not valid: " + "; ".join(errors.values()) + ".",
+                               extra={"errors": errors})
+    return {"request": request, "action": action, "content": content}
 
 
 def _check_decision(approval: Approval, *, decision: str, answer: str) -> str:
     """The cleaned answer; ApplicationError (400) for a missing/invalid decision or answer."""
+    if approval.kind == ApprovalKind.ELICITATION:
+        return ""
     if approval.kind == ApprovalKind.CLIENT_TOOL:
         raise ApplicationError("This tool runs in the API client: its next request brings the output.",
                                status_code=409)
@@ -78,10 +103,12 @@ def _check_decision(approval: Approval, *, decision: str, answer: str) -> str:
 
 @transaction.atomic
 def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str, reason: str, answer: str,
-                     now: datetime) -> Approval:
+                     now: datetime, action: str = "", content: Any = None) -> Approval:
     run = Run.objects.select_for_update(no_key=True).get(pk=approval.run_id)
     approval = Approval.objects.select_for_update(no_key=True).get(pk=approval.pk)
     answer = _check_decision(approval, decision=decision, answer=answer)
+    elicitation = (_check_elicitation(approval, action=action, content=content)
+                   if approval.kind == ApprovalKind.ELICITATION else None)
     if approval.status != ApprovalStatus.PENDING:
         raise ApplicationError(f"This approval is already {approval.status}.", status_code=409)
     if run.status not in ACTIVE_RUN_STATUSES:  # running/queued: the worker is about to pause it
@@ -90,12 +117,14 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
         raise ApplicationError("This approval has expired.", status_code=409)
     if approval.kind == ApprovalKind.QUESTION:
         approval.status, approval.answer = ApprovalStatus.ANSWERED, answer
+    elif elicitation is not None:  # the action only; the content is the server's to read
+        approval.status, approval.answer, approval.elicitation = ApprovalStatus.ANSWERED, elicitation["action"], elicitation
     else:
         approval.status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.DENIED
         approval.answer = (reason or "").strip()[:2000]
     approval.decided_by = user
     approval.decided_at = now
-    approval.save(update_fields=["status", "answer", "decided_by", "decided_at"])
+    approval.save(update_fields=["status", "answer", "decided_by", "decided_at", "elicitation"])
     # the decision goes in the audit log (never the answer's or reason's text)
     audit_record(action=Action.APPROVAL_DECIDED, obj=approval, actor=user,
                  changes={"status": {"from": ApprovalStatus.PENDING, "to": approval.status}},
@@ -188,6 +217,8 @@ def approvals_expire(*, now: datetime | None = None, run_ids: list[int] | None =
         qs = qs.filter(run_id__in=run_ids)
     if approval_ids is not None:
         qs = qs.filter(pk__in=approval_ids)
+    _elicitations_decline(qs.filter(kind=ApprovalKind.ELICITATION), now=now)
+    qs = qs.exclude(kind=ApprovalKind.ELICITATION)
     failed = 0
     for run_id in sorted(set(qs.values_list("run_id", flat=True))):
         run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
@@ -198,3 +229,21 @@ def approvals_expire(*, now: datetime | None = None, run_ids: list[int] | None =
             event_data={"error": APPROVAL_EXPIRED_ERROR, "reason": RunFailureReason.APPROVAL_EXPIRED},
         )
     return failed
+
+
+def _elicitations_decline(qs: Any, *, now: datetime) -> None:
+    """An MCP server's request for input nobody answered in time is declined (not a failed
+    run): the approval is ``expired`` with action ``decline`` and the run resumes, executing
+    the call again with that answer (:mod:`capabilities.mcp.elicitation`)."""
+    for approval in qs.select_for_update(no_key=True):
+        run = Run.objects.select_for_update(no_key=True).get(pk=approval.run_id)
+        request = (approval.elicitation or {}).get("request") or {}
+        approval.status, approval.answer, approval.decided_at = ApprovalStatus.EXPIRED, "decline", now
+        approval.elicitation = {"request": request, "action": "decline", "content": None}
+        approval.save(update_fields=["status", "answer", "decided_at", "elicitation"])
+        event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
+            "approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,
+            "sub_run_id": approval.sub_run_id,
+        })
+        if run.status == RunStatus.AWAITING_APPROVAL:
+            run_resume(run=run, now=now)

@@ -42,7 +42,16 @@ from llm.metering import LLMCallPurpose
 from llm.records import AttemptRecord
 from llm.sanitize import clean_json, clean_json_text, clean_text
 from llm.types import ChatMessage
-from sessions.models import Approval, ChatSession, Compaction, MessageRole, ToolCall, ToolCallStatus
+from sessions.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    ChatSession,
+    Compaction,
+    MessageRole,
+    ToolCall,
+    ToolCallStatus,
+)
 from sessions.runner.pg import pg_connection
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
@@ -358,9 +367,14 @@ def _compaction_insert(
 @transaction.atomic
 def approval_request(
     *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "", question: str = "",
+    elicitation: Any = None,
 ) -> int:
     """Record that tool call ``call_pk`` of run ``spec`` waits for a human (approval or
     answer). Idempotent.
+
+    ``elicitation`` (kind ``elicitation``): ``{"request": ...}``, the MCP server's request for
+    input. A call whose server asks again after an answer (the next question of a
+    multi-round-trip call) gets its Approval back, pending, with the new request.
 
     The Approval belongs to the user's run (``spec.waiting_run_id``: the run itself, or the
     top of a sub-run's tree), with ``sub_run`` set when the call is a sub-run's.
@@ -381,12 +395,29 @@ def approval_request(
             "tenant_id": spec.tenant_id, "run_id": spec.waiting_run_id,
             "sub_run_id": spec.run_id if spec.depth > 0 else None, "kind": kind, "tool_name": tool_name,
             "arguments": clean_json(_jsonable(arguments)) or {}, "reason": clean_text(reason[:5000]),
-            "question": clean_text(question),
+            "question": clean_text(question), "elicitation": clean_json(elicitation),
             "expires_at": timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
         },
     )
+    if kind == ApprovalKind.ELICITATION and approval.status != ApprovalStatus.PENDING:
+        approval.status, approval.elicitation, approval.question = ApprovalStatus.PENDING, clean_json(elicitation), \
+            clean_text(question)
+        approval.decided_by, approval.decided_at, approval.answer = None, None, ""
+        approval.expires_at = timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
+        approval.save(update_fields=["status", "elicitation", "question", "decided_by", "decided_at", "answer",
+                                     "expires_at"])
     ToolCall.objects.filter(pk=call_pk).update(status=ToolCallStatus.AWAITING_APPROVAL)
     return approval.pk
+
+
+def elicitation_public(elicitation: Any) -> dict[str, Any] | None:
+    """What a person (the chat app, the approvals API) sees of an elicitation's request:
+    ``{mode, message, schema, url, server, tool}`` (not the server's opaque state); None for
+    other kinds."""
+    request = (elicitation or {}).get("request") if isinstance(elicitation, dict) else None
+    if not isinstance(request, dict):
+        return None
+    return {k: request.get(k) for k in ("mode", "message", "schema", "url", "server", "tool")}
 
 
 def approval_payload(a: Approval) -> dict[str, Any]:
@@ -395,6 +426,7 @@ def approval_payload(a: Approval) -> dict[str, Any]:
     return {
         "approval_id": a.pk, "tool_call_id": a.tool_call_id, "kind": a.kind, "status": a.status,
         "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
+        "elicitation": elicitation_public(a.elicitation),
         "expires_at": a.expires_at.isoformat(), "sub_run_id": a.sub_run_id,
         "skill": a.skill_name,
     }

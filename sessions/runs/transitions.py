@@ -11,6 +11,9 @@ publishes its event after its commit (on commit for a caller's transaction, thro
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -36,6 +39,21 @@ from sessions.runs.handoff import run_enqueue_on_commit, runs_hand_to_workers
 from sessions.runs.records import Publish, approval_payload, run_event_observe, run_event_observers
 from tenants.scoping import require_tenant_id
 
+_unattended: contextvars.ContextVar[bool] = contextvars.ContextVar("unattended_runs", default=False)
+
+
+@contextlib.contextmanager
+def unattended_runs() -> Iterator[None]:
+    """Runs created inside (:func:`run_create`) have nobody watching them (the OpenAI-compatible
+    API, A2A, agents over MCP): their ``request_options`` get ``unattended`` = the setting
+    ``MCP_ELICITATION_UNATTENDED_ANSWER`` (``decline`` by default), the answer an MCP server's
+    request for input gets at once (:class:`sessions.runner.spec.RunRequestOptions`)."""
+    token = _unattended.set(True)
+    try:
+        yield
+    finally:
+        _unattended.reset(token)
+
 
 def run_create(*, session: ChatSession, user: AbstractBaseUser, content: str,
                request_options: dict[str, Any] | None = None) -> Run:
@@ -58,6 +76,11 @@ def run_create(*, session: ChatSession, user: AbstractBaseUser, content: str,
     steer = session.agent.message_mode == "steer" and Run.objects.filter(
         session=session, status__in=ACTIVE_RUN_STATUSES
     ).exists()
+    if _unattended.get():
+        from django.conf import settings
+
+        answer = getattr(settings, "MCP_ELICITATION_UNATTENDED_ANSWER", "decline")
+        request_options = {**(request_options or {}), "unattended": answer if answer == "cancel" else "decline"}
     run = Run.objects.create(tenant_id=session.tenant_id, session=session, user=user, input=content, steer=steer,
                              request_options=request_options, agent_version_id=run_version_for(session.agent))
     Message.objects.create(

@@ -23,6 +23,7 @@ from sessions.runner.database import ApprovalState, History
 from sessions.runner.ports import ArtifactImage, CallbackPublisher, RunPorts
 from sessions.runner.spec import RunSpec
 from sessions.runner.toolset import Toolset
+from sessions.runs.records import elicitation_public
 
 _FINISHED = {ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.TIMED_OUT, ToolCallStatus.CANCELLED}
 
@@ -246,14 +247,15 @@ class MemoryRunStore:
         return True
 
     async def approval_request(self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any,
-                               reason: str = "", question: str = "") -> int:
+                               reason: str = "", question: str = "", elicitation: Any = None) -> int:
         approval_id = 100 + call_pk
         self.approvals[call_pk] = ApprovalState(approval_id=approval_id, kind=kind, status=ApprovalStatus.PENDING,
-                                                answer="")
+                                                answer="", elicitation=elicitation)
         sub = self.subruns.get(spec.run_id)
         self._approval_items[call_pk] = {
             "approval_id": approval_id, "tool_call_id": call_pk, "kind": kind, "status": "pending",
             "tool_name": tool_name, "arguments": arguments, "reason": reason, "question": question,
+            "elicitation": elicitation_public(elicitation),
             "expires_at": "2100-01-01T00:00:00+00:00", "sub_run_id": sub.run_id if sub else None,
             "skill": f"skill-{sub.skill_id}" if sub else None,
         }

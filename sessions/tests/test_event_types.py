@@ -68,8 +68,12 @@ def test_validate_event_rejects_unknown_fields_and_wrong_types(event_type, data,
 def test_validate_event_accepts_each_documented_variant() -> None:
     approval = {"approval_id": 1, "tool_call_id": 2, "kind": "tool_call", "status": "pending", "tool_name": "t",
                 "arguments": {"a": 1}, "reason": "", "question": "", "expires_at": "2026-01-01T00:00:00+00:00",
-                "sub_run_id": None, "skill": None}
+                "sub_run_id": None, "skill": None, "elicitation": None}
+    elicitation = {**approval, "kind": "elicitation", "question": "Where to?", "elicitation": {
+        "mode": "form", "message": "Where to?", "schema": {"type": "object", "properties": {}}, "url": "",
+        "server": "travel", "tool": "book"}}
     for event_type, data in [
+        ("run_awaiting_approval", {"approvals": [elicitation]}),
         ("run_queued", {"input": "hi"}), ("run_queued", {"resumed": True}),
         ("run_running", {"attempt": 1}), ("run_running", {"steered_into": 4}),
         ("run_running", {"attempt": 1, "skill": "s", "depth": 1, "task": "t", "parent_run_id": 1,

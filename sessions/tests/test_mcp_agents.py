@@ -75,7 +75,7 @@ def test_the_tools_are_the_callers_active_agents(world, other_world, live_server
     tool = tools[0]
     assert (tool.title, tool.description) == ("Docs assistant", "Answers from the handbook.")
     assert tool.input_schema["required"] == ["message"]
-    assert set(tool.input_schema["properties"]) == {"message", "chat_id"}
+    assert set(tool.input_schema["properties"]) == {"message", "chat_id", "version"}
     assert set(tool.output_schema["required"]) == {"reply", "chat_id", "run_id", "citations", "status"}
 
 

@@ -228,7 +228,8 @@ def test_system_and_developer_messages_follow_the_agents_own_prompt(world, fake_
     assert system["content"].index("Answer in French.") < system["content"].index("Be brief.")
     assert [m["role"] for m in fake_llm.requests[0]["messages"][1:]] == ["user", "assistant", "user"]
     run = Run.all_tenants.get(pk=int(answer.id.removeprefix("chatcmpl-")))
-    assert run.request_options == {"instructions": "Answer in French.\n\nBe brief."}
+    # nobody watches an API run: an MCP server asking for input gets the unattended answer (decline)
+    assert run.request_options == {"instructions": "Answer in French.\n\nBe brief.", "unattended": "decline"}
 
 
 # --- the Responses API -------------------------------------------------------------------------

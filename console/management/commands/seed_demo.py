@@ -17,7 +17,10 @@ Creates (or brings back to the documented state) tenant "demo" with:
   re-ingested) and agent "Docs assistant" bound to it (``knowledge_search`` with
   ``search_first``: the first model turn of each run must call it, which the 0.5B model would
   not do by itself, enforced by constrained decoding; ``user_uploads``: a user's chat
-  attachments added to their own knowledge are searched too).
+  attachments added to their own knowledge are searched too);
+- evaluation datasets "Docs QA" (questions whose answers are facts in the documentation, for
+  the Docs assistant) and "Tool use" (times in cities, for the Assistant), from
+  ``evaluation/datasets/*.jsonl``; created once, left alone after (an admin may edit them).
 
 With ``--print-token`` the last line printed is a new API token for demo-user (with
 ``--admin``, for demo-admin).
@@ -60,6 +63,15 @@ DOCS_ASSISTANT_PROMPT = (
     "question, say so."
 )
 DOCS_KNOWLEDGE_BASE = "Platform documentation"
+DEMO_DATASETS = (
+    ("Docs QA", "docs_qa.jsonl",
+     "Questions whose answers are facts in README.md and docs/: run it against the Docs assistant."),
+    ("Tool use", "tool_use.jsonl",
+     "The time in 16 cities: the get_current_time call with the city's IANA zone, and a time in the answer. "
+     "Run it against the Assistant."),
+)
+"""The demo's evaluation datasets: (name, file in evaluation/datasets/, description)."""
+
 DOCS_FILES = ("README.md", "ARCHITECTURE.md",
               *sorted(f"docs/{p.name}" for p in (settings.BASE_DIR / "docs").glob("*.md")))
 """Files of the project (under BASE_DIR) the demo knowledge base is made of: the README, the
@@ -152,7 +164,22 @@ class Command(BaseCommand):
         self._seed_researcher(tenant=tenant, route=route, templates=templates)
         with tenant_scope(tenant.pk):  # the knowledge services work in the tenant's scope
             self._seed_docs_assistant(tenant=tenant, route=route)
+            self._seed_datasets(tenant=tenant)
         return memberships
+
+    def _seed_datasets(self, *, tenant: Tenant) -> None:
+        """The shipped evaluation datasets (issue 38: the embedded default measured on them),
+        each created with its items if the tenant has no dataset of that name."""
+        from evaluation.dataset_io import items_parse_jsonl
+        from evaluation.models import Dataset
+        from evaluation.services import dataset_items_add, dataset_save
+
+        for name, file_name, description in DEMO_DATASETS:
+            if Dataset.objects.filter(name=name).exists():
+                continue
+            text = (settings.BASE_DIR / "evaluation" / "datasets" / file_name).read_text(encoding="utf-8")
+            dataset = dataset_save(tenant=tenant, name=name, description=description)
+            dataset_items_add(dataset=dataset, items=items_parse_jsonl(text))
 
     def _seed_docs_assistant(self, *, tenant: Tenant, route: ModelRoute) -> None:
         """The demo knowledge base (the project's own documentation) and the agent that answers from it.

@@ -106,6 +106,7 @@ from sessions.event_reader import Closed, Event, SessionEventReader
 from sessions.events import session_keys
 from sessions.models import Approval, ApprovalKind, ApprovalStatus, Run, RunStatus
 from sessions.runs.approvals import approval_decide
+from sessions.runs.transitions import unattended_runs
 from sessions.selectors import chat_session_get_for_user
 from sessions.services import chat_from_conversation, message_post, run_cancel
 from sessions.stream_guard import StreamCredential
@@ -157,7 +158,7 @@ def _start_sync(caller: A2ACaller, context_id: str, text: str, push: TaskPushNot
             refuses (empty, too long); a bad ``push`` config (then no run starts).
         PlatformRefusal: 429 over the ``messages``/``runs`` throttles (``Retry-After``).
     """
-    with transaction.atomic():
+    with transaction.atomic(), unattended_runs():  # nobody watches an A2A task's run
         run = _start_run(caller, context_id, text)
         if push is not None:
             with tenant_scope(caller.tenant_id):

@@ -1,0 +1,168 @@
+"""MCP elicitation through a run (issue 37): an MCP server (the SDK's MCPServer, a tool whose
+parameter is elicited with ``Resolve(Elicit[...])``) over Streamable HTTP on 2026-07-28 asks the
+user during a tool call; the run pauses (no worker holds it), the approvals API shows and takes
+the answer (checked against the requested schema), and the call is made again with it.
+Also: decline, cancel, expiry (a decline), and runs nobody watches (the configured answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from channels.db import database_sync_to_async
+from django.utils import timezone
+
+from agents.models import CapabilityBinding, CapabilityKind
+from agents.tests.factories import agent_with_route
+from capabilities.mcp.pool import mcp_pool
+from capabilities.services import mcp_server_save
+from capabilities.tests.elicit_test_server import SIGN_IN_URL, serve_travel
+from llm.testing import Reply, ToolCalls
+from sessions.models import Approval, Run, ToolCall
+from sessions.runner.loop import execute_run
+from sessions.runs.transitions import unattended_runs
+from sessions.tests.conftest import post_message, post_message_sync
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_enqueue"),
+    pytest.mark.usefixtures("all_tenants_scope"),
+]
+
+
+@pytest.fixture(scope="module")
+def travel_server_url() -> Iterator[str]:
+    with serve_travel() as url:
+        yield url
+
+
+@pytest.fixture
+async def travel_url(travel_server_url):
+    """The server's URL; the test's MCP pool is closed before the server stops (a session
+    still open would hold the server's graceful shutdown)."""
+    yield travel_server_url
+    await mcp_pool().aclose()
+
+
+@database_sync_to_async
+def _agent(world, llm_url, server_url):
+    agent = agent_with_route(tenant=world.tenant, base_urls=[llm_url])
+    server = mcp_server_save(tenant=world.tenant, env=None, name="travel", alias="travel",
+                             transport="streamable_http", url=server_url)
+    CapabilityBinding.all_tenants.create(tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER,
+                                         mcp_server=server)
+    return agent
+
+
+@database_sync_to_async
+def _get(world, path):
+    return world.client().get(path)
+
+
+@database_sync_to_async
+def _post(world, path, body):
+    return world.client().post(path, body, format="json")
+
+
+@database_sync_to_async
+def _state(run_id):
+    run = Run.all_tenants.get(pk=run_id)
+    return run, list(Approval.all_tenants.filter(run_id=run_id)), list(ToolCall.all_tenants.filter(run_id=run_id))
+
+
+async def _paused_run(world, fake_llm, travel_url, reply="Done."):
+    agent = await _agent(world, fake_llm.base_url, travel_url)
+    fake_llm.script(ToolCalls([("travel__book", {})]), Reply(reply))
+    run = await post_message(agent=agent, user=world.member, content="Book me a trip")
+    await execute_run(run.pk)
+    run, [approval], [call] = await _state(run.pk)
+    assert (run.status, call.status) == ("awaiting_approval", "awaiting_approval"), run.error
+    assert run.heartbeat_at is None  # no worker holds the run...
+    assert [s.state for s in mcp_pool().sessions] == ["ready"] and mcp_pool().sessions[0]._in_flight == 0  # ...nor a call
+    return run, approval
+
+
+async def test_accept_validates_the_form_and_resumes_the_call_with_the_answer(world, fake_llm, travel_url):
+    run, approval = await _paused_run(world, fake_llm, travel_url, reply="Booked Oslo.")
+    listed = (await _get(world, "/api/v1/approvals/")).json()
+    [item] = [a for a in listed if a["id"] == approval.pk]
+    assert (item["kind"], item["mode"], item["message"], item["server"], item["tool_call"]) == (
+        "elicitation", "form", "Where to, and for how long?", "travel", approval.tool_call_id)
+    assert item["schema"]["required"] == ["city"] and item["schema"]["properties"]["days"]["type"] == "integer"
+
+    bad = await _post(world, f"/api/v1/approvals/{approval.pk}/", {"action": "accept", "content": {"days": "two"}})
+    assert bad.status_code == 400
+    assert "city: required" in bad.json()["message"] and "days: must be an integer" in bad.json()["message"]
+    ok = await _post(world, f"/api/v1/approvals/{approval.pk}/",
+                     {"action": "accept", "content": {"city": "Oslo", "days": 2}})
+    assert ok.status_code == 200, ok.content
+    assert (await _state(run.pk))[0].status == "queued"
+
+    await execute_run(run.pk)  # any worker: the retried call carries the answer and the server's state
+    run, _, [call] = await _state(run.pk)
+    assert (run.status, call.status) == ("completed", "succeeded"), run.error
+    assert "booked Oslo for 2 days" in call.result
+
+
+@pytest.mark.parametrize("action", ["decline"])  # cancel goes the same way
+async def test_decline_and_cancel_reach_the_server(world, fake_llm, travel_url, action):
+    run, approval = await _paused_run(world, fake_llm, travel_url)
+    resp = await _post(world, f"/api/v1/approvals/{approval.pk}/", {"action": action})
+    assert resp.status_code == 200, resp.content
+    await execute_run(run.pk)
+    run, _, [call] = await _state(run.pk)
+    assert run.status == "completed" and f"not booked: {action}" in call.result
+
+
+async def test_no_answer_in_time_is_a_decline(world, fake_llm, travel_url):
+    from sessions.services import runs_sweep
+
+    run, approval = await _paused_run(world, fake_llm, travel_url)
+    await database_sync_to_async(Approval.all_tenants.filter(pk=approval.pk).update)(
+        expires_at=timezone.now() - timedelta(seconds=1))
+    await database_sync_to_async(runs_sweep)()
+    assert (await _state(run.pk))[0].status == "queued"  # resumed, not failed
+    await execute_run(run.pk)
+    run, [approval], [call] = await _state(run.pk)
+    assert run.status == "completed" and "not booked: decline" in call.result
+    assert approval.status == "expired"
+
+
+async def test_a_run_nobody_watches_gets_the_configured_answer(world, fake_llm, travel_url):
+    agent = await _agent(world, fake_llm.base_url, travel_url)
+    fake_llm.script(ToolCalls([("travel__book", {})]), Reply("Could not book."))
+
+    @database_sync_to_async
+    def post_unattended():
+        with unattended_runs():  # as the OpenAI-compatible API, A2A and agents over MCP post
+            return post_message_sync(agent=agent, user=world.member, content="Book me a trip")
+
+    run = await post_unattended()
+    await execute_run(run.pk)
+    run, approvals, [call] = await _state(run.pk)
+    assert (run.status, approvals) == ("completed", []), run.error
+    assert "not booked: decline" in call.result
+
+
+@pytest.mark.parametrize(("action", "status", "text"), [
+    ("accept", "succeeded", "connected"),
+    ("decline", "failed", "declined to open the page"),
+])
+async def test_url_elicitation_required_pauses_then_the_call_is_made_again(world, fake_llm, travel_url, action,
+                                                                           status, text):
+    agent = await _agent(world, fake_llm.base_url, travel_url)
+    fake_llm.script(ToolCalls([("travel__connect", {"account": action})]), Reply("Done."))
+    run = await post_message(agent=agent, user=world.member, content="Connect my files")
+    await execute_run(run.pk)
+    run, [approval], _ = await _state(run.pk)
+    assert run.status == "awaiting_approval", run.error
+    item = (await _get(world, f"/api/v1/approvals/{approval.pk}/")).json()
+    assert (item["kind"], item["mode"], item["url"], item["message"], item["schema"]) == (
+        "elicitation", "url", SIGN_IN_URL, "Sign in to your files", None)
+    resp = await _post(world, f"/api/v1/approvals/{approval.pk}/", {"action": action})
+    assert resp.status_code == 200, resp.content
+    await execute_run(run.pk)
+    run, _, [call] = await _state(run.pk)
+    assert (run.status, call.status) == ("completed", status), run.error
+    assert text in (call.result or call.error)
