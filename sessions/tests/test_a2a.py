@@ -34,7 +34,7 @@ from a2a.utils.errors import (
 from agents.models import AgentInstance
 from agents.tests.factories import AgentFactory, agent_with_route, bind_builtin
 from llm.testing import Delay, Reply, ToolCalls
-from sessions.models import Approval, Run
+from sessions.models import Approval, Run, TaskPushConfig
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
@@ -378,12 +378,19 @@ def test_a_foreign_token_reaches_no_task_of_ours_over_either_binding(world, othe
     for method, params in [("GetTask", {"id": task.id}), ("CancelTask", {"id": task.id}),
                            ("SubscribeToTask", {"id": task.id}),
                            ("SendMessage", {"message": {"messageId": "x", "role": "ROLE_USER", "taskId": task.id,
-                                                        "parts": [{"text": "approve"}]}})]:
+                                                        "parts": [{"text": "approve"}]}}),
+                           ("CreateTaskPushNotificationConfig", {"taskId": task.id, "url": "https://93.184.215.14/h"}),
+                           ("GetTaskPushNotificationConfig", {"taskId": task.id, "id": task.id}),
+                           ("ListTaskPushNotificationConfigs", {"taskId": task.id}),
+                           ("DeleteTaskPushNotificationConfig", {"taskId": task.id, "id": task.id})]:
         answer = httpx.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
                             timeout=10).json()
         assert answer["error"]["code"] == -32001, (method, answer)
     listed = httpx.get(f"{url}rest/tasks", headers=headers, timeout=10).json()
     assert listed.get("tasks", []) == []
+    configs = httpx.get(f"{url}rest/tasks/{task.id}/pushNotificationConfigs", headers=headers, timeout=10)
+    assert configs.status_code == 404
+    assert not TaskPushConfig.all_tenants.exists()
     cancel = httpx.post(f"{url}rest/tasks/{task.id}:cancel", headers=headers, timeout=10)
     assert cancel.status_code == 404
     assert Run.all_tenants.get(pk=int(task.id)).status in ("queued", "running")
