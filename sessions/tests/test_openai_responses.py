@@ -75,6 +75,8 @@ def test_streaming_events_are_valid_and_in_order(world, fake_llm, celery_worker,
         STREAM_EVENTS[kind].model_validate(event)
     kinds = [k for k, _ in events]
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    created = events[0][1]["response"]  # as it starts: the items come as events, none in the opening
+    assert created["status"] in ("queued", "in_progress") and created["output"] == [] and created["usage"] is None
     assert [e["sequence_number"] for _, e in events] == list(range(1, len(events) + 1))
     assert "".join(e["delta"] for k, e in events if k == "response.output_text.delta") == "Streaming works fine."
     assert events[-1][1]["response"]["output"][0]["content"][0]["text"] == "Streaming works fine."

@@ -226,6 +226,23 @@ def response_body(run: Run, *, model: str, previous_response_id: str | None = No
     usage = {"input_tokens": run.prompt_tokens, "output_tokens": run.completion_tokens,
              "total_tokens": run.prompt_tokens + run.completion_tokens,
              "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    return _body(run, model=model, previous_response_id=previous_response_id, segment=segment, status=status,
+                 output=output, error=error, usage=usage if status in ENDED else None)
+
+
+def response_opening(run: Run, *, model: str, previous_response_id: str | None = None,
+                     segment: int = 0) -> dict[str, Any]:
+    """The response object a stream opens with (``response.created``), from the run row the
+    request just wrote or resumed, with no database read: ``queued`` (or ``in_progress`` for a
+    run a worker has), no output yet (the stream sends every item as it is made) and no usage.
+    """
+    status = "queued" if run.status == RunStatus.QUEUED else "in_progress"
+    return _body(run, model=model, previous_response_id=previous_response_id, segment=segment, status=status,
+                 output=[], error=None, usage=None)
+
+
+def _body(run: Run, *, model: str, previous_response_id: str | None, segment: int, status: str,
+          output: list[dict[str, Any]], error: dict[str, str] | None, usage: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "id": response_id(run.pk, segment), "object": "response", "created_at": int(run.created_at.timestamp()),
         "completed_at": int(run.finished_at.timestamp()) if run.finished_at else None, "status": status,
@@ -234,7 +251,7 @@ def response_body(run: Run, *, model: str, previous_response_id: str | None = No
         "output": output, "error": error, "tool_choice": "auto", "truncation": "disabled",
         "parallel_tool_calls": True, "top_p": 1.0, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "top_logprobs": 0, "temperature": 1.0, "reasoning": None,
-        "usage": usage if status in ENDED else None, "max_output_tokens": None, "max_tool_calls": None,
+        "usage": usage, "max_output_tokens": None, "max_tool_calls": None,
         "store": True, "background": False, "service_tier": "default", "metadata": {}, "safety_identifier": None,
         "prompt_cache_key": None,
     }

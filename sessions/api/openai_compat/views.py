@@ -34,7 +34,7 @@ from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_pa
 from sessions.api.openai_compat.completion import Completion, RunEnd, ends_answer, frame_delta, usage_of
 from sessions.api.openai_compat.errors import OpenAIError
 from sessions.api.openai_compat.images import ImageInput
-from sessions.api.openai_compat.responses import ResponseStream, response_body, response_ref_of
+from sessions.api.openai_compat.responses import ResponseStream, response_body, response_opening, response_ref_of
 from sessions.api.openai_compat.responses_request import ResponsesRequest, responses_request_parse
 from sessions.api.openai_compat.resume import Started, run_resume_with_outputs
 from sessions.chat_services import run_images_attach
@@ -355,14 +355,19 @@ async def _streamed(reader: SessionEventReader, completion: Completion, tenant_i
 
 
 @database_sync_to_async
-def _start_response(caller: Caller, request: ResponsesRequest) -> Started:
+def _start_response(caller: Caller, request: ResponsesRequest) -> tuple[Started, str]:
     """A response's run (:func:`_start_run`; 404 also for a previous response not the caller's):
-    a new one, or the run the request's tool outputs resume (a later segment of it)."""
+    a new one, or the run the request's tool outputs resume (a later segment of it), with its
+    row (``run``: a stream opens from it without a query); and its agent's slug."""
     resumed: list[Started] = []
+    posted: list[Run] = []
+    slugs: list[str] = []
 
     def post(agent: AgentInstance) -> Run:
+        slugs.append(agent.slug)
         if not request.tool_outputs:
-            return _post_response(caller, agent, request)
+            posted.append(_post_response(caller, agent, request))
+            return posted[0]
         if request.previous_run_id is not None:
             _previous_run(caller, agent, request)
         resumed.append(run_resume_with_outputs(user=caller.user, agent=agent, outputs=request.tool_outputs,
@@ -372,8 +377,8 @@ def _start_response(caller: Caller, request: ResponsesRequest) -> Started:
 
     session_id, run_id = _start_run(caller, request.model, post)
     if resumed:
-        return resumed[0]
-    return Started(session_id=session_id, run_id=run_id)
+        return resumed[0], slugs[0]
+    return Started(session_id=session_id, run_id=run_id, run=posted[0]), slugs[0]
 
 
 def _previous_run(caller: Caller, agent: AgentInstance, request: ResponsesRequest) -> Run:
@@ -401,14 +406,15 @@ def _post_response(caller: Caller, agent: AgentInstance, request: ResponsesReque
 
 @database_sync_to_async
 def _stored_response(tenant_id: int, run_id: int, *, user_id: int, previous_response_id: str | None = None,
-                     segment: int = 0) -> dict[str, Any] | None:
+                     segment: int = 0, model: str | None = None) -> dict[str, Any] | None:
     """The response object of the caller's run ``run_id`` (its segment ``segment``) as stored,
-    or None (not theirs, or no such segment)."""
+    or None (not theirs, or no such segment). ``model``: the run's agent's slug, when the caller
+    knows it (else read)."""
     with tenant_scope(tenant_id):
         run = run_get_for_user(run_id=run_id, user_id=user_id)
         if run is None:
             return None
-        return response_body(run, model=run.session.agent.slug, previous_response_id=previous_response_id,
+        return response_body(run, model=model or run.session.agent.slug, previous_response_id=previous_response_id,
                              segment=segment)
 
 
@@ -429,11 +435,11 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
     try:
         caller = await _authenticate(request)
         parsed = responses_request_parse(request.body)
-        started = await _start_response(caller, parsed)
+        started, model = await _start_response(caller, parsed)
         reader = await _reader(caller, started.session_id, started.after_seq)
     except OpenAIError as exc:
         return exc.response()
-    ctx = _ResponseContext(reader=reader, run_id=started.run_id, tenant_id=caller.membership.tenant_id,
+    ctx = _ResponseContext(reader=reader, run=started.run, model=model, tenant_id=caller.membership.tenant_id,
                            user_id=caller.user.pk, previous_response_id=parsed.previous_response_id,
                            segment=started.segment)
     if parsed.stream:
@@ -445,16 +451,23 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
 
 
 class _ResponseContext:
-    """What answering one ``POST /responses`` needs."""
+    """What answering one ``POST /responses`` needs (``run``: the row the request wrote or
+    resumed; ``model``: its agent's slug)."""
 
-    def __init__(self, *, reader: SessionEventReader, run_id: int, tenant_id: int, user_id: int,
+    def __init__(self, *, reader: SessionEventReader, run: Run, model: str, tenant_id: int, user_id: int,
                  previous_response_id: str | None, segment: int = 0) -> None:
-        self.reader, self.run_id, self.tenant_id, self.user_id = reader, run_id, tenant_id, user_id
-        self.previous_response_id, self.segment = previous_response_id, segment
+        self.reader, self.run, self.run_id, self.tenant_id, self.user_id = reader, run, run.pk, tenant_id, user_id
+        self.model, self.previous_response_id, self.segment = model, previous_response_id, segment
+
+    def opening(self) -> dict[str, Any]:
+        """The response a stream opens with (:func:`.responses.response_opening`; no query)."""
+        return response_opening(self.run, model=self.model, previous_response_id=self.previous_response_id,
+                                segment=self.segment)
 
     async def stored(self) -> dict[str, Any]:
         found = await _stored_response(self.tenant_id, self.run_id, user_id=self.user_id,
-                                       previous_response_id=self.previous_response_id, segment=self.segment)
+                                       previous_response_id=self.previous_response_id, segment=self.segment,
+                                       model=self.model)
         if found is None:  # the chat was deleted meanwhile
             raise OpenAIError(404, "The response's chat was deleted.", code="response_not_found")
         return found
@@ -483,7 +496,7 @@ async def _response_events(ctx: _ResponseContext) -> AsyncIterator[str]:
     stream = ResponseStream(run_id=ctx.run_id, segment=ctx.segment)
     try:
         await ctx.reader.open()
-        opening = await ctx.stored()
+        opening = ctx.opening()
         stream.structured = opening["text"]["format"]["type"] != "text"  # kept with the run, also when resumed
         for event in stream.opening(opening):
             yield _sse_event(event)
