@@ -1,8 +1,10 @@
 // An approval card in a run: a pending tool call to Approve / Deny (with an optional reason),
-// or an ask_user question with an answer box, then its outcome.
+// an ask_user question with an answer box, or an MCP server's request for input (a form built
+// from its schema, or a URL to open) with Accept / Decline / Cancel, then its outcome.
 
 import { api, ApiError } from './api.js';
 import { h, replaceChildren } from './dom.js';
+import { elicitationForm, elicitationLink } from './elicitation_form.js';
 import { pretty } from './tool_card.js';
 
 /** A pending approval (Approve / Deny) or an ask_user question (answer box), then its outcome. */
@@ -31,6 +33,16 @@ export class ApprovalView {
       this.decide(reason ? { decision: 'deny', reason } : { decision: 'deny' });
     });
     this.sendBtn.addEventListener('click', () => this.decide({ answer: this.answer.value.trim() }));
+    this.acceptBtn = h('button', { type: 'button', class: 'btn btn-primary', testid: 'elicit-accept', text: 'Accept' });
+    this.declineBtn = h('button', { type: 'button', class: 'btn', testid: 'elicit-decline', text: 'Decline' });
+    this.cancelBtn = h('button', { type: 'button', class: 'btn', testid: 'elicit-cancel', text: 'Cancel' });
+    this.acceptBtn.addEventListener('click', () => {
+      const form = this.form;
+      this.decide(form ? { action: 'accept', content: form.values() } : { action: 'accept' });
+    });
+    this.declineBtn.addEventListener('click', () => this.decide({ action: 'decline' }));
+    this.cancelBtn.addEventListener('click', () => this.decide({ action: 'cancel' }));
+    this.form = null;
     this.actions = h('div', { class: 'approval-actions' });
     this.outcome = h('div', { class: 'approval-outcome', testid: 'approval-outcome' });
     this.el = h(
@@ -55,7 +67,8 @@ export class ApprovalView {
     }
     this.busy = true;
     this.showError('');
-    for (const b of [this.approveBtn, this.denyBtn, this.sendBtn]) b.disabled = true;
+    const buttons = [this.approveBtn, this.denyBtn, this.sendBtn, this.acceptBtn, this.declineBtn, this.cancelBtn];
+    for (const b of buttons) b.disabled = true;
     try {
       const decided = await api.decideApproval(this.id, body);
       this.update({ ...this.approval, status: decided.status, answer: decided.answer || '' });
@@ -63,7 +76,7 @@ export class ApprovalView {
       this.showError(err instanceof ApiError ? err.message : 'Could not send the decision.');
     } finally {
       this.busy = false;
-      for (const b of [this.approveBtn, this.denyBtn, this.sendBtn]) b.disabled = false;
+      for (const b of buttons) b.disabled = false;
     }
   }
 
@@ -77,6 +90,10 @@ export class ApprovalView {
     const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill, approval.answer]);
     if (key === this.key) return;
     this.key = key;
+    if (approval.kind === 'elicitation') {
+      this.updateElicitation(approval);
+      return;
+    }
     const question = approval.kind === 'question';
     // A tool the API client offered (OpenAI-compatible API): that client runs it and answers,
     // not a person here, so the card only says what the run waits for.
@@ -104,6 +121,32 @@ export class ApprovalView {
     const labels = { approved: 'Approved', denied: 'Denied', answered: 'Answered', expired: 'Expired' };
     const why = approval.status === 'denied' && approval.answer ? ` — ${approval.answer}` : '';
     this.outcome.textContent = pending ? '' : `${labels[approval.status] || approval.status}${why}`;
+    this.outcome.hidden = pending;
+  }
+
+  /** An MCP server asks for input: its message, then a form (or a URL) and Accept / Decline / Cancel. */
+  updateElicitation(approval) {
+    const request = approval.elicitation || {};
+    const pending = approval.status === 'pending';
+    this.el.dataset.status = approval.status;
+    this.el.classList.toggle('is-pending', pending);
+    this.el.dataset.kind = 'elicitation';
+    this.reason.textContent = `The MCP server ${request.server || ''} asks (${approval.tool_name}):`;
+    this.reason.hidden = false;
+    this.title.textContent = request.message || '';
+    this.detail.hidden = true;
+    const url = request.mode === 'url';
+    if (!this.form && !url && pending) this.form = elicitationForm(request.schema);
+    this.acceptBtn.textContent = url ? 'I opened it' : 'Accept';
+    replaceChildren(
+      this.actions,
+      pending
+        ? [url ? elicitationLink(request.url || '') : this.form.el, this.acceptBtn, this.declineBtn, this.cancelBtn]
+        : [],
+    );
+    const labels = { accept: 'Accepted', decline: 'Declined', cancel: 'Cancelled' };
+    const expired = approval.status === 'expired' ? 'Nobody answered in time: declined' : '';
+    this.outcome.textContent = pending ? '' : expired || labels[approval.answer] || 'Answered';
     this.outcome.hidden = pending;
   }
 }

@@ -63,6 +63,10 @@ function upsertApproval(run, raw) {
     question: raw.question || '',
     skill: raw.skill || '',
     answer: raw.answer || '',
+    // An MCP server's request for input: the event's `elicitation`, or the REST shape's fields.
+    elicitation: raw.elicitation || (raw.kind === 'elicitation'
+      ? { mode: raw.mode, message: raw.message, schema: raw.schema, url: raw.url, server: raw.server }
+      : null),
   };
   if (!current) run.approvals.set(id, incoming);
   else if (current.status === 'pending') Object.assign(current, incoming);
