@@ -30,6 +30,7 @@ bench:
 	.venv/bin/python bench/knowledge_search.py
 	.venv/bin/python bench/knowledge_quality.py
 	.venv/bin/python bench/memory_tokens.py
+	.venv/bin/python bench/guardrails.py
 
 ## Static checks (ruff: the rule set in pyproject.toml [tool.ruff]) and the layer contracts (import-linter, pyproject.toml)
 lint:

@@ -48,6 +48,11 @@ class GuardrailSpec:
     """model_check: the tenant's model route, by name."""
     route_id: int | None = None
     """model_check: the route's id when read from the live row (None: find it by ``route``)."""
+    config_key: str = field(default="", compare=False, repr=False)
+    """``config`` as canonical JSON (set on creation): the key of its compiled form's cache."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config_key", json.dumps(self.config, sort_keys=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +168,7 @@ _COMPILERS = {
 
 
 def _compiled_for(spec: GuardrailSpec) -> Any:
-    return _compiled(spec.kind, json.dumps(spec.config, sort_keys=True))
+    return _compiled(spec.kind, spec.config_key)
 
 
 def _matched(spec: GuardrailSpec, text: str, found: list[tuple[int, int]], what: str,
