@@ -56,6 +56,7 @@ TESTS: dict[str, str] = {
     "automations.schedules_tick": "test_schedules_tick",
     "automations.delivery_attempt": "test_webhook_delivery_attempt",
     "automations.deliveries_due": "test_webhook_deliveries_due",
+    "automations.webhook_rows_purge": "test_webhook_rows_purge",
     "oauth_server.cleanup": "test_oauth_cleanup",
     # management commands of the project's apps
     "skills_import": "test_skills_import_command",
@@ -636,6 +637,19 @@ def test_webhook_deliveries_due(world, other_world, monkeypatch):
     assert run_task(tasks.deliveries_due) == 2
     with system_scope():
         assert set(WebhookDelivery.all_tenants.filter(pk__in=ids).values_list("status", flat=True)) == {"delivered"}
+
+
+def test_webhook_rows_purge(world, other_world):
+    from automations import tasks
+    from automations.models import WebhookDelivery
+
+    ids = [_webhook_delivery(w).pk for w in (world, other_world)]
+    with system_scope():
+        WebhookDelivery.all_tenants.filter(pk__in=ids).update(
+            status="delivered", created_at=timezone.now() - timedelta(days=60))
+    assert run_task(tasks.webhook_rows_purge) == {"deliveries": 2, "inbound": 0}
+    with system_scope():
+        assert not WebhookDelivery.all_tenants.filter(pk__in=ids).exists()
 
 
 # --- agents as code, the OAuth server's cleanup -------------------------------------------------
