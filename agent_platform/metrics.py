@@ -85,16 +85,29 @@ def multiprocess_dir() -> str:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 
 
+_attempt_children: dict[tuple[str, str, str, str], tuple[Any, Any, Any, Any]] = {}
+"""The labelled children of the GenAI histograms per (operation, provider, model, error_type):
+``.labels()`` takes a lock and builds its key on every call (~10 µs of the 40 an attempt cost)."""
+
+
 def model_attempt_observe(attempt: Any, *, provider: str, operation: str = "chat") -> None:
     """Observe one model call attempt (an :class:`llm.records.AttemptRecord`): tokens (input,
     output), duration (``error_type``: its error class when it failed) and time to first chunk."""
-    labels = (operation, provider, attempt.model)
-    TOKEN_USAGE.labels(*labels, "input").observe(attempt.prompt_tokens)
-    TOKEN_USAGE.labels(*labels, "output").observe(attempt.completion_tokens)
     error_type = "" if attempt.status == "succeeded" else (attempt.error_class or "other")
-    OPERATION_DURATION.labels(*labels, error_type).observe(attempt.latency_ms / 1000)
+    key = (operation, provider, attempt.model, error_type)
+    children = _attempt_children.get(key)
+    if children is None:
+        labels = key[:3]
+        children = _attempt_children[key] = (
+            TOKEN_USAGE.labels(*labels, "input"), TOKEN_USAGE.labels(*labels, "output"),
+            OPERATION_DURATION.labels(*labels, error_type), TIME_TO_FIRST_CHUNK.labels(*labels),
+        )
+    tokens_in, tokens_out, duration, first_chunk = children
+    tokens_in.observe(attempt.prompt_tokens)
+    tokens_out.observe(attempt.completion_tokens)
+    duration.observe(attempt.latency_ms / 1000)
     if attempt.first_token_ms is not None:
-        TIME_TO_FIRST_CHUNK.labels(*labels).observe(attempt.first_token_ms / 1000)
+        first_chunk.observe(attempt.first_token_ms / 1000)
 
 
 def run_ended(*, status: str, reason: str, depth: int = 0) -> None:

@@ -7,7 +7,10 @@ of a run: model request and stream, persistence (messages, tool calls, LLM calls
 execution and every event published. The fake model's own time is near zero, so this is
 the platform's overhead.
 
-Run: ``.venv/bin/python bench/turn_overhead.py [--runs 10] [--output-schema] [--routing-rules]``
+Run: ``.venv/bin/python bench/turn_overhead.py [--runs 10] [--output-schema] [--routing-rules] [--tracing on]``
+
+``--tracing off|on|on-libraries``: prints the process CPU per turn with the platform's spans off
+or on (bench/_tracing_mode.py; issue 40's goal: off adds nothing measurable, on at most 5 %).
 
 ``--output-schema``: the agent has an output JSON Schema (issue 39's structured output: the
 final answer is JSON, checked once per run; every turn tells the model the format);
@@ -25,6 +28,7 @@ import time
 
 from _harness import BenchTenant, fake_model, summary
 from _pg_stats import DatabaseWatch
+from _tracing_mode import MODES, TracingMode, off_path_costs, on_path_costs
 
 from sessions.models import Message, Run
 from sessions.runner.loop import execute_run
@@ -98,7 +102,11 @@ def main() -> None:
                              "loaded, its TOP statements per run")
     parser.add_argument("--output-schema", action="store_true", help="the agent has an output JSON Schema")
     parser.add_argument("--routing-rules", action="store_true", help="the agent has five routing rules, none matching")
+    parser.add_argument("--tracing", choices=MODES, default="off",
+                        help="also print the process CPU per turn with tracing off / on (bench/_tracing_mode.py)")
     args = parser.parse_args()
+    tracing = TracingMode(args.tracing)
+    tracing.install()
     fields = {"output_schema": OUTPUT_SCHEMA} if args.output_schema else {}
     with (fake_model("turns20json" if args.output_schema else "turns20") as base_url,
           BenchTenant(base_url, max_loop_count=TURNS + 1, **fields) as bench):
@@ -112,8 +120,10 @@ def main() -> None:
         runs = [bench.new_run() for _ in range(args.runs)]  # made first, so --db counts the runs' execution only
         if db is not None:
             db.start()
+        tracing.start()
         for run in runs:
             asyncio.run(execute_run(run.pk))
+        tracing.stop()
         if db is not None:
             db.stop()
         for run in runs:
@@ -129,6 +139,8 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
     print(f"{args.runs} runs x {TURNS} turns (1 tool call per turn) in {wall:.1f} s")
     print(f"per-turn overhead: {summary(gaps_ms)}")
+    print(tracing.report(args.runs * TURNS))
+    print(off_path_costs() if args.tracing == "off" else on_path_costs())
     for line in _check_costs(output_schema=args.output_schema, routing_rules=args.routing_rules):
         print(line)
     if db is not None:
