@@ -211,3 +211,20 @@ def test_a_handoff_whose_agent_waits_for_an_approval_hands_over_when_resumed(wor
     assert (run.status, run.reply) == ("completed", "Beta has echoed.")
     assert len(fake_llm.requests) == 3
     assert ChatSession.all_tenants.get(pk=run.session_id).agent_id == b.pk
+
+
+@pytest.mark.usefixtures("no_enqueue")
+async def test_cancelling_the_calling_run_cancels_the_sub_agents_run(world, fake_llm):
+    from sessions.tests.test_subruns import _cancel, _wait_for_sub_tool
+
+    a, b = await _agents(world, fake_llm.base_url, b_builtins=("test_sleep",))
+    fake_llm.script(ToolCalls([("beta", {"task": "wait"})]), ToolCalls([("test_sleep", {"seconds": 30})]))
+    run = await post_message(agent=a, user=world.member, content="go")
+    task = asyncio.create_task(execute_run(run.pk))
+    sub = await _wait_for_sub_tool(run.pk, "test_sleep")  # B's own tool, running in B's run
+    await sync_to_async(lambda: _cancel(run.pk))()
+    await asyncio.wait_for(task, timeout=10)
+    assert (await reload_run(run.pk)).status == "cancelled"
+    assert (await reload_run(sub.pk)).status == "cancelled"
+    [sleep_call] = await _calls(sub.pk)
+    assert sleep_call.status == "cancelled"
