@@ -121,21 +121,30 @@ class McpServer(TenantOwnedModel):
                 raise ValidationError({"parameters": problems})
         elif self.template_id is not None:
             raise ValidationError({"template": "Only a stdio server has a template."})
-        if self.transport in (McpTransport.STREAMABLE_HTTP, McpTransport.SSE) and not self.url:
-            raise ValidationError({"url": "An HTTP server needs a URL."})
-        if self.transport in (McpTransport.STREAMABLE_HTTP, McpTransport.SSE):
-            # The outbound address rules (no loopback, private, metadata … unless an operator
-            # allowed the host); every connect is checked again (capabilities/netsafe.py).
-            from capabilities.netsafe import FetchError, check_outbound_url
-
-            try:
-                check_outbound_url(self.url)
-            except FetchError as exc:
-                raise ValidationError({"url": exc.message}) from exc
-        if self.auth_mode != McpAuthMode.NONE and self.transport == McpTransport.STDIO:
-            raise ValidationError({"auth_mode": "OAuth is for HTTP servers (Streamable HTTP, SSE)."})
+        self._clean_http()
         if self.alias in RESERVED_MCP_ALIASES:
             raise ValidationError({"alias": f"{self.alias!r} names the platform's own tools; choose another alias."})
+
+
+    def _clean_http(self) -> None:
+        """An HTTP server's URL (present, and allowed by the outbound address rules); OAuth only
+        on HTTP servers."""
+        from django.core.exceptions import ValidationError
+
+        if self.transport == McpTransport.STDIO:
+            if self.auth_mode != McpAuthMode.NONE:
+                raise ValidationError({"auth_mode": "OAuth is for HTTP servers (Streamable HTTP, SSE)."})
+            return
+        if not self.url:
+            raise ValidationError({"url": "An HTTP server needs a URL."})
+        # The outbound address rules (no loopback, private, metadata … unless an operator
+        # allowed the host); every connect is checked again (capabilities/netsafe.py).
+        from capabilities.netsafe import FetchError, check_outbound_url
+
+        try:
+            check_outbound_url(self.url)
+        except FetchError as exc:
+            raise ValidationError({"url": exc.message}) from exc
 
 
 from capabilities.a2a.models import A2aAgent  # noqa: E402,F401  (registers the model in this app)

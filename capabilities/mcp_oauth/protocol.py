@@ -45,7 +45,13 @@ from mcp.client.auth.utils import (
     validate_authorization_response_iss,
     validate_metadata_issuer,
 )
-from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthMetadata, OAuthToken
+from mcp.shared.auth import (
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+    OAuthMetadata,
+    OAuthToken,
+    ProtectedResourceMetadata,
+)
 from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
 
 __all__ = [
@@ -129,11 +135,7 @@ async def discover(http: httpx2.AsyncClient, server_url: str, *, scope: str | No
         httpx2.HTTPError: the server could not be reached.
     """
     pointer, challenged_scope = await _probe(http, server_url)
-    prm = None
-    for url in build_protected_resource_metadata_discovery_urls(pointer, server_url):
-        prm = await handle_protected_resource_response(await http.send(create_oauth_metadata_request(url)))
-        if prm is not None:
-            break
+    prm = await _resource_metadata(http, server_url, pointer)
     resource = resource_url_from_server_url(server_url)
     auth_server_url: str | None = None
     if prm is not None:
@@ -142,8 +144,26 @@ async def discover(http: httpx2.AsyncClient, server_url: str, *, scope: str | No
             raise OAuthFlowError(f"The server's resource metadata names another resource: {prm.resource}")
         resource = str(prm.resource) if prm.resource else resource
         auth_server_url = str(prm.authorization_servers[0]) if prm.authorization_servers else None
+    metadata = await _authorization_server_metadata(http, server_url, auth_server_url)
+    selected = scope or get_client_metadata_scopes(challenged_scope, prm, metadata, GRANT_TYPES)
+    return Discovery(server_url=server_url, resource=resource, metadata=metadata, scope=selected)
+
+
+async def _resource_metadata(http: httpx2.AsyncClient, server_url: str,
+                             pointer: str | None) -> ProtectedResourceMetadata | None:
+    """RFC 9728 metadata: the 401's pointer first, then the path and root well-known URLs."""
+    for url in build_protected_resource_metadata_discovery_urls(pointer, server_url):
+        prm = await handle_protected_resource_response(await http.send(create_oauth_metadata_request(url)))
+        if prm is not None:
+            return prm
+    return None
+
+
+async def _authorization_server_metadata(http: httpx2.AsyncClient, server_url: str,
+                                         auth_server_url: str | None) -> OAuthMetadata:
+    """RFC 8414 / OpenID discovery of ``auth_server_url`` (None: the MCP server's origin, the
+    2025-03-26 way), its ``issuer`` checked. Raises OAuthFlowError when none is found."""
     expected_issuer = auth_server_url or _origin(server_url)
-    metadata = None
     for url in build_oauth_authorization_server_metadata_discovery_urls(auth_server_url, server_url):
         ok, found = await handle_auth_metadata_response(await http.send(create_oauth_metadata_request(url)))
         if not ok:
@@ -152,12 +172,8 @@ async def discover(http: httpx2.AsyncClient, server_url: str, *, scope: str | No
             if issuers_match(str(found.issuer), expected_issuer):
                 expected_issuer = str(found.issuer)
             validate_metadata_issuer(found, expected_issuer)
-            metadata = found
-            break
-    if metadata is None:
-        raise OAuthFlowError(f"No authorization server metadata found for {server_url} (issuer {expected_issuer}).")
-    selected = scope or get_client_metadata_scopes(challenged_scope, prm, metadata, GRANT_TYPES)
-    return Discovery(server_url=server_url, resource=resource, metadata=metadata, scope=selected)
+            return found
+    raise OAuthFlowError(f"No authorization server metadata found for {server_url} (issuer {expected_issuer}).")
 
 
 def client_metadata(*, redirect_uri: str, client_name: str, scope: str | None) -> OAuthClientMetadata:

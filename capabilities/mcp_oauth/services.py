@@ -143,23 +143,29 @@ def connection_begin(
     except httpx2.HTTPError as exc:
         raise ConnectError(f"Could not reach {server.name!r} or its authorization server: {exc}") from exc
     request = protocol.authorization_request(found, client, redirect_uri=redirect_uri)
-    stored = {**found.as_json(), "redirect_uri": redirect_uri}
-    with transaction.atomic():
-        connection = existing or McpOAuthConnection(
-            tenant_id=server.tenant_id, server=server,
-            user=user if server.auth_mode == McpAuthMode.OAUTH_USER else None)
-        if connection.pk is None:
-            connection.status = ConnectionStatus.PENDING
-        connection.pending_state_hash = _state_hash(request.state)
-        connection.pending_verifier_encrypted = secret_encrypt(tenant=tenant, plaintext=request.code_verifier)
-        connection.pending_return_to = return_to if return_to.startswith("/") and not return_to.startswith("//") \
-            else "/"
-        connection.pending_started_at = timezone.now()
-        connection.pending_by_id = user.pk
-        connection.pending_authorization_server = stored
-        connection.pending_client_encrypted = secret_encrypt(tenant=tenant, plaintext=client.model_dump_json())
-        connection.save()
+    _pending_save(server=server, existing=existing, user=user, tenant=tenant, request=request, client=client,
+                  stored={**found.as_json(), "redirect_uri": redirect_uri}, return_to=return_to)
     return request.url
+
+
+@transaction.atomic
+def _pending_save(*, server: McpServer, existing: McpOAuthConnection | None, user: Any, tenant: Tenant,
+                  request: protocol.AuthorizationRequest, client: OAuthClientInformationFull,
+                  stored: dict[str, Any], return_to: str) -> None:
+    """The pending authorization on the connection row (a new row: ``pending``; an existing
+    one keeps working with its current tokens until the callback replaces them)."""
+    connection = existing or McpOAuthConnection(
+        tenant_id=server.tenant_id, server=server, user=user if server.auth_mode == McpAuthMode.OAUTH_USER else None,
+        status=ConnectionStatus.PENDING)
+    connection.pending_state_hash = _state_hash(request.state)
+    connection.pending_verifier_encrypted = secret_encrypt(tenant=tenant, plaintext=request.code_verifier)
+    local = return_to.startswith("/") and not return_to.startswith("//") and "\\" not in return_to
+    connection.pending_return_to = return_to if local else "/"
+    connection.pending_started_at = timezone.now()
+    connection.pending_by_id = user.pk
+    connection.pending_authorization_server = stored
+    connection.pending_client_encrypted = secret_encrypt(tenant=tenant, plaintext=client.model_dump_json())
+    connection.save()
 
 
 def protocol_union(*scopes: str | None) -> str | None:

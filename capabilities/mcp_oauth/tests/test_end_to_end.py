@@ -68,20 +68,15 @@ async def _tools_of(server: McpServer, user_id: int) -> tuple[list[str], object]
     return [tool.name for tool in tools], result
 
 
-def test_connect_use_refresh_and_disconnect_with_our_own_oauth_server(world, live_server_url, settings, monkeypatch):
-    settings.OUTBOUND_ALLOWED_CIDRS = ["127.0.0.1/32"]
-    mcp_url = f"{live_server_url}/mcp/knowledge/"
-    callback = f"{live_server_url}/mcp-oauth/callback/"
-    server = McpServer.all_tenants.create(tenant=world.tenant, name="Our knowledge", alias="ourkb",
-                                          transport="streamable_http", url=mcp_url, auth_mode="oauth_user")
-    api = httpx.Client(base_url=live_server_url, headers={"Authorization": f"Bearer {world.member_token}"},
-                       timeout=60)
-
+def _connect(world, server: McpServer, live_server_url: str, api: httpx.Client, monkeypatch) -> None:
+    """Connect as the member: the API's authorization URL, the person's sign-in and consent,
+    the callback (as the member's browser)."""
+    mcp_url, callback = server.url, f"{live_server_url}/mcp-oauth/callback/"
     started = api.post(f"/api/v1/mcp-connections/{server.pk}/connect/", json={"return_to": "/#/settings"})
     assert started.status_code == 200, started.text
     params = {k: v[0] for k, v in parse_qs(urlsplit(started.json()["authorization_url"]).query).items()}
-    assert params["resource"] == mcp_url and params["redirect_uri"] == callback
-    assert params["code_challenge_method"] == "S256" and len(params["state"]) >= 43
+    assert (params["resource"], params["redirect_uri"], params["code_challenge_method"]) == (mcp_url, callback, "S256")
+    assert len(params["state"]) >= 43
     assert params["client_id"]  # registered dynamically (no https here, so no metadata document)
 
     monkeypatch.setattr(sdk_flow, "REDIRECT_URI", callback)  # where the person's browser stops
@@ -92,25 +87,42 @@ def test_connect_use_refresh_and_disconnect_with_our_own_oauth_server(world, liv
     browser = Client()
     browser.force_login(world.member)
     back = browser.get("/mcp-oauth/callback/", person.callback)
-    assert back.status_code == 302 and back["Location"] == f"/?mcp_connected={server.pk}#/settings"
+    assert (back.status_code, back["Location"]) == (302, f"/?mcp_connected={server.pk}#/settings")
+
+
+def _status_with(url: str, token: str) -> int:
+    probe = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25",
+               "Authorization": f"Bearer {token}"}
+    return httpx.post(url, json=probe, headers=headers).status_code
+
+
+def test_connect_use_refresh_and_disconnect_with_our_own_oauth_server(world, live_server_url, settings, monkeypatch):
+    settings.OUTBOUND_ALLOWED_CIDRS = ["127.0.0.1/32"]
+    mcp_url = f"{live_server_url}/mcp/knowledge/"
+    server = McpServer.all_tenants.create(tenant=world.tenant, name="Our knowledge", alias="ourkb",
+                                          transport="streamable_http", url=mcp_url, auth_mode="oauth_user")
+    api = httpx.Client(base_url=live_server_url, headers={"Authorization": f"Bearer {world.member_token}"},
+                       timeout=60)
+    _connect(world, server, live_server_url, api, monkeypatch)
     connection = McpOAuthConnection.all_tenants.get(server=server, user=world.member)
-    assert connection.status == "connected" and connection.expires_at > timezone.now()
+    assert connection.status == "connected"
+    assert connection.expires_at > timezone.now()
     assert [row["status"] for row in api.get("/api/v1/mcp-connections/").json()] == ["connected"]
 
     names, result = asyncio.run(_tools_of(server, world.member.pk))
-    assert names == ["knowledge_bases", "knowledge_search"] and result.data == {"knowledge_bases": []}
+    assert names == ["knowledge_bases", "knowledge_search"]
+    assert result.data == {"knowledge_bases": []}
 
     # the token has expired: the next connection refreshes it once (the server rotates it)
     McpOAuthConnection.all_tenants.filter(pk=connection.pk).update(expires_at=timezone.now())
     names, _ = asyncio.run(_tools_of(server, world.member.pk))
     assert names == ["knowledge_bases", "knowledge_search"]
     connection.refresh_from_db()
-    assert connection.refresh_count == 1 and connection.expires_at > timezone.now()
+    assert connection.refresh_count == 1
     token = secret_decrypt(tenant=world.tenant, ciphertext=connection.access_token_encrypted)
-    probe = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
-    assert httpx.post(mcp_url, json=probe, headers={**headers, "Authorization": f"Bearer {token}"}).status_code == 200
+    assert _status_with(mcp_url, token) == 200
 
     assert api.delete(f"/api/v1/mcp-connections/{server.pk}/").status_code == 204
-    assert httpx.post(mcp_url, json=probe, headers={**headers, "Authorization": f"Bearer {token}"}).status_code == 401
+    assert _status_with(mcp_url, token) == 401  # revoked at the server (RFC 7009)
     assert not McpOAuthConnection.all_tenants.filter(server=server).exists()
