@@ -14,6 +14,7 @@ every stream to ``data: [DONE]``: with plain httpx and ``json.loads`` per line (
     {"latencies_ms": [float, …],   # per answer token: receive time − the time the model wrote it
      "tokens": [int, …],           # answer tokens received, per client
      "done": int,                  # streams that ended with the finish chunk and [DONE]
+     "unfinished": [{"run": int | null, "tokens": int, "finished": bool}, …],  # the others
      "errors": [str, …]}
 
 Token latency needs the ``timed3`` fake model (``_fake_model.py``): each answer token is the
@@ -38,6 +39,7 @@ class _Stream:
 
     def __init__(self) -> None:
         self.tokens = 0
+        self.run: int | None = None
         self.finished = False
         self.done = False
 
@@ -60,6 +62,8 @@ async def _raw(http: httpx.AsyncClient, job: dict, stream: _Stream, latencies: l
                 stream.done = True
                 return
             chunk = json.loads(line[6:])
+            run = str(chunk.get("id", "")).removeprefix("chatcmpl-")
+            stream.run = int(run) if run.isdigit() else stream.run
             if "error" in chunk:
                 raise RuntimeError(f"error chunk: {chunk['error']}")
             for choice in chunk["choices"]:
@@ -73,6 +77,7 @@ async def _sdk(client, job: dict, stream: _Stream, latencies: list[float]) -> No
     async for chunk in await client.chat.completions.create(
             model=job["model"], messages=[{"role": "user", "content": "go"}], stream=True):
         now = time.time()
+        stream.run = int(chunk.id.removeprefix("chatcmpl-")) if chunk.id.removeprefix("chatcmpl-").isdigit() else None
         for choice in chunk.choices:
             if choice.delta.content:
                 stream.content(choice.delta.content, now, latencies)
@@ -114,7 +119,10 @@ async def main() -> None:
         if pending:
             errors.append(f"{len(pending)} streams still open at the timeout")
     print(json.dumps({"latencies_ms": latencies, "tokens": [s.tokens for s in streams],
-                      "done": sum(s.done and s.finished for s in streams), "errors": errors}), flush=True)
+                      "done": sum(s.done and s.finished for s in streams),
+                      "unfinished": [{"run": s.run, "tokens": s.tokens, "finished": s.finished}
+                                     for s in streams if not (s.done and s.finished)],
+                      "errors": errors}), flush=True)
 
 
 if __name__ == "__main__":

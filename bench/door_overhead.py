@@ -29,7 +29,7 @@ quieter hits every door alike; the table gives each figure's median and range ov
 and the difference to ``native`` is taken within each round.
 
 Run: ``.venv/bin/python bench/door_overhead.py [--answers 40] [--concurrency 4] [--rounds 4]
-[--doors native openai-chat …]``
+[--doors native openai-chat …] [--profile-web stacks.txt]``
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import signal
 import statistics
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -58,7 +61,7 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 RUN_END_TYPES = ("run_completed", "run_failed", "run_cancelled")
-NATIVE = "native"
+NATIVE, NATIVE_POST = "native", "native-post"
 GOAL_MS = 2.0
 """Issue 36: an entry point's server CPU per request at most this much over the native API's."""
 
@@ -173,7 +176,7 @@ async def _open_doors(stack: contextlib.AsyncExitStack, platform: _doors.Platfor
         events = [e async for e in a2a_streaming.send_message(_a2a_message())]
         return "".join(p.text for e in events if e.HasField("artifact_update") for p in e.artifact_update.artifact.parts)
 
-    doors = [Door(NATIVE, native), Door("native-post", native_post, native_prepare),
+    doors = [Door(NATIVE, native), Door(NATIVE_POST, native_post, native_prepare),
              Door("openai-chat", openai_chat), Door("openai-chat-stream", openai_chat_stream),
              Door("openai-resp", openai_resp), Door("openai-resp-stream", openai_resp_stream),
              Door("mcp-2025", await mcp_door("legacy")), Door("mcp-2026", await mcp_door("2026-07-28")),
@@ -241,24 +244,30 @@ def _median_range(values: list[float]) -> str:
     return f"{statistics.median(values):6.2f} ({min(values):.2f}–{max(values):.2f})"
 
 
+def _web_diffs(door: Door, base: Door | None) -> list[float]:
+    """``door``'s web CPU per answer minus ``base``'s, round by round ([] without both)."""
+    if base is None or door is base or not base.rounds:
+        return []
+    return [w - b for (w, _), (b, _) in zip(door.rounds, base.rounds, strict=False)]
+
+
 def _summary(doors: list[Door]) -> None:
-    native = next((d for d in doors if d.name == NATIVE), None)
-    print("\nCPU ms per answer, median (range) over the rounds; vs native: the web process's difference to native's "
-          "in the same round")
-    print(f"{'door':19s} {'web':>22s} {'worker':>22s} {'web vs native':>24s}  latency p50 / p95   failed")
+    bases = [d for d in doors if d.name in (NATIVE, NATIVE_POST)]
+    print("\nCPU ms per answer, median (range) over the rounds; vs native / native-post: the web process's difference "
+          "to theirs in the same round")
+    print(f"{'door':19s} {'web':>22s} {'worker':>22s} " + "".join(f"{'web vs ' + b.name:>25s}" for b in bases)
+          + "  latency p50 / p95   failed")
     for door in doors:
         if not door.rounds:
             continue
         web, worker = [w for w, _ in door.rounds], [k for _, k in door.rounds]
-        diff = "" if native is None or door is native else _median_range(
-            [w - n for (w, _), (n, _) in zip(door.rounds, native.rounds, strict=False)])
-        print(f"{door.name:19s} {_median_range(web):>22s} {_median_range(worker):>22s} {diff:>24s}  "
+        diffs = "".join(f"{_median_range(d) if (d := _web_diffs(door, b)) else '':>25s}" for b in bases)
+        print(f"{door.name:19s} {_median_range(web):>22s} {_median_range(worker):>22s} {diffs}  "
               f"{percentile(door.latencies, 0.5):6.0f} / {percentile(door.latencies, 0.95):4.0f} ms   "
               f"{len(door.failures)}")
-    if native is not None:
-        over = [d.name for d in doors if d is not native and d.rounds and statistics.median(
-            [w - n for (w, _), (n, _) in zip(d.rounds, native.rounds, strict=False)]) > GOAL_MS]
-        print(f"goal: web CPU ≤ native + {GOAL_MS:g} ms per request; over it (median): {', '.join(over) or 'none'}")
+    for base in bases:
+        over = [d.name for d in doors if d not in bases and d.rounds and statistics.median(_web_diffs(d, base)) > GOAL_MS]
+        print(f"goal: web CPU ≤ {base.name} + {GOAL_MS:g} ms per request; over it (median): {', '.join(over) or 'none'}")
 
 
 async def _main(args: argparse.Namespace, platform: _doors.Platform) -> None:
@@ -274,11 +283,28 @@ async def _main(args: argparse.Namespace, platform: _doors.Platform) -> None:
             door.latencies.clear()
         idle = await _idle_rates(platform)
         print(f"idle: web {idle[0] * 1000:.2f} ms/s, worker {idle[1] * 1000:.2f} ms/s (subtracted)", flush=True)
+        spy = _py_spy(platform, args.profile_web) if args.profile_web else None
         for i in range(args.rounds):
             order = doors if i % 2 == 0 else doors[::-1]
             print(f"round {i + 1} ({'forward' if i % 2 == 0 else 'backward'}):", flush=True)
             await _round(platform, order, idle, args.answers, args.concurrency, report=True)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file and exits
+            spy.wait(timeout=120)
         _summary(doors)
+
+
+def _py_spy(platform: _doors.Platform, path: str) -> subprocess.Popen:
+    """``--profile-web``: ``py-spy record`` of the web process (all threads, idle frames left out)
+    into ``path`` as collapsed stacks, until the rounds end; ``--gil``: only the thread holding the GIL
+    (Python on a core, not threads waiting for PostgreSQL or Redis). Its samples cost the web process
+    (py-spy pauses it to read its stacks unless ``--nonblocking``: this uses the default, exact
+    stacks), so the CPU figures of a profiled invocation are not comparable."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile-web needs py-spy on PATH (pip install py-spy)")
+    return subprocess.Popen([spy, "record", "--pid", str(platform.web.proc.pid), "--output", path, "--format", "raw",
+                             "--rate", "250", "--gil"], stdout=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -289,6 +315,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="answers asked at once")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--doors", nargs="+", choices=names, default=names)
+    parser.add_argument("--profile-web", metavar="FILE",
+                        help="record the web process with py-spy over the rounds (collapsed stacks into FILE)")
     args = parser.parse_args()
     with _doors.Platform("door", name="Door bench") as platform:  # set up outside the loop (ORM)
         platform.agent.refresh_from_db()

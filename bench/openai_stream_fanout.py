@@ -76,7 +76,19 @@ def one_round(platform: _doors.Platform, n: int, *, sdk: bool, timeout: float = 
         + (f"; client errors {len(result['errors'])}: {result['errors'][:3]}" if result["errors"] else ""),
         flush=True,
     )
+    if result["unfinished"]:
+        print(f"        streams without [DONE]: {_unfinished(result['unfinished'])}", flush=True)
     return result
+
+
+def _unfinished(streams: list[dict]) -> str:
+    """The runs of the streams that did not end, with what their clients saw and the run's status."""
+    from sessions.models import Run
+
+    status = dict(Run.all_tenants.filter(pk__in=[s["run"] for s in streams if s["run"]])
+                  .values_list("pk", "status"))
+    return "; ".join(f"run {s['run']} ({status.get(s['run'], '?')}): {s['tokens']} tokens, "
+                     f"finish chunk {'seen' if s['finished'] else 'not seen'}" for s in streams[:5])
 
 
 def print_pooled(n: int, rounds: list[dict]) -> None:
