@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar, Token
 from typing import Any, TypeVar
 
+from agent_platform.telemetry import current_span_tenant
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -49,7 +51,9 @@ def current_scope() -> Scope:
 def enter_tenant(tenant_id: int) -> Token[Scope]:
     """Make ``tenant_id`` the current tenant until :func:`reset_scope` (for entry points whose
     start and end are two calls, such as a DRF view's ``initial``/``finalize_response``)."""
-    return _current_scope.set(_checked(tenant_id))
+    token = _current_scope.set(_checked(tenant_id))
+    current_span_tenant(tenant_id)  # the request's span, started before its tenant was known (if tracing)
+    return token
 
 
 def reset_scope(token: Token[Scope]) -> None:
@@ -90,7 +94,8 @@ def tenant_scope(tenant_id: int) -> contextlib.AbstractContextManager[None]:
     Raises:
         TypeError: ``tenant_id`` is not an int.
     """
-    return _scoped(_checked(tenant_id))
+    current_span_tenant(_checked(tenant_id))  # a task's span, started before its tenant was known (if tracing)
+    return _scoped(tenant_id)
 
 
 def system_scope() -> contextlib.AbstractContextManager[None]:

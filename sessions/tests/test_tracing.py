@@ -192,3 +192,63 @@ async def test_a_pooled_mcp_call_carries_its_callers_traceparent(spans):
 
     await asyncio.get_running_loop().create_task(bare_job(), context=contextvars.Context())
     assert "traceparent" not in bare
+
+
+def test_a_span_started_before_its_tenant_was_known_gets_it(spans):
+    """An HTTP request's or a Celery task's span starts before the request or task knows its
+    tenant: entering the tenant's scope stamps it (tenants/context.py)."""
+    from tenants.context import enter_tenant, reset_scope, tenant_scope
+
+    with telemetry.tracer().start_as_current_span("POST /api/v1/sessions/") as request_span:
+        token = enter_tenant(7)
+        reset_scope(token)
+    with telemetry.tracer().start_as_current_span("run/sessions.run_execute") as task_span, tenant_scope(8):
+        pass
+    assert request_span.attributes["tenant.id"] == 7 and task_span.attributes["tenant.id"] == 8
+
+
+def test_with_an_endpoint_the_processes_trace_and_a_task_message_carries_the_context():
+    """``configure()`` with OTEL_EXPORTER_OTLP_ENDPOINT installs the SDK and the instrumentations
+    (a fresh process: they patch libraries for good); a Celery task published under a span (the
+    HTTP request's) carries its trace context in the message headers, which the worker's task
+    span continues; without the variable (or with OTEL_SDK_DISABLED) nothing is configured."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import django, os
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agent_platform.settings_test")
+django.setup()
+from agent_platform import telemetry
+from tenants.context import current_tenant_id
+on = telemetry.configure(service_name="t", tenant_of=current_tenant_id)
+print("configured", on, telemetry.TRACING)
+if on:
+    from celery.signals import before_task_publish
+    from opentelemetry import trace
+    from sessions.tasks import run_execute
+    headers = {"id": "4f7c0b52-task", "task": run_execute.name}  # a protocol-2 message's headers
+    with trace.get_tracer("t").start_as_current_span("POST /api/v1/messages") as span:
+        before_task_publish.send(sender=run_execute.name, body=((1,), {}, {}), exchange="", routing_key="q",
+                                 headers=headers, properties={}, declare=[], retry_policy=None)
+    print("trace", format(span.get_span_context().trace_id, "032x"), headers.get("traceparent", "none"))
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+    print("instrumented", DjangoInstrumentor().is_instrumented_by_opentelemetry,
+          PsycopgInstrumentor().is_instrumented_by_opentelemetry, flush=True)
+os._exit(0)  # no exit-time flush to the (absent) receiver
+"""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    assert not telemetry.endpoint_configured(base)  # then configure() returns at once: nothing installed
+    assert not telemetry.endpoint_configured(base | {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318",
+                                                     "OTEL_SDK_DISABLED": "true"})
+    assert telemetry.endpoint_configured(base | {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:4318/v1/traces"})
+    env = base | {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+                  "OTEL_BSP_SCHEDULE_DELAY": "60000"}
+    on = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "configured True True" in on.stdout, on.stderr[-2000:]
+    [trace_line] = [line for line in on.stdout.splitlines() if line.startswith("trace ")]
+    _, trace_id, traceparent = trace_line.split()
+    assert traceparent.split("-")[1] == trace_id  # the message continues the request's trace
+    assert "instrumented True True" in on.stdout
