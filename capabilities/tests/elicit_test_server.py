@@ -7,6 +7,8 @@ Tools:
   with ``Resolve(Elicit[Trip])``: on 2026-07-28 the call answers ``InputRequiredResult`` and is
   made again with the answer; on 2025-11-25 the server sends ``elicitation/create`` inside the
   call. Returns ``booked <city> for <days> days`` or ``not booked: <decline | cancel>``.
+- ``plan()``: asks two questions, one per round (the first answer's retry is asked the
+  second): the trip, then ``{nights: int}`` (minimum 1); returns ``<city>, <days> days, <nights> nights``.
 - ``connect(account)``: fails with ``-32042`` (URL elicitation required: open
   ``https://auth.example.com/login?next=/files``) the first time it is called for an
   ``account``, then returns ``connected``.
@@ -26,7 +28,7 @@ from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
 from mcp.server.mcpserver import MCPServer, Resolve
 from mcp.server.mcpserver.resolve import Elicit
 from mcp.shared.exceptions import UrlElicitationRequiredError
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 SIGN_IN_URL = "https://auth.example.com/login?next=/files"
 
@@ -43,6 +45,17 @@ async def ask_trip() -> Elicit[Trip]:
     return Elicit("Where to, and for how long?", Trip)
 
 
+class Stay(BaseModel):
+    """What ``plan`` asks second."""
+
+    nights: int = Field(ge=1)
+
+
+async def ask_stay() -> Elicit[Stay]:
+    """The resolver of ``plan``'s ``stay``: ask the user."""
+    return Elicit("How many nights at the hotel?", Stay)
+
+
 def travel_server() -> MCPServer:
     """A fresh server (its ``connect`` remembers whether it asked already)."""
     server = MCPServer("travel")
@@ -54,6 +67,11 @@ def travel_server() -> MCPServer:
         if isinstance(trip, AcceptedElicitation):
             return f"booked {trip.data.city} for {trip.data.days} days"
         return f"not booked: {trip.action}"
+
+    @server.tool()
+    async def plan(trip: Annotated[Trip, Resolve(ask_trip)], stay: Annotated[Stay, Resolve(ask_stay)]) -> str:
+        """Plan a trip and a hotel stay (asks the user twice)."""
+        return f"{trip.city}, {trip.days} days, {stay.nights} nights"
 
     @server.tool()
     async def connect(account: str = "") -> str:

@@ -71,9 +71,9 @@ def _state(run_id):
     return run, list(Approval.all_tenants.filter(run_id=run_id)), list(ToolCall.all_tenants.filter(run_id=run_id))
 
 
-async def _paused_run(world, fake_llm, travel_url, reply="Done."):
+async def _paused_run(world, fake_llm, travel_url, reply="Done.", tool="travel__book"):
     agent = await _agent(world, fake_llm.base_url, travel_url)
-    fake_llm.script(ToolCalls([("travel__book", {})]), Reply(reply))
+    fake_llm.script(ToolCalls([(tool, {})]), Reply(reply))
     run = await post_message(agent=agent, user=world.member, content="Book me a trip")
     await execute_run(run.pk)
     run, [approval], [call] = await _state(run.pk)
@@ -84,7 +84,9 @@ async def _paused_run(world, fake_llm, travel_url, reply="Done."):
 
 
 async def test_accept_validates_the_form_and_resumes_the_call_with_the_answer(world, fake_llm, travel_url):
-    run, approval = await _paused_run(world, fake_llm, travel_url, reply="Booked Oslo.")
+    """``plan`` asks twice: each answer resumes the run, the call is made again with it, and the
+    server's next question pauses the run again on the same approval."""
+    run, approval = await _paused_run(world, fake_llm, travel_url, reply="Planned.", tool="travel__plan")
     listed = (await _get(world, "/api/v1/approvals/")).json()
     [item] = [a for a in listed if a["id"] == approval.pk]
     assert (item["kind"], item["mode"], item["message"], item["server"], item["tool_call"]) == (
@@ -100,9 +102,19 @@ async def test_accept_validates_the_form_and_resumes_the_call_with_the_answer(wo
     assert (await _state(run.pk))[0].status == "queued"
 
     await execute_run(run.pk)  # any worker: the retried call carries the answer and the server's state
+    run, [again], _ = await _state(run.pk)
+    assert (run.status, again.pk, again.status) == ("awaiting_approval", approval.pk, "pending")
+    item = (await _get(world, f"/api/v1/approvals/{approval.pk}/")).json()
+    assert (item["message"], item["schema"]["properties"]["nights"]["minimum"]) == ("How many nights at the hotel?", 1)
+    bad = await _post(world, f"/api/v1/approvals/{approval.pk}/", {"action": "accept", "content": {"nights": 0}})
+    assert bad.status_code == 400 and "nights: at least 1" in bad.json()["message"]
+    assert (await _post(world, f"/api/v1/approvals/{approval.pk}/",
+                        {"action": "accept", "content": {"nights": 3}})).status_code == 200
+
+    await execute_run(run.pk)
     run, _, [call] = await _state(run.pk)
     assert (run.status, call.status) == ("completed", "succeeded"), run.error
-    assert "booked Oslo for 2 days" in call.result
+    assert "Oslo, 2 days, 3 nights" in call.result
 
 
 @pytest.mark.parametrize("action", ["decline"])  # cancel goes the same way
@@ -146,8 +158,7 @@ async def test_a_run_nobody_watches_gets_the_configured_answer(world, fake_llm, 
 
 
 @pytest.mark.parametrize(("action", "status", "text"), [
-    ("accept", "succeeded", "connected"),
-    ("decline", "failed", "declined to open the page"),
+    ("accept", "succeeded", "connected"),  # decline: the chat app's test (test_chat_elicitation)
 ])
 async def test_url_elicitation_required_pauses_then_the_call_is_made_again(world, fake_llm, travel_url, action,
                                                                            status, text):

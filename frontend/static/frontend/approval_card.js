@@ -87,7 +87,8 @@ export class ApprovalView {
 
   update(approval) {
     this.approval = approval;
-    const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill, approval.answer]);
+    const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill, approval.answer,
+      approval.elicitation]);
     if (key === this.key) return;
     this.key = key;
     if (approval.kind === 'elicitation') {
@@ -136,7 +137,12 @@ export class ApprovalView {
     this.title.textContent = request.message || '';
     this.detail.hidden = true;
     const url = request.mode === 'url';
-    if (!this.form && !url && pending) this.form = elicitationForm(request.schema);
+    // A new question of the same call (the server asks again) gets a new form.
+    const formKey = JSON.stringify([request.message, request.schema]);
+    if (!url && pending && (!this.form || this.formKey !== formKey)) {
+      this.form = elicitationForm(request.schema);
+      this.formKey = formKey;
+    }
     this.acceptBtn.textContent = url ? 'I opened it' : 'Accept';
     replaceChildren(
       this.actions,

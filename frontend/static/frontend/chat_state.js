@@ -70,6 +70,9 @@ function upsertApproval(run, raw) {
   };
   if (!current) run.approvals.set(id, incoming);
   else if (current.status === 'pending') Object.assign(current, incoming);
+  // An MCP server that asks again in the same call (its next question) re-opens the approval.
+  else if (incoming.status === 'pending' && incoming.kind === 'elicitation'
+    && JSON.stringify(incoming.elicitation) !== JSON.stringify(current.elicitation)) Object.assign(current, incoming);
   else if (!current.answer && incoming.answer) current.answer = incoming.answer;
 }
 
