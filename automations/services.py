@@ -40,7 +40,7 @@ from automations.models import (
 )
 from automations.outbound import event_emit
 from sessions.models import ChatSession, Run
-from sessions.services import chat_session_create, message_post
+from sessions.services import chat_session_create, message_post, run_purpose
 from tenants.crypto import secret_encrypt
 from tenants.models import Membership, Tenant
 from tenants.scoping import system_scope, tenant_scope
@@ -160,7 +160,8 @@ def _start_run(schedule: Schedule) -> Run:
             raise ApplicationError("The schedule's chat no longer exists.")
     else:
         session = chat_session_create(user=owner, agent=agent, title=schedule.name)
-    return message_post(session=session, user=owner, content=schedule.message)
+    with run_purpose("schedule"):
+        return message_post(session=session, user=owner, content=schedule.message)
 
 
 def schedule_fire(*, schedule_id: int, now: datetime) -> ScheduleSlot | None:
@@ -349,7 +350,8 @@ def inbound_webhook_accept(*, trigger: WebhookTrigger, webhook_id: str, payload:
             if agent is None:
                 raise ApplicationError("The trigger's agent is not active.")
             session = chat_session_create(user=trigger.owner, agent=agent, title=trigger.name)
-            run = message_post(session=session, user=trigger.owner, content=message)
+            with run_purpose("webhook"):
+                run = message_post(session=session, user=trigger.owner, content=message)
             row.run, row.chat = run, session
             row.save(update_fields=["run", "chat"])
             return row, True

@@ -286,21 +286,22 @@ def _cap_reached(experiment: Experiment) -> bool:
 
 
 def _run_start(experiment: Experiment, result: ExperimentResult) -> Run:
-    """An ordinary run answering the result's item, in a new chat session of the experiment's
-    creator (an item with ``messages``: the conversation before its last message as the chat's
-    history)."""
-    from sessions.services import chat_from_conversation, chat_session_create, message_post
+    """An ordinary run answering the result's item (purpose ``evaluation``), in a new chat
+    session of the experiment's creator (an item with ``messages``: the conversation before its
+    last message as the chat's history)."""
+    from sessions.services import chat_from_conversation, chat_session_create, message_post, run_purpose
 
     item = result.item
     title = f"Evaluation {experiment.pk} · item {item.pk} #{result.repetition + 1}"
     user, agent = experiment.created_by, experiment.agent
-    if item.messages and len(item.messages) > 1:
-        history = [(m["role"], m["content"]) for m in item.messages[:-1]]
-        run = chat_from_conversation(user=user, agent=agent, history=history, content=item.input)
-        ChatSession.objects.filter(pk=run.session_id).update(title=title)
-        return run
-    session = chat_session_create(user=user, agent=agent, title=title)
-    return message_post(session=session, user=user, content=item.input)
+    with run_purpose("evaluation"):
+        if item.messages and len(item.messages) > 1:
+            history = [(m["role"], m["content"]) for m in item.messages[:-1]]
+            run = chat_from_conversation(user=user, agent=agent, history=history, content=item.input)
+            ChatSession.objects.filter(pk=run.session_id).update(title=title)
+            return run
+        session = chat_session_create(user=user, agent=agent, title=title)
+        return message_post(session=session, user=user, content=item.input)
 
 
 def _start_runs(experiment: Experiment) -> None:

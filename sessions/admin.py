@@ -74,10 +74,10 @@ class ChatSessionAdmin(ReadOnlyAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "trace", "agent", "user", "status", "reason", "loop_count", "tokens", "cost",
+    list_display = ["id", "trace", "agent", "user", "status", "reason", "purpose", "loop_count", "tokens", "cost",
                     "created_at", "finished_at", "tenant"]
     list_display_links = None
-    list_filter = ["status", "reason", ("session__agent", AgentFilter)]
+    list_filter = ["status", "reason", "purpose", ("session__agent", AgentFilter)]
     search_fields = ["input", "reply", "error", "user__username", "session__title", "=id"]
     ordering = ["-created_at", "-id"]
     date_hierarchy = "created_at"

@@ -70,6 +70,16 @@ class RunFailureReason(models.TextChoices):
     INTERNAL = "internal_error", "Internal error"
 
 
+class RunPurpose(models.TextChoices):
+    """Where a run came from (``Run.purpose``): who, if anyone, watches it."""
+
+    CHAT = "chat", "The chat app or the REST API"
+    API = "api", "The OpenAI-compatible API, agents over MCP or A2A"
+    EVALUATION = "evaluation", "An evaluation experiment's item"
+    SCHEDULE = "schedule", "A schedule's slot"
+    WEBHOOK = "webhook", "An inbound webhook"
+
+
 class Run(TenantOwnedModel):
     """One user message and the agent's work answering it.
 
@@ -85,6 +95,10 @@ class Run(TenantOwnedModel):
     reply = models.TextField(blank=True)
     error = models.TextField(blank=True, help_text="Human-readable reason a run failed.")
     reason = models.CharField(max_length=40, blank=True, choices=RunFailureReason.choices)
+    purpose = models.CharField(
+        max_length=12, choices=RunPurpose.choices, default=RunPurpose.CHAT,
+        help_text="Where the run came from (its entry point); a sub-run has its parent's.",
+    )
     loop_count = models.PositiveIntegerField(default=0, help_text="Model turns taken.")
     prompt_tokens = models.PositiveIntegerField(default=0, help_text="Sum over the run's LLM calls.")
     completion_tokens = models.PositiveIntegerField(default=0, help_text="Sum over the run's LLM calls.")

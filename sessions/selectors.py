@@ -114,10 +114,13 @@ def tenant_usage(*, start: datetime, end: datetime, purposes: Sequence[str] | No
 
     Returns:
         ``{"total": {...}, "by_agent": [{"agent_id", "agent", ...}], "by_user": [{"user_id",
-        "user", ...}], "by_purpose": [{"purpose", ...}]}``; every row has :data:`USAGE_SUMS`'
+        "user", ...}], "by_purpose": [{"purpose", ...}], "by_run_purpose": [{"run_purpose", ...}]}``;
+        every row has :data:`USAGE_SUMS`'
         keys (llm_calls, prompt_tokens, completion_tokens, cost_usd_micros), most expensive
         first. ``agent``/``user`` are names (None: a call for no agent or user, or one since
-        deleted); ``purpose`` an ``LLMCallPurpose`` value.
+        deleted); ``purpose`` an ``LLMCallPurpose`` value; ``run_purpose`` the calls' run's
+        ``RunPurpose`` (chat, api, evaluation, schedule, webhook; None: a call of no run, e.g. a
+        title or memory, or of a run since purged).
     """
     calls = LLMCall.objects.filter(created_at__gte=start, created_at__lt=end)
     if purposes is not None:
@@ -127,6 +130,8 @@ def tenant_usage(*, start: datetime, end: datetime, purposes: Sequence[str] | No
     by_user = (calls.values("user_id", "user__username").annotate(**USAGE_SUMS)
                .order_by("-cost_usd_micros", "user__username", "user_id"))
     by_purpose = calls.values("purpose").annotate(**USAGE_SUMS).order_by("-cost_usd_micros", "purpose")
+    by_run_purpose = (calls.values("run__purpose").annotate(**USAGE_SUMS)
+                      .order_by("-cost_usd_micros", "run__purpose"))
     sums = tuple(USAGE_SUMS)
     return {
         "total": calls.aggregate(**USAGE_SUMS),
@@ -135,6 +140,7 @@ def tenant_usage(*, start: datetime, end: datetime, purposes: Sequence[str] | No
         "by_user": [{"user_id": r["user_id"], "user": r["user__username"], **{k: r[k] for k in sums}}
                     for r in by_user],
         "by_purpose": [{"purpose": r["purpose"], **{k: r[k] for k in sums}} for r in by_purpose],
+        "by_run_purpose": [{"run_purpose": r["run__purpose"], **{k: r[k] for k in sums}} for r in by_run_purpose],
     }
 
 

@@ -33,6 +33,7 @@ from sessions.runs import (
     run_enqueue_on_commit,
     run_finish_unheld,
     run_hand_off,
+    run_purpose,
     stale_before,
 )
 
@@ -40,7 +41,7 @@ __all__ = [
     "MAX_ARTIFACT_BYTES", "MAX_MESSAGE_CHARS", "QUEUED_RESEND_SECONDS", "approval_decide", "approvals_expire",
     "artifact_create", "chat_from_conversation", "chat_session_create", "client_tool_outputs_submit", "message_post",
     "run_cancel",
-    "run_enqueue_on_commit", "runs_sweep",
+    "run_enqueue_on_commit", "run_purpose", "runs_sweep",
 ]
 
 MAX_MESSAGE_CHARS = 100_000

@@ -262,6 +262,7 @@ def _run_summary(run: Run, *, messages: list[Message], admin: bool) -> dict[str,
     out: dict[str, Any] = {
         "id": run.pk, "session_id": run.session_id, "status": run.status, "reason": run.reason,
         "reason_label": RunFailureReason(run.reason).label if run.reason in RunFailureReason.values else "",
+        "purpose": run.purpose,
         "error": run.error, "input": run.input, "reply": run.reply, "loop_count": run.loop_count,
         "agent": {"id": agent.pk, "name": agent.name},
         "agent_version": None,  # the number of the agent's version the run ran (None: a run from before versions)

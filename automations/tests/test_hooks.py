@@ -61,6 +61,7 @@ class TestInbound:
         assert data == {"run_id": run.pk, "chat_id": run.session_id}
         assert run.input == "Triage issue Login broken (opened, first label bug)"
         assert run.user_id == world.member.pk and run.tenant_id == world.tenant.pk
+        assert run.purpose == "webhook"
 
     def test_replayed_webhook_id_starts_no_second_run(self, world):
         trigger, secret = _trigger(world)

@@ -53,6 +53,7 @@ class TestFire:
         with system_scope():
             runs = [Run.all_tenants.get(pk=s.run_id) for s in slots]
             assert all(r.user_id == world.member.pk and r.input == schedule.message for r in runs)
+            assert {r.purpose for r in runs} == {"schedule"}
             assert len({r.session_id for r in runs}) == 2
             schedule.refresh_from_db()
         assert schedule.next_slot_at == EIGHT + timedelta(days=2)

@@ -65,3 +65,12 @@ def dollars(value: Any) -> str:
     if amount == 0:
         return "$0"
     return f"${amount:.4f}" if amount >= 0.0001 else f"${amount:.6f}"
+
+
+@register.filter
+def run_purpose(value: Any) -> str:
+    """A ``Run.purpose`` value → its label ("chat" → "The chat app or the REST API"); an
+    unknown value as it is."""
+    from sessions.models import RunPurpose
+
+    return RunPurpose(value).label if value in RunPurpose.values else str(value or "")

@@ -43,6 +43,7 @@ def _intervals(experiment_id: int) -> list[tuple[float, float]]:
         runs = Run.all_tenants.filter(
             pk__in=ExperimentResult.all_tenants.filter(experiment_id=experiment_id).values("run_id")
         )
+        assert {r.purpose for r in runs} == {"evaluation"}
         return [(r.started_at.timestamp(), r.finished_at.timestamp()) for r in runs]
 
 

@@ -136,7 +136,8 @@ class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "session", "status", "input", "reply", "structured", "error", "reason", "loop_count", "attempt",
+            "id", "session", "status", "input", "reply", "structured", "error", "reason", "purpose", "loop_count",
+            "attempt",
             "steered_into", "prompt_tokens", "completion_tokens", "cost_usd", "created_at", "started_at", "finished_at",
         ]
         extra_kwargs = {
@@ -288,7 +289,7 @@ def usage_schema(name: str, *, by_user: bool = False) -> Any:
         "month": serializers.CharField(), "llm_calls": serializers.IntegerField(),
         "prompt_tokens": serializers.IntegerField(), "completion_tokens": serializers.IntegerField(),
         "cost_usd": serializers.CharField(), "by_agent": rows, "by_purpose": rows,
-        **({"by_user": rows} if by_user else {}),
+        **({"by_user": rows, "by_run_purpose": rows} if by_user else {}),
     })
 
 
@@ -337,14 +338,17 @@ def usage_purposes(request: Request) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(asked))
 
 
-USAGE_BREAKDOWNS = {"by_agent": ("agent_id", "agent"), "by_user": ("user_id", "user"), "by_purpose": ("purpose",)}
+USAGE_BREAKDOWNS = {"by_agent": ("agent_id", "agent"), "by_user": ("user_id", "user"), "by_purpose": ("purpose",),
+                    "by_run_purpose": ("run_purpose",)}
 """The breakdowns a usage answer may have, with the keys that name each row."""
 
 
 def usage_body(start: Any, total: dict[str, Any], by_agent: list[dict[str, Any]], **breakdowns: Any) -> dict[str, Any]:
     """A month's usage answer: totals, per-agent rows (``agent_id``, ``agent`` and the sums)
     and the other breakdowns given (``by_user``: ``user_id``, ``user``; ``by_purpose``:
-    ``purpose``, one of turn, title, memory, query_rewrite, rerank, compaction), costs from
+    ``purpose``, one of turn, title, memory, query_rewrite, rerank, compaction; ``by_run_purpose``:
+    ``run_purpose``, where the calls' run came from: chat, api, evaluation, schedule, webhook or
+    null for no run), costs from
     micro-dollars to a USD string. Every LLM call counts, whatever its purpose, purged
     chats' calls included."""
     counts = ("llm_calls", "prompt_tokens", "completion_tokens")
@@ -357,8 +361,9 @@ def usage_body(start: Any, total: dict[str, Any], by_agent: list[dict[str, Any]]
 
 
 class UsageApi(TenantScopedApiView):
-    """The tenant's model usage for a calendar month (UTC): totals, per agent, per user and
-    per purpose (run turns, chat titles, memory, query rewrites, reranks, compactions).
+    """The tenant's model usage for a calendar month (UTC): totals, per agent, per user, per
+    purpose (run turns, chat titles, memory, query rewrites, reranks, compactions) and per run
+    purpose (the chat app, the API doors, evaluation, schedules, webhooks).
 
     ``?month=YYYY-MM`` (default: the current month); ``?purpose=turn,compaction`` (default:
     every purpose) counts only those purposes' calls. Owners and admins only.
@@ -375,7 +380,7 @@ class UsageApi(TenantScopedApiView):
         start, end = usage_month(request)
         usage = tenant_usage(start=start, end=end, purposes=usage_purposes(request))
         return Response(usage_body(start, usage["total"], usage["by_agent"], by_user=usage["by_user"],
-                                   by_purpose=usage["by_purpose"]))
+                                   by_purpose=usage["by_purpose"], by_run_purpose=usage["by_run_purpose"]))
 
 
 class RunDetailApi(TenantScopedApiView):

@@ -88,14 +88,14 @@ from sessions.runs.records import (
     tool_call_start,
 )
 from sessions.runs.subruns import SubRunState, session_handoff, subrun_finish, subrun_open, subrun_pause
-from sessions.runs.transitions import run_create, run_pause, run_resume, steer_absorb
+from sessions.runs.transitions import run_create, run_pause, run_purpose, run_resume, steer_absorb
 
 __all__ = [
     "APPROVAL_EXPIRED_ERROR", "ClaimedRun", "Publish", "RunEnding", "RunFinished", "RunNotClaimable", "SubRunState",
     "WorkerHandOff", "approval_decide", "approval_payload", "approval_request", "approvals_expire",
     "assistant_message_save", "chat_title_hand_off", "client_tool_outputs_submit", "compaction_begin", "compaction_completed_event",
     "compaction_save", "end_event", "llm_call_record", "message_insert", "next_queued_run_id", "run_cancel",
-    "run_claim", "run_create", "run_end", "run_enqueue_on_commit", "run_finish", "run_finish_unheld",
+    "run_claim", "run_create", "run_purpose", "run_end", "run_enqueue_on_commit", "run_finish", "run_finish_unheld",
     "run_hand_off", "run_heartbeat", "run_pause", "run_resume", "runs_hand_to_workers", "stale_before",
     "session_handoff", "steer_absorb", "subrun_finish", "subrun_open", "subrun_pause", "tenant_run_limit", "tenant_waiting_run_ids",
     "tool_call_finish", "tool_call_finished_event", "tool_call_start", "workers_register",

@@ -26,6 +26,7 @@ from sessions.models import (
     ChatSession,
     MessageRole,
     Run,
+    RunPurpose,
     RunStatus,
     ToolCall,
     ToolCallStatus,
@@ -92,10 +93,14 @@ def _subrun_open(*, parent: RunSpec, call_pk: int, skill_id: int | None, task: s
             existing.save(update_fields=["status", "attempt", "paused_at"])
         return SubRunState(run_id=existing.pk, status=existing.status, reply=existing.reply, error=existing.error,
                            created=False, attempt=existing.attempt)
+    purpose = Run.objects.filter(session_id=parent.session_id, tool_calls__pk=call_pk).values_list(
+        "purpose", flat=True
+    ).first()  # the calling run's entry point, the sub-run's too
     run = Run.objects.create(
         tenant_id=parent.tenant_id, session_id=parent.session_id, user_id=parent.user_id, input=task,
         status=RunStatus.RUNNING, attempt=1, started_at=timezone.now(), parent_tool_call_id=call_pk,
         depth=parent.depth + 1, skill_id=skill_id, agent_version_id=agent_version_id,
+        purpose=purpose or RunPurpose.CHAT,
     )
     message_insert(session_id=parent.session_id, run_id=run.pk, role=MessageRole.USER, content=task)
     return SubRunState(run_id=run.pk, status=run.status, reply="", error="", created=True, attempt=1)

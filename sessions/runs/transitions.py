@@ -31,6 +31,7 @@ from sessions.models import (
     Message,
     MessageRole,
     Run,
+    RunPurpose,
     RunStatus,
 )
 from sessions.runner.threads import db
@@ -40,6 +41,19 @@ from sessions.runs.records import Publish, approval_payload, run_event_observe, 
 from tenants.scoping import require_tenant_id
 
 _unattended: contextvars.ContextVar[bool] = contextvars.ContextVar("unattended_runs", default=False)
+_purpose: contextvars.ContextVar[str] = contextvars.ContextVar("run_purpose", default=RunPurpose.CHAT)
+
+
+@contextlib.contextmanager
+def run_purpose(purpose: str) -> Iterator[None]:
+    """Runs created inside (:func:`run_create`) record ``purpose`` (a :class:`RunPurpose`
+    value: ``Run.purpose``, shown in the console and the usage breakdown). Default ``chat``;
+    :func:`unattended_runs` sets ``api``; evaluation and automations set theirs."""
+    token = _purpose.set(RunPurpose(purpose))
+    try:
+        yield
+    finally:
+        _purpose.reset(token)
 
 
 @contextlib.contextmanager
@@ -47,11 +61,13 @@ def unattended_runs() -> Iterator[None]:
     """Runs created inside (:func:`run_create`) have nobody watching them (the OpenAI-compatible
     API, A2A, agents over MCP): their ``request_options`` get ``unattended`` = the setting
     ``MCP_ELICITATION_UNATTENDED_ANSWER`` (``decline`` by default), the answer an MCP server's
-    request for input gets at once (:class:`sessions.runner.spec.RunRequestOptions`)."""
-    token = _unattended.set(True)
+    request for input gets at once (:class:`sessions.runner.spec.RunRequestOptions`), and
+    their ``purpose`` is ``api`` (:func:`run_purpose`)."""
+    token, purpose_token = _unattended.set(True), _purpose.set(RunPurpose.API)
     try:
         yield
     finally:
+        _purpose.reset(purpose_token)
         _unattended.reset(token)
 
 
@@ -82,7 +98,8 @@ def run_create(*, session: ChatSession, user: AbstractBaseUser, content: str,
         answer = getattr(settings, "MCP_ELICITATION_UNATTENDED_ANSWER", "decline")
         request_options = {**(request_options or {}), "unattended": answer if answer == "cancel" else "decline"}
     run = Run.objects.create(tenant_id=session.tenant_id, session=session, user=user, input=content, steer=steer,
-                             request_options=request_options, agent_version_id=run_version_for(session.agent))
+                             request_options=request_options, agent_version_id=run_version_for(session.agent),
+                             purpose=_purpose.get())
     Message.objects.create(
         tenant_id=session.tenant_id, session=session, run=run, role=MessageRole.USER,
         content=content, position=session.next_position,

@@ -54,6 +54,7 @@ def test_a_chat_completion_is_a_run_over_the_given_conversation(world, fake_llm,
     ]
     run = Run.all_tenants.get(pk=int(answer.id.removeprefix("chatcmpl-")))
     assert (run.status, run.input, run.reply, run.user_id) == ("completed", "And now?", "Paris, still.", world.member.pk)
+    assert run.purpose == "api"
     session = ChatSession.all_tenants.get(pk=run.session_id)
     assert (session.agent_id, session.title) == (agent.pk, "Capital of France?")
     assert list(Message.all_tenants.filter(session=session).values_list("position", "role")) == [

@@ -20,9 +20,13 @@ def _spend(world, agent_name, micros, tokens=(100, 10)):
 
 def test_usage_totals_and_per_agent_for_this_month_only_this_tenant(world, other_world):
     _spend(world, "Alpha", 1_500_000)
-    _spend(world, "Beta", 250)
+    _, beta_run = _spend(world, "Beta", 250)
+    Run.all_tenants.filter(pk=beta_run.pk).update(purpose="api")
     _spend(other_world, "Theirs", 99_000_000)
     body = world.client(admin=True).get("/api/v1/admin/usage/").json()
+    assert [(p["run_purpose"], p["cost_usd"]) for p in body["by_run_purpose"]] == [
+        ("chat", "1.500000"), ("api", "0.000250")
+    ]
     assert body["cost_usd"] == "1.500250" and body["llm_calls"] == 2 and body["prompt_tokens"] == 200
     assert [(a["agent"], a["cost_usd"]) for a in body["by_agent"]] == [("Alpha", "1.500000"), ("Beta", "0.000250")]
     empty = world.client(admin=True).get("/api/v1/admin/usage/?month=2020-01").json()
