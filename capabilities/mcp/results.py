@@ -4,7 +4,11 @@
 
 Text blocks pass verbatim; images, audio, resource links and blob resources become one-line
 summaries such as ``[image image/png, 1234 bytes]``; ``structuredContent`` becomes the result's
-``data`` and, when no block is text, also leads its content as JSON.
+``data`` and, when no block is text, also leads its content as JSON. A string of the structured
+content that repeats a content block's binary (an image's or audio's base64, bare or as a
+``data:`` URL; some servers send both) is replaced there by the block's summary, so the model
+is not sent the image as base64 text on top of the image, and the stored result does not keep
+it twice (:func:`without_repeated_binary`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,35 @@ def render_block(block: Any) -> tuple[str, bool]:
     return f"[{getattr(block, 'type', type(block).__name__)} content]", False
 
 
+def _binaries(blocks: Any) -> dict[str, str]:
+    """The base64 payloads of ``blocks`` (images, audio, blob resources) → their summaries."""
+    found: dict[str, str] = {}
+    for block in blocks:
+        if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
+            found[block.data] = render_block(block)[0]
+        elif isinstance(block, mcp_types.EmbeddedResource) and isinstance(
+            block.resource, mcp_types.BlobResourceContents
+        ):
+            found[block.resource.blob] = render_block(block)[0]
+    return found
+
+
+def without_repeated_binary(data: Any, binaries: dict[str, str]) -> Any:
+    """``data`` (structured content: JSON values) with every string that is one of
+    ``binaries``' base64 payloads, bare or as a ``data:<mime>;base64,`` URL, replaced by that
+    payload's summary (e.g. ``[image image/png, 1234 bytes]``). Other values unchanged."""
+    if not binaries:
+        return data
+    if isinstance(data, str):
+        payload = data.split(";base64,", 1)[1] if data.startswith("data:") and ";base64," in data else data
+        return binaries.get(payload, data)
+    if isinstance(data, dict):
+        return {key: without_repeated_binary(value, binaries) for key, value in data.items()}
+    if isinstance(data, list):
+        return [without_repeated_binary(value, binaries) for value in data]
+    return data
+
+
 def to_tool_result(result: mcp_types.CallToolResult) -> ToolResult:
     """Map a successful ``CallToolResult`` to a ``ToolResult`` (see ``McpConnection.call_tool``)."""
     parts: list[str] = []
@@ -61,7 +94,8 @@ def to_tool_result(result: mcp_types.CallToolResult) -> ToolResult:
         text, is_text = render_block(block)
         has_text = has_text or is_text
         parts.append(text)
-    return tool_result(parts, has_text=has_text, data=result.structured_content)
+    data = without_repeated_binary(result.structured_content, _binaries(result.content))
+    return tool_result(parts, has_text=has_text, data=data)
 
 
 def tool_result(parts: list[str], *, has_text: bool, data: Any) -> ToolResult:
