@@ -29,7 +29,7 @@ from capabilities.mcp_oauth.models import ConnectionStatus, McpOAuthConnection
 from capabilities.models import McpAuthMode, McpServer
 from tenants.crypto import secret_decrypt, secret_encrypt
 from tenants.models import Tenant
-from tenants.scoping import tenant_scope
+from tenants.scoping import system_scope, tenant_scope
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,11 @@ def protocol_union(*scopes: str | None) -> str | None:
 def _pending_by_state(state: str) -> McpOAuthConnection:
     # tenant-bypass: the callback arrives without a tenant; the state (32 random bytes, stored
     # hashed) is the capability that names one pending connection, whose tenant is then entered.
-    connection = McpOAuthConnection.all_tenants.filter(pending_state_hash=_state_hash(state)).first() if state else None
+    # (Without the system scope, row-level security shows the lookup no row at all.)
+    connection = None
+    if state:
+        with system_scope():
+            connection = McpOAuthConnection.all_tenants.filter(pending_state_hash=_state_hash(state)).first()
     if connection is None:
         raise ConnectError("This authorization is unknown or was already used: start connecting again.")
     return connection

@@ -18,6 +18,7 @@ from capabilities.mcp_oauth.models import ConnectionStatus, McpOAuthConnection
 from capabilities.mcp_oauth.runs import connection_id_for_run
 from capabilities.mcp_oauth.services import connection_access_token
 from capabilities.mcp_oauth.tests.fakes import FakeAuthorizationServer, connected, oauth_server
+from tenants.context import outside_scope
 from tenants.crypto import secret_decrypt
 from tenants.scoping import tenant_scope
 
@@ -112,11 +113,13 @@ def test_the_callback_state_is_one_persons_and_works_once(world, fake):
         pending_authorization_server=fake.discovery(server.url))
     browser = Client()
     browser.force_login(world.member)  # not who started it
-    answer = browser.get("/mcp-oauth/callback/", {"state": "the-state", "code": "stolen"})
+    with outside_scope():  # as a request arrives: no tenant yet, row-level security shows nothing
+        answer = browser.get("/mcp-oauth/callback/", {"state": "the-state", "code": "stolen"})
     assert answer.status_code == 302 and answer["Location"].startswith("/?mcp_connect_error=")
     assert "started+by+someone+else" in answer["Location"] and answer["Location"].endswith("#/settings")
     browser.force_login(world.admin)  # the state was used up by the failed attempt
-    answer = browser.get("/mcp-oauth/callback/", {"state": "the-state", "code": "stolen"})
+    with outside_scope():
+        answer = browser.get("/mcp-oauth/callback/", {"state": "the-state", "code": "stolen"})
     assert "unknown+or+was+already+used" in answer["Location"]
     assert fake.refreshes == []
 

@@ -32,8 +32,15 @@ const STATES = {
   reconnect: 'Connect again',
 };
 
+let notice; // read once per page load: the Settings page may be built more than once
+
 /** What the callback said, from this page's query (then removed from the address bar). */
 function callbackNotice() {
+  if (notice === undefined) notice = readCallbackNotice();
+  return notice;
+}
+
+function readCallbackNotice() {
   const params = new URLSearchParams(window.location.search);
   const connected = params.get('mcp_connected');
   const failed = params.get('mcp_connect_error');
@@ -124,9 +131,9 @@ export function ConnectionsPanel({ api = connectionsApi, navigate = (url) => win
     replaceChildren(list, items.length ? items.map(row) : h('li', { class: 'muted', testid: 'connections-empty', text: 'No server here needs an account.' }));
   }
 
-  const notice = callbackNotice();
-  if (notice?.error) fail(notice.error);
-  else if (notice) status.textContent = 'Connected.';
+  const said = callbackNotice();
+  if (said?.error) fail(said.error);
+  else if (said) status.textContent = 'Connected.';
   const section = h(
     'section',
     { class: 'settings-group tokens-panel', 'aria-labelledby': 'connections-title', testid: 'connections-panel', tabindex: '-1' },
