@@ -13,10 +13,14 @@ Two shapes reach us (MCP spec, "Elicitation", revisions 2025-11-25 and 2026-07-2
   until the user has visited a URL; :func:`elicitation_from_url_required` makes the same
   pause, and the call is simply issued again once the user accepted.
 
-A 2025-11-25 server sends a standalone ``elicitation/create`` request *inside* the open call.
-Holding that call open across a pause would tie the run to one worker process, so the
-client answers it at once with the run's unattended answer (decline by default;
-:data:`LEGACY_ANSWER_NOTE`), and the tool's result (usually "declined") goes to the model.
+A **2025-11-25** server sends a standalone ``elicitation/create`` request *inside* the open
+call. The pool holds that call open (:class:`HeldCall`: an asyncio task waiting on a future,
+no thread, no worker; its timeout stops meanwhile), the run pauses the same way, and the run
+that resumes *in this process* gives it the answer (:func:`held_call_answer`). A run resumed
+by another process, or after this one stopped, finds no held call: the call fails with
+:data:`LOST_HELD_CALL`. A request that cannot be tied to one call (several in flight on the
+session) or that arrives on a plain connection is declined at once
+(:func:`answer_legacy_elicitation`).
 
 Content of an accepted form is checked against the requested schema (the spec's restricted
 subset: a flat object of primitive properties: string with ``minLength`` / ``maxLength`` /
@@ -29,15 +33,19 @@ No Django imports.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
+import math
 import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import mcp_types
 
-from capabilities.tools import InputForUser
+from capabilities.tools import InputForUser, ToolError
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +59,8 @@ MAX_MESSAGE_CHARS = 4_000
 """Longest elicitation message kept (servers are not trusted)."""
 
 LEGACY_ANSWER_NOTE = (
-    "The server asked during an open call (MCP 2025-11-25); the platform answers those at once "
-    "with the unattended answer, because holding the call would tie the run to one worker."
+    "The server asked during an open call (MCP 2025-11-25) that the platform cannot hold (several "
+    "calls of this session in flight, or a connection outside the pool): declined at once."
 )
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -259,8 +267,9 @@ def url_domain(url: str) -> str:
 
 
 async def answer_legacy_elicitation(context: Any, params: Any) -> mcp_types.ElicitResult:
-    """The SDK's ``elicitation_callback`` of every connection: a 2025-11-25 server's standalone
-    ``elicitation/create`` inside an open call is declined at once (:data:`LEGACY_ANSWER_NOTE`).
+    """The SDK's default ``elicitation_callback`` (the pool's sessions hold the call instead when
+    they can, :class:`HeldCall`): a 2025-11-25 server's standalone ``elicitation/create``
+    inside an open call is declined at once (:data:`LEGACY_ANSWER_NOTE`).
 
     Registering it also makes the client declare the ``elicitation`` capability (form and
     URL), so that 2026-07-28 servers ask through ``InputRequiredResult`` instead of refusing
@@ -270,3 +279,96 @@ async def answer_legacy_elicitation(context: Any, params: Any) -> mcp_types.Elic
     logger.info("MCP server asked %r during an open call (2025-11-25); declined: %s",
                 _message(getattr(params, "message", ""))[:200], LEGACY_ANSWER_NOTE)
     return mcp_types.ElicitResult(action="decline")
+
+
+# --- 2025-11-25: a call held open while the person answers --------------------------------
+
+LOST_HELD_CALL = (
+    "The MCP server asked the user during this call (protocol 2025-11-25, where the call stays "
+    "open), but the worker process that held the call stopped or is not this one, so the answer "
+    "could not reach the server and the call is lost. Call the tool again if it is still needed."
+)
+"""The failed call's reason when a held call's answer finds no held call in this process."""
+
+_held: dict[int, HeldCall] = {}
+"""This process's held calls that asked the person, by tool call primary key."""
+
+
+@dataclass(eq=False, slots=True)
+class HeldCall:
+    """A 2025-11-25 call whose server sent ``elicitation/create`` inside it, held open while
+    the run is paused: an asyncio task waiting on a future in the pool's event loop (no thread,
+    no worker). The call's timeout stops while the person is asked and restarts afterwards.
+
+    Created by :meth:`capabilities.mcp.pool.PooledSession.call_tool_raw`; answered by the run
+    that resumes in this process (:func:`held_call_answer`)."""
+
+    wait_seconds: float
+    """The longest the server waits for the answer; then it gets ``decline``."""
+    call_seconds: float
+    """The call's own timeout, given again once the person answered."""
+    task: asyncio.Task[Any] | None = None
+    asked: asyncio.Future[Any] | None = None
+    """Set to the server's request params when it asks (the current round)."""
+    answer: asyncio.Future[mcp_types.ElicitResult] | None = None
+    scope: anyio.CancelScope | None = None
+    """The call's timeout scope (its deadline is moved while the person is asked)."""
+
+    def next_round(self) -> None:
+        """Expect a (next) question: a fresh ``asked`` future."""
+        self.asked = asyncio.get_running_loop().create_future()
+
+    async def ask(self, params: Any) -> mcp_types.ElicitResult:
+        """The server's ``elicitation/create`` for this call: hand it to the waiting caller and
+        wait for the person's answer (``decline`` after ``wait_seconds``)."""
+        assert self.asked is not None
+        self.answer = asyncio.get_running_loop().create_future()
+        if self.scope is not None:
+            self.scope.deadline = math.inf
+        self.asked.set_result(params)
+        try:
+            with anyio.fail_after(self.wait_seconds):
+                return await asyncio.shield(self.answer)
+        except TimeoutError:
+            return mcp_types.ElicitResult(action="decline")
+        finally:
+            if self.scope is not None:
+                self.scope.deadline = anyio.current_time() + self.call_seconds
+
+
+async def held_call_drive(held: HeldCall, key: int, *, server: str, tool_name: str) -> Any:
+    """Wait until the held call ends (its result) or its server asks the person (the call is
+    registered under ``key`` and :class:`InputForUser` raised, with ``protocol: "held"``).
+
+    Cancelled before the server asked (the run was cancelled): the call is cancelled too."""
+    assert held.task is not None and held.asked is not None
+    try:
+        await asyncio.wait({held.task, held.asked}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        if not held.asked.done():
+            held.task.cancel()
+        raise
+    if held.task.done():
+        _held.pop(key, None)
+        return held.task.result()
+    _held[key] = held
+    request = _request_json(held.asked.result(), server=server, tool_name=tool_name, key="", request_state=None)
+    raise InputForUser({**request, "protocol": "held"})
+
+
+async def held_call_answer(answer: dict[str, Any], key: int) -> Any:
+    """Give the person's answer to this process's held call ``key`` and wait for it again
+    (its result, or its next question: :class:`InputForUser`).
+
+    Raises:
+        ToolError: ``elicitation_lost`` (:data:`LOST_HELD_CALL`) when no call is held here.
+    """
+    held = _held.pop(key, None)
+    if held is None or held.task is None:
+        raise ToolError(LOST_HELD_CALL, code="elicitation_lost")
+    request = answer.get("request") or {}
+    held.next_round()  # before the answer: the server may ask its next question at once
+    if held.answer is not None and not held.answer.done():
+        held.answer.set_result(elicit_result(answer.get("action", "decline"), answer.get("content")))
+    return await held_call_drive(held, key, server=str(request.get("server", "")),
+                                 tool_name=str(request.get("tool", "")))

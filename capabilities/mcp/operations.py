@@ -9,8 +9,9 @@ Used by :class:`~capabilities.mcp.client.McpConnection` and by the pool's sessio
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 from capabilities.mcp.config import McpServerConfig
 from capabilities.mcp.elicitation import (
     URL_ELICITATION_REQUIRED,
+    HeldCall,
     elicitation_from_input_required,
     elicitation_from_url_required,
 )
@@ -141,6 +143,7 @@ async def call_tool_raw(
     progress: ProgressCallback | None = None,
     http_log: HttpStatusLog | None = None,
     resume: dict[str, Any] | None = None,
+    hold: HeldCall | None = None,
 ) -> mcp_types.CallToolResult:
     """Call one tool; return its successful result unmapped.
 
@@ -160,6 +163,8 @@ async def call_tool_raw(
         http_log: The connection's HTTP status log: a JSON-RPC error the SDK made from an
             HTTP error keeps its status in the message (``HTTP 401: authentication required``).
         resume: ``{input_responses, request_state}`` answering an earlier ``InputRequiredResult``.
+        hold: A 2025-11-25 call held open while its server asks the person: its timeout scope
+            is handed to ``hold`` (stopped while the person is asked).
 
     Returns:
         The ``CallToolResult`` (never one with ``isError``).
@@ -178,8 +183,8 @@ async def call_tool_raw(
     try:
         # Two bounds: the SDK's own read timeout (sends the courtesy cancel) and an outer
         # one covering what the SDK does not time (writing the request, output validation).
-        with anyio.fail_after(timeout_seconds):
-            result = await _send_call(client, name, arguments, timeout_seconds, progress, resume or {})
+        with _bound(timeout_seconds, hold):
+            result = await _send_call(client, name, arguments, timeout_seconds, progress, resume or {}, hold)
     except TimeoutError:
         raise ToolError(timeout_message, code="timeout") from None
     except MCPError as exc:
@@ -215,6 +220,16 @@ async def call_tool_raw(
     return result
 
 
+@contextlib.contextmanager
+def _bound(timeout_seconds: float, hold: HeldCall | None) -> Iterator[anyio.CancelScope]:
+    """The call's timeout scope (``anyio.fail_after``: TimeoutError on expiry), handed to
+    ``hold`` if any."""
+    with anyio.fail_after(timeout_seconds) as scope:
+        if hold is not None:
+            hold.scope = scope
+        yield scope
+
+
 def _raise_url_elicitation(exc: MCPError, *, alias: str, tool_name: str) -> None:
     """Raise :class:`InputForUser` for a ``-32042`` error (URL elicitation required) that names
     an http(s) URL; return for any other error."""
@@ -226,15 +241,18 @@ def _raise_url_elicitation(exc: MCPError, *, alias: str, tool_name: str) -> None
 
 async def _send_call(
     client: Client, name: str, arguments: dict[str, Any], timeout_seconds: float, progress: ProgressCallback | None,
-    resume: dict[str, Any],
+    resume: dict[str, Any], hold: HeldCall | None = None,
 ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
     """One ``tools/call`` round that may answer ``InputRequiredResult`` (not driven here: the
     person's answer comes after a pause). A 2026-07-28 ``HEADER_MISMATCH`` (our listing of the
-    tool is stale) re-lists the tools and sends once more, as ``Client.call_tool`` does."""
+    tool is stale) re-lists the tools and sends once more, as ``Client.call_tool`` does. A held
+    call (``hold``) gives the SDK's read timeout the person's time too (our own scope, whose
+    deadline stops while the person is asked, is the call's bound)."""
+    read_timeout = timeout_seconds + hold.wait_seconds if hold is not None else timeout_seconds
 
     async def send() -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         return await client.session.call_tool(  # validates a result against the listed output schema
-            name, arguments, read_timeout_seconds=timeout_seconds, progress_callback=progress,
+            name, arguments, read_timeout_seconds=read_timeout, progress_callback=progress,
             allow_input_required=True, **resume,
         )
 

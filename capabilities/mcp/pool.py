@@ -51,6 +51,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_platform import metrics, telemetry
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
+from capabilities.mcp.elicitation import HeldCall, answer_legacy_elicitation, held_call_answer, held_call_drive
 from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_failure_text, describe_exception
 from capabilities.mcp.http_log import HttpStatusLog
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback, call_tool_raw, list_all_tools
@@ -70,6 +71,9 @@ DEFAULT_BREAKER_FAILURE_THRESHOLD = 3
 """Setting ``MCP_POOL_BREAKER_FAILURE_THRESHOLD``: consecutive failures that open the breaker."""
 DEFAULT_BREAKER_COOLDOWN_SECONDS = 30.0
 """Setting ``MCP_POOL_BREAKER_COOLDOWN_SECONDS``: how long an open breaker refuses calls."""
+
+DEFAULT_ELICITATION_WAIT_SECONDS = 24 * 3600.0
+"""Setting ``APPROVAL_TTL_SECONDS``: how long a held 2025-11-25 call waits for the person."""
 
 _CLOSE_TIMEOUT_SECONDS = 10.0
 """How long closing waits for the owner task before cancelling it (the SDK's stdio shutdown
@@ -208,6 +212,10 @@ class PooledSession:
     Use from the pool's event loop only. Every method may be called concurrently.
     """
 
+    holds_calls = True
+    """A 2025-11-25 call whose server asks the person may be held open (``call_tool_raw``'s
+    ``hold_key``)."""
+
     def __init__(self, pool: McpPool, key: PoolKey, config: McpServerConfig) -> None:
         self.pool = pool
         self.key = key
@@ -244,6 +252,8 @@ class PooledSession:
         """HTTP error statuses of the current connection (a fresh log per connect)."""
         self.snapshot_version: int = 0
         """The catalogue version last stored in the database (set by the caller that stores it)."""
+        self._holds: set[HeldCall] = set()
+        """2025-11-25 calls in flight that may be held open while their server asks the person."""
 
     # --- state ------------------------------------------------------------------------------
 
@@ -360,6 +370,7 @@ class PooledSession:
         try:
             async with AsyncExitStack() as stack:
                 client, stderr = make_client(cfg, stack, message_handler=self._on_message, http_log=self.http_log,
+                                             elicitation_callback=self._on_elicitation,
                                              transport_end=transport_end)
                 client = await stack.enter_async_context(client)
                 if stderr is not None:
@@ -492,6 +503,15 @@ class PooledSession:
         elif isinstance(message, Exception):
             logger.debug("MCP server %r: transport reported %s", self.config.alias, describe_exception(message))
 
+    async def _on_elicitation(self, context: Any, params: Any) -> mcp_types.ElicitResult:
+        """SDK elicitation callback: a 2025-11-25 server asks inside an open call. With exactly
+        one holdable call in flight the request is that call's (:class:`HeldCall`: the person is
+        asked); otherwise which call asks is unknown and it is declined at once."""
+        asking = [h for h in self._holds if h.asked is not None and not h.asked.done()]
+        if len(asking) != 1:
+            return await answer_legacy_elicitation(context, params)
+        return await asking[0].ask(params)
+
     async def _listen_for_changes(self, client: Client, scope: anyio.CancelScope) -> None:
         """2026-07-28 connections: ``tools/list_changed`` arrives on a ``subscriptions/listen`` stream.
 
@@ -586,6 +606,8 @@ class PooledSession:
         timeout_seconds: float,
         progress: ProgressCallback | None = None,
         resume: dict[str, Any] | None = None,
+        hold_key: int | None = None,
+        input_answer: dict[str, Any] | None = None,
     ) -> mcp_types.CallToolResult:
         """Call one tool through the owner (connects first if needed).
 
@@ -598,6 +620,11 @@ class PooledSession:
                 notification the server sends for this call.
             resume: The answer to the server's earlier request for input (the retried call of
                 a 2026-07-28 ``InputRequiredResult``, :mod:`capabilities.mcp.elicitation`).
+            hold_key: The run's tool call (primary key): on a 2025-11-25 connection a call whose
+                server asks the person inside it is held open under this key
+                (:class:`HeldCall`) and ``InputForUser`` raised.
+            input_answer: The person's answer to a held call's question (``protocol: "held"``):
+                given to the call held here under ``hold_key``.
 
         Returns:
             The successful ``CallToolResult``.
@@ -610,7 +637,11 @@ class PooledSession:
         """
         check_timeout_seconds(timeout_seconds, what="timeout_seconds")
         timeout = min(timeout_seconds, self.config.call_timeout_seconds)
+        if hold_key is not None and input_answer is not None:
+            return await held_call_answer(input_answer, hold_key)
         await self.catalogue()  # the SDK validates results against listed output schemas
+        if hold_key is not None and self.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return await self._call_holdable(name, arguments, timeout, progress, hold_key)
         if progress is None:
             return await self._submit(
                 lambda client: call_tool_raw(client, self.config, name, arguments, timeout_seconds=timeout,
@@ -643,6 +674,26 @@ class PooledSession:
         updates.put_nowait(None)
         await forwarder  # the updates already received are forwarded before the result returns
         return result
+
+    async def _call_holdable(self, name: str, arguments: dict[str, Any], timeout: float,
+                             progress: ProgressCallback | None, key: int) -> mcp_types.CallToolResult:
+        """A 2025-11-25 call that is held open if its server asks the person (see
+        :meth:`call_tool_raw`). Its progress notifications are forwarded without waiting (the
+        call may outlive the caller's wait)."""
+        held = HeldCall(wait_seconds=self.pool.elicitation_wait_seconds, call_seconds=timeout)
+        held.next_round()
+
+        async def on_progress(done: float, total: float | None, message: str | None) -> None:
+            if progress is not None:
+                asyncio.get_running_loop().create_task(progress(done, total, message))
+
+        held.task = asyncio.get_running_loop().create_task(self._submit(
+            lambda client: call_tool_raw(client, self.config, name, arguments, timeout_seconds=timeout,
+                                         progress=on_progress, http_log=self.http_log, hold=held)
+        ), context=contextvars.Context())
+        held.task.add_done_callback(lambda task: (self._holds.discard(held), task.cancelled() or task.exception()))
+        self._holds.add(held)
+        return await held_call_drive(held, key, server=self.config.alias, tool_name=name)
 
     # --- catalogue --------------------------------------------------------------------------
 
@@ -754,6 +805,7 @@ class McpPool:
         breaker_failure_threshold: int = DEFAULT_BREAKER_FAILURE_THRESHOLD,
         breaker_cooldown_seconds: float = DEFAULT_BREAKER_COOLDOWN_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        elicitation_wait_seconds: float = DEFAULT_ELICITATION_WAIT_SECONDS,
     ) -> None:
         """Args: see the ``DEFAULT_*`` constants (seconds, positive).
 
@@ -770,6 +822,8 @@ class McpPool:
         self.breaker_failure_threshold = breaker_failure_threshold
         self.breaker_cooldown_seconds = breaker_cooldown_seconds
         self.clock = clock
+        self.elicitation_wait_seconds = elicitation_wait_seconds
+        """How long a held 2025-11-25 call waits for the person's answer (then: decline)."""
         self.connects = 0
         """Successful connects of all sessions (spawns, for stdio servers)."""
         self._sessions: dict[PoolKey, PooledSession] = {}
@@ -830,6 +884,7 @@ def mcp_pool() -> McpPool:
                 ("catalogue_ttl_seconds", "MCP_POOL_CATALOGUE_TTL_SECONDS"),
                 ("breaker_failure_threshold", "MCP_POOL_BREAKER_FAILURE_THRESHOLD"),
                 ("breaker_cooldown_seconds", "MCP_POOL_BREAKER_COOLDOWN_SECONDS"),
+                ("elicitation_wait_seconds", "APPROVAL_TTL_SECONDS"),
             ):
                 if hasattr(settings, setting):
                     options[name] = getattr(settings, setting)

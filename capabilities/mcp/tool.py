@@ -197,15 +197,19 @@ class McpTool(Tool):
             await context.progress(message or f"{self.info.name}: {done:g}" + (f"/{total:g}" if total else ""),
                                    progress=done, total=total)
 
-        resume: dict[str, Any] = {}
-        if context.input_answer is not None:  # executed again after the person answered the server
-            refusal = resume_refusal(context.input_answer)
+        options: dict[str, Any] = {}
+        answer = context.input_answer
+        if answer is not None:  # executed again after the person answered the server
+            refusal = resume_refusal(answer)
             if refusal is not None:
                 raise ToolError(refusal, code="elicitation_declined")
-            resume = resume_arguments(context.input_answer)
+            options["resume"] = resume_arguments(answer) or None
+        if getattr(self.connection, "holds_calls", False):  # a pooled session: 2025-11-25 calls may be held
+            options["hold_key"] = context.tool_call_id
+            if answer is not None and (answer.get("request") or {}).get("protocol") == "held":
+                options["input_answer"] = answer
         result = await self.connection.call_tool_raw(
-            self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress,
-            resume=resume or None,
+            self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress, **options
         )
         return await result_for_model(
             result, alias=self.connection.config.alias, tool_name=self.info.name, context=context

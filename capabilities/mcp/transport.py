@@ -109,6 +109,7 @@ def make_client(
     message_handler: Callable[[Any], Awaitable[None]] | None = None,
     http_log: HttpStatusLog | None = None,
     transport_end: TransportEnd | None = None,
+    elicitation_callback: Callable[[Any, Any], Awaitable[Any]] = answer_legacy_elicitation,
 ) -> tuple[Client, StderrTail | None]:
     """Build the (unentered) SDK client for ``config``; HTTP clients and pipes go on ``stack``.
 
@@ -124,6 +125,9 @@ def make_client(
         transport_end: Marked when the connection's transport ends (a stdio server exits, a
             connection drops), also while no call is in flight
             (:mod:`capabilities.mcp.transport_end`).
+        elicitation_callback: A 2025-11-25 server's ``elicitation/create`` inside an open call
+            (default: declined at once; the pool holds the call open instead,
+            :class:`capabilities.mcp.elicitation.HeldCall`).
 
     Remote servers (sse / streamable_http) are reached through the outbound address rules
     (``capabilities.netsafe``): a URL that resolves to loopback, a private or link-local
@@ -169,9 +173,9 @@ def make_client(
         transport = watched(transport, transport_end)
     # cache=None: every list_tools reaches the server (we keep our own catalogue).
     # The elicitation callback declares the capability (2026-07-28 servers then ask through
-    # InputRequiredResult: capabilities.mcp.elicitation) and declines 2025-11-25 requests.
+    # InputRequiredResult: capabilities.mcp.elicitation) and answers 2025-11-25 requests.
     client = Client(
         transport, cache=None, client_info=_CLIENT_INFO, message_handler=message_handler, mode=config.protocol_mode,
-        elicitation_callback=answer_legacy_elicitation,
+        elicitation_callback=elicitation_callback,
     )
     return client, stderr

@@ -177,3 +177,44 @@ async def test_url_elicitation_required_pauses_then_the_call_is_made_again(world
     run, _, [call] = await _state(run.pk)
     assert (run.status, call.status) == ("completed", status), run.error
     assert text in (call.result or call.error)
+
+
+async def test_a_2025_server_asking_inside_the_call_is_held_open_without_a_worker(world, fake_llm, travel_url,
+                                                                                 monkeypatch):
+    """Protocol 2025-11-25: ``elicitation/create`` arrives inside the open call. The run pauses
+    (no worker); the call stays open in this process's MCP pool (an asyncio task, no thread)
+    and gets the answer when the run resumes here. In another process it is lost: the call
+    fails with a reason the model reads."""
+    import dataclasses
+
+    from capabilities import services
+    from capabilities.mcp import elicitation
+
+    config = services.mcp_server_config
+    monkeypatch.setattr(services, "mcp_server_config",
+                        lambda **kw: dataclasses.replace(config(**kw), protocol_mode="legacy"))
+    agent = await _agent(world, fake_llm.base_url, travel_url)
+    fake_llm.script(ToolCalls([("travel__book", {})]), Reply("Booked."), ToolCalls([("travel__book", {})]),
+                    Reply("Lost."))
+    run = await post_message(agent=agent, user=world.member, content="Book me a trip")
+    await execute_run(run.pk)
+    run, [approval], [call] = await _state(run.pk)
+    assert (run.status, run.heartbeat_at, approval.kind) == ("awaiting_approval", None, "elicitation"), run.error
+    [session] = mcp_pool().sessions
+    assert (session.protocol_version, session._in_flight) == ("2025-11-25", 1)  # the held call, in no worker
+    resp = await _post(world, f"/api/v1/approvals/{approval.pk}/",
+                       {"action": "accept", "content": {"city": "Oslo", "days": 2}})
+    assert resp.status_code == 200, resp.content
+    await execute_run(run.pk)
+    run, _, [call] = await _state(run.pk)
+    assert (run.status, call.status) == ("completed", "succeeded"), run.error
+    assert "booked Oslo for 2 days" in call.result and session._in_flight == 0
+
+    second = await post_message(agent=agent, user=world.member, content="Again")
+    await execute_run(second.pk)
+    _, [approval], _ = await _state(second.pk)
+    elicitation._held.clear()  # as if another worker process resumed the run
+    await _post(world, f"/api/v1/approvals/{approval.pk}/", {"action": "decline"})
+    await execute_run(second.pk)
+    second, _, [call] = await _state(second.pk)
+    assert (second.status, call.status) == ("completed", "failed") and "call is lost" in call.error
