@@ -28,6 +28,8 @@ class FakeAuthorizationServer:
         self.refreshes: list[dict[str, str]] = []
         self.revocations: list[dict[str, str]] = []
         self.refuse = False
+        self.down = False
+        """Answer refreshes 503 (the server is having trouble, the grant is fine)."""
         self._lock = threading.Lock()
         self._second = threading.Event()
         fake = self
@@ -59,6 +61,9 @@ class FakeAuthorizationServer:
                     number = len(fake.refreshes)
                     if number >= 2:
                         fake._second.set()
+                if fake.down:
+                    self._answer(503, {"error": "temporarily_unavailable"})
+                    return
                 if fake.refuse:
                     self._answer(400, {"error": "invalid_grant", "error_description": "revoked"})
                     return

@@ -12,6 +12,7 @@ import httpx2
 import pytest
 from django.test import Client
 from django.utils import timezone
+from mcp.client.auth import OAuthTokenError
 
 from capabilities.mcp_oauth.auth import AccessToken, ConnectionAuth, ConnectionRequired
 from capabilities.mcp_oauth.models import ConnectionStatus, McpOAuthConnection
@@ -67,6 +68,18 @@ def test_a_refused_refresh_asks_for_a_new_connection(world, fake):
     assert connection_id is None and "has to be made again" in why and "Connect it in Settings" in why
     listed = world.client().get("/api/v1/mcp-connections/").json()
     assert [(row["server_id"], row["status"]) for row in listed] == [(server.pk, "reconnect")]
+
+
+def test_a_server_error_on_refresh_keeps_the_connection_for_the_next_try(world, fake):
+    connection = connected(oauth_server(world.tenant), fake, user=world.member)
+    fake.down = True
+    with pytest.raises(OAuthTokenError, match="503"):
+        connection_access_token(tenant_id=world.tenant.pk, connection_id=connection.pk)
+    connection.refresh_from_db()
+    assert connection.status == ConnectionStatus.CONNECTED
+    fake.down = False
+    token = connection_access_token(tenant_id=world.tenant.pk, connection_id=connection.pk)
+    assert token.token == "access-2"  # the second refresh request (the first got the 503)
 
 
 def test_a_run_of_someone_who_has_not_connected_is_told_where_to_connect(world, fake):
