@@ -113,6 +113,7 @@ export class RunView {
     // so their test ids never match empty, hidden elements.
     this.toolViews = new Map();
     this.renderedReply = null;
+    this.renderedDisplay = null;
     this.noticeSummary = h('summary', { class: 'model-notice-summary' });
     this.noticeList = h('div', { class: 'model-notice-list' });
     this.notices = h('details', { class: 'model-notices' }, this.noticeSummary, this.noticeList);
@@ -220,11 +221,14 @@ export class RunView {
     const cancelled = run.status === 'cancelled';
     const shown = (run.reply ? run.reply : run.reply !== null && !cancelled ? run.reply : run.stream) || '';
     this.shownReply = shown;
-    if (shown !== this.renderedReply) {
+    // A final answer that is one JSON object or array (an agent's output schema, an API caller's
+    // response_format) shows as a highlighted, indented code block (once it is final: the streamed
+    // text of the same answer is rendered again then).
+    const display = run.reply ? jsonAsMarkdown(shown) : shown;
+    if (shown !== this.renderedReply || display !== this.renderedDisplay) {
       this.renderedReply = shown;
-      // A final answer that is one JSON object or array (an agent's output schema, an API caller's
-      // response_format) shows as a highlighted, indented code block.
-      replaceChildren(this.replyBody, renderRichText(run.reply ? jsonAsMarkdown(shown) : shown));
+      this.renderedDisplay = display;
+      replaceChildren(this.replyBody, renderRichText(display));
     }
     attach(this.el, this.reply, !!shown, this.pending);
     // An output guardrail withdrew the streamed answer: a notice in its place (guardrail_tripped).
