@@ -375,6 +375,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "sessions.models.RunStatus",
+        "RunPurposeEnum": "sessions.models.RunPurpose",
         "ToolCallStatusEnum": "sessions.models.ToolCallStatus",
         "ExperimentStatusEnum": "evaluation.models.ExperimentStatus",
         "ExperimentResultStatusEnum": "evaluation.models.ResultStatus",
