@@ -61,7 +61,10 @@ export class Composer {
         this.addFiles(files);
       }
     });
+    // Pickers (commands_picker.js) see each key first: a handler returns true when the key was its own.
+    this.keyHandlers = [];
     this.input.addEventListener('keydown', (event) => {
+      if (this.keyHandlers.some((handle) => handle(event))) return;
       // Enter sends, Shift+Enter inserts a newline; never while an IME is composing.
       if (event.key === 'Enter' && !event.shiftKey && !event.isComposing && event.keyCode !== 229) {
         event.preventDefault();
