@@ -91,8 +91,6 @@ def _check_costs(*, output_schema: bool, routing_rules: bool) -> list[str]:
 
 
 
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)

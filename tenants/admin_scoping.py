@@ -98,6 +98,13 @@ class TenantScopedModelAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
             exclude.append("tenant")
         return exclude
 
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The admin's ``fields`` (or the form's) without the excluded ones: an explicit
+        ``fields`` naming ``tenant`` would otherwise ask the form for a field
+        :meth:`get_exclude` took out (a KeyError, a 500, for an admin of one tenant)."""
+        exclude = set(self.get_exclude(request, obj) or [])
+        return [f for f in super().get_fields(request, obj) if f not in exclude]
+
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         _limited_foreign_key(db_field, request, kwargs)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
