@@ -42,7 +42,8 @@ def test_an_approval_takes_exactly_one_of_decision_and_answer(world, fake_llm, n
         bad = client.post(url, body, format="json")
         assert bad.status_code == 400, (body, bad.json())
         assert bad.json()["extra"]["fields"]["non_field_errors"] == [
-            "Send exactly one of decision (a tool call) or answer (a question)."]
+            "Send exactly one of decision (a tool call), answer (a question) or action (an MCP server's request "
+            "for input)."]
     assert client.post(url, {"answer": 7}, format="json").status_code == 400
     assert client.post(url, {"answer": "Tokyo"}, format="json").status_code == 200
 

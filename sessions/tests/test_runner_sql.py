@@ -260,7 +260,7 @@ def test_the_configuration_read_makes_the_same_instances_as_the_orm(world, fake_
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     claimed = database.ClaimedRun.of(Run.all_tenants.select_related("session").get(pk=run.pk))
     with tenant_scope(world.tenant.pk):
-        agent_row, tenant, entries, bindings = database._spec_rows(dataclasses.replace(claimed))
+        agent_row, tenant, entries, bindings, _guardrails = database._spec_rows(dataclasses.replace(claimed))
         expected = [
             (agent_row, AgentInstance.all_tenants.get(pk=agent.pk)),
             (tenant, Tenant.objects.get(pk=world.tenant.pk)),
@@ -299,7 +299,7 @@ def test_the_configuration_read_survives_a_column_added_while_its_statements_are
     _ddl(connection, [f'ALTER TABLE "{t}" ADD COLUMN "added_by_a_migration" integer' for t in tables])
     try:
         with tenant_scope(world.tenant.pk):
-            agent_row, tenant, entries, bindings = database._spec_rows(claimed)
+            agent_row, tenant, entries, bindings, _guardrails = database._spec_rows(claimed)
         assert agent_row.pk == agent.pk and tenant.pk == world.tenant.pk and len(entries) == 1
     finally:
         _ddl(connection, [f'ALTER TABLE "{t}" DROP COLUMN "added_by_a_migration"' for t in tables])
