@@ -154,6 +154,7 @@ INSTALLED_APPS = [
     "channels",
     "axes",  # login lockout (django-axes; AXES_* below)
     "tenants",
+    "tenants.oidc",  # single sign-on with OpenID Connect (off unless OIDC_ENABLED; OIDC_* below)
     "llm",
     "agents",
     "capabilities",
@@ -347,6 +348,43 @@ AXES_ENABLE_ADMIN = False  # counters live in the cache; lockouts are in the aud
 AXES_VERBOSE = False
 # An invitation token (tenants.models.Invitation) is valid this long.
 INVITATION_TTL_SECONDS = int(os.environ.get("INVITATION_TTL_SECONDS", str(7 * 24 * 3600)))
+
+# --- Single sign-on with OpenID Connect (tenants/oidc; docs/operations-security.md, "Single sign-on (OIDC)") ---
+# Off unless OIDC_ENABLED=1: then the chat app's and the console's login pages offer "Sign in with
+# <OIDC_PROVIDER_NAME>" (the authorization code flow with state, nonce and PKCE; the client
+# registered at the provider with the redirect URI <origin>/oidc/callback/), and the claim mapping
+# rules decide each user's tenants and roles at every login. Local password logins stay.
+# A wrong setting stops the start with a message naming it (tenants.oidc.provider.oidc_config_check).
+OIDC_ENABLED = _env_bool("OIDC_ENABLED", False)
+OIDC_PROVIDER_NAME = os.environ.get("OIDC_PROVIDER_NAME", "SSO")  # the button: "Sign in with <name>"
+# The provider's issuer identifier (e.g. https://sso.example.com/realms/acme for Keycloak): every ID
+# token's iss must be exactly this; the endpoints left empty below come from
+# <OIDC_ISSUER>/.well-known/openid-configuration.
+OIDC_ISSUER = os.environ.get("OIDC_ISSUER", "").strip()
+OIDC_RP_CLIENT_ID = os.environ.get("OIDC_CLIENT_ID", "")  # the client id at the provider; every ID token's aud holds it
+OIDC_RP_CLIENT_SECRET = _secret("OIDC_CLIENT_SECRET")  # the client's secret (environment, else the secrets file)
+OIDC_RP_SCOPES = os.environ.get("OIDC_SCOPES", "openid email profile")  # add the scope that brings the rules' claims (groups)
+OIDC_RP_SIGN_ALGO = os.environ.get("OIDC_SIGN_ALGO", "RS256")  # the ID tokens' algorithm: RS*/ES* (the provider's JWKS) or HS* (the secret)
+# Endpoints: empty, from the discovery document (fetched once an hour per process).
+OIDC_OP_AUTHORIZATION_ENDPOINT = os.environ.get("OIDC_AUTHORIZATION_ENDPOINT", "")
+OIDC_OP_TOKEN_ENDPOINT = os.environ.get("OIDC_TOKEN_ENDPOINT", "")
+OIDC_OP_USER_ENDPOINT = os.environ.get("OIDC_USERINFO_ENDPOINT", "")  # its claims are added to the ID token's
+OIDC_OP_JWKS_ENDPOINT = os.environ.get("OIDC_JWKS_URI", "")
+OIDC_TIMEOUT = float(os.environ.get("OIDC_TIMEOUT_SECONDS", "10"))  # each request to the provider (seconds)
+# The claim mapping rules, a JSON list: [{"claim": "groups", "value": "acme-admins", "tenant": "acme",
+# "role": "admin"}, …]; a claim equal to (or a list holding) the value gives the role in the tenant (by
+# slug; the highest of the matching rules). In the tenants the rules name, memberships follow the rules
+# at each login (no matching rule: the membership is removed); no rule matching: "no access".
+OIDC_TENANT_RULES = os.environ.get("OIDC_TENANT_RULES", "")
+# Fixed (mozilla-django-oidc's settings): PKCE (S256) and nonce on, TLS verified, no tokens kept.
+OIDC_USE_PKCE = True
+OIDC_USE_NONCE = True
+OIDC_VERIFY_SSL = True
+OIDC_STORE_ACCESS_TOKEN = False
+OIDC_STORE_ID_TOKEN = False
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc-callback"
+# The backend acts only on the callback's login while OIDC_ENABLED (a no-op for password logins).
+AUTHENTICATION_BACKENDS.append("tenants.oidc.backend.OidcBackend")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -157,12 +157,21 @@ function rememberTarget() {
   if (hash && hash !== '#/' && hash !== '#/login') state.afterLogin = hash;
 }
 
+/** Single sign-on's link (index.html's config, while the operator has it on), back to the OAuth
+ * consent page or the route the visitor wanted (the server checks `next` is a path of this site). */
+function ssoLink() {
+  if (!config.sso) return null;
+  const next = oauthReturnPath() || `/${state.afterLogin || ''}`;
+  return { name: config.sso.name, href: `${config.sso.url}?next=${encodeURIComponent(next)}` };
+}
+
 function showLogin() {
   teardown();
   document.title = `Sign in · ${APP_NAME}`;
   replaceChildren(
     root,
     LoginView({
+      sso: ssoLink(),
       onLogin: async (username, password) => {
         await api.login(username, password); // throws ApiError with the server message
         state.me = await api.me();

@@ -59,8 +59,10 @@ export function toast(message, kind = 'error', { action = null } = {}) {
  * The login screen.
  * @param {(username: string, password: string) => Promise<void>} onLogin
  *   rejects with an Error whose message is shown under the form.
+ * @param {{name: string, href: string} | null} sso single sign-on, while the operator has it
+ *   on: a "Sign in with <name>" link to `href` (the provider's login, back to the app after).
  */
-export function LoginView({ onLogin }) {
+export function LoginView({ onLogin, sso = null }) {
   const username = h('input', {
     id: 'login-username',
     name: 'username',
@@ -100,6 +102,9 @@ export function LoginView({ onLogin }) {
     h('div', { class: 'field' }, h('label', { for: 'login-password', text: 'Password' }), password),
     error,
     submit,
+    sso
+      ? h('a', { class: 'btn btn-block', href: sso.href, testid: 'login-sso', text: `Sign in with ${sso.name}` })
+      : null,
   );
 
   form.addEventListener('submit', async (event) => {
