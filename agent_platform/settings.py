@@ -652,6 +652,9 @@ SANDBOX_EGRESS_ALLOWED_CIDRS: list[str] = [
 ]
 # How long the console's "Test connection" waits for the worker that runs the test (seconds).
 MCP_TEST_CONNECTION_WAIT_SECONDS = float(os.environ.get("MCP_TEST_CONNECTION_WAIT_SECONDS", "90"))
+# How long the chat app's MCP prompts (the / commands: list, get, complete) wait for the worker
+# that asks the server (seconds).
+MCP_PROMPTS_WAIT_SECONDS = float(os.environ.get("MCP_PROMPTS_WAIT_SECONDS", "20"))
 
 # --- Browser capability (browser/) -------------------------------------------------------------
 # Chrome extension ids allowed to open /ws/browser/ (Origin chrome-extension://<id>). The default

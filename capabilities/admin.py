@@ -13,7 +13,7 @@ from django.utils.html import format_html, format_html_join
 
 from capabilities.catalogue import ProgramTemplate, TemplateKind, parameters_errors, secrets_errors
 from capabilities.mcp_test_request import mcp_server_test_connection_request
-from capabilities.models import CliCommand, McpServer, McpTransport, Skill
+from capabilities.models import CliCommand, Command, McpServer, McpTransport, Skill
 from tenants.admin_scoping import TenantScopedModelAdmin
 from tenants.crypto import secret_encrypt, secret_encrypt_json
 from tenants.models import Tenant
@@ -383,3 +383,50 @@ class SkillAdmin(TenantScopedModelAdmin):
         parsed = getattr(form, "parsed", None)
         obj.source = parsed.source if parsed is not None else ""
         super().save_model(request, obj, form, change)
+
+
+class CommandForm(forms.ModelForm):
+    """A slash command in the console: the arguments as JSON; the name checked against the
+    tenant's other commands (the unique constraint names the tenant, which the form may not show)."""
+
+    class Meta:
+        model = Command
+        fields = ["tenant", "name", "description", "template", "arguments"]
+        widgets = {"arguments": forms.Textarea(attrs={"rows": 5, "class": "vLargeTextField"})}
+
+    def clean(self):
+        data = super().clean()
+        tenant = data.get("tenant")
+        tenant_id = tenant.pk if tenant is not None else self.instance.tenant_id
+        name = data.get("name")
+        # tenant-bypass: uniqueness within the command's tenant.
+        if name and tenant_id and Command.all_tenants.filter(tenant_id=tenant_id, name=name).exclude(
+            pk=self.instance.pk
+        ).exists():
+            self.add_error("name", f"The tenant already has a command named /{name}.")
+        return data
+
+
+@admin.register(Command)
+class CommandAdmin(TenantScopedModelAdmin):
+    """Slash commands. Bind one to an agent on the agent's page: a binding of kind "Slash
+    command" with config ``{"command": <id>}`` (the id is in this page's address)."""
+
+    form = CommandForm
+    list_display = ["name", "description", "tenant", "updated_at"]
+    search_fields = ["name", "description", "template"]
+    readonly_fields = ["bound_to"]
+
+    @admin.display(description="Bound to agents")
+    def bound_to(self, obj: Command) -> str:
+        """The agents whose bindings name this command (how to bind one, when none does)."""
+        from django.apps import apps
+
+        if obj.pk is None:
+            return "Save the command first, then bind it on an agent's page."
+        binding_model = apps.get_model("agents", "CapabilityBinding")
+        # tenant-bypass: the command's own tenant (the console already scoped the command).
+        names = sorted({b.agent.name for b in binding_model.all_tenants.filter(
+            tenant_id=obj.tenant_id, kind="command", config__command=obj.pk).select_related("agent")})
+        hint = f'Bind it on an agent\'s page: a binding of kind "Slash command" with config {{"command": {obj.pk}}}.'
+        return f"{', '.join(names)}. {hint}" if names else f"No agent yet. {hint}"

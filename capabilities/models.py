@@ -150,5 +150,6 @@ class McpServer(TenantOwnedModel):
 from capabilities.a2a.models import A2aAgent  # noqa: E402,F401  (registers the model in this app)
 from capabilities.catalogue import ProgramTemplate  # noqa: E402,F401
 from capabilities.cli.models import CliCommand  # noqa: E402,F401
+from capabilities.commands.models import Command  # noqa: E402,F401
 from capabilities.mcp_oauth.models import McpOAuthConnection  # noqa: E402,F401
 from capabilities.skills.models import Skill  # noqa: E402,F401

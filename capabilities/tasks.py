@@ -12,3 +12,13 @@ def mcp_server_test_connection(*, tenant_id: int, server_id: int, reply_key: str
     """Test MCP server ``server_id`` of tenant ``tenant_id`` on this worker and push the result
     to the Redis list ``reply_key`` (see :func:`capabilities.mcp_test_request.mcp_server_test_connection_request`)."""
     mcp_server_test_connection_reply(tenant_id=tenant_id, server_id=server_id, reply_key=reply_key)
+
+
+@shared_task(name="capabilities.mcp_prompts_request", ignore_result=True, time_limit=300)
+def mcp_prompts_request(*, tenant_id: int, user_id: int | None, request: dict, reply_key: str) -> None:
+    """Answer the chat app's MCP prompts ``request`` (list, get, complete) for tenant
+    ``tenant_id``'s member ``user_id`` on this worker, and push the answer to the Redis list
+    ``reply_key`` (see :func:`capabilities.commands.requests.mcp_prompts_request`)."""
+    from capabilities.commands.worker import mcp_prompts_reply
+
+    mcp_prompts_reply(tenant_id=tenant_id, user_id=user_id, request=request, reply_key=reply_key)

@@ -19,6 +19,19 @@ class AgentSessionsConfig(AppConfig):
         self._worker_hand_off()
         self._knowledge_status_events()
         self._subrun_engine()
+        self._mcp_loop()
+
+    def _mcp_loop(self) -> None:
+        """MCP requests a worker makes outside runs (the chat app's prompts) run on the run host's
+        loop, sharing its MCP pool (:mod:`capabilities.mcp_worker`)."""
+        from capabilities.mcp_worker import mcp_loop_register
+
+        def on_run_host(coro):
+            from sessions.runner.host import run_host
+
+            return run_host().run(coro)
+
+        mcp_loop_register(on_run_host)
 
     def _subrun_engine(self) -> None:
         """A skill's sub-run runs on the run loop, with the production ports outside a run

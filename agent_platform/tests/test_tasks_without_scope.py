@@ -52,6 +52,7 @@ TESTS: dict[str, str] = {
     "knowledge.document_ingest": "test_document_ingest",
     "knowledge.knowledge_base_reembed": "test_knowledge_base_reembed",
     "capabilities.mcp_server_test_connection": "test_mcp_server_test_connection",
+    "capabilities.mcp_prompts_request": "test_mcp_prompts_request",
     "evaluation.experiment_advance": "test_experiment_advance",
     "automations.schedules_tick": "test_schedules_tick",
     "automations.delivery_attempt": "test_webhook_delivery_attempt",
@@ -389,6 +390,30 @@ def test_knowledge_base_reembed(world, other_world, fake_embedder, knowledge_que
 
 
 # --- capabilities ------------------------------------------------------------------------------
+
+
+def test_mcp_prompts_request(world, other_world):
+    import redis
+
+    from capabilities import tasks
+    from capabilities.models import McpServer
+    from capabilities.tests.prompts_test_server import serve_prompts
+
+    with serve_prompts() as running:
+        with system_scope():
+            servers = [McpServer.all_tenants.create(tenant=w.tenant, name="Docs", alias="docs",
+                                                    transport="streamable_http", url=running.url,
+                                                    connect_timeout_seconds=10) for w in (world, other_world)]
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        try:
+            for server, w in zip(servers, (world, other_world), strict=True):
+                reply_key = f"{settings.REDIS_KEY_PREFIX}:mcp-prompts:scope-{server.pk}"
+                run_task(tasks.mcp_prompts_request, tenant_id=server.tenant_id, user_id=w.member.pk,
+                         request={"op": "list", "servers": [server.pk]}, reply_key=reply_key)
+                [row] = json.loads(client.lpop(reply_key))["servers"]
+                assert row["error"] == "" and row["prompts"][0]["name"] == "review"
+        finally:
+            client.close()
 
 
 def test_mcp_server_test_connection(world, other_world):

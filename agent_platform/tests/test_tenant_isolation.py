@@ -118,6 +118,12 @@ def theirs(other_world):
     rows["mcp_oauth_connection"] = McpOAuthConnection.all_tenants.create(
         tenant=t, server=rows["oauth_mcp_server"], user=other_world.member, status="connected",
         access_token_encrypted="secret", scope="secret-scope")
+    from capabilities.commands.models import Command
+
+    rows["command"] = Command.all_tenants.create(tenant=t, name="their-command", description="secret",
+                                                 template="secret template")
+    rows["command_binding"] = CapabilityBinding.all_tenants.create(tenant=t, agent=agent, kind="command",
+                                                                   config={"command": rows["command"].pk})
     from evaluation.models import Dataset, DatasetItem, Experiment, ExperimentResult
 
     rows["dataset"] = Dataset.all_tenants.create(tenant=t, name="secret dataset")
@@ -220,6 +226,9 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     _assert_404(client.post("/api/v1/sessions/", {"agent": theirs["agent"].pk}, format="json"))
     listed = client.get("/api/v1/agents/").json()["results"]
     assert theirs["agent"].pk not in [a["id"] for a in listed]
+    _assert_404(client.get(f"/api/v1/agents/{theirs['agent'].pk}/commands/"))
+    _assert_404(client.post(f"/api/v1/agents/{theirs['agent'].pk}/commands/their-command/render/", {}, format="json"))
+    _assert_404(client.get(f"/api/v1/agents/{theirs['agent'].pk}/commands/their-command/complete/?argument=x"))
     assert client.get("/api/v1/sessions/").json()["results"] == []
 
 
@@ -447,11 +456,11 @@ def test_missing_and_foreign_objects_get_the_same_message(world, theirs):
 
 
 @pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "datasets",
-                                  "a2a-agents", "guardrails"])
+                                  "a2a-agents", "guardrails", "commands"])
 def test_admin_endpoints_hide_other_tenants_objects(world, theirs, kind):
     key = {"providers": "provider", "routes": "route", "agents": "agent", "mcp-servers": "server",
            "bindings": "binding", "skills": "skill", "datasets": "dataset", "a2a-agents": "a2a_agent",
-           "guardrails": "guardrail"}[kind]
+           "guardrails": "guardrail", "commands": "command"}[kind]
     client = world.client(admin=True)
     url = f"/api/v1/admin/{kind}/{theirs[key].pk}/"
     _assert_404(client.get(url))
@@ -484,6 +493,10 @@ def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
                                                    "config": {"a2a_agent": theirs["a2a_agent"].pk}}, format="json")
     assert resp.status_code == 400
     assert "config" in resp.json()["extra"]["fields"] and "secret" not in resp.content.decode()
+    resp = client.post("/api/v1/admin/bindings/", {"agent": mine.pk, "kind": "command",
+                                                   "config": {"command": theirs["command"].pk}}, format="json")
+    assert resp.status_code == 400
+    assert resp.json()["extra"]["fields"]["config"] == ["Command not found."]
     resp = client.post("/api/v1/admin/skills/", {"name": "s", "description": "d", "instructions": "i",
                                                  "model_route": theirs["route"].pk}, format="json")
     assert resp.status_code == 400
@@ -491,7 +504,7 @@ def test_admin_cannot_point_at_other_tenants_objects(world, theirs):
 
 
 @pytest.mark.parametrize("kind", ["providers", "routes", "agents", "mcp-servers", "bindings", "skills", "a2a-agents",
-                                  "guardrails"])
+                                  "guardrails", "commands"])
 def test_members_get_403_on_admin_endpoints(world, kind):
     resp = world.client().get(f"/api/v1/admin/{kind}/")
     assert resp.status_code == 403

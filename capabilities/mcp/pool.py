@@ -18,7 +18,8 @@ A pooled session:
 - keeps a **tool catalogue** (every page of ``tools/list``), refreshed when the server sends
   ``notifications/tools/list_changed`` (handshake-era connections: a plain notification;
   2026-07-28 connections: a ``subscriptions/listen`` stream) and when older than
-  ``catalogue_ttl_seconds``;
+  ``catalogue_ttl_seconds``; the same for its **prompts** (:attr:`PooledSession.prompts`,
+  :mod:`capabilities.mcp.prompts`: ``prompts/list`` and ``notifications/prompts/list_changed``);
 - is **evicted when idle** (no call in flight, no run holding a lease) for
   ``idle_timeout_seconds``: the owner closes it, a stdio server process is terminated;
 - detects a **dead transport** (stdio process exit, dropped connection, terminated HTTP
@@ -47,6 +48,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import mcp_types
 from mcp import Client
+from mcp.shared.subscriptions import PromptsListChanged, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_platform import metrics, telemetry
@@ -55,6 +57,7 @@ from capabilities.mcp.elicitation import HeldCall, answer_legacy_elicitation, he
 from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_failure_text, describe_exception
 from capabilities.mcp.http_log import HttpStatusLog
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback, call_tool_raw, list_all_tools
+from capabilities.mcp.prompts import PromptCache
 from capabilities.mcp.transport import make_client
 from capabilities.mcp.transport_end import TransportEnd
 from capabilities.tools import ToolError
@@ -78,6 +81,14 @@ DEFAULT_ELICITATION_WAIT_SECONDS = 24 * 3600.0
 _CLOSE_TIMEOUT_SECONDS = 10.0
 """How long closing waits for the owner task before cancelling it (the SDK's stdio shutdown
 is itself bounded at about 6.5 s: stdin close, SIGTERM, SIGKILL)."""
+
+_LIST_CHANGED_NOTIFICATIONS: dict[type, str] = {
+    mcp_types.ToolListChangedNotification: "tools",
+    mcp_types.PromptListChangedNotification: "prompts",
+}
+"""Handshake-era ``notifications/<list>/list_changed`` → the list that changed."""
+_LIST_CHANGED_EVENTS: dict[type, str] = {ToolsListChanged: "tools", PromptsListChanged: "prompts"}
+"""2026-07-28 ``subscriptions/listen`` events → the list that changed."""
 
 _SESSION_GONE_MESSAGES = ("Session terminated",)
 """MCPError messages (Streamable HTTP: 404 for our session id) that mean the server lost our
@@ -254,6 +265,10 @@ class PooledSession:
         """The catalogue version last stored in the database (set by the caller that stores it)."""
         self._holds: set[HeldCall] = set()
         """2025-11-25 calls in flight that may be held open while their server asks the person."""
+        self.server_capabilities: mcp_types.ServerCapabilities | None = None
+        """What the server offers on the current connection (None before the first connect)."""
+        self.prompts = PromptCache(self)
+        """The server's prompts (``prompts/list``, cached), ``prompts/get`` and ``completion/complete``."""
 
     # --- state ------------------------------------------------------------------------------
 
@@ -400,10 +415,11 @@ class PooledSession:
             async with anyio.create_task_group() as tg:
                 self._client = client
                 self.protocol_version = client.protocol_version
-                caps = client.server_capabilities.tools
+                self.server_capabilities = client.server_capabilities
                 listen_scope = anyio.CancelScope()
-                if client.protocol_version in MODERN_PROTOCOL_VERSIONS and caps and caps.list_changed:
-                    tg.start_soon(self._listen_for_changes, client, listen_scope)
+                lists = _changing_lists(client.server_capabilities)
+                if client.protocol_version in MODERN_PROTOCOL_VERSIONS and lists:
+                    tg.start_soon(self._listen_for_changes, client, listen_scope, lists)
                 self._accepting = True
                 ready.set_result(None)
                 while (job := await jobs.get()) is not None:
@@ -497,9 +513,10 @@ class PooledSession:
             self._jobs.put_nowait(None)
 
     async def _on_message(self, message: Any) -> None:
-        """SDK message handler: handshake-era ``tools/list_changed`` and transport errors."""
-        if isinstance(message, mcp_types.ToolListChangedNotification):
-            self._mark_tools_changed()
+        """SDK message handler: handshake-era ``<list>/list_changed`` and transport errors."""
+        changed = _LIST_CHANGED_NOTIFICATIONS.get(type(message))
+        if changed is not None:
+            self._mark_changed(changed)
         elif isinstance(message, Exception):
             logger.debug("MCP server %r: transport reported %s", self.config.alias, describe_exception(message))
 
@@ -512,8 +529,9 @@ class PooledSession:
             return await answer_legacy_elicitation(context, params)
         return await asking[0].ask(params)
 
-    async def _listen_for_changes(self, client: Client, scope: anyio.CancelScope) -> None:
-        """2026-07-28 connections: ``tools/list_changed`` arrives on a ``subscriptions/listen`` stream.
+    async def _listen_for_changes(self, client: Client, scope: anyio.CancelScope, lists: tuple[str, ...]) -> None:
+        """2026-07-28 connections: ``<list>/list_changed`` (``lists``: ``tools``, ``prompts``)
+        arrives on a ``subscriptions/listen`` stream.
 
         A stream that was established and then lost (the server restarted or dropped it)
         marks the catalogue stale and retires the session: the next use reconnects and
@@ -522,16 +540,24 @@ class PooledSession:
         established = False
         try:
             with scope:
-                async with client.listen(tools_list_changed=True) as subscription:
+                async with client.listen(**{f"{name}_list_changed": True for name in lists}) as subscription:
                     established = True
-                    async for _event in subscription:
-                        self._mark_tools_changed()
+                    async for event in subscription:
+                        self._mark_changed(_LIST_CHANGED_EVENTS.get(type(event), "tools"))
         except Exception as exc:  # noqa: BLE001 - reported below; the TTL still refreshes the catalogue
             if not established:
                 logger.info("MCP server %r: no tool-change subscription: %s", self.config.alias, describe_exception(exc))
                 return
-            self._mark_tools_changed()
+            for name in lists:
+                self._mark_changed(name)
             self._retire(f"the tool-change subscription was lost: {describe_exception(exc)}")
+
+    def _mark_changed(self, name: str) -> None:
+        """The server's list ``name`` (``tools``, ``prompts``) changed: its cache is stale."""
+        if name == "prompts":
+            self.prompts.mark_changed()
+        else:
+            self._mark_tools_changed()
 
     def _mark_tools_changed(self) -> None:
         self._changes += 1
@@ -539,6 +565,17 @@ class PooledSession:
         event.set()
 
     # --- jobs -------------------------------------------------------------------------------
+
+    async def submit(self, fn: Callable[[Client], Awaitable[T]]) -> T:
+        """Run ``fn(client)`` on the session (connected first if needed) in its owner's task
+        group, as a call does: the breaker counts it, an expired session is retried once, a
+        cancelled caller cancels only this job. For the requests other modules make of the
+        server (:mod:`capabilities.mcp.prompts`).
+
+        Raises:
+            McpConnectError, McpServerUnavailable, McpConnectionLost; whatever ``fn`` raises.
+        """
+        return await self._submit(fn)
 
     async def _submit(self, fn: Callable[[Client], Awaitable[T]], *, _retry_expired: bool = True) -> T:
         """Run ``fn(client)`` in the owner's task group and return its result.
@@ -792,6 +829,11 @@ class PooledSession:
         """Close for good (the pool forgets the session). Never raises."""
         self._closed = True
         await self.disconnect()
+
+
+def _changing_lists(caps: mcp_types.ServerCapabilities) -> tuple[str, ...]:
+    """The lists (``tools``, ``prompts``) whose changes the server announces (``listChanged``)."""
+    return tuple(name for name, cap in (("tools", caps.tools), ("prompts", caps.prompts)) if cap and cap.list_changed)
 
 
 class McpPool:
