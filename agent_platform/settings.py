@@ -456,6 +456,8 @@ CELERY_BEAT_SCHEDULE = {
     "webhook-deliveries-due": {"task": "automations.deliveries_due", "schedule": 60.0},
     # Webhook rows past WEBHOOK_LOG_RETENTION_DAYS (automations/retention.py).
     "webhook-rows-purge": {"task": "automations.webhook_rows_purge", "schedule": 3600.0},
+    # Model call records past their tenant's llm_body_retention_days (sessions/llm_bodies.py).
+    "llm-bodies-purge": {"task": "sessions.llm_bodies_purge", "schedule": 3600.0},
 }
 
 # The worker's run host (sessions/runner/host.py): its event loop ("uvloop" or "asyncio") and
@@ -538,6 +540,11 @@ CHAT_PURGE_AFTER_DAYS = int(os.environ.get("CHAT_PURGE_AFTER_DAYS", "30"))
 WEBHOOK_LOG_RETENTION_DAYS = int(os.environ.get("WEBHOOK_LOG_RETENTION_DAYS", "30"))
 CHAT_TITLES_FROM_MODEL = os.environ.get("CHAT_TITLES_FROM_MODEL", "1").lower() not in ("0", "false", "no", "off")
 CHAT_IMAGE_MAX_BYTES = int(os.environ.get("CHAT_IMAGE_MAX_BYTES", str(5 * 1024 * 1024 * 3 // 4)))
+
+# Model call records (issue 40): for a tenant with `record_llm_bodies`, the exact request and
+# response bodies of its model calls are kept (sessions.LLMCallBody) for its own
+# `llm_body_retention_days`; each body is cut at this many bytes of UTF-8 (the cut is marked).
+LLM_BODY_MAX_BYTES = int(os.environ.get("LLM_BODY_MAX_BYTES", "1000000"))
 
 # The embedded local model (scripts/llm_server.py) that the demo route points at.
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")

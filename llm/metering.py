@@ -93,7 +93,8 @@ class Meter(Protocol):
         ...
 
     def record(self, site: CallSite, attempts: Sequence[AttemptRecord]) -> None:
-        """Write one ``LLMCall`` row per attempt (in order) for ``site``."""
+        """Write one ``LLMCall`` row per attempt (in order) for ``site``, and the attempts'
+        bodies (``AttemptRecord.bodies``) when the tenant records them."""
         ...
 
 
@@ -133,7 +134,9 @@ class MeteredRoute:
 
     def __init__(self, entries: Sequence[RouteEntryConfig], site: CallSite) -> None:
         self.site = site
-        self.router = Router(list(entries), record=self._keep)
+        # Bodies are captured for every metered call and kept only for a tenant that records
+        # them (the meter decides when it writes the attempts; ``sessions.llm_bodies``).
+        self.router = Router(list(entries), record=self._keep, capture_bodies=True)
         self._pending: list[AttemptRecord] = []
         self._lock: asyncio.Lock | None = None
         self._checked: tuple[float, str] | None = None

@@ -163,6 +163,11 @@ class Model(Protocol):
     :class:`~llm.errors.StreamInterrupted`, :class:`~llm.errors.ContextWindowExceeded` and
     :class:`~llm.errors.AllEntriesFailed`. Cancellation propagates; closing the iterator early
     closes the HTTP stream.
+
+    The provider adapters (:mod:`llm.providers`) also take ``capture=`` (an
+    :class:`~llm.records.BodyCapture` they fill with the request and response bodies); the
+    router passes it only when it records bodies, so a model without the keyword works
+    everywhere else.
     """
 
     def stream(

@@ -74,7 +74,7 @@ from llm.errors import (
 from llm.health import EntryHealth, HealthStateUnavailable
 from llm.model import DEFAULT_SETTINGS, FirstTokenHook, Model, ModelSettings
 from llm.providers import model_for
-from llm.records import AttemptRecord, EventCallback, RecordCallback, SkipReason
+from llm.records import AttemptRecord, BodyCapture, EventCallback, RecordCallback, SkipReason
 from llm.tokens import CHARS_PER_TOKEN, estimate_tokens
 from llm.types import ChatMessage, Completion, StreamEvent, ToolSpec, Usage
 
@@ -86,7 +86,7 @@ class _Attempt:
 
     __slots__ = (
         "entry", "number", "retry_wait_ms", "started_at", "first_token_at", "output_chars", "recorded",
-        "first_token_deadline", "total_deadline", "timer", "notify", "cancelled",
+        "first_token_deadline", "total_deadline", "timer", "notify", "cancelled", "bodies",
     )
 
     def __init__(
@@ -106,6 +106,8 @@ class _Attempt:
         self.first_token_deadline = now + entry.effective_first_token_timeout_seconds
         self.total_deadline = None if entry.stream_timeout_seconds is None else now + entry.stream_timeout_seconds
         self.timer: asyncio.Timeout | None = None
+        self.bodies: BodyCapture | None = None
+        """The attempt's request and response bodies, when the router captures them."""
 
     def deadline(self) -> float | None:
         """When the current wait must end (loop time): first token and total before the first
@@ -150,7 +152,7 @@ class _Attempt:
     ) -> AttemptRecord:
         """This attempt's :class:`~llm.records.AttemptRecord`, timed now."""
         now = asyncio.get_running_loop().time()
-        return AttemptRecord(
+        record = AttemptRecord(
             entry_index=self.entry.index,
             provider_name=self.entry.provider_name,
             model=self.entry.model,
@@ -168,6 +170,9 @@ class _Attempt:
             ),
             retry_wait_ms=self.retry_wait_ms,
         )
+        if self.bodies is not None:
+            record.bodies = self.bodies
+        return record
 
     def failure_usage(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Usage:
         """Nothing before the first token (providers do not bill those); estimates after."""
@@ -311,6 +316,10 @@ class FallbackModel:
         clock: Sleeps between retries (default :class:`~llm.clock.SystemClock`).
         rng: Source of backoff jitter (default: a fresh ``random.Random()``).
         backoff: The retry wait rule (default :data:`~llm.config.DEFAULT_BACKOFF`).
+        capture_bodies: Record each attempt's exact request and response bodies
+            (:class:`~llm.records.BodyCapture`, handed to the adapter and kept on the record's
+            ``bodies``; the entry's API key redacted when they are written out). False (the
+            default): the adapters are called exactly as without it.
 
     Raises:
         ValueError: empty route or indexes that do not match positions.
@@ -326,6 +335,7 @@ class FallbackModel:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        capture_bodies: bool = False,
     ) -> None:
         self._entries: tuple[RouteEntryConfig, ...] = tuple(entries)
         if not self._entries:
@@ -339,6 +349,7 @@ class FallbackModel:
         self._clock = clock or SystemClock()
         self._rng = rng or random.Random()
         self._backoff = backoff
+        self._capture_bodies = capture_bodies
 
     @property
     def entries(self) -> tuple[RouteEntryConfig, ...]:
@@ -588,6 +599,13 @@ class FallbackModel:
             entry, call.attempts, now=asyncio.get_running_loop().time(),
             retry_wait_ms=round(wait_seconds * 1000), notify=call.notify,
         )
+        if self._capture_bodies:
+            attempt.bodies = BodyCapture(secrets=(entry.api_key,))
+            events = _adapter_for(entry).stream(  # type: ignore[call-arg]
+                call.messages, call.tools, call.settings, on_first_token=attempt.mark_first_token,
+                capture=attempt.bodies,
+            )
+            return attempt, events
         events = _adapter_for(entry).stream(
             call.messages, call.tools, call.settings, on_first_token=attempt.mark_first_token
         )

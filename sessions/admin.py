@@ -11,7 +11,7 @@ from django.shortcuts import redirect
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from sessions.models import ChatSession, LLMCall, Message, Run, ToolCall
+from sessions.models import ChatSession, LLMCall, LLMCallBody, Message, Run, ToolCall
 from tenants.admin_scoping import TenantScopedModelAdmin
 
 
@@ -176,3 +176,25 @@ class LLMCallAdmin(ReadOnlyAdmin):
     @admin.display(description="cost (USD)", ordering="cost_usd_micros")
     def cost(self, obj):
         return _usd(obj.cost_usd_micros)
+
+
+@admin.register(LLMCallBody)
+class LLMCallBodyAdmin(ReadOnlyAdmin):
+    """Model call records (the exact request and response bodies of a tenant's model calls,
+    kept while it records them): its admins read them here and in the run trace."""
+
+    list_display = ["id", "llm_call_link", "request_bytes", "response_bytes", "request_truncated", "created_at"]
+    list_select_related = ["llm_call"]
+    search_fields = ["request", "response"]
+    ordering = ["-created_at", "-id"]
+    date_hierarchy = "created_at"
+
+    @admin.display(description="LLM call")
+    def llm_call_link(self, obj):
+        """The call's run trace when it was a run's, else the call's own page."""
+        run_id = obj.llm_call.run_id
+        if run_id is not None:
+            return format_html('<a href="{}">Run {} (call {})</a>', reverse("admin:agent_sessions_run_trace", args=[run_id]),
+                               run_id, obj.llm_call_id)
+        return format_html('<a href="{}">Call {}</a>', reverse("admin:agent_sessions_llmcall_change", args=[obj.llm_call_id]),
+                           obj.llm_call_id)

@@ -28,6 +28,7 @@ from sessions.models import (
     ACTIVE_RUN_STATUSES,
     Artifact,
     ChatSession,
+    LLMCallBody,
     Message,
     MessageRole,
     Run,
@@ -447,7 +448,8 @@ def chat_sessions_purge(*, now=None) -> int:
     restored meanwhile is kept; so is one with a run still active).
 
     The purged runs' LLM calls are kept (their ``run`` set NULL; agent, user, purpose, tokens
-    and cost stay), so usage totals and the monthly budget are the same after a purge.
+    and cost stay), so usage totals and the monthly budget are the same after a purge; their
+    model call records (request and response bodies, :mod:`sessions.llm_bodies`) are deleted.
 
     Args:
         now: The current time (default ``timezone.now()``).
@@ -475,6 +477,8 @@ def chat_sessions_purge(*, now=None) -> int:
                        .first())
             if session is None or Run.objects.filter(session=session, status__in=ACTIVE_RUN_STATUSES).exists():
                 continue
+            # The calls stay (usage), their model call records (the conversation itself) go with the chat.
+            LLMCallBody.objects.filter(llm_call__run__session=session).delete()
             session.delete()
             purged.append(session_id)
     if purged:

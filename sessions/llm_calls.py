@@ -12,6 +12,7 @@ or more. :class:`LLMCallMeter` is both, registered as the process's meter when D
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -19,7 +20,8 @@ from django.utils import timezone
 from llm.metering import CallSite, LLMCallPurpose
 from llm.records import AttemptRecord
 from llm.sanitize import clean_text
-from sessions.models import LLMCall
+from sessions.llm_bodies import body_columns
+from sessions.models import LLMCall, LLMCallBody
 from sessions.selectors import tenant_month_cost_usd_micros
 from tenants.models import Tenant
 from tenants.scoping import require_tenant_id
@@ -29,7 +31,8 @@ def llm_calls_record(*, site: CallSite, attempts: Sequence[AttemptRecord]) -> li
     """Write one ``LLMCall`` row per attempt of a call made for ``site`` (in order, one
     transaction): no run or turn, ``purpose``/``agent``/``user`` from the site, the route
     entry from ``site.entry_ids[attempt.entry_index]``, the attempt's tokens, cost, latency
-    and outcome (errors cut to 5,000 characters).
+    and outcome (errors cut to 5,000 characters); and each attempt's model call record
+    (:mod:`sessions.llm_bodies`) when it carries bodies and the tenant records them.
 
     Returns:
         The rows written.
@@ -59,7 +62,24 @@ def llm_calls_record(*, site: CallSite, attempts: Sequence[AttemptRecord]) -> li
         for a in attempts
     ]
     with transaction.atomic():
-        return LLMCall.objects.bulk_create(rows)
+        written = LLMCall.objects.bulk_create(rows)
+        _bodies_record(site=site, attempts=attempts, calls=written, now=now)
+    return written
+
+
+def _bodies_record(*, site: CallSite, attempts: Sequence[AttemptRecord], calls: list[LLMCall], now: Any) -> None:
+    """The model call records of ``calls`` (parallel to ``attempts``), when the attempts carry
+    bodies and the tenant records them (one read of its setting, then one INSERT)."""
+    if not any(a.bodies is not None for a in attempts):
+        return
+    if not Tenant.objects.filter(pk=site.tenant_id, record_llm_bodies=True).exists():
+        return
+    bodies = []
+    for attempt, call in zip(attempts, calls, strict=True):
+        columns = body_columns(attempt)
+        if columns is not None:
+            bodies.append(LLMCallBody(tenant_id=site.tenant_id, llm_call=call, created_at=now, **columns))
+    LLMCallBody.objects.bulk_create(bodies)
 
 
 def llm_call_budget_refusal(*, tenant_id: int) -> str:

@@ -286,6 +286,35 @@ class LLMCall(TenantOwnedModel):
         indexes = [models.Index(fields=["tenant", "created_at"])]
 
 
+class LLMCallBody(TenantOwnedModel):
+    """The exact request and response bodies of one :class:`LLMCall` (one attempt): a tenant's
+    "model call record", kept only while its ``Tenant.record_llm_bodies`` is on, for its
+    ``llm_body_retention_days`` (:mod:`sessions.llm_bodies`). A table of its own: bodies hold
+    whole conversations, and the hot ``LLMCall`` row stays small.
+
+    ``request`` is the JSON body sent to the provider exactly as sent (messages, tools and
+    parameters after the adapter's translation; never a header, so never the API key, which
+    is also redacted should a body hold it); ``response`` the provider's answer as JSON (a
+    stream assembled: content, tool calls, finish reason, usage), empty when none came. Each is
+    cut at ``LLM_BODY_MAX_BYTES`` of UTF-8 (``*_truncated``; ``*_bytes`` is the size before
+    the cut). Written with its call: in the same statement on the runner's path.
+    """
+
+    llm_call = models.OneToOneField(LLMCall, on_delete=models.CASCADE, related_name="body")
+    request = models.TextField(help_text="The JSON body sent to the provider, as sent.")
+    request_bytes = models.PositiveIntegerField(default=0, help_text="Its size before any cut, bytes of UTF-8.")
+    request_truncated = models.BooleanField(default=False)
+    response = models.TextField(blank=True, help_text="The answer as JSON (a stream assembled); empty: none came.")
+    response_bytes = models.PositiveIntegerField(default=0, help_text="Its size before any cut, bytes of UTF-8.")
+    response_truncated = models.BooleanField(default=False)
+    created_at = models.DateTimeField(help_text="When the call's row was written; retention counts from here.")
+
+    class Meta(TenantOwnedModel.Meta):
+        ordering = ["llm_call"]
+        verbose_name = "model call record"
+        indexes = [models.Index(fields=["tenant", "created_at"], name="llm_call_body_tenant_created")]
+
+
 USAGE_MONTH_SHARDS = 8
 """Rows per tenant and month in :class:`UsageMonth` (a transaction writes to shard
 ``txid_current() % 8``)."""

@@ -62,3 +62,13 @@ def chat_sessions_purge() -> int:
     from sessions.chat_services import chat_sessions_purge as purge
 
     return purge()
+
+
+@shared_task(name="sessions.llm_bodies_purge", ignore_result=True, soft_time_limit=300, time_limit=330)
+def llm_bodies_purge() -> int:
+    """Delete model call records past their tenant's ``llm_body_retention_days`` (Celery beat,
+    hourly; see :func:`sessions.llm_bodies.llm_bodies_purge`): how many."""
+    from sessions.llm_bodies import llm_bodies_purge as purge
+
+    return purge()
+

@@ -19,6 +19,7 @@ from sessions.models import (
     Approval,
     Compaction,
     LLMCall,
+    LLMCallBody,
     Message,
     MessageRole,
     Run,
@@ -30,7 +31,7 @@ from sessions.models import (
 # offered: admins use the console). Members never get these keys at all.
 ADMIN_ONLY_FIELDS = frozenset({
     "prompt", "system_prompt", "reasoning", "provider_name", "raw_error", "user", "worker_attempts",
-    "decided_by", "context_messages_before", "routing", "route",
+    "decided_by", "context_messages_before", "routing", "route", "bodies",
 })
 
 
@@ -65,6 +66,8 @@ class _RunRows:
     """Its compactions, in order."""
     messages: list[Message]
     """Its messages, by position."""
+    bodies: dict[int, LLMCallBody]
+    """LLM call id → its model call record (request and response bodies); read for admins only."""
 
     @property
     def compaction_calls(self) -> list[LLMCall]:
@@ -72,7 +75,7 @@ class _RunRows:
         return [c for c in self.calls if c.purpose == LLMCallPurpose.COMPACTION]
 
 
-def _run_rows(run: Run) -> _RunRows:
+def _run_rows(run: Run, *, admin: bool = False) -> _RunRows:
     tenant_id = run.tenant_id
     # tenant-bypass: every query below names the run (already authorised) and its tenant.
     return _RunRows(
@@ -90,6 +93,9 @@ def _run_rows(run: Run) -> _RunRows:
         },
         compactions=list(Compaction.all_tenants.filter(tenant_id=tenant_id, run_id=run.pk).order_by("id")),
         messages=list(Message.all_tenants.filter(tenant_id=tenant_id, run_id=run.pk).order_by("position")),
+        bodies={
+            b.llm_call_id: b for b in LLMCallBody.all_tenants.filter(tenant_id=tenant_id, llm_call__run_id=run.pk)
+        } if admin else {},
     )
 
 
@@ -104,10 +110,11 @@ def _message(m: Message, *, admin: bool) -> dict[str, Any]:
     return out
 
 
-def _attempt(call: LLMCall, previous: LLMCall | None, *, admin: bool) -> dict[str, Any]:
+def _attempt(call: LLMCall, previous: LLMCall | None, *, admin: bool,
+             bodies: dict[int, LLMCallBody] | None = None) -> dict[str, Any]:
     """One LLM call of the run as a trace row; ``previous``: the call before it that it may
     repeat (None: a first try), so the row is a retry on the same route entry or a fallback
-    to another one."""
+    to another one. ``bodies``: the run's model call records by call id (admins only)."""
     fallback = previous is not None and previous.entry_index != call.entry_index
     retry = previous is not None and previous.entry_index == call.entry_index
     out: dict[str, Any] = {
@@ -123,7 +130,19 @@ def _attempt(call: LLMCall, previous: LLMCall | None, *, admin: bool) -> dict[st
     if admin:
         out["provider_name"] = call.provider_name
         out["raw_error"] = call.error
+        out["bodies"] = _bodies((bodies or {}).get(call.pk))
     return out
+
+
+def _bodies(body: LLMCallBody | None) -> dict[str, Any] | None:
+    """A call's model call record for the trace: ``{request, request_bytes, request_truncated,
+    response, response_bytes, response_truncated}`` (JSON text as stored: a cut body is no
+    longer JSON), or None when none was kept."""
+    if body is None:
+        return None
+    return {"request": body.request, "request_bytes": body.request_bytes, "request_truncated": body.request_truncated,
+            "response": body.response, "response_bytes": body.response_bytes,
+            "response_truncated": body.response_truncated}
 
 
 def _approval(a: Approval | None, *, admin: bool, run_user_id: int) -> dict[str, Any] | None:
@@ -163,19 +182,22 @@ def _sub_agent_name(sub: Run) -> str | None:
     return sub.agent_version.agent.name
 
 
-def _turn_attempts(calls: list[LLMCall], *, admin: bool) -> list[dict[str, Any]]:
+def _turn_attempts(calls: list[LLMCall], *, admin: bool,
+                   bodies: dict[int, LLMCallBody] | None = None) -> list[dict[str, Any]]:
     """A turn's ``turn``-purpose calls in order: every call after the first repeats the turn's
     request (a router retry or fallback, or the turn restarted after a broken stream or a
     compaction), so it is a retry or a fallback."""
-    return [_attempt(c, calls[i - 1] if i else None, admin=admin) for i, c in enumerate(calls)]
+    return [_attempt(c, calls[i - 1] if i else None, admin=admin, bodies=bodies) for i, c in enumerate(calls)]
 
 
-def _compaction_calls(calls: list[LLMCall], *, admin: bool) -> list[dict[str, Any]]:
+def _compaction_calls(calls: list[LLMCall], *, admin: bool,
+                      bodies: dict[int, LLMCallBody] | None = None) -> list[dict[str, Any]]:
     """A turn's ``compaction``-purpose calls in order. Each compaction attempt is a new summary
     request (its first call has ``attempt`` 1, the router's count within one request), not a
     retry of the one before: only the router's later attempts within a request are retries
     or fallbacks."""
-    return [_attempt(c, calls[i - 1] if i and c.attempt > 1 else None, admin=admin) for i, c in enumerate(calls)]
+    return [_attempt(c, calls[i - 1] if i and c.attempt > 1 else None, admin=admin, bodies=bodies)
+            for i, c in enumerate(calls)]
 
 
 def _compaction(c: Compaction) -> dict[str, Any]:
@@ -210,8 +232,9 @@ def _turn(turn: int, rows: _RunRows, *, completions: list[Message], prompts: lis
     attempts = [c for c in rows.calls if c.turn == turn and c.purpose != LLMCallPurpose.COMPACTION]
     entry: dict[str, Any] = {
         "turn": turn,
-        "attempts": _turn_attempts(attempts, admin=admin),
-        "compaction_calls": _compaction_calls([c for c in rows.compaction_calls if c.turn == turn], admin=admin),
+        "attempts": _turn_attempts(attempts, admin=admin, bodies=rows.bodies),
+        "compaction_calls": _compaction_calls([c for c in rows.compaction_calls if c.turn == turn], admin=admin,
+                                              bodies=rows.bodies),
         "completion": _message(completions[turn], admin=admin) if turn < len(completions) else None,
         "tool_calls": [
             _tool_call(t, admin=admin, run_user_id=run.user_id, approvals=rows.approvals, sub_runs=rows.sub_runs)
@@ -323,8 +346,9 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
         admin: True for tenant admins (the console): adds the prompt of each turn (the
             messages newly sent to the model in it), the agent's system prompt, reasoning,
             provider names, the providers' own error text, the run's user, who decided each
-            approval. False (the run's user): those keys are absent; errors are plain
-            sentences (``llm.errors.public_error_message``).
+            approval, and each model call's ``bodies`` (its model call record, when the tenant
+            keeps them: :func:`_bodies`, else None). False (the run's user): those keys are
+            absent; errors are plain sentences (``llm.errors.public_error_message``).
 
     Returns:
         ``{"run": {...}, "turns": [{turn, compactions: [...], compaction_calls: [...],
@@ -342,9 +366,9 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
         arguments, status, result, error, duration_ms, started_at, finished_at, approval:
         {status, decided_at, wait_ms, decided_by_run_user[, decided_by]} | None, sub_run}``.
 
-    Queries: six, whatever the run's size. Reads only.
+    Queries: six (seven for ``admin``: the model call records), whatever the run's size. Reads only.
     """
-    rows = _run_rows(run)
+    rows = _run_rows(run, admin=admin)
     turns, first_ats = _turns(rows, run=run, admin=admin)
     compaction_calls = rows.compaction_calls
     for compaction in rows.compactions:

@@ -19,17 +19,53 @@ from django.http import HttpRequest
 from tenants.admin_scoping import TenantScopedModelAdmin, admin_tenants
 from tenants.audit import AuditedModelAdminMixin
 from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Role, Tenant
-from tenants.services import invitation_create, tenant_create
+from tenants.services import TENANT_SETTINGS_FIELDS, invitation_create, tenant_create
 
 
 @admin.register(Tenant)
 class TenantAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
-    list_display = ["name", "slug", "created_at"]
+    """Tenants: superusers (the operator) create, change and delete any. A tenant's admins see
+    their own tenants and change only the tenant's own settings (:data:`TENANT_SETTINGS_FIELDS`:
+    its model call records); everything else is read-only to them."""
+
+    list_display = ["name", "slug", "record_llm_bodies", "created_at"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
 
+    def _tenant_admin(self, request: HttpRequest, obj: Any = None) -> bool:
+        """An active staff user administering the tenant ``obj`` (any of theirs when None)."""
+        user = request.user
+        if not (user.is_active and user.is_staff):
+            return False
+        tenants = admin_tenants(request)
+        return bool(tenants) if obj is None else obj.pk in tenants
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        qs = super().get_queryset(request)
+        return qs if request.user.is_superuser else qs.filter(pk__in=admin_tenants(request))
+
     def has_module_permission(self, request):
+        return request.user.is_superuser or self._tenant_admin(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser or self._tenant_admin(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser or self._tenant_admin(request, obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if request.user.is_superuser:
+            return super().get_readonly_fields(request, obj)
+        return [f.name for f in Tenant._meta.fields if f.editable and f.name not in TENANT_SETTINGS_FIELDS]
+
+    def get_prepopulated_fields(self, request: HttpRequest, obj: Any = None) -> dict[str, Any]:
+        return super().get_prepopulated_fields(request, obj) if request.user.is_superuser else {}
 
     def save_model(self, request, obj, form, change):
         if change:

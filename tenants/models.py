@@ -6,10 +6,18 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from tenants.scoping import TenantOwnedModel
+
+LLM_BODY_RETENTION_DEFAULT_DAYS = 7
+"""Days a tenant's model call records (request and response bodies) are kept unless it sets its own."""
+LLM_BODY_RETENTION_MIN_DAYS = 1
+LLM_BODY_RETENTION_MAX_DAYS = 90
+"""Bounds of ``Tenant.llm_body_retention_days``: bodies hold whole conversations, so they are
+not kept for longer than a quarter."""
 
 
 class Tenant(models.Model):
@@ -31,10 +39,29 @@ class Tenant(models.Model):
         help_text="Traces: export message content (the run's input and answer, tool call arguments and results) "
                   "on this tenant's spans. Off: spans carry names, models, tokens, timings and outcomes only.",
     )
+    record_llm_bodies = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Model call records: keep the exact request and response bodies of this tenant's model calls "
+                  "(shown to its admins in the console's run trace; provider keys are never kept). Off: calls "
+                  "keep tokens, timings and outcomes only, and the bodies kept so far are deleted within the hour.",
+    )
+    llm_body_retention_days = models.PositiveSmallIntegerField(
+        default=LLM_BODY_RETENTION_DEFAULT_DAYS, db_default=LLM_BODY_RETENTION_DEFAULT_DAYS,
+        validators=[MinValueValidator(LLM_BODY_RETENTION_MIN_DAYS), MaxValueValidator(LLM_BODY_RETENTION_MAX_DAYS)],
+        help_text=f"Model call records are deleted this many days after the call "
+                  f"({LLM_BODY_RETENTION_MIN_DAYS}–{LLM_BODY_RETENTION_MAX_DAYS}).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(llm_body_retention_days__gte=LLM_BODY_RETENTION_MIN_DAYS,
+                                   llm_body_retention_days__lte=LLM_BODY_RETENTION_MAX_DAYS),
+                name="tenant_llm_body_retention_days_range",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

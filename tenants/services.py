@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rest_framework import status
@@ -42,6 +43,45 @@ def tenant_create(*, name: str, slug: str) -> Tenant:
     tenant = Tenant(name=name, slug=slug, wrapped_data_key=data_key_new_wrapped())
     tenant.full_clean()
     tenant.save()
+    return tenant
+
+
+TENANT_SETTINGS_FIELDS = ("record_llm_bodies", "llm_body_retention_days")
+"""The tenant's own settings its admins change (the console's tenant page, ``admin/tenant/``);
+the rest (name, slug, budget, run limit, trace content) are the operator's."""
+
+
+@transaction.atomic
+def tenant_settings_update(*, tenant: Tenant, **changes: Any) -> Tenant:
+    """Change a tenant's own settings (:data:`TENANT_SETTINGS_FIELDS`: whether its model calls'
+    bodies are kept, and for how many days); audited (``update``, with each change).
+
+    Turning ``record_llm_bodies`` off stops recording at the next run; what was kept is deleted
+    by the next hourly purge (:func:`sessions.llm_bodies.llm_bodies_purge`).
+
+    Raises:
+        ApplicationError: 400 for an unknown field or a value out of range (the model's
+            validators: ``llm_body_retention_days`` 1–90), with ``extra.fields``.
+
+    Requires the tenant's scope (or system scope).
+    """
+    unknown = sorted(set(changes) - set(TENANT_SETTINGS_FIELDS))
+    if unknown:
+        raise ApplicationError("Only these tenant settings can be changed here: "
+                               f"{', '.join(TENANT_SETTINGS_FIELDS)}.",
+                               extra={"fields": {name: ["Not a setting of this endpoint."] for name in unknown}})
+    before = {name: getattr(tenant, name) for name in TENANT_SETTINGS_FIELDS}
+    for name, value in changes.items():
+        setattr(tenant, name, value)
+    try:
+        tenant.full_clean(exclude=["wrapped_data_key", "name", "slug"])
+    except DjangoValidationError as exc:
+        raise ApplicationError("Invalid tenant settings.", extra={"fields": exc.message_dict}) from None
+    changed = {name: {"from": before[name], "to": getattr(tenant, name)} for name in TENANT_SETTINGS_FIELDS
+               if before[name] != getattr(tenant, name)}
+    if changed:
+        tenant.save(update_fields=list(changed))
+        audit_record(action=Action.UPDATE, obj=tenant, changes=changed)
     return tenant
 
 

@@ -36,6 +36,7 @@ from sessions.models import (
     ChatSession,
     Compaction,
     LLMCall,
+    LLMCallBody,
     Message,
     Run,
     Todo,
@@ -101,6 +102,8 @@ def theirs(other_world):
         "memory_extraction": MemoryExtraction.all_tenants.create(tenant=t, session=session, last_message_id=1),
     }
     rows["usage_month"] = UsageMonth.all_tenants.get(tenant=t)  # written by the LLM call's trigger
+    rows["llm_call_body"] = LLMCallBody.all_tenants.create(
+        tenant=t, llm_call=rows["llm_call"], request='{"messages": "secret prompt"}', created_at=timezone.now())
     from agents.models import AgentVersion
 
     rows["agent_version"] = AgentVersion.all_tenants.get(tenant=t, agent=agent, number=1)  # recorded on save

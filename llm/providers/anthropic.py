@@ -58,6 +58,7 @@ import httpx2
 from llm.errors import ErrorClass, ModelCallError, parse_retry_after
 from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings, tool_choice_resolve
 from llm.providers._clients import LoopClientCache, checked_httpx_transport
+from llm.records import BodyCapture
 from llm.tokens import usage_or_estimate
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
 
@@ -738,6 +739,24 @@ class _MessageState:
             model=entry.model,
         )
 
+    def assembled(self, completion: Completion) -> dict[str, Any]:
+        """The streamed answer as the ``message`` object a non-streamed call returns:
+        ``{"type": "message", "role": "assistant", "model", "content": [thinking?, text?,
+        tool_use…], "stop_reason", "usage": {"input_tokens", "output_tokens",
+        "cache_tokens"?}}`` (the provider's counters as streamed; None where it sent none)."""
+        content: list[dict[str, Any]] = []
+        if self.reasoning_parts:
+            content.append({"type": "thinking", "thinking": "".join(self.reasoning_parts)})
+        if completion.message.content:
+            content.append({"type": "text", "text": completion.message.content})
+        for call in completion.message.tool_calls:
+            content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call.arguments)})
+        usage: dict[str, Any] = {"input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens}
+        if self.usage.cache_tokens:
+            usage["cache_tokens"] = self.usage.cache_tokens
+        return {"type": "message", "role": "assistant", "model": completion.model, "content": content,
+                "stop_reason": self.stop_reason, "usage": usage}
+
 
 async def stream_chat(
     entry: RouteEntryConfig,
@@ -747,6 +766,7 @@ async def stream_chat(
     max_output_tokens: int | None = None,
     on_first_token: Callable[[], None] | None = None,
     tool_choice: str = "auto",
+    capture: BodyCapture | None = None,
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
     """Stream one answer from an Anthropic Messages API endpoint.
 
@@ -765,6 +785,9 @@ async def stream_chat(
             ``tool_use`` fragment arrives (before anything is yielded for it). The router uses
             it to stop falling back.
         tool_choice: A :attr:`~llm.model.ModelSettings.tool_choice` (see :func:`build_request`).
+        capture: Filled with the bodies when given: ``request``, the parameters the SDK sends
+            as the JSON body; ``response``, the stream assembled as a Messages API ``message``
+            object (:meth:`_MessageState.assembled`) once ``message_stop`` came.
 
     Yields:
         ``TextDelta`` and ``ReasoningDelta`` fragments, then exactly one ``Completion`` (the
@@ -778,6 +801,8 @@ async def stream_chat(
             for a ``tool_choice`` the offered tools cannot meet (before any request).
     """
     params = build_request(entry, messages, tools, max_output_tokens=max_output_tokens, tool_choice=tool_choice)
+    if capture is not None:
+        capture.request = params
     client = _client_for(entry)
     try:
         stream = await client.messages.create(**params)
@@ -795,7 +820,10 @@ async def stream_chat(
                 yield delta
             elif state.stopped:
                 break
-    yield state.completion(entry, messages, tools)
+    completion = state.completion(entry, messages, tools)
+    if capture is not None:
+        capture.response = state.assembled(completion)
+    yield completion
 
 
 class AnthropicModel:
@@ -818,13 +846,14 @@ class AnthropicModel:
         settings: ModelSettings | None = None,
         *,
         on_first_token: FirstTokenHook | None = None,
+        capture: BodyCapture | None = None,
     ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
-        """One streamed call on this entry (see :func:`stream_chat`)."""
+        """One streamed call on this entry (see :func:`stream_chat`; ``capture``: its bodies)."""
         settings = settings or DEFAULT_SETTINGS
         return stream_chat(
             settings.applied_to(self.entry), messages, tools,
             max_output_tokens=settings.max_output_tokens, on_first_token=on_first_token,
-            tool_choice=settings.tool_choice,
+            tool_choice=settings.tool_choice, capture=capture,
         )
 
 

@@ -46,6 +46,7 @@ from llm.errors import ModelCallError, classify_error, classify_finish_reason
 from llm.model import DEFAULT_SETTINGS, FirstTokenHook, ModelSettings, tool_call_schema, tool_choice_resolve
 from llm.providers._clients import LoopClientCache, checked_aiohttp_transport, checked_httpx_transport
 from llm.providers.aiohttp_transport import aiohttp_reader, mapped_error
+from llm.records import BodyCapture
 from llm.tokens import usage_or_estimate
 from llm.toolcall_parsing import ToolCallHoldback, messages_for_text_mode, mint_call_id
 from llm.types import ChatMessage, Completion, ReasoningDelta, TextDelta, ToolCallRequest, ToolSpec, Usage
@@ -317,9 +318,12 @@ def _sdk_error(error: Exception, cause: BaseException) -> Exception:
     return error
 
 
-async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, params: dict[str, Any]) -> httpx2.Response:
+async def _open_stream(
+    client: openai.AsyncOpenAI, http: httpx2.AsyncClient, params: dict[str, Any], body: bytes | None = None,
+) -> httpx2.Response:
     """POST the streaming request on ``http`` with ``client``'s headers and timeouts; the
-    open 2xx response.
+    open 2xx response. ``body``: ``params`` already encoded (``json.dumps(params).encode()``,
+    the bytes a :class:`~llm.records.BodyCapture` keeps); None: encoded here.
 
     Raises:
         ModelCallError: classified from the SDK's ``APIStatusError`` for an HTTP error status
@@ -327,8 +331,8 @@ async def _open_stream(client: openai.AsyncOpenAI, http: httpx2.AsyncClient, par
             for any other failure to send (as the SDK raises them with retries off).
     """
     wire = _wire(client)
-    request = http.build_request("POST", wire.url, content=json.dumps(params).encode(), headers=wire.headers,
-                                 timeout=wire.timeout)
+    request = http.build_request("POST", wire.url, content=json.dumps(params).encode() if body is None else body,
+                                 headers=wire.headers, timeout=wire.timeout)
     try:
         response = await http.send(request, stream=True)
     except httpx2.TransportError as exc:
@@ -662,6 +666,7 @@ async def stream_chat(
     on_first_token: Callable[[], None] | None = None,
     tool_choice: str = "auto",
     response_format: dict[str, Any] | None = None,
+    capture: BodyCapture | None = None,
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
     """Stream one chat completion from an OpenAI-compatible endpoint.
 
@@ -689,6 +694,9 @@ async def stream_chat(
             dropped (kept out of the text all the same).
         response_format: The answer's JSON format for entries with native JSON-schema mode
             (see :func:`build_request`).
+        capture: Filled with the bodies when given: ``request``, the JSON text posted (exactly
+            the bytes sent); ``response``, the stream assembled as a ``chat.completion``
+            object (:func:`assembled_response`) once it ended with a completion.
 
     Yields:
         ``TextDelta`` and ``ReasoningDelta`` fragments, then exactly one ``Completion`` (the
@@ -708,7 +716,7 @@ async def stream_chat(
     shard.open_streams += 1
     try:
         async for event in _stream(entry, shard.http, params, sent, tools, text_mode, on_first_token,
-                                   drop_text_calls=tool_choice == "none"):
+                                   drop_text_calls=tool_choice == "none", capture=capture):
             yield event
     finally:
         shard.open_streams -= 1
@@ -825,9 +833,14 @@ class _StreamState:
 async def _stream(
     entry: RouteEntryConfig, http: httpx2.AsyncClient, params: dict[str, Any], sent: list[ChatMessage],
     tools: Sequence[ToolSpec], text_mode: bool, on_first_token: Callable[[], None] | None, *,
-    drop_text_calls: bool = False,
+    drop_text_calls: bool = False, capture: BodyCapture | None = None,
 ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
-    response = await _open_stream(_client_for(entry), http, params)
+    if capture is None:
+        response = await _open_stream(_client_for(entry), http, params)
+    else:  # the very bytes posted are the record's request
+        body = json.dumps(params).encode()
+        capture.request = body.decode()
+        response = await _open_stream(_client_for(entry), http, params, body)
     payloads = _sse_payloads(response, entry.read_timeout_seconds)
     state = _StreamState(text_mode, on_first_token)
     try:
@@ -848,9 +861,35 @@ async def _stream(
         await response.aclose()  # in case the parser never started
 
     tail, completion = state.end(entry, sent, tools, drop_text_calls=drop_text_calls)
+    if capture is not None:
+        capture.response = assembled_response(completion, usage=state.usage,
+                                              reasoning="".join(state.reasoning_parts))
     if tail is not None:
         yield tail
     yield completion
+
+
+def assembled_response(completion: Completion, *, usage: Any, reasoning: str = "") -> dict[str, Any]:
+    """A streamed answer as the ``chat.completion`` object a non-streamed call would have
+    returned: ``{"object": "chat.completion", "model", "choices": [{"index": 0, "message":
+    {"role": "assistant", "content", "tool_calls"?, "reasoning_content"?}, "finish_reason"}],
+    "usage"}``. ``usage``: the provider's own usage object as streamed (None when it sent
+    none); ``tool_calls``: the reassembled calls (``{"id", "type": "function", "function":
+    {"name", "arguments"}}``; in text mode, the calls parsed out of the text, which
+    ``content`` then lacks, as the model's reader saw it)."""
+    message: dict[str, Any] = {"role": "assistant", "content": completion.message.content}
+    if completion.message.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in completion.message.tool_calls
+        ]
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return {
+        "object": "chat.completion", "model": completion.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": completion.finish_reason}],
+        "usage": usage,
+    }
 
 
 def _usage(
@@ -886,14 +925,15 @@ class OpenAICompatModel:
         settings: ModelSettings | None = None,
         *,
         on_first_token: FirstTokenHook | None = None,
+        capture: BodyCapture | None = None,
     ) -> AsyncIterator[TextDelta | ReasoningDelta | Completion]:
-        """One streamed call on this entry (see :func:`stream_chat`)."""
+        """One streamed call on this entry (see :func:`stream_chat`; ``capture``: its bodies)."""
         settings = settings or DEFAULT_SETTINGS
         return stream_chat(
             settings.applied_to(self.entry), messages, tools,
             max_output_tokens=settings.max_output_tokens, on_first_token=on_first_token,
-            tool_choice=settings.tool_choice, response_format=settings.response_format,
+            tool_choice=settings.tool_choice, response_format=settings.response_format, capture=capture,
         )
 
 
-__all__ = ["OpenAICompatModel", "aclose_clients", "build_request", "stream_chat"]
+__all__ = ["OpenAICompatModel", "aclose_clients", "assembled_response", "build_request", "stream_chat"]

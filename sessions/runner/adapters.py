@@ -160,9 +160,11 @@ def entry_health() -> RedisEntryHealth:
 
 def router_model(spec: RunSpec, record: Any, publish: Publish) -> Router:
     """The run's model: the fallback router over its route entries, its attempts observed
-    (metrics; ``chat`` spans while tracing: :func:`sessions.runner.tracing.model_observed`)."""
+    (metrics; ``chat`` spans while tracing: :func:`sessions.runner.tracing.model_observed`),
+    capturing each attempt's bodies when the tenant records them (``spec.record_llm_bodies``)."""
     return model_observed(spec, record, lambda observed: Router(spec.entries, record=observed, health=entry_health(),
-                                                                on_event=publish))
+                                                                on_event=publish,
+                                                                capture_bodies=spec.record_llm_bodies))
 
 
 async def capability_toolsets(

@@ -262,6 +262,7 @@ def _spec(run: ClaimedRun) -> RunSpec:
         routing_rules=rules,
         routes=routes,
         route_name=route_name,
+        record_llm_bodies=tenant.record_llm_bodies,
     )
 
 

@@ -132,6 +132,10 @@ class RunSpec:
     """``{route name: (entries, entry_ids)}`` of the routes the rules name (None: no rules)."""
     route_name: str = ""
     """The name of the route ``entries`` are ("" : the agent's own; else a routing rule's)."""
+    record_llm_bodies: bool = False
+    """The tenant keeps its model calls' request and response bodies (``Tenant.record_llm_bodies``):
+    the run's router captures them (:mod:`sessions.llm_bodies`). Read with the run's
+    configuration, so a change applies from the next run on."""
 
     @property
     def output_format(self) -> dict[str, Any] | None:

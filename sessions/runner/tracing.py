@@ -17,7 +17,10 @@ With tracing off (:data:`agent_platform.telemetry.TRACING` false) no span object
 through, and the observer only counts metrics.
 
 Message content (the run's input and answer, tool arguments and results) goes on spans only
-for a tenant with ``Tenant.trace_content`` (read once a minute per tenant and process).
+for a tenant with ``Tenant.trace_content`` (read once a minute per tenant and process). A
+tenant that also keeps its model call records (``Tenant.record_llm_bodies``) gets each model
+call's bodies on its ``chat`` span as ``gen_ai.input.messages`` / ``gen_ai.output.messages``
+(:mod:`llm.genai_content`).
 """
 
 from __future__ import annotations
@@ -31,13 +34,17 @@ from urllib.parse import urlsplit
 
 from agent_platform import metrics, telemetry
 from capabilities.toolsets import SUCCEEDED, ToolInvocation, ToolOutcome, WrapperToolset
-from llm.records import AttemptRecord
+from llm.genai_content import input_messages, output_messages
+from llm.records import AttemptRecord, BodyCapture
 from llm.types import Completion, StreamEvent
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
 
 CONTENT_MAX_CHARS = 16_000
 """Longest message content put on a span attribute (the rest is cut)."""
+BODY_CONTENT_MAX_CHARS = 128_000
+"""Longest ``gen_ai.input.messages`` of a ``chat`` span from a model call's request body: the
+system messages and the latest messages that fit (each text cut at :data:`CONTENT_MAX_CHARS`)."""
 CONTENT_CACHE_SECONDS = 60.0
 """How long a tenant's ``trace_content`` choice is kept per process."""
 
@@ -167,11 +174,14 @@ class AttemptObserver:
         provider = entry.api if entry is not None else ""
         metrics.model_attempt_observe(attempt, provider=provider, operation=self.operation)
         if telemetry.TRACING:
-            self._span(attempt, entry, provider)
+            content = None
+            if attempt.bodies is not None and await trace_content_allowed(self._spec.tenant_id):
+                content = body_content(attempt.bodies)
+            self._span(attempt, entry, provider, content)
         if self._record is not None:
             await self._record(attempt)
 
-    def _span(self, attempt: AttemptRecord, entry: Any, provider: str) -> None:
+    def _span(self, attempt: AttemptRecord, entry: Any, provider: str, content: dict[str, str] | None = None) -> None:
         from opentelemetry.trace import SpanKind, StatusCode
 
         end_ns = time.time_ns()
@@ -194,6 +204,8 @@ class AttemptObserver:
                 attributes["server.port"] = port
         if attempt.first_token_ms is not None:
             attributes[telemetry.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = attempt.first_token_ms / 1000
+        if content:
+            attributes.update(content)
         span = telemetry.tracer().start_span(f"{self.operation} {attempt.model}", kind=SpanKind.CLIENT,
                                              attributes=attributes, start_time=end_ns - attempt.latency_ms * 1_000_000)
         if attempt.status != "succeeded":
@@ -220,6 +232,47 @@ class AttemptObserver:
             span, end_ns = self._answer
             self._answer = None
             span.end(end_time=end_ns)
+
+
+def body_content(bodies: BodyCapture) -> dict[str, str]:
+    """A model call's bodies as its ``chat`` span's content attributes:
+    ``{gen_ai.input.messages, gen_ai.output.messages}`` (JSON text in the GenAI conventions'
+    shape, :mod:`llm.genai_content`; the output only when an answer came), the entry's key
+    redacted as in the stored record. A body that cannot be read gives no attribute."""
+    request: Any = bodies.request
+    if isinstance(request, str):
+        try:
+            request = json.loads(request)
+        except ValueError:
+            request = None
+    out: dict[str, str] = {}
+    if isinstance(request, dict):
+        out[telemetry.GEN_AI_INPUT_MESSAGES] = _latest_that_fit(input_messages(request, max_chars=CONTENT_MAX_CHARS))
+    if isinstance(bodies.response, dict):
+        out[telemetry.GEN_AI_OUTPUT_MESSAGES] = json.dumps(output_messages(bodies.response, max_chars=CONTENT_MAX_CHARS),
+                                                           ensure_ascii=False)
+    for secret in bodies.secrets:
+        if secret and len(secret) >= 8:
+            out = {name: value.replace(secret, "[redacted]") for name, value in out.items()}
+    return out
+
+
+def _latest_that_fit(messages: list[dict[str, Any]]) -> str:
+    """``messages`` as JSON within :data:`BODY_CONTENT_MAX_CHARS`: the system messages and the
+    latest others that fit (the oldest dropped first)."""
+    text = json.dumps(messages, ensure_ascii=False)
+    if len(text) <= BODY_CONTENT_MAX_CHARS:
+        return text
+    system = [m for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    size = len(json.dumps(system, ensure_ascii=False))
+    kept: list[dict[str, Any]] = []
+    for message in reversed(rest):
+        size += len(json.dumps(message, ensure_ascii=False)) + 2
+        if size > BODY_CONTENT_MAX_CHARS and kept:
+            break
+        kept.append(message)
+    return json.dumps([*system, *reversed(kept)], ensure_ascii=False)
 
 
 class ObservedModel:
@@ -318,5 +371,6 @@ async def _traced_call(wrapped: Any, call: ToolInvocation) -> ToolOutcome:
 
 
 __all__ = [
-    "AttemptObserver", "ObservedModel", "TracingToolset", "model_observed", "run_traced", "trace_content_allowed",
+    "AttemptObserver", "ObservedModel", "TracingToolset", "body_content", "model_observed", "run_traced",
+    "trace_content_allowed",
 ]

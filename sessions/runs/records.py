@@ -42,6 +42,7 @@ from llm.metering import LLMCallPurpose
 from llm.records import AttemptRecord
 from llm.sanitize import clean_json, clean_json_text, clean_text
 from llm.types import ChatMessage
+from sessions.llm_bodies import body_columns
 from sessions.models import (
     Approval,
     ApprovalKind,
@@ -146,7 +147,8 @@ async def assistant_message_save(
 ) -> list[dict[str, Any]]:
     """Persist an assistant message and its tool calls (``pending``; arguments that are not
     a JSON object are stored as ``{}`` beside the raw text); counts the turn. With
-    ``llm_call`` (the attempt that produced the message), also its LLMCall row and usage.
+    ``llm_call`` (the attempt that produced the message), also its LLMCall row and usage, and
+    its model call record when it carries bodies (:mod:`sessions.llm_bodies`).
     One statement (:data:`sql.TURN_SAVE_SQL`).
 
     Returns:
@@ -156,8 +158,14 @@ async def assistant_message_save(
         ChatSession.DoesNotExist: no such session in the current tenant (nothing written).
     """
     params = _turn_params(spec=spec, turn=turn, message=message, reasoning=reasoning, llm_call=llm_call)
+    statement = sql.TURN_SAVE_WITH_LLM_CALL_SQL if llm_call is not None else sql.TURN_SAVE_ONLY_SQL
+    if llm_call is not None and llm_call.bodies is not None:  # the tenant records bodies
+        body = _body_params(llm_call)
+        if body is not None:
+            params.update(body)
+            statement = sql.TURN_SAVE_WITH_LLM_CALL_BODY_SQL
     async with pg_connection() as conn:
-        cursor = await conn.execute(sql.TURN_SAVE_WITH_LLM_CALL_SQL if llm_call is not None else sql.TURN_SAVE_ONLY_SQL, params)
+        cursor = await conn.execute(statement, params)
         rows = await cursor.fetchall()
     if not rows:
         raise ChatSession.DoesNotExist(f"session {spec.session_id} not found")
@@ -285,8 +293,22 @@ def _llm_call_params(
 
 
 async def _llm_call_insert(conn: Any, *, spec: RunSpec, turn: int, record: AttemptRecord, purpose: str) -> None:
-    """One LLMCall row for ``record`` (a plain INSERT)."""
-    await conn.execute(sql.LLM_CALL_INSERT_SQL, _llm_call_params(spec=spec, turn=turn, record=record, purpose=purpose))
+    """One LLMCall row for ``record`` (a plain INSERT), with its model call record in the same
+    statement when it carries bodies."""
+    params = _llm_call_params(spec=spec, turn=turn, record=record, purpose=purpose)
+    body = None if record.bodies is None else _body_params(record)
+    if body is None:
+        await conn.execute(sql.LLM_CALL_INSERT_SQL, params)
+        return
+    params.update(body)
+    await conn.execute(sql.LLM_CALL_WITH_BODY_INSERT_SQL, params)
+
+
+def _body_params(record: AttemptRecord) -> dict[str, Any] | None:
+    """The ``body_<column>`` parameters of :func:`sql.llm_call_body_cte` for ``record``'s
+    model call record, or None when it has no request body to keep."""
+    columns = body_columns(record)
+    return None if columns is None else {f"body_{name}": value for name, value in columns.items()}
 
 
 async def _run_add_usage(

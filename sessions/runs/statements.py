@@ -15,6 +15,7 @@ from typing import Any
 from django.utils import timezone
 
 from llm.sanitize import clean_json, clean_text
+from sessions.llm_bodies import BODY_COLUMNS
 from sessions.models import (
     ACTIVE_RUN_STATUSES,
     USAGE_MONTH_SHARDS,
@@ -22,6 +23,7 @@ from sessions.models import (
     ApprovalStatus,
     ChatSession,
     LLMCall,
+    LLMCallBody,
     Message,
     Run,
     RunStatus,
@@ -34,6 +36,7 @@ from tenants.scoping import require_tenant_id
 
 RUN, SESSION, TENANT = Run._meta.db_table, ChatSession._meta.db_table, Tenant._meta.db_table
 M, TC, LC = Message._meta.db_table, ToolCall._meta.db_table, LLMCall._meta.db_table
+LCB = LLMCallBody._meta.db_table
 UM = UsageMonth._meta.db_table
 
 
@@ -128,6 +131,29 @@ LLM_CALL_INSERT_SQL = (
     f'INSERT INTO "{LC}" ({columns_sql(LLM_CALL_COLUMNS)}) VALUES ({", ".join(f"%({c})s" for c in LLM_CALL_COLUMNS)})'
 )
 
+LLM_CALL_BODY_COLUMNS = ("tenant_id", "llm_call_id", *BODY_COLUMNS, "created_at")
+"""Every column of an LLMCallBody row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
+
+
+def llm_call_body_cte(calls: str) -> str:
+    """``, llm_call_body AS (INSERT …)``: the model call record of the LLM call that the CTE
+    ``calls`` wrote (its ``RETURNING`` has ``id``, ``tenant_id`` and ``created_at``), with the
+    body columns as parameters named ``body_<column>`` (:func:`sessions.llm_bodies.body_columns`).
+    Appended only for a tenant that records bodies: the other statements stay as they were."""
+    values = ", ".join(f'%(body_{c})s' for c in BODY_COLUMNS)
+    return f""", llm_call_body AS (
+    INSERT INTO "{LCB}" ({columns_sql(LLM_CALL_BODY_COLUMNS)})
+    SELECT {calls}."tenant_id", {calls}."id", {values}, {calls}."created_at" FROM {calls}
+)"""
+
+
+LLM_CALL_WITH_BODY_INSERT_SQL = (
+    f'WITH llm_call AS ({LLM_CALL_INSERT_SQL} RETURNING "id", "tenant_id", "created_at"){llm_call_body_cte("llm_call")} '
+    'SELECT 1'
+)
+""":data:`LLM_CALL_INSERT_SQL` and the call's model call record in one statement (a failed or
+unanswered attempt of a tenant that records bodies)."""
+
 
 RUN_ADD_USAGE_SQL = (
     f'UPDATE "{RUN}" SET "loop_count" = COALESCE(%(loop_count)s, "loop_count"), '
@@ -210,6 +236,12 @@ statement: sessions/tests/test_usage_month.py). The row is written ``rolled_up``
 save; bench/README.md, "What PostgreSQL spends per run")."""
 TURN_SAVE_WITH_LLM_CALL_SQL = TURN_SAVE_SQL.format(llm_call=TURN_LLM_CALL_CTE)
 TURN_SAVE_ONLY_SQL = TURN_SAVE_SQL.format(llm_call="")
+TURN_SAVE_WITH_LLM_CALL_BODY_SQL = TURN_SAVE_SQL.format(
+    llm_call=TURN_LLM_CALL_CTE.replace('RETURNING "tenant_id", "created_at"', 'RETURNING "id", "tenant_id", "created_at"', 1)
+    + llm_call_body_cte("llm_call")
+)
+""":data:`TURN_SAVE_WITH_LLM_CALL_SQL` with the answering call's model call record (a tenant that
+records bodies; :func:`llm_call_body_cte`)."""
 
 
 TOOL_CALL_START_SQL = (

@@ -18,7 +18,7 @@ import pytest
 from llm.records import AttemptRecord
 from llm.types import ChatMessage, ToolCallRequest
 from sessions import runs
-from sessions.models import LLMCall, Message, Run, ToolCall
+from sessions.models import LLMCall, LLMCallBody, Message, Run, ToolCall
 from sessions.runner import database
 from sessions.runs import claim, ending, statements
 from sessions.tests.conftest import post_message_sync
@@ -45,6 +45,7 @@ def test_the_inserts_write_every_column_of_their_models() -> None:
     assert set(statements.MESSAGE_COLUMNS) == _columns(Message)
     assert set(statements.LLM_CALL_COLUMNS) == _columns(LLMCall)
     assert set(statements.TOOL_CALL_COLUMNS) == _columns(ToolCall)
+    assert set(statements.LLM_CALL_BODY_COLUMNS) == _columns(LLMCallBody)
 
 
 def _claimed(world, fake_llm_url: str):

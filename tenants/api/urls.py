@@ -14,6 +14,7 @@ urlpatterns = [
     path("admin/invitations/<int:invitation_id>/", views.InvitationRevokeApi.as_view(), name="admin-invitation-detail"),
     path("invitations/accept/", views.InvitationAcceptApi.as_view(), name="invitation-accept"),
     path("admin/audit/", views.AuditEventListApi.as_view(), name="admin-audit"),
+    path("admin/tenant/", views.TenantSettingsApi.as_view(), name="admin-tenant-settings"),
     path("admin/memberships/", views.MembershipListApi.as_view(), name="admin-membership-list"),
     path("admin/memberships/<int:membership_id>/", views.MembershipDetailApi.as_view(), name="admin-membership-detail"),
 ]

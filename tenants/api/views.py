@@ -29,7 +29,7 @@ from agent_platform.api_schema import StrictCharField
 from tenants.api.mixins import IsTenantAdmin, TenantScopedApiView
 from tenants.audit import audit_context, context_for_request
 from tenants.lockout import LOCKED_OUT_MESSAGE, retry_after_seconds
-from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Role
+from tenants.models import ApiToken, AuditEvent, Invitation, Membership, Role, Tenant
 from tenants.selectors import audit_event_list, invitation_list, membership_for_user, membership_list_for_user
 from tenants.services import (
     api_token_create,
@@ -40,6 +40,7 @@ from tenants.services import (
     membership_delete,
     membership_select,
     membership_update_role,
+    tenant_settings_update,
 )
 from tenants.throttling import ClientIpThrottle
 
@@ -416,3 +417,47 @@ class MembershipDetailApi(TenantScopedApiView):
     def delete(self, request: Request, membership_id: int) -> Response:
         membership_delete(membership=self._get(membership_id), actor_role=request.membership.role)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TenantSettingsOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        ref_name = "TenantSettings"
+        fields = ["id", "name", "slug", "record_llm_bodies", "llm_body_retention_days", "trace_content"]
+        read_only_fields = fields
+
+
+class TenantSettingsApi(TenantScopedApiView):
+    """The caller's tenant's own settings (owners/admins): GET; PATCH ``{record_llm_bodies?,
+    llm_body_retention_days?}`` changes them (audited). ``record_llm_bodies``: keep the exact
+    request and response bodies of the tenant's model calls (its admins read them in the
+    console's run trace) for ``llm_body_retention_days`` days (1–90); off deletes what was kept
+    within the hour. ``name``, ``slug`` and ``trace_content`` are the operator's (read-only
+    here: a body naming them is a 400)."""
+
+    permission_classes = [permissions.IsAuthenticated, IsTenantAdmin]
+
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TenantSettingsUpdateInput"
+
+        record_llm_bodies = serializers.BooleanField(required=False)
+        llm_body_retention_days = serializers.IntegerField(required=False, min_value=1, max_value=90)
+
+    def _tenant(self, request: Request) -> Tenant:
+        return Tenant.objects.get(pk=request.membership.tenant_id)
+
+    @extend_schema(responses=TenantSettingsOutputSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(TenantSettingsOutputSerializer(self._tenant(request)).data)
+
+    @extend_schema(request=InputSerializer, responses=TenantSettingsOutputSerializer)
+    def patch(self, request: Request) -> Response:
+        fixed = sorted(set(request.data if isinstance(request.data, dict) else {}) - set(self.InputSerializer().fields))
+        if fixed:
+            raise ApplicationError("Only record_llm_bodies and llm_body_retention_days can be changed here.",
+                                   extra={"fields": {name: ["Read-only."] for name in fixed}})
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = tenant_settings_update(tenant=self._tenant(request), **data.validated_data)
+        return Response(TenantSettingsOutputSerializer(tenant).data)
