@@ -230,3 +230,26 @@ def test_a_session_started_through_the_provider_ends_when_single_sign_on_is_swit
     assert me(client) is not None
     settings.OIDC_ENABLED = False
     assert me(client) is None
+
+
+def test_next_may_only_be_a_path_of_this_site(sso, world):
+    client = Client()
+    answer = sign_in(client, sso, ALICE, next_path="https://evil.example/phish")
+    assert answer.status_code == 302 and answer["Location"] == "/"
+
+
+def test_logins_changes_are_audited_and_a_tenants_last_owner_stays(sso, world):
+    from tenants.models import AuditEvent
+    from tenants.oidc.provider import oidc_rules
+    from tenants.oidc.services import oidc_login_sync
+
+    assert sign_in(Client(), sso, {**ALICE, "realm_access": {"roles": ["acme-owners"]}}).status_code == 302
+    assert memberships("alice") == {"acme": Role.OWNER}
+    with system_scope():
+        event = AuditEvent.all_tenants.get(action="create", object_type="tenants.membership",
+                                           tenant=world.tenant, detail__via="oidc")
+        assert event.source == "auth" and event.changes["role"] == {"to": "owner"}
+        assert AuditEvent.all_tenants.filter(action="create", object_type="oidc.oidcidentity").count() == 1
+    # alice is acme's only owner: a login whose rules say member leaves her owner (logged).
+    outcome = oidc_login_sync(issuer=sso.issuer, claims=ALICE, rules=oidc_rules())
+    assert outcome.user.username == "alice" and memberships("alice") == {"acme": Role.OWNER}
