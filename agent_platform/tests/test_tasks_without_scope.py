@@ -46,7 +46,6 @@ TESTS: dict[str, str] = {
     "sessions.runs_sweep": "test_runs_sweep",
     "sessions.chat_session_title_generate": "test_chat_session_title_generate",
     "sessions.chat_sessions_purge": "test_chat_sessions_purge",
-    "sessions.llm_bodies_purge": "test_llm_bodies_purge",
     "memory.extract_session": "test_memory_extract_session",
     "memory.extract_due": "test_memory_extract_due",
     "memory.expire": "test_memory_expire",
@@ -63,6 +62,7 @@ TESTS: dict[str, str] = {
     # management commands of the project's apps
     "skills_import": "test_skills_import_command",
     "catalogue_import": "test_catalogue_import_command",
+    "catalogue_check": "test_catalogue_check_command",
     "rotate_encryption_key": "test_rotate_encryption_key_command",
     "seed_demo": "test_seed_demo_command",
     "migrate": "test_migrate_command",
@@ -249,26 +249,6 @@ def test_chat_sessions_purge(world, other_world):
         assert run_task(tasks.chat_sessions_purge) == 2
     with system_scope():
         assert sorted(ChatSession.all_tenants.values_list("pk", flat=True)) == sorted(kept)
-
-
-def test_llm_bodies_purge(world, other_world):
-    from sessions import tasks
-    from sessions.models import LLMCall, LLMCallBody
-    from tenants.models import Tenant
-
-    with system_scope():
-        old, kept = [], []
-        for w in (world, other_world):
-            Tenant.objects.filter(pk=w.tenant.pk).update(record_llm_bodies=True, llm_body_retention_days=7)
-            for days, bucket in ((8, old), (1, kept)):
-                call = LLMCall.all_tenants.create(tenant=w.tenant, attempt=1, entry_index=0, provider_name="p",
-                                                  model="m", status="succeeded", purpose="title")
-                body = LLMCallBody.all_tenants.create(tenant=w.tenant, llm_call=call, request="{}",
-                                                      created_at=timezone.now() - timedelta(days=days))
-                bucket.append(body.pk)
-    assert run_task(tasks.llm_bodies_purge) == 2
-    with system_scope():
-        assert sorted(LLMCallBody.all_tenants.values_list("pk", flat=True)) == sorted(kept)
 
 
 # --- memory ------------------------------------------------------------------------------------
@@ -503,6 +483,23 @@ def test_catalogue_import_command(world, other_world, tmp_path):
     assert offered_to() == {"acme", "globex"}
     as_worker(call_command, "catalogue_import", catalogue("acme"), verbosity=0)  # globex no longer listed
     assert offered_to() == {"acme"}
+
+
+def test_catalogue_check_command(world, other_world):
+    """The catalogue is the platform's (no tenant scope needed): the check reads every template."""
+    import io
+
+    from django.core.management.base import CommandError
+
+    from capabilities.catalogue import ProgramTemplate
+
+    with system_scope():
+        ProgramTemplate.objects.create(slug="check-probe", name="Probe", kind="cli", argv=["factor", "--", "{n}"])
+        ProgramTemplate.objects.create(slug="check-hidden", name="Hidden", kind="cli", argv=["/root/bin/x"])
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="1 of 2 template"):
+        as_worker(call_command, "catalogue_check", "--no-start", stdout=out)
+    assert "ok    check-probe (cli)" in out.getvalue() and "FAIL  check-hidden (cli)" in out.getvalue()
 
 
 def test_rotate_encryption_key_command(world, other_world):
