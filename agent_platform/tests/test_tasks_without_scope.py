@@ -46,6 +46,7 @@ TESTS: dict[str, str] = {
     "sessions.runs_sweep": "test_runs_sweep",
     "sessions.chat_session_title_generate": "test_chat_session_title_generate",
     "sessions.chat_sessions_purge": "test_chat_sessions_purge",
+    "sessions.llm_bodies_purge": "test_llm_bodies_purge",
     "memory.extract_session": "test_memory_extract_session",
     "memory.extract_due": "test_memory_extract_due",
     "memory.expire": "test_memory_expire",
@@ -249,6 +250,26 @@ def test_chat_sessions_purge(world, other_world):
         assert run_task(tasks.chat_sessions_purge) == 2
     with system_scope():
         assert sorted(ChatSession.all_tenants.values_list("pk", flat=True)) == sorted(kept)
+
+
+def test_llm_bodies_purge(world, other_world):
+    from sessions import tasks
+    from sessions.models import LLMCall, LLMCallBody
+    from tenants.models import Tenant
+
+    with system_scope():
+        old, kept = [], []
+        for w in (world, other_world):
+            Tenant.objects.filter(pk=w.tenant.pk).update(record_llm_bodies=True, llm_body_retention_days=7)
+            for days, bucket in ((8, old), (1, kept)):
+                call = LLMCall.all_tenants.create(tenant=w.tenant, attempt=1, entry_index=0, provider_name="p",
+                                                  model="m", status="succeeded", purpose="title")
+                body = LLMCallBody.all_tenants.create(tenant=w.tenant, llm_call=call, request="{}",
+                                                      created_at=timezone.now() - timedelta(days=days))
+                bucket.append(body.pk)
+    assert run_task(tasks.llm_bodies_purge) == 2
+    with system_scope():
+        assert sorted(LLMCallBody.all_tenants.values_list("pk", flat=True)) == sorted(kept)
 
 
 # --- memory ------------------------------------------------------------------------------------
