@@ -7,8 +7,9 @@
   (:mod:`tenants.oidc.backend`) exchanges the code and checks the ID token; a session starts.
 
 Both are 404 while single sign-on is off. Whatever goes wrong answers a page saying so, never
-a server error: the provider unreachable (503/502), the login refused by the provider or by a
-check (400), a user with no access (403, "no access": the claims match no rule).
+a server error: too many starts from one address (429), the provider unreachable (503), the
+login refused by the provider or by a check (400), a user with no access (403, "no access":
+the claims match no rule).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthen
 from tenants.audit import audit_context, context_for_request
 from tenants.oidc.provider import OidcUnavailable, oidc_enabled, oidc_setting
 from tenants.oidc.services import Refusal
+from tenants.throttling import ClientIpThrottle
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ PAGES = {
     Refusal.INACTIVE: (403, "Account disabled", "This account has been disabled. Ask your administrator."),
     "unavailable": (503, "Sign-in service unavailable", "The sign-in service cannot be reached right now. "
                     "Try again in a minute; if it persists, tell your administrator."),
+    "throttled": (429, "Too many sign-ins", "Too many sign-ins from your address. Try again in a minute."),
     "failed": (400, "Sign-in failed", "The sign-in could not be completed. Start again from the login page."),
     "cancelled": (400, "Sign-in cancelled", "The sign-in service did not sign you in. Start again from the "
                   "login page."),
@@ -52,9 +55,14 @@ def oidc_page(request: HttpRequest, outcome: str) -> HttpResponse:
 
 
 class OidcLoginView(OIDCAuthenticationRequestView):
-    """``GET /oidc/authenticate/``: off to the provider (state, nonce and PKCE in the session)."""
+    """``GET /oidc/authenticate/``: off to the provider (state, nonce and PKCE in the session).
+
+    Each start is a login attempt of the client's address (``API_THROTTLE_RATES["login.ip"]``,
+    shared with the password login): a start writes a session row, so a flood is refused
+    (429, ``Retry-After``)."""
 
     get_settings = staticmethod(oidc_setting)
+    throttle_scope = "login"
 
     def __init__(self, **kwargs: Any) -> None:
         # Not the library's __init__: it reads the authorization endpoint (maybe from discovery,
@@ -62,9 +70,15 @@ class OidcLoginView(OIDCAuthenticationRequestView):
         View.__init__(self, **kwargs)
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        """A redirect to the authorization endpoint; 404 while off, 503 when discovery fails."""
+        """A redirect to the authorization endpoint; 404 while off, 429 over the address's login
+        budget, 503 when discovery fails."""
         if not oidc_enabled():
             raise Http404("Single sign-on is off.")
+        throttle = ClientIpThrottle()
+        if not throttle.allow_request(request, self):
+            response = oidc_page(request, "throttled")
+            response["Retry-After"] = str(max(1, int(throttle.wait() or 60)))
+            return response
         try:
             self.OIDC_OP_AUTH_ENDPOINT = self.get_settings("OIDC_OP_AUTHORIZATION_ENDPOINT")
         except OidcUnavailable as exc:

@@ -253,3 +253,12 @@ def test_logins_changes_are_audited_and_a_tenants_last_owner_stays(sso, world):
     # alice is acme's only owner: a login whose rules say member leaves her owner (logged).
     outcome = oidc_login_sync(issuer=sso.issuer, claims=ALICE, rules=oidc_rules())
     assert outcome.user.username == "alice" and memberships("alice") == {"acme": Role.OWNER}
+
+
+def test_starts_of_a_login_count_against_the_address_login_budget(sso, world, settings):
+    settings.API_THROTTLE_RATES = {**settings.API_THROTTLE_RATES, "login.ip": "2/minute"}
+    client = Client(REMOTE_ADDR="198.51.100.7")
+    assert [client.get("/oidc/authenticate/").status_code for _ in range(2)] == [302, 302]
+    answer = client.get("/oidc/authenticate/")
+    assert answer.status_code == 429 and int(answer["Retry-After"]) >= 1 and b"Too many sign-ins" in answer.content
+    assert Client(REMOTE_ADDR="198.51.100.8").get("/oidc/authenticate/").status_code == 302
