@@ -13,6 +13,7 @@ from django.utils.text import slugify
 # Re-exported: the first rule whose pattern matches any of the names decides; ``allow`` if none
 # (the runner's approval wrapper uses the same function).
 from capabilities.toolsets import approval_action  # noqa: F401
+from tenants.models import Membership, Role
 from tenants.scoping import TenantOwnedModel
 
 SLUG_MAX_LENGTH = 64
@@ -329,7 +330,8 @@ class CapabilityBinding(TenantOwnedModel):
             return {"agent": "Agent not found."}
         if not isinstance(self.allowed_tools, list) or not all(isinstance(t, str) for t in self.allowed_tools):
             return {"allowed_tools": "A JSON list of tool names."}
-        policy_errors = approval_policy_errors(self.approval_policy)
+        policy_errors = approval_policy_errors(self.approval_policy) or approval_members_unknown(
+            tenant_id=self.tenant_id, policy=self.approval_policy)
         if policy_errors:
             return {"approval_policy": policy_errors}
         if not isinstance(self.config, dict):
@@ -337,17 +339,130 @@ class CapabilityBinding(TenantOwnedModel):
         return {}
 
 
-def approval_policy_errors(policy: object) -> list[str]:
-    """What is wrong with an approval policy (``[]`` when it is valid).
+APPROVAL_TIMEOUT_MAX_SECONDS = 90 * 24 * 3600
+"""The longest ``timeout_seconds`` of an approval rule: 90 days (a pause holds no worker)."""
 
-    Valid: a list of ``{"pattern": str, "action": "allow" | "ask" | "deny"}``.
+APPROVAL_MESSAGE_MAX_CHARS = 2000
+"""The longest ``message`` of an approval rule (shown to the approvers)."""
+
+APPROVAL_MEMBERS_MAX = 50
+"""The most ``approvers.members`` one rule may name."""
+
+APPROVAL_RULE_FIELDS = ("pattern", "action", "approvers", "message", "timeout_seconds", "on_timeout")
+"""The fields of an approval rule; all but ``pattern`` and ``action`` only for action ``ask``."""
+
+APPROVAL_ON_TIMEOUT = ("deny", "approve")
+"""An ``ask`` rule's ``on_timeout``: the decision made when nobody decided in time (absent: the
+run fails ``approval_expired``, as before approvers existed)."""
+
+APPROVER_FIELDS = ("requester", "roles", "members")
+"""The fields of an ``ask`` rule's ``approvers``."""
+
+
+def approval_policy_errors(policy: object) -> list[str]:
+    """What is wrong with an approval policy (``[]`` when it is valid), one message per bad
+    rule, naming the rule and the field.
+
+    Valid: a list of rules ``{"pattern": str, "action": "allow" | "ask" | "deny"}``; an ``ask``
+    rule may add
+
+    - ``approvers``: ``{"requester": bool, "roles": ["owner" | "admin" | "member", ...],
+      "members": [user id | e-mail address, ...]}`` (who may decide; absent: the run's user);
+    - ``message``: a text shown to the approvers (≤ :data:`APPROVAL_MESSAGE_MAX_CHARS`);
+    - ``timeout_seconds``: how long the call waits, an integer from 1 to
+      :data:`APPROVAL_TIMEOUT_MAX_SECONDS` (absent: the ``APPROVAL_TTL_SECONDS`` setting);
+    - ``on_timeout``: ``deny`` or ``approve``, decided when nobody decided in time (absent:
+      the run fails ``approval_expired``).
     """
     if not isinstance(policy, list):
         return ['A JSON list of {"pattern": ..., "action": "allow" | "ask" | "deny"} rules.']
     errors = []
     for i, rule in enumerate(policy):
-        if not isinstance(rule, dict) or not isinstance(rule.get("pattern"), str) or not rule["pattern"]:
-            errors.append(f"Rule {i + 1}: needs a non-empty string 'pattern'.")
-        elif rule.get("action") not in ApprovalAction.values:
-            errors.append(f"Rule {i + 1}: 'action' must be one of {', '.join(ApprovalAction.values)}.")
+        error = _rule_error(rule)
+        if error:
+            errors.append(f"Rule {i + 1}: {error}")
     return errors
+
+
+def _rule_error(rule: object) -> str:
+    """The first problem of one rule ('' if none)."""
+    if not isinstance(rule, dict) or not isinstance(rule.get("pattern"), str) or not rule["pattern"]:
+        return "needs a non-empty string 'pattern'."
+    if rule.get("action") not in ApprovalAction.values:
+        return f"'action' must be one of {', '.join(ApprovalAction.values)}."
+    unknown = sorted(set(rule) - set(APPROVAL_RULE_FIELDS))
+    if unknown:
+        return f"{unknown[0]!r} is not a field of a rule ({', '.join(APPROVAL_RULE_FIELDS)})."
+    ask_only = [key for key in APPROVAL_RULE_FIELDS[2:] if key in rule]
+    if ask_only and rule["action"] != ApprovalAction.ASK:
+        return f"{ask_only[0]!r} applies only to rules with action 'ask'."
+    return _ask_fields_error(rule)
+
+
+def _ask_fields_error(rule: dict[str, Any]) -> str:
+    """The first problem of an ``ask`` rule's own fields ('' if none)."""
+    message = rule.get("message", "")
+    if not isinstance(message, str) or len(message) > APPROVAL_MESSAGE_MAX_CHARS:
+        return f"'message' must be a text of at most {APPROVAL_MESSAGE_MAX_CHARS} characters."
+    timeout = rule.get("timeout_seconds", 1)
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= APPROVAL_TIMEOUT_MAX_SECONDS:
+        return f"'timeout_seconds' must be a whole number of seconds from 1 to {APPROVAL_TIMEOUT_MAX_SECONDS}."
+    if "on_timeout" in rule and rule["on_timeout"] not in APPROVAL_ON_TIMEOUT:
+        return f"'on_timeout' must be one of {', '.join(APPROVAL_ON_TIMEOUT)}."
+    if "approvers" in rule:
+        return _approvers_error(rule["approvers"])
+    return ""
+
+
+def _approvers_error(approvers: object) -> str:
+    """The first problem of a rule's ``approvers`` ('' if none)."""
+    if not isinstance(approvers, dict):
+        return "'approvers' must be an object {\"requester\": bool, \"roles\": [...], \"members\": [...]}."
+    unknown = sorted(set(approvers) - set(APPROVER_FIELDS))
+    if unknown:
+        return f"'approvers.{unknown[0]}' is not a field of approvers ({', '.join(APPROVER_FIELDS)})."
+    if not isinstance(approvers.get("requester", False), bool):
+        return "'approvers.requester' must be true or false."
+    roles = approvers.get("roles", [])
+    if not isinstance(roles, list) or any(role not in Role.values for role in roles):
+        return f"'approvers.roles' must be a list of the roles {', '.join(Role.values)}."
+    members = approvers.get("members", [])
+    if not isinstance(members, list) or len(members) > APPROVAL_MEMBERS_MAX or not all(
+        _member_reference_ok(m) for m in members
+    ):
+        return (f"'approvers.members' must be a list of at most {APPROVAL_MEMBERS_MAX} user ids or "
+                "e-mail addresses.")
+    if not (approvers.get("requester") or roles or members):
+        return "'approvers' names nobody: set requester, roles or members."
+    return ""
+
+
+def _member_reference_ok(member: object) -> bool:
+    """A user id (a positive integer) or an e-mail address (a string with one ``@``)."""
+    if isinstance(member, bool):
+        return False
+    if isinstance(member, int):
+        return member > 0
+    return isinstance(member, str) and len(member) <= 254 and member.count("@") == 1 and member.strip() == member
+
+
+def approval_members_unknown(*, tenant_id: int | None, policy: list[dict[str, Any]]) -> list[str]:
+    """The ``approvers.members`` of a valid policy that are not members of tenant ``tenant_id``,
+    one message per rule (``[]``: all are; nothing is checked without a tenant)."""
+    named = [(i, (rule.get("approvers") or {}).get("members") or []) for i, rule in enumerate(policy)]
+    if tenant_id is None or not any(members for _, members in named):
+        return []
+    known = _member_keys(tenant_id)
+    errors = []
+    for i, members in named:
+        unknown = [str(m) for m in members if (m.lower() if isinstance(m, str) else m) not in known]
+        if unknown:
+            errors.append(f"Rule {i + 1}: 'approvers.members' names no member of this tenant: {', '.join(unknown)}.")
+    return errors
+
+
+def _member_keys(tenant_id: int) -> set[int | str]:
+    """The user ids and lower-cased e-mail addresses of tenant ``tenant_id``'s members."""
+    # tenant-bypass: the binding's own tenant, named explicitly
+    rows = Membership.all_tenants.filter(tenant_id=tenant_id).values_list("user_id", "user__email")
+    return {key for user_id, email in rows for key in (user_id, (email or "").lower()) if key}

@@ -7,14 +7,15 @@ from typing import Any
 from django.apps import AppConfig
 
 RUN_EVENTS = {"run_completed": "run.completed", "run_failed": "run.failed",
-              "run_awaiting_approval": "approval.requested"}
+              "run_awaiting_approval": "approval.requested", "approval_resolved": "approval.decided"}
 """The session events of a run that outbound subscriptions receive, by their names there."""
 
 
 def run_event_to_subscribers(tenant_id: int, run_id: int, event_type: str, data: dict[str, Any]) -> None:
     """The run-event observer (:data:`sessions.runs.records.run_event_observers`): a completed
-    or failed run, or one waiting for approvals, becomes a ``run.completed`` / ``run.failed`` /
-    ``approval.requested`` event of its tenant."""
+    or failed run, one waiting for approvals, or an approval decided (by a person or its
+    timeout) becomes a ``run.completed`` / ``run.failed`` / ``approval.requested`` /
+    ``approval.decided`` event of its tenant."""
     name = RUN_EVENTS.get(event_type)
     if name is None:
         return

@@ -147,6 +147,7 @@ class EventType(models.TextChoices):
     RUN_COMPLETED = "run.completed", "A run completed"
     RUN_FAILED = "run.failed", "A run failed"
     APPROVAL_REQUESTED = "approval.requested", "A run waits for approvals"
+    APPROVAL_DECIDED = "approval.decided", "An approval was decided (by a person or its timeout)"
     SCHEDULE_FAILED = "schedule.failed", "A schedule's slot could not start its run"
 
 

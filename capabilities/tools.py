@@ -9,7 +9,7 @@ else about them.
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,10 +25,14 @@ class ApprovalRequired(Exception):
     this before it has any side effect.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, rule: Mapping[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         """Shown to the approver: why this call needs approval."""
+        self.rule = rule
+        """The approval rule that asked (``{pattern, action, approvers?, message?,
+        timeout_seconds?, on_timeout?}``, :func:`capabilities.toolsets.approval_rule`), or None
+        when the tool itself asks: then the run's user decides within the default timeout."""
 
 
 class QuestionForUser(Exception):

@@ -34,7 +34,7 @@ import asyncio
 import dataclasses
 import fnmatch
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,19 +50,28 @@ SUCCEEDED, FAILED, TIMED_OUT = "succeeded", "failed", "timed_out"
 """A :class:`ToolOutcome`'s statuses (the values of ``sessions.models.ToolCallStatus``)."""
 
 
-def approval_action(policy: Sequence[dict[str, str]], *names: str) -> str:
-    """The action of the first rule whose pattern matches any of ``names``; ``"allow"`` if none.
+def approval_rule(policy: Sequence[Mapping[str, Any]], *names: str) -> Mapping[str, Any] | None:
+    """The first rule whose pattern matches any of ``names``; None if none matches.
 
     Args:
-        policy: ``[{"pattern": str, "action": "allow" | "ask" | "deny"}, ...]`` in order.
+        policy: ``[{"pattern": str, "action": "allow" | "ask" | "deny", ...}, ...]`` in order;
+            an ``ask`` rule may also carry ``approvers``, ``message``, ``timeout_seconds`` and
+            ``on_timeout`` (``agents.models.approval_policy_errors`` checks the shape).
         names: The names a call is known by (its own name, its exposed name).
 
     Patterns are :func:`fnmatch.fnmatchcase` patterns (``*``, ``?``, ``[...]``).
     """
     for rule in policy:
         if any(fnmatch.fnmatchcase(name, rule["pattern"]) for name in names):
-            return rule["action"]
-    return "allow"
+            return rule
+    return None
+
+
+def approval_action(policy: Sequence[Mapping[str, Any]], *names: str) -> str:
+    """The action of the first rule whose pattern matches any of ``names``; ``"allow"`` if none
+    (:func:`approval_rule`)."""
+    rule = approval_rule(policy, *names)
+    return str(rule["action"]) if rule is not None else "allow"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +84,8 @@ class ToolOrigin:
     """The tool's name inside its source."""
     binding_id: int | None = None
     """The CapabilityBinding it was bound by (None: offered by the platform)."""
-    approval_policy: tuple[dict[str, str], ...] = ()
-    """The binding's ``[{pattern, action}]`` rules (set by :meth:`KindToolset.for_binding`)."""
+    approval_policy: tuple[Mapping[str, Any], ...] = ()
+    """The binding's ``[{pattern, action, ...}]`` rules (set by :meth:`KindToolset.for_binding`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +235,7 @@ class KindToolset(AbstractToolset):
         """The tools (own names)."""
         return list(self.sources)
 
-    def for_binding(self, binding_id: int | None, policy: Sequence[dict[str, str]]) -> KindToolset:
+    def for_binding(self, binding_id: int | None, policy: Sequence[Mapping[str, Any]]) -> KindToolset:
         """These tools as bound by binding ``binding_id``: their origins carry its id and its
         approval rules ``policy`` (``[{pattern, action}]``, which :class:`ApprovalPolicyToolset`
         applies to each call)."""
@@ -316,21 +325,30 @@ class ApprovalPolicyToolset(WrapperToolset):
     """
 
     async def call_tool(self, call: ToolInvocation) -> ToolOutcome:
-        action = self.action(call)
+        rule = self.rule(call)
+        action = rule["action"] if rule is not None else "allow"
         if action == "ask":
-            raise ApprovalRequired(f"The agent's policy asks before {call.origin.name if call.origin else call.name} runs.")
+            name = call.origin.name if call.origin else call.name
+            raise ApprovalRequired(str(rule.get("message") or "") or f"The agent's policy asks before {name} runs.",
+                                   rule=rule)
         if action == "deny":
             return ToolOutcome.failure(f"The agent's policy does not allow the tool {call.name!r}. Do not call it again.")
         return await self.wrapped.call_tool(call)
 
     @staticmethod
-    def action(call: ToolInvocation) -> str:
-        """``allow``, ``ask`` or ``deny``: what the rules of the call's tool say (``allow`` for a
-        call a human approved, an unknown tool, invalid arguments, or a tool without rules)."""
+    def rule(call: ToolInvocation) -> Mapping[str, Any] | None:
+        """The rule of the call's tool that decides it (:func:`approval_rule`); None (allow) for
+        a call a human approved, an unknown tool, invalid arguments, or no matching rule."""
         origin = call.origin
         if call.context.approved or call.tool is None or origin is None or call.arguments is None:
-            return "allow"
-        return approval_action(origin.approval_policy, origin.name, call.name)
+            return None
+        return approval_rule(origin.approval_policy, origin.name, call.name)
+
+    @classmethod
+    def action(cls, call: ToolInvocation) -> str:
+        """``allow``, ``ask`` or ``deny``: what the rules of the call's tool say (:meth:`rule`)."""
+        rule = cls.rule(call)
+        return str(rule["action"]) if rule is not None else "allow"
 
 
 class TimeoutToolset(WrapperToolset):

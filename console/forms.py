@@ -35,10 +35,14 @@ def builtin_choices() -> list[tuple[str, str]]:
 
 
 class ApprovalPolicyWidget(forms.Widget):
-    """The approval policy as rows of (tool name pattern, action), plus empty rows to add.
+    """The approval policy as rows of (tool name pattern, action, the rule's other fields as a
+    JSON object), plus empty rows to add.
 
-    POST data: ``<name>-pattern-<i>`` and ``<name>-action-<i>`` for i = 0, 1, …; rows with an
-    empty pattern are dropped. The value is the list of ``{"pattern", "action"}`` dicts.
+    POST data: ``<name>-pattern-<i>``, ``<name>-action-<i>`` and ``<name>-options-<i>`` for
+    i = 0, 1, …; rows with an empty pattern are dropped. The value is the list of rules:
+    ``{"pattern", "action"}`` plus the options' keys (``approvers``, ``message``,
+    ``timeout_seconds``, ``on_timeout``); options that are not a JSON object are kept as the
+    text under ``"options"``, which the field's validation names as not a field of a rule.
     """
 
     blank_rows = 2
@@ -60,7 +64,8 @@ class ApprovalPolicyWidget(forms.Widget):
             pattern = (data.get(f"{name}-pattern-{i}") or "").strip()
             action = data.get(f"{name}-action-{i}") or ApprovalAction.ASK
             if pattern:
-                rows.append({"pattern": pattern, "action": action})
+                rows.append({"pattern": pattern, "action": action,
+                             **_rule_options(data.get(f"{name}-options-{i}") or "")})
             i += 1
         return rows
 
@@ -78,22 +83,43 @@ class ApprovalPolicyWidget(forms.Widget):
                  for a, label in (("allow", "allow (run it)"), ("ask", "ask (a person approves each call)"),
                                   ("deny", "deny (never run it)"))),
             )
+            extra = {k: v for k, v in rule.items() if k not in ("pattern", "action")}
             body.append(format_html(
                 '<tr class="policy-row"><td><label class="visually-hidden" for="{id}-pattern-{i}">Rule {n}: tool name pattern</label>'
                 '<input type="text" id="{id}-pattern-{i}" name="{name}-pattern-{i}" value="{pattern}" '
                 'placeholder="e.g. delete_*" size="24"></td>'
                 '<td><label class="visually-hidden" for="{id}-action-{i}">Rule {n}: action</label>'
-                '<select id="{id}-action-{i}" name="{name}-action-{i}">{options}</select></td></tr>',
+                '<select id="{id}-action-{i}" name="{name}-action-{i}">{options}</select></td>'
+                '<td><label class="visually-hidden" for="{id}-options-{i}">Rule {n}: approvers, message, timeout (JSON)</label>'
+                '<input type="text" id="{id}-options-{i}" name="{name}-options-{i}" value="{extra}" size="40" '
+                'placeholder=\'{{"approvers": {{"roles": ["admin"]}}, "timeout_seconds": 86400}}\'></td></tr>',
                 id=id_, i=i, n=i + 1, name=name, pattern=rule.get("pattern", ""), options=options,
+                extra=json.dumps(extra) if extra else "",
             ))
         return format_html(
             '<div class="policy-editor" data-policy-name="{}" data-policy-id="{}" id="{}-rules">'
-            '<table class="policy-rows"><thead><tr><th scope="col">Tool name pattern</th><th scope="col">Action</th></tr></thead>'
+            '<table class="policy-rows"><thead><tr><th scope="col">Tool name pattern</th><th scope="col">Action</th>'
+            '<th scope="col">Ask: approvers, message, timeout (JSON)</th></tr></thead>'
             '<tbody>{}</tbody></table>'
             '<p class="help">First matching rule wins; no match: allow. Patterns: * any characters, ? one. '
-            "Leave a pattern empty to remove its rule.</p></div>",
+            "Leave a pattern empty to remove its rule. An ask rule's JSON may set approvers "
+            '({{"requester": true, "roles": ["admin"], "members": [user id or e-mail]}}), message, '
+            "timeout_seconds and on_timeout (deny or approve).</p></div>",
             name, id_, id_, mark_safe("".join(body)),
         )
+
+
+def _rule_options(text: str) -> dict[str, Any]:
+    """A policy row's options: the JSON object typed (``{}`` when blank); anything else is kept
+    as ``{"options": text}`` so that validation names it."""
+    text = text.strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"options": text}
+    return value if isinstance(value, dict) else {"options": text}
 
 
 class ApprovalPolicyField(forms.Field):

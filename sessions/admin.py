@@ -11,7 +11,17 @@ from django.shortcuts import redirect
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from sessions.models import ChatSession, LLMCall, LLMCallBody, Message, Run, ToolCall
+from sessions.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    ChatSession,
+    LLMCall,
+    LLMCallBody,
+    Message,
+    Run,
+    ToolCall,
+)
 from tenants.admin_scoping import TenantScopedModelAdmin
 
 
@@ -198,3 +208,88 @@ class LLMCallBodyAdmin(ReadOnlyAdmin):
                                run_id, obj.llm_call_id)
         return format_html('<a href="{}">Call {}</a>', reverse("admin:agent_sessions_llmcall_change", args=[obj.llm_call_id]),
                            obj.llm_call_id)
+
+
+class ApprovalStateFilter(admin.SimpleListFilter):
+    """Waiting (the default: tool calls waiting for a decision), decided, or all."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [("decided", "Decided or expired"), ("all", "All")]
+
+    def choices(self, changelist):
+        yield {"selected": self.value() is None, "display": "Waiting for a decision",
+               "query_string": changelist.get_query_string(remove=[self.parameter_name])}
+        for lookup, title in self.lookup_choices:
+            yield {"selected": self.value() == lookup, "display": title,
+                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}
+
+    def queryset(self, request, queryset):
+        if self.value() is None:
+            return queryset.filter(status=ApprovalStatus.PENDING, kind=ApprovalKind.TOOL_CALL)
+        if self.value() == "decided":
+            return queryset.exclude(status=ApprovalStatus.PENDING)
+        return queryset
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnlyAdmin):
+    """Approvals: the tool calls waiting for a decision first (the reviewers' inbox in the
+    console), with actions that approve or deny the selected ones as the signed-in user: only
+    the approvals they are an approver of (the rule's requester, roles or members), the others
+    are reported and left waiting. Decisions are audited and shown on the run's trace."""
+
+    list_display = ["id", "tool_name", "agent", "requester", "reason", "approvers_shown", "status", "created_at",
+                    "expires_at", "on_timeout", "run_link", "tenant"]
+    list_display_links = ["id", "tool_name"]
+    list_filter = [ApprovalStateFilter, "kind", "on_timeout"]
+    search_fields = ["tool_name", "reason", "run__user__username", "run__session__agent__name", "=id"]
+    ordering = ["id"]
+    list_select_related = ["run__user", "run__session__agent", "tenant"]
+    actions = ["approve_selected", "deny_selected"]
+
+    @admin.display(description="agent", ordering="run__session__agent__name")
+    def agent(self, obj):
+        return obj.run.session.agent.name
+
+    @admin.display(description="requester", ordering="run__user__username")
+    def requester(self, obj):
+        return obj.run.user.get_username()
+
+    @admin.display(description="approvers")
+    def approvers_shown(self, obj):
+        from sessions.runs.approvals import approvers_text
+
+        return approvers_text(obj)
+
+    @admin.display(description="run")
+    def run_link(self, obj):
+        return format_html('<a href="{}">Run {}</a>', reverse("admin:agent_sessions_run_trace", args=[obj.run_id]),
+                           obj.run_id)
+
+    def _decide(self, request, queryset, decision: str) -> None:
+        from agent_platform.api_errors import ApplicationError
+        from sessions.services import approval_decide
+        from tenants.scoping import tenant_scope
+
+        done = 0
+        for approval in queryset.order_by("id"):
+            try:
+                with tenant_scope(approval.tenant_id):  # the console sets the database's scope, not the ORM's
+                    approval_decide(approval=approval, user=request.user, decision=decision)
+                done += 1
+            except ApplicationError as exc:
+                self.message_user(request, f"Approval {approval.pk} ({approval.tool_name}): {exc.message}",
+                                  level=messages.ERROR)
+        if done:
+            self.message_user(request, f"{done} {'approved' if decision == 'approve' else 'denied'}.")
+
+    @admin.action(description="Approve the selected tool calls")
+    def approve_selected(self, request, queryset):
+        self._decide(request, queryset, "approve")
+
+    @admin.action(description="Deny the selected tool calls")
+    def deny_selected(self, request, queryset):
+        self._decide(request, queryset, "deny")

@@ -85,6 +85,12 @@ class ApprovalItem:
     """The skill sub-run the call belongs to, else None."""
     skill: str | None
     """The skill's name when asked inside a skill, else None."""
+    approvers: dict[str, Any]
+    """Who may decide (the policy rule's approvers, resolved when asked): ``{requester: bool,
+    roles: [role, ...], user_ids: [id, ...]}``; ``{}``: the run's user (the default)."""
+    on_timeout: str
+    """What the expiry does: ``deny`` or ``approve`` the call (the run goes on), or ``""``: the
+    run fails ``approval_expired``."""
 
 
 @_payload

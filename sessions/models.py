@@ -456,6 +456,14 @@ class ApprovalStatus(models.TextChoices):
     EXPIRED = "expired"
 
 
+class ApprovalOnTimeout(models.TextChoices):
+    """What an approval's expiry does (the rule's ``on_timeout``)."""
+
+    FAIL_RUN = "", "Fail the run (approval_expired)"
+    DENY = "deny", "Deny the call; the run goes on"
+    APPROVE = "approve", "Approve the call; the run goes on"
+
+
 class Approval(TenantOwnedModel):
     """A human decision a run waits for: approve/deny a tool call, or answer a question.
 
@@ -490,6 +498,17 @@ class Approval(TenantOwnedModel):
         help_text="Kind elicitation: {request: {mode, message, schema, url, server, tool, ...}, action, content} "
                   "(capabilities.mcp.elicitation); action and content once answered.",
     )
+    approvers = models.JSONField(
+        default=dict, blank=True,
+        help_text='Who may decide, resolved when asked: {"requester": bool, "roles": [role, ...], "user_ids": [id, ...]} '
+                  "(the rule's approvers; members named by e-mail resolved to users of the tenant). "
+                  "Empty: the run's user (the default).",
+    )
+    on_timeout = models.CharField(
+        max_length=8, blank=True, choices=ApprovalOnTimeout.choices, default=ApprovalOnTimeout.FAIL_RUN,
+        help_text="What happens at expires_at when nobody decided: the run fails (empty), or the call is denied "
+                  "or approved and the run goes on.",
+    )
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -500,6 +519,11 @@ class Approval(TenantOwnedModel):
     class Meta(TenantOwnedModel.Meta):
         ordering = ["run", "id"]
         indexes = [models.Index(fields=["status", "expires_at"])]
+
+    @property
+    def decided_on_timeout(self) -> bool:
+        """Decided by its ``on_timeout`` (approved, or expired), not by a person."""
+        return self.decided_by_id is None and self.decided_at is not None and self.decided_at >= self.expires_at
 
     def __str__(self) -> str:
         return f"Approval {self.pk} ({self.kind} {self.tool_name}: {self.status})"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import chain
 from typing import Any
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -22,6 +22,7 @@ from sessions.models import (
     ToolCall,
     UsageMonth,
 )
+from tenants.models import ADMIN_ROLES, Membership
 
 
 def month_start(now: datetime | None = None) -> datetime:
@@ -155,20 +156,94 @@ def artifact_list_for_session(*, session_id: int) -> QuerySet:
     return Artifact.objects.filter(session_id=session_id).defer("content").order_by("id")
 
 
+APPROVALS_MINE = ("requester", "approver")
+"""``GET /api/v1/approvals/?mine=``: ``requester``, the pending approvals of the caller's own
+runs (whoever decides them); ``approver``, the caller's inbox: the pending approvals the caller
+may decide, of any run of the tenant."""
+
+
+def member_role(*, user_id: int) -> str | None:
+    """The user's role (``owner``, ``admin``, ``member``) in the current tenant; None when the
+    user is not a member."""
+    return Membership.objects.filter(user_id=user_id).values_list("role", flat=True).first()
+
+
+def approvers_resolve(approvers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An approval rule's ``approvers`` as an Approval stores them, in the current tenant:
+    ``{"requester": bool, "roles": [role, ...], "user_ids": [id, ...]}``; ``{}`` (the run's user,
+    today's default) when the rule names none.
+
+    ``members`` (user ids or e-mail addresses, :func:`agents.models.approval_policy_errors`)
+    become the ids of the tenant's members they name; those no longer members are dropped.
+    When nobody is left (no requester, no role, no member found) the tenant's owners and admins
+    decide, so that the call is neither stuck nor decided by the run's user against the rule.
+    """
+    if not approvers:
+        return {}
+    members = list(approvers.get("members") or [])
+    ids = {m for m in members if isinstance(m, int) and not isinstance(m, bool)}
+    emails = {m.lower() for m in members if isinstance(m, str)}
+    user_ids: set[int] = set()
+    if ids or emails:
+        for user_id, email in Membership.objects.values_list("user_id", "user__email"):
+            if user_id in ids or (email or "").lower() in emails:
+                user_ids.add(user_id)
+    resolved = {"requester": bool(approvers.get("requester")), "roles": sorted(set(approvers.get("roles") or [])),
+                "user_ids": sorted(user_ids)}
+    if not (resolved["requester"] or resolved["roles"] or resolved["user_ids"]):
+        resolved["roles"] = sorted(ADMIN_ROLES)
+    return resolved
+
+
+def approvals_decidable_q(*, user_id: int, role: str | None) -> Q:
+    """The approvals user ``user_id`` (of role ``role`` in the current tenant) may decide: as
+    the run's user when the approvers include the requester (or name nobody: the default), as
+    a named member, or by role. Status is not looked at."""
+    q = Q(run__user_id=user_id) & (Q(approvers={}) | Q(approvers__requester=True))
+    q |= Q(approvers__user_ids__contains=[user_id])
+    if role:
+        q |= Q(approvers__roles__contains=[role])
+    return q
+
+
+def approval_may_decide(approval: Approval, *, user_id: int, role: str | None) -> bool:
+    """Whether user ``user_id`` (of role ``role`` in the approval's tenant) is one of the
+    approval's approvers (:func:`approvals_decidable_q`, in Python: ``approval.run`` is read)."""
+    approvers = approval.approvers or {}
+    if (not approvers or approvers.get("requester")) and approval.run.user_id == user_id:
+        return True
+    return user_id in (approvers.get("user_ids") or []) or (role is not None and role in (approvers.get("roles") or []))
+
+
 def approval_get_for_user(*, approval_id: int, user_id: int) -> Approval | None:
-    """The approval if it is in the current tenant and belongs to a run of the user's, else None."""
-    return Approval.objects.filter(
-        pk=approval_id, run__session__user_id=user_id, run__session__deleted_at__isnull=True
-    ).first()
-
-
-def approval_list_pending(*, user_id: int) -> QuerySet[Approval]:
-    """The user's pending approvals and questions in the current tenant (deleted chats' left
-    out), oldest first. A pause for a tool the API client runs (kind ``client_tool``) is not
-    listed: the client that offered the tool answers it, not a person."""
+    """The approval if it is in the current tenant, in a chat that is not deleted, and the
+    user sees it: it belongs to a run of the user's, or the user may decide it
+    (:func:`approvals_decidable_q`); else None."""
+    role = member_role(user_id=user_id)
     return (
-        Approval.objects.filter(run__session__user_id=user_id, run__session__deleted_at__isnull=True,
-                                status=ApprovalStatus.PENDING)
-        .exclude(kind=ApprovalKind.CLIENT_TOOL)
-        .select_related("sub_run__skill").order_by("id")
+        Approval.objects.filter(pk=approval_id, run__session__deleted_at__isnull=True)
+        .filter(Q(run__session__user_id=user_id) | approvals_decidable_q(user_id=user_id, role=role))
+        .select_related("run__user", "run__session__agent", "sub_run__skill").first()
+    )
+
+
+def approval_list_pending(*, user_id: int, mine: str = "requester") -> QuerySet[Approval]:
+    """Pending approvals and questions in the current tenant (deleted chats' left out), oldest
+    first. A pause for a tool the API client runs (kind ``client_tool``) is not listed: the
+    client that offered the tool answers it, not a person.
+
+    Args:
+        user_id: The caller.
+        mine: ``requester``: those of the user's own runs (whoever decides them);
+            ``approver``: those the user may decide (:func:`approvals_decidable_q`), of any
+            run of the tenant: a reviewer's inbox (:data:`APPROVALS_MINE`).
+    """
+    qs = Approval.objects.filter(run__session__deleted_at__isnull=True, status=ApprovalStatus.PENDING)
+    if mine == "approver":
+        qs = qs.filter(approvals_decidable_q(user_id=user_id, role=member_role(user_id=user_id)))
+    else:
+        qs = qs.filter(run__session__user_id=user_id)
+    return (
+        qs.exclude(kind=ApprovalKind.CLIENT_TOOL)
+        .select_related("run__user", "run__session__agent", "sub_run__skill").order_by("id")
     )

@@ -153,6 +153,7 @@ def _approval(a: Approval | None, *, admin: bool, run_user_id: int) -> dict[str,
         "answer": a.answer, "created_at": _iso(a.created_at), "decided_at": _iso(a.decided_at),
         "expires_at": _iso(a.expires_at),
         "decided_by_run_user": a.decided_by_id is not None and a.decided_by_id == run_user_id,
+        "decided_on_timeout": a.decided_on_timeout, "on_timeout": a.on_timeout, "approvers": a.approvers or {},
         "wait_ms": _ms_between(a.created_at, a.decided_at),
     }
     if admin:
@@ -364,7 +365,8 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
         at}``. ``totals.llm_calls``, ``retries`` and ``fallbacks`` count both kinds;
         tokens and cost count every call. Each tool call: ``{name,
         arguments, status, result, error, duration_ms, started_at, finished_at, approval:
-        {status, decided_at, wait_ms, decided_by_run_user[, decided_by]} | None, sub_run}``.
+        {status, decided_at, wait_ms, decided_by_run_user, decided_on_timeout, on_timeout, approvers[,
+        decided_by]} | None, sub_run}`` (``answer``: a denial's reason as the decider gave it).
 
     Queries: six (seven for ``admin``: the model call records), whatever the run's size. Reads only.
     """

@@ -20,11 +20,23 @@ from agents.selectors import agent_get_active
 from agents.versions import run_pin
 from llm.errors import public_error_message
 from llm.metering import LLMCallPurpose
-from sessions.models import Approval, Artifact, ChatSession, LLMCall, Run, RunStatus, ToolCall
+from sessions.models import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Artifact,
+    ChatSession,
+    LLMCall,
+    Run,
+    RunStatus,
+    ToolCall,
+)
 from sessions.runs.records import elicitation_public
 from sessions.selectors import (
+    APPROVALS_MINE,
     approval_get_for_user,
     approval_list_pending,
+    approval_may_decide,
     artifact_get_for_user,
     artifact_list_for_session,
     chat_session_get_for_user,
@@ -80,8 +92,39 @@ class LLMCallSerializer(serializers.ModelSerializer):
         return public_error_message(obj.error_class)
 
 
+class ApprovalAgentSerializer(serializers.Serializer):
+    """The agent whose run waits."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+
+
+class ApprovalRequesterSerializer(serializers.Serializer):
+    """The user whose run waits (the requester)."""
+
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+
+
+class ApprovalApproversSerializer(serializers.Serializer):
+    """Who may decide, as resolved when the approval was asked (empty: the run's user)."""
+
+    requester = serializers.BooleanField(required=False, help_text="The run's user may decide.")
+    roles = serializers.ListField(child=serializers.CharField(), required=False,
+                                  help_text="Members of these roles of the tenant may decide.")
+    user_ids = serializers.ListField(child=serializers.IntegerField(), required=False,
+                                     help_text="These members may decide.")
+
+
 class ApprovalSerializer(serializers.ModelSerializer):
     """``run``: the user's run that waits; ``sub_run`` / ``skill``: set when the call is a skill's.
+
+    What a reviewer needs (the inbox, ``?mine=approver``): ``agent``, ``tool_name``,
+    ``arguments``, ``reason`` (why approval is needed: the policy rule's ``message``, or the
+    tool's reason), ``requester`` (the run's user), ``created_at`` (waiting since),
+    ``expires_at`` and ``on_timeout`` (``deny``, ``approve``, or ``""``: the run fails);
+    ``approvers`` (who may decide) and ``can_decide`` (whether the caller is one of them).
+    ``decided_on_timeout``: decided by its ``on_timeout``, not by a person.
 
     Kind ``elicitation`` (an MCP server asks the user for input during ``tool_call``): ``mode``
     (``form`` or ``url``), ``message``, ``schema`` (form: the requested JSON Schema, a flat
@@ -89,6 +132,11 @@ class ApprovalSerializer(serializers.ModelSerializer):
     MCP server's alias); null for the other kinds."""
 
     skill = serializers.CharField(source="skill_name", read_only=True, allow_null=True)
+    agent = serializers.SerializerMethodField()
+    requester = serializers.SerializerMethodField()
+    approvers = ApprovalApproversSerializer(read_only=True)
+    can_decide = serializers.SerializerMethodField()
+    decided_on_timeout = serializers.BooleanField(read_only=True)
     mode = serializers.SerializerMethodField()
     message = serializers.SerializerMethodField()
     schema = serializers.SerializerMethodField()
@@ -100,8 +148,25 @@ class ApprovalSerializer(serializers.ModelSerializer):
         fields = [
             "id", "run", "sub_run", "skill", "tool_call", "kind", "status", "tool_name", "arguments", "reason",
             "question", "answer", "decided_by", "decided_at", "expires_at", "created_at",
+            "agent", "requester", "approvers", "on_timeout", "can_decide", "decided_on_timeout",
             "mode", "message", "schema", "url", "server",
         ]
+
+    @extend_schema_field(ApprovalAgentSerializer)
+    def get_agent(self, obj: Approval) -> dict:
+        agent = obj.run.session.agent
+        return {"id": agent.pk, "name": agent.name}
+
+    @extend_schema_field(ApprovalRequesterSerializer)
+    def get_requester(self, obj: Approval) -> dict:
+        return {"id": obj.run.user_id, "username": obj.run.user.get_username()}
+
+    def get_can_decide(self, obj: Approval) -> bool:
+        """Whether the caller (``context["user_id"]``, ``context["role"]``) may decide it now."""
+        if obj.status != ApprovalStatus.PENDING or obj.kind == ApprovalKind.CLIENT_TOOL:
+            return False
+        user_id = self.context.get("user_id")
+        return user_id is not None and approval_may_decide(obj, user_id=user_id, role=self.context.get("role"))
 
     @staticmethod
     def _request(obj: Approval) -> dict:
@@ -232,12 +297,12 @@ class SessionDetailApi(TenantScopedApiView):
         session = session_or_404(request, session_id)
         # Sub-runs (skills) are not runs of the conversation: they appear in their parent's
         # activities and at /runs/<id>/; their usage is included in their parent's.
-        runs = Run.objects.filter(session=session, parent_tool_call__isnull=True, superseded_at__isnull=True).order_by("created_at", "id").prefetch_related(
+        runs = Run.objects.filter(session=session, parent_tool_call__isnull=True, superseded_at__isnull=True).select_related("user", "session__agent").order_by("created_at", "id").prefetch_related(
             Prefetch("tool_calls", queryset=ToolCall.objects.order_by("turn", "id")),
             Prefetch("approvals", queryset=Approval.objects.select_related("sub_run__skill").order_by("id")),
         )
         data = SessionSerializer(session).data
-        data["runs"] = RunWithToolCallsSerializer(runs, many=True).data
+        data["runs"] = RunWithToolCallsSerializer(runs, many=True, context=_approval_context(request)).data
         data["usage"] = {
             "prompt_tokens": sum(r["prompt_tokens"] for r in data["runs"]),
             "completion_tokens": sum(r["completion_tokens"] for r in data["runs"]),
@@ -389,7 +454,7 @@ class RunDetailApi(TenantScopedApiView):
         run = run_get_for_user(run_id=run_id, user_id=request.user.pk)
         if run is None:
             raise NotFound("Run not found.")
-        return Response(RunWithToolCallsSerializer(run).data)
+        return Response(RunWithToolCallsSerializer(run, context=_approval_context(request)).data)
 
 
 class RunActivitiesApi(TenantScopedApiView):
@@ -497,24 +562,47 @@ def _safe_filename(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:100] or "artifact"
 
 
-class ApprovalListApi(TenantScopedApiView):
-    """The caller's pending approvals and questions (of their own runs), oldest first."""
+def _approval_context(request: Request) -> dict[str, Any]:
+    """What :class:`ApprovalSerializer` needs to say whether the caller may decide."""
+    membership = getattr(request, "membership", None)
+    return {"user_id": request.user.pk, "role": membership.role if membership is not None else None}
 
-    @extend_schema(responses=ApprovalSerializer(many=True))
+
+class ApprovalListApi(TenantScopedApiView):
+    """Pending approvals and questions, oldest first.
+
+    ``?mine=requester`` (the default): those of the caller's own runs, whoever decides them.
+    ``?mine=approver``: the caller's inbox, the tool calls waiting for the caller's decision
+    (the approval rule names the caller, the caller's role, or the run's user when it is the
+    caller's run), across the tenant's runs, also those the caller cannot otherwise see.
+    """
+
+    @extend_schema(
+        parameters=[OpenApiParameter("mine", str, enum=list(APPROVALS_MINE), required=False,
+                                     description="requester (default): of my runs; approver: those I may decide.")],
+        responses=ApprovalSerializer(many=True),
+    )
     def get(self, request: Request) -> Response:
-        return Response(ApprovalSerializer(approval_list_pending(user_id=request.user.pk), many=True).data)
+        mine = request.query_params.get("mine") or "requester"
+        if mine not in APPROVALS_MINE:
+            raise ApplicationError(f"`mine` must be one of {', '.join(APPROVALS_MINE)}.")
+        approvals = approval_list_pending(user_id=request.user.pk, mine=mine)
+        return Response(ApprovalSerializer(approvals, many=True, context=_approval_context(request)).data)
 
 
 class ApprovalDecideApi(TenantScopedApiView):
-    """Decide a pending approval of one of the caller's runs.
+    """Decide a pending approval: of one of the caller's runs, or one the caller is an approver
+    of (a reviewer: a role or a member the policy rule names).
 
     Tool-call approvals: ``{"decision": "approve" | "deny", "reason": "..."}`` (a denial's
     reason goes back to the model). Questions from ``ask_user``: ``{"answer": "..."}``. An MCP
     server's elicitation: ``{"action": "accept" | "decline" | "cancel", "content": {...}}``
     (form mode: ``content`` is checked against the requested schema; a 400 names the field).
     Once the run has no pending approval left it resumes on any worker. 400 for a bad body,
-    404 when the approval is not the caller's, 409 when already decided, expired, or the run
-    has ended.
+    403 when the caller sees the approval (their own run) but is not one of its approvers,
+    404 when the approval is neither the caller's nor one they may decide (or of another
+    tenant), 409 when already decided, expired, or the run has ended. The decision, the
+    decider and the reason are in the audit log and the run's trace.
     """
 
     throttle_scopes = ("runs",)  # a decision resumes the run (API_THROTTLE_RATES runs.*)
@@ -542,7 +630,7 @@ class ApprovalDecideApi(TenantScopedApiView):
         approval = approval_get_for_user(approval_id=approval_id, user_id=request.user.pk)
         if approval is None:
             raise NotFound("Approval not found.")
-        return Response(ApprovalSerializer(approval).data)
+        return Response(ApprovalSerializer(approval, context=_approval_context(request)).data)
 
     @extend_schema(request=InputSerializer, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: int) -> Response:
@@ -552,4 +640,4 @@ class ApprovalDecideApi(TenantScopedApiView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         approval = approval_decide(approval=approval, user=request.user, **data.validated_data)
-        return Response(ApprovalSerializer(approval).data)
+        return Response(ApprovalSerializer(approval, context=_approval_context(request)).data)

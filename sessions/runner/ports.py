@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypedDict
@@ -221,11 +221,13 @@ class RunStore(Protocol):
 
     async def approval_request(
         self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: JSONValue, reason: str = "",
-        question: str = "", elicitation: JSONValue = None,
+        question: str = "", elicitation: JSONValue = None, rule: Mapping[str, Any] | None = None,
     ) -> int:
         """The call waits for a human: an Approval; its id. Publishes nothing (the run's
         ``pause`` announces its pending approvals). ``elicitation``: kind ``elicitation``'s
-        ``{"request": ...}`` (a call whose server asks again gets its approval back, pending)."""
+        ``{"request": ...}`` (a call whose server asks again gets its approval back, pending).
+        ``rule``: the approval rule that asked, whose approvers, timeout and ``on_timeout`` the
+        Approval keeps (:func:`sessions.runs.records.approval_terms`)."""
 
     async def compaction_begin(self, *, attempt: int, tokens_before: int, messages: int, publish: Publish) -> None:
         """A compaction attempt starts: publishes ``compaction_running`` (no row yet)."""

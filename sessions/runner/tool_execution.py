@@ -24,7 +24,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,12 +127,16 @@ class _CallRecord:
         )
 
     async def wait_for_human(self, kind: str, *, reason: str = "", question: str = "",
-                             elicitation: dict[str, Any] | None = None) -> bool:
+                             elicitation: dict[str, Any] | None = None, rule: Mapping[str, Any] | None = None) -> bool:
         """Record an Approval (``kind``: a tool call to approve, a question, an MCP server's
-        elicitation): the call waits."""
+        elicitation; ``rule``: the approval rule that asked, with its approvers and timeout):
+        the call waits."""
+        extra: dict[str, Any] = {"elicitation": elicitation} if elicitation else {}
+        if rule is not None:
+            extra["rule"] = rule
         await self.store.approval_request(spec=self.spec, call_pk=self.call["pk"], kind=kind,
                                           tool_name=self.call["name"], arguments=self.arguments, reason=reason,
-                                          question=question, **({"elicitation": elicitation} if elicitation else {}))
+                                          question=question, **extra)
         return True
 
 
@@ -180,7 +184,7 @@ async def _execute_one(
             return await record.wait_for_human(ApprovalKind.ELICITATION, question=str(exc.request.get("message", "")),
                                                elicitation={"request": exc.request})
         except ApprovalRequired as exc:
-            return await record.wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason)
+            return await record.wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason, rule=exc.rule)
         except QuestionForUser as exc:
             return await record.wait_for_human(ApprovalKind.QUESTION, question=exc.question)
         except ClientToolRequested:  # the API client runs it: its next request brings the output

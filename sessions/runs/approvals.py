@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,13 +24,16 @@ from sessions.models import (
     ACTIVE_RUN_STATUSES,
     Approval,
     ApprovalKind,
+    ApprovalOnTimeout,
     ApprovalStatus,
     Run,
     RunFailureReason,
     RunStatus,
 )
 from sessions.runs.ending import run_finish_unheld
+from sessions.runs.records import run_event_observe, run_event_observers
 from sessions.runs.transitions import run_resume
+from sessions.selectors import approval_may_decide, member_role
 from tenants.audit import Action, audit_record
 
 
@@ -39,9 +42,12 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
     """Record a human's decision on a pending approval; resume the run once none is pending.
 
     Args:
-        approval: A tool-call approval or an ``ask_user`` question of the caller's run.
+        approval: A tool-call approval (of the caller's run, or one the caller is an approver
+            of) or an ``ask_user`` question of the caller's run.
+        user: Who decides; must be one of the approval's approvers.
         decision: ``approve`` or ``deny`` (tool-call approvals).
-        reason: Optional, for a denial: fed back to the model with the failed call.
+        reason: Optional, why (≤ 2,000 characters): a denial's is fed back to the model with
+            the failed call; either is kept in the audit log and on the run's trace.
         answer: The answer to a question (required, ≤ 10,000 characters).
         action: Kind ``elicitation``: ``accept``, ``decline`` or ``cancel``.
         content: Kind ``elicitation`` accepted in form mode: the form's values, checked against
@@ -52,13 +58,21 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
         (:func:`run_resume`).
 
     Raises:
-        ApplicationError: 400 for a missing/invalid decision, answer, action or content (an
+        ApplicationError: 403 when ``user`` is not one of the approval's approvers
+            (:func:`sessions.selectors.approval_may_decide`; the message names who may decide);
+            400 for a missing/invalid decision, answer, action or content (an
             invalid field: ``extra={"errors": {field: reason}}``, the message names it); 409 when the approval
-            was already decided, has expired (the run then fails ``approval_expired``) or its
-            run is no longer waiting.
+            was already decided, has expired (the run then fails ``approval_expired``, or the
+            rule's ``on_timeout`` decided it) or its run is no longer waiting.
 
-    Emits ``approval_resolved`` ``{approval_id, tool_call_id, status, sub_run_id}`` on commit.
+    Emits ``approval_resolved`` ``{approval_id, tool_call_id, status, sub_run_id}`` on commit,
+    and tells the run-event observers (``approval_resolved``: outbound webhooks'
+    ``approval.decided``). The audit log gets the decision, the decider and, for a tool call,
+    the reason given.
     """
+    if not approval_may_decide(approval, user_id=user.pk, role=member_role(user_id=user.pk)):
+        raise ApplicationError(f"Only the approvers may decide this approval: {approvers_text(approval)}.",
+                               status_code=403, extra={"approvers": approval.approvers or {}})
     with transaction.atomic():  # committed before the caller gets its 409
         expired = approvals_expire(run_ids=[approval.run_id], approval_ids=[approval.pk])
     if expired:
@@ -110,6 +124,10 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
     elicitation = (_check_elicitation(approval, action=action, content=content)
                    if approval.kind == ApprovalKind.ELICITATION else None)
     if approval.status != ApprovalStatus.PENDING:
+        if approval.decided_on_timeout:
+            outcome = "approved" if approval.status == ApprovalStatus.APPROVED else "denied"
+            raise ApplicationError(f"Nobody decided in time: the rule's on_timeout {outcome} this call.",
+                                   status_code=409)
         raise ApplicationError(f"This approval is already {approval.status}.", status_code=409)
     if run.status not in ACTIVE_RUN_STATUSES:  # running/queued: the worker is about to pause it
         raise ApplicationError(f"The run is {run.status}; it no longer waits for this approval.", status_code=409)
@@ -125,16 +143,44 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
     approval.decided_by = user
     approval.decided_at = now
     approval.save(update_fields=["status", "answer", "decided_by", "decided_at", "elicitation"])
-    # the decision goes in the audit log (never the answer's or reason's text)
-    audit_record(action=Action.APPROVAL_DECIDED, obj=approval, actor=user,
-                 changes={"status": {"from": ApprovalStatus.PENDING, "to": approval.status}},
-                 detail={"run_id": run.pk, "tool_call_id": approval.tool_call_id, "kind": approval.kind})
-    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
-        "approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,
-        "sub_run_id": approval.sub_run_id,
-    })
+    _decision_record(approval, run=run, actor=user)
     run_resume(run=run, now=now)
     return approval
+
+
+def _decision_record(approval: Approval, *, run: Run, actor: AbstractBaseUser | None) -> None:
+    """What a decision leaves besides its row: the audit log entry (the decision, who made it,
+    or ``by: timeout``, and for a tool call the reason given; never a question's answer or a
+    form's content), ``approval_resolved`` on the session's stream and, after the commit, the
+    run-event observers' ``approval_resolved`` (outbound webhooks' ``approval.decided``)."""
+    detail: dict[str, Any] = {"run_id": run.pk, "tool_call_id": approval.tool_call_id, "kind": approval.kind}
+    if approval.kind == ApprovalKind.TOOL_CALL:
+        detail["reason"] = approval.answer
+    if actor is None:
+        detail["by"] = "timeout"
+    audit_record(action=Action.APPROVAL_DECIDED, obj=approval, actor=actor if actor is not None else AnonymousUser(),
+                 source=None if actor is not None else "system",
+                 changes={"status": {"from": ApprovalStatus.PENDING, "to": approval.status}}, detail=detail)
+    resolved = {"approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,
+                "sub_run_id": approval.sub_run_id}
+    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data=resolved)
+    if run_event_observers:
+        observed = {**resolved, "kind": approval.kind, "tool_name": approval.tool_name,
+                    "decided_by": actor.pk if actor is not None else None, "reason": detail.get("reason", ""),
+                    "on_timeout": actor is None}
+        tenant_id = run.tenant_id
+        transaction.on_commit(lambda: run_event_observe(tenant_id, run.pk, "approval_resolved", observed))
+
+
+def approvers_text(approval: Approval) -> str:
+    """Who may decide ``approval``, in words: "the run's user", "role admin", "member #3"."""
+    approvers = approval.approvers or {}
+    if not approvers:
+        return "the run's user"
+    parts = ["the run's user"] if approvers.get("requester") else []
+    parts += [f"role {role}" for role in approvers.get("roles") or []]
+    parts += [f"member #{user_id}" for user_id in approvers.get("user_ids") or []]
+    return ", ".join(parts) or "nobody"
 
 
 CLIENT_OUTPUT_MAX_CHARS = 1_000_000
@@ -218,7 +264,8 @@ def approvals_expire(*, now: datetime | None = None, run_ids: list[int] | None =
     if approval_ids is not None:
         qs = qs.filter(pk__in=approval_ids)
     _elicitations_decline(qs.filter(kind=ApprovalKind.ELICITATION), now=now)
-    qs = qs.exclude(kind=ApprovalKind.ELICITATION)
+    _decide_on_timeout(qs.filter(kind=ApprovalKind.TOOL_CALL).exclude(on_timeout=ApprovalOnTimeout.FAIL_RUN), now=now)
+    qs = qs.exclude(kind=ApprovalKind.ELICITATION).filter(status=ApprovalStatus.PENDING)
     failed = 0
     for run_id in sorted(set(qs.values_list("run_id", flat=True))):
         run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
@@ -229,6 +276,22 @@ def approvals_expire(*, now: datetime | None = None, run_ids: list[int] | None =
             event_data={"error": APPROVAL_EXPIRED_ERROR, "reason": RunFailureReason.APPROVAL_EXPIRED},
         )
     return failed
+
+
+def _decide_on_timeout(qs: Any, *, now: datetime) -> None:
+    """Tool-call approvals whose rule says what their expiry does (``on_timeout``): ``approve``
+    leaves them ``approved``, ``deny`` ``expired`` (the call fails: "Nobody approved this tool
+    call in time"), decided by nobody at ``now``; the run resumes once none is pending
+    (:func:`run_resume`). Audited as decided ``by: timeout``."""
+    for approval in qs.select_for_update(no_key=True):
+        run = Run.objects.select_for_update(no_key=True).get(pk=approval.run_id)
+        approval.status = (ApprovalStatus.APPROVED if approval.on_timeout == ApprovalOnTimeout.APPROVE
+                           else ApprovalStatus.EXPIRED)
+        approval.decided_at = now
+        approval.save(update_fields=["status", "decided_at"])
+        _decision_record(approval, run=run, actor=None)
+        if run.status == RunStatus.AWAITING_APPROVAL:
+            run_resume(run=run, now=now)
 
 
 def _elicitations_decline(qs: Any, *, now: datetime) -> None:

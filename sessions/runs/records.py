@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -57,6 +58,7 @@ from sessions.runner.pg import pg_connection
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
 from sessions.runs import statements as sql
+from sessions.selectors import approvers_resolve
 from tenants.scoping import require_tenant_id
 
 Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -66,8 +68,10 @@ Publish = Callable[[str, dict[str, Any]], Awaitable[Any]]
 RunEventObserver = Callable[[int, int, str, dict[str, Any]], None]
 """Told of a run's committed end or pause: ``(tenant_id, run_id, event type, event data)``, the
 event the run's transition publishes: ``run_completed``, ``run_failed``, ``run_cancelled``
-(:func:`sessions.runs.ending.end_event`) or ``run_awaiting_approval {approvals}``
-(:func:`sessions.runs.transitions.run_pause`)."""
+(:func:`sessions.runs.ending.end_event`), ``run_awaiting_approval {approvals}``
+(:func:`sessions.runs.transitions.run_pause`) or ``approval_resolved {approval_id, tool_call_id,
+status, sub_run_id, kind, tool_name, decided_by, reason, on_timeout}`` (an approval decided by a
+person or by its timeout, :mod:`sessions.runs.approvals`)."""
 
 run_event_observers: list[RunEventObserver] = []
 """The port through which apps above sessions learn that runs ended or wait for approvals
@@ -389,7 +393,7 @@ def _compaction_insert(
 @transaction.atomic
 def approval_request(
     *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any, reason: str = "", question: str = "",
-    elicitation: Any = None,
+    elicitation: Any = None, rule: Mapping[str, Any] | None = None,
 ) -> int:
     """Record that tool call ``call_pk`` of run ``spec`` waits for a human (approval or
     answer). Idempotent.
@@ -397,6 +401,12 @@ def approval_request(
     ``elicitation`` (kind ``elicitation``): ``{"request": ...}``, the MCP server's request for
     input. A call whose server asks again after an answer (the next question of a
     multi-round-trip call) gets its Approval back, pending, with the new request.
+
+    ``rule``: the approval rule that asked (kind ``tool_call`` from the binding's policy,
+    :class:`capabilities.tools.ApprovalRequired`), whose terms the Approval keeps
+    (:func:`approval_terms`): its approvers resolved now, its expiry and what the expiry does.
+    Its ``message`` is the ``reason`` given. Without a rule the run's user decides within
+    ``APPROVAL_TTL_SECONDS`` and the expiry fails the run.
 
     The Approval belongs to the user's run (``spec.waiting_run_id``: the run itself, or the
     top of a sub-run's tree), with ``sub_run`` set when the call is a sub-run's.
@@ -418,7 +428,7 @@ def approval_request(
             "sub_run_id": spec.run_id if spec.depth > 0 else None, "kind": kind, "tool_name": tool_name,
             "arguments": clean_json(_jsonable(arguments)) or {}, "reason": clean_text(reason[:5000]),
             "question": clean_text(question), "elicitation": clean_json(elicitation),
-            "expires_at": timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS),
+            **approval_terms(rule, now=timezone.now()),
         },
     )
     if kind == ApprovalKind.ELICITATION and approval.status != ApprovalStatus.PENDING:
@@ -430,6 +440,22 @@ def approval_request(
                                      "expires_at"])
     ToolCall.objects.filter(pk=call_pk).update(status=ToolCallStatus.AWAITING_APPROVAL)
     return approval.pk
+
+
+def approval_terms(rule: Mapping[str, Any] | None, *, now: datetime) -> dict[str, Any]:
+    """An approval's terms from the rule that asked (None: the defaults), as Approval fields:
+    ``approvers`` (:func:`sessions.selectors.approvers_resolve`, in the current tenant),
+    ``expires_at`` (``now`` plus the rule's ``timeout_seconds``, else the
+    ``APPROVAL_TTL_SECONDS`` setting) and ``on_timeout`` (``deny``, ``approve``, or ``""``:
+    the run fails)."""
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    rule = rule or {}
+    timeout = rule.get("timeout_seconds") or settings.APPROVAL_TTL_SECONDS
+    return {"approvers": approvers_resolve(rule.get("approvers")), "expires_at": now + timedelta(seconds=timeout),
+            "on_timeout": str(rule.get("on_timeout") or "")}
 
 
 def elicitation_public(elicitation: Any) -> dict[str, Any] | None:
@@ -450,5 +476,5 @@ def approval_payload(a: Approval) -> dict[str, Any]:
         "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
         "elicitation": elicitation_public(a.elicitation),
         "expires_at": a.expires_at.isoformat(), "sub_run_id": a.sub_run_id,
-        "skill": a.skill_name,
+        "skill": a.skill_name, "approvers": a.approvers or {}, "on_timeout": a.on_timeout,
     }

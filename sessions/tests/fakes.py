@@ -247,7 +247,8 @@ class MemoryRunStore:
         return True
 
     async def approval_request(self, *, spec: RunSpec, call_pk: int, kind: str, tool_name: str, arguments: Any,
-                               reason: str = "", question: str = "", elicitation: Any = None) -> int:
+                               reason: str = "", question: str = "", elicitation: Any = None,
+                               rule: Any = None) -> int:
         approval_id = 100 + call_pk
         self.approvals[call_pk] = ApprovalState(approval_id=approval_id, kind=kind, status=ApprovalStatus.PENDING,
                                                 answer="", elicitation=elicitation)
@@ -258,6 +259,7 @@ class MemoryRunStore:
             "elicitation": elicitation_public(elicitation),
             "expires_at": "2100-01-01T00:00:00+00:00", "sub_run_id": sub.run_id if sub else None,
             "skill": f"skill-{sub.skill_id}" if sub else None,
+            "approvers": {}, "on_timeout": str((rule or {}).get("on_timeout") or ""),
         }
         self.calls[call_pk]["status"] = ToolCallStatus.AWAITING_APPROVAL
         return approval_id

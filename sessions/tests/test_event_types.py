@@ -68,7 +68,8 @@ def test_validate_event_rejects_unknown_fields_and_wrong_types(event_type, data,
 def test_validate_event_accepts_each_documented_variant() -> None:
     approval = {"approval_id": 1, "tool_call_id": 2, "kind": "tool_call", "status": "pending", "tool_name": "t",
                 "arguments": {"a": 1}, "reason": "", "question": "", "expires_at": "2026-01-01T00:00:00+00:00",
-                "sub_run_id": None, "skill": None, "elicitation": None}
+                "sub_run_id": None, "skill": None, "elicitation": None,
+                "approvers": {"requester": False, "roles": ["admin"], "user_ids": [3]}, "on_timeout": "deny"}
     elicitation = {**approval, "kind": "elicitation", "question": "Where to?", "elicitation": {
         "mode": "form", "message": "Where to?", "schema": {"type": "object", "properties": {}}, "url": "",
         "server": "travel", "tool": "book"}}

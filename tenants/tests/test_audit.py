@@ -196,14 +196,15 @@ def test_an_approval_decision_leaves_one_event(world, fake_llm, no_enqueue):
     run = post_message_sync(agent=agent, user=world.member, content="Echo ping")
     async_to_sync(execute_run)(run.pk)
     approval = Approval.all_tenants.get(run_id=run.pk)
-    resp = world.client().post(f"/api/v1/approvals/{approval.pk}/", {"decision": "deny", "reason": "secret reason"},
+    resp = world.client().post(f"/api/v1/approvals/{approval.pk}/", {"decision": "deny", "reason": "over budget"},
                                format="json")
     assert resp.status_code == 200, resp.content
     [event] = _events(world.tenant, action="approval_decided")
     assert (event.object_type, event.object_id, event.actor_id) == ("agent_sessions.approval", str(approval.pk),
                                                                     world.member.pk)
     assert event.changes["status"] == {"from": "pending", "to": "denied"}
-    assert "secret reason" not in json.dumps([event.changes, event.detail])
+    # Why, too (issue 39: the decision, who made it and why); a question's answer never is.
+    assert event.detail["reason"] == "over budget" and event.detail["kind"] == "tool_call"
 
 
 def test_console_admins_without_the_mixin_are_recorded_through_their_log_entry(world):

@@ -94,7 +94,7 @@
       copy.querySelectorAll("input, select, label").forEach(function (el) {
         ["id", "name", "for"].forEach(function (attr) {
           var v = el.getAttribute(attr);
-          if (v) el.setAttribute(attr, v.replace(/-(pattern|action)-\d+$/, "-$1-" + index));
+          if (v) el.setAttribute(attr, v.replace(/-(pattern|action|options)-\d+$/, "-$1-" + index));
         });
         if (el.tagName === "LABEL") el.textContent = el.textContent.replace(/Rule \d+/, "Rule " + (index + 1));
         if (el.tagName === "INPUT") el.value = "";

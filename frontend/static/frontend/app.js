@@ -6,6 +6,7 @@
 //   #/               start page (logged in)
 //   #/sessions/<id>  a chat
 //   #/settings       theme, model notices, the member's usage, their API tokens, their connected (OAuth) apps
+//   #/approvals      the approvals inbox: tool calls waiting for the user's decision (approvals_inbox.js)
 // Any logged-in route first makes sure GET auth/me/ succeeds; a 401/403 sends
 // the user to #/login and brings them back to where they were afterwards.
 
@@ -18,6 +19,7 @@ import { TokensPanel } from './api_tokens.js';
 import { GrantsPanel } from './oauth_grants.js';
 import { ConnectionsPanel } from './mcp_connections.js';
 import { mountBrowserDevices } from './browser.js'; // --- browser capability (browser.js) ---
+import { ApprovalsInboxView, mountApprovalsNav, setViewer } from './approvals_inbox.js';
 
 const APP_NAME = 'Agent Platform';
 applyTheme();
@@ -46,6 +48,8 @@ const state = {
   query: '', // the chat list's search text
   pageTitle: APP_NAME, // the tab title without the active-chats count
   draft: null, // {sessionId, text}: a first message to pre-fill (new chat with a summary)
+  inbox: null, // ApprovalsInboxView while #/approvals is open
+  approvalsNav: null, // the top bar's "Approvals" link ({setCount})
 };
 
 /** The tab title: "(2) Title · Agent Platform" while 2 chats run or wait for an approval. */
@@ -61,6 +65,7 @@ function parseRoute() {
   const path = window.location.hash.replace(/^#/, '') || '/';
   if (path === '/login' || path === '/login/') return { name: 'login' };
   if (path === '/settings' || path === '/settings/') return { name: 'settings' };
+  if (path === '/approvals' || path === '/approvals/') return { name: 'approvals' };
   const match = /^\/sessions\/([^/?#]+)\/?$/.exec(path);
   if (match) return { name: 'chat', id: decodeURIComponent(match[1]) };
   return { name: 'home' };
@@ -131,6 +136,7 @@ async function route() {
   ensureShell();
   if (current.name === 'chat') openChat(current.id);
   else if (current.name === 'settings') openSettings();
+  else if (current.name === 'approvals') openApprovals();
   else openHome();
 }
 
@@ -203,6 +209,7 @@ function teardown() {
   clearInterval(state.badgeTimer);
   if (state.chat) state.chat.destroy();
   state.chat = null;
+  closeInbox();
   state.shell = null;
 }
 
@@ -268,6 +275,8 @@ function ensureShell() {
   state.shell = shell;
   api.tenants().then((list) => shell.setTenants(list)).catch(() => {}); // a picker if more than one
   mountBrowserDevices(shell); // --- browser capability: "Browser devices" panel (browser.js) ---
+  setViewer(state.me);
+  state.approvalsNav = mountApprovalsNav(shell); // "Approvals" with the number waiting (approvals_inbox.js)
   replaceChildren(root, shell.el);
   loadAgents();
   loadSessions();
@@ -438,9 +447,32 @@ async function pickAgent(agent) {
   }
 }
 
+function closeInbox() {
+  if (state.inbox) state.inbox.destroy();
+  state.inbox = null;
+}
+
+/** The approvals inbox (approvals_inbox.js). */
+function openApprovals() {
+  if (state.chat) state.chat.destroy();
+  state.chat = null;
+  closeInbox();
+  setTitle(`Approvals · ${APP_NAME}`);
+  const shell = state.shell;
+  shell.setActiveSession(null);
+  const inbox = new ApprovalsInboxView({
+    onCount: (n) => state.approvalsNav?.setCount(n),
+    onAuthLost: () => handleAuthLost({ quiet: true }),
+  });
+  state.inbox = inbox;
+  shell.setMain(inbox.el);
+  inbox.load();
+}
+
 function openHome() {
   if (state.chat) state.chat.destroy();
   state.chat = null;
+  closeInbox();
   setTitle(APP_NAME);
   state.shell.setActiveSession(null);
   const shell = state.shell;
@@ -450,6 +482,7 @@ function openHome() {
 async function openSettings() {
   if (state.chat) state.chat.destroy();
   state.chat = null;
+  closeInbox();
   setTitle(`Settings · ${APP_NAME}`);
   const shell = state.shell;
   shell.setActiveSession(null);
@@ -465,6 +498,7 @@ async function openSettings() {
 function openChat(id) {
   if (state.chat && state.chat.sessionId === String(id)) return;
   if (state.chat) state.chat.destroy();
+  closeInbox();
   const shell = state.shell;
   const chat = new ChatView({
     sessionId: id,

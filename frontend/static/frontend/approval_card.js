@@ -1,11 +1,14 @@
 // An approval card in a run: a pending tool call to Approve / Deny (with an optional reason),
 // an ask_user question with an answer box, or an MCP server's request for input (a form built
-// from its schema, or a URL to open) with Accept / Decline / Cancel, then its outcome.
+// from its schema, or a URL to open) with Accept / Decline / Cancel, then its outcome. A tool
+// call whose approval rule names other approvers (a role, named members) says who decides
+// instead of offering the buttons (their inbox: approvals_inbox.js).
 
 import { api, ApiError } from './api.js';
 import { h, replaceChildren } from './dom.js';
 import { elicitationForm, elicitationLink } from './elicitation_form.js';
 import { pretty } from './tool_card.js';
+import { approversText, mayDecide } from './approvals_inbox.js';
 
 /** A pending approval (Approve / Deny) or an ask_user question (answer box), then its outcome. */
 export class ApprovalView {
@@ -88,7 +91,7 @@ export class ApprovalView {
   update(approval) {
     this.approval = approval;
     const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill, approval.answer,
-      approval.elicitation]);
+      approval.elicitation, approval.approvers, approval.can_decide]);
     if (key === this.key) return;
     this.key = key;
     if (approval.kind === 'elicitation') {
@@ -113,11 +116,16 @@ export class ApprovalView {
     this.reason.hidden = !this.reason.textContent;
     this.detail.textContent = question ? '' : pretty(approval.arguments) || '{}';
     this.detail.hidden = question;
+    // The rule names other approvers: say who decides; the run goes on once they have.
+    const reviewer = pending && !question && !clientTool && !mayDecide(approval);
     replaceChildren(
       this.actions,
-      pending && !clientTool
-        ? (question ? [this.answer, this.sendBtn] : [this.approveBtn, this.denyReason, this.denyBtn])
-        : [],
+      reviewer
+        ? [h('span', { class: 'approval-waiting', testid: 'approval-waiting-reviewer',
+          text: `Waiting for a reviewer (${approversText(approval.approvers) || 'the approvers'}).` })]
+        : pending && !clientTool
+          ? (question ? [this.answer, this.sendBtn] : [this.approveBtn, this.denyReason, this.denyBtn])
+          : [],
     );
     const labels = { approved: 'Approved', denied: 'Denied', answered: 'Answered', expired: 'Expired' };
     const why = approval.status === 'denied' && approval.answer ? ` — ${approval.answer}` : '';

@@ -63,6 +63,9 @@ function upsertApproval(run, raw) {
     question: raw.question || '',
     skill: raw.skill || '',
     answer: raw.answer || '',
+    // Who decides (the approval rule's approvers; {}: the run's user) and, from REST, whether I may.
+    approvers: raw.approvers || {},
+    can_decide: typeof raw.can_decide === 'boolean' ? raw.can_decide : undefined,
     // An MCP server's request for input: the event's `elicitation`, or the REST shape's fields.
     elicitation: raw.elicitation || (raw.kind === 'elicitation'
       ? { mode: raw.mode, message: raw.message, schema: raw.schema, url: raw.url, server: raw.server }
