@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llm.types import ToolSpec
+from llm.types import ChatMessage, Completion, ToolSpec
 
 
 class ApprovalRequired(Exception):
@@ -101,6 +101,32 @@ class StoredArtifact:
     """Bytes stored (the data is cut at the store's limit, 20 MiB for the session store)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SamplingRequest:
+    """A model call a tool's outside server asked for during the call (MCP sampling), made
+    through the run's model route by :attr:`ToolContext.sample`."""
+
+    messages: tuple[ChatMessage, ...]
+    """The conversation to complete (a system message first when the server gave a prompt)."""
+    tools: tuple[ToolSpec, ...] = ()
+    """Tools offered to the model (the server runs them: their calls come back in the answer)."""
+    max_output_tokens: int = 1024
+    """The answer's cap, in tokens."""
+    source: str = ""
+    """Who asked (an MCP server's alias), for messages."""
+
+
+ModelSampler = Callable[[SamplingRequest], Awaitable[Completion]]
+"""``await sample(request)``: the run's model route answers ``request`` (its LLM calls recorded
+with purpose ``sampling``, counted in the run's usage and budgets).
+
+Raises:
+    ToolError: ``budget_exceeded`` when the request would exceed the run's or the tenant's budget
+        (no model called).
+    llm.errors.LLMError: every route entry failed.
+"""
+
+
 class SessionStore(Protocol):
     """The session data tools may touch, given to them through :class:`ToolContext` (a port).
 
@@ -127,6 +153,12 @@ class SessionStore(Protocol):
 
         Returns None when the session has no artifact ``artifact_id`` (another session's is
         "not found" too).
+        """
+        ...
+
+    async def tool_call_log_save(self, *, tool_call_id: int, entries: list[dict[str, Any]]) -> None:
+        """Append ``entries`` (``{level, logger, data, at}``: an outside server's log messages
+        during the call) to the call's ``server_log`` (shown in the run trace, never to the model).
         """
         ...
 
@@ -171,6 +203,9 @@ class ToolContext:
     store: SessionStore | None = None
     """The session's artifacts and todos (the runner's :class:`SessionStore`); None outside a
     run, where tools that need it fail with ToolError ``unavailable``."""
+    sample: ModelSampler | None = None
+    """The run's model route for a tool's server that asks for a completion (MCP sampling);
+    None outside a run (the server's request is then refused)."""
 
     def session_store(self) -> SessionStore:
         """The :attr:`store`.

@@ -56,6 +56,10 @@ class LLMCallPurpose(models.TextChoices):
     GUARDRAIL = "guardrail", "Guardrail"
     """A guardrail's model check of a run's text (``guardrails.checks``, asked by
     ``sessions.runner.guarding``; its rows carry the run's agent and user, no run or turn)."""
+    SAMPLING = "sampling", "MCP sampling"
+    """An MCP server's ``sampling/createMessage`` during one of a run's tool calls, answered by
+    the run's own route (``sessions.runner.sampling``): its rows keep their run and turn, so the
+    run's totals and budgets count it."""
 
 
 class BudgetExceeded(LLMError):

@@ -230,6 +230,11 @@ class ToolCall(TenantOwnedModel):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    server_log = models.JSONField(
+        default=list, blank=True,
+        help_text="An MCP server's log messages during the call, at or above its binding's log_level: "
+                  "[{level, logger, data, at}] (the run trace shows them; the model never sees them).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta(TenantOwnedModel.Meta):

@@ -7,11 +7,14 @@ tools call it through ``context.session_store()``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from channels.db import database_sync_to_async
 from django.db import transaction
+from django.db.models import F, Func, JSONField, Value
 
 from capabilities.tools import SessionStore, StoredArtifact
-from sessions.models import Artifact, ChatSession, Todo
+from sessions.models import Artifact, ChatSession, Todo, ToolCall
 from sessions.services import artifact_create
 
 
@@ -37,6 +40,11 @@ class SessionToolStore(SessionStore):
         """``(name, mime_type, text)`` of the session's artifact, text None when not UTF-8; None when absent."""
         return await database_sync_to_async(_artifact_text)(session_id=session_id, artifact_id=artifact_id)
 
+    async def tool_call_log_save(self, *, tool_call_id: int, entries: list[dict[str, Any]]) -> None:
+        """Append ``entries`` to the ToolCall's ``server_log`` (one UPDATE, in the run's tenant)."""
+        if entries:
+            await database_sync_to_async(_tool_call_log_append)(tool_call_id=tool_call_id, entries=entries)
+
     async def todos_replace(self, *, session_id: int, todos: list[dict[str, str]]) -> list[dict[str, str]]:
         """Replace the session's Todo rows with ``todos`` in one transaction (the session row locked)."""
         return await database_sync_to_async(_todos_replace)(session_id=session_id, todos=todos)
@@ -44,6 +52,13 @@ class SessionToolStore(SessionStore):
 
 SESSION_TOOL_STORE: SessionStore = SessionToolStore()
 """The store the runner gives every tool call."""
+
+
+def _tool_call_log_append(*, tool_call_id: int, entries: list[dict[str, Any]]) -> None:
+    """``server_log || entries`` in the database (no read-modify-write race with another save)."""
+    ToolCall.objects.filter(pk=tool_call_id).update(
+        server_log=Func(F("server_log"), Value(entries, output_field=JSONField()), function="", arg_joiner=" || ",
+                        output_field=JSONField()))
 
 
 def _artifact_text(*, session_id: int, artifact_id: int) -> tuple[str, str, str | None] | None:

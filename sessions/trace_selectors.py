@@ -99,6 +99,17 @@ def _run_rows(run: Run, *, admin: bool = False) -> _RunRows:
     )
 
 
+_NOT_THE_ANSWER = (LLMCallPurpose.COMPACTION, LLMCallPurpose.SAMPLING)
+"""Purposes of a turn's LLM calls that are not its answer's attempts (listed apart)."""
+
+
+def _sampling_calls(calls: list[LLMCall], turn: int, *, admin: bool) -> list[dict[str, Any]]:
+    """Turn ``turn``'s ``sampling``-purpose calls (MCP servers' requests during its tool calls),
+    in order; like a compaction's, each request is new, retried or fallen back within itself."""
+    return _compaction_calls([c for c in calls if c.turn == turn and c.purpose == LLMCallPurpose.SAMPLING],
+                             admin=admin)
+
+
 def _message(m: Message, *, admin: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": m.pk, "position": m.position, "role": m.role, "content": m.content, "name": m.name,
@@ -168,6 +179,7 @@ def _tool_call(call: ToolCall, *, admin: bool, run_user_id: int, approvals: dict
         "id": call.pk, "call_id": call.call_id, "name": call.name, "arguments": call.arguments,
         "status": call.status, "result": call.result, "error": call.error, "duration_ms": call.duration_ms,
         "started_at": _iso(call.started_at), "finished_at": _iso(call.finished_at),
+        "server_log": call.server_log or [],  # an MCP server's log messages: [{level, logger, data, at}]
         "approval": _approval(approvals.get(call.pk), admin=admin, run_user_id=run_user_id),
         "sub_run": None if sub is None else {
             "id": sub.pk, "status": sub.status, "skill": sub.skill.name if sub.skill is not None else call.name,
@@ -230,7 +242,7 @@ def _turn(turn: int, rows: _RunRows, *, completions: list[Message], prompts: lis
           admin: bool) -> tuple[dict[str, Any], datetime | None]:
     """Turn ``turn`` of the trace (compactions not placed yet) and when its first model call
     for the answer was made (None: no such call)."""
-    attempts = [c for c in rows.calls if c.turn == turn and c.purpose != LLMCallPurpose.COMPACTION]
+    attempts = [c for c in rows.calls if c.turn == turn and c.purpose not in _NOT_THE_ANSWER]
     entry: dict[str, Any] = {
         "turn": turn,
         "attempts": _turn_attempts(attempts, admin=admin, bodies=rows.bodies),
@@ -242,6 +254,9 @@ def _turn(turn: int, rows: _RunRows, *, completions: list[Message], prompts: lis
             for t in rows.tools if t.turn == turn
         ],
         "compactions": [],
+        # MCP servers' sampling requests during the turn's tool calls (purpose sampling): each a
+        # new request, retried or fallen back within itself like a compaction's.
+        "sampling_calls": _sampling_calls(rows.calls, turn, admin=admin),
     }
     if admin:
         entry["prompt"] = [_message(m, admin=True) for m in prompts[turn]] if turn < len(prompts) else []
@@ -323,12 +338,13 @@ def _run_summary(run: Run, *, messages: list[Message], admin: bool) -> dict[str,
 
 def _totals(rows: _RunRows, *, turns: list[dict[str, Any]]) -> dict[str, Any]:
     """The trace's ``totals``: counts of both kinds of model call, tokens and cost of every call."""
-    all_attempts = [a for t in turns for a in (*t["compaction_calls"], *t["attempts"])]
+    all_attempts = [a for t in turns for a in (*t["compaction_calls"], *t["sampling_calls"], *t["attempts"])]
     return {
         "llm_calls": len(all_attempts),
         "retries": sum(1 for a in all_attempts if a["is_retry"]),
         "fallbacks": sum(1 for a in all_attempts if a["is_fallback"]),
         "compaction_calls": len(rows.compaction_calls),
+        "sampling_calls": sum(len(t["sampling_calls"]) for t in turns),
         "tool_calls": len(rows.tools),
         "approvals": len(rows.approvals),
         "compactions": len(rows.compactions),
@@ -359,12 +375,15 @@ def run_trace(*, run: Run, admin: bool) -> dict[str, Any]:
         completion_tokens, cost_usd}}``. Times are ISO 8601, durations ms, costs decimal USD
         strings. ``attempts``: the turn's model calls for its answer (purpose ``turn``);
         ``compaction_calls``: the summary requests of the compactions made before it (purpose
-        ``compaction``), never counted as the answer's retries. Each of either: ``{purpose,
+        ``compaction``), never counted as the answer's retries; ``sampling_calls``: MCP servers'
+        sampling requests during its tool calls (purpose ``sampling``, also in ``totals.llm_calls``
+        and ``totals.sampling_calls``). Each of these: ``{purpose,
         attempt, entry_index, model, status, error_class, error, latency_ms, first_token_ms,
         retry_wait_ms, prompt_tokens, completion_tokens, cost_usd, is_retry, is_fallback,
         at}``. ``totals.llm_calls``, ``retries`` and ``fallbacks`` count both kinds;
         tokens and cost count every call. Each tool call: ``{name,
-        arguments, status, result, error, duration_ms, started_at, finished_at, approval:
+        arguments, status, result, error, duration_ms, started_at, finished_at, server_log (an MCP
+        server's log messages ``[{level, logger, data, at}]``), approval:
         {status, decided_at, wait_ms, decided_by_run_user, decided_on_timeout, on_timeout, approvers[,
         decided_by]} | None, sub_run}`` (``answer``: a denial's reason as the decider gave it).
 

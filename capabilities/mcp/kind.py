@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from capabilities.mcp.binding_config import binding_config_errors
 from capabilities.mcp.config import McpServerConfig
 from capabilities.mcp.pool import mcp_pool
 from capabilities.mcp.tool import McpTool
@@ -41,6 +42,9 @@ class McpBindingSpec:
     auth_mode: str = "none"
     """``McpServer.auth_mode``: ``oauth_user`` / ``oauth_tenant`` servers are reached with the
     run's user's (or the tenant's) OAuth connection (:mod:`capabilities.mcp_oauth.runs`)."""
+    config: Any = None
+    """The binding's ``config`` (:mod:`capabilities.mcp.binding_config`: ``log_level``,
+    ``sampling``); a JSON object."""
 
 
 class McpServerKind(CapabilityKind):
@@ -48,7 +52,7 @@ class McpServerKind(CapabilityKind):
 
     key = "mcp_server"
     label = "MCP server"
-    fields = ("mcp_server", "allowed_tools", "approval_policy")
+    fields = ("mcp_server", "allowed_tools", "approval_policy", "config")
     position = 10
 
     def validate(self, binding: Any) -> dict[str, Any]:
@@ -56,7 +60,8 @@ class McpServerKind(CapabilityKind):
             return {"mcp_server": "Choose an MCP server."}
         if binding.tenant_id and binding.mcp_server.tenant_id != binding.tenant_id:
             return {"mcp_server": "MCP server not found."}
-        return {}
+        errors = binding_config_errors(binding.config)
+        return {"config": errors} if errors else {}
 
     def load_spec(self, binding: Any) -> McpBindingSpec | None:
         from capabilities.models import McpServer
@@ -68,6 +73,7 @@ class McpServerKind(CapabilityKind):
         return McpBindingSpec(
             server=mcp_server_config(server=server), server_id=server.pk, allowed_tools=frozenset(binding.allowed_tools),
             binding_id=binding.pk, approval_policy=tuple(binding.approval_policy), auth_mode=server.auth_mode,
+            config=binding.config if isinstance(binding.config, dict) else {},
         )
 
     async def open_toolset(self, specs: Sequence[McpBindingSpec], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
@@ -114,7 +120,8 @@ async def _server_toolset(binding: McpBindingSpec, session: Any, catalogue: Any,
         ToolSource(
             origin=ToolOrigin(source=binding.server.alias, name=info.name),
             factory=lambda exposed, c=session, i=info: McpTool(
-                connection=c, info=i, exposed_name=exposed, call_timeout_seconds=ctx.tool_timeout_seconds),
+                connection=c, info=i, exposed_name=exposed, call_timeout_seconds=ctx.tool_timeout_seconds,
+                binding_config=binding.config),
         )
         for info in catalogue.tools
         if not binding.allowed_tools or info.name in binding.allowed_tools

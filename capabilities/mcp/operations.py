@@ -19,10 +19,11 @@ import anyio
 import mcp_types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, HEADER_MISMATCH, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, HEADER_MISMATCH, LOG_LEVEL_META_KEY, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from capabilities.mcp.call_hooks import CallHooks
 from capabilities.mcp.config import McpServerConfig
 from capabilities.mcp.elicitation import (
     URL_ELICITATION_REQUIRED,
@@ -33,6 +34,7 @@ from capabilities.mcp.elicitation import (
 from capabilities.mcp.errors import McpConnectionLost, describe_exception
 from capabilities.mcp.http_log import HttpStatusLog, http_error_message
 from capabilities.mcp.results import error_text
+from capabilities.mcp.sampling import answer_sampling_rounds
 from capabilities.tools import ToolError
 
 logger = logging.getLogger(__name__)
@@ -144,6 +146,7 @@ async def call_tool_raw(
     http_log: HttpStatusLog | None = None,
     resume: dict[str, Any] | None = None,
     hold: HeldCall | None = None,
+    hooks: CallHooks | None = None,
 ) -> mcp_types.CallToolResult:
     """Call one tool; return its successful result unmapped.
 
@@ -165,6 +168,10 @@ async def call_tool_raw(
         resume: ``{input_responses, request_state}`` answering an earlier ``InputRequiredResult``.
         hold: A 2025-11-25 call held open while its server asks the person: its timeout scope
             is handed to ``hold`` (stopped while the person is asked).
+        hooks: The call's log level and sampling answerer: on a 2026-07-28 connection the call
+            opts in to log messages at ``hooks.log_level`` (``_meta``), and an
+            ``InputRequiredResult`` asking for sampling is answered and the call sent again
+            (:func:`capabilities.mcp.sampling.answer_sampling_rounds`).
 
     Returns:
         The ``CallToolResult`` (never one with ``isError``).
@@ -176,6 +183,8 @@ async def call_tool_raw(
             elicitation).
         InputForUser: The server asks the person (form or URL elicitation).
         McpConnectionLost: The transport failed or the session closed during the call.
+
+    A refused 2026-07-28 sampling request fails the call (``ToolError`` ``sampling_refused``).
     """
     alias = config.alias
     errors_before = http_log.errors if http_log is not None else 0
@@ -184,7 +193,7 @@ async def call_tool_raw(
         # Two bounds: the SDK's own read timeout (sends the courtesy cancel) and an outer
         # one covering what the SDK does not time (writing the request, output validation).
         with _bound(timeout_seconds, hold):
-            result = await _send_call(client, name, arguments, timeout_seconds, progress, resume or {}, hold)
+            result = await _send_call(client, name, arguments, timeout_seconds, progress, resume or {}, hold, hooks)
     except TimeoutError:
         raise ToolError(timeout_message, code="timeout") from None
     except MCPError as exc:
@@ -241,25 +250,34 @@ def _raise_url_elicitation(exc: MCPError, *, alias: str, tool_name: str) -> None
 
 async def _send_call(
     client: Client, name: str, arguments: dict[str, Any], timeout_seconds: float, progress: ProgressCallback | None,
-    resume: dict[str, Any], hold: HeldCall | None = None,
+    resume: dict[str, Any], hold: HeldCall | None = None, hooks: CallHooks | None = None,
 ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
-    """One ``tools/call`` round that may answer ``InputRequiredResult`` (not driven here: the
-    person's answer comes after a pause). A 2026-07-28 ``HEADER_MISMATCH`` (our listing of the
-    tool is stale) re-lists the tools and sends once more, as ``Client.call_tool`` does. A held
-    call (``hold``) gives the SDK's read timeout the person's time too (our own scope, whose
-    deadline stops while the person is asked, is the call's bound)."""
+    """One ``tools/call`` round that may answer ``InputRequiredResult`` (an elicitation is not
+    driven here: the person's answer comes after a pause; sampling is, with ``hooks``). A
+    2026-07-28 ``HEADER_MISMATCH`` (our listing of the tool is stale) re-lists the tools and
+    sends once more, as ``Client.call_tool`` does. A held call (``hold``) gives the SDK's read
+    timeout the person's time too (our own scope, whose deadline stops while the person is
+    asked, is the call's bound)."""
     read_timeout = timeout_seconds + hold.wait_seconds if hold is not None else timeout_seconds
+    modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+    base = {**resume, "meta": {LOG_LEVEL_META_KEY: hooks.log_level}} if hooks is not None and modern else resume
 
-    async def send() -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+    async def send(extra: dict[str, Any]) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         return await client.session.call_tool(  # validates a result against the listed output schema
             name, arguments, read_timeout_seconds=read_timeout, progress_callback=progress,
-            allow_input_required=True, **resume,
+            allow_input_required=True, **extra,
         )
 
     try:
-        return await send()
+        result = await send(base)
     except MCPError as exc:
-        if exc.code != HEADER_MISMATCH or client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        if exc.code != HEADER_MISMATCH or not modern:
             raise
         await client.list_tools(cache_mode="refresh")
-        return await send()
+        result = await send(base)
+    if hooks is None:
+        return result
+    return await answer_sampling_rounds(
+        result, answer=hooks.answer_sampling, server=hooks.server,
+        retry=lambda responses, state: send({**base, "input_responses": responses, "request_state": state}),
+    )

@@ -36,11 +36,12 @@ No Django imports except the lazy settings read in :func:`mcp_pool`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -52,6 +53,8 @@ from mcp.shared.subscriptions import PromptsListChanged, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_platform import metrics, telemetry
+from capabilities.mcp.binding_config import log_level_rank
+from capabilities.mcp.call_hooks import CallHooks, only_call
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import HeldCall, answer_legacy_elicitation, held_call_answer, held_call_drive
 from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_failure_text, describe_exception
@@ -265,6 +268,12 @@ class PooledSession:
         """The catalogue version last stored in the database (set by the caller that stores it)."""
         self._holds: set[HeldCall] = set()
         """2025-11-25 calls in flight that may be held open while their server asks the person."""
+        self._hooks: set[CallHooks] = set()
+        """The calls in flight that keep log messages and answer sampling (:mod:`capabilities.mcp.call_hooks`)."""
+        self._log_level_asked: str | None = None
+        """The level last asked with ``logging/setLevel`` on this connection (handshake era)."""
+        self._logging_supported = False
+        """The connected server offers the ``logging`` capability."""
         self.server_capabilities: mcp_types.ServerCapabilities | None = None
         """What the server offers on the current connection (None before the first connect)."""
         self.prompts = PromptCache(self)
@@ -386,7 +395,8 @@ class PooledSession:
             async with AsyncExitStack() as stack:
                 client, stderr = make_client(cfg, stack, message_handler=self._on_message, http_log=self.http_log,
                                              elicitation_callback=self._on_elicitation,
-                                             transport_end=transport_end)
+                                             transport_end=transport_end, logging_callback=self._on_log,
+                                             sampling_callback=self._on_sampling)
                 client = await stack.enter_async_context(client)
                 if stderr is not None:
                     stderr.close_writer()  # the child holds its own copy now
@@ -415,6 +425,8 @@ class PooledSession:
             async with anyio.create_task_group() as tg:
                 self._client = client
                 self.protocol_version = client.protocol_version
+                self._logging_supported = client.server_capabilities.logging is not None
+                self._log_level_asked = None
                 self.server_capabilities = client.server_capabilities
                 listen_scope = anyio.CancelScope()
                 lists = _changing_lists(client.server_capabilities)
@@ -528,6 +540,54 @@ class PooledSession:
         if len(asking) != 1:
             return await answer_legacy_elicitation(context, params)
         return await asking[0].ask(params)
+
+    async def _on_log(self, params: mcp_types.LoggingMessageNotificationParams) -> None:
+        """SDK logging callback: the message goes to the one call in flight with hooks (its
+        level filter applies), else to this worker's log at DEBUG."""
+        hooks = only_call(self._hooks, "a log message", self.config.alias)
+        if hooks is not None:
+            hooks.log(params)
+        else:
+            logger.debug("MCP server %r log %s: %.500s", self.config.alias, params.level, params.data)
+
+    async def _on_sampling(self, context: Any, params: mcp_types.CreateMessageRequestParams) -> Any:
+        """SDK sampling callback (2025-11-25: a request inside an open call): answered by the one
+        call in flight with hooks under its binding's policy; refused when it cannot be tied to
+        one call."""
+        hooks = only_call(self._hooks, "a sampling request", self.config.alias)
+        if hooks is None:
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=(
+                "Sampling is answered only inside a tool call, with one call of this session in flight; refused."))
+        return await hooks.answer_sampling(params)
+
+    async def _ask_log_level(self, level: str) -> None:
+        """Handshake era: ``logging/setLevel`` to ``level`` when the server offers logging and
+        the connection was not asked for that level or a lower one (the session is shared, so
+        the server sends the most verbose level any call wants; each call filters its own).
+        A failure is logged, never raised."""
+        asked = self._log_level_asked
+        if not self._logging_supported or self.protocol_version in MODERN_PROTOCOL_VERSIONS or (
+            asked is not None and log_level_rank(asked) <= log_level_rank(level)
+        ):
+            return
+        self._log_level_asked = level
+        try:
+            await self._submit(lambda client: client.session.set_logging_level(level))  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - the call goes on without the server's log level
+            logger.info("MCP server %r: logging/setLevel %s failed: %s", self.config.alias, level, describe_exception(exc))
+
+    @contextlib.asynccontextmanager
+    async def _hooked(self, hooks: CallHooks | None) -> AsyncIterator[None]:
+        """While the block runs, ``hooks`` is a call in flight (log messages, sampling)."""
+        if hooks is None:
+            yield
+            return
+        await self._ask_log_level(hooks.log_level)
+        self._hooks.add(hooks)
+        try:
+            yield
+        finally:
+            self._hooks.discard(hooks)
 
     async def _listen_for_changes(self, client: Client, scope: anyio.CancelScope, lists: tuple[str, ...]) -> None:
         """2026-07-28 connections: ``<list>/list_changed`` (``lists``: ``tools``, ``prompts``)
@@ -645,6 +705,7 @@ class PooledSession:
         resume: dict[str, Any] | None = None,
         hold_key: int | None = None,
         input_answer: dict[str, Any] | None = None,
+        hooks: CallHooks | None = None,
     ) -> mcp_types.CallToolResult:
         """Call one tool through the owner (connects first if needed).
 
@@ -662,6 +723,10 @@ class PooledSession:
                 (:class:`HeldCall`) and ``InputForUser`` raised.
             input_answer: The person's answer to a held call's question (``protocol: "held"``):
                 given to the call held here under ``hold_key``.
+            hooks: The call's log sink and sampling answerer (:class:`CallHooks`): while it is
+                the one call in flight with hooks, the server's log messages and 2025-11-25
+                sampling requests are its (on a 2026-07-28 connection its sampling requests
+                come back in its own result).
 
         Returns:
             The successful ``CallToolResult``.
@@ -677,12 +742,20 @@ class PooledSession:
         if hold_key is not None and input_answer is not None:
             return await held_call_answer(input_answer, hold_key)
         await self.catalogue()  # the SDK validates results against listed output schemas
-        if hold_key is not None and self.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return await self._call_holdable(name, arguments, timeout, progress, hold_key)
+        async with self._hooked(hooks):
+            if hold_key is not None and self.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                return await self._call_holdable(name, arguments, timeout, progress, hold_key)
+            return await self._call_forwarding_progress(name, arguments, timeout, progress, resume, hooks)
+
+    async def _call_forwarding_progress(self, name: str, arguments: dict[str, Any], timeout: float,
+                                        progress: ProgressCallback | None, resume: dict[str, Any] | None,
+                                        hooks: CallHooks | None) -> mcp_types.CallToolResult:
+        """The call through the owner; its progress notifications are awaited in order in this
+        task (never blocking the session's receive loop), each before the result returns."""
         if progress is None:
             return await self._submit(
                 lambda client: call_tool_raw(client, self.config, name, arguments, timeout_seconds=timeout,
-                                             http_log=self.http_log, resume=resume)
+                                             http_log=self.http_log, resume=resume, hooks=hooks)
             )
 
         updates: asyncio.Queue[tuple[float, float | None, str | None] | None] = asyncio.Queue()
@@ -702,7 +775,7 @@ class PooledSession:
             result = await self._submit(
                 lambda client: call_tool_raw(
                     client, self.config, name, arguments, timeout_seconds=timeout, progress=on_progress,
-                    http_log=self.http_log, resume=resume,
+                    http_log=self.http_log, resume=resume, hooks=hooks,
                 )
             )
         except BaseException:

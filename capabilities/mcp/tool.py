@@ -6,14 +6,19 @@ No Django imports. The runner builds these from a pooled session's catalogue and
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import copy
 import logging
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import mcp_types
 
+from capabilities.mcp.binding_config import log_level_of, sampling_policy_of
+from capabilities.mcp.call_hooks import CallHooks
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import resume_arguments, resume_refusal
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback
@@ -125,6 +130,51 @@ async def result_for_model(
     return tool_result(parts, has_text=has_text, data=result.structured_content)
 
 
+PROGRESS_MIN_INTERVAL_SECONDS = 0.25
+"""A call's progress notifications become at most 4 ``tool_call_progress`` events a second."""
+
+
+class ProgressThrottle:
+    """Which of one call's progress notifications are published: the first, then at most one
+    per :data:`PROGRESS_MIN_INTERVAL_SECONDS`, and always the one that reaches its total (the
+    bar's end). A dropped update is not sent later: the next one carries newer numbers.
+
+    Args:
+        clock: Monotonic seconds (``time.monotonic``; a test's own clock).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last: float | None = None
+
+    def admit(self, done: float, total: float | None) -> bool:
+        """Whether to publish the update ``done`` (of ``total``, if known)."""
+        now = self._clock()
+        finished = total is not None and total > 0 and done >= total
+        if self._last is not None and now - self._last < PROGRESS_MIN_INTERVAL_SECONDS and not finished:
+            return False
+        self._last = now
+        return True
+
+
+def _cancelling() -> bool:
+    """The current task is being cancelled (nothing more is awaited for it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _save_log(hooks: CallHooks, context: ToolContext) -> None:
+    """Store the log messages the call kept (the run trace's); a failure is logged, not raised."""
+    entries = hooks.take_entries()
+    if not entries or context.store is None:
+        return
+    try:
+        await context.store.tool_call_log_save(tool_call_id=context.tool_call_id, entries=entries)
+    except Exception:  # noqa: BLE001 - the trace loses the messages, the call keeps its result
+        logger.warning("MCP server %r: could not store %d log messages of tool call %s", hooks.server,
+                       len(entries), context.tool_call_id, exc_info=True)
+
+
 class McpTool(Tool):
     """One tool of an MCP server, offered to the model under ``exposed_name``.
 
@@ -141,6 +191,7 @@ class McpTool(Tool):
         info: McpToolInfo,
         exposed_name: str,
         call_timeout_seconds: float,
+        binding_config: dict[str, Any] | None = None,
     ) -> None:
         """Wrap a listed tool.
 
@@ -151,6 +202,8 @@ class McpTool(Tool):
                 must match ``^[a-zA-Z0-9_-]{1,64}$``.
             call_timeout_seconds: Bound on each call, positive and finite (a pooled session
                 also applies the server's own ``call_timeout_seconds``; the shorter wins).
+            binding_config: The binding's ``config`` (:mod:`capabilities.mcp.binding_config`:
+                the server's log level kept, its sampling policy); None: the defaults.
 
         Raises:
             ValueError: ``exposed_name`` or ``call_timeout_seconds`` is invalid.
@@ -161,6 +214,8 @@ class McpTool(Tool):
         self.connection = connection
         self.info = info
         self.call_timeout_seconds = call_timeout_seconds
+        self.log_level = log_level_of(binding_config)
+        self.sampling = sampling_policy_of(binding_config)
         description = info.description or (
             f"Tool {info.name!r} of the MCP server {connection.config.alias!r}."
         )
@@ -174,8 +229,12 @@ class McpTool(Tool):
         """Call the MCP tool (by its server name) with the model's arguments.
 
         Server progress notifications become ``tool_call_progress`` events
-        (``context.progress``); images and audio become artifacts (see
-        :func:`result_for_model`). The server gets no tenant/session ids.
+        (``context.progress``; at most 4 a second, :class:`ProgressThrottle`); images and audio
+        become artifacts (see :func:`result_for_model`). Through a pooled session, the server's
+        log messages at or above the binding's ``log_level`` are stored on the call
+        (``context.store``: the run trace) and its sampling requests are answered by
+        ``context.sample`` as the binding allows (:mod:`capabilities.mcp.call_hooks`). The
+        server gets no tenant/session ids.
 
         Args:
             arguments: The model's arguments; the MCP server validates them.
@@ -193,7 +252,11 @@ class McpTool(Tool):
                 executed again with ``context.input_answer`` once answered.
         """
 
+        throttle = ProgressThrottle()
+
         async def progress(done: float, total: float | None, message: str | None) -> None:
+            if not throttle.admit(done, total):
+                return
             await context.progress(message or f"{self.info.name}: {done:g}" + (f"/{total:g}" if total else ""),
                                    progress=done, total=total)
 
@@ -204,13 +267,20 @@ class McpTool(Tool):
             if refusal is not None:
                 raise ToolError(refusal, code="elicitation_declined")
             options["resume"] = resume_arguments(answer) or None
+        hooks = None
         if getattr(self.connection, "holds_calls", False):  # a pooled session: 2025-11-25 calls may be held
             options["hold_key"] = context.tool_call_id
             if answer is not None and (answer.get("request") or {}).get("protocol") == "held":
                 options["input_answer"] = answer
-        result = await self.connection.call_tool_raw(
-            self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress, **options
-        )
+            options["hooks"] = hooks = CallHooks(server=self.connection.config.alias, log_level=self.log_level,
+                                                 sampling=self.sampling, sample=context.sample)
+        try:
+            result = await self.connection.call_tool_raw(
+                self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress, **options
+            )
+        finally:
+            if hooks is not None and not _cancelling():
+                await _save_log(hooks, context)
         return await result_for_model(
             result, alias=self.connection.config.alias, tool_name=self.info.name, context=context
         )

@@ -110,6 +110,8 @@ def make_client(
     http_log: HttpStatusLog | None = None,
     transport_end: TransportEnd | None = None,
     elicitation_callback: Callable[[Any, Any], Awaitable[Any]] = answer_legacy_elicitation,
+    logging_callback: Callable[[Any], Awaitable[None]] | None = None,
+    sampling_callback: Callable[[Any, Any], Awaitable[Any]] | None = None,
 ) -> tuple[Client, StderrTail | None]:
     """Build the (unentered) SDK client for ``config``; HTTP clients and pipes go on ``stack``.
 
@@ -128,6 +130,11 @@ def make_client(
         elicitation_callback: A 2025-11-25 server's ``elicitation/create`` inside an open call
             (default: declined at once; the pool holds the call open instead,
             :class:`capabilities.mcp.elicitation.HeldCall`).
+        logging_callback: The server's ``notifications/message`` (the pool's: kept by the call
+            in flight, :mod:`capabilities.mcp.call_hooks`); None: ignored.
+        sampling_callback: A 2025-11-25 server's ``sampling/createMessage`` inside an open call;
+            given, the client declares the ``sampling`` capability with ``tools`` (each binding
+            decides what it answers, :mod:`capabilities.mcp.sampling`); None: not declared.
 
     Remote servers (sse / streamable_http) are reached through the outbound address rules
     (``capabilities.netsafe``): a URL that resolves to loopback, a private or link-local
@@ -176,6 +183,9 @@ def make_client(
     # InputRequiredResult: capabilities.mcp.elicitation) and answers 2025-11-25 requests.
     client = Client(
         transport, cache=None, client_info=_CLIENT_INFO, message_handler=message_handler, mode=config.protocol_mode,
-        elicitation_callback=elicitation_callback,
+        elicitation_callback=elicitation_callback, logging_callback=logging_callback,
+        sampling_callback=sampling_callback,
+        sampling_capabilities=mcp_types.SamplingCapability(tools=mcp_types.SamplingToolsCapability())
+        if sampling_callback is not None else None,
     )
     return client, stderr

@@ -30,6 +30,7 @@ from sessions.runner.adapters import production_ports
 from sessions.runner.guarding import GuardrailStop, run_guarded
 from sessions.runner.ports import Publish, Publisher, RunPorts, RunStore, run_ports_entered
 from sessions.runner.run_context import run_attributions
+from sessions.runner.sampling import run_sampler
 from sessions.runner.spec import RunSpec
 from sessions.runner.streaming import TOKEN_FLUSH_CHARS, TOKEN_FLUSH_SECONDS, StreamedTextBatcher
 from sessions.runner.toolset import CapabilityUnavailable, ClientToolClash, Toolset
@@ -230,6 +231,7 @@ async def _run_loop(spec: RunSpec, publish: Publisher, ports: RunPorts, *, tools
             state = RunState.start(spec=spec, publish=publish, toolset=toolset, model=model, record=record,
                                    store=store, context=context, tool_store=ports.tool_store,
                                    model_for=lambda route_spec: ports.model(route_spec, record, publish))
+            toolset.sampler = run_sampler(state, ports)  # MCP servers' sampling requests (ToolContext.sample)
             try:
                 with run_guarded(spec, publish):  # the agent's guardrails (sessions.runner.guarding)
                     outcome = await run_turns(state)

@@ -173,6 +173,7 @@ async def _execute_one(
     if approval is not None and approval.status == ApprovalStatus.PENDING:
         return True
     invocation = _invocation(spec=spec, call=call, publish=publish, tool_store=tool_store, approval=approval)
+    invocation.context.sample = toolset.sampler
     record = _CallRecord(spec=spec, call=call, store=store, publish=publish,
                          arguments=invocation.arguments if invocation.arguments is not None else call["arguments_raw"])
     invocation.on_start = record.start

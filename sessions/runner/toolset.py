@@ -22,7 +22,7 @@ from typing import Any
 from capabilities.builtin.kind import renamed
 from capabilities.builtin.registry import builtin_create
 from capabilities.registry import OpenContext, kinds
-from capabilities.tools import Tool
+from capabilities.tools import ModelSampler, Tool
 from capabilities.toolsets import (
     NamedToolset,
     ToolInvocation,
@@ -76,6 +76,9 @@ class Toolset(WrapperToolset):
         self.handoff: tuple[int, str] | None = None
         """Set by a handoff tool call that finished (``sessions.runner.subrun.AgentTool``): ``(the
         agent taking over, its reply)``; the turn then ends the run with that reply."""
+        self.sampler: ModelSampler | None = None
+        """The run's model route for outside servers' sampling requests (each call's
+        ``ToolContext.sample``; set by the loop, :func:`sessions.runner.sampling.run_sampler`)."""
 
     @property
     def tools(self) -> dict[str, Tool]:

@@ -118,7 +118,8 @@ def message_params(
 
 
 TOOL_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "call_id", "name", "arguments", "arguments_raw", "status",
-                      "result", "result_data", "error", "started_at", "finished_at", "duration_ms", "created_at")
+                      "result", "result_data", "error", "started_at", "finished_at", "duration_ms", "server_log",
+                      "created_at")
 """Every column of a ToolCall row but ``id`` (sessions/tests/test_runner_sql.py pins this)."""
 
 LLM_CALL_COLUMNS = ("tenant_id", "run_id", "turn", "purpose", "agent_id", "user_id", "attempt", "route_entry_id",
@@ -176,7 +177,7 @@ WITH {take_position_cte()}, message AS (
 ), calls AS (
     INSERT INTO "{TC}" ({columns_sql(TOOL_CALL_COLUMNS)})
     SELECT %(tenant_id)s, %(run_id)s, %(turn)s, c.call_id, c.name, c.arguments::jsonb, c.arguments_raw, %(pending)s,
-           '', NULL, '', NULL, NULL, NULL, %(now)s
+           '', NULL, '', NULL, NULL, NULL, '[]'::jsonb, %(now)s
     FROM message, unnest(%(call_ids)s::text[], %(names)s::text[], %(arguments)s::text[], %(arguments_raw)s::text[])
          AS c(call_id, name, arguments, arguments_raw)
     RETURNING "id", "call_id"

@@ -354,7 +354,12 @@ export class Conversation {
       tool_call_progress: (run) => {
         // What a running tool says it is doing (a remote A2A agent's status and chunks, a CLI's output).
         const tool = run.tools.get(String(data.tool_call_id));
-        if (tool && isActive(tool.status) && typeof data.message === 'string') tool.progress = data.message;
+        if (!tool || !isActive(tool.status)) return;
+        if (typeof data.message === 'string') tool.progress = data.message;
+        // An MCP server's numbers (not a CLI's output: that one names its stream) drive the card's bar.
+        if (!data.stream && typeof data.progress === 'number') {
+          tool.progressBar = { value: data.progress, total: typeof data.total === 'number' && data.total > 0 ? data.total : null };
+        }
       },
       tool_call_succeeded: (run) =>
         upsertTool(run, {

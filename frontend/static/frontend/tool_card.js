@@ -106,6 +106,21 @@ export function toolLabel(name, args) {
 
 // ------------------------------------------------------------- tool card --
 
+/** Show ``bar`` ({value, total}) in the <progress> element ``el``: determinate when the total is
+ * known (value capped at it), indeterminate otherwise; hidden without a bar. */
+function renderProgressBar(el, bar) {
+  el.hidden = !bar;
+  if (!bar) return;
+  if (bar.total) {
+    el.max = bar.total;
+    el.value = Math.max(0, Math.min(bar.value, bar.total));
+    el.setAttribute('aria-valuetext', `${Math.round((el.value / bar.total) * 100)}%`);
+  } else {
+    el.removeAttribute('value'); // indeterminate
+    el.removeAttribute('aria-valuetext');
+  }
+}
+
 export class ToolCardView {
   constructor() {
     this.statusEl = h('span', { class: 'tool-status' });
@@ -114,6 +129,8 @@ export class ToolCardView {
     this.docLink = h('button', { type: 'button', class: 'link-btn tool-doc-open', testid: 'tool-doc-open', hidden: true, text: 'Open document' });
     this.durationEl = h('span', { class: 'tool-duration' });
     this.progressEl = h('div', { class: 'tool-progress', testid: 'tool-progress', hidden: true });
+    // An MCP server's progress: determinate when it gave a total, else indeterminate (no value).
+    this.progressBar = h('progress', { class: 'tool-progress-bar', testid: 'tool-progress-bar', hidden: true });
     this.argsPreview = h('span', { class: 'tool-preview' });
     this.argsPre = h('pre', { class: 'tool-pre' });
     this.args = h(
@@ -149,6 +166,7 @@ export class ToolCardView {
         this.statusEl,
         this.durationEl,
       ),
+      this.progressBar,
       this.progressEl,
       this.docLink,
       this.args,
@@ -164,7 +182,7 @@ export class ToolCardView {
   update(tool) {
     // Skip work when nothing changed (cheap string key).
     const key = JSON.stringify([tool.name, tool.status, tool.duration_ms, tool.result, tool.error, tool.browser,
-      tool.progress]);
+      tool.progress, tool.progressBar]);
     renderBrowserOperation(this.browserEl, tool.browser); // browser.js
     const argsText = pretty(tool.arguments);
     if (key === this.key && argsText === this.argsPre.textContent) return;
@@ -194,6 +212,7 @@ export class ToolCardView {
     // The tool's last progress line, while it runs (tool_call_progress).
     this.progressEl.textContent = running && tool.progress ? tool.progress : '';
     this.progressEl.hidden = !(running && tool.progress);
+    renderProgressBar(this.progressBar, running ? tool.progressBar : null);
 
     this.argsPre.textContent = argsText || '{}';
     this.argsPreview.textContent = compact(tool.arguments) || '{}';

@@ -75,12 +75,15 @@ function renderTrace(trace) {
     }
     // A compaction's model calls (purpose "compaction") wrote a summary, not this step's
     // answer: labelled "Compaction", never counted as the answer's tries.
-    const calls = [...(turn.compaction_calls || []), ...turn.attempts];
+    // An MCP server's sampling requests (purpose "sampling") used the agent's model for the
+    // server, during a tool call: labelled "For a tool", not this step's answer either.
+    const calls = [...(turn.compaction_calls || []), ...(turn.sampling_calls || []), ...turn.attempts];
     for (const a of calls) {
       const compaction = a.purpose === 'compaction';
-      const label = (compaction ? 'Compaction, ' : '')
+      const label = (compaction ? 'Compaction, ' : a.purpose === 'sampling' ? 'For a tool\'s server, ' : '')
         + (a.is_fallback ? 'switched to ' : a.is_retry ? 'tried again: ' : compaction ? 'summary by ' : 'model ');
-      item.append(el('p', { class: 'trace-line', testid: compaction ? 'trace-compaction-call' : 'trace-attempt',
+      const testid = compaction ? 'trace-compaction-call' : a.purpose === 'sampling' ? 'trace-sampling-call' : 'trace-attempt';
+      item.append(el('p', { class: 'trace-line', testid,
         text: `${label[0].toUpperCase()}${label.slice(1)}${a.model}: `
           + `${compaction && a.status === 'succeeded' ? 'done' : words(a.status)} in ${ms(a.latency_ms)}`
           + (a.first_token_ms !== null ? `, first words after ${ms(a.first_token_ms)}` : '')
@@ -93,6 +96,12 @@ function renderTrace(trace) {
         el('pre', { class: 'trace-pre', text: JSON.stringify(t.arguments, null, 2) }));
       if (t.result) tool.append(el('pre', { class: 'trace-pre', text: t.result.slice(0, 4000) }));
       if (t.error) tool.append(el('p', { class: 'trace-error', text: t.error }));
+      // An MCP server's log messages during the call (at or above its binding's log_level).
+      for (const entry of t.server_log || []) {
+        const data = typeof entry.data === 'string' ? entry.data : JSON.stringify(entry.data);
+        tool.append(el('p', { class: 'trace-line trace-server-log', testid: 'trace-server-log',
+          text: `Server log ${entry.level}${entry.logger ? ` (${entry.logger})` : ''}: ${data.slice(0, 2000)}` }));
+      }
       if (t.approval) {
         tool.append(el('p', { class: 'trace-line',
           text: `Approval ${words(t.approval.status)}${t.approval.decided_by_run_user ? ' by you' : ''}`

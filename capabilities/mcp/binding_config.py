@@ -1,0 +1,108 @@
+"""An ``mcp_server`` binding's own settings (``CapabilityBinding.config``): the lowest level of
+the server's log messages kept in the run trace, and whether (and how) the server may ask the
+agent's model for a completion (MCP *sampling*).
+
+Shape (every key optional)::
+
+    {"log_level": "warning",
+     "sampling": {"allowed": false, "require_approval": false, "allow_tools": false, "max_tokens": 1024}}
+
+- ``log_level``: one of the MCP (RFC 5424 syslog) levels :data:`LOG_LEVELS`; messages below
+  it are not asked for (``logging/setLevel`` or the 2026-07-28 per-request opt-in) and dropped
+  if they come anyway. Default ``warning``.
+- ``sampling.allowed``: the server's ``sampling/createMessage`` runs through the agent's model
+  route (default false: refused with an MCP error).
+- ``sampling.allow_tools``: a sampling request may offer the model the server's tools
+  (``tools``/``toolChoice``); without it such a request is refused.
+- ``sampling.max_tokens``: the most output tokens one sampling request may ask for (a request
+  asking more gets this many); default :data:`DEFAULT_SAMPLING_MAX_TOKENS`, at most
+  :data:`MAX_SAMPLING_MAX_TOKENS`.
+- ``sampling.require_approval``: reserved. Asking a person to approve each sampling request is
+  not available yet, so ``true`` is refused by validation (a setting that promised approvals
+  and did not ask would be worse than none).
+
+No Django imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+"""The MCP logging levels, least severe first (RFC 5424 section 6.2.1's severities)."""
+
+DEFAULT_LOG_LEVEL = "warning"
+DEFAULT_SAMPLING_MAX_TOKENS = 1024
+MAX_SAMPLING_MAX_TOKENS = 32_000
+
+_SAMPLING_KEYS = {"allowed", "require_approval", "allow_tools", "max_tokens"}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingPolicy:
+    """What one binding lets its server's sampling requests do."""
+
+    allowed: bool = False
+    """The server may sample the agent's model."""
+    allow_tools: bool = False
+    """A sampling request may offer the model tools (the server runs them itself)."""
+    max_tokens: int = DEFAULT_SAMPLING_MAX_TOKENS
+    """The cap on one request's output tokens."""
+
+
+def log_level_rank(level: str) -> int:
+    """The level's place in :data:`LOG_LEVELS` (0 = debug); an unknown level ranks as ``info``
+    (a server's typo is kept when the binding keeps info and above)."""
+    return LOG_LEVELS.index(level) if level in LOG_LEVELS else 1
+
+
+def binding_config_errors(config: Any) -> list[str]:
+    """What is wrong with an ``mcp_server`` binding's ``config`` (``[]``: nothing).
+
+    Args:
+        config: The binding's ``config`` (anything: it comes from a form or the API).
+
+    Returns:
+        One sentence per problem, naming the key.
+    """
+    if not isinstance(config, dict):
+        return ["config must be a JSON object."]
+    errors = [f"Unknown key {key!r} (an MCP server binding takes log_level and sampling)."
+              for key in config if key not in ("log_level", "sampling")]
+    level = config.get("log_level", DEFAULT_LOG_LEVEL)
+    if level not in LOG_LEVELS:
+        errors.append(f"log_level must be one of {', '.join(LOG_LEVELS)}.")
+    return errors + _sampling_errors(config.get("sampling", {}))
+
+
+def _sampling_errors(sampling: Any) -> list[str]:
+    if not isinstance(sampling, dict):
+        return ['sampling must be an object such as {"allowed": true}.']
+    errors = [f"Unknown sampling key {key!r}." for key in sampling if key not in _SAMPLING_KEYS]
+    errors += [f"sampling.{key} must be true or false." for key in ("allowed", "require_approval", "allow_tools")
+               if key in sampling and not isinstance(sampling[key], bool)]
+    if sampling.get("require_approval") is True:
+        errors.append("sampling.require_approval: asking a person to approve each sampling request is not "
+                      "available yet; leave it false.")
+    cap = sampling.get("max_tokens")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_SAMPLING_MAX_TOKENS):
+        errors.append(f"sampling.max_tokens must be a whole number from 1 to {MAX_SAMPLING_MAX_TOKENS}.")
+    return errors
+
+
+def log_level_of(config: Any) -> str:
+    """The binding's minimum log level (:data:`DEFAULT_LOG_LEVEL` when unset or invalid)."""
+    level = config.get("log_level") if isinstance(config, dict) else None
+    return level if level in LOG_LEVELS else DEFAULT_LOG_LEVEL
+
+
+def sampling_policy_of(config: Any) -> SamplingPolicy:
+    """The binding's :class:`SamplingPolicy` (refusing everything when unset or invalid)."""
+    sampling = config.get("sampling") if isinstance(config, dict) else None
+    if not isinstance(sampling, dict) or _sampling_errors(sampling):
+        return SamplingPolicy()
+    return SamplingPolicy(
+        allowed=sampling.get("allowed") is True, allow_tools=sampling.get("allow_tools") is True,
+        max_tokens=sampling.get("max_tokens") or DEFAULT_SAMPLING_MAX_TOKENS,
+    )
