@@ -15,6 +15,7 @@ import { api, ApiError } from './api.js';
 import { ChatConnection } from './chat_connection.js';
 import { Conversation } from './chat_state.js';
 import { Composer } from './composer.js';
+import { CommandsPicker } from './commands_picker.js';
 import { h, replaceChildren, spinner } from './dom.js';
 import { FilesPanel } from './files_panel.js';
 import { copyText, flashCopied, wireCopyButtons } from './richtext.js';
@@ -120,6 +121,7 @@ export class ChatView {
     });
     this.todoPanel = new TodoPanel();
     this.composer = new Composer({ onSend: () => this.send(), onStop: () => this.stop(), toast: this.toast });
+    this.commands = new CommandsPicker({ composer: this.composer, toast: this.toast }); // `/` commands
     // The todo panel is attached to bodyEl (next to chat-main) when there are todos.
     this.mainEl = h('div', { class: 'chat-main' }, this.scroller, this.composer.el);
     this.bodyEl = h('div', { class: 'chat-body' }, this.mainEl, this.files.el);
@@ -269,6 +271,7 @@ export class ChatView {
     this.session = session;
     const agent = session.agent || {};
     this.agentName = agent.name || 'Assistant';
+    this.commands.setAgent(agent.id);
     this.titleEl.textContent = session.title || 'New chat';
     replaceChildren(
       this.subEl,
