@@ -42,6 +42,26 @@ _HTTP_READ_TIMEOUT_SECONDS = 300.0
 A tool call longer than this on a server that answers with plain JSON (no SSE keep-alive)
 would fail the whole connection, so call timeouts should stay below it."""
 
+_IDLE_CLOSE_MARGIN_SECONDS = 60.0
+"""How much longer than the pool's idle close a quiet stream may stay silent."""
+
+
+def stream_read_timeout_seconds() -> float:
+    """The read timeout of a remote server's streams (the legacy SSE stream, Streamable HTTP
+    responses): the longer of :data:`_HTTP_READ_TIMEOUT_SECONDS` and the pool's idle close
+    (``MCP_POOL_IDLE_TIMEOUT_SECONDS``) plus :data:`_IDLE_CLOSE_MARGIN_SECONDS`.
+
+    A pooled legacy-SSE session that nobody uses hears nothing from its server; with both at
+    300 s its stream's read timeout raced the pool's idle close and often won, ending the
+    session with an ERROR traceback, and a longer idle setting made it always win. Now the pool
+    closes a quiet session first, however long its idle setting (issue 37). A tool call is
+    bounded by its own call timeout, not by this."""
+    from django.conf import settings
+
+    idle = float(getattr(settings, "MCP_POOL_IDLE_TIMEOUT_SECONDS", 0.0) or 0.0)
+    return max(_HTTP_READ_TIMEOUT_SECONDS, idle + _IDLE_CLOSE_MARGIN_SECONDS)
+
+
 _STDERR_TAIL_LINES = 20
 """Lines of a stdio server's stderr kept for connect-error messages."""
 
@@ -163,7 +183,7 @@ def make_client(
             config.url,
             headers=dict(config.headers),
             timeout=config.connect_timeout_seconds,
-            sse_read_timeout=_HTTP_READ_TIMEOUT_SECONDS,
+            sse_read_timeout=stream_read_timeout_seconds(),
             httpx_client_factory=lambda headers=None, timeout=None, auth=None: checked_http_client(
                 headers, timeout, auth or config.auth, http_log),
         )
@@ -171,7 +191,7 @@ def make_client(
         # What the SDK's own default client is, plus our headers and connect timeout.
         # Redirects stay off: the SDK follows same-origin ones itself.
         http_client = checked_http_client(
-            config.headers, httpx2.Timeout(config.connect_timeout_seconds, read=_HTTP_READ_TIMEOUT_SECONDS),
+            config.headers, httpx2.Timeout(config.connect_timeout_seconds, read=stream_read_timeout_seconds()),
             config.auth, http_log,
         )
         stack.push_async_callback(http_client.aclose)
