@@ -170,3 +170,35 @@ def test_another_tenants_agent_and_command_are_not_found(world, other_world, in_
     binding = CapabilityBinding(tenant=world.tenant, agent=mine, kind="command", config={"command": command.pk})
     with pytest.raises(Exception, match="Command not found"):
         binding.full_clean()
+
+
+def test_unreachable_and_unconnected_servers_are_named_and_the_rest_listed(world, in_process, prompts_server):
+    from capabilities.tests.mcp_test_server import free_closed_port
+
+    agent = _agent_with_commands(world.tenant, prompts_server.url)
+    for alias, fields in (("down", {"url": f"http://127.0.0.1:{free_closed_port()}/mcp", "connect_timeout_seconds": 3}),
+                          ("mine", {"url": prompts_server.url, "auth_mode": "oauth_user"})):
+        server = McpServer.all_tenants.create(tenant=world.tenant, name=alias, alias=alias, transport="streamable_http",
+                                              **fields)
+        CapabilityBinding.all_tenants.create(tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER,
+                                             mcp_server=server)
+    body = world.client().get(f"/api/v1/agents/{agent.pk}/commands/").json()
+    assert len(body["commands"]) == 1 + 14
+    errors = {u["server"]: u["error"] for u in body["unavailable"]}
+    assert set(errors) == {"down", "mine"}
+    assert "Could not connect" in errors["down"] and "You have not connected 'mine' yet" in errors["mine"]
+    resp = world.client().post(f"/api/v1/agents/{agent.pk}/commands/mine:review/render/", {}, format="json")
+    assert resp.status_code == 503 and "Settings → Connections" in resp.json()["message"]
+
+
+def test_no_worker_in_time_is_a_503_and_the_tenant_commands_stay_listed(world, monkeypatch, prompts_server):
+    agent = _agent_with_commands(world.tenant, prompts_server.url)
+    monkeypatch.setattr("agents.commands.mcp_prompts_request", lambda **_: {
+        "error": "No worker answered within 20 s: is a Celery worker running?", "code": "no_worker"})
+    body = world.client().get(f"/api/v1/agents/{agent.pk}/commands/").json()
+    assert [c["name"] for c in body["commands"]] == ["translate"]
+    assert body["unavailable"] == [{"server": "docs", "error": "No worker answered within 20 s: is a Celery worker "
+                                                              "running?"}]
+    resp = world.client().post(f"/api/v1/agents/{agent.pk}/commands/docs:review/render/",
+                               {"arguments": {"code": "x"}}, format="json")
+    assert resp.status_code == 503 and resp.json()["extra"] == {"code": "no_worker"}

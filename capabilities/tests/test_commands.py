@@ -67,3 +67,13 @@ def test_a_command_binding_offers_a_run_nothing(world):
     assert resp.status_code == 400 and "config" in resp.json()["extra"]["fields"]
     bindings = list(CapabilityBinding.all_tenants.filter(agent=agent))
     assert binding_specs(bindings) == ()
+
+
+def test_seed_demo_binds_a_command_to_the_assistant() -> None:
+    from django.core.management import call_command
+
+    call_command("seed_demo")
+    call_command("seed_demo")  # idempotent
+    [command] = Command.all_tenants.filter(tenant__slug="demo")
+    [binding] = CapabilityBinding.all_tenants.filter(kind="command", config={"command": command.pk})
+    assert binding.agent.name == "Assistant" and command.name == "time-in"

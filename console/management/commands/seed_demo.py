@@ -161,11 +161,26 @@ class Command(BaseCommand):
             defaults={"config": {"retention_days": 365, "max_items": 5, "extract_after_idle_minutes": 30},
                       "enabled": True},
         )
+        self._seed_commands(tenant=tenant, agent=agent)
         self._seed_researcher(tenant=tenant, route=route, templates=templates)
         with tenant_scope(tenant.pk):  # the knowledge services work in the tenant's scope
             self._seed_docs_assistant(tenant=tenant, route=route)
             self._seed_datasets(tenant=tenant)
         return memberships
+
+    def _seed_commands(self, *, tenant: Tenant, agent: AgentInstance) -> None:
+        """A slash command of the tenant's, bound to the Assistant (admin guide, "Slash commands"):
+        ``/time-in <city>`` puts the question the demo model answers with its tool into the box."""
+        from capabilities.commands.models import Command
+
+        command, _ = Command.all_tenants.update_or_create(
+            tenant=tenant, name="time-in",
+            defaults={"description": "Ask for the time in a city.",
+                      "template": "What time is it in $city? Use the tool.",
+                      "arguments": [{"name": "city", "description": "A city, e.g. Tokyo.", "required": True}]},
+        )
+        CapabilityBinding.all_tenants.update_or_create(
+            tenant=tenant, agent=agent, kind="command", config={"command": command.pk}, defaults={"enabled": True})
 
     def _seed_datasets(self, *, tenant: Tenant) -> None:
         """The shipped evaluation datasets (issue 38: the embedded default measured on them),
