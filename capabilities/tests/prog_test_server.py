@@ -6,7 +6,8 @@ Tools:
 - ``chatty()``: logs ``debug``, ``info``, ``warning`` and ``error`` messages (logger ``chatty``;
   the error's data an object), returns ``ok``.
 - ``block()``: never returns (until cancelled).
-- ``steps(n)``: ``n`` progress notifications at once (``step i of n``), returns ``done``.
+- ``steps(n, delay)``: ``n`` progress notifications (``step i of n``), ``delay`` seconds apart
+  (default 0), returns ``done``.
 - ``summarize(text)``: asks the client's model (sampling) to summarize ``text`` and returns
   ``summary: <its text>``; a refusal is returned as ``refused: <message>`` on 2025-11-25 (the
   call goes on); on 2026-07-28 the request rides an ``InputRequiredResult``.
@@ -53,7 +54,7 @@ def _tool(name: str, properties: dict[str, Any] | None = None) -> types.Tool:
                                                                                 "properties": properties or {}})
 
 
-TOOLS = [_tool("chatty"), _tool("block"), _tool("steps", {"n": {"type": "integer"}}),
+TOOLS = [_tool("chatty"), _tool("block"), _tool("steps", {"n": {"type": "integer"}, "delay": {"type": "number"}}),
          _tool("summarize", {"text": {"type": "string"}}), _tool("pick")]
 
 LOOKUP = types.Tool(name="lookup", description="Look a word up.",
@@ -128,6 +129,7 @@ def build_server(state: ProgState) -> Server[Any]:
             n = int(args.get("n", 3))
             for i in range(1, n + 1):
                 await ctx.session.report_progress(i, n, f"step {i} of {n}")
+                await anyio.sleep(float(args.get("delay", 0)))
             return _text("done")
         if params.name in ("summarize", "pick"):
             return await _sample(ctx, params, state)
