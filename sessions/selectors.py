@@ -180,19 +180,22 @@ def approvers_resolve(approvers: Mapping[str, Any] | None) -> dict[str, Any]:
     """
     if not approvers:
         return {}
-    members = list(approvers.get("members") or [])
-    ids = {m for m in members if isinstance(m, int) and not isinstance(m, bool)}
-    emails = {m.lower() for m in members if isinstance(m, str)}
-    user_ids: set[int] = set()
-    if ids or emails:
-        for user_id, email in Membership.objects.values_list("user_id", "user__email"):
-            if user_id in ids or (email or "").lower() in emails:
-                user_ids.add(user_id)
     resolved = {"requester": bool(approvers.get("requester")), "roles": sorted(set(approvers.get("roles") or [])),
-                "user_ids": sorted(user_ids)}
+                "user_ids": _member_user_ids(approvers.get("members") or [])}
     if not (resolved["requester"] or resolved["roles"] or resolved["user_ids"]):
         resolved["roles"] = sorted(ADMIN_ROLES)
     return resolved
+
+
+def _member_user_ids(members: Sequence[Any]) -> list[int]:
+    """The user ids of the current tenant's members that ``members`` (user ids or e-mail
+    addresses, any case) name, sorted; those not members are left out."""
+    ids = {m for m in members if isinstance(m, int) and not isinstance(m, bool)}
+    emails = {m.lower() for m in members if isinstance(m, str)}
+    if not (ids or emails):
+        return []
+    rows = Membership.objects.values_list("user_id", "user__email")
+    return sorted({user_id for user_id, email in rows if user_id in ids or (email or "").lower() in emails})
 
 
 def approvals_decidable_q(*, user_id: int, role: str | None) -> Q:

@@ -205,3 +205,28 @@ def test_the_timeout_decides_as_the_rule_says_and_no_worker_waits(world, fake_ll
     assert calls["test_echo"].status == "succeeded"
     assert calls["test_sleep"].status == "failed" and "Nobody approved" in calls["test_sleep"].error
     assert Run.all_tenants.get(pk=run.pk).status == "completed"
+
+
+def test_the_console_lists_what_waits_and_decides_only_as_an_approver(world, other_world, fake_llm, no_enqueue):
+    from django.test import Client
+
+    policy = [{"pattern": "test_echo", "action": "ask", "approvers": {"roles": ["admin"]}},
+              {"pattern": "test_sleep", "action": "ask", "approvers": {"roles": ["owner"]}}]
+    run = _paused_run(world, fake_llm, policy, calls=(("test_echo", {"text": "a"}), ("test_sleep", {"seconds": 0})),
+                      bindings=("test_echo", "test_sleep"))
+    by_tool = {a.tool_name: a for a in Approval.all_tenants.filter(run_id=run.pk)}
+    console = Client()
+    console.force_login(world.admin)
+    listed = console.get("/admin/agent_sessions/approval/").content.decode()
+    assert "test_echo" in listed and "test_sleep" in listed and "role owner" in listed
+    other = Client()
+    other.force_login(other_world.admin)
+    assert "test_echo" not in other.get("/admin/agent_sessions/approval/").content.decode()
+
+    answer = console.post("/admin/agent_sessions/approval/", {
+        "action": "approve_selected", "_selected_action": [a.pk for a in by_tool.values()]}, follow=True)
+    page = answer.content.decode()
+    assert "1 approved." in page and "Only the approvers may decide this approval: role owner." in page
+    echo, sleep = (Approval.all_tenants.get(pk=by_tool[name].pk) for name in ("test_echo", "test_sleep"))
+    assert (echo.status, echo.decided_by_id, sleep.status) == ("approved", world.admin.pk, "pending")
+    assert Run.all_tenants.get(pk=run.pk).status == "awaiting_approval"  # the owner's decision still waits
