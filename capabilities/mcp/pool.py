@@ -19,7 +19,10 @@ A pooled session:
   ``notifications/tools/list_changed`` (handshake-era connections: a plain notification;
   2026-07-28 connections: a ``subscriptions/listen`` stream) and when older than
   ``catalogue_ttl_seconds``; the same for its **prompts** (:attr:`PooledSession.prompts`,
-  :mod:`capabilities.mcp.prompts`: ``prompts/list`` and ``notifications/prompts/list_changed``);
+  :mod:`capabilities.mcp.prompts`: ``prompts/list`` and ``notifications/prompts/list_changed``)
+  and its **resources** (:attr:`PooledSession.resources`, :mod:`capabilities.mcp.resources`:
+  ``resources/list`` and ``resources/templates/list``, stale on ``resources/list_changed`` and
+  on ``notifications/resources/updated``);
 - is **evicted when idle** (no call in flight, no run holding a lease) for
   ``idle_timeout_seconds``: the owner closes it, a stdio server process is terminated;
 - detects a **dead transport** (stdio process exit, dropped connection, terminated HTTP
@@ -49,7 +52,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import mcp_types
 from mcp import Client
-from mcp.shared.subscriptions import PromptsListChanged, ToolsListChanged
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ResourceUpdated, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_platform import metrics, telemetry
@@ -61,6 +64,7 @@ from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_
 from capabilities.mcp.http_log import HttpStatusLog
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback, call_tool_raw, list_all_tools
 from capabilities.mcp.prompts import PromptCache
+from capabilities.mcp.resources import ResourceCache
 from capabilities.mcp.transport import make_client
 from capabilities.mcp.transport_end import TransportEnd
 from capabilities.tools import ToolError
@@ -88,9 +92,11 @@ is itself bounded at about 6.5 s: stdin close, SIGTERM, SIGKILL)."""
 _LIST_CHANGED_NOTIFICATIONS: dict[type, str] = {
     mcp_types.ToolListChangedNotification: "tools",
     mcp_types.PromptListChangedNotification: "prompts",
+    mcp_types.ResourceListChangedNotification: "resources",
 }
 """Handshake-era ``notifications/<list>/list_changed`` → the list that changed."""
-_LIST_CHANGED_EVENTS: dict[type, str] = {ToolsListChanged: "tools", PromptsListChanged: "prompts"}
+_LIST_CHANGED_EVENTS: dict[type, str] = {ToolsListChanged: "tools", PromptsListChanged: "prompts",
+                                          ResourcesListChanged: "resources"}
 """2026-07-28 ``subscriptions/listen`` events → the list that changed."""
 
 _SESSION_GONE_MESSAGES = ("Session terminated",)
@@ -278,6 +284,8 @@ class PooledSession:
         """What the server offers on the current connection (None before the first connect)."""
         self.prompts = PromptCache(self)
         """The server's prompts (``prompts/list``, cached), ``prompts/get`` and ``completion/complete``."""
+        self.resources = ResourceCache(self)
+        """The server's resources and templates (listings cached) and ``resources/read``."""
 
     # --- state ------------------------------------------------------------------------------
 
@@ -529,6 +537,8 @@ class PooledSession:
         changed = _LIST_CHANGED_NOTIFICATIONS.get(type(message))
         if changed is not None:
             self._mark_changed(changed)
+        elif isinstance(message, mcp_types.ResourceUpdatedNotification):
+            self.resources.mark_updated(message.params.uri)
         elif isinstance(message, Exception):
             logger.debug("MCP server %r: transport reported %s", self.config.alias, describe_exception(message))
 
@@ -603,7 +613,10 @@ class PooledSession:
                 async with client.listen(**{f"{name}_list_changed": True for name in lists}) as subscription:
                     established = True
                     async for event in subscription:
-                        self._mark_changed(_LIST_CHANGED_EVENTS.get(type(event), "tools"))
+                        if isinstance(event, ResourceUpdated):
+                            self.resources.mark_updated(event.uri)
+                        else:
+                            self._mark_changed(_LIST_CHANGED_EVENTS.get(type(event), "tools"))
         except Exception as exc:  # noqa: BLE001 - reported below; the TTL still refreshes the catalogue
             if not established:
                 logger.info("MCP server %r: no tool-change subscription: %s", self.config.alias, describe_exception(exc))
@@ -616,6 +629,8 @@ class PooledSession:
         """The server's list ``name`` (``tools``, ``prompts``) changed: its cache is stale."""
         if name == "prompts":
             self.prompts.mark_changed()
+        elif name == "resources":
+            self.resources.mark_changed()
         else:
             self._mark_tools_changed()
 
@@ -905,8 +920,9 @@ class PooledSession:
 
 
 def _changing_lists(caps: mcp_types.ServerCapabilities) -> tuple[str, ...]:
-    """The lists (``tools``, ``prompts``) whose changes the server announces (``listChanged``)."""
-    return tuple(name for name, cap in (("tools", caps.tools), ("prompts", caps.prompts)) if cap and cap.list_changed)
+    """The lists (``tools``, ``prompts``, ``resources``) whose changes the server announces (``listChanged``)."""
+    lists = (("tools", caps.tools), ("prompts", caps.prompts), ("resources", caps.resources))
+    return tuple(name for name, cap in lists if cap and cap.list_changed)
 
 
 class McpPool:

@@ -47,7 +47,9 @@ def render_block(block: Any) -> tuple[str, bool]:
         return f"[audio {block.mime_type}, {_base64_size(block.data)} bytes]", False
     if isinstance(block, mcp_types.ResourceLink):
         mime = f" {block.mime_type}" if block.mime_type else ""
-        return f"[resource link {block.uri}{mime}]", False
+        title = block.title or block.name
+        named = f' "{title}"' if title else ""
+        return f"[resource link {block.uri}{named}{mime}]", False
     if isinstance(block, mcp_types.EmbeddedResource):
         resource = block.resource
         mime = f" {resource.mime_type}" if resource.mime_type else ""
@@ -55,6 +57,34 @@ def render_block(block: Any) -> tuple[str, bool]:
             return f"[resource {resource.uri}{mime}]\n{resource.text}", False
         return f"[resource {resource.uri}{mime}, {_base64_size(resource.blob)} bytes]", False
     return f"[{getattr(block, 'type', type(block).__name__)} content]", False
+
+
+_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
+               "audio/wav": "wav", "audio/mpeg": "mp3", "audio/ogg": "ogg"}
+
+
+def stored_binary(block: Any, *, alias: str, tool_name: str, index: int) -> tuple[str, str, str, str] | None:
+    """What of a tool result's block is stored as an artifact (a download in the chat app): images,
+    audio and embedded blob resources (a PDF, an image, any file a server returns).
+
+    Args:
+        index: The block's position in the result (0-based), for the file name.
+
+    Returns:
+        ``(label, mime type, base64 data, file name)`` or None (the block is rendered as text).
+        ``label`` starts the model's line: ``image``, ``audio``, ``resource <uri>``; the file is
+        ``<alias>-<tool>-<n>.<ext>`` for images and audio, the URI's last segment for resources.
+    """
+    if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
+        kind = "image" if isinstance(block, mcp_types.ImageContent) else "audio"
+        name = f"{alias}-{tool_name}-{index + 1}.{_EXTENSIONS.get(block.mime_type, 'bin')}"
+        return kind, block.mime_type, block.data, name
+    if isinstance(block, mcp_types.EmbeddedResource) and isinstance(block.resource, mcp_types.BlobResourceContents):
+        resource = block.resource
+        mime = resource.mime_type or "application/octet-stream"
+        name = resource.uri.rstrip("/").rsplit("/", 1)[-1][:200] or f"{alias}-{tool_name}-{index + 1}.bin"
+        return f"resource {resource.uri}", mime, resource.blob, name
+    return None
 
 
 def _binaries(blocks: Any) -> dict[str, str]:

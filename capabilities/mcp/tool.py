@@ -22,7 +22,7 @@ from capabilities.mcp.call_hooks import CallHooks
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import resume_arguments, resume_refusal
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback
-from capabilities.mcp.results import render_block, tool_result
+from capabilities.mcp.results import render_block, stored_binary, tool_result
 from capabilities.naming import EXPOSED_NAME_RE
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
@@ -81,10 +81,6 @@ class McpCaller(Protocol):
     ) -> mcp_types.CallToolResult: ...
 
 
-_BINARY_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
-                      "audio/wav": "wav", "audio/mpeg": "mp3", "audio/ogg": "ogg"}
-
-
 def _decode_base64(data: str) -> bytes | None:
     try:
         return base64.b64decode(data, validate=True)
@@ -100,11 +96,13 @@ async def result_for_model(
     - text blocks: verbatim, joined with newlines;
     - ``structuredContent``: ``ToolResult.data``; when there is no text block it also leads the
       text as JSON (servers usually repeat it as text themselves);
-    - images and audio: stored with ``context.artifact_save`` (an ``Artifact`` row, an
-      ``artifact_updated`` event); the model reads ``[image: artifact:<id>, image/png, N bytes]``
-      (invalid base64: ``[image image/png: invalid base64 data, not stored]``);
-    - resource links and embedded resources: one-line summaries (text resources followed by
-      their text).
+    - images, audio and embedded blob resources: stored with ``context.artifact_save`` (an
+      ``Artifact`` row, an ``artifact_updated`` event; :func:`~capabilities.mcp.results.stored_binary`);
+      the model reads ``[image: artifact:<id>, image/png, N bytes]`` or ``[resource <uri>:
+      artifact:<id>, application/pdf, N bytes]`` (invalid base64: ``[image image/png: invalid
+      base64 data, not stored]``); the chat app shows images and offers the others as downloads;
+    - embedded text resources: a summary line followed by their text; resource links: one line
+      (``[resource link <uri> "<title>" <type>]``).
 
     Raises:
         Whatever ``context.artifact_save`` raises (database errors).
@@ -112,17 +110,15 @@ async def result_for_model(
     parts: list[str] = []
     has_text = False
     for index, block in enumerate(result.content):
-        if isinstance(block, (mcp_types.ImageContent, mcp_types.AudioContent)):
-            kind = "image" if isinstance(block, mcp_types.ImageContent) else "audio"
-            data = _decode_base64(block.data)
+        binary = stored_binary(block, alias=alias, tool_name=tool_name, index=index)
+        if binary is not None:  # images, audio, embedded blob resources: artifacts (downloads)
+            label, mime_type, encoded, name = binary
+            data = _decode_base64(encoded)
             if data is None:
-                parts.append(f"[{kind} {block.mime_type}: invalid base64 data, not stored]")
+                parts.append(f"[{label} {mime_type}: invalid base64 data, not stored]")
                 continue
-            extension = _BINARY_EXTENSIONS.get(block.mime_type, "bin")
-            artifact_id = await context.artifact_save(
-                name=f"{alias}-{tool_name}-{index + 1}.{extension}", mime_type=block.mime_type, data=data
-            )
-            parts.append(f"[{kind}: artifact:{artifact_id}, {block.mime_type}, {len(data)} bytes]")
+            artifact_id = await context.artifact_save(name=name, mime_type=mime_type, data=data)
+            parts.append(f"[{label}: artifact:{artifact_id}, {mime_type}, {len(data)} bytes]")
             continue
         text, is_text = render_block(block)
         has_text = has_text or is_text

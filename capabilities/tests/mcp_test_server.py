@@ -21,6 +21,16 @@ Served by uvicorn in a background thread on 127.0.0.1 (a free port), or over std
   half of this call; tests crash the HTTP server with ``RunningServer.crash()``).
 - ``pid()``: the server process id.
 - ``sleep_echo(text, seconds)``: returns ``text`` after ``seconds``.
+- ``change_resources(action, name)``: ``action`` ``add`` adds a resource ``doc://added/<name>``
+  and announces ``resources/list_changed``; ``update`` announces ``resources/updated`` for
+  ``doc://notes/<name>`` (each as a plain notification and a ``subscriptions/listen`` event).
+- ``resource_result()``: a text block, an embedded text resource, an embedded image resource
+  (:data:`PNG_IMAGE`), an embedded PDF blob and a resource link (``doc://notes/readme``).
+
+Resources (:data:`RESOURCES`, ``resources/list`` in pages of 10: 11 of them, so 2 pages):
+``doc://notes/readme`` (Markdown), ``doc://images/logo.png`` (a real 120×80 PNG),
+``doc://big.txt`` (:data:`BIG_TEXT_BYTES` of text) and eight fillers; one template,
+``doc://notes/{name}`` (reads as ``Note <name>.``). An unknown URI is error ``-32002``.
 
 Env ``MCP_TEST_START_BARRIER=<dir>:<n>`` (stdio): on start, the server creates a file in
 ``<dir>`` and waits (up to 15 s) until ``n`` files exist: ``n`` servers connected one after the
@@ -61,10 +71,48 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.sse import SseServerTransport
 from mcp.server.stdio import stdio_server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ToolsListChanged,
+)
 from mcp.shared.exceptions import MCPError
 
 PAGE_SIZE = 10
+
+
+def _png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A real PNG of one colour (pure Python: zlib and CRCs)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    row = b"\x00" + bytes(rgb) * width
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(row * height))
+            + chunk(b"IEND", b""))
+
+
+PNG_IMAGE = _png(120, 80, (37, 99, 235))
+"""A real 120×80 blue PNG: ``doc://images/logo.png`` and ``resource_result``'s embedded image."""
+PDF_BYTES = b"%PDF-1.4\n% test\n%%EOF\n"
+BIG_TEXT_BYTES = 300_000
+README_TEXT = "# Readme\n\nThe launch is on **Tuesday**."
+RESOURCES: list[types.Resource] = [
+    types.Resource(uri="doc://notes/readme", name="readme", title="Project readme", description="How the project works.",
+                   mime_type="text/markdown"),
+    types.Resource(uri="doc://images/logo.png", name="logo", title="Logo", description="The project's logo.",
+                   mime_type="image/png", size=len(PNG_IMAGE)),
+    types.Resource(uri="doc://big.txt", name="big", description="A large text file.", mime_type="text/plain",
+                   size=BIG_TEXT_BYTES),
+    *[types.Resource(uri=f"doc://filler/{i}", name=f"filler-{i}", mime_type="text/plain") for i in range(8)],
+]
+RESOURCE_TEMPLATES = [types.ResourceTemplate(uri_template="doc://notes/{name}", name="note", title="A note by name",
+                                             description="Any note, by its name.", mime_type="text/plain")]
 PNG_BYTES = b"\x89PNG\r\n\x1a\n" + b"\x00" * 92  # 100 bytes, not a real picture
 WAV_BYTES = b"RIFF" + b"\x00" * 46  # 50 bytes
 
@@ -92,6 +140,9 @@ TOOLS: list[types.Tool] = [
     _tool("crash", "Exit the server process."),
     _tool("pid", "The server process id."),
     _tool("sleep_echo", "Echo text after a pause.", {"text": {"type": "string"}, "seconds": {"type": "number"}}),
+    _tool("change_resources", "Add a resource or announce one updated.",
+          {"action": {"type": "string"}, "name": {"type": "string"}}),
+    _tool("resource_result", "Return embedded resources and a resource link."),
 ]
 
 
@@ -108,6 +159,12 @@ class ServerState:
     bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)
     calls: int = 0
     """Tool calls received (any tool)."""
+    extra_resources: list[types.Resource] = field(default_factory=list)
+    """Resources added at runtime with ``change_resources`` (listed after ``RESOURCES``)."""
+    resource_cursors: list[str | None] = field(default_factory=list)
+    """The cursor of every ``resources/list`` request."""
+    reads: list[str] = field(default_factory=list)
+    """The URI of every ``resources/read`` request."""
     _barrier_in_flight: int = 0
     _barrier_event: anyio.Event | None = None
 
@@ -142,6 +199,8 @@ def build_server(state: ServerState) -> Server[Any]:
     async def on_call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         args = params.arguments or {}
         state.calls += 1
+        if params.name in ("change_resources", "resource_result"):
+            return await _resource_tool(ctx, state, params.name, args)
         if params.name == "progress":
             steps = int(args.get("steps", 3))
             for i in range(1, steps + 1):
@@ -206,8 +265,69 @@ def build_server(state: ServerState) -> Server[Any]:
         version="1.0",
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
+        **_resource_handlers(state),
         on_subscriptions_listen=ListenHandler(state.bus),
     )
+
+
+def _resource_handlers(state: ServerState) -> dict[str, Any]:
+    """``resources/list`` (pages of 10), ``resources/templates/list`` and ``resources/read``."""
+
+    async def on_list_resources(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        cursor = params.cursor if params is not None else None
+        state.resource_cursors.append(cursor)
+        start = int(cursor) if cursor else 0
+        resources = RESOURCES + state.extra_resources
+        next_start = start + PAGE_SIZE
+        return types.ListResourcesResult(resources=resources[start:next_start],
+                                         next_cursor=str(next_start) if next_start < len(resources) else None)
+
+    async def on_list_templates(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=RESOURCE_TEMPLATES)
+
+    async def on_read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        state.reads.append(uri)
+        if uri == "doc://notes/readme":
+            contents: list[Any] = [types.TextResourceContents(uri=uri, mime_type="text/markdown", text=README_TEXT)]
+        elif uri == "doc://images/logo.png":
+            contents = [types.BlobResourceContents(uri=uri, mime_type="image/png",
+                                                   blob=base64.b64encode(PNG_IMAGE).decode())]
+        elif uri == "doc://big.txt":
+            contents = [types.TextResourceContents(uri=uri, mime_type="text/plain", text="x" * BIG_TEXT_BYTES)]
+        elif uri.startswith(("doc://notes/", "doc://filler/", "doc://added/")):
+            contents = [types.TextResourceContents(uri=uri, mime_type="text/plain", text=f"Note {uri.rsplit('/', 1)[1]}.")]
+        else:
+            raise MCPError(code=-32002, message=f"Resource not found: {uri}")
+        return types.ReadResourceResult(contents=contents)
+
+    return {"on_list_resources": on_list_resources, "on_list_resource_templates": on_list_templates,
+            "on_read_resource": on_read_resource}
+
+
+async def _resource_tool(ctx: Any, state: ServerState, name: str, args: dict[str, Any]) -> types.CallToolResult:
+    """The tools ``change_resources`` and ``resource_result`` (see the module docstring)."""
+    if name == "change_resources":
+        if args.get("action") == "add":
+            state.extra_resources.append(types.Resource(uri=f"doc://added/{args['name']}", name=str(args["name"])))
+            await ctx.session.send_resource_list_changed()  # handshake era (dropped on modern connections)
+            await state.bus.publish(ResourcesListChanged())  # 2026-07-28 era: subscriptions/listen streams
+        else:
+            uri = f"doc://notes/{args['name']}"
+            await ctx.session.send_resource_updated(uri)
+            await state.bus.publish(ResourceUpdated(uri=uri))
+        return types.CallToolResult(content=[types.TextContent(text="changed")])
+    return types.CallToolResult(content=[
+        types.TextContent(text="Here is the report."),
+        types.EmbeddedResource(resource=types.TextResourceContents(uri="doc://notes/summary", mime_type="text/plain",
+                                                                   text="Summary: all green.")),
+        types.EmbeddedResource(resource=types.BlobResourceContents(uri="doc://images/chart.png", mime_type="image/png",
+                                                                   blob=base64.b64encode(PNG_IMAGE).decode())),
+        types.EmbeddedResource(resource=types.BlobResourceContents(uri="doc://files/report.pdf",
+                                                                   mime_type="application/pdf",
+                                                                   blob=base64.b64encode(PDF_BYTES).decode())),
+        types.ResourceLink(uri="doc://notes/readme", name="readme", title="Project readme", mime_type="text/markdown"),
+    ])
 
 
 @dataclass
