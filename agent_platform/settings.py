@@ -603,6 +603,8 @@ MCP_POOL_IDLE_TIMEOUT_SECONDS = float(os.environ.get("MCP_POOL_IDLE_TIMEOUT_SECO
 MCP_POOL_CATALOGUE_TTL_SECONDS = float(os.environ.get("MCP_POOL_CATALOGUE_TTL_SECONDS", "300"))
 MCP_POOL_BREAKER_FAILURE_THRESHOLD = int(os.environ.get("MCP_POOL_BREAKER_FAILURE_THRESHOLD", "3"))
 MCP_POOL_BREAKER_COOLDOWN_SECONDS = float(os.environ.get("MCP_POOL_BREAKER_COOLDOWN_SECONDS", "30"))
+# The most one MCP resource attached to a message may hold when read (capabilities/mcp/attached.py), bytes.
+MCP_RESOURCE_MAX_BYTES = int(os.environ.get("MCP_RESOURCE_MAX_BYTES", str(4 * 1024 * 1024)))
 
 LOGGING = {
     "version": 1,

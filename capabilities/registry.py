@@ -84,6 +84,11 @@ class RunInfo(Protocol):
     @property
     def entry_ids(self) -> tuple[int, ...]: ...
 
+    @property
+    def attached_resources(self) -> tuple[dict[str, Any], ...]:
+        """MCP resources the person attached to the run's message: ``[{binding, server_id,
+        server, uri}]`` (:mod:`capabilities.mcp.attached`)."""
+
 
 class InThread(Protocol):
     """``in_thread(fn)(*args, **kwargs)``: ``fn`` run on the run's database thread under its
@@ -130,6 +135,11 @@ class OpenContext:
     """The run's user (the member who sent the message)."""
     agent_id: int | None = None
     """The run's agent (``agents.AgentInstance`` id)."""
+    attach_file: Callable[[str, str, bytes], Awaitable[str]] | None = None
+    """``await attach_file(name, mime_type, data)``: store a file as an attachment of the run's
+    user message, as the chat app's attachments are (an artifact of the chat, its reference
+    line added to the message: images go to route entries that take them); returns the
+    reference line. Provided by the runner (None: files cannot be attached)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +254,12 @@ class CapabilityKind:
         exception is logged and the run goes on without this kind's blocks.
         """
         return []
+
+    def run_context_wanted(self, specs: Sequence[Any], run: RunInfo) -> bool:
+        """Whether :meth:`run_context` has anything to give ``run`` (default True). A kind
+        whose context depends on the run (the MCP kind: only runs with attached resources)
+        says no here, and the runner spends no database round trip on it."""
+        return True
 
     @classmethod
     def has_run_context(cls) -> bool:

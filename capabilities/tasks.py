@@ -22,3 +22,14 @@ def mcp_prompts_request(*, tenant_id: int, user_id: int | None, request: dict, r
     from capabilities.commands.worker import mcp_prompts_reply
 
     mcp_prompts_reply(tenant_id=tenant_id, user_id=user_id, request=request, reply_key=reply_key)
+
+
+@shared_task(name="capabilities.mcp_resources_request", ignore_result=True, time_limit=300)
+def mcp_resources_request(*, tenant_id: int, user_id: int | None, server_ids: list[int], query: str,
+                          reply_key: str) -> None:
+    """List the resources of MCP servers ``server_ids`` of tenant ``tenant_id`` for member
+    ``user_id`` matching ``query`` on this worker, and push the answer to the Redis list
+    ``reply_key`` (see :func:`sessions.api.resources.resources_request`)."""
+    from capabilities.mcp.server_resources import mcp_resources_reply
+
+    mcp_resources_reply(tenant_id=tenant_id, user_id=user_id, server_ids=server_ids, query=query, reply_key=reply_key)

@@ -276,6 +276,28 @@ def run_images_attach(*, run: Run, images: Sequence[tuple[str, str, bytes]]) -> 
     return run
 
 
+@transaction.atomic
+def run_file_attach(*, run_id: int, name: str, mime_type: str, data: bytes) -> tuple[Artifact, str]:
+    """Attach a file a run obtained for its user message (an MCP resource the person attached,
+    read when the run starts: :mod:`capabilities.mcp.attached`) as :func:`run_images_attach`
+    does. Requires the run's tenant scope.
+
+    Returns:
+        (the artifact, its reference line as added to the message).
+
+    Raises:
+        ApplicationError: 413 over :func:`attachment_max_bytes`, 400 when empty.
+    """
+    run = Run.objects.select_for_update(no_key=True).select_related("session").get(pk=run_id)
+    artifact = attachment_create(session=run.session, name=name, mime_type=mime_type, data=data)
+    line = attachment_reference(artifact)
+    content = f"{run.input}\n{line}"
+    Message.objects.filter(run=run, role=MessageRole.USER, content=run.input).update(content=content)
+    run.input = content
+    run.save(update_fields=["input"])
+    return artifact, line
+
+
 def attachment_reference(artifact: Artifact, data: bytes | None = None) -> str:
     """The text put into the user's message for an attachment, which is how the model is
     offered it:

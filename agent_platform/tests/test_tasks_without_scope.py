@@ -54,6 +54,7 @@ TESTS: dict[str, str] = {
     "knowledge.knowledge_base_reembed": "test_knowledge_base_reembed",
     "capabilities.mcp_server_test_connection": "test_mcp_server_test_connection",
     "capabilities.mcp_prompts_request": "test_mcp_prompts_request",
+    "capabilities.mcp_resources_request": "test_mcp_resources_request",
     "evaluation.experiment_advance": "test_experiment_advance",
     "automations.schedules_tick": "test_schedules_tick",
     "automations.delivery_attempt": "test_webhook_delivery_attempt",
@@ -434,6 +435,30 @@ def test_mcp_prompts_request(world, other_world):
                          request={"op": "list", "servers": [server.pk]}, reply_key=reply_key)
                 [row] = json.loads(client.lpop(reply_key))["servers"]
                 assert row["error"] == "" and row["prompts"][0]["name"] == "review"
+        finally:
+            client.close()
+
+
+def test_mcp_resources_request(world, other_world):
+    import redis
+
+    from capabilities import tasks
+    from capabilities.models import McpServer
+    from capabilities.tests.mcp_test_server import serve_mcp_http
+
+    with serve_mcp_http() as running:
+        with system_scope():
+            servers = [McpServer.all_tenants.create(tenant=w.tenant, name="Docs", alias="docs",
+                                                    transport="streamable_http", url=running.url,
+                                                    connect_timeout_seconds=10) for w in (world, other_world)]
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        try:
+            for server, w in zip(servers, (world, other_world), strict=True):
+                reply_key = f"{settings.REDIS_KEY_PREFIX}:mcp-resources:scope-{server.pk}"
+                run_task(tasks.mcp_resources_request, tenant_id=server.tenant_id, user_id=w.member.pk,
+                         server_ids=[server.pk], query="readme", reply_key=reply_key)
+                answer = json.loads(client.lpop(reply_key))
+                assert answer["errors"] == [] and [r["uri"] for r in answer["results"]] == ["doc://notes/readme"]
         finally:
             client.close()
 

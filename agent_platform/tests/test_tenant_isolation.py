@@ -232,6 +232,7 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     _assert_404(client.get(f"/api/v1/agents/{theirs['agent'].pk}/commands/"))
     _assert_404(client.post(f"/api/v1/agents/{theirs['agent'].pk}/commands/their-command/render/", {}, format="json"))
     _assert_404(client.get(f"/api/v1/agents/{theirs['agent'].pk}/commands/their-command/complete/?argument=x"))
+    _assert_404(client.get(f"/api/v1/agents/{theirs['agent'].pk}/resources/?q=x"))  # MCP resources to attach
     assert client.get("/api/v1/sessions/").json()["results"] == []
 
 

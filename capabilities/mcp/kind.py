@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from capabilities.mcp.attached import KIND_KEY, attached_resource_blocks, attached_resources_of, sessions_by_server
 from capabilities.mcp.binding_config import binding_config_errors
 from capabilities.mcp.config import McpServerConfig
 from capabilities.mcp.pool import mcp_pool
@@ -93,6 +94,7 @@ class McpServerKind(CapabilityKind):
         sessions = [pool.session(tenant_id=ctx.tenant_id, server_id=b.server_id, config=b.server) for b in specs]
         for session in sessions:
             ctx.stack.callback(session.lease())
+        ctx.extra[KIND_KEY] = sessions_by_server(specs, sessions)  # attached resources are read through them
         catalogues = await asyncio.gather(*(_catalogue(ctx, s) for s in sessions), return_exceptions=True)
         opened = []
         for binding, session, catalogue in zip(specs, sessions, catalogues, strict=False):
@@ -100,6 +102,16 @@ class McpServerKind(CapabilityKind):
             if toolset is not None:
                 opened.append((binding, toolset))
         return opened
+
+
+    def run_context_wanted(self, specs: Sequence[McpBindingSpec], run: Any) -> bool:
+        """Only a run whose message carries resources (:mod:`capabilities.mcp.attached`)."""
+        return bool(attached_resources_of(run))
+
+    async def run_context(self, specs: Sequence[McpBindingSpec], ctx: OpenContext, query: str) -> list[Any]:
+        """The resources attached to the run's message, read through the run's sessions
+        (:func:`capabilities.mcp.attached.attached_resource_blocks`)."""
+        return await attached_resource_blocks(ctx)
 
 
 async def _server_toolset(binding: McpBindingSpec, session: Any, catalogue: Any, ctx: OpenContext) -> KindToolset | None:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sessions.api import chats, knowledge_uploads, views
+from sessions.api import chats, knowledge_uploads, resources, views
 from sessions.sse import session_events_sse
 
 urlpatterns = [
@@ -28,4 +28,5 @@ urlpatterns = [
     path("approvals/", views.ApprovalListApi.as_view(), name="approval-list"),
     path("approvals/<int:approval_id>/", views.ApprovalDecideApi.as_view(), name="approval-decide"),
     path("runs/<int:run_id>/activities/", views.RunActivitiesApi.as_view(), name="run-activities"),
+    path("agents/<int:agent_id>/resources/", resources.AgentResourceListApi.as_view(), name="agent-resources"),
 ]

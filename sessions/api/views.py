@@ -20,6 +20,7 @@ from agents.selectors import agent_get_active
 from agents.versions import run_pin
 from llm.errors import public_error_message
 from llm.metering import LLMCallPurpose
+from sessions.api.resources import message_resources
 from sessions.models import (
     Approval,
     ApprovalKind,
@@ -324,6 +325,11 @@ class MessagePostApi(TenantScopedApiView):
             ref_name = "MessagePostInput"
 
         content = serializers.CharField(allow_blank=False, trim_whitespace=True)
+        resources = serializers.ListField(
+            child=serializers.JSONField(), required=False, default=list,
+            help_text="MCP resources to attach: [{binding or server, uri}] of the agent's MCP servers (GET "
+                      "/api/v1/agents/<id>/resources/), read when the run starts; 400 names a bad item.",
+        )
         draft = serializers.BooleanField(
             required=False, default=False,
             help_text="Run the agent's draft (its latest version) rather than its published one: the console's "
@@ -341,8 +347,12 @@ class MessagePostApi(TenantScopedApiView):
         draft = data.validated_data["draft"]
         if draft and not (getattr(request, "membership", None) and request.membership.is_admin):
             raise PermissionDenied("Only tenant owners and admins may run an agent's draft.")
+        content, options = data.validated_data["content"], None
+        if data.validated_data["resources"]:  # MCP resources attached (sessions.api.resources)
+            stored, lines = message_resources(session=session, refs=data.validated_data["resources"])
+            content, options = "\n".join([content, *lines]), {"resources": stored}
         with run_pin(draft=draft):
-            run = message_post(session=session, user=request.user, content=data.validated_data["content"])
+            run = message_post(session=session, user=request.user, content=content, request_options=options)
         return Response({"run": RunSerializer(run).data}, status=status.HTTP_201_CREATED)
 
 

@@ -54,7 +54,7 @@ def _producers(spec: RunSpec, *, context: bool) -> Producers:
     """The run's bound kinds that add a start context (``context``) or attribute answers (not ``context``)."""
     wanted = [kind for kind in kinds() if (kind.has_run_context() if context else kind.has_run_completed())]
     found = [(kind, spec.bindings_of(kind.key)) for kind in wanted]
-    return [(kind, specs) for kind, specs in found if specs]
+    return [(kind, specs) for kind, specs in found if specs and (not context or kind.run_context_wanted(specs, spec))]
 
 
 async def run_context_open(spec: RunSpec, ctx: OpenContext | None, *, store: RunStore) -> tuple[ContextBlock, ...]:

@@ -35,6 +35,9 @@ class RunRequestOptions:
     response_format: dict[str, Any] | None = None
     """``{"type": "json_object"}`` or ``{"type": "json_schema", "name", "schema", "strict"}``: the
     answer must be JSON (valid against ``schema``); None: free text."""
+    resources: tuple[dict[str, Any], ...] = ()
+    """MCP resources attached to the message (the chat app's ``@``): ``[{binding, server_id,
+    server, uri}]``, read when the run starts (:mod:`capabilities.mcp.attached`)."""
     unattended: str = ""
     """Nobody watches the run (started through the OpenAI-compatible API, A2A or agents over
     MCP): an MCP server's request for input gets this answer at once (``decline`` or
@@ -52,7 +55,8 @@ class RunRequestOptions:
                                parameters=t.get("parameters") or {"type": "object", "properties": {}})
                       for t in data.get("client_tools") or ())
         return cls(client_tools=tools, instructions=data.get("instructions") or "",
-                   response_format=data.get("response_format"), unattended=data.get("unattended") or "")
+                   response_format=data.get("response_format"), unattended=data.get("unattended") or "",
+                   resources=tuple(r for r in data.get("resources") or () if isinstance(r, dict)))
 
     def to_json(self) -> dict[str, Any] | None:
         """The JSON stored in ``Run.request_options`` (None when there is nothing to keep)."""
@@ -66,6 +70,8 @@ class RunRequestOptions:
             data["response_format"] = self.response_format
         if self.unattended:
             data["unattended"] = self.unattended
+        if self.resources:
+            data["resources"] = list(self.resources)
         return data or None
 
 
@@ -147,6 +153,11 @@ class RunSpec:
         if self.output_schema is not None:
             return {"type": "json_schema", "name": "answer", "schema": self.output_schema, "strict": False}
         return None
+
+    @property
+    def attached_resources(self) -> tuple[dict[str, Any], ...]:
+        """The MCP resources attached to the run's message (``request_options.resources``)."""
+        return self.request_options.resources
 
     def bindings_of(self, kind: str) -> tuple[Any, ...]:
         """The binding specs of kind ``kind`` (``"mcp_server"``, ``"cli"``, ...), in order."""

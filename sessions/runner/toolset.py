@@ -169,6 +169,23 @@ def client_tools_add(toolset: Toolset, specs: tuple[ToolSpec, ...]) -> None:
         toolset.origins[tool_spec.name] = ToolOrigin(source=CLIENT_SOURCE, name=tool_spec.name)
 
 
+def _file_attacher(spec: RunSpec, publish: Publish | None) -> Callable[[str, str, bytes], Awaitable[str]]:
+    """``OpenContext.attach_file`` of the run: the file stored as an attachment of its user message
+    (:func:`sessions.chat_services.run_file_attach`), announced as ``artifact_updated``."""
+
+    async def attach(name: str, mime_type: str, data: bytes) -> str:
+        from sessions.chat_services import run_file_attach
+
+        artifact, line = await db(run_file_attach)(run_id=spec.run_id, name=name, mime_type=mime_type, data=data)
+        if publish is not None:
+            await publish("artifact_updated", {"artifact_id": artifact.pk, "name": artifact.name,
+                                               "mime_type": artifact.mime_type, "size_bytes": artifact.size_bytes,
+                                               "tool_call_id": None})
+        return line
+
+    return attach
+
+
 async def _open_bindings(spec: RunSpec, stack: contextlib.AsyncExitStack, toolset: Toolset, *,
                          publish: Publish | None, skill_tool: SkillToolFactory | None) -> None:
     """Open the run's bindings, each kind in turn, and name their tools into ``toolset``."""
@@ -181,6 +198,7 @@ async def _open_bindings(spec: RunSpec, stack: contextlib.AsyncExitStack, toolse
     ctx = OpenContext(
         tenant_id=spec.tenant_id, run_id=spec.run_id, tool_timeout_seconds=spec.tool_timeout_seconds, stack=stack,
         publish=publish, in_thread=db, subrun_tool=subrun_tool, run=spec, user_id=spec.user_id, agent_id=spec.agent_id,
+        attach_file=_file_attacher(spec, publish),
     )
     toolset.context = ctx
     by_kind: dict[str, list[Any]] = {}
