@@ -211,7 +211,9 @@ export const api = {
   usageMe: () => get('usage/me/'),
   createSession: (agentId) => post('sessions/', { agent: agentId }),
   getSession: (id, opts) => get(`sessions/${enc(id)}/`, opts),
-  sendMessage: (id, content) => post(`sessions/${enc(id)}/messages/`, { content }),
+  sendMessage: (id, content, resources) =>
+    post(`sessions/${enc(id)}/messages/`, resources && resources.length ? { content, resources } : { content }),
+  listResources: (agentId, q) => get(`agents/${enc(agentId)}/resources/?q=${encodeURIComponent(q || '')}`),
   /** Decide an approval: {decision: 'approve'|'deny', reason} or, for a question, {answer}. */
   decideApproval: (id, body) => post(`approvals/${enc(id)}/`, body),
 };

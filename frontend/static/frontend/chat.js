@@ -400,6 +400,7 @@ export class ChatView {
       sending: this.sending,
       running: this.conversation.hasActiveRun(),
       agentName: this.agentName,
+      agentId: this.session?.agent?.id,
       steer: this.messageMode === 'steer',
     });
   }
@@ -430,9 +431,10 @@ export class ChatView {
     this.updateComposer();
     try {
       const content = await this.withAttachments(typed);
-      const answer = await api.sendMessage(this.sessionId, content);
+      const answer = await api.sendMessage(this.sessionId, content, this.composer.resourcePicker.refs());
       if (this.destroyed) return;
       this.composer.setText('');
+      this.composer.resourcePicker.clear();
       const created = answer && (answer.run || answer);
       if (created && created.id !== undefined && created.id !== null) {
         this.conversation.addSent(created, { content, steered: wasRunning && this.messageMode === 'steer' });

@@ -5,6 +5,7 @@
 
 import { h, replaceChildren, formatBytes } from './dom.js';
 import { icon } from './icons.js';
+import { mountResourcePicker } from './resources_picker.js'; // "@": attach an MCP resource
 
 const MAX_ATTACHMENT_BYTES = 10 * 1024 * 1024;
 const MAX_ATTACHMENTS = 10;
@@ -101,6 +102,7 @@ export class Composer {
       onSend();
     });
     this.state = { loaded: false, sending: false, running: false, agentName: '', steer: false };
+    this.resourcePicker = mountResourcePicker(this); // resources_picker.js: refs(), clear()
   }
 
   /** The typed message, trimmed. */

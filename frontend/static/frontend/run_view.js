@@ -8,6 +8,7 @@ import { isActive } from './chat_state.js';
 import { h, replaceChildren, shortTime, fullTime, attach } from './dom.js';
 import { jsonAsMarkdown, renderRichText } from './richtext.js';
 import { ToolCardView } from './tool_card.js';
+import { renderUserInput } from './resources_picker.js'; // sent messages' attached resources as chips
 
 /** What happened and what to do next, for a run's failure reason. */
 export const FAILURE_HELP = {
@@ -164,7 +165,7 @@ export class RunView {
     const active = isActive(run.status);
     this.el.setAttribute('aria-busy', active ? 'true' : 'false');
 
-    if (this.userText.textContent !== run.input) this.userText.textContent = run.input;
+    renderUserInput(this.userText, run.input); // resources_picker.js: "[resource: …]" lines as chips
     this.userTime.textContent = shortTime(run.createdAt);
     if (run.createdAt) this.userTime.setAttribute('datetime', run.createdAt);
     this.userTime.title = fullTime(run.createdAt);

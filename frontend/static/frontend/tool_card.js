@@ -5,6 +5,7 @@
 import { renderBrowserOperation } from './browser.js'; // browser capability
 import { isActive } from './chat_state.js';
 import { h, replaceChildren, spinner, formatDuration, formatSize } from './dom.js';
+import { renderToolFiles } from './tool_files.js'; // an MCP result's images, downloads and resource links
 
 const FAILED_TOOL_STATUSES = new Set(['failed', 'error', 'timed_out']);
 
@@ -172,6 +173,7 @@ export class ToolCardView {
       this.args,
       this.out,
       (this.browserEl = h('div', { class: 'browser-op', testid: 'browser-operation', hidden: true })), // browser.js
+      (this.filesEl = h('ul', { class: 'tool-files', testid: 'tool-files', 'aria-label': 'Files of the result', hidden: true })), // tool_files.js
     );
     this.expanded = false;
     this.outKind = null; // 'result' | 'error' once output is shown
@@ -235,6 +237,7 @@ export class ToolCardView {
     this.outKind = kind;
     this.outText = text;
     this.outLabel.textContent = kind === 'error' ? 'Error' : 'Result';
+    renderToolFiles(this.filesEl, kind === 'result' ? text : ''); // tool_files.js
     this.outSize.textContent = text ? formatSize(text.length) : 'empty';
     this.renderOutput();
   }

@@ -1,0 +1,207 @@
+// MCP resources in the chat (issue 37): typing "@" in the message box opens a picker over the
+// agent's MCP servers' resources (GET /api/v1/agents/<id>/resources/?q=, searched as you type);
+// the chosen resource shows as a chip above the box and is posted with the message
+// (resources: [{binding, uri}]); a template asks for its URI filled in first. Keyboard: ↑/↓ move,
+// Enter or Tab choose, Esc closes. The box keeps the focus: while the list is open it controls
+// it (aria-controls) and names the active option (aria-activedescendant), as the / picker does.
+// renderUserInput() shows a sent message's "[resource: <server> <uri>]" lines as chips.
+
+import { api } from './api.js';
+import { h, replaceChildren } from './dom.js';
+
+const TOKEN = /(^|\s)@([^\s@]*)$/; // "@query" just before the caret
+const RESOURCE_LINE = /^\[resource: (\S+) (\S+)\]$/;
+const MAX_SHOWN = 8;
+let nextId = 0;
+
+/** Attach the picker to a Composer (composer.js calls this once). Returns the picker. */
+export function mountResourcePicker(composer) {
+  return new ResourcePicker(composer);
+}
+
+class ResourcePicker {
+  constructor(composer) {
+    this.composer = composer;
+    this.input = composer.input;
+    this.chosen = []; // {binding, server, uri, label}
+    this.items = [];
+    this.active = -1;
+    this.open = false;
+    this.seq = 0;
+    this.timer = null;
+    this.id = `resource-picker-${nextId++}`;
+    this.list = h('ul', { id: this.id, class: 'resource-picker', role: 'listbox', testid: 'resource-picker',
+      'aria-label': 'Resources to attach', hidden: true });
+    this.status = h('div', { class: 'resource-picker-status', testid: 'resource-picker-status', role: 'status' });
+    this.popup = h('div', { class: 'resource-popup', hidden: true }, this.status, this.list);
+    this.chips = h('ul', { class: 'attach-chips resource-chips', testid: 'resource-chips', 'aria-label': 'Attached resources', hidden: true });
+    this.input.setAttribute('aria-autocomplete', 'list');
+    this.controlled = null; // the box's aria-controls before the list opened (the / picker's)
+    composer.el.insertBefore(this.chips, composer.el.firstChild);
+    composer.el.append(this.popup);
+    this.input.addEventListener('input', () => this.onInput());
+    this.input.addEventListener('blur', () => setTimeout(() => this.close(), 150));
+    composer.keyHandlers.push((event) => this.onKeydown(event)); // before the box's Enter-to-send
+  }
+
+  /** The chosen resources as posted: [{binding, uri}]. */
+  refs() {
+    return this.chosen.map(({ binding, uri }) => ({ binding, uri }));
+  }
+
+  clear() {
+    this.chosen = [];
+    this.renderChips();
+  }
+
+  query() {
+    const before = this.input.value.slice(0, this.input.selectionStart ?? this.input.value.length);
+    const match = TOKEN.exec(before);
+    return match ? match[2] : null;
+  }
+
+  onInput() {
+    const q = this.query();
+    if (q === null || !this.composer.state.agentId) {
+      this.close();
+      return;
+    }
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.search(q), 150);
+  }
+
+  async search(q) {
+    const seq = ++this.seq;
+    this.show();
+    this.status.textContent = 'Searching…';
+    let answer;
+    try {
+      answer = await api.listResources(this.composer.state.agentId, q);
+    } catch (err) {
+      if (seq === this.seq) this.status.textContent = err.message || 'Could not list the resources.';
+      return;
+    }
+    if (seq !== this.seq || !this.open) return;
+    this.items = (answer.results || []).slice(0, MAX_SHOWN);
+    const failed = (answer.errors || []).map((e) => `${e.server}: ${e.error}`).join(' · ');
+    this.status.textContent = this.items.length
+      ? `${this.items.length} resource${this.items.length === 1 ? '' : 's'}${failed ? ` · ${failed}` : ''}`
+      : failed || (q ? `No resource matches “${q}”.` : 'This agent has no resources.');
+    this.active = this.items.length ? 0 : -1;
+    this.renderList();
+  }
+
+  show() {
+    if (!this.open) this.controlled = this.input.getAttribute('aria-controls');
+    this.open = true;
+    this.popup.hidden = false;
+    this.input.setAttribute('aria-controls', this.id);
+  }
+
+  close() {
+    this.open = false;
+    this.seq += 1;
+    this.popup.hidden = true;
+    this.list.hidden = true;
+    this.items = [];
+    if (this.input.getAttribute('aria-controls') === this.id) {
+      if (this.controlled) this.input.setAttribute('aria-controls', this.controlled);
+      else this.input.removeAttribute('aria-controls');
+      this.input.removeAttribute('aria-activedescendant');
+    }
+  }
+
+  renderList() {
+    this.list.hidden = !this.items.length;
+    replaceChildren(this.list, this.items.map((item, i) => {
+      const option = h('li', {
+        id: `${this.id}-${i}`, role: 'option', class: 'resource-option', testid: 'resource-option',
+        'aria-selected': String(i === this.active), dataset: { uri: item.uri },
+      },
+      h('span', { class: 'resource-name', text: item.title || item.name }),
+      h('span', { class: 'resource-uri', text: `${item.server} · ${item.uri}${item.template ? ' (template)' : ''}` }),
+      item.description ? h('span', { class: 'resource-desc', text: item.description }) : null);
+      option.addEventListener('mousedown', (event) => {
+        event.preventDefault(); // keep the focus in the box
+        this.choose(i);
+      });
+      return option;
+    }));
+    if (this.active >= 0) this.input.setAttribute('aria-activedescendant', `${this.id}-${this.active}`);
+    else this.input.removeAttribute('aria-activedescendant');
+  }
+
+  /** A key in the box (composer.keyHandlers): true when it was the picker's (it does not send). */
+  onKeydown(event) {
+    if (!this.open || event.isComposing) return false;
+    const count = this.items.length;
+    if (event.key === 'Escape') {
+      this.close();
+    } else if ((event.key === 'ArrowDown' || event.key === 'ArrowUp') && count) {
+      this.active = (this.active + (event.key === 'ArrowDown' ? 1 : count - 1)) % count;
+      this.renderList();
+    } else if ((event.key === 'Enter' || event.key === 'Tab') && this.active >= 0) {
+      this.choose(this.active);
+    } else {
+      return false;
+    }
+    event.preventDefault();
+    event.stopPropagation(); // Esc does not also stop the answer (chat.js listens on the document)
+    return true;
+  }
+
+  /** Take item `i`: the "@query" leaves the box, the resource becomes a chip (a template asks for its URI). */
+  choose(i) {
+    const item = this.items[i];
+    if (!item) return;
+    let uri = item.uri;
+    if (item.template) {
+      uri = window.prompt(`Fill in the template's {variables} for ${item.title || item.name}:`, item.uri);
+      if (!uri || /\{[^}]*\}/.test(uri)) {
+        this.close();
+        return;
+      }
+    }
+    const caret = this.input.selectionStart ?? this.input.value.length;
+    const before = this.input.value.slice(0, caret).replace(/@[^\s@]*$/, '');
+    this.composer.setText(before + this.input.value.slice(caret));
+    if (!this.chosen.some((c) => c.binding === item.binding && c.uri === uri)) {
+      this.chosen.push({ binding: item.binding, server: item.server, uri, label: item.template ? uri : item.title || item.name });
+    }
+    this.close();
+    this.renderChips();
+    this.input.focus();
+  }
+
+  renderChips() {
+    this.chips.hidden = !this.chosen.length;
+    replaceChildren(this.chips, this.chosen.map((c) => {
+      const remove = h('button', { type: 'button', class: 'chip-remove', 'aria-label': `Remove ${c.label}`, text: '×' });
+      remove.addEventListener('click', () => {
+        this.chosen = this.chosen.filter((x) => x !== c);
+        this.renderChips();
+        this.input.focus();
+      });
+      return h('li', { class: 'attach-chip resource-chip', testid: 'resource-chip', title: `${c.server} · ${c.uri}` },
+        h('span', { class: 'resource-at', 'aria-hidden': 'true', text: '@' }),
+        h('span', { class: 'attach-name', text: c.label }), remove);
+    }));
+  }
+}
+
+/** Show a sent message in `el`: its text, with "[resource: <server> <uri>]" lines as chips. */
+export function renderUserInput(el, input) {
+  const text = String(input || '');
+  if (el.dataset.input === text) return;
+  el.dataset.input = text;
+  const lines = text.split('\n');
+  const chips = lines.map((line) => RESOURCE_LINE.exec(line)).filter(Boolean);
+  if (!chips.length) {
+    el.textContent = text;
+    return;
+  }
+  const rest = lines.filter((line) => !RESOURCE_LINE.test(line)).join('\n');
+  replaceChildren(el, h('span', { text: rest }), h('ul', { class: 'attach-chips resource-chips sent', 'aria-label': 'Attached resources' },
+    chips.map(([, server, uri]) => h('li', { class: 'attach-chip resource-chip', testid: 'sent-resource-chip', title: `${server} · ${uri}` },
+      h('span', { class: 'resource-at', 'aria-hidden': 'true', text: '@' }), h('span', { class: 'attach-name', text: uri })))));
+}
