@@ -28,10 +28,12 @@ Environment (all optional; default in brackets):
 * ``LLM_ROLE``: ``chat`` or ``embeddings`` [chat]
 * ``LLM_HOST``: listen address [127.0.0.1]
 * ``LLM_PORT``: listen port [8081]
+* ``LLM_MODEL_NAME``: which embedded chat model (``scripts/setup_model.py``'s ``MODELS``:
+  ``qwen2.5-coder-0.5b-instruct`` or ``qwen2.5-coder-1.5b-instruct``); also the model id the
+  demo route sends [qwen2.5-coder-0.5b-instruct]
 * ``LLM_MODEL_PATH``: the GGUF file, relative paths from the repository root
-  [var/models/qwen2.5-coder-0.5b-instruct-q4.gguf]
-* ``LLM_MODEL_ALIAS``: the model id clients send and /v1/models reports
-  [qwen2.5-coder-0.5b-instruct]
+  [var/models/<the model's file name>]
+* ``LLM_MODEL_ALIAS``: the model id clients send and /v1/models reports [``LLM_MODEL_NAME``'s]
 * ``LLM_N_CTX``: context window in tokens [8192]
 * ``LLM_N_THREADS``: CPU threads for generation and prompt processing [usable CPUs]
 * ``LLM_API_KEY``: if set, clients must send it as a Bearer token [none]
@@ -164,7 +166,7 @@ def server_command(model_path: Path, extra_args: list[str] | None = None, *, rol
         ]  # fmt: skip
     else:
         served = [
-            "--model_alias", os.environ.get("LLM_MODEL_ALIAS") or DEFAULT_ALIAS,
+            "--model_alias", os.environ.get("LLM_MODEL_ALIAS") or setup_model.model_spec().name,
             "--host", host,
             "--port", str(os.environ.get("LLM_PORT") or DEFAULT_PORT),
             "--n_ctx", str(os.environ.get("LLM_N_CTX") or DEFAULT_N_CTX),
