@@ -22,7 +22,9 @@ def mcp_prompts_request(*, tenant_id: int, user_id: int | None, request: dict[st
     Requests (``servers`` / ``server``: ``McpServer`` ids of the tenant; others find nothing):
 
     - ``{op: "list", servers: [id, ...]}`` → ``{servers: [{server_id, alias, prompts: [{name,
-      title, description, arguments: [{name, description, required}]}], error}]}``;
+      title, description, arguments: [{name, description, required}]}], error}]}`` (a server
+      that has not answered within three quarters of the wait is named with an error, so the
+      others' prompts arrive in time);
     - ``{op: "get", server, prompt, arguments: {name: value}}`` → ``{description, messages:
       [{role, content}]}`` (the MCP ``PromptMessage`` s as JSON);
     - ``{op: "complete", server, prompt, argument, value, context: {name: value}}`` →
@@ -35,6 +37,8 @@ def mcp_prompts_request(*, tenant_id: int, user_id: int | None, request: dict[st
     """
     wait = settings.MCP_PROMPTS_WAIT_SECONDS if wait_seconds is None else wait_seconds
     reply_key = f"{settings.REDIS_KEY_PREFIX}:mcp-prompts:{uuid.uuid4().hex}"
+    if request.get("op") == "list":  # a slow server is named, not the whole answer lost
+        request = {**request, "deadline_seconds": max(1.0, wait * 0.75)}
     task.apply_async(kwargs={"tenant_id": tenant_id, "user_id": user_id, "request": request, "reply_key": reply_key})
     client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=wait + 5)
     try:

@@ -76,16 +76,22 @@ def _session(tenant_id: int, target: ServerTarget) -> Any:
     return mcp_pool().session(tenant_id=tenant_id, server_id=target.server_id, config=target.config)
 
 
-async def prompts_list(tenant_id: int, targets: list[ServerTarget]) -> dict[str, Any]:
+async def prompts_list(tenant_id: int, targets: list[ServerTarget], deadline_seconds: float | None = None
+                       ) -> dict[str, Any]:
     """``{servers: [{server_id, alias, prompts: [McpPromptInfo.as_json()], error}]}``, the
-    servers listed concurrently (a failing server: its ``error``, no prompts)."""
+    servers listed concurrently (a failing server: its ``error``, no prompts). A server that has
+    not answered within ``deadline_seconds`` (None: no bound but the server's own timeouts) is
+    an error too; its connect and listing go on in the pool, so the next request finds them."""
 
     async def one(target: ServerTarget) -> dict[str, Any]:
         row: dict[str, Any] = {"server_id": target.server_id, "alias": target.alias, "prompts": [], "error": target.error}
         if target.config is None:
             return row
         try:
-            prompts = await _session(tenant_id, target).prompts.list()
+            prompts = await asyncio.wait_for(_session(tenant_id, target).prompts.list(), deadline_seconds)
+        except TimeoutError:
+            row["error"] = (f"MCP server {target.alias!r} did not list its prompts within {deadline_seconds:g} s "
+                            "(still starting?); try again in a moment.")
         except ToolError as exc:
             row["error"] = exc.message
         else:
@@ -150,7 +156,9 @@ def mcp_prompts_answer(*, tenant_id: int, user_id: int | None, request: dict[str
         targets = server_targets(tenant_id=tenant_id, user_id=user_id,
                                  server_ids=[i for i in ids or () if type(i) is int])
     if op == "list":
-        return mcp_loop_run(lambda: prompts_list(tenant_id, targets))
+        deadline = request.get("deadline_seconds")
+        deadline = float(deadline) if isinstance(deadline, (int, float)) and deadline > 0 else None
+        return mcp_loop_run(lambda: prompts_list(tenant_id, targets, deadline))
     if not targets:
         return {"error": "MCP server not found.", "code": "not_found"}
     target = targets[0]

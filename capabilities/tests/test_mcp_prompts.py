@@ -131,3 +131,22 @@ def test_prompt_messages_become_text_and_attachments() -> None:
     assert rendered.attachments == [{"filename": "picture-1.png", "mime_type": "image/png", "data": png}]
     only_user = prompt_messages_render([{"role": "user", "content": {"type": "text", "text": "Hi"}}])
     assert only_user.text == "Hi" and only_user.attachments == []
+
+
+async def test_a_server_slower_than_the_deadline_is_named_and_the_others_listed() -> None:
+    from capabilities.commands.worker import ServerTarget, prompts_list
+    from capabilities.mcp.pool import mcp_pool
+    from capabilities.tests.mcp_test_server import silent_listener
+
+    with serve_prompts() as server, silent_listener() as port:
+        targets = [ServerTarget(1, "docs", config(server.url)),
+                   ServerTarget(2, "hung", config(f"http://127.0.0.1:{port}/mcp", alias="hung", connect_timeout_seconds=1.5)),
+                   ServerTarget(3, "gone", None, "You have not connected 'gone' yet.")]
+        try:
+            answer = await prompts_list(1, targets, deadline_seconds=1.0)
+        finally:
+            await mcp_pool().aclose()
+    docs, hung, gone = answer["servers"]
+    assert len(docs["prompts"]) == 14 and docs["error"] == ""
+    assert hung["prompts"] == [] and "did not list its prompts within 1 s" in hung["error"]
+    assert gone["error"] == "You have not connected 'gone' yet."
