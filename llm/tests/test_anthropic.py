@@ -791,3 +791,34 @@ def test_request_json_round_trips() -> None:
     """The request is plain JSON (what the SDK sends verbatim)."""
     params = adapter.build_request(entry(0, "http://127.0.0.1:1"), HISTORY, [TIME_TOOL])
     assert json.loads(json.dumps(params))["messages"] == EXPECTED_HISTORY_MESSAGES
+
+
+# --- model call records (issue 40): the bodies a router with capture_bodies keeps -----------
+
+
+async def test_a_capturing_router_keeps_the_request_as_sent_and_the_answer_assembled(claude: FakeAnthropicServer) -> None:
+    claude.script(ToolCalls([("get_current_time", {"timezone": "Asia/Tokyo"})], text="Checking.", chunk_size=3))
+    kept: list[AttemptRecord] = []
+
+    async def record(attempt: AttemptRecord) -> None:
+        kept.append(attempt)
+
+    router = Router([entry(0, claude.base_url, api_key="sk-ant-SECRET-0123456789")], record=record, capture_bodies=True)
+    async with aclosing(router.stream(USER, [TIME_TOOL])) as stream:
+        events = [event async for event in stream]
+    assert isinstance(events[-1], Completion)
+    [attempt] = kept
+    request, response = attempt.bodies.texts()
+    assert json.loads(request) == claude.requests[0]  # what the provider received
+    answer = json.loads(response)
+    assert answer["type"] == "message" and answer["stop_reason"] == "tool_use"
+    assert [b["type"] for b in answer["content"]] == ["text", "tool_use"]
+    assert answer["content"][1]["input"] == {"timezone": "Asia/Tokyo"} and answer["usage"]["output_tokens"] > 0
+    assert "sk-ant-SECRET" not in request + response
+    # Without capture_bodies the record carries nothing.
+    claude.script(Reply("Ten past ten."))
+    kept.clear()
+    plain = Router([entry(0, claude.base_url)], record=record)
+    async with aclosing(plain.stream(USER, [])) as stream:
+        _ = [event async for event in stream]
+    assert kept[0].bodies is None
