@@ -40,6 +40,13 @@ function words(status) {
   return STATUS_WORDS[status] || status;
 }
 
+/** Who decided an approval, as the run's user reads it: you, a reviewer, or its timeout. */
+function approvalBy(approval) {
+  if (approval.decided_on_timeout) return ' by its timeout';
+  if (approval.decided_by_run_user) return ' by you';
+  return approval.decided_at && approval.status !== 'expired' ? ' by a reviewer' : '';
+}
+
 let dialog = null;
 
 function ensureDialog() {
@@ -104,8 +111,9 @@ function renderTrace(trace) {
       }
       if (t.approval) {
         tool.append(el('p', { class: 'trace-line',
-          text: `Approval ${words(t.approval.status)}${t.approval.decided_by_run_user ? ' by you' : ''}`
-            + (t.approval.decided_at ? ` at ${when(t.approval.decided_at)}` : '') }));
+          text: `Approval ${words(t.approval.status)}${approvalBy(t.approval)}`
+            + (t.approval.decided_at ? ` at ${when(t.approval.decided_at)}` : '')
+            + (t.approval.answer && t.approval.status !== 'answered' ? `: “${t.approval.answer}”` : '') }));
       }
       item.append(tool);
     }
