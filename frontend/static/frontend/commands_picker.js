@@ -182,10 +182,8 @@ export class CommandsPicker {
       if (i === this.active) el.scrollIntoView({ block: 'nearest' });
     });
     const active = this.listEl.children[this.active];
-    for (const el of [this.composer.input, this.listEl]) {
-      if (active) el.setAttribute('aria-activedescendant', active.id);
-      else el.removeAttribute('aria-activedescendant');
-    }
+    if (!active) return;
+    for (const el of [this.composer.input, this.listEl]) el.setAttribute('aria-activedescendant', active.id);
   }
 
   get listOpen() {
@@ -198,7 +196,11 @@ export class CommandsPicker {
     this.active = -1;
     replaceChildren(this.listEl);
     this.noteEl.textContent = '';
-    this.composer.input.removeAttribute('aria-activedescendant');
+    // Only ours: the @ picker (resources_picker.js) names its own options on the same box.
+    const input = this.composer.input;
+    if ((input.getAttribute('aria-activedescendant') || '').startsWith(`${this.id}-opt-`)) {
+      input.removeAttribute('aria-activedescendant');
+    }
     this.listEl.removeAttribute('aria-activedescendant');
   }
 
