@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -24,6 +25,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent_platform.api_errors import ApplicationError
+from agents.models import CapabilityBinding
+from capabilities.mcp.resources import MAX_URI_CHARS
 from sessions.models import (
     ACTIVE_RUN_STATUSES,
     Artifact,
@@ -130,7 +133,8 @@ def run_edit_and_resend(*, run: Run, user: AbstractBaseUser, content: str) -> Ru
     if not (content or "").strip():
         raise ApplicationError("The message is empty.")
     _truncate_from(session=session, run=run)
-    return message_post(session=session, user=user, content=content)
+    content, options = message_resources_again(session=session, content=content)  # its MCP resources read again
+    return message_post(session=session, user=user, content=content, request_options=options)
 
 
 @transaction.atomic
@@ -151,7 +155,8 @@ def run_retry(*, run: Run, user: AbstractBaseUser) -> Run:
     if last_id != run.pk:
         raise ApplicationError("Only the last answer can be regenerated.", status_code=409)
     _truncate_from(session=session, run=run)
-    return message_post(session=session, user=user, content=run.input)
+    content, options = message_resources_again(session=session, content=run.input)  # its MCP resources read again
+    return message_post(session=session, user=user, content=content, request_options=options)
 
 
 def session_regenerate(*, session: ChatSession, user: AbstractBaseUser) -> Run:
@@ -296,6 +301,113 @@ def run_file_attach(*, run_id: int, name: str, mime_type: str, data: bytes) -> t
     run.input = content
     run.save(update_fields=["input"])
     return artifact, line
+
+
+# --- MCP resources attached to a message -------------------------------------------------------
+
+MAX_RESOURCES_PER_MESSAGE = 10
+"""The most MCP resources one message may carry."""
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$")
+"""An absolute URI (RFC 3986: a scheme, a colon, no whitespace); a template's ``{var}`` left
+unfilled is refused separately."""
+IMAGE_REFERENCE_LINE = re.compile(r'^\[image: artifact:\d+ "[^\n]*\]$')
+"""An image attachment's reference line (:func:`attachment_reference`)."""
+RESOURCE_LINE = re.compile(r"^\[resource: (\S+) (\S+)\]$")
+"""The reference line of an attached resource in a message (groups: the server's alias, the URI)."""
+
+
+def bound_mcp_servers(*, agent_id: int) -> list[CapabilityBinding]:
+    """The agent's enabled ``mcp_server`` bindings of enabled servers, by binding id (tenant scope)."""
+    return list(CapabilityBinding.objects.filter(agent_id=agent_id, kind="mcp_server", enabled=True,
+                                                 mcp_server__enabled=True).select_related("mcp_server").order_by("pk"))
+
+
+def _binding_of(ref: dict[str, Any], bound: list[CapabilityBinding], index: int) -> CapabilityBinding:
+    """The bound binding a reference names (``binding`` id, or ``server``: the server's name or id)."""
+    if ref.get("binding") not in (None, ""):
+        found = [b for b in bound if str(b.pk) == str(ref["binding"])]
+        named = f"binding {ref['binding']!r}"
+    else:
+        server = str(ref.get("server") or "").strip()
+        found = [b for b in bound if server and server in (b.mcp_server.alias, b.mcp_server.name, str(b.mcp_server_id))]
+        named = f"server {server!r}" if server else "no server"
+    if not found:
+        raise ApplicationError(f"resources[{index}]: {named} is not an MCP server of this chat's agent.",
+                               extra={"field": f"resources[{index}]"})
+    return found[0]
+
+
+def message_resources(*, session: ChatSession, refs: list[Any],
+                      bound: list[CapabilityBinding] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Check a posted message's ``resources`` against the chat's agent.
+
+    Each names a bound, enabled MCP server of the chat's agent (``binding``: the binding's id, or
+    ``server``: the server's alias, name or id) and an absolute URI. The run reads them when it
+    starts (:mod:`capabilities.mcp.attached`); a URI the server does not know becomes a note the
+    model reads. A reference line per resource goes into the message, so the model, the chat's
+    history and the chat app (a chip) show what was attached.
+
+    Args:
+        refs: ``[{binding | server, uri}]`` as posted.
+        bound: The agent's bound servers (:func:`bound_mcp_servers`), when the caller has them.
+
+    Returns:
+        ``(stored, lines)``: ``[{binding, server_id, server, uri}]`` for ``Run.request_options``,
+        and the reference line of each (``[resource: <server> <uri>]``) for the message.
+
+    Raises:
+        ApplicationError: 400 naming the item: too many, not an object, an unknown server, a
+            missing, over-long or relative URI, or a template's URI with ``{variables}`` left.
+    """
+    if len(refs) > MAX_RESOURCES_PER_MESSAGE:
+        raise ApplicationError(f"A message may carry at most {MAX_RESOURCES_PER_MESSAGE} resources.")
+    if bound is None:
+        bound = bound_mcp_servers(agent_id=session.agent_id) if refs else []
+    stored: list[dict[str, Any]] = []
+    for index, ref in enumerate(refs):
+        if not isinstance(ref, dict):
+            raise ApplicationError(f"resources[{index}] must be an object {{binding or server, uri}}.")
+        binding = _binding_of(ref, bound, index)
+        uri = str(ref.get("uri") or "").strip()
+        if not uri or len(uri) > MAX_URI_CHARS or not _URI.match(uri):
+            raise ApplicationError(f"resources[{index}]: {uri[:100]!r} is not an absolute URI.",
+                                   extra={"field": f"resources[{index}].uri"})
+        if re.search(r"\{[^}]*\}", uri):
+            raise ApplicationError(f"resources[{index}]: fill in the template's variables in {uri[:100]!r}.",
+                                   extra={"field": f"resources[{index}].uri"})
+        item = {"binding": binding.pk, "server_id": binding.mcp_server_id, "server": binding.mcp_server.alias,
+                "uri": uri}
+        if item not in stored:
+            stored.append(item)
+    return stored, [f"[resource: {item['server']} {item['uri']}]" for item in stored]
+
+
+def message_resources_again(*, session: ChatSession, content: str) -> tuple[str, dict[str, Any] | None]:
+    """A message posted again (edited, regenerated) with the resources its ``[resource: <server>
+    <uri>]`` lines name, read again by the new run: ``(content, request options)``.
+
+    The image lines the earlier run added after those lines (an image resource it read,
+    :func:`run_file_attach`) are dropped, so the new run's image is not sent twice; a line whose
+    server is no longer bound to the agent stays text (options: None when no line resolves).
+    """
+    lines = content.split("\n")
+    marks = [i for i, line in enumerate(lines) if RESOURCE_LINE.match(line)]
+    if not marks:
+        return content, None
+    tail = lines[marks[-1] + 1:]
+    if tail and all(IMAGE_REFERENCE_LINE.match(line) for line in tail):
+        lines = lines[:marks[-1] + 1]
+    bound = bound_mcp_servers(agent_id=session.agent_id)
+    stored: list[dict[str, Any]] = []
+    for index in marks[:MAX_RESOURCES_PER_MESSAGE]:
+        server, uri = RESOURCE_LINE.match(lines[index]).groups()  # type: ignore[union-attr]
+        try:
+            resolved, _ = message_resources(session=session, refs=[{"server": server, "uri": uri}], bound=bound)
+        except ApplicationError:
+            continue
+        stored += [item for item in resolved if item not in stored]
+    return "\n".join(lines), ({"resources": stored} if stored else None)
 
 
 def attachment_reference(artifact: Artifact, data: bytes | None = None) -> str:

@@ -7,18 +7,13 @@ a worker (task ``capabilities.mcp_resources_request``), which lists through its 
 server says they changed) and answers on a one-off Redis list this view waits on, as the
 chat's MCP prompts (:mod:`capabilities.commands.requests`) and the console's Test connection do.
 
-A posted message's resources are checked here, without asking the server: each names a bound,
-enabled MCP server of the chat's agent (``binding``: the binding's id, or ``server``: the
-server's name) and an absolute URI; the run reads them when it starts
-(:mod:`capabilities.mcp.attached`), and a URI the server does not know becomes a note the model
-reads. A reference line per resource (``[resource: <server> <uri>]``) is added to the message,
-so the model, the chat's history and the chat app (a chip) show what was attached.
+A posted message's resources are checked by :func:`sessions.chat_services.message_resources`
+(``message_resources`` is re-exported here for the message view), without asking the server.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any
 
@@ -29,19 +24,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agent_platform.api_errors import ApplicationError, NotFound
-from agents.models import CapabilityBinding
 from agents.selectors import agent_get_active
-from capabilities.mcp.resources import MAX_URI_CHARS
-from sessions.models import ChatSession
+from sessions.chat_services import bound_mcp_servers, message_resources
 from tenants.api.mixins import TenantScopedApiView
 
-MAX_RESOURCES_PER_MESSAGE = 10
-"""The most resources one message may carry."""
 MAX_QUERY_CHARS = 200
-
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$")
-"""An absolute URI (RFC 3986: a scheme, a colon, no whitespace); a template's ``{var}`` left
-unfilled is refused separately."""
 
 
 def resources_request(*, tenant_id: int, user_id: int, agent_id: int, query: str,
@@ -61,7 +48,7 @@ def resources_request(*, tenant_id: int, user_id: int, agent_id: int, query: str
 
     from capabilities.tasks import mcp_resources_request
 
-    bindings = {b.mcp_server_id: b.pk for b in reversed(_bound_servers(agent_id))}  # the first binding of a server
+    bindings = {b.mcp_server_id: b.pk for b in reversed(bound_mcp_servers(agent_id=agent_id))}  # the first binding of a server
     if not bindings:
         return {"results": [], "errors": []}
     wait = settings.MCP_TEST_CONNECTION_WAIT_SECONDS if wait_seconds is None else wait_seconds
@@ -121,57 +108,4 @@ class AgentResourceListApi(TenantScopedApiView):
         return Response(answer)
 
 
-def _bound_servers(agent_id: int) -> list[CapabilityBinding]:
-    return list(CapabilityBinding.objects.filter(agent_id=agent_id, kind="mcp_server", enabled=True,
-                                                 mcp_server__enabled=True).select_related("mcp_server").order_by("pk"))
-
-
-def _binding_of(ref: dict[str, Any], bound: list[CapabilityBinding], index: int) -> CapabilityBinding:
-    """The bound binding a reference names (``binding`` id, or ``server``: the server's name or id)."""
-    if ref.get("binding") not in (None, ""):
-        found = [b for b in bound if str(b.pk) == str(ref["binding"])]
-        named = f"binding {ref['binding']!r}"
-    else:
-        server = str(ref.get("server") or "").strip()
-        found = [b for b in bound if server and server in (b.mcp_server.alias, b.mcp_server.name, str(b.mcp_server_id))]
-        named = f"server {server!r}" if server else "no server"
-    if not found:
-        raise ApplicationError(f"resources[{index}]: {named} is not an MCP server of this chat's agent.",
-                               extra={"field": f"resources[{index}]"})
-    return found[0]
-
-
-def message_resources(*, session: ChatSession, refs: list[Any]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Check a posted message's ``resources`` against the chat's agent.
-
-    Args:
-        refs: ``[{binding | server, uri}]`` as posted.
-
-    Returns:
-        ``(stored, lines)``: ``[{binding, server_id, server, uri}]`` for ``Run.request_options``,
-        and the reference line of each (``[resource: <server> <uri>]``) for the message.
-
-    Raises:
-        ApplicationError: 400 naming the item: too many, not an object, an unknown server, a
-            missing, over-long or relative URI, or a template's URI with ``{variables}`` left.
-    """
-    if len(refs) > MAX_RESOURCES_PER_MESSAGE:
-        raise ApplicationError(f"A message may carry at most {MAX_RESOURCES_PER_MESSAGE} resources.")
-    bound = _bound_servers(session.agent_id) if refs else []
-    stored: list[dict[str, Any]] = []
-    for index, ref in enumerate(refs):
-        if not isinstance(ref, dict):
-            raise ApplicationError(f"resources[{index}] must be an object {{binding or server, uri}}.")
-        binding = _binding_of(ref, bound, index)
-        uri = str(ref.get("uri") or "").strip()
-        if not uri or len(uri) > MAX_URI_CHARS or not _URI.match(uri):
-            raise ApplicationError(f"resources[{index}]: {uri[:100]!r} is not an absolute URI.",
-                                   extra={"field": f"resources[{index}].uri"})
-        if re.search(r"\{[^}]*\}", uri):
-            raise ApplicationError(f"resources[{index}]: fill in the template's variables in {uri[:100]!r}.",
-                                   extra={"field": f"resources[{index}].uri"})
-        item = {"binding": binding.pk, "server_id": binding.mcp_server_id, "server": binding.mcp_server.alias,
-                "uri": uri}
-        if item not in stored:
-            stored.append(item)
-    return stored, [f"[resource: {item['server']} {item['uri']}]" for item in stored]
+__all__ = ["AgentResourceListApi", "message_resources", "resources_request"]

@@ -1,7 +1,7 @@
 """MCP resources attached to a chat message (issue 37): the post checks them (400 naming the
 item), the run reads them when it starts through its own pooled session (text as a framed
 start-context block, an image attached to the user's message and sent as an image part, an
-unknown URI a note the model reads), and ``GET /api/v1/agents/<id>/resources/?q=`` lists what a
+unknown URI a note the model reads; regenerating reads them again), and ``GET /api/v1/agents/<id>/resources/?q=`` lists what a
 member may attach, on a worker (another tenant's agent: 404).
 
 The in-test MCP server over Streamable HTTP, the fake model, a real Celery worker thread for the
@@ -20,7 +20,7 @@ from capabilities.services import mcp_server_save
 from capabilities.tests.mcp_test_server import PNG_IMAGE, README_TEXT, serve_mcp_http
 from llm.models import ModelRouteEntry
 from llm.testing import Reply
-from sessions.models import Artifact, Message, Run
+from sessions.models import Artifact, Run
 from sessions.runner.loop import execute_run
 from sessions.services import chat_session_create
 from tenants.scoping import tenant_scope
@@ -73,18 +73,22 @@ async def test_attached_resources_reach_the_model_when_the_run_starts(world, fak
         ])
         assert answer.status_code == 201, answer.json()
         run_id = answer.json()["run"]["id"]
-        fake_llm.script(Reply("The launch is on Tuesday."))
+        fake_llm.script(Reply("The launch is on Tuesday."), Reply("Tuesday, again."))
         await execute_run(run_id)
         assert mcp.state.reads == ["doc://notes/readme", "doc://images/logo.png", "doc://missing"]
+        again = await sync_to_async(client.post)(f"/api/v1/sessions/{session.pk}/regenerate/", {}, format="json")
+        assert again.status_code in (200, 201), again.json()
+        await execute_run(again.json()["run"]["id"])
+        assert mcp.state.reads[3:] == mcp.state.reads[:3], "regenerating reads the resources again"
 
     run = await sync_to_async(Run.all_tenants.get)(pk=run_id)
     assert run.status == "completed", run.error
     assert run.request_options["resources"][0] == {"binding": binding.pk, "server_id": binding.mcp_server_id,
                                                    "server": "docs", "uri": "doc://notes/readme"}
-    image = await sync_to_async(Artifact.all_tenants.get)(session_id=session.pk)
+    image = await sync_to_async(Artifact.all_tenants.filter(session_id=session.pk).order_by("pk").first)()
     assert (image.name, image.mime_type, bytes(image.content)) == ("logo.png", "image/png", PNG_IMAGE)
-    user_message = await sync_to_async(Message.all_tenants.get)(run_id=run_id, role="user")
-    assert user_message.content.splitlines() == [
+    # the first run's message left the history when it was regenerated; the run keeps its input
+    assert run.input.splitlines() == [
         "Summarise these.", "[resource: docs doc://notes/readme]", "[resource: docs doc://images/logo.png]",
         "[resource: docs doc://missing]", f'[image: artifact:{image.pk} "logo.png", image/png, {len(PNG_IMAGE)} B]',
     ]
@@ -98,6 +102,12 @@ async def test_attached_resources_reach_the_model_when_the_run_starts(world, fak
     assert any(part.get("type") == "image_url" for part in user["content"]), "the image goes with the message"
     assert [b["data"]["resource"]["uri"] for b in run.context] == ["doc://notes/readme", "doc://images/logo.png",
                                                                   "doc://missing"]
+    regenerated = await sync_to_async(Run.all_tenants.get)(pk=again.json()["run"]["id"])
+    assert regenerated.status == "completed" and regenerated.request_options == run.request_options
+    lines = regenerated.input.splitlines()
+    assert lines[:4] == run.input.splitlines()[:4]
+    assert len(lines) == 5 and lines[4].startswith("[image: artifact:") and lines[4] != run.input.splitlines()[4], \
+        "the earlier run's image line is dropped; the new read attaches its own"
 
 
 @pytest.mark.django_db(transaction=True)
