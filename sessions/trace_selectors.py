@@ -103,11 +103,12 @@ _NOT_THE_ANSWER = (LLMCallPurpose.COMPACTION, LLMCallPurpose.SAMPLING)
 """Purposes of a turn's LLM calls that are not its answer's attempts (listed apart)."""
 
 
-def _sampling_calls(calls: list[LLMCall], turn: int, *, admin: bool) -> list[dict[str, Any]]:
+def _sampling_calls(calls: list[LLMCall], turn: int, *, admin: bool,
+                    bodies: dict[int, LLMCallBody] | None = None) -> list[dict[str, Any]]:
     """Turn ``turn``'s ``sampling``-purpose calls (MCP servers' requests during its tool calls),
     in order; like a compaction's, each request is new, retried or fallen back within itself."""
     return _compaction_calls([c for c in calls if c.turn == turn and c.purpose == LLMCallPurpose.SAMPLING],
-                             admin=admin)
+                             admin=admin, bodies=bodies)
 
 
 def _message(m: Message, *, admin: bool) -> dict[str, Any]:
@@ -256,7 +257,7 @@ def _turn(turn: int, rows: _RunRows, *, completions: list[Message], prompts: lis
         "compactions": [],
         # MCP servers' sampling requests during the turn's tool calls (purpose sampling): each a
         # new request, retried or fallen back within itself like a compaction's.
-        "sampling_calls": _sampling_calls(rows.calls, turn, admin=admin),
+        "sampling_calls": _sampling_calls(rows.calls, turn, admin=admin, bodies=rows.bodies),
     }
     if admin:
         entry["prompt"] = [_message(m, admin=True) for m in prompts[turn]] if turn < len(prompts) else []
