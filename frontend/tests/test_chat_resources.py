@@ -1,6 +1,7 @@
 """MCP resources in the chat app (issue 37), in Debian's Chromium: typing "@" opens the picker
 (a listbox the box controls, its active option named by aria-activedescendant), searching narrows it, the keyboard chooses, the resource shows
-as a chip, and the sent message carries it: the run reads it when it starts (the model's system
+as a chip, a template's URI is filled in a small form (an unfilled one refused), and the sent message
+carries them: the run reads them when it starts (the model's system
 message holds its text) and the sent message shows it as a chip. A tool's result with embedded
 resources shows its image and offers its PDF as a download. The picture of the open picker
 is docs/chat-resources-picker.png, the answer's docs/chat-resources-answer.png (written with
@@ -60,9 +61,23 @@ def test_attach_a_resource_with_at(world, fake_llm, celery_worker, live_server_u
             expect(chip).to_have_text("@Project readme×")
             expect(box).to_have_value("When is the launch? ")
             expect(page.get_by_test_id("resource-picker")).to_be_hidden()
+            box.type("@any")  # the template "A note by name": its URI is filled in first
+            expect(options).to_have_count(1, timeout=T)
+            box.press("Enter")
+            field = page.get_by_test_id("resource-template-input")
+            expect(field).to_be_focused()
+            expect(field).to_have_value("doc://notes/{name}")
+            field.press("Enter")
+            expect(page.get_by_test_id("resource-template-error")).to_contain_text("Replace every {…} part")
+            field.fill("doc://notes/tuesday")
+            field.press("Enter")
+            expect(page.get_by_test_id("resource-chip")).to_have_count(2)
+            expect(page.get_by_test_id("resource-chip").nth(1)).to_have_text("@doc://notes/tuesday×")
+            expect(box).to_be_focused()
+            expect(box).to_have_value("When is the launch? ")
             page.get_by_test_id("composer-send").click()
             expect(page.get_by_test_id("assistant-reply").last).to_have_text("The launch is on Tuesday.", timeout=T)
-            expect(page.get_by_test_id("sent-resource-chip")).to_have_text("@doc://notes/readme")
+            expect(page.get_by_test_id("sent-resource-chip")).to_have_text(["@doc://notes/readme", "@doc://notes/tuesday"])
             expect(page.get_by_test_id("resource-chips").first).to_be_hidden()
             files = page.get_by_test_id("tool-files")
             expect(files.get_by_test_id("tool-image").locator("img")).to_have_attribute("alt", "chart.png (image/png)")
@@ -70,5 +85,5 @@ def test_attach_a_resource_with_at(world, fake_llm, celery_worker, live_server_u
             expect(files.get_by_test_id("tool-resource-link")).to_contain_text("Project readme")
             if os.environ.get("SCREENSHOTS"):
                 page.screenshot(path=str(DOCS / "chat-resources-answer.png"))
-    assert mcp.state.reads == ["doc://notes/readme"]
+    assert mcp.state.reads == ["doc://notes/readme", "doc://notes/tuesday"]
     assert README_TEXT in fake_llm.requests[0]["messages"][0]["content"]

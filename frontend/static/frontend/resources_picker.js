@@ -1,7 +1,7 @@
 // MCP resources in the chat (issue 37): typing "@" in the message box opens a picker over the
 // agent's MCP servers' resources (GET /api/v1/agents/<id>/resources/?q=, searched as you type);
 // the chosen resource shows as a chip above the box and is posted with the message
-// (resources: [{binding, uri}]); a template asks for its URI filled in first. Keyboard: ↑/↓ move,
+// (resources: [{binding, uri}]); a template's URI is filled in first, in a small form above the box. Keyboard: ↑/↓ move,
 // Enter or Tab choose, Esc closes. The box keeps the focus: while the list is open it controls
 // it (aria-controls) and names the active option (aria-activedescendant), as the / picker does.
 // renderUserInput() shows a sent message's "[resource: <server> <uri>]" lines as chips.
@@ -154,23 +154,61 @@ class ResourcePicker {
   choose(i) {
     const item = this.items[i];
     if (!item) return;
-    let uri = item.uri;
-    if (item.template) {
-      uri = window.prompt(`Fill in the template's {variables} for ${item.title || item.name}:`, item.uri);
-      if (!uri || /\{[^}]*\}/.test(uri)) {
-        this.close();
-        return;
-      }
-    }
     const caret = this.input.selectionStart ?? this.input.value.length;
     const before = this.input.value.slice(0, caret).replace(/@[^\s@]*$/, '');
     this.composer.setText(before + this.input.value.slice(caret));
-    if (!this.chosen.some((c) => c.binding === item.binding && c.uri === uri)) {
-      this.chosen.push({ binding: item.binding, server: item.server, uri, label: item.template ? uri : item.title || item.name });
-    }
     this.close();
+    if (item.template) {
+      this.askTemplate(item);
+      return;
+    }
+    this.attach(item, item.uri, item.title || item.name);
+  }
+
+  attach(item, uri, label) {
+    if (!this.chosen.some((c) => c.binding === item.binding && c.uri === uri)) {
+      this.chosen.push({ binding: item.binding, server: item.server, uri, label });
+    }
     this.renderChips();
     this.input.focus();
+  }
+
+  /** A template's URI, filled in in a small form above the box (Enter attaches, Esc goes back). */
+  askTemplate(item) {
+    this.composer.el.querySelector('.resource-template')?.remove(); // one at a time
+    const id = `${this.id}-template`;
+    const field = h('input', { id, type: 'text', class: 'resource-template-input', testid: 'resource-template-input',
+      value: item.uri, spellcheck: 'false', autocomplete: 'off', 'aria-describedby': `${id}-hint` });
+    const error = h('div', { class: 'resource-template-error', role: 'alert', testid: 'resource-template-error' });
+    // A group, not a <form>: it sits inside the composer's form (forms do not nest).
+    const form = h('div', { class: 'resource-popup resource-template', role: 'group', testid: 'resource-template', 'aria-label': 'Fill in a resource template' },
+      h('label', { for: id, text: `${item.title || item.name} (${item.server}): the resource's URI` }), field,
+      h('div', { id: `${id}-hint`, class: 'resource-picker-status', text: 'Replace each {…} part, then Enter. Esc: back to the message.' }),
+      error);
+    const done = () => {
+      form.remove();
+      this.input.focus();
+    };
+    const submit = () => {
+      const uri = field.value.trim();
+      if (!uri || /\{[^}]*\}/.test(uri) || /\s/.test(uri)) {
+        error.textContent = 'Replace every {…} part of the URI (no spaces).';
+        return;
+      }
+      form.remove();
+      this.attach(item, uri, uri);
+    };
+    field.addEventListener('keydown', (event) => {
+      if (event.key !== 'Escape' && event.key !== 'Enter') return;
+      event.preventDefault(); // Enter must not submit the composer's form (send the message)
+      event.stopPropagation();
+      if (event.key === 'Enter') submit();
+      else done();
+    });
+    this.composer.el.append(form);
+    field.focus();
+    const start = item.uri.indexOf('{');
+    if (start >= 0) field.setSelectionRange(start, item.uri.indexOf('}', start) + 1);
   }
 
   renderChips() {
