@@ -18,6 +18,7 @@ from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route
 from capabilities.services import mcp_server_save
 from capabilities.tests.mcp_test_server import README_TEXT, serve_mcp_http
+from frontend.tests.axe import assert_no_serious_axe_violations
 from frontend.tests.test_chat_flows import T, _needs_chromium, log_in, open_page, start_chat  # noqa: F401
 from llm.testing import Reply, ToolCalls
 
@@ -51,6 +52,7 @@ def test_attach_a_resource_with_at(world, fake_llm, celery_worker, live_server_u
             expect(options).to_have_count(2, timeout=T)  # readme and logo: "project" in their titles
             expect(box).to_have_attribute("aria-activedescendant", options.first.get_attribute("id") or "")
             expect(options.first).to_have_attribute("aria-selected", "true")
+            assert_no_serious_axe_violations(page, label="chat with the @ resource picker open")
             if os.environ.get("SCREENSHOTS"):
                 page.screenshot(path=str(DOCS / "chat-resources-picker.png"))
             box.press("ArrowDown")
