@@ -41,7 +41,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from agent_platform import local_secrets
-from agent_platform.sandbox_paths import sandbox_venv
+from agent_platform.sandbox_paths import machine_sandbox_root, sandbox_venv
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -651,6 +651,11 @@ for _item in filter(None, (i.strip() for i in os.environ.get("SANDBOX_LIMITS", "
         raise ImproperlyConfigured(
             f"SANDBOX_LIMITS: {_item!r} is not name=positive integer with a name of {', '.join(SANDBOX_LIMITS)}")
     SANDBOX_LIMITS[_name.strip()] = int(_value)
+# Persistent data directories of catalogue programs that declare one (capabilities/data_dirs.py):
+# for root beside the embedded PostgreSQL (/var/lib/agent-platform/sandbox-data, backed up with
+# the machine directory), else the checkout's var/sandbox-data.
+_DATA_HOME = machine_sandbox_root().parent if os.geteuid() == 0 else BASE_DIR / "var"
+SANDBOX_DATA_ROOT = os.environ.get("SANDBOX_DATA_ROOT") or str(_DATA_HOME / "sandbox-data")
 # The Python (inside the sandbox: under /usr or a read-only bind) that runs the egress bridge.
 SANDBOX_BRIDGE_PYTHON = os.environ.get("SANDBOX_BRIDGE_PYTHON", "/usr/bin/python3")
 # Networks a sandbox's egress proxy lets through although they are not public (an operator's

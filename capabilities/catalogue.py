@@ -37,6 +37,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from capabilities.confinement import LIMIT_FIELDS, SandboxLimits, SandboxProfile, bind_path_check
+from capabilities.data_dirs import data_dir_errors, on_tenant_deleted
 
 TENANT_PARAMETER_RE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 """``${NAME}`` in an argv element: a tenant parameter, or ``${PYTHON}``."""
@@ -117,6 +118,11 @@ class ProgramTemplate(models.Model):
         "tenants.Tenant", blank=True, related_name="+",
         help_text="Tenants that may use it; none selected: every tenant.",
     )
+    data_dir = models.JSONField(
+        default=dict, blank=True,
+        help_text='A persistent data directory, kept across restarts: {"mount": "/data", "per": "tenant" | "server", '
+                  '"quota_mb": 256} (capabilities/data_dirs.py). Empty: none (the program\'s files go with its process).',
+    )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -177,10 +183,17 @@ class ProgramTemplate(models.Model):
                     errors.setdefault("limits", []).append(f"{name!r} is not a limit ({', '.join(LIMIT_FIELDS)}).")
                 elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     errors.setdefault("limits", []).append(f"{name}: a positive integer.")
+        errors.update(self._data_dir_problems())
         if not (0 < float(self.timeout_seconds or 0) <= 3600):
             errors.setdefault("timeout_seconds", []).append("Between 0 and 3600 seconds.")
         if errors:
             raise ValidationError(errors)
+
+    def _data_dir_problems(self) -> dict[str, list[str]]:
+        problems = data_dir_errors(self.data_dir)
+        if not problems and self.data_dir and self.kind != TemplateKind.MCP_STDIO:
+            problems = ["Only a stdio MCP server keeps data (a CLI command's files go with each call)."]
+        return {"data_dir": problems} if problems else {}
 
     def _declared(self, errors: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
         declared: dict[str, dict[str, Any]] = {}
@@ -319,13 +332,16 @@ def template_argv(template: ProgramTemplate, values: dict[str, str]) -> list[str
     return [TENANT_PARAMETER_RE.sub(substitute, element) for element in template.argv]
 
 
-def template_profile(template: ProgramTemplate, secrets: dict[str, str]) -> SandboxProfile:
+def template_profile(template: ProgramTemplate, secrets: dict[str, str], *,
+                     data_bind: tuple[str, str] | None = None) -> SandboxProfile:
     """The sandbox profile of a program started from ``template`` with the tenant's ``secrets``.
 
     The deployment's settings add what is the operator's across templates: the sandbox's user,
     bubblewrap, the read-only binds every program gets (``SANDBOX_RO_BINDS``, e.g. the sandbox's
     Python environment), the Python of the egress bridge and the maximum resource limits
     (``SANDBOX_LIMITS``), which the template's ``limits`` may lower (:func:`template_limits`).
+    ``data_bind``: the program's persistent data directory, prepared
+    (:func:`capabilities.data_dirs.template_data_bind`), bound writable.
     """
     from django.conf import settings
 
@@ -339,6 +355,7 @@ def template_profile(template: ProgramTemplate, secrets: dict[str, str]) -> Sand
         bwrap_path=settings.CLI_BWRAP_PATH,
         bridge_python=settings.SANDBOX_BRIDGE_PYTHON,
         limits=template_limits(template),
+        data_binds=(data_bind,) if data_bind else (),
     )
 
 
@@ -366,3 +383,7 @@ def template_limits(template: ProgramTemplate) -> SandboxLimits:
     usable = {k: v for k, v in values.items()
               if k in LIMIT_FIELDS and isinstance(v, int) and not isinstance(v, bool) and v >= 1}
     return SandboxLimits.from_mapping(usable, maximum=maximum)
+
+
+# A tenant's programs' data directories go with the tenant (capabilities/data_dirs.py).
+models.signals.post_delete.connect(on_tenant_deleted, sender="tenants.Tenant", dispatch_uid="capabilities.data_dirs")

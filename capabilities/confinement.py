@@ -192,6 +192,9 @@ class SandboxProfile:
     (:func:`capabilities.egress.egress_socket_path`, started on first use)."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     """CPU, memory, processes, file size and open files of each process of the program."""
+    data_binds: tuple[tuple[str, str], ...] = ()
+    """``(host directory, path inside)`` pairs bound writable: the template's persistent data
+    directory (:mod:`capabilities.data_dirs`), made and owned for the sandbox user beforehand."""
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "egress"):
@@ -199,6 +202,9 @@ class SandboxProfile:
         for path in self.ro_binds:
             if not isinstance(path, str) or not path.startswith("/"):
                 raise ValueError(f"a read-only bind must be an absolute path: {path!r}")
+        for pair in self.data_binds:
+            if len(pair) != 2 or not all(isinstance(p, str) and p.startswith("/") for p in pair):
+                raise ValueError(f"a data bind is (absolute host path, absolute path inside): {pair!r}")
         for name, value in self.env.items():
             if not _ENV_NAME_RE.fullmatch(str(name)) or "\0" in str(value):
                 raise ValueError(f"invalid environment variable {name!r}")
@@ -274,12 +280,7 @@ def confined_argv(argv: list[str] | tuple[str, ...], profile: SandboxProfile, *,
     # /proc, /dev and the /tmp tmpfs first: a read-only bind below /tmp (a checkout under /tmp,
     # say) must land on top of the tmpfs, not be hidden by it.
     full += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
-    for path in profile.ro_binds:
-        full += ["--ro-bind", path, path]
-    if workdir is not None:
-        full += ["--bind", workdir, SANDBOX_WORKDIR]
-    else:
-        full += ["--size", str(TMPFS_BYTES), "--tmpfs", SANDBOX_WORKDIR]
+    full += _bind_args(profile, workdir)
     if profile.network == "egress":
         from capabilities.egress import egress_socket_path
 
@@ -292,6 +293,21 @@ def confined_argv(argv: list[str] | tuple[str, ...], profile: SandboxProfile, *,
     if profile.network == "egress":
         full += [profile.bridge_python, "-I", "-S", "-c", BRIDGE_SOURCE]
     return full + list(argv)
+
+
+def _bind_args(profile: SandboxProfile, workdir: str | None) -> list[str]:
+    """bubblewrap's arguments for the profile's read-only binds, the work directory (a host
+    directory, or a tmpfs) and the writable data directories, in that order."""
+    args: list[str] = []
+    for path in profile.ro_binds:
+        args += ["--ro-bind", path, path]
+    if workdir is not None:
+        args += ["--bind", workdir, SANDBOX_WORKDIR]
+    else:
+        args += ["--size", str(TMPFS_BYTES), "--tmpfs", SANDBOX_WORKDIR]
+    for host_path, inside in profile.data_binds:
+        args += ["--bind", host_path, inside]
+    return args
 
 
 def limits_argv(limits: SandboxLimits) -> list[str]:

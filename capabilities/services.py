@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -15,6 +16,7 @@ from django.utils import timezone
 from capabilities.catalogue import ProgramTemplate, TemplateKind, secrets_errors, template_argv, template_profile
 from capabilities.cli.models import CliCommand
 from capabilities.cli.tool import CliCommandConfig
+from capabilities.data_dirs import template_data_bind
 from capabilities.mcp.client import McpConnection
 from capabilities.mcp.config import McpServerConfig
 from capabilities.mcp.operations import McpToolInfo
@@ -132,9 +134,11 @@ def mcp_server_config(*, server: McpServer) -> McpServerConfig:
         if not template.available_to(server.tenant_id):
             raise ValueError(f"the program template {template.slug!r} is not available to this tenant")
         argv = template_argv(template, server.parameters or {})
+        data_bind = template_data_bind(template, tenant_id=server.tenant_id, owner=f"server-{server.pk}",
+                                       uid=settings.SANDBOX_UID, gid=settings.SANDBOX_GID)
         return McpServerConfig(
             alias=server.alias, transport="stdio", command=argv[0], args=tuple(argv[1:]),
-            sandbox=template_profile(template, env),
+            sandbox=template_profile(template, env, data_bind=data_bind),
             connect_timeout_seconds=server.connect_timeout_seconds,
             list_timeout_seconds=server.list_timeout_seconds,
             call_timeout_seconds=min(server.call_timeout_seconds, template.timeout_seconds),
@@ -271,7 +275,7 @@ def cli_command_save(
 
 CATALOGUE_FIELDS = (
     "name", "description", "kind", "argv", "tenant_parameters", "secrets", "env", "network", "ro_binds",
-    "parameters_schema", "timeout_seconds", "max_output_bytes", "limits", "enabled",
+    "parameters_schema", "timeout_seconds", "max_output_bytes", "limits", "data_dir", "enabled",
 )
 """The fields a catalogue file may set for a template (besides ``slug`` and ``tenants``)."""
 

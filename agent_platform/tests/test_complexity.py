@@ -48,7 +48,6 @@ NOT_YET_SPLIT: dict[str, int] = {
     "capabilities/catalogue.py:ProgramTemplate.clean": 42,
     "capabilities/catalogue.py:parameters_errors": 15,
     "capabilities/cli/template.py:template_errors": 19,
-    "capabilities/confinement.py:confined_argv": 16,
     "capabilities/naming.py:assign_exposed_names": 16,
     "capabilities/skills/parsing.py:skill_parse": 34,
     "documents/markdown.py:find_section": 16,
