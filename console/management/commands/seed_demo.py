@@ -21,7 +21,9 @@ Creates (or brings back to the documented state) tenant "demo" with:
   (docs/model-accuracy.md): with ``search_first`` (its first turn forced to call
   ``knowledge_search`` with a query of its own) it wrote queries that guessed the answer or
   drifted ("Embedded embeddings server listens on port 8080.") and answered 4 of 11 Docs QA
-  questions; searching the user's own words, 6 of the same 11;
+  questions; searching the user's own words, 6 of the same 11 (the same three retrieval
+  misses either way: the two gained were answers the model read right with the passages
+  before the question);
 - evaluation datasets "Docs QA" (questions whose answers are facts in the documentation, for
   the Docs assistant) and "Tool use" (times in cities, for the Assistant), from
   ``evaluation/datasets/*.jsonl``; created once, left alone after (an admin may edit them).
