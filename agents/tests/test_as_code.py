@@ -67,7 +67,7 @@ def _agent_with_every_field(tenant) -> AgentInstance:
         mcp_server=server,
         allowed_tools=["search"],
         approval_policy=[{"pattern": "delete_*", "action": "ask"}],
-        config={"k": [1, "two"]},
+        config={"log_level": "info", "sampling": {"allowed": True, "allow_tools": False, "max_tokens": 512}},
         enabled=False,
     )
     make(tenant=tenant, agent=agent, kind="builtin", builtin_name="todo_write")

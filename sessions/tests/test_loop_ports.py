@@ -220,6 +220,9 @@ class _NotesKind:
     def has_run_completed(self) -> bool:
         return True
 
+    def run_context_wanted(self, specs, run) -> bool:
+        return True
+
     async def run_context(self, specs, ctx, query):
         from capabilities.registry import ContextBlock
 
