@@ -95,9 +95,10 @@ class Completions:
 
 
 @contextlib.contextmanager
-def _mcp_errors(config: McpServerConfig, what: str, timeout_seconds: float) -> Iterator[None]:
+def mcp_request_errors(config: McpServerConfig, what: str, timeout_seconds: float) -> Iterator[None]:
     """Bound the block by ``timeout_seconds`` and turn the SDK's failures into ToolErrors whose
-    message names the server and ``what`` was asked (``list its prompts``)."""
+    message names the server and ``what`` was asked (``list its prompts``). Shared by
+    :mod:`capabilities.mcp.resources`."""
     alias = config.alias
     try:
         with anyio.fail_after(timeout_seconds):
@@ -142,7 +143,7 @@ async def list_all_prompts(client: Client, config: McpServerConfig) -> list[McpP
     seen_names: set[str] = set()
     seen_cursors: set[str] = set()
     cursor: str | None = None
-    with _mcp_errors(config, "list its prompts", config.list_timeout_seconds):
+    with mcp_request_errors(config, "list its prompts", config.list_timeout_seconds):
         for _ in range(_MAX_LIST_PAGES):
             page = await client.list_prompts(cursor=cursor)
             for prompt in page.prompts:
@@ -168,7 +169,7 @@ async def get_prompt(client: Client, config: McpServerConfig, name: str,
         ToolError: ``timeout``; ``mcp_error`` (an unknown prompt, a missing argument: the
             server's message). McpConnectionLost: the transport failed.
     """
-    with _mcp_errors(config, f"give the prompt {name!r}", config.call_timeout_seconds):
+    with mcp_request_errors(config, f"give the prompt {name!r}", config.call_timeout_seconds):
         return await client.get_prompt(name, arguments)
 
 
@@ -181,7 +182,7 @@ async def complete_prompt_argument(
     Raises:
         ToolError: ``timeout`` / ``mcp_error``. McpConnectionLost: the transport failed.
     """
-    with _mcp_errors(config, f"complete {prompt}.{argument}", config.list_timeout_seconds):
+    with mcp_request_errors(config, f"complete {prompt}.{argument}", config.list_timeout_seconds):
         result = await client.complete(
             mcp_types.PromptReference(name=prompt), {"name": argument, "value": value}, context_arguments=context or None,
         )

@@ -28,22 +28,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import contextvars
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import mcp_types
 from mcp import Client
-from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED
-from pydantic import ValidationError
 
 from capabilities.mcp.config import McpServerConfig
-from capabilities.mcp.errors import McpConnectionLost, describe_exception
+from capabilities.mcp.errors import McpConnectionLost
+from capabilities.mcp.prompts import mcp_request_errors
 from capabilities.tools import ToolError
 
 if TYPE_CHECKING:
@@ -125,27 +120,6 @@ class ResourceTooLarge(ToolError):
         super().__init__(message, code="resource_too_large")
 
 
-@contextlib.contextmanager
-def _mcp_errors(config: McpServerConfig, what: str, timeout_seconds: float) -> Iterator[None]:
-    """Bound the block by ``timeout_seconds`` and turn the SDK's failures into ToolErrors whose
-    message names the server and ``what`` was asked (``list its resources``)."""
-    alias = config.alias
-    try:
-        with anyio.fail_after(timeout_seconds):
-            yield
-    except TimeoutError:
-        raise ToolError(f"MCP server {alias!r} did not {what} within {timeout_seconds:g} s", code="timeout") from None
-    except MCPError as exc:
-        if exc.code == CONNECTION_CLOSED:
-            raise McpConnectionLost(f"The connection to MCP server {alias!r} closed: {exc.message}") from exc
-        raise ToolError(f"MCP server {alias!r} failed to {what}: {exc.message}", code="mcp_error") from exc
-    except (RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
-        # RuntimeError: the SDK's "used outside its context" when the session just closed.
-        raise McpConnectionLost(f"MCP server {alias!r} failed to {what}: {describe_exception(exc)}") from exc
-    except ValidationError as exc:
-        raise ToolError(f"MCP server {alias!r} failed to {what}: {describe_exception(exc)}", code="mcp_error") from exc
-
-
 def _info(item: mcp_types.Resource | mcp_types.ResourceTemplate) -> McpResourceInfo:
     template = isinstance(item, mcp_types.ResourceTemplate)
     return McpResourceInfo(
@@ -162,7 +136,7 @@ async def _list_pages(config: McpServerConfig, what: str, fetch: Any, items_of: 
     seen_uris: set[str] = set()
     seen_cursors: set[str] = set()
     cursor: str | None = None
-    with _mcp_errors(config, f"list its {what}", config.list_timeout_seconds):
+    with mcp_request_errors(config, f"list its {what}", config.list_timeout_seconds):
         for _ in range(_MAX_LIST_PAGES):
             page = await fetch(cursor)
             for item in items_of(page):
@@ -230,7 +204,7 @@ async def read_resource(client: Client, config: McpServerConfig, uri: str, *,
         ToolError: ``timeout``; ``mcp_error`` (unknown resource: the server's message; a bad
             blob; no contents). McpConnectionLost: the transport failed.
     """
-    with _mcp_errors(config, f"read the resource {uri!r}", config.call_timeout_seconds):
+    with mcp_request_errors(config, f"read the resource {uri!r}", config.call_timeout_seconds):
         result = await client.read_resource(uri)
     contents = tuple(_content(item, config, uri) for item in result.contents)
     if not contents:
