@@ -36,8 +36,6 @@ _CONFIG = SchemathesisConfig.from_str("""
 [[operations]]
 include-path-regex = "[{]"
 phases.coverage.enabled = false
-phases.examples.enabled = true
-phases.fuzzing.enabled = true
 """)
 """Schemathesis' coverage phase (boundary and invalid values of every field, in combinations:
 ~500 requests for an agent's body) only where the path has no parameter: the creates and the

@@ -371,14 +371,13 @@ def test_an_unknown_purpose_is_a_400_naming_it_and_the_known_ones(world, url, qu
 
 
 @pytest.mark.django_db(transaction=True)  # the runner writes on its own connection
-def test_the_runner_writes_a_compaction_call_with_its_run_and_turn_and_refuses_an_unknown_purpose(world, monkeypatch):
+def test_the_runner_writes_a_compaction_call_with_its_run_and_turn_and_refuses_an_unknown_purpose(world, no_enqueue):
     from sessions import runs
     from sessions.runner import database
-    from sessions.runs import claim, handoff
+    from sessions.runs import claim
 
-    # The test claims the run itself: a Celery worker that another test of this process left
-    # consuming the queue must not get it first (CI saw "held by a live worker").
-    monkeypatch.setattr(handoff, "run_hand_off", lambda run_id, tenant_id: None)
+    # no_enqueue: the test claims the run itself; a Celery worker that another test of this
+    # process left consuming the queue must not get it first (CI saw "held by a live worker").
     agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
     run = post_message_sync(agent=agent, user=world.member, content="hi")
     with tenant_scope(world.tenant.pk):
