@@ -239,6 +239,23 @@ async def guard_output(state: Any, message: Any) -> None:
         raise GuardrailStop(failed)
 
 
+async def guard_handoff_reply(reply: str) -> None:
+    """Before a handoff's reply becomes this run's answer (``sessions.runner.turn.handed_off``):
+    the calling agent's output guardrails, as on an answer of its own model. The agent handed
+    to has checked the reply with its own in its sub-run; the caller's rules hold for what its
+    run answers as well.
+
+    Raises:
+        GuardrailStop: one tripped (the chat is not handed over).
+    """
+    guard = current_guard.get()
+    if guard is None or not reply.strip() or not guard.of(GuardrailPoint.OUTPUT):
+        return
+    _, failed = await guard.apply(GuardrailPoint.OUTPUT, reply)
+    if failed is not None:
+        raise GuardrailStop(failed)
+
+
 def guard_tripped(state: Any) -> None:
     """After a turn's tool calls: end the run if a guardrail stopped one of them.
 

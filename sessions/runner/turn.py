@@ -37,7 +37,7 @@ from sessions.runner.compaction import (
     summary_prompt_tokens,
     system_prompt_with_summary,
 )
-from sessions.runner.guarding import guard_input, guard_output, guard_tripped
+from sessions.runner.guarding import guard_handoff_reply, guard_input, guard_output, guard_tripped
 from sessions.runner.images import history_with_images
 from sessions.runner.ports import RunStore
 from sessions.runner.routing import route_turn
@@ -299,10 +299,11 @@ async def handed_off(state: RunState) -> Completed | None:
     """After a turn's tool calls: when a handoff call finished (``Toolset.handoff``, set by
     ``sessions.runner.subrun.AgentTool``), the chat goes to that agent with its reply as this
     run's answer (``store.session_handoff``, event ``agent_handoff``) and the run completes with
-    it; else None."""
+    it, once this run's output guardrails passed it (:func:`guard_handoff_reply`); else None."""
     if state.toolset.handoff is None:
         return None
     agent_id, reply = state.toolset.handoff
+    await guard_handoff_reply(reply)
     await state.store.session_handoff(spec=state.spec, agent_id=agent_id, reply=reply, publish=state.publish)
     return Completed(reply)
 

@@ -193,6 +193,30 @@ async def test_a_handoff_gives_the_chat_to_the_other_agent(world, fake_llm):
     assert [m.get("content") for m in request["messages"]][-2:] == ["Beta here, how can I help?", "Thanks"]
 
 
+@pytest.mark.usefixtures("no_enqueue")
+async def test_a_handoffs_reply_passes_the_calling_agents_output_guardrails(world, fake_llm):
+    """B's reply becomes A's run's answer: A's output guardrails check it as they check an
+    answer of A's own model; a trip fails A's run and the chat stays with A."""
+    from guardrails.models import Guardrail
+
+    a, b = await _agents(world, fake_llm.base_url, handoff=True, b_builtins=())
+    await sync_to_async(Guardrail.all_tenants.create)(
+        tenant=world.tenant, agent=a, name="No cards", point="output", kind="pii", config={"types": ["card"]},
+        message="I cannot share card numbers.")
+    fake_llm.script(ToolCalls([("transfer_to_beta", {"task": "card?"})]), Reply("Your card is 4111 1111 1111 1111."))
+    run = await post_message(agent=a, user=world.member, content="What is my card?")
+    await execute_run(run.pk)
+    run = await reload_run(run.pk)
+    assert (run.status, run.reason, run.reply) == ("failed", "guardrail_tripped", "")
+    assert "card numbers" in run.error
+    session = await sync_to_async(ChatSession.all_tenants.get)(pk=run.session_id)
+    assert session.agent_id == a.pk
+    frames = await events_since(session_id=run.session_id, after_seq=0)
+    assert not [f for f in frames if f["type"] == "agent_handoff"]
+    [tripped] = [f for f in frames if f["type"] == "guardrail_tripped"]
+    assert tripped["data"]["guardrail"] == "No cards"
+
+
 def test_a_handoff_whose_agent_waits_for_an_approval_hands_over_when_resumed(world, fake_llm, no_enqueue):
     from sessions.tests.conftest import post_message_sync
 
