@@ -269,27 +269,47 @@ class ApprovalAdmin(ReadOnlyAdmin):
         return format_html('<a href="{}">Run {}</a>', reverse("admin:agent_sessions_run_trace", args=[obj.run_id]),
                            obj.run_id)
 
-    def _decide(self, request, queryset, decision: str) -> None:
+    def _decide(self, request, queryset, decision: str):
+        """The action's confirmation page (the selected approvals, a reason to give), then, when
+        it is submitted, each decided as the signed-in user with that reason (a denial's is fed
+        back to the model; both are in the audit log and on the run's trace)."""
+        from django import forms
+        from django.contrib.admin import helpers
+        from django.template.response import TemplateResponse
+
         from agent_platform.api_errors import ApplicationError
         from sessions.services import approval_decide
         from tenants.scoping import tenant_scope
 
+        class ReasonForm(forms.Form):
+            reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3}),
+                                     help_text="Optional. A denial's reason is given to the agent with the failed call.")
+
+        form = ReasonForm(request.POST if "confirm" in request.POST else None)
+        if not form.is_bound or not form.is_valid():
+            verb = "Approve" if decision == "approve" else "Deny"
+            return TemplateResponse(request, "admin/agent_sessions/approval/decide.html", {
+                **self.admin_site.each_context(request), "opts": self.model._meta, "title": f"{verb} tool calls",
+                "verb": verb, "action": request.POST.get("action", ""), "approvals": list(queryset.order_by("id")),
+                "form": form, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME})
         done = 0
         for approval in queryset.order_by("id"):
             try:
                 with tenant_scope(approval.tenant_id):  # the console sets the database's scope, not the ORM's
-                    approval_decide(approval=approval, user=request.user, decision=decision)
+                    approval_decide(approval=approval, user=request.user, decision=decision,
+                                    reason=form.cleaned_data["reason"])
                 done += 1
             except ApplicationError as exc:
                 self.message_user(request, f"Approval {approval.pk} ({approval.tool_name}): {exc.message}",
                                   level=messages.ERROR)
         if done:
             self.message_user(request, f"{done} {'approved' if decision == 'approve' else 'denied'}.")
+        return None
 
     @admin.action(description="Approve the selected tool calls")
     def approve_selected(self, request, queryset):
-        self._decide(request, queryset, "approve")
+        return self._decide(request, queryset, "approve")
 
     @admin.action(description="Deny the selected tool calls")
     def deny_selected(self, request, queryset):
-        self._decide(request, queryset, "deny")
+        return self._decide(request, queryset, "deny")

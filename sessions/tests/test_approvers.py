@@ -223,10 +223,15 @@ def test_the_console_lists_what_waits_and_decides_only_as_an_approver(world, oth
     other.force_login(other_world.admin)
     assert "test_echo" not in other.get("/admin/agent_sessions/approval/").content.decode()
 
-    answer = console.post("/admin/agent_sessions/approval/", {
-        "action": "approve_selected", "_selected_action": [a.pk for a in by_tool.values()]}, follow=True)
+    selected = {"action": "approve_selected", "_selected_action": [a.pk for a in by_tool.values()]}
+    confirm = console.post("/admin/agent_sessions/approval/", selected)  # the page that asks for a reason
+    assert confirm.status_code == 200 and 'name="reason"' in confirm.content.decode()
+    assert Approval.all_tenants.filter(run_id=run.pk, status="pending").count() == 2  # nothing decided yet
+    answer = console.post("/admin/agent_sessions/approval/", {**selected, "confirm": "yes", "reason": "Looks safe."},
+                          follow=True)
     page = answer.content.decode()
     assert "1 approved." in page and "Only the approvers may decide this approval: role owner." in page
     echo, sleep = (Approval.all_tenants.get(pk=by_tool[name].pk) for name in ("test_echo", "test_sleep"))
     assert (echo.status, echo.decided_by_id, sleep.status) == ("approved", world.admin.pk, "pending")
+    assert echo.answer == "Looks safe."  # the decision's reason (audit log, trace)
     assert Run.all_tenants.get(pk=run.pk).status == "awaiting_approval"  # the owner's decision still waits
