@@ -12,7 +12,8 @@ Two measurements, both single streamed calls of a 5-chunk answer:
 2. **In memory**: the adapter replaced by a generator yielding the same events with no I/O,
    so what is left is the router's own CPU time per call (timers, records, events).
 
-Run: ``.venv/bin/python bench/router_overhead.py [--iterations 1000]`` (no Django; Redis at
+Run: ``.venv/bin/python bench/router_overhead.py [--iterations 1000]`` (Django's settings through
+``bench/_harness.py``, which allows loopback for the fake server; no database; Redis at
 127.0.0.1:6379 for the RedisEntryHealth row).
 """
 
@@ -34,6 +35,7 @@ from collections.abc import AsyncIterator, Callable  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from typing import Any  # noqa: E402
 
+import _harness  # noqa: E402,F401  (Django's settings: the adapter reads them; loopback allowed)
 from _stats import machine, percentile  # noqa: E402
 
 import llm.router as router_module  # noqa: E402
