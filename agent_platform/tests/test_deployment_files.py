@@ -66,3 +66,16 @@ def test_the_image_holds_no_key():
     assert not re.search(r"^\s*ENV\s+.*(SECRET_KEY|ENCRYPTION_KEY|PASSWORD)", dockerfile, re.M)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert "var" in ignored and ".env" in ignored  # var/secrets.env and .env stay out of the build context
+
+
+def test_the_layout_scales_workers_and_keeps_one_beat():
+    """docs/operations-security.md, "More than one process": workers are replicas (WORKER_REPLICAS),
+    beat is one, and web and workers share the same application settings (any web process serves
+    any chat's events through Redis; any worker resumes any run)."""
+    services = _compose()["services"]
+    assert services["worker"]["deploy"]["replicas"] == "${WORKER_REPLICAS:-1}"
+    assert services["beat"]["deploy"]["replicas"] == 1
+    assert "--pool" in services["worker"]["command"] and "--concurrency" not in services["worker"]["command"]
+    web, worker = _env(services["web"]), _env(services["worker"])
+    for key in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "ENCRYPTION_KEY"):
+        assert web[key] == worker[key], key
