@@ -371,17 +371,22 @@ OIDC_OP_TOKEN_ENDPOINT = os.environ.get("OIDC_TOKEN_ENDPOINT", "")
 OIDC_OP_USER_ENDPOINT = os.environ.get("OIDC_USERINFO_ENDPOINT", "")  # its claims are added to the ID token's
 OIDC_OP_JWKS_ENDPOINT = os.environ.get("OIDC_JWKS_URI", "")
 OIDC_TIMEOUT = float(os.environ.get("OIDC_TIMEOUT_SECONDS", "10"))  # each request to the provider (seconds)
+# Signing out of the platform sends the browser here to sign out of the provider as well
+# (RP-Initiated Logout; register <origin>/ as a post-logout redirect URI); empty: discovery's
+# end_session_endpoint, and none there: the platform's session alone ends.
+OIDC_OP_LOGOUT_ENDPOINT = os.environ.get("OIDC_END_SESSION_ENDPOINT", "")
 # The claim mapping rules, a JSON list: [{"claim": "groups", "value": "acme-admins", "tenant": "acme",
 # "role": "admin"}, …]; a claim equal to (or a list holding) the value gives the role in the tenant (by
 # slug; the highest of the matching rules). In the tenants the rules name, memberships follow the rules
 # at each login (no matching rule: the membership is removed); no rule matching: "no access".
 OIDC_TENANT_RULES = os.environ.get("OIDC_TENANT_RULES", "")
-# Fixed (mozilla-django-oidc's settings): PKCE (S256) and nonce on, TLS verified, no tokens kept.
+# Fixed (mozilla-django-oidc's settings): PKCE (S256) and nonce on, TLS verified; of the tokens only
+# the ID token is kept, in the server-side session, as the provider's logout hint (id_token_hint).
 OIDC_USE_PKCE = True
 OIDC_USE_NONCE = True
 OIDC_VERIFY_SSL = True
 OIDC_STORE_ACCESS_TOKEN = False
-OIDC_STORE_ID_TOKEN = False
+OIDC_STORE_ID_TOKEN = True
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc-callback"
 # The backend acts only on the callback's login while OIDC_ENABLED (a no-op for password logins).
 AUTHENTICATION_BACKENDS.append("tenants.oidc.backend.OidcBackend")

@@ -114,16 +114,25 @@ class AuthLoginApi(APIView):
         return Response(_me(request, membership))
 
 
+class _LogoutSerializer(serializers.Serializer):
+    provider_logout_url = serializers.CharField(
+        allow_null=True, help_text="A session that started with single sign-on: open this URL to sign out of the "
+                                   "provider as well (OpenID Connect RP-Initiated Logout); else null.")
+
+
 class AuthLogoutApi(APIView):
-    """End the session (CSRF-checked, like the login)."""
+    """End the session (CSRF-checked, like the login); for a single sign-on session, also the
+    URL that signs out of the provider (:func:`tenants.oidc.provider.provider_logout_url`)."""
 
     permission_classes = [permissions.AllowAny]
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(request=None, responses=_LogoutSerializer)
     def post(self, request: Request) -> Response:
+        from tenants.oidc.provider import PROVIDER_LOGOUT_ATTRIBUTE
+
         enforce_csrf(request)
         logout(request._request)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response({"provider_logout_url": getattr(request._request, PROVIDER_LOGOUT_ATTRIBUTE, None)})
 
 
 class AuthMeApi(TenantScopedApiView):

@@ -21,7 +21,7 @@ from typing import Any
 
 import requests
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import DisallowedHost, ImproperlyConfigured
 
 from tenants.oidc.rules import RulesError, TenantRule, rules_parse
 
@@ -38,9 +38,12 @@ ENDPOINTS = {
     "OIDC_OP_TOKEN_ENDPOINT": "token_endpoint",
     "OIDC_OP_USER_ENDPOINT": "userinfo_endpoint",
     "OIDC_OP_JWKS_ENDPOINT": "jwks_uri",
+    "OIDC_OP_LOGOUT_ENDPOINT": "end_session_endpoint",
 }
 """The library's endpoint settings and the discovery document's names for them."""
-_OPTIONAL = frozenset({"OIDC_OP_USER_ENDPOINT"})  # without a UserInfo endpoint the ID token's claims are used
+_OPTIONAL = frozenset({"OIDC_OP_USER_ENDPOINT", "OIDC_OP_LOGOUT_ENDPOINT"})
+"""Endpoints a provider may lack: without UserInfo the ID token's claims are used; without an
+end-session endpoint signing out ends the platform's session only."""
 
 _lock = threading.Lock()
 _documents: dict[str, tuple[float, dict[str, Any] | str]] = {}  # discovery URL -> (expiry, document or error)
@@ -203,3 +206,52 @@ def oidc_login_link() -> dict[str, str] | None:
     from django.urls import reverse
 
     return {"name": str(getattr(settings, "OIDC_PROVIDER_NAME", "") or "SSO"), "url": reverse("oidc-login")}
+
+
+PROVIDER_LOGOUT_ATTRIBUTE = "oidc_provider_logout_url"
+"""The request attribute :func:`provider_logout_remember` sets (the logout API and the console's
+logged-out page read it)."""
+
+
+def provider_logout_url(request: Any) -> str | None:
+    """Where to send the browser so that signing out of the platform also signs out of the
+    provider (OpenID Connect RP-Initiated Logout 1.0, §2): the provider's
+    ``end_session_endpoint`` (``OIDC_END_SESSION_ENDPOINT``, else discovery) with
+    ``id_token_hint`` (the ID token of this session's login), ``client_id`` and
+    ``post_logout_redirect_uri`` (this site's ``/``; register it at the provider).
+
+    Returns:
+        The URL, or None: single sign-on off, a session that did not start through it, a
+        session without its ID token, or a provider without that endpoint (or unreachable:
+        signing out of the platform never waits on the provider).
+    """
+    from urllib.parse import urlencode
+
+    from django.contrib.auth import BACKEND_SESSION_KEY
+
+    session = getattr(request, "session", None)
+    if not oidc_enabled() or session is None or session.get(BACKEND_SESSION_KEY) != "tenants.oidc.backend.OidcBackend":
+        return None
+    id_token = session.get("oidc_id_token")
+    try:
+        endpoint = oidc_setting("OIDC_OP_LOGOUT_ENDPOINT")
+    except OidcUnavailable:
+        return None
+    if not endpoint or not id_token:
+        return None
+    query = urlencode({"id_token_hint": id_token, "client_id": settings.OIDC_RP_CLIENT_ID,
+                       "post_logout_redirect_uri": request.build_absolute_uri("/")})
+    return f"{endpoint}{'&' if '?' in endpoint else '?'}{query}"
+
+
+def provider_logout_remember(sender: Any, request: Any = None, **kwargs: Any) -> None:
+    """``user_logged_out``: keep :func:`provider_logout_url` on the request (the signal comes
+    before the session is flushed, which loses the ID token). Signing out never fails on it: a
+    request that cannot name its own origin (a test client's bare request) gets None."""
+    if request is None:
+        return
+    try:
+        url = provider_logout_url(request)
+    except (KeyError, ValueError, DisallowedHost):
+        url = None
+    setattr(request, PROVIDER_LOGOUT_ATTRIBUTE, url)

@@ -214,8 +214,10 @@ function teardown() {
 }
 
 async function logout() {
+  let providerLogout = null;
   try {
-    await api.logout();
+    const out = await api.logout();
+    providerLogout = (out && out.provider_logout_url) || null;
   } catch (err) {
     if (!(err instanceof ApiError && err.isAuth)) {
       toast(err.message || 'Could not log out.');
@@ -225,6 +227,11 @@ async function logout() {
   state.me = null;
   state.afterLogin = null;
   teardown();
+  // A single sign-on session: sign out of the provider too; it sends the browser back here.
+  if (providerLogout) {
+    window.location.assign(providerLogout);
+    return;
+  }
   navigate('#/login');
 }
 

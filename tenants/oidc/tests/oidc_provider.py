@@ -35,8 +35,11 @@ class FakeOidcProvider:
     """The provider; :meth:`start` serves it, :meth:`stop` ends it (see the module's docstring)."""
 
     def __init__(self, *, client_id: str = "agent-platform", client_secret: str = "s3cret-client",
-                 userinfo: bool = True) -> None:
+                 userinfo: bool = True, end_session: bool = True) -> None:
         self.client_id = client_id
+        self.end_session_enabled = end_session
+        self.logout_requests: list[dict[str, str]] = []
+        """The RP-initiated logouts received (``GET /logout``'s query)."""
         self.client_secret = client_secret
         self.userinfo_enabled = userinfo
         self.key = _key()
@@ -96,6 +99,7 @@ class FakeOidcProvider:
             "token_endpoint": f"{self.issuer}/token",
             "jwks_uri": f"{self.issuer}/jwks",
             **({"userinfo_endpoint": f"{self.issuer}/userinfo"} if self.userinfo_enabled else {}),
+            **({"end_session_endpoint": f"{self.issuer}/logout"} if self.end_session_enabled else {}),
             "response_types_supported": ["code"],
             "subject_types_supported": ["public"],
             "id_token_signing_alg_values_supported": ["RS256"],
@@ -110,6 +114,7 @@ class FakeOidcProvider:
             ("GET", "/authorize"): lambda: self.authorize(parse_qs(url.query)),
             ("POST", "/token"): lambda: self.token(parse_qs(body.decode())),
             ("GET", "/userinfo"): lambda: self.userinfo(request.headers.get("Authorization", "")),
+            ("GET", "/logout"): lambda: self.logout(parse_qs(url.query)),
         }
         route = routes.get((method, url.path))
         status, answer = route() if route else (404, {"error": "not_found"})
@@ -125,6 +130,12 @@ class FakeOidcProvider:
         request.send_header("Content-Length", str(len(data)))
         request.end_headers()
         request.wfile.write(data)
+
+    def logout(self, query: dict[str, list[str]]) -> tuple[int, Any]:
+        """RP-Initiated Logout: recorded; back to ``post_logout_redirect_uri``."""
+        params = {name: values[0] for name, values in query.items()}
+        self.logout_requests.append(params)
+        return 302, params.get("post_logout_redirect_uri") or "/"
 
     def jwks(self) -> dict[str, Any]:
         jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))

@@ -232,6 +232,47 @@ def test_a_session_started_through_the_provider_ends_when_single_sign_on_is_swit
     assert me(client) is None
 
 
+def test_signing_out_of_a_single_sign_on_session_signs_out_of_the_provider(sso, world):
+    """RP-Initiated Logout: the logout API answers the provider's end-session URL with this
+    session's ID token as the hint; the console's logged-out page sends the browser there."""
+    import jwt
+
+    client = Client()
+    assert sign_in(client, sso, ALICE).status_code == 302
+    answer = client.post("/api/v1/auth/logout/")
+    assert answer.status_code == 200 and me(client) is None
+    url = urlsplit(answer.json()["provider_logout_url"])
+    assert f"{url.scheme}://{url.netloc}{url.path}" == f"{sso.issuer}/logout"
+    query = {name: values[0] for name, values in parse_qs(url.query).items()}
+    assert query["client_id"] == sso.client_id and query["post_logout_redirect_uri"] == "http://testserver/"
+    hint = jwt.decode(query["id_token_hint"], options={"verify_signature": False})
+    assert (hint["sub"], hint["iss"]) == (ALICE["sub"], sso.issuer)
+    back = requests.get(answer.json()["provider_logout_url"], allow_redirects=False, timeout=5)
+    assert back.status_code == 302 and back.headers["Location"] == "http://testserver/"
+    assert sso.logout_requests[-1]["id_token_hint"] == query["id_token_hint"]
+
+    # The console: its logout page sends the browser to the provider too.
+    console = Client()
+    sign_in(console, sso, {**ALICE, "groups": ["acme-admins"]})
+    page = console.post("/admin/logout/").content.decode()
+    assert f'content="0; url={sso.issuer}/logout?id_token_hint=' in page
+    assert 'data-testid="provider-logout"' in page
+
+
+def test_a_password_session_or_a_provider_without_end_session_signs_out_here_only(sso, world, settings):
+    client = Client()
+    client.force_login(world.member)
+    answer = client.post("/api/v1/auth/logout/")
+    assert answer.status_code == 200 and answer.json() == {"provider_logout_url": None}
+
+    sso.end_session_enabled = False
+    discovery_forget()
+    client = Client()
+    assert sign_in(client, sso, ALICE).status_code == 302
+    assert client.post("/api/v1/auth/logout/").json() == {"provider_logout_url": None}
+    assert me(client) is None
+
+
 def test_next_may_only_be_a_path_of_this_site(sso, world):
     client = Client()
     answer = sign_in(client, sso, ALICE, next_path="https://evil.example/phish")
