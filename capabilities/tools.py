@@ -56,6 +56,11 @@ class InputForUser(Exception):
     pauses the run like an approval (no worker holds it). Once the person answered (or the
     wait ended: a decline), the call is executed again with ``ToolContext.input_answer`` set
     to ``{"request": request, "action": "accept" | "decline" | "cancel", "content": {...}}``.
+
+    A request with ``type: "sampling"`` asks the person to approve the server's use of the
+    agent's model instead (:func:`capabilities.mcp.sampling.sampling_question`): its Approval
+    is of kind ``sampling``, decided approve or deny, and the answer is ``{"request", "action":
+    "accept" | "decline", "reason"}``.
     """
 
     def __init__(self, request: dict[str, Any]) -> None:

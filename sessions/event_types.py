@@ -64,8 +64,9 @@ class ApprovalItem:
     kind: str
     """``tool_call`` (approve or deny a call), ``question`` (the model asks the user) or
     ``client_tool`` (a call of a tool the OpenAI-compatible API's client runs: its next request
-    brings the output; the approval endpoint refuses it) or ``elicitation`` (an MCP server asks
-    the user for input: a form or a URL)."""
+    brings the output; the approval endpoint refuses it), ``elicitation`` (an MCP server asks
+    the user for input: a form or a URL) or ``sampling`` (an MCP server asks to use the
+    agent's model: approve or deny)."""
     status: str
     """``pending`` when published."""
     tool_name: str
@@ -91,6 +92,11 @@ class ApprovalItem:
     on_timeout: str
     """What the expiry does: ``deny`` or ``approve`` the call (the run goes on), or ``""``: the
     run fails ``approval_expired``."""
+    sampling: dict[str, Any] | None = None
+    """For ``kind == "sampling"`` (an MCP server asks to use the agent's model; approve or
+    deny): ``{server, tool, message, requests: [{messages: [{role, text}], system_prompt,
+    max_tokens, offers_tools, tools}]}`` (texts cut at 4,000 characters, the last 20
+    messages); else None."""
 
 
 @_payload

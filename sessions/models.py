@@ -451,6 +451,7 @@ class ApprovalKind(models.TextChoices):
     QUESTION = "question", "Answer the agent's question (ask_user)"
     CLIENT_TOOL = "client_tool", "Run by the API client (its next request brings the result)"
     ELICITATION = "elicitation", "Answer an MCP server's request for input (a form or a URL)"
+    SAMPLING = "sampling", "Approve an MCP server's use of the agent's model"
 
 
 class ApprovalStatus(models.TextChoices):

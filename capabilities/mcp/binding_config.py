@@ -17,9 +17,12 @@ Shape (every key optional)::
 - ``sampling.max_tokens``: the most output tokens one sampling request may ask for (a request
   asking more gets this many); default :data:`DEFAULT_SAMPLING_MAX_TOKENS`, at most
   :data:`MAX_SAMPLING_MAX_TOKENS`.
-- ``sampling.require_approval``: reserved. Asking a person to approve each sampling request is
-  not available yet, so ``true`` is refused by validation (a setting that promised approvals
-  and did not ask would be worse than none).
+- ``sampling.require_approval``: each sampling request asks a person first (the run's user, as
+  a tool call's approval does: an Approval of kind ``sampling``); the run pauses durably while
+  it waits. Approved, the model answers the request; denied (or nobody answered in time), the
+  server gets an MCP error saying the user declined (2025-11-25), or the call fails with that
+  reason (2026-07-28, which cannot refuse one request). See :mod:`capabilities.mcp.sampling`.
+  Default false.
 
 No Django imports.
 """
@@ -47,6 +50,8 @@ class SamplingPolicy:
     """The server may sample the agent's model."""
     allow_tools: bool = False
     """A sampling request may offer the model tools (the server runs them itself)."""
+    require_approval: bool = False
+    """A person approves each request before the model is called."""
     max_tokens: int = DEFAULT_SAMPLING_MAX_TOKENS
     """The cap on one request's output tokens."""
 
@@ -82,9 +87,6 @@ def _sampling_errors(sampling: Any) -> list[str]:
     errors = [f"Unknown sampling key {key!r}." for key in sampling if key not in _SAMPLING_KEYS]
     errors += [f"sampling.{key} must be true or false." for key in ("allowed", "require_approval", "allow_tools")
                if key in sampling and not isinstance(sampling[key], bool)]
-    if sampling.get("require_approval") is True:
-        errors.append("sampling.require_approval: asking a person to approve each sampling request is not "
-                      "available yet; leave it false.")
     cap = sampling.get("max_tokens")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_SAMPLING_MAX_TOKENS):
         errors.append(f"sampling.max_tokens must be a whole number from 1 to {MAX_SAMPLING_MAX_TOKENS}.")
@@ -104,5 +106,6 @@ def sampling_policy_of(config: Any) -> SamplingPolicy:
         return SamplingPolicy()
     return SamplingPolicy(
         allowed=sampling.get("allowed") is True, allow_tools=sampling.get("allow_tools") is True,
+        require_approval=sampling.get("require_approval") is True,
         max_tokens=sampling.get("max_tokens") or DEFAULT_SAMPLING_MAX_TOKENS,
     )

@@ -8,6 +8,11 @@ only when exactly one call with hooks is in flight on the session
 worker's log at DEBUG, a sampling request is refused (the server may go on without it).
 2026-07-28 sampling requests come back in the call's own result, so they are always the call's.
 
+A binding that wants each sampling request approved (``sampling.require_approval``) asks the
+person: on 2026-07-28 :meth:`CallHooks.ask_approval` stops the round with the question; on
+2025-11-25 the request waits in the call held open (:attr:`CallHooks.held`), and a call that
+is not held (a plain connection) is refused.
+
 No Django imports.
 """
 
@@ -20,13 +25,24 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp_types
 
 from capabilities.mcp.binding_config import DEFAULT_LOG_LEVEL, SamplingPolicy, log_level_rank
-from capabilities.mcp.sampling import SamplingAnswer, sampling_answer
+from capabilities.mcp.sampling import (
+    SamplingAnswer,
+    SamplingRefused,
+    approved_sampling_answers,
+    declined_message,
+    is_sampling_answer,
+    sampling_answer,
+    sampling_question,
+)
 from capabilities.tools import ModelSampler
+
+if TYPE_CHECKING:
+    from capabilities.mcp.elicitation import HeldCall
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +81,8 @@ class CallHooks:
 
     server: str
     """The server's alias (for messages)."""
+    tool: str = ""
+    """The server's tool name (shown to a person approving a sampling request)."""
     log_level: str = DEFAULT_LOG_LEVEL
     """Keep messages at this level or above (the binding's ``log_level``)."""
     sampling: SamplingPolicy = field(default_factory=SamplingPolicy)
@@ -78,6 +96,28 @@ class CallHooks:
     """The calling task's context variables (its tenant scope, the run's ports, the trace),
     copied when the hooks are made: a sampling request arrives in the pool's own task and is
     answered in this context."""
+    held: HeldCall | None = None
+    """The 2025-11-25 call held open while a person approves its sampling request (set by the
+    pool); None: such a request cannot be approved here and is refused."""
+
+    def needs_approval(self) -> bool:
+        """Whether a sampling request waits for a person (the binding allows sampling, asks for
+        approval, and a run's model could answer)."""
+        return self.sampling.allowed and self.sampling.require_approval and self.sample is not None
+
+    def ask_approval(self, requests: dict[str, mcp_types.CreateMessageRequestParams],
+                     request_state: str | None) -> None:
+        """2026-07-28 (:func:`capabilities.mcp.sampling.answer_sampling_rounds`' ``ask``):
+        raise the person's question for the round when the binding wants approval; return
+        otherwise.
+
+        Raises:
+            InputForUser: the question (:func:`sampling_question`, ``protocol: input_required``).
+            SamplingRefused: a request the binding refuses anyway.
+        """
+        if self.needs_approval():
+            raise sampling_question(requests, policy=self.sampling, server=self.server, tool_name=self.tool,
+                                    protocol="input_required", request_state=request_state)
 
     def wants(self, level: str) -> bool:
         """Whether a message at ``level`` is kept."""
@@ -106,8 +146,43 @@ class CallHooks:
     async def answer_sampling(self, params: mcp_types.CreateMessageRequestParams) -> SamplingAnswer:
         """The answer to the server's sampling request (:func:`sampling_answer`), computed in
         :attr:`caller_context` (a task of its own, cancelled with the one awaiting it)."""
+        if self.needs_approval():
+            return await self._held_answer(params)
         answer = sampling_answer(params, policy=self.sampling, sample=self.sample, server=self.server)
         return await asyncio.get_running_loop().create_task(answer, context=self.caller_context.copy())
+
+    async def _held_answer(self, params: mcp_types.CreateMessageRequestParams) -> SamplingAnswer:
+        """2025-11-25 with approval: the held call waits for the person; their decision's
+        answer (the model's, or an error saying they declined; declined after the held call's
+        wait)."""
+        try:
+            question = sampling_question({"": params}, policy=self.sampling, server=self.server, tool_name=self.tool,
+                                         protocol="held")
+        except SamplingRefused as exc:
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(exc))
+        if self.held is None:
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=(
+                f"MCP server {self.server!r}: each sampling request needs a person's approval, which cannot be "
+                "asked for this call (several calls of the session in flight, or a connection outside the pool)."))
+        timeout_answer = mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=declined_message(self.server))
+        return await self.held.ask(params, question=question, timeout_answer=timeout_answer)
+
+
+def held_reply(answer: dict[str, Any], hooks: CallHooks | None) -> Callable[[], Awaitable[SamplingAnswer]] | None:
+    """For a held 2025-11-25 call (:func:`capabilities.mcp.elicitation.held_call_answer`): what
+    makes the server's answer to a decided sampling approval (``answer``; the model is called
+    by the resumed run, ``hooks.sample``), or None for an elicitation's answer."""
+    if not is_sampling_answer(answer):
+        return None
+
+    async def reply() -> SamplingAnswer:
+        sample, policy, server = (hooks.sample, hooks.sampling, hooks.server) if hooks is not None else (None, None, "")
+        replies = await approved_sampling_answers(answer, policy=policy or SamplingPolicy(), sample=sample,
+                                                  server=server or str((answer.get("request") or {}).get("server")))
+        return next(iter(replies.values()), mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST,
+                                                                message="No sampling request was asked."))
+
+    return reply
 
 
 def only_call(hooks: set[CallHooks], what: str, alias: str) -> CallHooks | None:

@@ -20,7 +20,8 @@ that resumes *in this process* gives it the answer (:func:`held_call_answer`). A
 by another process, or after this one stopped, finds no held call: the call fails with
 :data:`LOST_HELD_CALL`. A request that cannot be tied to one call (several in flight on the
 session) or that arrives on a plain connection is declined at once
-(:func:`answer_legacy_elicitation`).
+(:func:`answer_legacy_elicitation`). A 2025-11-25 sampling request that needs a person's
+approval is held the same way (:mod:`capabilities.mcp.sampling`).
 
 Content of an accepted form is checked against the requested schema (the spec's restricted
 subset: a flat object of primitive properties: string with ``minLength`` / ``maxLength`` /
@@ -38,6 +39,7 @@ import datetime as dt
 import logging
 import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -310,7 +312,9 @@ class HeldCall:
     task: asyncio.Task[Any] | None = None
     asked: asyncio.Future[Any] | None = None
     """Set to the server's request params when it asks (the current round)."""
-    answer: asyncio.Future[mcp_types.ElicitResult] | None = None
+    answer: asyncio.Future[Any] | None = None
+    """The server's answer: an ``ElicitResult``, or a sampling answer (``CreateMessageResult``
+    or ``ErrorData``)."""
     scope: anyio.CancelScope | None = None
     """The call's timeout scope (its deadline is moved while the person is asked)."""
 
@@ -318,19 +322,21 @@ class HeldCall:
         """Expect a (next) question: a fresh ``asked`` future."""
         self.asked = asyncio.get_running_loop().create_future()
 
-    async def ask(self, params: Any) -> mcp_types.ElicitResult:
-        """The server's ``elicitation/create`` for this call: hand it to the waiting caller and
-        wait for the person's answer (``decline`` after ``wait_seconds``)."""
+    async def ask(self, params: Any, *, question: InputForUser | None = None, timeout_answer: Any = None) -> Any:
+        """The server's ``elicitation/create`` (or, with ``question``, its sampling request
+        awaiting a person's approval, :mod:`capabilities.mcp.call_hooks`) for this call: hand
+        it to the waiting caller and wait for the answer (after ``wait_seconds``:
+        ``timeout_answer``, default ``decline``)."""
         assert self.asked is not None
         self.answer = asyncio.get_running_loop().create_future()
         if self.scope is not None:
             self.scope.deadline = math.inf
-        self.asked.set_result(params)
+        self.asked.set_result(question if question is not None else params)
         try:
             with anyio.fail_after(self.wait_seconds):
                 return await asyncio.shield(self.answer)
         except TimeoutError:
-            return mcp_types.ElicitResult(action="decline")
+            return timeout_answer if timeout_answer is not None else mcp_types.ElicitResult(action="decline")
         finally:
             if self.scope is not None:
                 self.scope.deadline = anyio.current_time() + self.call_seconds
@@ -352,13 +358,25 @@ async def held_call_drive(held: HeldCall, key: int, *, server: str, tool_name: s
         _held.pop(key, None)
         return held.task.result()
     _held[key] = held
-    request = _request_json(held.asked.result(), server=server, tool_name=tool_name, key="", request_state=None)
+    asked = held.asked.result()
+    if isinstance(asked, InputForUser):  # a sampling request to approve (its question made by the call's hooks)
+        raise asked
+    request = _request_json(asked, server=server, tool_name=tool_name, key="", request_state=None)
     raise InputForUser({**request, "protocol": "held"})
 
 
-async def held_call_answer(answer: dict[str, Any], key: int) -> Any:
+async def held_call_answer(answer: dict[str, Any], key: int, *, reply: Callable[[], Awaitable[Any]] | None = None,
+                           hooks: Any = None) -> Any:
     """Give the person's answer to this process's held call ``key`` and wait for it again
     (its result, or its next question: :class:`InputForUser`).
+
+    Args:
+        answer: The stored answer (``{request, action, content}``).
+        reply: Makes what the server gets, when it is not the ``ElicitResult`` of ``answer``
+            (a sampling request's: the model's answer once approved); awaited only when the
+            call is held here.
+        hooks: The resumed call's :class:`~capabilities.mcp.call_hooks.CallHooks`: the held
+            call's next sampling request waits in it (``hooks.held``).
 
     Raises:
         ToolError: ``elicitation_lost`` (:data:`LOST_HELD_CALL`) when no call is held here.
@@ -367,8 +385,11 @@ async def held_call_answer(answer: dict[str, Any], key: int) -> Any:
     if held is None or held.task is None:
         raise ToolError(LOST_HELD_CALL, code="elicitation_lost")
     request = answer.get("request") or {}
+    if hooks is not None:
+        hooks.held = held
+    result = await reply() if reply is not None else elicit_result(answer.get("action", "decline"), answer.get("content"))
     held.next_round()  # before the answer: the server may ask its next question at once
     if held.answer is not None and not held.answer.done():
-        held.answer.set_result(elicit_result(answer.get("action", "decline"), answer.get("content")))
+        held.answer.set_result(result)
     return await held_call_drive(held, key, server=str(request.get("server", "")),
                                  tool_name=str(request.get("tool", "")))

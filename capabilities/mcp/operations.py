@@ -171,7 +171,8 @@ async def call_tool_raw(
         hooks: The call's log level and sampling answerer: on a 2026-07-28 connection the call
             opts in to log messages at ``hooks.log_level`` (``_meta``), and an
             ``InputRequiredResult`` asking for sampling is answered and the call sent again
-            (:func:`capabilities.mcp.sampling.answer_sampling_rounds`).
+            (:func:`capabilities.mcp.sampling.answer_sampling_rounds`), or, when the binding
+            wants each approved, the person is asked (``InputForUser``, ``type: sampling``).
 
     Returns:
         The ``CallToolResult`` (never one with ``isError``).
@@ -278,6 +279,6 @@ async def _send_call(
     if hooks is None:
         return result
     return await answer_sampling_rounds(
-        result, answer=hooks.answer_sampling, server=hooks.server,
+        result, answer=hooks.answer_sampling, server=hooks.server, ask=hooks.ask_approval,
         retry=lambda responses, state: send({**base, "input_responses": responses, "request_state": state}),
     )

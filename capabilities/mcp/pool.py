@@ -57,7 +57,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_platform import metrics, telemetry
 from capabilities.mcp.binding_config import log_level_rank
-from capabilities.mcp.call_hooks import CallHooks, only_call
+from capabilities.mcp.call_hooks import CallHooks, held_reply, only_call
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import HeldCall, answer_legacy_elicitation, held_call_answer, held_call_drive
 from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_failure_text, describe_exception
@@ -755,11 +755,12 @@ class PooledSession:
         check_timeout_seconds(timeout_seconds, what="timeout_seconds")
         timeout = min(timeout_seconds, self.config.call_timeout_seconds)
         if hold_key is not None and input_answer is not None:
-            return await held_call_answer(input_answer, hold_key)
+            async with self._hooked(hooks):
+                return await held_call_answer(input_answer, hold_key, hooks=hooks, reply=held_reply(input_answer, hooks))
         await self.catalogue()  # the SDK validates results against listed output schemas
         async with self._hooked(hooks):
             if hold_key is not None and self.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-                return await self._call_holdable(name, arguments, timeout, progress, hold_key)
+                return await self._call_holdable(name, arguments, timeout, progress, hold_key, hooks)
             return await self._call_forwarding_progress(name, arguments, timeout, progress, resume, hooks)
 
     async def _call_forwarding_progress(self, name: str, arguments: dict[str, Any], timeout: float,
@@ -801,12 +802,16 @@ class PooledSession:
         return result
 
     async def _call_holdable(self, name: str, arguments: dict[str, Any], timeout: float,
-                             progress: ProgressCallback | None, key: int) -> mcp_types.CallToolResult:
-        """A 2025-11-25 call that is held open if its server asks the person (see
-        :meth:`call_tool_raw`). Its progress notifications are forwarded without waiting (the
-        call may outlive the caller's wait)."""
+                             progress: ProgressCallback | None, key: int,
+                             hooks: CallHooks | None = None) -> mcp_types.CallToolResult:
+        """A 2025-11-25 call that is held open if its server asks the person (an elicitation,
+        or a sampling request to approve: ``hooks.held``; see :meth:`call_tool_raw`). Its
+        progress notifications are forwarded without waiting (the call may outlive the
+        caller's wait)."""
         held = HeldCall(wait_seconds=self.pool.elicitation_wait_seconds, call_seconds=timeout)
         held.next_round()
+        if hooks is not None:
+            hooks.held = held
 
         async def on_progress(done: float, total: float | None, message: str | None) -> None:
             if progress is not None:

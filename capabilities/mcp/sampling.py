@@ -12,6 +12,15 @@ Two wires carry the request (spec: "Sampling", MCP 2025-11-25; SEP-2322 for 2026
   (:func:`answer_sampling_rounds`). That wire has no way to refuse one request, so a refusal
   fails the call with the reason (the model reads it).
 
+A binding with ``sampling.require_approval`` asks a person before the model is called (an
+:class:`~capabilities.tools.InputForUser` whose request has ``type: "sampling"``,
+:func:`sampling_question`; the runner makes it an Approval of kind ``sampling`` and pauses the
+run durably, as for an elicitation, :mod:`capabilities.mcp.elicitation`). On 2026-07-28 the
+call is sent again once decided, with the model's answers (:func:`approved_sampling_answers`)
+or failing with :func:`declined_message`; on 2025-11-25 the call is held open in the pool
+(:class:`~capabilities.mcp.elicitation.HeldCall`) and the server gets the model's answer or an
+MCP error saying the user declined.
+
 The request's messages become our canonical chat messages (text, images; a ``tool_use`` block
 an assistant tool call, a ``tool_result`` block a tool message); audio is described, not sent.
 The answer is ``CreateMessageResult`` (text) or, when the request offered tools,
@@ -21,6 +30,7 @@ toolUse``): the server runs its own tools and may ask again. No Django imports.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -30,7 +40,7 @@ import mcp_types
 
 from capabilities.mcp.binding_config import SamplingPolicy
 from capabilities.naming import EXPOSED_NAME_RE
-from capabilities.tools import ModelSampler, SamplingRequest, ToolError
+from capabilities.tools import InputForUser, ModelSampler, SamplingRequest, ToolError
 from llm.errors import LLMError, public_error_message
 from llm.types import IMAGE_MIME_TYPES, ChatMessage, Completion, ImagePart, ToolCallRequest, ToolSpec
 
@@ -38,6 +48,11 @@ logger = logging.getLogger(__name__)
 
 MAX_SAMPLING_ROUNDS = 10
 """How many ``InputRequiredResult`` rounds of sampling one call may ask for (2026-07-28)."""
+
+MAX_SHOWN_CHARS = 4_000
+"""Longest text of one message (or the system prompt) a person is shown when approving."""
+MAX_SHOWN_MESSAGES = 20
+"""The last this many messages of a request are shown when approving."""
 
 SamplingAnswer = mcp_types.CreateMessageResult | mcp_types.CreateMessageResultWithTools | mcp_types.ErrorData
 
@@ -169,12 +184,110 @@ async def sampling_answer(params: mcp_types.CreateMessageRequestParams, *, polic
     return sampling_result(completion, with_tools=bool(request.tools))
 
 
+def declined_message(server: str, reason: str = "") -> str:
+    """What the server (2025-11-25) or the model (2026-07-28: the failed call) reads when the
+    person declined a sampling request, or nobody answered in time."""
+    why = f" Their reason: {reason}" if reason else ""
+    return (f"The user declined MCP server {server!r}'s request to use the agent's model (sampling).{why} "
+            "Do not retry it unless the user asks.")
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + "…"
+
+
+def _request_shown(params: mcp_types.CreateMessageRequestParams, policy: SamplingPolicy) -> dict[str, Any]:
+    """What a person sees of one request: ``{messages: [{role, text}], system_prompt,
+    max_tokens (as capped), offers_tools, tools: [name]}`` (texts cut, the last messages)."""
+    offered = _tools_of(params, policy, "") if params.tools else ()
+    return {
+        "messages": [{"role": m.role, "text": _shown(_text_of(m.content_as_list))}
+                     for m in params.messages[-MAX_SHOWN_MESSAGES:]],
+        "system_prompt": _shown(params.system_prompt or ""),
+        "max_tokens": max(1, min(params.max_tokens, policy.max_tokens)),
+        "offers_tools": bool(offered), "tools": [t.name for t in offered],
+    }
+
+
+def sampling_question(requests: dict[str, mcp_types.CreateMessageRequestParams], *, policy: SamplingPolicy,
+                      server: str, tool_name: str, protocol: str, request_state: str | None = None) -> InputForUser:
+    """The person's approval of a server's sampling request(s) (one round), as
+    :class:`InputForUser`.
+
+    Args:
+        requests: ``{key: params}`` (2026-07-28: the ``InputRequiredResult`` 's keys; 2025-11-25:
+            one request under ``""``).
+        policy: The binding's policy (each request must pass it: :func:`sampling_request`).
+        protocol: ``input_required`` (2026-07-28) or ``held`` (2025-11-25, the call held open).
+
+    Returns:
+        ``InputForUser(request)`` with ``request`` = ``{type: "sampling", protocol, server, tool,
+        request_state, message, requests: [{key, params (the MCP JSON), shown}]}``
+        (``shown``: :func:`_request_shown`).
+
+    Raises:
+        SamplingRefused: a request the binding refuses anyway (nobody is asked).
+    """
+    items = []
+    for key, params in requests.items():
+        sampling_request(params, policy, server=server)
+        items.append({"key": key, "params": params.model_dump(mode="json", by_alias=True, exclude_none=True),
+                      "shown": _request_shown(params, policy)})
+    return InputForUser({
+        "type": "sampling", "protocol": protocol, "server": server, "tool": tool_name, "request_state": request_state,
+        "message": f"The MCP server {server!r} asks to use the agent's model (sampling).", "requests": items,
+    })
+
+
+def is_sampling_answer(answer: dict[str, Any] | None) -> bool:
+    """Whether a stored answer (``{request, action, ...}``) is to a :func:`sampling_question`."""
+    return isinstance(answer, dict) and (answer.get("request") or {}).get("type") == "sampling"
+
+
+async def approved_sampling_answers(answer: dict[str, Any], *, policy: SamplingPolicy, sample: ModelSampler | None,
+                                    server: str) -> dict[str, SamplingAnswer]:
+    """The answers to the requests of a decided :func:`sampling_question`.
+
+    Args:
+        answer: ``{"request": <the question's request>, "action": "accept" | "decline",
+            "reason"}`` (``decline``: denied, or nobody answered in time).
+
+    Returns:
+        ``{key: answer}``: the model's results once approved (:func:`sampling_answer`, run in
+        order; its ``ErrorData`` when refused or failed), else ``ErrorData`` saying the user
+        declined (:func:`declined_message`) for every key. Never raises for those.
+    """
+    request = answer.get("request") or {}
+    items = [i for i in request.get("requests") or () if isinstance(i, dict)]
+    if answer.get("action") != "accept":
+        message = declined_message(server, str(answer.get("reason") or ""))
+        return {str(i.get("key", "")): mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=message)
+                for i in items}
+    asked = dataclasses.replace(policy, require_approval=False)
+    replies: dict[str, SamplingAnswer] = {}
+    for item in items:
+        params = mcp_types.CreateMessageRequestParams.model_validate(item.get("params") or {})
+        replies[str(item.get("key", ""))] = await sampling_answer(params, policy=asked, sample=sample, server=server)
+    return replies
+
+
+def declined(reply: SamplingAnswer) -> bool:
+    """Whether ``reply`` is the error of a request the person declined."""
+    return isinstance(reply, mcp_types.ErrorData) and reply.message.startswith("The user declined")
+
+
 SamplingRetry = Callable[[dict[str, Any], "str | None"], Awaitable[Any]]
 """``await retry(input_responses, request_state)``: the call sent again with the answers."""
 
 
+SamplingAsk = Callable[[dict[str, mcp_types.CreateMessageRequestParams], "str | None"], None]
+"""``ask(requests, request_state)``: raises :class:`InputForUser` when a person must approve
+the round first (:func:`sampling_question`), :class:`SamplingRefused` for a request refused
+anyway; returns when the round is answered at once."""
+
+
 async def answer_sampling_rounds(result: Any, *, answer: Callable[[Any], Awaitable[SamplingAnswer]],
-                                 retry: SamplingRetry, server: str) -> Any:
+                                 retry: SamplingRetry, server: str, ask: SamplingAsk | None = None) -> Any:
     """2026-07-28: while ``result`` is an ``InputRequiredResult`` asking only for sampling,
     answer every request with ``answer(params)`` and ``retry`` the call with the responses;
     return the first other result (a final result, or a request for the person: an
@@ -183,11 +296,18 @@ async def answer_sampling_rounds(result: Any, *, answer: Callable[[Any], Awaitab
     Raises:
         ToolError: ``sampling_refused`` (a request refused: this wire cannot tell the server,
             so the call fails with the reason); ``mcp_error`` after :data:`MAX_SAMPLING_ROUNDS`.
+        InputForUser: ``ask`` wants a person to approve the round (the call is sent again
+            with the answers once decided: :func:`approved_sampling_answers`).
     """
     for _ in range(MAX_SAMPLING_ROUNDS):
         requests = result.input_requests if isinstance(result, mcp_types.InputRequiredResult) else None
         if not requests or not all(isinstance(r, mcp_types.CreateMessageRequest) for r in requests.values()):
             return result
+        if ask is not None:
+            try:
+                ask({key: r.params for key, r in requests.items()}, result.request_state)
+            except SamplingRefused as exc:
+                raise ToolError(str(exc), code="sampling_refused") from None
         responses: dict[str, Any] = {}
         for key, request in requests.items():
             reply = await answer(request.params)

@@ -23,6 +23,7 @@ from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import resume_arguments, resume_refusal
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback
 from capabilities.mcp.results import render_block, stored_binary, tool_result
+from capabilities.mcp.sampling import approved_sampling_answers, declined, is_sampling_answer
 from capabilities.naming import EXPOSED_NAME_RE
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
@@ -243,9 +244,11 @@ class McpTool(Tool):
             ToolError: ``mcp_tool_error`` (the tool reported an error: its text), ``timeout``
                 (after ``call_timeout_seconds``), ``mcp_error`` (protocol/transport failure),
                 ``mcp_connect_error`` or ``mcp_unavailable`` (circuit breaker open),
-                ``elicitation_declined`` (the person refused to open the page a server asked for).
-            InputForUser: The server asks the person (form or URL elicitation); the call is
-                executed again with ``context.input_answer`` once answered.
+                ``elicitation_declined`` (the person refused to open the page a server asked for),
+                ``sampling_declined`` (the person denied a 2026-07-28 server's sampling request).
+            InputForUser: The server asks the person (form or URL elicitation, or the approval
+                of a sampling request when the binding wants it); the call is executed again
+                with ``context.input_answer`` once answered.
         """
 
         throttle = ProgressThrottle()
@@ -259,17 +262,15 @@ class McpTool(Tool):
         options: dict[str, Any] = {}
         answer = context.input_answer
         if answer is not None:  # executed again after the person answered the server
-            refusal = resume_refusal(answer)
-            if refusal is not None:
-                raise ToolError(refusal, code="elicitation_declined")
-            options["resume"] = resume_arguments(answer) or None
+            options["resume"] = await self._resume(answer, context)
         hooks = None
         if getattr(self.connection, "holds_calls", False):  # a pooled session: 2025-11-25 calls may be held
             options["hold_key"] = context.tool_call_id
             if answer is not None and (answer.get("request") or {}).get("protocol") == "held":
                 options["input_answer"] = answer
-            options["hooks"] = hooks = CallHooks(server=self.connection.config.alias, log_level=self.log_level,
-                                                 sampling=self.sampling, sample=context.sample)
+            options["hooks"] = hooks = CallHooks(server=self.connection.config.alias, tool=self.info.name,
+                                                 log_level=self.log_level, sampling=self.sampling,
+                                                 sample=context.sample)
         try:
             result = await self.connection.call_tool_raw(
                 self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress, **options
@@ -280,3 +281,29 @@ class McpTool(Tool):
         return await result_for_model(
             result, alias=self.connection.config.alias, tool_name=self.info.name, context=context
         )
+
+    async def _resume(self, answer: dict[str, Any], context: ToolContext) -> dict[str, Any] | None:
+        """The retried call's ``resume`` for the person's answer (None: the call is made as it
+        was, or the held call gets the answer). A 2026-07-28 sampling approval: the model
+        answers the approved requests here (``context.sample``).
+
+        Raises:
+            ToolError: ``elicitation_declined`` (a URL the person would not open);
+                ``sampling_declined`` (a sampling request the person denied, or nobody approved
+                in time); ``sampling_refused`` (an approved request the binding or the model
+                could not answer).
+        """
+        refusal = resume_refusal(answer)
+        if refusal is not None:
+            raise ToolError(refusal, code="elicitation_declined")
+        request = answer.get("request") or {}
+        if not is_sampling_answer(answer):
+            return resume_arguments(answer) or None
+        if request.get("protocol") != "input_required":
+            return None
+        alias = self.connection.config.alias
+        replies = await approved_sampling_answers(answer, policy=self.sampling, sample=context.sample, server=alias)
+        for reply in replies.values():
+            if isinstance(reply, mcp_types.ErrorData):
+                raise ToolError(reply.message, code="sampling_declined" if declined(reply) else "sampling_refused")
+        return {"input_responses": replies, "request_state": request.get("request_state")}

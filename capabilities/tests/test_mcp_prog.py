@@ -18,7 +18,7 @@ from capabilities.mcp.pool import McpPool
 from capabilities.mcp.tool import McpTool, ProgressThrottle
 from capabilities.tests.confined_servers import until
 from capabilities.tests.prog_test_server import ProgState, serve_prog
-from capabilities.tools import SamplingRequest, ToolContext, ToolError
+from capabilities.tools import InputForUser, SamplingRequest, ToolContext, ToolError
 from llm.types import ChatMessage, Completion, ToolCallRequest, Usage
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("all_tenants_scope")]
@@ -106,10 +106,12 @@ def test_binding_config_is_checked() -> None:
         "Unknown key 'other' (an MCP server binding takes log_level and sampling).",
         "log_level must be one of debug, info, notice, warning, error, critical, alert, emergency.",
         "Unknown sampling key 'x'.", "sampling.allowed must be true or false.",
-        "sampling.require_approval: asking a person to approve each sampling request is not available yet; "
-        "leave it false.", "sampling.max_tokens must be a whole number from 1 to 32000.",
+        "sampling.max_tokens must be a whole number from 1 to 32000.",
     ]
+    assert binding_config_errors({"sampling": {"allowed": True, "require_approval": "yes"}}) == [
+        "sampling.require_approval must be true or false."]
     assert sampling_policy_of({"sampling": {"allowed": "yes"}}).allowed is False  # invalid: refuse everything
+    assert sampling_policy_of({"sampling": {"allowed": True, "require_approval": True}}).require_approval is True
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -159,6 +161,72 @@ async def test_sampling_is_refused_unless_the_binding_allows_it(pool: McpPool, p
     assert [(m.role, m.content) for m in request.messages] == [
         ("system", "You write one-line summaries."), ("user", "Summarize: long")]
     assert request.tools == () and request.max_output_tokens == 1024  # the server asked 5,000: capped
+
+
+APPROVED = {"sampling": {"allowed": True, "require_approval": True}}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_sampling_request_waits_for_approval_then_the_model_answers(pool: McpPool, prog: Any,
+                                                                             mode: str) -> None:
+    """``require_approval``: the call stops with the person's question (the model not called);
+    executed again with the approval, the model answers the server's request. 2025-11-25:
+    the call stays open meanwhile (held in the pool); 2026-07-28: it is sent again."""
+    url, state = prog
+    session = session_for(pool, url, mode)
+    sampler = Sampler(ChatMessage(role="assistant", content="A short summary."))
+    ctx, _, _ = context(sample=sampler)
+    summarize = tool(session, "summarize", APPROVED)
+    with pytest.raises(InputForUser) as asked:
+        await summarize.execute({"text": "a long text"}, ctx)
+    request = asked.value.request
+    assert (request["type"], request["protocol"], request["server"], request["tool"]) == (
+        "sampling", "held" if mode == "legacy" else "input_required", "prog", "summarize")
+    [item] = request["requests"]
+    assert item["shown"] == {"messages": [{"role": "user", "text": "Summarize: a long text"}],
+                             "system_prompt": "You write one-line summaries.", "max_tokens": 1024,
+                             "offers_tools": False, "tools": []}
+    assert sampler.requests == [] and len(state.samples) == 1
+
+    ctx.input_answer = {"request": request, "action": "accept", "reason": ""}
+    result = await summarize.execute({"text": "a long text"}, ctx)
+    assert result.content == "summary: A short summary."
+    [sampled] = sampler.requests
+    assert [m.content for m in sampled.messages] == ["You write one-line summaries.", "Summarize: a long text"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_denied_sampling_request_tells_the_server_or_fails_the_call(pool: McpPool, prog: Any,
+                                                                            mode: str) -> None:
+    url, _ = prog
+    session = session_for(pool, url, mode)
+    sampler = Sampler()
+    ctx, _, _ = context(sample=sampler, call_id=8)
+    summarize = tool(session, "summarize", APPROVED)
+    with pytest.raises(InputForUser) as asked:
+        await summarize.execute({"text": "x"}, ctx)
+    ctx.input_answer = {"request": asked.value.request, "action": "decline", "reason": "not now"}
+    declined = "The user declined MCP server 'prog''s request to use the agent's model (sampling). Their reason: not now"
+    if mode == "legacy":  # the server gets an MCP error and goes on
+        assert (await summarize.execute({"text": "x"}, ctx)).content.startswith(f"refused: {declined}")
+    else:  # 2026-07-28 cannot refuse one request: the call fails with the reason
+        with pytest.raises(ToolError) as failed:
+            await summarize.execute({"text": "x"}, ctx)
+        assert failed.value.code == "sampling_declined" and failed.value.message.startswith(declined)
+    assert sampler.requests == []
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_request_the_binding_refuses_anyway_asks_nobody(pool: McpPool, prog: Any, mode: str) -> None:
+    url, _ = prog
+    session = session_for(pool, url, mode)
+    ctx, _, _ = context(sample=Sampler(), call_id=9)
+    pick = tool(session, "pick", APPROVED)  # offers tools; allow_tools is off
+    if mode == "legacy":
+        assert "sampling.allow_tools" in (await pick.execute({}, ctx)).content
+    else:
+        with pytest.raises(ToolError, match="sampling.allow_tools"):
+            await pick.execute({}, ctx)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])

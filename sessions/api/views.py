@@ -32,7 +32,7 @@ from sessions.models import (
     RunStatus,
     ToolCall,
 )
-from sessions.runs.records import elicitation_public
+from sessions.runs.records import elicitation_public, sampling_public
 from sessions.selectors import (
     APPROVALS_MINE,
     approval_get_for_user,
@@ -130,7 +130,13 @@ class ApprovalSerializer(serializers.ModelSerializer):
     Kind ``elicitation`` (an MCP server asks the user for input during ``tool_call``): ``mode``
     (``form`` or ``url``), ``message``, ``schema`` (form: the requested JSON Schema, a flat
     object of primitive properties), ``url`` (url mode: the page to open) and ``server`` (the
-    MCP server's alias); null for the other kinds."""
+    MCP server's alias); null for the other kinds.
+
+    Kind ``sampling`` (an MCP server asks to use the agent's model during ``tool_call``; the
+    binding's ``sampling.require_approval``): decided approve or deny like a tool call;
+    ``server`` and ``message`` are set, and ``sampling`` is ``{server, tool, message, requests:
+    [{messages: [{role, text}], system_prompt, max_tokens, offers_tools, tools}]}`` (texts cut);
+    null for the other kinds."""
 
     skill = serializers.CharField(source="skill_name", read_only=True, allow_null=True)
     agent = serializers.SerializerMethodField()
@@ -143,6 +149,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
     schema = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
     server = serializers.SerializerMethodField()
+    sampling = serializers.SerializerMethodField()
 
     class Meta:
         model = Approval
@@ -150,7 +157,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "id", "run", "sub_run", "skill", "tool_call", "kind", "status", "tool_name", "arguments", "reason",
             "question", "answer", "decided_by", "decided_at", "expires_at", "created_at",
             "agent", "requester", "approvers", "on_timeout", "can_decide", "decided_on_timeout",
-            "mode", "message", "schema", "url", "server",
+            "mode", "message", "schema", "url", "server", "sampling",
         ]
 
     @extend_schema_field(ApprovalAgentSerializer)
@@ -171,7 +178,11 @@ class ApprovalSerializer(serializers.ModelSerializer):
 
     @staticmethod
     def _request(obj: Approval) -> dict:
-        return elicitation_public(obj.elicitation) or {}
+        return elicitation_public(obj.elicitation) or sampling_public(obj.elicitation) or {}
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_sampling(self, obj: Approval) -> dict | None:
+        return sampling_public(obj.elicitation)
 
     @extend_schema_field(serializers.ChoiceField(choices=["form", "url"], allow_null=True))
     def get_mode(self, obj: Approval) -> str | None:
@@ -605,7 +616,9 @@ class ApprovalDecideApi(TenantScopedApiView):
     of (a reviewer: a role or a member the policy rule names).
 
     Tool-call approvals: ``{"decision": "approve" | "deny", "reason": "..."}`` (a denial's
-    reason goes back to the model). Questions from ``ask_user``: ``{"answer": "..."}``. An MCP
+    reason goes back to the model), and an MCP server's request to use the agent's model
+    (kind ``sampling``) the same way (a denial's reason goes to the server, or to the model
+    with the failed call). Questions from ``ask_user``: ``{"answer": "..."}``. An MCP
     server's elicitation: ``{"action": "accept" | "decline" | "cancel", "content": {...}}``
     (form mode: ``content`` is checked against the requested schema; a 400 names the field).
     Once the run has no pending approval left it resumes on any worker. 400 for a bad body,

@@ -9,6 +9,8 @@ a call whose Approval is still pending keeps waiting, one a human already settle
 expired, a question answered) gets that outcome without running, one approved runs with
 ``ToolContext.approved``. A call that waits for a human (the policy said ``ask``, the tool
 raised :class:`capabilities.tools.ApprovalRequired` or :class:`capabilities.tools.QuestionForUser`)
+(or an MCP server's request for input or for the agent's model:
+:class:`capabilities.tools.InputForUser`, kinds ``elicitation`` and ``sampling``)
 gets an Approval row and is returned to the loop, which pauses the run once the turn's other
 calls are done.
 
@@ -182,7 +184,8 @@ async def _execute_one(
         try:
             outcome = await _call_answering_unattended(spec, toolset, invocation)
         except InputForUser as exc:  # an MCP server asks the person: the call waits for the answer
-            return await record.wait_for_human(ApprovalKind.ELICITATION, question=str(exc.request.get("message", "")),
+            kind = ApprovalKind.SAMPLING if exc.request.get("type") == "sampling" else ApprovalKind.ELICITATION
+            return await record.wait_for_human(kind, question=str(exc.request.get("message", "")),
                                                elicitation={"request": exc.request})
         except ApprovalRequired as exc:
             return await record.wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason, rule=exc.rule)
@@ -210,16 +213,21 @@ def _invocation(
         tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id, tool_call_id=call["pk"],
         publish=publish, user_id=spec.user_id, depth=spec.depth, store=tool_store,
         approved=approval is not None and approval.status == ApprovalStatus.APPROVED,
-        input_answer=approval.elicitation if approval is not None and approval.kind == ApprovalKind.ELICITATION
+        input_answer=approval.elicitation if approval is not None and approval.kind in _ANSWERED_BY_THE_CALL
         else None,
     )
     return ToolInvocation(name=call["name"], arguments=arguments, arguments_error=arguments_error, context=context,
                           timeout_seconds=spec.tool_timeout_seconds)
 
 
+_ANSWERED_BY_THE_CALL = (ApprovalKind.ELICITATION, ApprovalKind.SAMPLING)
+"""Kinds whose answer goes to the call executed again (``ToolContext.input_answer``): an MCP
+server's request for input, or for the agent's model (approved or denied, the server is told)."""
+
+
 def _settled(approval: ApprovalState | None) -> ToolOutcome | None:
     """The outcome of a call a human already settled: denied, expired, or a question answered."""
-    if approval is None or approval.kind == ApprovalKind.ELICITATION:  # executed again with the answer
+    if approval is None or approval.kind in _ANSWERED_BY_THE_CALL:  # executed again with the answer
         return None
     if approval.kind == ApprovalKind.QUESTION and approval.status == ApprovalStatus.ANSWERED:
         return ToolOutcome(content=f"The user answered: {approval.answer}")

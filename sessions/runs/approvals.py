@@ -45,9 +45,11 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
         approval: A tool-call approval (of the caller's run, or one the caller is an approver
             of) or an ``ask_user`` question of the caller's run.
         user: Who decides; must be one of the approval's approvers.
-        decision: ``approve`` or ``deny`` (tool-call approvals).
+        decision: ``approve`` or ``deny`` (tool-call approvals, and kind ``sampling``: an MCP
+            server's use of the agent's model).
         reason: Optional, why (≤ 2,000 characters): a denial's is fed back to the model with
-            the failed call; either is kept in the audit log and on the run's trace.
+            the failed call (kind ``sampling``: in the error the server or the model reads);
+            either is kept in the audit log and on the run's trace.
         answer: The answer to a question (required, ≤ 10,000 characters).
         action: Kind ``elicitation``: ``accept``, ``decline`` or ``cancel``.
         content: Kind ``elicitation`` accepted in form mode: the form's values, checked against
@@ -67,8 +69,8 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
 
     Emits ``approval_resolved`` ``{approval_id, tool_call_id, status, sub_run_id}`` on commit,
     and tells the run-event observers (``approval_resolved``: outbound webhooks'
-    ``approval.decided``). The audit log gets the decision, the decider and, for a tool call,
-    the reason given.
+    ``approval.decided``). The audit log gets the decision, the decider and, for a tool call
+    or a sampling request, the reason given.
     """
     if not approval_may_decide(approval, user_id=user.pk, role=member_role(user_id=user.pk)):
         raise ApplicationError(f"Only the approvers may decide this approval: {approvers_text(approval)}.",
@@ -140,6 +142,10 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
     else:
         approval.status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.DENIED
         approval.answer = (reason or "").strip()[:2000]
+        if approval.kind == ApprovalKind.SAMPLING:  # the call, executed again, answers the server with it
+            approval.elicitation = {"request": (approval.elicitation or {}).get("request") or {},
+                                    "action": "accept" if decision == "approve" else "decline",
+                                    "reason": approval.answer}
     approval.decided_by = user
     approval.decided_at = now
     approval.save(update_fields=["status", "answer", "decided_by", "decided_at", "elicitation"])
@@ -150,11 +156,11 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
 
 def _decision_record(approval: Approval, *, run: Run, actor: AbstractBaseUser | None) -> None:
     """What a decision leaves besides its row: the audit log entry (the decision, who made it,
-    or ``by: timeout``, and for a tool call the reason given; never a question's answer or a
+    or ``by: timeout``, and for a tool call or a sampling request the reason given; never a question's answer or a
     form's content), ``approval_resolved`` on the session's stream and, after the commit, the
     run-event observers' ``approval_resolved`` (outbound webhooks' ``approval.decided``)."""
     detail: dict[str, Any] = {"run_id": run.pk, "tool_call_id": approval.tool_call_id, "kind": approval.kind}
-    if approval.kind == ApprovalKind.TOOL_CALL:
+    if approval.kind in (ApprovalKind.TOOL_CALL, ApprovalKind.SAMPLING):
         detail["reason"] = approval.answer
     if actor is None:
         detail["by"] = "timeout"
@@ -263,9 +269,9 @@ def approvals_expire(*, now: datetime | None = None, run_ids: list[int] | None =
         qs = qs.filter(run_id__in=run_ids)
     if approval_ids is not None:
         qs = qs.filter(pk__in=approval_ids)
-    _elicitations_decline(qs.filter(kind=ApprovalKind.ELICITATION), now=now)
+    _elicitations_decline(qs.filter(kind__in=_DECLINED_ON_EXPIRY), now=now)
     _decide_on_timeout(qs.filter(kind=ApprovalKind.TOOL_CALL).exclude(on_timeout=ApprovalOnTimeout.FAIL_RUN), now=now)
-    qs = qs.exclude(kind=ApprovalKind.ELICITATION).filter(status=ApprovalStatus.PENDING)
+    qs = qs.exclude(kind__in=_DECLINED_ON_EXPIRY).filter(status=ApprovalStatus.PENDING)
     failed = 0
     for run_id in sorted(set(qs.values_list("run_id", flat=True))):
         run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
@@ -294,15 +300,21 @@ def _decide_on_timeout(qs: Any, *, now: datetime) -> None:
             run_resume(run=run, now=now)
 
 
+_DECLINED_ON_EXPIRY = (ApprovalKind.ELICITATION, ApprovalKind.SAMPLING)
+
+
 def _elicitations_decline(qs: Any, *, now: datetime) -> None:
-    """An MCP server's request for input nobody answered in time is declined (not a failed
-    run): the approval is ``expired`` with action ``decline`` and the run resumes, executing
-    the call again with that answer (:mod:`capabilities.mcp.elicitation`)."""
+    """An MCP server's request for input, or for the agent's model (sampling), nobody answered
+    in time is declined (not a failed run): the approval is ``expired`` with action
+    ``decline`` and the run resumes, executing the call again with that answer
+    (:mod:`capabilities.mcp.elicitation`, :mod:`capabilities.mcp.sampling`)."""
     for approval in qs.select_for_update(no_key=True):
         run = Run.objects.select_for_update(no_key=True).get(pk=approval.run_id)
         request = (approval.elicitation or {}).get("request") or {}
-        approval.status, approval.answer, approval.decided_at = ApprovalStatus.EXPIRED, "decline", now
-        approval.elicitation = {"request": request, "action": "decline", "content": None}
+        sampling = approval.kind == ApprovalKind.SAMPLING
+        approval.status, approval.answer, approval.decided_at = ApprovalStatus.EXPIRED, "" if sampling else "decline", now
+        approval.elicitation = ({"request": request, "action": "decline", "reason": ""} if sampling
+                                else {"request": request, "action": "decline", "content": None})
         approval.save(update_fields=["status", "answer", "decided_at", "elicitation"])
         event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
             "approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,

@@ -398,9 +398,10 @@ def approval_request(
     """Record that tool call ``call_pk`` of run ``spec`` waits for a human (approval or
     answer). Idempotent.
 
-    ``elicitation`` (kind ``elicitation``): ``{"request": ...}``, the MCP server's request for
-    input. A call whose server asks again after an answer (the next question of a
-    multi-round-trip call) gets its Approval back, pending, with the new request.
+    ``elicitation`` (kinds ``elicitation`` and ``sampling``): ``{"request": ...}``, the MCP
+    server's request for input, or for the agent's model (:func:`capabilities.mcp.sampling.sampling_question`).
+    A call whose server asks again after an answer (the next question of a multi-round-trip
+    call) gets its Approval back, pending, with the new request (and kind).
 
     ``rule``: the approval rule that asked (kind ``tool_call`` from the binding's policy,
     :class:`capabilities.tools.ApprovalRequired`), whose terms the Approval keeps
@@ -431,13 +432,14 @@ def approval_request(
             **approval_terms(rule, now=timezone.now()),
         },
     )
-    if kind == ApprovalKind.ELICITATION and approval.status != ApprovalStatus.PENDING:
+    if kind in (ApprovalKind.ELICITATION, ApprovalKind.SAMPLING) and approval.status != ApprovalStatus.PENDING:
         approval.status, approval.elicitation, approval.question = ApprovalStatus.PENDING, clean_json(elicitation), \
             clean_text(question)
+        approval.kind = kind  # a server may ask for input, then for the model, in one call
         approval.decided_by, approval.decided_at, approval.answer = None, None, ""
         approval.expires_at = timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
-        approval.save(update_fields=["status", "elicitation", "question", "decided_by", "decided_at", "answer",
-                                     "expires_at"])
+        approval.save(update_fields=["status", "kind", "elicitation", "question", "decided_by", "decided_at",
+                                     "answer", "expires_at"])
     ToolCall.objects.filter(pk=call_pk).update(status=ToolCallStatus.AWAITING_APPROVAL)
     return approval.pk
 
@@ -463,9 +465,21 @@ def elicitation_public(elicitation: Any) -> dict[str, Any] | None:
     ``{mode, message, schema, url, server, tool}`` (not the server's opaque state); None for
     other kinds."""
     request = (elicitation or {}).get("request") if isinstance(elicitation, dict) else None
-    if not isinstance(request, dict):
+    if not isinstance(request, dict) or request.get("type") == "sampling":
         return None
     return {k: request.get(k) for k in ("mode", "message", "schema", "url", "server", "tool")}
+
+
+def sampling_public(elicitation: Any) -> dict[str, Any] | None:
+    """What a person sees of an MCP server's request for the agent's model (kind
+    ``sampling``): ``{server, tool, message, requests: [{messages: [{role, text}],
+    system_prompt, max_tokens, offers_tools, tools: [name]}]}`` (texts cut, not the server's
+    state nor the raw request); None for other kinds."""
+    request = (elicitation or {}).get("request") if isinstance(elicitation, dict) else None
+    if not isinstance(request, dict) or request.get("type") != "sampling":
+        return None
+    return {"server": request.get("server"), "tool": request.get("tool"), "message": request.get("message"),
+            "requests": [item.get("shown") or {} for item in request.get("requests") or () if isinstance(item, dict)]}
 
 
 def approval_payload(a: Approval) -> dict[str, Any]:
@@ -474,7 +488,7 @@ def approval_payload(a: Approval) -> dict[str, Any]:
     return {
         "approval_id": a.pk, "tool_call_id": a.tool_call_id, "kind": a.kind, "status": a.status,
         "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
-        "elicitation": elicitation_public(a.elicitation),
+        "elicitation": elicitation_public(a.elicitation), "sampling": sampling_public(a.elicitation),
         "expires_at": a.expires_at.isoformat(), "sub_run_id": a.sub_run_id,
         "skill": a.skill_name, "approvers": a.approvers or {}, "on_timeout": a.on_timeout,
     }
