@@ -2,7 +2,8 @@
 // an ask_user question with an answer box, or an MCP server's request for input (a form built
 // from its schema, or a URL to open) with Accept / Decline / Cancel, then its outcome. A tool
 // call whose approval rule names other approvers (a role, named members) says who decides
-// instead of offering the buttons (their inbox: approvals_inbox.js).
+// instead of offering the buttons (their inbox: approvals_inbox.js). An MCP server's request to
+// use the agent's model (kind sampling) shows what it would send the model, with Approve / Deny.
 
 import { api, ApiError } from './api.js';
 import { h, replaceChildren } from './dom.js';
@@ -91,11 +92,16 @@ export class ApprovalView {
   update(approval) {
     this.approval = approval;
     const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill, approval.answer,
-      approval.elicitation, approval.approvers, approval.can_decide]);
+      approval.elicitation, approval.sampling, approval.approvers, approval.can_decide]);
     if (key === this.key) return;
     this.key = key;
+    this.el.dataset.kind = approval.kind;
     if (approval.kind === 'elicitation') {
       this.updateElicitation(approval);
+      return;
+    }
+    if (approval.kind === 'sampling') {
+      this.updateSampling(approval);
       return;
     }
     const question = approval.kind === 'question';
@@ -133,6 +139,34 @@ export class ApprovalView {
     this.outcome.hidden = pending;
   }
 
+  /** An MCP server asks to use the agent's model: what it would send (messages, system prompt,
+   *  token cap, tools offered), then Approve / Deny (with an optional reason the server hears). */
+  updateSampling(approval) {
+    const sampling = approval.sampling || {};
+    const pending = approval.status === 'pending';
+    this.el.dataset.status = approval.status;
+    this.el.classList.toggle('is-pending', pending);
+    const server = sampling.server || approval.server || '';
+    this.reason.textContent = `The MCP server ${server} asks, during ${approval.tool_name}:`;
+    this.reason.hidden = false;
+    this.title.textContent = `Allow ${server} to use the agent's model?`;
+    this.detail.textContent = samplingText(sampling.requests || []);
+    this.detail.hidden = false;
+    this.detail.dataset.testid = 'sampling-request';
+    const reviewer = pending && !mayDecide(approval);
+    replaceChildren(
+      this.actions,
+      reviewer
+        ? [h('span', { class: 'approval-waiting', testid: 'approval-waiting-reviewer',
+          text: `Waiting for a reviewer (${approversText(approval.approvers) || 'the approvers'}).` })]
+        : pending ? [this.approveBtn, this.denyReason, this.denyBtn] : [],
+    );
+    const labels = { approved: 'Approved', denied: 'Denied', expired: 'Nobody decided in time: declined' };
+    const why = approval.status === 'denied' && approval.answer ? ` — ${approval.answer}` : '';
+    this.outcome.textContent = pending ? '' : `${labels[approval.status] || approval.status}${why}`;
+    this.outcome.hidden = pending;
+  }
+
   /** An MCP server asks for input: its message, then a form (or a URL) and Accept / Decline / Cancel. */
   updateElicitation(approval) {
     const request = approval.elicitation || {};
@@ -163,4 +197,16 @@ export class ApprovalView {
     this.outcome.textContent = pending ? '' : expired || labels[approval.answer] || 'Answered';
     this.outcome.hidden = pending;
   }
+}
+
+/** The text of a server's sampling request(s), as the card shows it (plain text, never HTML). */
+function samplingText(requests) {
+  return requests.map((request) => {
+    const lines = [];
+    if (request.system_prompt) lines.push(`System prompt: ${request.system_prompt}`, '');
+    for (const message of request.messages || []) lines.push(`${message.role}: ${message.text}`);
+    const tools = request.offers_tools ? `offers tools: ${(request.tools || []).join(', ')}` : 'no tools';
+    lines.push('', `Up to ${request.max_tokens} tokens; ${tools}`);
+    return lines.join('\n');
+  }).join('\n\n---\n\n');
 }

@@ -70,12 +70,16 @@ function upsertApproval(run, raw) {
     elicitation: raw.elicitation || (raw.kind === 'elicitation'
       ? { mode: raw.mode, message: raw.message, schema: raw.schema, url: raw.url, server: raw.server }
       : null),
+    // An MCP server's request for the agent's model (kind sampling): what it asks.
+    sampling: raw.sampling || null,
   };
   if (!current) run.approvals.set(id, incoming);
   else if (current.status === 'pending') Object.assign(current, incoming);
-  // An MCP server that asks again in the same call (its next question) re-opens the approval.
-  else if (incoming.status === 'pending' && incoming.kind === 'elicitation'
-    && JSON.stringify(incoming.elicitation) !== JSON.stringify(current.elicitation)) Object.assign(current, incoming);
+  // An MCP server that asks again in the same call (its next question, or its next sampling
+  // request) re-opens the approval.
+  else if (incoming.status === 'pending' && (incoming.kind === 'elicitation' || incoming.kind === 'sampling')
+    && JSON.stringify([incoming.kind, incoming.elicitation, incoming.sampling])
+      !== JSON.stringify([current.kind, current.elicitation, current.sampling])) Object.assign(current, incoming);
   else if (!current.answer && incoming.answer) current.answer = incoming.answer;
 }
 
