@@ -212,7 +212,10 @@ def _invocation(
     context = ToolContext(
         tenant_id=spec.tenant_id, session_id=spec.session_id, run_id=spec.run_id, tool_call_id=call["pk"],
         publish=publish, user_id=spec.user_id, depth=spec.depth, store=tool_store,
-        approved=approval is not None and approval.status == ApprovalStatus.APPROVED,
+        # A call its server asked a person during (elicitation, sampling) had started, so it had
+        # passed its approval if it needed one: executed again, it is the same approved call.
+        approved=approval is not None and (approval.status == ApprovalStatus.APPROVED
+                                           or approval.kind in _ANSWERED_BY_THE_CALL),
         input_answer=approval.elicitation if approval is not None and approval.kind in _ANSWERED_BY_THE_CALL
         else None,
     )

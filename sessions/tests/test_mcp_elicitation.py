@@ -117,6 +117,32 @@ async def test_accept_validates_the_form_and_resumes_the_call_with_the_answer(wo
     assert "Oslo, 2 days, 3 nights" in call.result
 
 
+async def test_a_call_approved_once_is_not_asked_again_after_its_server_asked_the_person(world, fake_llm,
+                                                                                         travel_url):
+    """A tool whose binding says ``ask``: approved, it runs; its server elicits; answered, the
+    call runs again as the same approved call (it used to ask for the tool's approval again and
+    wait on an approval nobody could decide)."""
+    agent = await _agent(world, fake_llm.base_url, travel_url)
+    await database_sync_to_async(CapabilityBinding.all_tenants.filter(agent=agent).update)(
+        approval_policy=[{"pattern": "*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("travel__book", {})]), Reply("Booked."))
+    run = await post_message(agent=agent, user=world.member, content="Book me a trip")
+    await execute_run(run.pk)
+    run, [approval], _ = await _state(run.pk)
+    assert (run.status, approval.kind) == ("awaiting_approval", "tool_call")
+    assert (await _post(world, f"/api/v1/approvals/{approval.pk}/", {"decision": "approve"})).status_code == 200
+
+    await execute_run(run.pk)  # the approved call runs; its server asks the person
+    run, [approval], _ = await _state(run.pk)
+    assert (run.status, approval.kind, approval.status) == ("awaiting_approval", "elicitation", "pending")
+    assert (await _post(world, f"/api/v1/approvals/{approval.pk}/", {"action": "decline"})).status_code == 200
+
+    await execute_run(run.pk)
+    run, [approval], [call] = await _state(run.pk)
+    assert (run.status, call.status) == ("completed", "succeeded"), (run.status, approval.kind, approval.status)
+    assert "not booked: decline" in call.result
+
+
 @pytest.mark.parametrize("action", ["decline"])  # cancel goes the same way
 async def test_decline_and_cancel_reach_the_server(world, fake_llm, travel_url, action):
     run, approval = await _paused_run(world, fake_llm, travel_url)
