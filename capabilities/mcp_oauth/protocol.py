@@ -185,14 +185,24 @@ def client_metadata(*, redirect_uri: str, client_name: str, scope: str | None) -
     )
 
 
+def _secret_method(metadata: OAuthMetadata) -> str:
+    """How a pre-registered client with a secret authenticates at the token endpoint:
+    ``client_secret_post``, unless the server lists ``client_secret_basic`` and not post."""
+    supported = metadata.token_endpoint_auth_methods_supported or []
+    if "client_secret_basic" in supported and "client_secret_post" not in supported:
+        return "client_secret_basic"
+    return "client_secret_post"
+
+
 async def register_client(
     http: httpx2.AsyncClient, discovery: Discovery, *, redirect_uri: str, client_name: str,
     client_metadata_url: str | None, client_id: str = "", client_secret: str = "",
 ) -> OAuthClientInformationFull:
     """The client to authorize as.
 
-    An admin-entered ``client_id`` (with ``client_secret``: ``client_secret_post``; without: a
-    public client) wins; else the CIMD URL when the server says
+    An admin-entered ``client_id`` (with ``client_secret``: ``client_secret_post``, or
+    ``client_secret_basic`` where the server's ``token_endpoint_auth_methods_supported`` lists
+    basic and not post; without: a public client) wins; else the CIMD URL when the server says
     ``client_id_metadata_document_supported``; else dynamic registration at its
     ``registration_endpoint``.
 
@@ -203,7 +213,7 @@ async def register_client(
     if client_id:
         return OAuthClientInformationFull(
             client_id=client_id, client_secret=client_secret or None, redirect_uris=[redirect_uri],
-            token_endpoint_auth_method="client_secret_post" if client_secret else "none",
+            token_endpoint_auth_method=_secret_method(discovery.metadata) if client_secret else "none",
         )
     if is_valid_client_metadata_url(client_metadata_url) and should_use_client_metadata_url(
             discovery.metadata, client_metadata_url):  # the SDK's rule: an https URL with a path
