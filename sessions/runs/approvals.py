@@ -135,6 +135,18 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
         raise ApplicationError(f"The run is {run.status}; it no longer waits for this approval.", status_code=409)
     if approval.expires_at <= now:
         raise ApplicationError("This approval has expired.", status_code=409)
+    _decision_apply(approval, decision=decision, reason=reason, answer=answer, elicitation=elicitation)
+    approval.decided_by = user
+    approval.decided_at = now
+    approval.save(update_fields=["status", "answer", "decided_by", "decided_at", "elicitation"])
+    _decision_record(approval, run=run, actor=user)
+    run_resume(run=run, now=now)
+    return approval
+
+
+def _decision_apply(approval: Approval, *, decision: str, reason: str, answer: str,
+                    elicitation: dict[str, Any] | None) -> None:
+    """Set the pending ``approval``'s status and answer from a checked decision (not saved)."""
     if approval.kind == ApprovalKind.QUESTION:
         approval.status, approval.answer = ApprovalStatus.ANSWERED, answer
     elif elicitation is not None:  # the action only; the content is the server's to read
@@ -146,12 +158,6 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
             approval.elicitation = {"request": (approval.elicitation or {}).get("request") or {},
                                     "action": "accept" if decision == "approve" else "decline",
                                     "reason": approval.answer}
-    approval.decided_by = user
-    approval.decided_at = now
-    approval.save(update_fields=["status", "answer", "decided_by", "decided_at", "elicitation"])
-    _decision_record(approval, run=run, actor=user)
-    run_resume(run=run, now=now)
-    return approval
 
 
 def _decision_record(approval: Approval, *, run: Run, actor: AbstractBaseUser | None) -> None:
