@@ -2,12 +2,14 @@
 # `make test`: set everything up (venv, services, database, the embedded models, Chromium),
 # then run the whole suite. Extra arguments go to pytest.
 #
-# The suite runs on TEST_WORKERS pytest-xdist workers (default 2), each with its own test
+# The suite runs on TEST_WORKERS pytest-xdist workers (default 3 on this 2-core machine: with 2,
+# a third of the cores' time went idle while workers waited on servers, sockets and sleeps;
+# docs/testing.md has the figures), each with its own test
 # database, Redis key prefix and Celery queue (agent_platform/settings_test.py), tests sent to
 # whichever worker is free (--dist load: not loadgroup, loadfile or loadscope, which key the tests
 # by node id and ran only 2 of schemathesis' 164, whose ids repeat under pytest 9). Given a test
 # path or node id (`scripts/test.sh sessions/tests/test_cancellation.py::test_x`), it runs in
-# this process, without workers (TEST_WORKERS=2 to spread it anyway). A `-n N` of the arguments
+# this process, without workers (TEST_WORKERS=3 to spread it anyway). A `-n N` of the arguments
 # wins over the default; `-n 0` runs the whole suite in one process. docs/testing.md says more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,7 @@ unset PYTHONDONTWRITEBYTECODE
 
 workers=${TEST_WORKERS:-}
 if [ -z "$workers" ]; then
-  workers=2
+  workers=3
   for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then  # a test file, directory or node id: a few tests
       workers=0

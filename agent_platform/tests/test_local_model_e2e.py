@@ -194,13 +194,21 @@ def _ask_docs_assistant(client: APIClient, agent_id: int, question: str, timeout
     return run, list(ToolCall.all_tenants.filter(run=run).order_by("pk"))
 
 
+DOCS_SUBSET = ("README.md", "docs/user-guide.md", "docs/testing.md")
+"""The documents of seed_demo's knowledge base this test ingests: the README (whose Quick start
+holds the answer) and two guides of other matter (``make test``, the chat app) as distractors.
+All of them (README, ARCHITECTURE.md, docs/*.md: ~630 chunks at ~95 ms of embedder CPU each)
+took ~100 s of a CI worker for the same code paths; retrieval over a whole document set is gated
+by knowledge/tests/test_retrieval_quality.py and measured by bench/knowledge_quality.py."""
+
+
 @model_db
 @pytest.mark.browser
 @pytest.mark.timeout(2700)  # ingestion (~540 chunks on the embedded embedder) and a 0.5B model on 2 busy cores
 def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_sources(
-        local_model_url, embedding_server, celery_worker, live_server_url):
-    """seed_demo's knowledge base (README.md, ARCHITECTURE.md, docs/*.md) ingested by the worker with the
-    embedded embedder, and its "Docs assistant" (``retrieve_before_first_turn``) asked how to
+        local_model_url, embedding_server, celery_worker, live_server_url, monkeypatch):
+    """seed_demo's knowledge base ingested by the worker with the embedded embedder (here of
+    :data:`DOCS_SUBSET`, see there), and its "Docs assistant" (``retrieve_before_first_turn``) asked how to
     start the platform, on the embedded model: the question's words are searched when the run
     starts (four numbered passages in its start context, any later ``knowledge_search`` going
     on from [5]), the answer is not empty and cites its passages: by its
@@ -217,11 +225,11 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     from tenants.models import Membership
     from tenants.services import api_token_create
 
+    monkeypatch.setattr("console.management.commands.seed_demo.DOCS_FILES", DOCS_SUBSET)
     with override_settings(LLM_BASE_URL=local_model_url, EMBEDDINGS_BASE_URL=embedding_server):
         call_command("seed_demo")
     docs = _wait_for_documents_ready("demo", timeout_seconds=900)
-    assert sorted(d.source for d in docs) == sorted(
-        ["README.md", "ARCHITECTURE.md", *(f"docs/{p.name}" for p in (Path(__file__).resolve().parents[2] / "docs").glob("*.md"))])
+    assert sorted(d.source for d in docs) == sorted(DOCS_SUBSET)
     client = APIClient()
     membership = Membership.all_tenants.get(user__username="demo-user")
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_token_create(membership=membership).raw}")
