@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -57,34 +56,52 @@ class WebProcess:
     suite's Redis prefix). Its output goes to ``log``."""
 
     def __init__(self, log: Path) -> None:
-        from conftest import free_port
-
         db = connection.settings_dict
         password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings_test",
-               "DATABASE_URL": f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings_test",
+                     "DATABASE_URL": f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
         self.log = log
         self._output = log.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_platform.web", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=self._output, stderr=subprocess.STDOUT)
+        self.port = 0
+        self.url = ""
+        self.proc: subprocess.Popen | None = None
 
-    def wait_listening(self, deadline: float) -> None:
-        """Return once the port accepts connections; fail the test if the process exits or
-        ``deadline`` (``time.monotonic()``) passes."""
+    def start(self, deadline: float, *, tries: int = 3) -> None:
+        """Start it on a free port and return once it answers there; on another port if the
+        port was taken meanwhile (another worker's server bound it between ``free_port()`` and
+        ours: the process exits, or the port answers as someone else). Fails the test if it
+        does not answer by ``deadline`` (``time.monotonic()``)."""
+        from conftest import free_port, stop_process
+
+        for _ in range(tries):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agent_platform.web", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--log-level", "warning"],
+                cwd=ROOT, env=self._env, stdout=self._output, stderr=subprocess.STDOUT)
+            if self._answers(deadline):
+                return
+            stop_process(self.proc)
+        pytest.fail(f"the web process did not start on a port of its own: {self.log.read_text()[-3000:]}")
+
+    def _answers(self, deadline: float) -> bool:
+        """True once this process answers as the platform (an unauthenticated ``auth/me`` is a
+        401/403 of ours); False if it exited (its port was taken) or another server answers."""
         while True:
             if self.proc.poll() is not None:
-                pytest.fail(f"the web process exited: {self.log.read_text()[-3000:]}")
+                return False
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the web process did not start in time: {self.log.read_text()[-3000:]}")
-                time.sleep(0.1)
+                status = httpx.get(f"{self.url}/api/v1/auth/me/", timeout=2).status_code
+            except httpx.HTTPError:
+                status = None
+            if status in (401, 403):
+                return self.proc.poll() is None
+            if status is not None:
+                return False  # someone else's server on this port
+            if time.monotonic() > deadline:
+                pytest.fail(f"the web process did not start in time: {self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no close frame, no ``stream_closed``; the kernel drops its sockets."""
@@ -95,7 +112,7 @@ class WebProcess:
         """SIGTERM (then SIGKILL after 10 s) if it still runs; close its log."""
         from conftest import stop_process
 
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             stop_process(self.proc)
         self._output.close()
 
@@ -108,7 +125,7 @@ def web_processes(transactional_db, tmp_path) -> Iterator[tuple[WebProcess, WebP
     try:
         deadline = time.monotonic() + 60
         for web in pair:
-            web.wait_listening(deadline)
+            web.start(deadline)
         yield pair
     finally:
         for web in pair:
