@@ -15,15 +15,13 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from agents.models import CapabilityBinding, CapabilityKind
-from agents.tests.factories import agent_with_route
 from capabilities.mcp.pool import mcp_pool
-from capabilities.services import mcp_server_save
 from capabilities.tests.prog_test_server import serve_prog
 from llm.testing import Reply, ToolCalls
 from sessions.models import Approval, LLMCall, Run, ToolCall
 from sessions.runner.loop import execute_run
 from sessions.tests.conftest import post_message
+from sessions.tests.test_mcp_prog_run import _agent  # the agent with the prog server bound, config validated
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -55,16 +53,6 @@ def era(request, monkeypatch):
     return request.param
 
 
-@database_sync_to_async
-def _agent(world, llm_url, server_url, config):
-    agent = agent_with_route(tenant=world.tenant, base_urls=[llm_url])
-    server = mcp_server_save(tenant=world.tenant, env=None, name="prog", alias="prog",
-                             transport="streamable_http", url=server_url)
-    binding = CapabilityBinding(tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=server,
-                                config=config)
-    binding.full_clean()  # require_approval is a valid setting now
-    binding.save()
-    return agent
 
 
 @database_sync_to_async
