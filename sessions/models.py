@@ -107,6 +107,11 @@ class Run(TenantOwnedModel):
     heartbeat_at = models.DateTimeField(
         null=True, blank=True, help_text="Last sign of life of the worker running it (every few seconds)."
     )
+    held_back = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Queued, and its last claim was refused because its tenant had every run slot taken: the next run "
+                  "of the tenant to end or pause hands it to a worker (sessions.runs.claim).",
+    )
     steer = models.BooleanField(default=False, help_text="Posted to an agent in steer mode while a run was busy.")
     steered_into = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="steered_runs",

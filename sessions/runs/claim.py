@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from sessions.events import event_publish
@@ -28,7 +27,6 @@ from sessions.models import ACTIVE_RUN_STATUSES, Run, RunStatus
 from sessions.runner.pg import pg_connection
 from sessions.runner.threads import db
 from sessions.runs import statements as sql
-from tenants.models import Tenant
 from tenants.scoping import require_tenant_id
 
 T = TypeVar("T")
@@ -54,24 +52,31 @@ def tenant_run_limit(max_concurrent_runs: int | None) -> int:
     return max_concurrent_runs if max_concurrent_runs is not None else settings.RUNS_PER_TENANT_DEFAULT
 
 
-def tenant_waiting_run_ids(tenant_id: int, *, known_queued: bool = False) -> list[int]:
-    """Queued runs of the tenant that could start now: first in their session, oldest first,
-    at most as many as the tenant has free slots. ``known_queued``: the caller saw that the
-    tenant has queued runs (skips that check)."""
-    if not known_queued and not Run.objects.filter(status=RunStatus.QUEUED, steered_into__isnull=True).exists():
-        return []  # the common case, in one query
-    tenant = Tenant.objects.get(pk=tenant_id)
-    working = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__gt=stale_before()).count()
-    free = tenant_run_limit(tenant.max_concurrent_runs) - working
-    if free <= 0:
-        return []
-    earlier_active = Run.objects.filter(
-        session_id=OuterRef("session_id"), pk__lt=OuterRef("pk"), status__in=ACTIVE_RUN_STATUSES
-    )
-    return list(
-        Run.objects.filter(status=RunStatus.QUEUED, steered_into__isnull=True)
-        .exclude(Exists(earlier_active)).order_by("pk").values_list("pk", flat=True)[:free]
-    )
+def tenant_waiting_run_ids(tenant_id: int) -> list[int]:
+    """The tenant's held-back runs that may start now (claims refused for the tenant's limit,
+    ``Run.held_back``): first in their session, oldest first, at most as many as the tenant
+    has free slots. Each is marked handed (no longer held) as it is returned, so the next run
+    to end does not hand it again while its task is on its way; a claim refused again marks it
+    again. Runs whose first claim has not happened yet (their task still in the broker or
+    waiting for a worker thread) are not among them: handing them again was most of the run
+    tasks at 600 runs at once (bench/README.md, ``scale_out.py``).
+
+    Takes the tenant's row lock (as the claim does) in its own transaction, or in the
+    caller's: after the claims that held it first committed their marks.
+
+    Returns:
+        Run ids, ascending.
+    """
+    params = {"tenant_id": tenant_id, "queued": RunStatus.QUEUED.value, "running": RunStatus.RUNNING.value,
+              "active": [str(s) for s in ACTIVE_RUN_STATUSES], "stale_before": stale_before()}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql.CLAIM_LOCK_TENANT_SQL, params)
+        row = cursor.fetchone()
+        if row is None:
+            return []
+        params["limit"] = tenant_run_limit(row[1])
+        cursor.execute(sql.TENANT_HELD_HAND_SQL, params)
+        return sorted(r[0] for r in cursor.fetchall())
 
 
 # --- the claim ----------------------------------------------------------------------------
@@ -146,11 +151,20 @@ def _claim_and_load(run_id: int, load: Callable[[ClaimedRun], T]) -> tuple[Claim
     return claimed, load(claimed)
 
 
-@transaction.atomic
 def _claim(run_id: int) -> ClaimedRun:
     """The claim's transaction (see :func:`run_claim`): lock the session, then the run; check
     it may start; last, for a queued run, lock the tenant and count its working runs; mark it
-    running. Plain SQL: the ORM's version was most of a claim's CPU (bench/README.md)."""
+    running. Plain SQL: the ORM's version was most of a claim's CPU (bench/README.md).
+
+    A refusal for the tenant's limit commits the run's held-back mark before it is raised."""
+    outcome = _claim_or_hold(run_id)
+    if isinstance(outcome, RunNotClaimable):
+        raise outcome
+    return outcome
+
+
+@transaction.atomic
+def _claim_or_hold(run_id: int) -> ClaimedRun | RunNotClaimable:
     params: dict[str, Any] = {"run_id": run_id, "tenant_id": require_tenant_id()}
     with connection.cursor() as cursor:
         cursor.execute(sql.CLAIM_SESSION_OF_RUN_SQL, params)
@@ -167,8 +181,8 @@ def _claim(run_id: int) -> ClaimedRun:
         if cursor.fetchone()[0]:
             raise RunNotClaimable(f"run {run_id} waits for an earlier run of its session")
         params.update(running=RunStatus.RUNNING.value, now=timezone.now())
-        if status == RunStatus.QUEUED:
-            _check_tenant_slot(cursor, run_id, params)
+        if status == RunStatus.QUEUED and (refused := _tenant_slot_refusal(cursor, run_id, params)):
+            return refused
         cursor.execute(sql.CLAIM_UPDATE_SQL, params)
         attempt, started_at = cursor.fetchone()
     return ClaimedRun(
@@ -187,15 +201,19 @@ def _check_claimable(run_id: int, status: str, heartbeat_at: datetime | None, st
         raise RunNotClaimable(f"run {run_id} was handed to run {steered_into_id}")
 
 
-def _check_tenant_slot(cursor: CursorWrapper, run_id: int, params: dict[str, Any]) -> None:
-    """Last before the commit: the tenant's claims queue on this lock, so hold it briefly."""
+def _tenant_slot_refusal(cursor: CursorWrapper, run_id: int, params: dict[str, Any]) -> RunNotClaimable | None:
+    """Last before the commit: the tenant's claims queue on this lock, so hold it briefly. At
+    the limit, the run is marked held back (committed with the refusal: the caller returns,
+    not raises) and the refusal returned."""
     cursor.execute(sql.CLAIM_LOCK_TENANT_SQL, params)
     slug, max_concurrent_runs = cursor.fetchone()
     limit = tenant_run_limit(max_concurrent_runs)
     cursor.execute(sql.CLAIM_WORKING_SQL, {**params, "stale_before": stale_before()})
     working = cursor.fetchone()[0]
-    if working >= limit:
-        raise RunNotClaimable(f"run {run_id} waits: tenant {slug} has {working} of {limit} runs working")
+    if working < limit:
+        return None
+    cursor.execute(sql.CLAIM_HOLD_SQL, params)
+    return RunNotClaimable(f"run {run_id} waits: tenant {slug} has {working} of {limit} runs working")
 
 
 async def run_heartbeat(run_id: int, attempt: int) -> bool:

@@ -67,9 +67,9 @@ class RunFinished:
     """What a run's end did."""
 
     to_start: list[int]
-    """Run ids to hand to workers now: the session's next queued run, and queued runs of the
-    tenant that were waiting for a free slot (heads of their sessions, oldest first, at most
-    the number of free slots)."""
+    """Run ids to hand to workers now: the session's next queued run, and held-back runs of
+    the tenant (their claims were refused for its limit: heads of their sessions, oldest
+    first, at most the number of free slots)."""
     steered: list[int]
     """Runs whose messages were steered into this one, ended with it."""
     ended: bool = True
@@ -167,11 +167,12 @@ def run_end(
             _subruns_end_with_parent(run_id=run_id, now=now)
         if parent_tool_call_id is not None:  # a sub-run starts nothing: its parent still holds the session
             return RunFinished(to_start=[], steered=steered)
+        cursor.execute(sql.RUN_END_TENANT_LOCK_SQL, params)
         cursor.execute(sql.RUN_END_NEXT_SQL, params)
-        next_id, tenant_has_queued = cursor.fetchone()
+        next_id, tenant_has_held = cursor.fetchone()
     out = [] if next_id is None else [next_id]
-    if tenant_has_queued:
-        out += [i for i in tenant_waiting_run_ids(tenant_id, known_queued=True) if i not in out]
+    if tenant_has_held:
+        out += [i for i in tenant_waiting_run_ids(tenant_id) if i not in out]
     return RunFinished(to_start=out, steered=steered)
 
 
@@ -182,7 +183,7 @@ async def _run_end_pipelined(
     sub-run, on the loop's async connection: the same statements in one transaction, sent
     together in one round trip (:func:`~sessions.runner.pg.pipelined_transaction`), no thread.
     ``session_id`` comes from the run's spec, so that no statement waits for another's
-    result. Only if the tenant has queued runs does it ask a thread which of them may start.
+    result. Only if the tenant has held-back runs does it ask a thread which of them may start.
 
     Raises:
         Run.DoesNotExist: no such run in the current tenant (nothing changed then).
@@ -196,15 +197,16 @@ async def _run_end_pipelined(
             # For a run that had already ended these find nothing left to change: its end did it.
             await conn.execute(sql.RUN_END_CALLS_SQL, params)
             await conn.execute(sql.RUN_END_APPROVALS_SQL, params)
+            await conn.execute(sql.RUN_END_TENANT_LOCK_SQL, params)
             following = await conn.execute(sql.RUN_END_NEXT_SQL, params)
         # Committed, unless the run is not there: then every statement changed nothing.
         _, _, ended = sql.run_ended(run_id, await end.fetchone())
         if not ended:
             return _REFUSED
-        next_id, tenant_has_queued = await following.fetchone()
+        next_id, tenant_has_held = await following.fetchone()
     out = [] if next_id is None else [next_id]
-    if tenant_has_queued:
-        waiting = await db(tenant_waiting_run_ids)(params["tenant_id"], known_queued=True)
+    if tenant_has_held:
+        waiting = await db(tenant_waiting_run_ids)(params["tenant_id"])
         out += [i for i in waiting if i not in out]
     return RunFinished(to_start=out, steered=[])
 

@@ -84,9 +84,26 @@ CLAIM_WORKING_SQL = (
 )
 CLAIM_UPDATE_SQL = (
     f'UPDATE "{RUN}" SET "status" = %(running)s, "attempt" = "attempt" + 1, '
-    '"started_at" = COALESCE("started_at", %(now)s), "heartbeat_at" = %(now)s '
+    '"started_at" = COALESCE("started_at", %(now)s), "heartbeat_at" = %(now)s, "held_back" = false '
     'WHERE "id" = %(run_id)s RETURNING "attempt", "started_at"'
 )
+CLAIM_HOLD_SQL = f'UPDATE "{RUN}" SET "held_back" = true WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s'
+"""A queued run's claim refused for its tenant's limit: committed with the refusal, under the
+tenant's row lock, so that the run's end that frees a slot sees it (``Run.held_back``)."""
+TENANT_HELD_HAND_SQL = (
+    f'UPDATE "{RUN}" SET "held_back" = false WHERE "id" IN ('
+    f'SELECT "r"."id" FROM "{RUN}" "r" WHERE "r"."tenant_id" = %(tenant_id)s AND "r"."status" = %(queued)s '
+    'AND "r"."held_back" AND "r"."steered_into_id" IS NULL '
+    f'AND NOT EXISTS (SELECT 1 FROM "{RUN}" "e" WHERE "e"."session_id" = "r"."session_id" '
+    'AND "e"."tenant_id" = %(tenant_id)s AND "e"."id" < "r"."id" AND "e"."status" = ANY(%(active)s)) '
+    'ORDER BY "r"."id" LIMIT GREATEST(%(limit)s - ('
+    f'SELECT COUNT(*) FROM "{RUN}" "w" WHERE "w"."tenant_id" = %(tenant_id)s AND "w"."status" = %(running)s '
+    'AND "w"."heartbeat_at" > %(stale_before)s), 0)'
+    ') RETURNING "id"'
+)
+"""The tenant's held-back runs (``Run.held_back``) that may start now, first in their session,
+oldest first, at most as many as the tenant has free slots: marked handed (not held) and
+returned. Run under the tenant's row lock (:data:`CLAIM_LOCK_TENANT_SQL`)."""
 
 
 
@@ -331,8 +348,16 @@ end hand to a worker)."""
 RUN_END_NEXT_SQL = (
     f'SELECT ({NEXT_QUEUED_SQL}), '
     f'EXISTS (SELECT 1 FROM "{RUN}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(queued)s '
-    'AND "steered_into_id" IS NULL)'
+    'AND "held_back" AND "steered_into_id" IS NULL)'
 )
-"""The session's next queued run (:data:`NEXT_QUEUED_SQL`), and whether the tenant has any
-queued run at all (else :func:`~sessions.runs.tenant_waiting_run_ids` has nothing to find)."""
+"""The session's next queued run (:data:`NEXT_QUEUED_SQL`), and whether the tenant has a
+held-back run (else :func:`~sessions.runs.tenant_waiting_run_ids` has nothing to find). Sent
+after :data:`RUN_END_TENANT_LOCK_SQL`, as a statement of its own: it must see the held marks of
+claims that took the lock first."""
+RUN_END_TENANT_LOCK_SQL = f'SELECT 1 FROM "{TENANT}" WHERE "id" = %(tenant_id)s FOR NO KEY UPDATE'
+"""A run's end takes its tenant's row lock (as a claim does, :data:`CLAIM_LOCK_TENANT_SQL`)
+before it looks for held-back runs. Either a claim refused for the limit committed its held
+mark first, and the end sees it; or the end committed first, and the claim counts the ended
+run as no longer working. Without it a claim could count the ending run, be refused, and mark
+itself held after the end looked: a run left queued until the sweeper's resend."""
 

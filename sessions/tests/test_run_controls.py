@@ -94,6 +94,63 @@ def test_tenant_run_limit_queues_runs_beyond_it(world, fake_llm):
         assert database._spec(claim._claim(b.pk)).run_id == b.pk
 
 
+def test_a_run_handed_on_is_not_handed_again_before_its_next_claim(world, fake_llm):
+    """Only runs whose claim the tenant's limit refused are handed on at an end, each once: a
+    run already handed (its task on its way) and a run whose task no worker has taken yet are
+    not sent again (at 600 runs at once, re-sending them was most of the run tasks)."""
+    world.tenant.max_concurrent_runs = 2
+    world.tenant.save()
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    a, x, b, c = (post_message_sync(agent=agent, user=world.member, content=t) for t in "axbc")
+    with tenant_scope(world.tenant.pk):
+        claim._claim(a.pk)
+        claim._claim(x.pk)
+        with pytest.raises(runs.RunNotClaimable, match="2 of 2 runs working"):
+            claim._claim(b.pk)
+        assert Run.objects.get(pk=b.pk).held_back  # committed with the refusal
+        assert not Run.objects.get(pk=c.pk).held_back  # its task is still on its way
+        assert runs.run_end(run_id=a.pk, status="completed", reply="ok").to_start == [b.pk]
+        assert not Run.objects.get(pk=b.pk).held_back
+        assert runs.run_end(run_id=x.pk, status="completed", reply="ok").to_start == []  # b and c already sent
+        assert database._spec(claim._claim(b.pk)).run_id == b.pk
+        assert database._spec(claim._claim(c.pk)).run_id == c.pk
+
+
+def test_a_run_end_sees_the_hold_of_a_claim_that_counted_the_ending_run(world, fake_llm):
+    """A claim that counted a run as working while that run was ending, and was refused for
+    the limit, marks itself held under the tenant's row lock; the end takes the same lock
+    before it looks for held runs, so it waits for that mark and hands the run on."""
+    from django.db import connection, transaction
+
+    world.tenant.max_concurrent_runs = 1
+    world.tenant.save()
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    a = post_message_sync(agent=agent, user=world.member, content="a")
+    b = post_message_sync(agent=agent, user=world.member, content="b")
+    with tenant_scope(world.tenant.pk):
+        claim._claim(a.pk)
+    locked = threading.Event()
+
+    def a_refused_claim() -> None:  # the claim's tail: the tenant locked, counted, then the mark
+        try:
+            with tenant_scope(world.tenant.pk), transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute('SELECT 1 FROM "tenants_tenant" WHERE "id" = %s FOR NO KEY UPDATE', [world.tenant.pk])
+                locked.set()
+                threading.Event().wait(0.5)
+                cursor.execute('UPDATE "agent_sessions_run" SET "held_back" = true WHERE "id" = %s', [b.pk])
+        finally:
+            connection.close()
+
+    claimer = threading.Thread(target=a_refused_claim)
+    claimer.start()
+    try:
+        assert locked.wait(10)
+        with tenant_scope(world.tenant.pk):
+            assert runs.run_end(run_id=a.pk, status="completed", reply="ok").to_start == [b.pk]
+    finally:
+        claimer.join(10)
+
+
 def test_a_claim_does_not_wait_for_another_runs_uncommitted_writes(world, fake_llm):
     """Every INSERT of a tenant-owned row locks the tenant's row FOR KEY SHARE (its foreign-key
     check: at the commit, Django's constraints being deferred; here made immediate to hold the
