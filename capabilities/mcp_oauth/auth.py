@@ -5,9 +5,10 @@
 The token comes from a port (``token_source``, filled by :mod:`capabilities.mcp_oauth.services`
 over the database): this class keeps the last token and its expiry in memory, asks the port
 again when the token is about to expire, and once more (naming the refused token, so the port
-refreshes it unless another worker already has) when the server answers 401. A second 401, or a
-403 ``insufficient_scope`` (step-up: the person has to grant more), raises
-:class:`ConnectionRequired`. No Django imports.
+refreshes it unless another worker already has) when the server answers 401, on any request of
+the connection. A second 401, or a 403 ``insufficient_scope`` (step-up: the person has to grant
+more), marks the connection "connect again" with the challenged scope (the ``step_up`` port) and
+raises :class:`ConnectionRequired`. No Django imports.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ TokenSource = Callable[[str | None], Awaitable[AccessToken]]
 """``token_source(refused)`` → a usable :class:`AccessToken`. ``refused``: the token the server
 (or the clock) rejected, which must not be returned again. Raises :class:`ConnectionRequired`."""
 
-StepUp = Callable[[str | None], Awaitable[None]]
-"""``step_up(scope)``: record that the server asks for ``scope`` (the connection then needs the
-person again)."""
+StepUp = Callable[[str | None, str], Awaitable[None]]
+"""``step_up(scope, why)``: the connection needs the person again (``why``, for them); ``scope``:
+what the server's challenge asked for (None: it did not say), for the next Connect to ask for
+with the scopes held."""
 
 
 class ConnectionAuth(httpx2.Auth):
@@ -74,8 +76,19 @@ class ConnectionAuth(httpx2.Auth):
         assert self._current is not None
         return self._current.token
 
+    async def _connect_again(self, scope: str | None, why: str) -> ConnectionRequired:
+        """Record that the person has to connect again (``step_up``); the error to raise."""
+        if self._step_up is not None:
+            await self._step_up(scope, why)
+        return ConnectionRequired(f"{why}: connect again.", server_id=self._server_id, scope=scope)
+
     async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         """Send ``request`` with the connection's token; on a 401 once more with a fresh one.
+
+        A challenge on any request counts, not only the first: a second 401 (the fresh token
+        refused too; its ``WWW-Authenticate`` ``scope``, if any, is what the server wants) and a
+        403 ``insufficient_scope`` both mark the connection "connect again" (``step_up``) with
+        the challenged scope, and raise.
 
         Raises:
             ConnectionRequired: the server refused a fresh token too, or asks for more scopes.
@@ -88,11 +101,9 @@ class ConnectionAuth(httpx2.Auth):
             request.headers["Authorization"] = f"Bearer {token}"
             response = yield request
             if response.status_code == 401:
-                raise ConnectionRequired("The MCP server refused the connection's token: connect again.",
-                                         server_id=self._server_id)
+                scope = extract_scope_from_www_auth(response)
+                raise await self._connect_again(scope, "The MCP server refused the connection's token"
+                                                + (f" (it asks for {scope})" if scope else ""))
         if response.status_code == 403 and extract_field_from_www_auth(response, "error") == "insufficient_scope":
             scope = extract_scope_from_www_auth(response)
-            if self._step_up is not None:
-                await self._step_up(scope)
-            raise ConnectionRequired(f"The MCP server asks for more access ({scope or 'more scopes'}): connect again.",
-                                     server_id=self._server_id, scope=scope)
+            raise await self._connect_again(scope, f"The MCP server asks for more access ({scope or 'more scopes'})")

@@ -1,9 +1,10 @@
 """The OAuth 2.1 protocol steps of an MCP client, split so a person's browser can sit between
 them (the authorization redirect comes back to another request, maybe another process):
 
-1. :func:`discover`: probe the MCP server; from its ``401`` (``WWW-Authenticate``:
-   ``resource_metadata``, ``scope``) the protected-resource metadata (RFC 9728, with the
-   SEP-985 well-known fallbacks), then the authorization server's metadata (RFC 8414 and
+1. :func:`discover`: probe the MCP server (``initialize``, then ``tools/list``: a server may
+   challenge only its operations); from its ``401`` (``WWW-Authenticate``:
+   ``resource_metadata``, ``scope``; that ``scope`` wins over ``scopes_supported``) the
+   protected-resource metadata (RFC 9728, with the SEP-985 well-known fallbacks), then the authorization server's metadata (RFC 8414 and
    OpenID discovery, issuers under a path included), its ``issuer`` checked (RFC 8414 §3.3).
 2. :func:`register_client`: an admin-entered client, else the platform's Client ID Metadata
    Document (CIMD) where the server supports it, else dynamic registration (RFC 7591).
@@ -105,17 +106,70 @@ def _origin(url: str) -> str:
     return f"{parsed.scheme}://{parsed.netloc}"
 
 
+PROBE_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+"""The headers of the unauthenticated probe's requests (:func:`_probe`)."""
+
+
+def _challenge(response: httpx2.Response) -> tuple[str | None, str | None] | None:
+    """A 401's (or 403's) ``(resource_metadata, scope)`` from ``WWW-Authenticate``; None for
+    any other answer."""
+    if response.status_code not in (401, 403):
+        return None
+    return extract_resource_metadata_from_www_auth(response), extract_scope_from_www_auth(response)
+
+
 async def _probe(http: httpx2.AsyncClient, server_url: str) -> tuple[str | None, str | None]:
-    """An unauthenticated MCP request: the 401's (or 403's) ``resource_metadata`` and ``scope``.
-    Only the headers are read (a server that needs no token may answer with a stream)."""
+    """Unauthenticated MCP requests until one is challenged: the first 401's (or 403's)
+    ``(resource_metadata, scope)``; ``(None, None)`` when none is.
+
+    ``initialize`` first. A server may let the handshake through and guard only its operations
+    (the MCP authorization spec allows a challenge on any request), so when ``initialize`` is
+    answered, ``notifications/initialized`` and ``tools/list`` follow in its session (the
+    ``Mcp-Session-Id`` it gave, if any; the session is deleted afterwards, best effort). Only
+    the headers are read (a server that needs no token may answer with a stream). A network
+    error on ``initialize`` is raised (``httpx2.HTTPError``); after it, the follow-up requests'
+    errors are ignored (no challenge seen).
+    """
     body = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "agent-platform", "version": "0.1.0"}}}
-    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
-    async with http.stream("POST", server_url, json=body, headers=headers) as response:
-        if response.status_code not in (401, 403):
-            return None, None
-        return extract_resource_metadata_from_www_auth(response), extract_scope_from_www_auth(response)
+    async with http.stream("POST", server_url, json=body, headers=PROBE_HEADERS) as response:
+        found = _challenge(response)
+        answered = response.is_success
+        session = response.headers.get("mcp-session-id", "")
+    if found is not None:
+        return found
+    headers = {**PROBE_HEADERS, **({"Mcp-Session-Id": session} if session else {})}
+    try:
+        return await _probe_operation(http, server_url, headers, initialized=answered)
+    except httpx2.HTTPError:
+        return None, None
+    finally:
+        if session:
+            await _delete_session(http, server_url, headers)
+
+
+async def _probe_operation(http: httpx2.AsyncClient, server_url: str, headers: dict[str, str], *,
+                           initialized: bool) -> tuple[str | None, str | None]:
+    """After an unchallenged ``initialize``: ``notifications/initialized`` (when it was
+    answered) and an unauthenticated ``tools/list``; its challenge, else ``(None, None)``."""
+    if initialized:
+        async with http.stream("POST", server_url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                               headers=headers) as response:
+            found = _challenge(response)
+        if found is not None:
+            return found
+    async with http.stream("POST", server_url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
+                           headers=headers) as response:
+        return _challenge(response) or (None, None)
+
+
+async def _delete_session(http: httpx2.AsyncClient, server_url: str, headers: dict[str, str]) -> None:
+    """End the probe's MCP session (a server may not allow it: any answer is fine)."""
+    try:
+        await http.delete(server_url, headers=headers)
+    except httpx2.HTTPError:
+        pass
 
 
 async def discover(http: httpx2.AsyncClient, server_url: str, *, scope: str | None = None) -> Discovery:

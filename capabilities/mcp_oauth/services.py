@@ -340,16 +340,23 @@ def _refresh_locked(locked: McpOAuthConnection, tenant: Tenant, refused: str | N
     return _current(locked, tenant)
 
 
-def connection_step_up(*, tenant_id: int, connection_id: int, scope: str | None) -> None:
-    """The server asked for more scopes (403 ``insufficient_scope``): the connection needs the
-    person again (``reconnect``), with ``scope`` recorded for the next Connect."""
+def connection_step_up(*, tenant_id: int, connection_id: int, scope: str | None, why: str = "") -> None:
+    """The server challenged the connection's token (a 403 ``insufficient_scope``, or a 401 even
+    after a fresh token): the connection needs the person again (``reconnect``, ``last_error``:
+    ``why``), and the next Connect asks for the union (SEP-2350) of the scopes asked for before
+    (``authorization_server["scope"]``: the first Connect's challenged or discovered scopes),
+    those granted (``scope``) and the challenge's ``scope``, kept in ``requested_scope``."""
+    why = why or f"The server asks for more access: {scope or ''}"
     with tenant_scope(tenant_id):
-        McpOAuthConnection.objects.filter(pk=connection_id).update(
-            status=ConnectionStatus.RECONNECT, last_error=f"The server asks for more access: {scope or ''}"[:2000],
-        )
-        for connection in McpOAuthConnection.objects.filter(pk=connection_id):
-            connection.requested_scope = protocol_union(connection.scope, scope) or ""
-            connection.save(update_fields=["requested_scope", "updated_at"])
+        with transaction.atomic():
+            connection = McpOAuthConnection.objects.select_for_update().filter(pk=connection_id).first()
+            if connection is None:
+                return
+            asked_before = (connection.authorization_server or {}).get("scope")
+            connection.requested_scope = protocol_union(
+                connection.requested_scope, asked_before, connection.scope, scope) or ""
+            connection.status, connection.last_error = ConnectionStatus.RECONNECT, why[:2000]
+            connection.save(update_fields=["requested_scope", "status", "last_error", "updated_at"])
 
 
 def connection_disconnect(*, connection: McpOAuthConnection) -> bool:
@@ -392,8 +399,8 @@ def connection_auth(*, tenant_id: int, server_id: int, connection_id: int) -> Co
     async def source(refused: str | None) -> AccessToken:
         return await access_token(tenant_id=tenant_id, connection_id=connection_id, refused=refused)
 
-    async def on_step_up(scope: str | None) -> None:
-        await step_up(tenant_id=tenant_id, connection_id=connection_id, scope=scope)
+    async def on_step_up(scope: str | None, why: str) -> None:
+        await step_up(tenant_id=tenant_id, connection_id=connection_id, scope=scope, why=why)
 
     return ConnectionAuth(source, server_id=server_id, step_up=on_step_up)
 

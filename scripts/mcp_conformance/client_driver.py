@@ -26,8 +26,8 @@ What a scenario does (:func:`run_scenario`) is what the platform does, through i
    ``tools/list``, a ``tools/call`` of each tool (arguments as a model might send them; a
    server's question to the person, elicitation, is accepted and the call resumed as the
    runner resumes it).
-4. A step-up (403 ``insufficient_scope``) marks the connection ``reconnect`` with the scopes
-   asked for; the person connects again (step 2, which asks for the union) and the run retries,
+4. A step-up (403 ``insufficient_scope``, or a 401 on any request that a refreshed token gets
+   too) marks the connection ``reconnect`` with the scopes asked for; the person connects again (step 2, which asks for the union) and the run retries,
    at most :data:`MAX_CONNECTS` connects in all.
 
 Nothing is imitated: where the platform lacks what a scenario wants, the scenario fails

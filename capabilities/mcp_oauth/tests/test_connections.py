@@ -178,7 +178,7 @@ def test_a_step_up_challenge_asks_the_person_again_for_more_scopes():
     async def source(refused):
         return AccessToken(token="t", expires_at=None)
 
-    async def step_up(scope):
+    async def step_up(scope, why):
         stepped.append(scope)
 
     challenge = 'Bearer error="insufficient_scope", scope="files:write"'
