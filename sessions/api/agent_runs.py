@@ -13,6 +13,7 @@ short code); each door words the refusal in its own protocol's shape:
 - :func:`answer_reader_open`: the session's one event reader
   (:class:`sessions.event_reader.SessionEventReader`) on one of the caller's stream slots (open
   answers count like open event streams).
+- :func:`person_decision_note`: what a door answers when the run pauses for a person's decision.
 """
 
 from __future__ import annotations
@@ -130,3 +131,15 @@ async def answer_reader_open(caller: Caller, session_id: int, *, after_seq: int 
                                   token_id=caller.token.pk if caller.token is not None else None,
                                   oauth_grant_id=caller.oauth_grant_id)
     return SessionEventReader(session_id=session_id, after_seq=after_seq, credential=credential, slot=slot)
+
+
+def person_decision_note(approvals: list[dict[str, Any]], *, base_url: str, chat_id: int) -> tuple[str, str]:
+    """What a door answers when its run paused for a person's decision: ``(note, url)``, the
+    chat's URL in the chat app (``<base_url>/#/sessions/<chat_id>``, where the decision is made)
+    and one plain sentence naming the tools waiting (``approvals``: the
+    ``run_awaiting_approval`` event's, ``[{tool_name?, ...}]``), the URL and the chat id."""
+    url = f"{base_url.rstrip('/')}/#/sessions/{chat_id}"
+    names = ", ".join(a["tool_name"] for a in approvals if a.get("tool_name"))
+    note = (f"The agent is waiting for a person's decision{f' on {names}' if names else ''}. Decide in the chat app: "
+            f"{url} . The run goes on in that chat (chat_id {chat_id}) once decided.")
+    return note, url

@@ -63,7 +63,14 @@ from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_platform import mcp_http
-from sessions.api.agent_runs import AGENT_NOT_FOUND, RunRefused, agent_run_start, answer_reader_open, chat_continue
+from sessions.api.agent_runs import (
+    AGENT_NOT_FOUND,
+    RunRefused,
+    agent_run_start,
+    answer_reader_open,
+    chat_continue,
+    person_decision_note,
+)
 from sessions.event_reader import Closed, Event, SessionEventReader
 
 PATH: Final[str] = "/mcp/agents/"
@@ -298,10 +305,8 @@ def _awaiting(answer: _Answer, frame: dict[str, Any], ctx: ServerRequestContext[
               base_url: str) -> types.CallToolResult:
     """The run paused for a person: where to decide, as a URL elicitation (a 2026-07-28 client
     that declares URL mode) or a tool result."""
-    url = f"{base_url}/#/sessions/{answer.chat_id}"
-    names = ", ".join(a["tool_name"] for a in (frame.get("data") or {}).get("approvals", []) if a.get("tool_name"))
-    reply = (f"The agent is waiting for a person's decision{f' on {names}' if names else ''}. Decide in the chat app: "
-             f"{url} . The run goes on in that chat (chat_id {answer.chat_id}) once decided.")
+    reply, url = person_decision_note((frame.get("data") or {}).get("approvals", []), base_url=base_url,
+                                      chat_id=answer.chat_id)
     capabilities = ctx.session.client_capabilities
     elicitation = capabilities.elicitation if capabilities is not None else None
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and elicitation is not None and elicitation.url:

@@ -176,3 +176,56 @@ def test_a_failed_run_is_an_error_streamed_or_not(world, fake_llm, celery_worker
     with pytest.raises(openai.APIError) as streamed:
         list(client.chat.completions.create(model="helper", messages=[{"role": "user", "content": "hi"}], stream=True))
     assert "model" in str(streamed.value).lower()
+
+
+def test_a_run_waiting_for_a_persons_decision_answers_at_once_unstreamed_and_streams_on(
+    world, fake_llm, celery_worker, live_server_url,
+):
+    """A non-streamed completion does not hold its request until someone decides: it answers
+    at once with where to decide (the run stays paused and goes on in its chat once decided). A
+    stream stays open through the pause (keep-alives) and carries the answer after the decision."""
+    from sessions.models import Approval
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Careful")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "hello"})]), Reply("It said hello."),
+                    ToolCalls([("test_echo", {"text": "again"})]), Reply("It said again."))
+    client = sdk(live_server_url, world.member_token)
+
+    raw = client.chat.completions.with_raw_response.create(model="careful", messages=[{"role": "user", "content": "echo"}])
+    body, answer = raw.http_response.json(), raw.parse()
+    chat_id = int(raw.headers["X-Chat-Id"])
+    url = f"{live_server_url}/#/sessions/{chat_id}"
+    assert (body["status"], body["approval_url"], body["chat_id"]) == ("awaiting_approval", url, chat_id)
+    assert answer.choices[0].finish_reason == "stop"
+    assert url in answer.choices[0].message.content and "test_echo" in answer.choices[0].message.content
+    run = Run.all_tenants.get(pk=int(answer.id.removeprefix("chatcmpl-")))
+    assert run.status == "awaiting_approval"
+    approval = Approval.all_tenants.get(run=run)
+    decided = world.client().post(f"/api/v1/approvals/{approval.pk}/", {"decision": "approve"}, format="json")
+    assert decided.status_code == 200, decided.content
+    for _ in range(100):
+        run.refresh_from_db()
+        if run.status == "completed":
+            break
+        threading.Event().wait(0.1)
+    assert (run.status, run.reply) == ("completed", "It said hello.")
+
+    chunks: list = []
+    streamer = threading.Thread(target=lambda: chunks.extend(client.chat.completions.create(
+        model="careful", stream=True, messages=[{"role": "user", "content": "echo again"}])))
+    streamer.start()
+    try:
+        for _ in range(100):
+            pending = Approval.all_tenants.filter(status="pending").first()
+            if pending is not None:
+                break
+            threading.Event().wait(0.1)
+        assert pending is not None and pending.pk != approval.pk
+        assert not any(c.choices and c.choices[0].finish_reason for c in chunks)  # still open, waiting
+        decided = world.client().post(f"/api/v1/approvals/{pending.pk}/", {"decision": "approve"}, format="json")
+        assert decided.status_code == 200, decided.content
+    finally:
+        streamer.join(20)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "It said again."
+    assert chunks[-1].choices[0].finish_reason == "stop"

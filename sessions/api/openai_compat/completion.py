@@ -5,7 +5,9 @@ The run's own events (its sub-runs' are left out) become deltas: ``content_token
 answered, failed; a pause for a person's approval) → ``reasoning_content``, the field
 LibreChat, Open WebUI and LiteLLM render as the model's thinking; the run's end → the finish
 (``stop``), or an error in OpenAI's shape for a run that failed or was cancelled; its pause on
-calls of the client's tools → ``tool_calls`` and the finish ``tool_calls``.
+calls of the client's tools → ``tool_calls`` and the finish ``tool_calls``. A pause for a
+person's decision ends a non-streamed answer (``status: "awaiting_approval"``, where to decide);
+a stream stays open through it (keep-alives) and goes on once decided.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessions.api.agent_runs import person_decision_note
 from sessions.api.openai_compat.client_tools import call_id
 from sessions.api.openai_compat.errors import OpenAIError
 from sessions.api.openai_compat.formats import VALIDATION_FAILED_CODE
@@ -27,13 +30,16 @@ RUN_END_TYPES = frozenset({"run_completed", "run_failed", "run_cancelled"})
 class RunEnd:
     """The run ended: ``status`` ``completed`` (``reply``), ``failed`` (``reason``, ``error``) or
     ``cancelled`` (``reason``); or it paused on calls of the client's tools: ``tool_calls``
-    (``tool_calls``: OpenAI's ``[{id, type: function, function: {name, arguments}}]``)."""
+    (``tool_calls``: OpenAI's ``[{id, type: function, function: {name, arguments}}]``); or, for
+    a non-streamed answer, it paused for a person's decision: ``awaiting_approval``
+    (``approvals``: the event's ``[{tool_name?, ...}]``)."""
 
     status: str
     reply: str = ""
     reason: str = ""
     error: str = ""
     tool_calls: tuple[dict[str, Any], ...] = ()
+    approvals: tuple[dict[str, Any], ...] = ()
 
     @property
     def finish_reason(self) -> str:
@@ -47,7 +53,7 @@ class RunEnd:
         any other failure (the model route failed, the loop limit, a timeout) a 502
         ``server_error`` whose ``code`` is the run's failure reason.
         """
-        if self.status in ("completed", "tool_calls"):
+        if self.status in ("completed", "tool_calls", "awaiting_approval"):
             return None
         if self.status == "cancelled":
             return OpenAIError(409, "The run was cancelled.", code="run_cancelled")
@@ -71,10 +77,19 @@ def client_calls(frame: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(calls, key=lambda a: a["tool_call_id"])
 
 
-def ends_answer(frame: dict[str, Any], run_id: int) -> bool:
-    """Whether ``frame`` ends the answer of run ``run_id``: the run's end, or its pause on calls
-    of the client's tools (a pause for a person's approval does not: the answer waits)."""
-    return frame.get("run_id") == run_id and (frame.get("type") in RUN_END_TYPES or bool(client_calls(frame)))
+def person_pause(frame: dict[str, Any]) -> bool:
+    """Whether ``frame`` is a pause for a person's decision (a ``run_awaiting_approval`` with no
+    call of the client's tools)."""
+    return frame.get("type") == "run_awaiting_approval" and not client_calls(frame)
+
+
+def ends_answer(frame: dict[str, Any], run_id: int, *, at_person_pause: bool = False) -> bool:
+    """Whether ``frame`` ends the answer of run ``run_id``: the run's end, its pause on calls of
+    the client's tools, and with ``at_person_pause`` (a non-streamed answer, which would
+    otherwise hold its request until someone decides) its pause for a person's decision."""
+    return frame.get("run_id") == run_id and (
+        frame.get("type") in RUN_END_TYPES or bool(client_calls(frame)) or (at_person_pause and person_pause(frame))
+    )
 
 
 def tool_call_of(call: dict[str, Any]) -> dict[str, Any]:
@@ -84,17 +99,20 @@ def tool_call_of(call: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": call["tool_name"], "arguments": json.dumps(arguments if arguments is not None else {})}}
 
 
-def frame_delta(frame: dict[str, Any], *, run_id: int) -> dict[str, str] | RunEnd | None:
+def frame_delta(frame: dict[str, Any], *, run_id: int, at_person_pause: bool = False) -> dict[str, str] | RunEnd | None:
     """What one event frame (``{type, run_id, data, ...}``) of the session gives: a delta
     (``{"content": ...}`` or ``{"reasoning_content": ...}``), the run's end or its pause on
-    the client's tools (a :class:`RunEnd`), or None (another run's event, or one a client of
-    this API does not see)."""
+    the client's tools (a :class:`RunEnd`), with ``at_person_pause`` its pause for a person's
+    decision (a :class:`RunEnd` ``awaiting_approval``), or None (another run's event, or one a
+    client of this API does not see)."""
     if frame.get("run_id") != run_id:
         return None
     calls = client_calls(frame)
     if calls:
         return RunEnd(status="tool_calls", tool_calls=tuple(tool_call_of(c) for c in calls))
     kind, data = frame.get("type"), frame.get("data") or {}
+    if at_person_pause and person_pause(frame):
+        return RunEnd(status="awaiting_approval", approvals=tuple(data.get("approvals", [])))
     if kind == "content_token":
         return {"content": data["text"]}
     if kind == "reasoning_token":
@@ -157,18 +175,27 @@ class Completion:
         calls = [{"index": i, **call} for i, call in enumerate(end.tool_calls)]
         return self.chunk({"tool_calls": calls})
 
-    def whole(self, end: RunEnd, usage: dict[str, int]) -> dict[str, Any]:
+    def whole(self, end: RunEnd, usage: dict[str, int], *, base_url: str = "") -> dict[str, Any]:
         """The non-streamed ``chat.completion``: the run's reply (its final answer), the thinking
         and tool activity as ``reasoning_content``; for a pause on the client's tools, the text
-        so far and ``tool_calls`` (``finish_reason: "tool_calls"``)."""
+        so far and ``tool_calls`` (``finish_reason: "tool_calls"``); for a pause for a person's
+        decision, the text so far and a sentence saying where to decide (``finish_reason:
+        "stop"``), with ``status: "awaiting_approval"`` and ``approval_url`` (the chat in the
+        chat app under ``base_url``) beside ``chat_id``."""
         content = end.reply or "".join(self.content)
+        extra: dict[str, Any] = {}
+        if end.status == "awaiting_approval":
+            note, extra["approval_url"] = person_decision_note(list(end.approvals), base_url=base_url,
+                                                               chat_id=self.chat_id)
+            content = f"{content}\n\n{note}" if content else note
+            extra["status"] = "awaiting_approval"
         message: dict[str, Any] = {"role": "assistant", "content": content or (None if end.tool_calls else "")}
         if end.tool_calls:
             message["tool_calls"] = list(end.tool_calls)
         if self.reasoning:
             message["reasoning_content"] = "".join(self.reasoning)
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "chat_id": self.chat_id,
+                "chat_id": self.chat_id, **extra,
                 "choices": [{"index": 0, "message": message, "finish_reason": end.finish_reason, "logprobs": None}],
                 "usage": usage}
 

@@ -238,11 +238,13 @@ async def _frames_until(reader: SessionEventReader, last: Callable[[dict[str, An
             yield None
 
 
-async def _run_items(reader: SessionEventReader, run_id: int) -> AsyncIterator[dict[str, str] | RunEnd | None]:
-    """The run's deltas, then its :class:`RunEnd` (the last item: its end, or its pause on the
-    client's tools); ``None`` for a keep-alive. Raises OpenAIError 503 (:func:`_frames_until`)."""
-    async for frame in _frames_until(reader, lambda f: ends_answer(f, run_id)):
-        found = None if frame is None else frame_delta(frame, run_id=run_id)
+async def _run_items(reader: SessionEventReader, run_id: int, *,
+                     at_person_pause: bool = False) -> AsyncIterator[dict[str, str] | RunEnd | None]:
+    """The run's deltas, then its :class:`RunEnd` (the last item: its end, its pause on the
+    client's tools, with ``at_person_pause`` its pause for a person's decision); ``None`` for a
+    keep-alive. Raises OpenAIError 503 (:func:`_frames_until`)."""
+    async for frame in _frames_until(reader, lambda f: ends_answer(f, run_id, at_person_pause=at_person_pause)):
+        found = None if frame is None else frame_delta(frame, run_id=run_id, at_person_pause=at_person_pause)
         if frame is None or found is not None:
             yield found
 
@@ -285,20 +287,23 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
     else:
-        response = await _whole(reader, completion, tenant_id)
+        response = await _whole(reader, completion, tenant_id, base_url=request.build_absolute_uri("/"))
     response["X-Chat-Id"] = str(session_id)
     return response
 
 
-async def _whole(reader: SessionEventReader, completion: Completion, tenant_id: int) -> JsonResponse:
+async def _whole(reader: SessionEventReader, completion: Completion, tenant_id: int, *, base_url: str) -> JsonResponse:
+    """The non-streamed answer: it ends at the run's end, its pause on the client's tools, or
+    its pause for a person's decision (never holding the request until someone decides)."""
     try:
         await reader.open()
-        async for item in _run_items(reader, completion.run_id):
+        async for item in _run_items(reader, completion.run_id, at_person_pause=True):
             if isinstance(item, RunEnd):
                 failure = item.failure()
                 if failure is not None:
                     return failure.response()
-                return JsonResponse(completion.whole(item, await _usage(tenant_id, completion.run_id)))
+                usage = await _usage(tenant_id, completion.run_id)
+                return JsonResponse(completion.whole(item, usage, base_url=base_url))
             if item is not None:
                 completion.gather(item)
     except OpenAIError as exc:
