@@ -67,6 +67,11 @@ class McpServerForm(_TemplateFormMixin, forms.ModelForm):
         required=False, label="OAuth client secret", widget=forms.PasswordInput(render_value=False),
         help_text="Write-only: the secret of the OAuth client id above. Blank keeps the stored one.",
     )
+    oauth_private_key = forms.CharField(
+        required=False, label="OAuth client private key", widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Write-only, for the client-credentials auth mode without a secret: the client's PEM private "
+                  "key (private_key_jwt, RFC 7523). Blank keeps the stored one.",
+    )
 
     class Meta:
         model = McpServer
@@ -241,6 +246,9 @@ class McpServerAdmin(TenantScopedModelAdmin):
         if form.cleaned_data.get("oauth_client_secret"):
             obj.oauth_client_secret_encrypted = secret_encrypt(tenant=tenant,
                                                                plaintext=form.cleaned_data["oauth_client_secret"])
+        if form.cleaned_data.get("oauth_private_key"):
+            obj.oauth_private_key_encrypted = secret_encrypt(tenant=tenant,
+                                                             plaintext=form.cleaned_data["oauth_private_key"])
         super().save_model(request, obj, form, change)
 
 

@@ -18,6 +18,7 @@ class McpAuthMode(models.TextChoices):
     NONE = "none", "None (or static headers)"
     OAUTH_USER = "oauth_user", "OAuth: each user connects their own account"
     OAUTH_TENANT = "oauth_tenant", "OAuth: an admin connects one account for the tenant"
+    OAUTH_CLIENT_CREDENTIALS = "oauth_client_credentials", "OAuth client credentials: the tenant's own client, no person"
 
 
 RESERVED_MCP_ALIASES = frozenset({"builtin", "cli", "skill", "browser"})
@@ -58,8 +59,9 @@ class McpServer(TenantOwnedModel):
     )
     headers_encrypted = models.TextField(blank=True, editable=False)
     auth_mode = models.CharField(
-        max_length=20, choices=McpAuthMode.choices, default=McpAuthMode.NONE,
-        help_text="HTTP servers: OAuth 2.1 per user or per tenant (capabilities/mcp_oauth).",
+        max_length=30, choices=McpAuthMode.choices, default=McpAuthMode.NONE,
+        help_text="HTTP servers: OAuth 2.1 per user or per tenant, or the tenant's client credentials "
+                  "(capabilities/mcp_oauth).",
     )
     oauth_client_id = models.CharField(
         max_length=500, blank=True,
@@ -67,6 +69,10 @@ class McpServer(TenantOwnedModel):
                   "Client ID Metadata Document, else dynamic registration.",
     )
     oauth_client_secret_encrypted = models.TextField(blank=True, editable=False)
+    oauth_private_key_encrypted = models.TextField(
+        blank=True, editable=False,
+        help_text="OAuth client credentials: the PEM private key of private_key_jwt (RFC 7523), encrypted.",
+    )
     oauth_scope = models.CharField(
         max_length=1000, blank=True,
         help_text="OAuth: the scopes to ask for (space-separated); empty: what the server's metadata says.",

@@ -36,10 +36,12 @@ def mcp_server_save(
     env: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
     oauth_client_secret: str | None = None,
+    oauth_private_key: str | None = None,
     **fields: Any,
 ) -> McpServer:
-    """Create or update an MCP server. ``env``/``headers``/``oauth_client_secret`` None keep the
-    stored secrets.
+    """Create or update an MCP server. ``env``/``headers``/``oauth_client_secret``/
+    ``oauth_private_key`` (a PEM private key, for client credentials with ``private_key_jwt``)
+    None keep the stored secrets.
 
     ``env`` (stdio) may only name the template's secrets.
 
@@ -63,6 +65,8 @@ def mcp_server_save(
         server.headers_encrypted = secret_encrypt_json(tenant=tenant, value=headers)
     if oauth_client_secret is not None:
         server.oauth_client_secret_encrypted = secret_encrypt(tenant=tenant, plaintext=oauth_client_secret)
+    if oauth_private_key is not None:
+        server.oauth_private_key_encrypted = secret_encrypt(tenant=tenant, plaintext=oauth_private_key)
     server.full_clean()
     server.save()
     return server

@@ -80,12 +80,17 @@ class McpServerSerializer(serializers.ModelSerializer):
         write_only=True, required=False, allow_blank=True,
         help_text="OAuth: the secret of the admin-entered client (write-only, stored encrypted; omit to keep).",
     )
+    oauth_private_key = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, max_length=20_000, trim_whitespace=False,
+        help_text="OAuth client credentials: the client's PEM private key for private_key_jwt (RFC 7523; "
+                  "write-only, stored encrypted; omit to keep).",
+    )
 
     class Meta:
         model = McpServer
         fields = [
             "id", "name", "alias", "transport", "template", "parameters", "env", "url", "headers",
-            "auth_mode", "oauth_client_id", "oauth_client_secret", "oauth_scope",
+            "auth_mode", "oauth_client_id", "oauth_client_secret", "oauth_private_key", "oauth_scope",
             "connect_timeout_seconds", "list_timeout_seconds", "call_timeout_seconds", "enabled", "created_at",
             "tools_snapshot", "tools_snapshot_at", "last_error",
         ]
@@ -100,7 +105,8 @@ class McpServerViewSet(TenantScopedViewSet):
         data = dict(serializer.validated_data)
         serializer.instance = mcp_server_save(
             tenant=self.request.tenant, env=data.pop("env", None), headers=data.pop("headers", None),
-            oauth_client_secret=data.pop("oauth_client_secret", None), **data
+            oauth_client_secret=data.pop("oauth_client_secret", None),
+            oauth_private_key=data.pop("oauth_private_key", None), **data
         )
 
     def perform_update(self, serializer: McpServerSerializer) -> None:
@@ -108,7 +114,8 @@ class McpServerViewSet(TenantScopedViewSet):
         serializer.instance = mcp_server_save(
             tenant=self.request.tenant, server=serializer.instance,
             env=data.pop("env", None), headers=data.pop("headers", None),
-            oauth_client_secret=data.pop("oauth_client_secret", None), **data,
+            oauth_client_secret=data.pop("oauth_client_secret", None),
+            oauth_private_key=data.pop("oauth_private_key", None), **data,
         )
 
 

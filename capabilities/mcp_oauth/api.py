@@ -83,14 +83,16 @@ def _server(server_id: int) -> McpServer:
 
 
 class McpConnectionListApi(TenantScopedApiView):
-    """The tenant's OAuth MCP servers and the caller's connection to each."""
+    """The tenant's OAuth MCP servers and the caller's connection to each (not the servers the
+    platform reaches with the tenant's client credentials: nobody connects those)."""
 
     @extend_schema(responses=ConnectionSerializer(many=True))
     def get(self, request: Request) -> Response:
         is_admin = request.membership.is_admin
         rows = [
             _row(server, connection_get(server=server, user_id=request.user.pk), is_admin=is_admin)
-            for server in McpServer.objects.exclude(auth_mode=McpAuthMode.NONE).filter(enabled=True).order_by("name")
+            for server in McpServer.objects.exclude(auth_mode__in=[McpAuthMode.NONE, McpAuthMode.OAUTH_CLIENT_CREDENTIALS])
+            .filter(enabled=True).order_by("name")
         ]
         return Response(ConnectionSerializer(rows, many=True).data)
 
@@ -121,7 +123,8 @@ class McpConnectionConnectApi(TenantScopedApiView):
             url = connection_begin(server=server, user=request.user, is_admin=request.membership.is_admin,
                                    base_url=_base_url(request), return_to=data.validated_data["return_to"])
         except ConnectError as exc:
-            code = status.HTTP_403_FORBIDDEN if "Only tenant admins" in exc.message else status.HTTP_502_BAD_GATEWAY
+            code = status.HTTP_403_FORBIDDEN if "Only tenant admins" in exc.message else (
+                status.HTTP_400_BAD_REQUEST if "client credentials" in exc.message else status.HTTP_502_BAD_GATEWAY)
             raise ApplicationError(exc.message, status_code=code) from exc
         return Response({"authorization_url": url})
 

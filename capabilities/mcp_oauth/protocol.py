@@ -12,6 +12,9 @@ them (the authorization redirect comes back to another request, maybe another pr
 4. :func:`exchange_code` (``iss`` checked first, RFC 9207), :func:`refresh`, :func:`revoke`
    (RFC 7009, when the server offers it).
 
+Without a person: :func:`client_credentials_token` (SEP-1046), the client's secret or a JWT
+signed with its private key (``private_key_jwt``, RFC 7523) as its authentication.
+
 The parsing, URL lists and checks are the ``mcp`` SDK's (``mcp.client.auth.utils``, the same
 ones its ``OAuthClientProvider`` uses); this module only orders them around the redirect.
 No Django imports; the HTTP client is the caller's (the outbound address rules apply to it).
@@ -57,7 +60,8 @@ from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_serv
 
 __all__ = [
     "AuthorizationRequest", "Discovery", "OAuthFlowError", "OAuthRegistrationError", "OAuthTokenError",
-    "RefreshRejected", "authorization_request", "discover", "exchange_code", "refresh", "register_client", "revoke",
+    "RefreshRejected", "authorization_request", "client_credentials_token", "discover", "exchange_code", "refresh",
+    "register_client", "revoke", "secret_method", "signing_algorithm",
 ]
 
 GRANT_TYPES = ["authorization_code", "refresh_token"]
@@ -239,7 +243,7 @@ def client_metadata(*, redirect_uri: str, client_name: str, scope: str | None) -
     )
 
 
-def _secret_method(metadata: OAuthMetadata) -> str:
+def secret_method(metadata: OAuthMetadata) -> str:
     """How a pre-registered client with a secret authenticates at the token endpoint:
     ``client_secret_post``, unless the server lists ``client_secret_basic`` and not post."""
     supported = metadata.token_endpoint_auth_methods_supported or []
@@ -267,7 +271,7 @@ async def register_client(
     if client_id:
         return OAuthClientInformationFull(
             client_id=client_id, client_secret=client_secret or None, redirect_uris=[redirect_uri],
-            token_endpoint_auth_method=_secret_method(discovery.metadata) if client_secret else "none",
+            token_endpoint_auth_method=secret_method(discovery.metadata) if client_secret else "none",
         )
     if is_valid_client_metadata_url(client_metadata_url) and should_use_client_metadata_url(
             discovery.metadata, client_metadata_url):  # the SDK's rule: an https URL with a path
@@ -326,6 +330,67 @@ async def _token_request(http: httpx2.AsyncClient, discovery: Discovery, client:
             else OAuthTokenError
         raise error_class(f"The token endpoint answered {response.status_code}: {text}")
     return await handle_token_response_scopes(response)
+
+
+CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+"""RFC 7523 §2.2: a JWT as the client's authentication at the token endpoint."""
+
+
+def signing_algorithm(private_key_pem: str) -> str:
+    """The JWS algorithm of a PEM private key: ``ES256``/``ES384``/``ES512`` for an EC key on
+    P-256/P-384/P-521, ``EdDSA`` for Ed25519, else (RSA) ``RS256``.
+
+    Raises:
+        OAuthFlowError: the key cannot be read (not PEM, encrypted, or of another kind).
+    """
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        key = load_pem_private_key(private_key_pem.encode(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise OAuthFlowError(f"The client's private key is not an unencrypted PEM private key: {exc}") from exc
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        curves = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
+        if key.curve.name in curves:
+            return curves[key.curve.name]
+    elif isinstance(key, ed25519.Ed25519PrivateKey):
+        return "EdDSA"
+    elif isinstance(key, rsa.RSAPrivateKey):
+        return "RS256"
+    raise OAuthFlowError("The client's private key is of a kind the platform does not sign with (EC P-256/384/521, "
+                         "Ed25519 or RSA).")
+
+
+async def client_credentials_token(
+    http: httpx2.AsyncClient, discovery: Discovery, client: OAuthClientInformationFull, *,
+    scope: str | None = None, private_key_pem: str = "",
+) -> OAuthToken:
+    """A token for the client itself: the client-credentials grant (OAuth 2.1 §4.2, MCP SEP-1046),
+    with ``resource`` (RFC 8707) and ``scope`` (None: the discovered scopes).
+
+    The client authenticates with its secret (``client.token_endpoint_auth_method``:
+    ``client_secret_basic`` or ``client_secret_post``), or, given ``private_key_pem``, with a JWT
+    it signs (``private_key_jwt``, RFC 7523 §2.2: ``iss`` = ``sub`` = the client id, ``aud`` =
+    the authorization server's issuer, ``exp`` 5 minutes on, a fresh ``jti``).
+
+    Raises:
+        OAuthFlowError: the private key cannot be used.
+        OAuthTokenError: the token endpoint refused (``invalid_client``: wrong credentials).
+    """
+    data = {"grant_type": "client_credentials", "resource": discovery.resource}
+    scope = scope or discovery.scope
+    if scope:
+        data["scope"] = scope
+    if private_key_pem:
+        from mcp.client.auth.extensions.client_credentials import SignedJWTParameters
+
+        signer = SignedJWTParameters(issuer=client.client_id, subject=client.client_id, signing_key=private_key_pem,
+                                     signing_algorithm=signing_algorithm(private_key_pem))
+        data["client_assertion_type"] = CLIENT_ASSERTION_TYPE
+        data["client_assertion"] = await signer.create_assertion_provider()(str(discovery.metadata.issuer))
+        client = client.model_copy(update={"client_secret": None, "token_endpoint_auth_method": "private_key_jwt"})
+    return await _token_request(http, discovery, client, data)
 
 
 async def exchange_code(

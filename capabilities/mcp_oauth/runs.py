@@ -19,14 +19,17 @@ CONNECT_HINT = "Connect it in Settings → Connections (or ask a tenant admin, f
 
 def connection_id_for_run(*, tenant_id: int, server_id: int, user_id: int | None) -> tuple[int | None, str]:
     """``(connection id, "")`` when the run's user (or the tenant) has a usable connection to the
-    server, else ``(None, why)``. Runs under the run's tenant scope."""
+    server (a client-credentials server: always, its row made if missing), else ``(None, why)``.
+    Runs under the run's tenant scope."""
     from capabilities.mcp_oauth.models import ConnectionStatus
-    from capabilities.mcp_oauth.services import connection_get
-    from capabilities.models import McpServer
+    from capabilities.mcp_oauth.services import client_credentials_connection_get_or_create, connection_get
+    from capabilities.models import McpAuthMode, McpServer
 
     server = McpServer.objects.filter(pk=server_id).first()
     if server is None:
         return None, "the server was removed."
+    if server.auth_mode == McpAuthMode.OAUTH_CLIENT_CREDENTIALS:  # no person: the token is got on first use
+        return client_credentials_connection_get_or_create(server=server).pk, ""
     connection = connection_get(server=server, user_id=user_id)
     who = "You have" if server.auth_mode == "oauth_user" else "The tenant has"
     if connection is None or (connection.status == ConnectionStatus.PENDING and not connection.access_token_encrypted):

@@ -89,9 +89,18 @@ def connection_get(*, server: McpServer, user_id: int | None) -> McpOAuthConnect
         if user_id is None:
             return None
         return McpOAuthConnection.objects.filter(server=server, user_id=user_id).first()
-    if server.auth_mode == McpAuthMode.OAUTH_TENANT:
+    if server.auth_mode in (McpAuthMode.OAUTH_TENANT, McpAuthMode.OAUTH_CLIENT_CREDENTIALS):
         return McpOAuthConnection.objects.filter(server=server, user__isnull=True).first()
     return None
+
+
+def client_credentials_connection_get_or_create(*, server: McpServer) -> McpOAuthConnection:
+    """The tenant's connection row of a client-credentials server (``pending`` and empty when
+    new: the first :func:`connection_access_token` gets its token). Requires the server's
+    tenant scope."""
+    connection, _ = McpOAuthConnection.objects.get_or_create(
+        server=server, user=None, defaults={"tenant_id": server.tenant_id, "status": ConnectionStatus.PENDING})
+    return connection
 
 
 def connection_begin(
@@ -118,6 +127,9 @@ def connection_begin(
     """
     if server.auth_mode == McpAuthMode.NONE:
         raise ConnectError(f"The MCP server {server.name!r} does not use OAuth.")
+    if server.auth_mode == McpAuthMode.OAUTH_CLIENT_CREDENTIALS:
+        raise ConnectError(f"The MCP server {server.name!r} uses the tenant's client credentials: nobody connects "
+                           "it, the platform gets its tokens itself.")
     if server.auth_mode == McpAuthMode.OAUTH_TENANT and not is_admin:
         raise ConnectError("Only tenant admins connect the tenant's account.")
     tenant = Tenant.objects.get(pk=server.tenant_id)
@@ -276,6 +288,9 @@ def _fresh(connection: McpOAuthConnection, tenant: Tenant, refused: str | None) 
 
 
 def _required(connection: McpOAuthConnection, why: str) -> ConnectionRequired:
+    if connection.server.auth_mode == McpAuthMode.OAUTH_CLIENT_CREDENTIALS:
+        return ConnectionRequired(f"The MCP server could not be reached with the tenant's client credentials: {why}",
+                                  server_id=connection.server_id)
     who = "you" if connection.user_id else "a tenant admin"
     return ConnectionRequired(f"The MCP server needs {who} to connect again: {why}", server_id=connection.server_id)
 
@@ -324,6 +339,9 @@ def _refresh_locked(locked: McpOAuthConnection, tenant: Tenant, refused: str | N
     fresh = _fresh(locked, tenant, refused)
     if fresh is not None:  # another worker refreshed it while we waited for the lock
         return fresh
+    server = McpServer.objects.get(pk=locked.server_id)
+    if server.auth_mode == McpAuthMode.OAUTH_CLIENT_CREDENTIALS:
+        return _client_credentials_locked(locked, tenant, server)
     if locked.status != ConnectionStatus.CONNECTED:
         raise _required(locked, "it is not connected.")
     refresh_token = secret_decrypt(tenant=tenant, ciphertext=locked.refresh_token_encrypted)
@@ -336,6 +354,44 @@ def _refresh_locked(locked: McpOAuthConnection, tenant: Tenant, refused: str | N
         return f"the authorization server refused to refresh the token ({exc})."
     _store_token(locked, tenant, token, requested_scope=locked.scope)
     locked.refresh_count += 1
+    locked.save()
+    return _current(locked, tenant)
+
+
+def _client_credentials_locked(locked: McpOAuthConnection, tenant: Tenant, server: McpServer) -> AccessToken | str:
+    """Under the row lock: a new token of the tenant's client (client-credentials grant,
+    SEP-1046; discovery done once per server URL and kept on the row), asking for the scopes discovered (or the
+    admin's ``oauth_scope``) and any a server's challenge added (``requested_scope``); else why
+    it failed (the admin has to check the client's credentials).
+
+    Raises:
+        httpx2.HTTPError: the server could not be reached (nothing is marked).
+    """
+    secret = secret_decrypt(tenant=tenant, ciphertext=server.oauth_client_secret_encrypted)
+    private_key = "" if secret else secret_decrypt(tenant=tenant, ciphertext=server.oauth_private_key_encrypted)
+    if not server.oauth_client_id or not (secret or private_key):
+        return "an admin has to enter the client id and its secret or private key."
+
+    async def steps(http: httpx2.AsyncClient) -> tuple[protocol.Discovery, OAuthClientInformationFull, OAuthToken]:
+        known = locked.authorization_server.get("server_url") == server.url  # the URL may have changed since
+        found = (_discovery(locked) if known
+                 else await protocol.discover(http, server.url, scope=server.oauth_scope or None))
+        client = OAuthClientInformationFull(
+            client_id=server.oauth_client_id, client_secret=secret or None, redirect_uris=None,
+            grant_types=["client_credentials"],
+            token_endpoint_auth_method=protocol.secret_method(found.metadata) if secret else "private_key_jwt")
+        token = await protocol.client_credentials_token(
+            http, found, client, scope=protocol_union(found.scope, locked.requested_scope), private_key_pem=private_key)
+        return found, client, token
+
+    try:
+        found, client, token = _run(steps)
+    except (protocol.OAuthFlowError, protocol.OAuthTokenError) as exc:
+        return f"getting a token failed ({exc})."
+    locked.authorization_server = found.as_json()
+    locked.client_encrypted = secret_encrypt(tenant=tenant, plaintext=client.model_dump_json())
+    _store_token(locked, tenant, token, requested_scope=protocol_union(found.scope, locked.requested_scope))
+    locked.connected_at = locked.connected_at or timezone.now()
     locked.save()
     return _current(locked, tenant)
 

@@ -11,7 +11,9 @@ name), ``MCP_CONFORMANCE_CONTEXT`` (JSON: e.g. a pre-registered client) and
 What a scenario does (:func:`run_scenario`) is what the platform does, through its own code:
 
 1. The tenant's ``McpServer`` row for the URL (``streamable_http``; ``auth/*`` scenarios:
-   ``auth_mode=oauth_user``, a pre-registered client from the context as an admin enters it).
+   ``auth_mode=oauth_user``, a pre-registered client from the context as an admin enters it;
+   ``auth/client-credentials-*``: ``oauth_client_credentials`` with the context's client id and
+   secret or private key, and no Connect: the run gets the token itself).
 2. ``auth/*``: the person's Connect, as the API's connect view and the callback view do it:
    :func:`capabilities.mcp_oauth.services.connection_begin` (discovery from the 401, RFC 9728
    and RFC 8414, client ID metadata document or dynamic registration, PKCE, ``resource``), the
@@ -104,13 +106,17 @@ def _make_server(*, url: str, scenario: str, context: dict[str, Any], tenant_id:
         tenant = Tenant.objects.get(pk=tenant_id)
         oauth = scenario.startswith("auth/")
         client_secret = context.get("client_secret", "") if oauth else ""
+        private_key = context.get("private_key_pem", "") if oauth else ""
+        mode = McpAuthMode.OAUTH_USER if oauth else McpAuthMode.NONE
+        if scenario.startswith("auth/client-credentials"):  # the admin chose the tenant's own client
+            mode = McpAuthMode.OAUTH_CLIENT_CREDENTIALS
         return McpServer.objects.create(
             tenant=tenant, name=f"Conformance {scenario}"[:100], alias=f"conf-{secrets.token_hex(6)}",
-            transport="streamable_http", url=url,
-            auth_mode=McpAuthMode.OAUTH_USER if oauth else McpAuthMode.NONE,
+            transport="streamable_http", url=url, auth_mode=mode,
             oauth_client_id=context.get("client_id", "") if oauth else "",
             oauth_client_secret_encrypted=secret_encrypt(tenant=tenant, plaintext=client_secret) if client_secret
             else "",
+            oauth_private_key_encrypted=secret_encrypt(tenant=tenant, plaintext=private_key) if private_key else "",
             connect_timeout_seconds=20, list_timeout_seconds=20, call_timeout_seconds=20,
         )
 
@@ -252,7 +258,7 @@ def _scenario(*, url: str, scenario: str, context: dict[str, Any], tenant_id: in
     user = get_user_model().objects.get(pk=user_id)
     connects = 0
     while True:
-        if server.auth_mode != "none":
+        if server.auth_mode in ("oauth_user", "oauth_tenant"):  # client credentials: no person connects
             connects += 1
             _connect(server, user, log)
         try:
