@@ -12,7 +12,8 @@ short code); each door words the refusal in its own protocol's shape:
   :func:`chat_continue`), in the caller's tenant scope.
 - :func:`answer_reader_open`: the session's one event reader
   (:class:`sessions.event_reader.SessionEventReader`) on one of the caller's stream slots (open
-  answers count like open event streams).
+  answers count like open event streams); :func:`answer_slot_take` and :func:`answer_reader` for
+  a door that takes the slot before the run starts.
 - :func:`person_decision_note`: what a door answers when the run pauses for a person's decision.
 """
 
@@ -114,10 +115,10 @@ def chat_continue(caller: Caller, agent: AgentInstance, *, chat_id: int, content
     return message_post(session=session, user=caller.user, content=content, request_options=request_options)
 
 
-async def answer_reader_open(caller: Caller, session_id: int, *, after_seq: int = 0) -> SessionEventReader:
-    """The reader of the session's events for the caller's answer (after ``after_seq``; 0: from
-    its first frame), on one of the caller's stream slots; not yet opened (the door calls
-    ``open()`` and, always, ``close()``).
+async def answer_slot_take(caller: Caller) -> str:
+    """One of the caller's stream slots for an answer, taken before its run starts (a refused
+    slot starts no run); freed by the reader's ``close()`` (:func:`answer_reader`), or by
+    :func:`answer_slot_release` if no reader is made.
 
     Raises:
         RunRefused: 429 ``too_many_streams`` when the caller holds every slot
@@ -127,10 +128,31 @@ async def answer_reader_open(caller: Caller, session_id: int, *, after_seq: int 
     if slot is None:
         raise RunRefused(429, f"Too many open answers (at most {stream_guard.streams_per_user_max()} per user).",
                          code="too_many_streams", retry_after=15)
+    return slot
+
+
+async def answer_slot_release(caller: Caller, slot: str) -> None:
+    """Free a slot of :func:`answer_slot_take` that no reader took (its run did not start)."""
+    await stream_guard.stream_slot_release(user_id=caller.user.pk, slot=slot)
+
+
+def answer_reader(caller: Caller, session_id: int, *, slot: str, after_seq: int = 0) -> SessionEventReader:
+    """The reader of the session's events for the caller's answer (after ``after_seq``; 0: from
+    its first frame) on ``slot``; not yet opened (the door calls ``open()`` and, always,
+    ``close()``, which frees the slot)."""
     credential = StreamCredential(user_id=caller.user.pk, membership_id=caller.membership.pk,
                                   token_id=caller.token.pk if caller.token is not None else None,
                                   oauth_grant_id=caller.oauth_grant_id)
     return SessionEventReader(session_id=session_id, after_seq=after_seq, credential=credential, slot=slot)
+
+
+async def answer_reader_open(caller: Caller, session_id: int, *, after_seq: int = 0) -> SessionEventReader:
+    """:func:`answer_slot_take`, then :func:`answer_reader` on it.
+
+    Raises:
+        RunRefused: 429 ``too_many_streams`` (see :func:`answer_slot_take`).
+    """
+    return answer_reader(caller, session_id, slot=await answer_slot_take(caller), after_seq=after_seq)
 
 
 def person_decision_note(approvals: list[dict[str, Any]], *, base_url: str, chat_id: int) -> tuple[str, str]:

@@ -229,3 +229,29 @@ def test_a_run_waiting_for_a_persons_decision_answers_at_once_unstreamed_and_str
         streamer.join(20)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "It said again."
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("limit", ["throttle", "stream_slots"])
+def test_over_a_limit_both_endpoints_answer_429_with_retry_after_and_start_no_run(world, live_server_url, monkeypatch,
+                                                                                  limit):
+    """The message and run throttles (those of posting in the app) and the caller's open-stream
+    slots hold at this door too: OpenAI's 429 ``rate_limit_error`` with ``Retry-After``, no run."""
+    agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper")
+    if limit == "throttle":
+        monkeypatch.setattr("sessions.api.agent_runs.throttle_wait", lambda **kwargs: 3.2)
+    else:
+        async def no_slot(*, user_id):
+            return None
+
+        monkeypatch.setattr("sessions.stream_guard.stream_slot_acquire", no_slot)
+    client = sdk(live_server_url, world.member_token)
+    for create in (lambda: client.chat.completions.create(model="helper", messages=[{"role": "user", "content": "hi"}]),
+                   lambda: client.chat.completions.create(model="helper", stream=True,
+                                                          messages=[{"role": "user", "content": "hi"}]),
+                   lambda: client.responses.create(model="helper", input="hi")):
+        with pytest.raises(openai.RateLimitError) as caught:
+            create()
+        retry_after = int(caught.value.response.headers["Retry-After"])
+        assert retry_after == 4 if limit == "throttle" else retry_after > 0
+        assert caught.value.body["type"] == "rate_limit_error"
+    assert not Run.all_tenants.exists()

@@ -172,3 +172,34 @@ def test_cancel_and_unknown_responses(world, fake_llm, celery_worker, live_serve
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(missing)
     TypeAdapter(ort.ResponseResource).validate_python(client.responses.retrieve(finished.id).model_dump())
+
+
+def test_a_run_waiting_for_a_person_is_incomplete_and_cancel_cancels_it(world, other_world, fake_llm, celery_worker,
+                                                                       live_server_url):
+    """A response whose run pauses for a person's decision ends ``incomplete``
+    (``approval_required``), streamed or not; the caller's cancel cancels that run, another
+    tenant's is a 404 that changes nothing."""
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Careful")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "one"})]), ToolCalls([("test_echo", {"text": "two"})]))
+    client = sdk(live_server_url, world.member_token)
+
+    response = client.responses.create(model="careful", input="echo one")
+    assert (response.status, response.incomplete_details.reason) == ("incomplete", "approval_required")
+    valid_response(response.model_dump())
+    run = Run.all_tenants.get(pk=int(response.id.removeprefix("resp_")))
+    assert (run.status, run.purpose) == ("awaiting_approval", "api")
+    streamed = list(client.responses.create(model="careful", input="echo two", stream=True))
+    assert streamed[-1].type == "response.incomplete"
+    assert streamed[-1].response.incomplete_details.reason == "approval_required"
+
+    with pytest.raises(openai.NotFoundError):
+        sdk(live_server_url, other_world.member_token).responses.cancel(response.id)
+    run.refresh_from_db()
+    assert run.status == "awaiting_approval"
+    cancelled = client.responses.cancel(response.id)
+    assert cancelled.status == "cancelled"
+    valid_response(cancelled.model_dump())
+    run.refresh_from_db()
+    assert run.status == "cancelled"
+    assert client.responses.retrieve(response.id).status == "cancelled"

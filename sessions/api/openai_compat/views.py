@@ -17,8 +17,8 @@ message posted in the app.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from channels.db import database_sync_to_async
 from django.db import transaction
@@ -29,7 +29,15 @@ from agent_platform.api_errors import ApplicationError
 from agents.models import AgentInstance, AgentVersion
 from agents.versions import split_pinned_slug
 from sessions.api import agent_runs
-from sessions.api.agent_runs import AGENT_NOT_FOUND, RunRefused, agent_run_start, answer_reader_open, chat_continue
+from sessions.api.agent_runs import (
+    AGENT_NOT_FOUND,
+    RunRefused,
+    agent_run_start,
+    answer_reader,
+    answer_slot_release,
+    answer_slot_take,
+    chat_continue,
+)
 from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
 from sessions.api.openai_compat.completion import Completion, RunEnd, ends_answer, frame_delta, usage_of
 from sessions.api.openai_compat.errors import OpenAIError
@@ -44,6 +52,8 @@ from sessions.selectors import run_get_for_user
 from sessions.services import chat_from_conversation, message_post, run_cancel
 from tenants.resolution import Caller, caller_resolve
 from tenants.scoping import tenant_scope
+
+S = TypeVar("S")
 
 VERSIONS_LISTED = 3
 """``GET /models`` lists, after each agent, its newest versions as ``slug@<n>`` (at most this
@@ -249,15 +259,23 @@ async def _run_items(reader: SessionEventReader, run_id: int, *,
             yield found
 
 
-async def _reader(caller: Caller, session_id: int, after_seq: int = 0) -> SessionEventReader:
-    """The reader of the session's events after ``after_seq`` for the caller's answer
-    (:func:`sessions.api.agent_runs.answer_reader_open`). Raises OpenAIError 429 when the
-    caller holds every stream slot."""
+async def _start_on_slot(caller: Caller, start: Callable[[], Awaitable[S]],
+                         started_of: Callable[[S], Started] = lambda s: s) -> tuple[S, SessionEventReader]:
+    """One of the caller's stream slots first (a refused slot starts no run: OpenAIError 429),
+    then ``start()`` (the run; the slot freed if it raises), then the reader of the run's session
+    (``started_of`` its result) after its ``after_seq`` on that slot (:mod:`sessions.api.agent_runs`)."""
     try:
-        return await answer_reader_open(caller, session_id, after_seq=after_seq)
+        slot = await answer_slot_take(caller)
     except RunRefused as exc:
         raise OpenAIError(429, exc.message, type="rate_limit_error", code=exc.code,
                           retry_after=exc.retry_after) from exc
+    try:
+        started = await start()
+    except BaseException:
+        await answer_slot_release(caller, slot)
+        raise
+    found = started_of(started)
+    return started, answer_reader(caller, found.session_id, slot=slot, after_seq=found.after_seq)
 
 
 @csrf_exempt
@@ -273,8 +291,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     try:
         caller = await _authenticate(request)
         chat = chat_request_parse(request.body, chat_id_header=request.headers.get("X-Chat-Id"))
-        started = await _start(caller, chat)
-        reader = await _reader(caller, started.session_id, started.after_seq)
+        started, reader = await _start_on_slot(caller, lambda: _start(caller, chat))
     except OpenAIError as exc:
         return exc.response()
     session_id = started.session_id
@@ -440,8 +457,8 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
     try:
         caller = await _authenticate(request)
         parsed = responses_request_parse(request.body)
-        started, model = await _start_response(caller, parsed)
-        reader = await _reader(caller, started.session_id, started.after_seq)
+        (started, model), reader = await _start_on_slot(caller, lambda: _start_response(caller, parsed),
+                                                        started_of=lambda pair: pair[0])
     except OpenAIError as exc:
         return exc.response()
     ctx = _ResponseContext(reader=reader, run=started.run, model=model, tenant_id=caller.membership.tenant_id,
