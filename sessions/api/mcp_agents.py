@@ -24,8 +24,13 @@ written, a keep-alive), so the answer comes on an SSE stream.
 
 - A run that pauses for a person's approval answers at once with where to decide: the chat app's
   URL of that chat (``<origin>/#/sessions/<chat_id>``), ``status: awaiting_approval``; the run
-  goes on in that chat once decided. A client on 2026-07-28 that declares URL-mode elicitation
-  gets the same as a URL elicitation instead (``-32042``, URL elicitation required).
+  goes on in that chat once decided. A client that declares URL-mode elicitation gets the same
+  as a URL elicitation instead (``-32042``, URL elicitation required): on 2026-07-28 it declares
+  it in each request's ``_meta``; on 2025-11-25 (the revision that introduced URL mode) at
+  ``initialize``, a POST of its own on this stateless server, so the answer to that
+  ``initialize`` carries an ``Mcp-Session-Id`` that says so, signed and bound to the credential
+  (:func:`_url_session_id`); the client sends it back on its later requests (2025-11-25,
+  "Session Management"). Such a session id holds no state on the server.
 - A busy chat, a throttle, too many open answers, a run over its budget, a failed or cancelled
   run: a tool result with ``isError`` and the reason (a client's model reads it). An unknown
   tool (no such active agent for the caller, another tenant's) is the protocol's error
@@ -51,6 +56,7 @@ import asyncio
 import json
 import logging
 import re
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -116,12 +122,21 @@ OUTPUT_SCHEMA: Final[dict[str, Any]] = {
     },
     "required": ["reply", "chat_id", "run_id", "citations", "status"],
 }
+URL_ELICITATION_HANDSHAKE_VERSIONS: Final[frozenset[str]] = frozenset({"2025-11-25"})
+"""The handshake-era revisions that define URL-mode elicitation and ``-32042`` (introduced in
+2025-11-25, specification "Elicitation"; 2026-07-28 and later are :data:`MODERN_PROTOCOL_VERSIONS`)."""
+SESSION_ID_SALT: Final[str] = "sessions.api.mcp_agents.url-elicitation"
+"""The ``django.core.signing`` salt of the ``Mcp-Session-Id`` that records a 2025-11-25 client's
+declared URL-mode elicitation."""
 RUN_END_TYPES: Final[frozenset[str]] = frozenset({"run_completed", "run_failed", "run_cancelled"})
 
 logger = logging.getLogger(__name__)
 
 _call_pool = ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="mcp-agents-call")
 _request: ContextVar[mcp_http.McpRequest | None] = ContextVar("agents_mcp_request", default=None)
+_url_session: ContextVar[bool] = ContextVar("agents_mcp_url_session", default=False)
+"""True while answering a request whose ``Mcp-Session-Id`` is ours for the same credential: its
+client declared URL-mode elicitation at ``initialize``."""
 
 
 def _error(message: str) -> types.CallToolResult:
@@ -301,16 +316,66 @@ def _ended(answer: _Answer, frame: dict[str, Any]) -> types.CallToolResult:
     return _error(f"The run failed: {data.get('error') or data.get('reason') or 'no reason given'}.")
 
 
+def _url_session_id(credential_key: str) -> str:
+    """The ``Mcp-Session-Id`` given to a 2025-11-25 client that declared URL-mode elicitation at
+    ``initialize``: ``credential_key`` (:attr:`tenants.resolution.Caller.credential_key`) signed
+    with the site's ``SECRET_KEY`` (``django.core.signing``, salt :data:`SESSION_ID_SALT`); only
+    visible ASCII, as the specification requires of a session id. No state is kept."""
+    from django.core import signing
+
+    return signing.dumps({"credential": credential_key, "url_elicitation": True}, salt=SESSION_ID_SALT)
+
+
+def _declares_url_session(scope: dict[str, Any], credential_key: str) -> bool:
+    """True when the request's ``Mcp-Session-Id`` is one of :func:`_url_session_id` for this
+    credential; a missing, forged or another credential's id is False (never an error)."""
+    from django.core import signing
+
+    raw = next((value for name, value in scope.get("headers", []) if name.lower() == b"mcp-session-id"), None)
+    if raw is None:
+        return False
+    try:
+        data = signing.loads(raw.decode("ascii"), salt=SESSION_ID_SALT)
+    except (signing.BadSignature, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("credential") == credential_key and data.get("url_elicitation") is True
+
+
+def _initialize_declares_url(body: bytes) -> bool:
+    """True for an ``initialize`` request whose capabilities declare ``elicitation.url``."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(message, dict) or message.get("method") != "initialize":
+        return False
+    params = message.get("params")
+    capabilities = params.get("capabilities") if isinstance(params, dict) else None
+    elicitation = capabilities.get("elicitation") if isinstance(capabilities, dict) else None
+    return isinstance(elicitation, dict) and isinstance(elicitation.get("url"), dict)
+
+
+def _wants_url_elicitation(ctx: ServerRequestContext[Any]) -> bool:
+    """Whether the client declared URL-mode elicitation at a revision that defines it: in this
+    request's ``_meta`` (2026-07-28) or at ``initialize``, as our session id says (2025-11-25)."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        capabilities = ctx.session.client_capabilities
+        elicitation = capabilities.elicitation if capabilities is not None else None
+        return elicitation is not None and elicitation.url is not None
+    return ctx.protocol_version in URL_ELICITATION_HANDSHAKE_VERSIONS and _url_session.get()
+
+
 def _awaiting(answer: _Answer, frame: dict[str, Any], ctx: ServerRequestContext[Any],
               base_url: str) -> types.CallToolResult:
-    """The run paused for a person: where to decide, as a URL elicitation (a 2026-07-28 client
-    that declares URL mode) or a tool result."""
+    """The run paused for a person: where to decide, as a URL elicitation (a client that declared
+    URL mode, :func:`_wants_url_elicitation`) or a tool result."""
     reply, url = person_decision_note((frame.get("data") or {}).get("approvals", []), base_url=base_url,
                                       chat_id=answer.chat_id)
-    capabilities = ctx.session.client_capabilities
-    elicitation = capabilities.elicitation if capabilities is not None else None
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and elicitation is not None and elicitation.url:
-        raise UrlElicitationRequiredError([types.ElicitRequestURLParams(message=reply, url=url)], message=reply)
+    if _wants_url_elicitation(ctx):
+        # 2025-11-25 requires an elicitationId (2026-07-28 removed it).
+        elicitation_id = None if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else uuid.uuid4().hex
+        raise UrlElicitationRequiredError(
+            [types.ElicitRequestURLParams(message=reply, url=url, elicitation_id=elicitation_id)], message=reply)
     return types.CallToolResult(content=[types.TextContent(text=reply)],
                                 structured_content=answer.structured(reply, "awaiting_approval", approval_url=url))
 
@@ -473,12 +538,17 @@ async def _exchange(request: mcp_http.McpRequest, scope: dict[str, Any], receive
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
+    send = request.send
+    if _initialize_declares_url(body):
+        send = mcp_http.with_headers(send, [("Mcp-Session-Id", _url_session_id(request.caller.credential_key))])
     token = _request.set(request)
+    url_token = _url_session.set(_declares_url_session(scope, request.caller.credential_key))
     try:
         manager = StreamableHTTPSessionManager(SERVER, json_response=False, stateless=True)
         async with manager.run():
-            await manager.handle_request(scope, replay, request.send)
+            await manager.handle_request(scope, replay, send)
     finally:
+        _url_session.reset(url_token)
         _request.reset(token)
 
 

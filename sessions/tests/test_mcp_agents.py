@@ -230,6 +230,57 @@ def test_a_2026_client_with_url_elicitation_gets_the_approval_as_one(world, fake
     assert (elicitation["mode"], elicitation["url"]) == ("url", f"{live_server_url}/#/sessions/{chat_id}")
 
 
+def test_a_2025_11_25_client_with_url_elicitation_gets_the_approval_as_one(world, fake_llm, celery_worker,
+                                                                          live_server_url):
+    """2025-11-25 defines URL-mode elicitation too; its handshake-era client declares it at
+    ``initialize`` (a POST of its own on this stateless server), so the server's session id says
+    so on the later calls. The error's elicitations carry the ``elicitationId`` that revision
+    requires. A client that declared no URL mode gets the tool result (the test above)."""
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Careful")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "hello"})]))
+
+    async def elicit(context, params):
+        return types.ElicitResult(action="decline")
+
+    async def call(token: str):
+        async with connected(live_server_url, token, "legacy", elicitation_callback=elicit) as client:
+            assert client.session.protocol_version == "2025-11-25"
+            with pytest.raises(MCPError) as caught:
+                await client.call_tool("careful", {"message": "echo hello"})
+            return caught.value.error
+
+    error = run_async(lambda: call(world.member_token))
+    assert error.code == types.URL_ELICITATION_REQUIRED
+    [elicitation] = error.data["elicitations"]
+    chat_id = Run.all_tenants.get(session__agent=agent).session_id
+    assert (elicitation["mode"], elicitation["url"]) == ("url", f"{live_server_url}/#/sessions/{chat_id}")
+    assert elicitation["elicitationId"]
+
+
+def test_a_session_id_of_another_credential_declares_nothing(world, fake_llm, celery_worker, live_server_url):
+    """The session id the server gives at ``initialize`` is bound to the credential: sent with
+    another token (or forged) it is ignored, and the approval comes as the tool result."""
+    from sessions.api import mcp_agents
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Careful")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "hello"})]))
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {world.member_token}"}
+    url = f"{live_server_url}/mcp/agents/"
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "clientInfo": {"name": "t", "version": "1"},
+        "capabilities": {"elicitation": {"url": {}}}}}
+    answer = httpx.post(url, json=initialize, headers=headers)
+    assert answer.status_code == 200 and answer.headers["Mcp-Session-Id"]
+    other = mcp_agents._url_session_id("token:0")
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "careful", "arguments": {"message": "echo hello"}}}
+    reply = httpx.post(url, json=call, timeout=60, headers={**headers, "MCP-Protocol-Version": "2025-11-25",
+                                                            "Mcp-Session-Id": other})
+    assert reply.status_code == 200 and '"awaiting_approval"' in reply.text and "-32042" not in reply.text
+
+
 def test_the_http_edge_refuses_what_it_must(world, live_server_url):
     url = f"{live_server_url}/mcp/agents/"
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
