@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 
 from agent_platform.metrics_view import metrics_endpoint
 from automations.hooks import inbound_webhook
+from sessions.api.a2a.signing import jwks_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -17,6 +18,8 @@ urlpatterns = [
     path("hooks/<str:trigger_id>/", inbound_webhook, name="inbound-webhook"),
     # The OpenAI-compatible API: the tenant's agents as models (docs/api.md, "OpenAI-compatible API").
     path("api/openai/v1/", include("sessions.api.openai_compat.urls")),
+    # The public key set of the A2A push notifications' signatures (sessions/api/a2a/signing.py).
+    path(".well-known/jwks.json", jwks_view, name="jwks"),
     # The OAuth 2.1 authorization server of the MCP endpoints: /.well-known/oauth-*, /oauth/ (oauth_server).
     path("", include("oauth_server.urls")),
     # Our MCP client's OAuth: the authorization callback and the Client ID Metadata Document.

@@ -235,12 +235,17 @@ async def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
         return response.status_code
 
 
-def _push_headers(delivery: WebhookDelivery) -> dict[str, str]:
-    """An A2A push notification's authentication, as its config says: the token in
-    ``X-A2A-Notification-Token`` (the a2a-sdk's header; also ``A2A-Notification-Token``, a2a-go's)
-    and ``Authorization: <scheme> <credentials>``."""
+def _push_headers(delivery: WebhookDelivery, body: str) -> dict[str, str]:
+    """An A2A push notification's authentication: the platform's signature over ``body`` (a JWT,
+    :func:`sessions.api.a2a.signing.push_signature`, in ``X-A2A-Notification-Signature``, and as
+    ``Authorization: Bearer <JWT>`` when the config sets no ``Authorization``), and as the config
+    says: the token in ``X-A2A-Notification-Token`` (the a2a-sdk's header; also
+    ``A2A-Notification-Token``, a2a-go's) and ``Authorization: <scheme> <credentials>``."""
+    from sessions.api.a2a.signing import SIGNATURE_HEADER, push_signature
+
     config = delivery.push_config
-    headers = {}
+    signature = push_signature(body.encode(), issuer=config.base_url, audience=config.url, task_id=str(config.run_id))
+    headers = {SIGNATURE_HEADER: signature, "authorization": f"Bearer {signature}"}
     if config.token_encrypted:
         token = secret_decrypt(tenant=config.tenant, ciphertext=config.token_encrypted)
         headers["x-a2a-notification-token"] = headers["a2a-notification-token"] = token
@@ -261,7 +266,7 @@ def _request(delivery: WebhookDelivery, body: str) -> tuple[str, dict[str, str]]
         "webhook-timestamp": str(int(now.timestamp())),
     }
     if delivery.push_config_id is not None:
-        return delivery.push_config.url, {**headers, **_push_headers(delivery)}
+        return delivery.push_config.url, {**headers, **_push_headers(delivery, body)}
     subscription = delivery.subscription
     secret = secret_decrypt(tenant=subscription.tenant, ciphertext=subscription.secret_encrypted)
     headers["webhook-signature"] = Webhook(secret).sign(delivery.message_id, now, body)

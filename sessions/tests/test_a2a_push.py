@@ -8,6 +8,8 @@ body), retries with backoff, a private address refused, another tenant's token r
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import threading
 import time
@@ -16,6 +18,7 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import jwt
 import pytest
 from a2a.client import ClientConfig, create_client
 from a2a.types.a2a_pb2 import (
@@ -53,6 +56,8 @@ class Receiver:
 
     def __init__(self) -> None:
         self.requests: list[tuple[dict[str, str], dict]] = []
+        self.bodies: list[bytes] = []
+        """Each request's body as it came (for the signature)."""
         self.statuses: list[int] = []
         self.arrived = threading.Condition()
         receiver = self
@@ -62,6 +67,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 with receiver.arrived:
                     receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, json.loads(body)))
+                    receiver.bodies.append(body)
                     receiver.arrived.notify_all()
                 self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
                 self.send_header("content-length", "0")
@@ -271,3 +277,58 @@ def test_the_extended_card_is_for_the_tenants_callers_and_lists_the_tools(world,
     assert [s.id for s in extended.skills] == ["helper", f"builtin-{agent.bindings.get().pk}"]
     assert "person's approval" in extended.skills[1].description and "model turns per task" in (
         extended.skills[0].description)
+
+
+def _verified(token: str, body: bytes, jwks: dict, *, audience: str) -> dict:
+    """What a receiver does (A2A's JWT + JWKS flow): the key named by the JWT's ``kid`` from the
+    published set, the ES256 signature, ``iss``/``aud``/``exp``, then the body's SHA-256 against
+    the ``request_body_sha256`` claim. Raises ``jwt.InvalidTokenError`` or ``AssertionError``."""
+    kid = jwt.get_unverified_header(token)["kid"]
+    [key] = [jwt.PyJWK(jwk) for jwk in jwks["keys"] if jwk["kid"] == kid]
+    claims = jwt.decode(token, key.key, algorithms=["ES256"], audience=audience, issuer="http://testserver",
+                        options={"require": ["iss", "aud", "iat", "exp", "jti"]})
+    assert claims["request_body_sha256"] == hashlib.sha256(body).hexdigest(), "the body was changed"
+    return claims
+
+
+@pytest.mark.django_db  # not transactional: the attempt is made here
+def test_a_notification_is_signed_with_the_published_key_set(world, receiver, client):
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper")
+    session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
+    run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="hi",
+                                 status="completed", reply="Done.")
+    with tenant_scope(world.tenant.pk):
+        TaskPushConfig.objects.create(tenant=world.tenant, run=run, config_id="c", url=receiver.url,
+                                      base_url="http://testserver")
+        [pk] = task_push_emit(tenant_id=world.tenant.pk, run_id=run.pk)
+        assert delivery_attempt(delivery_id=pk) == DeliveryStatus.DELIVERED
+    [(headers, _)] = receiver.requests
+    [body] = receiver.bodies
+    from sessions.api.a2a.cards import SIGNED_PUSH_EXTENSION, agent_card
+
+    card = agent_card(base_url="http://testserver", slug="helper", name="Helper", description="", tenant_name="T")
+    [extension] = [e for e in card.capabilities.extensions if e.uri == SIGNED_PUSH_EXTENSION]
+    jwks_uri = extension.params["jwksUri"]
+    assert jwks_uri == "http://testserver/.well-known/jwks.json"
+    published = client.get(jwks_uri.removeprefix("http://testserver"))  # anonymous
+    assert published.status_code == 200
+    jwks = published.json()
+    token = headers["x-a2a-notification-signature"]
+    assert headers["authorization"] == f"Bearer {token}"  # the config sets no Authorization of its own
+
+    claims = _verified(token, body, jwks, audience=receiver.url)
+    assert claims["taskId"] == str(run.pk) and claims["exp"] - claims["iat"] == 300
+    assert jwt.get_unverified_header(token)["alg"] == "ES256"
+
+    tampered = body.replace(b"Done.", b"Paid.")
+    assert tampered != body
+    with pytest.raises(AssertionError, match="the body was changed"):
+        _verified(token, tampered, jwks, audience=receiver.url)
+    head, payload, signature = token.split(".")
+    forged_claims = {**claims, "request_body_sha256": hashlib.sha256(tampered).hexdigest()}
+    forged = ".".join([head, base64.urlsafe_b64encode(json.dumps(forged_claims).encode()).rstrip(b"=").decode(),
+                       signature])
+    with pytest.raises(jwt.InvalidSignatureError):
+        _verified(forged, tampered, jwks, audience=receiver.url)
+    with pytest.raises(jwt.InvalidAudienceError):
+        _verified(token, body, jwks, audience="https://elsewhere.example/hook")

@@ -13,4 +13,6 @@ budgets, throttles, usage and trace as a chat in the app. See docs/api.md, "A2A"
 - :mod:`.tasks`: runs as A2A tasks; the SDK ``TaskStore`` over runs.
 - :mod:`.push`: push-notification configs per task (the SDK ``PushNotificationConfigStore``) and
   the notification each state change sends (delivered by ``automations.outbound``).
+- :mod:`.signing`: the notifications' signature (a JWT, ES256) and the JWKS at
+  ``/.well-known/jwks.json``.
 """

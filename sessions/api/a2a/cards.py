@@ -7,7 +7,9 @@ the same endpoints); the 0.3 entries make the SDK add the 0.3 card's ``url``,
 itself: its name and description); text and JSON in, text out; streaming, push notifications
 and an authenticated extended card (:func:`extended_agent_card`) yes. ``securitySchemes``:
 ``bearer``, the platform's API token, required by every call (the card itself is public only
-with the agent's ``a2a_public``).
+with the agent's ``a2a_public``). ``capabilities.extensions``: :data:`SIGNED_PUSH_EXTENSION`, which
+says where the key set of the push notifications' signatures is (A2A names no place for it;
+:mod:`.signing`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
     AgentCard,
+    AgentExtension,
     AgentInterface,
     AgentProvider,
     AgentSkill,
@@ -40,6 +43,24 @@ def agent_base_url(base_url: str, slug: str) -> str:
     return f"{base_url}{PATH_PREFIX}{slug}/"
 
 
+SIGNED_PUSH_EXTENSION = "urn:agent-platform:a2a:signed-push-notifications:v1"
+"""The card's (optional) extension that describes the push notifications' signature: params
+``{jwksUri, alg, header}`` (:mod:`sessions.api.a2a.signing`)."""
+
+
+def _signed_push_extension(base_url: str) -> AgentExtension:
+    from google.protobuf.struct_pb2 import Struct
+
+    from sessions.api.a2a.signing import ALGORITHM, JWKS_PATH, SIGNATURE_HEADER
+
+    params = Struct()
+    params.update({"jwksUri": f"{base_url}{JWKS_PATH}", "alg": ALGORITHM, "header": SIGNATURE_HEADER})
+    return AgentExtension(
+        uri=SIGNED_PUSH_EXTENSION, required=False, params=params,
+        description="Push notifications carry a JWT (also as Authorization: Bearer when the config sets none) "
+                    "signed with the key set at jwksUri; its request_body_sha256 claim is the body's SHA-256.")
+
+
 def agent_card(*, base_url: str, slug: str, name: str, description: str, tenant_name: str) -> AgentCard:
     """The card of agent ``slug`` as served at ``base_url`` (``scheme://host``)."""
     jsonrpc_url = agent_base_url(base_url, slug)
@@ -53,7 +74,8 @@ def agent_card(*, base_url: str, slug: str, name: str, description: str, tenant_
     card = AgentCard(
         name=name, description=about, version="1.0", supported_interfaces=interfaces,
         provider=AgentProvider(organization=tenant_name, url=base_url),
-        capabilities=AgentCapabilities(streaming=True, push_notifications=True, extended_agent_card=True),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=True, extended_agent_card=True,
+                                       extensions=[_signed_push_extension(base_url)]),
         default_input_modes=["text/plain", "application/json"], default_output_modes=["text/plain"],
         skills=[AgentSkill(id=slug, name=name, description=about, tags=["agent", "chat"],
                            input_modes=["text/plain", "application/json"], output_modes=["text/plain"])],

@@ -20,6 +20,9 @@
   sender posts it); the request carries ``X-A2A-Notification-Token: <token>`` (and
   ``A2A-Notification-Token``, the a2a-go spelling), ``Authorization: <scheme> <credentials>``
   when the config has both, and ``webhook-id`` (the same on every retry of one notification).
+  Each attempt is signed: a JWT over the body in ``X-A2A-Notification-Signature`` (also
+  ``Authorization: Bearer`` when the config sets none), checkable with the JWKS at
+  ``/.well-known/jwks.json`` (:mod:`.signing`).
 """
 
 from __future__ import annotations
