@@ -753,3 +753,7 @@ OAUTH2_PROVIDER = {
 # Observability (docs/observability.md): traces are on when OTEL_EXPORTER_OTLP_ENDPOINT is set.
 METRICS_BEARER_TOKEN = os.environ.get("METRICS_BEARER_TOKEN", "")
 """The bearer token GET /metrics (Prometheus) asks for; empty: /metrics answers 404."""
+# With traces on: also a span per SQL statement (psycopg) and per Redis command (redis), about
+# seven per turn of a run, which cost a turn ~20 % more CPU (bench/README.md, "Tracing cost");
+# off: the platform's GenAI spans and the HTTP, Celery task and httpx spans only.
+TRACING_STATEMENT_SPANS = _env_bool("TRACING_STATEMENT_SPANS", False)

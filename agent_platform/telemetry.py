@@ -4,7 +4,8 @@ Nothing here is configured, and nothing exported, unless ``OTEL_EXPORTER_OTLP_EN
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set in the process's environment: then
 :func:`configure` installs an SDK ``TracerProvider`` exporting over OTLP/HTTP with protobuf
 (the exporter reads the standard ``OTEL_EXPORTER_OTLP_*`` variables: headers, timeout,
-compression) and instruments Django, Celery, psycopg, redis and httpx. ``make run`` and CI stay
+compression) and instruments Django, Celery and httpx; psycopg and redis (a span per SQL
+statement and Redis command) only with ``TRACING_STATEMENT_SPANS``. ``make run`` and CI stay
 offline.
 
 The run engine checks :data:`TRACING` (a module-level flag) before it builds anything for a
@@ -16,7 +17,8 @@ version :data:`SEMCONV_VERSION` (schema :data:`SCHEMA_URL`; the GenAI convention
 "Development" status there, so the version is pinned and stated on every span's scope). The
 names are spelled out below rather than imported from ``opentelemetry.semconv._incubating``
 (a private module). Every span the platform starts carries the tenant's id (:data:`TENANT_ID`);
-library spans (HTTP, Celery, SQL, Redis) get it when they start inside a tenant's scope.
+library spans (HTTP, Celery, and SQL and Redis with ``TRACING_STATEMENT_SPANS``) get it when
+they start inside a tenant's scope.
 
 This module is project infrastructure: no app imports. The GenAI spans of a run are made by
 :mod:`sessions.runner.tracing`; the tenant scope reaches the span processor through the
@@ -81,6 +83,7 @@ before building anything for a span: off, the run engine makes no span objects."
 
 _tracer: Any = None
 _instrumented = False
+_statements_instrumented = False
 
 
 def endpoint_configured(environ: dict[str, str] | None = None) -> bool:
@@ -93,7 +96,8 @@ def endpoint_configured(environ: dict[str, str] | None = None) -> bool:
                 or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
 
 
-def configure(*, service_name: str, tenant_of: Callable[[], int | None] | None = None) -> bool:
+def configure(*, service_name: str, tenant_of: Callable[[], int | None] | None = None,
+              statement_spans: bool | None = None) -> bool:
     """Install tracing for this process if an OTLP endpoint is configured; else do nothing.
 
     Args:
@@ -101,14 +105,16 @@ def configure(*, service_name: str, tenant_of: Callable[[], int | None] | None =
             ``agent-platform-worker``); ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``
             still override it, as the SDK reads them.
         tenant_of: Returns the tenant id in context (or None); stamped on each span as it starts.
+        statement_spans: Also instrument psycopg and redis (a span per SQL statement and Redis
+            command); None: the ``TRACING_STATEMENT_SPANS`` setting (default off).
 
     Returns:
         Whether tracing is now on. Idempotent: a second call changes nothing.
 
     The exporter is OTLP over HTTP with protobuf (``opentelemetry-exporter-otlp-proto-http``),
-    spans batched by ``BatchSpanProcessor``; Django, Celery, psycopg, redis and httpx are
-    instrumented. ``OTEL_EXPORTER_OTLP_PROTOCOL`` other than ``http/protobuf`` is logged and
-    ignored (the gRPC exporter is not installed).
+    spans batched by ``BatchSpanProcessor``; Django, Celery and httpx are instrumented (psycopg
+    and redis too with ``statement_spans``). ``OTEL_EXPORTER_OTLP_PROTOCOL`` other than
+    ``http/protobuf`` is logged and ignored (the gRPC exporter is not installed).
     """
     if TRACING or not endpoint_configured():
         return TRACING
@@ -126,31 +132,39 @@ def configure(*, service_name: str, tenant_of: Callable[[], int | None] | None =
         provider.add_span_processor(TenantSpanProcessor(tenant_of))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
-    instrument_libraries()
+    if statement_spans is None:
+        from django.conf import settings
+
+        statement_spans = settings.TRACING_STATEMENT_SPANS
+    instrument_libraries(statement_spans=statement_spans)
     enable(provider)
     logger.info("tracing on: OTLP/HTTP to %s", os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     return True
 
 
-def instrument_libraries() -> None:
+def instrument_libraries(*, statement_spans: bool = False) -> None:
     """Instrument Django (server spans), Celery (task spans; the trace context travels in each
-    message's headers), psycopg (SQL spans), redis and httpx (client spans). Once per process."""
-    global _instrumented
-    if _instrumented:
-        return
-    from opentelemetry.instrumentation.celery import CeleryInstrumentor
-    from opentelemetry.instrumentation.django import DjangoInstrumentor
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
-    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
-    from opentelemetry.instrumentation.redis import RedisInstrumentor
+    message's headers) and httpx (client spans); with ``statement_spans`` also psycopg (a span
+    per SQL statement) and redis (per command): about seven spans per turn of a run, ~20 % of
+    the turn's CPU (bench/README.md, "Tracing cost"). Each group once per process."""
+    global _instrumented, _statements_instrumented
+    if not _instrumented:
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+        from opentelemetry.instrumentation.django import DjangoInstrumentor
+        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
-    DjangoInstrumentor().instrument()
-    CeleryInstrumentor().instrument()
-    PsycopgInstrumentor().instrument(enable_commenter=False)
-    RedisInstrumentor().instrument()
-    HTTPXClientInstrumentor().instrument()
-    _instrumented = True
+        DjangoInstrumentor().instrument()
+        CeleryInstrumentor().instrument()
+        HTTPXClientInstrumentor().instrument()
+        _instrumented = True
+    if statement_spans and not _statements_instrumented:
+        from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+        from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+        PsycopgInstrumentor().instrument(enable_commenter=False)
+        RedisInstrumentor().instrument()
+        _statements_instrumented = True
 
 
 def enable(provider: Any) -> None:
@@ -181,12 +195,16 @@ def tracer() -> Any:
 
 class TenantSpanProcessor(SpanProcessor):
     """A span processor that stamps :data:`TENANT_ID` on each span starting inside a tenant's
-    scope (``tenant_of()`` not None). Exports nothing itself."""
+    scope (``tenant_of()`` not None) that does not carry it yet (the platform's own spans are
+    started with it: no second ``set_attribute`` for them). Exports nothing itself."""
 
     def __init__(self, tenant_of: Callable[[], int | None]) -> None:
         self._tenant_of = tenant_of
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
+        attributes = span.attributes
+        if attributes and TENANT_ID in attributes:
+            return
         tenant_id = self._tenant_of()
         if tenant_id is not None:
             span.set_attribute(TENANT_ID, tenant_id)

@@ -26,11 +26,14 @@ call's bodies on its ``chat`` span as ``gen_ai.input.messages`` / ``gen_ai.outpu
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
+
+from opentelemetry.trace import SpanKind, StatusCode
 
 from agent_platform import metrics, telemetry
 from capabilities.toolsets import SUCCEEDED, ToolInvocation, ToolOutcome, WrapperToolset
@@ -116,8 +119,6 @@ def _agent_attributes(spec: RunSpec) -> dict[str, Any]:
 
 
 async def _in_agent_span(spec: RunSpec, loop: Coroutine[Any, Any, Any]) -> Any:
-    from opentelemetry.trace import SpanKind, StatusCode
-
     content = await trace_content_allowed(spec.tenant_id)
     tracer = telemetry.tracer()
     with tracer.start_as_current_span(f"{telemetry.OP_INVOKE_AGENT} {spec.agent_name}", kind=SpanKind.INTERNAL,
@@ -149,7 +150,9 @@ async def _in_agent_span(spec: RunSpec, loop: Coroutine[Any, Any, Any]) -> Any:
 # --- chat (model calls) -----------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
 def _server_address(base_url: str) -> tuple[str, int | None]:
+    """``(server.address, server.port)`` of a route entry's base URL (cached: a run's entries repeat)."""
     parts = urlsplit(base_url)
     return parts.hostname or "", parts.port
 
@@ -182,8 +185,6 @@ class AttemptObserver:
             await self._record(attempt)
 
     def _span(self, attempt: AttemptRecord, entry: Any, provider: str, content: dict[str, str] | None = None) -> None:
-        from opentelemetry.trace import SpanKind, StatusCode
-
         end_ns = time.time_ns()
         attributes: dict[str, Any] = {
             telemetry.GEN_AI_OPERATION_NAME: self.operation,
@@ -333,8 +334,6 @@ class TracingToolset(WrapperToolset):
 
 
 async def _traced_call(wrapped: Any, call: ToolInvocation) -> ToolOutcome:
-    from opentelemetry.trace import SpanKind, StatusCode
-
     context = call.context
     origin = call.origin
     attributes: dict[str, Any] = {

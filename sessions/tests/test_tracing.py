@@ -209,7 +209,8 @@ def test_a_span_started_before_its_tenant_was_known_gets_it(spans):
 
 def test_with_an_endpoint_the_processes_trace_and_a_task_message_carries_the_context():
     """``configure()`` with OTEL_EXPORTER_OTLP_ENDPOINT installs the SDK and the instrumentations
-    (a fresh process: they patch libraries for good); a Celery task published under a span (the
+    (a fresh process: they patch libraries for good; psycopg's and redis's only with
+    ``TRACING_STATEMENT_SPANS``); a Celery task published under a span (the
     HTTP request's) carries its trace context in the message headers, which the worker's task
     span continues; without the variable (or with OTEL_SDK_DISABLED) nothing is configured."""
     import os
@@ -237,6 +238,8 @@ if on:
     from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
     print("instrumented", DjangoInstrumentor().is_instrumented_by_opentelemetry,
           PsycopgInstrumentor().is_instrumented_by_opentelemetry, flush=True)
+    telemetry.instrument_libraries(statement_spans=True)  # TRACING_STATEMENT_SPANS=1
+    print("statements", PsycopgInstrumentor().is_instrumented_by_opentelemetry, flush=True)
 os._exit(0)  # no exit-time flush to the (absent) receiver
 """
     base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -251,4 +254,23 @@ os._exit(0)  # no exit-time flush to the (absent) receiver
     [trace_line] = [line for line in on.stdout.splitlines() if line.startswith("trace ")]
     _, trace_id, traceparent = trace_line.split()
     assert traceparent.split("-")[1] == trace_id  # the message continues the request's trace
-    assert "instrumented True True" in on.stdout
+    # SQL and Redis spans (seven a turn, ~20 % of its CPU) only with TRACING_STATEMENT_SPANS.
+    assert "instrumented True False" in on.stdout
+    assert "statements True" in on.stdout
+
+
+def test_the_tenant_stamp_keeps_a_span_s_own_tenant_and_stamps_the_others():
+    """``TenantSpanProcessor`` (installed by ``configure()``): a library span starting in a
+    tenant's scope gets the scope's tenant; a platform span, started with its run's
+    ``tenant.id``, is left as it is (no second ``set_attribute``: its own id is kept)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(telemetry.TenantSpanProcessor(lambda: 9))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    tracer.start_span("SELECT").end()
+    tracer.start_span("chat m", attributes={"tenant.id": 5, "gen_ai.operation.name": "chat"}).end()
+    library, platform = exporter.get_finished_spans()
+    assert library.attributes["tenant.id"] == 9
+    assert dict(platform.attributes) == {"tenant.id": 5, "gen_ai.operation.name": "chat"}
+    assert list(platform.attributes) == ["tenant.id", "gen_ai.operation.name"]
