@@ -2,23 +2,43 @@
 
 - ``off``: as shipped without ``OTEL_EXPORTER_OTLP_ENDPOINT`` (no provider, no span object);
 - ``on``: the platform's GenAI spans (``invoke_agent``, ``chat``, ``execute_tool``) through an SDK
-  ``TracerProvider`` with the ``BatchSpanProcessor`` production uses, to an exporter that
+  ``TracerProvider`` with the span processors production uses (the tenant stamp and the
+  ``BatchSpanProcessor``, as :func:`agent_platform.telemetry.configure`), to an exporter that
   counts and drops them (no network: the OTLP encoding and send happen on the processor's
-  thread, not in the run loop, and a receiver's speed is not the platform's);
+  thread, not in the run loop, and a receiver's speed is not the platform's), and the Django,
+  Celery and httpx instrumentations (:func:`agent_platform.telemetry.instrument_libraries`);
 - ``on-libraries``: ``on`` plus the psycopg and redis instrumentations, whose client spans a
-  production process also makes (one per SQL statement and Redis command of the turn).
+  production process makes with ``TRACING_STATEMENT_SPANS=1`` (one per SQL statement and Redis
+  command of the turn);
+- ``alternate``: ``on``'s set-up, the platform's spans turned off and on run by run in the same
+  process (a first run with spans on to warm both paths up, not counted, then off, on, on, off,
+  ...: give ``--runs`` a multiple of 4, plus 1): both modes share the heap,
+  the warm caches and the machine's load of the moment, which separate processes minutes apart
+  do not; prints each mode's CPU per turn (median and mean of its runs) and the paired
+  difference.
 
 The CPU is this process's (``time.process_time()``: the run loop, its database threads and the
 span processor's thread), over the runs' execution only; the fake model runs in its own process.
+The report splits it: the run loop's thread (``time.thread_time()`` of the thread that runs
+the runs), the other threads (the database threads, the span processor's), and the garbage
+collector's collections in the window (``gc.callbacks``: how many per generation, and their
+CPU, whichever thread triggered them). A full (generation-2) collection walks every object of
+the process, the whole of Django and the libraries unless the heap is frozen as the worker's
+run host freezes it (``--worker-tuning``): 160-240 ms here, as much as 20 turns. ``on``'s set-up
+(the SDK's and the instrumentations' imports) used to bring one into every ``on`` round and no
+``off`` round (bench/README.md, "Tracing cost"): :meth:`TracingMode.start` collects first.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence
 from typing import Any
 
-MODES = ("off", "on", "on-libraries")
+MODES = ("off", "on", "on-libraries", "alternate")
+ALTERNATE_ORDER = ("off", "on", "on", "off")
+"""``alternate``'s modes, run after run (ABBA: a drift of the machine's load weighs on both)."""
 
 
 class _CountingExporter:
@@ -48,9 +68,19 @@ class TracingMode:
         self.exporter: _CountingExporter | None = None
         self.provider: Any = None
         self.cpu_seconds = 0.0
+        self.loop_thread_seconds = 0.0
+        self.gc_collections = [0, 0, 0]
+        self.gc_seconds = [0.0, 0.0, 0.0]
         self._started = 0.0
+        self._thread_started = 0.0
+        self._gc_started = 0.0
+        self.run_cpu_seconds: dict[str, list[float]] = {}
+        """Process CPU seconds of each run, by the mode it ran in."""
+        self._runs = 0
+        self._run_started = 0.0
 
     def install(self) -> None:
+        """Install the tracer provider, its processors and the instrumentations (not for ``off``)."""
         if self.mode == "off":
             return
         from opentelemetry import trace
@@ -58,30 +88,104 @@ class TracingMode:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         from agent_platform import telemetry
+        from tenants.context import current_tenant_id
 
         self.exporter = _CountingExporter()
         self.provider = TracerProvider()
+        # As telemetry.configure() sets it up: the tenant stamp, then the batch processor.
+        self.provider.add_span_processor(telemetry.TenantSpanProcessor(current_tenant_id))
         self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
         trace.set_tracer_provider(self.provider)
-        if self.mode == "on-libraries":
-            from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
-            from opentelemetry.instrumentation.redis import RedisInstrumentor
-
-            PsycopgInstrumentor().instrument(enable_commenter=False)
-            RedisInstrumentor().instrument()
+        # As configure() does: Django, Celery and httpx; psycopg and redis with TRACING_STATEMENT_SPANS.
+        telemetry.instrument_libraries(statement_spans=self.mode == "on-libraries")
         telemetry.enable(self.provider)
 
+    def run_mode(self) -> str:
+        """The mode the next (or current) run runs in: with ``alternate``, ``warm-up`` (spans on)
+        for the first run, then :data:`ALTERNATE_ORDER`'s turn."""
+        if self.mode != "alternate":
+            return self.mode
+        return "warm-up" if self._runs == 0 else ALTERNATE_ORDER[(self._runs - 1) % len(ALTERNATE_ORDER)]
+
+    def run_starts(self) -> None:
+        """Before each run: with ``alternate``, the platform's spans turned on or off for it."""
+        if self.mode == "alternate":
+            from agent_platform import telemetry
+
+            if self.run_mode() in ("on", "warm-up"):
+                telemetry.enable(self.provider)
+            else:
+                telemetry.disable()
+        self._run_started = time.process_time()
+
+    def run_ended(self) -> None:
+        """After each run: its process CPU, under its mode."""
+        self.run_cpu_seconds.setdefault(self.run_mode(), []).append(time.process_time() - self._run_started)
+        self._runs += 1
+
     def start(self) -> None:
+        """Start counting: process CPU, this thread's CPU (call it on the thread that runs the
+        runs) and the garbage collector's collections.
+
+        A full collection first, outside the window: the set-up's allocations (``on`` imports
+        the SDK and the instrumentations) would otherwise bring the next full collection
+        (100-200 ms here: the heap is not frozen) into the runs of one mode and not the other's.
+        """
+        gc.collect()
+        gc.callbacks.append(self._on_gc)
+        self._thread_started = time.thread_time()
         self._started = time.process_time()
 
     def stop(self) -> None:
+        """Stop counting (after the span processor's queue is flushed: its export is counted)."""
         if self.provider is not None:
             self.provider.force_flush()
         self.cpu_seconds = time.process_time() - self._started
+        self.loop_thread_seconds = time.thread_time() - self._thread_started
+        gc.callbacks.remove(self._on_gc)
+        if self.mode == "alternate":
+            from agent_platform import telemetry
+
+            telemetry.enable(self.provider)  # on_path_costs() needs the tracer
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks`` hook: each collection's generation and CPU (of the collecting thread)."""
+        if phase == "start":
+            self._gc_started = time.thread_time()
+            return
+        generation = info["generation"]
+        self.gc_collections[generation] += 1
+        self.gc_seconds[generation] += time.thread_time() - self._gc_started
 
     def report(self, turns: int) -> str:
+        """Two lines: CPU per turn (ms) of the process, the run loop's thread, the other threads
+        and (of these) the garbage collector; the collections per generation."""
         spans = "" if self.exporter is None else f", {self.exporter.spans / turns:.1f} spans per turn exported"
-        return f"tracing {self.mode}: process CPU per turn {self.cpu_seconds * 1000 / turns:.2f} ms{spans}"
+        per_turn = 1000 / turns
+        collections = ", ".join(f"gen{g} {n} ({self.gc_seconds[g] * 1000:.0f} ms)"
+                                for g, n in enumerate(self.gc_collections))
+        lines = [f"tracing {self.mode}: process CPU per turn {self.cpu_seconds * per_turn:.2f} ms{spans}",
+                 f"  of which: the run loop's thread {self.loop_thread_seconds * per_turn:.2f} ms, other threads "
+                 f"(database, span processor) {(self.cpu_seconds - self.loop_thread_seconds) * per_turn:.2f} ms; "
+                 f"garbage collections {sum(self.gc_seconds) * per_turn:.2f} ms per turn: {collections}"]
+        if self.mode == "alternate":
+            lines.append(self._alternate_report(turns / max(self._runs, 1)))
+        return "\n".join(lines)
+
+    def _alternate_report(self, turns_per_run: float) -> str:
+        """``alternate``'s figures: each mode's CPU per turn over its runs, and on − off per ABBA pair."""
+        import statistics
+
+        per_turn = {mode: [s * 1000 / turns_per_run for s in runs] for mode, runs in self.run_cpu_seconds.items()}
+        off, on = per_turn.get("off", []), per_turn.get("on", [])
+        if not off or not on:
+            return "  alternate: too few runs (give --runs a multiple of 4, plus 1)"
+        pairs = [b - a for a, b in zip(off, on, strict=False)]
+        base = statistics.median(off)
+        return (f"  alternate, CPU per turn of a run: off median {base:.2f} ms (mean {statistics.fmean(off):.2f}, "
+                f"{len(off)} runs), on median {statistics.median(on):.2f} ms (mean {statistics.fmean(on):.2f}, "
+                f"{len(on)} runs); on - off per pair: median {statistics.median(pairs):+.2f} ms "
+                f"({statistics.median(pairs) / base * 100:+.1f} %), mean {statistics.fmean(pairs):+.2f} ms")
 
 
 def off_path_costs() -> str:

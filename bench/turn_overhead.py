@@ -9,8 +9,14 @@ the platform's overhead.
 
 Run: ``.venv/bin/python bench/turn_overhead.py [--runs 10] [--output-schema] [--routing-rules] [--tracing on]``
 
-``--tracing off|on|on-libraries``: prints the process CPU per turn with the platform's spans off
-or on (bench/_tracing_mode.py; issue 40's goal: off adds nothing measurable, on at most 5 %).
+``--tracing off|on|on-libraries|alternate``: prints the process CPU per turn with the platform's spans
+off or on (bench/_tracing_mode.py; issue 40's goal: off adds nothing measurable, on at most 5 %);
+``alternate``: off and on run by run in this one process, compared pair by pair.
+
+``--worker-tuning``: the interpreter tuned as the worker's run host tunes it
+(:func:`sessions.runner.host.tune_interpreter_for_runs`: ``gc.freeze()`` of everything alive once
+set up, ``RUN_HOST_GC_THRESHOLDS``, ``RUN_HOST_SWITCH_INTERVAL_MS``) before the runs; without it,
+CPython's defaults, whose full collections walk the whole of Django (bench/README.md, "Tracing cost").
 
 ``--output-schema``: the agent has an output JSON Schema (issue 39's structured output: the
 final answer is JSON, checked once per run; every turn tells the model the format);
@@ -102,9 +108,15 @@ def main() -> None:
     parser.add_argument("--routing-rules", action="store_true", help="the agent has five routing rules, none matching")
     parser.add_argument("--tracing", choices=MODES, default="off",
                         help="also print the process CPU per turn with tracing off / on (bench/_tracing_mode.py)")
+    parser.add_argument("--worker-tuning", action="store_true",
+                        help="the worker's interpreter tuning (gc.freeze, its GC thresholds and switch interval)")
     args = parser.parse_args()
     tracing = TracingMode(args.tracing)
     tracing.install()
+    if args.worker_tuning:
+        from sessions.runner.host import tune_interpreter_for_runs
+
+        tune_interpreter_for_runs()
     fields = {"output_schema": OUTPUT_SCHEMA} if args.output_schema else {}
     with (fake_model("turns20json" if args.output_schema else "turns20") as base_url,
           BenchTenant(base_url, max_loop_count=TURNS + 1, **fields) as bench):
@@ -120,7 +132,9 @@ def main() -> None:
             db.start()
         tracing.start()
         for run in runs:
+            tracing.run_starts()
             asyncio.run(execute_run(run.pk))
+            tracing.run_ended()
         tracing.stop()
         if db is not None:
             db.stop()
