@@ -68,6 +68,10 @@ class InputForUser(Exception):
         self.request = request
         """JSON: ``{mode: "form" | "url", message, schema, url, server, tool, ...}``
         (:mod:`capabilities.mcp.elicitation`)."""
+        self.timeout_seconds: int | None = None
+        """How long the person has to answer (the binding's ``elicitation_timeout_seconds``,
+        set by the MCP tool); None: the ``APPROVAL_TTL_SECONDS`` setting. Unanswered by then,
+        the server gets ``decline``."""
 
 
 class ToolError(Exception):

@@ -1,15 +1,21 @@
 """An ``mcp_server`` binding's own settings (``CapabilityBinding.config``): the lowest level of
-the server's log messages kept in the run trace, and whether (and how) the server may ask the
-agent's model for a completion (MCP *sampling*).
+the server's log messages kept in the run trace, how long a person has to answer the server's
+questions (MCP *elicitation*), and whether (and how) the server may ask the agent's model for a
+completion (MCP *sampling*).
 
 Shape (every key optional)::
 
-    {"log_level": "warning",
+    {"log_level": "warning", "elicitation_timeout_seconds": 600,
      "sampling": {"allowed": false, "require_approval": false, "allow_tools": false, "max_tokens": 1024}}
 
 - ``log_level``: one of the MCP (RFC 5424 syslog) levels :data:`LOG_LEVELS`; messages below
   it are not asked for (``logging/setLevel`` or the 2026-07-28 per-request opt-in) and dropped
   if they come anyway. Default ``warning``.
+- ``elicitation_timeout_seconds``: how long the run's user has to answer the server's request
+  for input (an Approval of kind ``elicitation``: its ``expires_at``); unanswered by then, the
+  server gets ``decline`` (:func:`sessions.runs.approvals.approvals_expire`) and the run goes
+  on. A whole number of seconds from 1 to :data:`MAX_ELICITATION_TIMEOUT_SECONDS`; unset: the
+  ``APPROVAL_TTL_SECONDS`` setting (24 h by default).
 - ``sampling.allowed``: the server's ``sampling/createMessage`` runs through the agent's model
   route (default false: refused with an MCP error).
 - ``sampling.allow_tools``: a sampling request may offer the model the server's tools
@@ -38,6 +44,12 @@ LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert"
 DEFAULT_LOG_LEVEL = "warning"
 DEFAULT_SAMPLING_MAX_TOKENS = 1024
 MAX_SAMPLING_MAX_TOKENS = 32_000
+
+MAX_ELICITATION_TIMEOUT_SECONDS = 7 * 24 * 3600
+"""The longest ``elicitation_timeout_seconds`` (a week, in seconds): a server's call is not
+kept waiting for an answer longer than that."""
+
+_KEYS = ("log_level", "elicitation_timeout_seconds", "sampling")
 
 _SAMPLING_KEYS = {"allowed", "require_approval", "allow_tools", "max_tokens"}
 
@@ -73,12 +85,20 @@ def binding_config_errors(config: Any) -> list[str]:
     """
     if not isinstance(config, dict):
         return ["config must be a JSON object."]
-    errors = [f"Unknown key {key!r} (an MCP server binding takes log_level and sampling)."
-              for key in config if key not in ("log_level", "sampling")]
+    errors = [f"Unknown key {key!r} (an MCP server binding takes {', '.join(_KEYS)})."
+              for key in config if key not in _KEYS]
     level = config.get("log_level", DEFAULT_LOG_LEVEL)
     if level not in LOG_LEVELS:
         errors.append(f"log_level must be one of {', '.join(LOG_LEVELS)}.")
+    timeout = config.get("elicitation_timeout_seconds")
+    if timeout is not None and not _whole_number_in(timeout, 1, MAX_ELICITATION_TIMEOUT_SECONDS):
+        errors.append("elicitation_timeout_seconds must be a whole number of seconds from 1 to "
+                      f"{MAX_ELICITATION_TIMEOUT_SECONDS} (a week), or absent for the default.")
     return errors + _sampling_errors(config.get("sampling", {}))
+
+
+def _whole_number_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _sampling_errors(sampling: Any) -> list[str]:
@@ -88,7 +108,7 @@ def _sampling_errors(sampling: Any) -> list[str]:
     errors += [f"sampling.{key} must be true or false." for key in ("allowed", "require_approval", "allow_tools")
                if key in sampling and not isinstance(sampling[key], bool)]
     cap = sampling.get("max_tokens")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_SAMPLING_MAX_TOKENS):
+    if cap is not None and not _whole_number_in(cap, 1, MAX_SAMPLING_MAX_TOKENS):
         errors.append(f"sampling.max_tokens must be a whole number from 1 to {MAX_SAMPLING_MAX_TOKENS}.")
     return errors
 
@@ -97,6 +117,13 @@ def log_level_of(config: Any) -> str:
     """The binding's minimum log level (:data:`DEFAULT_LOG_LEVEL` when unset or invalid)."""
     level = config.get("log_level") if isinstance(config, dict) else None
     return level if level in LOG_LEVELS else DEFAULT_LOG_LEVEL
+
+
+def elicitation_timeout_of(config: Any) -> int | None:
+    """The binding's ``elicitation_timeout_seconds`` (seconds), or None when unset or invalid
+    (the ``APPROVAL_TTL_SECONDS`` setting applies)."""
+    timeout = config.get("elicitation_timeout_seconds") if isinstance(config, dict) else None
+    return timeout if _whole_number_in(timeout, 1, MAX_ELICITATION_TIMEOUT_SECONDS) else None
 
 
 def sampling_policy_of(config: Any) -> SamplingPolicy:

@@ -51,6 +51,10 @@ MAX_LOG_DATA_CHARS = 2_000
 MAX_LOG_ENTRIES_PER_CALL = 200
 """Log messages kept per call; later ones are counted in one last entry."""
 MAX_LOGGER_CHARS = 200
+HELD_GRACE_SECONDS = 60
+"""A held call whose binding sets ``elicitation_timeout_seconds`` waits this much longer than
+the approval lives: the sweeper's decline (every ``RUN_SWEEP_INTERVAL_SECONDS``) normally
+reaches the server first, through the resumed run."""
 
 
 def log_entry(params: mcp_types.LoggingMessageNotificationParams, *, now: dt.datetime | None = None) -> dict[str, Any]:
@@ -99,6 +103,10 @@ class CallHooks:
     held: HeldCall | None = None
     """The 2025-11-25 call held open while a person approves its sampling request (set by the
     pool); None: such a request cannot be approved here and is refused."""
+    elicitation_timeout_seconds: int | None = None
+    """The binding's ``elicitation_timeout_seconds`` (None: unset): a held 2025-11-25 call
+    waits for the person's answer to its server's ``elicitation/create`` that long plus
+    :data:`HELD_GRACE_SECONDS` (:attr:`HeldCall.elicitation_wait_seconds`)."""
 
     def needs_approval(self) -> bool:
         """Whether a sampling request waits for a person (the binding allows sampling, asks for

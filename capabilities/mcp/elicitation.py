@@ -309,6 +309,10 @@ class HeldCall:
     """The longest the server waits for the answer; then it gets ``decline``."""
     call_seconds: float
     """The call's own timeout, given again once the person answered."""
+    elicitation_wait_seconds: float | None = None
+    """The longest the server waits for the answer to an ``elicitation/create`` when its
+    binding sets ``elicitation_timeout_seconds`` (that plus a grace); None: ``wait_seconds``.
+    A sampling request's approval always waits ``wait_seconds``."""
     task: asyncio.Task[Any] | None = None
     asked: asyncio.Future[Any] | None = None
     """Set to the server's request params when it asks (the current round)."""
@@ -325,15 +329,18 @@ class HeldCall:
     async def ask(self, params: Any, *, question: InputForUser | None = None, timeout_answer: Any = None) -> Any:
         """The server's ``elicitation/create`` (or, with ``question``, its sampling request
         awaiting a person's approval, :mod:`capabilities.mcp.call_hooks`) for this call: hand
-        it to the waiting caller and wait for the answer (after ``wait_seconds``:
-        ``timeout_answer``, default ``decline``)."""
+        it to the waiting caller and wait for the answer (after ``wait_seconds``, or
+        ``elicitation_wait_seconds`` for an elicitation: ``timeout_answer``, default ``decline``)."""
         assert self.asked is not None
         self.answer = asyncio.get_running_loop().create_future()
         if self.scope is not None:
             self.scope.deadline = math.inf
         self.asked.set_result(question if question is not None else params)
+        wait = self.wait_seconds
+        if question is None and self.elicitation_wait_seconds is not None:
+            wait = self.elicitation_wait_seconds
         try:
-            with anyio.fail_after(self.wait_seconds):
+            with anyio.fail_after(wait):
                 return await asyncio.shield(self.answer)
         except TimeoutError:
             return timeout_answer if timeout_answer is not None else mcp_types.ElicitResult(action="decline")

@@ -57,7 +57,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_platform import metrics, telemetry
 from capabilities.mcp.binding_config import log_level_rank
-from capabilities.mcp.call_hooks import CallHooks, held_reply, only_call
+from capabilities.mcp.call_hooks import HELD_GRACE_SECONDS, CallHooks, held_reply, only_call
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import HeldCall, answer_legacy_elicitation, held_call_answer, held_call_drive
 from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_failure_text, describe_exception
@@ -808,7 +808,9 @@ class PooledSession:
         or a sampling request to approve: ``hooks.held``; see :meth:`call_tool_raw`). Its
         progress notifications are forwarded without waiting (the call may outlive the
         caller's wait)."""
-        held = HeldCall(wait_seconds=self.pool.elicitation_wait_seconds, call_seconds=timeout)
+        own = hooks.elicitation_timeout_seconds if hooks is not None else None  # the binding's time to answer
+        held = HeldCall(wait_seconds=self.pool.elicitation_wait_seconds, call_seconds=timeout,
+                        elicitation_wait_seconds=own + HELD_GRACE_SECONDS if own is not None else None)
         held.next_round()
         if hooks is not None:
             hooks.held = held

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import mcp_types
 
-from capabilities.mcp.binding_config import log_level_of, sampling_policy_of
+from capabilities.mcp.binding_config import elicitation_timeout_of, log_level_of, sampling_policy_of
 from capabilities.mcp.call_hooks import CallHooks
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import resume_arguments, resume_refusal
@@ -25,7 +25,7 @@ from capabilities.mcp.operations import McpToolInfo, ProgressCallback
 from capabilities.mcp.results import render_block, stored_binary, tool_result
 from capabilities.mcp.sampling import approved_sampling_answers, declined, is_sampling_answer
 from capabilities.naming import EXPOSED_NAME_RE
-from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
+from capabilities.tools import InputForUser, Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,8 @@ class McpTool(Tool):
             call_timeout_seconds: Bound on each call, positive and finite (a pooled session
                 also applies the server's own ``call_timeout_seconds``; the shorter wins).
             binding_config: The binding's ``config`` (:mod:`capabilities.mcp.binding_config`:
-                the server's log level kept, its sampling policy); None: the defaults.
+                the server's log level kept, the time a person has to answer its
+                elicitations, its sampling policy); None: the defaults.
 
         Raises:
             ValueError: ``exposed_name`` or ``call_timeout_seconds`` is invalid.
@@ -213,6 +214,7 @@ class McpTool(Tool):
         self.call_timeout_seconds = call_timeout_seconds
         self.log_level = log_level_of(binding_config)
         self.sampling = sampling_policy_of(binding_config)
+        self.elicitation_timeout_seconds = elicitation_timeout_of(binding_config)
         description = info.description or (
             f"Tool {info.name!r} of the MCP server {connection.config.alias!r}."
         )
@@ -248,7 +250,8 @@ class McpTool(Tool):
                 ``sampling_declined`` (the person denied a 2026-07-28 server's sampling request).
             InputForUser: The server asks the person (form or URL elicitation, or the approval
                 of a sampling request when the binding wants it); the call is executed again
-                with ``context.input_answer`` once answered.
+                with ``context.input_answer`` once answered. An elicitation carries the
+                binding's ``elicitation_timeout_seconds`` (``timeout_seconds``).
         """
 
         throttle = ProgressThrottle()
@@ -270,11 +273,16 @@ class McpTool(Tool):
                 options["input_answer"] = answer
             options["hooks"] = hooks = CallHooks(server=self.connection.config.alias, tool=self.info.name,
                                                  log_level=self.log_level, sampling=self.sampling,
-                                                 sample=context.sample)
+                                                 sample=context.sample,
+                                                 elicitation_timeout_seconds=self.elicitation_timeout_seconds)
         try:
             result = await self.connection.call_tool_raw(
                 self.info.name, arguments, timeout_seconds=self.call_timeout_seconds, progress=progress, **options
             )
+        except InputForUser as exc:  # the person has the binding's time to answer the server
+            if exc.request.get("type") != "sampling":
+                exc.timeout_seconds = self.elicitation_timeout_seconds
+            raise
         finally:
             if hooks is not None and not _cancelling():
                 await _save_log(hooks, context)

@@ -103,7 +103,7 @@ def test_binding_config_is_checked() -> None:
     assert binding_config_errors({"log_level": "info", "sampling": {"allowed": True, "max_tokens": 200}}) == []
     assert binding_config_errors({"log_level": "loud", "sampling": {"allowed": "yes", "require_approval": True,
                                                                     "max_tokens": 0, "x": 1}, "other": 1}) == [
-        "Unknown key 'other' (an MCP server binding takes log_level and sampling).",
+        "Unknown key 'other' (an MCP server binding takes log_level, elicitation_timeout_seconds, sampling).",
         "log_level must be one of debug, info, notice, warning, error, critical, alert, emergency.",
         "Unknown sampling key 'x'.", "sampling.allowed must be true or false.",
         "sampling.max_tokens must be a whole number from 1 to 32000.",

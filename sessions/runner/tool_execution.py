@@ -185,8 +185,9 @@ async def _execute_one(
             outcome = await _call_answering_unattended(spec, toolset, invocation)
         except InputForUser as exc:  # an MCP server asks the person: the call waits for the answer
             kind = ApprovalKind.SAMPLING if exc.request.get("type") == "sampling" else ApprovalKind.ELICITATION
+            timeout = {"timeout_seconds": exc.timeout_seconds} if exc.timeout_seconds else None  # the binding's
             return await record.wait_for_human(kind, question=str(exc.request.get("message", "")),
-                                               elicitation={"request": exc.request})
+                                               elicitation={"request": exc.request}, rule=timeout)
         except ApprovalRequired as exc:
             return await record.wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason, rule=exc.rule)
         except QuestionForUser as exc:

@@ -407,7 +407,9 @@ def approval_request(
     :class:`capabilities.tools.ApprovalRequired`), whose terms the Approval keeps
     (:func:`approval_terms`): its approvers resolved now, its expiry and what the expiry does.
     Its ``message`` is the ``reason`` given. Without a rule the run's user decides within
-    ``APPROVAL_TTL_SECONDS`` and the expiry fails the run.
+    ``APPROVAL_TTL_SECONDS`` and the expiry fails the run. Kind ``elicitation``: ``{"timeout_seconds"}``
+    only, the binding's ``elicitation_timeout_seconds`` (each question asked again gets it anew);
+    its expiry is a decline (:func:`sessions.runs.approvals.approvals_expire`).
 
     The Approval belongs to the user's run (``spec.waiting_run_id``: the run itself, or the
     top of a sub-run's tree), with ``sub_run`` set when the call is a sub-run's.
@@ -437,7 +439,8 @@ def approval_request(
             clean_text(question)
         approval.kind = kind  # a server may ask for input, then for the model, in one call
         approval.decided_by, approval.decided_at, approval.answer = None, None, ""
-        approval.expires_at = timezone.now() + timedelta(seconds=settings.APPROVAL_TTL_SECONDS)
+        timeout = (rule or {}).get("timeout_seconds") or settings.APPROVAL_TTL_SECONDS
+        approval.expires_at = timezone.now() + timedelta(seconds=timeout)
         approval.save(update_fields=["status", "kind", "elicitation", "question", "decided_by", "decided_at",
                                      "answer", "expires_at"])
     ToolCall.objects.filter(pk=call_pk).update(status=ToolCallStatus.AWAITING_APPROVAL)

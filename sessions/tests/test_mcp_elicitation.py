@@ -46,12 +46,12 @@ async def travel_url(travel_server_url):
 
 
 @database_sync_to_async
-def _agent(world, llm_url, server_url):
+def _agent(world, llm_url, server_url, config=None):
     agent = agent_with_route(tenant=world.tenant, base_urls=[llm_url])
     server = mcp_server_save(tenant=world.tenant, env=None, name="travel", alias="travel",
                              transport="streamable_http", url=server_url)
     CapabilityBinding.all_tenants.create(tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER,
-                                         mcp_server=server)
+                                         mcp_server=server, config=config or {})
     return agent
 
 
@@ -167,6 +167,54 @@ async def test_no_answer_in_time_is_a_decline(world, fake_llm, travel_url):
     assert approval.status == "expired"
 
 
+async def test_the_bindings_elicitation_timeout_sets_the_expiry_and_its_end_is_a_decline(world, fake_llm,
+                                                                                          travel_url):
+    """``elicitation_timeout_seconds: 120`` on the binding: the approval expires 120 s after it
+    was asked (not after ``APPROVAL_TTL_SECONDS``); the sweeper's expiry then declines it."""
+    from django.db import transaction
+
+    from sessions.runs import approvals_expire
+    from tenants.scoping import tenant_scope
+
+    @database_sync_to_async
+    def sweep(now):  # what the sweeper does at ``now``
+        with tenant_scope(world.tenant.pk), transaction.atomic():
+            approvals_expire(now=now)
+
+    agent = await _agent(world, fake_llm.base_url, travel_url, config={"elicitation_timeout_seconds": 120})
+    fake_llm.script(ToolCalls([("travel__book", {})]), Reply("Done."))
+    asked = timezone.now()
+    run = await post_message(agent=agent, user=world.member, content="Book me a trip")
+    await execute_run(run.pk)
+    run, [approval], _ = await _state(run.pk)
+    assert run.status == "awaiting_approval", run.error
+    assert timedelta(seconds=119) <= approval.expires_at - asked <= timedelta(seconds=125)
+    await sweep(asked + timedelta(seconds=60))
+    assert (await _state(run.pk))[0].status == "awaiting_approval"
+    await sweep(approval.expires_at + timedelta(seconds=1))
+    assert (await _state(run.pk))[0].status == "queued"  # declined, resumed
+    await execute_run(run.pk)
+    run, [approval], [call] = await _state(run.pk)
+    assert (run.status, approval.status) == ("completed", "expired") and "not booked: decline" in call.result
+
+
+@pytest.mark.parametrize("timeout", [0, -5, 1.5, "600", True, 7 * 24 * 3600 + 1])
+def test_the_admin_api_refuses_a_bad_elicitation_timeout(world, timeout):
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9"])
+    server = mcp_server_save(tenant=world.tenant, env=None, name="travel", alias="travel",
+                             transport="streamable_http", url="http://127.0.0.1:9/mcp")
+    resp = world.client(admin=True).post("/api/v1/admin/bindings/", {
+        "agent": agent.pk, "kind": "mcp_server", "mcp_server": server.pk,
+        "config": {"elicitation_timeout_seconds": timeout},
+    }, format="json")
+    assert resp.status_code == 400, resp.content
+    assert "elicitation_timeout_seconds must be a whole number of seconds from 1 to 604800" in resp.content.decode()
+    ok = world.client(admin=True).post("/api/v1/admin/bindings/", {
+        "agent": agent.pk, "kind": "mcp_server", "mcp_server": server.pk, "config": {"elicitation_timeout_seconds": 600},
+    }, format="json")
+    assert ok.status_code == 201, ok.content
+
+
 async def test_a_run_nobody_watches_gets_the_configured_answer(world, fake_llm, travel_url):
     agent = await _agent(world, fake_llm.base_url, travel_url)
     fake_llm.script(ToolCalls([("travel__book", {})]), Reply("Could not book."))
@@ -244,3 +292,30 @@ async def test_a_2025_server_asking_inside_the_call_is_held_open_without_a_worke
     await execute_run(second.pk)
     second, _, [call] = await _state(second.pk)
     assert (second.status, call.status) == ("completed", "failed") and "call is lost" in call.error
+
+
+async def test_a_held_2025_call_gives_up_after_the_bindings_elicitation_timeout(world, fake_llm, travel_url,
+                                                                               monkeypatch):
+    """2025-11-25: the call held open for the person's answer waits the binding's
+    ``elicitation_timeout_seconds`` (plus the grace, 0 here), not ``APPROVAL_TTL_SECONDS``: the
+    server gets ``decline`` and the call ends in the pool."""
+    import asyncio
+    import dataclasses
+
+    from capabilities import services
+    from capabilities.mcp import pool as pool_module
+
+    config = services.mcp_server_config
+    monkeypatch.setattr(services, "mcp_server_config",
+                        lambda **kw: dataclasses.replace(config(**kw), protocol_mode="legacy"))
+    monkeypatch.setattr(pool_module, "HELD_GRACE_SECONDS", 0)
+    agent = await _agent(world, fake_llm.base_url, travel_url, config={"elicitation_timeout_seconds": 1})
+    fake_llm.script(ToolCalls([("travel__book", {})]), Reply("Booked."))
+    run = await post_message(agent=agent, user=world.member, content="Book me a trip")
+    await execute_run(run.pk)
+    assert (await _state(run.pk))[0].status == "awaiting_approval"
+    [session] = mcp_pool().sessions
+    [held] = session._holds
+    assert (session._in_flight, held.elicitation_wait_seconds) == (1, 1)
+    result = await asyncio.wait_for(held.task, timeout=10)  # the server had its decline after 1 s
+    assert "not booked: decline" in str(result) and session._in_flight == 0
