@@ -2,7 +2,8 @@
 
 :class:`McpConnectError` (connecting failed) and :class:`McpConnectionLost` (the transport
 ended: the pool retires the session) are :class:`~capabilities.tools.ToolError` s, so a run
-shows them to the model like any tool failure. :func:`describe_exception` names the first real
+shows them to the model like any tool failure; :func:`lost_call_text` is what a call hears when
+its session ended under it (a refused account: connect again). :func:`describe_exception` names the first real
 cause inside an exception group (the SDK's anyio task groups wrap every transport failure).
 """
 
@@ -39,6 +40,33 @@ class McpConnectionLost(ToolError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="mcp_error")
+
+
+class McpAuthorizationRefused(Exception):  # noqa: N818 (a state the pool reports, not a bug)
+    """The server refused the account a connection holds, in the middle of its session (a 401
+    even after a fresh token, a 403 ``insufficient_scope``): a person has to connect the
+    account again. Raised by the connection's HTTP auth (the OAuth client's
+    ``capabilities.mcp_oauth.auth.ConnectionRequired`` derives from it); it ends the pooled
+    session, and the calls in flight fail saying so (:func:`lost_call_text`)."""
+
+
+def lost_call_text(alias: str, failure: BaseException | None, *, started: bool) -> str:
+    """What a call hears when its pooled session ended under it (``started``: the request
+    went out) or before it was made, for the session's ``failure`` (None: it was closed).
+
+    A refused account (:class:`McpAuthorizationRefused` anywhere in ``failure``) says that
+    the account must be connected again (Settings → Connections); anything else is the plain
+    "The connection to MCP server 'x' closed during the call." (or "…; the call was not made.").
+    """
+    refused = [e for e in _leaf_exceptions(failure) if isinstance(e, McpAuthorizationRefused)] if failure else []
+    if refused:
+        return (f"MCP server {alias!r} refused the account's access "
+                f"{'during the call' if started else 'before the call was made'} ({refused[0]}). "
+                "The account must be connected again: Settings → Connections in the chat app (a tenant "
+                "admin connects the tenant's account); then the tool can be called again.")
+    if started:
+        return f"The connection to MCP server {alias!r} closed during the call."
+    return f"The connection to MCP server {alias!r} closed; the call was not made."
 
 
 def _leaf_exceptions(exc: BaseException) -> list[BaseException]:

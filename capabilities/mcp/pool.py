@@ -60,7 +60,13 @@ from capabilities.mcp.binding_config import log_level_rank
 from capabilities.mcp.call_hooks import HELD_GRACE_SECONDS, CallHooks, held_reply, only_call
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import HeldCall, answer_legacy_elicitation, held_call_answer, held_call_drive
-from capabilities.mcp.errors import McpConnectError, McpConnectionLost, connect_failure_text, describe_exception
+from capabilities.mcp.errors import (
+    McpConnectError,
+    McpConnectionLost,
+    connect_failure_text,
+    describe_exception,
+    lost_call_text,
+)
 from capabilities.mcp.http_log import HttpStatusLog
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback, call_tool_raw, list_all_tools
 from capabilities.mcp.prompts import PromptCache
@@ -217,6 +223,8 @@ class _Job:
     fn: Callable[[Client], Awaitable[Any]]
     future: asyncio.Future[Any]
     scope: anyio.CancelScope | None = None
+    started: bool = False
+    """The owner's task group began running it (the request may have gone out)."""
 
 
 def _is_transport_failure(exc: BaseException) -> bool:
@@ -423,7 +431,7 @@ class PooledSession:
                 ready.set_exception(await self._connect_error(failure, stderr))
             elif failure is not None and not isinstance(failure, asyncio.CancelledError):
                 logger.warning("MCP server %r: pooled session ended with an error: %s", cfg.alias, describe_exception(failure))
-            self._answer_lost_jobs(jobs, owned)
+            self._answer_lost_jobs(jobs, owned, failure)
 
     async def _serve(self, client: Client, ready: asyncio.Future[None], jobs: asyncio.Queue[_Job | None]) -> None:
         """The owner's work on an entered client: run each job in the client's task group (and,
@@ -451,15 +459,19 @@ class PooledSession:
             self._accepting = False
             self._client = None
 
-    def _answer_lost_jobs(self, jobs: asyncio.Queue[_Job | None], owned: set[_Job]) -> None:
-        """Every job handed to an owner that ended gets an answer, also one whose task never
-        started: :class:`McpConnectionLost` (the call was not made)."""
-        lost = McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed; the call was not made.")
+    def _answer_lost_jobs(self, jobs: asyncio.Queue[_Job | None], owned: set[_Job],
+                          failure: BaseException | None = None) -> None:
+        """Every job handed to an owner that ended gets an answer: :class:`McpConnectionLost`
+        saying the connection closed during the call (or, for one whose task never started, that
+        the call was not made); when the server refused the account (``failure`` holds
+        :class:`~capabilities.mcp.errors.McpAuthorizationRefused`), that it must be connected
+        again (:func:`~capabilities.mcp.errors.lost_call_text`)."""
         while not jobs.empty():
             jobs.get_nowait()
-        for job in owned:
+        for job in list(owned):
             if not job.future.done():
-                job.future.set_exception(lost)
+                job.future.set_exception(McpConnectionLost(lost_call_text(self.config.alias, failure,
+                                                                          started=job.started)))
         owned.clear()
 
     async def _connect_error(self, failure: BaseException | None, stderr: Any) -> McpConnectError:
@@ -483,6 +495,7 @@ class PooledSession:
         if job.future.done():  # the caller gave up before the job started
             return
         rejections = self.http_log.session_rejections
+        job.started = True
         try:
             with anyio.CancelScope() as scope:
                 job.scope = scope
@@ -496,10 +509,11 @@ class PooledSession:
                     if not job.future.done():
                         job.future.set_result(result)
         finally:
-            if not job.future.done():
-                job.future.set_exception(
-                    McpConnectionLost(f"The connection to MCP server {self.config.alias!r} closed during the call.")
-                )
+            # Unanswered: the owner's task group is ending. A session that holds an account
+            # (``config.auth``) leaves the answer to the owner, which learns why once the
+            # client has closed (_answer_lost_jobs: a refused account says to connect again).
+            if not job.future.done() and self.config.auth is None:
+                job.future.set_exception(McpConnectionLost(lost_call_text(self.config.alias, None, started=True)))
 
     def _job_failure(self, exc: Exception, *, rejections_before: int) -> Exception:
         """What a job's caller gets for ``exc``, retiring the session when it is dead.

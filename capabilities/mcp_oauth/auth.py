@@ -20,13 +20,17 @@ from dataclasses import dataclass
 import httpx2
 from mcp.client.auth.utils import extract_field_from_www_auth, extract_scope_from_www_auth
 
+from capabilities.mcp.errors import McpAuthorizationRefused
+
 EXPIRY_MARGIN_SECONDS = 30.0
 """A token this close to its expiry is refreshed before it is sent."""
 
 
-class ConnectionRequired(Exception):  # noqa: N818 (a state the caller handles, not a bug)
+class ConnectionRequired(McpAuthorizationRefused):
     """The MCP server needs a (new) OAuth connection: none was made, the refresh was refused,
-    the server refused the token, or it asks for more scopes (``scope``: what it asked for)."""
+    the server refused the token, or it asks for more scopes (``scope``: what it asked for).
+    Raised in a pooled session's request, it ends the session and the calls in flight fail
+    saying the account must be connected again (:func:`capabilities.mcp.errors.lost_call_text`)."""
 
     def __init__(self, message: str, *, server_id: int = 0, scope: str | None = None) -> None:
         super().__init__(message)

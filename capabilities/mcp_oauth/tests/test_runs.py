@@ -151,6 +151,9 @@ async def test_a_401_on_a_tool_call_ends_the_call_and_asks_to_connect_again(worl
     assert elapsed < 10, elapsed  # not the tool timeout
     tool_result = fake_llm.requests[1]["messages"][-1]
     assert tool_result["role"] == "tool" and tool_result["content"].startswith("Error:"), tool_result
+    assert "closed during the call" not in tool_result["content"]  # the pool's generic text, before
+    assert (f"MCP server {server.alias!r} refused the account's access during the call" in tool_result["content"]
+            and "must be connected again: Settings → Connections" in tool_result["content"]), tool_result
     assert [r["refresh_token"] for r in fake.refreshes] == ["refresh-0"]  # one fresh token tried first
     connection = await database_sync_to_async(McpOAuthConnection.all_tenants.get)(pk=server.member_connection_id)
     assert connection.status == ConnectionStatus.RECONNECT
