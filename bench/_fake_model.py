@@ -8,11 +8,13 @@ stdin closes. Responders: ``turns20`` (19 tool-call turns, then an answer, no de
 the answer's 50 tokens are one chunk each whose text is the wall-clock time it was sent,
 ``%.6f`` seconds since the epoch, so a client can measure token → client latency) and ``door``
 (one tool-call turn, then a 20-word answer in 20 chunks 5 ms apart: the same short run behind
-every entry point of ``door_overhead.py``).
+every entry point of ``door_overhead.py``) and ``named`` (one call of the tool the user's message
+names, then a short answer).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -55,6 +57,16 @@ def door(body: dict):
     if _turns_done(body) < 1:
         return ToolCalls([("test_echo", {"text": "door"})])
     return Reply(DOOR_REPLY, chunk_size=len(DOOR_REPLY) // 20 + 1, chunk_interval_seconds=0.005)
+
+
+def named(body: dict):
+    """One call of the tool the first user message names (``<tool> <JSON arguments>``), then a
+    short answer (``approval_resume.py``: a tool that needs approval, or an MCP tool that asks)."""
+    if _turns_done(body) < 1:
+        first = next(m for m in body["messages"] if m["role"] == "user")
+        tool, _, arguments = str(first["content"]).partition(" ")
+        return ToolCalls([(tool, json.loads(arguments or "{}"))])
+    return Reply("Done.")
 
 
 TIME_MARK = "@T@"
@@ -119,7 +131,8 @@ def main() -> None:
     if name.startswith("tools:"):
         responder = tool100(int(name.split(":", 1)[1]))
     else:
-        responder = {"turns20": turns20, "turns20json": turns20json, "slow3": slow3, "timed3": timed3, "door": door}.get(name) or {"tool100": tool100}[name]()
+        responder = {"turns20": turns20, "turns20json": turns20json, "slow3": slow3, "timed3": timed3, "door": door,
+                     "named": named}.get(name) or {"tool100": tool100}[name]()
     with (TimestampingServer() if sys.argv[1] == "timed3" else FakeLLMServer()) as server:
         server.respond(responder)
         print(server.base_url, flush=True)
