@@ -30,6 +30,18 @@ def test_docs_qa_facts_stand_in_their_sources():
             assert fact.lower() in source, (item["input"], fact, item["metadata"]["source"])
 
 
+def test_the_demo_knowledge_base_does_not_quote_the_questions():
+    """A page that quotes the evaluation's questions (with a model's recorded answers beside
+    them) must not be in the knowledge base the Docs assistant is measured on."""
+    from console.management.commands.seed_demo import DOCS_FILES
+
+    questions = [item["input"].lower() for item in _items("docs_qa.jsonl")]
+    for name in DOCS_FILES:
+        text = (ROOT / name).read_text(encoding="utf-8").lower()
+        quoted = [q for q in questions if q in text]
+        assert not quoted, (name, quoted[:3])
+
+
 def test_tool_use_items_expect_the_time_tool_with_a_zone():
     items = _items("tool_use.jsonl")
     assert len(items) >= 16

@@ -143,7 +143,8 @@ def test_seed_demo_makes_the_docs_assistant_retrieve_first_and_commits_its_docum
     binding = CapabilityBinding.all_tenants.get(agent__name="Docs assistant", kind="knowledge")
     assert binding.config["retrieve_before_first_turn"] is True and "search_first" not in binding.config
     docs = Document.all_tenants.filter(knowledge_base__name="Platform documentation")
-    guides = [f"docs/{p.name}" for p in (Path(__file__).resolve().parents[2] / "docs").glob("*.md")]
+    guides = [f"docs/{p.name}" for p in (Path(__file__).resolve().parents[2] / "docs").glob("*.md")
+              if p.name != "model-accuracy.md"]  # it quotes the evaluation's questions (seed_demo.DOCS_LEFT_OUT)
     assert "docs/admin-guide.md" in guides
     assert sorted(d.source for d in docs) == sorted(["ARCHITECTURE.md", "README.md", *guides])
     assert {c.document_id for c in seen} == {d.pk for d in docs}
