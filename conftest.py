@@ -138,8 +138,31 @@ def _flush_by_delete(self) -> None:
             statement = _flush_statements.get(alias)
             if statement is None:
                 statement = _flush_statements[alias] = _delete_statement(connection)
+            _flush_execute(connection, statement)
+
+
+_FLUSH_ATTEMPTS = 5
+
+
+def _flush_execute(connection, statement: str) -> None:
+    """Run the flush; PostgreSQL's deadlock detection may pick it as the victim when a lingering
+    writer of the test (a worker thread still ending its run) holds one table and waits for
+    another the flush locked: then roll back and try again (the writer commits meanwhile)."""
+    import time
+
+    from django.db import OperationalError
+
+    for attempt in range(_FLUSH_ATTEMPTS):
+        try:
             with connection.cursor() as cursor:
                 cursor.execute(statement)
+            return
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "40P01" or attempt == _FLUSH_ATTEMPTS - 1:
+                raise
+            with connection.cursor() as cursor:
+                cursor.execute("ROLLBACK")
+            time.sleep(0.05 * (attempt + 1))
 
 
 _flush_statements: dict[str, str] = {}

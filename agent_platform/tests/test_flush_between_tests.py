@@ -54,3 +54,41 @@ def test_the_flush_empties_every_table_but_content_types_and_permissions(world, 
         "django_content_type": before["django_content_type"],
         "auth_permission": before["auth_permission"],
     }
+
+
+def test_the_flush_survives_a_deadlock_with_a_lingering_writer(world, no_enqueue):
+    """A worker thread still ending its run when the test ends holds one table and then writes
+    another that the flush locked: PostgreSQL picks one of them as the deadlock's victim. The
+    flush rolls back and tries again; nothing is left behind."""
+    import threading
+
+    from django.db import connections
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
+    run = post_message_sync(agent=agent, user=world.member, content="hello")
+    holding, done = threading.Event(), threading.Event()
+
+    def lingering_writer() -> None:  # writes a late table first, then an early one
+        try:
+            with owner_mode(), connections["default"].cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute('UPDATE "tenants_tenant" SET "name" = "name" WHERE "id" = %s', [world.tenant.pk])
+                holding.set()
+                threading.Event().wait(0.5)  # the flush is waiting for tenants_tenant by now
+                try:
+                    cursor.execute('UPDATE "agent_sessions_run" SET "input" = "input" WHERE "id" = %s', [run.pk])
+                    cursor.execute("COMMIT")
+                except Exception:
+                    cursor.execute("ROLLBACK")
+        finally:
+            connections["default"].close()
+            done.set()
+
+    writer = threading.Thread(target=lingering_writer)
+    writer.start()
+    assert holding.wait(10)
+    TransactionTestCase._fixture_teardown(TransactionTestCase())
+    writer.join(10)
+    assert done.is_set()
+    after = _row_counts()
+    assert {table: n for table, n in after.items() if n and table not in ("django_content_type", "auth_permission")} == {}
