@@ -39,6 +39,25 @@ def run_event_to_a2a_push(tenant_id: int, run_id: int, event_type: str, data: di
     task_push_emit(tenant_id=tenant_id, run_id=run_id)
 
 
+def _subscribers_want(tenant_id: int, event_type: str, push_configured: bool) -> bool:
+    """:func:`run_event_to_subscribers`' quick check: an event subscriptions receive, of a tenant
+    not known (cached, fresh) to have none."""
+    if event_type not in RUN_EVENTS:
+        return False
+    from automations.outbound import tenant_subscribes_cached
+
+    return tenant_subscribes_cached(tenant_id) is not False
+
+
+def _a2a_push_wants(tenant_id: int, event_type: str, push_configured: bool) -> bool:
+    """:func:`run_event_to_a2a_push`' quick check: a task state change of a run with a push config."""
+    return event_type in A2A_PUSH_EVENTS and push_configured
+
+
+run_event_to_subscribers.wants = _subscribers_want  # type: ignore[attr-defined]
+run_event_to_a2a_push.wants = _a2a_push_wants  # type: ignore[attr-defined]
+
+
 class AutomationsConfig(AppConfig):
     name = "automations"
     verbose_name = "Schedules and webhooks"

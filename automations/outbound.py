@@ -149,6 +149,15 @@ def _tenant_subscribes(tenant_id: int) -> bool:
     return found
 
 
+def tenant_subscribes_cached(tenant_id: int) -> bool | None:
+    """What :func:`_tenant_subscribes` knows without a query: the cached answer while fresh,
+    else None (unknown). No I/O: callable on an event loop."""
+    cached = _subscribes.get(tenant_id)
+    if cached is not None and cached[0] > time.monotonic():
+        return cached[1]
+    return None
+
+
 def event_emit(*, tenant_id: int, event_type: str, data: dict[str, Any]) -> list[int]:
     """Write one delivery per active subscription of the tenant to ``event_type`` and queue
     their first attempts on commit. In the caller's transaction (if any) and any scope.

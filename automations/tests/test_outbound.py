@@ -254,3 +254,42 @@ def test_approval_request_and_run_end_become_events(world, fake_llm, no_enqueue,
     with tenant_scope(world.tenant.pk):
         assert delivery_attempt(delivery_id=requested.pk) == DeliveryStatus.DELIVERED
     assert receiver.verified(secret)["type"] == "approval.requested"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("all_tenants_scope")
+def test_a_run_end_skips_the_observers_when_nothing_wants_it(world, fake_llm, no_enqueue, monkeypatch):
+    """A run's end calls the run-event observers (on a database thread) only when one may act:
+    not for a tenant known to have no subscription and a run without a push config; again once
+    the tenant subscribes, and for a run with a push config (issue 39's guard: the hop and its
+    queries were the worker's added CPU per run)."""
+    from asgiref.sync import async_to_sync
+
+    from automations import outbound
+    from sessions.models import TaskPushConfig
+    from sessions.runner.loop import execute_run
+    from sessions.runs import ending
+    from sessions.tests.conftest import post_message_sync
+
+    observed: list[int] = []
+    monkeypatch.setattr(ending, "run_event_observe", lambda tenant_id, run_id, *a: observed.append(run_id))
+    outbound._subscribes.clear()
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    fake_llm.respond(lambda body: Reply("ok"))
+
+    def ended_run() -> int:
+        run = post_message_sync(agent=agent, user=world.member, content="hi")
+        async_to_sync(execute_run)(run.pk)
+        return run.pk
+
+    first = ended_run()  # the tenant's subscriptions not yet known: the observers look
+    with tenant_scope(world.tenant.pk):
+        assert outbound._tenant_subscribes(world.tenant.pk) is False  # now cached
+    second = ended_run()
+    pushed = post_message_sync(agent=agent, user=world.member, content="push me")
+    with tenant_scope(world.tenant.pk):
+        TaskPushConfig.objects.create(tenant_id=world.tenant.pk, run=pushed, config_id="c1",
+                                      url="https://receiver.example/hook")
+    async_to_sync(execute_run)(pushed.pk)
+    assert observed == [first, pushed.pk]
+    assert second not in observed

@@ -28,7 +28,7 @@ from sessions.runner.threads import db
 from sessions.runs import statements as sql
 from sessions.runs.claim import tenant_waiting_run_ids
 from sessions.runs.handoff import run_enqueue_on_commit, runs_hand_to_workers
-from sessions.runs.records import Publish, run_event_observe, run_event_observers
+from sessions.runs.records import Publish, run_event_observe, run_event_observers, run_event_wanted
 from tenants.scoping import require_tenant_id
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,9 @@ class RunFinished:
     """Runs whose messages were steered into this one, ended with it."""
     ended: bool = True
     """False: the run had already ended; nothing was written (a refused transition)."""
+    push_configured: bool = True
+    """Whether the run had an A2A push-notification config at its end (True when not looked at:
+    a sub-run's or a refused end)."""
 
 
 _REFUSED = RunFinished(to_start=[], steered=[], ended=False)
@@ -108,8 +111,9 @@ async def run_finish(run_id: int, ending: RunEnding, *, publish: Publish, spec: 
         return finished
     event_type, data = end_event(ending)
     await publish(event_type, data)
-    if run_event_observers:
-        await db(run_event_observe)(require_tenant_id(), run_id, event_type, data)
+    tenant_id = require_tenant_id()
+    if run_event_observers and run_event_wanted(tenant_id, event_type, push_configured=finished.push_configured):
+        await db(run_event_observe)(tenant_id, run_id, event_type, data)
     if finished.steered:
         session_id = spec.session_id if spec is not None else await db(_session_of)(run_id)
         for steered_id in finished.steered:  # a run steered into this one ends with it
@@ -169,11 +173,11 @@ def run_end(
             return RunFinished(to_start=[], steered=steered)
         cursor.execute(sql.RUN_END_TENANT_LOCK_SQL, params)
         cursor.execute(sql.RUN_END_NEXT_SQL, params)
-        next_id, tenant_has_held = cursor.fetchone()
+        next_id, tenant_has_held, push_configured = cursor.fetchone()
     out = [] if next_id is None else [next_id]
     if tenant_has_held:
         out += [i for i in tenant_waiting_run_ids(tenant_id) if i not in out]
-    return RunFinished(to_start=out, steered=steered)
+    return RunFinished(to_start=out, steered=steered, push_configured=push_configured)
 
 
 async def _run_end_pipelined(
@@ -203,12 +207,12 @@ async def _run_end_pipelined(
         _, _, ended = sql.run_ended(run_id, await end.fetchone())
         if not ended:
             return _REFUSED
-        next_id, tenant_has_held = await following.fetchone()
+        next_id, tenant_has_held, push_configured = await following.fetchone()
     out = [] if next_id is None else [next_id]
     if tenant_has_held:
         waiting = await db(tenant_waiting_run_ids)(params["tenant_id"])
         out += [i for i in waiting if i not in out]
-    return RunFinished(to_start=out, steered=[])
+    return RunFinished(to_start=out, steered=[], push_configured=push_configured)
 
 
 def run_finish_unheld(*, run: Run, status: str, error: str, reason: str = "", event_data: dict[str, Any]) -> bool:

@@ -80,6 +80,25 @@ none of them. Called on a database thread or on the commit, in no particular ten
 observer must be quick (write a row, queue a task) and its error is logged, never raised."""
 
 
+RunEventWants = Callable[[int, str, bool], bool]
+"""An observer's optional quick check, its ``wants`` attribute: ``(tenant_id, event type,
+push_configured) -> bool``, False only when it surely does nothing with the event; no I/O, any
+thread (:func:`run_event_wanted`)."""
+
+
+def run_event_wanted(tenant_id: int, event_type: str, *, push_configured: bool = True) -> bool:
+    """Whether any of :data:`run_event_observers` may act on the event: one without a ``wants``
+    check, or whose check says so. ``push_configured``: the run has an A2A push-notification
+    config (its end's statement tells; True when unknown). A run's end skips the thread hop of
+    :func:`run_event_observe` when none may (issue 39's guard: a run of a tenant with no
+    subscription and no push config pays nothing for them; bench/README.md)."""
+    for observer in run_event_observers:
+        wants: RunEventWants | None = getattr(observer, "wants", None)
+        if wants is None or wants(tenant_id, event_type, push_configured):
+            return True
+    return False
+
+
 def run_event_observe(tenant_id: int, run_id: int, event_type: str, data: dict[str, Any]) -> None:
     """Call every :data:`run_event_observers` entry; an error is logged and the next is called."""
     for observer in run_event_observers:

@@ -27,6 +27,7 @@ from sessions.models import (
     Message,
     Run,
     RunStatus,
+    TaskPushConfig,
     ToolCall,
     ToolCallStatus,
     UsageMonth,
@@ -38,6 +39,7 @@ RUN, SESSION, TENANT = Run._meta.db_table, ChatSession._meta.db_table, Tenant._m
 M, TC, LC = Message._meta.db_table, ToolCall._meta.db_table, LLMCall._meta.db_table
 LCB = LLMCallBody._meta.db_table
 UM = UsageMonth._meta.db_table
+PUSH = TaskPushConfig._meta.db_table
 
 
 def columns_sql(columns: tuple[str, ...]) -> str:
@@ -348,10 +350,13 @@ end hand to a worker)."""
 RUN_END_NEXT_SQL = (
     f'SELECT ({NEXT_QUEUED_SQL}), '
     f'EXISTS (SELECT 1 FROM "{RUN}" WHERE "tenant_id" = %(tenant_id)s AND "status" = %(queued)s '
-    'AND "held_back" AND "steered_into_id" IS NULL)'
+    'AND "held_back" AND "steered_into_id" IS NULL), '
+    f'EXISTS (SELECT 1 FROM "{PUSH}" WHERE "run_id" = %(run_id)s AND "tenant_id" = %(tenant_id)s)'
 )
-"""The session's next queued run (:data:`NEXT_QUEUED_SQL`), and whether the tenant has a
-held-back run (else :func:`~sessions.runs.tenant_waiting_run_ids` has nothing to find). Sent
+"""The session's next queued run (:data:`NEXT_QUEUED_SQL`), whether the tenant has a
+held-back run (else :func:`~sessions.runs.tenant_waiting_run_ids` has nothing to find), and
+whether the run has an A2A push-notification config (``TaskPushConfig``; else the run-event
+observers need not hear of its end for that, :func:`~sessions.runs.records.run_event_wanted`). Sent
 after :data:`RUN_END_TENANT_LOCK_SQL`, as a statement of its own: it must see the held marks of
 claims that took the lock first."""
 RUN_END_TENANT_LOCK_SQL = f'SELECT 1 FROM "{TENANT}" WHERE "id" = %(tenant_id)s FOR NO KEY UPDATE'
