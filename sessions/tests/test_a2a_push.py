@@ -224,8 +224,9 @@ def test_a_push_url_the_outbound_rules_refuse_is_invalid_params_and_starts_no_ru
     assert not TaskPushConfig.all_tenants.exists()
 
 
-@pytest.mark.django_db  # not transactional: attempts are made here, none is queued for a worker
-def test_a_failed_notification_is_retried_with_backoff_and_the_same_webhook_id(world, receiver):
+def _completed_run_with_a_push(world, receiver) -> tuple[Run, int]:
+    """A completed run of the world's member with one push config to ``receiver``, and the id of
+    the delivery its end's notification made (not attempted yet)."""
     agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper")
     session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
     run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="hi",
@@ -234,6 +235,12 @@ def test_a_failed_notification_is_retried_with_backoff_and_the_same_webhook_id(w
         TaskPushConfig.objects.create(tenant=world.tenant, run=run, config_id="c", url=receiver.url,
                                       base_url="http://testserver")
         [pk] = task_push_emit(tenant_id=world.tenant.pk, run_id=run.pk)
+    return run, pk
+
+
+@pytest.mark.django_db  # not transactional: attempts are made here, none is queued for a worker
+def test_a_failed_notification_is_retried_with_backoff_and_the_same_webhook_id(world, receiver):
+    run, pk = _completed_run_with_a_push(world, receiver)
     receiver.statuses = [503]
     now = timezone.now()
     with tenant_scope(world.tenant.pk):
@@ -293,14 +300,8 @@ def _verified(token: str, body: bytes, jwks: dict, *, audience: str) -> dict:
 
 @pytest.mark.django_db  # not transactional: the attempt is made here
 def test_a_notification_is_signed_with_the_published_key_set(world, receiver, client):
-    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Helper")
-    session = ChatSession.all_tenants.create(tenant=world.tenant, agent=agent, user=world.member)
-    run = Run.all_tenants.create(tenant=world.tenant, session=session, user=world.member, input="hi",
-                                 status="completed", reply="Done.")
+    run, pk = _completed_run_with_a_push(world, receiver)
     with tenant_scope(world.tenant.pk):
-        TaskPushConfig.objects.create(tenant=world.tenant, run=run, config_id="c", url=receiver.url,
-                                      base_url="http://testserver")
-        [pk] = task_push_emit(tenant_id=world.tenant.pk, run_id=run.pk)
         assert delivery_attempt(delivery_id=pk) == DeliveryStatus.DELIVERED
     [(headers, _)] = receiver.requests
     [body] = receiver.bodies
