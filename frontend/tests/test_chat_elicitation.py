@@ -1,9 +1,12 @@
 """An MCP server's request for input in the chat app (issue 37), in Debian's Chromium: the form
 built from the server's schema (required field refused by the server's schema check, default
 shown), Accept, and the run going on with the answer; then a URL request whose card shows the
-whole URL with its domain highlighted, as a link that opens only on a click, and Decline."""
+whole URL with its domain highlighted, as a link that opens only on a click, and Decline. With
+``SCREENSHOTS=1`` it writes docs/chat-elicitation-url.png (the URL card)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -11,7 +14,16 @@ from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route
 from capabilities.services import mcp_server_save
 from capabilities.tests.elicit_test_server import SIGN_IN_URL, serve_travel
-from frontend.tests.test_chat_flows import T, _needs_chromium, ask, log_in, open_page, shot, start_chat  # noqa: F401
+from frontend.tests.test_chat_flows import (  # noqa: F401
+    DOCS,
+    T,
+    _needs_chromium,
+    ask,
+    log_in,
+    open_page,
+    shot,
+    start_chat,
+)
 from llm.testing import Reply, ToolCalls
 from sessions.models import ToolCall
 
@@ -59,6 +71,8 @@ def test_a_form_and_a_url_from_an_mcp_server(world, fake_llm, celery_worker, liv
             assert link.get_attribute("href") == SIGN_IN_URL and link.get_attribute("target") == "_blank"
             assert link.get_attribute("rel") == "noopener noreferrer"
             assert len(page.context.pages) == 1  # nothing was opened without a click
+            if os.environ.get("SCREENSHOTS"):  # docs/*.png are rewritten only on request
+                page.get_by_test_id("run").last.screenshot(path=str(DOCS / "chat-elicitation-url.png"))
             url_card.get_by_test_id("elicit-decline").click()
             expect(url_card.get_by_test_id("approval-outcome")).to_have_text("Declined", timeout=T)
             expect(page.get_by_test_id("assistant-reply").last).to_have_text("Not connected.", timeout=T)

@@ -1,9 +1,11 @@
 """An MCP tool's progress in the chat app (issue 37), in Debian's Chromium: while the call runs,
 the tool card shows a determinate progress bar (the server gave a total) with the server's
-message; once the call ends, bar and message go."""
+message; once the call ends, bar and message go. With ``SCREENSHOTS=1`` it writes
+docs/chat-tool-progress.png (the run with the bar half way)."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -12,7 +14,7 @@ from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route
 from capabilities.services import mcp_server_save
 from capabilities.tests.prog_test_server import serve_prog
-from frontend.tests.test_chat_flows import T, _needs_chromium, ask, log_in, open_page, start_chat  # noqa: F401
+from frontend.tests.test_chat_flows import DOCS, T, _needs_chromium, ask, log_in, open_page, start_chat  # noqa: F401
 from llm.testing import Reply, ToolCalls
 
 pytestmark = [
@@ -42,6 +44,9 @@ def test_the_tool_card_shows_an_mcp_servers_progress_bar(world, fake_llm, celery
             expect(bar).to_have_attribute("max", "4")
             expect(card.get_by_test_id("tool-progress")).to_contain_text("of 4")
             expect(bar).to_have_attribute("aria-valuetext", re.compile(r"^(25|50|75|100)%$"))  # determinate
+            if os.environ.get("SCREENSHOTS"):  # docs/*.png are rewritten only on request
+                expect(bar).to_have_attribute("aria-valuetext", "50%")  # each step lasts a second
+                page.get_by_test_id("run").last.screenshot(path=str(DOCS / "chat-tool-progress.png"))
             expect(card).to_have_attribute("data-status", "succeeded", timeout=T)
             expect(bar).to_be_hidden()
             expect(page.get_by_test_id("assistant-reply").last).to_have_text("All steps done.", timeout=T)

@@ -1,9 +1,12 @@
 """An MCP server's request for the agent's model in the chat app (issue 37; binding
 ``sampling.require_approval``), in Debian's Chromium: the approval card shows what the server
 would send the model (its system prompt, messages, token cap, no tools offered); Approve lets the
-model answer and the run go on; Deny with a reason tells the server (the model is not called)."""
+model answer and the run go on; Deny with a reason tells the server (the model is not called).
+With ``SCREENSHOTS=1`` it writes docs/chat-sampling.png (the card waiting for an answer)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -11,7 +14,7 @@ from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route
 from capabilities.services import mcp_server_save
 from capabilities.tests.prog_test_server import serve_prog
-from frontend.tests.test_chat_flows import T, _needs_chromium, ask, log_in, open_page, start_chat  # noqa: F401
+from frontend.tests.test_chat_flows import DOCS, T, _needs_chromium, ask, log_in, open_page, start_chat  # noqa: F401
 from llm.testing import Reply, ToolCalls
 from sessions.models import LLMCall, ToolCall
 
@@ -46,6 +49,8 @@ def test_approve_then_deny_a_servers_use_of_the_model(world, fake_llm, celery_wo
             expect(request).to_contain_text("System prompt: You write one-line summaries.")
             expect(request).to_contain_text("user: Summarize: a long text")
             expect(request).to_contain_text("Up to 1024 tokens; no tools")
+            if os.environ.get("SCREENSHOTS"):  # docs/*.png are rewritten only on request
+                page.get_by_test_id("run").last.screenshot(path=str(DOCS / "chat-sampling.png"))
             card.get_by_test_id("approval-approve").click()
             expect(card.get_by_test_id("approval-outcome")).to_have_text("Approved", timeout=T)
             expect(page.get_by_test_id("assistant-reply").last).to_have_text("Summarized.", timeout=T)
