@@ -53,8 +53,8 @@ def check_axe(page: Any, label: str) -> None:
 
 
 def screenshot(page: Any, name: str, **kwargs: Any) -> Path:
-    """Save a screenshot as ``name`` in ``CONSOLE_SCREENSHOTS_DIR`` (the README's images) or
-    var/test-artifacts."""
+    """Save a screenshot of ``page`` (a Playwright page, or a locator: that element only) as
+    ``name`` in ``CONSOLE_SCREENSHOTS_DIR`` (the docs' images) or var/test-artifacts."""
     folder = Path(os.environ.get("CONSOLE_SCREENSHOTS_DIR") or ARTIFACTS)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name

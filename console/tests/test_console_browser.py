@@ -1,7 +1,7 @@
 """The console as a tenant admin uses it, in Debian's Chromium (Playwright) against the real
 ASGI app: the run trace, the dashboard, the playground and the setup helpers; axe-core on
-each page. ``CONSOLE_SCREENSHOTS_DIR=docs`` makes the trace, dashboard and playground tests
-write the README's screenshots (scripts/console_screenshots.sh)."""
+each page. ``CONSOLE_SCREENSHOTS_DIR=docs`` makes the trace (with an MCP server's log),
+dashboard and playground tests write the docs' screenshots (scripts/console_screenshots.sh)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from agents.models import CapabilityBinding
+from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route, bind_builtin
 from console.tests.browser import CHROMIUM, check_axe, log_in, open_page, screenshot
 from llm.models import ModelRouteEntry
@@ -341,6 +341,50 @@ def test_admin_approves_a_tool_call_in_the_playground(world, fake_llm, celery_wo
         expect(page.get_by_test_id("playground-assistant").last).to_have_text("Done, nothing deleted.", timeout=20_000)
         expect(page.get_by_test_id("playground-trace").get_by_test_id("trace-approval")).to_contain_text(
             f"approved by {world.admin.username}", timeout=10_000)
+
+
+def test_admin_reads_an_mcp_servers_log_messages_in_the_trace(world, fake_llm, celery_worker, live_server_url):
+    """A run (the playground's, on the Celery worker) calls an MCP tool that logs at four levels;
+    the binding keeps ``info`` and above, and the run's trace lists those three, with their
+    level, logger and data, under the tool call."""
+    from playwright.sync_api import expect
+
+    from capabilities.services import mcp_server_save
+    from capabilities.tests.prog_test_server import serve_prog
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Ops agent")
+    fake_llm.script(ToolCalls([("prog__chatty", {})]), Reply("The server logged a warning and an error."))
+    with serve_prog() as (url, _state):
+        server = mcp_server_save(tenant=world.tenant, env=None, name="prog", alias="prog",
+                                 transport="streamable_http", url=url)
+        binding = CapabilityBinding(tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER, mcp_server=server,
+                                    config={"log_level": "info"})
+        binding.full_clean()
+        binding.save()
+        with open_page(width=1280, height=1000) as page:
+            log_in(page, live_server_url, world.admin.username)
+            page.goto(live_server_url + f"/admin/agents/agentinstance/{agent.pk}/change/")
+            page.get_by_test_id("try-agent").click()
+            page.get_by_test_id("playground-input").fill("Check the server")
+            page.get_by_test_id("playground-send").click()
+            expect(page.get_by_test_id("playground-assistant").last).to_have_text(
+                "The server logged a warning and an error.", timeout=20_000)
+            run_trace = page.get_by_test_id("playground-trace").get_by_test_id("run-trace")
+            expect(run_trace).to_have_attribute("data-run-status", "completed", timeout=10_000)
+            run_id = run_trace.get_attribute("data-run-id")
+
+            page.goto(live_server_url + f"/admin/agent_sessions/run/{run_id}/trace/")
+            tool = page.locator('[data-testid="trace-tool-call"][data-tool-name="prog__chatty"]')
+            log = tool.get_by_test_id("trace-server-log")
+            expect(log.locator("summary")).to_have_text("Server log (3 messages)")  # debug is below info
+            log.locator("summary").click()
+            entries = log.locator("li")
+            expect(entries).to_have_count(3)
+            assert [entries.nth(i).get_attribute("data-level") for i in range(3)] == ["info", "warning", "error"]
+            expect(entries.nth(0)).to_contain_text('info chatty')
+            expect(entries.nth(2).locator("pre")).to_contain_text('"why": "x"')
+            check_axe(page, "run trace with an MCP server's log")
+            screenshot(tool, "console-trace-server-log.png")
 
 
 def test_the_trace_of_a_working_run_follows_it_until_it_ends(world, live_server_url):
