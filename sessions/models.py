@@ -572,3 +572,24 @@ class TaskPushConfig(TenantOwnedModel):
 
     def __str__(self) -> str:
         return f"push config {self.config_id} of task {self.run_id}"
+
+
+class PinnedResource(TenantOwnedModel):
+    """An MCP resource its user pinned to a chat: read at the start of every later run of the chat
+    (as a resource attached to one message is, :mod:`capabilities.mcp.attached`), until unpinned.
+
+    ``mcp_server`` is a server of the chat's agent's bindings when pinned; a pin whose server is
+    no longer bound (or disabled) is kept but left out of runs (``sessions.pinned_resources``)."""
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="pinned_resources")
+    mcp_server = models.ForeignKey("capabilities.McpServer", on_delete=models.CASCADE, related_name="+")
+    uri = models.CharField(max_length=2000, help_text="The resource's absolute URI (a template's, filled in).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta(TenantOwnedModel.Meta):
+        ordering = ["session", "id"]
+        constraints = [models.UniqueConstraint(fields=["session", "mcp_server", "uri"],
+                                               name="pinned_resource_unique_uri")]
+
+    def __str__(self) -> str:
+        return f"pin {self.uri} of chat {self.session_id}"

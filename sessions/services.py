@@ -24,6 +24,7 @@ from sessions.models import (
     RunFailureReason,
     RunStatus,
 )
+from sessions.pinned_resources import pinned_resources_for_run, with_pinned_resources
 from sessions.runs import (
     approval_decide,
     approvals_expire,
@@ -88,7 +89,8 @@ def chat_title_from(content: str) -> str:
 def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str,
                  request_options: dict[str, Any] | None = None) -> Run:
     """Post a user message: records it, creates a queued Run, and queues the run
-    (:func:`sessions.runs.run_create`; ``request_options``: an API caller's, kept with the run).
+    (:func:`sessions.runs.run_create`; ``request_options``: an API caller's, kept with the run,
+    with the MCP resources pinned to the chat added: :mod:`sessions.pinned_resources`).
 
     Messages posted while another run of the session is active queue behind it and run next,
     in order (the worker that finishes a run starts the next queued one). If the agent's
@@ -109,6 +111,7 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str,
     session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
     if not session.title:
         session.title = chat_title_from(content)[:200]
+    request_options = with_pinned_resources(request_options, pinned_resources_for_run(session=session))
     return run_create(session=session, user=user, content=content, request_options=request_options)
 
 

@@ -38,6 +38,7 @@ from sessions.models import (
     LLMCall,
     LLMCallBody,
     Message,
+    PinnedResource,
     Run,
     Todo,
     ToolCall,
@@ -85,6 +86,8 @@ def theirs(other_world):
         "llm_call": LLMCall.all_tenants.create(tenant=t, run=run, turn=0, attempt=1, route_entry=entry, entry_index=0,
                                                provider_name="p", model="m", status="ok"),
         "todo": Todo.all_tenants.create(tenant=t, session=session, position=0, content="secret todo"),
+        "pinned_resource": PinnedResource.all_tenants.create(tenant=t, session=session, mcp_server=server,
+                                                             uri="doc://secret/pinned"),
         "compaction": Compaction.all_tenants.create(tenant=t, session=session, run=run, attempt=1, status="done",
                                                     summary="secret summary"),
         "approval": Approval.all_tenants.create(tenant=t, run=run, tool_call=tool_call, tool_name="secret_tool",
@@ -233,6 +236,10 @@ def test_end_user_endpoints_hide_other_tenants_objects(world, theirs):
     _assert_404(client.post(f"/api/v1/agents/{theirs['agent'].pk}/commands/their-command/render/", {}, format="json"))
     _assert_404(client.get(f"/api/v1/agents/{theirs['agent'].pk}/commands/their-command/complete/?argument=x"))
     _assert_404(client.get(f"/api/v1/agents/{theirs['agent'].pk}/resources/?q=x"))  # MCP resources to attach
+    pins = f"/api/v1/sessions/{theirs['session'].pk}/pinned-resources/"  # MCP resources pinned to a chat
+    _assert_404(client.get(pins))
+    _assert_404(client.post(pins, {"server": "srv", "uri": "doc://x"}, format="json"))
+    _assert_404(client.delete(f"{pins}{theirs['pinned_resource'].pk}/"))
     assert client.get("/api/v1/sessions/").json()["results"] == []
 
 

@@ -1,4 +1,4 @@
-"""Resources a person attached to their message, read when the run starts.
+"""Resources a person attached to their message, or pinned to the chat, read when the run starts.
 
 A chat message may carry resources of the agent's bound MCP servers (``POST
 .../messages/`` with ``resources: [{binding | server, uri}]``, checked there); the run keeps them
@@ -16,6 +16,13 @@ included) and gives it to the model (:func:`attached_resource_blocks`):
 - other binary contents: the block names them (type and size), which the model cannot read;
 - a resource that cannot be read (an unknown URI, a server left out of the run, one too large):
   the block says why, so the model can tell the person.
+
+A resource **pinned** to the chat (``sessions.PinnedResource``) comes the same way, marked
+``pinned`` (``message_post`` adds the chat's pins to every run it creates), and is read with
+:meth:`~capabilities.mcp.resources.ResourceCache.read_kept`: the session subscribes to the
+pinned URIs first (all of a server's at once) when the server supports it, and a pin whose
+kept contents are still fresh is not asked of the server again. Its block says it is pinned,
+and its data whether the contents were kept (``kept``).
 
 The blocks are stored with the run (``Run.context``): a resumed run does not read them again.
 No Django imports.
@@ -40,8 +47,8 @@ KIND_KEY = "mcp_server"
 
 
 def attached_resources_of(run: Any) -> tuple[dict[str, Any], ...]:
-    """The resources attached to ``run``'s message (``[{binding, server_id, server, uri}]``);
-    () for a run without (or a RunInfo that does not say)."""
+    """The resources attached to ``run``'s message or pinned to its chat (``[{binding,
+    server_id, server, uri, pinned?}]``); () for a run without (or a RunInfo that does not say)."""
     return tuple(getattr(run, "attached_resources", ()) or ())
 
 
@@ -56,7 +63,8 @@ def resource_max_bytes() -> int:
 
 
 def _title(ref: dict[str, Any]) -> str:
-    return f"Resource {ref.get('uri')!r} of MCP server {ref.get('server')!r}, attached by the user to their message:"
+    how = "pinned to the chat by the user" if ref.get("pinned") else "attached by the user to their message"
+    return f"Resource {ref.get('uri')!r} of MCP server {ref.get('server')!r}, {how}:"
 
 
 def _file_name(content: ResourceContent) -> str:
@@ -84,13 +92,19 @@ async def _content_text(content: ResourceContent, ctx: OpenContext) -> tuple[str
 async def _block(ref: dict[str, Any], opened: dict[int, Any], ctx: OpenContext, max_bytes: int) -> ContextBlock:
     """The start-context block of one attached resource (see the module docstring)."""
     data: dict[str, Any] = {"resource": {"server": ref.get("server"), "uri": ref.get("uri")}}
+    pinned = bool(ref.get("pinned"))
+    if pinned:
+        data["resource"]["pinned"] = True
     session = opened.get(int(ref.get("server_id") or 0))
     if session is None:
         text = "It could not be read: the server is not available to this run (see the run's notices)."
         data["resource"]["error"] = "unavailable"
         return ContextBlock(source=KIND_KEY, title=_title(ref), text=text, data=data, untrusted=True)
     try:
-        contents = await session.resources.read(str(ref["uri"]), max_bytes=max_bytes)
+        if pinned:
+            contents, data["resource"]["kept"] = await session.resources.read_kept(str(ref["uri"]), max_bytes=max_bytes)
+        else:
+            contents = await session.resources.read(str(ref["uri"]), max_bytes=max_bytes)
     except ToolError as exc:
         logger.info("run %s: attached resource %r not read: %s", ctx.run_id, ref.get("uri"), exc.message)
         data["resource"]["error"] = exc.code
@@ -114,7 +128,21 @@ async def attached_resource_blocks(ctx: OpenContext) -> list[ContextBlock]:
     """
     opened: dict[int, Any] = ctx.extra.get(KIND_KEY) or {}
     max_bytes = resource_max_bytes()
-    return [await _block(ref, opened, ctx, max_bytes) for ref in attached_resources_of(ctx.run)]
+    refs = attached_resources_of(ctx.run)
+    await _subscribe_pinned(refs, opened)
+    return [await _block(ref, opened, ctx, max_bytes) for ref in refs]
+
+
+async def _subscribe_pinned(refs: Sequence[dict[str, Any]], opened: dict[int, Any]) -> None:
+    """Each opened server's pinned URIs subscribed to at once (``ResourceCache.keep``), before
+    they are read; failures are the reads' to report."""
+    pinned: dict[int, list[str]] = {}
+    for ref in refs:
+        server_id = int(ref.get("server_id") or 0)
+        if ref.get("pinned") and server_id in opened:
+            pinned.setdefault(server_id, []).append(str(ref["uri"]))
+    for server_id, uris in pinned.items():
+        await opened[server_id].resources.keep(uris)
 
 
 def sessions_by_server(specs: Sequence[Any], sessions: Sequence[Any]) -> dict[int, Any]:

@@ -22,7 +22,8 @@ A pooled session:
   :mod:`capabilities.mcp.prompts`: ``prompts/list`` and ``notifications/prompts/list_changed``)
   and its **resources** (:attr:`PooledSession.resources`, :mod:`capabilities.mcp.resources`:
   ``resources/list`` and ``resources/templates/list``, stale on ``resources/list_changed`` and
-  on ``notifications/resources/updated``);
+  on ``notifications/resources/updated``; the contents of pinned resources, kept while
+  subscribed: :meth:`~capabilities.mcp.resources.ResourceCache.read_kept`);
 - is **evicted when idle** (no call in flight, no run holding a lease) for
   ``idle_timeout_seconds``: the owner closes it, a stdio server process is terminated;
 - detects a **dead transport** (stdio process exit, dropped connection, terminated HTTP
@@ -70,7 +71,7 @@ from capabilities.mcp.errors import (
 from capabilities.mcp.http_log import HttpStatusLog
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback, call_tool_raw, list_all_tools
 from capabilities.mcp.prompts import PromptCache
-from capabilities.mcp.resources import ResourceCache
+from capabilities.mcp.resources import ResourceCache, subscribable
 from capabilities.mcp.transport import make_client
 from capabilities.mcp.transport_end import TransportEnd
 from capabilities.tools import ToolError
@@ -444,10 +445,12 @@ class PooledSession:
                 self._logging_supported = client.server_capabilities.logging is not None
                 self._log_level_asked = None
                 self.server_capabilities = client.server_capabilities
-                listen_scope = anyio.CancelScope()
+                listen_scope, updates_scope = anyio.CancelScope(), anyio.CancelScope()
                 lists = _changing_lists(client.server_capabilities)
                 if client.protocol_version in MODERN_PROTOCOL_VERSIONS and lists:
                     tg.start_soon(self._listen_for_changes, client, listen_scope, lists)
+                if client.protocol_version in MODERN_PROTOCOL_VERSIONS and subscribable(client.server_capabilities):
+                    tg.start_soon(self.resources.listen_for_updates, client, updates_scope)  # pinned resources
                 self._accepting = True
                 ready.set_result(None)
                 while (job := await jobs.get()) is not None:
@@ -455,6 +458,7 @@ class PooledSession:
                 # Stop: no new jobs; calls in flight finish (disconnect() bounds the wait).
                 self._accepting = False
                 listen_scope.cancel()
+                updates_scope.cancel()
         finally:
             self._accepting = False
             self._client = None

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sessions.api import chats, knowledge_uploads, resources, views
+from sessions.api import chats, knowledge_uploads, pinned_resources, resources, views
 from sessions.sse import session_events_sse
 
 urlpatterns = [
@@ -29,4 +29,8 @@ urlpatterns = [
     path("approvals/<int:approval_id>/", views.ApprovalDecideApi.as_view(), name="approval-decide"),
     path("runs/<int:run_id>/activities/", views.RunActivitiesApi.as_view(), name="run-activities"),
     path("agents/<int:agent_id>/resources/", resources.AgentResourceListApi.as_view(), name="agent-resources"),
+    path("sessions/<int:session_id>/pinned-resources/", pinned_resources.PinnedResourceListCreateApi.as_view(),
+         name="session-pinned-resources"),
+    path("sessions/<int:session_id>/pinned-resources/<int:pin_id>/", pinned_resources.PinnedResourceDeleteApi.as_view(),
+         name="session-pinned-resource"),
 ]
