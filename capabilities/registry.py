@@ -140,6 +140,10 @@ class OpenContext:
     user message, as the chat app's attachments are (an artifact of the chat, its reference
     line added to the message: images go to route entries that take them); returns the
     reference line. Provided by the runner (None: files cannot be attached)."""
+    attended: bool = False
+    """A person watches the run (the chat app, not an API door, A2A or agents over MCP): a kind
+    may then offer a tool that waits for them (an OAuth MCP server nobody connected gets a
+    ``<alias>__connect`` stand-in, :mod:`capabilities.mcp_oauth.runs`). False: leave it out."""
 
 
 @dataclass(frozen=True, slots=True)

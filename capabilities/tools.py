@@ -74,6 +74,26 @@ class InputForUser(Exception):
         the server gets ``decline``."""
 
 
+class ConnectionForUser(Exception):
+    """Raised by a tool that cannot go on until a person connects an account: an OAuth MCP
+    server nobody has connected yet (its stand-in ``<alias>__connect`` tool,
+    :mod:`capabilities.mcp_oauth.runs`), or one whose server refused the account during a call.
+
+    The runner records a pending Approval of kind ``connection`` holding ``request`` and pauses
+    the run like an approval (no worker holds it); the chat app shows a card with Connect and
+    Continue without. The connection being made answers it (the run resumes); declined, the
+    call fails saying so. ``request["retry"]``: the call is executed again once connected (a
+    refused call; it had not run), else the call's result says the server's tools are ready
+    (the stand-in). In a run nobody watches the call fails with ``request["message"]``.
+    """
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        super().__init__(request.get("message", ""))
+        self.request = request
+        """JSON: ``{type: "connection", server (alias), server_id, server_name, auth_mode
+        ("oauth_user" | "oauth_tenant"), message, tool, retry}``."""
+
+
 class ToolError(Exception):
     """A tool failed in a way the model should hear about.
 

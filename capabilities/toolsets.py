@@ -39,7 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capabilities.naming import assign_exposed_names
-from capabilities.tools import ApprovalRequired, InputForUser, QuestionForUser, Tool, ToolContext, ToolError
+from capabilities.tools import (
+    ApprovalRequired,
+    ConnectionForUser,
+    InputForUser,
+    QuestionForUser,
+    Tool,
+    ToolContext,
+    ToolError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -203,13 +211,14 @@ async def tool_run(call: ToolInvocation) -> ToolOutcome:
     tool (a bug) a failed outcome naming it; a tool asking for approval (or a question) again
     after a human approved this very call fails it. TimeoutError, ApprovalRequired,
     QuestionForUser, InputForUser (a server's elicitation: asked each round, so not a tool
-    bug after an answer) and CallWaiting propagate (the wrappers and the caller handle them).
+    bug after an answer), ConnectionForUser (an account to connect) and CallWaiting propagate
+    (the wrappers and the caller handle them).
     """
     if call.tool is None:
         raise ValueError(f"no tool for the call {call.name!r}")  # the toolset that named it checks first
     try:
         result = await call.tool.execute(call.arguments or {}, call.context)
-    except (CallWaiting, TimeoutError, InputForUser):
+    except (CallWaiting, TimeoutError, InputForUser, ConnectionForUser):
         raise
     except (ApprovalRequired, QuestionForUser):
         if call.context.approved:  # approved once already: a tool asking again is a tool bug, not a new question

@@ -20,6 +20,20 @@ class AgentSessionsConfig(AppConfig):
         self._knowledge_status_events()
         self._subrun_engine()
         self._mcp_loop()
+        self._connections_made()
+
+    def _connections_made(self) -> None:
+        """A connected MCP account resumes the runs whose Connect card waits for it
+        (:func:`sessions.runs.approvals.connection_approvals_answer`)."""
+        from capabilities.mcp_oauth.services import connection_made_listen
+        from sessions.runs.approvals import connection_approvals_answer
+        from tenants.scoping import tenant_scope
+
+        def answer(*, tenant_id: int, server_id: int, user_id: int | None, actor) -> None:
+            with tenant_scope(tenant_id):
+                connection_approvals_answer(server_id=server_id, user_id=user_id, actor=actor)
+
+        connection_made_listen(answer)
 
     def _mcp_loop(self) -> None:
         """MCP requests a worker makes outside runs (the chat app's prompts) run on the run host's

@@ -97,6 +97,9 @@ class ApprovalItem:
     deny): ``{server, tool, message, requests: [{messages: [{role, text}], system_prompt,
     max_tokens, offers_tools, tools}]}`` (texts cut at 4,000 characters, the last 20
     messages); else None."""
+    connection: dict[str, Any] | None = None
+    """For ``kind == "connection"`` (an OAuth MCP server's account to connect; the run resumes
+    once it is): ``{server, server_id, server_name, auth_mode, tool, retry, message}``; else None."""
 
 
 @_payload

@@ -457,6 +457,7 @@ class ApprovalKind(models.TextChoices):
     CLIENT_TOOL = "client_tool", "Run by the API client (its next request brings the result)"
     ELICITATION = "elicitation", "Answer an MCP server's request for input (a form or a URL)"
     SAMPLING = "sampling", "Approve an MCP server's use of the agent's model"
+    CONNECTION = "connection", "Connect an account an MCP server needs (OAuth)"
 
 
 class ApprovalStatus(models.TextChoices):

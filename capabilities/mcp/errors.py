@@ -40,6 +40,9 @@ class McpConnectionLost(ToolError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="mcp_error")
+        self.refused: McpAuthorizationRefused | None = None
+        """Set when the session ended because the server refused its account
+        (:func:`lost_call_error`)."""
 
 
 class McpAuthorizationRefused(Exception):  # noqa: N818 (a state the pool reports, not a bug)
@@ -48,6 +51,32 @@ class McpAuthorizationRefused(Exception):  # noqa: N818 (a state the pool report
     account again. Raised by the connection's HTTP auth (the OAuth client's
     ``capabilities.mcp_oauth.auth.ConnectionRequired`` derives from it); it ends the pooled
     session, and the calls in flight fail saying so (:func:`lost_call_text`)."""
+
+
+def account_refused(exc: BaseException | None) -> McpAuthorizationRefused | None:
+    """The :class:`McpAuthorizationRefused` inside ``exc`` (its exception groups, its
+    ``__cause__`` chain), or None: a call that failed because the server refused the account
+    (the call did not run: the server answered 401 or 403) rather than for any other reason."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for leaf in _leaf_exceptions(exc):
+            if isinstance(leaf, McpAuthorizationRefused):
+                return leaf
+        refused = getattr(exc, "refused", None)
+        if isinstance(refused, McpAuthorizationRefused):
+            return refused
+        exc = exc.__cause__
+    return None
+
+
+def lost_call_error(alias: str, failure: BaseException | None, *, started: bool) -> McpConnectionLost:
+    """The :class:`McpConnectionLost` a call gets when its pooled session ended (text:
+    :func:`lost_call_text`); when the server refused the account, it carries the refusal as
+    ``refused`` (:func:`account_refused` finds it: the call waits for a person to connect)."""
+    error = McpConnectionLost(lost_call_text(alias, failure, started=started))
+    error.refused = account_refused(failure)
+    return error
 
 
 def lost_call_text(alias: str, failure: BaseException | None, *, started: bool) -> str:

@@ -26,6 +26,10 @@ from capabilities.toolsets import KindToolset, ToolOrigin, ToolSource
 
 logger = logging.getLogger(__name__)
 
+PERSON_AUTH_MODES = frozenset({"oauth_user", "oauth_tenant"})
+"""``McpServer.auth_mode`` values whose connection a person makes (Connect), so a person can
+make it again when the server refuses it."""
+
 
 @dataclass(frozen=True, slots=True)
 class McpBindingSpec:
@@ -46,6 +50,11 @@ class McpBindingSpec:
     config: Any = None
     """The binding's ``config`` (:mod:`capabilities.mcp.binding_config`: ``log_level``,
     ``sampling``); a JSON object."""
+    server_name: str = ""
+    """``McpServer.name``: what a person reads (the Connect card)."""
+    known_tools: tuple[str, ...] = ()
+    """The names of the tools the server last listed (``McpServer.tools_snapshot``): what the
+    model reads of a server not connected yet (its ``<alias>__connect`` stand-in)."""
 
 
 class McpServerKind(CapabilityKind):
@@ -75,6 +84,8 @@ class McpServerKind(CapabilityKind):
             server=mcp_server_config(server=server), server_id=server.pk, allowed_tools=frozenset(binding.allowed_tools),
             binding_id=binding.pk, approval_policy=tuple(binding.approval_policy), auth_mode=server.auth_mode,
             config=binding.config if isinstance(binding.config, dict) else {},
+            server_name=server.name,
+            known_tools=tuple(str(t.get("name", "")) for t in server.tools_snapshot or () if isinstance(t, dict))[:50],
         )
 
     async def open_toolset(self, specs: Sequence[McpBindingSpec], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
@@ -86,10 +97,13 @@ class McpServerKind(CapabilityKind):
         out, announced as ``capability_unavailable`` ``{source: "mcp", alias, error}``."""
         if not specs:
             return []
+        stand_ins: list[tuple[Any, KindToolset]] = []
         if any(spec.auth_mode != "none" for spec in specs):
-            from capabilities.mcp_oauth.runs import with_connections
+            from capabilities.mcp_oauth.runs import connect_stand_ins, with_connections
 
-            specs = await with_connections(specs, ctx)
+            missing: list[tuple[McpBindingSpec, str]] = []
+            specs = await with_connections(specs, ctx, missing=missing)
+            stand_ins = connect_stand_ins(missing) if ctx.attended else []
         pool = mcp_pool()
         sessions = [pool.session(tenant_id=ctx.tenant_id, server_id=b.server_id, config=b.server) for b in specs]
         for session in sessions:
@@ -101,7 +115,7 @@ class McpServerKind(CapabilityKind):
             toolset = await _server_toolset(binding, session, catalogue, ctx)
             if toolset is not None:
                 opened.append((binding, toolset))
-        return opened
+        return opened + stand_ins
 
 
     def run_context_wanted(self, specs: Sequence[McpBindingSpec], run: Any) -> bool:
@@ -128,12 +142,14 @@ async def _server_toolset(binding: McpBindingSpec, session: Any, catalogue: Any,
         return None
     if isinstance(catalogue, BaseException):
         raise catalogue
+    account = ({"server_id": binding.server_id, "server_name": binding.server_name, "auth_mode": binding.auth_mode}
+               if ctx.attended and binding.auth_mode in PERSON_AUTH_MODES else None)
     return KindToolset(qualified=True, sources=[
         ToolSource(
             origin=ToolOrigin(source=binding.server.alias, name=info.name),
             factory=lambda exposed, c=session, i=info: McpTool(
                 connection=c, info=i, exposed_name=exposed, call_timeout_seconds=ctx.tool_timeout_seconds,
-                binding_config=binding.config),
+                binding_config=binding.config, account=account),
         )
         for info in catalogue.tools
         if not binding.allowed_tools or info.name in binding.allowed_tools

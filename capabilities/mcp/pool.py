@@ -66,6 +66,7 @@ from capabilities.mcp.errors import (
     McpConnectionLost,
     connect_failure_text,
     describe_exception,
+    lost_call_error,
     lost_call_text,
 )
 from capabilities.mcp.http_log import HttpStatusLog
@@ -474,8 +475,7 @@ class PooledSession:
             jobs.get_nowait()
         for job in list(owned):
             if not job.future.done():
-                job.future.set_exception(McpConnectionLost(lost_call_text(self.config.alias, failure,
-                                                                          started=job.started)))
+                job.future.set_exception(lost_call_error(self.config.alias, failure, started=job.started))
         owned.clear()
 
     async def _connect_error(self, failure: BaseException | None, stderr: Any) -> McpConnectError:

@@ -21,11 +21,12 @@ from capabilities.mcp.binding_config import elicitation_timeout_of, log_level_of
 from capabilities.mcp.call_hooks import CallHooks
 from capabilities.mcp.config import McpServerConfig, check_timeout_seconds
 from capabilities.mcp.elicitation import resume_arguments, resume_refusal
+from capabilities.mcp.errors import account_refused
 from capabilities.mcp.operations import McpToolInfo, ProgressCallback
 from capabilities.mcp.results import render_block, stored_binary, tool_result
 from capabilities.mcp.sampling import approved_sampling_answers, declined, is_sampling_answer
 from capabilities.naming import EXPOSED_NAME_RE
-from capabilities.tools import InputForUser, Tool, ToolContext, ToolError, ToolResult
+from capabilities.tools import ConnectionForUser, InputForUser, Tool, ToolContext, ToolError, ToolResult
 from llm.types import ToolSpec
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,7 @@ class McpTool(Tool):
         exposed_name: str,
         call_timeout_seconds: float,
         binding_config: dict[str, Any] | None = None,
+        account: dict[str, Any] | None = None,
     ) -> None:
         """Wrap a listed tool.
 
@@ -202,6 +204,10 @@ class McpTool(Tool):
             binding_config: The binding's ``config`` (:mod:`capabilities.mcp.binding_config`:
                 the server's log level kept, the time a person has to answer its
                 elicitations, its sampling policy); None: the defaults.
+            account: For a server reached with a person's (or the tenant's) OAuth connection:
+                ``{server_id, server_name, auth_mode}``; a call the server refuses the account
+                for then waits for the account to be connected again (:class:`ConnectionForUser`).
+                None: such a call fails.
 
         Raises:
             ValueError: ``exposed_name`` or ``call_timeout_seconds`` is invalid.
@@ -215,6 +221,7 @@ class McpTool(Tool):
         self.log_level = log_level_of(binding_config)
         self.sampling = sampling_policy_of(binding_config)
         self.elicitation_timeout_seconds = elicitation_timeout_of(binding_config)
+        self.account = account
         description = info.description or (
             f"Tool {info.name!r} of the MCP server {connection.config.alias!r}."
         )
@@ -252,6 +259,8 @@ class McpTool(Tool):
                 of a sampling request when the binding wants it); the call is executed again
                 with ``context.input_answer`` once answered. An elicitation carries the
                 binding's ``elicitation_timeout_seconds`` (``timeout_seconds``).
+            ConnectionForUser: The server refused the OAuth account (``account`` set): the call,
+                which did not run, waits for the account to be connected again, then is made again.
         """
 
         throttle = ProgressThrottle()
@@ -283,6 +292,13 @@ class McpTool(Tool):
             if exc.request.get("type") != "sampling":
                 exc.timeout_seconds = self.elicitation_timeout_seconds
             raise
+        except ToolError as exc:
+            refused = account_refused(exc) if self.account is not None else None
+            if refused is None:
+                raise
+            raise ConnectionForUser({
+                "type": "connection", **self.account, "server": self.connection.config.alias, "tool": self.info.name,
+                "retry": True, "message": exc.message}) from exc
         finally:
             if hooks is not None and not _cancelling():
                 await _save_log(hooks, context)

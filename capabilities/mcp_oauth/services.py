@@ -2,7 +2,8 @@
 :func:`connection_complete` from the callback), the token a run uses
 (:func:`connection_access_token`: refreshed once per expiry across every worker), disconnect
 (:func:`connection_disconnect`: revoked at the server, RFC 7009) and the port the MCP kind uses
-(:func:`connection_auth`).
+(:func:`connection_auth`). A completed connection is handed to the listeners registered with
+:func:`connection_made_listen` (a port: the sessions layer resumes the runs waiting for it).
 
 Protocol steps are :mod:`capabilities.mcp_oauth.protocol`; every request goes through the
 outbound address rules (:func:`capabilities.netsafe.outbound_transport`).
@@ -42,6 +43,30 @@ HTTP_TIMEOUT_SECONDS = 20.0
 CLIENT_NAME = "Agent Platform"
 CALLBACK_PATH = "/mcp-oauth/callback/"
 CLIENT_METADATA_PATH = "/mcp-oauth/client-metadata.json"
+
+
+ConnectionMadeListener = Callable[..., None]
+"""``listener(tenant_id=…, server_id=…, user_id=…, actor=…)``: an account was connected
+(``user_id`` None: the tenant's), by ``actor``."""
+_made_listeners: list[ConnectionMadeListener] = []
+
+
+def connection_made_listen(listener: ConnectionMadeListener) -> None:
+    """Call ``listener`` after every completed connection (:func:`connection_complete`), once
+    its row is committed. Registered once per process (an app's ``ready()``); the same callable
+    again does nothing. What a listener raises is logged, never passed on: the connection
+    stands whatever a listener does."""
+    if listener not in _made_listeners:
+        _made_listeners.append(listener)
+
+
+def _connection_made(connection: McpOAuthConnection, actor: Any) -> None:
+    for listener in list(_made_listeners):
+        try:
+            listener(tenant_id=connection.tenant_id, server_id=connection.server_id, user_id=connection.user_id,
+                     actor=actor)
+        except Exception:  # noqa: BLE001 - the connection is made; a listener's failure is its own
+            logger.exception("MCP OAuth connection %s: a listener failed", connection.pk)
 
 
 class ConnectError(Exception):
@@ -207,7 +232,8 @@ def _pending_by_state(state: str) -> McpOAuthConnection:
 def connection_complete(*, state: str, code: str, iss: str | None, user: Any,
                         error: str = "") -> McpOAuthConnection:
     """The callback: check the state (one use, 15 minutes, the same person who started), the
-    ``iss`` (RFC 9207), exchange the code (PKCE) and store the tokens, encrypted.
+    ``iss`` (RFC 9207), exchange the code (PKCE) and store the tokens, encrypted; then the
+    :func:`connection_made_listen` listeners hear of it (runs waiting for it resume).
 
     Raises:
         ConnectError: an unknown, expired or someone else's state, an authorization error, a
@@ -247,6 +273,7 @@ def connection_complete(*, state: str, code: str, iss: str | None, user: Any,
             locked.connected_at = timezone.now()
             locked.requested_scope = ""
             locked.save()
+            transaction.on_commit(lambda: _connection_made(locked, user))
         return locked
 
 

@@ -32,7 +32,7 @@ from sessions.models import (
     RunStatus,
     ToolCall,
 )
-from sessions.runs.records import elicitation_public, sampling_public
+from sessions.runs.records import connection_public, elicitation_public, sampling_public
 from sessions.selectors import (
     APPROVALS_MINE,
     approval_get_for_user,
@@ -136,7 +136,14 @@ class ApprovalSerializer(serializers.ModelSerializer):
     binding's ``sampling.require_approval``): decided approve or deny like a tool call;
     ``server`` and ``message`` are set, and ``sampling`` is ``{server, tool, message, requests:
     [{messages: [{role, text}], system_prompt, max_tokens, offers_tools, tools}]}`` (texts cut);
-    null for the other kinds."""
+    null for the other kinds.
+
+    Kind ``connection`` (an OAuth MCP server the run needs has no connected account: the
+    model called its ``<alias>__connect`` stand-in, or the server refused the account during
+    ``tool_call``): ``server`` is set, and ``connection`` is ``{server, server_id, server_name,
+    auth_mode, tool, retry, message}``. Connecting (``POST /api/v1/mcp-connections/<server_id>/connect/``)
+    answers it and the run resumes; ``{"decision": "deny"}`` goes on without the server;
+    ``{"decision": "approve"}`` says it is connected (a 409 when it is not). Null for the other kinds."""
 
     skill = serializers.CharField(source="skill_name", read_only=True, allow_null=True)
     agent = serializers.SerializerMethodField()
@@ -150,6 +157,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
     url = serializers.SerializerMethodField()
     server = serializers.SerializerMethodField()
     sampling = serializers.SerializerMethodField()
+    connection = serializers.SerializerMethodField()
 
     class Meta:
         model = Approval
@@ -157,7 +165,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "id", "run", "sub_run", "skill", "tool_call", "kind", "status", "tool_name", "arguments", "reason",
             "question", "answer", "decided_by", "decided_at", "expires_at", "created_at",
             "agent", "requester", "approvers", "on_timeout", "can_decide", "decided_on_timeout",
-            "mode", "message", "schema", "url", "server", "sampling",
+            "mode", "message", "schema", "url", "server", "sampling", "connection",
         ]
 
     @extend_schema_field(ApprovalAgentSerializer)
@@ -178,7 +186,12 @@ class ApprovalSerializer(serializers.ModelSerializer):
 
     @staticmethod
     def _request(obj: Approval) -> dict:
-        return elicitation_public(obj.elicitation) or sampling_public(obj.elicitation) or {}
+        return (elicitation_public(obj.elicitation) or sampling_public(obj.elicitation)
+                or connection_public(obj.elicitation) or {})
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_connection(self, obj: Approval) -> dict | None:
+        return connection_public(obj.elicitation)
 
     @extend_schema_field(serializers.JSONField(allow_null=True))
     def get_sampling(self, obj: Approval) -> dict | None:

@@ -10,7 +10,8 @@ expired, a question answered) gets that outcome without running, one approved ru
 ``ToolContext.approved``. A call that waits for a human (the policy said ``ask``, the tool
 raised :class:`capabilities.tools.ApprovalRequired` or :class:`capabilities.tools.QuestionForUser`)
 (or an MCP server's request for input or for the agent's model:
-:class:`capabilities.tools.InputForUser`, kinds ``elicitation`` and ``sampling``)
+:class:`capabilities.tools.InputForUser`, kinds ``elicitation`` and ``sampling``; or an
+account a person has to connect: :class:`capabilities.tools.ConnectionForUser`, kind ``connection``)
 gets an Approval row and is returned to the loop, which pauses the run once the turn's other
 calls are done.
 
@@ -30,7 +31,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capabilities.tools import ApprovalRequired, InputForUser, QuestionForUser, SessionStore, ToolContext, ToolError
+from capabilities.tools import (
+    ApprovalRequired,
+    ConnectionForUser,
+    InputForUser,
+    QuestionForUser,
+    SessionStore,
+    ToolContext,
+    ToolError,
+)
 from capabilities.toolsets import CallWaiting, ToolInvocation, ToolOutcome
 from capabilities.untrusted import frame_untrusted  # noqa: F401 - its import place for the runner's readers
 from llm.sanitize import clean_json
@@ -152,8 +161,12 @@ async def _call_answering_unattended(spec: RunSpec, toolset: Toolset, invocation
     input (:class:`InputForUser`) is answered at once with the configured answer (decline by
     default) and the call made again, at most :data:`MAX_UNATTENDED_ROUNDS` times.
 
+    An account the server refused (:class:`ConnectionForUser`) fails the call there with what
+    the person would have been told.
+
     Raises:
         InputForUser: A person watches the run: the call waits for their answer.
+        ConnectionForUser: A person watches the run: the call waits for the account.
     """
     answer = spec.request_options.unattended
     for _ in range(MAX_UNATTENDED_ROUNDS):
@@ -163,6 +176,10 @@ async def _call_answering_unattended(spec: RunSpec, toolset: Toolset, invocation
             if not answer:
                 raise
             invocation.context.input_answer = {"request": exc.request, "action": answer, "content": None}
+        except ConnectionForUser as exc:
+            if not answer:
+                raise
+            return ToolOutcome.failure(str(exc.request.get("message") or "The MCP server's account must be connected."))
     return ToolOutcome.failure(f"The MCP server asked for input more than {MAX_UNATTENDED_ROUNDS} times in a run "
                                "nobody watches; the call was given up.")
 
@@ -188,6 +205,9 @@ async def _execute_one(
             timeout = {"timeout_seconds": exc.timeout_seconds} if exc.timeout_seconds else None  # the binding's
             return await record.wait_for_human(kind, question=str(exc.request.get("message", "")),
                                                elicitation={"request": exc.request}, rule=timeout)
+        except ConnectionForUser as exc:  # an account to connect: the call waits for it
+            return await record.wait_for_human(ApprovalKind.CONNECTION, reason=str(exc.request.get("message", "")),
+                                               elicitation={"request": exc.request})
         except ApprovalRequired as exc:
             return await record.wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason, rule=exc.rule)
         except QuestionForUser as exc:
@@ -216,7 +236,7 @@ def _invocation(
         # A call its server asked a person during (elicitation, sampling) had started, so it had
         # passed its approval if it needed one: executed again, it is the same approved call.
         approved=approval is not None and (approval.status == ApprovalStatus.APPROVED
-                                           or approval.kind in _ANSWERED_BY_THE_CALL),
+                                           or approval.kind in (*_ANSWERED_BY_THE_CALL, ApprovalKind.CONNECTION)),
         input_answer=approval.elicitation if approval is not None and approval.kind in _ANSWERED_BY_THE_CALL
         else None,
     )
@@ -233,6 +253,8 @@ def _settled(approval: ApprovalState | None) -> ToolOutcome | None:
     """The outcome of a call a human already settled: denied, expired, or a question answered."""
     if approval is None or approval.kind in _ANSWERED_BY_THE_CALL:  # executed again with the answer
         return None
+    if approval.kind == ApprovalKind.CONNECTION:
+        return _connection_settled(approval)
     if approval.kind == ApprovalKind.QUESTION and approval.status == ApprovalStatus.ANSWERED:
         return ToolOutcome(content=f"The user answered: {approval.answer}")
     if approval.kind == ApprovalKind.CLIENT_TOOL:
@@ -245,6 +267,23 @@ def _settled(approval: ApprovalState | None) -> ToolOutcome | None:
     if approval.status == ApprovalStatus.EXPIRED:
         return ToolOutcome.failure("Nobody approved this tool call in time.")
     return None
+
+
+def _connection_settled(approval: ApprovalState) -> ToolOutcome | None:
+    """A call that waited for an account (kind ``connection``): connected, a refused call is
+    made again (None) and the server's stand-in (``<alias>__connect``) says its tools are
+    there now (the resumed run opened them); declined or expired, it fails saying so."""
+    request = (approval.elicitation or {}).get("request") or {}
+    name = request.get("server_name") or request.get("server") or "the MCP server"
+    if approval.status == ApprovalStatus.ANSWERED:
+        if request.get("retry"):
+            return None
+        return ToolOutcome(content=f"The account for {name} is connected: its tools are available now.")
+    if approval.status == ApprovalStatus.EXPIRED:
+        return ToolOutcome.failure(f"Nobody connected the account for {name} in time: its tools are not available "
+                                   "in this run.")
+    return ToolOutcome.failure(f"The user chose not to connect the account for {name}: its tools are not available "
+                               "in this run. Go on without them.")
 
 
 def _parse_arguments(raw: str) -> dict[str, Any]:

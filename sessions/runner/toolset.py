@@ -198,7 +198,7 @@ async def _open_bindings(spec: RunSpec, stack: contextlib.AsyncExitStack, toolse
     ctx = OpenContext(
         tenant_id=spec.tenant_id, run_id=spec.run_id, tool_timeout_seconds=spec.tool_timeout_seconds, stack=stack,
         publish=publish, in_thread=db, subrun_tool=subrun_tool, run=spec, user_id=spec.user_id, agent_id=spec.agent_id,
-        attach_file=_file_attacher(spec, publish),
+        attach_file=_file_attacher(spec, publish), attended=not spec.request_options.unattended,
     )
     toolset.context = ctx
     by_kind: dict[str, list[Any]] = {}

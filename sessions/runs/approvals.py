@@ -46,7 +46,10 @@ def approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: str
             of) or an ``ask_user`` question of the caller's run.
         user: Who decides; must be one of the approval's approvers.
         decision: ``approve`` or ``deny`` (tool-call approvals, and kind ``sampling``: an MCP
-            server's use of the agent's model).
+            server's use of the agent's model). Kind ``connection`` (an OAuth MCP server's
+            account to connect): ``deny`` goes on without it; ``approve`` says it is connected
+            now (a 409 when it is not; connecting answers it on its own,
+            :func:`connection_approvals_answer`).
         reason: Optional, why (≤ 2,000 characters): a denial's is fed back to the model with
             the failed call (kind ``sampling``: in the error the server or the model reads);
             either is kept in the audit log and on the run's trace.
@@ -106,6 +109,9 @@ def _check_decision(approval: Approval, *, decision: str, answer: str) -> str:
     if approval.kind == ApprovalKind.CLIENT_TOOL:
         raise ApplicationError("This tool runs in the API client: its next request brings the output.",
                                status_code=409)
+    if approval.kind == ApprovalKind.CONNECTION and decision not in ("approve", "deny"):
+        raise ApplicationError("`decision` must be 'approve' (the account is connected now) or 'deny' "
+                               "(go on without it).")
     if approval.kind == ApprovalKind.QUESTION:
         answer = (answer or "").strip()
         if not answer:
@@ -135,6 +141,8 @@ def _approval_decide(*, approval: Approval, user: AbstractBaseUser, decision: st
         raise ApplicationError(f"The run is {run.status}; it no longer waits for this approval.", status_code=409)
     if approval.expires_at <= now:
         raise ApplicationError("This approval has expired.", status_code=409)
+    if approval.kind == ApprovalKind.CONNECTION and decision == "approve":
+        _check_connected(approval, run=run)
     _decision_apply(approval, decision=decision, reason=reason, answer=answer, elicitation=elicitation)
     approval.decided_by = user
     approval.decided_at = now
@@ -149,6 +157,9 @@ def _decision_apply(approval: Approval, *, decision: str, reason: str, answer: s
     """Set the pending ``approval``'s status and answer from a checked decision (not saved)."""
     if approval.kind == ApprovalKind.QUESTION:
         approval.status, approval.answer = ApprovalStatus.ANSWERED, answer
+    elif approval.kind == ApprovalKind.CONNECTION:
+        approval.status = ApprovalStatus.ANSWERED if decision == "approve" else ApprovalStatus.DENIED
+        approval.answer = CONNECTED if decision == "approve" else (reason or "").strip()[:2000]
     elif elicitation is not None:  # the action only; the content is the server's to read
         approval.status, approval.answer, approval.elicitation = ApprovalStatus.ANSWERED, elicitation["action"], elicitation
     else:
@@ -160,13 +171,70 @@ def _decision_apply(approval: Approval, *, decision: str, reason: str, answer: s
                                     "reason": approval.answer}
 
 
+CONNECTED = "connected"
+"""The answer of a ``connection`` approval whose account was connected."""
+
+
+def _connection_request(approval: Approval) -> dict[str, Any]:
+    request = (approval.elicitation or {}).get("request")
+    return request if isinstance(request, dict) else {}
+
+
+def _check_connected(approval: Approval, *, run: Run) -> None:
+    """ApplicationError (409) unless the run's user (or the tenant) now holds a usable
+    connection to the approval's server."""
+    from capabilities.mcp_oauth.runs import connection_id_for_run
+
+    request = _connection_request(approval)
+    connection_id, why = connection_id_for_run(tenant_id=run.tenant_id, server_id=int(request.get("server_id") or 0),
+                                               user_id=run.user_id)
+    if connection_id is None:
+        raise ApplicationError(f"Not connected yet: {why}", status_code=409)
+
+
+def connection_approvals_answer(*, server_id: int, user_id: int | None, actor: AbstractBaseUser | None) -> int:
+    """An account was connected: the pending ``connection`` approvals it settles are answered
+    and their runs resume (:func:`run_resume`), as if their person had said so.
+
+    Args:
+        server_id: The MCP server connected.
+        user_id: Whose account (``oauth_user``: only that user's runs wait for it); None: the
+            tenant's (``oauth_tenant``: every run of the tenant waiting for this server).
+        actor: Who connected (``decided_by``; None: nobody signed in, e.g. a refresh).
+
+    Returns:
+        How many approvals were answered. Requires the caller's tenant scope. Emits
+        ``approval_resolved`` for each on commit.
+    """
+    waiting = Approval.objects.filter(kind=ApprovalKind.CONNECTION, status=ApprovalStatus.PENDING,
+                                      elicitation__request__server_id=server_id)
+    if user_id is not None:
+        waiting = waiting.filter(run__user_id=user_id)
+    answered = 0
+    for approval_id, run_id in waiting.values_list("pk", "run_id"):
+        with transaction.atomic():
+            run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+            approval = Approval.objects.select_for_update(no_key=True).get(pk=approval_id)
+            if approval.status != ApprovalStatus.PENDING or run.status not in ACTIVE_RUN_STATUSES:
+                continue
+            now = timezone.now()
+            approval.status, approval.answer, approval.decided_at = ApprovalStatus.ANSWERED, CONNECTED, now
+            approval.decided_by = actor if actor is not None and actor.is_authenticated else None
+            approval.save(update_fields=["status", "answer", "decided_by", "decided_at"])
+            _decision_record(approval, run=run, actor=approval.decided_by)
+            run_resume(run=run, now=now)
+            answered += 1
+    return answered
+
+
 def _decision_record(approval: Approval, *, run: Run, actor: AbstractBaseUser | None) -> None:
     """What a decision leaves besides its row: the audit log entry (the decision, who made it,
     or ``by: timeout``, and for a tool call or a sampling request the reason given; never a question's answer or a
     form's content), ``approval_resolved`` on the session's stream and, after the commit, the
     run-event observers' ``approval_resolved`` (outbound webhooks' ``approval.decided``)."""
     detail: dict[str, Any] = {"run_id": run.pk, "tool_call_id": approval.tool_call_id, "kind": approval.kind}
-    if approval.kind in (ApprovalKind.TOOL_CALL, ApprovalKind.SAMPLING):
+    if approval.kind in (ApprovalKind.TOOL_CALL, ApprovalKind.SAMPLING) or (
+            approval.kind == ApprovalKind.CONNECTION and approval.status == ApprovalStatus.DENIED):
         detail["reason"] = approval.answer
     if actor is None:
         detail["by"] = "timeout"
@@ -306,21 +374,26 @@ def _decide_on_timeout(qs: Any, *, now: datetime) -> None:
             run_resume(run=run, now=now)
 
 
-_DECLINED_ON_EXPIRY = (ApprovalKind.ELICITATION, ApprovalKind.SAMPLING)
+_DECLINED_ON_EXPIRY = (ApprovalKind.ELICITATION, ApprovalKind.SAMPLING, ApprovalKind.CONNECTION)
 
 
 def _elicitations_decline(qs: Any, *, now: datetime) -> None:
     """An MCP server's request for input, or for the agent's model (sampling), nobody answered
     in time is declined (not a failed run): the approval is ``expired`` with action
     ``decline`` and the run resumes, executing the call again with that answer
-    (:mod:`capabilities.mcp.elicitation`, :mod:`capabilities.mcp.sampling`)."""
+    (:mod:`capabilities.mcp.elicitation`, :mod:`capabilities.mcp.sampling`). An account nobody
+    connected in time (kind ``connection``): ``expired``, the call fails saying so."""
     for approval in qs.select_for_update(no_key=True):
         run = Run.objects.select_for_update(no_key=True).get(pk=approval.run_id)
         request = (approval.elicitation or {}).get("request") or {}
         sampling = approval.kind == ApprovalKind.SAMPLING
         approval.status, approval.answer, approval.decided_at = ApprovalStatus.EXPIRED, "" if sampling else "decline", now
-        approval.elicitation = ({"request": request, "action": "decline", "reason": ""} if sampling
-                                else {"request": request, "action": "decline", "content": None})
+        if approval.kind == ApprovalKind.CONNECTION:
+            approval.answer = ""
+        elif sampling:
+            approval.elicitation = {"request": request, "action": "decline", "reason": ""}
+        else:
+            approval.elicitation = {"request": request, "action": "decline", "content": None}
         approval.save(update_fields=["status", "answer", "decided_at", "elicitation"])
         event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type="approval_resolved", data={
             "approval_id": approval.pk, "tool_call_id": approval.tool_call_id, "status": approval.status,

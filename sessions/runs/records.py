@@ -487,9 +487,19 @@ def elicitation_public(elicitation: Any) -> dict[str, Any] | None:
     ``{mode, message, schema, url, server, tool}`` (not the server's opaque state); None for
     other kinds."""
     request = (elicitation or {}).get("request") if isinstance(elicitation, dict) else None
-    if not isinstance(request, dict) or request.get("type") == "sampling":
+    if not isinstance(request, dict) or request.get("type") in ("sampling", "connection"):
         return None
     return {k: request.get(k) for k in ("mode", "message", "schema", "url", "server", "tool")}
+
+
+def connection_public(elicitation: Any) -> dict[str, Any] | None:
+    """What a person sees of an account a run waits for (kind ``connection``): ``{server
+    (alias), server_id, server_name, auth_mode ("oauth_user" | "oauth_tenant"), tool, retry
+    (a refused call made again once connected), message (why)}``; None for other kinds."""
+    request = (elicitation or {}).get("request") if isinstance(elicitation, dict) else None
+    if not isinstance(request, dict) or request.get("type") != "connection":
+        return None
+    return {k: request.get(k) for k in ("server", "server_id", "server_name", "auth_mode", "tool", "retry", "message")}
 
 
 def sampling_public(elicitation: Any) -> dict[str, Any] | None:
@@ -511,6 +521,6 @@ def approval_payload(a: Approval) -> dict[str, Any]:
         "approval_id": a.pk, "tool_call_id": a.tool_call_id, "kind": a.kind, "status": a.status,
         "tool_name": a.tool_name, "arguments": a.arguments, "reason": a.reason, "question": a.question,
         "elicitation": elicitation_public(a.elicitation), "sampling": sampling_public(a.elicitation),
-        "expires_at": a.expires_at.isoformat(), "sub_run_id": a.sub_run_id,
+        "connection": connection_public(a.elicitation), "expires_at": a.expires_at.isoformat(), "sub_run_id": a.sub_run_id,
         "skill": a.skill_name, "approvers": a.approvers or {}, "on_timeout": a.on_timeout,
     }

@@ -1,6 +1,8 @@
 """OAuth MCP servers in runs on the fake model: a member who has not connected gets the run
-without the server's tools and a ``capability_unavailable`` that says where to connect; once
-connected, the run calls the server's tools through the pool with the connection's token."""
+without the server's tools (its ``<alias>__connect`` stand-in instead, the Connect card:
+sessions/tests/test_mcp_connect_card.py) and a ``capability_unavailable`` that says where to
+connect; once connected, the run calls the server's tools through the pool with the
+connection's token."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from capabilities.tests.mcp_test_server import serve_mcp_http
 from llm.testing import Reply, ToolCalls
 from sessions.events import events_since
 from sessions.runner.loop import execute_run
-from sessions.tests.conftest import post_message, reload_run
+from sessions.runs.transitions import unattended_runs
+from sessions.tests.conftest import post_message, post_message_sync, reload_run
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -55,7 +58,7 @@ async def test_a_member_who_has_not_connected_is_told_where_to_connect(world, fa
         await execute_run(run.pk)
     run = await reload_run(run.pk)
     assert run.status == "completed", (run.reason, run.error)
-    assert "tools" not in fake_llm.requests[0]
+    assert [t["function"]["name"] for t in fake_llm.requests[0]["tools"]] == [f"{server.alias}__connect"]
     events = await events_since(session_id=run.session_id, after_seq=0)
     [unavailable] = [e["data"] for e in events if e["type"] == "capability_unavailable"]
     assert unavailable["alias"] == server.alias
@@ -132,14 +135,17 @@ def _serve_challenging_tool_calls():
 
 async def test_a_401_on_a_tool_call_ends_the_call_and_asks_to_connect_again(world, fake_llm, settings):
     """A later request of the run (the tool call, after a good handshake and listing) refused
-    with 401 even after a refresh: the call fails at once (no hang, no crash: the pooled session
-    ends with ``ConnectionRequired``, the model reads an error), the connection is marked ``reconnect`` asking for the 401's scope, and the next run
-    leaves the server out with where to connect (the same path as a refused refresh)."""
+    with 401 even after a refresh, in a run nobody watches (an API run: a chat's run waits on a
+    Connect card instead, sessions/tests/test_mcp_connect_card.py): the call fails at once (no
+    hang, no crash: the pooled session ends with ``ConnectionRequired``, the model reads an
+    error), the connection is marked ``reconnect`` asking for the 401's scope, and the next
+    run leaves the server out with where to connect (the same path as a refused refresh),
+    offering its ``<alias>__connect`` stand-in instead."""
     settings.OUTBOUND_ALLOWED_CIDRS = ["127.0.0.1/32"]
     with FakeAuthorizationServer() as fake, _serve_challenging_tool_calls() as mcp_url:
         agent, server = await _agent_with_oauth_server(world, fake_llm.base_url, mcp_url, fake, connect_member=True)
         fake_llm.script(ToolCalls([(f"{server.alias}__echo", {"text": "hi"})]), Reply("I need you to connect."))
-        run = await post_message(agent=agent, user=world.member, content="echo hi")
+        run = await database_sync_to_async(_unattended_post)(agent, world.member, "echo hi")
         started = time.monotonic()
         await execute_run(run.pk)
         elapsed = time.monotonic() - started
@@ -162,3 +168,9 @@ async def test_a_401_on_a_tool_call_ends_the_call_and_asks_to_connect_again(worl
     unavailable = [e["data"] for e in events if e["type"] == "capability_unavailable"]
     assert [u["alias"] for u in unavailable][-1:] == [server.alias]
     assert "has to be made again" in unavailable[-1]["error"] and "Settings → Connections" in unavailable[-1]["error"]
+    assert [t["function"]["name"] for t in fake_llm.requests[2]["tools"]] == [f"{server.alias}__connect"]
+
+
+def _unattended_post(agent, user, content):
+    with unattended_runs():
+        return post_message_sync(agent=agent, user=user, content=content)

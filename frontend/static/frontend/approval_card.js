@@ -4,12 +4,15 @@
 // call whose approval rule names other approvers (a role, named members) says who decides
 // instead of offering the buttons (their inbox: approvals_inbox.js). An MCP server's request to
 // use the agent's model (kind sampling) shows what it would send the model, with Approve / Deny.
+// An MCP server whose account nobody has connected (kind connection) offers Connect (the
+// service's sign-in, then back to this chat; connecting resumes the run) and Continue without.
 
 import { api, ApiError } from './api.js';
 import { h, replaceChildren } from './dom.js';
 import { elicitationForm, elicitationLink } from './elicitation_form.js';
 import { pretty } from './tool_card.js';
 import { approversText, mayDecide } from './approvals_inbox.js';
+import { connectionsApi } from './mcp_connections.js';
 
 /** A pending approval (Approve / Deny) or an ask_user question (answer box), then its outcome. */
 export class ApprovalView {
@@ -46,6 +49,10 @@ export class ApprovalView {
     });
     this.declineBtn.addEventListener('click', () => this.decide({ action: 'decline' }));
     this.cancelBtn.addEventListener('click', () => this.decide({ action: 'cancel' }));
+    this.connectBtn = h('button', { type: 'button', class: 'btn btn-primary', testid: 'connection-card-connect', text: 'Connect' });
+    this.withoutBtn = h('button', { type: 'button', class: 'btn', testid: 'connection-card-without', text: 'Continue without' });
+    this.connectBtn.addEventListener('click', () => this.connect());
+    this.withoutBtn.addEventListener('click', () => this.decide({ decision: 'deny' }));
     this.form = null;
     this.actions = h('div', { class: 'approval-actions' });
     this.outcome = h('div', { class: 'approval-outcome', testid: 'approval-outcome' });
@@ -71,7 +78,8 @@ export class ApprovalView {
     }
     this.busy = true;
     this.showError('');
-    const buttons = [this.approveBtn, this.denyBtn, this.sendBtn, this.acceptBtn, this.declineBtn, this.cancelBtn];
+    const buttons = [this.approveBtn, this.denyBtn, this.sendBtn, this.acceptBtn, this.declineBtn, this.cancelBtn,
+      this.connectBtn, this.withoutBtn];
     for (const b of buttons) b.disabled = true;
     try {
       const decided = await api.decideApproval(this.id, body);
@@ -84,6 +92,25 @@ export class ApprovalView {
     }
   }
 
+  /** Connect the server's account: its sign-in in this tab, back to this chat afterwards (the
+   *  run resumes on its own once the account is connected). */
+  async connect(navigate = (url) => window.location.assign(url)) {
+    if (this.busy) return;
+    const connection = (this.approval && this.approval.connection) || {};
+    this.busy = true;
+    this.showError('');
+    this.connectBtn.disabled = true;
+    try {
+      const answer = await connectionsApi.connect(connection.server_id, `/${window.location.hash}`);
+      navigate(answer.authorization_url);
+    } catch (err) {
+      this.showError(err instanceof ApiError ? err.message : 'Could not start connecting.');
+      this.connectBtn.disabled = false;
+    } finally {
+      this.busy = false;
+    }
+  }
+
   showError(text) {
     this.error.textContent = text;
     this.error.hidden = !text;
@@ -92,7 +119,7 @@ export class ApprovalView {
   update(approval) {
     this.approval = approval;
     const key = JSON.stringify([approval.status, approval.kind, approval.tool_name, approval.question, approval.skill, approval.answer,
-      approval.elicitation, approval.sampling, approval.approvers, approval.can_decide]);
+      approval.elicitation, approval.sampling, approval.connection, approval.approvers, approval.can_decide]);
     if (key === this.key) return;
     this.key = key;
     this.el.dataset.kind = approval.kind;
@@ -102,6 +129,10 @@ export class ApprovalView {
     }
     if (approval.kind === 'sampling') {
       this.updateSampling(approval);
+      return;
+    }
+    if (approval.kind === 'connection') {
+      this.updateConnection(approval);
       return;
     }
     const question = approval.kind === 'question';
@@ -164,6 +195,32 @@ export class ApprovalView {
     const labels = { approved: 'Approved', denied: 'Denied', expired: 'Nobody decided in time: declined' };
     const why = approval.status === 'denied' && approval.answer ? ` — ${approval.answer}` : '';
     this.outcome.textContent = pending ? '' : `${labels[approval.status] || approval.status}${why}`;
+    this.outcome.hidden = pending;
+  }
+
+  /** An MCP server the run needs has no connected account: Connect, or Continue without. */
+  updateConnection(approval) {
+    const connection = approval.connection || {};
+    const pending = approval.status === 'pending';
+    this.el.dataset.status = approval.status;
+    this.el.classList.toggle('is-pending', pending);
+    const name = connection.server_name || connection.server || 'this service';
+    const tenant = connection.auth_mode === 'oauth_tenant';
+    this.title.textContent = connection.retry ? `Connect ${name} again?` : `Connect ${name}?`;
+    this.reason.textContent = tenant
+      ? `The agent needs the organisation’s account for ${name} (a tenant admin connects it).`
+      : connection.retry
+        ? `${name} refused your account during ${connection.tool || 'a call'}; connect it again and the call is made again.`
+        : `The agent needs your ${name} account for this. Connect it and the agent goes on with it.`;
+    this.reason.hidden = false;
+    // A refused call says what the service answered; a first connection needs no more words.
+    this.detail.textContent = connection.retry ? connection.message || '' : '';
+    this.detail.hidden = !this.detail.textContent;
+    this.connectBtn.textContent = connection.retry ? 'Connect again' : 'Connect';
+    this.connectBtn.setAttribute('aria-label', `${this.connectBtn.textContent}: ${name}`);
+    replaceChildren(this.actions, pending ? [this.connectBtn, this.withoutBtn] : []);
+    const labels = { answered: 'Connected', denied: 'Continued without it', expired: 'Nobody connected it in time' };
+    this.outcome.textContent = pending ? '' : labels[approval.status] || approval.status;
     this.outcome.hidden = pending;
   }
 

@@ -72,6 +72,8 @@ function upsertApproval(run, raw) {
       : null),
     // An MCP server's request for the agent's model (kind sampling): what it asks.
     sampling: raw.sampling || null,
+    // An OAuth MCP server's account to connect (kind connection): which server, whose account.
+    connection: raw.connection || null,
   };
   if (!current) run.approvals.set(id, incoming);
   else if (current.status === 'pending') Object.assign(current, incoming);

@@ -21,7 +21,7 @@ export const connectionsApi = {
     const data = await request('GET', 'mcp-connections/');
     return Array.isArray(data) ? data : [];
   },
-  connect: (id) => request('POST', `mcp-connections/${enc(id)}/connect/`, { return_to: '/#/settings' }),
+  connect: (id, returnTo = '/#/settings') => request('POST', `mcp-connections/${enc(id)}/connect/`, { return_to: returnTo }),
   disconnect: (id) => request('DELETE', `mcp-connections/${enc(id)}/`),
 };
 
