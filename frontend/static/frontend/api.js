@@ -214,6 +214,10 @@ export const api = {
   sendMessage: (id, content, resources) =>
     post(`sessions/${enc(id)}/messages/`, resources && resources.length ? { content, resources } : { content }),
   listResources: (agentId, q) => get(`agents/${enc(agentId)}/resources/?q=${encodeURIComponent(q || '')}`),
+  /** MCP resources pinned to a chat: {results: [{id, server, binding, uri, bound}]}; pin {binding, uri}; unpin. */
+  listPinnedResources: (sessionId) => get(`sessions/${enc(sessionId)}/pinned-resources/`),
+  pinResource: (sessionId, body) => post(`sessions/${enc(sessionId)}/pinned-resources/`, body),
+  unpinResource: (sessionId, pinId) => request('DELETE', `sessions/${enc(sessionId)}/pinned-resources/${enc(pinId)}/`),
   /** Decide an approval: {decision: 'approve'|'deny', reason} or, for a question, {answer}. */
   decideApproval: (id, body) => post(`approvals/${enc(id)}/`, body),
 };

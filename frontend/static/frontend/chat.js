@@ -401,6 +401,7 @@ export class ChatView {
       running: this.conversation.hasActiveRun(),
       agentName: this.agentName,
       agentId: this.session?.agent?.id,
+      sessionId: this.sessionId,
       steer: this.messageMode === 'steer',
     });
   }

@@ -141,6 +141,7 @@ export class Composer {
    */
   update(state) {
     this.state = state;
+    this.resourcePicker?.onState(state); // the chat's pinned resources (resources_picker.js)
     const { running, steer } = state;
     const locked = !state.loaded || state.sending;
     const name = state.agentName || 'the agent';

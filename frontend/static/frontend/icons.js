@@ -9,6 +9,7 @@ const PATHS = {
   file: 'M6 2h8l5 5v15H6zM14 2v5h5',
   image: 'M4 4h16v16H4zM4 16l5-5 4 4 3-3 4 4M15 9.5a1.5 1.5 0 1 0 0-.01',
   doc: 'M6 2h8l5 5v15H6zM14 2v5h5M9 12h6M9 16h6',
+  pin: 'M9 3h6l-1 6 3 3H7l3-3zM12 12v9',
 };
 
 /** An inline SVG icon (decorative: aria-hidden), sized by CSS (.icon: 1em). */

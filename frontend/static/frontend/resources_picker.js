@@ -5,9 +5,13 @@
 // Enter or Tab choose, Esc closes. The box keeps the focus: while the list is open it controls
 // it (aria-controls) and names the active option (aria-activedescendant), as the / picker does.
 // renderUserInput() shows a sent message's "[resource: <server> <uri>]" lines as chips.
+// Pins: an attached resource's pin button pins it to the chat (POST /api/v1/sessions/<id>/pinned-resources/):
+// every later run of the chat reads it, not only the next message's. The chat's pins are a row
+// of chips above the box (loaded when the chat is), each with × to unpin (DELETE).
 
 import { api } from './api.js';
 import { h, replaceChildren } from './dom.js';
+import { icon } from './icons.js';
 
 const TOKEN = /(^|\s)@([^\s@]*)$/; // "@query" just before the caret
 const RESOURCE_LINE = /^\[resource: (\S+) (\S+)\]$/;
@@ -35,9 +39,11 @@ class ResourcePicker {
     this.status = h('div', { class: 'resource-picker-status', testid: 'resource-picker-status', role: 'status' });
     this.popup = h('div', { class: 'resource-popup', hidden: true }, this.status, this.list);
     this.chips = h('ul', { class: 'attach-chips resource-chips', testid: 'resource-chips', 'aria-label': 'Attached resources', hidden: true });
+    this.pins = new PinnedRow(composer);
     this.input.setAttribute('aria-autocomplete', 'list');
     this.controlled = null; // the box's aria-controls before the list opened (the / picker's)
     composer.el.insertBefore(this.chips, composer.el.firstChild);
+    composer.el.insertBefore(this.pins.el, composer.el.firstChild);
     composer.el.append(this.popup);
     this.input.addEventListener('input', () => this.onInput());
     this.input.addEventListener('blur', () => setTimeout(() => this.close(), 150));
@@ -211,6 +217,11 @@ class ResourcePicker {
     if (start >= 0) field.setSelectionRange(start, item.uri.indexOf('}', start) + 1);
   }
 
+  /** The chat's state changed (composer.update): load its pins when the chat is another one. */
+  onState(state) {
+    this.pins.show(state.sessionId);
+  }
+
   renderChips() {
     this.chips.hidden = !this.chosen.length;
     replaceChildren(this.chips, this.chosen.map((c) => {
@@ -220,9 +231,94 @@ class ResourcePicker {
         this.renderChips();
         this.input.focus();
       });
+      const pin = h('button', { type: 'button', class: 'chip-pin', testid: 'resource-chip-pin',
+        'aria-label': `Pin ${c.label} to this chat`, title: 'Pin to this chat: every later answer reads it' }, icon('pin'));
+      pin.addEventListener('click', async () => {
+        if (await this.pins.pin(c)) {
+          this.chosen = this.chosen.filter((x) => x !== c);
+          this.renderChips();
+        }
+        this.input.focus();
+      });
       return h('li', { class: 'attach-chip resource-chip', testid: 'resource-chip', title: `${c.server} · ${c.uri}` },
         h('span', { class: 'resource-at', 'aria-hidden': 'true', text: '@' }),
-        h('span', { class: 'attach-name', text: c.label }), remove);
+        h('span', { class: 'attach-name', text: c.label }), pin, remove);
+    }));
+  }
+}
+
+/** The chat's pinned resources: a row of chips above the box, each with × to unpin. */
+class PinnedRow {
+  constructor(composer) {
+    this.composer = composer;
+    this.sessionId = null;
+    this.items = [];
+    this.seq = 0;
+    this.el = h('ul', { class: 'attach-chips pinned-chips', testid: 'pinned-chips',
+      'aria-label': 'Resources pinned to this chat: every answer reads them', hidden: true });
+  }
+
+  show(sessionId) {
+    if ((sessionId || null) === this.sessionId) return;
+    this.sessionId = sessionId || null;
+    this.items = [];
+    this.seq += 1;
+    this.render();
+    if (this.sessionId) this.load();
+  }
+
+  async load() {
+    const seq = ++this.seq;
+    const sessionId = this.sessionId;
+    try {
+      const answer = await api.listPinnedResources(sessionId);
+      if (seq !== this.seq || sessionId !== this.sessionId) return;
+      this.items = answer.results || [];
+      this.render();
+    } catch (err) {
+      // a chat without pins looks the same; the chat still works
+    }
+  }
+
+  /** Pin an attached resource {binding, uri}: true when pinned. */
+  async pin({ binding, uri }) {
+    if (!this.sessionId) return false;
+    try {
+      await api.pinResource(this.sessionId, { binding, uri });
+    } catch (err) {
+      this.composer.toast?.(err.message || 'Could not pin the resource.', 'error');
+      return false;
+    }
+    await this.load();
+    return true;
+  }
+
+  async unpin(item) {
+    try {
+      await api.unpinResource(this.sessionId, item.id);
+    } catch (err) {
+      this.composer.toast?.(err.message || 'Could not unpin the resource.', 'error');
+      return;
+    }
+    await this.load();
+    this.composer.input.focus();
+  }
+
+  render() {
+    this.el.hidden = !this.items.length;
+    const heading = h('li', { class: 'pinned-heading', 'aria-hidden': 'true', text: 'Pinned to this chat:' });
+    replaceChildren(this.el, heading, this.items.map((item) => {
+      const label = item.uri.replace(/\/+$/, '').split('/').pop() || item.uri;
+      const remove = h('button', { type: 'button', class: 'chip-remove', testid: 'pinned-chip-unpin',
+        'aria-label': `Unpin ${item.uri}`, text: '×' });
+      remove.addEventListener('click', () => this.unpin(item));
+      return h('li', {
+        class: `attach-chip resource-chip pinned-chip${item.bound ? '' : ' is-unbound'}`, testid: 'pinned-chip',
+        title: `${item.server} · ${item.uri}${item.bound ? ' · pinned: every answer reads it' : ' · its server is no longer the agent\'s: left out'}`,
+      },
+      icon('pin'),
+      h('span', { class: 'attach-name', text: label }),
+      item.bound ? null : h('span', { class: 'pinned-note', text: 'not available' }), remove);
     }));
   }
 }
