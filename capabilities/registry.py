@@ -86,8 +86,8 @@ class RunInfo(Protocol):
 
     @property
     def attached_resources(self) -> tuple[dict[str, Any], ...]:
-        """MCP resources the person attached to the run's message: ``[{binding, server_id,
-        server, uri}]`` (:mod:`capabilities.mcp.attached`)."""
+        """MCP resources the person attached to the run's message or pinned to its chat:
+        ``[{binding, server_id, server, uri, pinned?}]`` (:mod:`capabilities.mcp.attached`)."""
 
 
 class InThread(Protocol):

@@ -294,7 +294,6 @@ class ResourceCache:
         """2026-07-28: callers waiting for the next listen stream's acknowledgement (its honoured URIs)."""
         self._update_seq = 0
         self._recent_updates: deque[tuple[int, str]] = deque(maxlen=_RECENT_UPDATES)
-        self._background: set[asyncio.Task[None]] = set()
         self.kept_reads = 0
         """Reads answered from kept contents, without a request (tests, the benchmark)."""
 
@@ -405,7 +404,7 @@ class ResourceCache:
                 self._refused[uri] = connection
         if len(self._refused) > 10 * MAX_KEPT_RESOURCES:
             self._refused.clear()
-        self._drop_least_used()
+        await self._drop_least_used()
 
     async def read_kept(self, uri: str, *, max_bytes: int = DEFAULT_RESOURCE_MAX_BYTES
                         ) -> tuple[tuple[ResourceContent, ...], bool]:
@@ -472,19 +471,16 @@ class ResourceCache:
         if dropped is not None:
             self._kept_bytes -= dropped.size_bytes
 
-    def _drop_least_used(self) -> None:
+    async def _drop_least_used(self) -> None:
         """Beyond :data:`MAX_KEPT_RESOURCES` subscriptions, drop the least recently used (its
-        contents too): unsubscribed (2025-11-25, in the background) or left out of the next
-        listen stream (2026-07-28)."""
+        contents too): unsubscribed (2025-11-25) or left out of the next listen stream (2026-07-28)."""
         connection = self._session.connects
         while len(self._subscribed) > MAX_KEPT_RESOURCES:
             uri, on = self._subscribed.popitem(last=False)
             self._forget(uri)
             self._wanted.pop(uri, None)
             if on == connection and self._session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-                task = asyncio.get_running_loop().create_task(self._unsubscribe_legacy(uri))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                await self._unsubscribe_legacy(uri)
 
     async def _subscribe_legacy(self, uri: str) -> bool:
         """2025-11-25: ``resources/subscribe`` for ``uri`` on the session; False when refused."""

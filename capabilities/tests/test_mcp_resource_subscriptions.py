@@ -95,3 +95,19 @@ async def test_kept_contents_end_with_their_connection_and_the_size_cap_still_ap
         assert await read_text(session, URI_A) == ("Version 1 of a.", False), "a new connection reads afresh"
         assert session.connects == 2 and server.state.subscribe_requests == [URI_A, URI_A]
         assert server.state.reads == [URI_A, URI_A]
+
+
+async def test_what_a_session_keeps_is_bounded(pool: McpPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond ``MAX_KEPT_RESOURCES`` subscriptions the least recently used is dropped and unsubscribed."""
+    from capabilities.mcp import resources
+
+    monkeypatch.setattr(resources, "MAX_KEPT_RESOURCES", 1)
+    with serve_pins() as server:
+        session = session_of(pool, server, "legacy")
+        assert await read_text(session, URI_A) == ("Version 1 of a.", False)
+        assert await read_text(session, URI_B) == ("Version 1 of b.", False)
+        assert server.state.unsubscribe_requests == [URI_A]
+        assert await read_text(session, URI_B) == ("Version 1 of b.", True)
+        assert await read_text(session, URI_A) == ("Version 1 of a.", False), "dropped: read (and subscribed) again"
+        assert server.state.subscribe_requests == [URI_A, URI_B, URI_A]
+

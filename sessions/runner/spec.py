@@ -36,8 +36,9 @@ class RunRequestOptions:
     """``{"type": "json_object"}`` or ``{"type": "json_schema", "name", "schema", "strict"}``: the
     answer must be JSON (valid against ``schema``); None: free text."""
     resources: tuple[dict[str, Any], ...] = ()
-    """MCP resources attached to the message (the chat app's ``@``): ``[{binding, server_id,
-    server, uri}]``, read when the run starts (:mod:`capabilities.mcp.attached`)."""
+    """MCP resources attached to the message (the chat app's ``@``) and those pinned to the chat
+    (``pinned: true``, :mod:`sessions.pinned_resources`): ``[{binding, server_id, server, uri,
+    pinned?}]``, read when the run starts (:mod:`capabilities.mcp.attached`)."""
     unattended: str = ""
     """Nobody watches the run (started through the OpenAI-compatible API, A2A or agents over
     MCP): an MCP server's request for input gets this answer at once (``decline`` or
