@@ -77,9 +77,13 @@ def _binding_named(bound: dict[int, CapabilityBinding], *, binding: Any, server:
 
 
 @transaction.atomic
-def pinned_resource_create(*, session: ChatSession, uri: str, binding: Any = None, server: Any = None) -> PinnedResource:
+def pinned_resource_create(*, session: ChatSession, uri: str, binding: Any = None,
+                           server: Any = None) -> tuple[PinnedResource, bool]:
     """Pin ``uri`` of a bound MCP server (``binding`` id, or ``server``: its alias, name or id)
     to the chat; pinning it again returns the existing pin.
+
+    Returns:
+        ``(pin, created)``: ``created`` False when it was pinned already.
 
     Raises:
         ApplicationError: 400: an unknown server, a missing, over-long or relative URI, a
@@ -96,15 +100,15 @@ def pinned_resource_create(*, session: ChatSession, uri: str, binding: Any = Non
     ChatSession.objects.select_for_update(no_key=True).filter(pk=session.pk).first()  # one pin writer per chat
     existing = PinnedResource.objects.filter(session=session, mcp_server_id=target.mcp_server_id, uri=uri).first()
     if existing is not None:
-        return existing
+        return existing, False
     if PinnedResource.objects.filter(session=session).count() >= MAX_PINNED_RESOURCES:
         raise ApplicationError(f"A chat may have at most {MAX_PINNED_RESOURCES} pinned resources; unpin one first.")
     try:
         with transaction.atomic():
             return PinnedResource.objects.create(tenant_id=session.tenant_id, session=session,
-                                                 mcp_server_id=target.mcp_server_id, uri=uri)
+                                                 mcp_server_id=target.mcp_server_id, uri=uri), True
     except IntegrityError:  # pragma: no cover - the chat's row lock orders pin writers
-        return PinnedResource.objects.get(session=session, mcp_server_id=target.mcp_server_id, uri=uri)
+        return PinnedResource.objects.get(session=session, mcp_server_id=target.mcp_server_id, uri=uri), False
 
 
 def pinned_resource_delete(*, session: ChatSession, pin_id: int) -> None:

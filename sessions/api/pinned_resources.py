@@ -66,13 +66,12 @@ class PinnedResourceListCreateApi(TenantScopedApiView):
         if not data.is_valid():
             field, errors = next(iter(data.errors.items()))
             raise ApplicationError(f"{field}: {errors[0]}", extra={"field": field})
-        pins_before = {p["id"] for p in pinned_resource_list(session=session)}
-        pin = pinned_resource_create(session=session, uri=data.validated_data["uri"],
-                                     binding=data.validated_data.get("binding"),
-                                     server=data.validated_data.get("server"))
+        pin, created = pinned_resource_create(session=session, uri=data.validated_data["uri"],
+                                              binding=data.validated_data.get("binding"),
+                                              server=data.validated_data.get("server"))
         item = next(p for p in pinned_resource_list(session=session) if p["id"] == pin.pk)
         return Response(PinnedResourceSerializer(item).data,
-                        status=status.HTTP_200_OK if pin.pk in pins_before else status.HTTP_201_CREATED)
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class PinnedResourceDeleteApi(TenantScopedApiView):
