@@ -23,11 +23,13 @@ import re
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import JSONField
+from django.db.models.expressions import RawSQL
 
 from agent_platform.api_errors import ApplicationError, NotFound
 from agents.models import CapabilityBinding
 from capabilities.mcp.resources import MAX_URI_CHARS
-from sessions.models import ChatSession, PinnedResource
+from sessions.models import ChatSession, PinnedResource, Run
 
 MAX_PINNED_RESOURCES = 10
 """The most resources one chat may have pinned."""
@@ -45,15 +47,32 @@ def _bound_servers(*, agent_id: int) -> dict[int, CapabilityBinding]:
 
 
 def pinned_resource_list(*, session: ChatSession) -> list[dict[str, Any]]:
-    """The chat's pins, oldest first: ``[{id, server, server_id, binding, uri, bound, created_at}]``
-    (``binding``: the agent's binding of the server, None and ``bound`` false when it is no
-    longer bound or enabled)."""
+    """The chat's pins, oldest first: ``[{id, server, server_id, binding, uri, bound, updated,
+    created_at}]`` (``binding``: the agent's binding of the server, None and ``bound`` false when
+    it is no longer bound or enabled; ``updated``: the chat's last run read it again because the
+    server said it changed since the run before, :func:`_updated_at_last_run`)."""
     bound = _bound_servers(agent_id=session.agent_id)
-    pins = PinnedResource.objects.filter(session=session).select_related("mcp_server").order_by("pk")
+    pins = list(PinnedResource.objects.filter(session=session).select_related("mcp_server").order_by("pk"))
+    updated = _updated_at_last_run(session=session) if pins else set()
     return [{"id": pin.pk, "server": pin.mcp_server.alias, "server_id": pin.mcp_server_id,
              "binding": bound[pin.mcp_server_id].pk if pin.mcp_server_id in bound else None,
-             "uri": pin.uri, "bound": pin.mcp_server_id in bound, "created_at": pin.created_at}
+             "uri": pin.uri, "bound": pin.mcp_server_id in bound,
+             "updated": (pin.mcp_server.alias, pin.uri) in updated, "created_at": pin.created_at}
             for pin in pins]
+
+
+def _updated_at_last_run(*, session: ChatSession) -> set[tuple[str, str]]:
+    """``{(server alias, uri)}`` of the pinned resources the chat's last run (not superseded, not a
+    sub-run) read again because their server said they changed (its start context's
+    ``data.resource.updated``, :mod:`capabilities.mcp.attached`). Only the blocks' ``data`` is
+    fetched (PostgreSQL ``jsonb_path_query_array``), not their texts."""
+    found = (Run.objects.filter(session=session, parent_tool_call__isnull=True, superseded_at__isnull=True,
+                                context__isnull=False)
+             .order_by("-pk")
+             .annotate(resources=RawSQL("jsonb_path_query_array(context, '$[*].data.resource ? (@.updated == true)')",
+                                        (), output_field=JSONField()))
+             .values_list("resources", flat=True).first())
+    return {(str(r.get("server")), str(r.get("uri"))) for r in found or () if isinstance(r, dict)}
 
 
 def _binding_named(bound: dict[int, CapabilityBinding], *, binding: Any, server: Any) -> CapabilityBinding:

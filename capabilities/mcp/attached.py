@@ -22,7 +22,8 @@ A resource **pinned** to the chat (``sessions.PinnedResource``) comes the same w
 :meth:`~capabilities.mcp.resources.ResourceCache.read_kept`: the session subscribes to the
 pinned URIs first (all of a server's at once) when the server supports it, and a pin whose
 kept contents are still fresh is not asked of the server again. Its block says it is pinned,
-and its data whether the contents were kept (``kept``).
+and its data whether the contents were kept (``kept``) and whether the server said the resource
+changed since they were read (``updated``: the chat app's pinned chip says so).
 
 The blocks are stored with the run (``Run.context``): a resumed run does not read them again.
 No Django imports.
@@ -102,6 +103,8 @@ async def _block(ref: dict[str, Any], opened: dict[int, Any], ctx: OpenContext, 
         return ContextBlock(source=KIND_KEY, title=_title(ref), text=text, data=data, untrusted=True)
     try:
         if pinned:
+            if session.resources.announced_updated(str(ref["uri"])):
+                data["resource"]["updated"] = True  # changed since the last run read it
             contents, data["resource"]["kept"] = await session.resources.read_kept(str(ref["uri"]), max_bytes=max_bytes)
         else:
             contents = await session.resources.read(str(ref["uri"]), max_bytes=max_bytes)

@@ -266,6 +266,8 @@ class _Kept:
     """``PooledSession.connects`` when read: kept contents of an earlier connection are not used."""
     stale: bool = False
     """The server said the resource was updated (or a listen stream was opened again: no replay)."""
+    updated: bool = False
+    """The server said the resource was updated (``resources/updated``) since it was read."""
 
 
 class ResourceCache:
@@ -312,7 +314,7 @@ class ResourceCache:
         self._recent_updates.append((self._update_seq, uri))
         for kept_uri, kept in self._kept.items():
             if _covers(kept_uri, uri):
-                kept.stale = True
+                kept.stale = kept.updated = True
         self.mark_changed()
 
     async def _capabilities(self) -> mcp_types.ServerCapabilities:
@@ -440,6 +442,12 @@ class ResourceCache:
                 and not self._updated_since(seq, uri)):
             self._keep_contents(uri, contents, connection)
         return contents, False
+
+    def announced_updated(self, uri: str) -> bool:
+        """Whether the server said ``uri`` was updated since the contents this connection keeps
+        were read (the next :meth:`read_kept` reads it again; the chat app says "updated")."""
+        kept = self._kept.get(uri)
+        return kept is not None and kept.updated and kept.connection == self._session.connects
 
     def _usable(self, uri: str, kept: _Kept, connection: int) -> bool:
         """Whether kept contents may answer a read (see :meth:`read_kept`)."""

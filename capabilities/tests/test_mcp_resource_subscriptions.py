@@ -65,8 +65,11 @@ async def test_an_update_makes_only_that_resource_read_again(pool: McpPool, mode
         if revision == "2025-11-25":
             assert server.state.subscribe_requests == [URI_A, URI_B]
 
+        assert not session.resources.announced_updated(URI_A)
         await edit(session, URI_A, "Version 2 of a.")
+        assert session.resources.announced_updated(URI_A) and not session.resources.announced_updated(URI_B)
         assert await read_text(session, URI_A) == ("Version 2 of a.", False), "updated: read afresh"
+        assert not session.resources.announced_updated(URI_A)
         assert await read_text(session, URI_B) == ("Version 1 of b.", True), "the other one is still kept"
         assert server.state.reads == [URI_A, URI_B, URI_A]
         assert await read_text(session, URI_A) == ("Version 2 of a.", True)

@@ -1,12 +1,14 @@
 """MCP resources pinned to a chat (issue 37), in Debian's Chromium: a resource attached with "@"
 is pinned with its chip's pin button and shows in the row of pinned chips above the box (still
 there after a reload); every later answer's run reads it (the model's system message holds its
-text) without attaching it again; × unpins it. The picture is docs/chat-pinned-resources.png
+text) without attaching it again; a pin the last answer read again because its server said it
+changed shows "updated"; × unpins it. The picture is docs/chat-pinned-resources.png
 (written with ``SCREENSHOTS=1``)."""
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ from capabilities.tests.pins_mcp_server import URI_A, serve_pins
 from frontend.tests.axe import assert_no_serious_axe_violations
 from frontend.tests.test_chat_flows import T, _needs_chromium, log_in, open_page, start_chat  # noqa: F401
 from llm.testing import Reply
-from sessions.models import PinnedResource
+from sessions.models import PinnedResource, Run
+from tenants.scoping import tenant_scope
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -27,6 +30,20 @@ pytestmark = [
 ]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _mark_last_run_updated(tenant_id: int) -> None:
+    """The chat's last run as if it had read its pins again after their server said they changed."""
+    from django.db import connection
+
+    try:
+        with tenant_scope(tenant_id):
+            last = Run.objects.order_by("-pk").first()
+            last.context = [{**b, "data": {"resource": {**b["data"]["resource"], "updated": True}}}
+                            for b in last.context]
+            last.save(update_fields=["context"])
+    finally:
+        connection.close()
 
 
 def test_pin_a_resource_to_the_chat(world, fake_llm, celery_worker, live_server_url):
@@ -69,6 +86,12 @@ def test_pin_a_resource_to_the_chat(world, fake_llm, celery_worker, live_server_
             box.press("Enter")
             expect(page.get_by_test_id("assistant-reply").last).to_have_text("Still version 1.", timeout=T)
 
+            expect(page.get_by_test_id("pinned-chip-updated")).to_have_count(0)
+            # The server said the resource changed and the last answer read it again: its chip says so.
+            with ThreadPoolExecutor(max_workers=1) as pool:  # no ORM on Playwright's event-loop thread
+                pool.submit(_mark_last_run_updated, world.tenant.pk).result(timeout=30)
+            page.reload()
+            expect(page.get_by_test_id("pinned-chip-updated")).to_have_text("updated", timeout=T)
             page.get_by_test_id("pinned-chip-unpin").click()
             expect(page.get_by_test_id("pinned-chip")).to_have_count(0, timeout=T)
             expect(page.get_by_test_id("pinned-chips")).to_be_hidden()

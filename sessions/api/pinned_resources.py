@@ -33,6 +33,8 @@ class PinnedResourceSerializer(serializers.Serializer):
     uri = serializers.CharField()
     bound = serializers.BooleanField(help_text="The server is still bound to the chat's agent and enabled: runs read "
                                                "the pin (false: it is kept but left out).")
+    updated = serializers.BooleanField(help_text="The chat's last run read it again because its server said it "
+                                                 "changed since the run before (servers that announce updates only).")
     created_at = serializers.DateTimeField()
 
 

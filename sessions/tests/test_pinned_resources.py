@@ -54,7 +54,7 @@ def test_pin_list_and_unpin(world):
     assert created.status_code == 201, created.json()
     pin = created.json()
     assert pin == {"id": pin["id"], "server": "pins", "server_id": binding.mcp_server_id, "binding": binding.pk,
-                   "uri": URI_A, "bound": True, "created_at": pin["created_at"]}
+                   "uri": URI_A, "bound": True, "updated": False, "created_at": pin["created_at"]}
     again = client.post(url, {"binding": binding.pk, "uri": URI_A}, format="json")
     assert again.status_code == 200 and again.json()["id"] == pin["id"], "pinning it again answers the pin"
     assert client.post(url, {"binding": binding.pk, "uri": URI_B}, format="json").status_code == 201
@@ -163,6 +163,9 @@ async def test_runs_read_pins_and_only_an_updated_one_again(world, fake_llm, mon
         await _edit(pooled, URI_A, "Version 2 of a.")
         third = await ask("Anything new?")
         assert mcp.state.reads == [URI_A, URI_B, URI_A], "only the updated pin is read again"
+        pins = await sync_to_async(client.get)(f"/api/v1/sessions/{session.pk}/pinned-resources/")
+        assert [(p["uri"], p["updated"]) for p in pins.json()["results"]] == [(URI_A, True), (URI_B, False)], \
+            "the chat app can say which pin changed for the last answer"
 
     for run in (first, second, third):
         assert run.status == "completed", run.error
@@ -170,6 +173,8 @@ async def test_runs_read_pins_and_only_an_updated_one_again(world, fake_llm, mon
         (URI_A, True), (URI_B, True)]
     assert [(b["data"]["resource"]["uri"], b["data"]["resource"]["kept"]) for b in third.context] == [
         (URI_A, False), (URI_B, True)]
+    assert [b["data"]["resource"].get("updated") for b in third.context] == [True, None]
+    assert not any(b["data"]["resource"].get("updated") for b in (*first.context, *second.context))
     systems = [request["messages"][0]["content"] for request in fake_llm.requests]
     assert f"Resource {URI_A!r} of MCP server 'pins', pinned to the chat by the user:" in systems[0]
     assert "Version 1 of a." in systems[1] and "Version 1 of b." in systems[1] and "<untrusted-data" in systems[1]

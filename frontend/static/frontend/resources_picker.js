@@ -7,7 +7,8 @@
 // renderUserInput() shows a sent message's "[resource: <server> <uri>]" lines as chips.
 // Pins: an attached resource's pin button pins it to the chat (POST /api/v1/sessions/<id>/pinned-resources/):
 // every later run of the chat reads it, not only the next message's. The chat's pins are a row
-// of chips above the box (loaded when the chat is), each with × to unpin (DELETE).
+// of chips above the box (loaded when the chat is, and again when an answer ends), each with × to
+// unpin (DELETE); "updated" on a chip: the last answer read it again because its server said it changed.
 
 import { api } from './api.js';
 import { h, replaceChildren } from './dom.js';
@@ -220,6 +221,8 @@ class ResourcePicker {
   /** The chat's state changed (composer.update): load its pins when the chat is another one. */
   onState(state) {
     this.pins.show(state.sessionId);
+    if (this.wasRunning && !state.running) this.pins.load(); // which pins the answer found updated
+    this.wasRunning = !!state.running;
   }
 
   renderChips() {
@@ -268,6 +271,7 @@ class PinnedRow {
   }
 
   async load() {
+    if (!this.sessionId) return;
     const seq = ++this.seq;
     const sessionId = this.sessionId;
     try {
@@ -318,7 +322,10 @@ class PinnedRow {
       },
       icon('pin'),
       h('span', { class: 'attach-name', text: label }),
-      item.bound ? null : h('span', { class: 'pinned-note', text: 'not available' }), remove);
+      item.bound ? null : h('span', { class: 'pinned-note', text: 'not available' }),
+      item.bound && item.updated ? h('span', { class: 'pinned-updated', testid: 'pinned-chip-updated', text: 'updated',
+        title: 'Changed since the answer before: the last answer read the new version' }) : null,
+      remove);
     }));
   }
 }
