@@ -238,22 +238,19 @@ def on_path_costs() -> str:
     from types import SimpleNamespace
 
     from llm.records import AttemptRecord
-    from llm.types import ChatMessage, Completion, Usage
     from sessions.runner import tracing
 
     spec = SimpleNamespace(entries=(SimpleNamespace(api="openai", base_url="http://127.0.0.1:1/v1"),),
                            session_id=1, tenant_id=1, run_id=1)
     attempt = AttemptRecord(entry_index=0, provider_name="p", model="bench-model", attempt=1, latency_ms=900,
                             first_token_ms=80, prompt_tokens=500, completion_tokens=30, usage_estimated=False,
-                            status="succeeded", error_class=None, error="")
-    completion = Completion(message=ChatMessage(role="assistant", content="ok"), usage=Usage(), finish_reason="stop",
-                            entry_index=0, model="bench-model")
+                            status="succeeded", error_class=None, error="", finish_reason="stop",
+                            response_model="bench-model")
     observer = tracing.AttemptObserver(spec, None)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
 
     def chat_span() -> None:
         loop.run_until_complete(observer(attempt))
-        observer.completed(completion)
 
     def bare() -> None:
         loop.run_until_complete(asyncio.sleep(0))

@@ -52,6 +52,10 @@ class AttemptRecord:
     """The attempt's request and response bodies (a router built with ``capture_bodies``);
     None: bodies are not recorded for this call (the default). Serialised only when a writer
     asks (:meth:`BodyCapture.texts`)."""
+    finish_reason: str = ""
+    """A succeeded attempt's :attr:`~llm.types.Completion.finish_reason` (``""``: not said, or failed)."""
+    response_model: str = ""
+    """A succeeded attempt's :attr:`~llm.types.Completion.model`, the model the provider says answered."""
 
 
 class BodyCapture:

@@ -149,8 +149,10 @@ class _Attempt:
         usage: Usage,
         error_class: str | None = None,
         error: str = "",
+        completion: Completion | None = None,
     ) -> AttemptRecord:
-        """This attempt's :class:`~llm.records.AttemptRecord`, timed now."""
+        """This attempt's :class:`~llm.records.AttemptRecord`, timed now (``completion``: a
+        succeeded attempt's answer, whose finish reason and model it keeps)."""
         now = asyncio.get_running_loop().time()
         record = AttemptRecord(
             entry_index=self.entry.index,
@@ -172,6 +174,8 @@ class _Attempt:
         )
         if self.bodies is not None:
             record.bodies = self.bodies
+        if completion is not None:
+            record.finish_reason, record.response_model = completion.finish_reason or "", completion.model
         return record
 
     def failure_usage(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Usage:
@@ -539,7 +543,8 @@ class FallbackModel:
                     while True:
                         event = await self._next_event(events, attempt)
                         if isinstance(event, Completion):
-                            await self._emit(attempt, attempt.record(status="succeeded", usage=event.usage))
+                            await self._emit(attempt, attempt.record(status="succeeded", usage=event.usage,
+                                                                     completion=event))
                             await self._health_success(entry)
                             yield event
                             return

@@ -6,7 +6,7 @@
   :func:`sessions.runner.adapters.router_model`): one ``chat {model}`` span per attempt of a
   model call, so retries and fallbacks show as sibling spans (``error.type`` on the failed
   ones), and the ``gen_ai_client_*`` metrics (:mod:`agent_platform.metrics`) whether or not
-  tracing is on;
+  tracing is on; the model's stream itself is never wrapped;
 - :class:`TracingToolset` (one of :data:`sessions.runner.interceptors.INTERCEPTORS`):
   ``execute_tool {tool}`` around each call that runs. An MCP call made inside it carries the
   span's ``traceparent`` in its ``_meta`` (the mcp SDK injects it; the pooled session's owner
@@ -39,7 +39,6 @@ from agent_platform import metrics, telemetry
 from capabilities.toolsets import SUCCEEDED, ToolInvocation, ToolOutcome, WrapperToolset
 from llm.genai_content import input_messages, output_messages
 from llm.records import AttemptRecord, BodyCapture
-from llm.types import Completion, StreamEvent
 from sessions.runner.spec import RunSpec
 from sessions.runner.threads import db
 
@@ -160,16 +159,15 @@ def _server_address(base_url: str) -> tuple[str, int | None]:
 class AttemptObserver:
     """The router's ``record`` callback around the run's own (``record``): each attempt of a
     model call observed in the ``gen_ai_client_*`` metrics and, when tracing, as a ``chat
-    {model}`` span timed from the attempt's record (start = end − latency). The attempt that
-    answered keeps its span open until the call's :class:`~llm.types.Completion` passes
-    (:class:`ObservedModel`), which brings ``gen_ai.response.finish_reasons``."""
+    {model}`` span timed from the attempt's record (start = end − latency), made and ended at
+    once: a succeeded attempt's record carries its answer's finish reason and response model
+    (:class:`~llm.records.AttemptRecord`), so nothing wraps the model's stream."""
 
-    __slots__ = ("_answer", "_record", "_spec", "operation")
+    __slots__ = ("_record", "_spec", "operation")
 
     def __init__(self, spec: RunSpec, record: Callable[[AttemptRecord], Awaitable[None]] | None) -> None:
         self._spec = spec
         self._record = record
-        self._answer: Any = None
         self.operation = telemetry.OP_CHAT
 
     async def __call__(self, attempt: AttemptRecord) -> None:
@@ -205,34 +203,20 @@ class AttemptObserver:
                 attributes["server.port"] = port
         if attempt.first_token_ms is not None:
             attributes[telemetry.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = attempt.first_token_ms / 1000
+        failed = attempt.status != "succeeded"
+        if failed:
+            attributes[telemetry.ERROR_TYPE] = attempt.error_class or "other"
+        else:
+            attributes[telemetry.GEN_AI_RESPONSE_FINISH_REASONS] = (attempt.finish_reason or "stop",)
+            if attempt.response_model:
+                attributes[telemetry.GEN_AI_RESPONSE_MODEL] = attempt.response_model
         if content:
             attributes.update(content)
         span = telemetry.tracer().start_span(f"{self.operation} {attempt.model}", kind=SpanKind.CLIENT,
                                              attributes=attributes, start_time=end_ns - attempt.latency_ms * 1_000_000)
-        if attempt.status != "succeeded":
-            span.set_attribute(telemetry.ERROR_TYPE, attempt.error_class or "other")
+        if failed:
             span.set_status(StatusCode.ERROR, attempt.error[:500])
-            span.end(end_time=end_ns)
-            return
-        self.flush()
-        self._answer = (span, end_ns)
-
-    def completed(self, completion: Completion) -> None:
-        """The call's answer passed: its attempt's span gets the finish reason and response model, and ends."""
-        if self._answer is None:
-            return
-        span, end_ns = self._answer
-        self._answer = None
-        span.set_attribute(telemetry.GEN_AI_RESPONSE_FINISH_REASONS, (completion.finish_reason or "stop",))
-        span.set_attribute(telemetry.GEN_AI_RESPONSE_MODEL, completion.model)
         span.end(end_time=end_ns)
-
-    def flush(self) -> None:
-        """End an answering attempt's span whose Completion never passed (the caller stopped reading)."""
-        if self._answer is not None:
-            span, end_ns = self._answer
-            self._answer = None
-            span.end(end_time=end_ns)
 
 
 def body_content(bodies: BodyCapture) -> dict[str, str]:
@@ -276,46 +260,10 @@ def _latest_that_fit(messages: list[dict[str, Any]]) -> str:
     return json.dumps([*system, *reversed(kept)], ensure_ascii=False)
 
 
-class ObservedModel:
-    """The run's model (``inner``: the fallback router) with each call's Completion shown to
-    ``observer`` (:meth:`AttemptObserver.completed`). Only used while tracing is on."""
-
-    __slots__ = ("_inner", "_observer")
-
-    def __init__(self, inner: Any, observer: AttemptObserver) -> None:
-        self._inner = inner
-        self._observer = observer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def stream(self, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`llm.model.Model.stream` of the inner model, unchanged."""
-        stream = self._inner.stream(*args, **kwargs)
-        try:
-            async for event in stream:
-                if isinstance(event, Completion):
-                    self._observer.completed(event)
-                yield event
-        finally:
-            await stream.aclose()
-            self._observer.flush()
-
-    async def complete(self, *args: Any, **kwargs: Any) -> Completion:
-        """:meth:`llm.router.FallbackModel.complete` through :meth:`stream`."""
-        event: StreamEvent | None = None
-        async for event in self.stream(*args, **kwargs):
-            if isinstance(event, Completion):
-                return event
-        raise RuntimeError("the model stream ended without a completion")
-
-
 def model_observed(spec: RunSpec, record: Any, build: Callable[[Any], Any]) -> Any:
     """The run's model: ``build(record_callback)`` (the router) with its attempts observed
     (:class:`AttemptObserver`: metrics always, ``chat`` spans while tracing)."""
-    observer = AttemptObserver(spec, record)
-    model = build(observer)
-    return ObservedModel(model, observer) if telemetry.TRACING else model
+    return build(AttemptObserver(spec, record))
 
 
 # --- execute_tool -----------------------------------------------------------------------------
@@ -370,6 +318,6 @@ async def _traced_call(wrapped: Any, call: ToolInvocation) -> ToolOutcome:
 
 
 __all__ = [
-    "AttemptObserver", "ObservedModel", "TracingToolset", "body_content", "model_observed", "run_traced",
+    "AttemptObserver", "TracingToolset", "body_content", "model_observed", "run_traced",
     "trace_content_allowed",
 ]
