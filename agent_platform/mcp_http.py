@@ -12,7 +12,9 @@ themselves, in one place, :func:`serve`, in this order:
    a 429 with ``Retry-After`` before the token is looked at;
 5. :func:`authenticate`, the one authentication step (401 for a bad token, and the failure
    counted);
-6. the server's own handler, with the :class:`McpRequest`.
+6. ``Content-Type: application/json`` (else 415: the transport's own check would answer a
+   plain-text 400);
+7. the server's own handler, with the :class:`McpRequest`.
 
 Every answer carries Django's security headers
 (:func:`agent_platform.security_headers.security_headers_for`); refusals are the platform's
@@ -211,6 +213,10 @@ async def serve(scope: dict[str, Any], receive: Any, send: Any, *, path: str, ha
         return
     if login.caller is None:
         await refuse(send, 401, "Invalid or revoked token.", [*headers, challenge])
+        return
+    if request.content_type != "application/json":
+        await refuse(send, 415, "Send the JSON-RPC message as 'Content-Type: application/json'.", headers,
+                     extra={"content_type": request.content_type})
         return
     mcp_request = McpRequest(caller=login.caller, address=address, base_url=base_url,
                              send=with_headers(send, headers))

@@ -64,9 +64,11 @@ from typing import Any, Final
 
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.streamable_http_manager import DEFAULT_MAX_REQUEST_BODY_SIZE, StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError, UrlElicitationRequiredError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.requests import Request
 
 from agent_platform import mcp_http
 from sessions.api.agent_runs import (
@@ -518,6 +520,19 @@ def _cancelled_id(body: bytes) -> tuple[bool, Any]:
     return isinstance(request_id, str | int) and not isinstance(request_id, bool), request_id
 
 
+NOT_ACCEPTABLE: Final[bytes] = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
+    "code": types.INVALID_REQUEST,
+    "message": "Not Acceptable: Client must accept both application/json and text/event-stream"}}).encode()
+"""The answer to a request whose ``Accept`` lacks either (the answers come on SSE): what the SDK's
+2025-11-25 transport answers, at both revisions (its 2026-07-28 one answers an empty 406)."""
+
+
+async def _not_acceptable(send: Any) -> None:
+    await send({"type": "http.response.start", "status": 406, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(NOT_ACCEPTABLE)).encode())]})
+    await send({"type": "http.response.body", "body": NOT_ACCEPTABLE})
+
+
 async def _exchange(request: mcp_http.McpRequest, scope: dict[str, Any], receive: Any) -> None:
     body = await _body(receive)
     if body is None:
@@ -528,6 +543,9 @@ async def _exchange(request: mcp_http.McpRequest, scope: dict[str, Any], receive
         await mcp_http.off_thread(_call_pool, cancelled_notification, request.caller, request_id)
         await request.send({"type": "http.response.start", "status": 202, "headers": []})
         await request.send({"type": "http.response.body", "body": b""})
+        return
+    if not all(check_accept_headers(Request(scope))):
+        await _not_acceptable(request.send)
         return
     replayed = False
 

@@ -328,7 +328,7 @@ def _rpc_list_refusal(body: bytes) -> tuple[int, dict[str, Any]] | None:
     """JSON-RPC ``ListTasks`` with ``params.status`` not a state: error -32602 (the SDK's shape)."""
     try:
         request = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None  # the SDK answers -32700
     if not (isinstance(request, dict) and request.get("method") == "ListTasks"
             and isinstance(request.get("params"), dict)):

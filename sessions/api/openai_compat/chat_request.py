@@ -94,7 +94,7 @@ def body_common(raw: bytes, accepted: frozenset[str]) -> tuple[dict[str, Any], s
     """
     try:
         body = json.loads(raw or b"null")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
         raise bad_request(f"The body is not valid JSON: {exc}.", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.", code="invalid_json")
@@ -180,14 +180,20 @@ def _outputs(messages: list[dict[str, Any]], first: int) -> _Conversation:
     return _Conversation(history=[], content="", tool_outputs=outputs, instructions="", params=params)
 
 
+def _is_instruction(message: dict[str, Any]) -> bool:
+    """Whether ``message`` is a ``system`` or ``developer`` message (a role of another type is not)."""
+    role = message.get("role")
+    return isinstance(role, str) and role in INSTRUCTION_ROLES
+
+
 def _conversation(messages: list[dict[str, Any]]) -> _Conversation:
     """A new run's conversation: the last message the user's, the instructions apart."""
     instructions = [_content(f"messages[{i}]", m.get("content")) for i, m in enumerate(messages)
-                    if m.get("role") in INSTRUCTION_ROLES]
+                    if _is_instruction(m)]
     last = len(messages) - 1
     if messages[last].get("role") != "user":
         raise bad_request("The last message must be the user's.", param=f"messages[{last}].role")
-    history = [_message(i, m) for i, m in enumerate(messages[:-1]) if m.get("role") not in INSTRUCTION_ROLES]
+    history = [_message(i, m) for i, m in enumerate(messages[:-1]) if not _is_instruction(m)]
     images: list[ImageInput] = []
     content = _message(last, messages[last], images=images)[1]
     if not content.strip() and images:

@@ -168,7 +168,7 @@ def _history_item(parsed: _Input, index: int, item: dict[str, Any], *, images: l
     elif kind != "message":
         raise OpenAIError(400, f"`{where}`: only message and function call items are supported (got {kind!r}).",
                           param=where, code="unsupported_value")
-    elif item.get("role") in INSTRUCTION_ROLES:
+    elif isinstance(item.get("role"), str) and item["role"] in INSTRUCTION_ROLES:
         parsed.instructions.append(_text(f"{where}.content", item.get("content"), parts=TEXT_PARTS))
     elif item.get("role") in ("user", "assistant"):
         parsed.history.append((item["role"], _text(f"{where}.content", item.get("content"), parts=TEXT_PARTS,

@@ -1,6 +1,6 @@
 """``/api/openai/v1/``: the OpenAI-compatible API (:mod:`sessions.api.openai_compat`)."""
 
-from django.urls import path
+from django.urls import path, re_path
 
 from sessions.api.openai_compat import views
 
@@ -11,4 +11,5 @@ urlpatterns = [
     path("responses", views.responses_create, name="openai-responses"),
     path("responses/<str:response_id_>", views.response_detail, name="openai-response"),
     path("responses/<str:response_id_>/cancel", views.response_cancel, name="openai-response-cancel"),
+    re_path(r"^(?P<rest>.*)$", views.unknown_path, name="openai-unknown"),  # a 404 in OpenAI's shape
 ]

@@ -588,3 +588,10 @@ async def response_cancel(request: HttpRequest, response_id_: str) -> HttpRespon
     except OpenAIError as exc:
         return exc.response()
     return _response_not_found(response_id_) if found is None else JsonResponse(found)
+
+
+@csrf_exempt
+async def unknown_path(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Any other path under ``/api/openai/v1/``: 404 in OpenAI's shape (``code`` ``unknown_url``),
+    as OpenAI answers ``Invalid URL (<method> <path>)``, not the platform's ``{message, extra}``."""
+    return OpenAIError(404, f"Invalid URL ({request.method} {request.path}).", code="unknown_url").response()
