@@ -295,6 +295,13 @@ def test_the_http_edge_refuses_what_it_must(world, live_server_url):
     ok = httpx.post(url, json=body, headers={**accept, "Authorization": f"Bearer {world.member_token}",
                                              "MCP-Protocol-Version": "2025-11-25"})
     assert ok.status_code == 200 and ok.headers["X-Content-Type-Options"] == "nosniff"
+    auth = {"Authorization": f"Bearer {world.member_token}"}
+    not_json = httpx.post(url, content=b"{}", headers={**accept, **auth, "Content-Type": "text/plain"})
+    assert not_json.status_code == 415 and not_json.json()["extra"] == {"content_type": "text/plain"}
+    for revision in ("2025-11-25", "2026-07-28"):  # the SDK's 2026-07-28 transport answers an empty 406
+        json_only = httpx.post(url, json=body, headers={**auth, "Accept": "application/json",
+                                                        "MCP-Protocol-Version": revision})
+        assert json_only.status_code == 406 and json_only.json()["error"]["code"] == -32600, json_only.content
 
 
 def test_a_cancel_notification_on_another_connection_cancels_the_call_of_its_token(world, fake_llm, celery_worker,
