@@ -163,6 +163,9 @@ def test_send_message_blocking_is_a_run_and_context_continues_the_chat(binding, 
         (Role.ROLE_USER, "Capital of France?"), (Role.ROLE_AGENT, "Paris.")]
     assert (run.status, run.input, run.user_id, run.session.agent.slug) == (
         "completed", "Capital of France?", world.member.pk, "helper")
+    assert run.purpose == "api"  # counted in usage and budgets as the API's, not the chat app's
+    usage = world.client(admin=True).get("/api/v1/admin/usage/").json()
+    assert [row["run_purpose"] for row in usage["by_run_purpose"]] == ["api"]
     assert (second.context_id, _reply(second)) == (first.context_id, "Still Paris.")
     assert [(m["role"], m["content"]) for m in fake_llm.requests[1]["messages"][1:]] == [
         ("user", "Capital of France?"), ("assistant", "Paris."), ("user", "And now?")]

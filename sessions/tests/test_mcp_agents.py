@@ -105,6 +105,9 @@ def test_a_call_is_a_run_answered_with_progress_and_continued_by_chat_id(world, 
     assert (run.status, run.input, run.reply, run.user_id) == ("completed", "say hello", "It said hello.",
                                                                 world.member.pk)
     assert run.session_id == int(data["chat_id"]) and ChatSession.all_tenants.get(pk=run.session_id).agent_id == agent.pk
+    assert run.purpose == "api"  # counted in usage and budgets as the API's, not the chat app's
+    usage = world.client(admin=True).get("/api/v1/admin/usage/").json()
+    assert [row["run_purpose"] for row in usage["by_run_purpose"]] == ["api"]
     values = [value for value, _ in progress]
     assert values == sorted(set(values)) and len(values) >= 3, progress
     messages = [message for _, message in progress]
