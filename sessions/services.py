@@ -54,7 +54,8 @@ def chat_session_create(*, user: AbstractBaseUser, agent: AgentInstance, title: 
     if not agent.is_active:
         raise ApplicationError("This agent is not active.")
     session = ChatSession(tenant_id=agent.tenant_id, agent=agent, user=user, title=title[:200])
-    session.full_clean()
+    # The agent and the user are in hand: checking that their rows exist would be a query each.
+    session.full_clean(exclude=["tenant", "agent", "user"])
     session.save()
     return session
 

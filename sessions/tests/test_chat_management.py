@@ -247,3 +247,19 @@ def test_deleted_chats_hide_their_documents(world, agent, no_enqueue):
     assert client.get(f"/api/v1/documents/{doc.pk}/").status_code == 404
     assert client.post(f"/api/v1/sessions/{session.pk}/restore/").status_code == 200
     assert client.get(f"/api/v1/documents/{doc.pk}/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_new_chat_does_not_query_the_rows_it_was_given(world):
+    """The agent, its tenant and the user are in hand: ``full_clean`` does not look them up
+    again (it did, one query each, on every chat a door's request makes)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
+    with tenant_scope(world.tenant.pk), CaptureQueriesContext(connection) as queries:
+        chat_session_create(user=world.member, agent=agent)
+    looked_up = [q["sql"] for q in queries.captured_queries
+                 if q["sql"].startswith("SELECT") and any(t in q["sql"] for t in (
+                     '"tenants_tenant"', '"agents_agentinstance"', '"auth_user"'))]
+    assert looked_up == []
