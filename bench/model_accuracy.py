@@ -27,7 +27,8 @@ model server and the embeddings server running (as ``make run`` starts them, or 
 own process, eagerly).
 
     .venv/bin/python bench/model_accuracy.py --label qwen0.5b \\
-        --pair "Docs QA=docs-assistant" --pair "Tool use=assistant" [--llm-port 8081] [--report-only EXP_ID ...]
+        --pair "Docs QA=docs-assistant" --pair "Tool use=assistant" [--llm-port 8081] [--every 3] \\
+        [--report-only EXP_ID ...]
 
 Writes ``bench/results/model_accuracy/<date>-<label>.json`` and prints a summary table (the
 README's and docs/model-accuracy.md's figures come from these files; ``--markdown FILE ...``
@@ -184,6 +185,25 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def subset_dataset(name: str, every: int) -> str:
+    """The dataset "<name> every <every>" (its items 1, 1 + every, 1 + 2 × every, … in order),
+    made in the same tenant the first time; returns its name. For iterating on a subset; the
+    questions are the same on every machine (the shipped dataset's file order)."""
+    from evaluation.models import Dataset, DatasetItem
+    from evaluation.services import dataset_items_add, dataset_save
+    from tenants.scoping import tenant_scope
+
+    subset = f"{name} every {every}"
+    full = Dataset.all_tenants.get(name=name)
+    if not Dataset.all_tenants.filter(tenant_id=full.tenant_id, name=subset).exists():
+        items = list(DatasetItem.all_tenants.filter(dataset=full).order_by("pk"))[::every]
+        with tenant_scope(full.tenant_id):
+            dataset = dataset_save(tenant=full.tenant, name=subset, description=f"Every {every} items of {name}, from the first.")
+            dataset_items_add(dataset=dataset, items=[{"input": i.input, "messages": i.messages, "expected": i.expected,
+                                                       "metadata": i.metadata} for i in items])
+    return subset
+
+
 def newest_experiment(dataset: str, agent_slug: str) -> int:
     from evaluation.models import Experiment
 
@@ -197,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", type=int, nargs="*", default=None,
                         help="Report these experiments' results instead of running evaluate.")
     parser.add_argument("--llm-port", type=int, default=8081)
+    parser.add_argument("--every", type=int, default=1,
+                        help="Run every Nth item of each dataset (a dataset of its own, made once; see subset_dataset).")
     parser.add_argument("--note", default="", help="Free text kept in the result file (what was changed).")
     parser.add_argument("--markdown", nargs="*", default=None, metavar="RESULT_JSON",
                         help="Print these result files' questions as Markdown tables (no run).")
@@ -223,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             ids = []
             for pair in args.pair:
                 dataset, _, agent = pair.partition("=")
+                if args.every > 1:
+                    dataset = subset_dataset(dataset, args.every)
                 run_evaluate(dataset, agent)
                 ids.append(newest_experiment(dataset, agent))
         record["experiments"] = [experiment_rows(i) for i in ids]

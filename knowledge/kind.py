@@ -3,7 +3,8 @@
 Binding ``config``::
 
     {"knowledge_bases": [ids], "top_k": 5, "search_first": false,
-     "retrieve_before_first_turn": false, "user_uploads": false, "rewrite": false, "rerank": false}
+     "retrieve_before_first_turn": false, "focus": false, "search_tool": true, "user_uploads": false,
+     "rewrite": false, "rerank": false}
 
 - ``knowledge_bases``: tenant-wide knowledge bases of the agent's tenant (another tenant's,
   or a user's own, is "not found"); may be empty only with ``user_uploads``.
@@ -21,6 +22,15 @@ Binding ``config``::
   :class:`~capabilities.registry.ContextBlock` (the "RAG intent" mode; no model turn is spent
   on the search); ``knowledge_search`` is offered as well. Not together with
   ``search_first``.
+- ``focus``: with ``retrieve_before_first_turn``, each passage the model is given before its
+  first turn is cut to its lines that share the most words with the user's message
+  (:mod:`knowledge.focus`; the run's citations keep the whole passages): a shorter prompt with
+  fewer neighbouring values (measured there: not better on the embedded 0.5B model). Off by
+  default.
+- ``search_tool``: whether ``knowledge_search`` is offered (default true). ``false`` only with
+  ``retrieve_before_first_turn``: the model answers from the passages it was given, and its
+  prompt does not carry the tool's description and schema (~300 tokens in a text-mode route's
+  prompt, read on every call).
 - ``user_uploads``: the run's user's own knowledge bases (their chat uploads) are searched
   too.
 - ``rewrite``: ask the run's model for a rewritten query, a third list
@@ -67,7 +77,7 @@ from knowledge.tools import (
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "knowledge_bases": [], "top_k": 5, "search_first": False, "retrieve_before_first_turn": False,
-    "user_uploads": False, "rewrite": False, "rerank": False,
+    "focus": False, "search_tool": True, "user_uploads": False, "rewrite": False, "rerank": False,
 }
 """Every key a ``knowledge`` binding's config may have, with its default."""
 TOOL_NAME = "knowledge_search"
@@ -86,6 +96,10 @@ class KnowledgeBindingSpec:
     top_k: int = 5
     search_first: bool = False
     retrieve_before_first_turn: bool = False
+    focus: bool = False
+    """Passages before the first turn cut to their lines about the message (``"focus": true``)."""
+    search_tool: bool = True
+    """``knowledge_search`` is offered (``"search_tool": false``: not)."""
     user_uploads: bool = False
     rewrite: bool = False
     rerank: bool = False
@@ -117,13 +131,16 @@ def config_errors(config: Any, *, tenant_id: int | None) -> list[str]:
     top_k = merged["top_k"]
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
         errors.append(f"top_k must be an integer from 1 to {MAX_TOP_K}.")
-    for key in ("search_first", "retrieve_before_first_turn", "user_uploads", "rewrite"):
+    for key in ("search_first", "retrieve_before_first_turn", "focus", "search_tool", "user_uploads", "rewrite"):
         if not isinstance(merged[key], bool):
             errors.append(f"{key} must be true or false.")
     errors += rerank_errors(merged["rerank"], tenant_id=tenant_id)
     if merged["search_first"] is True and merged["retrieve_before_first_turn"] is True:
         errors.append("Choose one of search_first (the model's first turn calls knowledge_search) and "
                       "retrieve_before_first_turn (the user's message is searched before it).")
+    if merged["search_tool"] is False and merged["retrieve_before_first_turn"] is not True:
+        errors.append("search_tool can be false only with retrieve_before_first_turn (else the agent gets no "
+                      "passages at all).")
     if not ids and merged["user_uploads"] is not True:
         errors.append("Name at least one knowledge base (or allow user uploads).")
     if ids and tenant_id is not None:
@@ -205,6 +222,7 @@ class KnowledgeKind(CapabilityKind):
             descriptions=tuple(kb.description for kb in kbs), top_k=top_k,
             search_first=config["search_first"] is True and config["retrieve_before_first_turn"] is not True,
             retrieve_before_first_turn=config["retrieve_before_first_turn"] is True,
+            focus=config["focus"] is True, search_tool=config["search_tool"] is not False,
             user_uploads=config["user_uploads"] is True, rewrite=config["rewrite"] is True,
             rerank=rerank is True, rerank_provider_id=rerank_model["provider"] if rerank_model else None,
             rerank_model=rerank_model["model"].strip() if rerank_model else "",
@@ -214,6 +232,8 @@ class KnowledgeKind(CapabilityKind):
     async def open_toolset(self, specs: Sequence[KnowledgeBindingSpec], ctx: OpenContext) -> list[tuple[Any, KindToolset]]:
         opened = []
         for spec in specs:
+            if not spec.search_tool and not spec.search_first:
+                continue
             retrieval = run_retrieval(spec, ctx)
             description = tool_description(spec)
             opened.append((spec, KindToolset(sources=[ToolSource(
@@ -230,7 +250,7 @@ class KnowledgeKind(CapabilityKind):
         for spec in specs:
             if spec.retrieve_before_first_turn:
                 blocks += await context_passages(retrieval=run_retrieval(spec, ctx), query=query, top_k=spec.top_k,
-                                                 numbers=run_numbers(ctx), names=spec.names)
+                                                 numbers=run_numbers(ctx), names=spec.names, focus=spec.focus)
         return blocks
 
     async def run_completed(self, specs: Sequence[KnowledgeBindingSpec], ctx: OpenContext,

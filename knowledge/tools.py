@@ -28,6 +28,7 @@ from typing import Any
 
 from capabilities.registry import ContextBlock
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
+from knowledge.focus import focus_passages
 from knowledge.search_limits import rest_limits_refusal
 from llm.types import ToolSpec
 
@@ -118,12 +119,15 @@ def _snippet(text: str) -> str:
     return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1].rstrip() + "…"
 
 
-def passages_render(hits: Sequence[Any], numbers: CitationNumbers) -> tuple[str, list[dict[str, Any]]]:
+def passages_render(hits: Sequence[Any], numbers: CitationNumbers,
+                    texts: Sequence[str] | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Numbered passages for the model and their citations for clients.
 
     Args:
         hits: :class:`knowledge.retrieval.Hit` s, best first.
         numbers: The run's citation numbers (updated).
+        texts: The model's text of each hit instead of the hit's own (a focused passage,
+            :mod:`knowledge.focus`); the citations' snippets stay the hits' own. None: the hits'.
 
     Returns:
         ``(text, citations)``: ``text`` is ``[n] title › heading`` + the passage per hit
@@ -132,10 +136,10 @@ def passages_render(hits: Sequence[Any], numbers: CitationNumbers) -> tuple[str,
         the fused retrieval score, higher is better).
     """
     parts, citations = [], []
-    for hit in hits:
+    for i, hit in enumerate(hits):
         n = numbers.number(hit.chunk_id)
         where = f"{hit.document_title} › {hit.heading}" if hit.heading else hit.document_title
-        parts.append(f"[{n}] {where}\n{hit.text.strip()}")
+        parts.append(f"[{n}] {where}\n{(hit.text if texts is None else texts[i]).strip()}")
         citations.append({
             "n": n, "knowledge_base_id": hit.knowledge_base_id, "document_id": hit.document_id,
             "document_title": hit.document_title, "chunk_id": hit.chunk_id, "position": hit.position,
@@ -407,11 +411,13 @@ class KnowledgeSearchTool(Tool):
 
 
 async def context_passages(*, retrieval: Retrieval, query: str, top_k: int, numbers: CitationNumbers,
-                           names: Sequence[str]) -> list[ContextBlock]:
+                           names: Sequence[str], focus: bool = False) -> list[ContextBlock]:
     """The retrieval before the first turn: the ``top_k`` passages for the user's message
     ``query`` as one :class:`ContextBlock` (none when nothing matches or the message is empty).
 
-    The message is cut to :data:`MAX_QUERY_CHARS`.
+    The message is cut to :data:`MAX_QUERY_CHARS`. ``focus``: each passage's text is cut to its
+    lines about the message (:func:`knowledge.focus.focus_passages`); the block's citations
+    are the whole hits.
     """
     query = query.strip()[:MAX_QUERY_CHARS]
     if not query:
@@ -419,8 +425,9 @@ async def context_passages(*, retrieval: Retrieval, query: str, top_k: int, numb
     hits = await retrieval.hits(query=query, top_k=top_k)
     if not hits:
         return []
+    texts = focus_passages([h.text for h in hits], query) if focus else None
     async with numbers.lock:
-        text, citations = passages_render(hits, numbers)
+        text, citations = passages_render(hits, numbers, texts)
     where = ", ".join(f"“{n}”" for n in names) or "the knowledge bases"
     title = f"Passages from {where} that may answer the user's message (use them when relevant). {CITE_NOTE}"
     return [ContextBlock(source="knowledge", title=title, text=text, data={"citations": citations}, untrusted=True)]

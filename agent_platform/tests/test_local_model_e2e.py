@@ -210,8 +210,8 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     """seed_demo's knowledge base ingested by the worker with the embedded embedder (here of
     :data:`DOCS_SUBSET`, see there), and its "Docs assistant" (``retrieve_before_first_turn``) asked how to
     start the platform, on the embedded model: the question's words are searched when the run
-    starts (four numbered passages in its start context, any later ``knowledge_search`` going
-    on from [5]), the answer is not empty and cites its passages: by its
+    starts (four numbered passages in its start context; no ``knowledge_search`` is offered,
+    its binding's ``search_tool`` being false), the answer is not empty and cites its passages: by its
     own [n], or, when the model writes none, by the platform's attribution of its sentences
     (``Run.attributions``); the chat app shows them under it ("Sources", or "Sources matched by
     the platform" with the platform's markers opening the passage)."""
@@ -247,11 +247,8 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
     citations = list(block["data"]["citations"])
     assert len(citations) == 4 and [c["n"] for c in citations] == [1, 2, 3, 4]
     assert block["text"].startswith("[1] ")
-    # knowledge_search is offered as well; a search the model makes goes on from [5].
-    assert all(c.name == "knowledge_search" for c in calls), [(c.name, c.arguments) for c in calls]
-    for call in calls:
-        if call.status == "succeeded":
-            citations += call.result_data["citations"]
+    # No tool is offered (search_tool false): the model answers from these passages.
+    assert not calls, [(c.name, c.arguments) for c in calls]
     known = {c["n"] for c in citations}
     cited = sorted({int(n) for n in re.findall(r"\[(\d+)\]", run.reply)} & known)
     # Citations shown: the model's own [n], or, when it cites none (the 0.5B model's usual

@@ -123,6 +123,9 @@ def test_a_binding_is_checked_and_another_tenants_knowledge_base_is_not_found(
         ({"knowledge_bases": []}, "Name at least one knowledge base"),
         ({"knowledge_bases": [ours.pk], "user_uploads": "yes"}, "user_uploads must be true or false"),
         ({"knowledge_bases": [ours.pk], "search_first": 1}, "search_first must be true or false"),
+        ({"knowledge_bases": [ours.pk], "focus": "on"}, "focus must be true or false"),
+        ({"knowledge_bases": [ours.pk], "search_tool": False}, "search_tool can be false only with"),
+        ({"knowledge_bases": [ours.pk], "search_tool": False, "search_first": True}, "search_tool can be false only"),
         ({"knowledge_bases": [ours.pk], "search_first": True, "retrieve_before_first_turn": True},
          "Choose one of search_first"),
     ]:
@@ -225,6 +228,38 @@ def test_passages_before_the_first_turn_are_in_the_first_request_and_numbers_con
         assert c["chunk_id"] in by_chunk or c["n"] >= 3
     kitchen = next(c for c in call.result_data["citations"] if c["document_title"] == "Kitchen rules")
     assert f"[{kitchen['n']}] Kitchen rules" in call.result
+
+
+HARBOUR = ("Harbour rules", """# Harbour rules
+
+## Moorings
+Visitors pay 12 euros a night for a mooring. The harbour master's office opens at seven. Dinghies are kept in the
+blue boathouse next to the slipway. The fuel pontoon closes at noon on Sundays.
+""")
+
+
+def test_with_focus_the_model_reads_only_the_passages_lines_about_the_message_and_the_citation_stays_whole(
+        world, fake_llm, embedding_server, no_enqueue, no_ingest_task):
+    kb = _kb(world.tenant, embedding_server, "Harbour", HARBOUR)
+    agent = _agent(world, fake_llm, {"knowledge_bases": [kb.pk], "top_k": 1, "retrieve_before_first_turn": True,
+                                     "focus": True, "search_tool": False}, system_prompt="Answer from the passages.")
+    fake_llm.script(Reply("In the blue boathouse."))
+    run = post_message_sync(agent=agent, user=world.member, content="Where are the dinghies kept?")
+    run_now(run.pk)
+
+    run = Run.all_tenants.get(pk=run.pk)
+    assert run.status == "completed", run.error
+    system = fake_llm.requests[0]["messages"][0]["content"]
+    assert "[1] Harbour rules › " in system
+    assert "Dinghies are kept in the\nblue boathouse next to the slipway." not in system  # one line, not the chunk's
+    assert "Dinghies are kept in the blue boathouse next to the slipway." in system
+    assert "12 euros" not in system and "fuel pontoon" not in system
+    offered = [t["function"]["name"] for t in fake_llm.requests[0].get("tools", [])]
+    assert "knowledge_search" not in offered and "knowledge_search" not in system  # search_tool false: not offered
+    [block] = run.context
+    assert "fuel pontoon" not in block["text"]
+    [citation] = block["data"]["citations"]
+    assert "12 euros" in citation["snippet"]  # the chat app's citation is the whole passage
 
 
 # --- a user's own uploads -------------------------------------------------------------------------

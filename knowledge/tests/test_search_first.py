@@ -142,6 +142,7 @@ def test_seed_demo_makes_the_docs_assistant_retrieve_first_and_commits_its_docum
         document_status._status_listeners.remove(seen.append)
     binding = CapabilityBinding.all_tenants.get(agent__name="Docs assistant", kind="knowledge")
     assert binding.config["retrieve_before_first_turn"] is True and "search_first" not in binding.config
+    assert binding.config["search_tool"] is False  # no tool description in its prompt (issue 38)
     docs = Document.all_tenants.filter(knowledge_base__name="Platform documentation")
     guides = [f"docs/{p.name}" for p in (Path(__file__).resolve().parents[2] / "docs").glob("*.md")
               if p.name != "model-accuracy.md"]  # it quotes the evaluation's questions (seed_demo.DOCS_LEFT_OUT)
