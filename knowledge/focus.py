@@ -10,8 +10,10 @@ second, and whole chunks are most of its prompt; and a small model takes a neigh
 Measured (docs/model-accuracy.md, issue 38): of the 42 Docs QA questions, the 35 whose first 4
 passages hold every expected fact still hold them focused, with 31 % fewer passage characters;
 but on 14 of them the embedded 0.5B model, given focused passages and a one-sentence answer
-prompt, answered 5 and 6 right (whole passages and the demo's prompt: 8): the model copied a passage's header line instead of
-answering more often. It was not measured with the shipped prompt; the demo does not use it.
+prompt, answered 5 and 6 right (whole passages and the demo's prompt: 8), and with the demo's
+prompt 7 of the 14 and 22 of all 42 (whole passages: 30): a line alone loses the context that
+tells this model which value answers, and it restates the question or copies a passage's header
+line more often. The demo does not use it; it is an option for models that read better.
 
 Words are compared loosely (lower case, split on anything not a letter or digit, so
 ``LOGIN_FAILURE_LIMIT`` gives ``login``, ``failure``, ``limit``; two words match when they are

@@ -25,7 +25,7 @@ Binding ``config``::
 - ``focus``: with ``retrieve_before_first_turn``, each passage the model is given before its
   first turn is cut to its lines that share the most words with the user's message
   (:mod:`knowledge.focus`; the run's citations keep the whole passages): a shorter prompt with
-  fewer neighbouring values (measured there: not better on the embedded 0.5B model). Off by
+  fewer neighbouring values (measured there: worse on the embedded 0.5B model). Off by
   default.
 - ``search_tool``: whether ``knowledge_search`` is offered (default true). ``false`` only with
   ``retrieve_before_first_turn``: the model answers from the passages it was given, and its
