@@ -290,7 +290,7 @@ CHANNEL_LAYERS = {
 # Django's cache: Redis (DRF throttles, django-axes' failure counters), keys under REDIS_KEY_PREFIX.
 CACHES = {
     "default": {
-        "BACKEND": "agent_platform.cache.SharedClientRedisCache",
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": f"{REDIS_KEY_PREFIX}:cache",
     },
