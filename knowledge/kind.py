@@ -135,24 +135,36 @@ def config_errors(config: Any, *, tenant_id: int | None) -> list[str]:
         if not isinstance(merged[key], bool):
             errors.append(f"{key} must be true or false.")
     errors += rerank_errors(merged["rerank"], tenant_id=tenant_id)
+    errors += _mode_errors(merged)
+    if not ids and merged["user_uploads"] is not True:
+        errors.append("Name at least one knowledge base (or allow user uploads).")
+    if ids and tenant_id is not None:
+        errors += _missing_bases_errors(ids, tenant_id=tenant_id)
+    return errors
+
+
+def _mode_errors(merged: dict[str, Any]) -> list[str]:
+    """The retrieval modes that do not go together."""
+    errors = []
     if merged["search_first"] is True and merged["retrieve_before_first_turn"] is True:
         errors.append("Choose one of search_first (the model's first turn calls knowledge_search) and "
                       "retrieve_before_first_turn (the user's message is searched before it).")
     if merged["search_tool"] is False and merged["retrieve_before_first_turn"] is not True:
         errors.append("search_tool can be false only with retrieve_before_first_turn (else the agent gets no "
                       "passages at all).")
-    if not ids and merged["user_uploads"] is not True:
-        errors.append("Name at least one knowledge base (or allow user uploads).")
-    if ids and tenant_id is not None:
-        from knowledge.models import KnowledgeBase
-
-        # tenant-bypass: the binding's own tenant is named explicitly (the admin may act for several).
-        found = set(KnowledgeBase.all_tenants.filter(tenant_id=tenant_id, owner__isnull=True, pk__in=ids)
-                    .values_list("pk", flat=True))
-        missing = [i for i in ids if i not in found]
-        if missing:
-            errors.append(f"Knowledge base{'s' if len(missing) > 1 else ''} {missing} not found.")
     return errors
+
+
+def _missing_bases_errors(ids: list[int], *, tenant_id: int) -> list[str]:
+    """The ids that are not tenant-wide knowledge bases of ``tenant_id`` (another tenant's read
+    "not found", like a missing one)."""
+    from knowledge.models import KnowledgeBase
+
+    # tenant-bypass: the binding's own tenant is named explicitly (the admin may act for several).
+    found = set(KnowledgeBase.all_tenants.filter(tenant_id=tenant_id, owner__isnull=True, pk__in=ids)
+                .values_list("pk", flat=True))
+    missing = [i for i in ids if i not in found]
+    return [f"Knowledge base{'s' if len(missing) > 1 else ''} {missing} not found."] if missing else []
 
 
 RERANK_MODEL_MAX_CHARS = 200
