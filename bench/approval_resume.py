@@ -5,9 +5,12 @@ The platform as production runs it (``_doors.Platform``: the fake model, the web
 Celery worker of this benchmark's own, each its own process) and one agent with two tools: the
 built-in ``test_echo`` whose binding asks for approval, and an MCP server (the tests' travel
 server, 2026-07-28 over Streamable HTTP, in this process) whose ``book`` asks the user a form
-(elicitation). Each round posts a message naming one tool (fake model ``named``), waits for the
-run to pause, answers through the API (``POST /api/v1/approvals/<id>/``: approve, or accept the
-form) and measures the time from that POST's response (and from its request being sent) to the
+(elicitation), and an MCP server that needs each user's OAuth account, not connected: its
+stand-in ``ourkb__connect`` pauses the run on a Connect card (kind ``connection``). Each round
+posts a message naming one tool (fake model ``named``), waits for the run to pause, answers
+through the API (``POST /api/v1/approvals/<id>/``: approve, accept the form, or for the Connect
+card "connected" once the bench has stored the user's connection, as the OAuth callback does
+before its own answer) and measures the time from that POST's response (and from its request being sent) to the
 run's next ``run_running`` event in the session's Redis stream (what the chat app's stream delivers: the worker has claimed the
 run again). Then it waits for the run to end before the next round; a warm-up round of each
 kind is not counted.
@@ -30,15 +33,19 @@ from _stats import machine, percentile
 
 from agent_platform.redis_clients import sync_redis
 from agents.models import CapabilityBinding, CapabilityKind
+from capabilities.mcp_oauth.models import ConnectionStatus, McpOAuthConnection
+from capabilities.models import McpServer
 from capabilities.services import mcp_server_save
 from capabilities.tests.elicit_test_server import serve_travel
 from sessions.events import session_keys
+from tenants.crypto import secret_encrypt
 from tenants.scoping import tenant_scope
 
 RUN_END_TYPES = {"run_completed", "run_failed", "run_cancelled"}
 KINDS = {
     "approval": ('test_echo {"text": "hi"}', {"decision": "approve"}),
     "elicitation": ("travel__book {}", {"action": "accept", "content": {"city": "Oslo", "days": 2}}),
+    "connection": ("ourkb__connect {}", {"decision": "approve"}),
 }
 """Kind → (the message naming the tool and its arguments, the answer posted)."""
 
@@ -66,7 +73,26 @@ class SessionStream:
         raise TimeoutError(f"no {sorted(wanted)} of run {run_id} within {timeout_seconds:g} s")
 
 
-def one_round(http: httpx.Client, agent_id: int, kind: str) -> tuple[float, float]:
+class Accounts:
+    """The bench user's OAuth connection to the ``ourkb`` server: made before a Connect card is
+    answered (what the callback stores), removed after its round (the next run asks again)."""
+
+    def __init__(self, platform: _doors.Platform, server: McpServer) -> None:
+        self.platform, self.server = platform, server
+
+    def connect(self) -> None:
+        tenant = self.platform.bench.tenant
+        with tenant_scope(tenant.pk):
+            McpOAuthConnection.objects.create(
+                tenant=tenant, server=self.server, user=self.platform.bench.user, status=ConnectionStatus.CONNECTED,
+                access_token_encrypted=secret_encrypt(tenant=tenant, plaintext="bench-token"))
+
+    def disconnect(self) -> None:
+        with tenant_scope(self.platform.bench.tenant.pk):
+            McpOAuthConnection.objects.filter(server=self.server).delete()
+
+
+def one_round(http: httpx.Client, agent_id: int, kind: str, accounts: Accounts) -> tuple[float, float]:
     """Post, wait for the pause, answer; seconds from the answer's response to ``run_running``,
     and from the answer's request being sent (its response included) to ``run_running``."""
     message, answer = KINDS[kind]
@@ -78,18 +104,22 @@ def one_round(http: httpx.Client, agent_id: int, kind: str) -> tuple[float, floa
     if paused["type"] != "run_awaiting_approval":
         raise RuntimeError(f"{kind}: the run ended instead of pausing: {paused}")
     [approval] = paused["data"]["approvals"]
+    if kind == "connection":
+        accounts.connect()
     sent = time.perf_counter()
     http.post(f"/api/v1/approvals/{approval['approval_id']}/", json=answer).raise_for_status()
     answered = time.perf_counter()
     _, resumed = stream.until({"run_running"}, run_id=run_id)
     ended, _ = stream.until(RUN_END_TYPES, run_id=run_id)
+    accounts.disconnect()
     if ended["type"] != "run_completed":
         raise RuntimeError(f"{kind}: the run did not complete: {ended}")
     return resumed - answered, resumed - sent
 
 
-def bind_tools(platform: _doors.Platform, travel_url: str) -> None:
-    """``test_echo`` asks for approval; the travel MCP server is bound too."""
+def bind_tools(platform: _doors.Platform, travel_url: str) -> Accounts:
+    """``test_echo`` asks for approval; the travel MCP server is bound too, and an OAuth one
+    (per user; its address refuses connections: a resumed run leaves it out at once)."""
     bench = platform.bench
     CapabilityBinding.all_tenants.filter(agent=platform.agent).update(approval_policy=[{"pattern": "*", "action": "ask"}])
     with tenant_scope(bench.tenant.pk):
@@ -97,6 +127,12 @@ def bind_tools(platform: _doors.Platform, travel_url: str) -> None:
                                  transport="streamable_http", url=travel_url)
         CapabilityBinding.all_tenants.create(tenant=bench.tenant, agent=platform.agent,
                                              kind=CapabilityKind.MCP_SERVER, mcp_server=server)
+        oauth = McpServer.objects.create(tenant=bench.tenant, name="Our knowledge", alias="ourkb",
+                                         transport="streamable_http", url="http://127.0.0.1:9/mcp/",
+                                         auth_mode="oauth_user")
+        CapabilityBinding.all_tenants.create(tenant=bench.tenant, agent=platform.agent,
+                                             kind=CapabilityKind.MCP_SERVER, mcp_server=oauth)
+    return Accounts(platform, oauth)
 
 
 def main() -> None:
@@ -104,16 +140,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="answers per kind")
     args = parser.parse_args()
     with serve_travel() as travel_url, _doors.Platform("named", name="Resume bench") as platform:
-        bind_tools(platform, travel_url)
+        accounts = bind_tools(platform, travel_url)
         print(f"{machine()}; load average {os.getloadavg()[0]:.2f}; {args.rounds} answers per kind", flush=True)
         auth = {"Authorization": f"Bearer {platform.token}"}
         with httpx.Client(base_url=platform.base, headers=auth, timeout=60) as http:
             for kind in KINDS:  # warm-up: connections, the MCP session, the worker's first run
-                one_round(http, platform.agent.pk, kind)
+                one_round(http, platform.agent.pk, kind, accounts)
             figures: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
             for _ in range(args.rounds):
                 for kind in KINDS:
-                    figures[kind].append(one_round(http, platform.agent.pk, kind))
+                    figures[kind].append(one_round(http, platform.agent.pk, kind, accounts))
         print(f"load average after {os.getloadavg()[0]:.2f}")
         for i, what in enumerate(("answer's response → run_running", "answer sent → run_running")):
             print(f"{what} (ms)")
