@@ -492,33 +492,29 @@ class ResourceCache:
 
     async def _subscribe_legacy(self, uri: str) -> bool:
         """2025-11-25: ``resources/subscribe`` for ``uri`` on the session; False when refused."""
-        config = self._session.config
-
-        async def subscribe(client: Client) -> None:
-            request = mcp_types.SubscribeRequest(params=mcp_types.SubscribeRequestParams(uri=uri))
-            with mcp_request_errors(config, f"subscribe to the resource {uri!r}", config.list_timeout_seconds):
-                await client.session.send_request(request, mcp_types.EmptyResult)
-
-        try:
-            await self._session.submit(subscribe)
-        except ToolError as exc:
-            logger.info("MCP server %r: not subscribed to %r: %s", config.alias, uri, exc.message)
-            return False
-        return True
+        request = mcp_types.SubscribeRequest(params=mcp_types.SubscribeRequestParams(uri=uri))
+        return await self._send_legacy(request, f"subscribe to the resource {uri!r}")
 
     async def _unsubscribe_legacy(self, uri: str) -> None:
         """2025-11-25: ``resources/unsubscribe`` for ``uri``; a failure is logged."""
+        request = mcp_types.UnsubscribeRequest(params=mcp_types.UnsubscribeRequestParams(uri=uri))
+        await self._send_legacy(request, f"unsubscribe from the resource {uri!r}")
+
+    async def _send_legacy(self, request: Any, what: str) -> bool:
+        """Send ``request`` (answered by an empty result) on the session; False, logged, when it
+        failed (``what``: the request in words)."""
         config = self._session.config
 
-        async def unsubscribe(client: Client) -> None:
-            request = mcp_types.UnsubscribeRequest(params=mcp_types.UnsubscribeRequestParams(uri=uri))
-            with mcp_request_errors(config, f"unsubscribe from the resource {uri!r}", config.list_timeout_seconds):
+        async def send(client: Client) -> None:
+            with mcp_request_errors(config, what, config.list_timeout_seconds):
                 await client.session.send_request(request, mcp_types.EmptyResult)
 
         try:
-            await self._session.submit(unsubscribe)
+            await self._session.submit(send)
         except ToolError as exc:
-            logger.info("MCP server %r: not unsubscribed from %r: %s", config.alias, uri, exc.message)
+            logger.info("MCP server %r: could not %s: %s", config.alias, what, exc.message)
+            return False
+        return True
 
     async def _listen_for(self, uris: list[str]) -> frozenset[str]:
         """2026-07-28: add ``uris`` to the resource listen stream (:meth:`listen_for_updates`
