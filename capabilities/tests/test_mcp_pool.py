@@ -14,7 +14,7 @@ import os
 import random
 import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +79,6 @@ class RecordingContext(ToolContext):
         artifact_id = 100 + len(self.artifacts)
         self.artifacts[artifact_id] = (name, mime_type, data)
         return artifact_id
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[McpPool]:
-    pool = McpPool()
-    try:
-        yield pool
-    finally:
-        await pool.aclose()
 
 
 @pytest.fixture

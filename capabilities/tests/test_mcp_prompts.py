@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,15 +21,6 @@ from capabilities.mcp.pool import McpPool
 from capabilities.tests.prompts_test_server import LANGUAGES, PNG_BYTES, PROMPTS, serve_prompts
 
 pytestmark = [pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[McpPool]:
-    pool = McpPool()
-    try:
-        yield pool
-    finally:
-        await pool.aclose()
 
 
 def config(url: str, **overrides: Any) -> McpServerConfig:

@@ -18,7 +18,6 @@ import pytest
 from capabilities.mcp.client import McpConnection
 from capabilities.mcp.config import McpServerConfig
 from capabilities.mcp.errors import McpConnectError
-from capabilities.mcp.pool import McpPool
 from capabilities.tests.mcp_test_server import serve_mcp_http
 from capabilities.tests.raw_mcp_server import RawState, serve_raw_mcp, tool
 from capabilities.tools import ToolError
@@ -30,13 +29,6 @@ pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("all_tenants_scop
 def http_config(url: str, **fields) -> McpServerConfig:
     return McpServerConfig(alias="raw", transport="streamable_http", url=url, connect_timeout_seconds=10,
                            list_timeout_seconds=10, call_timeout_seconds=10, protocol_mode="legacy", **fields)
-
-
-@pytest.fixture
-async def pool():
-    pool = McpPool()
-    yield pool
-    await pool.aclose()
 
 
 # --- a restarted server -----------------------------------------------------------------------

@@ -10,7 +10,6 @@ No database.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -22,15 +21,6 @@ from capabilities.tests.pins_mcp_server import URI_A, URI_B, PinsServer, serve_p
 pytestmark = [pytest.mark.timeout(60)]
 
 MODES = [("auto", "2026-07-28"), ("legacy", "2025-11-25")]
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[McpPool]:
-    pool = McpPool()
-    try:
-        yield pool
-    finally:
-        await pool.aclose()
 
 
 def session_of(pool: McpPool, server: PinsServer, mode: str) -> PooledSession:

@@ -9,7 +9,7 @@ tool's result (blobs stored as artifacts). No database.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -28,15 +28,6 @@ from capabilities.tests.mcp_test_server import (
 from capabilities.tools import ToolContext, ToolError
 
 pytestmark = [pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[McpPool]:
-    pool = McpPool()
-    try:
-        yield pool
-    finally:
-        await pool.aclose()
 
 
 @pytest.fixture
