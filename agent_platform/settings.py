@@ -25,6 +25,8 @@ Environment variables (all optional on a developer machine that ran scripts/boot
     DEBUG          "0" (default) or "1"
     ALLOWED_HOSTS  comma-separated (default "127.0.0.1,localhost")
     LLM_BASE_URL   where the embedded model answers (default http://127.0.0.1:8081/v1)
+    LLM_LARGE_BASE_URL  where the larger embedded model answers (default http://127.0.0.1:8083/v1;
+                   empty: none)
     EMBEDDINGS_BASE_URL  where the embedded embedding model answers (default http://127.0.0.1:8082/v1)
     TLS deployment: SESSION_COOKIE_SECURE, CSRF_COOKIE_SECURE, SECURE_SSL_REDIRECT,
                    SECURE_HSTS_SECONDS (+ SECURE_HSTS_INCLUDE_SUBDOMAINS, SECURE_HSTS_PRELOAD),
@@ -554,6 +556,12 @@ LLM_BODY_MAX_BYTES = int(os.environ.get("LLM_BODY_MAX_BYTES", "1000000"))
 # The embedded local model (scripts/llm_server.py) that the demo route points at.
 LLM_BASE_URL = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8081/v1")
 LLM_MODEL_NAME = os.environ.get("LLM_MODEL_NAME", "qwen2.5-coder-0.5b-instruct")
+# The larger embedded model (Qwen2.5-Coder-1.5B-Instruct, a second scripts/llm_server.py) that the
+# demo's "local-large" route tries first, falling back to LLM_BASE_URL's model: the Assistant's
+# route, since the 0.5B invents a city's time instead of calling its tool for half the cities
+# (docs/model-accuracy.md). Empty: no larger model; the Assistant uses the "local" route.
+LLM_LARGE_BASE_URL = os.environ.get("LLM_LARGE_BASE_URL", "http://127.0.0.1:8083/v1")
+LLM_LARGE_MODEL_NAME = os.environ.get("LLM_LARGE_MODEL_NAME", "qwen2.5-coder-1.5b-instruct")
 # The embedded embedding model (all-MiniLM-L6-v2; scripts/llm_server.py with LLM_ROLE=embeddings)
 # that each tenant's "Embedded embedder" provider points at (llm.embeddings).
 EMBEDDINGS_BASE_URL = os.environ.get("EMBEDDINGS_BASE_URL", "http://127.0.0.1:8082/v1")
@@ -564,8 +572,9 @@ EMBEDDINGS_BASE_URL = os.environ.get("EMBEDDINGS_BASE_URL", "http://127.0.0.1:80
 # and at every connect. Operators allow internal hosts here:
 # OUTBOUND_ALLOWED_CIDRS  comma-separated networks allowed although not public (default none);
 # OUTBOUND_ALLOWED_HOSTS  comma-separated host:port reached whatever they resolve to (default:
-#                         LLM_BASE_URL's and EMBEDDINGS_BASE_URL's host:port, so the demo route
-#                         and the embedded embedder reach the embedded models).
+#                         LLM_BASE_URL's, LLM_LARGE_BASE_URL's and EMBEDDINGS_BASE_URL's
+#                         host:port, so the demo routes and the embedded embedder reach the
+#                         embedded models).
 # Cloud metadata addresses stay blocked always. An invalid network fails at startup.
 OUTBOUND_ALLOWED_CIDRS: list[str] = [
     str(ipaddress.ip_network(c.strip(), strict=False))
@@ -577,7 +586,7 @@ def _default_outbound_hosts() -> str:
     from urllib.parse import urlsplit
 
     hosts: list[str] = []
-    for url in (LLM_BASE_URL, EMBEDDINGS_BASE_URL):
+    for url in (LLM_BASE_URL, LLM_LARGE_BASE_URL, EMBEDDINGS_BASE_URL):
         parts = urlsplit(url)
         if not parts.hostname:
             continue

@@ -61,7 +61,7 @@ CUTOFFS = (4, 6, 8, 10)
 DIMENSIONS = 384
 
 
-def questions() -> list[tuple[str, list[str]]]:
+def questions() -> list[tuple[str, list]]:
     """The Docs QA dataset's ``(question, expected facts)``, in file order."""
     rows = [json.loads(line) for line in DATASET.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [(r["input"], list(r["expected"]["facts"])) for r in rows]
@@ -72,14 +72,14 @@ def passage(hit: Hit) -> str:
     return f"{hit.document_title} > {hit.heading}\n{hit.text}" if hit.heading else f"{hit.document_title}\n{hit.text}"
 
 
-def first_rank(hits: list[Hit], facts: list[str]) -> int | None:
-    """1-based rank of the first hit holding every fact (normalised, on word boundaries), or None."""
-    from evaluation.scorers import normalise
+def first_rank(hits: list[Hit], facts: list) -> int | None:
+    """1-based rank of the first hit holding every fact (normalised, on word boundaries; a fact
+    given as alternatives, any of them), or None."""
+    from evaluation.scorers import fact_in, normalise
 
-    wanted = [normalise(f) for f in facts]
     for rank, hit in enumerate(hits, 1):
-        text = f" {normalise(passage(hit))} "
-        if all(f and f" {f} " in text for f in wanted):
+        text = normalise(passage(hit))
+        if all(fact_in(text, f) for f in facts):
             return rank
     return None
 

@@ -15,7 +15,9 @@ expect facts a **diagnosis** of a failure:
 
 For questions that expect tool calls: ``no tool call``, ``wrong arguments`` (the expected
 call's arguments not among the calls made), ``answer format`` (the call was right, the answer
-does not match the expected pattern).
+does not match the expected pattern); and, stricter than the dataset's scorers, whether the answer
+states the hour the time tool returned (``states_tool_time``: the end-to-end test's check, AM/PM
+included).
 
 It also reads the peak resident memory (``VmHWM``) of the chat model's server process (found
 in ``/proc`` by its ``llama_cpp.server`` command line and ``--port``) and the 1-minute load
@@ -97,15 +99,14 @@ def run_evaluate(dataset: str, agent: str) -> None:
 
 
 def _diagnose_facts(expected: dict[str, Any], passed: bool, output: str, status: str, passages: list[str]) -> str:
-    from evaluation.scorers import normalise
+    from evaluation.scorers import fact_in, normalise
 
     if passed:
         return ""
     if status != "done" or not output.strip():
         return "no answer"
-    facts = [normalise(f) for f in expected.get("facts", [])]
     text = normalise("\n".join(passages))
-    return "model misread" if all(f in text for f in facts) else "retrieval miss"
+    return "model misread" if all(fact_in(text, f) for f in expected.get("facts", [])) else "retrieval miss"
 
 
 def _diagnose_tools(expected: dict[str, Any], passed: bool, output: str, status: str,
@@ -123,6 +124,18 @@ def _diagnose_tools(expected: dict[str, Any], passed: bool, output: str, status:
     return "answer format" if status == "done" and output.strip() else "no answer"
 
 
+def states_tool_time(output: str, calls: list[dict[str, Any]]) -> bool | None:
+    """For an answer after ``time__get_current_time`` calls: whether it states the local hour
+    (with the right AM/PM, if any) of a date-time a succeeded call returned (the end-to-end
+    test's :func:`gives_the_hour`); None when no such call succeeded. Stricter than the Tool use
+    dataset's scorers, which check the call and that the answer holds a time."""
+    from agent_platform.tests.test_local_model_e2e import gives_the_hour, tool_datetimes
+
+    returned = [at for c in calls if c["name"] == "time__get_current_time" and c["status"] == "succeeded"
+                for at in tool_datetimes(c)]
+    return any(gives_the_hour(output, at) for at in returned) if returned else None
+
+
 def experiment_rows(experiment_id: int) -> dict[str, Any]:
     """The experiment's summary and one row per result (see the module's docstring)."""
     from evaluation.models import Experiment, ExperimentResult
@@ -132,7 +145,8 @@ def experiment_rows(experiment_id: int) -> dict[str, Any]:
     rows = []
     for result in ExperimentResult.all_tenants.filter(experiment=experiment).select_related("item").order_by("item_id"):
         calls = list(ToolCall.all_tenants.filter(run_id=result.run_id).order_by("pk")) if result.run_id else []
-        call_rows = [{"name": c.name, "arguments": c.arguments, "status": c.status} for c in calls]
+        call_rows = [{"name": c.name, "arguments": c.arguments, "status": c.status, "result": c.result[:300],
+                      "result_data": c.result_data if isinstance(c.result_data, dict) else None} for c in calls]
         passages = [c.result for c in calls if c.name.endswith("knowledge_search")]
         if result.run_id:  # retrieval before the first turn: the run's stored start context
             context = Run.all_tenants.filter(pk=result.run_id).values_list("context", flat=True).first() or []
@@ -144,6 +158,7 @@ def experiment_rows(experiment_id: int) -> dict[str, Any]:
             diagnosis = _diagnose_tools(expected, bool(result.passed), result.output, result.status, call_rows)
         rows.append({
             "input": result.item.input, "expected": expected, "passed": bool(result.passed),
+            "states_tool_time": states_tool_time(result.output, call_rows),
             "status": result.status, "latency_ms": result.latency_ms, "scores": result.scores,
             "diagnosis": diagnosis, "tool_calls": call_rows, "output": result.output, "error": result.error,
             "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
@@ -154,9 +169,11 @@ def experiment_rows(experiment_id: int) -> dict[str, Any]:
     for r in rows:
         if r["diagnosis"]:
             diagnoses[r["diagnosis"]] = diagnoses.get(r["diagnosis"], 0) + 1
+    timed = [r["states_tool_time"] for r in rows if r["states_tool_time"] is not None]
     return {
         "experiment": experiment.pk, "dataset": experiment.dataset.name, "agent": experiment.agent.name,
         "status": experiment.status, "items": len(rows), "passed": passed,
+        "states_tool_time": sum(timed) if timed else None,
         "accuracy": round(passed / len(rows), 3) if rows else None,
         "median_s": round(statistics.median(latencies), 2) if latencies else None,
         "p95_s": round(percentile(latencies, 0.95), 2) if latencies else None,
@@ -259,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     for e in record["experiments"]:
         print(f"{e['dataset']} / {e['agent']} (experiment {e['experiment']}, {e['status']}): "
               f"{e['passed']}/{e['items']} = {e['accuracy']}, median {e['median_s']} s, p95 {e['p95_s']} s; "
-              f"failures: {e['diagnoses']}")
+              f"failures: {e['diagnoses']}"
+              + (f"; states the tool's time: {e['states_tool_time']}" if e.get("states_tool_time") is not None else ""))
         for r in e["rows"]:
             mark = "PASS" if r["passed"] else f"FAIL {r['diagnosis']}"
             answer = re.sub(r"\s+", " ", r["output"])[:110]

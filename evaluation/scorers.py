@@ -115,6 +115,22 @@ def _contains(haystack: str, needle: str) -> bool:
     return bool(needle) and f" {needle} " in f" {haystack} "
 
 
+Fact = str | Sequence[str]
+"""An expected fact: a string, or a list of alternatives any one of which counts
+(``["86400", "24 h", "24 hours"]``: a default given in seconds or in hours)."""
+
+
+def fact_alternatives(fact: Fact) -> list[str]:
+    """The strings that count for ``fact``: itself, or its alternatives."""
+    return [fact] if isinstance(fact, str) else list(fact)
+
+
+def fact_in(normalised_text: str, fact: Fact) -> bool:
+    """Whether ``fact`` (one of its alternatives) occurs in ``normalised_text`` (already
+    :func:`normalise`d), normalised, on word boundaries."""
+    return any(_contains(normalised_text, normalise(a)) for a in fact_alternatives(fact))
+
+
 # --- the scorers ------------------------------------------------------------------------------
 
 
@@ -129,16 +145,18 @@ def exact_match(output: str, reference: str) -> Score:
     return Score(1.0 if same else 0.0, same, "" if same else "differs from the reference")
 
 
-def contains_facts(output: str, facts: Sequence[str]) -> Score:
+def contains_facts(output: str, facts: Sequence[Fact]) -> Score:
     """The share of ``facts`` found in the answer, both normalised (:func:`normalise`: case,
     punctuation, whitespace, number formats such as "2,5 MB" / "2.5 MB" / "2.50MB"), on word
-    boundaries. Passes when every fact is found; ``detail`` names the missing ones."""
+    boundaries; a fact given as a list is found when any of its alternatives is. Passes when
+    every fact is found; ``detail`` names the missing ones."""
     if not facts:
         return Score(1.0, True, "no facts expected")
     text = normalise(output)
-    missing = [fact for fact in facts if not _contains(text, normalise(fact))]
+    missing = [fact for fact in facts if not fact_in(text, fact)]
     found = len(facts) - len(missing)
-    detail = f"{found}/{len(facts)} facts" + (f"; missing: {', '.join(repr(f) for f in missing)}" if missing else "")
+    named = [" or ".join(repr(a) for a in fact_alternatives(f)) for f in missing]
+    detail = f"{found}/{len(facts)} facts" + (f"; missing: {', '.join(named)}" if missing else "")
     return Score(found / len(facts), not missing, detail)
 
 
@@ -289,10 +307,16 @@ def _check_schema(schema: Any) -> None:
         raise InvalidExpectation(f"expected.json_schema is not a valid JSON Schema: {exc}.") from exc
 
 
+def _valid_fact(fact: Any) -> bool:
+    if isinstance(fact, str):
+        return bool(fact.strip())
+    return isinstance(fact, list) and bool(fact) and all(isinstance(a, str) and a.strip() for a in fact)
+
+
 def expected_validate(expected: Any) -> dict[str, Any]:
     """``expected`` checked: an object whose keys are among :data:`EXPECTED_KEYS`, ``reference``
     and ``regex`` strings (the regex compiles, ≤ 1,000 characters), ``facts`` a list of
-    non-empty strings, ``json_schema`` a valid JSON Schema, ``tool_calls`` a list of ``{name,
+    non-empty strings or of non-empty lists of them (:data:`Fact`), ``json_schema`` a valid JSON Schema, ``tool_calls`` a list of ``{name,
     arguments_subset}``. Returns it unchanged.
 
     Raises:
@@ -308,8 +332,9 @@ def expected_validate(expected: Any) -> dict[str, Any]:
     if "reference" in expected and not isinstance(expected["reference"], str):
         raise InvalidExpectation("expected.reference must be a string.")
     facts = expected.get("facts", [])
-    if not isinstance(facts, list) or not all(isinstance(f, str) and f.strip() for f in facts):
-        raise InvalidExpectation("expected.facts must be a list of non-empty strings.")
+    if not isinstance(facts, list) or not all(_valid_fact(f) for f in facts):
+        raise InvalidExpectation(
+            "expected.facts must be a list of non-empty strings (or of lists of them: alternatives, any one counts).")
     if "regex" in expected:
         _check_regex(expected["regex"])
     if "json_schema" in expected:

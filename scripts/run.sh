@@ -17,6 +17,10 @@ HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 LLM_PORT=${LLM_PORT:-8081}
 export LLM_BASE_URL=${LLM_BASE_URL:-http://127.0.0.1:${LLM_PORT}/v1}
+# The larger chat model (Qwen2.5-Coder-1.5B, ~2.1 GB resident) the demo Assistant's route tries
+# first (docs/model-accuracy.md); LLM_LARGE_BASE_URL= (empty) serves none.
+LLM_LARGE_PORT=${LLM_LARGE_PORT:-8083}
+export LLM_LARGE_BASE_URL=${LLM_LARGE_BASE_URL-http://127.0.0.1:${LLM_LARGE_PORT}/v1}
 EMBEDDINGS_PORT=${EMBEDDINGS_PORT:-8082}
 export EMBEDDINGS_BASE_URL=${EMBEDDINGS_BASE_URL:-http://127.0.0.1:${EMBEDDINGS_PORT}/v1}
 mkdir -p var/log
@@ -46,6 +50,19 @@ else
   LLM_PORT=$LLM_PORT $PY scripts/llm_server.py >var/log/llm.log 2>&1 &
   pids+=($!)
 fi
+if [ -z "$LLM_LARGE_BASE_URL" ]; then
+  :
+elif curl -fsS "$LLM_LARGE_BASE_URL/models" >/dev/null 2>&1; then
+  echo "[run] a model server already answers at $LLM_LARGE_BASE_URL; using it" >&2
+elif [ "$LLM_LARGE_BASE_URL" != "http://127.0.0.1:${LLM_LARGE_PORT}/v1" ]; then
+  echo "[run] no model server answers at $LLM_LARGE_BASE_URL yet; the Assistant falls back to the 0.5B until one does" >&2
+elif $PY scripts/setup_model.py --model qwen2.5-coder-1.5b-instruct; then
+  LLM_MODEL_NAME=qwen2.5-coder-1.5b-instruct LLM_PORT=$LLM_LARGE_PORT $PY scripts/llm_server.py >var/log/llm-large.log 2>&1 &
+  pids+=($!)
+  large_started=1
+else
+  echo "[run] the larger model could not be set up; the Assistant falls back to the 0.5B" >&2
+fi
 # The embedded embedding model (all-MiniLM-L6-v2) in a llama.cpp server of its own: knowledge
 # bases and memories embed through it.
 if curl -fsS "http://127.0.0.1:${EMBEDDINGS_PORT}/v1/models" >/dev/null 2>&1; then
@@ -65,6 +82,11 @@ pids+=($!)
 
 $PY scripts/llm_server.py --wait "$LLM_BASE_URL" --timeout 300 || { echo "[run] the model server did not start: see var/log/llm.log" >&2; exit 1; }
 $PY scripts/llm_server.py --wait "$EMBEDDINGS_BASE_URL" --timeout 120 || { echo "[run] the embeddings server did not start: see var/log/embeddings.log" >&2; exit 1; }
+if [ -n "${large_started:-}" ]; then
+  # Not fatal: the Assistant's route falls back to the 0.5B while the 1.5B is away.
+  $PY scripts/llm_server.py --wait "$LLM_LARGE_BASE_URL" --timeout 300 \
+    || echo "[run] the larger model's server did not start (see var/log/llm-large.log); the Assistant falls back to the 0.5B" >&2
+fi
 for _ in $(seq 1 60); do curl -fsS "http://$HOST:$PORT/api/schema/" >/dev/null 2>&1 && break; sleep 0.5; done
 
 cat <<MSG
@@ -73,7 +95,7 @@ cat <<MSG
     Chat app     http://$HOST:$PORT/            (demo-user / demo-user-pass)
     Console      http://$HOST:$PORT/admin/      (demo-admin / demo-admin-pass)
     API docs     http://$HOST:$PORT/api/docs/
-    Model        $LLM_BASE_URL
+    Model        $LLM_BASE_URL${LLM_LARGE_BASE_URL:+  (larger: $LLM_LARGE_BASE_URL)}
     Embeddings   $EMBEDDINGS_BASE_URL
   Logs in var/log/. Ctrl-C stops everything.
 

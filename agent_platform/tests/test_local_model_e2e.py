@@ -124,7 +124,14 @@ def local_model_url():
 
 @model_db
 def test_demo_assistant_answers_the_time_in_tokyo(local_model_url, celery_worker):
-    with override_settings(LLM_BASE_URL=local_model_url):
+    """The Assistant's route ("local-large") tries the 1.5B first; the suite does not serve it (its
+    download and load would cost ~2 minutes of the suite: its accuracy is measured by
+    bench/model_accuracy.py, docs/model-accuracy.md), so here its URL is a closed port and the
+    route's fallback, the 0.5B, answers: the path of a ``make run`` whose larger model did not
+    start, on real servers."""
+    from conftest import free_port
+
+    with override_settings(LLM_BASE_URL=local_model_url, LLM_LARGE_BASE_URL=f"http://127.0.0.1:{free_port()}/v1"):
         call_command("seed_demo")
     from tenants.models import Membership
     from tenants.services import api_token_create
@@ -152,8 +159,12 @@ def test_demo_assistant_answers_the_time_in_tokyo(local_model_url, celery_worker
     print("tool calls:", [(c["name"], c["arguments"], c["status"], c["result"][:120]) for c in run["tool_calls"]])
     activities = client.get(f"/api/v1/runs/{run_id}/activities/").json()["results"]
     llm_calls = [a for a in activities if a["kind"] == "llm_call"]
-    assert llm_calls and all(c["model"] == "qwen2.5-coder-0.5b-instruct" for c in llm_calls)
-    assert llm_calls[0]["latency_ms"] > 0 and llm_calls[0]["completion_tokens"] > 0
+    # The first attempt went to the 1.5B's closed port (no retries), every answer came from the 0.5B.
+    assert llm_calls[0]["model"] == "qwen2.5-coder-1.5b-instruct", llm_calls[0]
+    assert (llm_calls[0]["entry_index"], llm_calls[0]["status"], llm_calls[0]["error_class"]) == (0, "failed", "network")
+    answered = [c for c in llm_calls if c["status"] == "succeeded"]
+    assert answered and all((c["model"], c["entry_index"]) == ("qwen2.5-coder-0.5b-instruct", 1) for c in answered)
+    assert answered[0]["latency_ms"] > 0 and answered[0]["completion_tokens"] > 0
     # The README's promise: the run calls time__get_current_time, the call succeeds, the run
     # succeeds, and the answer gives the time the tool returned (at least its hour).
     assert run["status"] == "completed", (run["reason"], run["error"])
@@ -221,12 +232,15 @@ def test_docs_assistant_searches_the_documentation_and_the_chat_shows_its_source
 
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (scripts/ensure_chromium.sh installs it)")
+    from conftest import free_port
     from frontend.tests.test_chat_flows import log_in, open_page
     from tenants.models import Membership
     from tenants.services import api_token_create
 
     monkeypatch.setattr("console.management.commands.seed_demo.DOCS_FILES", DOCS_SUBSET)
-    with override_settings(LLM_BASE_URL=local_model_url, EMBEDDINGS_BASE_URL=embedding_server):
+    # The 1.5B, its route's first entry, is not served here: the 0.5B answers (as in the Tokyo test).
+    with override_settings(LLM_BASE_URL=local_model_url, EMBEDDINGS_BASE_URL=embedding_server,
+                           LLM_LARGE_BASE_URL=f"http://127.0.0.1:{free_port()}/v1"):
         call_command("seed_demo")
     docs = _wait_for_documents_ready("demo", timeout_seconds=900)
     assert sorted(d.source for d in docs) == sorted(DOCS_SUBSET)

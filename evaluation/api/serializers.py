@@ -30,7 +30,7 @@ class DatasetSerializer(serializers.ModelSerializer):
 
 
 class DatasetItemSerializer(serializers.ModelSerializer):
-    """An item; ``expected``: ``{reference?, facts?: [str], regex?, json_schema?, tool_calls?:
+    """An item; ``expected``: ``{reference?, facts?: [str | [str]] (a list: alternatives), regex?, json_schema?, tool_calls?:
     [{name, arguments_subset}]}``; ``messages``: ``[{role: user|assistant, content}]`` ending
     with the user's (optional)."""
 

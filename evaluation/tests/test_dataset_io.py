@@ -120,7 +120,7 @@ def test_a_bad_import_is_a_400_with_the_line_and_imports_nothing(world, dataset)
     )
     assert resp.status_code == 400
     assert resp.json() == {
-        "message": "line 4: expected.facts must be a list of non-empty strings.",
+        "message": "line 4: expected.facts must be a list of non-empty strings (or of lists of them: alternatives, any one counts).",
         "extra": {"line": 4},
     }
     neither = client.post(f"/api/v1/admin/datasets/{dataset.pk}/import/", {"file_format": "csv"}, format="json")

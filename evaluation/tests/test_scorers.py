@@ -58,6 +58,16 @@ def test_facts_score_is_the_share_found_and_names_the_missing():
     assert "'2.5 MB'" in score.detail and "2/3" in score.detail
 
 
+def test_a_fact_given_as_alternatives_is_found_by_any_one_of_them():
+    day = ["86400", "24 h", "24 hours"]
+    assert contains_facts("Approvals expire after 24 h by default.", [day]).passed
+    assert contains_facts("APPROVAL_TTL_SECONDS is 86,400.", [day, "APPROVAL_TTL_SECONDS"]).passed
+    missing = contains_facts("They expire after 12 hours.", [day, "12"])
+    assert missing.score == pytest.approx(1 / 2) and not missing.passed
+    assert "'86400' or '24 h' or '24 hours'" in missing.detail
+    assert not contains_facts("after 240 h", [day]).passed  # still on word boundaries
+
+
 def test_exact_match_ignores_case_and_spacing_only():
     assert exact_match("  Paris\n", "paris").passed
     assert not exact_match("Paris.", "Paris").passed
@@ -125,9 +135,13 @@ def test_score_text_applies_only_what_the_item_expects():
 
 def test_expected_and_scorers_are_validated_with_reasons():
     assert expected_validate({"facts": ["a"], "tool_calls": [{"name": "t"}]})
+    assert expected_validate({"facts": ["a", ["86400", "24 h"]]})
     for bad, words in [
         ({"fact": ["a"]}, "unknown keys"),
         ({"facts": "a"}, "list"),
+        ({"facts": [[]]}, "alternatives"),
+        ({"facts": [["24 h", " "]]}, "alternatives"),
+        ({"facts": [[["nested"]]]}, "alternatives"),
         ({"regex": "("}, "compile"),
         ({"json_schema": {"type": 5}}, "JSON Schema"),
         ({"tool_calls": [{}]}, "name"),
