@@ -59,7 +59,9 @@ def gives_the_hour(reply: str, at: datetime) -> bool:
     wrong_suffix = _PM if hour < 12 else _AM
     patterns = [rf"{_NOT_AFTER}{h12:02d}(?::\d{{2}}){{0,2}}{suffix}", rf"{_NOT_AFTER}{h12}(?::\d{{2}}){{0,2}}{suffix}"]
     for h24 in {f"{hour:02d}", str(hour)}:  # hour 0: 00:05 or 0:05 ("12:05" alone is noon)
-        patterns.append(rf"{_NOT_AFTER}{h24}:\d{{2}}(?::\d{{2}})?(?!\d)(?!{wrong_suffix})")
+        # (?![\d:]): the whole time, seconds included, before the AM/PM check ("02:15" of
+        # "02:15:46 PM" is not 02:15).
+        patterns.append(rf"{_NOT_AFTER}{h24}:\d{{2}}(?::\d{{2}})?(?![\d:])(?!{wrong_suffix})")
     return any(re.search(p, reply, re.IGNORECASE) for p in patterns)
 
 
@@ -78,6 +80,8 @@ def test_gives_the_hour_accepts_the_renderings_of_the_tools_hour_and_no_other():
     assert gives_the_hour("It is 9 AM.", morning)
     assert not gives_the_hour("offset +09:00, it is 10:05", morning)
     assert not gives_the_hour("It is 9:05 PM.", morning) and not gives_the_hour("It is 21:05.", morning)
+    assert not gives_the_hour("It is 09:05:46 PM.", morning) and gives_the_hour("It is 09:05:46 AM.", morning)
+    assert not gives_the_hour("It is 03:36:05 AM.", afternoon) and gives_the_hour("03:36:05 pm", afternoon)
     midnight = datetime.fromisoformat("2026-12-02T00:20:00+09:00")
     assert gives_the_hour("00:20", midnight) and gives_the_hour("12:20 AM", midnight)
     assert not gives_the_hour("12:20", midnight) and not gives_the_hour("12:20 PM", midnight)
