@@ -41,8 +41,3 @@ def test_without_a_larger_model_every_agent_stays_on_the_small_one(settings):
     call_command("seed_demo")
     assert _routes() == {"Assistant": "local", "Researcher": "local", "Docs assistant": "local"}
 
-
-def test_the_larger_models_host_is_an_allowed_outbound_host_by_default():
-    from agent_platform import settings as module
-
-    assert "127.0.0.1:8083" in module._default_outbound_hosts().split(",")

@@ -81,10 +81,14 @@ def test_the_default_allows_the_embedded_models_hosts_only(monkeypatch):
     from agent_platform import settings as base
 
     monkeypatch.setattr(base, "LLM_BASE_URL", "http://127.0.0.1:8081/v1")
+    monkeypatch.setattr(base, "LLM_LARGE_BASE_URL", "http://127.0.0.1:8083/v1")
     monkeypatch.setattr(base, "EMBEDDINGS_BASE_URL", "http://127.0.0.1:8082/v1")
-    # The embedded chat model and the embedded embedder.
+    # The embedded chat models and the embedded embedder.
+    assert base._default_outbound_hosts() == "127.0.0.1:8081,127.0.0.1:8083,127.0.0.1:8082"  # noqa: SLF001
+    monkeypatch.setattr(base, "LLM_LARGE_BASE_URL", "")  # no larger model: nothing added for it
     assert base._default_outbound_hosts() == "127.0.0.1:8081,127.0.0.1:8082"  # noqa: SLF001
     monkeypatch.setattr(base, "LLM_BASE_URL", "https://[::1]/v1")
+    monkeypatch.setattr(base, "LLM_LARGE_BASE_URL", "https://[::1]/v1")
     monkeypatch.setattr(base, "EMBEDDINGS_BASE_URL", "https://[::1]:443/v1")
     assert base._default_outbound_hosts() == "[::1]:443"  # noqa: SLF001 - listed once
     if "OUTBOUND_ALLOWED_CIDRS" not in os.environ:
