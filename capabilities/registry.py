@@ -85,6 +85,10 @@ class RunInfo(Protocol):
     def entry_ids(self) -> tuple[int, ...]: ...
 
     @property
+    def purpose(self) -> str:
+        """Where the run came from: ``chat``, ``api``, ``evaluation``, ``schedule``, ``webhook``."""
+
+    @property
     def attached_resources(self) -> tuple[dict[str, Any], ...]:
         """MCP resources the person attached to the run's message or pinned to its chat:
         ``[{binding, server_id, server, uri, pinned?}]`` (:mod:`capabilities.mcp.attached`)."""

@@ -61,7 +61,8 @@ class MemoryKind(CapabilityKind):
 
     async def run_context(self, specs: Sequence[MemoryBindingSpec], ctx: OpenContext, query: str) -> list[ContextBlock]:
         """One block with the ``max_items`` memories of the run's user and agent most similar
-        to ``query`` (the run's user message), or none (no user, no memories, empty query).
+        to ``query`` (the run's user message), or none (no user, no memories, empty query, an
+        evaluation experiment's run).
 
         The query is embedded with the tenant's default embedding provider (in a thread; it is
         a blocking HTTP call); the search and the ``last_used_at`` touch run on the run's
@@ -72,6 +73,10 @@ class MemoryKind(CapabilityKind):
             EmbeddingError: the embedding provider failed (the runner logs it; the run goes on).
         """
         if not specs or not query.strip():
+            return []
+        if getattr(ctx.run, "purpose", None) == "evaluation":
+            # An experiment measures the agent's configuration: the results must not depend on
+            # the memories of whoever started it (nor feed them: memory.selectors).
             return []
         user_id = ctx.user_id if ctx.user_id is not None else getattr(ctx.run, "user_id", None)
         if user_id is None:

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import F, Max, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import Exists, F, Max, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from pgvector.django import CosineDistance
 
 from agents.models import AgentInstance, CapabilityBinding
 from memory.models import Memory, MemoryExtraction
 from memory.policy import KEY, MemoryPolicy
-from sessions.models import ChatSession
+from sessions.models import ChatSession, Run, RunPurpose
 
 
 def memory_policy_for_agent(*, agent_id: int) -> MemoryPolicy | None:
@@ -105,7 +105,9 @@ def memory_agents_enabled() -> dict[int, tuple[int, MemoryPolicy]]:
 def sessions_due_for_extraction(*, now: datetime, limit: int = 200) -> list[tuple[int, int]]:
     """``[(session_id, tenant_id)]`` of sessions whose new messages are due for extraction.
 
-    Due: the session's agent has memory on, the session is not deleted, its last message is
+    Due: the session's agent has memory on, the session is not deleted and is not an
+    evaluation experiment's (no run of purpose ``evaluation``: an experiment's questions are not
+    its admin's conversation), its last message is
     older than the agent's ``extract_after_idle_minutes``, it has a message past its watermark,
     no failed attempt asked to wait (``retry_after``) and no extraction holds it. Oldest
     activity first, at most ``limit``. Runs in system scope (the beat task).
@@ -130,6 +132,7 @@ def sessions_due_for_extraction(*, now: datetime, limit: int = 200) -> list[tupl
             lease_until=Subquery(state.values("lease_until")[:1]),
         )
         .filter(idle_filter, last_id__gt=F("watermark"))
+        .filter(~Exists(Run.all_tenants.filter(session_id=OuterRef("pk"), purpose=RunPurpose.EVALUATION)))
         .filter(Q(retry_after__isnull=True) | Q(retry_after__lte=now))
         .filter(Q(lease_until__isnull=True) | Q(lease_until__lte=now))
         .order_by("last_at")

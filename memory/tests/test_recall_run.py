@@ -96,6 +96,24 @@ def test_no_block_without_memories_or_with_memory_off(world, fake_llm, endpoint,
     assert BLOCK_TITLE not in fake_llm.requests[1]["messages"][0]["content"]
 
 
+def test_an_evaluation_run_recalls_no_memories(world, fake_llm, endpoint, no_enqueue):
+    """An experiment measures the agent's configuration: its results must not depend on the
+    memories of the admin who started it."""
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    memory_binding(agent)
+    _remember(endpoint, tenant=world.tenant, user=world.member, agent=agent, texts=FACTS)
+    fake_llm.script(Reply("Ratatouille."), Reply("Ratatouille."))
+    chat = post_message_sync(agent=agent, user=world.member, content="A vegetarian recipe for dinner?")
+    run_now(chat.pk)
+    assert BLOCK_TITLE in fake_llm.requests[0]["messages"][0]["content"]  # the same question in a chat: recalled
+    item = post_message_sync(agent=agent, user=world.member, content="A vegetarian recipe for dinner?")
+    Run.all_tenants.filter(pk=item.pk).update(purpose="evaluation")
+    run_now(item.pk)
+    assert Run.all_tenants.get(pk=item.pk).status == "completed"
+    assert BLOCK_TITLE not in fake_llm.requests[1]["messages"][0]["content"]
+    assert Run.all_tenants.get(pk=item.pk).context == []
+
+
 def test_run_context_directly_searches_only_the_given_user(world, endpoint):
     """The hook on its own (the OpenContext the runner passes), without a run."""
     agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])

@@ -74,6 +74,18 @@ def test_due_sessions_are_idle_ones_with_new_messages_of_agents_with_memory(worl
     assert busy.pk not in [s for s, _ in due]
 
 
+def test_an_evaluation_experiments_sessions_are_never_extracted(world):
+    """An experiment's items are its admin's runs in sessions of their own: the questions of a
+    dataset are not what the admin said, so nothing of them becomes the admin's memory."""
+    agent = AgentFactory(tenant=world.tenant)
+    memory_binding(agent, extract_after_idle_minutes=30)
+    chat, _ = _session_with_messages(world.tenant, agent, world.admin, minutes_ago=45)
+    experiment_item, _ = _session_with_messages(world.tenant, agent, world.admin, minutes_ago=45)
+    Run.all_tenants.filter(session=experiment_item).update(purpose="evaluation")
+    with system_scope():
+        assert sessions_due_for_extraction(now=timezone.now()) == [(chat.pk, world.tenant.pk)]
+
+
 def test_a_disabled_binding_or_inactive_agent_means_no_extraction(world):
     agent = AgentFactory(tenant=world.tenant)
     binding = memory_binding(agent)

@@ -263,6 +263,7 @@ def _spec(run: ClaimedRun) -> RunSpec:
         routes=routes,
         route_name=route_name,
         record_llm_bodies=tenant.record_llm_bodies,
+        purpose=run.purpose,
     )
 
 

@@ -143,6 +143,10 @@ class RunSpec:
     """The tenant keeps its model calls' request and response bodies (``Tenant.record_llm_bodies``):
     the run's router captures them (:mod:`sessions.llm_bodies`). Read with the run's
     configuration, so a change applies from the next run on."""
+    purpose: str = "chat"
+    """Where the run came from (``Run.purpose``, a :class:`sessions.models.RunPurpose` value; a
+    sub-run has its parent's). ``evaluation``: an experiment's item, which measures the agent's
+    configuration, so no user's memories are recalled into it (:mod:`memory.kind`)."""
 
     @property
     def output_format(self) -> dict[str, Any] | None:

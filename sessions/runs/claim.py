@@ -103,6 +103,8 @@ class ClaimedRun:
     """``Run.request_options`` (the API caller's client tools, instructions, response format)."""
     agent_version_id: int | None = None
     """``Run.agent_version``: the agent's version the run runs (None: a run from before versions)."""
+    purpose: str = "chat"
+    """``Run.purpose``: where the run came from (:class:`sessions.models.RunPurpose`)."""
 
     @classmethod
     def of(cls, run: Run) -> ClaimedRun:
@@ -111,7 +113,7 @@ class ClaimedRun:
             pk=run.pk, tenant_id=run.tenant_id, session_id=run.session_id, user_id=run.user_id,
             agent_id=run.session.agent_id, attempt=run.attempt, loop_count=run.loop_count,
             started_at=run.started_at, paused_seconds=run.paused_seconds, request_options=run.request_options,
-            agent_version_id=run.agent_version_id,
+            agent_version_id=run.agent_version_id, purpose=run.purpose,
         )
 
 
@@ -175,7 +177,8 @@ def _claim_or_hold(run_id: int) -> ClaimedRun | RunNotClaimable:
         cursor.execute(sql.CLAIM_LOCK_SESSION_SQL, params)  # serialises runs of a session
         (agent_id,) = cursor.fetchone()
         cursor.execute(sql.CLAIM_LOCK_RUN_SQL, params)  # a concurrent cancel wins
-        status, heartbeat_at, steered_into_id, user_id, loop_count, paused_seconds, options, version_id = cursor.fetchone()
+        (status, heartbeat_at, steered_into_id, user_id, loop_count, paused_seconds, options, version_id,
+         purpose) = cursor.fetchone()
         _check_claimable(run_id, status, heartbeat_at, steered_into_id)
         cursor.execute(sql.CLAIM_EARLIER_ACTIVE_SQL, {**params, "active": [str(s) for s in ACTIVE_RUN_STATUSES]})
         if cursor.fetchone()[0]:
@@ -188,7 +191,7 @@ def _claim_or_hold(run_id: int) -> ClaimedRun | RunNotClaimable:
     return ClaimedRun(
         pk=run_id, tenant_id=params["tenant_id"], session_id=params["session_id"], user_id=user_id,
         agent_id=agent_id, attempt=attempt, loop_count=loop_count, started_at=started_at,
-        paused_seconds=paused_seconds, request_options=options, agent_version_id=version_id,
+        paused_seconds=paused_seconds, request_options=options, agent_version_id=version_id, purpose=purpose,
     )
 
 

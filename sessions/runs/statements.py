@@ -64,7 +64,7 @@ CLAIM_LOCK_SESSION_SQL = (
 )
 CLAIM_LOCK_RUN_SQL = (
     'SELECT "status", "heartbeat_at", "steered_into_id", "user_id", "loop_count", "paused_seconds", '
-    '"request_options", "agent_version_id" '
+    '"request_options", "agent_version_id", "purpose" '
     f'FROM "{RUN}" WHERE "id" = %(run_id)s AND "tenant_id" = %(tenant_id)s FOR NO KEY UPDATE'
 )
 CLAIM_EARLIER_ACTIVE_SQL = (
