@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 
-from agents.models import CapabilityBinding, CapabilityKind
 from agents.tests.factories import agent_with_route, bind_builtin
-from capabilities.models import McpServer
+from frontend.tests.test_chat_connect_card import librarian_needing_an_account
 from frontend.tests.test_chat_flows import log_in, open_page
 from llm.testing import Reply, ToolCalls
 from sessions.models import Approval, Run, ToolCall
@@ -85,13 +84,7 @@ def _waiting_for_an_account(world, fake_llm, no_enqueue, live_server_url, settin
     """A member's run waiting for their account on an OAuth MCP server (the platform's own
     /mcp/knowledge/, kind ``connection``): the model called its ``ourkb__connect`` stand-in.
     ``then``: what the model answers after."""
-    settings.OUTBOUND_ALLOWED_CIDRS = ["127.0.0.1/32"]  # the "remote" server is this test's own
-    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Librarian")
-    server = McpServer.all_tenants.create(tenant=world.tenant, name="Our knowledge", alias="ourkb",
-                                          transport="streamable_http", url=f"{live_server_url}/mcp/knowledge/",
-                                          auth_mode="oauth_user")
-    CapabilityBinding.all_tenants.create(tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER,
-                                         mcp_server=server)
+    agent, server = librarian_needing_an_account(world, fake_llm, live_server_url, settings)
     fake_llm.script(ToolCalls([("ourkb__connect", {})]), *then)
     run = post_message_sync(agent=agent, user=world.member, content="Which knowledge bases do I have?")
     no_enqueue.clear()  # the test runs it here

@@ -25,9 +25,10 @@ pytestmark = [
 ]
 
 
-def test_connect_from_the_card_and_the_run_goes_on(world, fake_llm, celery_worker, live_server_url, settings):
-    from playwright.sync_api import expect
-
+def librarian_needing_an_account(world, fake_llm, live_server_url, settings):
+    """Agent "Librarian" bound to MCP server "Our knowledge" (alias ``ourkb``): the platform's
+    own /mcp/knowledge/ on this test's server, with each person's OAuth account
+    (``oauth_user``), which nobody has connected. Returns ``(agent, server)``."""
     settings.OUTBOUND_ALLOWED_CIDRS = ["127.0.0.1/32"]  # the "remote" server is this test's own
     agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Librarian")
     server = McpServer.all_tenants.create(tenant=world.tenant, name="Our knowledge", alias="ourkb",
@@ -35,6 +36,13 @@ def test_connect_from_the_card_and_the_run_goes_on(world, fake_llm, celery_worke
                                           auth_mode="oauth_user")
     CapabilityBinding.all_tenants.create(tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER,
                                          mcp_server=server)
+    return agent, server
+
+
+def test_connect_from_the_card_and_the_run_goes_on(world, fake_llm, celery_worker, live_server_url, settings):
+    from playwright.sync_api import expect
+
+    agent, server = librarian_needing_an_account(world, fake_llm, live_server_url, settings)
     fake_llm.script(ToolCalls([("ourkb__connect", {})]), ToolCalls([("ourkb__knowledge_bases", {})]),
                     Reply("You have no knowledge bases yet."))
     with open_page() as page:  # (its event loop: no ORM calls inside)
