@@ -198,6 +198,43 @@ def test_streaming_sends_the_task_working_the_reply_in_chunks_then_completed(bin
     assert {e.status_update.task_id for e in events if e.HasField("status_update")} == {events[0].task.id}
 
 
+def test_a_stream_opens_with_the_task_as_submitted_even_when_its_run_already_finished(
+        world, fake_llm, no_enqueue, live_server_url, monkeypatch):
+    """A fast worker can finish the run between its start and the stream's first event: the
+    task still opens the stream as submitted, then the updates replayed from the run's start
+    (not its final state first, then the updates that led to it). Reproduced here by running
+    the run to its end right after it is started, before the handler builds the task."""
+    from asgiref.sync import async_to_sync
+
+    from sessions.api.a2a import handler
+    from sessions.runner.loop import execute_run
+
+    agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    fake_llm.script(Reply("Done already.", chunk_size=5))
+    start = handler._start_sync
+
+    def start_and_finish(*args, **kwargs):
+        run = start(*args, **kwargs)
+        async_to_sync(execute_run)(run.pk)
+        return run
+
+    monkeypatch.setattr(handler, "_start_sync", start_and_finish)
+
+    async def scenario():
+        client = await _client(live_server_url, world.member_token, streaming=True)
+        try:
+            return await _send(client, _message("Talk to me"))
+        finally:
+            await client.close()
+
+    events = _run(scenario)
+    assert events[0].WhichOneof("payload") == "task"
+    assert events[0].task.status.state == TaskState.TASK_STATE_SUBMITTED, events[0].task.status
+    states = [e.status_update.status.state for e in events if e.HasField("status_update")]
+    assert states[0] == TaskState.TASK_STATE_WORKING and states[-1] == TaskState.TASK_STATE_COMPLETED
+    assert Run.all_tenants.get(pk=int(events[0].task.id)).status == "completed"
+
+
 def test_get_and_list_tasks_are_the_callers_runs_of_the_agent(world, other_world, fake_llm, celery_worker,
                                                               live_server_url, tenant_walls):
     agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")

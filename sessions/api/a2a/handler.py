@@ -101,6 +101,7 @@ from sessions.api.a2a.tasks import (
     reply_artifact,
     run_id_of,
     task_get_sync,
+    task_of_run,
 )
 from sessions.event_reader import Closed, Event, SessionEventReader
 from sessions.events import session_keys
@@ -164,6 +165,12 @@ def _start_sync(caller: A2ACaller, context_id: str, text: str, push: TaskPushNot
             with tenant_scope(caller.tenant_id):
                 push_config_save(run=run, config=push, base_url=caller.base_url)
         return run
+
+
+def _task_as_started(caller: A2ACaller, run: Run) -> Task:
+    """The task of ``run`` as :func:`_start_sync` created it (``TASK_STATE_SUBMITTED``)."""
+    with tenant_scope(caller.tenant_id):
+        return task_of_run(run, caller)
 
 
 def _start_run(caller: A2ACaller, context_id: str, text: str) -> Run:
@@ -454,7 +461,11 @@ class PlatformRequestHandler(RequestHandler):
             except PlatformRefusal as refusal:
                 refusal_record(context, refusal)
                 raise
-            paused_before = 0
+            # The task as it started (submitted), from the run as created: read again, a worker
+            # may already have finished it, and a stream would then open with the final state
+            # before the updates that led to it (replayed from the session's start).
+            task = await database_sync_to_async(_task_as_started)(caller, run)
+            return _RunWatch(caller=caller, task=task, paused_before=0)
         task = await database_sync_to_async(task_get_sync)(caller, str(run.pk))
         if task is None:
             raise TaskNotFoundError(message=f"Task {run.pk} was deleted.")
