@@ -15,6 +15,7 @@ from llm.testing import CutAfter, Reply
 from sessions.events import events_since
 from sessions.runner.loop import _StreamedTextBatcher, execute_run
 from sessions.runner.ports import CallbackPublisher
+from sessions.runner.streaming import TOKEN_FLUSH_SECONDS
 from sessions.tests.conftest import post_message, reload_run
 
 pytestmark = [
@@ -89,18 +90,20 @@ async def test_text_does_not_wait_for_the_publish_in_flight_only_for_the_interva
 
     async def slow_publish(event_type: str, data: dict) -> None:
         started.append((loop.time(), data["text"]))
-        await asyncio.sleep(0.2)  # a slow round trip: far longer than the 25 ms interval
+        await asyncio.sleep(1.0)  # a slow round trip: far longer than the 25 ms interval
 
+    # No sleeps between the adds (on a loaded machine a 10 ms sleep can outlast the interval):
+    # "b" and "c" come within the interval since "a" whatever the load.
     batcher = _StreamedTextBatcher(CallbackPublisher(slow_publish))
     t0 = loop.time()
     batcher.add("content_token", "a")  # out at once
-    await asyncio.sleep(0.01)
     batcher.add("content_token", "b")  # both go when the interval since "a" has passed...
-    await asyncio.sleep(0.005)
     batcher.add("content_token", "c")
-    await asyncio.sleep(0.05)  # ...while "a"'s publish is still in flight
+    while len(started) < 2 and loop.time() - t0 < 0.9:  # ...while "a"'s publish is still in flight
+        await asyncio.sleep(0.005)
     assert [text for _, text in started] == ["a", "bc"]
-    assert started[1][0] - t0 < 0.1, "the second publish did not wait for the first to return"
+    assert started[1][0] - t0 >= TOKEN_FLUSH_SECONDS - 0.001, "held for the interval since \"a\""
+    assert started[1][0] - t0 < 0.9, "the second publish waited for the first to return"
     await batcher.close()
     assert [text for _, text in started] == ["a", "bc"]
 
