@@ -336,7 +336,7 @@ AUTHENTICATION_BACKENDS = [
 ]
 AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"  # failure counters in the Redis cache above
 AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_LOCKOUT_FAILURES", "10"))
-AXES_COOLOFF_TIME = float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15")) / 60  # hours
+AXES_COOLOFF_TIME = float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15")) / 60  # minutes; axes reads a number as hours
 AXES_LOCKOUT_PARAMETERS = {
     "username_ip": [["username", "ip_address"]],
     "username": ["username"],
