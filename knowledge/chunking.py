@@ -7,7 +7,9 @@ text is split at the coarsest separator that makes every piece fit ``size`` char
 blank lines (paragraphs), then sentence ends, then spaces, then a fixed window; the pieces are
 then merged greedily back into chunks of at most ``size`` characters, and each chunk after the
 first of its section starts with up to ``overlap`` characters from the end of the one before
-(cut at a word boundary), so a sentence split across two chunks is whole in one of them.
+(cut at a word boundary), so a sentence split across two chunks is whole in one of them; a
+chunk that starts among a Markdown table's rows starts with the table's header instead, so
+its columns keep their names (:func:`split_text`).
 
 Sizes are in characters (the knowledge base's ``chunk_size``, default 500, and
 ``chunk_overlap``, default 50), as in the design this follows (issue 26: "500 characters with
@@ -100,8 +102,48 @@ def _tail(text: str, overlap: int) -> str:
     return tail.lstrip()
 
 
+_TABLE_DELIMITER = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)+\|?\s*$")
+"""A Markdown (GFM) table's delimiter row: ``|---|:--:|``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    rows_start: int
+    """Offset of the first body row (after the delimiter row) in the section text."""
+    end: int
+    """Offset just past the last row."""
+    header: str
+    """The header row and the delimiter row, stripped, on two lines."""
+
+
+def _tables(text: str) -> list[_Table]:
+    """The Markdown tables of ``text``: a row (a line holding ``|``) followed by a delimiter
+    row, then the body rows (lines holding ``|``) up to the first line without one."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    tables, i = [], 0
+    while i + 1 < len(lines):
+        if "|" in lines[i] and _TABLE_DELIMITER.match(lines[i + 1]):
+            j = i + 2
+            while j < len(lines) and "|" in lines[j] and lines[j].strip():
+                j += 1
+            tables.append(_Table(starts[i + 2], starts[j], lines[i].strip() + "\n" + lines[i + 1].strip()))
+            i = j
+        else:
+            i += 1
+    return tables
+
+
 def split_text(text: str, *, size: int, overlap: int) -> list[str]:
     """Split one section's text into chunks of at most ``size`` characters with ``overlap``.
+
+    A chunk that starts among a Markdown table's body rows starts with that table's header row
+    and delimiter row instead of the overlap (a row fragment from the chunk before would say
+    less than the column names do), so every chunk of a long table reads as a table whose
+    columns are named: a settings table's "default" column, a limits table's "per user /
+    per tenant". A header longer than ``size // 2`` is not repeated.
 
     Args:
         text: The section text.
@@ -113,17 +155,29 @@ def split_text(text: str, *, size: int, overlap: int) -> list[str]:
     """
     if size < 1 or not 0 <= overlap < size:
         raise ValueError(f"need size ≥ 1 and 0 ≤ overlap < size (got size={size}, overlap={overlap})")
+    tables = [t for t in _tables(text) if len(t.header) < size // 2]
+    reserve = max([overlap, *(len(t.header) + 1 for t in tables)])
     chunks: list[str] = []
     current = ""
-    for unit in _units(text, size - overlap if overlap else size):
+    offset = 0  # of the unit in ``text`` (the units joined give ``text`` back)
+    for unit in _units(text, size - reserve if reserve else size):
         if current and len(current) + len(unit) > size:
             chunks.append(current.strip())
-            tail = _tail(current.rstrip(), overlap)
-            current = (tail + (" " if tail and not unit[:1].isspace() else "") + unit.lstrip()) if tail else unit
-            if len(current) > size:  # cannot happen with units ≤ size - overlap; kept as a guard
+            table = next((t for t in tables if t.rows_start <= offset < t.end), None)
+            if table is not None:
+                current = table.header + "\n" + unit.lstrip()
+            else:
+                tail = _tail(current.rstrip(), overlap)
+                # The tail ends in a word and the unit is stripped: always a separator between
+                # them (an indented continuation line, "…on every\n  attempt of…", once became
+                # "everyattempt"); a line break when the unit starts a line of its own.
+                joint = "\n" if unit[:1] == "\n" else " "
+                current = (tail + joint + unit.lstrip()) if tail else unit
+            if len(current) > size:  # cannot happen with units ≤ size - reserve; kept as a guard
                 current = unit
         else:
             current += unit
+        offset += len(unit)
     if current.strip():
         chunks.append(current.strip())
     return [c for c in chunks if c]

@@ -48,6 +48,37 @@ def test_overlap_repeats_the_end_of_the_previous_chunk_at_a_word_boundary():
     assert split_text(text, size=500, overlap=0)[1][:20] not in chunks[0]
 
 
+def test_an_indented_continuation_line_after_the_overlap_keeps_its_space():
+    # A list item wrapped onto an indented line, cut where the wrapped line starts: the next
+    # chunk is the overlap tail, then that line. Its indentation was stripped with no space put
+    # back, gluing "every" to "attempt" (seen in the demo knowledge base: "on everyattempt").
+    item = "- **Idempotency**: " + "word " * 80 + "the same on every\n  attempt of one event: use it to ignore duplicates."
+    chunks = split_text(item, size=450, overlap=50)
+    assert len(chunks) == 2
+    assert "everyattempt" not in chunks[1] and "every attempt of one event" in chunks[1]
+
+
+def test_a_table_cut_across_chunks_repeats_its_header_in_each():
+    header = "| variable | default | what |\n|---|---:|---|"
+    rows = [f"| `SETTING_{i}` | `{i * 10}` | what setting {i} does, in a few words |" for i in range(40)]
+    text = "The settings:\n\n" + header + "\n" + "\n".join(rows) + "\n\nAfter the table."
+    chunks = split_text(text, size=500, overlap=50)
+    assert len(chunks) > 3 and all(len(c) <= 500 for c in chunks)
+    in_table = [c for c in chunks if "SETTING_" in c]
+    assert all(c.startswith(header + "\n| `SETTING_") for c in in_table[1:]), [c[:80] for c in in_table]
+    # every row whole in exactly one chunk, in order; the text after the table is kept
+    assert [row for c in chunks for row in c.splitlines() if row.startswith("| `SETTING_")] == rows
+    assert chunks[-1].endswith("After the table.")
+
+
+def test_a_table_header_longer_than_half_a_chunk_is_not_repeated():
+    header = "| " + " | ".join(f"column {i}" for i in range(30)) + " |\n|" + "---|" * 30
+    rows = "\n".join(f"| row {i} |" + " x |" * 29 for i in range(20))
+    chunks = split_text(header + "\n" + rows, size=300, overlap=30)
+    assert len(chunks) > 2 and all(len(c) <= 300 for c in chunks)
+    assert sum("column 1 |" in c for c in chunks) <= 2
+
+
 def test_text_without_separators_falls_back_to_fixed_windows():
     text = "x" * 1234
     chunks = split_text(text, size=500, overlap=0)
