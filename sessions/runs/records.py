@@ -420,7 +420,9 @@ def approval_request(
     ``elicitation`` (kinds ``elicitation`` and ``sampling``): ``{"request": ...}``, the MCP
     server's request for input, or for the agent's model (:func:`capabilities.mcp.sampling.sampling_question`).
     A call whose server asks again after an answer (the next question of a multi-round-trip
-    call) gets its Approval back, pending, with the new request (and kind).
+    call, or a question after the call's own approval) gets its Approval back, pending, with
+    the new request, kind and terms (``rule``'s: the approvers and expiry action of an
+    approval rule that decided the call before do not carry over).
 
     ``rule``: the approval rule that asked (kind ``tool_call`` from the binding's policy,
     :class:`capabilities.tools.ApprovalRequired`), whose terms the Approval keeps
@@ -439,10 +441,6 @@ def approval_request(
     {approvals}``, :func:`sessions.runs.run_pause` / :func:`sessions.runs.subrun_pause`), once
     the turn's other calls are done and a human can decide it.
     """
-    from datetime import timedelta
-
-    from django.conf import settings
-
     approval, _ = Approval.objects.get_or_create(
         tool_call_id=call_pk,
         defaults={
@@ -458,10 +456,13 @@ def approval_request(
             clean_text(question)
         approval.kind = kind  # a server may ask for input, then for the model, in one call
         approval.decided_by, approval.decided_at, approval.answer = None, None, ""
-        timeout = (rule or {}).get("timeout_seconds") or settings.APPROVAL_TTL_SECONDS
-        approval.expires_at = timezone.now() + timedelta(seconds=timeout)
+        # The question's own terms, not those of the rule that approved the call before it (its
+        # approvers and expiry action): the run's user answers, and its expiry declines.
+        terms = approval_terms(rule, now=timezone.now())
+        approval.approvers, approval.expires_at, approval.on_timeout = \
+            terms["approvers"], terms["expires_at"], terms["on_timeout"]
         approval.save(update_fields=["status", "kind", "elicitation", "question", "decided_by", "decided_at",
-                                     "answer", "expires_at"])
+                                     "answer", "expires_at", "approvers", "on_timeout"])
     ToolCall.objects.filter(pk=call_pk).update(status=ToolCallStatus.AWAITING_APPROVAL)
     return approval.pk
 

@@ -578,3 +578,30 @@ def test_compaction_begin_writes_nothing_and_compaction_save_publishes_after_its
         ("compaction_completed", {"ok": True, "compaction_id": ok_id, "attempt": 2, "tokens_before": 900,
                                   "tokens_after": 200, "messages": 3}, ["failed", "succeeded"]),
     ]
+
+
+@pytestmark_db
+def test_a_question_after_an_approved_call_is_the_run_users_to_answer_not_the_rules_approvers(world, fake_llm) -> None:
+    # A binding's rule sends a tool call to the tenant's admins with "approve" on expiry; once
+    # approved, the MCP server asks the user a question within the same call (elicitation), and
+    # the call's Approval row is reused for it. The rule's approvers and expiry action stayed on
+    # it: the user could not answer their own question, and its expiry "approved" it instead of
+    # declining. The question's terms are its own: the run's user, a decline on expiry.
+    from django.utils import timezone
+
+    from sessions.runs.records import approval_terms
+
+    run, approval = _paused_with_approval(world, fake_llm)
+    rule = {"approvers": {"roles": ["admin"]}, "on_timeout": "approve", "timeout_seconds": 600}
+    Approval.all_tenants.filter(pk=approval.pk).update(
+        kind="tool_call", status="approved", decided_at=timezone.now(), **approval_terms(rule, now=timezone.now()))
+    assert Approval.all_tenants.get(pk=approval.pk).approvers["roles"] == ["admin"]
+    with tenant_scope(world.tenant.pk):
+        spec = database._spec(runs.ClaimedRun.of(Run.objects.select_related("session").get(pk=run.pk)))
+        again = runs.approval_request(spec=spec, call_pk=approval.tool_call_id, kind="elicitation", tool_name="echo",
+                                      arguments={}, question="Which account?", elicitation={"request": {"mode": "form"}},
+                                      rule={"timeout_seconds": 120})
+    row = Approval.all_tenants.get(pk=again)
+    assert again == approval.pk and (row.kind, row.status, row.question) == ("elicitation", "pending", "Which account?")
+    assert (row.approvers, row.on_timeout) == ({}, "")
+    assert 110 <= (row.expires_at - timezone.now()).total_seconds() <= 120
