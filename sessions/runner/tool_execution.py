@@ -207,7 +207,8 @@ async def _execute_one(
                                                elicitation={"request": exc.request}, rule=timeout)
         except ConnectionForUser as exc:  # an account to connect: the call waits for it
             return await record.wait_for_human(ApprovalKind.CONNECTION, reason=str(exc.request.get("message", "")),
-                                               elicitation={"request": exc.request})
+                                               elicitation={"request": exc.request},
+                                               rule=_connection_rule(exc.request))
         except ApprovalRequired as exc:
             return await record.wait_for_human(ApprovalKind.TOOL_CALL, reason=exc.reason, rule=exc.rule)
         except QuestionForUser as exc:
@@ -218,6 +219,18 @@ async def _execute_one(
             return True
     await record.finish(outcome)
     return False
+
+
+def _connection_rule(request: dict[str, Any]) -> dict[str, Any] | None:
+    """Who answers a ``connection`` approval: the run's user for their own account
+    (``oauth_user``: the default, None); for the tenant's account (``oauth_tenant``), which only
+    a tenant admin may connect, the tenant's owners and admins too (it is in their approvals
+    inbox, with Connect), the run's user still able to go on without it."""
+    if request.get("auth_mode") != "oauth_tenant":
+        return None
+    from tenants.models import ADMIN_ROLES
+
+    return {"approvers": {"requester": True, "roles": sorted(ADMIN_ROLES)}}
 
 
 def _invocation(

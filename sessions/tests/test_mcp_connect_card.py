@@ -49,10 +49,10 @@ async def pool_closed():
 
 
 @database_sync_to_async
-def _agent(world, llm_url: str, server_url: str) -> tuple:
+def _agent(world, llm_url: str, server_url: str, auth_mode: str = "oauth_user") -> tuple:
     agent = agent_with_route(tenant=world.tenant, base_urls=[llm_url])
     server = McpServer.all_tenants.create(tenant=world.tenant, name="Our knowledge", alias="ourkb",
-                                          transport="streamable_http", url=server_url, auth_mode="oauth_user")
+                                          transport="streamable_http", url=server_url, auth_mode=auth_mode)
     CapabilityBinding.all_tenants.create(tenant=world.tenant, agent=agent, kind=CapabilityKind.MCP_SERVER,
                                          mcp_server=server,
                                          # would ask for the stand-in if its approval rules applied
@@ -76,8 +76,8 @@ def _offered(request: dict) -> list[str]:
     return sorted(tool["function"]["name"] for tool in request.get("tools") or ())
 
 
-async def _paused_on_connect(world, fake_llm, server_url: str, *after):
-    agent, server = await _agent(world, fake_llm.base_url, server_url)
+async def _paused_on_connect(world, fake_llm, server_url: str, *after, auth_mode: str = "oauth_user"):
+    agent, server = await _agent(world, fake_llm.base_url, server_url, auth_mode)
     fake_llm.script(ToolCalls([("ourkb__connect", {})]), *after)
     run = await post_message(agent=agent, user=world.member, content="Which knowledge bases do I have?")
     await execute_run(run.pk)
@@ -117,6 +117,18 @@ async def test_the_model_asks_to_connect_and_the_run_goes_on_with_the_servers_to
     assert (listed.status, listed.result) == ("succeeded", "No knowledge bases.")
     assert "ourkb__knowledge_bases" in _offered(fake_llm.requests[1])  # the resumed run has the real tools
     assert "ourkb__connect" not in _offered(fake_llm.requests[1])
+
+
+async def test_the_tenants_account_to_connect_is_in_the_admins_inbox_too(world, fake_llm, pool_closed):
+    # Only a tenant admin may connect the tenant's account (oauth_tenant); its connection
+    # approval went to the run's user alone, who can only go on without it, and no admin saw it.
+    run, approval, server = await _paused_on_connect(world, fake_llm, "http://127.0.0.1:9/mcp/", auth_mode="oauth_tenant")
+    assert approval.approvers == {"requester": True, "roles": ["admin", "owner"], "user_ids": []}
+    as_admin = await sync_to_async(lambda: world.client(admin=True).get("/api/v1/approvals/?mine=approver"))()
+    [item] = [a for a in as_admin.json() if a["id"] == approval.pk]
+    assert (item["kind"], item["can_decide"], item["connection"]["auth_mode"]) == ("connection", True, "oauth_tenant")
+    mine = (await _api(world, "get", f"/api/v1/approvals/{approval.pk}/")).json()
+    assert mine["can_decide"] is True  # the run's user may still go on without it
 
 
 def _http_api(world, live_server_url: str):

@@ -151,7 +151,8 @@ function approveDeny(ctx, label) {
 }
 
 /**
- * An MCP server the run needs has no connected account (only the run's user sees it): Connect
+ * An MCP server the run needs has no connected account (the run's user sees it; the tenant's
+ * account, `oauth_tenant`, is in the owners' and admins' inbox too, since only they connect it): Connect
  * (the service's sign-in, then back to the inbox; connecting answers it and the run resumes),
  * or Continue without (+ reason): `{"decision": "deny"}`, as the chat's card sends. No Approve:
  * the server answers it 409 until the account is connected.
