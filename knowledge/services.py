@@ -246,7 +246,9 @@ def document_add(*, knowledge_base: KnowledgeBase, source_kind: str, source: str
     existing = (Document.objects.select_for_update()
                 .filter(knowledge_base_id=knowledge_base.pk, source_kind=source_kind, source=source).first())
     if existing is not None:
-        if title:
+        # A title equal to the source is the default (the document's own title once parsed):
+        # re-adding the same file must not put the file name back over the parsed title.
+        if title and title != source:
             existing.title = title[:300]
         existing.tags = tags_list if tags is not None else existing.tags
         if chat_session_id is not None:

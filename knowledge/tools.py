@@ -28,6 +28,7 @@ from typing import Any
 
 from capabilities.registry import ContextBlock
 from capabilities.tools import Tool, ToolContext, ToolError, ToolResult
+from knowledge.chunking import HEADING_SEPARATOR
 from knowledge.focus import focus_passages
 from knowledge.search_limits import rest_limits_refusal
 from llm.types import ToolSpec
@@ -119,6 +120,18 @@ def _snippet(text: str) -> str:
     return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1].rstrip() + "…"
 
 
+def _where(title: str, heading: str) -> str:
+    """A passage's ``document › heading`` line, the document's title said once: a Markdown
+    document's heading path starts with its level-1 heading, which is its title once parsed
+    ("Settings reference › Settings reference > What each does" becomes "Settings reference ›
+    What each does")."""
+    if heading == title:
+        return title
+    if heading.startswith(title + HEADING_SEPARATOR):
+        heading = heading[len(title) + len(HEADING_SEPARATOR):]
+    return f"{title} › {heading}" if heading else title
+
+
 def passages_render(hits: Sequence[Any], numbers: CitationNumbers,
                     texts: Sequence[str] | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Numbered passages for the model and their citations for clients.
@@ -138,7 +151,7 @@ def passages_render(hits: Sequence[Any], numbers: CitationNumbers,
     parts, citations = [], []
     for i, hit in enumerate(hits):
         n = numbers.number(hit.chunk_id)
-        where = f"{hit.document_title} › {hit.heading}" if hit.heading else hit.document_title
+        where = _where(hit.document_title, hit.heading)
         parts.append(f"[{n}] {where}\n{(hit.text if texts is None else texts[i]).strip()}")
         citations.append({
             "n": n, "knowledge_base_id": hit.knowledge_base_id, "document_id": hit.document_id,

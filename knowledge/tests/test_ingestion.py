@@ -109,6 +109,26 @@ def test_re_adding_same_content_is_no_work_and_changed_content_replaces_the_chun
     assert Document.all_tenants.filter(knowledge_base=kb).count() == 1
 
 
+def test_re_adding_a_file_under_its_own_name_keeps_the_title_its_heading_gave(world, embedding_server, no_ingest_task):
+    # seed_demo adds each documentation file with title = its path, every `make run`: the first
+    # ingestion replaces that default with the document's level-1 heading; re-adding the
+    # unchanged file put the path back (and no ingestion followed to undo it).
+    kb = builders.knowledge_base(world.tenant, base_url=embedding_server)
+
+    def add(title: str):
+        with tenant_scope(kb.tenant_id):
+            return document_add(knowledge_base=kb, source_kind="file", source="docs/guide.md",
+                                content=GUIDE.encode(), mime_type="text/markdown", title=title)
+
+    first = add("docs/guide.md")
+    assert _ingest(first.document) == "ready"
+    assert Document.all_tenants.get(pk=first.document.pk).title == "Operations guide"
+    again = add("docs/guide.md")
+    assert not again.queued and Document.all_tenants.get(pk=first.document.pk).title == "Operations guide"
+    renamed = add("The ops guide")  # a title of its own still replaces it
+    assert not renamed.queued and Document.all_tenants.get(pk=first.document.pk).title == "The ops guide"
+
+
 def test_an_older_generation_writes_nothing(world, embedding_server, no_ingest_task):
     kb = builders.knowledge_base(world.tenant, base_url=embedding_server)
     added = _add_text(kb, "Guide", GUIDE)
