@@ -163,24 +163,30 @@ def split_text(text: str, *, size: int, overlap: int) -> list[str]:
     for unit in _units(text, size - reserve if reserve else size):
         if current and len(current) + len(unit) > size:
             chunks.append(current.strip())
-            table = next((t for t in tables if t.rows_start <= offset < t.end), None)
-            if table is not None:
-                current = table.header + "\n" + unit.lstrip()
-            else:
-                tail = _tail(current.rstrip(), overlap)
-                # The tail ends in a word and the unit is stripped: always a separator between
-                # them (an indented continuation line, "…on every\n  attempt of…", once became
-                # "everyattempt"); a line break when the unit starts a line of its own.
-                joint = "\n" if unit[:1] == "\n" else " "
-                current = (tail + joint + unit.lstrip()) if tail else unit
-            if len(current) > size:  # cannot happen with units ≤ size - reserve; kept as a guard
-                current = unit
+            current = _next_start(current, unit, offset, tables, overlap=overlap, size=size)
         else:
             current += unit
         offset += len(unit)
     if current.strip():
         chunks.append(current.strip())
     return [c for c in chunks if c]
+
+
+def _next_start(previous: str, unit: str, offset: int, tables: list[_Table], *, overlap: int, size: int) -> str:
+    """The start of the chunk after ``previous`` whose first unit is ``unit`` (at ``offset`` in
+    the section text): the table's header when the unit is among a table's rows, else the
+    overlap tail of ``previous``, then the unit."""
+    table = next((t for t in tables if t.rows_start <= offset < t.end), None)
+    if table is not None:
+        start = table.header + "\n" + unit.lstrip()
+    else:
+        tail = _tail(previous.rstrip(), overlap)
+        # The tail ends in a word and the unit is stripped: always a separator between them (an
+        # indented continuation line, "…on every\n  attempt of…", once became "everyattempt");
+        # a line break when the unit starts a line of its own.
+        joint = "\n" if unit[:1] == "\n" else " "
+        start = (tail + joint + unit.lstrip()) if tail else unit
+    return start if len(start) <= size else unit  # longer cannot happen with units ≤ size - reserve: a guard
 
 
 def chunk_sections(sections: Iterable[Section], *, size: int = 500, overlap: int = 50) -> list[ChunkDraft]:

@@ -58,6 +58,9 @@ def test_a_reviewer_approves_from_the_inbox(world, fake_llm, no_enqueue, live_se
         expect(card.get_by_test_id("approval-waiting-reviewer")).to_contain_text("role admin", timeout=T)
         expect(card.get_by_test_id("approval-approve")).to_have_count(0)
         page.get_by_test_id("logout").click()
+        # the app goes to its login form itself once the logout is done: going to "/" before
+        # raced it (CI, a loaded machine: still signed in, no login form, the fill timed out)
+        expect(page.get_by_test_id("login-username")).to_be_visible(timeout=T)
 
         # The admin: the top bar counts it; the inbox shows it; approve with a reason.
         log_in(page, live_server_url, world.admin.username, password="pw-admin-123")
