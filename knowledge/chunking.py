@@ -160,7 +160,7 @@ def split_text(text: str, *, size: int, overlap: int) -> list[str]:
     chunks: list[str] = []
     current = ""
     offset = 0  # of the unit in ``text`` (the units joined give ``text`` back)
-    for unit in _units(text, size - reserve if reserve else size):
+    for unit in _units(text, size - reserve):
         if current and len(current) + len(unit) > size:
             chunks.append(current.strip())
             current = _next_start(current, unit, offset, tables, overlap=overlap, size=size)
