@@ -1,7 +1,8 @@
 """The project's Redis clients, in one place (all of them reach ``settings.REDIS_URL``).
 
-- :func:`sync_redis`: the process's synchronous ``redis.Redis`` (API views, services, the
-  browser bridge's presence reads, cancellation's publish).
+- :func:`sync_redis`: the process's synchronous ``redis.Redis`` over a blocking pool of at most
+  :data:`SYNC_POOL_MAX_CONNECTIONS` connections (API views, services, the browser bridge's
+  presence reads, cancellation's publish).
 - :func:`async_redis`: the running event loop's ``redis.asyncio.Redis`` over a blocking pool
   of at most :data:`ASYNC_POOL_MAX_CONNECTIONS` connections.
 - :func:`async_redis_dedicated`: an asyncio client of the caller's own (a long-lived pub/sub
@@ -35,6 +36,11 @@ from django.conf import settings
 
 ASYNC_POOL_MAX_CONNECTIONS: Final[int] = 64
 """Redis connections one event loop's :func:`async_redis` holds; past that, callers wait (up to 10 s) for one."""
+SYNC_POOL_MAX_CONNECTIONS: Final[int] = 64
+"""Redis connections the process's :func:`sync_redis` holds; past that, threads wait (up to
+10 s) for one. redis-py's own ``ConnectionPool`` raises ``MaxConnectionsError`` past 100
+instead: 200 chat completions starting at once in one web process (a thread each) made 53 of
+them a 500."""
 READ_BYTES: Final[int] = 65536
 """Most bytes the publisher and the live subscription read from their stream at once."""
 NOT_ENOUGH_DATA: Final[object] = object()
@@ -46,10 +52,14 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Re
 
 
 def sync_redis() -> redis.Redis:
-    """The process's synchronous Redis client (thread-safe: redis-py pools its connections)."""
+    """The process's synchronous Redis client (thread-safe: a blocking pool of at most
+    :data:`SYNC_POOL_MAX_CONNECTIONS` connections; a thread waits up to 10 s for one, then
+    ``redis.ConnectionError``)."""
     global _sync_client
     if _sync_client is None:
-        _sync_client = redis.Redis.from_url(settings.REDIS_URL)
+        pool = redis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=SYNC_POOL_MAX_CONNECTIONS,
+                                                     timeout=10)
+        _sync_client = redis.Redis(connection_pool=pool)
     return _sync_client
 
 

@@ -124,3 +124,35 @@ def _private_uses(path: Path) -> list[str]:
 def test_the_event_path_uses_no_private_name_of_another_module_or_library() -> None:
     offenders = {name: uses for name in EVENT_PATH if (uses := _private_uses(ROOT / name))}
     assert offenders == {}
+
+
+def test_more_threads_than_the_sync_pool_holds_wait_for_a_connection_instead_of_failing(monkeypatch) -> None:
+    """Past redis-py's default of 100 connections a ``ConnectionPool`` raises
+    ``MaxConnectionsError``: 200 chat completions starting at once made 53 of them a 500 (each
+    start publishes its message's event with :func:`sync_redis`). The process's pool blocks
+    instead: 150 threads each holding a connection for 0.3 s all get their answer."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agent_platform import redis_clients
+
+    monkeypatch.setattr(redis_clients, "_sync_client", None)  # the pool as the settings make it
+    client = redis_clients.sync_redis()
+    key = f"{settings.REDIS_KEY_PREFIX}:test:empty:{uuid.uuid4().hex}"
+    start = threading.Barrier(150)
+
+    def hold(_: int) -> str:
+        start.wait(timeout=10)
+        try:
+            client.blpop([key], timeout=0.3)  # holds its connection for 0.3 s
+        except redis.exceptions.RedisError as exc:
+            return type(exc).__name__
+        return "ok"
+
+    try:
+        with ThreadPoolExecutor(150) as pool:
+            outcomes = list(pool.map(hold, range(150)))
+    finally:
+        client.close()
+    assert outcomes == ["ok"] * 150
+    assert client.connection_pool.max_connections == redis_clients.SYNC_POOL_MAX_CONNECTIONS < 150
