@@ -14,13 +14,19 @@ short code); each door words the refusal in its own protocol's shape:
   (:class:`sessions.event_reader.SessionEventReader`) on one of the caller's stream slots (open
   answers count like open event streams); :func:`answer_slot_take` and :func:`answer_reader` for
   a door that takes the slot before the run starts.
+- :func:`run_start_gate`: how many runs a web process starts at once (the rest wait their turn).
 - :func:`person_decision_note`: what a door answers when the run pauses for a person's decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from django.conf import settings
 
 from agent_platform.api_errors import ApplicationError
 from agents.models import AgentInstance
@@ -113,6 +119,35 @@ def chat_continue(caller: Caller, agent: AgentInstance, *, chat_id: int, content
     if Run.objects.filter(session=session, status__in=ACTIVE_RUN_STATUSES).exists():
         raise RunRefused(409, "This chat has a run in progress; wait for it to end.", code="chat_busy")
     return message_post(session=session, user=caller.user, content=content, request_options=request_options)
+
+
+_start_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary())
+
+
+@contextlib.asynccontextmanager
+async def run_start_gate() -> AsyncIterator[None]:
+    """Hold one of the event loop's ``WEB_RUN_STARTS_MAX`` turns to start a run (0: no limit);
+    wait for one when all are held. A door starts its run (:func:`agent_run_start`, in a thread)
+    inside it.
+
+    Why: each start is ORM and cache work (~20 ms of CPU) in a thread of its own under Django's
+    ASGI handler, and all of them hold the GIL the loop needs to deliver other answers' tokens.
+    With 200 streaming chat completions sent at once on 2 cores, no limit gave a token → client
+    p95 of 63-70 ms, two starts at a time 41-45 ms, the same wall time and CPU per request
+    (``bench/openai_stream_fanout.py``; figures in bench/README.md). A waiter that is cancelled
+    (its client went away) leaves the queue; the turn is freed however the start ends.
+    """
+    limit = settings.WEB_RUN_STARTS_MAX
+    if limit <= 0:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    held = _start_gates.get(loop)
+    if held is None or held[0] != limit:  # one per loop: a Semaphore is bound to the loop that first waits on it
+        held = _start_gates[loop] = (limit, asyncio.Semaphore(limit))
+    async with held[1]:
+        yield
 
 
 async def answer_slot_take(caller: Caller) -> str:

@@ -103,6 +103,7 @@ from sessions.api.a2a.tasks import (
     task_get_sync,
     task_of_run,
 )
+from sessions.api.agent_runs import run_start_gate
 from sessions.event_reader import Closed, Event, SessionEventReader
 from sessions.events import session_keys
 from sessions.models import Approval, ApprovalKind, ApprovalStatus, Run, RunStatus
@@ -454,10 +455,13 @@ class PlatformRequestHandler(RequestHandler):
                 raise TaskNotFoundError(message=f"Task {message.task_id} not found.")
             # read before the answer: a pause after it (the next approval) is then always past this seq
             paused_before = await _session_seq(int(found.context_id))
-            run = await database_sync_to_async(_answer_sync)(caller, message.task_id, message.context_id, text, push)
+            async with run_start_gate():
+                run = await database_sync_to_async(_answer_sync)(caller, message.task_id, message.context_id, text,
+                                                                 push)
         else:
             try:
-                run = await database_sync_to_async(_start_sync)(caller, message.context_id, text, push)
+                async with run_start_gate():
+                    run = await database_sync_to_async(_start_sync)(caller, message.context_id, text, push)
             except PlatformRefusal as refusal:
                 refusal_record(context, refusal)
                 raise

@@ -37,6 +37,7 @@ from sessions.api.agent_runs import (
     answer_slot_release,
     answer_slot_take,
     chat_continue,
+    run_start_gate,
 )
 from sessions.api.openai_compat.chat_request import ChatRequest, chat_request_parse
 from sessions.api.openai_compat.completion import Completion, RunEnd, ends_answer, frame_delta, usage_of
@@ -262,7 +263,8 @@ async def _run_items(reader: SessionEventReader, run_id: int, *,
 async def _start_on_slot(caller: Caller, start: Callable[[], Awaitable[S]],
                          started_of: Callable[[S], Started] = lambda s: s) -> tuple[S, SessionEventReader]:
     """One of the caller's stream slots first (a refused slot starts no run: OpenAIError 429),
-    then ``start()`` (the run; the slot freed if it raises), then the reader of the run's session
+    then ``start()`` (the run, in a turn of :func:`~sessions.api.agent_runs.run_start_gate`; the
+    slot freed if it raises), then the reader of the run's session
     (``started_of`` its result) after its ``after_seq`` on that slot (:mod:`sessions.api.agent_runs`)."""
     try:
         slot = await answer_slot_take(caller)
@@ -270,7 +272,8 @@ async def _start_on_slot(caller: Caller, start: Callable[[], Awaitable[S]],
         raise OpenAIError(429, exc.message, type="rate_limit_error", code=exc.code,
                           retry_after=exc.retry_after) from exc
     try:
-        started = await start()
+        async with run_start_gate():
+            started = await start()
     except BaseException:
         await answer_slot_release(caller, slot)
         raise

@@ -1,0 +1,115 @@
+"""How many runs a web process starts at once (``WEB_RUN_STARTS_MAX``,
+sessions/api/agent_runs.py:run_start_gate): the gate itself, and the OpenAI-compatible door
+starting its runs through it (their starts' ORM work competes with the loop for the GIL)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from sessions.api import agent_runs
+from sessions.api.agent_runs import RunRefused, run_start_gate
+
+
+async def _most_at_once(tasks: int, *, hold: float = 0.05) -> int:
+    inside = most = 0
+
+    async def start() -> None:
+        nonlocal inside, most
+        async with run_start_gate():
+            inside += 1
+            most = max(most, inside)
+            await asyncio.sleep(hold)
+            inside -= 1
+
+    await asyncio.gather(*(start() for _ in range(tasks)))
+    return most
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(2, 2), (1, 1), (0, 6)])
+def test_at_most_the_limit_starts_at_once_and_all_start(settings, limit, expected):
+    settings.WEB_RUN_STARTS_MAX = limit
+    assert asyncio.run(_most_at_once(6)) == expected
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_a_failed_start_frees_its_turn(settings):
+    settings.WEB_RUN_STARTS_MAX = 1
+
+    async def scenario() -> list[str]:
+        done: list[str] = []
+
+        async def holder() -> None:
+            async with run_start_gate():
+                await asyncio.sleep(0.1)
+                done.append("holder")
+
+        async def failing() -> None:
+            async with run_start_gate():
+                raise RuntimeError("the start failed")
+
+        first = asyncio.create_task(holder())
+        await asyncio.sleep(0.01)
+        gone = asyncio.create_task(holder())  # its client goes away while it waits
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        with pytest.raises(RuntimeError):
+            await failing()
+        await first
+        async with asyncio.timeout(1):  # neither the cancelled waiter nor the failure kept a turn
+            async with run_start_gate():
+                done.append("after")
+        assert gone.cancelled()
+        return done
+
+    assert asyncio.run(scenario()) == ["holder", "after"]
+
+
+def test_a_changed_limit_applies_on_the_same_loop(settings):
+    async def scenario() -> tuple[int, int]:
+        settings.WEB_RUN_STARTS_MAX = 1
+        first = await _most_at_once(4)
+        settings.WEB_RUN_STARTS_MAX = 3
+        return first, await _most_at_once(4)
+
+    assert asyncio.run(scenario()) == (1, 3)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("all_tenants_scope")
+@pytest.mark.parametrize(("limit", "overlap"), [(1, False), (0, True)])
+def test_the_openai_door_starts_its_runs_through_the_gate(world, live_server_url, settings, monkeypatch, limit,
+                                                          overlap):
+    """Three chat completions at once: with a limit of 1 their starts (in threads) never
+    overlap; with no limit they do (so the test sees the difference)."""
+    settings.WEB_RUN_STARTS_MAX = limit
+    lock = threading.Lock()
+    inside, most = [0], [0]
+
+    def start(caller, slug, post):  # stands in for the ORM work of a start, then refuses
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.3)
+        with lock:
+            inside[0] -= 1
+        raise RunRefused(404, "no such agent", code=agent_runs.AGENT_NOT_FOUND)
+
+    monkeypatch.setattr("sessions.api.openai_compat.views.agent_run_start", start)
+    client = openai.OpenAI(base_url=f"{live_server_url}/api/openai/v1", api_key=world.member_token, max_retries=0,
+                           timeout=30)
+
+    def ask(_: int) -> str | None:
+        try:
+            client.chat.completions.create(model="helper", messages=[{"role": "user", "content": "hi"}])
+        except openai.NotFoundError as exc:
+            return exc.code
+        return None
+
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(ask, range(3))) == ["model_not_found"] * 3
+    assert (most[0] > 1) is overlap
