@@ -499,9 +499,9 @@ WEB_GC_THRESHOLDS = _gc_thresholds("WEB_GC_THRESHOLDS", may_be_empty=True)
 # Runs a web process starts at once for the OpenAI-compatible API and A2A (sessions/api/agent_runs.py:
 # run_start_gate); more wait their turn. Each start is ORM and cache work in a thread of its own,
 # holding the GIL the event loop needs to deliver streamed tokens: with 200 clients starting at
-# once, 2 at a time gave a token p95 of 41-45 ms where no limit gave 63-70 ms, in the same wall
-# time (bench/README.md). 0: no limit. The agents' MCP server has its own 4 threads.
-WEB_RUN_STARTS_MAX = int(os.environ.get("WEB_RUN_STARTS_MAX", "2"))
+# once on 2 cores, one at a time gave a token p95 of 38-43 ms, two 51-53 ms, no limit 115 ms,
+# the wall time within 10 % (bench/README.md). 0: no limit. The agents' MCP server has its own 4 threads.
+WEB_RUN_STARTS_MAX = int(os.environ.get("WEB_RUN_STARTS_MAX", "1"))
 # Threads that run the runner's ORM calls in a worker process (sessions/runner/database.py: a run's
 # claim and configuration, its end, approvals, compactions).
 # Their ORM work holds the GIL the run host's loop needs for streamed tokens; with a database

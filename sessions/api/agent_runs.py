@@ -133,8 +133,9 @@ async def run_start_gate() -> AsyncIterator[None]:
 
     Why: each start is ORM and cache work (~20 ms of CPU) in a thread of its own under Django's
     ASGI handler, and all of them hold the GIL the loop needs to deliver other answers' tokens.
-    With 200 streaming chat completions sent at once on 2 cores, no limit gave a token → client
-    p95 of 63-70 ms, two starts at a time 41-45 ms, the same wall time and CPU per request
+    With 200 streaming chat completions sent at once on 2 cores (AMD EPYC), a token's p95 from
+    the worker to the client was 115 ms with no limit, 51-53 ms with two starts at a time and
+    38-43 ms with one (the default), the wall time within 10 % and the CPU per request the same
     (``bench/openai_stream_fanout.py``; figures in bench/README.md). A waiter that is cancelled
     (its client went away) leaves the queue; the turn is freed however the start ends.
     """
