@@ -500,7 +500,7 @@ WEB_GC_THRESHOLDS = _gc_thresholds("WEB_GC_THRESHOLDS", may_be_empty=True)
 # run_start_gate); more wait their turn. Each start is ORM and cache work in a thread of its own,
 # holding the GIL the event loop needs to deliver streamed tokens: with 200 clients starting at
 # once on 2 cores, one at a time gave a token p95 of 38-43 ms, two 51-53 ms, no limit 115 ms,
-# the wall time within 10 % (bench/README.md). 0: no limit. The agents' MCP server has its own 4 threads.
+# the wall time ~12 % longer (bench/README.md). 0: no limit. The agents' MCP server has its own 4 threads.
 WEB_RUN_STARTS_MAX = int(os.environ.get("WEB_RUN_STARTS_MAX", "1"))
 # Threads that run the runner's ORM calls in a worker process (sessions/runner/database.py: a run's
 # claim and configuration, its end, approvals, compactions).

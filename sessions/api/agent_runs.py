@@ -135,7 +135,7 @@ async def run_start_gate() -> AsyncIterator[None]:
     ASGI handler, and all of them hold the GIL the loop needs to deliver other answers' tokens.
     With 200 streaming chat completions sent at once on 2 cores (AMD EPYC), a token's p95 from
     the worker to the client was 115 ms with no limit, 51-53 ms with two starts at a time and
-    38-43 ms with one (the default), the wall time within 10 % and the CPU per request the same
+    38-43 ms with one (the default), the wall time ~12 % longer and the CPU per request the same
     (``bench/openai_stream_fanout.py``; figures in bench/README.md). A waiter that is cancelled
     (its client went away) leaves the queue; the turn is freed however the start ends.
     """
