@@ -307,16 +307,44 @@ def second_fake_llm():
         yield server
 
 
+_worker_held = threading.Event()
+_tasks_refused: list[str] = []
+
+
+def _gate_the_worker(app) -> None:
+    """The in-process worker outlives the test that started it, and a later test that drives
+    its runs itself (without ``no_enqueue``) had a run claimed under it by this worker (seen in
+    CI: "run 412 is held by a live worker"). Each task's body, as the worker's tracer calls it
+    (built at the worker's start from ``task.run``), runs only while a test holds
+    ``celery_worker``; outside one it does nothing and its name is added to ``_tasks_refused``.
+    A task called directly (no request id) or applied eagerly runs as before."""
+    for task in app.tasks.values():
+        if task.name.startswith("celery."):
+            continue
+
+        def gated(*args, _task=task, _run=task.run, **kwargs):
+            request = _task.request
+            if request.id is not None and not request.is_eager and not _worker_held.is_set():
+                _tasks_refused.append(_task.name)
+                return None
+            return _run(*args, **kwargs)
+
+        task.run = gated
+
+
 @pytest.fixture(scope="session")
 def celery_worker_session(django_db_setup):
     """A real Celery worker thread consuming the test queue on the real Redis broker.
 
     Set up after the test database (``django_db_setup``), so torn down before it is dropped:
-    the worker's run host closes its database connections first."""
+    the worker's run host closes its database connections first. Its tasks run only while a
+    test holds ``celery_worker`` (:func:`_gate_the_worker`)."""
     from celery.contrib.testing.worker import start_worker
 
     from agent_platform.celery import app
 
+    app.loader.import_default_modules()  # every task registered before the gate wraps them
+    _gate_the_worker(app)
     app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
     with app.connection_for_write() as conn:  # tasks left over from an interrupted earlier session
         conn.default_channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)
@@ -332,7 +360,15 @@ def celery_worker_session(django_db_setup):
 
 @pytest.fixture
 def celery_worker(celery_worker_session, transactional_db):
-    return celery_worker_session
+    _worker_held.set()
+    yield celery_worker_session
+    _worker_held.clear()
+
+
+@pytest.fixture
+def tasks_refused() -> list[str]:
+    """Names of the tasks the in-process worker refused to run (no test held it), in order."""
+    return _tasks_refused
 
 
 def free_port() -> int:

@@ -581,7 +581,9 @@ def test_compaction_begin_writes_nothing_and_compaction_save_publishes_after_its
 
 
 @pytestmark_db
-def test_a_question_after_an_approved_call_is_the_run_users_to_answer_not_the_rules_approvers(world, fake_llm) -> None:
+def test_a_question_after_an_approved_call_is_the_run_users_to_answer_not_the_rules_approvers(
+    world, fake_llm, no_enqueue,
+) -> None:
     # A binding's rule sends a tool call to the tenant's admins with "approve" on expiry; once
     # approved, the MCP server asks the user a question within the same call (elicitation), and
     # the call's Approval row is reused for it. The rule's approvers and expiry action stayed on
