@@ -136,6 +136,8 @@ def measure(spec: dict[str, Any], items: list[tuple[str, list[str]]]) -> dict[st
             embedding_provider=provider,
             embedding_model=spec["model"],
             dimensions=DIMENSIONS,
+            chunk_size=spec.get("chunk_size", 500),
+            chunk_overlap=spec.get("chunk_overlap", 50),
         )
         seconds = ingest(kb)
         chunks = Chunk.all_tenants.filter(knowledge_base=kb).count()
@@ -168,6 +170,8 @@ def measure(spec: dict[str, Any], items: list[tuple[str, list[str]]]) -> dict[st
         "label": spec["label"],
         "url": spec["url"],
         "model": spec["model"],
+        "chunk_size": kb.chunk_size,
+        "chunk_overlap": kb.chunk_overlap,
         "chunks": chunks,
         "ingest_s": round(seconds, 1),
         "variants": variants,
@@ -180,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shipped", action="store_true", help="Measure the embedded all-MiniLM-L6-v2 too.")
     parser.add_argument("--embedder", action="append", default=[], type=json.loads, help="A running server (JSON).")
     parser.add_argument("--note", default="", help="Free text kept in the result file.")
+    parser.add_argument("--chunk", action="append", default=[], metavar="SIZE:OVERLAP",
+                        help="The knowledge base's chunk size and overlap in characters (repeatable; default 500:50, "
+                             "seed_demo's); each embedder is measured with each.")
     args = parser.parse_args(argv)
     items = questions()
     record: dict[str, Any] = {
@@ -190,13 +197,19 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": round(os.getloadavg()[0], 2),
         "embedders": [],
     }
+    chunkings = [tuple(int(n) for n in c.split(":", 1)) for c in args.chunk] or [(500, 50)]
+
+    def each_chunking(spec: dict[str, Any]) -> None:
+        for size, overlap in chunkings:
+            label = spec["label"] if chunkings == [(500, 50)] else f"{spec['label']}, chunks {size}:{overlap}"
+            record["embedders"].append(measure({**spec, "label": label, "chunk_size": size, "chunk_overlap": overlap},
+                                               items))
+
     if args.shipped:
         with knowledge_common.embedder(threads=1) as url:
-            record["embedders"].append(
-                measure({"label": "all-MiniLM-L6-v2 (shipped)", "url": url, "model": "all-minilm-l6-v2"}, items)
-            )
+            each_chunking({"label": "all-MiniLM-L6-v2 (shipped)", "url": url, "model": "all-minilm-l6-v2"})
     for spec in args.embedder:
-        record["embedders"].append(measure(spec, items))
+        each_chunking(spec)
     record["load_after"] = round(os.getloadavg()[0], 2)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     out = OUT_DIR / f"{dt.date.today().isoformat()}-{args.label}.json"
