@@ -537,7 +537,7 @@ RUNS_PER_TENANT_DEFAULT = int(os.environ.get("RUNS_PER_TENANT_DEFAULT", "50"))
 SUB_AGENT_MAX_DEPTH = int(os.environ.get("SUB_AGENT_MAX_DEPTH", "3"))
 """Deepest sub-run a sub-agent call (capability kind agent) may start; a user's run is depth 0."""
 APPROVAL_TTL_SECONDS = float(os.environ.get("APPROVAL_TTL_SECONDS", str(24 * 3600)))
-"""A pending approval or question expires after this; the run then fails (approval_expired). An
+"""A pending approval or question expires after this (default 24 hours); the run then fails (approval_expired). An
 MCP server's request for input (elicitation) that nobody answered in time is declined instead."""
 MCP_ELICITATION_UNATTENDED_ANSWER = os.environ.get("MCP_ELICITATION_UNATTENDED_ANSWER", "decline")
 """The answer (decline or cancel) an MCP server's request for input gets at once in a run nobody

@@ -6,8 +6,8 @@ the document (whitespace-normalised). ``QUESTIONS`` are the first 26, against wh
 retrieval was developed; ``ADDED_QUESTIONS`` (14) were written afterwards, before any method
 was run on them, and are reported on their own as well (a held-out check that a change did
 not just fit the first 26). Both documents are ingested through the real pipeline
-(Markdown sections, chunks of 500 characters with 50 of overlap, the embedded
-all-MiniLM-L6-v2); a hit is relevant when its text contains one of the question's excerpts.
+(Markdown sections, chunks of 500 characters with 50 of overlap unless ``--chunk`` says
+otherwise, the embedded all-MiniLM-L6-v2); a hit is relevant when its text contains one of the question's excerpts.
 For each method, **recall@5** (questions with a relevant hit among the first five) and **MRR**
 (mean of 1/rank of the first relevant hit in the first ten, 0 when none):
 
@@ -165,7 +165,10 @@ def main() -> int:
     parser.add_argument("--pointwise", action="store_true", help="also hybrid + pointwise rerank (ten calls a question)")
     parser.add_argument("--rerank-url", help="also hybrid + the rerank model at this /v1 base URL")
     parser.add_argument("--rerank-model", help="the rerank model's name at --rerank-url")
+    parser.add_argument("--chunk", default="500:50", metavar="SIZE:OVERLAP",
+                        help="the knowledge base's chunk size and overlap in characters (default 500:50)")
     args = parser.parse_args()
+    chunk_size, chunk_overlap = (int(n) for n in args.chunk.split(":", 1))
     if bool(args.rerank_url) != bool(args.rerank_model):
         parser.error("--rerank-url and --rerank-model go together")
     docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in DOCUMENTS}
@@ -187,7 +190,7 @@ def main() -> int:
     with knowledge_common.embedder() as url, knowledge_common.throwaway_tenants(1) as (tenant,):
         kb = KnowledgeBase.all_tenants.create(
             tenant=tenant, name="docs", embedding_provider=knowledge_common.embedding_provider(tenant, url),
-            embedding_model="all-minilm-l6-v2", dimensions=384)
+            embedding_model="all-minilm-l6-v2", dimensions=384, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
         with tenant_scope(tenant.pk):
             for name, text in docs.items():
                 added = document_add_text(knowledge_base=kb, title=name, text=text)

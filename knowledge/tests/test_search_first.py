@@ -174,3 +174,33 @@ def test_a_resumed_run_frames_its_start_context_with_the_same_nonce(world, fake_
     assert Run.all_tenants.get(pk=run.pk).status == "completed"
     before, after = (r["messages"][0]["content"] for r in fake_llm.requests)
     assert FRAMED.search(before) and before == after
+
+
+def test_seed_demo_chunks_the_docs_in_350_characters_and_rechunks_an_earlier_seed(monkeypatch):
+    """The demo knowledge base is chunked as measured best for the Docs assistant (350:50, six
+    passages: docs/model-accuracy.md, 2026-12-05); an install seeded before with the platform's
+    500:50 is re-chunked by the next seed, every document queued again."""
+    from django.core.management import call_command
+
+    from agents.models import CapabilityBinding
+    from console.management.commands.seed_demo import DOCS_FILES
+    from knowledge.models import Document, KnowledgeBase
+
+    queued: list[dict] = []
+    monkeypatch.setattr("knowledge.tasks.document_ingest_enqueue", lambda **kwargs: queued.append(kwargs))
+    call_command("seed_demo")
+    kb = KnowledgeBase.all_tenants.get(name="Platform documentation")
+    assert (kb.chunk_size, kb.chunk_overlap) == (350, 50)
+    assert CapabilityBinding.all_tenants.get(agent__name="Docs assistant", kind="knowledge").config["top_k"] == 6
+    Document.all_tenants.filter(knowledge_base=kb).update(status="ready")  # as if ingested
+    KnowledgeBase.all_tenants.filter(pk=kb.pk).update(chunk_size=500, chunk_overlap=50)  # an earlier seed's
+    queued.clear()
+    call_command("seed_demo")
+    kb.refresh_from_db()
+    assert (kb.chunk_size, kb.chunk_overlap) == (350, 50)
+    docs = set(Document.all_tenants.filter(knowledge_base=kb).values_list("pk", flat=True))
+    assert len(docs) == len(DOCS_FILES) and {q["document_id"] for q in queued} == docs
+    Document.all_tenants.filter(knowledge_base=kb).update(status="ready")
+    queued.clear()
+    call_command("seed_demo")  # ingested, nothing changed: nothing queued
+    assert queued == []

@@ -29,7 +29,8 @@ Creates (or brings back to the documented state) tenant "demo" with:
   misses either way: the two gained were answers the model read right with the passages
   before the question); without the tool, 8 of 14 questions as with it, median 15.1 s against
   19.0 s (all 42: 30 right, median 16.6 s); on a quiet machine, 27 of 42 on the 0.5B and 29
-  on the 1.5B (its route now);
+  on the 1.5B (its route now); the knowledge base chunked in 350 characters and 6 passages
+  given (:data:`DOCS_TOP_K`), 34 of 42 on the 1.5B;
 - evaluation datasets "Docs QA" (questions whose answers are facts in the documentation, for
   the Docs assistant) and "Tool use" (times in cities, for the Assistant), from
   ``evaluation/datasets/*.jsonl``; created once, left alone after (an admin may edit them).
@@ -76,6 +77,13 @@ DOCS_ASSISTANT_PROMPT = (
 """The Docs assistant reads the passages retrieved before its first turn and has no search tool
 (its binding's ``search_tool`` is false): docs/model-accuracy.md, issue 38."""
 DOCS_KNOWLEDGE_BASE = "Platform documentation"
+DOCS_CHUNK_SIZE, DOCS_CHUNK_OVERLAP, DOCS_TOP_K = 350, 50, 6
+"""The demo knowledge base's chunking (characters) and how many passages the Docs assistant is
+given: 6 passages of 350 characters, about the prompt of 4 of the platform's default 500.
+Measured on the Docs QA dataset with the 1.5B model (docs/model-accuracy.md, 2026-12-05): 34 of
+42 right against 27 with 4 of 500, median 8.0 s against 7.2 s; the held-out retrieval questions
+of ``bench/knowledge_quality.py`` found more at 5 (0.795 against 0.744), ranked a little lower
+(MRR 0.512 against 0.581). A knowledge base a tenant creates keeps the platform's defaults."""
 DEMO_DATASETS = (
     ("Docs QA", "docs_qa.jsonl",
      "Questions whose answers are facts in README.md and docs/: run it against the Docs assistant."),
@@ -258,7 +266,7 @@ class Command(BaseCommand):
         change since the last seed is left as it is.
         """
         from knowledge.models import KnowledgeBase
-        from knowledge.services import document_add, knowledge_base_create
+        from knowledge.services import document_add, knowledge_base_create, knowledge_base_update
         from llm.embeddings import default_embedding_provider
 
         default_embedding_provider(tenant, sync_url=True)  # the embedded embedder, at this install's URL
@@ -268,7 +276,10 @@ class Command(BaseCommand):
                 tenant=tenant, name=DOCS_KNOWLEDGE_BASE,
                 description=("The Agent Platform's documentation: README, user and admin guides, API and events "
                              "reference, operations and security manual, settings, tests, ARCHITECTURE."),
+                chunk_size=DOCS_CHUNK_SIZE, chunk_overlap=DOCS_CHUNK_OVERLAP,
             )
+        elif (kb.chunk_size, kb.chunk_overlap) != (DOCS_CHUNK_SIZE, DOCS_CHUNK_OVERLAP):  # seeded before: re-chunked
+            kb = knowledge_base_update(knowledge_base=kb, chunk_size=DOCS_CHUNK_SIZE, chunk_overlap=DOCS_CHUNK_OVERLAP)
         for name in DOCS_FILES:
             document_add(knowledge_base=kb, source_kind="file", source=name,
                          content=(settings.BASE_DIR / name).read_bytes(), mime_type="text/markdown", title=name)
@@ -282,7 +293,7 @@ class Command(BaseCommand):
         )
         binding, _ = CapabilityBinding.all_tenants.update_or_create(
             tenant=tenant, agent=agent, kind="knowledge",
-            defaults={"config": {"knowledge_bases": [kb.pk], "top_k": 4, "retrieve_before_first_turn": True,
+            defaults={"config": {"knowledge_bases": [kb.pk], "top_k": DOCS_TOP_K, "retrieve_before_first_turn": True,
                                  "search_tool": False, "user_uploads": True},
                       "enabled": True},
         )
