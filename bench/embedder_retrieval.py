@@ -26,7 +26,8 @@ Embedders:
   ``{"label": "e5-small", "url": "http://127.0.0.1:8092/v1", "model": "e5-passage",
   "queries": {"query: prefix": {"model": "e5-query"}, "no query prefix": {"model": "e5-passage"}}}``;
   each entry of ``queries`` is ``{"model": name, "prefix": text}`` (both optional: the
-  passages' model, no prefix).
+  passages' model, no prefix); ``"dimensions"`` (optional, default 384) is the length of the
+  model's vectors (the knowledge base's ``dimensions``: 384, 768, 1024 and 1536 have an index).
 
     DATABASE_URL=... nice -n 10 .venv/bin/python bench/embedder_retrieval.py --shipped \\
         --embedder '{...}' --label embedders
@@ -135,7 +136,7 @@ def measure(spec: dict[str, Any], items: list[tuple[str, list[str]]]) -> dict[st
             name="docs",
             embedding_provider=provider,
             embedding_model=spec["model"],
-            dimensions=DIMENSIONS,
+            dimensions=spec.get("dimensions", DIMENSIONS),
             chunk_size=spec.get("chunk_size", 500),
             chunk_overlap=spec.get("chunk_overlap", 50),
         )
@@ -170,6 +171,7 @@ def measure(spec: dict[str, Any], items: list[tuple[str, list[str]]]) -> dict[st
         "label": spec["label"],
         "url": spec["url"],
         "model": spec["model"],
+        "dimensions": kb.dimensions,
         "chunk_size": kb.chunk_size,
         "chunk_overlap": kb.chunk_overlap,
         "chunks": chunks,
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--note", default="", help="Free text kept in the result file.")
     parser.add_argument("--chunk", action="append", default=[], metavar="SIZE:OVERLAP",
                         help="The knowledge base's chunk size and overlap in characters (repeatable; default 500:50, "
-                             "seed_demo's); each embedder is measured with each.")
+                             "the platform's default; the demo's is 350:50); each embedder is measured with each.")
     args = parser.parse_args(argv)
     items = questions()
     record: dict[str, Any] = {
