@@ -143,7 +143,9 @@ def main() -> None:
                 Message.all_tenants.filter(run_id=run.pk, role="assistant").order_by("position")
                 .values_list("created_at", flat=True)
             )
-            assert len(stamps) == TURNS, f"run {run.pk} took {len(stamps)} turns"
+            if len(stamps) != TURNS:
+                ended = Run.all_tenants.get(pk=run.pk)
+                raise SystemExit(f"run {run.pk} took {len(stamps)} turns: {ended.status} {ended.reason} {ended.error}")
             if args.output_schema:
                 assert Run.all_tenants.get(pk=run.pk).structured["turns"] == 20, f"run {run.pk}: no structured answer"
             gaps_ms += [(b - a).total_seconds() * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
