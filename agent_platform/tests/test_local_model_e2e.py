@@ -129,7 +129,7 @@ def local_model_url():
 @model_db
 def city_to_ask(now: datetime | None = None) -> str:
     """``"Tokyo"``, the README's question, unless Tokyo's hour is 0 now or within
-    the next 10 minutes; then ``"Paris"`` (its hour is 15 or 16 then).
+    the next 10 minutes; then ``"Paris"`` (mid-afternoon there).
 
     The 0.5B drops the 00 hour of an ISO time: on 2026-12-05 the tool returned
     ``2026-12-06T00:07:26+09:00`` and it answered ``2026-12-06T07:26+09:00``, which failed CI
