@@ -354,8 +354,9 @@ INVITATION_TTL_SECONDS = int(os.environ.get("INVITATION_TTL_SECONDS", str(7 * 24
 # --- Single sign-on with OpenID Connect (tenants/oidc; docs/operations-security.md, "Single sign-on (OIDC)") ---
 # Off unless OIDC_ENABLED=1: then the chat app's and the console's login pages offer "Sign in with
 # <OIDC_PROVIDER_NAME>" (the authorization code flow with state, nonce and PKCE; the client
-# registered at the provider with the redirect URI <origin>/oidc/callback/), and the claim mapping
-# rules decide each user's tenants and roles at every login. Local password logins stay.
+# registered at the provider with the redirect URI <origin>/oidc/callback/, and the back-channel
+# logout URI <origin>/oidc/backchannel-logout/ so that signing out there ends the sessions here), and
+# the claim mapping rules decide each user's tenants and roles at every login. Local password logins stay.
 # A wrong setting stops the start with a message naming it (tenants.oidc.provider.oidc_config_check).
 OIDC_ENABLED = _env_bool("OIDC_ENABLED", False)
 OIDC_PROVIDER_NAME = os.environ.get("OIDC_PROVIDER_NAME", "SSO")  # the button: "Sign in with <name>"

@@ -24,7 +24,8 @@ urlpatterns = [
     path("", include("oauth_server.urls")),
     # Our MCP client's OAuth: the authorization callback and the Client ID Metadata Document.
     path("mcp-oauth/", include("capabilities.mcp_oauth.public_urls")),
-    # Single sign-on with OpenID Connect: /oidc/authenticate/ and /oidc/callback/ (404 unless OIDC_ENABLED).
+    # Single sign-on with OpenID Connect: /oidc/authenticate/, /oidc/callback/ and the provider's
+    # /oidc/backchannel-logout/ (404 unless OIDC_ENABLED).
     path("oidc/", include("tenants.oidc.urls")),
     path("", include("frontend.urls")),
 ]

@@ -8,7 +8,23 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from tenants.audit import AuditedModelAdminMixin
-from tenants.oidc.models import OidcIdentity
+from tenants.oidc.models import OidcIdentity, OidcSession
+
+
+class OidcSessionInline(admin.TabularInline):
+    """The identity's login sessions that the provider's back-channel logout can end (read-only)."""
+
+    model = OidcSession
+    fields = ["sid", "created_at"]
+    readonly_fields = ["sid", "created_at"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(OidcIdentity)
@@ -20,6 +36,7 @@ class OidcIdentityAdmin(AuditedModelAdminMixin, admin.ModelAdmin):
     list_display = ["user", "subject", "issuer", "created_at", "last_login_at"]
     search_fields = ["user__username", "subject", "issuer"]
     readonly_fields = ["user", "issuer", "subject", "created_at", "last_login_at"]
+    inlines = [OidcSessionInline]
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return request.user.is_superuser

@@ -145,6 +145,8 @@ class OidcBackend(OIDCAuthenticationBackend):
         claims = self.get_userinfo(access_token, id_token, payload)
         if not self.verify_claims(claims):
             raise SuspiciousOperation("Claims verification failed: no sub")
+        sid = payload.get("sid")
+        self.request.oidc_sid = sid if isinstance(sid, str) else ""  # recorded with the session (back-channel logout)
         outcome = oidc_login_sync(issuer=payload["iss"], claims=claims, rules=oidc_rules())
         if outcome.user is None:
             self.request.oidc_refusal = outcome.refusal

@@ -30,3 +30,29 @@ class OidcIdentity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} at {self.issuer}"
+
+
+class OidcSession(models.Model):
+    """A login session of this platform that started through the provider (single sign-on).
+
+    Kept so that the provider can end it: a Back-Channel Logout token names the end user
+    (``sub``) and/or the provider's session (``sid``), never this platform's session key
+    (OpenID Connect Back-Channel Logout 1.0, §2.4–2.7;
+    :func:`tenants.oidc.services.oidc_sessions_end`). Made at each login through the provider,
+    removed when the session signs out or is ended that way. ``sid`` is the ID token's ``sid``
+    claim ("" when the provider sends none). Not tenant-owned (as :class:`OidcIdentity`).
+    """
+
+    identity = models.ForeignKey(OidcIdentity, on_delete=models.CASCADE, related_name="sessions")
+    sid = models.CharField(max_length=255, blank=True, default="",
+                           help_text="The provider's session id (the ID token's sid), if it sent one.")
+    session_key = models.CharField(max_length=40, unique=True, help_text="This platform's login session.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["identity", "sid"], name="oidcsession_identity_sid")]
+        verbose_name = "OIDC session"
+        verbose_name_plural = "OIDC sessions"
+
+    def __str__(self) -> str:
+        return f"session of {self.identity} (sid {self.sid or '-'})"

@@ -20,6 +20,9 @@ token was verified, with the token's (and UserInfo's) claims:
 
 Each membership change is audited by :mod:`tenants.services` (``source`` from the callback's
 audit context, ``auth``); a new account's identity is audited as ``create``.
+
+The sessions that started through the provider are recorded (:func:`oidc_session_record`) so
+that the provider's Back-Channel Logout can end them (:func:`oidc_sessions_end`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -39,7 +43,7 @@ from django.utils import timezone
 from agent_platform.api_errors import ApplicationError
 from tenants.audit import Action, audit_record
 from tenants.models import ADMIN_ROLES, Membership, Tenant
-from tenants.oidc.models import OidcIdentity
+from tenants.oidc.models import OidcIdentity, OidcSession
 from tenants.oidc.rules import TenantRule, grants_for_claims, managed_tenants
 from tenants.scoping import system_scope
 from tenants.services import membership_create, membership_delete, membership_update_role
@@ -210,3 +214,81 @@ def oidc_login_sync(*, issuer: str, claims: Mapping[str, Any], rules: tuple[Tena
     if not has_membership:
         return SsoLogin(refusal=Refusal.NO_ACCESS)
     return SsoLogin(user=user, created=created)
+
+
+def oidc_session_record(*, user: AbstractBaseUser, session_key: str, sid: str) -> OidcSession | None:
+    """Record that login session ``session_key`` of ``user`` started through the provider.
+
+    Args:
+        user: The user just signed in (linked to the provider by an :class:`OidcIdentity`).
+        session_key: The Django session's key after the login (the cookie's value).
+        sid: The verified ID token's ``sid`` claim, "" when the provider sent none.
+
+    Returns:
+        The record (made, or updated when the same session signed in again), or None for a
+        user without an identity link (nothing to record). Records of the same identity older
+        than ``SESSION_COOKIE_AGE`` are deleted on the way (their sessions have expired).
+    """
+    from django.conf import settings
+
+    identity = OidcIdentity.objects.filter(user=user).first()
+    if identity is None:
+        return None
+    cutoff = timezone.now() - timedelta(seconds=settings.SESSION_COOKIE_AGE)
+    OidcSession.objects.filter(identity=identity, created_at__lt=cutoff).delete()
+    record, _ = OidcSession.objects.update_or_create(session_key=session_key,
+                                                     defaults={"identity": identity, "sid": sid[:255]})
+    return record
+
+
+def oidc_session_forget(*, session_key: str) -> None:
+    """Drop the record of ``session_key`` (the session signed out; nothing to end any more)."""
+    OidcSession.objects.filter(session_key=session_key).delete()
+
+
+def oidc_session_signed_out(sender: Any, request: Any = None, **kwargs: Any) -> None:
+    """``user_logged_out``: forget the record of the session signing out (before its flush)."""
+    session_key = getattr(getattr(request, "session", None), "session_key", None)
+    if session_key:
+        oidc_session_forget(session_key=session_key)
+
+
+def oidc_sessions_end(*, issuer: str, subject: str | None, sid: str | None) -> int:
+    """End this platform's sessions that a Back-Channel Logout token names (OpenID Connect
+    Back-Channel Logout 1.0, §2.4 and §2.7).
+
+    Args:
+        issuer: The token's verified ``iss``.
+        subject: Its ``sub``, or None: with ``sid`` None, every session of that end user.
+        sid: Its ``sid``, or None: with it, only the sessions that started in that session of
+            the provider (and, when ``subject`` is given too, of that end user).
+            At least one of ``subject`` and ``sid`` is given.
+
+    Returns:
+        How many sessions were ended (0 when none is open: already signed out, or expired).
+
+    Side effects: deletes the sessions from the session store (the user is signed out at their
+    next request; open event streams close at their next credential check,
+    :data:`sessions.stream_guard.AUTH_RECHECK_SECONDS`) and their records. The user's API
+    tokens are not sessions and stay.
+
+    Raises:
+        ValueError: neither ``subject`` nor ``sid``.
+    """
+    from importlib import import_module
+
+    from django.conf import settings
+
+    if not subject and not sid:
+        raise ValueError("a logout token names a sub or a sid")
+    records = OidcSession.objects.filter(identity__issuer=issuer)
+    if subject:
+        records = records.filter(identity__subject=subject)
+    if sid:
+        records = records.filter(sid=sid)
+    keys = list(records.values_list("session_key", flat=True))
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    for key in keys:
+        store().delete(key)
+    OidcSession.objects.filter(session_key__in=keys).delete()
+    return len(keys)

@@ -6,7 +6,12 @@
 - ``GET /oidc/callback/?code=…&state=…``: the provider's redirect back; the backend
   (:mod:`tenants.oidc.backend`) exchanges the code and checks the ID token; a session starts.
 
-Both are 404 while single sign-on is off. Whatever goes wrong answers a page saying so, never
+- ``POST /oidc/backchannel-logout/`` (``logout_token=…``): the provider's Back-Channel Logout
+  (:mod:`tenants.oidc.backchannel`): the sessions the token names end; 200, or 400 with a JSON
+  ``{"error", "error_description"}`` for a refused token (§2.8), 503 when the provider's keys
+  cannot be fetched.
+
+All are 404 while single sign-on is off. Whatever goes wrong answers a page saying so, never
 a server error: too many starts from one address (429), the provider unreachable (503), the
 login refused by the provider or by a check (400), a user with no access (403, "no access":
 the claims match no rule).
@@ -20,14 +25,18 @@ from typing import Any
 import jwt
 import requests
 from django.core.exceptions import SuspiciousOperation
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.utils.decorators import method_decorator
+from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import View
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from tenants.audit import audit_context, context_for_request
+from tenants.oidc.backchannel import LogoutTokenRefused, logout_token_verify
 from tenants.oidc.provider import OidcUnavailable, oidc_enabled, oidc_setting
-from tenants.oidc.services import Refusal
+from tenants.oidc.services import Refusal, oidc_session_record, oidc_sessions_end
 from tenants.throttling import ClientIpThrottle
 
 logger = logging.getLogger(__name__)
@@ -105,6 +114,17 @@ class OidcCallbackView(OIDCAuthenticationCallbackView):
             return oidc_page(self.request, refusal)
         return oidc_page(self.request, "cancelled" if self.request.GET.get("error") else "failed")
 
+    def login_success(self) -> HttpResponse:
+        """The library's login (the session starts), then the session recorded with the ID
+        token's ``sid`` so that the provider's Back-Channel Logout can end it."""
+        response = super().login_success()
+        session = self.request.session
+        if session.session_key is None:
+            session.save()
+        oidc_session_record(user=self.user, session_key=session.session_key,
+                            sid=getattr(self.request, "oidc_sid", ""))
+        return response
+
     def get(self, request: HttpRequest) -> HttpResponse:
         """Completes the login; every failure is a page (see the module's docstring)."""
         if not oidc_enabled():
@@ -124,3 +144,38 @@ class OidcCallbackView(OIDCAuthenticationCallbackView):
         except (SuspiciousOperation, jwt.PyJWTError, KeyError, TypeError, ValueError) as exc:
             logger.warning("single sign-on refused: %s: %s", type(exc).__name__, exc)
             return oidc_page(request, "failed")
+
+
+@method_decorator([csrf_exempt, never_cache], name="dispatch")
+class OidcBackchannelLogoutView(View):
+    """``POST /oidc/backchannel-logout/``: the provider ends sessions (Back-Channel Logout 1.0).
+
+    The body is ``application/x-www-form-urlencoded`` with ``logout_token`` (§2.5); no cookie
+    and no CSRF token (the provider calls server to server: the token's signature is the
+    authentication). Answers (§2.8), all ``Cache-Control: no-store``: 200 (the sessions the
+    token names ended, or none was open), 400 ``{"error": "invalid_request",
+    "error_description"}`` (no token, or a check of :func:`~tenants.oidc.backchannel.
+    logout_token_verify` failed: nothing ended), 503 (the provider's keys could not be
+    fetched; the provider may retry), 404 while single sign-on is off.
+    """
+
+    http_method_names = ["post"]
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        if not oidc_enabled():
+            raise Http404("Single sign-on is off.")
+        token = request.POST.get("logout_token", "")
+        if not token:
+            return JsonResponse({"error": "invalid_request", "error_description": "logout_token is missing"}, status=400)
+        try:
+            logout = logout_token_verify(token)
+        except LogoutTokenRefused as exc:
+            logger.warning("single sign-on: a back-channel logout token was refused: %s", exc.reason)
+            return JsonResponse({"error": "invalid_request", "error_description": exc.reason}, status=400)
+        except OidcUnavailable as exc:
+            logger.warning("single sign-on: back-channel logout unavailable: %s", exc.message)
+            return JsonResponse({"error": "temporarily_unavailable", "error_description": exc.message}, status=503)
+        ended = oidc_sessions_end(issuer=logout.issuer, subject=logout.subject, sid=logout.sid)
+        logger.info("single sign-on: the provider's back-channel logout (sub %r, sid %r) ended %d session(s)",
+                    logout.subject, logout.sid, ended)
+        return HttpResponse(status=200)

@@ -6,6 +6,10 @@ claims the test set), the token endpoint (checks the client's id and secret, the
 the redirect URI and the PKCE verifier, S256), the JWKS (one RSA key) and UserInfo (bearer
 access token). ID tokens are RS256 JWTs signed with PyJWT.
 
+Each authorization is a session of the provider: its ID token carries a fresh ``sid``
+(:attr:`FakeOidcProvider.sids`, in order), and :meth:`FakeOidcProvider.logout_token` makes the
+Back-Channel Logout token that would end it (or all of a ``sub``'s).
+
 Attacks are set on the instance before a login: :attr:`id_token_changes` (claims replaced or,
 with value ``None``, removed), :attr:`sign_with_other_key` (a key not in the JWKS),
 :attr:`unsigned` (``alg: none``), :attr:`userinfo_changes`.
@@ -54,6 +58,8 @@ class FakeOidcProvider:
         self.unsigned = False
         self.authorization_requests: list[dict[str, str]] = []
         self.token_requests: list[dict[str, str]] = []
+        self.sids: list[str] = []
+        """The ``sid`` of each authorization's ID token, in order."""
         self._codes: dict[str, dict[str, Any]] = {}
         self._access_tokens: dict[str, dict[str, Any]] = {}
         self._server: ThreadingHTTPServer | None = None
@@ -104,6 +110,8 @@ class FakeOidcProvider:
             "subject_types_supported": ["public"],
             "id_token_signing_alg_values_supported": ["RS256"],
             "code_challenge_methods_supported": ["S256"],
+            "backchannel_logout_supported": True,
+            "backchannel_logout_session_supported": True,
         }
 
     def handle(self, request: BaseHTTPRequestHandler, method: str, body: bytes) -> None:
@@ -150,7 +158,9 @@ class FakeOidcProvider:
         if self.deny:
             return 302, f"{back}?{urlencode({'error': 'access_denied', 'state': params.get('state', '')})}"
         code = secrets.token_urlsafe(16)
-        self._codes[code] = {"claims": dict(self.user), "nonce": params.get("nonce"), "redirect_uri": back,
+        sid = secrets.token_hex(8)
+        self.sids.append(sid)
+        self._codes[code] = {"claims": {"sid": sid, **self.user}, "nonce": params.get("nonce"), "redirect_uri": back,
                              "challenge": params.get("code_challenge"), "method": params.get("code_challenge_method")}
         return 302, f"{back}?{urlencode({'code': code, 'state': params.get('state', '')})}"
 
@@ -187,6 +197,27 @@ class FakeOidcProvider:
             return jwt.encode(claims, None, algorithm="none", headers={"kid": self.kid})
         key = _key() if self.sign_with_other_key else self.key
         return jwt.encode(claims, key, algorithm="RS256", headers={"kid": self.kid})
+
+    def logout_token(self, *, sub: str | None = None, sid: str | None = None, changes: dict[str, Any] | None = None,
+                     headers: dict[str, Any] | None = None, key: Any = None, algorithm: str = "RS256") -> str:
+        """A Back-Channel Logout token (Back-Channel Logout 1.0, §2.4) for ``sub`` and/or ``sid``,
+        signed with the JWKS's key unless ``key`` is given; ``changes`` replace claims (``None``
+        removes one), ``headers`` are added to the JOSE header (``typ: logout+jwt`` by default)."""
+        now = int(time.time())
+        claims: dict[str, Any] = {"iss": self.issuer, "aud": self.client_id, "iat": now, "exp": now + 120,
+                                  "jti": secrets.token_hex(12),
+                                  "events": {"http://schemas.openid.net/event/backchannel-logout": {}}}
+        if sub is not None:
+            claims["sub"] = sub
+        if sid is not None:
+            claims["sid"] = sid
+        for name, value in (changes or {}).items():
+            if value is None:
+                claims.pop(name, None)
+            else:
+                claims[name] = value
+        return jwt.encode(claims, self.key if key is None else key, algorithm=algorithm,
+                          headers={"kid": self.kid, "typ": "logout+jwt", **(headers or {})})
 
     def userinfo(self, authorization: str) -> tuple[int, Any]:
         claims = self._access_tokens.get(authorization.removeprefix("Bearer ").strip())

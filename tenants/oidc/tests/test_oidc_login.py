@@ -5,8 +5,6 @@ ID token checks), the account, its memberships from the rules, and every refusal
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -21,38 +19,8 @@ from tenants.oidc.tests.oidc_provider import FakeOidcProvider
 from tenants.scoping import system_scope
 from tenants.services import membership_create
 
-RULES = [
-    {"claim": "groups", "value": "acme-users", "tenant": "acme", "role": "member"},
-    {"claim": "groups", "value": "acme-admins", "tenant": "acme", "role": "admin"},
-    {"claim": "realm_access.roles", "value": "acme-owners", "tenant": "acme", "role": "owner"},
-    {"claim": "groups", "value": "initech-users", "tenant": "initech", "role": "member"},  # no such tenant
-]
 ALICE = {"sub": "f3a1-alice", "preferred_username": "alice", "email": "alice@example.com",
          "given_name": "Alice", "family_name": "Liddell", "groups": ["acme-users"]}
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeOidcProvider]:
-    server = FakeOidcProvider().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def sso(settings, provider: FakeOidcProvider) -> FakeOidcProvider:
-    """Single sign-on on, against ``provider``, with :data:`RULES`."""
-    settings.OIDC_ENABLED = True
-    settings.OIDC_PROVIDER_NAME = "Keycloak"
-    settings.OIDC_ISSUER = provider.issuer
-    settings.OIDC_RP_CLIENT_ID = provider.client_id
-    settings.OIDC_RP_CLIENT_SECRET = provider.client_secret
-    settings.OIDC_TENANT_RULES = json.dumps(RULES)
-    settings.OIDC_TIMEOUT = 5.0
-    discovery_forget()
-    yield provider
-    discovery_forget()
 
 
 def sign_in(client: Client, provider: FakeOidcProvider, claims: dict, next_path: str = "/"):
