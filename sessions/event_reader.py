@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from agent_platform.revocations import revocations_channel
+from agent_platform.revocations import revocations_channel, session_key_digest
 from agent_platform.shutdown import wait_stopping
 from sessions import stream_guard
 from sessions.events import events_since, frame_text, live_channel
@@ -144,6 +144,8 @@ class SessionEventReader:
         self.session_id = session_id
         self.last_seq = after_seq
         self.credential = credential
+        # The name of the cookie's login session on the revocations channel (None for a token).
+        self._session_digest = session_key_digest(credential.session_key) if credential.session_key else None
         self._slot: str | None = slot
         self._pending: deque[dict[str, Any] | None] = deque()  # live messages not yet handled, in order
         self._wake = asyncio.Event()
@@ -160,9 +162,14 @@ class SessionEventReader:
         self._wake.set()
 
     def _on_revoked(self, message: dict[str, Any] | None) -> None:
-        """A revoked token (``{"token_id"}``): the end if it is this stream's. ``None`` (the
-        subscription was restored) waits for the re-check."""
-        if message is not None and message.get("token_id") == self.credential.token_id:
+        """A revoked token (``{"token_id"}``) or an ended login session (``{"session"}``, its
+        key's digest): the end if it is this stream's credential. ``None`` (the subscription was
+        restored) waits for the re-check."""
+        if message is None:
+            return
+        if self.credential.token_id is not None and message.get("token_id") == self.credential.token_id:
+            self._end_with("unauthenticated")
+        elif self._session_digest is not None and message.get("session") == self._session_digest:
             self._end_with("unauthenticated")
 
     def _end_with(self, reason: CloseReason) -> None:
@@ -177,10 +184,10 @@ class SessionEventReader:
     # --- life cycle --------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Join the session's live channel (and, for a token, the revoked-tokens channel);
-        returns once Redis confirmed. Raises ``TimeoutError`` (:func:`sessions.live.live_join`)."""
+        """Join the session's live channel (and, for a token or a login cookie, the revocations
+        channel); returns once Redis confirmed. Raises ``TimeoutError`` (:func:`sessions.live.live_join`)."""
         self._stopper = asyncio.ensure_future(self._watch_stopping())
-        if self.credential.token_id is not None:  # a revocation ends the stream at once
+        if self.credential.token_id is not None or self._session_digest is not None:  # ends the stream at once
             await self._join(revocations_channel(), self._on_revoked)
         await self._join(live_channel(self.session_id), self._on_live)
 

@@ -26,5 +26,11 @@ class TenantsConfig(AppConfig):
         from tenants.audit import connect_signals
 
         connect_signals()
+        # A sign-out closes the streams on that session's cookie at once (not at their next check).
+        from django.contrib.auth.signals import user_logged_out
+
+        from agent_platform.revocations import session_signed_out
+
+        user_logged_out.connect(session_signed_out, dispatch_uid="agent_platform.revocations.session_signed_out")
 
         post_migrate.connect(rls_after_migrate, sender=self, dispatch_uid="tenants.rls_after_migrate")

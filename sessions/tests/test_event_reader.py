@@ -16,7 +16,7 @@ import pytest
 
 from agent_platform import shutdown
 from agent_platform.redis_clients import async_redis
-from agent_platform.revocations import token_revoked_publish
+from agent_platform.revocations import session_ended_publish, token_revoked_publish
 from sessions import event_reader, stream_guard
 from sessions.event_reader import Closed, Event, Ping, SessionEventReader
 from sessions.events import _PUBLISH_LUA, event_body, event_publish, session_keys
@@ -45,8 +45,9 @@ def _session_id() -> int:
     return 10**9 + uuid.uuid4().int % 10**9  # events only: no database row needed
 
 
-def _reader(session_id: int, *, after_seq: int = 0, token_id: int | None = None) -> SessionEventReader:
-    credential = StreamCredential(user_id=1, membership_id=1, token_id=token_id)
+def _reader(session_id: int, *, after_seq: int = 0, token_id: int | None = None,
+            session_key: str | None = None) -> SessionEventReader:
+    credential = StreamCredential(user_id=1, membership_id=1, token_id=token_id, session_key=session_key)
     return SessionEventReader(session_id=session_id, after_seq=after_seq, credential=credential, slot="slot-1")
 
 
@@ -179,6 +180,26 @@ async def test_revoking_its_token_ends_it_at_once_another_token_does_not(slots, 
         assert isinstance(ended, Closed) and ended.reason == "unauthenticated"
         with pytest.raises(StopAsyncIteration):
             await _next(items)
+    finally:
+        await reader.close()
+
+
+async def test_ending_its_login_session_ends_it_at_once_another_session_does_not(slots, monkeypatch) -> None:
+    """A cookie stream: a sign-out or the provider's back-channel logout announces the session's
+    end (its key's digest, never the key), and the stream closes without waiting for a re-check."""
+    monkeypatch.setattr(stream_guard, "AUTH_RECHECK_SECONDS", 3600.0)
+    session_id = _session_id()
+    reader = _reader(session_id, session_key="k" * 32)
+    await reader.open()
+    items = aiter(reader)
+    try:
+        await asyncio.to_thread(session_ended_publish, session_key="j" * 32)
+        await asyncio.to_thread(token_revoked_publish, token_id=1)  # a token stream's, not this one
+        after = await _publish(session_id, "still open")
+        assert (await _next(items)).seq == after["seq"]
+        await asyncio.to_thread(session_ended_publish, session_key="k" * 32)
+        ended = await _next(items, timeout=3)
+        assert isinstance(ended, Closed) and ended.reason == "unauthenticated"
     finally:
         await reader.close()
 

@@ -192,6 +192,25 @@ async def test_a_websocket_on_the_login_cookie_closes_4401_after_logout(world, q
     await comm.disconnect()
 
 
+async def test_signing_out_closes_the_cookie_websocket_at_once(world, no_recheck, free_slots):
+    """With the periodic check out of the way, only the sign-out's announcement can close it."""
+    from django.test import Client
+
+    session = await database_sync_to_async(make_session)(world)
+    browser = Client()
+    await database_sync_to_async(browser.force_login)(world.member)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+    comm = WebsocketCommunicator(application, f"/ws/sessions/{session.pk}/",
+                                 headers=[(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1"),
+                                          (b"cookie", cookie)])
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "ping"})
+    assert await comm.receive_json_from(timeout=5) == {"type": "pong"}
+    await database_sync_to_async(browser.logout)()
+    assert await close_code(comm, timeout=3) == 4401
+    await comm.disconnect()
+
+
 # --- M2: SSE keepalive, no timeout, no pooled connection while idle ----------------------------
 
 async def test_an_idle_sse_stream_outlives_the_redis_socket_timeout_and_is_pinged(world, live_server_url, free_slots,

@@ -41,6 +41,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent_platform.api_errors import ApplicationError
+from agent_platform.revocations import session_ended_publish
 from tenants.audit import Action, audit_record
 from tenants.models import ADMIN_ROLES, Membership, Tenant
 from tenants.oidc.models import OidcIdentity, OidcSession
@@ -268,9 +269,9 @@ def oidc_sessions_end(*, issuer: str, subject: str | None, sid: str | None) -> i
         How many sessions were ended (0 when none is open: already signed out, or expired).
 
     Side effects: deletes the sessions from the session store (the user is signed out at their
-    next request; open event streams close at their next credential check,
-    :data:`sessions.stream_guard.AUTH_RECHECK_SECONDS`) and their records. The user's API
-    tokens are not sessions and stay.
+    next request) and their records, and announces each end once committed
+    (:func:`agent_platform.revocations.session_ended_publish`: the event streams on those
+    sessions' cookies close at once). The user's API tokens are not sessions and stay.
 
     Raises:
         ValueError: neither ``subject`` nor ``sid``.
@@ -291,4 +292,10 @@ def oidc_sessions_end(*, issuer: str, subject: str | None, sid: str | None) -> i
     for key in keys:
         store().delete(key)
     OidcSession.objects.filter(session_key__in=keys).delete()
+
+    def announce() -> None:
+        for key in keys:
+            session_ended_publish(session_key=key)
+
+    transaction.on_commit(announce)
     return len(keys)

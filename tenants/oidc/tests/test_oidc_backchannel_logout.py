@@ -84,6 +84,21 @@ def test_an_open_event_stream_of_the_ended_session_fails_its_next_credential_che
     assert not credential_valid_sync(credential)
 
 
+def test_the_ended_sessions_are_announced_to_their_open_streams(sso, world, monkeypatch,
+                                                               django_capture_on_commit_callbacks):
+    """Once committed, each ended session's end is published (its streams close at once, not at
+    their next check: sessions/tests/test_event_reader.py shows the reader's side)."""
+    announced: list[str] = []
+    monkeypatch.setattr("tenants.oidc.services.session_ended_publish",
+                        lambda *, session_key: announced.append(session_key))
+    first, _ = signed_in(sso, ALICE)
+    second, _ = signed_in(sso, ALICE)
+    keys = {first.session.session_key, second.session.session_key}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post_logout(sso.logout_token(sub=ALICE["sub"])).status_code == 200
+    assert set(announced) == keys and len(announced) == 2
+
+
 def test_a_session_signed_out_here_leaves_nothing_to_end(sso, world):
     client, sid = signed_in(sso, ALICE)
     assert client.post("/api/v1/auth/logout/").status_code == 200
