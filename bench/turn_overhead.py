@@ -7,7 +7,8 @@ of a run: model request and stream, persistence (messages, tool calls, LLM calls
 execution and every event published. The fake model's own time is near zero, so this is
 the platform's overhead.
 
-Run: ``.venv/bin/python bench/turn_overhead.py [--runs 10] [--output-schema] [--routing-rules] [--tracing on]``
+Run: ``.venv/bin/python bench/turn_overhead.py [--runs 10] [--output-schema] [--routing-rules] [--tracing on]
+[--worker-tuning] [--no-parts] [--model-timeout SECONDS]``
 
 ``--tracing off|on|on-libraries|alternate``: prints the process CPU per turn with the platform's spans
 off or on (bench/_tracing_mode.py; issue 40's goal: off adds nothing measurable, on at most 5 %);
@@ -17,6 +18,13 @@ off or on (bench/_tracing_mode.py; issue 40's goal: off adds nothing measurable,
 (:func:`sessions.runner.host.tune_interpreter_for_runs`: ``gc.freeze()`` of everything alive once
 set up, ``RUN_HOST_GC_THRESHOLDS``, ``RUN_HOST_SWITCH_INTERVAL_MS``) before the runs; without it,
 CPython's defaults, whose full collections walk the whole of Django (bench/README.md, "Tracing cost").
+
+``--no-parts``: skip the microbenchmarks of the parts printed after the runs (the tracing mode's
+off-path / on-path costs, the ``--output-schema`` / ``--routing-rules`` checks): the process then runs
+only the set-up and the runs, as ``bench/tracing_instructions.py`` needs for its instruction counts.
+``--model-timeout SECONDS``: the agent's route entries' connect and read (idle) timeouts for this
+benchmark's tenant (default: the test factory's 2 s and 5 s); for a process slowed down by Valgrind,
+whose model client would otherwise give up (``model_unavailable``). Production defaults are untouched.
 
 ``--output-schema``: the agent has an output JSON Schema (issue 39's structured output: the
 final answer is JSON, checked once per run; every turn tells the model the format);
@@ -110,6 +118,10 @@ def main() -> None:
                         help="also print the process CPU per turn with tracing off / on (bench/_tracing_mode.py)")
     parser.add_argument("--worker-tuning", action="store_true",
                         help="the worker's interpreter tuning (gc.freeze, its GC thresholds and switch interval)")
+    parser.add_argument("--no-parts", action="store_true",
+                        help="skip the parts' microbenchmarks after the runs (the tracing paths' and checks' costs)")
+    parser.add_argument("--model-timeout", type=float, metavar="SECONDS",
+                        help="the route entries' connect and read timeouts (e.g. under Valgrind); default: 2 s, 5 s")
     args = parser.parse_args()
     tracing = TracingMode(args.tracing)
     tracing.install()
@@ -120,6 +132,9 @@ def main() -> None:
     fields = {"output_schema": OUTPUT_SCHEMA} if args.output_schema else {}
     with (fake_model("turns20json" if args.output_schema else "turns20") as base_url,
           BenchTenant(base_url, max_loop_count=TURNS + 1, **fields) as bench):
+        if args.model_timeout is not None:
+            bench.agent.route.entries.update(connect_timeout_seconds=args.model_timeout,
+                                             read_timeout_seconds=args.model_timeout)
         if args.routing_rules:
             bench.agent.routing_rules = _rules(bench.agent.route.name)
             bench.agent.full_clean()
@@ -154,9 +169,10 @@ def main() -> None:
     print(f"{args.runs} runs x {TURNS} turns (1 tool call per turn) in {wall:.1f} s")
     print(f"per-turn overhead: {summary(gaps_ms)}")
     print(tracing.report(args.runs * TURNS))
-    print(off_path_costs() if args.tracing == "off" else on_path_costs())
-    for line in _check_costs(output_schema=args.output_schema, routing_rules=args.routing_rules):
-        print(line)
+    if not args.no_parts:
+        print(off_path_costs() if args.tracing == "off" else on_path_costs())
+        for line in _check_costs(output_schema=args.output_schema, routing_rules=args.routing_rules):
+            print(line)
     if db is not None:
         print(db.report(args.runs))
 
