@@ -36,7 +36,7 @@ import requests
 from django.conf import settings
 from django.core.cache import cache
 
-from tenants.oidc.backend import LEEWAY_SECONDS
+from tenants.oidc.backend import LEEWAY_SECONDS, authorized_party_refusal
 from tenants.oidc.provider import OidcUnavailable, oidc_issuer, oidc_setting
 
 LOGOUT_EVENT = "http://schemas.openid.net/event/backchannel-logout"
@@ -73,7 +73,6 @@ class LogoutRequest:
     issuer: str
     subject: str | None
     sid: str | None
-    jti: str
 
 
 def jwks_forget() -> None:
@@ -92,6 +91,19 @@ def _jwks_fetch(uri: str) -> dict[str, Any]:
     if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
         raise OidcUnavailable(f"the provider's JWKS ({uri}) is not a JWK set")
     return document
+
+
+def _jwks_document(uri: str, max_age: float) -> dict[str, Any]:
+    """The JWKS at ``uri``, fetched again when the cached one is older than ``max_age`` seconds.
+    Raises :class:`OidcUnavailable`."""
+    now = time.monotonic()
+    with _jwks_lock:
+        cached = _jwks.get(uri)
+    if cached is None or now - cached[0] > max_age:
+        cached = (now, _jwks_fetch(uri))
+        with _jwks_lock:
+            _jwks[uri] = cached
+    return cached[1]
 
 
 def _jwk_match(document: dict[str, Any], kid: str | None, algorithm: str) -> Any:
@@ -123,19 +135,9 @@ def _verification_key(kid: str | None, algorithm: str) -> Any:
     if algorithm.startswith("HS"):
         return settings.OIDC_RP_CLIENT_SECRET
     uri = oidc_setting("OIDC_OP_JWKS_ENDPOINT")
-    now = time.monotonic()
-    with _jwks_lock:
-        cached = _jwks.get(uri)
-    if cached is None or now - cached[0] > JWKS_CACHE_SECONDS:
-        cached = (now, _jwks_fetch(uri))
-        with _jwks_lock:
-            _jwks[uri] = cached
-    key = _jwk_match(cached[1], kid, algorithm)
-    if key is None and now - cached[0] > JWKS_REFRESH_SECONDS:  # the provider may have rotated its keys
-        cached = (now, _jwks_fetch(uri))
-        with _jwks_lock:
-            _jwks[uri] = cached
-        key = _jwk_match(cached[1], kid, algorithm)
+    key = _jwk_match(_jwks_document(uri, JWKS_CACHE_SECONDS), kid, algorithm)
+    if key is None:  # the provider may have rotated its keys: ask again, but not more often than this
+        key = _jwk_match(_jwks_document(uri, JWKS_REFRESH_SECONDS), kid, algorithm)
     if key is None:
         raise LogoutTokenRefused(f"no key of the provider's JWKS matches kid {kid!r}")
     return key
@@ -166,10 +168,9 @@ def _header_checked(token: str, algorithm: str, issuer: str) -> dict[str, Any]:
 def _claims_checked(claims: dict[str, Any]) -> tuple[str | None, str | None, str]:
     """``(sub, sid, jti)`` of verified claims, after the checks PyJWT does not make (``azp``, the
     age of ``iat``, the types, a ``sub`` or a ``sid``). Raises :class:`LogoutTokenRefused`."""
-    audiences = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
-    authorized_party = claims.get("azp")
-    if (len(audiences) > 1 or authorized_party is not None) and authorized_party != settings.OIDC_RP_CLIENT_ID:
-        raise LogoutTokenRefused(f"azp {authorized_party!r} is not this client")
+    refusal = authorized_party_refusal(claims, settings.OIDC_RP_CLIENT_ID)
+    if refusal:
+        raise LogoutTokenRefused(refusal)
     oldest = time.time() - LOGOUT_TOKEN_MAX_AGE_SECONDS - LEEWAY_SECONDS
     if not isinstance(claims["iat"], (int, float)) or claims["iat"] < oldest:
         raise LogoutTokenRefused(f"iat is older than {LOGOUT_TOKEN_MAX_AGE_SECONDS} seconds")
@@ -189,7 +190,7 @@ def logout_token_verify(token: str) -> LogoutRequest:
         token: The ``logout_token`` parameter of the provider's POST (a compact JWS).
 
     Returns:
-        :class:`LogoutRequest`: the verified ``iss``, ``sub`` (or None), ``sid`` (or None), ``jti``.
+        :class:`LogoutRequest`: the verified ``iss``, ``sub`` (or None) and ``sid`` (or None).
 
     Raises:
         LogoutTokenRefused: a check failed (the reason names it); the token's ``jti`` is then
@@ -210,4 +211,4 @@ def logout_token_verify(token: str) -> LogoutRequest:
     seen_key = "oidc:logout-jti:" + hashlib.sha256(f"{issuer}\n{jti}".encode()).hexdigest()
     if not cache.add(seen_key, 1, timeout=LOGOUT_TOKEN_MAX_AGE_SECONDS + 2 * LEEWAY_SECONDS):
         raise LogoutTokenRefused("jti was already used: a replayed logout token")
-    return LogoutRequest(issuer=issuer, subject=subject, sid=sid, jti=jti)
+    return LogoutRequest(issuer=issuer, subject=subject, sid=sid)

@@ -46,6 +46,19 @@ REQUIRED_CLAIMS = ["iss", "aud", "exp", "iat", "sub"]
 """Claims an ID token must carry (OpenID Connect Core 1.0, §2)."""
 LEEWAY_SECONDS = 60
 """Clock skew allowed on ``exp``, ``iat`` and ``nbf``."""
+
+
+def authorized_party_refusal(claims: dict[str, Any], client_id: str) -> str | None:
+    """Why a token verified for ``aud`` is still not this client's, or None: with several
+    audiences, or an ``azp`` at all, ``azp`` must be ``client_id`` (OpenID Connect Core 1.0,
+    §3.1.3.7, steps 4-5; Back-Channel Logout 1.0, §2.6, for logout tokens)."""
+    audiences = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
+    authorized_party = claims.get("azp")
+    if (len(audiences) > 1 or authorized_party is not None) and authorized_party != client_id:
+        return f"azp {authorized_party!r} is not this client"
+    return None
+
+
 _PROTOCOL_CLAIMS = frozenset({"iss", "sub", "aud", "exp", "iat", "nbf", "nonce", "azp", "at_hash", "auth_time"})
 
 
@@ -112,10 +125,9 @@ class OidcBackend(OIDCAuthenticationBackend):
             )
         except jwt.PyJWTError as exc:
             raise SuspiciousOperation(f"ID token refused: {exc}") from None
-        audiences = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
-        authorized_party = claims.get("azp")
-        if (len(audiences) > 1 or authorized_party is not None) and authorized_party != self.OIDC_RP_CLIENT_ID:
-            raise SuspiciousOperation(f"ID token refused: azp {authorized_party!r} is not this client")
+        refusal = authorized_party_refusal(claims, self.OIDC_RP_CLIENT_ID)
+        if refusal:
+            raise SuspiciousOperation(f"ID token refused: {refusal}")
         return claims
 
     def get_userinfo(self, access_token: Any, id_token: Any, payload: dict[str, Any]) -> dict[str, Any]:
