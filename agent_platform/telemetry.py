@@ -29,10 +29,24 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    Status,
+    StatusCode,
+    TraceFlags,
+    get_current_span,
+    set_span_in_context,
+)
+
+_UNSET = Status(StatusCode.UNSET)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -170,16 +184,18 @@ def instrument_libraries(*, statement_spans: bool = False) -> None:
 def enable(provider: Any) -> None:
     """Trace the platform's spans through ``provider`` (an SDK ``TracerProvider``) and turn
     :data:`TRACING` on. :func:`configure` calls it; tests call it with an in-memory exporter."""
-    global TRACING, _tracer
+    global TRACING, _tracer, _recorder
     _tracer = provider.get_tracer(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL)
+    _recorder = _Recorder(provider)
     TRACING = True
 
 
 def disable() -> None:
     """Turn the platform's spans off again (tests; the library instrumentations stay)."""
-    global TRACING, _tracer
+    global TRACING, _tracer, _recorder
     TRACING = False
     _tracer = None
+    _recorder = None
 
 
 def tracer() -> Any:
@@ -191,6 +207,143 @@ def tracer() -> Any:
     if _tracer is None:
         raise RuntimeError("tracing is off: check telemetry.TRACING before making spans")
     return _tracer
+
+
+# --- the platform's per-turn spans ------------------------------------------------------------
+
+
+class _Recorder:
+    """What :class:`PlatformSpan` takes from the provider, read once in :func:`enable`: its
+    sampler, id generator, resource and span processors (``_active_span_processor``, the
+    processors ``add_span_processor`` added: the SDK has no public reader for them), and the
+    attribute value length limit (``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`` or
+    ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``, ``None``: no limit)."""
+
+    __slots__ = ("ids", "processor", "resource", "sampler", "scope", "value_limit")
+
+    def __init__(self, provider: Any) -> None:
+        from opentelemetry.sdk.trace import SpanLimits
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        self.sampler = provider.sampler
+        self.ids = provider.id_generator
+        self.resource = provider.resource
+        self.processor = provider._active_span_processor  # noqa: SLF001 - see the docstring
+        self.scope = InstrumentationScope(INSTRUMENTATION_NAME, None, SCHEMA_URL)
+        self.value_limit = SpanLimits().max_span_attribute_length
+
+
+_recorder: _Recorder | None = None
+
+
+@dataclass(slots=True, eq=False)
+class PlatformSpan:
+    """One of the spans a run makes per turn (``chat {model}``, ``execute_tool {tool}``),
+    without the SDK's live ``Span`` object: sampled by the provider's sampler and given ids by
+    its id generator as ``Tracer.start_span`` would, and handed to its span processors'
+    ``on_end`` as the finished ``ReadableSpan`` the SDK's ``Span.end()`` hands them. The SDK's
+    live span costs ~3 times as many instructions (a lock per span, its attribute map and
+    event and link lists, each attribute cleaned one by one, the ``ReadableSpan`` copy at its
+    end): bench/README.md, "Tracing cost".
+
+    What it leaves out, by design: processors' ``on_start`` and ``_on_ending`` (the platform's
+    processors act at the end only; the tenant stamp is not needed, the span starts with
+    :data:`TENANT_ID`), attribute cleaning (the caller gives valid values: str, bool, int,
+    float, or a tuple of one of them) and the SDK's own span metrics. The attribute value
+    length limit of the environment is applied to string values at :meth:`end`.
+
+    Use it from :func:`start_platform_span`; while its operation runs, :func:`attach_span`
+    makes it the current span (children, MCP ``traceparent``), with :func:`detach` after.
+    """
+
+    name: str
+    kind: Any
+    """An ``opentelemetry.trace.SpanKind``."""
+    context: Any
+    """Its ``SpanContext``."""
+    parent: Any
+    """The parent's ``SpanContext``, None for a root."""
+    attributes: dict[str, Any]
+    start_ns: int
+    recording: bool
+    """False: the sampler dropped it (:meth:`end` exports nothing)."""
+    status: Any = None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Set attribute ``key`` (a valid attribute value, see the class docstring)."""
+        self.attributes[key] = value
+
+    def set_status(self, code: Any, description: str | None = None) -> None:
+        """The span's status (an ``opentelemetry.trace.StatusCode``, description for ``ERROR``)."""
+        self.status = Status(code, description)
+
+    def end(self, end_time: int | None = None) -> None:
+        """Finish the span at ``end_time`` (ns since the epoch; now if None) and hand it to the
+        span processors (nothing if the sampler dropped it or tracing was turned off since)."""
+        recorder = _recorder
+        if not self.recording or recorder is None:
+            return
+        attributes = self.attributes
+        limit = recorder.value_limit
+        if limit is not None:
+            attributes = {k: v[:limit] if isinstance(v, str) else v for k, v in attributes.items()}
+        recorder.processor.on_end(ReadableSpan(
+            name=self.name, context=self.context, parent=self.parent, resource=recorder.resource,
+            attributes=attributes, kind=self.kind, status=self.status or _UNSET,
+            start_time=self.start_ns, end_time=end_time if end_time is not None else time.time_ns(),
+            instrumentation_scope=recorder.scope,
+        ))
+
+
+def start_platform_span(name: str, kind: Any, attributes: dict[str, Any],
+                        start_time: int | None = None) -> PlatformSpan:
+    """A :class:`PlatformSpan` named ``name`` starting at ``start_time`` (ns since the epoch;
+    now if None), a child of the current span; ``attributes`` is kept (not copied) unless the
+    sampler changes it. Only while :data:`TRACING`.
+
+    Mirrors the SDK's ``Tracer.start_span``: the trace id of the parent (a new one for a root),
+    the provider's sampler (``OTEL_TRACES_SAMPLER``) deciding, the sampled and random-trace-id
+    flags (W3C Trace Context level 2) on the new span's context. A span the sampler does not
+    record is still a span context (its children see it as not sampled) and is never exported.
+
+    Raises:
+        RuntimeError: tracing is off.
+    """
+    recorder = _recorder
+    if recorder is None:
+        raise RuntimeError("tracing is off: check telemetry.TRACING before making spans")
+    current = otel_context.get_current()
+    parent = get_current_span(current).get_span_context()
+    if parent.is_valid:
+        trace_id = parent.trace_id
+        random_trace_id = parent.trace_flags.random_trace_id
+    else:
+        parent = None
+        trace_id = recorder.ids.generate_trace_id()
+        random_trace_id = recorder.ids.is_trace_id_random()
+    result = recorder.sampler.should_sample(current, trace_id, name, kind, attributes)
+    flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+    if random_trace_id:
+        flags |= TraceFlags.RANDOM_TRACE_ID
+    context = SpanContext(trace_id, recorder.ids.generate_span_id(), is_remote=False,
+                          trace_flags=TraceFlags(flags), trace_state=result.trace_state)
+    sampled_attributes = result.attributes
+    if len(sampled_attributes) != len(attributes):  # the sampler added some
+        attributes = dict(sampled_attributes)
+    return PlatformSpan(name, kind, context, parent, attributes,
+                        start_time if start_time is not None else time.time_ns(), result.decision.is_recording())
+
+
+def attach_span(span: PlatformSpan) -> object:
+    """Make ``span`` the current span (of this task or thread) until :func:`detach` with the
+    returned token: spans started meanwhile are its children, and an MCP request carries it
+    as ``traceparent``."""
+    return otel_context.attach(set_span_in_context(NonRecordingSpan(span.context)))
+
+
+def detach(token: object) -> None:
+    """Undo :func:`attach_span` (``token``: what it returned)."""
+    otel_context.detach(token)
 
 
 class TenantSpanProcessor(SpanProcessor):
@@ -229,8 +382,6 @@ def in_caller_trace(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[
     current span into the request's ``_meta.traceparent``. ``fn`` itself when tracing is off."""
     if not TRACING:
         return fn
-    from opentelemetry import context as otel_context
-
     caller = otel_context.get_current()
 
     async def in_context(*args: Any, **kwargs: Any) -> T:
@@ -244,6 +395,7 @@ def in_caller_trace(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[
 
 
 __all__ = [
-    "SCHEMA_URL", "SEMCONV_VERSION", "TENANT_ID", "TRACING", "TenantSpanProcessor", "configure", "current_span_tenant",
-    "disable", "enable", "endpoint_configured", "in_caller_trace", "instrument_libraries", "tracer",
+    "SCHEMA_URL", "SEMCONV_VERSION", "TENANT_ID", "TRACING", "PlatformSpan", "TenantSpanProcessor", "attach_span",
+    "configure", "current_span_tenant", "detach", "disable", "enable", "endpoint_configured", "in_caller_trace",
+    "instrument_libraries", "start_platform_span", "tracer",
 ]

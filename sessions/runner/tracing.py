@@ -212,8 +212,8 @@ class AttemptObserver:
                 attributes[telemetry.GEN_AI_RESPONSE_MODEL] = attempt.response_model
         if content:
             attributes.update(content)
-        span = telemetry.tracer().start_span(f"{self.operation} {attempt.model}", kind=SpanKind.CLIENT,
-                                             attributes=attributes, start_time=end_ns - attempt.latency_ms * 1_000_000)
+        span = telemetry.start_platform_span(f"{self.operation} {attempt.model}", SpanKind.CLIENT, attributes,
+                                             start_time=end_ns - attempt.latency_ms * 1_000_000)
         if failed:
             span.set_status(StatusCode.ERROR, attempt.error[:500])
         span.end(end_time=end_ns)
@@ -298,23 +298,26 @@ async def _traced_call(wrapped: Any, call: ToolInvocation) -> ToolOutcome:
     content = await trace_content_allowed(context.tenant_id)
     if content and call.arguments is not None:
         attributes[telemetry.GEN_AI_TOOL_CALL_ARGUMENTS] = _cut(json.dumps(call.arguments, ensure_ascii=False))
-    with telemetry.tracer().start_as_current_span(f"{telemetry.OP_EXECUTE_TOOL} {call.name}", kind=SpanKind.INTERNAL,
-                                                  attributes=attributes, record_exception=False,
-                                                  set_status_on_exception=False) as span:
-        try:
-            outcome = await wrapped.call_tool(call)
-        except asyncio.CancelledError:
+    span = telemetry.start_platform_span(f"{telemetry.OP_EXECUTE_TOOL} {call.name}", SpanKind.INTERNAL, attributes)
+    token = telemetry.attach_span(span)
+    try:
+        outcome = await wrapped.call_tool(call)
+    except BaseException as exc:
+        telemetry.detach(token)
+        if isinstance(exc, asyncio.CancelledError):
             span.set_attribute(telemetry.ERROR_TYPE, "cancelled")
-            raise
-        except Exception as exc:  # a wait for a human (approval, question, sub-run) or a bug below
+        elif isinstance(exc, Exception):  # a wait for a human (approval, question, sub-run) or a bug below
             span.set_attribute("agent_platform.tool_call.raised", type(exc).__name__)
-            raise
-        if outcome.status != SUCCEEDED:
-            span.set_attribute(telemetry.ERROR_TYPE, outcome.code or outcome.status)
-            span.set_status(StatusCode.ERROR, outcome.error[:500])
-        elif content:
-            span.set_attribute(telemetry.GEN_AI_TOOL_CALL_RESULT, _cut(outcome.content))
-        return outcome
+        span.end()
+        raise
+    telemetry.detach(token)
+    if outcome.status != SUCCEEDED:
+        span.set_attribute(telemetry.ERROR_TYPE, outcome.code or outcome.status)
+        span.set_status(StatusCode.ERROR, outcome.error[:500])
+    elif content:
+        span.set_attribute(telemetry.GEN_AI_TOOL_CALL_RESULT, _cut(outcome.content))
+    span.end()
+    return outcome
 
 
 __all__ = [

@@ -274,3 +274,73 @@ def test_the_tenant_stamp_keeps_a_span_s_own_tenant_and_stamps_the_others():
     assert library.attributes["tenant.id"] == 9
     assert dict(platform.attributes) == {"tenant.id": 5, "gen_ai.operation.name": "chat"}
     assert list(platform.attributes) == ["tenant.id", "gen_ai.operation.name"]
+
+
+def test_a_platform_span_follows_the_provider_s_sampler_and_its_parent():
+    """``start_platform_span`` (the ``chat`` and ``execute_tool`` spans, made without the SDK's
+    live span) decides as ``Tracer.start_span`` does: the provider's sampler, the parent's trace
+    id and sampled flag, an unsampled span exported by nothing but still the current span of
+    its children (which are then unsampled too)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+
+    for sampler, exported in ((None, True), (ParentBased(ALWAYS_OFF), False), (TraceIdRatioBased(0.0), False)):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=sampler) if sampler else TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        telemetry.enable(provider)
+        try:
+            with telemetry.tracer().start_as_current_span("invoke_agent a") as root:
+                span = telemetry.start_platform_span("execute_tool t", trace.SpanKind.INTERNAL, {"tenant.id": 3})
+                token = telemetry.attach_span(span)
+                with telemetry.tracer().start_as_current_span("invoke_agent sub") as child:
+                    carrier = {}
+                    inject(carrier)
+                telemetry.detach(token)
+                span.set_status(trace.StatusCode.ERROR, "boom")
+                span.end()
+            assert trace.get_current_span() is trace.INVALID_SPAN  # detached
+        finally:
+            telemetry.disable()
+        finished = {s.name: s for s in exporter.get_finished_spans()}
+        assert carrier.get("traceparent", "").split("-")[1:3] == [
+            format(root.get_span_context().trace_id, "032x"), format(child.get_span_context().span_id, "016x")]
+        assert span.context.trace_id == root.get_span_context().trace_id
+        assert span.context.trace_flags.sampled is exported
+        assert child.get_span_context().trace_flags.sampled is exported
+        if not exported:
+            assert finished == {}
+            continue
+        tool = finished["execute_tool t"]
+        assert tool.parent.span_id == root.get_span_context().span_id
+        assert finished["invoke_agent sub"].parent.span_id == span.context.span_id
+        assert tool.kind is trace.SpanKind.INTERNAL and dict(tool.attributes) == {"tenant.id": 3}
+        assert tool.status.status_code is trace.StatusCode.ERROR and tool.status.description == "boom"
+        assert tool.instrumentation_scope.name == "agent_platform"
+        assert tool.instrumentation_scope.schema_url == telemetry.SCHEMA_URL
+        assert tool.resource is provider.resource
+        assert tool.start_time <= tool.end_time
+        assert list(finished) == ["invoke_agent sub", "execute_tool t", "invoke_agent a"]
+
+
+def test_a_platform_span_applies_the_attribute_value_length_limit(monkeypatch):
+    """``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` cuts a platform span's string values as the SDK
+    cuts its own spans'; a root platform span starts a trace of its own."""
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.enable(provider)
+    try:
+        span = telemetry.start_platform_span("chat m", trace.SpanKind.CLIENT, {"gen_ai.input.messages": "abcdefgh",
+                                                                             "gen_ai.usage.input_tokens": 123456789,
+                                                                             "reasons": ("stop",)}, start_time=1000)
+        span.end(end_time=2000)
+    finally:
+        telemetry.disable()
+    [chat] = exporter.get_finished_spans()
+    assert dict(chat.attributes) == {"gen_ai.input.messages": "abcde", "gen_ai.usage.input_tokens": 123456789,
+                                     "reasons": ("stop",)}
+    assert chat.parent is None and chat.context.trace_id != 0
+    assert (chat.start_time, chat.end_time) == (1000, 2000)
+    with pytest.raises(RuntimeError, match="tracing is off"):
+        telemetry.start_platform_span("chat m", trace.SpanKind.CLIENT, {})
