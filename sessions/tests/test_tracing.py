@@ -342,5 +342,14 @@ def test_a_platform_span_applies_the_attribute_value_length_limit(monkeypatch):
                                      "reasons": ("stop",)}
     assert chat.parent is None and chat.context.trace_id != 0
     assert (chat.start_time, chat.end_time) == (1000, 2000)
+    # The OTLP exporter encodes it as it encodes the SDK's spans.
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    [resource_spans] = encode_spans([chat]).resource_spans
+    [encoded] = resource_spans.scope_spans[0].spans
+    assert resource_spans.scope_spans[0].scope.name == "agent_platform"
+    assert encoded.name == "chat m" and encoded.kind == 3  # SPAN_KIND_CLIENT
+    assert encoded.trace_id == chat.context.trace_id.to_bytes(16, "big")
+    assert {a.key: a.value for a in encoded.attributes}["gen_ai.input.messages"].string_value == "abcde"
     with pytest.raises(RuntimeError, match="tracing is off"):
         telemetry.start_platform_span("chat m", trace.SpanKind.CLIENT, {})
