@@ -135,13 +135,15 @@ def configure(*, service_name: str, tenant_of: Callable[[], int | None] | None =
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     if protocol != "http/protobuf":
         logger.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; exporting over http/protobuf", protocol)
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    processors = SynchronousMultiSpanProcessor()
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
+                              active_span_processor=processors)
     if tenant_of is not None:
         provider.add_span_processor(TenantSpanProcessor(tenant_of))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -151,7 +153,7 @@ def configure(*, service_name: str, tenant_of: Callable[[], int | None] | None =
 
         statement_spans = settings.TRACING_STATEMENT_SPANS
     instrument_libraries(statement_spans=statement_spans)
-    enable(provider)
+    enable(provider, processors)
     logger.info("tracing on: OTLP/HTTP to %s", os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     return True
@@ -181,12 +183,22 @@ def instrument_libraries(*, statement_spans: bool = False) -> None:
         _statements_instrumented = True
 
 
-def enable(provider: Any) -> None:
+def enable(provider: Any, span_processor: SpanProcessor) -> None:
     """Trace the platform's spans through ``provider`` (an SDK ``TracerProvider``) and turn
-    :data:`TRACING` on. :func:`configure` calls it; tests call it with an in-memory exporter."""
+    :data:`TRACING` on. :func:`configure` calls it; tests call it with an in-memory exporter.
+
+    Args:
+        provider: Makes the ``invoke_agent`` spans and gives the per-turn spans
+            (:class:`PlatformSpan`) its sampler, id generator and resource.
+        span_processor: Where the per-turn spans go when they end: the provider's own span
+            processors, i.e. the ``SynchronousMultiSpanProcessor`` it was made with
+            (``TracerProvider(active_span_processor=...)``, as :func:`configure` makes it), or
+            its one processor when it has one (the SDK has no public reader for a provider's
+            processors).
+    """
     global TRACING, _tracer, _recorder
     _tracer = provider.get_tracer(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL)
-    _recorder = _Recorder(provider)
+    _recorder = _Recorder(provider, span_processor)
     TRACING = True
 
 
@@ -214,21 +226,20 @@ def tracer() -> Any:
 
 class _Recorder:
     """What :class:`PlatformSpan` takes from the provider, read once in :func:`enable`: its
-    sampler, id generator, resource and span processors (``_active_span_processor``, the
-    processors ``add_span_processor`` added: the SDK has no public reader for them), and the
+    sampler, id generator and resource, the span processor given to :func:`enable`, and the
     attribute value length limit (``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`` or
     ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``, ``None``: no limit)."""
 
     __slots__ = ("ids", "processor", "resource", "sampler", "scope", "value_limit")
 
-    def __init__(self, provider: Any) -> None:
+    def __init__(self, provider: Any, processor: SpanProcessor) -> None:
         from opentelemetry.sdk.trace import SpanLimits
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.sampler = provider.sampler
         self.ids = provider.id_generator
         self.resource = provider.resource
-        self.processor = provider._active_span_processor  # noqa: SLF001 - see the docstring
+        self.processor = processor
         self.scope = InstrumentationScope(INSTRUMENTATION_NAME, None, SCHEMA_URL)
         self.value_limit = SpanLimits().max_span_attribute_length
 

@@ -67,6 +67,7 @@ class TracingMode:
         self.mode = mode
         self.exporter: _CountingExporter | None = None
         self.provider: Any = None
+        self.processors: Any = None
         self.cpu_seconds = 0.0
         self.loop_thread_seconds = 0.0
         self.gc_collections = [0, 0, 0]
@@ -84,21 +85,22 @@ class TracingMode:
         if self.mode == "off":
             return
         from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         from agent_platform import telemetry
         from tenants.context import current_tenant_id
 
         self.exporter = _CountingExporter()
-        self.provider = TracerProvider()
+        self.processors = SynchronousMultiSpanProcessor()
+        self.provider = TracerProvider(active_span_processor=self.processors)
         # As telemetry.configure() sets it up: the tenant stamp, then the batch processor.
         self.provider.add_span_processor(telemetry.TenantSpanProcessor(current_tenant_id))
         self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
         trace.set_tracer_provider(self.provider)
         # As configure() does: Django, Celery and httpx; psycopg and redis with TRACING_STATEMENT_SPANS.
         telemetry.instrument_libraries(statement_spans=self.mode == "on-libraries")
-        telemetry.enable(self.provider)
+        telemetry.enable(self.provider, self.processors)
 
     def run_mode(self) -> str:
         """The mode the next (or current) run runs in: with ``alternate``, ``warm-up`` (spans on)
@@ -113,7 +115,7 @@ class TracingMode:
             from agent_platform import telemetry
 
             if self.run_mode() in ("on", "warm-up"):
-                telemetry.enable(self.provider)
+                telemetry.enable(self.provider, self.processors)
             else:
                 telemetry.disable()
         self._run_started = time.process_time()
@@ -146,7 +148,7 @@ class TracingMode:
         if self.mode == "alternate":
             from agent_platform import telemetry
 
-            telemetry.enable(self.provider)  # on_path_costs() needs the tracer
+            telemetry.enable(self.provider, self.processors)  # on_path_costs() needs the tracer
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         """``gc.callbacks`` hook: each collection's generation and CPU (of the collecting thread)."""

@@ -254,8 +254,9 @@ def spans():
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry.enable(provider)
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    telemetry.enable(provider, processor)
     tracing._content_cache.clear()
     try:
         yield exporter

@@ -32,8 +32,9 @@ def spans():
     """The platform's spans of the test, in end order (tracing on with an in-memory exporter)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry.enable(provider)
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    telemetry.enable(provider, processor)
     tracing._content_cache.clear()
     try:
         yield exporter
@@ -286,8 +287,9 @@ def test_a_platform_span_follows_the_provider_s_sampler_and_its_parent():
     for sampler, exported in ((None, True), (ParentBased(ALWAYS_OFF), False), (TraceIdRatioBased(0.0), False)):
         exporter = InMemorySpanExporter()
         provider = TracerProvider(sampler=sampler) if sampler else TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        telemetry.enable(provider)
+        processor = SimpleSpanProcessor(exporter)
+        provider.add_span_processor(processor)
+        telemetry.enable(provider, processor)
         try:
             with telemetry.tracer().start_as_current_span("invoke_agent a") as root:
                 span = telemetry.start_platform_span("execute_tool t", trace.SpanKind.INTERNAL, {"tenant.id": 3})
@@ -328,8 +330,9 @@ def test_a_platform_span_applies_the_attribute_value_length_limit(monkeypatch):
     monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry.enable(provider)
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    telemetry.enable(provider, processor)
     try:
         span = telemetry.start_platform_span("chat m", trace.SpanKind.CLIENT, {"gen_ai.input.messages": "abcdefgh",
                                                                              "gen_ai.usage.input_tokens": 123456789,
