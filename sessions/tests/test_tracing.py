@@ -356,3 +356,31 @@ def test_a_platform_span_applies_the_attribute_value_length_limit(monkeypatch):
     assert {a.key: a.value for a in encoded.attributes}["gen_ai.input.messages"].string_value == "abcde"
     with pytest.raises(RuntimeError, match="tracing is off"):
         telemetry.start_platform_span("chat m", trace.SpanKind.CLIENT, {})
+
+
+@pytest.mark.parametrize("raised, attribute", [
+    (ValueError("bug below"), ("agent_platform.tool_call.raised", "ValueError")),
+    (asyncio.CancelledError(), ("error.type", "cancelled")),
+])
+async def test_a_tool_call_that_raises_still_ends_its_span_and_restores_the_context(spans, raised, attribute):
+    """An ``execute_tool`` span whose call raises (a pause for a human, a cancellation, a bug)
+    is ended and exported with what happened, and the caller's current span is current again."""
+    from types import SimpleNamespace
+
+    class Raising:
+        async def call_tool(self, call):
+            assert trace.get_current_span().get_span_context().span_id != outer.get_span_context().span_id
+            raise raised
+
+    tracing._content_cache[4] = (float("inf"), False)
+    call = SimpleNamespace(name="lookup", origin=None, arguments={"q": "x"},
+                           context=SimpleNamespace(tool_call_id=11, tenant_id=4, run_id=5, session_id=6))
+    with telemetry.tracer().start_as_current_span("invoke_agent a") as outer:
+        with pytest.raises(type(raised)):
+            await tracing.TracingToolset(Raising()).call_tool(call)
+        assert trace.get_current_span() is outer
+    tool = _by_name(spans.get_finished_spans())["execute_tool lookup"]
+    assert tool.parent.span_id == outer.get_span_context().span_id
+    assert tool.attributes[attribute[0]] == attribute[1]
+    assert tool.attributes["tenant.id"] == 4 and tool.attributes["gen_ai.tool.call.id"] == "11"
+    assert tool.end_time >= tool.start_time
