@@ -303,14 +303,14 @@ async def _traced_call(wrapped: Any, call: ToolInvocation) -> ToolOutcome:
     try:
         outcome = await wrapped.call_tool(call)
     except BaseException as exc:
-        telemetry.detach(token)
         if isinstance(exc, asyncio.CancelledError):
             span.set_attribute(telemetry.ERROR_TYPE, "cancelled")
         elif isinstance(exc, Exception):  # a wait for a human (approval, question, sub-run) or a bug below
             span.set_attribute("agent_platform.tool_call.raised", type(exc).__name__)
         span.end()
         raise
-    telemetry.detach(token)
+    finally:
+        telemetry.detach(token)
     if outcome.status != SUCCEEDED:
         span.set_attribute(telemetry.ERROR_TYPE, outcome.code or outcome.status)
         span.set_status(StatusCode.ERROR, outcome.error[:500])

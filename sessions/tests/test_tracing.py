@@ -27,14 +27,19 @@ from tenants.models import Tenant
 runs = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def spans():
-    """The platform's spans of the test, in end order (tracing on with an in-memory exporter)."""
+def _tracing_to_memory(provider):
+    """Tracing on through ``provider`` to a new in-memory exporter: ``(exporter, provider)``."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
     processor = SimpleSpanProcessor(exporter)
     provider.add_span_processor(processor)
     telemetry.enable(provider, processor)
+    return exporter, provider
+
+
+@pytest.fixture
+def spans():
+    """The platform's spans of the test, in end order (tracing on with an in-memory exporter)."""
+    exporter, _ = _tracing_to_memory(TracerProvider())
     tracing._content_cache.clear()
     try:
         yield exporter
@@ -285,11 +290,7 @@ def test_a_platform_span_follows_the_provider_s_sampler_and_its_parent():
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
     for sampler, exported in ((None, True), (ParentBased(ALWAYS_OFF), False), (TraceIdRatioBased(0.0), False)):
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider(sampler=sampler) if sampler else TracerProvider()
-        processor = SimpleSpanProcessor(exporter)
-        provider.add_span_processor(processor)
-        telemetry.enable(provider, processor)
+        exporter, provider = _tracing_to_memory(TracerProvider(sampler=sampler) if sampler else TracerProvider())
         try:
             with telemetry.tracer().start_as_current_span("invoke_agent a") as root:
                 span = telemetry.start_platform_span("execute_tool t", trace.SpanKind.INTERNAL, {"tenant.id": 3})
@@ -328,11 +329,7 @@ def test_a_platform_span_applies_the_attribute_value_length_limit(monkeypatch):
     """``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` cuts a platform span's string values as the SDK
     cuts its own spans'; a root platform span starts a trace of its own."""
     monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    telemetry.enable(provider, processor)
+    exporter, _ = _tracing_to_memory(TracerProvider())
     try:
         span = telemetry.start_platform_span("chat m", trace.SpanKind.CLIENT, {"gen_ai.input.messages": "abcdefgh",
                                                                              "gen_ai.usage.input_tokens": 123456789,
