@@ -228,6 +228,26 @@ def test_admin_tries_an_agent_in_the_playground(world, fake_llm, celery_worker, 
     assert session.user_id == world.admin.pk  # the admin's own session, through their membership
 
 
+def test_the_playground_form_is_disabled_until_its_script_runs(world, live_server_url):
+    """A message typed before the deferred script attached its handlers went nowhere (Enter
+    put a newline in the box; CI caught it once): the form is rendered disabled and the script
+    enables it, so a user (or Playwright's ``fill``) waits for a form that works."""
+    from playwright.sync_api import expect
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"], name="Slow page agent")
+    url = live_server_url + f"/admin/agents/agentinstance/{agent.pk}/playground/"
+    with open_page() as page:
+        log_in(page, live_server_url, world.admin.username)
+        page.route("**/console/playground.js*", lambda route: route.abort())
+        page.goto(url)
+        for test_id in ("playground-input", "playground-send", "playground-new"):
+            expect(page.get_by_test_id(test_id)).to_be_disabled()
+        page.unroute("**/console/playground.js*")
+        page.goto(url)
+        for test_id in ("playground-input", "playground-send", "playground-new"):
+            expect(page.get_by_test_id(test_id)).to_be_enabled()
+
+
 def test_admin_binds_tools_with_the_setup_helpers(world, other_world, live_server_url):
     from playwright.sync_api import expect
 

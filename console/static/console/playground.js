@@ -219,4 +219,10 @@
     setBusy(false, "New conversation.");
     input.focus();
   });
+
+  // The form is rendered disabled: it works only once the handlers above are attached (a
+  // message typed before this deferred script ran would otherwise go nowhere).
+  input.disabled = false;
+  send.disabled = false;
+  document.getElementById("pg-new").disabled = false;
 })();
