@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -111,16 +112,30 @@ def _live_event(message: dict[str, Any]) -> Event:
     return Event(message["seq"], frame_text(message["seq"], message["body"]))
 
 
+def first_due(period: float, draw: float) -> float:
+    """Seconds from a reader's start to the first of a timed task done every ``period``
+    seconds: ``period × (0.5 + draw / 2)``, so in [period / 2, period) for ``draw`` in [0, 1).
+
+    Each reader draws its own phase (:class:`_Deadlines`), so readers opened together (every
+    client of a restarted web process reconnecting at once, a benchmark's clients) do not all
+    re-check their credential (a database query each), read the stream and ping in the same
+    instant every period. Together, 600 streams' re-checks stalled the web process's loop:
+    tokens then reached clients 0.5 s late (bench/README.md, "Timed work spread"). Never later
+    than ``period``, so the bounds the periods promise hold."""
+    return period * (0.5 + draw / 2)
+
+
 class _Deadlines:
-    """When the next ping, catch-up read and credential re-check are due (loop time)."""
+    """When the next ping, catch-up read and credential re-check are due (loop time); the first
+    of each at :func:`first_due` of its period, then every period."""
 
     __slots__ = ("loop", "ping", "catch_up", "recheck")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        now = loop.time()
-        self.ping, self.catch_up = now + PING_SECONDS, now + CATCH_UP_SECONDS
-        self.recheck = now + stream_guard.AUTH_RECHECK_SECONDS
+        now, draw = loop.time(), random.random()
+        self.ping, self.catch_up = now + first_due(PING_SECONDS, draw), now + first_due(CATCH_UP_SECONDS, draw)
+        self.recheck = now + first_due(stream_guard.AUTH_RECHECK_SECONDS, draw)
 
     def earliest(self) -> float:
         return min(self.ping, self.catch_up, self.recheck)
@@ -154,6 +169,8 @@ class SessionEventReader:
         self._stopper: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the reader for the timed work
         self._timer_due = False
+        self._recheck: asyncio.Future[bool] | None = None  # the credential re-check in flight
+        self._failure: BaseException | None = None  # a re-check that raised: out of the iteration
 
     # --- the client's signals ----------------------------------------------------------------
 
@@ -170,6 +187,18 @@ class SessionEventReader:
         if self.credential.token_id is not None and message.get("token_id") == self.credential.token_id:
             self._end_with("unauthenticated")
         elif self._session_digest is not None and message.get("session") == self._session_digest:
+            self._end_with("unauthenticated")
+
+    def _on_rechecked(self, recheck: asyncio.Future[bool]) -> None:
+        """A re-check is done: a credential that no longer authenticates ends the stream, an
+        error ends the iteration (raised from it), a valid one changes nothing."""
+        self._recheck = None
+        if recheck.cancelled():
+            return
+        if (error := recheck.exception()) is not None:
+            self._failure = error
+            self._wake.set()
+        elif not recheck.result():
             self._end_with("unauthenticated")
 
     def _end_with(self, reason: CloseReason) -> None:
@@ -200,6 +229,8 @@ class SessionEventReader:
         freed is logged: its lease expires by itself)."""
         if self._stopper is not None:
             self._stopper.cancel()
+        if self._recheck is not None:
+            self._recheck.cancel()
         joined, self._joined = self._joined, []
         for channel, listener in joined:
             live_leave(channel, listener)
@@ -225,7 +256,7 @@ class SessionEventReader:
         self._timer_at(deadlines)
         try:
             while True:
-                if not self._pending and self._end is None and not self._timer_due:
+                if not self._pending and self._end is None and not self._timer_due and self._failure is None:
                     self._wake.clear()
                     await self._wake.wait()
                 for item in self._in_order() or await self._next(deadlines):
@@ -235,6 +266,8 @@ class SessionEventReader:
         finally:
             if self._timer is not None:
                 self._timer.cancel()
+            if self._recheck is not None:
+                self._recheck.cancel()
 
     def _in_order(self) -> list[Item]:
         """The pending live frames that come next in ``seq`` order, taken without awaiting
@@ -242,7 +275,7 @@ class SessionEventReader:
         done first (the end, timed work, a gap, a duplicate, a restored subscription)."""
         items: list[Item] = []
         pending = self._pending
-        if self._end is not None or self._timer_due:
+        if self._end is not None or self._timer_due or self._failure is not None:
             return items
         while pending and pending[0] is not None and pending[0].get("seq") == self.last_seq + 1:
             message = pending.popleft()
@@ -261,7 +294,9 @@ class SessionEventReader:
 
     async def _next(self, deadlines: _Deadlines) -> list[Item]:
         """The items of a wake-up :meth:`_in_order` left: the end, or the events the live
-        messages bring (in order) and the timed work if it is due."""
+        messages bring (in order) and the timed work if it is due. Raises what a re-check raised."""
+        if self._failure is not None:
+            raise self._failure
         if self._end is not None:
             return [Closed(self._end)]
         items = await self._drained() if self._pending else []
@@ -308,13 +343,20 @@ class SessionEventReader:
         return found
 
     async def _due(self, deadlines: _Deadlines) -> list[Item]:
-        """The timed work that is due: the re-check (a :class:`Closed` if it fails), the
-        catch-up read, the ping (the slot renewed first)."""
+        """The timed work that is due: the re-check started (not awaited: see below), the
+        catch-up read, the ping (the slot renewed first).
+
+        The re-check (a database query, run on a thread from the process's connection pool)
+        goes on beside the reading, one at a time, and ends the stream when it is done
+        (:meth:`_on_rechecked`). Awaited here, it held back every frame of the stream until a
+        pool connection was free: behind a burst of requests that held them all, tokens
+        reached clients seconds late (bench/README.md, "Timed work spread")."""
         now = deadlines.loop.time()
         if now >= deadlines.recheck:
             deadlines.recheck = now + stream_guard.AUTH_RECHECK_SECONDS
-            if not await stream_guard.credential_valid(self.credential):
-                return [Closed("unauthenticated")]
+            if self._recheck is None:
+                self._recheck = asyncio.ensure_future(stream_guard.credential_valid(self.credential))
+                self._recheck.add_done_callback(self._on_rechecked)
         items: list[Item] = []
         if now >= deadlines.catch_up:
             deadlines.catch_up = now + CATCH_UP_SECONDS

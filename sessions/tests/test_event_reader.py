@@ -253,3 +253,65 @@ async def test_a_failed_read_of_the_stream_propagates(slots, monkeypatch) -> Non
             await _next(items)  # the replay's read
     finally:
         await reader.close()
+
+
+async def test_frames_flow_while_a_recheck_waits_for_the_database(slots, monkeypatch) -> None:
+    """The re-check goes on beside the reading: a check stuck behind a busy connection pool
+    does not hold the stream's frames back (it did: tokens seconds late under a burst of
+    requests), and its answer ends the stream once it comes."""
+    answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    checks: list[StreamCredential] = []
+
+    async def slow(credential: StreamCredential) -> bool:
+        checks.append(credential)
+        return await answer
+
+    monkeypatch.setattr(stream_guard, "AUTH_RECHECK_SECONDS", 0.1)
+    monkeypatch.setattr(stream_guard, "credential_valid", slow)
+    session_id = _session_id()
+    reader = _reader(session_id)
+    await reader.open()
+    items = aiter(reader)
+    try:
+        await _first_live(items, session_id)
+        await asyncio.sleep(0.3)  # due at least twice: one check in flight, not one per period
+        assert checks == [reader.credential]
+        live = await _publish(session_id, "while checking")
+        got = await _next(items, timeout=1)
+        assert got.seq == live["seq"]
+        answer.set_result(False)
+        ended = await _next(items, timeout=3)
+        assert isinstance(ended, Closed) and ended.reason == "unauthenticated"
+    finally:
+        await reader.close()
+
+
+async def test_a_recheck_that_raises_propagates(slots, monkeypatch) -> None:
+    async def broken(credential: StreamCredential) -> bool:
+        raise ConnectionError("the database is gone")
+
+    monkeypatch.setattr(stream_guard, "AUTH_RECHECK_SECONDS", 0.1)
+    monkeypatch.setattr(stream_guard, "credential_valid", broken)
+    reader = _reader(_session_id())
+    await reader.open()
+    items = aiter(reader)
+    try:
+        with pytest.raises(ConnectionError, match="the database is gone"):
+            await _next(items, timeout=3)
+    finally:
+        await reader.close()
+
+
+def test_timed_work_of_readers_opened_together_is_spread_over_half_a_period() -> None:
+    """Each reader's first ping, catch-up and re-check at period × [0.5, 1): readers opened
+    in the same instant do not all query the database in the same instant every period."""
+    assert event_reader.first_due(15.0, 0.0) == 7.5
+    assert event_reader.first_due(15.0, 0.999) < 15.0
+    loop = asyncio.new_event_loop()
+    try:
+        firsts = [event_reader._Deadlines(loop).recheck - loop.time() for _ in range(200)]
+    finally:
+        loop.close()
+    period = stream_guard.AUTH_RECHECK_SECONDS
+    assert all(period / 2 - 0.5 <= f <= period for f in firsts)
+    assert max(firsts) - min(firsts) > period / 4, "spread, not all at one instant"
