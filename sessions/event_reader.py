@@ -119,9 +119,8 @@ def first_due(period: float, draw: float) -> float:
     Each reader draws its own phase (:class:`_Deadlines`), so readers opened together (every
     client of a restarted web process reconnecting at once, a benchmark's clients) do not all
     re-check their credential (a database query each), read the stream and ping in the same
-    instant every period. Together, 600 streams' re-checks stalled the web process's loop:
-    tokens then reached clients 0.5 s late (bench/README.md, "Timed work spread"). Never later
-    than ``period``, so the bounds the periods promise hold."""
+    instant of every period (bench/README.md, "Timed work spread"). Never later than
+    ``period``, so the bounds the periods promise hold."""
     return period * (0.5 + draw / 2)
 
 
