@@ -7,12 +7,18 @@ Errors that never reach a DRF view are put in the same shape by :class:`ApiError
 for every path under ``/api/``: a URL no route matches (``/api/v1/sessions/-1/``) is a JSON
 404, a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` a JSON 413, a crash a JSON 500 (never
 Django's HTML or debug pages).
+
+A request that found no database connection free in the process's pool within its timeout
+(``DB_POOL_MAX_SIZE`` connections, 30 s: a burst of requests larger than the process can
+serve) is a 503 with ``Retry-After`` (:data:`BUSY_RETRY_AFTER_SECONDS`), not a 500: nothing
+is wrong with the request, and the client can send it again.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
+import psycopg_pool
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
@@ -44,6 +50,21 @@ class NotFound(ApplicationError):
     status_code = status.HTTP_404_NOT_FOUND
 
 
+BUSY_RETRY_AFTER_SECONDS: Final[int] = 5
+"""``Retry-After`` of a 503 for an exhausted database pool (seconds)."""
+
+
+def _pool_exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database pool's timeout (psycopg_pool's ``PoolTimeout``, as
+    Django raises it: an ``OperationalError`` caused by it)."""
+    return isinstance(exc, psycopg_pool.PoolTimeout) or isinstance(exc.__cause__, psycopg_pool.PoolTimeout)
+
+
+def _busy_body() -> dict[str, Any]:
+    return {"message": "The server is busy: no database connection was free in time. Send the request again shortly.",
+            "extra": {"retry_after_seconds": BUSY_RETRY_AFTER_SECONDS}}
+
+
 def _too_big_body() -> dict[str, Any]:
     return {"message": "Request body too large.",
             "extra": {"max_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE}}
@@ -55,11 +76,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     ApplicationError → its status; ProtectedError/RestrictedError → 409 (``extra.used_by``);
     Django/DRF ValidationError → 400 (``extra.fields``: field → messages); a body over
     ``DATA_UPLOAD_MAX_MEMORY_SIZE`` → 413 (``extra.max_bytes``); Http404/PermissionDenied and
-    DRF's own exceptions (401, 403, 404, 405, 415, 429, ...) → their status with ``extra`` {}.
+    DRF's own exceptions (401, 403, 404, 405, 415, 429, ...) → their status with ``extra`` {};
+    an exhausted database pool → 503 with ``Retry-After`` (``extra.retry_after_seconds``).
     Anything else returns None (Django's 500, shaped by :class:`ApiErrorShapeMiddleware`).
     """
     if isinstance(exc, RequestDataTooBig):
         return Response(_too_big_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    if _pool_exhausted(exc):
+        return Response(_busy_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                        headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)})
     if isinstance(exc, ApplicationError):
         return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
     if isinstance(exc, (ProtectedError, RestrictedError)):
@@ -139,7 +164,14 @@ class ApiErrorShapeMiddleware:
         return api_error_response(request, await self.get_response(request))
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponseBase | None:
-        """A view's ``RequestDataTooBig`` → JSON 413 (Django would answer an HTML 400)."""
-        if request.path.startswith(API_PATH_PREFIX) and isinstance(exception, RequestDataTooBig):
+        """A view's ``RequestDataTooBig`` → JSON 413 (Django would answer an HTML 400); an
+        exhausted database pool → JSON 503 with ``Retry-After`` (Django: a 500)."""
+        if not request.path.startswith(API_PATH_PREFIX):
+            return None
+        if isinstance(exception, RequestDataTooBig):
             return JsonResponse(_too_big_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        if _pool_exhausted(exception):
+            busy = JsonResponse(_busy_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)
+            busy["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
+            return busy
         return None

@@ -2,7 +2,7 @@
 
 - :func:`add_error_responses` (``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``) documents
   the ``{message, extra}`` error answers (component ``Error``) on every ``/api/v1/``
-  operation: 400, 401, 403, 404 and 429 everywhere, 413 and 415 where a body is sent, 409 on
+  operation: 400, 401, 403, 404, 429 and 503 everywhere, 413 and 415 where a body is sent, 409 on
   writes (an object in use, a state conflict).
 - :func:`paginated` names the page object ``{count, next, previous, results}`` that
   ``PageNumberPagination`` answers, for views that paginate by hand.
@@ -37,8 +37,10 @@ _DESCRIPTIONS = {
     "413": "Request body larger than DATA_UPLOAD_MAX_MEMORY_SIZE (extra.max_bytes).",
     "415": "Unsupported request content type.",
     "429": "Throttled; see the Retry-After header.",
+    "503": "The server is too busy to take the request (no database connection free in time); "
+           "send it again after the Retry-After header's seconds.",
 }
-_ALWAYS = ("400", "401", "403", "404", "429")
+_ALWAYS = ("400", "401", "403", "404", "429", "503")
 _WITH_BODY = ("413", "415")
 _WRITES = ("409",)
 

@@ -116,3 +116,51 @@ def test_an_unhandled_exception_under_api_is_a_json_500(world, monkeypatch):
     assert body == {"message": "Internal server error.", "extra": {}}
     # the crashed view left neither its tenant scope nor its audit context behind
     assert current_scope() == scope_before and current_audit_context() is None
+
+
+def _pool_timeout():
+    """What Django raises when the connection pool has nothing free within its timeout: an
+    OperationalError caused by psycopg_pool's PoolTimeout (through ``wrap_database_errors``)."""
+    import psycopg_pool
+    from django.db import connection
+
+    with connection.wrap_database_errors:
+        raise psycopg_pool.PoolTimeout("couldn't get a connection after 30.00 sec")
+
+
+@pytest.mark.django_db
+def test_an_exhausted_database_pool_is_a_503_with_retry_after(world, monkeypatch):
+    """A burst bigger than the process's pool: the request is fine, the server is busy. A 503
+    the client may send again (DRF views, and plain views under /api/ such as the SSE stream),
+    not a 500; other errors stay 500s."""
+    from django.db import OperationalError
+
+    from sessions import sse
+    from tenants.api import views
+
+    def busy(self, request):
+        _pool_timeout()
+
+    with pytest.raises(OperationalError):
+        _pool_timeout()
+    monkeypatch.setattr(views.AuthMeApi, "get", busy)
+    client = world.client()
+    client.raise_request_exception = False
+    response = client.get("/api/v1/auth/me/")
+    body = _assert_error_shape(response, 503)
+    assert response["Retry-After"] == "5" and body["extra"] == {"retry_after_seconds": 5}
+    assert "busy" in body["message"]
+
+    async def authorize_busy(request, session_id):
+        _pool_timeout()
+
+    monkeypatch.setattr(sse, "_authorize", authorize_busy)
+    response = client.get("/api/v1/sessions/1/events", HTTP_ACCEPT="text/event-stream")
+    _assert_error_shape(response, 503)
+    assert response["Retry-After"] == "5"
+
+    def other_database_error(self, request):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(views.AuthMeApi, "get", other_database_error)
+    _assert_error_shape(client.get("/api/v1/auth/me/"), 500)
