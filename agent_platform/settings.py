@@ -187,6 +187,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",  # a locked-out login attempt answers 429 (tenants/lockout.py)
+    # Last: the chain above runs sync, in the request's thread, under ASGI too (one thread
+    # hand-off instead of two per middleware; agent_platform/middleware_chain.py).
+    "agent_platform.middleware_chain.SyncChainEnd",
 ]
 
 ROOT_URLCONF = "agent_platform.urls"
