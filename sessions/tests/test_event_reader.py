@@ -9,6 +9,7 @@ ends (a revoked token, a failed re-check, the process stopping). The transports'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 
@@ -60,6 +61,18 @@ async def _publish_unseen(session_id: int, text: str) -> int:
     payload = json.dumps(event_body(session_id=session_id, run_id=None, type="content_token", data={"text": text}))
     keys = session_keys(session_id)
     return int(await async_redis().eval(_PUBLISH_LUA, 3, *keys, f"{keys[0]}:nobody", payload, 2000, 3600))
+
+
+@contextlib.asynccontextmanager
+async def _reading():
+    """A reader of a new session, opened: ``(session_id, reader, its iterator)``; closed after."""
+    session_id = _session_id()
+    reader = _reader(session_id)
+    await reader.open()
+    try:
+        yield session_id, reader, aiter(reader)
+    finally:
+        await reader.close()
 
 
 async def _next(items, timeout: float = 5.0):
@@ -268,22 +281,15 @@ async def test_frames_flow_while_a_recheck_waits_for_the_database(slots, monkeyp
 
     monkeypatch.setattr(stream_guard, "AUTH_RECHECK_SECONDS", 0.1)
     monkeypatch.setattr(stream_guard, "credential_valid", slow)
-    session_id = _session_id()
-    reader = _reader(session_id)
-    await reader.open()
-    items = aiter(reader)
-    try:
+    async with _reading() as (session_id, reader, items):
         await _first_live(items, session_id)
         await asyncio.sleep(0.3)  # due at least twice: one check in flight, not one per period
         assert checks == [reader.credential]
         live = await _publish(session_id, "while checking")
-        got = await _next(items, timeout=1)
-        assert got.seq == live["seq"]
+        assert (await _next(items, timeout=1)).seq == live["seq"]
         answer.set_result(False)
         ended = await _next(items, timeout=3)
         assert isinstance(ended, Closed) and ended.reason == "unauthenticated"
-    finally:
-        await reader.close()
 
 
 async def test_a_recheck_that_raises_propagates(slots, monkeypatch) -> None:
@@ -292,14 +298,9 @@ async def test_a_recheck_that_raises_propagates(slots, monkeypatch) -> None:
 
     monkeypatch.setattr(stream_guard, "AUTH_RECHECK_SECONDS", 0.1)
     monkeypatch.setattr(stream_guard, "credential_valid", broken)
-    reader = _reader(_session_id())
-    await reader.open()
-    items = aiter(reader)
-    try:
+    async with _reading() as (_, _, items):
         with pytest.raises(ConnectionError, match="the database is gone"):
             await _next(items, timeout=3)
-    finally:
-        await reader.close()
 
 
 def test_timed_work_of_readers_opened_together_is_spread_over_half_a_period() -> None:
