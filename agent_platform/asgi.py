@@ -5,6 +5,7 @@ knowledge bases', :mod:`knowledge.mcp_server`; ``/mcp/agents/``, the agents',
 through :func:`agent_platform.shutdown.lifespan` (a stop ends the live streams first)."""
 
 import os
+import re
 
 from django.core.asgi import get_asgi_application
 
@@ -31,6 +32,7 @@ from browser.routing import websocket_urlpatterns as browser_websocket_urlpatter
 from knowledge import mcp_server as knowledge_mcp  # noqa: E402
 from sessions.api import mcp_agents  # noqa: E402
 from sessions.api.a2a import app as a2a  # noqa: E402
+from sessions.api.agent_runs import run_start_gate  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
 _session_sockets = BrowserOriginValidator(TenantWebsocketAuthMiddleware(URLRouter(websocket_urlpatterns)))
@@ -55,7 +57,19 @@ async def _http(scope, receive, send):
     # Each agent's A2A server: the a2a-sdk's Starlette routes (sessions/api/a2a/app.py).
     if a2a.handles(path):
         return await a2a.application(scope, receive, send)
+    # The chat app's POSTs that start a run take a turn of the same gate as the doors' starts.
+    if scope.get("method") == "POST" and RUN_STARTING_POST.match(path):
+        async with run_start_gate():
+            return await django_asgi_app(scope, receive, send)
     return await django_asgi_app(scope, receive, send)
+
+
+RUN_STARTING_POST = re.compile(r"^/api/v1/(?:sessions/\d+/(?:messages|regenerate|continue)|runs/\d+/(?:edit|retry))/$")
+"""The REST API's POSTs that start a run (sessions/api/urls.py). Each waits for a turn of
+:func:`sessions.api.agent_runs.run_start_gate` (``WEB_RUN_STARTS_MAX`` at once) before Django
+hands it to a thread: a burst of messages otherwise runs hundreds of request threads at once,
+all holding the GIL the event loop needs to deliver other runs' streamed tokens
+(bench/README.md, "The chat app's run starts through the gate")."""
 
 
 # lifespan: the stop signals end the live streams at once (agent_platform/shutdown.py).

@@ -500,11 +500,13 @@ RUN_HOST_GC_THRESHOLDS = _gc_thresholds("RUN_HOST_GC_THRESHOLDS", may_be_empty=F
 # The web process's garbage-collector thresholds, set with gc.freeze() once the ASGI app is
 # built (agent_platform/asgi.py); empty: CPython's defaults, nothing frozen.
 WEB_GC_THRESHOLDS = _gc_thresholds("WEB_GC_THRESHOLDS", may_be_empty=True)
-# Runs a web process starts at once for the OpenAI-compatible API and A2A (sessions/api/agent_runs.py:
-# run_start_gate); more wait their turn. Each start is ORM and cache work in a thread of its own,
-# holding the GIL the event loop needs to deliver streamed tokens: with 200 clients starting at
-# once on 2 cores, one at a time gave a token p95 of 38-43 ms, two 51-53 ms, no limit 115 ms,
-# the wall time ~12 % longer (bench/README.md). 0: no limit. The agents' MCP server has its own 4 threads.
+# Runs a web process starts at once (sessions/api/agent_runs.py: run_start_gate): the chat app's
+# POSTs that start a run (a message, regenerate, continue, edit, retry; agent_platform/asgi.py),
+# the OpenAI-compatible API and A2A; more wait their turn. Each start is ORM and cache work in a
+# thread of its own, holding the GIL the event loop needs to deliver streamed tokens: with 200
+# clients starting at once on 2 cores, one at a time gave a token p95 of 38-43 ms, two 51-53 ms,
+# no limit 115 ms, the wall time ~12 % longer; 600 messages posted at once, 34-38 ms against
+# 139-176 ms with no limit (bench/README.md). 0: no limit. The agents' MCP server has its own 4 threads.
 WEB_RUN_STARTS_MAX = int(os.environ.get("WEB_RUN_STARTS_MAX", "1"))
 # Threads that run the runner's ORM calls in a worker process (sessions/runner/database.py: a run's
 # claim and configuration, its end, approvals, compactions).

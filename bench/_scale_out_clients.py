@@ -13,6 +13,7 @@ records every event until each session has seen ``run_completed``/``run_failed``
 ``run_cancelled`` (or ``timeout`` seconds pass). Then prints one JSON line::
 
     {"latencies_ms": {"ws": [float, …], "sse": [float, …]},   # per streamed token
+     "written_at": {"ws": [float, …], "sse": [float, …]},     # when the model wrote it (epoch s)
      "sessions": {"<id>": {"seqs": [int, …], "tokens": int, "done": bool, "ended_at": float | null,
                             "end": "run_completed" | "run_failed" | "run_cancelled" | null}},
      "errors": [str, …]}
@@ -43,6 +44,7 @@ class _Follower:
         self.total = total
         self.sessions: dict[str, dict] = {}
         self.latencies: dict[str, list[float]] = {"ws": [], "sse": []}
+        self.written: dict[str, list[float]] = {"ws": [], "sse": []}
         self.errors: list[str] = []
         self.ready = asyncio.Event()
         self._opened = 0
@@ -64,9 +66,11 @@ class _Follower:
         if frame["type"] == "content_token":
             for token in frame["data"]["text"].split():
                 try:
-                    self.latencies[kind].append((now - float(token)) * 1000.0)
+                    written = float(token)
                 except ValueError:
                     continue
+                self.latencies[kind].append((now - written) * 1000.0)
+                self.written[kind].append(written)
                 rec["tokens"] += 1
         if frame["type"] in END_TYPES:
             rec["done"], rec["ended_at"], rec["end"] = True, now, frame["type"]
@@ -132,7 +136,8 @@ async def main() -> None:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    print(json.dumps({"latencies_ms": f.latencies, "sessions": f.sessions, "errors": f.errors}), flush=True)
+    print(json.dumps({"latencies_ms": f.latencies, "written_at": f.written, "sessions": f.sessions,
+                      "errors": f.errors}), flush=True)
 
 
 if __name__ == "__main__":

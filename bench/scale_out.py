@@ -49,7 +49,11 @@ Every process it starts is in its own process group and stopped (SIGTERM, then S
 its layout ends or the script fails; the queue is deleted then.
 
 Run: ``.venv/bin/python bench/scale_out.py [--n 600] [--layouts 1x1 2x3+beat] [--warmup 5]
-[--worker-concurrency K] [--tenants K] [--post-concurrency K] [--no-analyze] [--keep-logs]``
+[--worker-concurrency K] [--tenants K] [--post-concurrency K] [--no-analyze] [--keep-logs] [--timeline]``
+
+``--timeline`` also prints, per second of each reported round, the tokens the fake model wrote
+that second, their token → client p50/p95/max, and how many POSTs were answered: whether the
+tail falls while the messages arrive or later.
 """
 
 from __future__ import annotations
@@ -345,11 +349,13 @@ class Clients:
 
     def results(self) -> dict:
         """Every client process's report, merged (blocks until each is done)."""
-        merged: dict = {"latencies_ms": {"ws": [], "sse": []}, "sessions": {}, "errors": []}
+        merged: dict = {"latencies_ms": {"ws": [], "sse": []}, "written_at": {"ws": [], "sse": []}, "sessions": {},
+                        "errors": []}
         for proc in self.procs:
             out = json.loads(proc.stdout.readline())
-            for kind, xs in out["latencies_ms"].items():
-                merged["latencies_ms"][kind] += xs
+            for key in ("latencies_ms", "written_at"):
+                for kind, xs in out[key].items():
+                    merged[key][kind] += xs
             merged["sessions"].update(out["sessions"])
             merged["errors"] += out["errors"]
         return merged
@@ -384,8 +390,27 @@ def _lost(sessions: list[int], got: dict) -> tuple[int, int, int]:
     return missing, dup, tokens
 
 
+def print_timeline(started: float, result: dict, posted: list[tuple[int, float, int, float, str]]) -> None:
+    """``--timeline``: per second of the round (by when the fake model wrote the token), the
+    tokens written, their latency to the client p50/p95/max, and the POSTs answered that second."""
+    by_second: dict[int, list[float]] = {}
+    for kind in ("ws", "sse"):
+        for written, ms in zip(result["written_at"][kind], result["latencies_ms"][kind], strict=True):
+            by_second.setdefault(int(written - started), []).append(ms)
+    answered: dict[int, int] = {}
+    for _, sent, _, ms, _ in posted:
+        second = int(sent + ms / 1000 - started)
+        answered[second] = answered.get(second, 0) + 1
+    print("    second  tokens  p50 ms  p95 ms  max ms  POSTs answered", flush=True)
+    for second in range(max([*by_second, *answered], default=-1) + 1):
+        lat = by_second.get(second, [])
+        figures = (f"{percentile(lat, 0.5):6.0f}  {percentile(lat, 0.95):6.0f}  {max(lat):6.0f}" if lat
+                   else "     –       –       –")
+        print(f"    {second:6d}  {len(lat):6d}  {figures}  {answered.get(second, 0):6d}", flush=True)
+
+
 def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model_pid: int, n: int, *, report: bool,
-              post_limit: int, analyze_first: bool) -> RoundResult:
+              post_limit: int, analyze_first: bool, timeline: bool = False) -> RoundResult:
     """N runs at once on ``platform``, session i in ``accounts[i mod K]`` (a tenant and its API
     token); prints the figures if ``report``."""
     webs = [f"127.0.0.1:{p}" for p in platform.ports]
@@ -443,6 +468,8 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
             + (f"\n    client errors {len(result['errors'])}: {result['errors'][:3]}" if result["errors"] else ""),
             flush=True,
         )
+        if timeline:
+            print_timeline(started, result, posted)
     return RoundResult(platform.layout, n, wall, completed, p95, missing + dup + tokens_lost)
 
 
@@ -473,6 +500,8 @@ def main() -> None:
                         help="spread the runs over this many throwaway tenants (each one user, one API token, one "
                              "agent, no concurrent-run limit); default 1, as concurrent_runs.py")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs (the path is printed)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also print each reported round's token latency and POSTs answered second by second")
     args = parser.parse_args()
     print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}", flush=True)
     results: list[RoundResult] = []
@@ -493,7 +522,8 @@ def main() -> None:
                         one_round(accounts, platform, base_url.pid, args.warmup * layout.workers, report=False,
                                   post_limit=args.post_concurrency, analyze_first=False)
                     results.append(one_round(accounts, platform, base_url.pid, args.n, report=True,
-                                             post_limit=args.post_concurrency, analyze_first=args.analyze))
+                                             post_limit=args.post_concurrency, analyze_first=args.analyze,
+                                             timeline=args.timeline))
         finally:
             _delete_queue()
             if args.keep_logs:

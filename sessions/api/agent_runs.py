@@ -14,7 +14,8 @@ short code); each door words the refusal in its own protocol's shape:
   (:class:`sessions.event_reader.SessionEventReader`) on one of the caller's stream slots (open
   answers count like open event streams); :func:`answer_slot_take` and :func:`answer_reader` for
   a door that takes the slot before the run starts.
-- :func:`run_start_gate`: how many runs a web process starts at once (the rest wait their turn).
+- :func:`run_start_gate`: how many runs a web process starts at once (the rest wait their turn);
+  the chat app's run-starting POSTs take it too (``agent_platform.asgi.RUN_STARTING_POST``).
 - :func:`person_decision_note`: what a door answers when the run pauses for a person's decision.
 """
 

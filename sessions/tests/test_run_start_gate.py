@@ -113,3 +113,64 @@ def test_the_openai_door_starts_its_runs_through_the_gate(world, live_server_url
     with ThreadPoolExecutor(3) as pool:
         assert list(pool.map(ask, range(3))) == ["model_not_found"] * 3
     assert (most[0] > 1) is overlap
+
+
+@pytest.mark.parametrize(("name", "kwargs", "gated"), [
+    ("session-messages", {"session_id": 7}, True),
+    ("session-regenerate", {"session_id": 7}, True),
+    ("session-continue", {"session_id": 7}, True),
+    ("run-edit", {"run_id": 7}, True),
+    ("run-retry", {"run_id": 7}, True),
+    ("session-detail", {"session_id": 7}, False),
+    ("session-events", {"session_id": 7}, False),
+    ("run-cancel", {"run_id": 7}, False),
+    ("approval-decide", {"approval_id": 7}, False),
+])
+def test_the_chat_apps_run_starting_posts_are_the_gated_paths(name, kwargs, gated):
+    from django.urls import reverse
+
+    from agent_platform.asgi import RUN_STARTING_POST
+
+    assert bool(RUN_STARTING_POST.match(reverse(name, kwargs=kwargs))) is gated
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("all_tenants_scope")
+@pytest.mark.parametrize(("limit", "overlap"), [(1, False), (0, True)])
+def test_the_chat_apps_message_posts_start_through_the_gate(world, live_server_url, settings, monkeypatch, limit,
+                                                            overlap):
+    """Three messages posted at once through the REST API (the web process's ASGI app): with a
+    limit of 1 their views (each in a thread of its own) never overlap; with no limit they do.
+    Another POST (a run's cancel) is not held back by a message in the gate."""
+    import httpx
+    from rest_framework.response import Response
+
+    settings.WEB_RUN_STARTS_MAX = limit
+    lock = threading.Lock()
+    inside, most = [0], [0]
+
+    def post(self, request, session_id):  # stands in for the ORM work of a message's run start
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.3)
+        with lock:
+            inside[0] -= 1
+        return Response({"run": None}, status=201)
+
+    monkeypatch.setattr("sessions.api.views.MessagePostApi.post", post)
+    headers = {"Authorization": f"Bearer {world.member_token}"}
+
+    def send(path: str) -> tuple[int, float]:
+        started = time.monotonic()
+        status = httpx.post(f"{live_server_url}{path}", json={"content": "hi"}, headers=headers, timeout=30).status_code
+        return status, time.monotonic() - started
+
+    with ThreadPoolExecutor(4) as pool:
+        messages = [pool.submit(send, f"/api/v1/sessions/{i}/messages/") for i in range(3)]
+        time.sleep(0.1)
+        cancel = pool.submit(send, "/api/v1/runs/999999/cancel/")
+        assert [m.result()[0] for m in messages] == [201] * 3
+        cancel_status, cancel_seconds = cancel.result()
+    assert (most[0] > 1) is overlap
+    assert cancel_status == 404 and cancel_seconds < 0.3
