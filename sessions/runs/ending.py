@@ -92,8 +92,9 @@ async def run_finish(run_id: int, ending: RunEnding, *, publish: Publish, spec: 
     steered runs or sub-runs: its end is the plain-SQL fast path, one pipelined transaction on
     the loop's async connection; any other end is :func:`run_end` on a thread.
 
-    Emits after the commit: the end event (:func:`end_event`) of the run through ``publish``,
-    and of each steered run (``steered_into`` added); then hands the session's next queued run
+    Emits after the commit, once the run event observers heard of the end (as
+    :func:`~sessions.runs.transitions.run_pause` does): the end event (:func:`end_event`) of the
+    run through ``publish``, and of each steered run (``steered_into`` added); then hands the session's next queued run
     and the tenant's waiting runs to workers. Nothing when refused (the run had already ended,
     e.g. failed ``worker_lost`` by the sweeper while this worker was stalled).
 
@@ -110,10 +111,10 @@ async def run_finish(run_id: int, ending: RunEnding, *, publish: Publish, spec: 
         logger.warning("run %s had already ended; its end as %s was not recorded", run_id, ending.status)
         return finished
     event_type, data = end_event(ending)
-    await publish(event_type, data)
     tenant_id = require_tenant_id()
     if run_event_observers and run_event_wanted(tenant_id, event_type, push_configured=finished.push_configured):
-        await db(run_event_observe)(tenant_id, run_id, event_type, data)
+        await db(run_event_observe)(tenant_id, run_id, event_type, data)  # before the event: see run_pause
+    await publish(event_type, data)
     if finished.steered:
         session_id = spec.session_id if spec is not None else await db(_session_of)(run_id)
         for steered_id in finished.steered:  # a run steered into this one ends with it
@@ -231,10 +232,10 @@ def run_finish_unheld(*, run: Run, status: str, error: str, reason: str = "", ev
     for steered_id in finished.steered:
         event_publish_on_commit(session_id=run.session_id, run_id=steered_id, type=event_type,
                                 data={**event_data, "steered_into": run.pk})
-    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type=event_type, data=event_data)
-    if run_event_observers:
+    if run_event_observers:  # before the event (on_commit keeps the order): see run_pause
         tenant_id = run.tenant_id
         transaction.on_commit(lambda: run_event_observe(tenant_id, run.pk, event_type, event_data))
+    event_publish_on_commit(session_id=run.session_id, run_id=run.pk, type=event_type, data=event_data)
     for run_id in finished.to_start:
         run_enqueue_on_commit(run_id=run_id)
     return True

@@ -163,17 +163,20 @@ async def run_pause(run_id: int, *, publish: Publish) -> bool:
     again instead and handed to a worker. Either way, queued runs of the tenant that were
     waiting for the slot it frees are handed to workers.
 
-    Emits ``run_awaiting_approval {approvals}`` after the commit when it paused.
+    Emits ``run_awaiting_approval {approvals}`` after the commit when it paused, once the run
+    event observers have heard of the pause (so the A2A push notifications of the pause go to
+    the task's configs as they were when it paused: a config a client sets after it saw the
+    pause gets the next state change, not this one).
 
     Returns:
         Whether the run paused (False: it was queued again at once).
     """
     approvals, to_start = await db(_pause)(run_id)
     if approvals:
-        await publish("run_awaiting_approval", {"approvals": approvals})
         if run_event_observers:
             await db(run_event_observe)(require_tenant_id(), run_id, "run_awaiting_approval",
                                         {"approvals": approvals})
+        await publish("run_awaiting_approval", {"approvals": approvals})
     await runs_hand_to_workers(to_start)
     return bool(approvals)
 

@@ -41,10 +41,12 @@ from django.utils import timezone
 from google.protobuf.json_format import ParseDict
 
 from agents.tests.factories import agent_with_route, bind_builtin
+from automations.apps import run_event_to_a2a_push
 from automations.models import DeliveryStatus, WebhookDelivery
 from automations.outbound import delivery_attempt, task_push_emit
 from llm.testing import Reply, ToolCalls
 from sessions.models import ChatSession, Run, TaskPushConfig
+from sessions.runs.records import run_event_observers
 from tenants.scoping import tenant_scope
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
@@ -183,6 +185,46 @@ def test_push_configs_over_the_sdk_client_and_notifications_of_the_end_and_the_p
     while deliveries.exclude(status="delivered").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [(d.event_type, d.status) for d in deliveries] == [("a2a.task", "delivered")] * 2
+
+
+def test_a_config_set_once_the_client_saw_the_pause_gets_the_end_only(
+        world, fake_llm, celery_worker, live_server_url, receiver):
+    """The notifications of a state change go to the configs the task had at that change,
+    however late the worker's observers run: a client that adds a config as soon as it sees
+    the pause must not get the pause on it (the slow observer makes the late run certain)."""
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url], name="Helper")
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "*", "action": "ask"}])
+    fake_llm.script(ToolCalls([("test_echo", {"text": "hi"})]), Reply("Echoed."))
+    index = run_event_observers.index(run_event_to_a2a_push)
+
+    def slow_observer(*args):
+        time.sleep(0.5)
+        run_event_to_a2a_push(*args)
+
+    slow_observer.wants = run_event_to_a2a_push.wants
+    run_event_observers[index] = slow_observer
+
+    async def scenario():
+        client = await _client(live_server_url, world.member_token)
+        try:
+            [paused] = await _send(client, _message("echo hi", push=TaskPushNotificationConfig(
+                id="first", url=receiver.url + "?first")))
+            await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=paused.task.id, id="later", url=receiver.url + "?later"))
+            [answered] = await _send(client, _message("approve", task_id=paused.task.id))
+        finally:
+            await client.close()
+        return answered.task
+
+    try:
+        answered = asyncio.run(scenario())
+    finally:
+        run_event_observers[index] = run_event_to_a2a_push
+    assert answered.status.state == TaskState.TASK_STATE_COMPLETED
+    receiver.wait_for(3)
+    deliveries = WebhookDelivery.all_tenants.order_by("pk")
+    assert sorted((d.push_config.config_id, d.payload["task"]["status"]["state"]) for d in deliveries) == [
+        ("first", "TASK_STATE_COMPLETED"), ("first", "TASK_STATE_INPUT_REQUIRED"), ("later", "TASK_STATE_COMPLETED")]
 
 
 async def _send(client, request):
