@@ -79,6 +79,24 @@ def test_a_changed_limit_applies_on_the_same_loop(settings):
     assert asyncio.run(scenario()) == (1, 3)
 
 
+class _Overlaps:
+    """Counts how many threads are inside :meth:`hold` at once (the most, in ``most``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self.most = 0
+
+    def hold(self, seconds: float) -> None:
+        """Stay inside for ``seconds`` (a stand-in for a start's work)."""
+        with self._lock:
+            self._inside += 1
+            self.most = max(self.most, self._inside)
+        time.sleep(seconds)
+        with self._lock:
+            self._inside -= 1
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("all_tenants_scope")
 @pytest.mark.parametrize(("limit", "overlap"), [(1, False), (0, True)])
@@ -87,16 +105,10 @@ def test_the_openai_door_starts_its_runs_through_the_gate(world, live_server_url
     """Three chat completions at once: with a limit of 1 their starts (in threads) never
     overlap; with no limit they do (so the test sees the difference)."""
     settings.WEB_RUN_STARTS_MAX = limit
-    lock = threading.Lock()
-    inside, most = [0], [0]
+    overlaps = _Overlaps()
 
     def start(caller, slug, post):  # stands in for the ORM work of a start, then refuses
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(0.3)
-        with lock:
-            inside[0] -= 1
+        overlaps.hold(0.3)
         raise RunRefused(404, "no such agent", code=agent_runs.AGENT_NOT_FOUND)
 
     monkeypatch.setattr("sessions.api.openai_compat.views.agent_run_start", start)
@@ -112,7 +124,7 @@ def test_the_openai_door_starts_its_runs_through_the_gate(world, live_server_url
 
     with ThreadPoolExecutor(3) as pool:
         assert list(pool.map(ask, range(3))) == ["model_not_found"] * 3
-    assert (most[0] > 1) is overlap
+    assert (overlaps.most > 1) is overlap
 
 
 @pytest.mark.parametrize(("name", "kwargs", "gated"), [
@@ -146,16 +158,10 @@ def test_the_chat_apps_message_posts_start_through_the_gate(world, live_server_u
     from rest_framework.response import Response
 
     settings.WEB_RUN_STARTS_MAX = limit
-    lock = threading.Lock()
-    inside, most = [0], [0]
+    overlaps = _Overlaps()
 
     def post(self, request, session_id):  # stands in for the ORM work of a message's run start
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(0.3)
-        with lock:
-            inside[0] -= 1
+        overlaps.hold(0.3)
         return Response({"run": None}, status=201)
 
     monkeypatch.setattr("sessions.api.views.MessagePostApi.post", post)
@@ -172,5 +178,5 @@ def test_the_chat_apps_message_posts_start_through_the_gate(world, live_server_u
         cancel = pool.submit(send, "/api/v1/runs/999999/cancel/")
         assert [m.result()[0] for m in messages] == [201] * 3
         cancel_status, cancel_seconds = cancel.result()
-    assert (most[0] > 1) is overlap
+    assert (overlaps.most > 1) is overlap
     assert cancel_status == 404 and cancel_seconds < 0.3
