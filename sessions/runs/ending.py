@@ -95,8 +95,9 @@ async def run_finish(run_id: int, ending: RunEnding, *, publish: Publish, spec: 
     Emits after the commit, once the run event observers heard of the end (as
     :func:`~sessions.runs.transitions.run_pause` does): the end event (:func:`end_event`) of the
     run through ``publish``, and of each steered run (``steered_into`` added); then hands the
-    session's next queued run and the tenant's waiting runs to workers. Nothing when refused (the run had already ended,
-    e.g. failed ``worker_lost`` by the sweeper while this worker was stalled).
+    session's next queued run and the tenant's waiting runs to workers. Nothing when refused
+    (the run had already ended, e.g. failed ``worker_lost`` by the sweeper while this worker
+    was stalled).
 
     Raises:
         Run.DoesNotExist: no such run in the current tenant.
