@@ -216,9 +216,10 @@ def test_each_step_ranks_at_most_max_ranked_matches(world):
     # two steps, each capped: the one chunk with both terms, then at most 5 of the others
     two_steps = _lexical(kb, "harbour engine", max_ranked=5)
     assert two_steps[0] == ids[30] and len(two_steps) == 6 and ids[30] not in two_steps[1:]
-    # what the cap trades: the first matches the scan meets are ranked, not the best ones;
-    # the chunk with harbour four times was inserted after the thirty and is not among them
-    assert ids[30] not in capped
+    # what the cap trades: the first matches the scan meets are ranked, not the best ones. Which
+    # those are is the scan's order, not the insertion order (an updated row moves in the heap:
+    # CI once met the chunk with harbour four times among the first five), so only the uncapped
+    # ranking is asserted: that chunk is the best.
     assert _lexical(kb, "harbour", max_ranked=1000)[0] == ids[30]
 
 
