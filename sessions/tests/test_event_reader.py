@@ -283,10 +283,14 @@ async def test_frames_flow_while_a_recheck_waits_for_the_database(slots, monkeyp
     monkeypatch.setattr(stream_guard, "credential_valid", slow)
     async with _reading() as (session_id, reader, items):
         await _first_live(items, session_id)
+        # The reader does its timed work only while it is iterated: the next item is asked for
+        # before the wait (the first re-check may be due only after the first live frame).
+        taken = asyncio.ensure_future(_next(items, timeout=3))
         await asyncio.sleep(0.3)  # due at least twice: one check in flight, not one per period
         assert checks == [reader.credential]
+        assert not taken.done(), "nothing to yield yet: the re-check is not awaited"
         live = await _publish(session_id, "while checking")
-        assert (await _next(items, timeout=1)).seq == live["seq"]
+        assert (await asyncio.wait_for(taken, 1)).seq == live["seq"]
         answer.set_result(False)
         ended = await _next(items, timeout=3)
         assert isinstance(ended, Closed) and ended.reason == "unauthenticated"
