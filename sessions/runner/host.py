@@ -99,13 +99,16 @@ class RunHost:
 async def _release_loop_resources() -> None:
     from browser.server_backend import server_browser_pool
     from capabilities.mcp.pool import mcp_pool
-    from llm.providers import anthropic, openai_compat
+    from llm.providers import openai_compat
     from sessions.events import publisher_aclose
     from sessions.runner.pg import pg_pool_aclose
 
     await mcp_pool().aclose()
     await openai_compat.aclose_clients()
-    await anthropic.aclose_clients()
+    # Only if a run used it: importing the Anthropic SDK to close no client cost the worker's
+    # stop seconds of CPU (its models are built at import).
+    if (anthropic := sys.modules.get("llm.providers.anthropic")) is not None:
+        await anthropic.aclose_clients()
     await server_browser_pool().shutdown()  # Chromium, if a run started it (else nothing to close)
     await pg_pool_aclose()  # the runs' async database connections
     await publisher_aclose()  # last: the steps above may still publish

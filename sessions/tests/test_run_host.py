@@ -124,3 +124,24 @@ def test_tuning_freezes_the_heap_and_sets_the_collector_thresholds(settings):
         gc.unfreeze()
         gc.set_threshold(*before[0])
         sys.setswitchinterval(before[1])
+
+
+def test_a_shutdown_closes_only_the_model_clients_a_run_made(tmp_path):
+    """A worker whose runs never called an Anthropic model does not import its SDK on the way
+    out to close no client (seconds of CPU: the SDK builds its models at import; seen in a
+    profile of a worker's stop). A fresh process: this one may have imported it already."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import sys, asyncio, django
+django.setup()
+from sessions.runner.host import run_host, run_host_shutdown
+run_host().run(asyncio.sleep(0))
+assert run_host_shutdown()
+print("anthropic imported:", "llm.providers.anthropic" in sys.modules, "anthropic" in sys.modules)
+"""
+    env = os.environ | {"DJANGO_SETTINGS_MODULE": "agent_platform.settings_test"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "anthropic imported: False False" in done.stdout, done.stderr[-2000:]
