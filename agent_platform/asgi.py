@@ -26,6 +26,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from agent_platform.request_threads import RequestThreads  # noqa: E402
 from agent_platform.shutdown import lifespan  # noqa: E402
 from agent_platform.ws_auth import BrowserOriginValidator, TenantWebsocketAuthMiddleware  # noqa: E402
 from browser.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
@@ -60,8 +61,18 @@ async def _http(scope, receive, send):
     # The chat app's POSTs that start a run take a turn of the same gate as the doors' starts.
     if scope.get("method") == "POST" and RUN_STARTING_POST.match(path):
         async with run_start_gate():
-            return await django_asgi_app(scope, receive, send)
-    return await django_asgi_app(scope, receive, send)
+            return await _django(scope, receive, send)
+    return await _django(scope, receive, send)
+
+
+request_threads = RequestThreads()
+"""The threads Django's requests run their sync code in, kept from one request to the next:
+no thread started (the loop waiting for it) per request (agent_platform/request_threads.py)."""
+
+
+async def _django(scope, receive, send):
+    async with request_threads.request():
+        return await django_asgi_app(scope, receive, send)
 
 
 RUN_STARTING_POST = re.compile(r"^/api/v1/(?:sessions/\d+/(?:messages|regenerate|continue)|runs/\d+/(?:edit|retry))/$")

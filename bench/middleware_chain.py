@@ -1,7 +1,9 @@
 """CPU per request through Django's middleware chain under ASGI, with the chain as configured
 (``SyncChainEnd`` last: the chain runs in the request's thread) and without it (each of
 Django's ``MiddlewareMixin`` middleware hands its ``process_request`` and ``process_response``
-to a thread; agent_platform/middleware_chain.py).
+to a thread; agent_platform/middleware_chain.py); and as the web process serves it, each
+request's sync work in a thread kept from earlier requests (agent_platform/request_threads.py)
+rather than one Django's handler starts for it (and another that joins it at the end).
 
 In one process, no network: httpx's ``ASGITransport`` sends requests one at a time to Django's
 ``ASGIHandler`` (the same app the web process serves, middleware and all). Two paths that need
@@ -49,6 +51,20 @@ def _handler(with_end: bool):
         settings.MIDDLEWARE = configured
 
 
+def _kept_threads(handler):
+    """``handler`` as agent_platform/asgi.py serves Django: each request's sync work in a kept
+    thread (agent_platform/request_threads.py), not a new one."""
+    from agent_platform.request_threads import RequestThreads
+
+    threads = RequestThreads()
+
+    async def app(scope, receive, send):
+        async with threads.request():
+            return await handler(scope, receive, send)
+
+    return app
+
+
 async def _round(handler, path: str, requests: int) -> float:
     """CPU µs per request over ``requests`` requests (after 200 unmeasured)."""
     import httpx
@@ -72,14 +88,16 @@ async def main() -> None:
     args = parser.parse_args()
     print(machine())
     logging.getLogger("django.request").setLevel(logging.ERROR)  # not a warning line per 401
-    handlers = {"SyncChainEnd last (as configured)": _handler(True), "without it": _handler(False)}
+    handlers = {"as served (threads kept)": _kept_threads(_handler(True)),
+                "SyncChainEnd last, a thread per request": _handler(True),
+                "without SyncChainEnd, a thread per request": _handler(False)}
     for label, path in PATHS.items():
         figures: dict[str, list[float]] = {name: [] for name in handlers}
         for _ in range(args.rounds):
             for name, handler in handlers.items():
                 figures[name].append(await _round(handler, path, args.requests))
         for name, values in figures.items():
-            print(f"{label:30} {name:36} {statistics.median(values):7.0f} µs CPU/request "
+            print(f"{label:30} {name:44} {statistics.median(values):7.0f} µs CPU/request "
                   f"({min(values):.0f}–{max(values):.0f}, {args.rounds} rounds of {args.requests})")
 
 
