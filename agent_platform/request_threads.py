@@ -69,7 +69,8 @@ class RequestThreads:
     """Idle one-thread executors for requests' sync work (see the module docstring).
 
     Use on the event loop's thread: ``async with threads.request(): await django_app(scope,
-    receive, send)``. Not thread-safe: one instance per event loop (the web process has one).
+    receive, send)``. Not thread-safe: use it from one thread at a time (the web process: its
+    event loop's).
 
     Args:
         idle_max: Idle executors kept at most (:data:`IDLE_MAX`).
@@ -99,4 +100,5 @@ class RequestThreads:
                 executor.shutdown(wait=False)  # its thread ends after the call it runs
 
     def idle_count(self) -> int:
+        """How many idle executors are kept now."""
         return len(self._idle)
