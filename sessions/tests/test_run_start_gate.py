@@ -168,15 +168,19 @@ def test_the_chat_apps_message_posts_start_through_the_gate(world, live_server_u
     headers = {"Authorization": f"Bearer {world.member_token}"}
 
     def send(path: str) -> tuple[int, float]:
-        started = time.monotonic()
+        """The answer's status, and when it came (monotonic seconds)."""
         status = httpx.post(f"{live_server_url}{path}", json={"content": "hi"}, headers=headers, timeout=30).status_code
-        return status, time.monotonic() - started
+        return status, time.monotonic()
 
     with ThreadPoolExecutor(4) as pool:
         messages = [pool.submit(send, f"/api/v1/sessions/{i}/messages/") for i in range(3)]
         time.sleep(0.1)
         cancel = pool.submit(send, "/api/v1/runs/999999/cancel/")
-        assert [m.result()[0] for m in messages] == [201] * 3
-        cancel_status, cancel_seconds = cancel.result()
+        answered = [m.result() for m in messages]
+        cancel_status, cancel_answered = cancel.result()
+    assert [status for status, _ in answered] == [201] * 3
     assert (overlaps.most > 1) is overlap
-    assert cancel_status == 404 and cancel_seconds < 0.3
+    assert cancel_status == 404
+    # Held in the gate, the cancel would come after the last message (0.9 s of turns with a
+    # limit of 1); a fixed bound (0.3 s) was missed by a slow CI machine even with no gate.
+    assert cancel_answered < max(at for _, at in answered)
