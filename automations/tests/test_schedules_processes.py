@@ -84,6 +84,6 @@ def test_two_scheduler_processes_start_one_run_per_slot(world):
             assert Run.all_tenants.filter(pk__in=[s.run_id for s in slots]).count() == ROUNDS
         assert Run.all_tenants.filter(session__agent=agent).count() == 4 * ROUNDS
     # both took part (else the test proved nothing about two at once)
-    assert all(any(r["due"] > 0 for r in rounds) for rounds in results), results
+    assert all(r["due"] > 0 for rounds in results for r in rounds[:1]), results
     with system_scope():
         assert Schedule.all_tenants.get(pk=schedules[0].pk).next_slot_at == START + timedelta(minutes=5 * ROUNDS)

@@ -126,7 +126,7 @@ def test_tuning_freezes_the_heap_and_sets_the_collector_thresholds(settings):
         sys.setswitchinterval(before[1])
 
 
-def test_a_shutdown_closes_only_the_model_clients_a_run_made(tmp_path):
+def test_a_shutdown_closes_only_the_model_clients_a_run_made():
     """A worker whose runs never called an Anthropic model does not import its SDK on the way
     out to close no client (seconds of CPU: the SDK builds its models at import; seen in a
     profile of a worker's stop). A fresh process: this one may have imported it already."""
