@@ -3,9 +3,11 @@
 
 - **Credentials stay valid.** A stream remembers what it was opened with
   (:class:`StreamCredential`: an API token, or a login session cookie) and re-checks it every
-  :data:`AUTH_RECHECK_SECONDS` (:func:`credential_valid`); a revoked token, a deleted
-  membership, a deactivated user or a logged-out/expired login session ends the stream
-  (WebSocket close 4401; SSE: an ``event: stream_closed`` then the end of the response).
+  :data:`AUTH_RECHECK_SECONDS` (:func:`credential_valid`; the re-checks of a web process's
+  streams asked for within :data:`CREDENTIAL_BATCH_SECONDS` share one query per kind); a
+  revoked token, a deleted membership, a deactivated user or a logged-out/expired login
+  session ends the stream (WebSocket close 4401; SSE: an ``event: stream_closed`` then the
+  end of the response).
 - **A cap on open streams per user.** :func:`stream_slot_acquire` leases one of
   ``settings.STREAMS_PER_USER_MAX`` (default 20) slots, counted across WebSocket and SSE and
   across web processes in one Redis sorted set per user
@@ -20,11 +22,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import secrets
 import time
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Final
+from typing import Any, Final
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -88,35 +95,141 @@ def credential_valid_sync(credential: StreamCredential) -> bool:
     """Whether ``credential`` would still authenticate: the token unrevoked (or the OAuth grant
     not revoked, or the login session still logged in as the same user, its password unchanged),
     the membership still there, the user active. One or two queries; no tenant scope needed."""
-    from django.contrib.auth import get_user
+    return credentials_valid_sync([credential])[0]
 
+
+CHECK_CHUNK: Final[int] = 1000
+"""Most ids one query of :func:`credentials_valid_sync` names (``pk IN (…)``)."""
+
+
+def credentials_valid_sync(credentials: Sequence[StreamCredential]) -> list[bool]:
+    """:func:`credential_valid_sync` of each credential, in order, in one query per kind for
+    all of them: the memberships (with their users' ``is_active``), the API tokens, the OAuth
+    grants (each in chunks of :data:`CHECK_CHUNK` ids). A login-session credential also loads
+    its session (``SESSION_ENGINE``), one at a time. A credential given twice is checked once.
+
+    Raises what the database raises (the callers end their streams' iterations with it)."""
     from tenants.models import ApiToken, Membership
     from tenants.scoping import system_scope
 
-    # tenant-bypass: re-checks the caller's own credential, as authentication does.
+    distinct = list(dict.fromkeys(credentials))
+
+    def rows(model: Any, ids: set[int], *fields: str, **filters: Any) -> set[tuple[Any, ...]]:
+        ordered, found = sorted(ids), set()
+        for start in range(0, len(ordered), CHECK_CHUNK):
+            found.update(model.all_tenants.filter(pk__in=ordered[start:start + CHECK_CHUNK], **filters)
+                         .values_list("pk", *fields))
+        return found
+
+    # tenant-bypass: re-checks the callers' own credentials, as authentication does.
     with system_scope():
-        if not Membership.all_tenants.filter(pk=credential.membership_id, user_id=credential.user_id,
-                                             user__is_active=True).exists():
-            return False
-        if credential.token_id is not None:
-            return ApiToken.all_tenants.filter(pk=credential.token_id, membership_id=credential.membership_id,
-                                               revoked_at__isnull=True).exists()
-        if credential.oauth_grant_id is not None:
+        members = rows(Membership, {c.membership_id for c in distinct}, "user_id", user__is_active=True)
+        token_ids = {c.token_id for c in distinct if c.token_id is not None}
+        tokens = rows(ApiToken, token_ids, "membership_id", revoked_at__isnull=True) if token_ids else set()
+        grant_ids = {c.oauth_grant_id for c in distinct if c.token_id is None and c.oauth_grant_id is not None}
+        grants: set[tuple[Any, ...]] = set()
+        if grant_ids:
             from oauth_server.models import McpGrant
 
-            return McpGrant.all_tenants.filter(pk=credential.oauth_grant_id,
-                                               membership_id=credential.membership_id).exists()
+            grants = rows(McpGrant, grant_ids, "membership_id")
+    valid: dict[StreamCredential, bool] = {}
+    for credential in distinct:
+        if (credential.membership_id, credential.user_id) not in members:
+            valid[credential] = False
+        elif credential.token_id is not None:
+            valid[credential] = (credential.token_id, credential.membership_id) in tokens
+        elif credential.oauth_grant_id is not None:
+            valid[credential] = (credential.oauth_grant_id, credential.membership_id) in grants
+        else:
+            valid[credential] = _login_session_valid(credential)
+    return [valid[credential] for credential in credentials]
+
+
+def _login_session_valid(credential: StreamCredential) -> bool:
     if not credential.session_key:
         return False
     from importlib import import_module
+
+    from django.contrib.auth import get_user
 
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=credential.session_key)
     user = get_user(SimpleNamespace(session=store))
     return bool(user.is_authenticated and user.pk == credential.user_id)
 
 
-credential_valid = database_sync_to_async(credential_valid_sync)
-"""Async :func:`credential_valid_sync`."""
+CREDENTIAL_BATCH_SECONDS: float = 1.0
+"""How long a stream's re-check waits for the re-checks of the process's other streams, so that
+one set of queries answers them all (:func:`credential_valid`). A credential that stopped
+authenticating ends its streams within ``AUTH_RECHECK_SECONDS`` + this (+ the queries)."""
+
+
+class _CredentialBatch:
+    """The re-checks one event loop's streams asked for and that wait to be answered together.
+
+    The first request starts a timer of :data:`CREDENTIAL_BATCH_SECONDS`; then every credential
+    asked for meanwhile is checked by one :func:`credentials_valid_sync` in a database thread,
+    and each request's future gets its credential's answer (or the error, to every one). A
+    request whose caller stopped waiting (a closed stream: its future cancelled) is left out.
+
+    Why: every open stream re-checks its credential every ``AUTH_RECHECK_SECONDS``. One by one,
+    each was a thread hop and two ORM queries; in a scale-out round they were 16 % of a web
+    process's CPU (bench/README.md, "Credential re-checks together")."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: dict[StreamCredential, list[asyncio.Future[bool]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._checking: set[asyncio.Future[list[bool]]] = set()  # strong references to the checks in flight
+
+    def check(self, credential: StreamCredential) -> asyncio.Future[bool]:
+        future: asyncio.Future[bool] = self._loop.create_future()
+        self._waiting.setdefault(credential, []).append(future)
+        if self._timer is None:
+            # In a context of its own: the first stream's (its request's thread, which may be
+            # gone by then) is not the batch's.
+            self._timer = self._loop.call_later(CREDENTIAL_BATCH_SECONDS, self._flush, context=contextvars.Context())
+        return future
+
+    def _flush(self) -> None:
+        self._timer = None
+        waiting, self._waiting = self._waiting, {}
+        waiting = {c: live for c, futures in waiting.items() if (live := [f for f in futures if not f.done()])}
+        if not waiting:
+            return
+        check = database_sync_to_async(credentials_valid_sync, thread_sensitive=False)  # a thread of the loop's pool
+        checking = asyncio.ensure_future(check(list(waiting)))
+        self._checking.add(checking)
+        checking.add_done_callback(functools.partial(self._answer, waiting))
+
+    def _answer(self, waiting: dict[StreamCredential, list[asyncio.Future[bool]]],
+                checking: asyncio.Future[list[bool]]) -> None:
+        self._checking.discard(checking)
+        error = None if checking.cancelled() else checking.exception()
+        answers = [False] * len(waiting) if checking.cancelled() or error is not None else checking.result()
+        for (_, futures), valid in zip(waiting.items(), answers, strict=True):
+            for future in futures:
+                if future.done():
+                    continue
+                if checking.cancelled():
+                    future.cancel()
+                elif error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(valid)
+
+
+_batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CredentialBatch] = weakref.WeakKeyDictionary()
+
+
+async def credential_valid(credential: StreamCredential) -> bool:
+    """Async :func:`credential_valid_sync`, answered together with the other re-checks of this
+    event loop's streams asked for within :data:`CREDENTIAL_BATCH_SECONDS` (so it returns
+    that much later). Raises what the queries raise."""
+    loop = asyncio.get_running_loop()
+    batch = _batches.get(loop)
+    if batch is None:
+        batch = _batches[loop] = _CredentialBatch(loop)
+    return await batch.check(credential)
 
 
 _ACQUIRE_LUA = """
