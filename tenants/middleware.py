@@ -51,11 +51,14 @@ class ConsoleScopeMiddleware:
         self.async_mode = iscoroutinefunction(get_response)
         if self.async_mode:
             markcoroutinefunction(self)
-        self._prefix: str | None = None
+        # Now, while the handler is built (the web process imports its ASGI app before it
+        # serves): the first reverse() fills Django's URL resolver (~0.5 s of CPU), and every
+        # request thread that reached it before it was filled filled it again for itself
+        # (Django guards the filling per thread), 4 threads at once in a web process's first
+        # burst of requests (bench/README.md, "Credential re-checks together").
+        self._prefix: str = reverse("admin:index")
 
     def _is_console(self, request: HttpRequest) -> bool:
-        if self._prefix is None:
-            self._prefix = reverse("admin:index")
         return request.path.startswith(self._prefix)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:

@@ -4,6 +4,10 @@ middleware."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from asgiref.sync import AsyncToSync, SyncToAsync
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
@@ -34,3 +38,17 @@ def test_the_asgi_chain_hands_off_once_at_each_end():
 
 def test_it_is_the_last_middleware():
     assert settings.MIDDLEWARE[-1] == "agent_platform.middleware_chain.SyncChainEnd"
+
+
+def test_the_url_resolver_is_filled_before_the_first_request():
+    """A web process imports its ASGI app before it serves; the URL resolver must be filled
+    then. Filled lazily, by the first reverse() of a request, each request thread of the first
+    burst that got there before it was done filled it again for itself: ~0.5 s of CPU each,
+    4 threads at once in a web process seen with py-spy (bench/README.md)."""
+    probe = ("import agent_platform.asgi\n"
+             "from django.urls import get_resolver\n"
+             "print(get_resolver()._populated)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=settings.BASE_DIR, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True"
