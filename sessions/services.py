@@ -109,7 +109,10 @@ def message_post(*, session: ChatSession, user: AbstractBaseUser, content: str,
         raise ApplicationError("The message is empty.")
     if len(content) > MAX_MESSAGE_CHARS:
         raise ApplicationError(f"The message is longer than {MAX_MESSAGE_CHARS} characters.")
-    session = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
+    locked = ChatSession.objects.select_for_update(no_key=True).get(pk=session.pk)
+    if ChatSession.agent.is_cached(session) and session.agent_id == locked.agent_id:
+        locked.agent = session.agent  # as the caller read it (the API's selector joins it): no query more
+    session = locked
     if not session.title:
         session.title = chat_title_from(content)[:200]
     request_options = with_pinned_resources(request_options, pinned_resources_for_run(session=session))

@@ -1,0 +1,42 @@
+"""What a message POST asks of the database: the run start every chat message pays for
+(bench/scale_out.py puts 600 of them through two web processes)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from agents.tests.factories import agent_with_route
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
+
+
+def test_a_message_post_reads_the_agent_once(world, no_enqueue) -> None:
+    """The session's selector joins its agent; the locked re-read of the session inside the
+    transaction reuses it rather than reading the agent again (one query of ten before)."""
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
+    client = world.client()
+    session = client.post("/api/v1/sessions/", {"agent": agent.pk}, format="json").json()
+    with CaptureQueriesContext(connection) as queries:
+        posted = client.post(f"/api/v1/sessions/{session['id']}/messages/", {"content": "go"}, format="json")
+    assert posted.status_code == 201, posted.content
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert not [s for s in statements if 'FROM "agents_agentinstance"' in s], statements
+    assert sum('"agents_agentinstance"' in s for s in statements) == 1  # the session selector's join
+    assert len(statements) == 9, statements
+
+
+def test_a_steer_mode_agent_still_marks_a_message_behind_a_running_run(world, no_enqueue) -> None:
+    """The reused agent is the one the run is made for: its message mode still decides."""
+    from sessions.models import Run, RunStatus
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
+    agent.message_mode = "steer"
+    agent.save(update_fields=["message_mode"])
+    client = world.client()
+    session = client.post("/api/v1/sessions/", {"agent": agent.pk}, format="json").json()
+    first = client.post(f"/api/v1/sessions/{session['id']}/messages/", {"content": "one"}, format="json").json()["run"]
+    Run.all_tenants.filter(pk=first["id"]).update(status=RunStatus.RUNNING)
+    second = client.post(f"/api/v1/sessions/{session['id']}/messages/", {"content": "two"}, format="json").json()["run"]
+    assert Run.all_tenants.get(pk=second["id"]).steer is True
