@@ -11,7 +11,8 @@ Live frames come from the session's Redis pub/sub channel
 (:func:`~sessions.events.live_channel`) through :mod:`sessions.live` (one subscription per web
 process); the consumer uses no channel layer. Pub/sub may drop a frame (the subscription
 reconnecting): the reader fills a gap from the stream, reads the stream at once after a
-restored subscription, and every ``CATCH_UP_SECONDS`` for a dropped *last* frame, so a client
+restored subscription, and when its look at the session's last ``seq`` (every
+``CATCH_UP_SECONDS``) finds a dropped *last* frame, so a client
 always ends up with every frame, in order. A ``{"type": "ping"}`` frame (no ``seq``) every
 ``PING_SECONDS`` keeps idle connections and proxies alive.
 

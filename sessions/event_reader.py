@@ -12,7 +12,9 @@ typed items, written once, which a transport only encodes and sends.
 - Gaps: pub/sub is at-most-once. A live frame past ``last_seq + 1`` makes the reader read the
   missing frames from the stream first (a late duplicate is dropped); a subscription restored
   by :mod:`sessions.live` (its listener gets ``None``) makes it read the stream at once; and a
-  lost *last* frame is found by a read of the stream every :data:`CATCH_UP_SECONDS`.
+  lost *last* frame is found by a look at the session's last ``seq`` every
+  :data:`CATCH_UP_SECONDS` (one ``MGET`` for the loop's readers that look within
+  :data:`CATCH_UP_BATCH_SECONDS`), and read from the stream when it is past the reader's.
 - :class:`Ping` every :data:`PING_SECONDS` (idle connections and proxies stay open), after
   the stream slot (:mod:`sessions.stream_guard`) has been renewed.
 - :class:`Closed` (then the iteration ends): ``"unauthenticated"`` when the token the stream
@@ -32,9 +34,12 @@ the slot, and must be awaited once the transport is done (also when it was cance
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import json
 import logging
 import random
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -42,7 +47,7 @@ from typing import Any, Literal
 from agent_platform.revocations import revocations_channel, session_key_digest
 from agent_platform.shutdown import wait_stopping
 from sessions import stream_guard
-from sessions.events import events_since, frame_text, live_channel
+from sessions.events import events_since, frame_text, last_seqs, live_channel
 from sessions.live import Listener, live_join, live_leave
 from sessions.stream_guard import StreamCredential
 
@@ -51,8 +56,12 @@ logger = logging.getLogger(__name__)
 PING_SECONDS: float = 15.0
 """A :class:`Ping` this often (seconds); the stream slot is renewed at the same time."""
 CATCH_UP_SECONDS: float = 5.0
-"""How often the reader reads the stream for frames the live fan-out dropped (one ``XRANGE``
-after its last ``seq``, usually empty): the longest a lost last frame waits."""
+"""How often the reader looks for frames the live fan-out dropped: it asks for its session's
+last ``seq`` (:class:`_StreamHeads`, one ``MGET`` for every reader of the loop asking within
+:data:`CATCH_UP_BATCH_SECONDS`) and reads the stream only when that is past its own. A lost
+last frame waits at most this + :data:`CATCH_UP_BATCH_SECONDS` (+ the reads)."""
+CATCH_UP_BATCH_SECONDS: float = 0.5
+"""How long a reader's look for dropped frames waits for the other readers' of its loop."""
 
 CloseReason = Literal["unauthenticated", "server_stopping"]
 
@@ -140,6 +149,68 @@ class _Deadlines:
         return min(self.ping, self.catch_up, self.recheck)
 
 
+class _StreamHeads:
+    """The last ``seq`` of sessions' streams, asked for by one event loop's readers (their
+    catch-up, every :data:`CATCH_UP_SECONDS`) and read together: the sessions asked for within
+    :data:`CATCH_UP_BATCH_SECONDS` in one ``MGET`` of their counters
+    (:func:`sessions.events.last_seqs`), in a context of its own (not the first asker's, whose
+    request may have ended). A future whose reader stopped waiting (cancelled) is left out; an
+    error goes to every future of the read.
+
+    Why: each reader read the stream (an ``XRANGE`` through redis-py, usually empty) every
+    5 s: 2.3 % of the web processes' time in a scale-out round's profile once the credential
+    re-checks were batched, the largest of the streams' timed work, and an idle stream's
+    largest cost (bench/README.md, "Credential re-checks together")."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: dict[int, list[asyncio.Future[int]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading: set[asyncio.Future[list[int]]] = set()  # strong references to the reads in flight
+
+    def last_seq(self, session_id: int) -> asyncio.Future[int]:
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._waiting.setdefault(session_id, []).append(future)
+        if self._timer is None:
+            self._timer = self._loop.call_later(CATCH_UP_BATCH_SECONDS, self._flush, context=contextvars.Context())
+        return future
+
+    def _flush(self) -> None:
+        self._timer = None
+        waiting, self._waiting = self._waiting, {}
+        waiting = {s: live for s, futures in waiting.items() if (live := [f for f in futures if not f.done()])}
+        if not waiting:
+            return
+        reading = asyncio.ensure_future(last_seqs(list(waiting)))
+        self._reading.add(reading)
+        reading.add_done_callback(functools.partial(self._answer, waiting))
+
+    def _answer(self, waiting: dict[int, list[asyncio.Future[int]]], reading: asyncio.Future[list[int]]) -> None:
+        self._reading.discard(reading)
+        error = None if reading.cancelled() else reading.exception()
+        heads = [0] * len(waiting) if reading.cancelled() or error is not None else reading.result()
+        for futures, head in zip(waiting.values(), heads, strict=True):
+            for future in futures:
+                if future.done():
+                    continue
+                if reading.cancelled():
+                    future.cancel()
+                elif error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(head)
+
+
+_heads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StreamHeads] = weakref.WeakKeyDictionary()
+
+
+def _stream_heads(loop: asyncio.AbstractEventLoop) -> _StreamHeads:
+    heads = _heads.get(loop)
+    if heads is None:
+        heads = _heads[loop] = _StreamHeads(loop)
+    return heads
+
+
 class SessionEventReader:
     """A session's events for one client (see the module docstring).
 
@@ -169,6 +240,8 @@ class SessionEventReader:
         self._timer: asyncio.TimerHandle | None = None  # wakes the reader for the timed work
         self._timer_due = False
         self._recheck: asyncio.Future[bool] | None = None  # the credential re-check in flight
+        self._head: asyncio.Future[int] | None = None  # the catch-up's look at the stream's last seq
+        self._behind = False  # that look found frames past last_seq: read them at the next wake-up
         self._failure: BaseException | None = None  # a re-check that raised: out of the iteration
 
     # --- the client's signals ----------------------------------------------------------------
@@ -187,6 +260,19 @@ class SessionEventReader:
             self._end_with("unauthenticated")
         elif self._session_digest is not None and message.get("session") == self._session_digest:
             self._end_with("unauthenticated")
+
+    def _on_head(self, head: asyncio.Future[int]) -> None:
+        """The catch-up's look is done: frames past ``last_seq`` make the reader read the
+        stream; an error ends the iteration (raised from it)."""
+        self._head = None
+        if head.cancelled():
+            return
+        if (error := head.exception()) is not None:
+            self._failure = error
+            self._wake.set()
+        elif head.result() > self.last_seq:
+            self._behind = True
+            self._wake.set()
 
     def _on_rechecked(self, recheck: asyncio.Future[bool]) -> None:
         """A re-check is done: a credential that no longer authenticates ends the stream, an
@@ -230,6 +316,8 @@ class SessionEventReader:
             self._stopper.cancel()
         if self._recheck is not None:
             self._recheck.cancel()
+        if self._head is not None:
+            self._head.cancel()
         joined, self._joined = self._joined, []
         for channel, listener in joined:
             live_leave(channel, listener)
@@ -255,7 +343,8 @@ class SessionEventReader:
         self._timer_at(deadlines)
         try:
             while True:
-                if not self._pending and self._end is None and not self._timer_due and self._failure is None:
+                if (not self._pending and self._end is None and not self._timer_due and self._failure is None
+                        and not self._behind):
                     self._wake.clear()
                     await self._wake.wait()
                 for item in self._in_order() or await self._next(deadlines):
@@ -267,6 +356,8 @@ class SessionEventReader:
                 self._timer.cancel()
             if self._recheck is not None:
                 self._recheck.cancel()
+            if self._head is not None:
+                self._head.cancel()
 
     def _in_order(self) -> list[Item]:
         """The pending live frames that come next in ``seq`` order, taken without awaiting
@@ -274,7 +365,7 @@ class SessionEventReader:
         done first (the end, timed work, a gap, a duplicate, a restored subscription)."""
         items: list[Item] = []
         pending = self._pending
-        if self._end is not None or self._timer_due or self._failure is not None:
+        if self._end is not None or self._timer_due or self._failure is not None or self._behind:
             return items
         while pending and pending[0] is not None and pending[0].get("seq") == self.last_seq + 1:
             message = pending.popleft()
@@ -299,6 +390,9 @@ class SessionEventReader:
         if self._end is not None:
             return [Closed(self._end)]
         items = await self._drained() if self._pending else []
+        if self._behind:  # the catch-up's look found frames the fan-out dropped
+            self._behind = False
+            items.extend(await self._since_last())
         if self._timer_due:
             self._timer_due = False
             items.extend(await self._due(deadlines))
@@ -342,8 +436,8 @@ class SessionEventReader:
         return found
 
     async def _due(self, deadlines: _Deadlines) -> list[Item]:
-        """The timed work that is due: the re-check started (not awaited: see below), the
-        catch-up read, the ping (the slot renewed first).
+        """The timed work that is due: the re-check and the catch-up's look started (neither
+        awaited: see below), the ping (the slot renewed first).
 
         The re-check (a database query, run on a thread from the process's connection pool)
         goes on beside the reading, one at a time, and ends the stream when it is done
@@ -356,10 +450,12 @@ class SessionEventReader:
             if self._recheck is None:
                 self._recheck = asyncio.ensure_future(stream_guard.credential_valid(self.credential))
                 self._recheck.add_done_callback(self._on_rechecked)
-        items: list[Item] = []
         if now >= deadlines.catch_up:
             deadlines.catch_up = now + CATCH_UP_SECONDS
-            items.extend(await self._since_last())
+            if self._head is None:  # frames past last_seq are read at the wake-up it brings (_on_head)
+                self._head = _stream_heads(deadlines.loop).last_seq(self.session_id)
+                self._head.add_done_callback(self._on_head)
+        items: list[Item] = []
         if now >= deadlines.ping:
             deadlines.ping = now + PING_SECONDS
             if self._slot is not None:

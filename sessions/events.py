@@ -411,6 +411,20 @@ async def events_since(*, session_id: int, after_seq: int, limit: int = STREAM_M
     return [_decode(entry_id, fields) for entry_id, fields in rows]
 
 
+LAST_SEQS_CHUNK = 1000
+"""Most counters one ``MGET`` of :func:`last_seqs` reads."""
+
+
+async def last_seqs(session_ids: list[int]) -> list[int]:
+    """The last ``seq`` handed out in each session (its counter; 0 when it has none or it
+    expired), in order: one ``MGET`` per :data:`LAST_SEQS_CHUNK` sessions."""
+    heads: list[int] = []
+    for start in range(0, len(session_ids), LAST_SEQS_CHUNK):
+        keys = [session_keys(session_id)[0] for session_id in session_ids[start:start + LAST_SEQS_CHUNK]]
+        heads.extend(int(value or 0) for value in await async_redis().mget(keys))
+    return heads
+
+
 def _decode(entry_id: bytes | str, fields: dict[bytes, bytes]) -> dict[str, Any]:
     raw_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     seq = int(raw_id.split("-", 1)[0])

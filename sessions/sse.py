@@ -13,8 +13,8 @@ What is sent comes from :class:`sessions.event_reader.SessionEventReader`, as fo
 WebSocket (replay, gaps filled from the stream, pings, the end); this view only encodes it.
 Live events come from the web process's one Redis subscription (:mod:`sessions.live`): an
 open stream holds no Redis connection of its own (it borrows a pooled one for a moment to
-replay, to read the stream every ``CATCH_UP_SECONDS`` for a frame the pub/sub fan-out may
-have dropped, and to renew its slot).
+replay, to read a frame the pub/sub fan-out dropped, and to renew its slot; the look for
+dropped frames every ``CATCH_UP_SECONDS`` is one ``MGET`` shared by the process's streams).
 
 Guards (:mod:`sessions.stream_guard`): ``Last-Event-ID``/``after_seq`` must be an integer
 in 0..2**63-1 (else 400); a user holds at most ``STREAMS_PER_USER_MAX`` streams (WebSocket

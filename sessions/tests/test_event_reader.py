@@ -165,6 +165,65 @@ async def test_a_lost_last_frame_is_caught_up_within_catch_up_seconds(slots, mon
         await reader.close()
 
 
+async def test_an_idle_readers_catch_up_reads_no_stream(slots, monkeypatch) -> None:
+    """The catch-up looks at the session's last seq (one MGET shared by the loop's readers)
+    and reads the stream only when frames are past the reader's; before, it read the stream
+    (an XRANGE, usually empty) every period."""
+    monkeypatch.setattr(event_reader, "CATCH_UP_SECONDS", 0.1)
+    monkeypatch.setattr(event_reader, "CATCH_UP_BATCH_SECONDS", 0.05)
+    reads: list[int] = []
+    since = event_reader.events_since
+
+    async def counted(**kwargs):
+        reads.append(kwargs["after_seq"])
+        return await since(**kwargs)
+
+    async with _reading() as (session_id, _, items):
+        await _first_live(items, session_id)
+        monkeypatch.setattr(event_reader, "events_since", counted)
+        pending = asyncio.ensure_future(_next(items))
+        await asyncio.sleep(1.0)  # ~10 catch-ups due
+        assert not pending.done() and reads == []
+        seq = await _publish_unseen(session_id, "dropped")
+        got = await asyncio.wait_for(pending, 3)
+        assert (got.seq, _texts([got])) == (seq, ["dropped"])
+        assert reads == [seq - 1]  # one read of the stream, for the frame past the reader's
+
+
+async def test_readers_catch_ups_share_one_look(slots, monkeypatch) -> None:
+    monkeypatch.setattr(event_reader, "CATCH_UP_SECONDS", 0.2)
+    monkeypatch.setattr(event_reader, "CATCH_UP_BATCH_SECONDS", 0.3)
+    looks: list[list[int]] = []
+    last_seqs = event_reader.last_seqs
+
+    async def counted(session_ids):
+        looks.append(list(session_ids))
+        return await last_seqs(session_ids)
+
+    monkeypatch.setattr(event_reader, "last_seqs", counted)
+    async with contextlib.AsyncExitStack() as stack:
+        opened = [await stack.enter_async_context(_reading()) for _ in range(3)]
+        for session_id, _, items in opened:
+            await _first_live(items, session_id)
+        looks.clear()
+        dropped = [await _publish_unseen(session_id, "dropped") for session_id, _, _ in opened]
+        got = await asyncio.gather(*(_next(items, timeout=3) for _, _, items in opened))
+        assert [e.seq for e in got] == dropped
+        assert sorted(looks[0]) == sorted(session_id for session_id, _, _ in opened)  # one MGET for the three
+
+
+async def test_a_failed_catch_up_look_propagates(slots, monkeypatch) -> None:
+    async def failing(session_ids):
+        raise ConnectionError("Redis is gone")
+
+    monkeypatch.setattr(event_reader, "CATCH_UP_SECONDS", 0.1)
+    monkeypatch.setattr(event_reader, "CATCH_UP_BATCH_SECONDS", 0.05)
+    monkeypatch.setattr(event_reader, "last_seqs", failing)
+    async with _reading() as (_, _, items):
+        with pytest.raises(ConnectionError, match="Redis is gone"):
+            await _next(items, timeout=3)
+
+
 async def test_an_idle_reader_pings_after_renewing_its_slot(slots, monkeypatch) -> None:
     monkeypatch.setattr(event_reader, "PING_SECONDS", 0.1)
     reader = _reader(_session_id())
