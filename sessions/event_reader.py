@@ -34,16 +34,14 @@ the slot, and must be awaited once the transport is done (also when it was cance
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import json
 import logging
 import random
-import weakref
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
+from agent_platform.loop_batch import LoopBatch
 from agent_platform.revocations import revocations_channel, session_key_digest
 from agent_platform.shutdown import wait_stopping
 from sessions import stream_guard
@@ -57,7 +55,7 @@ PING_SECONDS: float = 15.0
 """A :class:`Ping` this often (seconds); the stream slot is renewed at the same time."""
 CATCH_UP_SECONDS: float = 5.0
 """How often the reader looks for frames the live fan-out dropped: it asks for its session's
-last ``seq`` (:class:`_StreamHeads`, one ``MGET`` for every reader of the loop asking within
+last ``seq`` (:data:`_stream_heads`, one ``MGET`` for every reader of the loop asking within
 :data:`CATCH_UP_BATCH_SECONDS`) and reads the stream only when that is past its own. A lost
 last frame waits at most this + :data:`CATCH_UP_BATCH_SECONDS` (+ the reads)."""
 CATCH_UP_BATCH_SECONDS: float = 0.5
@@ -149,66 +147,14 @@ class _Deadlines:
         return min(self.ping, self.catch_up, self.recheck)
 
 
-class _StreamHeads:
-    """The last ``seq`` of sessions' streams, asked for by one event loop's readers (their
-    catch-up, every :data:`CATCH_UP_SECONDS`) and read together: the sessions asked for within
-    :data:`CATCH_UP_BATCH_SECONDS` in one ``MGET`` of their counters
-    (:func:`sessions.events.last_seqs`), in a context of its own (not the first asker's, whose
-    request may have ended). A future whose reader stopped waiting (cancelled) is left out; an
-    error goes to every future of the read.
-
-    Why: each reader read the stream (an ``XRANGE`` through redis-py, usually empty) every
-    5 s: 2.3 % of the web processes' time in a scale-out round's profile once the credential
-    re-checks were batched, the largest of the streams' timed work, and an idle stream's
-    largest cost (bench/README.md, "Credential re-checks together")."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._waiting: dict[int, list[asyncio.Future[int]]] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._reading: set[asyncio.Future[list[int]]] = set()  # strong references to the reads in flight
-
-    def last_seq(self, session_id: int) -> asyncio.Future[int]:
-        future: asyncio.Future[int] = self._loop.create_future()
-        self._waiting.setdefault(session_id, []).append(future)
-        if self._timer is None:
-            self._timer = self._loop.call_later(CATCH_UP_BATCH_SECONDS, self._flush, context=contextvars.Context())
-        return future
-
-    def _flush(self) -> None:
-        self._timer = None
-        waiting, self._waiting = self._waiting, {}
-        waiting = {s: live for s, futures in waiting.items() if (live := [f for f in futures if not f.done()])}
-        if not waiting:
-            return
-        reading = asyncio.ensure_future(last_seqs(list(waiting)))
-        self._reading.add(reading)
-        reading.add_done_callback(functools.partial(self._answer, waiting))
-
-    def _answer(self, waiting: dict[int, list[asyncio.Future[int]]], reading: asyncio.Future[list[int]]) -> None:
-        self._reading.discard(reading)
-        error = None if reading.cancelled() else reading.exception()
-        heads = [0] * len(waiting) if reading.cancelled() or error is not None else reading.result()
-        for futures, head in zip(waiting.values(), heads, strict=True):
-            for future in futures:
-                if future.done():
-                    continue
-                if reading.cancelled():
-                    future.cancel()
-                elif error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(head)
-
-
-_heads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StreamHeads] = weakref.WeakKeyDictionary()
-
-
-def _stream_heads(loop: asyncio.AbstractEventLoop) -> _StreamHeads:
-    heads = _heads.get(loop)
-    if heads is None:
-        heads = _heads[loop] = _StreamHeads(loop)
-    return heads
+_stream_heads: LoopBatch[int, int] = LoopBatch(lambda session_ids: last_seqs(session_ids),
+                                               lambda: CATCH_UP_BATCH_SECONDS)
+"""The last ``seq`` of sessions' streams, asked for by each event loop's readers (their
+catch-up) and read together: one ``MGET`` of the sessions' counters
+(:func:`sessions.events.last_seqs`). Before, each reader read its stream (an ``XRANGE``
+through redis-py, usually empty) every 5 s: 2.3 % of the web processes' time in a scale-out
+round's profile once the credential re-checks were batched, the largest of the streams' timed
+work, and an idle stream's largest cost (bench/README.md, "Credential re-checks together")."""
 
 
 class SessionEventReader:
@@ -242,7 +188,7 @@ class SessionEventReader:
         self._recheck: asyncio.Future[bool] | None = None  # the credential re-check in flight
         self._head: asyncio.Future[int] | None = None  # the catch-up's look at the stream's last seq
         self._behind = False  # that look found frames past last_seq: read them at the next wake-up
-        self._failure: BaseException | None = None  # a re-check that raised: out of the iteration
+        self._failure: BaseException | None = None  # a re-check or a look that raised: out of the iteration
 
     # --- the client's signals ----------------------------------------------------------------
 
@@ -453,7 +399,7 @@ class SessionEventReader:
         if now >= deadlines.catch_up:
             deadlines.catch_up = now + CATCH_UP_SECONDS
             if self._head is None:  # frames past last_seq are read at the wake-up it brings (_on_head)
-                self._head = _stream_heads(deadlines.loop).last_seq(self.session_id)
+                self._head = _stream_heads.ask(self.session_id)
                 self._head.add_done_callback(self._on_head)
         items: list[Item] = []
         if now >= deadlines.ping:

@@ -22,12 +22,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
 import secrets
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -36,6 +32,7 @@ from typing import Any, Final
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from agent_platform.loop_batch import LoopBatch
 from agent_platform.redis_clients import async_redis
 
 AUTH_RECHECK_SECONDS: float = 15.0
@@ -163,73 +160,23 @@ one set of queries answers them all (:func:`credential_valid`). A credential tha
 authenticating ends its streams within ``AUTH_RECHECK_SECONDS`` + this (+ the queries)."""
 
 
-class _CredentialBatch:
-    """The re-checks one event loop's streams asked for and that wait to be answered together.
-
-    The first request starts a timer of :data:`CREDENTIAL_BATCH_SECONDS`; then every credential
-    asked for meanwhile is checked by one :func:`credentials_valid_sync` in a database thread,
-    and each request's future gets its credential's answer (or the error, to every one). A
-    request whose caller stopped waiting (a closed stream: its future cancelled) is left out.
-
-    Why: every open stream re-checks its credential every ``AUTH_RECHECK_SECONDS``. One by one,
-    each was a thread hop and two ORM queries; in a scale-out round they were 16 % of a web
-    process's CPU (bench/README.md, "Credential re-checks together")."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._waiting: dict[StreamCredential, list[asyncio.Future[bool]]] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._checking: set[asyncio.Future[list[bool]]] = set()  # strong references to the checks in flight
-
-    def check(self, credential: StreamCredential) -> asyncio.Future[bool]:
-        future: asyncio.Future[bool] = self._loop.create_future()
-        self._waiting.setdefault(credential, []).append(future)
-        if self._timer is None:
-            # In a context of its own: the first stream's (its request's thread, which may be
-            # gone by then) is not the batch's.
-            self._timer = self._loop.call_later(CREDENTIAL_BATCH_SECONDS, self._flush, context=contextvars.Context())
-        return future
-
-    def _flush(self) -> None:
-        self._timer = None
-        waiting, self._waiting = self._waiting, {}
-        waiting = {c: live for c, futures in waiting.items() if (live := [f for f in futures if not f.done()])}
-        if not waiting:
-            return
-        check = database_sync_to_async(credentials_valid_sync, thread_sensitive=False)  # a thread of the loop's pool
-        checking = asyncio.ensure_future(check(list(waiting)))
-        self._checking.add(checking)
-        checking.add_done_callback(functools.partial(self._answer, waiting))
-
-    def _answer(self, waiting: dict[StreamCredential, list[asyncio.Future[bool]]],
-                checking: asyncio.Future[list[bool]]) -> None:
-        self._checking.discard(checking)
-        error = None if checking.cancelled() else checking.exception()
-        answers = [False] * len(waiting) if checking.cancelled() or error is not None else checking.result()
-        for (_, futures), valid in zip(waiting.items(), answers, strict=True):
-            for future in futures:
-                if future.done():
-                    continue
-                if checking.cancelled():
-                    future.cancel()
-                elif error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(valid)
+async def _credentials_valid(credentials: list[StreamCredential]) -> list[bool]:
+    # On a thread of the loop's pool (a batch belongs to no request's thread).
+    return await database_sync_to_async(credentials_valid_sync, thread_sensitive=False)(credentials)
 
 
-_batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CredentialBatch] = weakref.WeakKeyDictionary()
+_credential_checks: LoopBatch[StreamCredential, bool] = LoopBatch(
+    _credentials_valid, lambda: CREDENTIAL_BATCH_SECONDS)
+"""The re-checks of each event loop's streams, answered together. One by one, each was a thread
+hop and two ORM queries; in a scale-out round they were 16 % of a web process's CPU
+(bench/README.md, "Credential re-checks together")."""
 
 
 async def credential_valid(credential: StreamCredential) -> bool:
     """Async :func:`credential_valid_sync`, answered together with the other re-checks of this
     event loop's streams asked for within :data:`CREDENTIAL_BATCH_SECONDS` (so it returns
-    that much later). Raises what the queries raise."""
-    loop = asyncio.get_running_loop()
-    batch = _batches.get(loop)
-    if batch is None:
-        batch = _batches[loop] = _CredentialBatch(loop)
-    return await batch.check(credential)
+    that much later; :class:`agent_platform.loop_batch.LoopBatch`). Raises what the queries raise."""
+    return await _credential_checks.ask(credential)
 
 
 _ACQUIRE_LUA = """
