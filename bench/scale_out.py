@@ -49,11 +49,17 @@ Every process it starts is in its own process group and stopped (SIGTERM, then S
 its layout ends or the script fails; the queue is deleted then.
 
 Run: ``.venv/bin/python bench/scale_out.py [--n 600] [--layouts 1x1 2x3+beat] [--warmup 5]
-[--worker-concurrency K] [--tenants K] [--post-concurrency K] [--no-analyze] [--keep-logs] [--timeline]``
+[--worker-concurrency K] [--tenants K] [--post-concurrency K] [--no-analyze] [--keep-logs] [--timeline]
+[--probe]``
 
 ``--timeline`` also prints, per second of each reported round, the tokens the fake model wrote
 that second, their token → client p50/p95/max, and how many POSTs were answered: whether the
 tail falls while the messages arrive or later.
+
+``--probe`` also starts ``_live_probe.py``, one more process subscribed to every session's live
+channel, and prints each token's latency split in three: model → the worker's event (its
+``ts``), event → Redis subscriber (the worker's publish and Redis), model → client (the whole
+path); what the whole adds to the second is the web process's and the client's share.
 """
 
 from __future__ import annotations
@@ -367,6 +373,45 @@ class Clients:
             proc.wait(timeout=10)
 
 
+class LiveProbe:
+    """``--probe``: a ``_live_probe.py`` process listening to every session's live channel."""
+
+    def __init__(self) -> None:
+        from django.conf import settings
+
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_live_probe.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.proc.stdin.write(json.dumps({"redis": settings.REDIS_URL,
+                                          "pattern": f"{settings.REDIS_KEY_PREFIX}:session:*:live"}) + "\n")
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline().strip() != "ready":
+            self.close()
+            raise RuntimeError("the live-channel probe did not subscribe")
+
+    def results(self) -> dict:
+        """Stops the probe; its report (see ``_live_probe.py``)."""
+        self.proc.stdin.write("stop\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def print_probe(total_ms: list[float], probe: dict) -> None:
+    """``--probe``: token → client split at the worker's event and at Redis's ``PUBLISH``."""
+    def figures(xs: list[float]) -> str:
+        return f"p50 {percentile(xs, 0.5):.1f} ms p95 {percentile(xs, 0.95):.1f} ms max {max(xs, default=float('nan')):.1f} ms"
+
+    to_redis = probe["latencies_ms"]
+    publish = [a - b for a, b in zip(to_redis, probe["to_event_ms"], strict=True)]
+    print(f"    split (--probe, {len(to_redis)} tokens): model → worker's event {figures(probe['to_event_ms'])}; "
+          f"event → Redis subscriber {figures(publish)}; model → Redis subscriber {figures(to_redis)}; "
+          f"model → client {figures(total_ms)}", flush=True)
+
+
 @dataclass
 class RoundResult:
     """One layout's figures at one N."""
@@ -410,7 +455,7 @@ def print_timeline(started: float, result: dict, posted: list[tuple[int, float, 
 
 
 def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model_pid: int, n: int, *, report: bool,
-              post_limit: int, analyze_first: bool, timeline: bool = False) -> RoundResult:
+              post_limit: int, analyze_first: bool, timeline: bool = False, probe: bool = False) -> RoundResult:
     """N runs at once on ``platform``, session i in ``accounts[i mod K]`` (a tenant and its API
     token); prints the figures if ``report``."""
     webs = [f"127.0.0.1:{p}" for p in platform.ports]
@@ -423,6 +468,8 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
               for i, sid in enumerate(sessions)]
     posts = [(sid, webs[(i + 1) % w], tokens[i]) for i, sid in enumerate(sessions)]
     clients = Clients(follow)
+    live_probe = LiveProbe() if probe else None
+    probe_result = None
     try:
         postmaster = postmaster_pid()
         taken, refused = platform.run_tasks()
@@ -431,8 +478,12 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
         posted = asyncio.run(_post_all(posts, post_limit))
         result = clients.results()
         cpu = Cpu.read(platform, [model_pid, *clients.pids], postmaster) - before
+        if live_probe is not None:
+            probe_result = live_probe.results()
     finally:
         clients.close()
+        if live_probe is not None:
+            live_probe.close()
     taken_now, refused_now = platform.run_tasks()
     taken = [after - then for after, then in zip(taken_now, taken, strict=True)]
     refused = refused_now - refused
@@ -468,6 +519,8 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
             + (f"\n    client errors {len(result['errors'])}: {result['errors'][:3]}" if result["errors"] else ""),
             flush=True,
         )
+        if probe_result is not None:
+            print_probe(lat, probe_result)
         if timeline:
             print_timeline(started, result, posted)
     return RoundResult(platform.layout, n, wall, completed, p95, missing + dup + tokens_lost)
@@ -502,6 +555,9 @@ def main() -> None:
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs (the path is printed)")
     parser.add_argument("--timeline", action="store_true",
                         help="also print each reported round's token latency and POSTs answered second by second")
+    parser.add_argument("--probe", action="store_true",
+                        help="also listen to every live channel (_live_probe.py) and print where each token's "
+                             "latency falls: model → worker's event, → Redis subscriber, → client")
     args = parser.parse_args()
     print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}", flush=True)
     results: list[RoundResult] = []
@@ -523,7 +579,7 @@ def main() -> None:
                                   post_limit=args.post_concurrency, analyze_first=False)
                     results.append(one_round(accounts, platform, base_url.pid, args.n, report=True,
                                              post_limit=args.post_concurrency, analyze_first=args.analyze,
-                                             timeline=args.timeline))
+                                             timeline=args.timeline, probe=args.probe))
         finally:
             _delete_queue()
             if args.keep_logs:
