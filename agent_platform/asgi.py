@@ -24,6 +24,21 @@ def _configure_tracing() -> None:
 _configure_tracing()
 django_asgi_app = get_asgi_application()
 
+
+def _fill_url_resolver() -> None:
+    """Fill Django's URL resolver now, before the process serves. Filled lazily, by a request's
+    first reverse(), every request thread that got there before it was done filled it again
+    for itself (Django guards the filling per thread): ~0.5 s of CPU each, 4 threads at once
+    in a web process's first burst of requests (bench/README.md, "Credential re-checks
+    together"). The console middleware's reverse() fills it too when the handler is built;
+    this one does not depend on it."""
+    from django.urls import reverse
+
+    reverse("admin:index")
+
+
+_fill_url_resolver()
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from agent_platform.request_threads import RequestThreads  # noqa: E402

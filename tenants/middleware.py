@@ -51,11 +51,8 @@ class ConsoleScopeMiddleware:
         self.async_mode = iscoroutinefunction(get_response)
         if self.async_mode:
             markcoroutinefunction(self)
-        # Now, while the handler is built (the web process imports its ASGI app before it
-        # serves): the first reverse() fills Django's URL resolver (~0.5 s of CPU), and every
-        # request thread that reached it before it was filled filled it again for itself
-        # (Django guards the filling per thread), 4 threads at once in a web process's first
-        # burst of requests (bench/README.md, "Credential re-checks together").
+        # Once, while the handler is built (this also fills the URL resolver before the web
+        # process serves; agent_platform/asgi.py fills it explicitly as well).
         self._prefix: str = reverse("admin:index")
 
     def _is_console(self, request: HttpRequest) -> bool:
