@@ -293,3 +293,41 @@ def test_a_run_end_skips_the_observers_when_nothing_wants_it(world, fake_llm, no
     async_to_sync(execute_run)(pushed.pk)
     assert observed == [first, pushed.pk]
     assert second not in observed
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("all_tenants_scope")
+def test_a_run_pause_skips_the_observers_when_nothing_wants_it(world, fake_llm, no_enqueue, monkeypatch):
+    """A run's pause for an approval makes the same check as its end: no database-thread hop to
+    the observers for a tenant known to have no subscription and a run without a push config;
+    one for a run with a push config."""
+    from asgiref.sync import async_to_sync
+
+    from agents.tests.factories import bind_builtin
+    from automations import outbound
+    from llm.testing import ToolCalls
+    from sessions.models import Run, RunStatus, TaskPushConfig
+    from sessions.runner.loop import execute_run
+    from sessions.runs import transitions
+    from sessions.tests.conftest import post_message_sync
+
+    observed: list[tuple[int, str]] = []
+    monkeypatch.setattr(transitions, "run_event_observe",
+                        lambda tenant_id, run_id, event_type, data: observed.append((run_id, event_type)))
+    outbound._subscribes.clear()
+    with tenant_scope(world.tenant.pk):
+        assert outbound._tenant_subscribes(world.tenant.pk) is False  # known: no subscription
+    agent = agent_with_route(tenant=world.tenant, base_urls=[fake_llm.base_url])
+    bind_builtin(agent, "test_echo", approval_policy=[{"pattern": "test_*", "action": "ask"}])
+    fake_llm.respond(lambda body: ToolCalls([("test_echo", {"text": "ping"})]))
+
+    quiet = post_message_sync(agent=agent, user=world.member, content="no push")
+    async_to_sync(execute_run)(quiet.pk)
+    pushed = post_message_sync(agent=agent, user=world.member, content="push me")
+    with tenant_scope(world.tenant.pk):
+        TaskPushConfig.objects.create(tenant_id=world.tenant.pk, run=pushed, config_id="c1",
+                                      url="https://receiver.example/hook")
+    async_to_sync(execute_run)(pushed.pk)
+    statuses = dict(Run.all_tenants.filter(pk__in=[quiet.pk, pushed.pk]).values_list("pk", "status"))
+    assert statuses == {quiet.pk: RunStatus.AWAITING_APPROVAL, pushed.pk: RunStatus.AWAITING_APPROVAL}
+    assert observed == [(pushed.pk, "run_awaiting_approval")]

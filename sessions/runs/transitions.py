@@ -33,11 +33,12 @@ from sessions.models import (
     Run,
     RunPurpose,
     RunStatus,
+    TaskPushConfig,
 )
 from sessions.runner.threads import db
 from sessions.runs.claim import tenant_waiting_run_ids
 from sessions.runs.handoff import run_enqueue_on_commit, runs_hand_to_workers
-from sessions.runs.records import Publish, approval_payload, run_event_observe, run_event_observers
+from sessions.runs.records import Publish, approval_payload, run_event_observe, run_event_observers, run_event_wanted
 from tenants.scoping import require_tenant_id
 
 _unattended: contextvars.ContextVar[bool] = contextvars.ContextVar("unattended_runs", default=False)
@@ -171,20 +172,20 @@ async def run_pause(run_id: int, *, publish: Publish) -> bool:
     Returns:
         Whether the run paused (False: it was queued again at once).
     """
-    approvals, to_start = await db(_pause)(run_id)
+    approvals, to_start, push_configured = await db(_pause)(run_id)
     if approvals:
-        if run_event_observers:
-            await db(run_event_observe)(require_tenant_id(), run_id, "run_awaiting_approval",
-                                        {"approvals": approvals})
+        tenant_id = require_tenant_id()
+        if run_event_observers and run_event_wanted(tenant_id, "run_awaiting_approval", push_configured=push_configured):
+            await db(run_event_observe)(tenant_id, run_id, "run_awaiting_approval", {"approvals": approvals})
         await publish("run_awaiting_approval", {"approvals": approvals})
     await runs_hand_to_workers(to_start)
     return bool(approvals)
 
 
 @transaction.atomic
-def _pause(run_id: int) -> tuple[list[dict[str, Any]], list[int]]:
+def _pause(run_id: int) -> tuple[list[dict[str, Any]], list[int], bool]:
     """:func:`run_pause`'s transaction: (the pending approvals as event payloads, run ids to
-    hand to workers)."""
+    hand to workers, whether the run has an A2A push-notification config)."""
     run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
     pending = list(
         Approval.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).select_related("sub_run__skill")
@@ -194,13 +195,14 @@ def _pause(run_id: int) -> tuple[list[dict[str, Any]], list[int]]:
         run.status = RunStatus.QUEUED
         run.heartbeat_at = None
         run.save(update_fields=["status", "heartbeat_at"])
-        return [], [run_id]
+        return [], [run_id], False
     run.status = RunStatus.AWAITING_APPROVAL
     run.paused_at = timezone.now()
     run.heartbeat_at = None
     run.save(update_fields=["status", "paused_at", "heartbeat_at"])
     Run.objects.filter(steered_into_id=run_id).update(status=RunStatus.AWAITING_APPROVAL)
-    return [approval_payload(a) for a in pending], tenant_waiting_run_ids(run.tenant_id)
+    push_configured = TaskPushConfig.objects.filter(run_id=run_id).exists()
+    return [approval_payload(a) for a in pending], tenant_waiting_run_ids(run.tenant_id), push_configured
 
 
 def run_resume(*, run: Run, now: datetime) -> bool:
