@@ -435,9 +435,11 @@ def _lost(sessions: list[int], got: dict) -> tuple[int, int, int]:
     return missing, dup, tokens
 
 
-def print_timeline(started: float, result: dict, posted: list[tuple[int, float, int, float, str]]) -> None:
+def print_timeline(started: float, result: dict, posted: list[tuple[int, float, int, float, str]],
+                   probe: dict | None = None) -> None:
     """``--timeline``: per second of the round (by when the fake model wrote the token), the
-    tokens written, their latency to the client p50/p95/max, and the POSTs answered that second."""
+    tokens written, their latency to the client p50/p95/max, and the POSTs answered that second;
+    with ``--probe`` also the p95/max of their latency to the Redis subscriber (the worker's half)."""
     by_second: dict[int, list[float]] = {}
     for kind in ("ws", "sse"):
         for written, ms in zip(result["written_at"][kind], result["latencies_ms"][kind], strict=True):
@@ -446,12 +448,22 @@ def print_timeline(started: float, result: dict, posted: list[tuple[int, float, 
     for _, sent, _, ms, _ in posted:
         second = int(sent + ms / 1000 - started)
         answered[second] = answered.get(second, 0) + 1
-    print("    second  tokens  p50 ms  p95 ms  max ms  POSTs answered", flush=True)
+    to_redis: dict[int, list[float]] = {}
+    if probe is not None:
+        for written, ms in zip(probe["written_at"], probe["latencies_ms"], strict=True):
+            to_redis.setdefault(int(written - started), []).append(ms)
+    print(f"    (second 0 began at {started:.3f}, seconds since the epoch)", flush=True)
+    print("    second  tokens  p50 ms  p95 ms  max ms  POSTs answered"
+          + ("  to Redis p95 ms  max ms" if probe is not None else ""), flush=True)
     for second in range(max([*by_second, *answered], default=-1) + 1):
         lat = by_second.get(second, [])
         figures = (f"{percentile(lat, 0.5):6.0f}  {percentile(lat, 0.95):6.0f}  {max(lat):6.0f}" if lat
                    else "     –       –       –")
-        print(f"    {second:6d}  {len(lat):6d}  {figures}  {answered.get(second, 0):6d}", flush=True)
+        line = f"    {second:6d}  {len(lat):6d}  {figures}  {answered.get(second, 0):14d}"
+        if probe is not None:
+            half = to_redis.get(second, [])
+            line += (f"  {percentile(half, 0.95):15.0f}  {max(half):6.0f}" if half else "                –       –")
+        print(line, flush=True)
 
 
 def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model_pid: int, n: int, *, report: bool,
@@ -522,7 +534,7 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
         if probe_result is not None:
             print_probe(lat, probe_result)
         if timeline:
-            print_timeline(started, result, posted)
+            print_timeline(started, result, posted, probe_result)
     return RoundResult(platform.layout, n, wall, completed, p95, missing + dup + tokens_lost)
 
 
