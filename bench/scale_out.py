@@ -50,7 +50,7 @@ its layout ends or the script fails; the queue is deleted then.
 
 Run: ``.venv/bin/python bench/scale_out.py [--n 600] [--layouts 1x1 2x3+beat] [--warmup 5]
 [--worker-concurrency K] [--tenants K] [--post-concurrency K] [--no-analyze] [--keep-logs] [--timeline]
-[--probe]``
+[--probe] [--gc-pauses]``
 
 ``--timeline`` also prints, per second of each reported round, the tokens the fake model wrote
 that second, their token → client p50/p95/max, and how many POSTs were answered: whether the
@@ -60,6 +60,10 @@ tail falls while the messages arrive or later.
 channel, and prints each token's latency split in three: model → the worker's event (its
 ``ts``), event → Redis subscriber (the worker's publish and Redis), model → client (the whole
 path); what the whole adds to the second is the web process's and the client's share.
+
+``--gc-pauses`` puts ``bench/gc_pauses`` on the started processes' ``PYTHONPATH`` (its
+``sitecustomize`` logs every garbage collection of 20 ms or more) and prints, per web process
+and worker, the collections that fell in the reported round: when, which generation, how long.
 """
 
 from __future__ import annotations
@@ -412,6 +416,23 @@ def print_probe(total_ms: list[float], probe: dict) -> None:
           f"model → client {figures(total_ms)}", flush=True)
 
 
+_GC_PAUSE = re.compile(rb"GCPAUSE pid=\d+ at=([\d.]+) gen=(\d) ms=([\d.]+)")
+
+
+def print_gc_pauses(platform: Platform, start: float, end: float) -> None:
+    """``--gc-pauses``: each web process's and worker's garbage collections of 20 ms or more
+    between ``start`` and ``end`` (epoch seconds), from their logs; nothing without the flag."""
+    lines = []
+    for child in [*platform.webs, *platform.workers]:
+        pauses = [(float(at) - start, int(gen), float(ms)) for at, gen, ms in _GC_PAUSE.findall(child.log.read_bytes())
+                  if start <= float(at) <= end]
+        if pauses:
+            lines.append(f"{child.name}: " + ", ".join(f"{ms:.0f} ms (gen {gen}, second {at:.1f})"
+                                                       for at, gen, ms in pauses))
+    if os.environ.get("PYTHONPATH", "").startswith(str(Path(__file__).with_name("gc_pauses"))):
+        print("    collections ≥ 20 ms in the round: " + ("; ".join(lines) if lines else "none"), flush=True)
+
+
 @dataclass
 class RoundResult:
     """One layout's figures at one N."""
@@ -533,6 +554,7 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
         )
         if probe_result is not None:
             print_probe(lat, probe_result)
+        print_gc_pauses(platform, started, started + wall if wall == wall else time.time())
         if timeline:
             print_timeline(started, result, posted, probe_result)
     return RoundResult(platform.layout, n, wall, completed, p95, missing + dup + tokens_lost)
@@ -570,7 +592,13 @@ def main() -> None:
     parser.add_argument("--probe", action="store_true",
                         help="also listen to every live channel (_live_probe.py) and print where each token's "
                              "latency falls: model → worker's event, → Redis subscriber, → client")
+    parser.add_argument("--gc-pauses", action="store_true",
+                        help="log the started processes' garbage collections of 20 ms or more (bench/gc_pauses) and "
+                             "print those of each reported round")
     args = parser.parse_args()
+    if args.gc_pauses:
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).with_name("gc_pauses")), *filter(None, [os.environ.get("PYTHONPATH")])])
     print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}", flush=True)
     results: list[RoundResult] = []
     tmp = tempfile.mkdtemp(prefix="scale-out-")
