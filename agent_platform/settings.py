@@ -479,10 +479,10 @@ if RUN_HOST_LOOP not in {"uvloop", "asyncio"}:
 RUN_HOST_SWITCH_INTERVAL_MS = float(os.environ.get("RUN_HOST_SWITCH_INTERVAL_MS", "1"))
 
 
-def _gc_thresholds(name: str, *, may_be_empty: bool) -> tuple[int, ...]:
-    """``gc.set_threshold`` values from the environment variable ``name`` ("50000,20,100" if
+def _gc_thresholds(name: str, default: str, *, may_be_empty: bool) -> tuple[int, ...]:
+    """``gc.set_threshold`` values from the environment variable ``name`` (``default`` if
     unset); empty (``may_be_empty``) means: leave the collector as CPython sets it."""
-    raw = os.environ.get(name, "50000,20,100")
+    raw = os.environ.get(name, default)
     try:
         values = tuple(int(n) for n in raw.split(",") if n.strip())
     except ValueError:
@@ -496,10 +496,15 @@ def _gc_thresholds(name: str, *, may_be_empty: bool) -> tuple[int, ...]:
 
 # The worker's garbage-collector thresholds (gc.set_threshold: generation 0, 1, 2), set with
 # gc.freeze() when the run host starts (sessions/runner/host.py).
-RUN_HOST_GC_THRESHOLDS = _gc_thresholds("RUN_HOST_GC_THRESHOLDS", may_be_empty=False)
+RUN_HOST_GC_THRESHOLDS = _gc_thresholds("RUN_HOST_GC_THRESHOLDS", "50000,20,100", may_be_empty=False)
 # The web process's garbage-collector thresholds, set with gc.freeze() once the ASGI app is
-# built (agent_platform/asgi.py); empty: CPython's defaults, nothing frozen.
-WEB_GC_THRESHOLDS = _gc_thresholds("WEB_GC_THRESHOLDS", may_be_empty=True)
+# built (agent_platform/asgi.py); empty: CPython's defaults, nothing frozen. Smaller than the
+# worker's: each message POST leaves ~200 objects in reference cycles (DRF's serializer fields,
+# asgiref's locals), and at 50000,20,100 a young collection of ~60,000 of them stopped every
+# stream of the web process for 170-315 ms, two or three times a round of 600 runs; at
+# 2000,10,100 none took longer than 67 ms in three rounds (bench/README.md, "The web
+# process's young collections").
+WEB_GC_THRESHOLDS = _gc_thresholds("WEB_GC_THRESHOLDS", "2000,10,100", may_be_empty=True)
 # Runs a web process starts at once (sessions/api/agent_runs.py: run_start_gate): the chat app's
 # POSTs that start a run (a message, regenerate, continue, edit, retry; agent_platform/asgi.py),
 # the OpenAI-compatible API and A2A; more wait their turn. Each start is ORM and cache work in a
