@@ -37,6 +37,10 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 COPY . .
 RUN --mount=type=cache,target=/root/.cache/pip \
     CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip install -c constraints.txt -e '.[llm]'
+# The project's own bytecode, now: pip compiled the dependencies, but PYTHONDONTWRITEBYTECODE
+# (above) and the read-only tree (USER app below) would otherwise make every process compile the
+# project's modules at every start, and again at each first import of a tool's module in a run.
+RUN python -m compileall -q -j 0 -x '(^|/)(node_modules|var)/' .
 
 # Static files are served by WhiteNoise from STATIC_ROOT (var/staticfiles). The settings refuse
 # to import without keys, so this step gets throwaway random ones, which live only in this RUN's

@@ -1,5 +1,8 @@
 .PHONY: run test bench lint mutation
 
+# Every recipe's Python may keep its bytecode (docs/operations-security.md, "Bytecode").
+unexport PYTHONDONTWRITEBYTECODE
+
 ## Start the whole platform (model server, worker, web) on http://127.0.0.1:8000/
 run:
 	scripts/run.sh

@@ -3,6 +3,11 @@
 # server; print the URLs; stop them all on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python may write its bytecode (an environment that says PYTHONDONTWRITEBYTECODE=1, as this
+# machine's does, makes every process compile every module it imports at every start: the
+# dependencies are installed without bytecode, scripts/bootstrap.sh; importing the web app took
+# 6.9 s of CPU so, 2.9 s with bytecode; docs/operations-security.md, "Bytecode").
+unset PYTHONDONTWRITEBYTECODE
 scripts/bootstrap.sh
 PY=.venv/bin/python
 # Served as in production: DEBUG off (no debug pages, no SQL kept in memory). The keys come from

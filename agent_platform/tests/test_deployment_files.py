@@ -5,7 +5,9 @@ run here: these read the files as compose would.)"""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -79,3 +81,25 @@ def test_the_layout_scales_workers_and_keeps_one_beat():
     web, worker = _env(services["web"]), _env(services["worker"])
     for key in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "ENCRYPTION_KEY"):
         assert web[key] == worker[key], key
+
+
+def test_the_image_holds_the_projects_bytecode():
+    """The image sets PYTHONDONTWRITEBYTECODE and its tree is read-only to the app user, so the
+    project's modules are compiled when it is built, after they are copied in; else every
+    process compiled them at every start (docs/operations-security.md, "Bytecode")."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^ENV PYTHONDONTWRITEBYTECODE=1", dockerfile, re.M)
+    copied, compiled, unprivileged = (re.search(rf"^{instruction}", dockerfile, re.M).start()
+                                      for instruction in ("COPY \\. \\.", "RUN python -m compileall", "USER app"))
+    assert copied < compiled < unprivileged
+
+
+def test_make_lets_python_keep_its_bytecode():
+    """An environment with PYTHONDONTWRITEBYTECODE=1 (this machine's) made every process that
+    `make run` or `make test` started compile everything it imported, at every start: 6.9 s of
+    CPU to import the web app, against 2.9 s with bytecode (bench/README.md)."""
+    probe = subprocess.run(["make", "-s", "--eval", 'bytecode-probe: ; @echo "[$$PYTHONDONTWRITEBYTECODE]"',
+                            "bytecode-probe"], cwd=ROOT, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "[]"
