@@ -501,9 +501,9 @@ RUN_HOST_GC_THRESHOLDS = _gc_thresholds("RUN_HOST_GC_THRESHOLDS", "50000,20,100"
 # built (agent_platform/asgi.py); empty: CPython's defaults, nothing frozen. Smaller than the
 # worker's: each message POST leaves ~200 objects in reference cycles (DRF's serializer fields,
 # asgiref's locals), and at 50000,20,100 a young collection of ~60,000 of them stopped every
-# stream of the web process for 170-315 ms, two or three times a round of 600 runs; at
-# 2000,10,100 none took longer than 67 ms in three rounds (bench/README.md, "The web
-# process's young collections").
+# stream of the web process for 166-579 ms, two or three times a round of 600 runs; at
+# 2000,10,100 the longest of a round took 36-105 ms (bench/README.md, "Where a token's time
+# goes, and the web process's young collections").
 WEB_GC_THRESHOLDS = _gc_thresholds("WEB_GC_THRESHOLDS", "2000,10,100", may_be_empty=True)
 # Runs a web process starts at once (sessions/api/agent_runs.py: run_start_gate): the chat app's
 # POSTs that start a run (a message, regenerate, continue, edit, retry; agent_platform/asgi.py),

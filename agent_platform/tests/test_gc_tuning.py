@@ -46,10 +46,10 @@ def test_the_served_app_freezes_its_set_up_and_sets_the_thresholds() -> None:
 def test_by_default_the_web_process_collects_its_young_objects_in_small_pieces() -> None:
     """Each message POST leaves ~200 objects in reference cycles (DRF's serializer fields,
     asgiref's locals). With the worker's thresholds (50000,20,100) a web process collected
-    ~60,000 of them at once, stopping all its streams for 170–579 ms two or three times a
-    round of 600 runs; young collections of at most a few thousand objects, and generation 1
-    every ten of them, kept every collection under 70 ms (bench/README.md, "Where a token's
-    time goes, and the web process's young collections")."""
+    ~60,000 of them at once, stopping all its streams for 166–579 ms two or three times a
+    round of 600 runs; with young collections of at most a few thousand objects, and
+    generation 1 every ten of them, the longest of a round took 36–105 ms (bench/README.md,
+    "Where a token's time goes, and the web process's young collections")."""
     thresholds, frozen = _import_the_app(None)
     assert thresholds[0] <= 2000 and thresholds[1] <= 10
     assert frozen > 10_000
