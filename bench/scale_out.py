@@ -29,8 +29,8 @@ a run needs ~3.5 s of model time. Printed per layout, with the definitions of
   received, plus duplicates, plus answer tokens sent but not received;
 - CPU per run (``/proc``, the round only) of the workers (sum), the web processes (sum), beat,
   Redis, PostgreSQL (the whole cluster on this host, reaped backends included: anything else
-  using the cluster meanwhile counts too) and the harness (fake model, clients, this
-  process's POSTs); how busy the whole machine was (``/proc/stat``, all cores); the run tasks
+  using the cluster meanwhile counts too) and the harness (fake model, clients, the
+  ``--probe`` listener, this process's POSTs); how busy the whole machine was (``/proc/stat``, all cores); the run tasks
   each worker received, and how many of them found their run already running or ended (a
   duplicate hand-off; their logs).
 
@@ -501,16 +501,17 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
               for i, sid in enumerate(sessions)]
     posts = [(sid, webs[(i + 1) % w], tokens[i]) for i, sid in enumerate(sessions)]
     clients = Clients(follow)
-    live_probe = LiveProbe() if probe else None
-    probe_result = None
+    live_probe, probe_result = None, None
     try:
+        live_probe = LiveProbe() if probe else None
+        harness = [model_pid, *clients.pids, *([live_probe.proc.pid] if live_probe is not None else [])]
         postmaster = postmaster_pid()
         taken, refused = platform.run_tasks()
-        before = Cpu.read(platform, [model_pid, *clients.pids], postmaster)
+        before = Cpu.read(platform, harness, postmaster)
         started = time.time()
         posted = asyncio.run(_post_all(posts, post_limit))
         result = clients.results()
-        cpu = Cpu.read(platform, [model_pid, *clients.pids], postmaster) - before
+        cpu = Cpu.read(platform, harness, postmaster) - before
         if live_probe is not None:
             probe_result = live_probe.results()
     finally:
