@@ -421,7 +421,7 @@ _GC_PAUSE = re.compile(rb"GCPAUSE pid=\d+ at=([\d.]+) gen=(\d) ms=([\d.]+)")
 
 def print_gc_pauses(platform: Platform, start: float, end: float) -> None:
     """``--gc-pauses``: each web process's and worker's garbage collections of 20 ms or more
-    between ``start`` and ``end`` (epoch seconds), from their logs; nothing without the flag."""
+    between ``start`` and ``end`` (epoch seconds), from their logs."""
     lines = []
     for child in [*platform.webs, *platform.workers]:
         pauses = [(float(at) - start, int(gen), float(ms)) for at, gen, ms in _GC_PAUSE.findall(child.log.read_bytes())
@@ -429,8 +429,7 @@ def print_gc_pauses(platform: Platform, start: float, end: float) -> None:
         if pauses:
             lines.append(f"{child.name}: " + ", ".join(f"{ms:.0f} ms (gen {gen}, second {at:.1f})"
                                                        for at, gen, ms in pauses))
-    if os.environ.get("PYTHONPATH", "").startswith(str(Path(__file__).with_name("gc_pauses"))):
-        print("    collections ≥ 20 ms in the round: " + ("; ".join(lines) if lines else "none"), flush=True)
+    print("    collections ≥ 20 ms in the round: " + ("; ".join(lines) if lines else "none"), flush=True)
 
 
 @dataclass
@@ -488,7 +487,8 @@ def print_timeline(started: float, result: dict, posted: list[tuple[int, float, 
 
 
 def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model_pid: int, n: int, *, report: bool,
-              post_limit: int, analyze_first: bool, timeline: bool = False, probe: bool = False) -> RoundResult:
+              post_limit: int, analyze_first: bool, timeline: bool = False, probe: bool = False,
+              gc_pauses: bool = False) -> RoundResult:
     """N runs at once on ``platform``, session i in ``accounts[i mod K]`` (a tenant and its API
     token); prints the figures if ``report``."""
     webs = [f"127.0.0.1:{p}" for p in platform.ports]
@@ -555,7 +555,8 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
         )
         if probe_result is not None:
             print_probe(lat, probe_result)
-        print_gc_pauses(platform, started, started + wall if wall == wall else time.time())
+        if gc_pauses:
+            print_gc_pauses(platform, started, started + wall if wall == wall else time.time())
         if timeline:
             print_timeline(started, result, posted, probe_result)
     return RoundResult(platform.layout, n, wall, completed, p95, missing + dup + tokens_lost)
@@ -620,7 +621,7 @@ def main() -> None:
                                   post_limit=args.post_concurrency, analyze_first=False)
                     results.append(one_round(accounts, platform, base_url.pid, args.n, report=True,
                                              post_limit=args.post_concurrency, analyze_first=args.analyze,
-                                             timeline=args.timeline, probe=args.probe))
+                                             timeline=args.timeline, probe=args.probe, gc_pauses=args.gc_pauses))
         finally:
             _delete_queue()
             if args.keep_logs:
