@@ -41,7 +41,7 @@ from tenants.audit import (
 from tenants.models import ApiToken, Membership
 from tenants.resolution import caller_resolve
 from tenants.scoping import Scope, enter_tenant, reset_scope
-from tenants.throttling import throttles_for
+from tenants.throttling import throttles_check, throttles_for
 
 
 class IsTenantAdmin(permissions.BasePermission):
@@ -78,6 +78,13 @@ class TenantContextMixin:
         if self.throttle_scopes and self.request.method not in permissions.SAFE_METHODS:  # type: ignore[attr-defined]
             throttles += throttles_for(self.throttle_scopes)
         return throttles
+
+    def check_throttles(self, request: Request) -> None:
+        """DRF's check, with the scoped throttles' counters read and written together
+        (:func:`tenants.throttling.throttles_check`); 429 through DRF's ``throttled``."""
+        waits = throttles_check(self.get_throttles(), request, self)
+        if waits:
+            self.throttled(request, max((wait for wait in waits if wait is not None), default=None))  # type: ignore[attr-defined]
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         self.perform_authentication(request)  # type: ignore[attr-defined]
