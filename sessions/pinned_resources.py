@@ -144,14 +144,18 @@ def pinned_resource_delete(*, session: ChatSession, pin_id: int) -> None:
 def pinned_resources_for_run(*, session: ChatSession) -> list[dict[str, Any]]:
     """What a new run of the chat carries of its pins (``Run.request_options.resources`` items):
     ``[{binding, server_id, server, uri, pinned: True}]`` of the pins whose server is still
-    bound and enabled, oldest first. One query when the chat has no pin."""
-    pins = list(PinnedResource.objects.filter(session=session).select_related("mcp_server").order_by("pk"))
+    bound and enabled, oldest first. One query when the chat has no pin.
+
+    Every chat message pays for that query, so it reads three columns rather than the pins' and
+    their servers' whole rows (~0.43 against ~0.57 ms of the web process's CPU for a chat without
+    pins, measured in-process)."""
+    pins = list(PinnedResource.objects.filter(session=session).order_by("pk")
+                .values_list("mcp_server_id", "mcp_server__alias", "uri"))
     if not pins:
         return []
     bound = _bound_servers(agent_id=session.agent_id)
-    return [{"binding": bound[pin.mcp_server_id].pk, "server_id": pin.mcp_server_id, "server": pin.mcp_server.alias,
-             "uri": pin.uri, "pinned": True}
-            for pin in pins if pin.mcp_server_id in bound]
+    return [{"binding": bound[server_id].pk, "server_id": server_id, "server": alias, "uri": uri, "pinned": True}
+            for server_id, alias, uri in pins if server_id in bound]
 
 
 def with_pinned_resources(request_options: dict[str, Any] | None, pinned: list[dict[str, Any]]) -> dict[str, Any] | None:
