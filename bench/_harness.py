@@ -128,15 +128,16 @@ class CpuTimeline:
     """Every process's CPU time, sampled every ``interval`` seconds between :meth:`start` and
     :meth:`stop` by a child process (``bench/_cpu_sampler.py``: the sampling costs the measured
     processes nothing), and, per ``bin_seconds``, how many cores each group of processes used:
-    this process (``worker``), and the others by a substring of their command line
-    (``groups``: ``{substring: name}``, first match; the rest is ``other``). Shows which
+    this process (``own``, default ``worker``), and the others by a substring of their command
+    line (``groups``: ``{substring: name}``, first match; the rest is ``other``). Shows which
     process a saturated machine was busy with, and when.
     """
 
-    def __init__(self, groups: dict[str, str], *, interval: float = 0.05) -> None:
+    def __init__(self, groups: dict[str, str], *, interval: float = 0.05, own: str = "worker") -> None:
         self.groups = groups
         self.interval = interval
-        self.names = ["worker", *dict.fromkeys(groups.values()), "other"]
+        self.own = own
+        self.names = [own, *dict.fromkeys(groups.values()), "other"]
         self._proc: subprocess.Popen | None = None
         self._result: dict = {"samples": [], "commands": {}}
 
@@ -153,19 +154,23 @@ class CpuTimeline:
 
     def _kind(self, pid: str) -> str:
         if pid == str(os.getpid()):
-            return "worker"
+            return self.own
         command = self._result["commands"].get(pid, "")
         if "_cpu_sampler.py" in command:
             return "sampler"
         return next((name for key, name in self.groups.items() if key in command), "other")
 
-    def bins(self, bin_seconds: float = 0.25) -> list[tuple[float, dict[str, float]]]:
+    def bins(self, bin_seconds: float = 0.25, *, start: float | None = None) -> list[tuple[float, dict[str, float]]]:
         """``[(bin start, seconds since start; {group: cores used})]``, in time order (the
-        sampler's own CPU is left out)."""
+        sampler's own CPU is left out). ``start``: a ``time.perf_counter()`` reading of any
+        process (CLOCK_MONOTONIC: one clock for the whole machine) where bin 0 begins; default
+        the first sample. Samples before it are left out."""
         samples = self._result["samples"]
+        if start is not None:
+            samples = [sample for sample in samples if sample[0] >= start]
         if len(samples) < 2:
             return []
-        start = samples[0][0]
+        start = samples[0][0] if start is None else start
         kinds: dict[str, str] = {}
         used: dict[int, dict[str, float]] = {}
         spans: dict[int, float] = {}

@@ -54,7 +54,9 @@ Run: ``.venv/bin/python bench/scale_out.py [--n 600] [--layouts 1x1 2x3+beat] [-
 
 ``--timeline`` also prints, per second of each reported round, the tokens the fake model wrote
 that second, their token → client p50/p95/max, and how many POSTs were answered: whether the
-tail falls while the messages arrive or later.
+tail falls while the messages arrive or later; then, per second, the CPU of each group of
+processes (workers, web, beat, PostgreSQL, Redis, the fake model, the clients, the probe, this
+process's POSTs, the rest: ``_cpu_sampler.py`` reading ``/proc`` every 0.25 s).
 
 ``--probe`` also starts ``_live_probe.py``, one more process subscribed to every session's live
 channel, and prints each token's latency split in three: model → the worker's event (its
@@ -96,7 +98,15 @@ for _scope in ("MESSAGES_USER", "MESSAGES_TENANT", "RUNS_USER", "RUNS_TENANT"):
 os.environ.setdefault("CHAT_TITLES_FROM_MODEL", "0")
 
 import aiohttp  # noqa: E402
-from _harness import ROOT, BenchTenant, cpu_seconds, fake_model, machine_busy_seconds, percentile  # noqa: E402
+from _harness import (  # noqa: E402
+    ROOT,
+    BenchTenant,
+    CpuTimeline,
+    cpu_seconds,
+    fake_model,
+    machine_busy_seconds,
+    percentile,
+)
 from _pg_stats import analyze, postmaster_pid, server_cpu_seconds  # noqa: E402
 from _stats import machine  # noqa: E402
 
@@ -110,6 +120,11 @@ TARGET_P95_MS = 50.0
 PYTHON = str(ROOT / ".venv/bin/python")
 WORKER_APP = "sessions.tests.celery_test_app"
 """The platform's Celery app plus the test-only tools (the fake model's runs call ``test_echo``)."""
+CPU_GROUPS = {"celery_test_app worker": "workers", "agent_platform.web": "web", "agent_platform beat": "beat",
+              "postgres": "postgres", "redis-server": "redis", "_fake_model": "model", "_scale_out_clients": "clients",
+              "_live_probe": "probe"}
+"""``--timeline``'s CPU per second: process groups by a substring of their command line
+(:class:`_harness.CpuTimeline`; this process, which posts the messages, is ``POSTs``)."""
 _TASK_RECEIVED = re.compile(rb"Task sessions\.run_execute\[[^\]]+\] received")
 
 
@@ -486,6 +501,18 @@ def print_timeline(started: float, result: dict, posted: list[tuple[int, float, 
         print(line, flush=True)
 
 
+def print_cpu_timeline(timeline: CpuTimeline, start: float) -> None:
+    """``--timeline``: per second of the round (second 0 as in :func:`print_timeline`), the CPU
+    each group of processes used (% of one core; the machine has ``os.cpu_count()`` of them):
+    whether a second's tail came with every core busy, and with which processes."""
+    print(f"    CPU per second, % of one core ({os.cpu_count()} cores; sampled every {timeline.interval:g} s):",
+          flush=True)
+    print("    second" + "".join(f"{name:>9}" for name in timeline.names) + "    total", flush=True)
+    for at, cores in timeline.bins(1.0, start=start):
+        print(f"    {int(at):6d}" + "".join(f"{cores[name] * 100:8.0f}%" for name in timeline.names)
+              + f"{sum(cores.values()) * 100:8.0f}%", flush=True)
+
+
 def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model_pid: int, n: int, *, report: bool,
               post_limit: int, analyze_first: bool, timeline: bool = False, probe: bool = False,
               gc_pauses: bool = False) -> RoundResult:
@@ -502,22 +529,29 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
     posts = [(sid, webs[(i + 1) % w], tokens[i]) for i, sid in enumerate(sessions)]
     clients = Clients(follow)
     live_probe, probe_result = None, None
+    cpu_timeline = CpuTimeline(CPU_GROUPS, interval=0.25, own="POSTs") if timeline and report else None
     try:
+        if cpu_timeline is not None:
+            cpu_timeline.start()
         live_probe = LiveProbe() if probe else None
         harness = [model_pid, *clients.pids, *([live_probe.proc.pid] if live_probe is not None else [])]
         postmaster = postmaster_pid()
         taken, refused = platform.run_tasks()
         before = Cpu.read(platform, harness, postmaster)
-        started = time.time()
+        started, started_monotonic = time.time(), time.perf_counter()
         posted = asyncio.run(_post_all(posts, post_limit))
         result = clients.results()
         cpu = Cpu.read(platform, harness, postmaster) - before
+        if cpu_timeline is not None:
+            cpu_timeline.stop()
         if live_probe is not None:
             probe_result = live_probe.results()
     finally:
         clients.close()
         if live_probe is not None:
             live_probe.close()
+        if cpu_timeline is not None:
+            cpu_timeline.stop()  # (stopped already unless the round failed)
     taken_now, refused_now = platform.run_tasks()
     taken = [after - then for after, then in zip(taken_now, taken, strict=True)]
     refused = refused_now - refused
@@ -559,6 +593,8 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
             print_gc_pauses(platform, started, started + wall if wall == wall else time.time())
         if timeline:
             print_timeline(started, result, posted, probe_result)
+            if cpu_timeline is not None:
+                print_cpu_timeline(cpu_timeline, started_monotonic)
     return RoundResult(platform.layout, n, wall, completed, p95, missing + dup + tokens_lost)
 
 
