@@ -4,8 +4,11 @@ knowledge bases', :mod:`knowledge.mcp_server`; ``/mcp/agents/``, the agents',
 :mod:`sessions.api.a2a.app`), WebSockets through Channels, the lifespan protocol
 through :func:`agent_platform.shutdown.lifespan` (a stop ends the live streams first)."""
 
+import contextvars
 import os
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 from django.core.asgi import get_asgi_application
 
@@ -21,8 +24,25 @@ def _configure_tracing() -> None:
     telemetry.configure(service_name="agent-platform-web", tenant_of=current_tenant_id)
 
 
-_configure_tracing()
-django_asgi_app = get_asgi_application()
+_T = TypeVar("_T")
+
+
+def _apart(build: Callable[[], _T]) -> _T:
+    """``build()`` in a copy of this thread's context, so that the context variables it sets
+    stay in the copy.
+
+    Why: uvicorn runs its event loop on this thread, and every request's task starts from a
+    copy of this context. Building the app fills Django's URL resolvers, and each resolver
+    keeps an asgiref ``Local`` that the filling writes: 68 context variables, which every
+    request then carried. asgiref's ``_restore_context`` walks every variable of the context
+    at each ``sync_to_async`` / ``async_to_sync`` hop and re-homes each ``Local``'s storage
+    (~45 µs a hop with 68 of them, ~0.2 µs with none), several hops per request and per
+    stream (bench/README.md, "Context variables a request carried")."""
+    return contextvars.copy_context().run(build)
+
+
+_apart(_configure_tracing)
+django_asgi_app = _apart(get_asgi_application)
 
 
 def _fill_url_resolver() -> None:
@@ -37,7 +57,7 @@ def _fill_url_resolver() -> None:
     reverse("admin:index")
 
 
-_fill_url_resolver()
+_apart(_fill_url_resolver)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

@@ -3,7 +3,10 @@
 Django's ``MiddlewareMixin`` middleware hands its ``process_request`` and ``process_response``
 to a thread; agent_platform/middleware_chain.py); and as the web process serves it, each
 request's sync work in a thread kept from earlier requests (agent_platform/request_threads.py)
-rather than one Django's handler starts for it (and another that joins it at the end).
+rather than one Django's handler starts for it (and another that joins it at the end); and as
+served before agent_platform/asgi.py built the app in a context of its own (``_apart``): each
+request's context carrying a context variable for every URL resolver's asgiref ``Local``,
+which asgiref walks at every hop between the loop and a thread.
 
 In one process, no network: httpx's ``ASGITransport`` sends requests one at a time to Django's
 ``ASGIHandler`` (the same app the web process serves, middleware and all). Two paths that need
@@ -26,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import contextvars  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -65,6 +69,18 @@ def _kept_threads(handler):
     return app
 
 
+def _resolvers_filled_in_it() -> contextvars.Context:
+    """A context in which Django's URL resolvers were filled, as the web process's main context
+    (which every request copies) was before agent_platform/asgi.py built the app apart: each
+    resolver's ``Local`` left a context variable in it."""
+    from django.urls import clear_url_caches, reverse
+
+    clear_url_caches()
+    context = contextvars.copy_context()
+    context.run(reverse, "admin:index")
+    return context
+
+
 async def _round(handler, path: str, requests: int) -> float:
     """CPU µs per request over ``requests`` requests (after 200 unmeasured)."""
     import httpx
@@ -88,14 +104,26 @@ async def main() -> None:
     args = parser.parse_args()
     print(machine())
     logging.getLogger("django.request").setLevel(logging.ERROR)  # not a warning line per 401
-    handlers = {"as served (threads kept)": _kept_threads(_handler(True)),
-                "SyncChainEnd last, a thread per request": _handler(True),
-                "without SyncChainEnd, a thread per request": _handler(False)}
+    clean = contextvars.copy_context()  # as agent_platform/asgi.py leaves the loop's thread
+
+    def apart(build):
+        return contextvars.copy_context().run(build)
+
+    served = apart(lambda: _kept_threads(_handler(True)))
+    variants = {  # name: (handler, the context its requests start from)
+        "as served (threads kept)": (served, clean),
+        "as served, the resolvers' 68 Locals carried": (served, _resolvers_filled_in_it()),
+        "SyncChainEnd last, a thread per request": (apart(lambda: _handler(True)), clean),
+        "without SyncChainEnd, a thread per request": (apart(lambda: _handler(False)), clean),
+    }
+    carried = sum(var.name == "asgiref.local" for var in variants["as served, the resolvers' 68 Locals carried"][1])
+    print(f"context variables of asgiref Locals carried: {carried} (the second variant), "
+          f"{sum(var.name == 'asgiref.local' for var in clean)} (the others)")
     for label, path in PATHS.items():
-        figures: dict[str, list[float]] = {name: [] for name in handlers}
+        figures: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.rounds):
-            for name, handler in handlers.items():
-                figures[name].append(await _round(handler, path, args.requests))
+            for name, (handler, context) in variants.items():
+                figures[name].append(await asyncio.create_task(_round(handler, path, args.requests), context=context))
         for name, values in figures.items():
             print(f"{label:30} {name:44} {statistics.median(values):7.0f} µs CPU/request "
                   f"({min(values):.0f}–{max(values):.0f}, {args.rounds} rounds of {args.requests})")

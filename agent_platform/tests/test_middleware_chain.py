@@ -52,3 +52,54 @@ def test_the_url_resolver_is_filled_before_the_first_request():
                           timeout=120, env={**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "True"
+
+
+_CONTEXT_PROBE = """
+import asyncio, contextvars
+import asgiref.sync
+import agent_platform.asgi as asgi
+
+widths = []
+restore = asgiref.sync._restore_context
+def counted(context):
+    widths.append(len(context))
+    return restore(context)
+asgiref.sync._restore_context = counted
+
+async def main():
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": "/metrics", "raw_path": b"/metrics", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"localhost")], "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000)}
+    sent, body, done = [], [{"type": "http.request", "body": b"", "more_body": False}], asyncio.Event()
+    async def receive():
+        if body:
+            return body.pop()
+        await done.wait()
+        return {"type": "http.disconnect"}
+    async def send(message):
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+    await asgi.application(scope, receive, send)
+    return sent[0]["status"]
+
+print(sum(var.name == "asgiref.local" for var in contextvars.copy_context()))
+print(asyncio.run(main()), len(widths), max(widths, default=0))
+"""
+
+
+def test_a_request_does_not_carry_the_url_resolvers_context_variables():
+    """uvicorn runs the loop on the thread that imported the app, so every request starts from a
+    copy of that thread's context. Building the app fills the URL resolvers, and each resolver's
+    asgiref ``Local`` left a context variable there: 68 of them, which asgiref walked and
+    re-homed at every sync/async hop of every request (~45 µs a hop). The app is now built in a
+    context of its own (agent_platform/asgi.py, ``_apart``)."""
+    done = subprocess.run([sys.executable, "-c", _CONTEXT_PROBE], cwd=settings.BASE_DIR, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "DJANGO_SETTINGS_MODULE": "agent_platform.settings"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    locals_left, request = done.stdout.strip().splitlines()[-2:]
+    assert locals_left == "0", "no asgiref Local storage in the context requests start from"
+    status, hops, widest = map(int, request.split())
+    assert status == 404, "the metrics endpoint answers 404 without its token: the request went through Django"
+    assert hops >= 2, "the request crossed between the loop and a thread"
+    assert widest < 10, f"a hop restored {widest} context variables"
