@@ -112,11 +112,11 @@ async def main() -> None:
     served = apart(lambda: _kept_threads(_handler(True)))
     variants = {  # name: (handler, the context its requests start from)
         "as served (threads kept)": (served, clean),
-        "as served, the resolvers' 68 Locals carried": (served, _resolvers_filled_in_it()),
+        "as served, the resolvers' Locals carried": (served, _resolvers_filled_in_it()),
         "SyncChainEnd last, a thread per request": (apart(lambda: _handler(True)), clean),
         "without SyncChainEnd, a thread per request": (apart(lambda: _handler(False)), clean),
     }
-    carried = sum(var.name == "asgiref.local" for var in variants["as served, the resolvers' 68 Locals carried"][1])
+    carried = sum(var.name == "asgiref.local" for var in variants["as served, the resolvers' Locals carried"][1])
     print(f"context variables of asgiref Locals carried: {carried} (the second variant), "
           f"{sum(var.name == 'asgiref.local' for var in clean)} (the others)")
     for label, path in PATHS.items():
