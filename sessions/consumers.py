@@ -177,7 +177,7 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
 
 @database_sync_to_async
 def _session_visible(*, tenant_id: int, user_id: int, session_id: int) -> bool:
-    from sessions.selectors import chat_session_get_for_user
+    from sessions.selectors import chat_session_visible_to_user
 
     with tenant_scope(tenant_id):
-        return chat_session_get_for_user(session_id=session_id, user_id=user_id) is not None
+        return chat_session_visible_to_user(session_id=session_id, user_id=user_id)

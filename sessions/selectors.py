@@ -44,6 +44,14 @@ def chat_session_get_for_user(*, session_id: int, user_id: int) -> ChatSession |
     ).first()
 
 
+def chat_session_visible_to_user(*, session_id: int, user_id: int) -> bool:
+    """Whether :func:`chat_session_get_for_user` would find the session: the same rule, asked
+    with ``EXISTS`` (no row, no agent; an event stream's opening needs no more). Building and
+    compiling that query costs about half of the other's (~0.6 against ~1.4 ms of CPU on a
+    2-vCPU machine; bench/README.md, "Context variables a request carried")."""
+    return ChatSession.objects.filter(pk=session_id, user_id=user_id, deleted_at__isnull=True).exists()
+
+
 def run_get_for_user(*, run_id: int, user_id: int) -> Run | None:
     """The run if it is in the current tenant and its session belongs to the user and is not
     deleted, else None (every run-level API of the user: detail, activities, trace, cancel,

@@ -50,7 +50,7 @@ RETRY_AFTER_SECONDS: Final[int] = 15
 @database_sync_to_async
 def _authorize(request: HttpRequest, session_id: int) -> tuple[int, str] | StreamCredential:
     """The caller's credential, or (status, message) when refused."""
-    from sessions.selectors import chat_session_get_for_user
+    from sessions.selectors import chat_session_visible_to_user
 
     header = request.headers.get("Authorization", "")
     bearer = header.lower().startswith("bearer ")
@@ -71,7 +71,7 @@ def _authorize(request: HttpRequest, session_id: int) -> tuple[int, str] | Strea
         credential = StreamCredential(user_id=user.pk, membership_id=membership.pk,
                                       session_key=request.session.session_key)
     with tenant_scope(membership.tenant_id):
-        if chat_session_get_for_user(session_id=session_id, user_id=user.pk) is None:
+        if not chat_session_visible_to_user(session_id=session_id, user_id=user.pk):
             return 404, "Session not found."
     return credential
 

@@ -106,3 +106,32 @@ async def test_the_ping_task_ends_quietly_when_the_client_is_gone(monkeypatch):
     monkeypatch.setattr(consumer, "send_json", gone)
     await asyncio.wait_for(consumer._pump(pings()), timeout=5)
     assert sent == [{"type": "ping"}]
+
+
+def test_a_streams_session_check_is_the_chats_rule_asked_with_exists(world, other_world):
+    """The WebSocket and SSE streams ask whether the caller may follow the chat with
+    ``chat_session_visible_to_user``: the rule of ``chat_session_get_for_user`` (the caller's own
+    chat, in the tenant in scope, not deleted), one EXISTS query that reads neither the chat's
+    row nor its agent's."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from agents.models import AgentInstance
+    from sessions.models import ChatSession
+    from sessions.selectors import chat_session_get_for_user, chat_session_visible_to_user
+
+    session = make_session(world)
+    cases = [(world.tenant.pk, session.pk, world.member.pk), (world.tenant.pk, session.pk, world.admin.pk),
+             (other_world.tenant.pk, session.pk, world.member.pk), (world.tenant.pk, session.pk + 1000, world.member.pk)]
+    for tenant_id, session_id, user_id in cases:
+        with tenant_scope(tenant_id):
+            assert chat_session_visible_to_user(session_id=session_id, user_id=user_id) == (
+                chat_session_get_for_user(session_id=session_id, user_id=user_id) is not None)
+    with tenant_scope(world.tenant.pk):
+        with CaptureQueriesContext(connection) as queries:
+            assert chat_session_visible_to_user(session_id=session.pk, user_id=world.member.pk)
+        ChatSession.objects.filter(pk=session.pk).update(deleted_at=timezone.now())
+        assert not chat_session_visible_to_user(session_id=session.pk, user_id=world.member.pk)
+    [query] = queries.captured_queries
+    assert query["sql"].startswith("SELECT 1 AS") and AgentInstance._meta.db_table not in query["sql"], query["sql"]
