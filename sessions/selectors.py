@@ -39,9 +39,10 @@ def chat_session_list(*, user_id: int) -> QuerySet[ChatSession]:
 
 def chat_session_get_for_user(*, session_id: int, user_id: int) -> ChatSession | None:
     """The session if it is in the current tenant, belongs to the user and is not deleted, else None."""
-    return ChatSession.objects.select_related("agent").filter(
-        pk=session_id, user_id=user_id, deleted_at__isnull=True
-    ).first()
+    try:  # get(), not first(): by primary key, so no ordering to build (as api_token_authenticate)
+        return ChatSession.objects.select_related("agent").get(pk=session_id, user_id=user_id, deleted_at__isnull=True)
+    except ChatSession.DoesNotExist:
+        return None
 
 
 def chat_session_visible_to_user(*, session_id: int, user_id: int) -> bool:
