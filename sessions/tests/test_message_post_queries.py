@@ -12,16 +12,21 @@ from agents.tests.factories import agent_with_route
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("all_tenants_scope")]
 
 
-def test_a_message_post_reads_the_agent_once(world, no_enqueue) -> None:
-    """The session's selector joins its agent; the locked re-read of the session inside the
-    transaction reuses it rather than reading the agent again (one query of ten before)."""
+def _message_post_statements(world) -> list[str]:
+    """The SQL of one message POST to a new chat, in order."""
     agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
     client = world.client()
     session = client.post("/api/v1/sessions/", {"agent": agent.pk}, format="json").json()
     with CaptureQueriesContext(connection) as queries:
         posted = client.post(f"/api/v1/sessions/{session['id']}/messages/", {"content": "go"}, format="json")
     assert posted.status_code == 201, posted.content
-    statements = [q["sql"] for q in queries.captured_queries]
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def test_a_message_post_reads_the_agent_once(world, no_enqueue) -> None:
+    """The session's selector joins its agent; the locked re-read of the session inside the
+    transaction reuses it rather than reading the agent again (one query of ten before)."""
+    statements = _message_post_statements(world)
     assert not [s for s in statements if 'FROM "agents_agentinstance"' in s], statements
     assert sum('"agents_agentinstance"' in s for s in statements) == 1  # the session selector's join
     assert len(statements) == 9, statements
@@ -31,14 +36,8 @@ def test_a_message_posts_lookups_by_key_build_no_ordering(world, no_enqueue) -> 
     """The token's lookup (by its unique hash) and the session's (by primary key) find one row
     or none: ``get()``, not ``first()``, whose ORDER BY of the model's ordering Django built and
     compiled on every request for nothing (~0.25-0.3 ms of CPU each on a 2-vCPU machine)."""
-    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
-    client = world.client()
-    session = client.post("/api/v1/sessions/", {"agent": agent.pk}, format="json").json()
-    with CaptureQueriesContext(connection) as queries:
-        posted = client.post(f"/api/v1/sessions/{session['id']}/messages/", {"content": "go"}, format="json")
-    assert posted.status_code == 201, posted.content
-    lookups = [q["sql"] for q in queries.captured_queries
-               if q["sql"].startswith("SELECT") and ('"token_hash" =' in q["sql"] or 'JOIN "agents_agentinstance"' in q["sql"])]
+    lookups = [sql for sql in _message_post_statements(world)
+               if sql.startswith("SELECT") and ('"token_hash" =' in sql or 'JOIN "agents_agentinstance"' in sql)]
     assert len(lookups) == 2, lookups
     assert not [sql for sql in lookups if "ORDER BY" in sql], lookups
 
