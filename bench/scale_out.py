@@ -66,6 +66,17 @@ path); what the whole adds to the second is the web process's and the client's s
 ``--gc-pauses`` puts ``bench/gc_pauses`` on the started processes' ``PYTHONPATH`` (its
 ``sitecustomize`` logs every garbage collection of 20 ms or more) and prints, per web process
 and worker, the collections that fell in the reported round: when, which generation, how long.
+
+``--loop-lag`` puts ``bench/loop_lag`` there instead (one ``sitecustomize`` at a time: the two
+options exclude each other). It times each web process's and worker's event loop with a 5 ms
+timer and prints, per process, how often and how long the timer ran 10 ms or more late in the
+round, and what the loop thread did meanwhile: waited for a core (Linux's runqueue wait),
+ran callbacks (its own CPU), or neither, while the process's other threads used CPU.
+
+``--rounds K`` reports K rounds per layout on the same started processes (default 1), then
+each layout's p95 over the rounds: all of them, the median and how many met the goal. The p95
+of one round moves by tens of milliseconds from round to round on a shared 2-core machine
+(bench/README.md).
 """
 
 from __future__ import annotations
@@ -432,6 +443,8 @@ def print_probe(total_ms: list[float], probe: dict) -> None:
 
 
 _GC_PAUSE = re.compile(rb"GCPAUSE pid=\d+ at=([\d.]+) gen=(\d) ms=([\d.]+)")
+_LOOP_LAG = re.compile(rb"LOOPLAG pid=\d+ at=([\d.]+) late=([\d.]+) span=([\d.]+) cpu=([\d.]+) runqueue=([\d.na]+) "
+                       rb"others=(-?[\d.]+)")
 
 
 def print_gc_pauses(platform: Platform, start: float, end: float) -> None:
@@ -445,6 +458,25 @@ def print_gc_pauses(platform: Platform, start: float, end: float) -> None:
             lines.append(f"{child.name}: " + ", ".join(f"{ms:.0f} ms (gen {gen}, second {at:.1f})"
                                                        for at, gen, ms in pauses))
     print("    collections ≥ 20 ms in the round: " + ("; ".join(lines) if lines else "none"), flush=True)
+
+
+def print_loop_lag(platform: Platform, start: float, end: float) -> None:
+    """``--loop-lag``: per web process and worker, its loop's late timers between ``start`` and
+    ``end`` (epoch seconds), from their logs (bench/loop_lag/sitecustomize.py): how many, their
+    lateness in all and at most, and over those timers' spans the loop thread's runqueue wait,
+    its own CPU and the CPU of the process's other threads."""
+    print("    late loop timers (≥ 10 ms) in the round; over their spans, the loop thread's runqueue wait / "
+          "own CPU / the other threads' CPU:", flush=True)
+    for child in [*platform.webs, *platform.workers]:
+        rows = [tuple(map(float, row)) for row in _LOOP_LAG.findall(child.log.read_bytes())
+                if start <= float(row[0]) <= end]
+        if not rows:
+            print(f"    {child.name}: none", flush=True)
+            continue
+        late, span, cpu, runqueue, others = (sum(row[i] for row in rows) for i in range(1, 6))
+        print(f"    {child.name}: {len(rows)} late, {late:.0f} ms in all (max {max(row[1] for row in rows):.0f} ms); "
+              f"spans {span:.0f} ms: runqueue {runqueue:.0f} ms ({runqueue / span * 100:.0f} %), own CPU {cpu:.0f} ms "
+              f"({cpu / span * 100:.0f} %), other threads {others:.0f} ms", flush=True)
 
 
 @dataclass
@@ -515,7 +547,7 @@ def print_cpu_timeline(timeline: CpuTimeline, start: float) -> None:
 
 def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model_pid: int, n: int, *, report: bool,
               post_limit: int, analyze_first: bool, timeline: bool = False, probe: bool = False,
-              gc_pauses: bool = False) -> RoundResult:
+              gc_pauses: bool = False, loop_lag: bool = False) -> RoundResult:
     """N runs at once on ``platform``, session i in ``accounts[i mod K]`` (a tenant and its API
     token); prints the figures if ``report``."""
     webs = [f"127.0.0.1:{p}" for p in platform.ports]
@@ -591,6 +623,8 @@ def one_round(accounts: list[tuple[BenchTenant, str]], platform: Platform, model
             print_probe(lat, probe_result)
         if gc_pauses:
             print_gc_pauses(platform, started, started + wall if wall == wall else time.time())
+        if loop_lag:
+            print_loop_lag(platform, started, started + wall if wall == wall else time.time())
         if timeline:
             print_timeline(started, result, posted, probe_result)
             if cpu_timeline is not None:
@@ -633,10 +667,20 @@ def main() -> None:
     parser.add_argument("--gc-pauses", action="store_true",
                         help="log the started processes' garbage collections of 20 ms or more (bench/gc_pauses) and "
                              "print those of each reported round")
+    parser.add_argument("--loop-lag", action="store_true",
+                        help="time the started processes' event loops (bench/loop_lag) and print, per process, its "
+                             "late timers in each reported round and what its loop thread did meanwhile")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="reported rounds per layout, on the same started processes (default 1)")
     args = parser.parse_args()
-    if args.gc_pauses:
+    if args.gc_pauses and args.loop_lag:
+        parser.error("--gc-pauses and --loop-lag each need their own sitecustomize: give one of them")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    hook = "gc_pauses" if args.gc_pauses else "loop_lag" if args.loop_lag else None
+    if hook is not None:
         os.environ["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(__file__).with_name("gc_pauses")), *filter(None, [os.environ.get("PYTHONPATH")])])
+            [str(Path(__file__).with_name(hook)), *filter(None, [os.environ.get("PYTHONPATH")])])
     print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}", flush=True)
     results: list[RoundResult] = []
     tmp = tempfile.mkdtemp(prefix="scale-out-")
@@ -655,9 +699,11 @@ def main() -> None:
                     if args.warmup:
                         one_round(accounts, platform, base_url.pid, args.warmup * layout.workers, report=False,
                                   post_limit=args.post_concurrency, analyze_first=False)
-                    results.append(one_round(accounts, platform, base_url.pid, args.n, report=True,
-                                             post_limit=args.post_concurrency, analyze_first=args.analyze,
-                                             timeline=args.timeline, probe=args.probe, gc_pauses=args.gc_pauses))
+                    for _ in range(args.rounds):
+                        results.append(one_round(accounts, platform, base_url.pid, args.n, report=True,
+                                                 post_limit=args.post_concurrency, analyze_first=args.analyze,
+                                                 timeline=args.timeline, probe=args.probe, gc_pauses=args.gc_pauses,
+                                                 loop_lag=args.loop_lag))
         finally:
             _delete_queue()
             if args.keep_logs:
@@ -669,6 +715,20 @@ def main() -> None:
         print(f"{r.layout}: {r.n / r.wall:.1f} runs/s ({r.n / r.wall / (base.n / base.wall):.2f}× {base.layout}); "
               f"token→client p95 {r.p95_ms:.1f} ms (goal ≤ {TARGET_P95_MS:g}: {'met' if r.p95_ms <= TARGET_P95_MS else 'missed'}); "
               f"lost {r.lost} (goal 0: {'met' if r.lost == 0 else 'missed'}); completed {r.completed}/{r.n}", flush=True)
+    if args.rounds > 1:
+        for layout in args.layouts:
+            print(rounds_summary([r for r in results if r.layout == layout]), flush=True)
+
+
+def rounds_summary(rounds: list[RoundResult]) -> str:
+    """``--rounds``: one layout's rounds in a line: each round's p95 in order, their median, how
+    many met :data:`TARGET_P95_MS`, and the throughput's range."""
+    p95s = [r.p95_ms for r in rounds]
+    rates = [r.n / r.wall for r in rounds]
+    met = sum(p95 <= TARGET_P95_MS for p95 in p95s)
+    return (f"{rounds[0].layout}, {len(rounds)} rounds: token→client p95 {', '.join(f'{p:.1f}' for p in p95s)} ms; "
+            f"median {percentile(p95s, 0.5):.1f} ms; {met} of {len(rounds)} met the goal (≤ {TARGET_P95_MS:g} ms); "
+            f"throughput {min(rates):.1f}–{max(rates):.1f} runs/s; lost {sum(r.lost for r in rounds)}")
 
 
 if __name__ == "__main__":
