@@ -39,7 +39,7 @@ def chat_session_list(*, user_id: int) -> QuerySet[ChatSession]:
 
 def chat_session_get_for_user(*, session_id: int, user_id: int) -> ChatSession | None:
     """The session if it is in the current tenant, belongs to the user and is not deleted, else None."""
-    try:  # get(), not first(): by primary key, so no ordering to build (as api_token_authenticate)
+    try:  # get(), not first(): by primary key, so no ordering to build and compile
         return ChatSession.objects.select_related("agent").get(pk=session_id, user_id=user_id, deleted_at__isnull=True)
     except ChatSession.DoesNotExist:
         return None

@@ -19,12 +19,12 @@ the run row it claimed), and filters by it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
 
+from agent_platform.model_rows import instances, select_all_sql
 from agents.models import AgentInstance, AgentVersion, CapabilityBinding
 from agents.routing import rules_compile
 from agents.versions import version_materialize, version_route_entries
@@ -60,12 +60,6 @@ _RUN, _SESSION, _TENANT = Run._meta.db_table, ChatSession._meta.db_table, Tenant
 _M, _TC = Message._meta.db_table, ToolCall._meta.db_table
 
 
-def _columns_sql(columns: tuple[str, ...]) -> str:
-    """``"a", "b", …``: a column list."""
-    return ", ".join(f'"{c}"' for c in columns)
-
-
-
 async def run_tenant_id(run_id: int) -> int | None:
     """The tenant of the run (None: no such run)."""
     # tenant-bypass: the run row decides the tenant the rest of the run is scoped to.
@@ -77,32 +71,23 @@ async def run_tenant_id(run_id: int) -> int | None:
 
 
 
-def _select_all_sql(model: type) -> str:
-    """``SELECT "a", "b", … FROM "table"`` with the model's own columns, never ``*``: these
-    statements are prepared on long-lived connections (``DB_SERVER_SIDE_BINDING``), and
-    PostgreSQL refuses to run a prepared ``SELECT *`` whose result columns changed ("cached
-    plan must not change result type"), as they do when a migration adds a column while
-    workers of the previous release still run."""
-    return f'SELECT {_columns_sql(tuple(f.column for f in model._meta.concrete_fields))} FROM "{model._meta.db_table}"'
-
-
 _SPEC_ROUTE_SQL = f'SELECT "route_id" FROM "{AgentInstance._meta.db_table}" WHERE "id" = %s AND "tenant_id" = %s'
 _SPEC_ENTRY_PROVIDERS_SQL = (
     f'SELECT "provider_id" FROM "{ModelRouteEntry._meta.db_table}" WHERE "route_id" = ({_SPEC_ROUTE_SQL}) AND "tenant_id" = %s'
 )
 _SPEC_SQL = (
-    (AgentInstance, f'{_select_all_sql(AgentInstance)} WHERE "id" = %s AND "tenant_id" = %s'),
-    (Tenant, f'{_select_all_sql(Tenant)} WHERE "id" = %s'),
+    (AgentInstance, f'{select_all_sql(AgentInstance)} WHERE "id" = %s AND "tenant_id" = %s'),
+    (Tenant, f'{select_all_sql(Tenant)} WHERE "id" = %s'),
     (ModelRouteEntry, (
-        f'{_select_all_sql(ModelRouteEntry)} WHERE "route_id" = ({_SPEC_ROUTE_SQL}) AND "tenant_id" = %s '
+        f'{select_all_sql(ModelRouteEntry)} WHERE "route_id" = ({_SPEC_ROUTE_SQL}) AND "tenant_id" = %s '
         'ORDER BY "position", "id"'
     )),
-    (ModelProvider, f'{_select_all_sql(ModelProvider)} WHERE "id" IN ({_SPEC_ENTRY_PROVIDERS_SQL}) AND "tenant_id" = %s'),
+    (ModelProvider, f'{select_all_sql(ModelProvider)} WHERE "id" IN ({_SPEC_ENTRY_PROVIDERS_SQL}) AND "tenant_id" = %s'),
     (CapabilityBinding, (
-        f'{_select_all_sql(CapabilityBinding)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" ORDER BY "id"'
+        f'{select_all_sql(CapabilityBinding)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" ORDER BY "id"'
     )),
     (Guardrail, (
-        f'{_select_all_sql(Guardrail)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" '
+        f'{select_all_sql(Guardrail)} WHERE "agent_id" = %s AND "tenant_id" = %s AND "enabled" '
         'ORDER BY "point", "position", "id"'
     )),
 )
@@ -113,39 +98,6 @@ result (the route and the providers are found by subqueries), so all go in one r
 def _spec_params(run: ClaimedRun) -> tuple[list[int], ...]:
     agent, tenant = run.agent_id, run.tenant_id
     return [agent, tenant], [tenant], [agent, tenant, tenant], [agent, tenant, tenant, tenant], [agent, tenant], [agent, tenant]
-
-
-_converters: dict[tuple[str, type], list[tuple[int, Any, list[Callable[..., Any]]]]] = {}
-
-
-def _instances(model: type, rows: list[tuple[Any, ...]]) -> list[Any]:
-    """Rows of ``_select_all_sql(model)`` as model instances, made as Django's querysets make
-    them: each column through the backend's and its field's converters (JSON text to
-    objects and the like), then ``Model.from_db``. The converters are looked up once per
-    model and database."""
-    fields = model._meta.concrete_fields
-    key = (connection.alias, model)
-    converters = _converters.get(key)
-    if converters is None:
-        converters = []
-        for i, field in enumerate(fields):
-            column = field.get_col(model._meta.db_table)
-            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-            if found:
-                converters.append((i, column, found))
-        _converters[key] = converters
-    names = [f.attname for f in fields]
-    instances = []
-    for row in rows:
-        if converters:
-            row = list(row)
-            for i, column, functions in converters:
-                value = row[i]
-                for convert in functions:
-                    value = convert(value, column, connection)
-                row[i] = value
-        instances.append(model.from_db(connection.alias, names, row))
-    return instances
 
 
 def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteEntry], list[CapabilityBinding],
@@ -174,7 +126,7 @@ def _spec_rows(run: ClaimedRun) -> tuple[AgentInstance, Tenant, list[ModelRouteE
                 cursor = pg.cursor()
                 cursor.execute(sql, params)
                 cursors.append(cursor)
-            results = [_instances(model, cursor.fetchall()) for (model, _sql), cursor in zip(_SPEC_SQL, cursors, strict=False)]
+            results = [instances(model, cursor.fetchall()) for (model, _sql), cursor in zip(_SPEC_SQL, cursors, strict=False)]
     agents, tenants, entries, providers_found, bindings, guardrails = results
     if not agents:
         raise AgentInstance.DoesNotExist(f"agent {run.agent_id} of tenant {run.tenant_id}")

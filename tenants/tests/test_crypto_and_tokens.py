@@ -39,3 +39,37 @@ def test_tokens_are_stored_hashed_and_revocable(world):
     api_token_revoke(token=issued.token)
     assert api_token_authenticate(raw=issued.raw) is None
     assert api_token_authenticate(raw="ap_unknown") is None
+
+
+def _field_values(instance) -> dict:
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+@pytest.mark.django_db
+def test_a_token_comes_with_its_membership_user_and_tenant_as_the_orm_reads_them(world, django_assert_num_queries):
+    """One statement, and the token, membership, user and tenant it makes hold what the ORM's
+    ``select_related`` read held (every column, through the same converters)."""
+    from django.utils import timezone
+
+    from tenants.models import ApiToken
+
+    issued = api_token_create(membership=world.member_membership, name="script")
+    ApiToken.all_tenants.filter(pk=issued.token.pk).update(last_used_at=timezone.now())  # no touch: one query
+    with django_assert_num_queries(1):
+        token = api_token_authenticate(raw=issued.raw)
+        membership, user, tenant = token.membership, token.membership.user, token.membership.tenant
+    orm = ApiToken.all_tenants.select_related("membership__user", "membership__tenant").get(pk=issued.token.pk)
+    assert _field_values(token) == _field_values(orm)
+    assert _field_values(membership) == _field_values(orm.membership)
+    assert _field_values(user) == _field_values(orm.membership.user)
+    assert _field_values(tenant) == _field_values(orm.membership.tenant)
+    assert (membership.pk, user.pk, tenant.pk) == (world.member_membership.pk, world.member.pk, world.tenant.pk)
+    assert not token._state.adding and token._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_a_token_of_an_inactive_user_does_not_authenticate(world):
+    issued = api_token_create(membership=world.member_membership)
+    world.member.is_active = False
+    world.member.save(update_fields=["is_active"])
+    assert api_token_authenticate(raw=issued.raw) is None
