@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
+import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -31,3 +34,20 @@ def cpu_name() -> str:
 def machine() -> str:
     """One line describing the machine the figures come from."""
     return f"{cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def alternating_rounds(variants: dict[str, Callable[[], tuple[float, float]]], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """Run each variant's round ``rounds`` times, alternating (ABAB…); each round returns its
+    (CPU, wall) per operation in µs. The figures by variant name, in round order."""
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    for _, (name, one_round) in zip(range(rounds * len(variants)), itertools.cycle(variants.items()), strict=False):
+        figures[name].append(one_round())
+    return figures
+
+
+def print_cpu_and_wall(figures: dict[str, list[tuple[float, float]]], per: str) -> None:
+    """One line per variant: the median and range of its rounds' CPU and wall µs ``per`` operation."""
+    for name, rounds in figures.items():
+        cpu, wall = [r[0] for r in rounds], [r[1] for r in rounds]
+        print(f"  {name}: CPU {statistics.median(cpu):.0f} µs per {per} ({min(cpu):.0f}–{max(cpu):.0f}), "
+              f"wall {statistics.median(wall):.0f} µs ({min(wall):.0f}–{max(wall):.0f})")

@@ -21,14 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
-import itertools  # noqa: E402
-import statistics  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 import _harness  # noqa: E402,F401  (Django's settings)
-from _stats import machine  # noqa: E402
+from _stats import alternating_rounds, machine, print_cpu_and_wall  # noqa: E402
 
 RATES = {"messages.user": "1000000/minute", "messages.tenant": "1000000/minute",
          "runs.user": "1000000/minute", "runs.tenant": "1000000/minute"}
@@ -77,15 +76,11 @@ def main() -> None:
     settings.API_THROTTLE_RATES = {**settings.API_THROTTLE_RATES, **RATES}
     print(machine())
     variants = {"DRF's loop (get + set per throttle)": _drf_loop, "throttles_check (get_many + set_many)": _batched}
-    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    for _, (name, check) in zip(range(args.rounds * len(variants)), itertools.cycle(variants.items()), strict=False):
-        figures[name].append(_round(check, args.checks))
+    figures = alternating_rounds({name: functools.partial(_round, check, args.checks) for name, check in variants.items()},
+                                 args.rounds)
     print(f"4 throttles (messages and runs, per user and per tenant), {args.checks} checks a round, "
           f"{args.rounds} rounds each, alternating:")
-    for name, rounds in figures.items():
-        cpu, wall = [r[0] for r in rounds], [r[1] for r in rounds]
-        print(f"  {name}: CPU {statistics.median(cpu):.0f} µs per check ({min(cpu):.0f}–{max(cpu):.0f}), "
-              f"wall {statistics.median(wall):.0f} µs ({min(wall):.0f}–{max(wall):.0f})")
+    print_cpu_and_wall(figures, "check")
 
 
 if __name__ == "__main__":

@@ -19,14 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
-import itertools  # noqa: E402
-import statistics  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
 import _harness  # noqa: E402,F401  (Django's settings, the system scope)
-from _stats import machine  # noqa: E402
+from _stats import alternating_rounds, machine, print_cpu_and_wall  # noqa: E402
 
 
 def _orm(raw: str):
@@ -72,19 +71,15 @@ def main() -> None:
         issued = api_token_create(membership=membership_create(tenant=tenant, user=user))
         ApiToken.all_tenants.filter(pk=issued.token.pk).update(last_used_at=timezone.now() + timedelta(days=1))
         variants = {"ORM queryset (select_related, get)": _orm, "hand-written statement (model_rows)": _hand_written}
-        figures: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-        for _, (name, lookup) in zip(range(args.rounds * len(variants)), itertools.cycle(variants.items()),
-                                     strict=False):
-            figures[name].append(_round(lookup, issued.raw, args.lookups))
+        figures = alternating_rounds(
+            {name: functools.partial(_round, lookup, issued.raw, args.lookups) for name, lookup in variants.items()},
+            args.rounds)
     finally:
         user.delete()
         Tenant.objects.filter(pk=tenant.pk).delete()
     print(f"the token with its membership, user and tenant, {args.lookups} lookups a round, {args.rounds} rounds each, "
           "alternating:")
-    for name, rounds in figures.items():
-        cpu, wall = [r[0] for r in rounds], [r[1] for r in rounds]
-        print(f"  {name}: CPU {statistics.median(cpu):.0f} µs per lookup ({min(cpu):.0f}–{max(cpu):.0f}), "
-              f"wall {statistics.median(wall):.0f} µs ({min(wall):.0f}–{max(wall):.0f})")
+    print_cpu_and_wall(figures, "lookup")
 
 
 if __name__ == "__main__":

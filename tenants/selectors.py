@@ -50,7 +50,7 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
 
     One hand-written statement (:func:`_token_lookup_sql`), not a queryset: every API request
     with a token and every stream's opening makes this lookup, and Django built and compiled
-    the ``select_related`` queryset's SQL (47 columns, three joins) anew each time, ~1 ms of CPU
+    the ``select_related`` queryset's SQL (36 columns, three joins) anew each time, ~1 ms of CPU
     on a 2-vCPU machine against ~0.15 ms to run it (bench/README.md, "The API token's lookup").
     Touches ``last_used_at`` at most once a minute.
     """
