@@ -45,8 +45,8 @@ def select_all_sql(model: type[Model]) -> str:
 
 
 def width(model: type[Model]) -> int:
-    """How many columns :func:`select_columns_sql` names: where the next model's start in a
-    joined row."""
+    """How many columns :func:`select_columns_sql` names: in a joined row, where the next
+    model's columns start."""
     return len(model._meta.concrete_fields)
 
 

@@ -16,30 +16,36 @@ from tenants.scoping import system_scope
 
 
 @functools.cache
+def _token_models() -> tuple[type, ...]:
+    """The models of a token lookup's row, in its order: the token, its membership, user, tenant."""
+    return (ApiToken, Membership, Membership._meta.get_field("user").related_model,
+            Membership._meta.get_field("tenant").related_model)
+
+
+@functools.cache
 def _token_lookup_sql() -> str:
     """The live token by its hash, with its membership, user and tenant: one row of
-    ``ApiToken, Membership, User, Tenant`` columns (:mod:`agent_platform.model_rows`)."""
-    user_field, tenant_field = Membership._meta.get_field("user"), Membership._meta.get_field("tenant")
-    user, tenant = user_field.related_model, tenant_field.related_model
-    token_t, member_t, user_t, tenant_t = (m._meta.db_table for m in (ApiToken, Membership, user, tenant))
-    columns = ", ".join(select_columns_sql(m, qualified=True) for m in (ApiToken, Membership, user, tenant))
+    :func:`_token_models`' columns (:mod:`agent_platform.model_rows`)."""
+    token_t, member_t, user_t, tenant_t = (m._meta.db_table for m in _token_models())
+    membership_fk = ApiToken._meta.get_field("membership").column
+    user_fk, tenant_fk = Membership._meta.get_field("user").column, Membership._meta.get_field("tenant").column
+    columns = ", ".join(select_columns_sql(m, qualified=True) for m in _token_models())
     return (
         f'SELECT {columns} FROM "{token_t}" '
-        f'INNER JOIN "{member_t}" ON "{member_t}"."id" = "{token_t}"."{ApiToken._meta.get_field("membership").column}" '
-        f'INNER JOIN "{user_t}" ON "{user_t}"."id" = "{member_t}"."{user_field.column}" '
-        f'INNER JOIN "{tenant_t}" ON "{tenant_t}"."id" = "{member_t}"."{tenant_field.column}" '
+        f'INNER JOIN "{member_t}" ON "{member_t}"."id" = "{token_t}"."{membership_fk}" '
+        f'INNER JOIN "{user_t}" ON "{user_t}"."id" = "{member_t}"."{user_fk}" '
+        f'INNER JOIN "{tenant_t}" ON "{tenant_t}"."id" = "{member_t}"."{tenant_fk}" '
         f'WHERE "{token_t}"."token_hash" = %s AND "{token_t}"."revoked_at" IS NULL'
     )
 
 
 def _token_from_row(row: tuple) -> ApiToken:
-    user, tenant = Membership._meta.get_field("user").related_model, Membership._meta.get_field("tenant").related_model
     parts, start = [], 0
-    for model in (ApiToken, Membership, user, tenant):
+    for model in _token_models():
         parts.append(instances(model, [row[start:start + width(model)]])[0])
         start += width(model)
-    token, membership, member, tenant_row = parts
-    membership.user, membership.tenant = member, tenant_row
+    token, membership, user, tenant = parts
+    membership.user, membership.tenant = user, tenant
     token.membership = membership
     return token
 

@@ -70,7 +70,6 @@ async def run_tenant_id(run_id: int) -> int | None:
     return row[0] if row else None
 
 
-
 _SPEC_ROUTE_SQL = f'SELECT "route_id" FROM "{AgentInstance._meta.db_table}" WHERE "id" = %s AND "tenant_id" = %s'
 _SPEC_ENTRY_PROVIDERS_SQL = (
     f'SELECT "provider_id" FROM "{ModelRouteEntry._meta.db_table}" WHERE "route_id" = ({_SPEC_ROUTE_SQL}) AND "tenant_id" = %s'
