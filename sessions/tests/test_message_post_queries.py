@@ -55,3 +55,37 @@ def test_a_steer_mode_agent_still_marks_a_message_behind_a_running_run(world, no
     Run.all_tenants.filter(pk=first["id"]).update(status=RunStatus.RUNNING)
     second = client.post(f"/api/v1/sessions/{session['id']}/messages/", {"content": "two"}, format="json").json()["run"]
     assert Run.all_tenants.get(pk=second["id"]).steer is True
+
+
+def _field_values(instance) -> dict:
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+def test_the_chat_lookup_is_one_statement_and_makes_what_the_orm_reads(world, other_world, django_assert_num_queries):
+    """``chat_session_get_for_user`` runs one hand-written statement (``agent_platform.model_rows``):
+    the chat and its agent it makes hold what the ORM's ``select_related`` read holds, column by
+    column, and it finds only the caller's own chat, in the tenant in scope, not deleted."""
+    from django.utils import timezone
+
+    from sessions.models import ChatSession
+    from sessions.selectors import chat_session_get_for_user
+    from sessions.services import chat_session_create
+    from tenants.context import TenantScopeError
+    from tenants.scoping import tenant_scope
+
+    agent = agent_with_route(tenant=world.tenant, base_urls=["http://127.0.0.1:9/v1"])
+    with tenant_scope(world.tenant.pk):
+        session = chat_session_create(user=world.member, agent=agent)
+        with django_assert_num_queries(1):
+            found = chat_session_get_for_user(session_id=session.pk, user_id=world.member.pk)
+            agent_name = found.agent.name
+        orm = ChatSession.objects.select_related("agent").get(pk=session.pk)
+        assert _field_values(found) == _field_values(orm) and _field_values(found.agent) == _field_values(orm.agent)
+        assert agent_name == agent.name and not found._state.adding
+        assert chat_session_get_for_user(session_id=session.pk, user_id=world.admin.pk) is None  # not the caller's
+        ChatSession.objects.filter(pk=session.pk).update(deleted_at=timezone.now())
+        assert chat_session_get_for_user(session_id=session.pk, user_id=world.member.pk) is None  # deleted
+    with tenant_scope(other_world.tenant.pk):
+        assert chat_session_get_for_user(session_id=session.pk, user_id=world.member.pk) is None  # another tenant
+    with pytest.raises(TenantScopeError):
+        chat_session_get_for_user(session_id=session.pk, user_id=world.member.pk)  # no tenant in scope
