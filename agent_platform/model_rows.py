@@ -7,8 +7,10 @@ SQL names each model's columns from its ``_meta`` (:func:`select_columns_sql`), 
 that adds a column is followed; rows become instances through the backend's and the fields'
 converters, then ``Model.from_db`` (:func:`instances`), as the ORM's own do.
 
-Used by the runner's configuration read (:func:`sessions.runner.database._spec_rows`) and the
-API token's lookup (:func:`tenants.selectors.api_token_authenticate`).
+Used by the runner's configuration read (:func:`sessions.runner.database._spec_rows`), the
+API token's lookup (:func:`tenants.selectors.api_token_authenticate`) and the chat's
+(:func:`sessions.selectors.chat_session_get_for_user`); joined rows are split by
+:func:`joined_instances`.
 """
 
 from __future__ import annotations
@@ -44,12 +46,6 @@ def select_all_sql(model: type[Model]) -> str:
     return f'SELECT {select_columns_sql(model)} FROM "{model._meta.db_table}"'
 
 
-def width(model: type[Model]) -> int:
-    """How many columns :func:`select_columns_sql` names: in a joined row, where the next
-    model's columns start."""
-    return len(model._meta.concrete_fields)
-
-
 def instances(model: type[Model], rows: Sequence[Sequence[Any]]) -> list[Any]:
     """Rows of :func:`select_columns_sql` ``(model)`` as model instances: each column through
     the backend's and its field's converters (JSON text to objects, time zones and the like),
@@ -76,4 +72,15 @@ def instances(model: type[Model], rows: Sequence[Sequence[Any]]) -> list[Any]:
                     value = convert(value, column, connection)
                 row[i] = value
         made.append(model.from_db(connection.alias, names, row))
+    return made
+
+
+def joined_instances(models: Sequence[type[Model]], row: Sequence[Any]) -> list[Any]:
+    """One row of a join that selects each model's :func:`select_columns_sql` in turn, as one
+    instance per model (in ``models``' order)."""
+    made, start = [], 0
+    for model in models:
+        end = start + len(model._meta.concrete_fields)
+        made.extend(instances(model, [row[start:end]]))
+        start = end
     return made

@@ -13,7 +13,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from agent_platform.model_rows import instances, select_columns_sql, width
+from agent_platform.model_rows import joined_instances, select_columns_sql
 from agents.models import AgentInstance
 from sessions.models import (
     Approval,
@@ -74,8 +74,7 @@ def chat_session_get_for_user(*, session_id: int, user_id: int) -> ChatSession |
         row = cursor.fetchone()
     if row is None:
         return None
-    split = width(ChatSession)
-    [session], [agent] = instances(ChatSession, [row[:split]]), instances(AgentInstance, [row[split:]])
+    session, agent = joined_instances((ChatSession, AgentInstance), row)
     session.agent = agent
     return session
 
