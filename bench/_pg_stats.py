@@ -63,7 +63,7 @@ def postmaster_pid() -> int | None:
     """The server's postmaster, if it runs on this host (None otherwise)."""
     with _owner_connect() as conn:
         backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-    fields = _stat(backend)
+        fields = _stat(backend)  # while the backend lives: once the connection closes, it exits
     if fields is None:
         return None
     return int(fields[1])  # ppid
