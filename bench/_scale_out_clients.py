@@ -22,16 +22,23 @@ The figures are defined as in ``_ws_clients.py`` (``concurrent_runs.py``): a tok
 is the time this process received the frame carrying it minus the wall-clock time the
 ``timed3`` fake model wrote it (same host, same clock); ``ended_at`` is when the run's end
 frame arrived (seconds since the epoch), ``end`` its type.
+
+A browser on its own machine spends a fraction of a millisecond on a frame; these clients share
+the platform's cores, so they are made cheap: uvloop, and an SSE response read in whatever chunks
+the socket gives rather than line by line (:func:`sse_data`; bench/README.md has what each
+cost before).
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import sys
 import time
 
 import aiohttp
+import uvloop
 from websockets.asyncio.client import connect
 
 END_TYPES = {"run_completed", "run_failed", "run_cancelled"}
@@ -83,6 +90,19 @@ class _Follower:
             self.opened()  # one broken stream must not keep the rest from starting
 
 
+def sse_data(buffered: str) -> tuple[list[str], str]:
+    """The data of each complete Server-Sent Events message in ``buffered`` (its ``data:``
+    lines joined by newlines; a message without data is skipped), and what is left of an
+    incomplete one. A blank line ends a message; ``sessions/sse.py`` ends lines with ``\\n``."""
+    *messages, rest = buffered.split("\n\n")
+    payloads = []
+    for message in messages:
+        data = [line[5:].removeprefix(" ") for line in message.split("\n") if line.startswith("data:")]
+        if data:
+            payloads.append("\n".join(data))
+    return payloads, rest
+
+
 async def _follow_ws(f: _Follower, base: str, token: str, session_id: int) -> None:
     rec, was_open = f.record(session_id), False
     try:
@@ -106,14 +126,12 @@ async def _follow_sse(f: _Follower, http: aiohttp.ClientSession, base: str, toke
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
             was_open = True
             f.opened()
-            data: list[str] = []
-            async for raw in resp.content:  # one line at a time
-                line = raw.decode().rstrip("\r\n")
-                if line.startswith("data:"):
-                    data.append(line[5:].removeprefix(" "))
-                elif not line and data:  # the blank line that ends a message
-                    payload, data = "\n".join(data), []
-                    if f.frame("sse", rec, json.loads(payload), time.time()):
+            buffered, decoder = "", codecs.getincrementaldecoder("utf-8")()
+            async for chunk in resp.content.iter_any():  # whatever the socket had, not a line at a time
+                now = time.time()
+                payloads, buffered = sse_data(buffered + decoder.decode(chunk))
+                for payload in payloads:
+                    if f.frame("sse", rec, json.loads(payload), now):
                         return
     except Exception as exc:  # reported, not raised
         f.failed(session_id, exc, was_open)
@@ -141,4 +159,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    uvloop.run(main())
