@@ -50,7 +50,7 @@ its layout ends or the script fails; the queue is deleted then.
 
 Run: ``.venv/bin/python bench/scale_out.py [--n 600] [--layouts 1x1 2x3+beat] [--warmup 5]
 [--worker-concurrency K] [--tenants K] [--post-concurrency K] [--no-analyze] [--keep-logs] [--timeline]
-[--probe] [--gc-pauses]``
+[--probe] [--gc-pauses | --loop-lag] [--rounds K] [--cgroups postgres|each]``
 
 ``--timeline`` also prints, per second of each reported round, the tokens the fake model wrote
 that second, their token → client p50/p95/max, and how many POSTs were answered: whether the
@@ -72,6 +72,12 @@ options exclude each other). It times each web process's and worker's event loop
 timer and prints, per process, how often and how long the timer ran 10 ms or more late in the
 round, and what the loop thread did meanwhile: waited for a core (Linux's runqueue wait),
 ran callbacks (its own CPU), or neither, while the process's other threads used CPU.
+
+``--cgroups postgres`` schedules PostgreSQL's cluster as one group for the invocation, as its
+container or systemd unit does (bench/_cgroups.py; needs root): on a host with autogroups, a
+cluster started by hand is one scheduling group per backend, each weighing as much as a whole
+web process or worker (bench/README.md has what that did to the p95). ``--cgroups each`` also
+puts every started process and Redis in a CPU cgroup of its own, under the same parent.
 
 ``--rounds K`` reports K rounds per layout on the same started processes (default 1), then
 each layout's p95 over the rounds: all of them, the median and how many met the goal. The p95
@@ -109,6 +115,7 @@ for _scope in ("MESSAGES_USER", "MESSAGES_TENANT", "RUNS_USER", "RUNS_TENANT"):
 os.environ.setdefault("CHAT_TITLES_FROM_MODEL", "0")
 
 import aiohttp  # noqa: E402
+from _cgroups import CgroupsUnavailable, CpuCgroups, child_pids  # noqa: E402
 from _harness import (  # noqa: E402
     ROOT,
     BenchTenant,
@@ -137,6 +144,14 @@ CPU_GROUPS = {"celery_test_app worker": "workers", "agent_platform.web": "web", 
 """``--timeline``'s CPU per second: process groups by a substring of their command line
 (:class:`_harness.CpuTimeline`; this process, which posts the messages, is ``POSTs``)."""
 _TASK_RECEIVED = re.compile(rb"Task sessions\.run_execute\[[^\]]+\] received")
+_EACH: CpuCgroups | None = None
+"""``--cgroups each``: where :func:`_place` puts every started process (None: nowhere)."""
+
+
+def _place(group: str, pids: list[int]) -> None:
+    """``--cgroups each``: ``pids`` into the CPU cgroup ``group``, one of their own."""
+    if _EACH is not None:
+        _EACH.place(group, pids)
 
 
 class Child:
@@ -150,6 +165,7 @@ class Child:
         self.log = log_dir / f"{name}.log"
         self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=self.log.open("wb"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        _place(name, [self.proc.pid])
         deadline = time.monotonic() + timeout
         while not ready(self):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -371,6 +387,7 @@ class Clients:
                 continue
             proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_scale_out_clients.py"))],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+            _place(f"clients-{kind}", [proc.pid])
             proc.stdin.write(json.dumps({"follow": mine, "timeout": 300}) + "\n")
             proc.stdin.flush()
             self.procs.append(proc)
@@ -411,6 +428,7 @@ class LiveProbe:
 
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_live_probe.py"))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        _place("probe", [self.proc.pid])
         self.proc.stdin.write(json.dumps({"redis": settings.REDIS_URL,
                                           "pattern": f"{settings.REDIS_KEY_PREFIX}:session:*:live"}) + "\n")
         self.proc.stdin.flush()
@@ -642,6 +660,52 @@ def _delete_queue() -> None:
         channel.client.delete(f"_kombu.binding.{QUEUE}", f"_kombu.binding_permanent.{QUEUE}")
 
 
+def _scheduling(groups: CpuCgroups | None) -> str:
+    """How this host's scheduler groups the processes (printed with the machine)."""
+    autogroups = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    on = autogroups.exists() and autogroups.read_text().strip() == "1"
+    if groups is None:
+        postgres = "as started" + (" (autogroups: every backend a group of its own)" if on else "")
+    else:
+        postgres = f"in one CPU cgroup ({groups.base / 'postgres'})"
+        if _EACH is not None:
+            postgres += ", every other process in one of its own"
+    return f"autogroups {'on' if on else 'off'}; PostgreSQL {postgres}"
+
+
+def _layouts(args: argparse.Namespace, tmp: str) -> list[RoundResult]:
+    """Every layout's rounds (``main``'s options), the processes' logs under ``tmp``."""
+    results: list[RoundResult] = []
+    with fake_model("timed3") as base_url, contextlib.ExitStack() as tenants:
+        _place("model", [base_url.pid])
+        accounts = []
+        for _ in range(args.tenants):
+            bench = tenants.enter_context(BenchTenant(base_url, read_timeout_seconds=60.0))
+            accounts.append((bench, api_token_create(membership=membership_create(tenant=bench.tenant,
+                                                                                   user=bench.user)).raw))
+        try:
+            for layout in args.layouts:
+                log_dir = Path(tmp) / str(len(results))
+                log_dir.mkdir()
+                concurrency = args.worker_concurrency or -(-args.n // layout.workers)
+                with Platform(layout, log_dir, concurrency) as platform:
+                    if args.warmup:
+                        one_round(accounts, platform, base_url.pid, args.warmup * layout.workers, report=False,
+                                  post_limit=args.post_concurrency, analyze_first=False)
+                    for _ in range(args.rounds):
+                        results.append(one_round(accounts, platform, base_url.pid, args.n, report=True,
+                                                 post_limit=args.post_concurrency, analyze_first=args.analyze,
+                                                 timeline=args.timeline, probe=args.probe, gc_pauses=args.gc_pauses,
+                                                 loop_lag=args.loop_lag))
+        finally:
+            _delete_queue()
+            if args.keep_logs:
+                print(f"logs in {tmp}", flush=True)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=600, help="runs at once per layout (default 600)")
@@ -672,6 +736,10 @@ def main() -> None:
                              "late timers in each reported round and what its loop thread did meanwhile")
     parser.add_argument("--rounds", type=int, default=1,
                         help="reported rounds per layout, on the same started processes (default 1)")
+    parser.add_argument("--cgroups", choices=["postgres", "each"],
+                        help="postgres: schedule PostgreSQL's whole cluster as one group, as its container or "
+                             "systemd unit does, in a CPU cgroup of its own for the invocation; each: also every "
+                             "started process and Redis in one of their own (needs root; bench/_cgroups.py)")
     args = parser.parse_args()
     if args.gc_pauses and args.loop_lag:
         parser.error("--gc-pauses and --loop-lag each need their own sitecustomize: give one of them")
@@ -681,35 +749,26 @@ def main() -> None:
     if hook is not None:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(Path(__file__).with_name(hook)), *filter(None, [os.environ.get("PYTHONPATH")])])
-    print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}", flush=True)
-    results: list[RoundResult] = []
-    tmp = tempfile.mkdtemp(prefix="scale-out-")
-    with fake_model("timed3") as base_url, contextlib.ExitStack() as tenants:
-        accounts = []
-        for _ in range(args.tenants):
-            bench = tenants.enter_context(BenchTenant(base_url, read_timeout_seconds=60.0))
-            accounts.append((bench, api_token_create(membership=membership_create(tenant=bench.tenant,
-                                                                                   user=bench.user)).raw))
+    global _EACH
+    groups, postmaster = None, postmaster_pid()
+    if args.cgroups:
+        if postmaster is None:
+            parser.error("--cgroups: PostgreSQL does not run on this host")
         try:
-            for layout in args.layouts:
-                log_dir = Path(tmp) / str(len(results))
-                log_dir.mkdir()
-                concurrency = args.worker_concurrency or -(-args.n // layout.workers)
-                with Platform(layout, log_dir, concurrency) as platform:
-                    if args.warmup:
-                        one_round(accounts, platform, base_url.pid, args.warmup * layout.workers, report=False,
-                                  post_limit=args.post_concurrency, analyze_first=False)
-                    for _ in range(args.rounds):
-                        results.append(one_round(accounts, platform, base_url.pid, args.n, report=True,
-                                                 post_limit=args.post_concurrency, analyze_first=args.analyze,
-                                                 timeline=args.timeline, probe=args.probe, gc_pauses=args.gc_pauses,
-                                                 loop_lag=args.loop_lag))
-        finally:
-            _delete_queue()
-            if args.keep_logs:
-                print(f"logs in {tmp}", flush=True)
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
+            groups = CpuCgroups(QUEUE)
+        except CgroupsUnavailable as exc:
+            parser.error(f"--cgroups: {exc}")
+        if args.cgroups == "each":
+            _EACH = groups
+    print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}; {_scheduling(groups)}", flush=True)
+    tmp = tempfile.mkdtemp(prefix="scale-out-")
+    with contextlib.ExitStack() as cleanup:
+        if groups is not None:
+            cleanup.callback(groups.close)
+            groups.place("postgres", [postmaster])  # first: the backends it starts from now on start there
+            groups.place("postgres", child_pids(postmaster))
+            _place("redis", _redis_pids())
+        results = _layouts(args, tmp)
     base = results[0]
     for r in results:
         print(f"{r.layout}: {r.n / r.wall:.1f} runs/s ({r.n / r.wall / (base.n / base.wall):.2f}× {base.layout}); "

@@ -1,0 +1,127 @@
+"""CPU cgroups for benchmarks: PostgreSQL scheduled as one group, as its container runs it.
+
+On a host without a container runtime or service manager, Linux schedules a process started in
+a session of its own as one group (an *autogroup*, ``kernel.sched_autogroup_enabled``, on by
+default), of the same weight as any other. The benchmarks start every platform process in its
+own session, so each is one group, as each container or systemd unit would be. PostgreSQL is
+not: every backend it starts calls ``setsid()`` (``InitPostmasterChild`` in its source), so a
+cluster serving 60 connections is 60 groups, each weighing as much as a whole web process,
+where a container or a systemd unit makes the cluster one.
+
+:class:`CpuCgroups` puts the processes it is given in CPU cgroups of its own (cgroup v1's
+``cpu`` hierarchy or cgroup v2 with the ``cpu`` controller; default weights) and moves them
+back where they were when closed. It needs root (or a delegated hierarchy); without one it
+raises :class:`CgroupsUnavailable` with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class CgroupsUnavailable(RuntimeError):
+    """No writable CPU cgroup hierarchy here (the message says why)."""
+
+
+def _proc_cgroup(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from ``/proc/<pid>/stat``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+class CpuCgroups:
+    """Groups ``<hierarchy>/<name>/<group>``, one per :meth:`place` call's ``group``.
+
+    Args:
+        name: the parent group's name (unique per invocation: the benchmark's queue name).
+        root: where the cgroup file systems are mounted (tests pass a directory of their own).
+        read_cgroup: ``pid`` → the text of ``/proc/<pid>/cgroup`` (tests replace it).
+
+    Raises:
+        CgroupsUnavailable: neither a cgroup v1 ``cpu`` hierarchy nor a cgroup v2 one with the
+            ``cpu`` controller, or the parent group cannot be created (not root).
+    """
+
+    def __init__(self, name: str, *, root: Path = CGROUP_ROOT,
+                 read_cgroup: Callable[[int], str] = _proc_cgroup) -> None:
+        self._read_cgroup = read_cgroup
+        if (root / "cpu" / "cgroup.procs").exists():
+            self.version, self.mount = 1, root / "cpu"
+        elif "cpu" in _read(root / "cgroup.controllers").split():
+            self.version, self.mount = 2, root
+            if "cpu" not in _read(root / "cgroup.subtree_control").split():
+                raise CgroupsUnavailable(f"cgroup v2 at {root}: the cpu controller is not enabled for its children")
+        else:
+            raise CgroupsUnavailable(f"no cgroup v1 cpu hierarchy or cgroup v2 cpu controller under {root}")
+        self.base = self.mount / name
+        try:
+            self.base.mkdir()
+            if self.version == 2:
+                (self.base / "cgroup.subtree_control").write_text("+cpu")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.base.rmdir()
+            raise CgroupsUnavailable(f"cannot create {self.base}: {exc}") from exc
+        self._origin: dict[str, Path] = {}  # group -> the cgroup its first process came from
+
+    def origin(self, pid: int) -> Path:
+        """The cgroup ``pid`` is in now, in this hierarchy."""
+        for line in self._read_cgroup(pid).splitlines():
+            _, controllers, path = line.split(":", 2)
+            if (self.version == 1 and "cpu" in controllers.split(",")) or (self.version == 2 and controllers == ""):
+                return self.mount / path.lstrip("/")
+        return self.mount
+
+    def place(self, group: str, pids: Iterable[int]) -> None:
+        """Move ``pids`` (whole processes, with their threads; the processes they start later
+        stay in the group) into ``group``, created on first use. A process that has exited
+        meanwhile is skipped."""
+        path = self.base / group
+        path.mkdir(exist_ok=True)
+        for pid in pids:
+            try:
+                self._origin.setdefault(group, self.origin(pid))
+                _move(pid, path)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+
+    def close(self) -> None:
+        """Move every process still in a group back to where that group's first process came
+        from, and remove the groups."""
+        for group, origin in self._origin.items():
+            path = self.base / group
+            for pid in _read(path / "cgroup.procs").split():
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    _move(int(pid), origin)
+        for path in [*(p for p in self.base.iterdir() if p.is_dir()), self.base]:
+            with contextlib.suppress(OSError):  # (a group that still has a process stays)
+                path.rmdir()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _move(pid: int, cgroup: Path) -> None:
+    """One write per process, as the kernel wants it (ESRCH: it has exited)."""
+    with (cgroup / "cgroup.procs").open("a") as procs:
+        procs.write(f"{pid}\n")
