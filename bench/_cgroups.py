@@ -31,20 +31,6 @@ def _proc_cgroup(pid: int) -> str:
     return Path(f"/proc/{pid}/cgroup").read_text()
 
 
-def child_pids(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from ``/proc/<pid>/stat``)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 class CpuCgroups:
     """Groups ``<hierarchy>/<name>/<group>``, one per :meth:`place` call's ``group``.
 

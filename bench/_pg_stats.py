@@ -76,12 +76,24 @@ def server_cpu_seconds(postmaster: int) -> float:
     if fields is None:
         raise RuntimeError(f"postmaster {postmaster} is gone")
     total = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    for _, child in _children(postmaster):
+        total += int(child[11]) + int(child[12])
+    return total / _TICK
+
+
+def server_pids(postmaster: int) -> list[int]:
+    """The postmaster and the processes it started that still run (backends, its workers)."""
+    return [postmaster, *(pid for pid, _ in _children(postmaster))]
+
+
+def _children(parent: int) -> list[tuple[int, list[str]]]:
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             child = _stat(int(entry.name))
-            if child is not None and int(child[1]) == postmaster:
-                total += int(child[11]) + int(child[12])
-    return total / _TICK
+            if child is not None and int(child[1]) == parent:
+                found.append((int(entry.name), child))
+    return found
 
 
 @dataclass

@@ -115,7 +115,7 @@ for _scope in ("MESSAGES_USER", "MESSAGES_TENANT", "RUNS_USER", "RUNS_TENANT"):
 os.environ.setdefault("CHAT_TITLES_FROM_MODEL", "0")
 
 import aiohttp  # noqa: E402
-from _cgroups import CgroupsUnavailable, CpuCgroups, child_pids  # noqa: E402
+from _cgroups import CgroupsUnavailable, CpuCgroups  # noqa: E402
 from _harness import (  # noqa: E402
     ROOT,
     BenchTenant,
@@ -125,7 +125,7 @@ from _harness import (  # noqa: E402
     machine_busy_seconds,
     percentile,
 )
-from _pg_stats import analyze, postmaster_pid, server_cpu_seconds  # noqa: E402
+from _pg_stats import analyze, postmaster_pid, server_cpu_seconds, server_pids  # noqa: E402
 from _stats import machine  # noqa: E402
 
 from sessions.services import chat_session_create  # noqa: E402
@@ -765,8 +765,7 @@ def main() -> None:
     with contextlib.ExitStack() as cleanup:
         if groups is not None:
             cleanup.callback(groups.close)
-            groups.place("postgres", [postmaster])  # first: the backends it starts from now on start there
-            groups.place("postgres", child_pids(postmaster))
+            groups.place("postgres", server_pids(postmaster))  # the postmaster first: what it starts follows
             _place("redis", _redis_pids())
         results = _layouts(args, tmp)
     base = results[0]
