@@ -32,20 +32,23 @@ def _proc_cgroup(pid: int) -> str:
 
 
 class CpuCgroups:
-    """Groups ``<hierarchy>/<name>/<group>``, one per :meth:`place` call's ``group``.
+    """Groups ``<hierarchy>/<name>-<group>``, one per :meth:`place` call's ``group``, each at the
+    top of the hierarchy, beside the host's other groups (not under a common parent: that
+    made the whole platform one group against the rest of the host, bench/README.md).
 
     Args:
-        name: the parent group's name (unique per invocation: the benchmark's queue name).
+        name: the groups' prefix (unique per invocation: the benchmark's queue name).
         root: where the cgroup file systems are mounted (tests pass a directory of their own).
         read_cgroup: ``pid`` → the text of ``/proc/<pid>/cgroup`` (tests replace it).
 
     Raises:
-        CgroupsUnavailable: neither a cgroup v1 ``cpu`` hierarchy nor a cgroup v2 one with the
-            ``cpu`` controller, or the parent group cannot be created (not root).
+        CgroupsUnavailable: neither a cgroup v1 ``cpu`` hierarchy nor a cgroup v2 one whose root
+            gives its children the ``cpu`` controller, or a group cannot be created (not root).
     """
 
     def __init__(self, name: str, *, root: Path = CGROUP_ROOT,
                  read_cgroup: Callable[[int], str] = _proc_cgroup) -> None:
+        self.name = name
         self._read_cgroup = read_cgroup
         if (root / "cpu" / "cgroup.procs").exists():
             self.version, self.mount = 1, root / "cpu"
@@ -55,16 +58,11 @@ class CpuCgroups:
                 raise CgroupsUnavailable(f"cgroup v2 at {root}: the cpu controller is not enabled for its children")
         else:
             raise CgroupsUnavailable(f"no cgroup v1 cpu hierarchy or cgroup v2 cpu controller under {root}")
-        self.base = self.mount / name
-        try:
-            self.base.mkdir()
-            if self.version == 2:
-                (self.base / "cgroup.subtree_control").write_text("+cpu")
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                self.base.rmdir()
-            raise CgroupsUnavailable(f"cannot create {self.base}: {exc}") from exc
-        self._origin: dict[str, Path] = {}  # group -> the cgroup its first process came from
+        self._origin: dict[Path, Path] = {}  # group -> the cgroup its first process came from
+
+    def path(self, group: str) -> Path:
+        """Where ``group`` is (or will be)."""
+        return self.mount / f"{self.name}-{group}"
 
     def origin(self, pid: int) -> Path:
         """The cgroup ``pid`` is in now, in this hierarchy."""
@@ -77,25 +75,31 @@ class CpuCgroups:
     def place(self, group: str, pids: Iterable[int]) -> None:
         """Move ``pids`` (whole processes, with their threads; the processes they start later
         stay in the group) into ``group``, created on first use. A process that has exited
-        meanwhile is skipped."""
-        path = self.base / group
-        path.mkdir(exist_ok=True)
+        meanwhile is skipped.
+
+        Raises:
+            CgroupsUnavailable: the group cannot be created (not root).
+        """
+        path = self.path(group)
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise CgroupsUnavailable(f"cannot create {path}: {exc}") from exc
         for pid in pids:
             try:
-                self._origin.setdefault(group, self.origin(pid))
+                self._origin.setdefault(path, self.origin(pid))
                 _move(pid, path)
             except (FileNotFoundError, ProcessLookupError):
                 continue
+        self._origin.setdefault(path, self.mount)
 
     def close(self) -> None:
         """Move every process still in a group back to where that group's first process came
         from, and remove the groups."""
-        for group, origin in self._origin.items():
-            path = self.base / group
+        for path, origin in self._origin.items():
             for pid in _read(path / "cgroup.procs").split():
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                     _move(int(pid), origin)
-        for path in [*(p for p in self.base.iterdir() if p.is_dir()), self.base]:
             with contextlib.suppress(OSError):  # (a group that still has a process stays)
                 path.rmdir()
 

@@ -667,7 +667,7 @@ def _scheduling(groups: CpuCgroups | None) -> str:
     if groups is None:
         postgres = "as started" + (" (autogroups: every backend a group of its own)" if on else "")
     else:
-        postgres = f"in one CPU cgroup ({groups.base / 'postgres'})"
+        postgres = f"in one CPU cgroup ({groups.path('postgres')})"
         if _EACH is not None:
             postgres += ", every other process in one of its own"
     return f"autogroups {'on' if on else 'off'}; PostgreSQL {postgres}"
@@ -751,22 +751,21 @@ def main() -> None:
             [str(Path(__file__).with_name(hook)), *filter(None, [os.environ.get("PYTHONPATH")])])
     global _EACH
     groups, postmaster = None, postmaster_pid()
-    if args.cgroups:
-        if postmaster is None:
-            parser.error("--cgroups: PostgreSQL does not run on this host")
-        try:
-            groups = CpuCgroups(QUEUE)
-        except CgroupsUnavailable as exc:
-            parser.error(f"--cgroups: {exc}")
-        if args.cgroups == "each":
-            _EACH = groups
-    print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}; {_scheduling(groups)}", flush=True)
-    tmp = tempfile.mkdtemp(prefix="scale-out-")
     with contextlib.ExitStack() as cleanup:
-        if groups is not None:
-            cleanup.callback(groups.close)
-            groups.place("postgres", server_pids(postmaster))  # the postmaster first: what it starts follows
-            _place("redis", _redis_pids())
+        if args.cgroups:
+            if postmaster is None:
+                parser.error("--cgroups: PostgreSQL does not run on this host")
+            try:
+                groups = CpuCgroups(QUEUE)
+                cleanup.callback(groups.close)
+                groups.place("postgres", server_pids(postmaster))  # the postmaster first: what it starts follows
+            except CgroupsUnavailable as exc:
+                parser.error(f"--cgroups: {exc}")
+            if args.cgroups == "each":
+                _EACH = groups
+                _place("redis", _redis_pids())
+        print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}; {_scheduling(groups)}", flush=True)
+        tmp = tempfile.mkdtemp(prefix="scale-out-")
         results = _layouts(args, tmp)
     base = results[0]
     for r in results:

@@ -33,16 +33,16 @@ def test_cgroup_v1_groups_take_the_processes_and_give_them_back(tmp_path: Path) 
     groups.place("postgres", [10, 11])
     groups.place("web-0", [20])
     groups.place("web-0", [99])  # gone meanwhile: /proc/99/cgroup is not there
-    assert groups.version == 1 and groups.base == tmp_path / "cpu" / "bench-x"
-    assert _procs(groups.base / "postgres") == ["10", "11"]
-    assert _procs(groups.base / "web-0") == ["20"]
+    assert groups.version == 1 and groups.path("postgres") == tmp_path / "cpu" / "bench-x-postgres"
+    assert _procs(groups.path("postgres")) == ["10", "11"]
+    assert _procs(groups.path("web-0")) == ["20"]
 
     groups.close()
     assert _procs(tmp_path / "cpu" / "system.slice" / "postgresql") == ["10", "11"]
     assert _procs(tmp_path / "cpu") == ["20"]
 
 
-def test_cgroup_v2_gives_the_cpu_controller_to_its_groups(tmp_path: Path) -> None:
+def test_cgroup_v2_groups_sit_at_the_top_of_the_hierarchy(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (tmp_path / "cgroup.subtree_control").write_text("cpu memory pids\n")
     (tmp_path / "user.slice").mkdir()
@@ -50,8 +50,7 @@ def test_cgroup_v2_gives_the_cpu_controller_to_its_groups(tmp_path: Path) -> Non
 
     groups.place("redis", [7])
     assert groups.version == 2
-    assert (groups.base / "cgroup.subtree_control").read_text() == "+cpu"
-    assert _procs(groups.base / "redis") == ["7"]
+    assert _procs(tmp_path / "bench-y-redis") == ["7"]
     groups.close()
     assert _procs(tmp_path / "user.slice") == ["7"]
 
@@ -61,12 +60,11 @@ def test_cgroup_v2_gives_the_cpu_controller_to_its_groups(tmp_path: Path) -> Non
     [
         ({}, "no cgroup v1 cpu hierarchy or cgroup v2 cpu controller"),
         ({"cgroup.controllers": "cpu io", "cgroup.subtree_control": "io"}, "not enabled for its children"),
-        ({"cgroup.controllers": "cpu", "cgroup.subtree_control": "cpu", "bench-z/x": ""}, "cannot create"),
+        ({"cgroup.controllers": "cpu", "cgroup.subtree_control": "cpu", "bench-z-redis": ""}, "cannot create"),
     ],
 )
 def test_without_a_usable_hierarchy_it_says_why(tmp_path: Path, files: dict[str, str], reason: str) -> None:
     for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_text(text)  # (bench-z-redis: a file where the group should go)
     with pytest.raises(CgroupsUnavailable, match=reason):
-        CpuCgroups("bench-z", root=tmp_path)
+        CpuCgroups("bench-z", root=tmp_path, read_cgroup=lambda pid: "0::/\n").place("redis", [7])
