@@ -77,7 +77,9 @@ ran callbacks (its own CPU), or neither, while the process's other threads used 
 container or systemd unit does (bench/_cgroups.py; needs root): on a host with autogroups, a
 cluster started by hand is one scheduling group per backend, each weighing as much as a whole
 web process or worker (bench/README.md has what that did to the p95). ``--cgroups each`` also
-puts every started process and Redis in a CPU cgroup of its own, under the same parent.
+puts every started process and Redis in a CPU cgroup of its own. The groups sit side by side at
+the top of the hierarchy: under one parent, the whole platform was one group beside the host's
+others, and the p95 was ~10 ms worse (bench/README.md).
 
 ``--rounds K`` reports K rounds per layout on the same started processes (default 1), then
 each layout's p95 over the rounds: all of them, the median and how many met the goal. The p95
