@@ -50,7 +50,7 @@ its layout ends or the script fails; the queue is deleted then.
 
 Run: ``.venv/bin/python bench/scale_out.py [--n 600] [--layouts 1x1 2x3+beat] [--warmup 5]
 [--worker-concurrency K] [--tenants K] [--post-concurrency K] [--no-analyze] [--keep-logs] [--timeline]
-[--probe] [--gc-pauses | --loop-lag] [--rounds K] [--cgroups postgres|each]``
+[--probe] [--gc-pauses | --loop-lag] [--rounds K] [--cgroups postgres|each|nested [--equal-shares]]``
 
 ``--timeline`` also prints, per second of each reported round, the tokens the fake model wrote
 that second, their token → client p50/p95/max, and how many POSTs were answered: whether the
@@ -77,9 +77,13 @@ ran callbacks (its own CPU), or neither, while the process's other threads used 
 container or systemd unit does (bench/_cgroups.py; needs root): on a host with autogroups, a
 cluster started by hand is one scheduling group per backend, each weighing as much as a whole
 web process or worker (bench/README.md has what that did to the p95). ``--cgroups each`` also
-puts every started process and Redis in a CPU cgroup of its own. The groups sit side by side at
-the top of the hierarchy: under one parent, the whole platform was one group beside the host's
-others, and the p95 was ~10 ms worse (bench/README.md).
+puts every started process and Redis in a CPU cgroup of its own, side by side at the top of
+the hierarchy. ``--cgroups nested`` makes the same groups under one parent, as Docker's cgroupfs
+driver puts every container under ``/docker``: the layout docker-compose.yml declares. Each
+group gets its Compose service's ``cpu_shares`` from docker-compose.yml (web and worker 2048,
+the rest Docker's default 1024; ``--equal-shares``: all 1024). Under one parent with equal
+weights, PostgreSQL's backends went ahead of the workers and the p95 was ~15 ms worse
+(bench/README.md, "One parent over the platform, and the weights that undo it").
 
 ``--rounds K`` reports K rounds per layout on the same started processes (default 1), then
 each layout's p95 over the rounds: all of them, the median and how many met the goal. The p95
@@ -117,7 +121,7 @@ for _scope in ("MESSAGES_USER", "MESSAGES_TENANT", "RUNS_USER", "RUNS_TENANT"):
 os.environ.setdefault("CHAT_TITLES_FROM_MODEL", "0")
 
 import aiohttp  # noqa: E402
-from _cgroups import CgroupsUnavailable, CpuCgroups  # noqa: E402
+from _cgroups import CgroupsUnavailable, CpuCgroups, compose_cpu_shares  # noqa: E402
 from _harness import (  # noqa: E402
     ROOT,
     BenchTenant,
@@ -147,13 +151,16 @@ CPU_GROUPS = {"celery_test_app worker": "workers", "agent_platform.web": "web", 
 (:class:`_harness.CpuTimeline`; this process, which posts the messages, is ``POSTs``)."""
 _TASK_RECEIVED = re.compile(rb"Task sessions\.run_execute\[[^\]]+\] received")
 _EACH: CpuCgroups | None = None
-"""``--cgroups each``: where :func:`_place` puts every started process (None: nowhere)."""
+"""``--cgroups each`` or ``nested``: where :func:`_place` puts every started process (None: nowhere)."""
+_SHARES: dict[str, int] = {}
+"""``--cgroups``: each Compose service's ``cpu_shares`` in docker-compose.yml (none with ``--equal-shares``)."""
 
 
 def _place(group: str, pids: list[int]) -> None:
-    """``--cgroups each``: ``pids`` into the CPU cgroup ``group``, one of their own."""
+    """``--cgroups each`` or ``nested``: ``pids`` into the CPU cgroup ``group``, one of their
+    own, weighted as docker-compose.yml weights its service (``web-1`` is ``web``'s)."""
     if _EACH is not None:
-        _EACH.place(group, pids)
+        _EACH.place(group, pids, shares=_SHARES.get(re.sub(r"-\d+$", "", group)))
 
 
 class Child:
@@ -672,6 +679,9 @@ def _scheduling(groups: CpuCgroups | None) -> str:
         postgres = f"in one CPU cgroup ({groups.path('postgres')})"
         if _EACH is not None:
             postgres += ", every other process in one of its own"
+        if groups.parent is not None:
+            postgres += f", all under {groups.parent}"
+        postgres += "; cpu_shares " + (", ".join(f"{k} {v}" for k, v in _SHARES.items()) or "all 1024")
     return f"autogroups {'on' if on else 'off'}; PostgreSQL {postgres}"
 
 
@@ -738,10 +748,14 @@ def main() -> None:
                              "late timers in each reported round and what its loop thread did meanwhile")
     parser.add_argument("--rounds", type=int, default=1,
                         help="reported rounds per layout, on the same started processes (default 1)")
-    parser.add_argument("--cgroups", choices=["postgres", "each"],
+    parser.add_argument("--cgroups", choices=["postgres", "each", "nested"],
                         help="postgres: schedule PostgreSQL's whole cluster as one group, as its container or "
                              "systemd unit does, in a CPU cgroup of its own for the invocation; each: also every "
-                             "started process and Redis in one of their own (needs root; bench/_cgroups.py)")
+                             "started process and Redis in one of their own; nested: as each, under one parent "
+                             "group (needs root; bench/_cgroups.py). Each group gets its service's cpu_shares "
+                             "from docker-compose.yml")
+    parser.add_argument("--equal-shares", action="store_true",
+                        help="--cgroups: every group at the default weight (1024), not docker-compose.yml's")
     args = parser.parse_args()
     if args.gc_pauses and args.loop_lag:
         parser.error("--gc-pauses and --loop-lag each need their own sitecustomize: give one of them")
@@ -758,12 +772,15 @@ def main() -> None:
             if postmaster is None:
                 parser.error("--cgroups: PostgreSQL does not run on this host")
             try:
-                groups = CpuCgroups(QUEUE)
+                if not args.equal_shares:
+                    _SHARES.update(compose_cpu_shares(ROOT / "docker-compose.yml"))
+                groups = CpuCgroups(QUEUE, parent=QUEUE if args.cgroups == "nested" else None)
                 cleanup.callback(groups.close)
-                groups.place("postgres", server_pids(postmaster))  # the postmaster first: what it starts follows
+                groups.place("postgres", server_pids(postmaster),  # the postmaster first: what it starts follows
+                             shares=_SHARES.get("postgres"))
             except CgroupsUnavailable as exc:
                 parser.error(f"--cgroups: {exc}")
-            if args.cgroups == "each":
+            if args.cgroups in ("each", "nested"):
                 _EACH = groups
                 _place("redis", _redis_pids())
         print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}; {_scheduling(groups)}", flush=True)

@@ -103,3 +103,12 @@ def test_make_lets_python_keep_its_bytecode():
                            capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "[]"
+
+
+def test_the_token_carrying_services_weigh_more_than_the_stores_when_cpu_is_short():
+    """web and worker at twice Docker's default CPU weight (1024), the stores and the model at
+    it: bench/README.md, "One parent over the platform", and docs/operations-security.md."""
+    services = _compose()["services"]
+    assert services["web"]["cpu_shares"] == services["worker"]["cpu_shares"] == 2048
+    for name in ("postgres", "redis", "llm", "beat"):
+        assert services[name].get("cpu_shares", 1024) == 1024, name

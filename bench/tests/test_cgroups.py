@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cgroups import CgroupsUnavailable, CpuCgroups  # noqa: E402
+from _cgroups import CgroupsUnavailable, CpuCgroups, compose_cpu_shares  # noqa: E402
 
 
 def _procs(path: Path) -> list[str]:
@@ -68,3 +68,56 @@ def test_without_a_usable_hierarchy_it_says_why(tmp_path: Path, files: dict[str,
         (tmp_path / name).write_text(text)  # (bench-z-redis: a file where the group should go)
     with pytest.raises(CgroupsUnavailable, match=reason):
         CpuCgroups("bench-z", root=tmp_path, read_cgroup=lambda pid: "0::/\n").place("redis", [7])
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_with_a_parent_the_groups_sit_under_it(tmp_path: Path, version: int) -> None:
+    if version == 1:
+        (tmp_path / "cpu").mkdir()
+        (tmp_path / "cpu" / "cgroup.procs").write_text("")
+        mount, origin = tmp_path / "cpu", "1:cpu:/\n"
+    else:
+        (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+        (tmp_path / "cgroup.subtree_control").write_text("cpu\n")
+        mount, origin = tmp_path, "0::/\n"
+    groups = CpuCgroups("bench-p", root=tmp_path, read_cgroup=lambda pid: origin, parent="docker")
+
+    groups.place("web-0", [20])
+    groups.place("worker-0", [30])
+    assert groups.path("web-0") == mount / "docker" / "bench-p-web-0"
+    assert _procs(mount / "docker" / "bench-p-web-0") == ["20"]
+    assert _procs(mount / "docker" / "bench-p-worker-0") == ["30"]
+    if version == 2:  # the parent hands the cpu controller on to its groups
+        assert (mount / "docker" / "cgroup.subtree_control").read_text() == "+cpu\n"
+
+    groups.close()
+    assert _procs(mount) == ["20", "30"]
+
+
+def test_a_groups_weight_is_docker_cpu_shares_on_v1_and_the_same_ratio_on_v2(tmp_path: Path) -> None:
+    (tmp_path / "v1" / "cpu").mkdir(parents=True)
+    (tmp_path / "v1" / "cpu" / "cgroup.procs").write_text("")
+    v1 = CpuCgroups("bench-w", root=tmp_path / "v1", read_cgroup=lambda pid: "1:cpu:/\n")
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cgroup.controllers").write_text("cpu\n")
+    (tmp_path / "v2" / "cgroup.subtree_control").write_text("cpu\n")
+    v2 = CpuCgroups("bench-w", root=tmp_path / "v2", read_cgroup=lambda pid: "0::/\n")
+
+    for groups in (v1, v2):
+        groups.place("web-0", [20], shares=2048)
+        groups.place("redis", [30])
+    assert (v1.path("web-0") / "cpu.shares").read_text() == "2048\n"
+    assert (v2.path("web-0") / "cpu.weight").read_text() == "200\n"  # cpu.weight's default is 100
+    assert not (v1.path("redis") / "cpu.shares").exists() and not (v2.path("redis") / "cpu.weight").exists()
+
+
+def test_compose_cpu_shares_reads_the_services_that_set_them(tmp_path: Path) -> None:
+    compose = tmp_path / "compose.yml"
+    compose.write_text("services:\n  web:\n    cpu_shares: 2048\n  redis:\n    image: redis\n  beat:\n")
+    assert compose_cpu_shares(compose) == {"web": 2048}
+    compose.write_text("services:\n  web:\n    cpu_shares: lots\n")
+    with pytest.raises(ValueError, match="web.cpu_shares must be an integer"):
+        compose_cpu_shares(compose)
+    compose.write_text("volumes: {}\n")
+    with pytest.raises(ValueError, match="no services"):
+        compose_cpu_shares(compose)
