@@ -133,8 +133,8 @@ def compose_cpu_shares(compose_file: Path) -> dict[str, int]:
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: it is not a mapping with ``services``, or a ``cpu_shares`` is not a
-            positive integer.
+        ValueError: it is not a mapping with ``services``, or a ``cpu_shares`` is not an
+            integer of at least 2 (Docker's minimum).
     """
     spec = yaml.safe_load(compose_file.read_text())
     if not isinstance(spec, dict) or not isinstance(spec.get("services"), dict):

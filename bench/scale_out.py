@@ -153,7 +153,8 @@ _TASK_RECEIVED = re.compile(rb"Task sessions\.run_execute\[[^\]]+\] received")
 _EACH: CpuCgroups | None = None
 """``--cgroups each`` or ``nested``: where :func:`_place` puts every started process (None: nowhere)."""
 _SHARES: dict[str, int] = {}
-"""``--cgroups``: each Compose service's ``cpu_shares`` in docker-compose.yml (none with ``--equal-shares``)."""
+"""``--cgroups each`` or ``nested``: each Compose service's ``cpu_shares`` in docker-compose.yml (none with
+``--equal-shares``)."""
 
 
 def _place(group: str, pids: list[int]) -> None:
@@ -679,9 +680,9 @@ def _scheduling(groups: CpuCgroups | None) -> str:
         postgres = f"in one CPU cgroup ({groups.path('postgres')})"
         if _EACH is not None:
             postgres += ", every other process in one of its own"
-        if groups.parent is not None:
-            postgres += f", all under {groups.parent}"
-        postgres += "; cpu_shares " + (", ".join(f"{k} {v}" for k, v in _SHARES.items()) or "all 1024")
+            if groups.parent is not None:
+                postgres += f", all under {groups.parent}"
+            postgres += "; cpu_shares " + (", ".join(f"{k} {v}" for k, v in _SHARES.items()) or "all 1024")
     return f"autogroups {'on' if on else 'off'}; PostgreSQL {postgres}"
 
 
@@ -752,13 +753,15 @@ def main() -> None:
                         help="postgres: schedule PostgreSQL's whole cluster as one group, as its container or "
                              "systemd unit does, in a CPU cgroup of its own for the invocation; each: also every "
                              "started process and Redis in one of their own; nested: as each, under one parent "
-                             "group (needs root; bench/_cgroups.py). Each group gets its service's cpu_shares "
-                             "from docker-compose.yml")
+                             "group (needs root; bench/_cgroups.py). With each and nested, every group gets its "
+                             "service's cpu_shares from docker-compose.yml")
     parser.add_argument("--equal-shares", action="store_true",
                         help="--cgroups: every group at the default weight (1024), not docker-compose.yml's")
     args = parser.parse_args()
     if args.gc_pauses and args.loop_lag:
         parser.error("--gc-pauses and --loop-lag each need their own sitecustomize: give one of them")
+    if args.equal_shares and args.cgroups not in ("each", "nested"):
+        parser.error("--equal-shares goes with --cgroups each or nested")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     hook = "gc_pauses" if args.gc_pauses else "loop_lag" if args.loop_lag else None
@@ -772,7 +775,7 @@ def main() -> None:
             if postmaster is None:
                 parser.error("--cgroups: PostgreSQL does not run on this host")
             try:
-                if not args.equal_shares:
+                if args.cgroups != "postgres" and not args.equal_shares:
                     _SHARES.update(compose_cpu_shares(ROOT / "docker-compose.yml"))
                 groups = CpuCgroups(QUEUE, parent=QUEUE if args.cgroups == "nested" else None)
                 cleanup.callback(groups.close)
