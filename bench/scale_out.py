@@ -50,7 +50,7 @@ its layout ends or the script fails; the queue is deleted then.
 
 Run: ``.venv/bin/python bench/scale_out.py [--n 600] [--layouts 1x1 2x3+beat] [--warmup 5]
 [--worker-concurrency K] [--tenants K] [--post-concurrency K] [--no-analyze] [--keep-logs] [--timeline]
-[--probe] [--gc-pauses | --loop-lag] [--rounds K] [--cgroups postgres|each|nested [--equal-shares]]``
+[--probe] [--gc-pauses | --loop-lag] [--rounds K] [--cgroups none|postgres|each|nested] [--equal-shares]``
 
 ``--timeline`` also prints, per second of each reported round, the tokens the fake model wrote
 that second, their token → client p50/p95/max, and how many POSTs were answered: whether the
@@ -73,17 +73,19 @@ timer and prints, per process, how often and how long the timer ran 10 ms or mor
 round, and what the loop thread did meanwhile: waited for a core (Linux's runqueue wait),
 ran callbacks (its own CPU), or neither, while the process's other threads used CPU.
 
-``--cgroups postgres`` schedules PostgreSQL's cluster as one group for the invocation, as its
-container or systemd unit does (bench/_cgroups.py; needs root): on a host with autogroups, a
-cluster started by hand is one scheduling group per backend, each weighing as much as a whole
-web process or worker (bench/README.md has what that did to the p95). ``--cgroups each`` also
-puts every started process and Redis in a CPU cgroup of its own, side by side at the top of
-the hierarchy. ``--cgroups nested`` makes the same groups under one parent, as Docker's cgroupfs
-driver puts every container under ``/docker``: the layout docker-compose.yml declares. Each
-group gets its Compose service's ``cpu_shares`` from docker-compose.yml (web and worker 2048,
-the rest Docker's default 1024; ``--equal-shares``: all 1024). Under one parent with equal
-weights, PostgreSQL's backends went ahead of the workers and the p95 was ~15 ms worse
-(bench/README.md, "One parent over the platform, and the weights that undo it").
+``--cgroups`` decides how Linux schedules the processes as groups (bench/_cgroups.py; needs root
+and PostgreSQL on this host). By default (``nested``) PostgreSQL's cluster, Redis and every
+started process are each a CPU cgroup of their own, all under one parent, as Docker's cgroupfs
+driver puts every container under ``/docker``: the layout docker-compose.yml declares. Each group
+gets its Compose service's ``cpu_shares`` from docker-compose.yml (web and worker 2048, the rest
+Docker's default 1024; ``--equal-shares``: all 1024). Where that is unavailable (not root), the
+processes run as started and the first line printed says why. ``--cgroups each`` makes the same
+groups side by side at the top of the hierarchy; ``--cgroups postgres`` puts only the cluster in
+one; ``--cgroups none`` leaves every process as started. As started on a host with autogroups, a
+cluster started by hand is one scheduling group per backend, each weighing as much as a whole web
+process or worker; under one parent with equal weights, PostgreSQL's backends went ahead of the
+workers. Both cost the p95 10–15 ms (bench/README.md, "PostgreSQL's backends, each a scheduling
+group of its own" and "One parent over the platform, and the weights that undo it").
 
 ``--rounds K`` reports K rounds per layout on the same started processes (default 1), then
 each layout's p95 over the rounds: all of them, the median and how many met the goal. The p95
@@ -670,6 +672,26 @@ def _delete_queue() -> None:
         channel.client.delete(f"_kombu.binding.{QUEUE}", f"_kombu.binding_permanent.{QUEUE}")
 
 
+def _cgroups(mode: str, *, equal_shares: bool, cleanup: contextlib.ExitStack) -> CpuCgroups:
+    """``--cgroups postgres|each|nested``: PostgreSQL's cluster in a CPU cgroup of its own (under
+    one parent for ``nested``), weighted as docker-compose.yml weights its services unless
+    ``equal_shares`` (``each`` and ``nested`` only); the groups are undone when ``cleanup`` closes.
+
+    Raises:
+        CgroupsUnavailable: PostgreSQL does not run on this host, or no writable CPU cgroups.
+    """
+    postmaster = postmaster_pid()
+    if postmaster is None:
+        raise CgroupsUnavailable("PostgreSQL does not run on this host")
+    if mode != "postgres" and not equal_shares:
+        _SHARES.update(compose_cpu_shares(ROOT / "docker-compose.yml"))
+    groups = CpuCgroups(QUEUE, parent=QUEUE if mode == "nested" else None)
+    cleanup.callback(groups.close)
+    groups.place("postgres", server_pids(postmaster),  # the postmaster first: what it starts follows
+                 shares=_SHARES.get("postgres"))
+    return groups
+
+
 def _scheduling(groups: CpuCgroups | None) -> str:
     """How this host's scheduler groups the processes (printed with the machine)."""
     autogroups = Path("/proc/sys/kernel/sched_autogroup_enabled")
@@ -749,18 +771,19 @@ def main() -> None:
                              "late timers in each reported round and what its loop thread did meanwhile")
     parser.add_argument("--rounds", type=int, default=1,
                         help="reported rounds per layout, on the same started processes (default 1)")
-    parser.add_argument("--cgroups", choices=["postgres", "each", "nested"],
-                        help="postgres: schedule PostgreSQL's whole cluster as one group, as its container or "
-                             "systemd unit does, in a CPU cgroup of its own for the invocation; each: also every "
-                             "started process and Redis in one of their own; nested: as each, under one parent "
-                             "group (needs root; bench/_cgroups.py). With each and nested, every group gets its "
+    parser.add_argument("--cgroups", choices=["none", "postgres", "each", "nested"],
+                        help="nested (the default where it can: root and PostgreSQL on this host): PostgreSQL, "
+                             "Redis and every started process each in a CPU cgroup of its own, all under one "
+                             "parent, as docker-compose.yml's services run under Docker; each: the same groups "
+                             "side by side; postgres: only PostgreSQL's cluster as one group; none: every process "
+                             "as started (bench/_cgroups.py). With each and nested, every group gets its "
                              "service's cpu_shares from docker-compose.yml")
     parser.add_argument("--equal-shares", action="store_true",
                         help="--cgroups: every group at the default weight (1024), not docker-compose.yml's")
     args = parser.parse_args()
     if args.gc_pauses and args.loop_lag:
         parser.error("--gc-pauses and --loop-lag each need their own sitecustomize: give one of them")
-    if args.equal_shares and args.cgroups not in ("each", "nested"):
+    if args.equal_shares and args.cgroups not in (None, "each", "nested"):
         parser.error("--equal-shares goes with --cgroups each or nested")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -769,24 +792,20 @@ def main() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(Path(__file__).with_name(hook)), *filter(None, [os.environ.get("PYTHONPATH")])])
     global _EACH
-    groups, postmaster = None, postmaster_pid()
+    groups, unavailable = None, ""
     with contextlib.ExitStack() as cleanup:
-        if args.cgroups:
-            if postmaster is None:
-                parser.error("--cgroups: PostgreSQL does not run on this host")
+        if args.cgroups != "none":
             try:
-                if args.cgroups != "postgres" and not args.equal_shares:
-                    _SHARES.update(compose_cpu_shares(ROOT / "docker-compose.yml"))
-                groups = CpuCgroups(QUEUE, parent=QUEUE if args.cgroups == "nested" else None)
-                cleanup.callback(groups.close)
-                groups.place("postgres", server_pids(postmaster),  # the postmaster first: what it starts follows
-                             shares=_SHARES.get("postgres"))
+                groups = _cgroups(args.cgroups or "nested", equal_shares=args.equal_shares, cleanup=cleanup)
             except CgroupsUnavailable as exc:
-                parser.error(f"--cgroups: {exc}")
-            if args.cgroups in ("each", "nested"):
+                if args.cgroups is not None:
+                    parser.error(f"--cgroups: {exc}")
+                unavailable = f" (--cgroups nested, the default, unavailable: {exc})"
+            if groups is not None and (args.cgroups or "nested") in ("each", "nested"):
                 _EACH = groups
                 _place("redis", _redis_pids())
-        print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}; {_scheduling(groups)}", flush=True)
+        print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}; {_scheduling(groups)}{unavailable}",
+              flush=True)
         tmp = tempfile.mkdtemp(prefix="scale-out-")
         results = _layouts(args, tmp)
     base = results[0]
