@@ -792,16 +792,16 @@ def main() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(Path(__file__).with_name(hook)), *filter(None, [os.environ.get("PYTHONPATH")])])
     global _EACH
-    groups, unavailable = None, ""
+    groups, unavailable, mode = None, "", args.cgroups or "nested"
     with contextlib.ExitStack() as cleanup:
-        if args.cgroups != "none":
+        if mode != "none":
             try:
-                groups = _cgroups(args.cgroups or "nested", equal_shares=args.equal_shares, cleanup=cleanup)
+                groups = _cgroups(mode, equal_shares=args.equal_shares, cleanup=cleanup)
             except CgroupsUnavailable as exc:
                 if args.cgroups is not None:
                     parser.error(f"--cgroups: {exc}")
                 unavailable = f" (--cgroups nested, the default, unavailable: {exc})"
-            if groups is not None and (args.cgroups or "nested") in ("each", "nested"):
+            if groups is not None and mode in ("each", "nested"):
                 _EACH = groups
                 _place("redis", _redis_pids())
         print(f"{machine()}; load average {os.getloadavg()[0]:.1f}; queue {QUEUE}; {_scheduling(groups)}{unavailable}",
